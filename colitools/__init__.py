@@ -1,0 +1,3 @@
+"""colitools: convert huge MoE checkpoints into byte-addressable quantized containers."""
+
+__version__ = "0.1.0"

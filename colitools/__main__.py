@@ -1,0 +1,4 @@
+"""Entry point for ``python -m colitools``."""
+from colitools.cli import main
+
+main()

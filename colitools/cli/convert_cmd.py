@@ -1,0 +1,1 @@
+"""`colitools convert` command (not implemented yet)."""

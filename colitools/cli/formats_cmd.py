@@ -1,0 +1,1 @@
+"""`colitools formats` command (not implemented yet)."""

@@ -1,0 +1,1 @@
+"""`colitools inspect` command (not implemented yet)."""

@@ -1,0 +1,1 @@
+"""`colitools mirror` command (not implemented yet)."""

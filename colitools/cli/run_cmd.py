@@ -1,0 +1,1 @@
+"""`colitools run` command (not implemented yet)."""

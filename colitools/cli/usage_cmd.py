@@ -1,0 +1,1 @@
+"""`colitools usage` command (not implemented yet)."""

@@ -1,0 +1,1 @@
+"""`colitools verify` command (not implemented yet)."""

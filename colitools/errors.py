@@ -1,0 +1,50 @@
+"""Error types used outside ``formats`` (all derive from ``ColitoolsError``)."""
+
+from __future__ import annotations
+
+from colitools.formats.errors import (
+    ColitoolsError,
+    EncodeError,
+    FormatError,
+    ResolveError,
+    SafetensorsError,
+)
+
+__all__ = [
+    "ColitoolsError",
+    "ConvertError",
+    "EncodeError",
+    "FormatError",
+    "MirrorError",
+    "ResolveError",
+    "RuntimeModelError",
+    "SafetensorsError",
+    "UsageFileError",
+    "VerifyError",
+]
+
+
+class ConvertError(ColitoolsError):
+    """A conversion that cannot start or continue (bad source, recipe mismatch, missing shard)."""
+
+
+class DiskFloorStop(ConvertError):
+    """Free disk space fell below the floor with ``--on-low-disk stop``; the run can be resumed."""
+
+    exit_code = 3
+
+
+class MirrorError(ColitoolsError):
+    """A mirror plan/stage/verify failure caused by input or environment."""
+
+
+class UsageFileError(ColitoolsError):
+    """A malformed or incompatible ``.coli_usage`` routing history."""
+
+
+class RuntimeModelError(ColitoolsError):
+    """A model the reference runtime cannot execute (unknown family, missing tensor, bad shape)."""
+
+
+class VerifyError(ColitoolsError):
+    """A verification that could not be carried out (as opposed to one that ran and found mismatches)."""

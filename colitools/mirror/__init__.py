@@ -1,0 +1,1 @@
+"""Dual-SSD mirrors: plan, stage, verify (MIRROR-SPEC)."""

@@ -1,0 +1,1 @@
+"""Minimal numpy reference runtime for converted containers."""

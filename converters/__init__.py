@@ -1,0 +1,1 @@
+"""The conversion pipeline: sources, dequantizers, recipes, planner, ledger, runner (``colitools.converters``)."""

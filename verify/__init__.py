@@ -1,0 +1,1 @@
+"""Checks: container verification, oracle runs, conformance (``colitools.verify``)."""
