@@ -1,0 +1,247 @@
+"""Numpy reference codecs: the readable, executable form of FORMATS-SPEC §2.
+
+Every function here is vectorised over rows/blocks (no Python loops over elements) and is the bit-exact
+reference that the numba kernels in ``kernels.py`` must reproduce byte for byte. Arithmetic is float32 with
+true IEEE divisions (never a reciprocal multiply) and ``np.rint`` (round half to even), as the spec requires.
+
+Encoders take a C-contiguous float32 ``w[O, I]`` that is already known to be finite (the registry checks) and
+return ``(codes uint8 [O, row_bytes], scales)``. Decoders return float32 ``[O, I]``.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+F32 = np.float32
+SCALE_FLOOR = F32(1e-8)  # "floored to 1e-8 if smaller": the float32 nearest to 1e-8
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pad_cols(w: np.ndarray, width: int) -> np.ndarray:
+    """Zero-pad columns to ``width``. Zeros never change a block's amax (|0| <= amax) and quantize to 0."""
+    if w.shape[1] == width:
+        return w
+    out = np.zeros((w.shape[0], width), dtype=F32)
+    out[:, : w.shape[1]] = w
+    return out
+
+
+def _symmetric_scales(amax: np.ndarray, qmax: int) -> np.ndarray:
+    # s = max(amax / qmax, 1e-8), one float32 true division.
+    return np.maximum(amax.astype(F32) / F32(qmax), SCALE_FLOOR)
+
+
+def _quantize(w: np.ndarray, s: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """``clip(rint(w / s), lo, hi)`` as int8 (float32 division, round half to even)."""
+    return np.clip(np.rint(w / s), lo, hi).astype(np.int8)
+
+
+# ---------------------------------------------------------------------------------------------- int8-row (1)
+def encode_int8_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    amax = np.max(np.abs(w), axis=1) if w.shape[1] else np.zeros(w.shape[0], F32)
+    s = _symmetric_scales(amax, 127)
+    q = _quantize(w, s[:, None], -128, 127)
+    return q.view(np.uint8), s
+
+
+def decode_int8_row(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
+    q = codes.reshape(O, I).view(np.int8).astype(F32)
+    return q * scales.reshape(O, 1).astype(F32)
+
+
+# ------------------------------------------------------------------------------------- int4 "pairs" (2 and 4)
+def pack_int4_pairs(v: np.ndarray) -> np.ndarray:
+    """Pack int4 values ``v`` in [-8, 7] ``[O, I]`` as pairs: byte j = (v[2j] + 8) | (v[2j+1] + 8) << 4.
+
+    For odd I the unused high nibble of the last byte is 8 (the code of value 0)."""
+    O, I = v.shape
+    u = np.full((O, 2 * ceil_div(I, 2)), 8, dtype=np.uint8)
+    u[:, :I] = (v.astype(np.int16) + 8).astype(np.uint8)
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4_pairs(codes: np.ndarray, O: int, I: int) -> np.ndarray:
+    """Inverse of ``pack_int4_pairs``: signed values ``[O, I]`` as int8."""
+    b = codes.reshape(O, -1)
+    u = np.empty((O, 2 * b.shape[1]), dtype=np.uint8)
+    u[:, 0::2] = b & 0x0F
+    u[:, 1::2] = b >> 4
+    return (u[:, :I].astype(np.int8) - 8).astype(np.int8)
+
+
+def encode_int4_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    amax = np.max(np.abs(w), axis=1) if w.shape[1] else np.zeros(w.shape[0], F32)
+    s = _symmetric_scales(amax, 7)
+    return pack_int4_pairs(_quantize(w, s[:, None], -8, 7)), s
+
+
+def decode_int4_row(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
+    return unpack_int4_pairs(codes, O, I).astype(F32) * scales.reshape(O, 1).astype(F32)
+
+
+def encode_int4_grouped(w: np.ndarray, gs: int) -> tuple[np.ndarray, np.ndarray]:
+    O, I = w.shape
+    G = ceil_div(I, gs)
+    blocks = _pad_cols(w, G * gs).reshape(O, G, gs)
+    s = _symmetric_scales(np.max(np.abs(blocks), axis=2), 7)  # [O, G]
+    v = _quantize(blocks, s[:, :, None], -8, 7).reshape(O, G * gs)[:, :I]
+    return pack_int4_pairs(v), s
+
+
+def decode_int4_grouped(codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int) -> np.ndarray:
+    G = ceil_div(I, gs)
+    v = unpack_int4_pairs(codes, O, I).astype(F32)
+    s = np.repeat(scales.reshape(O, G).astype(F32), gs, axis=1)[:, :I]
+    return v * s
+
+
+# ------------------------------------------------------------------------------------------- int2-row (3)
+def encode_int2_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    O, I = w.shape
+    amax = np.max(np.abs(w), axis=1) if I else np.zeros(O, F32)
+    s = _symmetric_scales(amax, 1)
+    v = _quantize(w, s[:, None], -2, 1)
+    # Element i at byte i >> 2, bits 2*(i & 3) (LSB first). Unused tail bits are 0, not the code of zero (2).
+    u = np.zeros((O, 4 * ceil_div(I, 4)), dtype=np.uint8)
+    u[:, :I] = (v + 2).astype(np.uint8)
+    u = u.reshape(O, -1, 4)
+    codes = u[:, :, 0] | (u[:, :, 1] << 2) | (u[:, :, 2] << 4) | (u[:, :, 3] << 6)
+    return codes.astype(np.uint8), s
+
+
+def decode_int2_row(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
+    b = codes.reshape(O, -1)
+    u = np.stack([(b >> (2 * k)) & 3 for k in range(4)], axis=2).reshape(O, -1)[:, :I]
+    return (u.astype(F32) - F32(2)) * scales.reshape(O, 1).astype(F32)
+
+
+# ------------------------------------------------------------------------------------------- int3-g64 (5)
+INT3_GROUP = 64
+INT3_GROUP_BYTES = 24
+
+
+def encode_int3_g64(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    O, I = w.shape
+    G = ceil_div(I, INT3_GROUP)
+    blocks = _pad_cols(w, G * INT3_GROUP).reshape(O, G, INT3_GROUP)
+    s = _symmetric_scales(np.max(np.abs(blocks), axis=2), 3)
+    # Padding columns are 0 -> v = 0 -> u = 4, the spec's padding code.
+    u = (_quantize(blocks, s[:, :, None], -4, 3).astype(np.int16) + 4).astype(np.uint8)  # [O, G, 64]
+    low = (u & 3).reshape(O, G, 16, 4)  # value k -> byte k >> 2, shift 2 * (k & 3)
+    low_plane = low[..., 0] | (low[..., 1] << 2) | (low[..., 2] << 4) | (low[..., 3] << 6)
+    high = ((u >> 2) & 1).reshape(O, G, 8, 8)  # value k -> byte 16 + (k >> 3), bit k & 7
+    high_plane = np.zeros((O, G, 8), dtype=np.uint8)
+    for bit in range(8):  # 8 bit positions, vectorised over everything else
+        high_plane |= high[..., bit] << bit
+    codes = np.concatenate([low_plane.astype(np.uint8), high_plane], axis=2)
+    return codes.reshape(O, G * INT3_GROUP_BYTES), s
+
+
+def decode_int3_g64(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
+    G = ceil_div(I, INT3_GROUP)
+    b = codes.reshape(O, G, INT3_GROUP_BYTES)
+    low = np.stack([(b[:, :, :16] >> (2 * k)) & 3 for k in range(4)], axis=3).reshape(O, G, 64)
+    high = np.stack([(b[:, :, 16:] >> k) & 1 for k in range(8)], axis=3).reshape(O, G, 64)
+    v = (low | (high << 2)).astype(F32) - F32(4)
+    return (v * scales.reshape(O, G, 1).astype(F32)).reshape(O, G * 64)[:, :I]
+
+
+# ---------------------------------------------------------------------------------------------- mxfp4 (7)
+MXFP4_BLOCK = 32
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=F32)
+# Upper bounds of each magnitude's rounding interval, with which side includes the tie (ties to even mantissa):
+# |r| <= 0.25 -> 0, < 0.75 -> 0.5, <= 1.25 -> 1, < 1.75 -> 1.5, <= 2.5 -> 2, < 3.5 -> 3, <= 5 -> 4, else 6.
+_E2M1_BOUNDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=F32)
+_E2M1_TIE_GOES_DOWN = np.array([True, False, True, False, True, False, True])
+
+
+def e2m1_index(mag: np.ndarray) -> np.ndarray:
+    """Magnitude index 0..7 of |r| under the spec's round-to-nearest, ties-to-even-mantissa rule."""
+    idx = np.zeros(mag.shape, dtype=np.uint8)
+    for bound, tie_down in zip(_E2M1_BOUNDS, _E2M1_TIE_GOES_DOWN, strict=True):
+        idx += (mag > bound) if tie_down else (mag >= bound)
+    return idx
+
+
+def _mxfp4_codes(blocks: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """E2M1 nibbles of ``blocks [..., 32]`` for exponents ``e [...]`` (r = w / 2^e, float32 true division)."""
+    r = blocks / np.ldexp(F32(1), e.astype(np.int32))[..., None].astype(F32)
+    idx = e2m1_index(np.abs(r))
+    neg = (r < 0) & (idx != 0)  # a value that rounds to zero is code 0, never 8
+    return (idx | (neg.astype(np.uint8) << 3)).astype(np.uint8)
+
+
+def _mxfp4_decode_f64(codes: np.ndarray, e: np.ndarray) -> np.ndarray:
+    mag = E2M1_VALUES[codes & 7].astype(np.float64)
+    sign = np.where(codes & 8, -1.0, 1.0)
+    return sign * mag * np.ldexp(1.0, e.astype(np.int32))[..., None]
+
+
+def encode_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Returns ``(weight_packed uint8 [O, I/2], weight_scale uint8 [O, I/32])``; requires I % 32 == 0."""
+    O, I = w.shape
+    B = I // MXFP4_BLOCK
+    blocks = w.reshape(O, B, MXFP4_BLOCK)
+    amax = np.max(np.abs(blocks), axis=2) if B else np.zeros((O, 0), F32)
+    _, ex = np.frexp(amax)  # amax = m * 2^ex, 0.5 <= m < 1
+    e0 = np.clip(ex.astype(np.int32) - 3, -127, 127)
+    e1 = np.clip(ex.astype(np.int32) - 2, -127, 127)
+    c0 = _mxfp4_codes(blocks, e0)
+    c1 = _mxfp4_codes(blocks, e1)
+    w64 = blocks.astype(np.float64)
+    # Squared error in float64 accumulated in element order k = 0..31: cumsum is a strictly sequential
+    # accumulation (np.sum would use pairwise summation and could differ in the last bit).
+    err0 = np.cumsum((_mxfp4_decode_f64(c0, e0) - w64) ** 2, axis=2)[..., -1] if B else np.zeros((O, 0))
+    err1 = np.cumsum((_mxfp4_decode_f64(c1, e1) - w64) ** 2, axis=2)[..., -1] if B else np.zeros((O, 0))
+    use1 = err1 < err0  # keep e1 only if strictly smaller
+    e = np.where(use1, e1, e0)
+    codes = np.where(use1[..., None], c1, c0)
+    zero = amax == 0
+    codes[zero] = 0
+    scale = np.where(zero, 0, e + 127).astype(np.uint8)
+    flat = codes.reshape(O, I)
+    packed = (flat[:, 0::2] | (flat[:, 1::2] << 4)).astype(np.uint8)
+    return packed, scale
+
+
+def decode_mxfp4(packed: np.ndarray, scale: np.ndarray, O: int, I: int) -> np.ndarray:
+    b = packed.reshape(O, I // 2)
+    codes = np.empty((O, I), dtype=np.uint8)
+    codes[:, 0::2] = b & 0x0F
+    codes[:, 1::2] = b >> 4
+    mag = E2M1_VALUES[codes & 7]
+    val = np.where(codes & 8, -mag, mag).astype(F32)
+    # E8M0 decode 2^(byte - 127); byte 0 is 2^-127 (a float32 subnormal, exact).
+    s = np.ldexp(F32(1), scale.reshape(O, I // MXFP4_BLOCK).astype(np.int32) - 127).astype(F32)
+    return val * np.repeat(s, MXFP4_BLOCK, axis=1)
+
+
+# ------------------------------------------------------------------------------------- fp8-e4m3-b128 (8)
+FP8_BLOCK = 128
+
+
+def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = (128, 128)) -> np.ndarray:
+    """DeepSeek-V3 FP8 block dequant: ``w[r, c] = f32(e4m3(q[r, c])) * f32(s[r // br, c // bc])``.
+
+    One float32 multiply per element; edge blocks are partial (ceil grid). ``q`` may be uint8 bytes or
+    float8_e4m3fn values; ``scale_inv`` F32 or BF16 ``[ceil(M/br), ceil(N/bc)]``."""
+    M, N = q.shape
+    br, bc = block
+    values = np.ascontiguousarray(q).view(ml_dtypes.float8_e4m3fn).astype(F32)
+    s = np.asarray(scale_inv).astype(F32).reshape(ceil_div(M, br), ceil_div(N, bc))
+    s_full = np.repeat(np.repeat(s, br, axis=0), bc, axis=1)[:M, :N]
+    return values * s_full
+
+
+def decode_fp8_b128(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
+    return dequant_fp8_block(codes.reshape(O, I), scales, (FP8_BLOCK, FP8_BLOCK))
+
+
+# ------------------------------------------------------------------------------------------ float tensors
+def encode_bf16(w: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16, round to nearest even (ml_dtypes' cast)."""
+    return w.astype(ml_dtypes.bfloat16)
