@@ -1,0 +1,477 @@
+"""Where a conversion reads its checkpoint from: a local folder or a Hugging Face repo at one revision.
+
+``open_source(spec, ...)`` returns a ``Source``. The converter asks it for the file listing, the JSON files
+(``config.json``, ``model.safetensors.index.json``), the ``weight_map`` (tensor -> shard, validated per
+FORMATS-SPEC §5), and for shards on disk: ``ensure_local(shard)`` gives a path (downloading it if needed),
+``is_deletable`` / ``release`` let the runner free the disk used by shards it downloaded, and never touch a
+user's own files or the Hugging Face cache.
+
+A Hub source is pinned to the commit its revision resolves to when it is opened, so every file of one
+conversion comes from the same commit. huggingface_hub provides auth (``token`` or ``HF_TOKEN`` / the stored
+login), the listing with sizes and LFS sha256 (``HfApi.model_info(files_metadata=True)``), URLs
+(``hf_hub_url``) and the cache lookup (``try_to_load_from_cache``); the bytes are fetched by
+``download.download_file`` (resumable, sha256-verified) into the conversion's work folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from huggingface_hub import HfApi, constants, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+    SafetensorsParsingError,
+)
+from huggingface_hub.utils import build_hf_headers
+
+from colitools.converters.download import DEFAULT_RETRIES, RETRY_STATUSES, Backoff, Progress, download_file
+from colitools.errors import ConvertError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# The Hub's own repo id grammar (huggingface_hub.utils._validators.REPO_ID_REGEX), namespace required.
+_REPO_ID = re.compile(r"^(?![-.])[\w\-.]{1,96}/(?![-.])[\w\-.]{1,96}(?<![-.])$")
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of a source: its name relative to the source root, size, and sha256 when the source knows it
+    without reading the file (Hub LFS files)."""
+
+    name: str
+    size: int
+    sha256: str | None = None
+
+
+def check_shard_name(shard: str, index_name: str = INDEX_FILE, tensor: str | None = None) -> None:
+    """Refuse a shard file name that could leave the source folder or is not a safetensors file (spec §5)."""
+    reason = None
+    if not isinstance(shard, str) or not shard:
+        reason = "not a file name"
+    elif shard.startswith(("/", "\\")) or _DRIVE.match(shard) or os.path.isabs(shard):
+        reason = "absolute path"
+    elif "/" in shard or "\\" in shard:
+        reason = "contains a path separator"
+    elif ".." in shard:
+        reason = "contains '..'"
+    elif "\0" in shard:
+        reason = "contains a NUL character"
+    elif not shard.endswith(".safetensors"):
+        reason = "does not end in .safetensors"
+    if reason is not None:
+        used_by = f" (tensor {tensor!r})" if tensor is not None else ""
+        raise ConvertError(f"{index_name}: shard file name {shard!r}{used_by} is refused: {reason}")
+
+
+class Source(ABC):
+    """A checkpoint to convert. Subclasses: ``LocalFolderSource``, ``HubSource``."""
+
+    def __init__(self) -> None:
+        self._weight_map: dict[str, str] | None = None
+
+    @abstractmethod
+    def files(self) -> dict[str, SourceFile]:
+        """Every file of the source, by name relative to its root ("/"-separated)."""
+
+    @abstractmethod
+    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
+        """A path on disk holding the complete file ``name``; downloads it when it is not on disk yet."""
+
+    @abstractmethod
+    def local_copy(self, name: str) -> Path | None:
+        """A path holding the complete file ``name`` already, or None; never downloads."""
+
+    @abstractmethod
+    def is_deletable(self, name: str) -> bool:
+        """True only for a file that this source downloaded into the work folder (never a user's file)."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, str]:
+        """For the manifest: ``{"kind": "local", "path"}`` or ``{"kind": "hf", "repo_id", "revision"}``."""
+
+    @abstractmethod
+    def _where(self) -> str:
+        """How to name this source in messages."""
+
+    @abstractmethod
+    def _tensor_names(self, shard: str) -> list[str]:
+        """Tensor names in the header of a single-file checkpoint."""
+
+    def release(self, name: str) -> bool:
+        """Delete a downloaded file (and any partial download of it). Returns whether something was deleted;
+        files that are not ``is_deletable`` are left alone."""
+        return False
+
+    def read_json(self, name: str) -> Any:
+        """Parse the JSON file ``name`` (e.g. ``config.json``)."""
+        self._require(name)
+        path = self.ensure_local(name)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise ConvertError(
+                f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise ConvertError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+
+    def weight_map(self) -> dict[str, str]:
+        """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.
+
+        Shard names are validated (spec §5) and every shard must exist in the source."""
+        if self._weight_map is None:
+            files = self.files()
+            if INDEX_FILE in files:
+                mapping = _weight_map_from_index(self.read_json(INDEX_FILE))
+            elif SINGLE_FILE in files:
+                mapping = dict.fromkeys(self._tensor_names(SINGLE_FILE), SINGLE_FILE)
+            else:
+                raise ConvertError(f"{self._where()}: has neither {INDEX_FILE} nor {SINGLE_FILE}")
+            missing = sorted(set(mapping.values()) - files.keys())
+            if missing:
+                users = [t for t, s in mapping.items() if s == missing[0]]
+                more = f" (and {len(missing) - 1} more shards)" if len(missing) > 1 else ""
+                raise ConvertError(
+                    f"{INDEX_FILE}: shard {missing[0]} ({len(users)} tensors, e.g. {users[0]!r}) "
+                    f"is missing from {self._where()}{more}"
+                )
+            self._weight_map = mapping
+        return dict(self._weight_map)
+
+    def shards(self) -> list[str]:
+        """The shard files named by the weight map, sorted."""
+        return sorted(set(self.weight_map().values()))
+
+    def _require(self, name: str) -> SourceFile:
+        entry = self.files().get(name)
+        if entry is None:
+            raise ConvertError(f"{name}: not found in {self._where()}")
+        return entry
+
+
+class LocalFolderSource(Source):
+    """A checkpoint folder on this machine. Files are used in place and never deleted."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+        self._files: dict[str, SourceFile] | None = None
+
+    def files(self) -> dict[str, SourceFile]:
+        if self._files is None:
+            found: dict[str, SourceFile] = {}
+            for dirpath, dirnames, filenames in os.walk(self.root):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                for filename in sorted(filenames):
+                    path = Path(dirpath, filename)
+                    if filename.startswith(".") or not path.is_file():
+                        continue
+                    name = path.relative_to(self.root).as_posix()
+                    found[name] = SourceFile(name, path.stat().st_size)
+            self._files = found
+        return dict(self._files)
+
+    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
+        self._require(name)
+        return self.root / name
+
+    def local_copy(self, name: str) -> Path | None:
+        return self.ensure_local(name)
+
+    def is_deletable(self, name: str) -> bool:
+        return False
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": "local", "path": str(self.root)}
+
+    def _where(self) -> str:
+        return str(self.root)
+
+    def _tensor_names(self, shard: str) -> list[str]:
+        return _read_tensor_names(self.ensure_local(shard))
+
+
+class HubSource(Source):
+    """A Hugging Face model repo, pinned to the commit its revision resolved to when it was opened.
+
+    Files are taken from the Hugging Face cache when the cache has them for that commit; otherwise they are
+    downloaded (resumably, sha256-checked for LFS files) into ``workdir``, and only those are deletable.
+    """
+
+    def __init__(
+        self,
+        repo_id: str,
+        revision: str | None,
+        token: str | bool | None,
+        workdir: Path,
+        *,
+        endpoint: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        disk_check: Callable[[int], None] | None = None,
+        retries: int = DEFAULT_RETRIES,
+        backoff: Backoff = Backoff(),
+    ):
+        super().__init__()
+        self.repo_id = repo_id
+        self.requested_revision = revision or constants.DEFAULT_REVISION
+        self.token = token
+        self.workdir = workdir
+        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        self.cache_dir = Path(cache_dir if cache_dir is not None else constants.HF_HUB_CACHE)
+        self.disk_check = disk_check
+        self.retries = retries
+        self.backoff = backoff
+        self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
+        info = self._call(
+            f"{repo_id}@{self.requested_revision}",
+            lambda: self._api.model_info(repo_id, revision=revision, files_metadata=True, token=token),
+        )
+        if not info.sha or info.siblings is None:
+            raise ConvertError(
+                f"{repo_id}@{self.requested_revision}: the Hub answered without a commit or file list"
+            )
+        self.commit: str = info.sha
+        self._files = {}
+        for sibling in info.siblings:
+            if sibling.size is None:
+                raise ConvertError(
+                    f"{repo_id}@{self.commit}: the Hub listed {sibling.rfilename} without a size"
+                )
+            sha256 = sibling.lfs.sha256 if sibling.lfs is not None else None
+            self._files[sibling.rfilename] = SourceFile(sibling.rfilename, sibling.size, sha256)
+
+    def files(self) -> dict[str, SourceFile]:
+        return dict(self._files)
+
+    def local_copy(self, name: str) -> Path | None:
+        entry = self._require(name)
+        cached = self._cached(entry)
+        if cached is not None:
+            return cached
+        dest = self._download_path(name)
+        return dest if self._is_verified_copy(entry, dest) else None
+
+    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
+        local = self.local_copy(name)
+        if local is not None:
+            return local
+        entry = self._require(name)
+        dest = self._download_path(name)
+        download_file(
+            hf_hub_url(self.repo_id, name, revision=self.commit, endpoint=self.endpoint),
+            dest,
+            entry.size,
+            entry.sha256,
+            headers=build_hf_headers(token=self.token, library_name="colitools"),
+            progress=progress,
+            retries=self.retries,
+            backoff=self.backoff,
+            disk_check=self.disk_check,
+        )
+        self._stamp_path(dest).write_text(json.dumps(self._stamp(entry)))
+        return dest
+
+    def is_deletable(self, name: str) -> bool:
+        return name in self._files and _is_plain_relative(name) and self._download_path(name).is_file()
+
+    def release(self, name: str) -> bool:
+        if name not in self._files or not _is_plain_relative(name):
+            return False
+        dest = self._download_path(name)
+        deleted = False
+        for path in (dest, dest.with_name(dest.name + ".part"), self._stamp_path(dest)):
+            if path.is_file():
+                path.unlink()
+                deleted = True
+        return deleted
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": "hf", "repo_id": self.repo_id, "revision": self.commit}
+
+    def _where(self) -> str:
+        return f"{self.repo_id}@{self.commit}"
+
+    def _download_path(self, name: str) -> Path:
+        if not _is_plain_relative(name):
+            # The listing comes from a server: never let a file name point outside the work folder.
+            raise ConvertError(f"{self._where()}: file name {name!r} is refused (not a plain relative path)")
+        return self.workdir.joinpath(*name.split("/"))
+
+    # A file in the work folder is reused only when a stamp written after its verified download says it is
+    # this content (LFS: same sha256) or this file at this commit (small files, which have no sha256 listed):
+    # a work folder reused for another revision may hold a different shard of exactly the same size.
+    @staticmethod
+    def _stamp_path(dest: Path) -> Path:
+        return dest.with_name(f".{dest.name}.verified.json")
+
+    def _stamp(self, entry: SourceFile) -> dict[str, Any]:
+        if entry.sha256 is not None:
+            return {"size": entry.size, "sha256": entry.sha256}
+        return {"size": entry.size, "repo_id": self.repo_id, "commit": self.commit}
+
+    def _is_verified_copy(self, entry: SourceFile, dest: Path) -> bool:
+        if not dest.is_file() or dest.stat().st_size != entry.size:
+            return False
+        try:
+            if json.loads(self._stamp_path(dest).read_text()) == self._stamp(entry):
+                return True
+        except (OSError, ValueError):
+            pass
+        if entry.sha256 is not None and _sha256_of(dest) == entry.sha256:
+            # Published, but the process ended before the stamp was written.
+            self._stamp_path(dest).write_text(json.dumps(self._stamp(entry)))
+            return True
+        return False
+
+    def _cached(self, entry: SourceFile) -> Path | None:
+        """The file in the Hugging Face cache for our commit, if it is there with the listed size."""
+        found = try_to_load_from_cache(
+            self.repo_id, entry.name, cache_dir=self.cache_dir, revision=self.commit
+        )
+        if isinstance(found, str) and os.path.getsize(found) == entry.size:
+            return Path(found)
+        return None
+
+    def _tensor_names(self, shard: str) -> list[str]:
+        local = self.local_copy(shard)
+        if local is not None:
+            return _read_tensor_names(local)
+        # Only the header is needed to plan: two small range requests instead of the whole file.
+        try:
+            meta = self._call(
+                f"{shard} in {self._where()}",
+                lambda: self._api.parse_safetensors_file_metadata(
+                    self.repo_id, shard, revision=self.commit, token=self.token
+                ),
+            )
+        except SafetensorsParsingError as exc:
+            raise ConvertError(f"{shard} in {self._where()}: bad safetensors header: {exc}") from None
+        return list(meta.tensors)
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A Hub API call with the download retry policy, its errors turned into one-line ``ConvertError``s."""
+        failures = 0
+        while True:
+            try:
+                return fn()
+            except GatedRepoError:
+                raise ConvertError(
+                    f"{what}: gated repo; accept its terms on the Hub and pass a token"
+                ) from None
+            except RepositoryNotFoundError as exc:
+                status = exc.response.status_code if exc.response is not None else "?"
+                raise ConvertError(
+                    f"{what}: repository not found or not accessible (HTTP {status}); for a private repo "
+                    "pass --token or set HF_TOKEN"
+                ) from None
+            except RevisionNotFoundError:
+                raise ConvertError(f"{what}: revision {self.requested_revision!r} not found") from None
+            except OfflineModeIsEnabled:
+                raise ConvertError(f"{what}: HF_HUB_OFFLINE is set, the Hub cannot be reached") from None
+            except HfHubHTTPError as exc:
+                status = exc.response.status_code if exc.response is not None else None
+                if status not in RETRY_STATUSES or failures >= self.retries:
+                    hint = "; check the token" if status in (401, 403) else ""
+                    raise ConvertError(f"{what}: HTTP {status} from {self.endpoint}{hint}") from None
+                reason = f"HTTP {status}"
+            except httpx2.TransportError as exc:
+                if failures >= self.retries:
+                    raise ConvertError(f"{what}: cannot reach {self.endpoint}: {exc}") from None
+                reason = type(exc).__name__
+            failures += 1
+            wait = self.backoff.delay(failures)
+            log.warning("%s: %s; retrying in %.2fs", what, reason, wait)
+            time.sleep(wait)
+
+
+def open_source(
+    spec: str,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    *,
+    workdir: str | os.PathLike[str],
+    endpoint: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    disk_check: Callable[[int], None] | None = None,
+    retries: int = DEFAULT_RETRIES,
+    backoff: Backoff = Backoff(),
+) -> Source:
+    """Open a checkpoint: ``spec`` is an existing local folder, else a Hub repo id ``org/name``.
+
+    A Hub source resolves ``revision`` (branch, tag or commit; default "main") to a commit at once and lists the
+    repo; ``token`` defaults to ``HF_TOKEN`` / the stored login. ``workdir`` is the folder (owned by the
+    conversion, not the output folder) that receives downloaded files; ``endpoint`` and ``cache_dir`` default
+    to huggingface_hub's (``HF_ENDPOINT``, ``HF_HUB_CACHE``). ``disk_check(needed_bytes)`` is called before each
+    download request (see ``download_file``); ``retries`` and ``backoff`` apply to downloads and API calls.
+    """
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConvertError(f"{spec}: a source must be a checkpoint folder or a Hub repo id, not a file")
+        if revision is not None:
+            raise ConvertError(f"{spec}: --revision applies to Hugging Face repos, not to a local folder")
+        return LocalFolderSource(path.resolve())
+    if not _REPO_ID.match(spec) or ".." in spec or "--" in spec:
+        raise ConvertError(f"{spec}: no such folder, and not a Hugging Face repo id (org/name)")
+    return HubSource(
+        spec,
+        revision,
+        token,
+        Path(workdir),
+        endpoint=endpoint,
+        cache_dir=cache_dir,
+        disk_check=disk_check,
+        retries=retries,
+        backoff=backoff,
+    )
+
+
+def _weight_map_from_index(index: Any) -> dict[str, str]:
+    mapping = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(mapping, dict) or not mapping:
+        raise ConvertError(f"{INDEX_FILE}: no 'weight_map' object with at least one tensor")
+    for tensor, shard in mapping.items():
+        check_shard_name(shard, INDEX_FILE, tensor)
+    return dict(mapping)
+
+
+def _is_plain_relative(name: str) -> bool:
+    parts = name.split("/")
+    return "\\" not in name and not _DRIVE.match(name) and all(p not in ("", ".", "..") for p in parts)
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_tensor_names(path: Path) -> list[str]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            return list(fh.keys())
+    except (SafetensorError, OSError) as exc:
+        raise ConvertError(f"{path}: cannot read the safetensors header: {exc}") from None
