@@ -1,1 +1,93 @@
-"""`colitools inspect` command (not implemented yet)."""
+"""`colitools inspect PATH`: every tensor of a file or model directory with its resolved format, and totals."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from colitools.cli.app import app
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned text columns (numbers right-aligned), two spaces apart."""
+    table = [[str(cell) for cell in row] for row in (headers, *rows)]
+    widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
+    numeric = [
+        bool(rows) and all(row[i].replace(",", "").isdigit() for row in table[1:]) for i in range(len(widths))
+    ]
+    lines = []
+    for r, row in enumerate(table):
+        cells = [
+            cell.rjust(w) if num and r else cell.ljust(w)
+            for cell, w, num in zip(row, widths, numeric, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _shape(dims: Sequence[int] | None) -> str:
+    return "-" if dims is None else "[" + ", ".join(map(str, dims)) + "]"
+
+
+@app.command("inspect")
+def inspect_command(
+    path: Annotated[
+        Path, typer.Argument(help="A .safetensors file or a model directory.", show_default=False)
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON for scripts.")] = False,
+    summary: Annotated[
+        bool, typer.Option("--summary", help="Only the shards and the totals, no per-tensor rows.")
+    ] = False,
+) -> None:
+    """Show every tensor's dtype, shape, bytes and resolved format (group size, stamp), and totals per format."""
+    from colitools.formats.inspect import inspect_path
+
+    report = inspect_path(path)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+        return
+    n = len(report.shards)
+    typer.echo(
+        f"{report.path}: {n} shard{'s' * (n != 1)}, {len(report.tensors)} tensors, {report.total_bytes:,} bytes of "
+        f"tensor data, layout {report.layout}"
+        + (", index checked" if report.index else "")
+        + (", shapes checked against config.json" if report.config_checked else "")
+    )
+    if not summary:
+        rows = []
+        for t in report.tensors:
+            if t.kind == "scale":
+                fmt, gs = "(scale)", "-"
+            elif t.format is None:
+                fmt, gs = "-", "-"
+            else:
+                fmt, gs = t.format.name, str(t.format.group_size or "-")
+            rows.append(
+                [
+                    t.name,
+                    t.dtype,
+                    _shape(t.shape),
+                    _shape(t.logical_shape),
+                    f"{t.nbytes:,}",
+                    fmt,
+                    gs,
+                    t.stamp or "-",
+                ]
+            )
+        typer.echo("")
+        typer.echo(
+            render_table(["tensor", "dtype", "shape", "[O, I]", "bytes", "format", "gs", "stamp"], rows)
+        )
+    if n > 1:
+        typer.echo("")
+        shard_rows = [[s.path, str(s.tensors), f"{s.data_bytes:,}", s.layout] for s in report.shards]
+        typer.echo(render_table(["shard", "tensors", "bytes", "layout"], shard_rows))
+    typer.echo("")
+    total_rows = [[t.format, str(t.tensors), f"{t.bytes:,}"] for t in report.totals]
+    typer.echo(render_table(["format", "weights", "bytes (with scales)"], total_rows))
+    for warning in report.warnings:
+        typer.echo(f"warning: {warning}", err=True)

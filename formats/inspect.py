@@ -1,0 +1,351 @@
+"""What is in a container: the library behind ``colitools inspect`` and ``colitools formats``.
+
+``open_model`` finds the shards of a path (one ``.safetensors`` file, or a model directory with or without
+``model.safetensors.index.json``), checks that the index's ``weight_map`` covers exactly the tensors present and
+loads ``config.json``; ``inspect_path`` resolves every tensor (``resolver.resolve_container``) and totals the
+bytes per format. Only headers are read, never tensor data, so inspecting a terabyte model is instant.
+"""
+
+# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from colitools.formats.errors import FormatError
+from colitools.formats.registry import (
+    DEFAULT_GROUP_SIZE,
+    FORMATS,
+    GROUP_SIZES,
+    Format,
+    Int4Grouped,
+)
+from colitools.formats.resolver import (
+    ResolvedTensor,
+    parse_layout,
+    resolve_container,
+)
+from colitools.formats.safetensors_io import SafetensorsFile, read_header
+
+__all__ = [
+    "CONFIG_NAME",
+    "INDEX_NAME",
+    "FormatRow",
+    "FormatTotal",
+    "InspectReport",
+    "ModelFiles",
+    "ShardSummary",
+    "describe_formats",
+    "inspect_path",
+    "open_model",
+]
+
+INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+
+
+# ------------------------------------------------------------------------------------ finding shards
+@dataclass
+class ModelFiles:
+    """The shards of a container (headers validated), its index and its config, as found on disk."""
+
+    path: Path
+    shards: list[SafetensorsFile]
+    index: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _load_json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not isinstance(value, dict):
+        raise FormatError(f"{path}: expected a JSON object")
+    return value
+
+
+def _check_shard_name(index_path: Path, shard: Any) -> str:
+    """A weight_map value must be a plain ``*.safetensors`` file name inside the model directory."""
+    if (
+        not isinstance(shard, str)
+        or not shard.endswith(".safetensors")
+        or os.path.isabs(shard)
+        or "/" in shard
+        or "\\" in shard
+        or ".." in shard
+    ):
+        raise FormatError(
+            f"{index_path}: weight_map names shard {shard!r}, not a plain *.safetensors file name"
+        )
+    return shard
+
+
+def _index_shards(directory: Path, index: dict[str, Any]) -> dict[str, list[str]]:
+    """shard file name -> tensor names, from a parsed index (validated)."""
+    index_path = directory / INDEX_NAME
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise FormatError(f"{index_path}: weight_map is missing, empty or not an object")
+    by_shard: dict[str, list[str]] = {}
+    for tensor, shard in weight_map.items():
+        by_shard.setdefault(_check_shard_name(index_path, shard), []).append(tensor)
+    return by_shard
+
+
+def _check_index_coverage(
+    directory: Path, by_shard: dict[str, list[str]], shards: Sequence[SafetensorsFile]
+) -> None:
+    """Every tensor the index maps is in its shard, and every tensor of a shard is mapped to that shard."""
+    index_path = directory / INDEX_NAME
+    mapped_to = {tensor: shard for shard, tensors in by_shard.items() for tensor in tensors}
+    for shard in shards:
+        for tensor in shard.tensors:
+            if mapped_to.get(tensor) != shard.path.name:
+                where = f"maps it to {mapped_to[tensor]}" if tensor in mapped_to else "does not list it"
+                raise FormatError(
+                    f"{index_path}: {shard.path.name} holds tensor {tensor}, but weight_map {where}"
+                )
+        for tensor in by_shard[shard.path.name]:
+            if tensor not in shard.tensors:
+                raise FormatError(
+                    f"{index_path}: weight_map maps tensor {tensor} to {shard.path.name}, which does not hold it"
+                )
+
+
+def open_model(path: str | os.PathLike[str]) -> ModelFiles:
+    """Open the shards at ``path`` (headers only) and the model's index and config, if it is a directory.
+
+    A directory with ``model.safetensors.index.json`` is the shards it names (coverage checked both ways);
+    without an index it is every ``*.safetensors`` file in it. ``config.json`` is loaded when present.
+    """
+    root = Path(path)
+    if root.is_file():
+        return ModelFiles(root, [read_header(root)])
+    if not root.is_dir():
+        raise FormatError(f"{root}: no such file or directory")
+    model = ModelFiles(root, [])
+    if (root / CONFIG_NAME).is_file():
+        model.config = _load_json_object(root / CONFIG_NAME)
+    present = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
+    if (root / INDEX_NAME).is_file():
+        model.index = _load_json_object(root / INDEX_NAME)
+        by_shard = _index_shards(root, model.index)
+        model.shards = [read_header(root / name) for name in sorted(by_shard)]
+        _check_index_coverage(root, by_shard, model.shards)
+        unlisted = [name for name in present if name not in by_shard]
+        if unlisted:
+            model.warnings.append(
+                f"{len(unlisted)} *.safetensors file(s) not in {INDEX_NAME}, ignored: {', '.join(unlisted)}"
+            )
+        metadata = model.index.get("metadata")
+        total = metadata.get("total_size") if isinstance(metadata, dict) else None
+        data = sum(info.nbytes for s in model.shards for info in s.tensors.values())
+        if total is not None and total != data:
+            model.warnings.append(
+                f"{INDEX_NAME}: metadata.total_size is {total}, the shards hold {data} bytes of tensor data"
+            )
+    else:
+        if not present:
+            raise FormatError(f"{root}: no *.safetensors files and no {INDEX_NAME}")
+        model.shards = [read_header(root / name) for name in present]
+    return model
+
+
+# ----------------------------------------------------------------------------------------- the report
+@dataclass(frozen=True)
+class ShardSummary:
+    path: str
+    tensors: int
+    data_bytes: int
+    file_bytes: int
+    layout: str
+
+
+@dataclass(frozen=True)
+class FormatTotal:
+    """Weights of one format: how many, and their bytes including their scale tensors."""
+
+    format: str
+    tensors: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    path: str
+    shards: list[ShardSummary]
+    tensors: list[ResolvedTensor]
+    totals: list[FormatTotal]
+    config_checked: bool
+    index: bool
+    warnings: list[str]
+
+    @property
+    def layout(self) -> str:
+        """``pairs``, ``planar64-v8``, or ``mixed (...)`` when shards differ."""
+        layouts = sorted({s.layout for s in self.shards})
+        return layouts[0] if len(layouts) == 1 else f"mixed ({', '.join(layouts)})"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.data_bytes for s in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (stable keys; for ``inspect --json``)."""
+        tensors = []
+        for t in self.tensors:
+            tensors.append(
+                {
+                    "name": t.name,
+                    "file": t.file,
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "bytes": t.nbytes,
+                    "kind": t.kind,
+                    "format": t.format.name if t.format else None,
+                    "fmt": t.format.fmt if t.format else None,
+                    "group_size": t.format.group_size if t.format else None,
+                    "logical_shape": list(t.logical_shape) if t.logical_shape else None,
+                    "stamp": t.stamp,
+                    "scale": t.scale,
+                    "scale_bytes": t.scale_nbytes,
+                    "scale_of": t.scale_of,
+                    "layout": t.layout,
+                }
+            )
+        return {
+            "path": self.path,
+            "layout": self.layout,
+            "index": self.index,
+            "config_checked": self.config_checked,
+            "total_bytes": self.total_bytes,
+            "shards": [asdict(s) for s in self.shards],
+            "totals": [asdict(t) for t in self.totals],
+            "tensors": tensors,
+            "warnings": list(self.warnings),
+        }
+
+
+def _total_label(t: ResolvedTensor) -> str:
+    if t.format is None:
+        return f"other ({t.dtype})"
+    if t.kind == "float" and t.dtype != "F32":
+        return f"{t.format.label} ({t.dtype})"
+    return t.format.label
+
+
+def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
+    """Resolve every tensor at ``path`` (a file or a model directory) and total the bytes per format.
+
+    Raises a ColitoolsError (one line naming the file and tensor) for a malformed file, an index that does not
+    match the shards, or a tensor that does not resolve.
+    """
+    model = open_model(path)
+    try:
+        resolved = resolve_container(model.shards, config=model.config)
+        shards = [
+            ShardSummary(
+                str(s.path),
+                len(s.tensors),
+                sum(i.nbytes for i in s.tensors.values()),
+                s.file_size,
+                parse_layout(s.metadata, where=str(s.path)),
+            )
+            for s in model.shards
+        ]
+    finally:
+        for shard in model.shards:
+            shard.close()
+    totals: dict[str, list[int]] = {}
+    for t in resolved.values():
+        if t.kind == "scale":
+            continue
+        count_bytes = totals.setdefault(_total_label(t), [0, 0])
+        count_bytes[0] += 1
+        count_bytes[1] += t.nbytes + t.scale_nbytes
+    return InspectReport(
+        path=str(model.path),
+        shards=shards,
+        tensors=list(resolved.values()),
+        totals=[FormatTotal(label, n, b) for label, (n, b) in sorted(totals.items())],
+        config_checked=model.config is not None,
+        index=model.index is not None,
+        warnings=model.warnings,
+    )
+
+
+# ------------------------------------------------------------------------------------ the format table
+# Byte formulas as text, one per format. They are checked against the registry's byte arithmetic by the tests
+# (evaluated with ``ceil`` = integer ceiling division), so the table cannot drift from the code.
+_WEIGHT_FORMULA = {
+    "f32": "O * I * itemsize (F32 4, BF16/F16 2)",
+    "int8-row": "O * I",
+    "int4-row": "O * ceil(I/2)",
+    "int2-row": "O * ceil(I/4)",
+    "int4-grouped": "O * ceil(I/2)",
+    "int3-g64": "O * ceil(I/64) * 24",
+    "e8-iq3-lattice": "O * ceil(I/256) * 98",
+    "mxfp4": "O * I/2",
+    "fp8-e4m3-b128": "O * I",
+}
+_SCALE_FORMULA = {
+    "f32": "none",
+    "int8-row": "O * 4",
+    "int4-row": "O * 4",
+    "int2-row": "O * 4",
+    "int4-grouped": "O * ceil(I/gs) * 4",
+    "int3-g64": "O * ceil(I/64) * 4",
+    "e8-iq3-lattice": "4",
+    "mxfp4": "O * I/32",
+    "fp8-e4m3-b128": "ceil(O/128) * ceil(I/128) * 4",
+}
+
+
+@dataclass(frozen=True)
+class FormatRow:
+    """One line of ``colitools formats``."""
+
+    ord: int
+    name: str
+    bits_per_weight: float  # including scales, at I = 4096 (int4-grouped at gs 64)
+    weight_bytes: str
+    scale_bytes: str
+    scale_tensor: str
+    group_sizes: tuple[int, ...] | None = None
+    written: bool = True  # False: recognised by the resolver only
+
+
+def _scale_tensor(fmt: type[Format]) -> str:
+    if not fmt.quantized:
+        return "-"
+    if fmt.name == "mxfp4":
+        return "<base>.weight_scale U8 (E8M0)"
+    return f"<name>.qs {fmt.scale_dtype}"
+
+
+def describe_formats() -> list[FormatRow]:
+    """The registry as a table: ordinal, name, bits per weight and the byte formulas (``colitools formats``)."""
+    rows = []
+    for ord_, fmt in sorted(FORMATS.items()):
+        grouped = fmt is Int4Grouped
+        rows.append(
+            FormatRow(
+                ord=ord_,
+                name=fmt.name,
+                bits_per_weight=round(fmt.bits_per_weight(4096, DEFAULT_GROUP_SIZE if grouped else None), 4),
+                weight_bytes=_WEIGHT_FORMULA[fmt.name],
+                scale_bytes=_SCALE_FORMULA[fmt.name],
+                scale_tensor=_scale_tensor(fmt),
+                group_sizes=GROUP_SIZES if grouped else None,
+                written=fmt.name != "e8-iq3-lattice",
+            )
+        )
+    return rows
