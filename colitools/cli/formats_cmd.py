@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from colitools.cli.app import app
-from colitools.cli.inspect_cmd import render_table
+from colitools.cli.render import render_table
 
 
 @app.command("formats")
