@@ -1,0 +1,180 @@
+"""Writing a fixture folder: config spellings, shards + index, tokenizer, and the read-back check."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+import zstandard
+from fixture_specs import TOKENIZER_CORPUS, Fixture
+from oracle_recipes import FP8_BLOCK, fp8_block_dequant, layer_of
+from safetensors.torch import load_file, save_file
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def to_np_f32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().numpy().copy()
+
+
+# --------------------------------------------------------------------------------------------- tokenizer
+def build_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TOKENIZER_CORPUS] * 4, trainer)
+    assert tok.get_vocab_size() == vocab_size, tok.get_vocab_size()
+    return tok
+
+
+# --------------------------------------------------------------------------------------------- writing
+def legacy_config(config: dict) -> dict:
+    """Hub-style spellings (as DeepSeek-V3's own config.json): top-level rope_theta and rope_scaling."""
+    cfg = {k: v for k, v in config.items() if k not in ("head_dim", "qk_head_dim")}  # derived by transformers
+    cfg.update({"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1})  # as on the hub
+    rp = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rp.pop("rope_theta")
+    rtype = rp.pop("rope_type")
+    if rtype != "default":
+        cfg["rope_scaling"] = {"type": rtype, **rp}
+    return cfg
+
+
+def fixture_config(fx: Fixture, saved_config: dict) -> dict:
+    cfg = dict(saved_config)
+    cfg["dtype"] = {"f32": "float32", "bf16": "bfloat16", "fp8": "bfloat16"}[fx.storage]
+    if fx.legacy_config:
+        cfg = legacy_config(cfg)
+    if fx.storage == "fp8":
+        cfg["quantization_config"] = {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+        }
+    return dict(sorted(cfg.items()))
+
+
+def shard_plan(fx: Fixture, names: list[str], n_layers: int) -> dict[str, str]:
+    """Tensor -> file. Two shards: everything up to the middle of the last layer's experts in the first file,
+    the rest in the second; the cut falls inside one expert (its gate/up in file 1, its down in file 2)."""
+    if fx.shards == 1:
+        return dict.fromkeys(names, "model.safetensors")
+    files = [f"model-0000{i + 1}-of-0000{fx.shards}.safetensors" for i in range(fx.shards)]
+    last = n_layers - 1
+    experts = sorted({int(m.group(1)) for n in names if layer_of(n) == last
+                      for m in [re.search(r"\.experts\.(\d+)\.", n)] if m})  # fmt: skip
+    assert len(experts) >= 4, "sharded fixture needs a MoE last layer"
+    cut = experts[len(experts) // 2]
+    plan = {}
+    for n in names:
+        layer = layer_of(n)
+        m = re.search(r"\.experts\.(\d+)\.(\w+)\.", n)
+        if layer is None:
+            second = not n.startswith("model.embed_tokens")  # embeddings first, norm + lm_head last
+        elif layer < last:
+            second = False
+        elif m:
+            e, proj = int(m.group(1)), m.group(2)
+            second = e > cut or (e == cut and proj == "down_proj")
+        else:
+            second = ".mlp." in n and "experts" not in n  # router + shared expert after the cut
+        plan[n] = files[1 if second else 0]
+    return plan
+
+
+def write_fixture(
+    fx: Fixture,
+    out_dir: Path,
+    config: dict,
+    gen_config: dict | None,
+    stored: dict[str, torch.Tensor],
+    tokenizer,
+    n_layers: int,
+) -> dict[str, str]:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if gen_config is not None:
+        (out_dir / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
+    names = sorted(stored)
+    plan = shard_plan(fx, names, n_layers)
+    for fname in sorted(set(plan.values())):
+        part = {n: stored[n].contiguous() for n in names if plan[n] == fname}
+        save_file(part, str(out_dir / fname), metadata={"format": "pt"})
+        (out_dir / fname).chmod(0o644)
+    if fx.shards > 1:
+        total = sum(t.numel() * t.element_size() for t in stored.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(plan.items()))}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save(str(out_dir / "tokenizer.json"))
+        (out_dir / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+            "model_max_length": config.get("max_position_embeddings", 512)}, indent=2) + "\n")  # fmt: skip
+    return {p.name: sha256_file(p) for p in sorted(out_dir.iterdir()) if p.is_file()}
+
+
+def check_written(out_dir: Path, source: dict[str, np.ndarray]) -> None:
+    """Read the fixture back from disk and dequantize it: it must hold exactly the values the references used."""
+    raw: dict[str, torch.Tensor] = {}
+    for f in sorted(out_dir.glob("*.safetensors")):
+        raw.update(load_file(str(f)))
+    index = out_dir / "model.safetensors.index.json"
+    if index.exists():
+        wm = json.loads(index.read_text())["weight_map"]
+        assert set(wm) == set(raw), "index weight_map does not cover the shards exactly"
+    names = {n for n in raw if not n.endswith("_scale_inv")}
+    assert names == set(source), sorted(names ^ set(source))[:5]
+    for n in names:
+        t = raw[n]
+        if t.dtype == torch.float8_e4m3fn:
+            q = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+            got = fp8_block_dequant(q, raw[n + "_scale_inv"].numpy())
+        else:
+            got = to_np_f32(t)
+        assert np.array_equal(got, source[n]), (
+            f"{out_dir.name}: {n} on disk differs from the reference weights"
+        )
+
+
+def dump_json(doc: dict[str, Any]) -> str:
+    """JSON with one top-level key per line and one nested key per line below that; arrays stay on one line."""
+
+    def value(v: Any, depth: int) -> str:
+        if isinstance(v, dict) and v and depth < 2:
+            pad = " " * (depth + 1)
+            body = ",\n".join(f"{pad}{json.dumps(k)}: {value(x, depth + 1)}" for k, x in v.items())
+            return "{\n" + body + "\n" + " " * depth + "}"
+        return json.dumps(v, allow_nan=False)
+
+    return value(doc, 0) + "\n"
+
+
+def zstd_npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr, dtype="<f4"), allow_pickle=False)
+    return zstandard.ZstdCompressor(level=19).compress(buf.getvalue())

@@ -1,0 +1,348 @@
+"""The oracle fixtures: which tiny models exist, how each is stored, and the oracle rules' constants.
+
+Plain data (no torch): read by make_oracles.py. Each fixture's ``config`` holds transformers 5.24 config kwargs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PROMPT_LEN = 8
+NEW_TOKENS = 32
+MIN_TOKEN_MARGIN = 2e-3  # top-1 minus top-2 logit, every greedy step and teacher-forced position
+MIN_ROUTER_MARGIN = 5e-4  # k-th minus (k+1)-th routing score (and group score), every token, every MoE layer
+MIN_INDEXER_MARGIN = 5e-4  # DSA indexer: k-th minus (k+1)-th index score where the selection matters
+MAX_SEED_TRIES = 400
+
+INIT_STD = 0.2
+NORM_NOISE = 0.1
+BIAS_NOISE = 0.2  # linear biases (qkv) are zero-initialised by transformers; make them matter
+CORRECTION_BIAS_NOISE = 0.05
+LATENT_SCALE = 0.006
+
+TOKENIZER_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. A mixture of experts routes every token to a few experts, "
+    "and the router picks them by score. Tiny oracle models keep the runtime honest: the same tokens, the same "
+    "logits, the same experts. Pack the weights, read the bytes, run the model, compare every token. "
+    "the router the experts the tokens the model the weights the bytes the logits"
+)
+
+
+@dataclass
+class Fixture:
+    name: str
+    model_type: str
+    description: str
+    config: dict[str, Any]
+    storage: str = "f32"  # f32 | bf16 | fp8
+    fused: bool = False  # experts fused on disk (save_original_format=False)
+    shards: int = 1  # 2: split into two files, one layer's experts cut across them
+    tokenizer: bool = False
+    prompt_text: str | None = None
+    legacy_config: bool = False  # write hub-style rope_theta / rope_scaling instead of rope_parameters
+    seed: int = 0
+    indexer_check: bool = False  # DSA fixture whose indexer selection matters
+    # MLA: scale q_a_proj and the latent rows of kv_a_proj_with_mqa so the latents' mean square is ~1e-4 and
+    # q_a_layernorm / kv_a_layernorm's fixed eps 1e-6 (vs rms_norm_eps 1e-5) changes the tokens.
+    latent_scale: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+COMMON = dict(
+    vocab_size=200,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    initializer_range=INIT_STD,
+    pad_token_id=None,
+    bos_token_id=None,
+    eos_token_id=None,
+    tie_word_embeddings=False,
+    max_position_embeddings=512,
+)
+
+MLA = dict(
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=48,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=24,
+)
+
+# DeepSeek-V3's own YaRN settings: with these the ramp has fractional values on the rope dims (8 and 16 here),
+# attention_factor is 1.0 and the softmax scale gets mscale^2 = (0.1 ln 40 + 1)^2.
+DEEPSEEK_V3_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+FIXTURES: list[Fixture] = [
+    Fixture(
+        "olmoe",
+        "olmoe",
+        "OLMoE: q/k RMSNorm over the whole projection, softmax top-2 of 6 without renormalisation; "
+        "byte-level BPE tokenizer.json (vocab 288) for --prompt",
+        dict(
+            COMMON,
+            vocab_size=288,
+            eos_token_id=0,  # <|endoftext|> of its tokenizer.json
+            num_key_value_heads=2,
+            intermediate_size=64,
+            moe_intermediate_size=64,
+            num_experts=6,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-5,
+        ),
+        tokenizer=True,
+        prompt_text="the router picks experts",
+        seed=1000,
+    ),
+    Fixture(
+        "qwen2_moe",
+        "qwen2_moe",
+        "Qwen2-MoE: q/k/v biases, sigmoid-gated shared expert, softmax top-4 of 8, layer 0 dense "
+        "(decoder_sparse_step=2); sharded into two files with layer 1's experts cut across them",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=128,
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            qkv_bias=True,
+            rms_norm_eps=1e-6,
+        ),
+        shards=2,
+        seed=2000,
+    ),
+    Fixture(
+        "qwen3_moe",
+        "qwen3_moe",
+        "Qwen3-MoE: explicit head_dim 32 (q_proj wider than hidden), per-head q/k RMSNorm, softmax top-2 of 8 "
+        "renormalised, layer 1 dense via mlp_only_layers=[1]",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            decoder_sparse_step=1,
+            rms_norm_eps=1e-6,
+        ),
+        seed=3000,
+    ),
+    Fixture(
+        "mixtral",
+        "mixtral",
+        "Mixtral: GQA, rope_theta 1e6, softmax top-2 of 6 always renormalised, experts named "
+        "block_sparse_moe.experts.{E}.w1/w2/w3",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+        ),
+        seed=4000,
+    ),
+    Fixture(
+        "mixtral_bf16_fused",
+        "mixtral",
+        "Mixtral stored in BF16 with fused experts on disk (save_original_format=False): "
+        "mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj [E, H, I], router mlp.gate.weight",
+        dict(
+            COMMON,
+            num_key_value_heads=1,
+            intermediate_size=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+        ),
+        storage="bf16",
+        fused=True,
+        seed=5000,
+    ),
+    Fixture(
+        "deepseek_v3",
+        "deepseek_v3",
+        "DeepSeek-V3: MLA with q_lora_rank, default RoPE (interleaved), noaux_tc sigmoid routing top-2 of 8 "
+        "with n_group 4 / topk_group 2, shared expert, layer 0 dense (first_k_dense_replace=1)",
+        dict(
+            COMMON,
+            **MLA,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        seed=6000,
+    ),
+    Fixture(
+        "deepseek_v3_yarn",
+        "deepseek_v3",
+        "DeepSeek-V3 with YaRN RoPE (DeepSeek-V3's settings: factor 40, original 4096, mscale_all_dim 1 -> "
+        "softmax scale * mscale^2) and "
+        "q_lora_rank null (plain q_proj), norm_topk_prob false, routed_scaling_factor 1.5",
+        dict(
+            COMMON,
+            **dict(MLA, q_lora_rank=None),
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=False,
+            routed_scaling_factor=1.5,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=163840,
+            rope_parameters=DEEPSEEK_V3_YARN,
+        ),
+        seed=7000,
+    ),
+    Fixture(
+        "deepseek_v3_fp8",
+        "deepseek_v3",
+        "DeepSeek-V3 as shipped: FP8 e4m3 block-scaled linear weights (weight_scale_inv F32, 128x128 ceil grid "
+        "with partial edge blocks: hidden 192, dense intermediate 200), BF16 embeddings/norms/routers, F32 "
+        "correction bias, hub-style config (rope_theta + rope_scaling type yarn, quantization_config)",
+        dict(
+            COMMON,
+            hidden_size=192,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=96,
+            kv_lora_rank=64,
+            qk_nope_head_dim=32,
+            qk_rope_head_dim=16,
+            v_head_dim=32,
+            intermediate_size=200,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=163840,
+            rope_parameters=DEEPSEEK_V3_YARN,
+        ),
+        storage="fp8",
+        legacy_config=True,
+        seed=8000,
+    ),
+    Fixture(
+        "glm4_moe",
+        "glm4_moe",
+        "GLM-4.5-MoE: head_dim 24 with partial rotary 0.5 (first 12 dims, half layout), per-head q/k RMSNorm, "
+        "q/k/v bias, noaux_tc sigmoid top-2 of 8 (n_group 1), routed_scaling_factor 2.5, shared expert, "
+        "layer 0 dense",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=24,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            use_qk_norm=True,
+            attention_bias=True,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        ),
+        seed=9000,
+    ),
+    Fixture(
+        "glm_moe_dsa",
+        "glm_moe_dsa",
+        "GLM-5 (glm_moe_dsa): MLA + interleaved RoPE, DSA lightning indexer with index_topk 64 >= the 40-token "
+        "sequence (every key selected: equals dense MLA), noaux_tc top-2 of 8, shared expert, layer 0 dense",
+        dict(
+            COMMON,
+            **MLA,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rms_norm_eps=1e-5,
+            index_topk=64,
+            index_head_dim=16,
+            index_n_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        latent_scale=LATENT_SCALE,
+        seed=10000,
+    ),
+    Fixture(
+        "glm_moe_dsa_sparse",
+        "glm_moe_dsa",
+        "GLM-5 (glm_moe_dsa) stored in BF16, 8 indexer heads, index_topk 24 < the 40-token sequence: the DSA indexer's top-k selection "
+        "changes the attention (seed-checked so the k-th/(k+1)-th index scores differ by >= 5e-4)",
+        dict(
+            COMMON,
+            **MLA,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rms_norm_eps=1e-5,
+            index_topk=24,
+            index_head_dim=16,
+            index_n_heads=8,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        storage="bf16",
+        latent_scale=LATENT_SCALE,
+        seed=11000,
+        indexer_check=True,
+    ),
+]

@@ -1,0 +1,210 @@
+"""What a converted container holds: FORMATS-SPEC §6 recipes applied with colitools' own codecs, and the FP8
+block-scaled source convention of §5. Numpy only (no torch).
+"""
+
+# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+
+from colitools.formats import registry as reg
+
+FP8_BLOCK = 128
+FP8_MAX = 448.0
+
+# Recipes of FORMATS-SPEC §6 as colitools options. "planar" holds the same values as "default" (only the byte
+# order of int4 expert codes differs), so its reference is default's.
+RECIPES: dict[str, dict[str, str]] = {
+    "f32": {"experts": "f32", "dense": "f32", "embed": "f32", "layout": "pairs"},
+    "default": {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "layout": "pairs"},
+    "int3": {"experts": "int3-g64", "dense": "int8-row", "embed": "int8-row", "layout": "pairs"},
+    "mxfp4": {"experts": "mxfp4", "dense": "int8-row", "embed": "int8-row", "layout": "pairs"},
+    "planar": {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "layout": "planar"},
+}
+RECIPE_OPTIONS = {
+    "f32": "--experts f32 --dense f32 --embed f32",
+    "default": "",
+    "int3": "--experts int3-g64",
+    "mxfp4": "--experts mxfp4",
+    "planar": "--layout planar",
+}
+REFERENCE_OF = {"f32": "f32", "default": "default", "int3": "int3", "mxfp4": "mxfp4", "planar": "default"}
+COMPUTED_RECIPES = ("f32", "default", "int3", "mxfp4")
+
+
+def layer_of(name: str) -> int | None:
+    m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+# ------------------------------------------------------------------------------------------ storage variants
+def is_fp8_target(name: str, shape: tuple[int, ...]) -> bool:
+    """DeepSeek-V3's FP8 set: 2-D linear weights except embeddings, lm_head and routers."""
+    if len(shape) != 2 or not name.endswith(".weight"):
+        return False
+    return not (
+        name.endswith("embed_tokens.weight")
+        or name.endswith("lm_head.weight")
+        or name.endswith("mlp.gate.weight")
+        or name.endswith("block_sparse_moe.gate.weight")
+        or name.endswith("shared_expert_gate.weight")
+    )
+
+
+def fp8_block_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w f32 [M, N] -> (e4m3fn values [M, N], scale_inv f32 [ceil(M/128), ceil(N/128)]), amax/448 per block."""
+    M, N = w.shape
+    gm, gn = -(-M // FP8_BLOCK), -(-N // FP8_BLOCK)
+    padded = np.zeros((gm * FP8_BLOCK, gn * FP8_BLOCK), dtype=np.float32)
+    padded[:M, :N] = w
+    blocks = padded.reshape(gm, FP8_BLOCK, gn, FP8_BLOCK)
+    amax = np.abs(blocks).max(axis=(1, 3)).astype(np.float32)
+    scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1.0)).astype(np.float32)
+    full = np.repeat(np.repeat(scale, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:M, :N]
+    q = (w / full).astype(ml_dtypes.float8_e4m3fn)
+    assert np.isfinite(q.astype(np.float32)).all()
+    return q, scale
+
+
+def fp8_block_dequant(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Independent ceil-grid dequant: w[r, c] = f32(e4m3(q[r, c])) * s[r // 128, c // 128]."""
+    M, N = q.shape
+    rows = np.arange(M) // FP8_BLOCK
+    cols = np.arange(N) // FP8_BLOCK
+    return q.astype(np.float32) * scale.astype(np.float32)[rows[:, None], cols[None, :]]
+
+
+# ----------------------------------------------------------------------------------------------- recipes
+ROUTER_SUFFIXES = (
+    "mlp.gate.weight",
+    "block_sparse_moe.gate.weight",
+    "shared_expert_gate.weight",
+    "e_score_correction_bias",
+)
+FUSED_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
+EXPERT_RE = re.compile(r"\.experts\.\d+\.")
+INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
+
+
+def tensor_role(name: str, ndim: int, n_layers: int) -> str:
+    """FORMATS-SPEC §6, first matching rule."""
+    if ndim < 2 or name.endswith(ROUTER_SUFFIXES):
+        return "router_1d"
+    layer = layer_of(name)
+    if layer is not None and layer >= n_layers:
+        return "mtp"
+    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
+        return "embed"
+    if EXPERT_RE.search(name) or FUSED_RE.match(name):
+        return "experts"
+    return "dense"
+
+
+def resolves_to(fmt: str, O: int, I: int, gs: int | None) -> bool:
+    """FORMATS-SPEC §3 resolution of the bytes this format writes (no stamps: routed experts never get one)."""
+    if fmt == "mxfp4":
+        return I % 32 == 0
+    f = reg.by_name(fmt)
+    nb, ns = f.weight_nbytes(O, I, gs), f.scale_nbytes(O, I, gs)
+    i8, i4, i2 = O * I, O * -(-I // 2), O * -(-I // 4)
+    i3, e8 = O * -(-I // 64) * 24, O * -(-I // 256) * 98
+    nblk = -(-O // 128) * -(-I // 128)
+    if ns == 4 and nb == e8:
+        got = "e8-iq3-lattice"
+    elif nb == i8:
+        row, blk = ns == 4 * O, ns == 4 * nblk
+        if row and blk:
+            return False  # ambiguous without a stamp
+        got = "fp8-e4m3-b128" if blk and not row else "int8-row"
+    elif nb == i4:
+        got = "int4-row" if ns == 4 * O else "int4-grouped"
+    elif nb == i2:
+        got = "int2-row"
+    elif nb == i3:
+        got = "int3-g64"
+    else:
+        return False
+    if got != fmt:
+        return False
+    if got == "int4-grouped":
+        return reg.detect_group_size(O, I, ns) == gs
+    return True
+
+
+def encode_decode(
+    w: np.ndarray, option: str, *, expert: bool, name: str
+) -> tuple[np.ndarray, str, str | None]:
+    """Values a converted container holds for ``w`` under recipe format ``option``:
+    (float32 [O, I], format label, fallback reason or None)."""
+    O, I = w.shape
+    if option == "f32":
+        return w, "f32", None
+    fallback = None
+    fmt, gs = None, None
+    if option == "int8-row":
+        fmt = "int8-row"
+    elif option.startswith("int4-g"):
+        gs = reg.writer_group_size(I, int(option[len("int4-g") :]))
+        fmt = "int4-row" if gs is None else "int4-grouped"
+    elif option == "int3-g64":
+        fmt = "int3-g64"
+        if I in INT3_COLLIDING_WIDTHS:
+            fmt, fallback = "int8-row", f"int3-g64 at I = {I} collides with another format's bytes"
+    elif option == "mxfp4":
+        fmt = "mxfp4"
+        if I % 32:
+            fmt, fallback = "int8-row", f"mxfp4 needs I % 32 == 0 (I = {I})"
+    else:
+        raise ValueError(option)
+    if expert and fallback is None and not resolves_to(fmt, O, I, gs):
+        fmt, gs, fallback = "int8-row", None, f"{option} bytes of [{O}, {I}] would not resolve back"
+    f = reg.by_name(fmt)
+    codes, scales = f.encode(w, gs, name=name, fast=False)
+    out = f.decode(codes, scales, O, I, gs)
+    label = fmt if gs is None else f"int4-g{gs}"
+    return np.ascontiguousarray(out, dtype=np.float32), label, fallback
+
+
+def apply_recipe(
+    source: dict[str, np.ndarray], recipe: str, n_layers: int
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
+    """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
+    as the converter writes them), and the fallbacks taken."""
+    r = RECIPES[recipe]
+    out: dict[str, np.ndarray] = {}
+    formats: dict[str, str] = {}
+    fallbacks: list[dict[str, str]] = []
+
+    def one(name: str, w: np.ndarray, role: str) -> np.ndarray:
+        option = {"router_1d": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
+                  "dense": r["dense"]}[role]  # fmt: skip
+        if w.ndim < 2 or option == "f32":
+            formats[name] = "f32"
+            return w
+        deq, label, why = encode_decode(w, option, expert=(role == "experts"), name=name)
+        formats[name] = label
+        if why:
+            fallbacks.append({"tensor": name, "requested": option, "written": label, "reason": why})
+        return deq
+
+    for name, w in source.items():
+        role = tensor_role(name, w.ndim, n_layers)
+        m = FUSED_RE.match(name)
+        if m:
+            base, kind = m.groups()
+            parts = []
+            for e in range(w.shape[0]):
+                if kind == "gate_up_proj":
+                    half = w.shape[1] // 2
+                    g = one(f"{base}.{e}.gate_proj.weight", w[e, :half], role)
+                    u = one(f"{base}.{e}.up_proj.weight", w[e, half:], role)
+                    parts.append(np.concatenate([g, u], axis=0))
+                else:
+                    parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role))
+            out[name] = np.stack(parts)
+        else:
+            out[name] = one(name, w, role)
+    return out, dict(sorted(formats.items())), fallbacks

@@ -1,0 +1,329 @@
+"""The committed oracle fixtures (oracles/) are complete, loadable and consistent with their references.
+
+Runs without torch/transformers: only numpy, ml_dtypes, zstandard, tokenizers and a minimal safetensors header
+parser. A fixture regenerated without regenerating its references (or the other way round) fails here through
+the sha256 of its files recorded in every reference.
+"""
+
+# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+zstandard = pytest.importorskip("zstandard")
+
+ORACLES = Path(__file__).resolve().parents[1] / "oracles"
+INDEX = json.loads((ORACLES / "index.json").read_text())
+FIXTURES: dict[str, dict] = INDEX["fixtures"]
+RECIPES = ("f32", "default", "int3", "mxfp4", "planar")
+NEW_TOKENS = 32
+MIN_TOKEN_MARGIN = 2e-3
+MIN_ROUTER_MARGIN = 5e-4
+ROUTERS = (
+    "mlp.gate.weight",
+    "block_sparse_moe.gate.weight",
+    "shared_expert_gate.weight",
+    "e_score_correction_bias",
+)
+
+DTYPES = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "I64": np.dtype("<i8"),
+    "U8": np.dtype("u1"),
+}
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Strict little reader: validates the header and returns every tensor (exact dtype) and __metadata__."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    assert 8 + n <= len(data), f"{path.name}: header length {n} past the end of the file"
+    header = json.loads(data[8 : 8 + n])
+    meta = header.pop("__metadata__", {})
+    body = data[8 + n :]
+    spans, out = [], {}
+    for name, info in header.items():
+        dt = DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        count = math.prod(info["shape"])
+        assert end - begin == count * dt.itemsize, f"{path.name}: {name} byte count"
+        spans.append((begin, end))
+        out[name] = np.frombuffer(body[begin:end], dtype=dt).reshape(info["shape"])
+    spans.sort()
+    pos = 0
+    for begin, end in spans:
+        assert begin == pos, f"{path.name}: hole or overlap at byte {pos}"
+        pos = end
+    assert pos == len(body), f"{path.name}: data buffer not covered exactly"
+    return out, meta
+
+
+def fixture_tensors(name: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors of a fixture and the file each one is in."""
+    d = ORACLES / name
+    tensors, where = {}, {}
+    for f in sorted(d.glob("*.safetensors")):
+        part, meta = read_safetensors(f)
+        assert meta.get("format") == "pt"
+        for k, v in part.items():
+            assert k not in tensors, f"{k} in two shards"
+            tensors[k], where[k] = v, f.name
+    return tensors, where
+
+
+def config_of(name: str) -> dict:
+    return json.loads((ORACLES / name / "config.json").read_text())
+
+
+def reference(name: str, recipe: str) -> dict:
+    rel = FIXTURES[name]["recipes"][recipe]["reference"]
+    return json.loads((ORACLES / rel).read_text())
+
+
+def n_experts(cfg: dict) -> int:
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if cfg.get(key):
+            return cfg[key]
+    raise AssertionError("no expert count in config")
+
+
+def expert_width(cfg: dict) -> int:
+    return cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+
+
+ALL = sorted(FIXTURES)
+ALL_RECIPES = [(f, r) for f in ALL for r in RECIPES]
+
+
+def test_index_lists_every_fixture_folder() -> None:
+    folders = sorted(p.name for p in ORACLES.iterdir() if (p / "config.json").exists())
+    assert folders == ALL
+    families = {FIXTURES[f]["model_type"] for f in ALL}
+    assert {
+        "olmoe",
+        "qwen2_moe",
+        "qwen3_moe",
+        "mixtral",
+        "deepseek_v3",
+        "glm4_moe",
+        "glm_moe_dsa",
+    } <= families
+
+
+def _no_nan_or_inf(token: str) -> None:
+    raise AssertionError(f"non-standard JSON constant {token}")
+
+
+def test_json_files_are_strict_json() -> None:
+    for p in [ORACLES / "index.json", *ORACLES.glob("*/reference/*.json"), *ORACLES.glob("*/*.json")]:
+        json.loads(p.read_text(), parse_constant=_no_nan_or_inf)
+
+
+def test_oracles_stay_small() -> None:
+    total = sum(p.stat().st_size for p in ORACLES.rglob("*") if p.is_file())
+    assert total < 12 * 2**20
+    for f in ALL:
+        size = sum(p.stat().st_size for p in (ORACLES / f).rglob("*") if p.is_file())
+        assert size < 2**20, f"{f} is {size} bytes"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fixture_folder_loads(name: str) -> None:
+    cfg = config_of(name)
+    assert cfg["model_type"] == FIXTURES[name]["model_type"]
+    assert cfg["num_hidden_layers"] >= 2
+    tensors, where = fixture_tensors(name)
+    assert "model.embed_tokens.weight" in tensors and "lm_head.weight" in tensors
+    V, H = tensors["model.embed_tokens.weight"].shape
+    assert (V, H) == (cfg["vocab_size"], cfg["hidden_size"])
+    for k, v in tensors.items():
+        if v.dtype == DTYPES["F8_E4M3"]:
+            raw = v.view(np.uint8)
+            assert not np.isin(raw & 0x7F, [0x7F]).any(), f"{k}: FP8 NaN byte"
+        else:
+            assert np.isfinite(v.astype(np.float32)).all(), k
+    gen = ORACLES / name / "generation_config.json"
+    if gen.exists():
+        json.loads(gen.read_text())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_expert_tensors_match_the_config(name: str) -> None:
+    cfg = config_of(name)
+    tensors, _ = fixture_tensors(name)
+    E, I, H = n_experts(cfg), expert_width(cfg), cfg["hidden_size"]
+    fused = {k: v for k, v in tensors.items() if re.search(r"\.experts\.(gate_up_proj|down_proj)$", k)}
+    per = {k: v for k, v in tensors.items() if re.search(r"\.experts\.\d+\.", k)}
+    assert bool(fused) != bool(per), "expected exactly one expert layout"
+    if FIXTURES[name]["experts_on_disk"] == "fused":
+        assert fused and not per
+        for k, v in fused.items():
+            want = (E, 2 * I, H) if k.endswith("gate_up_proj") else (E, H, I)
+            assert v.shape == want, (k, v.shape)
+    else:
+        ids = {int(m.group(1)) for k in per for m in [re.search(r"\.experts\.(\d+)\.", k)]}
+        assert ids == set(range(E))
+        for k, v in per.items():
+            if k.endswith(".weight"):
+                down = k.endswith(("down_proj.weight", "w2.weight"))
+                assert v.shape == ((H, I) if down else (I, H)), (k, v.shape)
+
+
+def test_sharded_fixture_cuts_a_layers_experts_across_files() -> None:
+    sharded = [f for f in ALL if "model.safetensors.index.json" in FIXTURES[f]["files"]]
+    assert sharded, "no sharded fixture"
+    for name in sharded:
+        index = json.loads((ORACLES / name / "model.safetensors.index.json").read_text())
+        tensors, where = fixture_tensors(name)
+        assert index["weight_map"] == where
+        for shard in set(where.values()):
+            assert "/" not in shard and ".." not in shard and shard.endswith(".safetensors")
+        assert index["metadata"]["total_size"] == sum(v.nbytes for v in tensors.values())
+        by_layer: dict[str, set[str]] = {}
+        for k, f in where.items():
+            m = re.search(r"layers\.(\d+)\..*\.experts\.", k)
+            if m:
+                by_layer.setdefault(m.group(1), set()).add(f)
+        assert any(len(files) == 2 for files in by_layer.values())
+
+
+def test_fused_fixture_exists() -> None:
+    assert any(FIXTURES[f]["experts_on_disk"] == "fused" for f in ALL)
+
+
+def test_bf16_fixture_is_bf16() -> None:
+    names = [f for f in ALL if FIXTURES[f]["storage"] == "bf16"]
+    assert names
+    for name in names:
+        tensors, _ = fixture_tensors(name)
+        assert {v.dtype for v in tensors.values()} == {DTYPES["BF16"]}
+
+
+def test_fp8_fixture_follows_the_deepseek_convention() -> None:
+    names = [f for f in ALL if FIXTURES[f]["storage"] == "fp8"]
+    assert names
+    for name in names:
+        qc = config_of(name)["quantization_config"]
+        assert qc["quant_method"] == "fp8" and qc["fmt"] == "e4m3" and qc["weight_block_size"] == [128, 128]
+        tensors, _ = fixture_tensors(name)
+        fp8 = {k: v for k, v in tensors.items() if v.dtype == DTYPES["F8_E4M3"]}
+        assert fp8
+        partial_multi = False
+        for k, v in fp8.items():
+            M, N = v.shape
+            s = tensors[k + "_scale_inv"]
+            assert s.dtype == DTYPES["F32"] and s.shape == (-(-M // 128), -(-N // 128)), k
+            assert (s > 0).all() and np.isfinite(s).all()
+            if max(s.shape) > 1 and (M % 128 or N % 128):
+                partial_multi = True
+        assert partial_multi, "no tensor with both full and partial 128-blocks"
+        for k in ("model.embed_tokens.weight", "lm_head.weight"):
+            assert tensors[k].dtype == DTYPES["BF16"]
+        for k, v in tensors.items():
+            if k.endswith("mlp.gate.weight"):
+                assert v.dtype != DTYPES["F8_E4M3"]
+
+
+def test_a_fixture_ships_a_tokenizer_matching_its_prompt() -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    names = [f for f in ALL if FIXTURES[f]["tokenizer"]]
+    assert names
+    for name in names:
+        tok = tokenizers.Tokenizer.from_file(str(ORACLES / name / "tokenizer.json"))
+        assert tok.get_vocab_size() == config_of(name)["vocab_size"]
+        ref = reference(name, "f32")
+        assert ref["prompt_text"]
+        assert tok.encode(ref["prompt_text"]).ids == ref["prompt_ids"]
+
+
+@pytest.mark.parametrize(("name", "recipe"), ALL_RECIPES)
+def test_reference_is_complete_and_margin_checked(name: str, recipe: str) -> None:
+    ref = reference(name, recipe)
+    cfg = config_of(name)
+    V = cfg["vocab_size"]
+    assert ref["fixture"] == name and ref["model_type"] == cfg["model_type"]
+    assert recipe in ref["recipes_sharing_this_reference"]
+    assert ref["versions"]["transformers"] and ref["versions"]["torch"] and isinstance(ref["seed"], int)
+    prompt, gen = ref["prompt_ids"], ref["generated_ids"]
+    assert len(gen) == NEW_TOKENS and len(ref["greedy_margins"]) == NEW_TOKENS
+    assert prompt and all(0 <= t < V for t in prompt + gen)
+    tf = ref["teacher_forced"]
+    assert tf["input_ids"] == prompt + gen
+    assert len(tf["argmax"]) == len(tf["margins"]) == len(prompt) + NEW_TOKENS
+    P = len(prompt)
+    assert tf["argmax"][P - 1 : P - 1 + NEW_TOKENS] == gen
+    assert min(ref["greedy_margins"]) >= MIN_TOKEN_MARGIN
+    assert min(tf["margins"]) >= MIN_TOKEN_MARGIN
+    assert ref["min_router_margin"] >= MIN_ROUTER_MARGIN
+    assert ref["min_margin"] >= MIN_TOKEN_MARGIN
+
+
+@pytest.mark.parametrize(("name", "recipe"), ALL_RECIPES)
+def test_reference_logits_decompress_and_agree_with_the_tokens(name: str, recipe: str) -> None:
+    ref = reference(name, recipe)
+    V = config_of(name)["vocab_size"]
+    lg = ref["logits"]
+    rel = Path(FIXTURES[name]["recipes"][recipe]["reference"]).parent / lg["file"]
+    raw = zstandard.ZstdDecompressor().decompress((ORACLES / rel).read_bytes())
+    logits = np.load(io.BytesIO(raw), allow_pickle=False)
+    assert logits.dtype == np.float32 and list(logits.shape) == lg["shape"] == [2, V]
+    assert np.isfinite(logits).all()
+    # Row 0: the last greedy step; row 1: the teacher-forced last position.
+    assert int(np.argmax(logits[0])) == ref["generated_ids"][-1]
+    assert int(np.argmax(logits[1])) == ref["teacher_forced"]["argmax"][-1]
+    top = np.sort(logits[0])[-2:]
+    assert abs(float(top[1] - top[0]) - ref["greedy_margins"][-1]) < 1e-5
+    top = np.sort(logits[1])[-2:]
+    assert abs(float(top[1] - top[0]) - ref["teacher_forced"]["margins"][-1]) < 1e-5
+
+
+@pytest.mark.parametrize(("name", "recipe"), ALL_RECIPES)
+def test_reference_matches_the_fixture_files(name: str, recipe: str) -> None:
+    recorded = reference(name, recipe)["fixture_files"]
+    folder = ORACLES / name
+    # Hidden files (e.g. a runtime's .coli_usage history) are not part of the fixture.
+    present = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    assert sorted(recorded) == present == FIXTURES[name]["files"]
+    for fname, digest in recorded.items():
+        assert hashlib.sha256((folder / fname).read_bytes()).hexdigest() == digest, f"{name}/{fname} is stale"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_planar_shares_the_default_reference(name: str) -> None:
+    recipes = FIXTURES[name]["recipes"]
+    assert set(recipes) == set(RECIPES)
+    assert recipes["planar"]["reference"] == recipes["default"]["reference"]
+    assert recipes["planar"]["layout"] == "planar"
+
+
+@pytest.mark.parametrize(("name", "recipe"), ALL_RECIPES)
+def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> None:
+    ref = reference(name, recipe)
+    formats = ref["tensor_formats"]
+    want_experts = {"f32": ("f32",), "default": ("int4-row", "int4-g"), "planar": ("int4-row", "int4-g"),
+                    "int3": ("int3-g64",), "mxfp4": ("mxfp4",)}[recipe]  # fmt: skip
+    other = "f32" if recipe == "f32" else "int8-row"
+    fallen = {f["tensor"] for f in ref["fallbacks"]}
+    assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)
+    for k, fmt in formats.items():
+        if k.endswith(ROUTERS) or not (k.endswith(".weight")):
+            assert fmt == "f32", (k, fmt)
+        elif re.search(r"\.experts\.\d+\.", k):
+            assert fmt.startswith(want_experts) or (k in fallen and fmt == "int8-row"), (k, fmt)
+        elif k.endswith(("norm.weight", "layernorm.weight")):
+            assert fmt == "f32", (k, fmt)
+        else:
+            assert fmt == other, (k, fmt)
