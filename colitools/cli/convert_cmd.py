@@ -1,1 +1,57 @@
-"""`colitools convert` command (not implemented yet)."""
+"""``colitools convert SOURCE OUTDIR``: thin wrapper over ``colitools.converters.runner.convert``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from colitools.cli.app import app
+
+_FMT = "int4-g64, int4-g{16..256}, int4-row, int8-row, int2-row, int3-g64, mxfp4, fp8, bf16, f32"
+
+
+@app.command("convert")
+def convert_command(
+    source: str = typer.Argument(..., help="A local model folder, or a Hugging Face repo id (org/name)."),
+    outdir: Path = typer.Argument(..., help="Output folder (created; a rerun resumes in it)."),
+    experts: str | None = typer.Option(
+        None, "--experts", help=f"Routed experts format (default int4-g64): {_FMT}."
+    ),
+    dense: str | None = typer.Option(None, "--dense", help="Other 2-D weights (default int8-row)."),
+    embed: str | None = typer.Option(None, "--embed", help="embed_tokens / lm_head (default int8-row)."),
+    mtp: str | None = typer.Option(
+        None, "--mtp", help="MTP layers, index >= num_hidden_layers (default int8-row)."
+    ),
+    group_size: int | None = typer.Option(None, "--group-size", help="Group size of int4-grouped choices."),
+    layout: str = typer.Option("pairs", "--layout", help="Expert layout: pairs | planar (planar64-v8)."),
+    min_free_gb: float = typer.Option(
+        5.0, "--min-free-gb", help="Free space to keep on the output volume (GB)."
+    ),
+    on_low_disk: str = typer.Option(
+        "wait", "--on-low-disk", help="Below the floor: wait (poll) | stop (exit 3)."
+    ),
+    keep_source: bool = typer.Option(False, "--keep-source", help="Keep downloaded source shards."),
+    workers: int = typer.Option(1, "--workers", help="Units converted in parallel processes."),
+    token: str | None = typer.Option(None, "--token", help="Hugging Face token (default: HF_TOKEN / login)."),
+    revision: str | None = typer.Option(None, "--revision", help="Hub branch, tag or commit (default main)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the plan (units, bytes, peak disk) and exit."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+) -> None:
+    """Convert a BF16/FP8 checkpoint into quantized byte-addressable safetensors, resumably."""
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import convert
+
+    options = ConvertOptions(
+        experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout,
+        min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
+        token=token, revision=revision, dry_run=dry_run,
+    )  # fmt: skip
+    summary = convert(source, outdir, options)
+    if json_out:
+        typer.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        typer.echo(summary.text())

@@ -1,1 +1,93 @@
-"""`colitools run` command (not implemented yet)."""
+"""``colitools run MODEL_DIR``: greedy generation with the reference runtime."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from colitools.cli.app import app
+
+
+def _parse_ids(text: str) -> list[int]:
+    from colitools.errors import RuntimeModelError
+
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise RuntimeModelError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise RuntimeModelError("--prompt-ids is empty")
+    return ids
+
+
+@app.command("run")
+def run_command(
+    model_dir: Annotated[
+        Path, typer.Argument(help="A converted container or a float / FP8 checkpoint directory.")
+    ],
+    prompt_ids: Annotated[
+        str | None, typer.Option("--prompt-ids", help="Prompt token ids, e.g. 3,17,42.")
+    ] = None,
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", help="Prompt text (needs the model's tokenizer.json).")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate.")] = 32,
+    cap: Annotated[int | None, typer.Option("--cap", min=1, help="Experts cached per layer.")] = None,
+    ram_gb: Annotated[
+        float | None,
+        typer.Option("--ram-gb", help="Memory budget in GiB (sets the cap when --cap is not given)."),
+    ] = None,
+    no_usage: Annotated[
+        bool, typer.Option("--no-usage", help="Do not record routing usage in .coli_usage.")
+    ] = False,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Do not stop at the end-of-sequence token.")
+    ] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Generate greedily; a progress / speed line goes to stderr."""
+    from colitools.runtime.run import run_model
+
+    ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
+    tty = sys.stderr.isatty()
+
+    def progress(tok: int, res, stats: dict) -> None:
+        if tty:
+            print(
+                f"\r{len(res.generated_ids)}/{max_new_tokens} tokens  {res.decode_tok_per_s:.2f} tok/s  "
+                f"expert cache hit {100 * stats['expert_cache_hit_rate']:.1f}%",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    report = run_model(
+        model_dir,
+        prompt_ids=ids,
+        prompt=prompt,
+        max_new_tokens=max_new_tokens,
+        cap=cap,
+        ram_gb=ram_gb,
+        record_usage=not no_usage,
+        stop_at_eos=not ignore_eos,
+        progress=progress,
+    )
+    s = report.stats
+    print(
+        ("\r" if tty else "") + f"{len(report.generated_ids)} tokens  {report.tok_per_s:.2f} tok/s decode  "
+        f"prefill {report.prefill_seconds:.2f}s  expert cache hit {100 * s['expert_cache_hit_rate']:.1f}% "
+        f"(cap {s['cap']}/layer)  peak RSS {report.peak_rss_bytes / 2**20:.0f} MiB",
+        file=sys.stderr,
+    )
+    if report.usage_note:
+        print(f"colitools: warning: {report.usage_note}", file=sys.stderr)
+    if json_output:
+        print(json.dumps(report.to_json()))
+        return
+    print("generated_ids " + ",".join(map(str, report.generated_ids)))
+    if report.text is not None:
+        print("text " + json.dumps(report.text, ensure_ascii=False))

@@ -1,0 +1,349 @@
+"""``mirror plan``: choose the shards worth copying to a second drive (MIRROR-SPEC "plan").
+
+The benefit of a shard is the usage-weighted bytes of the routed experts it would serve from the mirror:
+``sum(count(layer, expert) * bytes_of_that_expert_in_the_shard)``, counting an expert only once its routed
+tensor (the one the engine assigns drives by) is in this shard or in one already chosen. A greedy knapsack over
+whole shards picks, while something with positive benefit fits the remaining budget, the shard with the highest
+benefit per byte (exact rationals; ties: larger benefit, smaller size, then name).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+from colitools.errors import MirrorError
+from colitools.formats.usage import UsageHistory, engine_id, read_usage
+from colitools.mirror.probe import ProbeResult, nearest_existing, probe_directory
+from colitools.mirror.routing import ReadPrediction, env_disk_weights, predict_reads
+from colitools.mirror.scan import ExpertKey, ShardExperts, discover_shards, model_geometry
+
+__all__ = [
+    "GIB",
+    "PLAN_FILE",
+    "SCHEMA",
+    "MirrorPlan",
+    "PlannedFile",
+    "gib_to_bytes",
+    "plan_mirror",
+    "select_shards",
+]
+
+SCHEMA = "colibri.partial-mirror.v1"  # shared with the engine's own mirror tool and its receipts
+PLAN_FILE = ".colibri-mirror-plan.json"
+USAGE_FILE = ".coli_usage"
+GIB = 1 << 30
+DEFAULT_RESERVE_GIB = 10
+
+# `reason` values of a plan that is not admitted
+REASON_NO_USAGE = "usage_history_missing"
+REASON_NOTHING_FITS = "no_usage_ranked_shards_fit_the_budget"
+REASON_RESERVE = "free_space_reserve"
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """A shard chosen for the mirror, with the benefit it had when chosen."""
+
+    name: str
+    source: Path
+    size: int
+    weighted_expert_bytes: int
+    activated_experts: int  # experts whose routed tensor this shard brought onto the mirror
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "weighted_expert_bytes": self.weighted_expert_bytes,
+            "activated_experts": self.activated_experts,
+        }
+
+
+def select_shards(
+    shards: Sequence[ShardExperts], counts: dict[ExpertKey, int], budget_bytes: int
+) -> list[PlannedFile]:
+    """The greedy knapsack of MIRROR-SPEC over whole shards, in the order they are chosen.
+
+    Benefits are kept up to date incrementally: when a chosen shard brings an expert's routed tensor onto the
+    mirror, every other shard holding bytes of that expert gains ``count * bytes`` from then on.
+    """
+    holders: dict[ExpertKey, list[int]] = {}
+    for i, shard in enumerate(shards):
+        for key in shard.expert_bytes:
+            holders.setdefault(key, []).append(i)
+    active: set[ExpertKey] = set()
+    benefit = [
+        sum(counts.get(key, 0) * nbytes for key, nbytes in shard.expert_bytes.items() if key in shard.routed)
+        for shard in shards
+    ]
+    remaining = set(range(len(shards)))
+    left = budget_bytes
+    chosen: list[PlannedFile] = []
+    while True:
+        best, best_key = None, None
+        for i in remaining:
+            shard = shards[i]
+            if benefit[i] <= 0 or shard.size > left:
+                continue
+            # highest benefit per byte (exact), then larger benefit, smaller size, name
+            key = (-Fraction(benefit[i], shard.size), -benefit[i], shard.size, shard.name)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        if best is None:
+            return chosen
+        shard = shards[best]
+        newly = shard.routed - active
+        chosen.append(PlannedFile(shard.name, shard.path, shard.size, benefit[best], len(newly)))
+        remaining.discard(best)
+        left -= shard.size
+        active |= newly
+        for key in newly:
+            n = counts.get(key, 0)
+            if n <= 0:
+                continue
+            for j in holders[key]:
+                if j in remaining and key not in shards[j].routed:
+                    benefit[j] += n * shards[j].expert_bytes[key]
+
+
+@dataclass
+class MirrorPlan:
+    """Everything ``mirror plan`` decides and reports; ``to_json`` is the schema of the plan output."""
+
+    model_root: Path
+    mirror_root: Path
+    source_dirs: list[Path]
+    usage_file: Path
+    usage_history_present: bool
+    usage_selections: int
+    budget_bytes: int
+    reserve_bytes: int
+    free_bytes: int
+    files: list[PlannedFile]
+    remaining_copy_bytes: int
+    reason: str | None
+    warnings: list[str] = field(default_factory=list)
+    prediction: ReadPrediction | None = None
+    disk_weights_source: str = "default"
+    probes: list[ProbeResult] = field(default_factory=list)
+    usage: UsageHistory | None = None
+    shards: list[ShardExperts] = field(default_factory=list)
+
+    @property
+    def admitted(self) -> bool:
+        return self.reason is None
+
+    @property
+    def selected_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def projected_free_bytes(self) -> int:
+        return self.free_bytes - self.remaining_copy_bytes
+
+    def to_json(self) -> dict:
+        prediction = self.prediction.to_json() if self.prediction else None
+        if prediction is not None:
+            prediction["disk_weights_source"] = self.disk_weights_source
+            prediction["probes"] = [p.to_json() for p in self.probes]
+        return {
+            "schema": SCHEMA,
+            "model_root": str(self.model_root),
+            "source_dirs": [str(p) for p in self.source_dirs],
+            "mirror_root": str(self.mirror_root),
+            "usage_file": str(self.usage_file),
+            "usage_history_present": self.usage_history_present,
+            "usage_selections": self.usage_selections,
+            "budget_bytes": self.budget_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "free_bytes": self.free_bytes,
+            "selected_bytes": self.selected_bytes,
+            "remaining_copy_bytes": self.remaining_copy_bytes,
+            "projected_free_bytes": self.projected_free_bytes,
+            "admitted": self.admitted,
+            "reason": self.reason,
+            "warnings": list(self.warnings),
+            "files": [f.to_json() for f in self.files],
+            "prediction": prediction,
+        }
+
+
+def gib_to_bytes(gib: float | str, option: str) -> int:
+    """GiB (as given on the command line) to whole bytes, rounding down; exact for decimal input."""
+    try:
+        value = Fraction(str(gib))
+    except (ValueError, ZeroDivisionError):
+        raise MirrorError(f"{option}: expected a number of GiB, got {gib!r}") from None
+    return math.floor(value * GIB)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _plan_usage(
+    model: Path, usage_file: Path | None, warnings: list[str]
+) -> tuple[Path, UsageHistory | None]:
+    explicit = usage_file is not None
+    path = Path(usage_file) if explicit else model / USAGE_FILE
+    if not path.is_file():
+        if explicit:
+            raise MirrorError(f"usage history not found: {path}")
+        return path, None
+    geometry = model_geometry(model)
+    history = read_usage(
+        path, n_layers=geometry.n_layers, n_experts=geometry.n_experts, engine=geometry.engine, explicit=explicit
+    )
+    if geometry.engine and history.engine_id is not None and history.engine_id != engine_id(geometry.engine):
+        warnings.append(
+            f"usage history engine id {history.engine_id} is not {geometry.engine!r} "
+            f"({engine_id(geometry.engine)}); used because it was named explicitly"
+        )
+    if history.skipped_records:
+        warnings.append(f"{history.skipped_records} usage record(s) outside the model geometry were not counted")
+    return path, history
+
+
+def plan_mirror(
+    model: str | os.PathLike,
+    mirror: str | os.PathLike,
+    *,
+    budget_bytes: int,
+    reserve_bytes: int = DEFAULT_RESERVE_GIB * GIB,
+    usage: str | os.PathLike | None = None,
+    source_dirs: Sequence[str | os.PathLike] = (),
+    disk_weights: Sequence[float | int | Fraction] | None = None,
+    probe: bool = False,
+    probe_seconds: float = 2.0,
+) -> MirrorPlan:
+    """Plan a partial mirror of ``model`` in ``mirror`` within ``budget_bytes``.
+
+    ``usage`` defaults to ``model/.coli_usage`` (another engine's history is refused unless named here).
+    Weights for the read prediction: ``disk_weights``, or measured with ``probe``, or ``COLI_DISK_WEIGHTS``,
+    or equal. Free space is that of the mirror directory (or its nearest existing parent), and the plan is
+    admitted only if copying leaves at least ``reserve_bytes`` free. Raises ``MirrorError`` on bad input.
+    """
+    model_root = Path(os.path.abspath(model))
+    mirror_root = Path(os.path.abspath(mirror))
+    if budget_bytes <= 0:
+        raise MirrorError(f"--budget-gib must be positive (got {budget_bytes} bytes)")
+    if reserve_bytes < 0:
+        raise MirrorError(f"--reserve-gib cannot be negative (got {reserve_bytes} bytes)")
+    if disk_weights is not None and probe:
+        raise MirrorError("--disk-weights and --probe are mutually exclusive")
+    if not model_root.is_dir():
+        raise MirrorError(f"model directory does not exist: {model_root}")
+    directories = [model_root]
+    for extra in source_dirs:
+        extra = Path(os.path.abspath(extra))
+        if not any(_same_path(extra, d) for d in directories):
+            directories.append(extra)
+    for d in directories:
+        if _same_path(d, mirror_root):
+            raise MirrorError(f"the mirror directory must differ from the model's shard directories: {d}")
+    if mirror_root.exists() and not mirror_root.is_dir():
+        raise MirrorError(f"mirror path exists and is not a directory: {mirror_root}")
+
+    warnings: list[str] = []
+    shards = discover_shards(directories, warnings)
+    usage_path, history = _plan_usage(model_root, Path(usage) if usage is not None else None, warnings)
+    counts = history.counts if history is not None else {}
+
+    files = select_shards(shards, counts, budget_bytes) if counts else []
+
+    probe_at = nearest_existing(mirror_root)
+    mirror_dev = probe_at.stat().st_dev
+    shared = [d for d in directories if d.stat().st_dev == mirror_dev]
+    if shared:
+        warnings.append(
+            f"the mirror ({mirror_root}) is on the same filesystem device as {shared[0]}: "
+            "it adds no read bandwidth"
+        )
+    free = shutil.disk_usage(probe_at).free
+    remaining = 0
+    for f in files:
+        target = mirror_root / f.name
+        # a same-size regular file is presumed good here; `stage` hashes it before deciding
+        if not (target.is_file() and not target.is_symlink() and target.stat().st_size == f.size):
+            remaining += f.size
+
+    if not counts:
+        reason = REASON_NO_USAGE
+    elif not files:
+        reason = REASON_NOTHING_FITS
+    elif free - remaining < reserve_bytes:
+        reason = REASON_RESERVE
+    else:
+        reason = None
+
+    probes: list[ProbeResult] = []
+    if probe:
+        probes = [probe_directory(model_root, seconds=probe_seconds),
+                  probe_directory(mirror_root, seconds=probe_seconds)]
+        weights: Sequence = [p.bytes_per_second for p in probes]
+        if any(w <= 0 for w in weights):
+            raise MirrorError("the bandwidth probe read nothing; pass --disk-weights instead")
+        weights_source = "probe"
+        warnings.extend(p.note for p in probes if p.note)
+    elif disk_weights is not None:
+        weights, weights_source = list(disk_weights), "option"
+    elif (env := env_disk_weights()) is not None:
+        weights, weights_source = env, "COLI_DISK_WEIGHTS"
+    else:
+        weights, weights_source = [1, 1], "default (equal)"
+    if len(weights) < 2:
+        raise MirrorError(f"need at least two disk weights (primary, mirror), got {list(weights)}")
+
+    prediction = None
+    if history is not None:
+        prediction = _predict(shards, files, history, weights)
+
+    return MirrorPlan(
+        model_root=model_root,
+        mirror_root=mirror_root,
+        source_dirs=directories,
+        usage_file=Path(os.path.abspath(usage_path)),
+        usage_history_present=bool(counts),
+        usage_selections=history.total if history is not None else 0,
+        budget_bytes=budget_bytes,
+        reserve_bytes=reserve_bytes,
+        free_bytes=free,
+        files=files,
+        remaining_copy_bytes=remaining,
+        reason=reason,
+        warnings=warnings,
+        prediction=prediction,
+        disk_weights_source=weights_source,
+        probes=probes,
+        usage=history,
+        shards=shards,
+    )
+
+
+def _predict(
+    shards: list[ShardExperts], files: list[PlannedFile], history: UsageHistory, weights: Sequence
+) -> ReadPrediction:
+    chosen = {f.name for f in files}
+    expert_bytes: dict[ExpertKey, int] = {}
+    mirrored: dict[ExpertKey, int] = {}
+    routed: set[ExpertKey] = set()
+    for shard in shards:
+        on_mirror = shard.name in chosen
+        if on_mirror:
+            routed |= shard.routed
+        for key, nbytes in shard.expert_bytes.items():
+            expert_bytes[key] = expert_bytes.get(key, 0) + nbytes
+            if on_mirror:
+                mirrored[key] = mirrored.get(key, 0) + nbytes
+    # The routing hash uses the model's experts per layer. A headerless history read without a config has only
+    # the geometry its records imply, which the shards may exceed.
+    n_experts = history.n_experts
+    if history.headerless:
+        n_experts = max(n_experts, 1 + max((key[1] for key in expert_bytes), default=0))
+    return predict_reads(history.counts, n_experts, expert_bytes, mirrored, routed, weights)

@@ -1,0 +1,174 @@
+"""Which routed experts each shard holds, and how many bytes of each (MIRROR-SPEC "plan", first step).
+
+A routed-expert tensor is a per-expert tensor of an MoE layer (FORMATS-SPEC §4 names)::
+
+    ...layers.{L}.mlp.experts.{E}.{gate_proj,up_proj,down_proj}.weight        (+ ".qs" sidecar)
+    ...layers.{L}.block_sparse_moe.experts.{E}.{w1,w2,w3}[.weight]             (Mixtral; + ".qs")
+    ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_packed      (mxfp4 / K3 pairs)
+    ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale       (their E8M0 scales)
+    ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale_inv   (FP8 block scales of a source)
+
+Shared experts (``mlp.shared_experts.``, ``mlp.shared_expert.``) and routers are not routed experts. The
+engine assigns an expert to a drive by its *routed tensor*, the first one it reads: ``gate_proj.weight``
+(``gate_proj.weight_packed`` for mxfp4), ``w1`` / ``w1.weight``, or ``w1.weight_packed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from colitools.errors import MirrorError
+from colitools.formats.safetensors_io import SafetensorsFile
+
+__all__ = [
+    "ExpertKey",
+    "ExpertTensor",
+    "ModelGeometry",
+    "ShardExperts",
+    "classify_expert_tensor",
+    "discover_shards",
+    "model_geometry",
+    "scan_shard",
+]
+
+ExpertKey = tuple[int, int]  # (layer, expert)
+
+_EXPERT_TENSOR = re.compile(
+    r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<expert>\d+)\."
+    r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)"
+    r"(?P<suffix>|\.weight|\.weight\.qs|\.qs|\.weight_packed|\.weight_scale|\.weight_scale_inv)$"
+)
+_ROUTED_PROJ = frozenset({"gate_proj", "w1"})
+_ROUTED_SUFFIX = frozenset({"", ".weight", ".weight_packed"})
+
+PLANAR_LAYOUT = "planar64-v8"
+
+
+@dataclass(frozen=True)
+class ExpertTensor:
+    """A routed-expert tensor: its expert, and whether it is the tensor the engine routes by."""
+
+    layer: int
+    expert: int
+    routed: bool
+
+    @property
+    def key(self) -> ExpertKey:
+        return (self.layer, self.expert)
+
+
+def classify_expert_tensor(name: str) -> ExpertTensor | None:
+    """The routed expert a tensor belongs to, or None for every other tensor (shared experts included)."""
+    m = _EXPERT_TENSOR.search(name)
+    if m is None:
+        return None
+    routed = m["proj"] in _ROUTED_PROJ and m["suffix"] in _ROUTED_SUFFIX
+    # a bare projection name (no suffix) is only Mixtral's spelling; `gate_proj` always has a suffix
+    if m["suffix"] == "" and m["proj"] not in ("w1", "w2", "w3"):
+        return None
+    return ExpertTensor(int(m["layer"]), int(m["expert"]), routed)
+
+
+@dataclass(frozen=True)
+class ShardExperts:
+    """One shard: its size and, per routed expert, the bytes of that expert's tensors it holds."""
+
+    name: str
+    path: Path
+    size: int
+    expert_bytes: dict[ExpertKey, int] = field(default_factory=dict)
+    routed: frozenset[ExpertKey] = frozenset()  # experts whose routed tensor is in this shard
+    layout: str = "pairs"  # "pairs" or the declared "planar64-v8"
+
+    @property
+    def total_expert_bytes(self) -> int:
+        return sum(self.expert_bytes.values())
+
+
+def scan_shard(path: str | os.PathLike) -> ShardExperts:
+    """Parse one shard's header (strictly, FORMATS-SPEC §1) and sum its routed-expert bytes per expert."""
+    path = Path(path)
+    with SafetensorsFile(path) as st:
+        expert_bytes: dict[ExpertKey, int] = {}
+        routed: set[ExpertKey] = set()
+        for name, info in st.tensors.items():
+            tensor = classify_expert_tensor(name)
+            if tensor is None:
+                continue
+            expert_bytes[tensor.key] = expert_bytes.get(tensor.key, 0) + info.nbytes
+            if tensor.routed:
+                routed.add(tensor.key)
+        layout = st.metadata.get("colitools.layout", "pairs")
+        size = st.file_size
+    return ShardExperts(path.name, path, size, expert_bytes, frozenset(routed), layout)
+
+
+def discover_shards(
+    directories: Sequence[str | os.PathLike], warnings: list[str] | None = None
+) -> list[ShardExperts]:
+    """Scan every ``*.safetensors`` file (not hidden, not a symlink to a directory) of the directories.
+
+    The first directory holding a name wins; a later duplicate is ignored with a warning. Sorted by name.
+    """
+    found: dict[str, ShardExperts] = {}
+    for directory in directories:
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise MirrorError(f"shard directory does not exist: {directory}")
+        for path in sorted(directory.glob("*.safetensors")):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            if path.name in found:
+                if warnings is not None:
+                    warnings.append(f"duplicate shard {path.name} in {directory} ignored (first copy is used)")
+                continue
+            found[path.name] = scan_shard(path)
+    if not found:
+        where = ", ".join(str(Path(d)) for d in directories)
+        raise MirrorError(f"no *.safetensors shards found in {where}")
+    return [found[name] for name in sorted(found)]
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """What ``config.json`` says about routing: engine name (``model_type``), decoder layers, routed experts."""
+
+    engine: str | None = None
+    n_layers: int | None = None
+    n_experts: int | None = None
+
+
+_EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+
+
+def model_geometry(model_dir: str | os.PathLike) -> ModelGeometry:
+    """Read ``config.json`` of a model directory (all fields None when absent; nested ``text_config`` too)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return ModelGeometry()
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MirrorError(f"cannot read {path}: {exc}") from None
+    if not isinstance(config, dict):
+        raise MirrorError(f"{path}: expected a JSON object")
+    scopes: Iterable[dict] = [config] + [config[k] for k in ("text_config",) if isinstance(config.get(k), dict)]
+    engine = n_layers = n_experts = None
+    for scope in scopes:
+        if engine is None and isinstance(scope.get("model_type"), str):
+            engine = scope["model_type"]
+        if n_layers is None and _positive_int(scope.get("num_hidden_layers")):
+            n_layers = scope["num_hidden_layers"]
+        for key in _EXPERT_COUNT_KEYS:
+            if n_experts is None and _positive_int(scope.get(key)):
+                n_experts = scope[key]
+    return ModelGeometry(engine, n_layers, n_experts)
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

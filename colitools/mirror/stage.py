@@ -1,0 +1,275 @@
+"""``mirror stage``: copy the planned shards to the mirror, verified, atomic and resumable (MIRROR-SPEC "stage").
+
+Order of work: recompute the plan and refuse (nothing copied) without usage history, without a selection or
+when copying would leave less than the reserve free; take the mirror's lock and remove temporary files a killed
+stage left behind; hash each source whose target already has the right size and keep targets whose sha256
+matches; check the reserve again with the exact bytes to copy; write the plan (``.colibri-mirror-plan.json``);
+copy the rest (``fileops.copy_verified``), enforcing the reserve during the copy; write the receipt
+``.colibri-mirror.json`` atomically; verify. Files of the mirror the plan did not select are never touched.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+
+from tqdm import tqdm
+
+from colitools.errors import MirrorError
+from colitools.mirror.fileops import TEMP_SUFFIX, atomic_write_json, copy_to_temp, publish_copy, sha256_file
+from colitools.mirror.plan import (
+    DEFAULT_RESERVE_GIB,
+    GIB,
+    PLAN_FILE,
+    REASON_NO_USAGE,
+    REASON_NOTHING_FITS,
+    REASON_RESERVE,
+    SCHEMA,
+    MirrorPlan,
+    PlannedFile,
+    plan_mirror,
+)
+from colitools.mirror.verify import RECEIPT, MirrorVerification, StatSignature, stat_signature, verify_mirror
+
+__all__ = ["LOCK_FILE", "MirrorReserveStop", "StageResult", "StagedFile", "stage_mirror"]
+
+LOCK_FILE = ".colibri-mirror.lock"
+
+
+class MirrorReserveStop(MirrorError):
+    """Free space on the mirror drive fell below the reserve during the copy; rerun once there is room."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A planned shard after staging: its sha256 and whether it was copied or an existing copy was kept."""
+
+    file: PlannedFile
+    sha256: str
+    action: str  # "copied" or "kept"
+
+    def receipt_entry(self) -> dict:
+        return {**self.file.to_json(), "sha256": self.sha256}
+
+
+@dataclass
+class StageResult:
+    """What ``stage_mirror`` did. ``staged`` is False when it refused (``reason`` says why, nothing copied)."""
+
+    plan: MirrorPlan
+    staged: bool = False
+    reason: str | None = None
+    files: list[StagedFile] = field(default_factory=list)
+    receipt: Path | None = None
+    verification: MirrorVerification | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.staged and self.verification is not None and self.verification.ready
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "staged": self.staged,
+            "reason": self.reason,
+            "ready": self.ready,
+            "receipt": str(self.receipt) if self.receipt else None,
+            "copied": [f.file.name for f in self.files if f.action == "copied"],
+            "kept": [f.file.name for f in self.files if f.action == "kept"],
+            "copied_bytes": sum(f.file.size for f in self.files if f.action == "copied"),
+            "plan": self.plan.to_json(),
+            "verify": self.verification.to_json() if self.verification else None,
+        }
+
+
+@contextmanager
+def _mirror_lock(mirror: Path) -> Iterator[None]:
+    fd = os.open(mirror / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MirrorError(f"another stage is running on {mirror} (lock {LOCK_FILE} is held)") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock; a killed process releases it too
+
+
+def _remove_stale_temporaries(mirror: Path) -> None:
+    """Temporary files of a killed stage (only ours: hidden, with our suffixes). Called under the lock."""
+    for path in mirror.iterdir():
+        name = path.name
+        ours = (name.startswith(".") and name.endswith(".safetensors" + TEMP_SUFFIX)) or (
+            name.startswith((f".{RECEIPT}.tmp-", f".{PLAN_FILE}.tmp-"))
+        )
+        if ours and path.is_file() and not path.is_symlink():
+            path.unlink()
+
+
+def _progress_bar(total: int, desc: str, progress: bool | None) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
+                disable=None if progress is None else not progress, dynamic_ncols=True)
+
+
+def stage_mirror(
+    model: str | os.PathLike,
+    mirror: str | os.PathLike,
+    *,
+    budget_bytes: int,
+    reserve_bytes: int = DEFAULT_RESERVE_GIB * GIB,
+    usage: str | os.PathLike | None = None,
+    source_dirs: Sequence[str | os.PathLike] = (),
+    disk_weights: Sequence[float | int | Fraction] | None = None,
+    probe: bool = False,
+    progress: bool | None = None,
+) -> StageResult:
+    """Plan, then copy the chosen shards to ``mirror`` (see the module docstring), write the receipt, verify.
+
+    Returns a refused ``StageResult`` (``staged`` False) when the plan is not admitted. Raises
+    ``MirrorReserveStop`` (exit code 2) if free space falls below the reserve during the copy, ``MirrorError``
+    on bad input. Safe to rerun after an interruption at any point. ``progress``: tqdm bars on stderr (None:
+    only on a terminal).
+    """
+    plan = plan_mirror(model, mirror, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes, usage=usage,
+                       source_dirs=source_dirs, disk_weights=disk_weights, probe=probe)
+    result = StageResult(plan)
+    if plan.reason in (REASON_NO_USAGE, REASON_NOTHING_FITS, REASON_RESERVE):
+        result.reason = plan.reason
+        return result
+    root = plan.mirror_root
+    root.mkdir(parents=True, exist_ok=True)
+    trusted: dict[str, tuple[StatSignature, str]] = {}
+
+    with _mirror_lock(root):
+        _remove_stale_temporaries(root)
+        kept: dict[str, str] = {}
+        to_check = [f for f in plan.files if _same_size_file(root / f.name, f.size)]
+        with _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar:
+            for f in to_check:
+                source_sha = _hash_recording(f.source, trusted, bar.update)
+                target_sha = _hash_recording(root / f.name, trusted, bar.update)
+                if source_sha == target_sha:
+                    kept[f.name] = source_sha
+        to_copy = [f for f in plan.files if f.name not in kept]
+        to_copy_bytes = sum(f.size for f in to_copy)
+        free = shutil.disk_usage(root).free
+        plan.free_bytes, plan.remaining_copy_bytes = free, to_copy_bytes
+        if free - to_copy_bytes < plan.reserve_bytes:
+            plan.reason = result.reason = REASON_RESERVE
+            return result
+        atomic_write_json(root / PLAN_FILE, plan.to_json())
+
+        copied = _copy_all(to_copy, root, plan.reserve_bytes, trusted, progress)
+
+        result.files = [
+            StagedFile(f, kept[f.name], "kept") if f.name in kept else StagedFile(f, copied[f.name], "copied")
+            for f in plan.files
+        ]
+        receipt = {
+            "schema": SCHEMA,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "model_root": str(plan.model_root),
+            "source_dirs": [str(d) for d in plan.source_dirs],
+            "mirror_root": str(root),
+            "usage_file": str(plan.usage_file),
+            "budget_bytes": plan.budget_bytes,
+            "reserve_bytes": plan.reserve_bytes,
+            "files": [f.receipt_entry() for f in result.files],
+        }
+        result.receipt = root / RECEIPT
+        atomic_write_json(result.receipt, receipt)
+        result.staged = True
+
+    with _progress_bar(2 * plan.selected_bytes, "verifying", progress) as bar:
+        result.verification = verify_mirror(root, plan.model_root, source_dirs=plan.source_dirs[1:],
+                                            progress=bar.update, trusted_digests=trusted)
+    return result
+
+
+def _copy_all(
+    to_copy: list[PlannedFile],
+    root: Path,
+    reserve: int,
+    trusted: dict[str, tuple[StatSignature, str]],
+    progress: bool | None,
+) -> dict[str, str]:
+    """Copy each file to its temporary name, and re-read + publish it in a second thread meanwhile.
+
+    Publishing file k (a read from the mirror drive and a hash) overlaps writing file k + 1 (a read of the
+    primary, a hash and a write); each file is still renamed only after its own device read-back matched.
+    Returns name -> sha256. The reserve is checked before each file and every 256 MiB during a copy.
+    """
+    total = sum(f.size for f in to_copy)
+    copied: dict[str, str] = {}
+    done = 0
+    lock = threading.Lock()
+    with _progress_bar(2 * total, "copying+verifying", progress) as bar, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="colitools-publish") as publisher:
+        published: list[tuple[PlannedFile, StatSignature | None, Future]] = []
+
+        def advance(n: int) -> None:  # called from both threads
+            with lock:
+                bar.update(n)
+
+        def collect(block: bool) -> None:
+            while published and (block or published[0][2].done()):
+                f, before, future = published.pop(0)
+                sha = future.result()  # re-raises a failed read-back
+                copied[f.name] = sha
+                if before is not None and before == stat_signature(f.source):
+                    trusted[str(f.source)] = (before, sha)
+                after = stat_signature(root / f.name)
+                if after is not None:
+                    trusted[str(root / f.name)] = (after, sha)
+
+        try:
+            for f in to_copy:
+                before = stat_signature(f.source)
+
+                def guard(written: int, _done: int = done) -> None:
+                    still = total - _done - written
+                    free = shutil.disk_usage(root).free
+                    if free - still < reserve:
+                        raise MirrorReserveStop(
+                            f"free space on the mirror drive fell to {free} bytes with {still} still to copy "
+                            f"(reserve {reserve}); stopped, rerun when there is room"
+                        )
+
+                pending = copy_to_temp(f.source, root / f.name, f.size, progress=advance, guard=guard)
+                published.append((f, before, publisher.submit(publish_copy, pending, progress=advance)))
+                done += f.size
+                collect(block=False)
+        finally:
+            # publish what was completely written, even when a later copy failed; the first error wins
+            first_error = None
+            for _, _, future in published:
+                exc = future.exception()
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        collect(block=True)
+    return copied
+
+
+def _same_size_file(path: Path, size: int) -> bool:
+    sig = stat_signature(path)  # regular files only: a symlink or directory is replaced, never trusted
+    return sig is not None and sig[2] == size
+
+
+def _hash_recording(path: Path, trusted: dict[str, tuple[StatSignature, str]], update) -> str:
+    before = stat_signature(path)
+    sha = sha256_file(path, progress=update)
+    if before is not None and before == stat_signature(path):
+        trusted[str(path)] = (before, sha)
+    return sha

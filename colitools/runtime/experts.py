@@ -1,0 +1,115 @@
+"""Routed experts read on demand: positional reads into a per-layer LRU cache of ``cap`` experts.
+
+An expert is three stored projections (gate, up, down). Their byte ranges (codes and scales) are coalesced per
+file: in the "pairs" and planar layouts an expert's codes and scales are one contiguous record, so an expert is
+one ``pread``. The cached expert keeps the stored codes and runs the kernels on them (``QTensor``); only float
+sources are held as float32. What is cached never changes what is computed, so the cap cannot change a token.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from colitools.errors import RuntimeModelError
+from colitools.runtime.kernels import QTensor
+from colitools.runtime.ops import silu
+from colitools.runtime.weights import Checkpoint, Stored, qtensor
+
+F32 = np.float32
+
+
+class Expert:
+    """One routed expert: ``down(silu(gate(x)) * up(x))`` on stored codes."""
+
+    __slots__ = ("gate", "up", "down", "nbytes")
+
+    def __init__(self, gate: QTensor, up: QTensor, down: QTensor):
+        self.gate, self.up, self.down = gate, up, down
+        self.nbytes = gate.nbytes + up.nbytes + down.nbytes
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.down.matmul(silu(self.gate.matmul(x)) * self.up.matmul(x))
+
+
+@dataclass
+class StoreStats:
+    hits: int = 0
+    misses: int = 0
+    reads: int = 0  # pread calls
+    bytes_read: int = 0
+    evictions: int = 0
+
+    def add(self, other: StoreStats) -> None:
+        for k in ("hits", "misses", "reads", "bytes_read", "evictions"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class ExpertStore:
+    """The routed experts of one MoE layer; ``get(e)`` returns a cached or freshly read ``Expert``."""
+
+    def __init__(self, ckpt: Checkpoint, layer: int, sources: list[tuple[Stored, Stored, Stored]], cap: int):
+        if cap < 1:
+            raise RuntimeModelError(f"expert cache capacity must be >= 1, got {cap}")
+        self.ckpt, self.layer, self.sources, self.cap = ckpt, layer, sources, cap
+        self.cache: OrderedDict[int, Expert] = OrderedDict()
+        self.stats = StoreStats()
+
+    @property
+    def n_experts(self) -> int:
+        return len(self.sources)
+
+    def expert_nbytes(self, e: int) -> int:
+        return sum(st.resident_nbytes for st in self.sources[e])
+
+    def get(self, e: int) -> Expert:
+        hit = self.cache.get(e)
+        if hit is not None:
+            self.cache.move_to_end(e)
+            self.stats.hits += 1
+            return hit
+        self.stats.misses += 1
+        expert = self._read(e)
+        self.cache[e] = expert
+        while len(self.cache) > self.cap:
+            self.cache.popitem(last=False)
+            self.stats.evictions += 1
+        return expert
+
+    def _read(self, e: int) -> Expert:
+        """Fetch every byte range of expert ``e`` with as few positional reads as the layout allows."""
+        sts = self.sources[e]
+        ranges = [(st.path, *st.data) for st in sts] + [(st.path, *st.scale) for st in sts if st.scale]
+        views: dict[tuple[str, int, int], memoryview] = {}
+        for path, begin, end, members in _coalesce(ranges):
+            buf = memoryview(self.ckpt.pread(path, begin, end))
+            self.stats.reads += 1
+            self.stats.bytes_read += end - begin
+            for b, t in members:
+                views[(path, b, t)] = buf[b - begin : t - begin]
+        q = [qtensor(st, views[(st.path, *st.data)], views[(st.path, *st.scale)] if st.scale else None)
+             for st in sts]  # fmt: skip
+        return Expert(*q)
+
+    def clear(self) -> None:
+        self.cache.clear()
+
+
+def _coalesce(ranges: list[tuple[str, int, int]]):
+    """Group byte ranges into runs that touch (per file): yields ``(path, begin, end, [(b, e), ...])``."""
+    runs: list[tuple[str, int, int, list[tuple[int, int]]]] = []
+    for path, b, e in sorted(set(ranges)):
+        if runs and runs[-1][0] == path and b <= runs[-1][2]:
+            p, rb, re_, members = runs[-1]
+            members.append((b, e))
+            runs[-1] = (p, rb, max(re_, e), members)
+        else:
+            runs.append((path, b, e, [(b, e)]))
+    return runs

@@ -1,0 +1,301 @@
+"""Loading weights: checkpoint name mapping, dense weights (decoded at load) and stored-expert descriptions.
+
+A model directory is either a converted container (U8 codes + ``.qs`` scales, mxfp4 pairs, float tensors; any
+format the resolver knows, pairs or planar layout) or an unconverted checkpoint (F32/BF16/F16, or FP8 e4m3 with
+``weight_scale_inv`` block scales). ``Checkpoint`` opens every shard once, resolves every tensor with
+``resolve_container`` and maps checkpoint names onto the runtime's canonical names (``sanitize``). Dense weights
+are decoded to float32 at load; routed experts are described by ``Stored`` records (file, byte ranges, format)
+that the ``ExpertStore`` reads on demand.
+"""
+
+# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from colitools.errors import ColitoolsError, RuntimeModelError
+from colitools.formats import reference as ref
+from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
+from colitools.formats.registry import by_name
+from colitools.formats.resolver import resolve_container
+from colitools.formats.safetensors_io import SafetensorsFile
+from colitools.runtime.kernels import QTensor
+
+F32 = np.float32
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
+
+# Checkpoint spellings -> canonical names (mlx-lm "sanitize"): one visible place.
+_SANITIZE = [
+    (re.compile(r"\.block_sparse_moe\."), ".mlp."),  # Mixtral (and its router block_sparse_moe.gate)
+    (re.compile(r"\.experts\.(\d+)\.w1\."), r".experts.\1.gate_proj."),
+    (re.compile(r"\.experts\.(\d+)\.w3\."), r".experts.\1.up_proj."),
+    (re.compile(r"\.experts\.(\d+)\.w2\."), r".experts.\1.down_proj."),
+    (re.compile(r"\.shared_expert\."), ".shared_experts."),  # Qwen2-MoE spelling
+]
+
+
+def sanitize(name: str) -> str:
+    """Canonical name of a checkpoint tensor (suffixes ``.qs``, ``_scale_inv``, ``weight_packed`` kept)."""
+    for pattern, repl in _SANITIZE:
+        name = pattern.sub(repl, name)
+    return name
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where and how one linear weight ``[O, I]`` is stored.
+
+    ``form``: ``"float"`` (F32/BF16/F16 tensor), ``"fp8-source"`` (F8_E4M3 + ``weight_scale_inv``), or a
+    registry format name (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
+    ``path``. ``row_offset`` selects rows of a fused ``[E, 2I, H]`` tensor (already folded into ``data``)."""
+
+    name: str
+    form: str
+    O: int
+    I: int
+    path: str
+    data: tuple[int, int]
+    dtype: str
+    scale: tuple[int, int] | None = None
+    scale_dtype: str | None = None
+    gs: int | None = None
+    planar: bool = False
+    fp8_block: tuple[int, int] = (128, 128)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data[1] - self.data[0] + (self.scale[1] - self.scale[0] if self.scale else 0)
+
+    @property
+    def resident_nbytes(self) -> int:
+        """Bytes this weight takes once read for a kernel (float sources become float32)."""
+        if self.form == "float" or (self.form == "fp8-source" and self.fp8_block != (128, 128)):
+            return self.O * self.I * 4
+        return self.nbytes
+
+
+def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryview | None) -> np.ndarray:
+    """Float32 ``[O, I]`` of a stored weight from its bytes (the numpy reference decoders)."""
+    if st.form == "float":
+        return np.frombuffer(data, dtype=numpy_dtype(st.dtype)).astype(F32).reshape(st.O, st.I)
+    if st.form == "fp8-source":
+        q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
+        s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
+        return ref.dequant_fp8_block(q, s.reshape(-(-st.O // st.fp8_block[0]), -1), st.fp8_block)
+    codes = np.frombuffer(data, dtype=np.uint8).reshape(st.O, -1)
+    if st.planar:
+        codes = planar_to_pairs(codes)
+    scales = np.frombuffer(scale, dtype=np.uint8 if st.form == "mxfp4" else F32)
+    try:
+        return by_name(st.form).decode(codes, scales, st.O, st.I, st.gs)
+    except ColitoolsError as exc:
+        raise RuntimeModelError(f"tensor {st.name}: {exc}") from None
+
+
+_KIND = {
+    "int4-row": "int4", "int4-grouped": "int4", "int8-row": "int8-row", "int2-row": "int2-row",
+    "int3-g64": "int3-g64", "mxfp4": "mxfp4", "fp8-e4m3-b128": "fp8-e4m3-b128",
+}  # fmt: skip
+
+
+def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
+    """The kernel-ready form of one stored projection (codes kept as stored; float sources as float32)."""
+    if st.form == "float" or (st.form == "fp8-source" and st.fp8_block != (128, 128)):
+        return QTensor("f32", decode_stored(st, data, scale), None, st.O, st.I, None)
+    codes = np.frombuffer(data, dtype=np.uint8)
+    if st.form == "fp8-source":
+        s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
+        return QTensor("fp8-e4m3-b128", codes, s, st.O, st.I, None)
+    if st.form not in _KIND:
+        raise RuntimeModelError(f"tensor {st.name}: no runtime kernel for format {st.form}")
+    kind = "int4-planar" if st.planar else _KIND[st.form]
+    scales = np.frombuffer(scale, dtype=np.uint8 if st.form == "mxfp4" else F32)
+    return QTensor(kind, codes, scales, st.O, st.I, st.gs)
+
+
+class Checkpoint:
+    """Every tensor of a model directory, by canonical name, with positional reads."""
+
+    def __init__(self, model_dir: str | Path, config: dict):
+        self.dir = Path(model_dir)
+        self.files = [SafetensorsFile(p) for p in self._shard_paths()]
+        self.fp8_block = _fp8_block(config)
+        try:
+            resolved = resolve_container(self.files)
+        except ColitoolsError as exc:
+            raise RuntimeModelError(f"{self.dir}: {exc}") from None
+        self.infos = {}  # canonical name -> (path, TensorInfo, ResolvedTensor)
+        for f in self.files:
+            for name, info in f.tensors.items():
+                self.infos[sanitize(name)] = (str(f.path), info, resolved[name])
+        self._fds: dict[str, int] = {}
+        self.bytes_read = 0
+
+    def _shard_paths(self) -> list[Path]:
+        index = self.dir / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise RuntimeModelError(f"{index}: unreadable weight_map ({exc})") from None
+            names = sorted(set(weight_map.values()))
+            for n in names:
+                if (
+                    not isinstance(n, str)
+                    or "/" in n
+                    or "\\" in n
+                    or ".." in n
+                    or not n.endswith(".safetensors")
+                ):
+                    raise RuntimeModelError(f"{index}: refusing shard file name {n!r}")
+            return [self.dir / n for n in names]
+        paths = sorted(self.dir.glob("*.safetensors"))
+        if not paths:
+            raise RuntimeModelError(f"{self.dir}: no *.safetensors files")
+        return paths
+
+    # ---------------------------------------------------------------------------------------------- lookup
+    def has(self, name: str) -> bool:
+        return name in self.infos or _base(name) + ".weight_packed" in self.infos
+
+    def stored(self, name: str, O: int, I: int) -> Stored:
+        """Describe linear weight ``name`` (canonical, ending in ``.weight``), expected ``[O, I]``."""
+        packed = _base(name) + ".weight_packed"
+        if name not in self.infos and packed in self.infos:
+            name = packed
+        if name not in self.infos:
+            raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
+        path, info, res = self.infos[name]
+        if res.kind == "quantized":
+            if tuple(res.logical_shape) != (O, I):
+                raise RuntimeModelError(
+                    f"tensor {name} is {list(res.logical_shape)}, the model expects [{O}, {I}]"
+                )
+            _, sinfo, _ = self.infos[sanitize(res.scale)]
+            if res.format.name == "e8-iq3-lattice":
+                raise RuntimeModelError(f"tensor {name}: e8-iq3-lattice is not executable by the runtime")
+            return Stored(
+                name, res.format.name, O, I, path, (info.begin, info.end), info.dtype,
+                (sinfo.begin, sinfo.end), sinfo.dtype, res.format.group_size, res.layout == PLANAR_LAYOUT,
+            )  # fmt: skip
+        scale_inv = self.infos.get(name + "_scale_inv")
+        if info.dtype == "F8_E4M3" and scale_inv is not None:
+            _check_shape(name, info.shape, O, I)
+            _, sinfo, _ = scale_inv
+            br, bc = self.fp8_block
+            if sinfo.shape != (-(-O // br), -(-I // bc)) or sinfo.dtype not in FLOAT_DTYPES:
+                raise RuntimeModelError(
+                    f"tensor {name}_scale_inv is {sinfo.dtype} {list(sinfo.shape)}, "
+                    f"expected a float [{-(-O // br)}, {-(-I // bc)}] for {br}x{bc} blocks"
+                )
+            return Stored(
+                name,
+                "fp8-source",
+                O,
+                I,
+                path,
+                (info.begin, info.end),
+                info.dtype,
+                (sinfo.begin, sinfo.end),
+                sinfo.dtype,
+                fp8_block=self.fp8_block,
+            )
+        if info.dtype in FLOAT_DTYPES:
+            _check_shape(name, info.shape, O, I)
+            return Stored(name, "float", O, I, path, (info.begin, info.end), info.dtype)
+        raise RuntimeModelError(
+            f"tensor {name}: {info.dtype} {list(info.shape)} is not a weight the runtime reads"
+        )
+
+    def fused_expert(self, name: str, expert: int, n_experts: int, rows: slice, O: int, I: int) -> Stored:
+        """Rows ``rows`` of expert ``expert`` of a fused float tensor ``[E, R, I]`` (gate_up_proj / down_proj)."""
+        path, info, _ = self.infos[name]
+        if info.dtype not in FLOAT_DTYPES or len(info.shape) != 3 or info.shape[0] != n_experts:
+            raise RuntimeModelError(
+                f"fused expert tensor {name} is {info.dtype} {list(info.shape)}, "
+                f"expected a float [{n_experts}, R, {I}]"
+            )
+        E, R, C = info.shape
+        if C != I or rows.stop > R or rows.stop - rows.start != O:
+            raise RuntimeModelError(
+                f"fused expert tensor {name} is {list(info.shape)}; cannot take [{O}, {I}]"
+            )
+        isz = numpy_dtype(info.dtype).itemsize
+        begin = info.begin + (expert * R + rows.start) * C * isz
+        return Stored(f"{name}[{expert}]", "float", O, I, path, (begin, begin + O * I * isz), info.dtype)
+
+    # ---------------------------------------------------------------------------------------------- reads
+    def pread(self, path: str, begin: int, end: int) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        n = end - begin
+        data = os.pread(fd, n, begin)
+        while len(data) < n:  # short reads are legal; EOF is not
+            more = os.pread(fd, n - len(data), begin + len(data))
+            if not more:
+                raise RuntimeModelError(f"{path}: unexpected end of file at byte {begin + len(data)}")
+            data += more
+        self.bytes_read += n
+        return data
+
+    def read_stored(self, st: Stored) -> tuple[bytes, bytes | None]:
+        data = self.pread(st.path, *st.data)
+        return data, (self.pread(st.path, *st.scale) if st.scale else None)
+
+    def dense(self, name: str, O: int, I: int) -> np.ndarray:
+        """Float32 ``[O, I]`` of a weight, decoded."""
+        st = self.stored(name, O, I)
+        return decode_stored(st, *self.read_stored(st))
+
+    def resident(self, name: str, O: int, I: int) -> QTensor:
+        """A dense (resident) linear weight in kernel-ready form: codes kept as stored, float as float32."""
+        st = self.stored(name, O, I)
+        data, scale = self.read_stored(st)
+        return qtensor(st, memoryview(data), memoryview(scale) if scale is not None else None)
+
+    def vector(self, name: str, n: int) -> np.ndarray:
+        """Float32 ``[n]`` of a 1-D tensor (norm weights, biases, correction biases)."""
+        if name not in self.infos:
+            raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
+        path, info, _ = self.infos[name]
+        if info.dtype not in FLOAT_DTYPES or info.shape != (n,):
+            raise RuntimeModelError(
+                f"tensor {name} is {info.dtype} {list(info.shape)}, expected a float [{n}]"
+            )
+        raw = self.pread(path, info.begin, info.end)
+        return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(F32)
+
+    def optional_vector(self, name: str, n: int) -> np.ndarray | None:
+        return self.vector(name, n) if name in self.infos else None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        for f in self.files:
+            f.close()
+
+
+def _base(name: str) -> str:
+    return name[: -len(".weight")] if name.endswith(".weight") else name
+
+
+def _check_shape(name: str, shape: tuple[int, ...], O: int, I: int) -> None:
+    if tuple(shape) != (O, I):
+        raise RuntimeModelError(f"tensor {name} is {list(shape)}, the model expects [{O}, {I}]")
+
+
+def _fp8_block(config: dict) -> tuple[int, int]:
+    qc = config.get("quantization_config") or {}
+    block = qc.get("weight_block_size") or [128, 128]
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise RuntimeModelError(f"quantization_config.weight_block_size {block!r} is not [rows, cols]")
+    return (block[0], block[1])

@@ -1,0 +1,294 @@
+"""The source inventory: every source tensor with its shard, dtype, shape and (FP8) scale, validated before any
+work starts (FORMATS-SPEC §5).
+
+Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
+
+* shard names in ``weight_map`` (absolute, path separators, ``..``, not ``*.safetensors`` -> refused);
+* ``weight_map`` against the shard headers (a listed tensor missing from its shard, a shard missing from the
+  source, a tensor present in a shard header but absent from ``weight_map``);
+* dtypes (float or FP8 only), FP8 weights without ``_scale_inv``, scales without their weight, scale grids
+  that do not match ``weight_block_size`` (ceil grid);
+* shapes against ``config.json`` (embeddings / head ``[vocab_size, hidden_size]``, routed experts
+  ``[moe_intermediate_size, hidden_size]`` / ``[hidden_size, moe_intermediate_size]``, fused expert tensors,
+  the expert count).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from colitools.converters import recipe as rc
+from colitools.converters.dequant import (
+    FP8_SOURCE_DTYPES,
+    SCALE_SUFFIX,
+    Fp8Scheme,
+    check_scale_grid,
+    check_source_dtype,
+    fp8_scheme,
+)
+from colitools.converters.sources import check_shard_name
+from colitools.errors import ConvertError
+from colitools.formats.dtypes import itemsize
+
+SINGLE_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class HeaderTensor:
+    """One entry of a shard header (what the planner needs; offsets are re-read from the shard at run time)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = itemsize(self.dtype)
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class ScaleRef:
+    """The FP8 scale tensor of a weight (it may live in another shard)."""
+
+    name: str
+    shard: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    """A source weight (not a scale): name, shard, exact dtype, shape, and its FP8 scale if any."""
+
+    name: str
+    shard: str
+    dtype: str
+    shape: tuple[int, ...]
+    scale: ScaleRef | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return HeaderTensor(self.dtype, self.shape).nbytes
+
+    @property
+    def scale_nbytes(self) -> int:
+        return HeaderTensor(self.scale.dtype, self.scale.shape).nbytes if self.scale else 0
+
+
+@dataclass
+class Inventory:
+    """Validated source tensors (weights, in a deterministic order) plus what the planner needs of the source."""
+
+    tensors: dict[str, SourceTensor]
+    config: dict[str, Any]
+    fp8: Fp8Scheme | None
+    shard_sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_hidden_layers(self) -> int | None:
+        n = self.config.get("num_hidden_layers")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+    @property
+    def shards(self) -> list[str]:
+        return sorted(self.shard_sizes)
+
+
+def build_inventory(
+    headers: Mapping[str, Mapping[str, HeaderTensor]],
+    weight_map: Mapping[str, str],
+    config: Mapping[str, Any],
+    shard_sizes: Mapping[str, int] | None = None,
+) -> Inventory:
+    """Validate and pair the source tensors.
+
+    ``headers``: shard -> tensor -> ``HeaderTensor`` for every shard named in ``weight_map`` (a shard absent
+    from ``headers`` is a missing shard). ``shard_sizes`` defaults to the sum of each shard's tensor bytes."""
+    for name, shard in weight_map.items():
+        check_shard_name(shard, tensor=name)
+        if shard not in headers:
+            raise ConvertError(f"tensor {name}: its shard {shard} is missing from the source")
+        if name not in headers[shard]:
+            raise ConvertError(
+                f"tensor {name}: weight_map names shard {shard}, but that shard has no such tensor"
+            )
+    for shard, tensors in headers.items():
+        for name in tensors:
+            if weight_map.get(name) != shard:
+                listed = weight_map.get(name)
+                where = f"weight_map names {listed}" if listed else "it is not in weight_map"
+                raise ConvertError(f"tensor {name}: present in shard {shard}, but {where}")
+    scheme = fp8_scheme(config)
+    fp8 = any(headers[s][n].dtype in FP8_SOURCE_DTYPES for n, s in weight_map.items())
+    if fp8 and scheme is None:
+        # FP8 tensors without quantization_config: the DeepSeek default, grid-checked below
+        scheme = Fp8Scheme()
+    block = scheme.block if scheme else None
+
+    scales = {n for n in weight_map if n.endswith(SCALE_SUFFIX)}
+    tensors: dict[str, SourceTensor] = {}
+    for name in sorted(weight_map, key=natural_key):
+        if name in scales:
+            base = name[: -len(SCALE_SUFFIX)]
+            if base not in weight_map:
+                raise ConvertError(f"tensor {name}: scale without its weight {base}")
+            continue
+        shard = weight_map[name]
+        info = headers[shard][name]
+        sname = name + SCALE_SUFFIX
+        scale = None
+        check_source_dtype(name, info.dtype, sname in weight_map)
+        if sname in weight_map:
+            if info.dtype not in FP8_SOURCE_DTYPES:
+                raise ConvertError(f"tensor {sname}: scale of {name}, which is {info.dtype}, not FP8")
+            sinfo = headers[weight_map[sname]][sname]
+            assert block is not None
+            if len(info.shape) < 2:
+                raise ConvertError(f"tensor {name}: FP8 weight of shape {list(info.shape)} (needs 2 dims)")
+            check_scale_grid(name, info.shape, sname, sinfo.dtype, sinfo.shape, block)
+            scale = ScaleRef(sname, weight_map[sname], sinfo.dtype, sinfo.shape)
+        tensors[name] = SourceTensor(name, shard, info.dtype, tuple(info.shape), scale)
+    sizes = (
+        dict(shard_sizes)
+        if shard_sizes is not None
+        else {s: sum(t.nbytes for t in h.values()) for s, h in headers.items()}
+    )
+    inv = Inventory(
+        tensors, dict(config), scheme, {s: sizes.get(s, 0) for s in sorted(set(weight_map.values()))}
+    )
+    check_config_shapes(inv)
+    return inv
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that orders ``layers.2`` before ``layers.10`` (numbers compared as numbers)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+# ---------------------------------------------------------------------------------------- config checks
+def _cfg_int(config: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        v = config.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def check_config_shapes(inv: Inventory) -> None:
+    """Shapes that ``config.json`` pins: a mismatch is an error naming the tensor, both shapes and the key."""
+    cfg = inv.config
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping) and "hidden_size" not in cfg:
+        cfg = text  # multimodal configs keep the language model's numbers in text_config
+    H = _cfg_int(cfg, "hidden_size")
+    V = _cfg_int(cfg, "vocab_size")
+    E = _cfg_int(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    moe_i = _cfg_int(cfg, "moe_intermediate_size")
+    if moe_i is None and _cfg_int(cfg, "num_local_experts") is not None:
+        moe_i = _cfg_int(cfg, "intermediate_size")  # Mixtral: experts use intermediate_size
+
+    def expect(name: str, shape: tuple[int, ...], want: tuple[int | None, ...], keys: str) -> None:
+        if len(shape) != len(want) or any(
+            w is not None and s != w for s, w in zip(shape, want, strict=False)
+        ):
+            shown = [w if w is not None else "*" for w in want]
+            raise ConvertError(
+                f"tensor {name}: shape {list(shape)} does not match config.json {keys} (expected {shown})"
+            )
+
+    for name, t in inv.tensors.items():
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and (V or H):
+            expect(name, t.shape, (V, H), "vocab_size x hidden_size")
+            continue
+        fused = rc.fused_of(name)
+        if fused is not None and len(t.shape) == 3:
+            if fused.kind == "gate_up_proj":
+                expect(
+                    name,
+                    t.shape,
+                    (E, 2 * moe_i if moe_i else None, H),
+                    "[experts, 2 x moe_intermediate_size, hidden_size]",
+                )
+            else:
+                expect(name, t.shape, (E, H, moe_i), "[experts, hidden_size, moe_intermediate_size]")
+            continue
+        ex = rc.expert_of(name)
+        if ex is None or len(t.shape) != 2:
+            continue
+        if E is not None and ex.expert >= E:
+            raise ConvertError(f"tensor {name}: expert index {ex.expert} >= config.json expert count {E}")
+        if ex.proj in ("gate_proj.weight", "up_proj.weight", "w1.weight", "w3.weight"):
+            expect(name, t.shape, (moe_i, H), "moe_intermediate_size x hidden_size")
+        elif ex.is_down:
+            expect(name, t.shape, (H, moe_i), "hidden_size x moe_intermediate_size")
+
+
+# ------------------------------------------------------------------------------------------ shard headers
+def read_source_headers(source: Any, shards: list[str]) -> dict[str, dict[str, HeaderTensor]]:
+    """Header entries of every shard, without downloading tensor data.
+
+    A shard on disk (local folder, Hugging Face cache, an earlier download) is opened with the strict
+    ``SafetensorsFile``; a remote one is read with two HTTP range requests
+    (``HfApi.parse_safetensors_file_metadata``). Remote headers are checked again, strictly, when the shard is
+    on disk (the unit writer compares every tensor's dtype and shape with the plan)."""
+    from colitools.formats.errors import SafetensorsError
+    from colitools.formats.safetensors_io import SafetensorsFile
+
+    headers: dict[str, dict[str, HeaderTensor]] = {}
+    for shard in shards:
+        local = _local_copy(source, shard)
+        if local is not None:
+            try:
+                with SafetensorsFile(local) as f:
+                    headers[shard] = {n: HeaderTensor(t.dtype, tuple(t.shape)) for n, t in f.tensors.items()}
+            except SafetensorsError as exc:
+                raise ConvertError(f"shard {shard}: {exc}") from None
+        else:
+            headers[shard] = _remote_header(source, shard)
+    return headers
+
+
+def _local_copy(source: Any, shard: str):
+    """A path holding ``shard`` already (never downloads), or None."""
+    from colitools.converters.sources import HubSource
+
+    if not isinstance(source, HubSource):
+        return source.ensure_local(shard)
+    from huggingface_hub import try_to_load_from_cache
+
+    entry = source.files().get(shard)
+    found = try_to_load_from_cache(source.repo_id, shard, cache_dir=source.cache_dir, revision=source.commit)
+    if isinstance(found, str) and entry is not None and os.path.getsize(found) == entry.size:
+        return found
+    if source.is_deletable(shard):  # downloaded by an earlier run into the work folder
+        return source.ensure_local(shard)  # verifies the stamp / sha256, no download when it is intact
+    return None
+
+
+def _remote_header(source: Any, shard: str) -> dict[str, HeaderTensor]:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import SafetensorsParsingError
+
+    api = HfApi(endpoint=source.endpoint, token=source.token, library_name="colitools")
+
+    def fetch():
+        return api.parse_safetensors_file_metadata(
+            source.repo_id, shard, revision=source.commit, token=source.token
+        )
+
+    try:
+        # the source's retry policy and one-line errors, when it has one
+        call = getattr(source, "_call", None)
+        meta = call(f"{shard} header", fetch) if call else fetch()
+    except SafetensorsParsingError as exc:
+        raise ConvertError(f"shard {shard}: bad safetensors header: {exc}") from None
+    out = {}
+    for name, t in meta.tensors.items():
+        out[name] = HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape))
+    return out

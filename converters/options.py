@@ -1,0 +1,110 @@
+"""The options of ``colitools convert`` and the summary it returns (library and CLI share both)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from colitools.converters.diskfloor import GB, gb
+from colitools.converters.recipe import Recipe
+
+DEFAULT_MIN_FREE_GB = 5.0
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything ``convert`` can be told. Format options are recipe names (FORMATS-SPEC §6); None = default."""
+
+    experts: str | None = None
+    dense: str | None = None
+    embed: str | None = None
+    mtp: str | None = None
+    group_size: int | None = None
+    layout: str = "pairs"
+    min_free_gb: float = DEFAULT_MIN_FREE_GB
+    on_low_disk: str = "wait"
+    keep_source: bool = False
+    workers: int = 1
+    token: str | None = None
+    revision: str | None = None
+    dry_run: bool = False
+    progress: bool | None = None  # tqdm bars; None = only when stderr is a terminal
+
+    def recipe(self) -> Recipe:
+        return Recipe.from_options(
+            self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout
+        )
+
+    @property
+    def min_free_bytes(self) -> int:
+        return int(self.min_free_gb * GB)
+
+
+@dataclass
+class ConvertSummary:
+    """What a conversion did (or, with ``dry_run``, would do). ``to_dict`` is the ``--json`` output."""
+
+    source: dict[str, str]
+    outdir: str
+    dry_run: bool
+    recipe: dict[str, str]
+    units_total: int
+    units_skipped: int = 0  # finished by an earlier run
+    units_converted: int = 0
+    units_redone: list[str] = field(default_factory=list)  # recorded, but their files were damaged
+    bytes_in: int = 0  # source tensor bytes read by this run
+    bytes_out: int = 0  # output bytes written by this run
+    total_out_bytes: int = 0  # all output shards
+    peak_disk_bytes: int = 0  # planned peak on the output volume
+    format_totals: dict[str, dict[str, int]] = field(default_factory=dict)
+    formats_per_role: dict[str, dict[str, int]] = field(default_factory=dict)
+    fallbacks: list[dict[str, str]] = field(default_factory=list)
+    disk_waits: int = 0
+    wall_seconds: float = 0.0
+    plan: dict[str, Any] | None = None  # the whole plan, for --dry-run
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_in / GB / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gb_per_s"] = round(self.gb_per_s, 4)
+        d["wall_seconds"] = round(self.wall_seconds, 3)
+        if d["plan"] is None:
+            del d["plan"]
+        return d
+
+    def text(self) -> str:
+        """The human summary (one block)."""
+        src = self.source.get("path") or f"{self.source.get('repo_id')}@{self.source.get('revision')}"
+        lines = []
+        if self.dry_run:
+            lines.append(f"plan: {self.units_total} units from {src} -> {self.outdir}")
+            for u in (self.plan or {}).get("units", []):
+                lines.append(
+                    f"  {u['unit']:<28} in {gb(u['in_bytes']):>10}  out {gb(u['out_bytes']):>10}  "
+                    f"shards {', '.join(u['shards'])}  -> {', '.join(u['files'])}"
+                )
+            p = self.plan or {}
+            lines.append(f"bytes in {gb(p.get('in_bytes', 0))}, out {gb(p.get('out_bytes', 0))}, "
+                         f"peak disk {gb(self.peak_disk_bytes)}")  # fmt: skip
+        else:
+            done = f"converted {self.units_converted} of {self.units_total} units"
+            if self.units_skipped:
+                done += f" ({self.units_skipped} already done)"
+            lines.append(f"{done}: {src} -> {self.outdir}")
+            lines.append(
+                f"bytes in {gb(self.bytes_in)}, out {gb(self.bytes_out)} (output total {gb(self.total_out_bytes)}), "
+                f"wall {self.wall_seconds:.1f} s, {self.gb_per_s:.3f} GB/s"
+            )
+        for role, fmts in self.formats_per_role.items():
+            lines.append(f"  {role:<7} " + ", ".join(f"{n} x {f}" for f, n in fmts.items()))
+        lines.append("formats: " + "; ".join(
+            f"{f} {t['tensors']} tensors {gb(t['bytes'])}" for f, t in self.format_totals.items()))  # fmt: skip
+        lines.append(f"fallbacks: {len(self.fallbacks)}")
+        for fb in self.fallbacks:
+            lines.append(f"  {fb['tensor']}: {fb['requested']} -> {fb['written']} ({fb['reason']})")
+        if self.disk_waits:
+            lines.append(f"waited for disk space {self.disk_waits} time(s)")
+        return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""The output folder besides the shards (FORMATS-SPEC §7): ``model.safetensors.index.json``, ``config.json``
+without its ``quantization_config``, ``generation_config.json`` and tokenizer files copied unchanged.
+
+All files are written with a temporary name, fsync and an atomic rename, and their bytes depend only on the
+source and the plan (no times), so reruns and resumed runs produce identical files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from colitools.converters.ledger import fsync_dir, write_json_atomic
+from colitools.converters.planner import ConversionPlan
+
+INDEX = "model.safetensors.index.json"
+CONFIG = "config.json"
+# Files copied unchanged from the source root: generation config and everything a tokenizer needs.
+_COPIED = re.compile(
+    r"^(generation_config\.json|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
+    r"merges\.txt|chat_template\.(jinja|json)|.*\.tiktoken|spiece\.model|sentencepiece.*\.model)$"
+)
+
+
+def copied_files(names: list[str]) -> list[str]:
+    """Source files (top-level) copied unchanged to the output: generation config and tokenizer files."""
+    return sorted(n for n in names if "/" not in n and _COPIED.match(n))
+
+
+def write_index(outdir: Path, plan: ConversionPlan) -> dict[str, Any]:
+    """``model.safetensors.index.json``: every tensor written -> its file; total_size = sum of tensor data."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for f in plan.files:
+        total += f.data_size
+        for name, _, _ in f.entries:
+            weight_map[name] = f.name
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    write_json_atomic(outdir / INDEX, index)
+    return index
+
+
+def write_config(outdir: Path, config: dict[str, Any]) -> None:
+    """``config.json`` without ``quantization_config`` (the source's is recorded in the manifest)."""
+    write_json_atomic(outdir / CONFIG, {k: v for k, v in config.items() if k != "quantization_config"})
+
+
+def copy_file(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` atomically (temporary name, fsync, rename)."""
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    with open(src, "rb") as fi, open(tmp, "wb") as fo:
+        shutil.copyfileobj(fi, fo, 1 << 20)
+        fo.flush()
+        os.fsync(fo.fileno())
+    os.replace(tmp, dest)
+    fsync_dir(dest.parent)

@@ -1,0 +1,312 @@
+"""``convert(source, outdir, options)``: the whole pipeline of ``colitools convert`` (DESIGN.md, "Data flow").
+
+source -> inventory (headers, weight_map, config; validated) -> recipe + plan (every tensor classified, every
+byte counted) -> for each pending unit in order: disk floor, source shards on disk (downloads resume), stream
+tensors through the writer, atomic publish, ledger record, release of source shards no pending unit needs ->
+index, config and tokenizer files, manifest marked complete.
+
+Byte identity: the shards, ``model.safetensors.index.json``, ``config.json`` and the copied files depend only on
+the source and the recipe, whatever the interruptions, resumes or ``--workers``. ``colitools.json`` too, except
+its ``run`` section (times and counters of the last run).
+
+Parallelism: with ``workers > 1`` units are converted in worker processes (``spawn``); the main process keeps
+downloads, the disk floor, the ledger and shard release, so each of those has one owner.
+
+Test-only knob (see ``unit_writer`` for the others): ``COLITOOLS_TEST_SLOW_UNIT_SECONDS`` sleeps after every
+recorded unit, giving a test a window "between units" to SIGKILL the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+
+from colitools.converters import output
+from colitools.converters.diskfloor import DiskFloor
+from colitools.converters.inventory import build_inventory, read_source_headers
+from colitools.converters.ledger import Ledger
+from colitools.converters.options import ConvertOptions, ConvertSummary
+from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
+from colitools.converters.sources import HubSource, Source, open_source
+from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
+from colitools.errors import ConvertError
+
+WORKDIR = ".colitools-download"
+LOCKFILE = ".colitools.lock"
+SLOW_UNIT_ENV = "COLITOOLS_TEST_SLOW_UNIT_SECONDS"
+
+
+def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
+    """Read the source's config, weight map and shard headers, validate them and plan the conversion."""
+    recipe = options.recipe()
+    config = source.read_json("config.json")
+    if not isinstance(config, dict):
+        raise ConvertError("config.json: not a JSON object")
+    weight_map = source.weight_map()
+    shards = sorted(set(weight_map.values()))
+    headers = read_source_headers(source, shards)
+    files = source.files()
+    inventory = build_inventory(headers, weight_map, config, {s: files[s].size for s in shards})
+    return plan_conversion(inventory, recipe)
+
+
+def convert(
+    source: str | Source, outdir: str | os.PathLike[str], options: ConvertOptions | None = None
+) -> ConvertSummary:
+    """Convert ``source`` (a local folder or ``org/name`` Hub repo id, or an opened ``Source``) into ``outdir``.
+
+    Resumable: rerun after any interruption and it continues, producing the same bytes. Raises ConvertError
+    (one line naming the tensor / file / numbers) for bad input, before any output is published, and
+    DiskFloorStop (exit code 3) when ``on_low_disk="stop"`` meets the floor."""
+    options = options or ConvertOptions()
+    started = time.monotonic()
+    if options.workers < 1:
+        raise ConvertError(f"--workers {options.workers}: must be at least 1")
+    options.recipe()  # bad options fail before anything is opened or fetched
+    out = Path(outdir).expanduser().resolve()
+    spec = str(source) if not isinstance(source, Source) else None
+    hint = (
+        f"rerun `colitools convert {spec} {out}` with the same options to resume"
+        if spec
+        else "rerun to resume"
+    )
+    floor = DiskFloor(out, options.min_free_bytes, options.on_low_disk, resume_hint=hint)
+    with contextlib.ExitStack() as stack:
+        # a dry run must leave no trace: the few small files it fetches (config, index) go to a temporary folder
+        work = (
+            Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="colitools-dry-")))
+            if options.dry_run
+            else out / WORKDIR
+        )
+        src = source if isinstance(source, Source) else open_source(
+            spec, options.revision, options.token, workdir=work, disk_check=floor.download_check
+        )  # fmt: skip
+        return _convert(src, out, options, floor, started)
+
+
+def _convert(
+    src: Source, out: Path, options: ConvertOptions, floor: DiskFloor, started: float
+) -> ConvertSummary:
+    plan = load_plan(src, options)
+    remote = isinstance(src, HubSource)
+    shards = plan.inventory.shards
+    transient = shards if remote and not options.keep_source else []
+    kept = shards if remote and options.keep_source else []
+    summary = ConvertSummary(
+        src.describe(), str(out), options.dry_run, plan.recipe.as_dict(), len(plan.units),
+        total_out_bytes=plan.out_bytes, peak_disk_bytes=plan.peak_disk(transient, kept, options.workers),
+        format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
+        fallbacks=[f.as_dict() for f in plan.fallbacks],
+    )  # fmt: skip
+    if options.dry_run:
+        summary.plan = plan.summary(transient, kept, options.workers)
+        return summary
+    out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        _run(src, plan, out, options, floor, summary)
+    summary.disk_waits = floor.waits
+    summary.wall_seconds = time.monotonic() - started
+    return summary
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    """One conversion per output folder at a time (advisory lock, released by the kernel on any exit)."""
+    path = out / LOCKFILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # pragma: no cover - no advisory locks on this platform
+            pass
+        except OSError:
+            raise ConvertError(f"{out}: another colitools convert is working in this folder") from None
+        yield
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _bar(options: ConvertOptions, total: int, desc: str, leave: bool = True):
+    from tqdm import tqdm
+
+    enabled = options.progress if options.progress is not None else sys.stderr.isatty()
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc=desc, leave=leave,
+                disable=not enabled, dynamic_ncols=True)  # fmt: skip
+
+
+def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, floor: DiskFloor,
+         summary: ConvertSummary) -> None:  # fmt: skip
+    ledger, state = Ledger.open(out, plan, src.describe())
+    summary.units_skipped = len(state.finished)
+    summary.units_redone = state.dropped
+    pending = [u for u in plan.units if not ledger.is_finished(u.key)]
+    needed = Counter(s for u in pending for s in u.shards)
+    for shard in plan.inventory.shards:  # leftovers of an earlier run that no pending unit reads
+        if not needed[shard]:
+            _release(src, shard, options)
+    block = plan.inventory.fp8.block if plan.inventory.fp8 else None
+    bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
+    slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
+
+    def prepare(unit: Unit, writing: int = 0, drain: Callable[[], None] | None = None) -> dict[str, Path]:
+        # ``writing``: bytes of units still being written in the background, not yet visible as used space.
+        # When they and this unit do not fit, let them finish first (``drain``) rather than wait for space
+        # that their own bytes are about to take.
+        if writing and drain is not None and not floor.has_room(unit.out_bytes + writing):
+            drain()
+            writing = 0
+        floor.ensure(unit.out_bytes + writing, f"unit {unit.key}")
+        paths = {}
+        for shard in unit.shards:
+            floor.downloading = shard
+            with _bar(options, src.files()[shard].size, f"download {shard}", leave=False) as dbar:
+                paths[shard] = src.ensure_local(shard, progress=dbar)
+        return paths
+
+    def finished(unit: Unit, result: UnitResult) -> None:
+        ledger.record_unit(unit, result.files, plan)
+        summary.units_converted += 1
+        summary.bytes_in += result.in_bytes
+        summary.bytes_out += sum(f.size for f in result.files)
+        for shard in unit.shards:
+            needed[shard] -= 1
+            if not needed[shard]:
+                _release(src, shard, options)
+
+    try:
+        if options.workers == 1 or len(pending) <= 1:
+            _run_serial(pending, prepare, finished, out, block, bar, slow_unit)
+        else:
+            _run_parallel(pending, prepare, finished, out, block, options.workers, bar)
+    finally:
+        bar.close()
+    _finalize(src, plan, out, ledger, options, summary)
+
+
+def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float) -> None:
+    """One unit encodes while the previous one's files finish writing (fsync) in the background; units are
+    recorded strictly in order. ``slow_unit`` (test knob) drains and pauses between units."""
+    inflight: tuple[Unit, PendingUnit] | None = None
+
+    def drain() -> None:
+        nonlocal inflight
+        if inflight is not None:
+            unit, started = inflight
+            inflight = None
+            finished(unit, started.wait())
+
+    try:
+        for unit in pending:
+            paths = prepare(unit, inflight[0].out_bytes if inflight else 0, drain)
+            started = start_unit(unit, paths, out, block, on_tensor=bar.update)
+            if inflight is not None:
+                finished(inflight[0], inflight[1].wait())
+            inflight = (unit, started)
+            if slow_unit:
+                drain()
+                time.sleep(slow_unit)
+        drain()
+    except BaseException:
+        if inflight is not None:  # a fully encoded unit is kept: publish and record it, then stop
+            unit, started = inflight
+            try:
+                result = started.wait()
+            except BaseException:
+                pass
+            else:
+                finished(unit, result)
+        raise
+
+
+def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, bar) -> None:
+    """Convert ``pending`` units on ``workers`` processes; the main process prepares (downloads) and records.
+
+    Units may finish out of order; each is recorded as soon as it is published (the ledger is a set)."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = list(pending)
+    inflight: dict[Future, Unit] = {}
+    # the processes are the parallelism: each uses its share of the cores (no oversubscription)
+    threads = max(1, (os.cpu_count() or 1) // workers)
+
+    def record(fut: Future) -> None:
+        unit = inflight.pop(fut)
+        result = fut.result()
+        bar.update(result.in_bytes)
+        finished(unit, result)
+
+    def drain() -> None:
+        for fut in sorted(inflight, key=lambda f: pending.index(inflight[f])):
+            wait([fut])
+            record(fut)
+
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+        try:
+            while queue or inflight:
+                while queue and len(inflight) < workers:
+                    unit = queue[0]
+                    paths = prepare(unit, sum(u.out_bytes for u in inflight.values()), drain)
+                    inflight[pool.submit(convert_unit, unit, paths, out, block)] = queue.pop(0)
+                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: pending.index(inflight[f])):
+                    record(fut)
+        except BaseException:
+            for fut in list(inflight):  # keep what the workers finish (a clean stop loses no work)
+                if not fut.cancel():
+                    with contextlib.suppress(BaseException):
+                        wait([fut])
+                        record(fut)
+            raise
+
+
+def _worker_init(threads: int) -> None:
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def _release(src: Source, shard: str, options: ConvertOptions) -> None:
+    if not options.keep_source and src.is_deletable(shard):
+        src.release(shard)
+
+
+def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, options: ConvertOptions,
+              summary: ConvertSummary) -> None:  # fmt: skip
+    """Index, config, generation/tokenizer files, then the manifest marked complete (in that order, so a
+    manifest saying ``complete`` means everything else is in place)."""
+    config = src.read_json("config.json")
+    output.write_index(out, plan)
+    output.write_config(out, config)
+    copied = []
+    for name in output.copied_files(list(src.files())):
+        output.copy_file(src.ensure_local(name), out / name)
+        copied.append(name)
+    for name in src.files():  # config, index, copied files: whatever this run downloaded into the work folder
+        _release(src, name, options)
+    shards = ledger.file_records()
+    if sorted(f.name for f in shards) != sorted(f.name for f in plan.files):  # pragma: no cover - a bug
+        raise ConvertError("internal: the ledger does not cover every planned file")
+    ledger.finish({
+        "shards": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in shards],
+        "copied_files": ["config.json", output.INDEX, *copied],
+        "run": {
+            "units_converted": summary.units_converted, "units_skipped": summary.units_skipped,
+            "bytes_in": summary.bytes_in, "bytes_out": summary.bytes_out,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    })  # fmt: skip
+    work = out / WORKDIR
+    if work.is_dir() and not options.keep_source:
+        with contextlib.suppress(OSError):
+            work.rmdir()  # only when empty: a kept or foreign file is never deleted

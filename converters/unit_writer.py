@@ -1,0 +1,383 @@
+"""Executes one planned unit: read -> dequantize -> encode -> write, one tensor at a time.
+
+Memory is bounded by the largest single source tensor (one fused-expert slab for fused tensors) plus its
+encoded form: each tensor is read, encoded, written and dropped before the next. Only an expert's scale
+tensors wait (they follow the expert's codes, FORMATS-SPEC §4), and they are small.
+
+Every output file goes through ``SafetensorsWriter`` (temporary name, fsync, atomic rename). The file's sha256 is
+computed from the very bytes handed to the writer, so the ledger never has to re-read what was written.
+
+Test-only knobs (environment variables; never set them in production):
+``COLITOOLS_TEST_SLOW_TENSOR_SECONDS`` sleeps after every tensor written, so a test can SIGKILL the process
+mid-unit; ``COLITOOLS_TEST_KILL_AT=published:N`` SIGKILLs the process right after it published its N-th file
+and before the ledger records it (the narrowest window of a crash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from colitools.converters.dequant import to_float32
+from colitools.converters.planner import OutputFile, TensorJob, Unit
+from colitools.errors import ConvertError
+from colitools.formats import kernels
+from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.reference import encode_bf16
+from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
+
+SLOW_TENSOR_ENV = "COLITOOLS_TEST_SLOW_TENSOR_SECONDS"
+KILL_AT_ENV = "COLITOOLS_TEST_KILL_AT"
+_published = 0  # files published by this process (for KILL_AT "published:N")
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A published output file, as the ledger and the manifest record it."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass
+class UnitResult:
+    key: str
+    files: list[FileRecord] = field(default_factory=list)
+    in_bytes: int = 0
+
+
+class ShardReader:
+    """Open source shards of one unit; reads whole tensors or one expert slab of a fused tensor."""
+
+    def __init__(self, paths: Mapping[str, Path]):
+        self._paths = dict(paths)
+        self._open: dict[str, SafetensorsFile] = {}
+
+    def _file(self, shard: str) -> SafetensorsFile:
+        if shard not in self._open:
+            self._open[shard] = SafetensorsFile(self._paths[shard])
+        return self._open[shard]
+
+    def _info(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]):
+        f = self._file(shard)
+        info = f.tensors.get(name)
+        if info is None:
+            raise ConvertError(f"tensor {name}: not in shard {shard} any more ({f.path})")
+        if info.dtype != dtype or tuple(info.shape) != tuple(shape):
+            raise ConvertError(
+                f"tensor {name}: shard {shard} now has {info.dtype} {list(info.shape)}, planned {dtype} {list(shape)}"
+            )
+        return f, info
+
+    def read(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        f, _ = self._info(shard, name, dtype, shape)
+        return f.read(name)
+
+    def read_rows(
+        self, shard: str, name: str, dtype: str, shape: tuple[int, ...], e: int, r0: int, r1: int
+    ) -> np.ndarray:
+        """Rows ``[r0, r1)`` of slab ``e`` of a 3-D tensor ``[E, rows, cols]`` (one positional read)."""
+        f, info = self._info(shard, name, dtype, shape)
+        _, rows, cols = shape
+        dt = numpy_dtype(dtype)
+        offset = info.begin + (e * rows + r0) * cols * dt.itemsize
+        n = (r1 - r0) * cols * dt.itemsize
+        buf = bytearray(n)
+        view = memoryview(buf)
+        with open(f.path, "rb", buffering=0) as fh:
+            got = 0
+            while got < n:
+                k = os.preadv(fh.fileno(), [view[got:]], offset + got)
+                if k <= 0:
+                    raise ConvertError(f"tensor {name}: short read in {f.path} at byte {offset + got}")
+                got += k
+        return np.frombuffer(buf, dtype=dt).reshape(r1 - r0, cols)  # safetensors data is little-endian
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
+
+
+def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.ndarray | None]:
+    """The job's source values (exact dtype, 2-D ``[O, I]`` or the 0/1-D shape) and its FP8 scale grid rows."""
+    src = job.source
+    scale = None
+    if job.fused_rows is None:
+        values = reader.read(src.shard, src.name, src.dtype, src.shape)
+        if src.scale is not None:
+            scale = reader.read(src.scale.shard, src.scale.name, src.scale.dtype, src.scale.shape)
+        return values, scale
+    e, r0, r1 = job.fused_rows
+    values = reader.read_rows(src.shard, src.name, src.dtype, src.shape, e, r0, r1)
+    if src.scale is not None:
+        scale = reader.read(src.scale.shard, src.scale.name, src.scale.dtype, src.scale.shape)[e]
+    return values, scale
+
+
+def _dequant(
+    job: TensorJob, values: np.ndarray, scale: np.ndarray | None, block: tuple[int, int] | None
+) -> np.ndarray:
+    if scale is None:
+        return to_float32(job.out_name, values)
+    if job.fused_rows is not None:
+        # A slab of rows [r0, r1) of an FP8 fused tensor: row r uses scale row r // br (the slab's own grid).
+        _, r0, r1 = job.fused_rows
+        br, bc = block
+        rows = np.asarray(scale).astype(np.float32)[np.arange(r0, r1) // br]
+        q = np.ascontiguousarray(values).view(numpy_dtype("F8_E4M3")).astype(np.float32)
+        return q * np.repeat(rows, bc, axis=1)[:, : q.shape[1]]
+    return to_float32(job.out_name, values, scale=scale, block=block)
+
+
+def encode_job(
+    job: TensorJob,
+    values: np.ndarray,
+    scale: np.ndarray | None,
+    block: tuple[int, int] | None,
+    planar: bool,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values."""
+    t = job.target
+    if t.fmt == "fp8-e4m3-b128":  # passthrough: bytes unchanged, .qs = weight_scale_inv as F32
+        return np.ascontiguousarray(values).view(np.uint8), np.asarray(scale).astype(np.float32)
+    if t.is_float:
+        w = _dequant(job, values, scale, block).reshape(job.shape)
+        return (encode_bf16(w) if t.fmt == "bf16" else w), None
+    fmt, gs = t.format_class, t.gs
+    if job.fused_rows is None and values.dtype == numpy_dtype("BF16"):
+        codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
+    elif job.fused_rows is None and scale is not None:
+        codes, scales = kernels.encode_from_fp8_block(t.fmt, values, scale, block, gs, name=job.out_name)
+    else:
+        codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
+    if planar:
+        codes = kernels.pairs_to_planar(codes)
+    return codes, scales
+
+
+def _as_bytes(array: np.ndarray) -> memoryview:
+    """Little-endian C-order bytes of ``array`` (what the writer stores, and what the hash sees)."""
+    a = np.ascontiguousarray(array)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+class FileSink:
+    """Hashes and writes one output file on a background thread, so that disk writes, sha256 and the final
+    fsync overlap with the encoding of the next tensors (and of the next unit).
+
+    The queue holds at most ``QUEUE_BYTES`` of encoded tensors (or one tensor, if it is larger), so memory
+    stays bounded by the largest tensor. ``put`` re-raises a failure of the thread; ``result`` waits for
+    publication and returns the record."""
+
+    QUEUE_BYTES = 256 << 20
+
+    def __init__(self, out: OutputFile, outdir: Path):
+        self.out = out
+        self._expected = {name: (dtype, shape) for name, dtype, shape in out.entries}
+        self._writer = SafetensorsWriter(outdir / out.name, out.entries, out.metadata)
+        self._digest = hashlib.sha256()
+        try:
+            with open(self._writer.temp_path, "rb") as fh:
+                self._digest.update(fh.read(out.size - out.data_size))  # the header the writer just wrote
+        except BaseException:
+            self._writer.abort()
+            raise
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queued = 0  # bytes put and not yet written
+        self._room = threading.Condition()
+        self._error: BaseException | None = None
+        self._record: FileRecord | None = None
+        self._thread = threading.Thread(target=self._run, name=f"sink-{out.name}", daemon=True)
+        self._thread.start()
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        view = _checked(self._expected, name, array)
+        with self._room:
+            while self._queued and self._queued + view.nbytes > self.QUEUE_BYTES and self._error is None:
+                self._room.wait()
+            if self._error is not None:
+                raise self._error
+            self._queued += view.nbytes
+        self._queue.put((name, view))
+
+    def _written(self, nbytes: int) -> None:
+        with self._room:
+            self._queued -= nbytes
+            self._room.notify()
+
+    def finish(self) -> None:
+        """All tensors are queued: close (fsync, atomic rename) once they are written."""
+        self._queue.put(_CLOSE)
+
+    def abort(self) -> None:
+        self._queue.put(_ABORT)
+        self._thread.join()
+
+    def result(self) -> FileRecord:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._record is not None
+        return self._record
+
+    def _run(self) -> None:
+        failed = False
+        while True:
+            item = self._queue.get()
+            if item is _ABORT or (failed and item is _CLOSE):
+                self._writer.abort()
+                return
+            if failed:
+                self._written(item[1].nbytes)  # drain what was queued after the failure
+                continue
+            try:
+                if item is _CLOSE:
+                    self._writer.close()
+                    self._record = FileRecord(self.out.name, self.out.size, self._digest.hexdigest())
+                    _after_publish()
+                    return
+                name, view = item
+                self._writer.write(name, view)
+                self._digest.update(view)
+                self._written(view.nbytes)
+            except BaseException as exc:  # reported to the encoding thread by put() / result()
+                with self._room:
+                    self._error = exc
+                    self._room.notify_all()
+                self._writer.abort()
+                failed = True
+                if item is _CLOSE:
+                    return
+
+
+_CLOSE, _ABORT = object(), object()
+
+
+def _checked(expected, name: str, array: np.ndarray) -> memoryview:
+    dtype, shape = expected[name]
+    want = numpy_dtype(dtype)
+    a = np.asarray(array)
+    if a.dtype != want:
+        if a.dtype.kind == want.kind and a.dtype.itemsize == want.itemsize:
+            a = a.view(want)
+        else:  # pragma: no cover - a planning/encoding mismatch is a bug, reported with the numbers
+            raise ConvertError(f"tensor {name}: encoder produced {a.dtype}, planned {dtype}")
+    if a.size != int(np.prod(shape, dtype=np.int64)):
+        raise ConvertError(f"tensor {name}: encoder produced {a.size} elements, planned shape {list(shape)}")
+    return _as_bytes(a)
+
+
+def _after_publish() -> None:
+    global _published
+    _published += 1
+    spec = os.environ.get(KILL_AT_ENV, "")
+    if spec.startswith("published:") and int(spec.split(":", 1)[1]) == _published:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class PendingUnit:
+    """A unit whose tensors are all encoded; its files may still be writing. ``wait`` returns the result once
+    every file is published."""
+
+    key: str
+    in_bytes: int
+    sinks: list[FileSink]
+
+    def wait(self) -> UnitResult:
+        try:
+            files = [s.result() for s in self.sinks]
+        except BaseException:
+            for s in self.sinks:
+                s.abort()
+            raise
+        return UnitResult(self.key, files, self.in_bytes)
+
+
+PREFETCH_MAX_BYTES = 256 << 20  # larger source tensors are read when needed, not while another is encoded
+
+
+def _prefetch(pool: ThreadPoolExecutor, jobs: list[TensorJob], k: int, reader: ShardReader) -> Future | None:
+    """Start reading job ``k``'s source unless it is too large to hold next to the tensor being encoded."""
+    if k >= len(jobs) or jobs[k].in_bytes > PREFETCH_MAX_BYTES:
+        return None
+    return pool.submit(_source_values, jobs[k], reader)
+
+
+def start_unit(
+    unit: Unit,
+    shard_paths: Mapping[str, Path],
+    outdir: Path,
+    block: tuple[int, int] | None,
+    on_tensor: Callable[[int], None] | None = None,
+) -> PendingUnit:
+    """Encode every tensor of ``unit`` in this thread; a prefetch thread reads the next source tensor while
+    one is encoded, a sink thread per file hashes and writes. Returns before the files are published."""
+    slow = float(os.environ.get(SLOW_TENSOR_ENV) or 0)
+    jobs = unit.jobs
+    reader = ShardReader(shard_paths)
+    sinks: list[FileSink] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="prefetch") as prefetch:
+        ahead = _prefetch(prefetch, jobs, 0, reader)
+        k = 0
+        try:
+            for out in unit.files:
+                sink = FileSink(out, Path(outdir))
+                sinks.append(sink)
+                for group in out.groups:
+                    scales_after: list[tuple[str, np.ndarray]] = []
+                    for job in group.jobs:
+                        values, scale = ahead.result() if ahead is not None else _source_values(job, reader)
+                        k += 1
+                        ahead = _prefetch(prefetch, jobs, k, reader)
+                        codes, scales = encode_job(job, values, scale, block, out.planar)
+                        del values, scale
+                        wname, sname = job.target.tensor_names(job.out_name)
+                        sink.put(wname, codes)
+                        if sname is not None:
+                            scales_after.append((sname, scales))
+                        if on_tensor is not None:
+                            on_tensor(job.in_bytes)
+                        if slow:
+                            time.sleep(slow)
+                    for sname, scales in scales_after:  # an expert's scales follow its codes (§4)
+                        sink.put(sname, scales)
+                sink.finish()
+        except BaseException:
+            if ahead is not None:
+                ahead.cancel()
+            for s in sinks:
+                s.abort()
+            raise
+        finally:
+            if ahead is not None:
+                with contextlib.suppress(BaseException):
+                    ahead.result()
+            reader.close()
+    return PendingUnit(unit.key, unit.in_bytes, sinks)
+
+
+def convert_unit(
+    unit: Unit,
+    shard_paths: Mapping[str, Path],
+    outdir: Path,
+    block: tuple[int, int] | None,
+    on_tensor: Callable[[int], None] | None = None,
+) -> UnitResult:
+    """Convert one unit and wait until its files are published (worker processes use this)."""
+    return start_unit(unit, shard_paths, outdir, block, on_tensor).wait()

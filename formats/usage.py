@@ -1,0 +1,271 @@
+"""Routing usage history (``.coli_usage``, FORMATS-SPEC §8): the one reader and writer.
+
+Shared by the runtime (which records how often the router picked each expert) and the mirror planner (which
+ranks shards by it). The file is text, one record of exactly three whitespace-separated integers per line,
+sparse (non-zero counts only)::
+
+    -1 <n_layers> <n_experts>          geometry header
+    -2 <format_version=1> <engine_id>  version / engine header
+    <layer> <expert> <count>           one line per expert that was selected at least once
+
+``engine_id`` is the FNV-1a 32-bit hash of the engine name (colitools uses ``config.json`` ``model_type``).
+A history with no counts is a zero-byte file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from colitools.errors import UsageFileError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "UsageFileError",
+    "UsageHistory",
+    "engine_id",
+    "format_usage",
+    "read_usage",
+    "write_usage",
+]
+
+FORMAT_VERSION = 1
+GEOMETRY_RECORD = -1
+VERSION_RECORD = -2
+
+_FNV_OFFSET = 2166136261
+_FNV_PRIME = 16777619
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+# UsageFileError is declared in `colitools.errors` (INTERNALS.md), a leaf module that depends only on
+# `colitools.formats.errors`; importing it here keeps one class for the runtime, the planner and the CLI.
+# (Cleaner still would be to declare it in `formats/errors.py` and re-export it; that file is not ours.)
+
+
+def engine_id(name: str) -> int:
+    """FNV-1a 32-bit hash of the UTF-8 bytes of an engine name (``"glm_moe_dsa"`` -> 3815245270)."""
+    h = _FNV_OFFSET
+    for byte in name.encode("utf-8"):
+        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+@dataclass
+class UsageHistory:
+    """Per-expert routing counts of one model.
+
+    ``counts`` maps ``(layer, expert)`` to a positive count; every key is inside the geometry
+    (``0 <= layer < n_layers``, ``0 <= expert < n_experts``). ``skipped_records`` counts the records of the
+    file that were not counted (out of range or non-positive). ``headerless`` marks a legacy file without the
+    two header records, whose geometry came from the caller or, failing that, from the records themselves.
+    """
+
+    n_layers: int
+    n_experts: int
+    engine_id: int | None = None
+    counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    skipped_records: int = 0
+    headerless: bool = False
+
+    @property
+    def total(self) -> int:
+        """Total number of expert selections recorded."""
+        return sum(self.counts.values())
+
+    def count(self, layer: int, expert: int) -> int:
+        """Selections of one expert (0 when never selected)."""
+        return self.counts.get((layer, expert), 0)
+
+    def add(self, layer: int, expert: int, n: int = 1) -> None:
+        """Record ``n`` more selections of an expert (the runtime's entry point)."""
+        if not (0 <= layer < self.n_layers and 0 <= expert < self.n_experts):
+            raise UsageFileError(
+                f"expert ({layer}, {expert}) is outside the usage geometry {self.n_layers} x {self.n_experts}"
+            )
+        if n < 0:
+            raise UsageFileError(f"negative selection count {n} for expert ({layer}, {expert})")
+        if n:
+            self.counts[(layer, expert)] = self.counts.get((layer, expert), 0) + n
+
+    def layer_totals(self) -> dict[int, int]:
+        """Selections per layer (only layers with records)."""
+        totals: dict[int, int] = {}
+        for (layer, _), n in self.counts.items():
+            totals[layer] = totals.get(layer, 0) + n
+        return totals
+
+    def records(self) -> Iterator[tuple[int, int, int]]:
+        """``(layer, expert, count)`` in file order (sorted by layer, then expert), positive counts only."""
+        for (layer, expert), n in sorted(self.counts.items()):
+            if n > 0:
+                yield layer, expert, n
+
+
+def _engine_id_of(engine: str | int | None) -> int | None:
+    if engine is None or isinstance(engine, int):
+        return engine
+    return engine_id(engine)
+
+
+def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
+    """``(line_number, a, b, c)`` for every non-blank line; anything but three integers is an error."""
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):  # splitlines: LF, CRLF and CR alike
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 3 or not all(_INT.fullmatch(f) for f in fields):
+            shown = line.strip()[:60]
+            raise UsageFileError(
+                f"{path}:{number}: expected exactly three integers per record, got {len(fields)} field(s): {shown!r}"
+            )
+        a, b, c = (int(f) for f in fields)
+        records.append((number, a, b, c))
+    return records
+
+
+def read_usage(
+    path: str | os.PathLike,
+    *,
+    n_layers: int | None = None,
+    n_experts: int | None = None,
+    engine: str | int | None = None,
+    explicit: bool = False,
+) -> UsageHistory:
+    """Read a ``.coli_usage`` file.
+
+    ``n_layers``/``n_experts`` are the model's geometry when known: a file whose geometry header differs is
+    refused; a legacy headerless file takes them as its geometry. ``engine`` is the model's engine name (or
+    its id): a file recorded by another engine is refused unless ``explicit`` (the user named the file).
+    Records with a negative layer other than the two headers are skipped; records outside the geometry or
+    with a non-positive count are never counted (``skipped_records``). Repeated records add up.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageFileError(f"usage history not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageFileError(f"usage history is a directory, not a file: {path}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
+
+    geometry: tuple[int, int] | None = None
+    version: int | None = None
+    file_engine: int | None = None
+    body: list[tuple[int, int, int, int]] = []
+    for number, a, b, c in _parse_records(path, text):
+        if a == GEOMETRY_RECORD:
+            if b <= 0 or c <= 0:
+                raise UsageFileError(f"{path}:{number}: geometry header needs positive sizes, got {b} x {c}")
+            if geometry is not None and geometry != (b, c):
+                raise UsageFileError(
+                    f"{path}:{number}: second geometry header {b} x {c} contradicts {geometry[0]} x {geometry[1]}"
+                )
+            geometry = (b, c)
+        elif a == VERSION_RECORD:
+            if b != FORMAT_VERSION:
+                raise UsageFileError(
+                    f"{path}:{number}: usage format version {b} is not supported (this reader knows version "
+                    f"{FORMAT_VERSION})"
+                )
+            if not 0 <= c <= 0xFFFFFFFF:
+                raise UsageFileError(f"{path}:{number}: engine id {c} is not a 32-bit unsigned integer")
+            if file_engine is not None and file_engine != c:
+                raise UsageFileError(f"{path}:{number}: second engine id {c} contradicts {file_engine}")
+            version, file_engine = b, c
+        elif a < 0:
+            continue  # reserved header kinds: skipped after the two known headers are used
+        else:
+            body.append((number, a, b, c))
+
+    if geometry is not None:
+        caller = (n_layers, n_experts)
+        if (n_layers is not None and n_layers != geometry[0]) or (
+            n_experts is not None and n_experts != geometry[1]
+        ):
+            want = f"{caller[0] if caller[0] is not None else '?'} x {caller[1] if caller[1] is not None else '?'}"
+            raise UsageFileError(
+                f"{path}: usage geometry {geometry[0]} layers x {geometry[1]} experts does not match the model's "
+                f"{want}"
+            )
+        layers, experts = geometry
+    else:
+        layers = n_layers if n_layers is not None else 1 + max((r[1] for r in body), default=-1)
+        experts = n_experts if n_experts is not None else 1 + max((r[2] for r in body), default=-1)
+
+    wanted_engine = _engine_id_of(engine)
+    if file_engine is not None and wanted_engine is not None and file_engine != wanted_engine and not explicit:
+        name = f" ({engine!r})" if isinstance(engine, str) else ""
+        raise UsageFileError(
+            f"{path}: usage history was recorded by engine id {file_engine}, not this model's engine id "
+            f"{wanted_engine}{name}; pass the file explicitly to use it anyway"
+        )
+
+    history = UsageHistory(
+        n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=geometry is None and version is None
+    )
+    for _, layer, expert, n in body:
+        if n <= 0 or not (0 <= layer < layers and 0 <= expert < experts):
+            history.skipped_records += 1
+            continue
+        history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
+    return history
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # platforms without directory handles
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def format_usage(history: UsageHistory) -> bytes:
+    """The exact bytes :func:`write_usage` writes (zero bytes when there are no counts)."""
+    lines = [f"{layer} {expert} {n}\n" for layer, expert, n in history.records()]
+    if not lines:
+        return b""
+    header = [f"{GEOMETRY_RECORD} {history.n_layers} {history.n_experts}\n"]
+    if history.engine_id is not None:
+        header.append(f"{VERSION_RECORD} {FORMAT_VERSION} {history.engine_id}\n")
+    return "".join(header + lines).encode("ascii")
+
+
+def write_usage(path: str | os.PathLike, history: UsageHistory) -> None:
+    """Write ``history`` to ``path`` atomically: temp file (exclusive create), fsync, rename, fsync dir.
+
+    Headers first (the version header only when the engine id is known), then one ``layer expert count``
+    line per selected expert, sorted; never more than three fields per line; zero bytes when empty.
+    """
+    path = Path(path)
+    for layer, expert, _ in history.records():
+        if not (0 <= layer < history.n_layers and 0 <= expert < history.n_experts):
+            raise UsageFileError(
+                f"{path}: expert ({layer}, {expert}) is outside the geometry {history.n_layers} x "
+                f"{history.n_experts}"
+            )
+    data = format_usage(history)
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)

@@ -1,0 +1,218 @@
+"""`mirror stage`: verified atomic copies, kept targets, refusals, and a stage killed mid-copy then rerun."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from mirror_builders import expert_tensors, run_cli, run_cli_process, write_config, write_history, write_shard
+
+from colitools.errors import MirrorError
+from colitools.mirror.fileops import STALL_ENV, TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
+from colitools.mirror.plan import PLAN_FILE, SCHEMA
+from colitools.mirror.stage import LOCK_FILE, stage_mirror
+from colitools.mirror.verify import RECEIPT
+
+BIG = 24 << 20  # three 8 MiB copy chunks
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(path: Path) -> tuple[bytes, int, int]:
+    st = path.stat()
+    return path.read_bytes(), st.st_ino, st.st_mtime_ns
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    """a: expert (0,0) used 100x; b: (0,1) used once; c: layer 1 unused; the plan picks a, then b."""
+    d = tmp_path / "model"
+    d.mkdir()
+    write_config(d, n_layers=2, n_experts=4)
+    write_shard(d / "a.safetensors", expert_tensors(0, 0), fill=1)
+    write_shard(d / "b.safetensors", expert_tensors(0, 1), fill=2)
+    write_shard(d / "c.safetensors", expert_tensors(1, 0), fill=3)
+    write_history(d / ".coli_usage", {(0, 0): 100, (0, 1): 1}, n_layers=2, n_experts=4)
+    return d
+
+
+def stage(model: Path, mirror: Path, **kwargs):
+    kwargs.setdefault("budget_bytes", 10**12)
+    kwargs.setdefault("reserve_bytes", 0)
+    return stage_mirror(model, mirror, progress=False, **kwargs)
+
+
+def test_stage_copies_the_selection_writes_receipt_and_plan_and_verifies(model, tmp_path):
+    mirror = tmp_path / "mirror"
+    result = stage(model, mirror)
+    assert result.staged and result.ready
+    assert [(f.file.name, f.action) for f in result.files] == [("a.safetensors", "copied"), ("b.safetensors", "copied")]
+    for name in ("a.safetensors", "b.safetensors"):
+        assert (mirror / name).read_bytes() == (model / name).read_bytes()
+    assert not (mirror / "c.safetensors").exists()
+    receipt = json.loads((mirror / RECEIPT).read_text())
+    assert receipt["schema"] == SCHEMA and receipt["model_root"] == str(model)
+    assert receipt["created_at"].endswith("Z") and receipt["budget_bytes"] == 10**12 and receipt["reserve_bytes"] == 0
+    assert receipt["usage_file"] == str(model / ".coli_usage")
+    assert [(f["name"], f["size"], f["sha256"], f["activated_experts"]) for f in receipt["files"]] == [
+        (n, (model / n).stat().st_size, sha(model / n), 1) for n in ("a.safetensors", "b.safetensors")
+    ]
+    assert receipt["files"][0]["weighted_expert_bytes"] == 100 * 3120
+    plan = json.loads((mirror / PLAN_FILE).read_text())
+    assert plan["schema"] == SCHEMA and [f["name"] for f in plan["files"]] == ["a.safetensors", "b.safetensors"]
+    assert not [p for p in os.listdir(mirror) if TEMP_SUFFIX in p or ".tmp-" in p]
+
+
+def test_rerun_keeps_matching_targets_as_they_are(model, tmp_path):
+    mirror = tmp_path / "mirror"
+    stage(model, mirror)
+    before = {n: snapshot(mirror / n) for n in ("a.safetensors", "b.safetensors")}
+    again = stage(model, mirror)
+    assert [f.action for f in again.files] == ["kept", "kept"] and again.ready
+    assert {n: snapshot(mirror / n) for n in before} == before
+
+
+def test_preexisting_corrupt_targets_are_replaced(model, tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    corrupt = bytearray((model / "a.safetensors").read_bytes())
+    corrupt[5000] ^= 0x01  # same size, one bit off
+    (mirror / "a.safetensors").write_bytes(bytes(corrupt))
+    (mirror / "b.safetensors").write_bytes(b"truncated")
+    result = stage(model, mirror)
+    assert [f.action for f in result.files] == ["copied", "copied"] and result.ready
+    assert sha(mirror / "a.safetensors") == sha(model / "a.safetensors")
+    assert sha(mirror / "b.safetensors") == sha(model / "b.safetensors")
+
+
+def test_a_symlink_to_the_primary_is_replaced_by_a_real_copy(model, tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "a.safetensors").symlink_to(model / "a.safetensors")
+    result = stage(model, mirror)
+    assert result.files[0].action == "copied" and not (mirror / "a.safetensors").is_symlink()
+    assert (model / "a.safetensors").is_file() and sha(model / "a.safetensors") == result.files[0].sha256
+
+
+def test_files_the_plan_did_not_select_are_never_touched(model, tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "c.safetensors").write_bytes(b"an old, unselected and even corrupt copy")
+    (mirror / "other.safetensors").write_bytes(b"someone else's file")
+    (mirror / "notes.txt").write_text("keep me")
+    before = {n: snapshot(mirror / n) for n in ("c.safetensors", "other.safetensors", "notes.txt")}
+    assert stage(model, mirror).ready
+    assert {n: snapshot(mirror / n) for n in before} == before
+
+
+def test_refusals_copy_nothing(model, tmp_path):
+    (model / ".coli_usage").unlink()
+    result = stage(model, tmp_path / "m1")
+    assert (result.staged, result.reason) == (False, "usage_history_missing")
+    assert not (tmp_path / "m1").exists()
+    write_history(model / ".coli_usage", {(0, 0): 1}, n_layers=2, n_experts=4)
+    result = stage(model, tmp_path / "m2", reserve_bytes=2**60)
+    assert (result.staged, result.reason) == (False, "free_space_reserve")
+    assert not (tmp_path / "m2").exists()
+    result = stage(model, tmp_path / "m3", budget_bytes=100)
+    assert (result.staged, result.reason) == (False, "no_usage_ranked_shards_fit_the_budget")
+
+
+def test_a_guard_that_stops_the_copy_leaves_no_temporary_file_and_the_target_untouched(model, tmp_path):
+    big = model / "big.safetensors"
+    write_shard(big, [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG)])
+    target = tmp_path / "big.safetensors"
+    target.write_bytes(b"old")
+    seen: list[int] = []
+
+    def guard(written: int) -> None:
+        seen.append(written)
+        if written >= 8 << 20:
+            raise MirrorError("reserve reached")
+
+    with pytest.raises(MirrorError, match="reserve reached"):
+        copy_verified(big, target, big.stat().st_size, guard=guard, guard_every=8 << 20)
+    assert seen == [0, 8 << 20]
+    assert target.read_bytes() == b"old" and not temp_path_for(target).exists()
+    assert copy_verified(big, target, big.stat().st_size) == sha256_file(big) == sha(target)
+
+
+def test_a_source_that_changed_size_since_planning_is_an_error(model, tmp_path):
+    with pytest.raises(MirrorError, match="source changed"):
+        copy_verified(model / "a.safetensors", tmp_path / "a.safetensors", 123)
+    assert not (tmp_path / "a.safetensors").exists() and not temp_path_for(tmp_path / "a.safetensors").exists()
+
+
+def test_stage_killed_during_a_copy_is_finished_by_a_rerun(model, tmp_path):
+    big = model / "big.safetensors"
+    write_shard(big, [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG)], fill=7)
+    # big is chosen after a and b (1 selection over 24 MiB); the test knob stops the child once 8 MiB of a
+    # temporary file are written (a and b are far smaller), so the kill lands in the middle of big's copy
+    # whatever the machine's speed.
+    write_history(model / ".coli_usage", {(0, 0): 100, (0, 1): 10, (0, 2): 1}, n_layers=2, n_experts=4)
+    mirror = tmp_path / "mirror"
+    child = run_cli_process("mirror", "stage", "--model", str(model), "--mirror", str(mirror), "--budget-gib", "1",
+                            "--reserve-gib", "0", "--no-progress", env={STALL_ENV: str(8 << 20)})
+    temp = temp_path_for(mirror / "big.safetensors")
+    published = [mirror / "a.safetensors", mirror / "b.safetensors"]  # published by a second thread
+    deadline = time.monotonic() + 120  # a hang guard only; nothing here measures time
+    try:
+        while not (temp.exists() and temp.stat().st_size >= 8 << 20 and all(p.exists() for p in published)):
+            assert child.poll() is None, f"stage exited early: {child.communicate()}"
+            assert time.monotonic() < deadline, "stage never reached the big copy"
+            time.sleep(0.02)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.communicate()
+    assert child.returncode == -signal.SIGKILL
+    # the state a kill leaves: finished copies published, the interrupted one only as a hidden temporary file
+    assert sha(mirror / "a.safetensors") == sha(model / "a.safetensors")
+    assert sha(mirror / "b.safetensors") == sha(model / "b.safetensors")
+    assert not (mirror / "big.safetensors").exists() and temp.exists()
+    assert not (mirror / RECEIPT).exists()
+    inode_a = (mirror / "a.safetensors").stat().st_ino
+
+    result = stage(model, mirror)
+    assert result.ready
+    assert [(f.file.name, f.action) for f in result.files] == [
+        ("a.safetensors", "kept"), ("b.safetensors", "kept"), ("big.safetensors", "copied")]
+    assert (mirror / "a.safetensors").stat().st_ino == inode_a
+    assert sha(mirror / "big.safetensors") == sha(big)
+    assert not temp.exists()
+    assert [f["name"] for f in json.loads((mirror / RECEIPT).read_text())["files"]] == [
+        "a.safetensors", "b.safetensors", "big.safetensors"]
+
+
+def test_cli_stage_exit_codes(model, tmp_path):
+    mirror = str(tmp_path / "mirror")
+    r = run_cli("mirror", "stage", "--model", str(model), "--mirror", mirror, "--budget-gib", "1",
+                "--reserve-gib", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["staged"] and data["ready"] and data["copied"] == ["a.safetensors", "b.safetensors"]
+    assert data["verify"]["ready"] and data["plan"]["admitted"]
+    r = run_cli("mirror", "stage", "--model", str(model), "--mirror", mirror, "--budget-gib", "1",
+                "--reserve-gib", "0")
+    assert r.returncode == 0 and "0 copied, 2 kept" in r.stdout and "ready: yes" in r.stdout
+    r = run_cli("mirror", "stage", "--model", str(model), "--mirror", mirror, "--budget-gib", "1",
+                "--reserve-gib", "100000000")
+    assert r.returncode == 2 and "nothing copied" in r.stderr
+
+
+def test_a_second_stage_on_the_same_mirror_is_refused_while_one_runs(model, tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    with open(mirror / LOCK_FILE, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(MirrorError, match="another stage is running"):
+            stage(model, mirror)
+    assert stage(model, mirror).ready

@@ -1,0 +1,150 @@
+"""Test helper: write a fixture as a converted container with exactly the per-tensor formats an oracle
+reference lists (``tensor_formats``), in the "pairs" or planar layout of FORMATS-SPEC §4.
+
+This is a small stand-in for ``colitools convert`` so that the runtime's quantized paths are checked against
+the oracles independently of the converter: source tensors are read as float32 (BF16 upcast, FP8 block
+dequantized, fused experts split), encoded with the registry's reference encoders, and laid out with each
+expert's codes back to back followed by its scales.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from colitools.formats import reference as ref
+from colitools.formats.planar import PLANAR_LAYOUT, pairs_to_planar
+from colitools.formats.registry import by_name
+from colitools.formats.resolver import LAYOUT_KEY, SHAPES_KEY, encode_shapes, encode_stamps, stamp_for
+from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors
+
+_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_ORDER = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
+
+
+def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
+    """Every weight of a fixture as float32, by on-disk name (fused experts split per expert)."""
+    out: dict[str, np.ndarray] = {}
+    config = json.loads((fixture / "config.json").read_text())
+    block = tuple((config.get("quantization_config") or {}).get("weight_block_size") or (128, 128))
+    for path in sorted(fixture.glob("*.safetensors")):
+        f = SafetensorsFile(path)
+        names = set(f.tensors)
+        for name, info in f.tensors.items():
+            if name.endswith("_scale_inv"):
+                continue
+            a = f.read(name)
+            if info.dtype == "F8_E4M3":
+                a = ref.dequant_fp8_block(a.view(np.uint8), f.read(name + "_scale_inv"), block)
+            a = np.asarray(a).astype(np.float32)
+            if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+                base = name.rsplit(".", 1)[0]
+                for e in range(a.shape[0]):
+                    if name.endswith("gate_up_proj"):
+                        half = a.shape[1] // 2
+                        out[f"{base}.{e}.gate_proj.weight"] = a[e, :half]
+                        out[f"{base}.{e}.up_proj.weight"] = a[e, half:]
+                    else:
+                        out[f"{base}.{e}.down_proj.weight"] = a[e]
+            else:
+                out[name] = a
+        f.close()
+        assert names
+    return out
+
+
+def _encode(name: str, w: np.ndarray, label: str):
+    """(codes, scale, scale suffix, stamp) or None for a float tensor."""
+    if label == "f32" or w.ndim != 2:
+        return None
+    O, I = w.shape
+    if label.startswith("int4-g"):
+        fmt, gs = by_name("int4-grouped"), int(label[len("int4-g") :])
+    else:
+        fmt, gs = by_name(label), None
+    codes, scales = fmt.encode(w, gs, name=name, fast=False)
+    stamp = stamp_for(name, fmt.name, O, I, gs)
+    return codes, scales, stamp
+
+
+def build_container(fixture: Path, reference: dict, out: Path, layout: str = "pairs") -> Path:
+    """Write ``fixture`` into ``out`` with ``reference["tensor_formats"]``; returns ``out``."""
+    formats: dict[str, str] = reference["tensor_formats"]
+    weights = source_tensors(fixture)
+    missing = set(weights) ^ set(formats)
+    assert not missing, sorted(missing)[:5]
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((fixture / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for extra in ("tokenizer.json", "generation_config.json"):
+        if (fixture / extra).exists():
+            shutil.copy(fixture / extra, out / extra)
+
+    # Group routed experts: (prefix, expert) -> [(order, name)]
+    experts: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    others: list[str] = []
+    for name in sorted(weights):
+        m = _EXPERT.match(name)
+        if m:
+            experts.setdefault((m.group(1), int(m.group(2))), []).append((_ORDER[m.group(3)], name))
+        else:
+            others.append(name)
+
+    def emit(tensors: dict, shapes: dict, stamps: dict, names: list[str]) -> None:
+        codes_part, scale_part = {}, {}
+        for name in names:
+            w = weights[name]
+            enc = _encode(name, w, formats[name])
+            if enc is None:
+                codes_part[name] = w
+                continue
+            codes, scales, stamp = enc
+            if layout == "planar" and _EXPERT.match(name):
+                codes = pairs_to_planar(codes)
+            if formats[name] == "mxfp4":
+                base = name[: -len(".weight")]
+                codes_part[base + ".weight_packed"] = codes
+                scale_part[base + ".weight_scale"] = scales
+                shapes[base + ".weight_packed"] = w.shape
+            else:
+                codes_part[name] = codes
+                scale_part[name + ".qs"] = scales
+                shapes[name] = w.shape
+            if stamp:
+                stamps[name] = stamp
+        tensors.update(codes_part)
+        tensors.update(scale_part)
+
+    files: list[tuple[str, dict, dict, dict]] = []
+    main: dict = {}
+    main_shapes: dict = {}
+    main_stamps: dict = {}
+    emit(main, main_shapes, main_stamps, others)
+    by_layer: dict[str, list[tuple[int, list[str]]]] = {}
+    for (prefix, e), members in sorted(experts.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        by_layer.setdefault(prefix, []).append((e, [n for _, n in sorted(members)]))
+    for prefix, items in by_layer.items():
+        target, shapes, stamps = (main, main_shapes, main_stamps)
+        if layout == "planar":
+            target, shapes, stamps = {}, {}, {}
+        for _, names in sorted(items):
+            emit(target, shapes, stamps, names)
+        if layout == "planar":
+            files.append((f"experts-{prefix.replace('.', '-')}.safetensors", target, shapes, stamps))
+    files.insert(0, ("model-main.safetensors", main, main_shapes, main_stamps))
+    weight_map = {}
+    for fname, tensors, shapes, stamps in files:
+        meta = {SHAPES_KEY: encode_shapes(shapes)}
+        if stamps:
+            meta["colibri.fmt"] = encode_stamps(stamps)
+        if fname != "model-main.safetensors":
+            meta[LAYOUT_KEY] = PLANAR_LAYOUT
+        write_safetensors(out / fname, tensors, meta)
+        weight_map.update({n: fname for n in tensors})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return out

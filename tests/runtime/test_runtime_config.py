@@ -1,0 +1,124 @@
+"""ModelArgs absorbs the config spellings of transformers 5.x and of hub checkpoints; RoPE variants."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from colitools.errors import RuntimeModelError
+from colitools.runtime.config import ModelArgs, RopeArgs, mla_softmax_scale
+from colitools.runtime.rope import Rope, inv_freq_and_scaling
+
+BASE = dict(vocab_size=10, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_experts_per_tok=2)
+MLA = dict(q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
+
+
+def test_expert_count_spellings():
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        a = ModelArgs.from_config({"model_type": "olmoe", key: 6, **BASE, "intermediate_size": 32})
+        assert a.num_experts == 6
+
+
+def test_head_dim_null_means_hidden_over_heads_and_kv_heads_default():
+    a = ModelArgs.from_config({"model_type": "qwen3_moe", "num_experts": 4, "head_dim": None, **BASE,
+                               "moe_intermediate_size": 16})  # fmt: skip
+    assert a.head_dim == 16 and a.num_key_value_heads == 4 and a.moe_intermediate_size == 16
+
+
+def test_hub_rope_scaling_equals_rope_parameters():
+    yarn = {"factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32, "beta_slow": 1,
+            "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+    common = {"model_type": "deepseek_v3", "n_routed_experts": 8, **BASE, **MLA, "intermediate_size": 32,
+              "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}  # fmt: skip
+    new = ModelArgs.from_config(
+        {**common, "rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, **yarn}}
+    )
+    hub = ModelArgs.from_config({**common, "rope_theta": 500.0, "rope_scaling": {"type": "yarn", **yarn}})
+    assert (
+        new.rope == hub.rope and new.rope.rope_type == "yarn" and new.rope.dim == 8 and new.rope.interleaved
+    )
+    # mscale_all_dim scales the softmax scale by mscale^2
+    m = 0.1 * math.log(4.0) + 1
+    assert mla_softmax_scale(hub) == pytest.approx(16**-0.5 * m * m)
+
+
+def test_partial_rotary_and_layer_schedules():
+    g = ModelArgs.from_config(
+        {
+            "model_type": "glm4_moe",
+            "n_routed_experts": 8,
+            **BASE,
+            "head_dim": 24,
+            "intermediate_size": 32,
+            "moe_intermediate_size": 16,
+            "first_k_dense_replace": 2,
+        }
+    )
+    assert g.rope.dim == 12 and g.moe_layers == [False, False, True, True] and g.router == "noaux_tc"
+    q = ModelArgs.from_config({"model_type": "qwen2_moe", "num_experts": 8, **BASE, "intermediate_size": 32,
+                               "moe_intermediate_size": 16, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                               "shared_expert_intermediate_size": 24})  # fmt: skip
+    assert q.moe_layers == [False, True, False, False] and q.shared_expert_gated
+    m = ModelArgs.from_config(
+        {"model_type": "mixtral", "num_local_experts": 4, **BASE, "intermediate_size": 32}
+    )
+    assert m.norm_topk_prob and m.rope.theta == 1e6 and m.moe_intermediate_size == 32
+
+
+def test_glm5_indexer_types_from_pattern_or_frequency():
+    common = {"model_type": "glm_moe_dsa", "n_routed_experts": 8, **BASE, **MLA, "intermediate_size": 32,
+              "moe_intermediate_size": 16, "index_topk": 4, "index_head_dim": 16, "index_n_heads": 2}  # fmt: skip
+    assert ModelArgs.from_config({**common, "index_topk_pattern": "FSSF"}).indexer_full == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    a = ModelArgs.from_config({**common, "index_topk_freq": 2, "index_skip_topk_offset": 1})
+    assert a.indexer_full == [True, False, True, False]
+    assert ModelArgs.from_config(common).indexer_full == [True] * 4
+
+
+def test_unsupported_model_type_is_a_clear_error():
+    with pytest.raises(RuntimeModelError, match="model_type 'llama' is not supported"):
+        ModelArgs.from_config({"model_type": "llama", **BASE})
+
+
+def test_yarn_frequencies_follow_the_ramp():
+    rope = RopeArgs(rope_type="yarn", theta=10000.0, dim=16, factor=4.0, original_max_position_embeddings=16,
+                    mscale=1.0, mscale_all_dim=1.0)  # fmt: skip
+    inv, scaling = inv_freq_and_scaling(rope)
+    i = np.arange(8)
+    extra = 10000.0 ** (-2 * i / 16)
+    low = max(math.floor(16 * math.log(16 / (32 * 2 * math.pi)) / (2 * math.log(10000))), 0)
+    high = min(math.ceil(16 * math.log(16 / (1 * 2 * math.pi)) / (2 * math.log(10000))), 15)
+    ramp = np.clip((i - low) / (high - low), 0, 1)
+    np.testing.assert_allclose(inv, extra / 4 * ramp + extra * (1 - ramp), rtol=2e-6)
+    assert scaling == 1.0  # mscale == mscale_all_dim
+
+
+def test_interleaved_and_half_rope_are_the_same_rotation_up_to_a_permutation():
+    rng = np.random.default_rng(1)
+    q, k = rng.standard_normal((2, 3, 2, 8)).astype(np.float32)
+    pos = np.arange(3)
+    half = Rope(RopeArgs(dim=8))
+    inter = Rope(RopeArgs(dim=8, interleaved=True))
+    perm = np.r_[0:8:2, 1:8:2]  # interleaved pairs (2i, 2i+1) -> half pairs (i, i + 4)
+    c, s = half.cos_sin(pos)
+    np.testing.assert_allclose(inter.apply(q, c, s), half.apply(q[..., perm], c, s), rtol=1e-6)
+    # dot products between positions are what RoPE is for
+    qi, ki = inter.apply(q, c, s), inter.apply(k, c, s)
+    qh, kh = half.apply(q[..., perm], c, s), half.apply(k[..., perm], c, s)
+    np.testing.assert_allclose(
+        np.einsum("nhd,mhd->nmh", qi, ki), np.einsum("nhd,mhd->nmh", qh, kh), atol=1e-5
+    )
+
+
+def test_partial_rope_leaves_the_tail_untouched():
+    x = np.random.default_rng(2).standard_normal((2, 1, 24)).astype(np.float32)
+    r = Rope(RopeArgs(dim=12))
+    c, s = r.cos_sin(np.array([0, 5]))
+    y = r.apply(x, c, s)
+    assert np.array_equal(y[..., 12:], x[..., 12:]) and np.array_equal(y[0], x[0])  # position 0 = identity

@@ -1,0 +1,155 @@
+"""``colitools verify container DIR``: is a converted folder complete and sound?
+
+Checks, in order: every shard's header is valid and the index covers exactly the tensors present; every
+tensor resolves to one format from its bytes (FORMATS-SPEC §3); every scale tensor is finite (F32 ``.qs``) or
+not the E8M0 NaN byte (mxfp4); and, when the folder has a ``colitools.json`` manifest, the conversion is
+complete and every recorded file has the recorded size and sha256. Problems are collected (not raised) so one
+run reports all of them; a folder that cannot be opened at all raises ``FormatError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colitools.formats.errors import ColitoolsError
+from colitools.formats.inspect import open_model
+from colitools.formats.resolver import resolve_container
+
+MANIFEST = "colitools.json"
+_HASH_CHUNK = 8 << 20
+
+
+@dataclass
+class ContainerReport:
+    """Outcome of ``verify_container``: ``problems`` empty means the folder is sound."""
+
+    path: str
+    shards: int = 0
+    tensors: int = 0
+    formats: dict[str, int] = field(default_factory=dict)
+    hashed_files: int = 0
+    hashed_bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "colitools.verify.container/1",
+            "path": self.path,
+            "ok": self.ok,
+            "shards": self.shards,
+            "tensors": self.tensors,
+            "formats": dict(sorted(self.formats.items())),
+            "hashed_files": self.hashed_files,
+            "hashed_bytes": self.hashed_bytes,
+            "problems": self.problems,
+            "warnings": self.warnings,
+        }
+
+
+def sha256_file(path: Path, progress: Callable[[int], Any] | None = None) -> str:
+    """sha256 of a file read in 8 MiB chunks (``progress(nbytes)`` after each)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            h.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progress: bool = False) -> ContainerReport:
+    """Verify the converted folder (or single file) at ``path``; see the module docstring."""
+    root = Path(path)
+    report = ContainerReport(str(root))
+    model = open_model(root)  # raises FormatError for an unreadable container: nothing else can be checked
+    report.shards = len(model.shards)
+    report.warnings.extend(model.warnings)
+    try:
+        resolved = resolve_container(model.shards, config=model.config)
+    except ColitoolsError as exc:
+        report.problems.append(str(exc))
+        resolved = {}
+    report.tensors = len(resolved)
+    shard_by_name = {s.path.name: s for s in model.shards}
+    for t in resolved.values():
+        if t.kind in ("quantized", "float") and t.format is not None:
+            report.formats[t.format.label] = report.formats.get(t.format.label, 0) + 1
+        if t.kind == "scale":
+            _check_scale(shard_by_name[Path(t.file).name], t.name, t.dtype, report)
+    if root.is_dir():
+        _check_manifest(root, report, hashes=hashes, progress=progress)
+    return report
+
+
+def _check_scale(shard: Any, name: str, dtype: str, report: ContainerReport) -> None:
+    values = shard.read(name)
+    if dtype == "F32":
+        bad = ~np.isfinite(values)
+        if bad.any():
+            report.problems.append(
+                f"{shard.path.name}: scale tensor {name} has {int(bad.sum())} non-finite value(s), "
+                f"first at flat index {int(np.flatnonzero(bad.ravel())[0])}"
+            )
+    elif dtype in ("U8", "F8_E8M0"):
+        raw = np.asarray(values).view(np.uint8)
+        if (raw == 0xFF).any():  # E8M0 0xFF is NaN
+            report.problems.append(f"{shard.path.name}: E8M0 scale tensor {name} holds the NaN byte 0xFF")
+
+
+def _check_manifest(root: Path, report: ContainerReport, *, hashes: bool, progress: bool) -> None:
+    path = root / MANIFEST
+    if not path.is_file():
+        report.warnings.append(f"no {MANIFEST}: sizes and sha256 not checked against a manifest")
+        return
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        units = manifest["units"]
+        records = [f for unit in units.values() for f in unit["files"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        report.problems.append(f"{path}: unreadable manifest ({exc})")
+        return
+    if manifest.get("state") != "complete":
+        report.problems.append(f"{path}: conversion state is {manifest.get('state')!r}, not 'complete' (resume it)")
+    planned = [f.get("name") for f in (manifest.get("plan") or {}).get("files", [])]
+    recorded = {r.get("name") for r in records}
+    missing = [n for n in planned if n not in recorded]
+    if missing:
+        report.problems.append(f"{path}: {len(missing)} planned file(s) not recorded as finished, e.g. {missing[0]}")
+    bar = None
+    if progress and hashes:
+        from tqdm import tqdm
+
+        total = sum(int(r.get("size", 0)) for r in records)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="sha256", leave=False)
+    try:
+        for rec in records:
+            name, size, digest = rec.get("name"), rec.get("size"), rec.get("sha256")
+            f = root / str(name)
+            if not f.is_file():
+                report.problems.append(f"{f}: recorded in {MANIFEST} but missing")
+                continue
+            if f.stat().st_size != size:
+                report.problems.append(f"{f}: size {f.stat().st_size}, manifest says {size}")
+                continue
+            if hashes:
+                actual = sha256_file(f, bar.update if bar else None)
+                report.hashed_files += 1
+                report.hashed_bytes += int(size)
+                if actual != digest:
+                    report.problems.append(f"{f}: sha256 {actual}, manifest says {digest}")
+    finally:
+        if bar:
+            bar.close()

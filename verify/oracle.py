@@ -1,0 +1,196 @@
+"""``colitools verify oracle``: convert a committed oracle fixture with a recipe, run the result with the
+reference runtime, and compare with the transformers reference token by token.
+
+A fixture folder (``oracles/<name>/``) is a Hugging Face model folder plus ``reference/<recipe>.json`` files
+written by ``oracles/make_oracles.py`` (schema in ``oracles/README.md``). For every recipe this checks:
+
+* the converter gave every tensor the format the oracle generator chose independently (``tensor_formats``);
+* all greedy tokens are identical (runtime with a KV cache vs transformers' greedy generation);
+* the teacher-forced argmax is identical at every position;
+* the last-position logits agree within ``atol`` (catches e.g. an RMSNorm eps error that leaves tokens intact).
+
+Positions whose reference top-1/top-2 margin is below ``NEAR_TIE`` are reported as near-ties instead of
+mismatches (no committed oracle has any). The converted container is also checked with ``verify_container``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colitools.errors import VerifyError
+
+NEAR_TIE = 1e-4
+DEFAULT_ATOL = 1e-4
+REFERENCE_DIR = "reference"
+
+# recipe_formats keys of a reference -> ConvertOptions fields
+_OPTION_KEYS = ("experts", "dense", "embed", "mtp", "layout")
+
+
+@dataclass
+class RecipeResult:
+    """The comparison of one fixture x recipe."""
+
+    fixture: str
+    recipe: str
+    greedy_total: int = 0
+    greedy_matched: int = 0
+    first_greedy_mismatch: int | None = None
+    forced_total: int = 0
+    forced_matched: int = 0
+    near_ties: list[int] = field(default_factory=list)
+    logits_max_abs_diff: float = float("nan")
+    format_mismatches: list[str] = field(default_factory=list)
+    container_problems: list[str] = field(default_factory=list)
+    generated_ids: list[int] = field(default_factory=list)
+    expected_ids: list[int] = field(default_factory=list)
+    atol: float = DEFAULT_ATOL
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.greedy_matched == self.greedy_total
+            and self.forced_matched + len(self.near_ties) == self.forced_total
+            and self.logits_max_abs_diff <= self.atol
+            and not self.format_mismatches
+            and not self.container_problems
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["ok"] = self.ok
+        d["logits_max_abs_diff"] = float(self.logits_max_abs_diff)
+        return d
+
+
+def fixture_recipes(fixture_dir: Path) -> list[str]:
+    """The recipes a fixture has references for, in a stable order (f32 first)."""
+    ref_dir = fixture_dir / REFERENCE_DIR
+    if not ref_dir.is_dir():
+        raise VerifyError(f"{fixture_dir}: not an oracle fixture (no {REFERENCE_DIR}/ folder)")
+    names = sorted(p.stem for p in ref_dir.glob("*.json"))
+    for n in list(names):  # a reference may stand for several recipes (planar shares default's values)
+        shared = _read_json(ref_dir / f"{n}.json").get("recipes_sharing_this_reference") or []
+        names += [r for r in shared if r not in names]
+    order = ["f32", "default", "int3", "mxfp4", "planar"]
+    return sorted(names, key=lambda n: (order.index(n) if n in order else len(order), n))
+
+
+def load_reference(fixture_dir: Path, recipe: str) -> dict[str, Any]:
+    """The reference of ``recipe``; ``planar`` uses default's (same values, only the byte layout differs)."""
+    ref_dir = fixture_dir / REFERENCE_DIR
+    path = ref_dir / f"{recipe}.json"
+    if not path.is_file():
+        for other in sorted(ref_dir.glob("*.json")):
+            if recipe in (_read_json(other).get("recipes_sharing_this_reference") or []):
+                path = other
+                break
+        else:
+            have = ", ".join(fixture_recipes(fixture_dir)) or "none"
+            raise VerifyError(f"{fixture_dir}: no reference for recipe {recipe!r} (have: {have})")
+    ref = _read_json(path)
+    if recipe == "planar":
+        ref["recipe_formats"] = {**(ref.get("recipe_formats") or {}), "layout": "planar"}
+    ref["recipe"] = recipe
+    return ref
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise VerifyError(f"{path}: unreadable reference ({exc})") from None
+    if not isinstance(value, dict):
+        raise VerifyError(f"{path}: a reference must be a JSON object")
+    return value
+
+
+def reference_logits(fixture_dir: Path, ref: dict[str, Any]) -> np.ndarray:
+    """The reference logits rows ``[2, V]``: greedy last step, teacher-forced last position."""
+    import zstandard
+
+    path = fixture_dir / REFERENCE_DIR / ref["logits"]["file"]
+    raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
+    return np.load(io.BytesIO(raw), allow_pickle=False)
+
+
+def convert_options(ref: dict[str, Any]):
+    """ConvertOptions for the reference's recipe (``recipe_formats``)."""
+    from colitools.converters.options import ConvertOptions
+
+    formats = ref.get("recipe_formats") or {}
+    kwargs = {k: formats[k] for k in _OPTION_KEYS if formats.get(k) is not None}
+    return ConvertOptions(**kwargs, progress=False, min_free_gb=0.0)
+
+
+def verify_recipe(
+    fixture_dir: str | os.PathLike[str], recipe: str, *, cap: int | None = None, atol: float = DEFAULT_ATOL,
+    workdir: str | os.PathLike[str] | None = None,
+) -> RecipeResult:
+    """Convert ``fixture_dir`` with ``recipe`` into a temporary folder, run it, compare with the reference."""
+    from colitools.converters.runner import convert
+    from colitools.formats.inspect import open_model
+    from colitools.formats.resolver import resolve_container
+    from colitools.runtime import load_model
+    from colitools.runtime.generate import generate
+    from colitools.verify.container import verify_container
+
+    fixture_dir = Path(fixture_dir)
+    ref = load_reference(fixture_dir, recipe)
+    result = RecipeResult(fixture_dir.name, recipe, atol=atol)
+    with tempfile.TemporaryDirectory(prefix=f"colitools-oracle-{fixture_dir.name}-{recipe}-", dir=workdir) as tmp:
+        out = Path(tmp) / "converted"
+        convert(str(fixture_dir), out, convert_options(ref))
+        result.container_problems = verify_container(out).problems
+        model_files = open_model(out)
+        resolved = resolve_container(model_files.shards, config=model_files.config)
+        for name, expected in sorted((ref.get("tensor_formats") or {}).items()):
+            got = resolved.get(name)
+            if got is None and name.endswith(".weight"):  # mxfp4 stores <base>.weight as <base>.weight_packed
+                got = resolved.get(name + "_packed")
+            label = got.format.label if got is not None and got.format is not None else None
+            if label != expected:
+                result.format_mismatches.append(f"{name}: converted as {label}, oracle expects {expected}")
+        prompt = [int(t) for t in ref["prompt_ids"]]
+        expected_ids = [int(t) for t in ref["generated_ids"]]
+        forced = ref["teacher_forced"]
+        with load_model(out, cap=cap, record_usage=False) as model:
+            gen = generate(model, prompt, len(expected_ids))
+            argmax, last = model.score([int(t) for t in forced["input_ids"]])
+    result.generated_ids, result.expected_ids = gen.generated_ids, expected_ids
+    result.greedy_total = len(expected_ids)
+    for i, (a, b) in enumerate(zip(gen.generated_ids, expected_ids, strict=False)):
+        if a != b:
+            result.first_greedy_mismatch = i
+            break
+        result.greedy_matched += 1
+    margins = forced.get("margins") or [float("inf")] * len(forced["argmax"])
+    result.forced_total = len(forced["argmax"])
+    for pos, (a, b) in enumerate(zip(argmax, forced["argmax"], strict=False)):
+        if a == b:
+            result.forced_matched += 1
+        elif margins[pos] < NEAR_TIE:
+            result.near_ties.append(pos)
+    want = reference_logits(fixture_dir, ref)
+    got_rows = np.stack([np.asarray(gen.last_logits, np.float32), np.asarray(last, np.float32)])
+    if got_rows.shape == want.shape:
+        result.logits_max_abs_diff = float(np.max(np.abs(got_rows - want)))
+    return result
+
+
+def verify_oracle(
+    fixture_dir: str | os.PathLike[str], recipes: list[str] | None = None, *, cap: int | None = None,
+    atol: float = DEFAULT_ATOL,
+) -> list[RecipeResult]:
+    """``verify_recipe`` for each recipe (all the fixture has references for when ``recipes`` is None)."""
+    fixture_dir = Path(fixture_dir)
+    names = recipes or fixture_recipes(fixture_dir)
+    return [verify_recipe(fixture_dir, r, cap=cap, atol=atol) for r in names]
