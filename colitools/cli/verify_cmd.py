@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +25,7 @@ def verify_container_command(
     Exit 0 when sound, 4 when problems were found, 1 when the folder could not be read."""
     from colitools.verify.container import verify_container
 
-    report = verify_container(path, hashes=not no_hash, progress=not as_json)
+    report = verify_container(path, hashes=not no_hash, progress=not as_json and sys.stderr.isatty())
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
