@@ -123,15 +123,21 @@ def main(argv: list[str] | None = None) -> int:
         "GB/s = input bytes per second (BF16: 2 B/weight, FP8: 1 B/weight, gguf Q4_0: 2 B/weight BF16-equivalent);"
     )
     print("x gguf = weights per second relative to gguf-py Q4_0 on the same matrix in this run;")
-    print("cpu% = process CPU time / wall time of the reported run (200 = both cores busy with this process)")
+    print(
+        "cpu% = process CPU time / wall time of the reported run (200 = both cores busy with this process);"
+    )
+    print(
+        "GB/cpu-s = input bytes per CPU-second of this process (all threads): the per-core rate, which other"
+    )
+    print("load on the machine does not change")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()
-    header = f"{'case':<22} {'threads':>7} {'ms':>9} {'cpu%':>5} {'GB/s':>7} {'Mw/s':>8} {'x gguf':>8}"
+    header = f"{'case':<22} {'threads':>7} {'ms':>9} {'cpu%':>5} {'GB/s':>7} {'GB/cpu-s':>8} {'Mw/s':>8} {'x gguf':>8}"
     print(header)
     print("-" * len(header))
     print(
         f"{'gguf-py Q4_0 (numpy)':<22} {1:>7} {t_gguf * 1e3:>9.1f} {100 * c_gguf / t_gguf:>5.0f} "
-        f"{2 * n / t_gguf / 1e9:>7.3f} {n / t_gguf / 1e6:>8.1f} {1.0:>8.2f}"
+        f"{2 * n / t_gguf / 1e9:>7.3f} {2 * n / c_gguf / 1e9:>8.3f} {n / t_gguf / 1e6:>8.1f} {1.0:>8.2f}"
     )
     results: dict[tuple[str, int], tuple[float, float]] = {}
     for label, fn, nbytes in cases:
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             results[(label, threads)] = (nbytes / t / 1e9, t_gguf / t)
             print(
                 f"{label:<22} {threads:>7} {t * 1e3:>9.1f} {100 * c / t:>5.0f} {nbytes / t / 1e9:>7.3f} "
-                f"{n / t / 1e6:>8.1f} {t_gguf / t:>8.2f}"
+                f"{nbytes / c / 1e9:>8.3f} {n / t / 1e6:>8.1f} {t_gguf / t:>8.2f}"
             )
     numba.set_num_threads(max_threads)
 
