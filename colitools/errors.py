@@ -8,6 +8,7 @@ from colitools.formats.errors import (
     FormatError,
     ResolveError,
     SafetensorsError,
+    UsageFileError,
 )
 
 __all__ = [
@@ -36,10 +37,6 @@ class DiskFloorStop(ConvertError):
 
 class MirrorError(ColitoolsError):
     """A mirror plan/stage/verify failure caused by input or environment."""
-
-
-class UsageFileError(ColitoolsError):
-    """A malformed or incompatible ``.coli_usage`` routing history."""
 
 
 class RuntimeModelError(ColitoolsError):

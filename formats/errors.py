@@ -29,3 +29,7 @@ class ResolveError(FormatError):
 
 class EncodeError(FormatError):
     """A tensor that cannot be encoded (NaN/inf input, unsupported shape for the format)."""
+
+
+class UsageFileError(ColitoolsError):
+    """A malformed or incompatible ``.coli_usage`` routing history."""

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.errors import UsageFileError
+from colitools.formats.errors import UsageFileError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -39,11 +39,6 @@ VERSION_RECORD = -2
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
 _INT = re.compile(r"[+-]?[0-9]+")
-
-
-# UsageFileError is declared in `colitools.errors` (INTERNALS.md), a leaf module that depends only on
-# `colitools.formats.errors`; importing it here keeps one class for the runtime, the planner and the CLI.
-# (Cleaner still would be to declare it in `formats/errors.py` and re-export it; that file is not ours.)
 
 
 def engine_id(name: str) -> int:

@@ -158,7 +158,7 @@ def stage_mirror(
         with _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar:
             for f in to_check:
                 source_sha = _hash_recording(f.source, trusted, bar.update)
-                target_sha = _hash_recording(root / f.name, trusted, bar.update)
+                target_sha = _hash_recording(root / f.name, trusted, bar.update, from_device=True)
                 if source_sha == target_sha:
                     kept[f.name] = source_sha
         to_copy = [f for f in plan.files if f.name not in kept]
@@ -267,9 +267,11 @@ def _same_size_file(path: Path, size: int) -> bool:
     return sig is not None and sig[2] == size
 
 
-def _hash_recording(path: Path, trusted: dict[str, tuple[StatSignature, str]], update) -> str:
+def _hash_recording(
+    path: Path, trusted: dict[str, tuple[StatSignature, str]], update, *, from_device: bool = False
+) -> str:
     before = stat_signature(path)
-    sha = sha256_file(path, progress=update)
+    sha = sha256_file(path, progress=update, from_device=from_device)
     if before is not None and before == stat_signature(path):
         trusted[str(path)] = (before, sha)
     return sha

@@ -151,13 +151,13 @@ class _Hasher:
         self.trusted = trusted or {}
         self.progress = progress
 
-    def __call__(self, path: Path) -> str:
+    def __call__(self, path: Path, *, from_device: bool = False) -> str:
         known = self.trusted.get(str(path))
         if known is not None and known[0] == stat_signature(path):
             if self.progress is not None:
                 self.progress(known[0][2])
             return known[1]
-        return sha256_file(path, progress=self.progress)
+        return sha256_file(path, progress=self.progress, from_device=from_device)
 
 
 def _find_primary(name: str, directories: Sequence[Path]) -> Path | None:
@@ -279,7 +279,7 @@ def _verify_receipt_files(
         _check_engine_acceptance(check, path, primary)
         if not _check_mirror_file(check, path, size):
             continue
-        check.sha256 = hasher(path)
+        check.sha256 = hasher(path, from_device=True)  # what the mirror drive holds, not the page cache
         if check.sha256 != digest:
             check.problems.append(f"sha256 {check.sha256} differs from the receipt's {digest}")
         if primaries:
@@ -341,6 +341,6 @@ def _verify_full(result: MirrorVerification, primaries: list[Path], hasher: _Has
             check.problems.append(f"header does not parse: {exc}")
         if primary_header is not None and read_raw_header(path) != primary_header:
             check.problems.append("header bytes differ from the primary's")
-        check.sha256 = hasher(path)
+        check.sha256 = hasher(path, from_device=True)
         if check.sha256 != hasher(primary):
             check.problems.append("sha256 differs from the primary's")

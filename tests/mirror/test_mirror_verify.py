@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import struct
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +22,23 @@ from colitools.mirror.verify import RECEIPT, safe_shard_name, verify_mirror
 
 
 @pytest.fixture
-def staged(tmp_path) -> tuple[Path, Path]:
+def fast_tmp(tmp_path) -> Iterator[Path]:
+    """A directory on tmpfs when there is one: verify reads mirror files from the device (O_DIRECT), which
+    on a disk makes the kernel write each freshly flipped byte back first; tmpfs has no such write-back."""
+    if not os.access("/dev/shm", os.W_OK):
+        yield tmp_path
+        return
+    d = Path(tempfile.mkdtemp(prefix="colitools-test-", dir="/dev/shm"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def staged(fast_tmp) -> tuple[Path, Path]:
     """A staged mirror of two shards: `small` (written by the safetensors library, compact header) and `a`."""
-    model, mirror = tmp_path / "model", tmp_path / "mirror"
+    model, mirror = fast_tmp / "model", fast_tmp / "mirror"
     model.mkdir()
     write_config(model, n_layers=2, n_experts=4)
     base = "model.layers.0.mlp.experts.0"
