@@ -25,6 +25,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
+from colitools.formats import resolver
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
@@ -321,7 +322,8 @@ def choose_target(name: str, role: Role, option: str, O: int, I: int, source: So
     A fallback goes to int8-row and carries its reason. Routed experts are never stamped: an expert whose
     bytes would be ambiguous falls back instead. (The decision does not depend on the name: it is computed
     once per distinct ``(role, option, O, I, source)``, which keeps planning a 100k-tensor model fast.)"""
-    target = _choose_target(role is Role.EXPERT, role is Role.FLOAT, option, O, I, source)
+    routed = role is Role.EXPERT or expert_of(name) is not None  # MTP layers have routed experts too
+    target = _choose_target(routed, role is Role.FLOAT, option, O, I, source)
     if target.fallback is not None:
         fb = target.fallback
         target = replace(target, fallback=Fallback(name, fb.requested, fb.written, fb.reason))
@@ -339,8 +341,6 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
         return Target(choice.option)
 
     def fallback(reason: str) -> Target:
-        from colitools.formats import resolver
-
         try:  # int8-row is ambiguous only against e8-iq3-lattice (I == 98), which a stamp settles
             stamp = resolver.stamp_for(name, FALLBACK_FORMAT, O, I, None, allow_stamp=True)
         except FormatError as exc:  # pragma: no cover - not reachable with the spec's signatures
@@ -371,8 +371,6 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
         choice.fmt.check_encodable(O, I, name=name)
     except FormatError as exc:
         return fallback(_reason(name, exc))
-    from colitools.formats import resolver
-
     try:  # §3: stamp only genuinely ambiguous signatures, never a routed expert; else fall back
         stamp = resolver.stamp_for(name, fmt_name, O, I, gs, allow_stamp=role is not Role.EXPERT)
         resolver.check_roundtrip(name, fmt_name, gs, O, I, stamp)
