@@ -4,7 +4,8 @@
    * ``hot``: one matrix, the same call repeated (the weight stays in cache; 260 MB L3 on this machine);
    * ``stream``: a ring of distinct matrices larger than the last-level cache, each used once per pass —
      what an MoE decode step does with its experts.
-   Best of ``--repeat``; ratio = BLAS time / int4 time.
+   Best of ``--repeat``; ratio = BLAS time / int4 time; measured with 2 threads each and with 1 thread each
+   (OpenBLAS and the runtime's pool), each in its own subprocess.
 2. **Decode tok/s** of a generated model with half the depth of OLMoE-1B-7B (8 layers, hidden 2048, 64
    experts, top-8, expert intermediate 1024, vocab 50304) stored as a colitools container with random codes:
    int4-g64 experts, int8-row attention / embeddings / head, F32 norms and routers. The runtime runs it in a
@@ -258,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--_ours", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--_matvec", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args._matvec:
+        print(json.dumps(bench_matvec(args.repeat, args.stream_mb)))
+        return 0
     if args._ours:
         print(json.dumps(run_ours(args._ours, args.tokens)))
         return 0
@@ -270,12 +275,21 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "\nint4-g64 matvec (numba, codes read in place) vs float32 BLAS matvec np.dot(W, x), same [O, I]"
         )
-        print(f"{'shape':>14} {'hot BLAS':>10} {'hot int4':>10} {'ratio':>6}   {'stream BLAS':>11} "
-              f"{'stream int4':>11} {'ratio':>6}  ring")  # fmt: skip
-        for r in bench_matvec(args.repeat, args.stream_mb):
-            print(f"{str(r['shape']):>14} {r['hot_blas_us']:>8.0f}us {r['hot_int4_us']:>8.0f}us {r['hot_ratio']:>5.2f}x"
-                  f"   {r['stream_blas_us']:>9.0f}us {r['stream_int4_us']:>9.0f}us {r['stream_ratio']:>5.2f}x  "
-                  f"{r['ring']}")  # fmt: skip
+        for threads in (2, 1):
+            # Thread counts are fixed at process start (OpenBLAS reads its env once): one subprocess each.
+            env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "COLITOOLS_THREADS": str(threads)}
+            cmd = [sys.executable, __file__, "--_matvec", "--repeat", str(args.repeat), "--stream-mb",
+                   str(args.stream_mb)]  # fmt: skip
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if r.returncode:
+                raise SystemExit(r.stderr[-3000:])
+            print(f"  {threads} thread(s) each:")
+            print(f"  {'shape':>14} {'hot BLAS':>10} {'hot int4':>10} {'ratio':>6}   {'stream BLAS':>11} "
+                  f"{'stream int4':>11} {'ratio':>6}  ring")  # fmt: skip
+            for row in json.loads(r.stdout):
+                print(f"  {str(row['shape']):>14} {row['hot_blas_us']:>8.0f}us {row['hot_int4_us']:>8.0f}us "
+                      f"{row['hot_ratio']:>5.2f}x   {row['stream_blas_us']:>9.0f}us {row['stream_int4_us']:>9.0f}us "
+                      f"{row['stream_ratio']:>5.2f}x  {row['ring']}")  # fmt: skip
     if not args.skip_decode:
         print(f"\ndecode: OLMoE-1B-7B at half depth ({MODEL['num_hidden_layers']} layers, hidden 2048, 64 experts, "
               f"top-8), int4-g64 experts / int8-row dense, {args.tokens} tokens after a 16-token prompt")  # fmt: skip

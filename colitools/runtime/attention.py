@@ -123,7 +123,12 @@ class DSAIndexer:
     """GLM-5's lightning indexer: picks ``index_topk`` keys per query (transformers ``GlmMoeDsaIndexer``).
 
     ``q = wq_b(q_resid)`` and ``k = LayerNorm(wk(x))`` (eps 1e-6), rope on the first ``qk_rope_head_dim`` dims
-    (interleaved); score ``sum_h w_h * relu(q_h . k * D^-0.5)`` with ``w = weights_proj(x) * Hi^-0.5``."""
+    (interleaved); score ``sum_h w_h * relu(q_h . k * D^-0.5)`` with ``w = weights_proj(x) * Hi^-0.5``.
+
+    Ties: a key whose every head score is negative gets an index score of exactly 0, so exact ties at the
+    selection boundary are common once fewer than ``index_topk`` keys score above 0. Among tied keys this picks
+    the earliest positions; transformers' CPU ``topk`` picks in libstdc++ introselect order (unspecified), so
+    tied selections can differ from it. The oracles are seed-checked to have no tie at the boundary."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, rope: Rope):
         p = f"model.layers.{layer}.self_attn.indexer"

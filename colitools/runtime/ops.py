@@ -37,11 +37,13 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (F32(1.0) + np.exp(-x))
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives the right limit, -0
+        return x / (F32(1.0) + np.exp(-x))
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return F32(1.0) / (F32(1.0) + np.exp(-x))
+    with np.errstate(over="ignore"):
+        return F32(1.0) / (F32(1.0) + np.exp(-x))
 
 
 class Linear:

@@ -7,6 +7,7 @@ inline, so nothing nests. ``COLITOOLS_THREADS`` overrides the size (default: the
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -40,15 +41,36 @@ def _get_pool() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(n_workers(), thread_name_prefix="colitools", initializer=_mark_worker)
+            _pool = ThreadPoolExecutor(
+                n_workers() - 1, thread_name_prefix="colitools", initializer=_mark_worker
+            )
         return _pool
 
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """``[fn(x) for x in items]``, concurrently when there is more than one item and a pool to run them."""
-    if len(items) < 2 or n_workers() < 2 or in_worker():
+    """``[fn(x) for x in items]``, concurrently when there is more than one item and more than one CPU.
+
+    The calling thread works too: it and ``n_workers() - 1`` pool threads take items from a shared counter
+    until none are left, so one wake-up per helper thread is the only hand-off cost."""
+    n = len(items)
+    if n < 2 or n_workers() < 2 or in_worker():
         return [fn(x) for x in items]
-    return list(_get_pool().map(fn, items))
+    results: list = [None] * n
+    counter = itertools.count()  # next() is atomic under the GIL
+
+    def drain() -> None:
+        while (i := next(counter)) < n:
+            results[i] = fn(items[i])
+
+    helpers = [_get_pool().submit(drain) for _ in range(min(n_workers() - 1, n - 1))]
+    _local.worker = True
+    try:
+        drain()
+    finally:
+        _local.worker = False
+        for h in helpers:
+            h.result()
+    return results
 
 
 def row_chunks(O: int, align: int = 1) -> list[tuple[int, int]]:

@@ -1,11 +1,12 @@
-"""Loading weights: checkpoint name mapping, dense weights (decoded at load) and stored-expert descriptions.
+"""Loading weights: checkpoint name mapping, resident dense weights and stored-expert descriptions.
 
 A model directory is either a converted container (U8 codes + ``.qs`` scales, mxfp4 pairs, float tensors; any
 format the resolver knows, pairs or planar layout) or an unconverted checkpoint (F32/BF16/F16, or FP8 e4m3 with
 ``weight_scale_inv`` block scales). ``Checkpoint`` opens every shard once, resolves every tensor with
 ``resolve_container`` and maps checkpoint names onto the runtime's canonical names (``sanitize``). Dense weights
-are decoded to float32 at load; routed experts are described by ``Stored`` records (file, byte ranges, format)
-that the ``ExpertStore`` reads on demand.
+are read once at load and stay resident in kernel-ready form (``qtensor``: quantized codes as stored, float
+sources and FP8 with non-128 blocks as float32); routed experts are described by ``Stored`` records (file, byte
+ranges, format) that the ``ExpertStore`` reads on demand.
 """
 
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
