@@ -153,3 +153,12 @@ def test_ambiguous_fp8_is_stamped_but_an_expert_falls_back():
 def test_option_for_roles():
     r = Recipe.from_options(experts="mxfp4", dense="int4-row", embed="bf16", mtp="int3-g64")
     assert [r.option_for(x) for x in Role] == ["f32", "int3-g64", "bf16", "mxfp4", "int4-row"]
+
+
+def test_one_row_expert_at_width_98_keeps_a_stamped_int8_fallback():
+    # [1, 98]: int4-row would be 49 B (fine), but mxfp4 needs I % 32 == 0 -> int8-row fallback, whose
+    # 98 weight bytes + 4 scale bytes equal e8-iq3-lattice's signature (1 * ceil(98/256) * 98, scale [1]).
+    # The spec's "never stamp a routed expert" and "fall back to int8-row" conflict here; we stamp
+    # (docs/FORMATS.md, "Fallback chains").
+    t = choose_target("m.experts.0.up_proj.weight", Role.EXPERT, "mxfp4", 1, 98, BF16)
+    assert t.fmt == "int8-row" and t.stamp == "int8-row" and t.fallback is not None
