@@ -173,7 +173,7 @@ from pathlib import Path
 import numpy as np, torch
 from transformers import OlmoeConfig, OlmoeForCausalLM
 from colitools.formats.registry import by_name
-from colitools.formats.resolver import resolve_container
+from colitools.formats.container import resolve_container
 from colitools.formats.safetensors_io import SafetensorsFile
 
 model_dir, tokens, prompt = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])

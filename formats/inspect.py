@@ -2,7 +2,7 @@
 
 ``open_model`` finds the shards of a path (one ``.safetensors`` file, or a model directory with or without
 ``model.safetensors.index.json``), checks that the index's ``weight_map`` covers exactly the tensors present and
-loads ``config.json``; ``inspect_path`` resolves every tensor (``resolver.resolve_container``) and totals the
+loads ``config.json``; ``inspect_path`` resolves every tensor (``container.resolve_container``) and totals the
 bytes per format. Only headers are read, never tensor data, so inspecting a terabyte model is instant.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import FormatError
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
@@ -24,11 +25,7 @@ from colitools.formats.registry import (
     Format,
     Int4Grouped,
 )
-from colitools.formats.resolver import (
-    ResolvedTensor,
-    parse_layout,
-    resolve_container,
-)
+from colitools.formats.resolver import parse_layout
 from colitools.formats.safetensors_io import SafetensorsFile, read_header
 
 __all__ = [
@@ -72,22 +69,6 @@ def _load_json_object(path: Path) -> dict[str, Any]:
     return value
 
 
-def _check_shard_name(index_path: Path, shard: Any) -> str:
-    """A weight_map value must be a plain ``*.safetensors`` file name inside the model directory."""
-    if (
-        not isinstance(shard, str)
-        or not shard.endswith(".safetensors")
-        or os.path.isabs(shard)
-        or "/" in shard
-        or "\\" in shard
-        or ".." in shard
-    ):
-        raise FormatError(
-            f"{index_path}: weight_map names shard {shard!r}, not a plain *.safetensors file name"
-        )
-    return shard
-
-
 def _index_shards(directory: Path, index: dict[str, Any]) -> dict[str, list[str]]:
     """shard file name -> tensor names, from a parsed index (validated)."""
     index_path = directory / INDEX_NAME
@@ -96,7 +77,7 @@ def _index_shards(directory: Path, index: dict[str, Any]) -> dict[str, list[str]
         raise FormatError(f"{index_path}: weight_map is missing, empty or not an object")
     by_shard: dict[str, list[str]] = {}
     for tensor, shard in weight_map.items():
-        by_shard.setdefault(_check_shard_name(index_path, shard), []).append(tensor)
+        by_shard.setdefault(check_shard_name(shard, str(index_path), tensor), []).append(tensor)
     return by_shard
 
 

@@ -5,25 +5,26 @@ bytes ``ns`` and the logical ``[O, I]`` (``__metadata__["colitools.shapes"]``) a
 byte signature matches; a stamp (``__metadata__["colibri.fmt"]``) settles the few signatures that two formats
 share. Every byte count comes from the registry (``registry.py``); nothing here computes a size itself.
 
-Three layers, each usable on its own:
+Two layers, each usable on its own:
 
 * ``resolve_format`` / ``resolve_mxfp4``: one tensor from its byte counts (the spec's algorithm, step by step);
 * ``stamp_for`` / ``check_roundtrip``: the writer's side (which stamp it must write; does it read back?);
-* ``resolve_container``: every tensor of a set of shards (pairing weights with ``.qs`` / ``weight_scale``,
-  merging stamps and logical shapes across shards, checking them against ``config.json``).
+
+plus the codecs of the shard metadata they use (``parse_stamps`` / ``parse_shapes`` / ``parse_layout``,
+``encode_stamps`` / ``encode_shapes``). Resolving every tensor of a set of shards (pairing weights with their
+scales, merging metadata across shards, the ``config.json`` cross-check) is ``container.py``.
 """
 
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from colitools.formats.errors import FormatError, ResolveError
-from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
+from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.registry import (
     E8Iq3Lattice,
     Float,
@@ -40,23 +41,18 @@ from colitools.formats.registry import (
 )
 
 __all__ = [
-    "FLOAT_WEIGHT_DTYPES",
     "LAYOUT_KEY",
     "LAYOUTS",
     "PAIRS_LAYOUT",
     "SHAPES_KEY",
     "STAMP_KEY",
     "Resolved",
-    "ResolvedTensor",
     "check_roundtrip",
-    "config_shapes",
     "encode_shapes",
     "encode_stamps",
-    "merge_entries",
     "parse_layout",
     "parse_shapes",
     "parse_stamps",
-    "resolve_container",
     "resolve_format",
     "resolve_mxfp4",
     "stamp_for",
@@ -67,11 +63,6 @@ SHAPES_KEY = "colitools.shapes"
 LAYOUT_KEY = "colitools.layout"
 PAIRS_LAYOUT = "pairs"  # the default; a shard without LAYOUT_KEY is "pairs"
 LAYOUTS = (PAIRS_LAYOUT, PLANAR_LAYOUT)
-QS_SUFFIX = ".qs"
-PACKED_SUFFIX = ".weight_packed"
-MX_SCALE_SUFFIX = ".weight_scale"
-FLOAT_WEIGHT_DTYPES = frozenset({"F32", "BF16", "F16"})  # fmt 0 ("f32"): plain float tensors
-MX_SCALE_DTYPES = frozenset({"U8", "F8_E8M0"})  # one E8M0 byte per block either way
 
 
 @dataclass(frozen=True)
@@ -374,269 +365,3 @@ def encode_shapes(shapes: Mapping[str, tuple[int, int]]) -> str:
     return json.dumps(
         {k: [int(O), int(I)] for k, (O, I) in shapes.items()}, sort_keys=True, separators=(",", ":")
     )
-
-
-def merge_entries(key: str, per_file: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
-    """Merge one metadata map (stamps or shapes) over shards; one name with two values is an error."""
-    merged: dict[str, Any] = {}
-    source: dict[str, str] = {}
-    for where, entries in per_file:
-        for tensor, value in entries.items():
-            if tensor in merged and merged[tensor] != value:
-                raise ResolveError(
-                    f"tensor {tensor}: {key} is {_show(merged[tensor])} in {source[tensor]} "
-                    f"but {_show(value)} in {where}"
-                )
-            merged[tensor], source[tensor] = value, where
-    return merged
-
-
-def _show(value: Any) -> str:
-    return f"[{value[0]}, {value[1]}]" if isinstance(value, tuple) else repr(value)
-
-
-# ------------------------------------------------------------------------------ config-implied shapes
-_EXPERT_RE = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight(_packed)?$")
-_EMBED_RE = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight(_packed)?$")
-
-
-def _int(config: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def config_shapes(
-    config: Mapping[str, Any], names: Iterable[str]
-) -> dict[str, tuple[int | None, int | None]]:
-    """The ``[O, I]`` that ``config.json`` implies for those of ``names`` where it is derivable.
-
-    Modest on purpose: embeddings and the output head (``[vocab_size, hidden_size]``) and routed experts
-    (``gate/up`` ``[E_I, hidden_size]``, ``down`` ``[hidden_size, E_I]`` with ``E_I`` =
-    ``moe_intermediate_size``, else ``intermediate_size``). ``None`` marks a dimension the config does not give.
-    A multimodal config's ``text_config`` is used when the top level has no ``hidden_size``.
-    """
-    if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
-        config = config["text_config"]
-    hidden = _int(config, "hidden_size")
-    vocab = _int(config, "vocab_size")
-    expert_i = _int(config, "moe_intermediate_size", "intermediate_size")
-    implied: dict[str, tuple[int | None, int | None]] = {}
-    for name in names:
-        if _EMBED_RE.search(name):
-            implied[name] = (vocab, hidden)
-        elif m := _EXPERT_RE.search(name):
-            implied[name] = (hidden, expert_i) if m.group(1) in ("down_proj", "w2") else (expert_i, hidden)
-    return {name: dims for name, dims in implied.items() if dims != (None, None)}
-
-
-# --------------------------------------------------------------------------------------- containers
-class _TensorInfo(Protocol):
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int: ...
-
-
-class _Shard(Protocol):
-    """What the resolver needs of a ``SafetensorsFile``: its path, header entries and metadata."""
-
-    path: Any
-    tensors: Mapping[str, _TensorInfo]
-    metadata: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class ResolvedTensor:
-    """One stored tensor of a container, as the resolver sees it.
-
-    ``kind`` is ``quantized`` (U8 codes with a ``.qs`` or an mxfp4 ``weight_packed``), ``float`` (F32/BF16/F16
-    without ``.qs``, format f32), ``scale`` (the ``.qs`` / ``weight_scale`` of ``scale_of``) or ``other``
-    (anything else: integer tensors, F8 source weights, F64, a U8 tensor without sidecar; no format).
-    ``logical_shape`` is ``[O, I]`` for weights; ``nbytes`` counts this tensor only, ``scale_nbytes`` its scale.
-    """
-
-    name: str
-    file: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    kind: str
-    layout: str
-    format: Resolved | None = None
-    logical_shape: tuple[int, int] | None = None
-    stamp: str | None = None
-    scale: str | None = None
-    scale_nbytes: int = 0
-    scale_of: str | None = None
-
-
-def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
-    """The scale tensor that makes ``name`` a quantized weight, or None."""
-    if name + QS_SUFFIX in present:
-        return name + QS_SUFFIX
-    if info.dtype == "U8" and name.endswith(PACKED_SUFFIX):
-        return name[: -len(PACKED_SUFFIX)] + MX_SCALE_SUFFIX
-    return None
-
-
-def resolve_container(
-    files: Sequence[_Shard],
-    shapes: Mapping[str, tuple[int, int]] | None = None,
-    config: Mapping[str, Any] | None = None,
-) -> dict[str, ResolvedTensor]:
-    """Resolve every tensor of a container (one file, or all shards of a model), in file and offset order.
-
-    Pairs each U8 weight with its F32 ``<name>.qs`` and each U8 ``<base>.weight_packed`` with its
-    ``<base>.weight_scale``; takes ``[O, I]`` from the shards' merged ``colitools.shapes`` (plus ``shapes``,
-    which must agree); applies the merged ``colibri.fmt`` stamps; checks logical shapes against ``config`` (a
-    parsed ``config.json``) where it implies them; checks planar shards hold only planar-capable int4 tensors.
-    Any inconsistency is a ResolveError naming the file and tensor.
-    """
-    present: dict[str, tuple[_Shard, _TensorInfo]] = {}
-    for shard in files:
-        for name, info in shard.tensors.items():
-            if name in present:
-                raise ResolveError(
-                    f"tensor {name} is stored twice: in {present[name][0].path} and {shard.path}"
-                )
-            present[name] = (shard, info)
-    layouts = {id(shard): parse_layout(shard.metadata, where=str(shard.path)) for shard in files}
-    stamps = merge_entries(
-        STAMP_KEY, ((str(s.path), parse_stamps(s.metadata, where=str(s.path))) for s in files)
-    )
-    all_shapes = merge_entries(
-        SHAPES_KEY,
-        [(str(s.path), parse_shapes(s.metadata, where=str(s.path))) for s in files]
-        + [("the given shapes", dict(shapes or {}))],
-    )
-    infos = {name: info for name, (_, info) in present.items()}
-    for table, key in ((stamps, STAMP_KEY), (all_shapes, SHAPES_KEY)):
-        for name in table:
-            if name not in present:
-                raise ResolveError(f"{key} names tensor {name}, which is not in the container")
-
-    resolved: dict[str, ResolvedTensor] = {}
-    scale_owner: dict[str, str] = {}
-    for name, (shard, info) in present.items():
-        scale = _scale_name(name, info, infos)
-        if scale is not None:
-            resolved[name] = _resolve_weight(name, shard, info, scale, infos, all_shapes, stamps, layouts)
-            scale_owner[scale] = name
-    for name, (shard, info) in present.items():
-        where, layout = str(shard.path), layouts[id(shard)]
-        if name in resolved:
-            continue
-        if name in scale_owner:
-            resolved[name] = ResolvedTensor(
-                name, where, info.dtype, info.shape, info.nbytes, "scale", layout, scale_of=scale_owner[name]
-            )
-        elif name.endswith(QS_SUFFIX):
-            raise ResolveError(f"{where}: scale tensor {name} has no weight {name[: -len(QS_SUFFIX)]}")
-        elif name.endswith(MX_SCALE_SUFFIX) and info.dtype in MX_SCALE_DTYPES:
-            packed = name[: -len(MX_SCALE_SUFFIX)] + PACKED_SUFFIX
-            why = f"is {infos[packed].dtype}, not U8" if packed in infos else "is missing"
-            raise ResolveError(f"{where}: mxfp4 scale {name}: its weight {packed} {why}")
-        elif info.dtype in FLOAT_WEIGHT_DTYPES:
-            stamp = stamps.get(name)
-            if stamp not in (None, Float.name):
-                raise ResolveError(
-                    f"{where}: tensor {name} is a plain {info.dtype} tensor but is stamped {stamp!r}"
-                )
-            logical = info.shape if len(info.shape) == 2 else None
-            if name in all_shapes and all_shapes[name] != logical:
-                raise ResolveError(
-                    f"{where}: tensor {name}: {SHAPES_KEY} says {_show(all_shapes[name])} "
-                    f"but the {info.dtype} tensor is {list(info.shape)}"
-                )
-            resolved[name] = ResolvedTensor(
-                name, where, info.dtype, info.shape, info.nbytes, "float", layout,
-                Resolved.of(Float), logical, stamp,
-            )  # fmt: skip
-        else:
-            if name in stamps or name in all_shapes:
-                raise ResolveError(
-                    f"{where}: tensor {name} ({info.dtype}, no scale tensor) is named in "
-                    f"{STAMP_KEY if name in stamps else SHAPES_KEY} but is not a weight"
-                )
-            resolved[name] = ResolvedTensor(name, where, info.dtype, info.shape, info.nbytes, "other", layout)
-    if config:
-        _check_config(resolved, config)
-    return {name: resolved[name] for name in present}
-
-
-def _resolve_weight(
-    name: str,
-    shard: _Shard,
-    info: _TensorInfo,
-    scale: str,
-    infos: Mapping[str, _TensorInfo],
-    shapes: Mapping[str, tuple[int, int]],
-    stamps: Mapping[str, str],
-    layouts: Mapping[int, str],
-) -> ResolvedTensor:
-    where, layout = str(shard.path), layouts[id(shard)]
-    stamp = stamps.get(name)
-    mxfp4 = name + QS_SUFFIX not in infos
-    if mxfp4:
-        if scale not in infos:
-            raise ResolveError(f"{where}: mxfp4 weight {name} has no scale tensor {scale}")
-        scale_info = infos[scale]
-        if scale_info.dtype not in MX_SCALE_DTYPES:
-            raise ResolveError(f"{where}: mxfp4 scale {scale} is {scale_info.dtype}, expected U8 (E8M0)")
-        if name in shapes:
-            O, I = shapes[name]
-        elif len(info.shape) == 2:  # [O, I/2] stores I exactly (I is even for mxfp4)
-            O, I = info.shape[0], 2 * info.shape[1]
-        else:
-            raise ResolveError(
-                f"{where}: mxfp4 weight {name} is {list(info.shape)} and has no {SHAPES_KEY} entry"
-            )
-        if stamp not in (None, Mxfp4.name):
-            raise ResolveError(f"{where}: tensor {name} is an mxfp4 pair but is stamped {stamp!r}")
-        fmt = resolve_mxfp4(name, info.nbytes, scale_info.nbytes, O, I)
-    else:
-        scale_info = infos[scale]
-        if info.dtype != "U8":
-            raise ResolveError(
-                f"{where}: tensor {name} has a {QS_SUFFIX} sidecar but is {info.dtype}, not U8"
-            )
-        if scale_info.dtype != "F32":
-            raise ResolveError(f"{where}: scale tensor {scale} is {scale_info.dtype}, expected F32")
-        if name not in shapes:
-            raise ResolveError(
-                f"{where}: quantized tensor {name} ({info.nbytes} weight bytes, {scale_info.nbytes} scale bytes) "
-                f"has no {SHAPES_KEY} entry, so its [O, I] is unknown"
-            )
-        O, I = shapes[name]
-        fmt = resolve_format(name, info.nbytes, scale_info.nbytes, O, I, stamp)
-    if layout == PLANAR_LAYOUT and not (
-        (fmt.fmt == Int4Row.ord or (fmt.fmt == Int4Grouped.ord and fmt.group_size == PLANAR_BLOCK))
-        and I % PLANAR_BLOCK == 0
-    ):
-        raise ResolveError(
-            f"{where}: {PLANAR_LAYOUT} shard holds tensor {name} as {fmt.label} [{O}, {I}]; planar needs "
-            f"int4-row or int4-g64 with I % 64 == 0"
-        )
-    return ResolvedTensor(
-        name, where, info.dtype, info.shape, info.nbytes, "quantized", layout, fmt, (O, I), stamp,
-        scale, scale_info.nbytes,
-    )  # fmt: skip
-
-
-def _check_config(resolved: Mapping[str, ResolvedTensor], config: Mapping[str, Any]) -> None:
-    weights = {n: t for n, t in resolved.items() if t.logical_shape is not None}
-    for name, (want_o, want_i) in config_shapes(config, weights).items():
-        tensor = weights[name]
-        O, I = tensor.logical_shape  # type: ignore[misc]
-        if (want_o not in (None, O)) or (want_i not in (None, I)):
-            source = SHAPES_KEY if tensor.kind == "quantized" else "its stored shape"
-            show = [d if d is not None else "?" for d in (want_o, want_i)]
-            raise ResolveError(
-                f"{tensor.file}: tensor {name} is [{O}, {I}] ({source}) but config.json implies "
-                f"[{show[0]}, {show[1]}]"
-            )

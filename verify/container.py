@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from colitools.formats.container import resolve_container
 from colitools.formats.errors import ColitoolsError
 from colitools.formats.inspect import open_model
-from colitools.formats.resolver import resolve_container
 
 MANIFEST = "colitools.json"
 _HASH_CHUNK = 8 << 20

@@ -137,8 +137,8 @@ def verify_recipe(
 ) -> RecipeResult:
     """Convert ``fixture_dir`` with ``recipe`` into a temporary folder, run it, compare with the reference."""
     from colitools.converters.runner import convert
+    from colitools.formats.container import resolve_container
     from colitools.formats.inspect import open_model
-    from colitools.formats.resolver import resolve_container
     from colitools.runtime import load_model
     from colitools.runtime.generate import generate
     from colitools.verify.container import verify_container

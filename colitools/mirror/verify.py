@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.errors import MirrorError, SafetensorsError
+from colitools.formats.container import shard_name_problem
 from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.mirror.fileops import Progress, sha256_file
 from colitools.mirror.plan import SCHEMA
@@ -55,14 +56,9 @@ def stat_signature(path: Path) -> StatSignature | None:
 
 
 def safe_shard_name(name: object) -> bool:
-    """A receipt entry may only name a plain ``*.safetensors`` file inside the mirror directory."""
-    return (
-        isinstance(name, str)
-        and name.endswith(".safetensors")
-        and name != ".safetensors"
-        and not name.startswith("..")
-        and not any(c in name for c in ("/", "\\", "\x00"))
-    )
+    """A receipt entry may only name a plain ``*.safetensors`` file inside the mirror directory (the shard-name
+    rule of FORMATS-SPEC §5, shared with index validation)."""
+    return shard_name_problem(name) is None
 
 
 @dataclass

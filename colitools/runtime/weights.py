@@ -22,10 +22,10 @@ import numpy as np
 
 from colitools.errors import ColitoolsError, RuntimeModelError
 from colitools.formats import reference as ref
+from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import by_name
-from colitools.formats.resolver import resolve_container
 from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.runtime.kernels import QTensor
 

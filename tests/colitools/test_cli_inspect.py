@@ -113,7 +113,9 @@ def test_model_dir_with_bad_index_is_one_line(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"x": "../a.safetensors"}})
     )
-    assert_one_line_error(run("inspect", tmp_path), "model.safetensors.index.json", "not a plain")
+    assert_one_line_error(
+        run("inspect", tmp_path), "model.safetensors.index.json", "'../a.safetensors'", "is refused"
+    )
 
 
 # ------------------------------------------------------------------------------- inspect on real files

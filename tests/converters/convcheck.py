@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from colitools.formats import resolver
+from colitools.formats import container
 from colitools.formats.planar import pairs_to_planar
 from colitools.formats.registry import by_name
 from colitools.formats.safetensors_io import SafetensorsFile
@@ -62,7 +62,7 @@ def check_output(
     load every file with safetensors' own ``safe_open``, check the index. Returns the resolution."""
     files = open_output(out)
     config = json.loads((out / "config.json").read_text())
-    resolved = resolver.resolve_container(files, config=config)
+    resolved = container.resolve_container(files, config=config)
     by_file = {f.path.name: f for f in files}
     seen = set()
     for name, r in resolved.items():

@@ -176,11 +176,20 @@ def _edit_index(tmp_path, edit):
             lambda ix: ix["weight_map"].update({"model.norm.weight": "model-00002-of-00002.safetensors"}),
             "but weight_map maps it to model-00002",
         ),
-        (lambda ix: ix["weight_map"].update({"x": "../model.safetensors"}), "not a plain"),
-        (lambda ix: ix["weight_map"].update({"x": "/abs/model.safetensors"}), "not a plain"),
-        (lambda ix: ix["weight_map"].update({"x": "sub/model.safetensors"}), "not a plain"),
-        (lambda ix: ix["weight_map"].update({"x": "model.bin"}), "not a plain"),
-        (lambda ix: ix["weight_map"].update({"x": 3}), "not a plain"),
+        (
+            lambda ix: ix["weight_map"].update({"x": "../model.safetensors"}),
+            "shard file name '../model.safetensors' (tensor 'x') is refused: contains a path separator",
+        ),
+        (lambda ix: ix["weight_map"].update({"x": "/abs/model.safetensors"}), "is refused: absolute path"),
+        (
+            lambda ix: ix["weight_map"].update({"x": "sub/model.safetensors"}),
+            "is refused: contains a path separator",
+        ),
+        (lambda ix: ix["weight_map"].update({"x": "model.bin"}), "is refused: does not end in .safetensors"),
+        (
+            lambda ix: ix["weight_map"].update({"x": 3}),
+            "shard file name 3 (tensor 'x') is refused: not a file name",
+        ),
         (lambda ix: ix.pop("weight_map"), "weight_map is missing"),
     ],
 )

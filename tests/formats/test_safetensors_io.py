@@ -14,6 +14,11 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import deserialize, safe_open
+from safetensors.numpy import save_file
+
 from colitools.formats.dtypes import SAFETENSORS_DTYPES, numpy_dtype
 from colitools.formats.errors import ColitoolsError, SafetensorsError
 from colitools.formats.safetensors_io import (
@@ -26,10 +31,6 @@ from colitools.formats.safetensors_io import (
     read_header,
     write_safetensors,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from safetensors import deserialize, safe_open
-from safetensors.numpy import save_file
 
 ALL_DTYPES = sorted(SAFETENSORS_DTYPES)
 # dtypes that safe_open(framework="numpy") can materialise (it has no bfloat16 / float8 in numpy).
