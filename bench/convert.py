@@ -3,13 +3,18 @@
 1. BF16 -> int4-g64, whole process (``python -m colitools convert``, every 2-D weight to int4-g64), on a
    generated ~1 GB MoE checkpoint; gguf-py (``gguf.quants.quantize(..., Q4_0)``, numpy) quantizes the same
    tensors in this process (reading them included, writing not: the peer gets the benefit of the doubt).
+   Runs are interleaved (ours, gguf, ours, gguf, ...) so that load from other processes hits both sides;
+   best and median of each are printed, with CPU seconds (a loaded machine shows in CPU / wall).
    Target: ratio >= 3x.
-2. FP8 (block-scaled, DeepSeek-V3 convention) -> int4-g64, whole process: GB/s of FP8 input.
-3. Peak RSS of the converter process (``os.wait4`` rusage of that child) for a ~1 GB and a ~4 GB checkpoint
-   with the same tensor shapes: it should not grow with the model.
+2. FP8 (block-scaled, DeepSeek-V3 convention) -> int4-g64, whole process and in-process: GB/s of FP8 input
+   (the F8_E4M3 weight bytes; the checkpoint's BF16 embeddings and norms are converted too, but not counted).
+3. Peak RSS of the converter process for a ~1 GB and a ~4 GB checkpoint with the same tensor shapes: it should
+   not grow with the model. Measured as the child's ``VmHWM`` (``/proc/PID/status``), polled until it exits:
+   ``ru_maxrss`` of a child started by a large parent is not usable here, because Linux carries the parent's
+   high-water mark over ``fork``/``exec`` into it (the benchmark process itself holds ~0.4 GB after gguf).
 
 Checkpoints are generated under ``/work/tmp-bench`` (or ``--workdir``) and deleted at the end.
-Usage: ``.venv/bin/python bench/convert.py [--workdir DIR] [--skip-4gb]``
+Usage: ``.venv/bin/python bench/convert.py [--workdir DIR] [--runs N] [--skip-4gb]``
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -98,20 +104,20 @@ def _st(dtype: np.dtype) -> str:
     return safetensors_name(dtype)
 
 
-def best_convert(src: Path, out: Path, *extra: str, runs: int = 3) -> dict:
-    """The fastest of ``runs`` whole-process conversions (the page cache holds the source for all of them)."""
-    return min((run_convert(src, out, *extra) for _ in range(runs)), key=lambda r: r["wall_process"])
-
-
 def run_convert(src: Path, out: Path, *extra: str) -> dict:
-    """Whole-process conversion; returns the JSON summary plus wall seconds and the child's peak RSS."""
+    """Whole-process conversion; returns the JSON summary plus wall and CPU seconds and the peak RSS."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "colitools", "convert", str(src), str(out), "--min-free-gb", "0", "--json",
            "--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64", *extra]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    stdout, stderr = b"", b""
-    _, status, rusage = os.wait4(proc.pid, 0)  # rusage of exactly this child
+    hwm_kb = 0
+    while True:  # the pipes stay small (one JSON summary), so polling cannot deadlock on them
+        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        hwm_kb = max(hwm_kb, _vm_hwm_kb(proc.pid))
+        time.sleep(0.005)
     wall = time.perf_counter() - t0
     stdout, stderr = proc.stdout.read(), proc.stderr.read()
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -119,17 +125,30 @@ def run_convert(src: Path, out: Path, *extra: str) -> dict:
         raise SystemExit(f"convert failed ({proc.returncode}): {stderr.decode()}")
     summary = json.loads(stdout)
     summary["wall_process"] = wall
-    summary["peak_rss_mb"] = rusage.ru_maxrss / 1024  # Linux: kB
+    summary["cpu_process"] = rusage.ru_utime + rusage.ru_stime  # all threads of exactly this child
+    summary["peak_rss_mb"] = hwm_kb / 1024
     return summary
 
 
-def _gguf_once(src: Path) -> tuple[float, int]:
-    """gguf-py Q4_0 of every 2-D weight of ``src`` (read + quantize): seconds and source bytes."""
+def _vm_hwm_kb(pid: int) -> int:
+    """Peak resident set of process ``pid`` since its exec (0 once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _gguf_once(src: Path) -> tuple[float, float, int]:
+    """gguf-py Q4_0 of every 2-D weight of ``src`` (read + quantize): wall and CPU seconds, source bytes."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
     index = json.loads((src / "model.safetensors.index.json").read_text())
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     nbytes = 0
     for shard in sorted(set(index["weight_map"].values())):
         with SafetensorsFile(src / shard) as f:
@@ -138,12 +157,27 @@ def _gguf_once(src: Path) -> tuple[float, int]:
                 w = f.read(name).astype(np.float32)
                 if w.ndim == 2:
                     quantize(w, GGMLQuantizationType.Q4_0)
-    return time.perf_counter() - t0, nbytes
+    return time.perf_counter() - t0, time.process_time() - c0, nbytes
+
+
+def fp8_bytes(src: Path) -> int:
+    """Bytes of the F8_E4M3 tensors of a checkpoint (what "GB/s of FP8 input" counts)."""
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    total = 0
+    for shard in sorted(set(index["weight_map"].values())):
+        with SafetensorsFile(src / shard) as f:
+            total += sum(i.nbytes for i in f.tensors.values() if i.dtype == "F8_E4M3")
+    return total
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    return min(values), statistics.median(values)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=Path("/work/tmp-bench"))
+    ap.add_argument("--runs", type=int, default=5, help="interleaved runs of each side (best and median)")
     ap.add_argument("--skip-4gb", action="store_true")
     args = ap.parse_args()
     work = args.workdir
@@ -157,39 +191,55 @@ def main() -> None:
         # ~1.2 GB: 4 layers x 20 experts x 12.6 MB + attention + embeddings
         size = generate(work / "bf16-1g", layers=4, experts=20, dtype="BF16")
         print(f"generated BF16 checkpoint: {size / GB:.2f} GB")
-        # interleaved (ours, gguf, ours, gguf, ...) and best of each, so that a burst of load from other
-        # processes on the machine does not favour either side
-        runs = [(run_convert(work / "bf16-1g", work / "out"), _gguf_once(work / "bf16-1g")) for _ in range(3)]
-        ours = min((r[0] for r in runs), key=lambda r: r["wall_process"])
-        t_gguf, n = min(r[1] for r in runs)
-        ratio = t_gguf / ours["wall_process"]
-        print(f"colitools convert BF16 -> int4-g64 (whole process): {ours['wall_process']:.2f} s "
-              f"= {size / GB / ours['wall_process']:.3f} GB/s (in-process {ours['gb_per_s']:.3f} GB/s), "
-              f"peak RSS {ours['peak_rss_mb']:.0f} MB")  # fmt: skip
+        # interleaved (ours, gguf, ours, gguf, ...), so that a burst of load from other processes on the
+        # machine does not favour either side
+        ours, peer = [], []
+        for _ in range(args.runs):
+            ours.append(run_convert(work / "bf16-1g", work / "out"))
+            peer.append(_gguf_once(work / "bf16-1g"))
+        w_best, w_med = _stats([r["wall_process"] for r in ours])
+        c_best, c_med = _stats([r["cpu_process"] for r in ours])
+        in_best, in_med = _stats([r["wall_seconds"] for r in ours])
+        g_best, g_med = _stats([p[0] for p in peer])
+        gc_best, gc_med = _stats([p[1] for p in peer])
+        n = peer[0][2]
+        print(f"colitools convert BF16 -> int4-g64 (whole process): best {w_best:.2f} s = {size / GB / w_best:.3f} "
+              f"GB/s, median {w_med:.2f} s = {size / GB / w_med:.3f} GB/s; CPU {c_best:.2f} / {c_med:.2f} s; "
+              f"in-process {size / GB / in_best:.3f} / {size / GB / in_med:.3f} GB/s")  # fmt: skip
+        print(f"gguf-py Q4_0 (numpy, read + quantize, same tensors): best {g_best:.2f} s = {n / GB / g_best:.3f} "
+              f"GB/s, median {g_med:.2f} s; CPU {gc_best:.2f} / {gc_med:.2f} s")  # fmt: skip
+        print(f"ratio colitools / gguf-py: best {g_best / w_best:.2f}x, median {g_med / w_med:.2f}x, "
+              f"CPU seconds {gc_med / c_med:.2f}x (target >= 3x; {args.runs} interleaved runs each)")  # fmt: skip
+        two = [run_convert(work / "bf16-1g", work / "out", "--workers", "2") for _ in range(3)]
+        t_best, t_med = _stats([r["wall_process"] for r in two])
         print(
-            f"gguf-py Q4_0 (numpy, read + quantize, same tensors): {t_gguf:.2f} s = {n / GB / t_gguf:.3f} GB/s"
+            f"  with --workers 2: best {t_best:.2f} s = {size / GB / t_best:.3f} GB/s, median {t_med:.2f} s"
         )
-        print(f"ratio colitools / gguf-py: {ratio:.2f}x (target >= 3x; best of 3 interleaved runs each)")
-        two = best_convert(work / "bf16-1g", work / "out", "--workers", "2")
-        print(f"  with --workers 2: {two['wall_process']:.2f} s = {size / GB / two['wall_process']:.3f} GB/s")
+        rss_1g = max(r["peak_rss_mb"] for r in ours)
         shutil.rmtree(work / "out", ignore_errors=True)
 
         fp8 = generate(work / "fp8-1g", layers=4, experts=20, dtype="FP8", seed=1)
         shutil.rmtree(work / "bf16-1g")
-        res = best_convert(work / "fp8-1g", work / "out")
-        fp8_in = res["bytes_in"]
-        print(f"colitools convert FP8 -> int4-g64 (whole process): {res['wall_process']:.2f} s, "
-              f"{fp8_in / GB / res['wall_process']:.3f} GB/s of FP8 input (in-process {res['gb_per_s']:.3f} GB/s; "
-              f"{fp8 / GB:.2f} GB source, mostly FP8)")  # fmt: skip
+        f8 = fp8_bytes(work / "fp8-1g")
+        res = [run_convert(work / "fp8-1g", work / "out") for _ in range(args.runs)]
+        w_best, w_med = _stats([r["wall_process"] for r in res])
+        in_best, in_med = _stats([r["wall_seconds"] for r in res])
+        c_best, c_med = _stats([r["cpu_process"] for r in res])
+        print(f"colitools convert FP8 -> int4-g64: {f8 / GB:.2f} GB of FP8 weights ({fp8 / GB:.2f} GB source); "
+              f"whole process best {w_best:.2f} s = {f8 / GB / w_best:.3f} GB/s of FP8 input, median "
+              f"{w_med:.2f} s = {f8 / GB / w_med:.3f} GB/s; in-process {f8 / GB / in_best:.3f} / "
+              f"{f8 / GB / in_med:.3f} GB/s; CPU {c_best:.2f} / {c_med:.2f} s")  # fmt: skip
         shutil.rmtree(work / "fp8-1g")
         shutil.rmtree(work / "out", ignore_errors=True)
 
         if not args.skip_4gb:
             big = generate(work / "bf16-4g", layers=16, experts=20, dtype="BF16", seed=2)
             res4 = run_convert(work / "bf16-4g", work / "out")
-            print(f"peak RSS: {ours['peak_rss_mb']:.0f} MB for {size / GB:.2f} GB, "
+            print(f"peak RSS: {rss_1g:.0f} MB for {size / GB:.2f} GB, "
                   f"{res4['peak_rss_mb']:.0f} MB for {big / GB:.2f} GB "
                   f"({res4['wall_process']:.1f} s, {big / GB / res4['wall_process']:.3f} GB/s)")  # fmt: skip
+        else:
+            print(f"peak RSS: {rss_1g:.0f} MB for {size / GB:.2f} GB")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

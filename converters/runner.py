@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from colitools.converters import output
@@ -139,11 +139,29 @@ def _locked(out: Path):
 
 
 def _bar(options: ConvertOptions, total: int, desc: str, leave: bool = True):
+    enabled = options.progress if options.progress is not None else sys.stderr.isatty()
+    if not enabled:
+        return _NoBar()  # tqdm (import, monitor thread) only when a bar is shown
     from tqdm import tqdm
 
-    enabled = options.progress if options.progress is not None else sys.stderr.isatty()
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc=desc, leave=leave,
-                disable=not enabled, dynamic_ncols=True)  # fmt: skip
+                dynamic_ncols=True)  # fmt: skip
+
+
+class _NoBar:
+    """The part of a tqdm bar the runner and ``download_file`` use, doing nothing."""
+
+    def update(self, n: int | float = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, floor: DiskFloor,
@@ -185,49 +203,63 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
             if not needed[shard]:
                 _release(src, shard, options)
 
-    try:
-        if options.workers == 1 or len(pending) <= 1:
-            _run_serial(pending, prepare, finished, out, block, bar, slow_unit)
-        else:
-            _run_parallel(pending, prepare, finished, out, block, options.workers, bar)
-    finally:
-        bar.close()
-    _finalize(src, plan, out, ledger, options, summary)
+    # Index, config and copied files are written while the last unit's files are published and recorded
+    # (fsyncs in both): they depend only on the source and the plan, and are written once every unit is
+    # encoded, so a conversion that fails on the way leaves none of them behind.
+    with ThreadPoolExecutor(1, thread_name_prefix="outputs") as side:
+        outputs: list[Future] = []
+
+        def all_encoded() -> None:
+            outputs.append(side.submit(_write_outputs, src, plan, out))
+
+        try:
+            if options.workers == 1 or len(pending) <= 1:
+                _run_serial(pending, prepare, finished, out, block, bar, slow_unit, all_encoded)
+            else:
+                _run_parallel(pending, prepare, finished, out, block, options.workers, bar)
+        finally:
+            bar.close()
+        copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
+    _finalize(src, plan, out, ledger, options, summary, copied)
 
 
-def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float) -> None:
-    """One unit encodes while the previous one's files finish writing (fsync) in the background; units are
-    recorded strictly in order. ``slow_unit`` (test knob) drains and pauses between units."""
-    inflight: tuple[Unit, PendingUnit] | None = None
+def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float,
+                all_encoded: Callable[[], None]) -> None:  # fmt: skip
+    """Units are encoded one after another in this thread. A unit whose tensors are all encoded goes to a
+    recorder thread, which waits until its files are published (their writers fsync in the background) and
+    records it (the ledger's own fsyncs), while this thread already encodes the next unit: no fsync is on the
+    encoding path. Units are recorded strictly in order; at most one recorded unit is outstanding when the next
+    one starts (memory: two units' write queues, as before). On any error, or an interrupt, the units already
+    encoded are still published and recorded (the recorder finishes its queue), then the error propagates.
+    ``all_encoded`` is called once the last unit is encoded. ``slow_unit`` (test knob) drains and pauses
+    between units."""
+    recorder = ThreadPoolExecutor(1, thread_name_prefix="record")
+    last: tuple[Unit, Future] | None = None  # the newest unit handed to the recorder
+
+    def record(unit: Unit, started: PendingUnit) -> None:
+        finished(unit, started.wait())
 
     def drain() -> None:
-        nonlocal inflight
-        if inflight is not None:
-            unit, started = inflight
-            inflight = None
-            finished(unit, started.wait())
+        nonlocal last
+        if last is not None:
+            fut, last = last[1], None
+            fut.result()  # re-raises a failure of the recorder (publication or ledger)
 
     try:
         for unit in pending:
-            paths = prepare(unit, inflight[0].out_bytes if inflight else 0, drain)
+            paths = prepare(unit, last[0].out_bytes if last else 0, drain)
             started = start_unit(unit, paths, out, block, on_tensor=bar.update)
-            if inflight is not None:
-                finished(inflight[0], inflight[1].wait())
-            inflight = (unit, started)
+            previous, last = last, (unit, recorder.submit(record, unit, started))
+            if previous is not None:
+                previous[1].result()  # usually recorded already, while this unit was encoded
             if slow_unit:
                 drain()
                 time.sleep(slow_unit)
+        if pending:
+            all_encoded()
         drain()
-    except BaseException:
-        if inflight is not None:  # a fully encoded unit is kept: publish and record it, then stop
-            unit, started = inflight
-            try:
-                result = started.wait()
-            except BaseException:
-                pass
-            else:
-                finished(unit, result)
-        raise
+    finally:
+        recorder.shutdown(wait=True)  # what was handed over is published and recorded even on an error
 
 
 def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, bar) -> None:
@@ -281,10 +313,8 @@ def _release(src: Source, shard: str, options: ConvertOptions) -> None:
         src.release(shard)
 
 
-def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, options: ConvertOptions,
-              summary: ConvertSummary) -> None:  # fmt: skip
-    """Index, config, generation/tokenizer files, then the manifest marked complete (in that order, so a
-    manifest saying ``complete`` means everything else is in place)."""
+def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
+    """Index, config and the generation/tokenizer files; returns the names of the copied files."""
     config = src.read_json("config.json")
     output.write_index(out, plan)
     output.write_config(out, config)
@@ -292,6 +322,13 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
     for name in output.copied_files(list(src.files())):
         output.copy_file(src.ensure_local(name), out / name)
         copied.append(name)
+    return copied
+
+
+def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, options: ConvertOptions,
+              summary: ConvertSummary, copied: list[str]) -> None:  # fmt: skip
+    """The manifest marked complete, once index, config and copied files (``_write_outputs``) are in place (so
+    a manifest saying ``complete`` means everything else is in place)."""
     for name in src.files():  # config, index, copied files: whatever this run downloaded into the work folder
         _release(src, name, options)
     shards = ledger.file_records()

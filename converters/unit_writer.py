@@ -4,6 +4,9 @@ Memory is bounded by the largest single source tensor (one fused-expert slab for
 encoded form: each tensor is read, encoded, written and dropped before the next. Only an expert's scale
 tensors wait (they follow the expert's codes, FORMATS-SPEC §4), and they are small.
 
+Encoding goes straight from the source bits whenever the kernels can (``kernels.encode_from_bf16`` /
+``encode_from_fp8_block``, fused expert slabs included): no float32 copy of a tensor is made on that path.
+
 Every output file goes through ``SafetensorsWriter`` (temporary name, fsync, atomic rename). The file's sha256 is
 computed from the very bytes handed to the writer, so the ledger never has to re-read what was written.
 
@@ -94,7 +97,7 @@ class ShardReader:
         dt = numpy_dtype(dtype)
         offset = info.begin + (e * rows + r0) * cols * dt.itemsize
         n = (r1 - r0) * cols * dt.itemsize
-        buf = bytearray(n)
+        buf = np.empty(n, np.uint8)  # not zero-filled: every byte is read into
         view = memoryview(buf)
         with open(f.path, "rb", buffering=0) as fh:
             got = 0
@@ -103,7 +106,7 @@ class ShardReader:
                 if k <= 0:
                     raise ConvertError(f"tensor {name}: short read in {f.path} at byte {offset + got}")
                 got += k
-        return np.frombuffer(buf, dtype=dt).reshape(r1 - r0, cols)  # safetensors data is little-endian
+        return buf.view(dt).reshape(r1 - r0, cols)  # safetensors data is little-endian
 
     def close(self) -> None:
         for f in self._open.values():
@@ -142,6 +145,18 @@ def _dequant(
     return to_float32(job.out_name, values, scale=scale, block=block)
 
 
+def _fp8_grid(job: TensorJob, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray | None:
+    """The scale grid of the rows ``job`` encodes, when the fused FP8 kernel can take them: the whole tensor's,
+    or, for rows ``[r0, r1)`` of a fused expert slab starting on a scale-block boundary, that slab's grid rows
+    (row ``r`` uses grid row ``r // br`` either way). None otherwise (the slab's own float32 dequant)."""
+    if job.fused_rows is None:
+        return scale
+    _, r0, r1 = job.fused_rows
+    if block is None or r0 % block[0]:
+        return None
+    return np.asarray(scale)[r0 // block[0] : -(-r1 // block[0])]
+
+
 def encode_job(
     job: TensorJob,
     values: np.ndarray,
@@ -157,10 +172,11 @@ def encode_job(
         w = _dequant(job, values, scale, block).reshape(job.shape)
         return (encode_bf16(w) if t.fmt == "bf16" else w), None
     fmt, gs = t.format_class, t.gs
-    if job.fused_rows is None and values.dtype == numpy_dtype("BF16"):
+    grid = _fp8_grid(job, scale, block) if scale is not None else None
+    if values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
-    elif job.fused_rows is None and scale is not None:
-        codes, scales = kernels.encode_from_fp8_block(t.fmt, values, scale, block, gs, name=job.out_name)
+    elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
+        codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
     else:
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
     if planar:
@@ -185,15 +201,19 @@ class FileSink:
     publication and returns the record."""
 
     QUEUE_BYTES = 256 << 20
+    WRITEBACK_BYTES = 16 << 20  # start the disk writing every this many bytes (see ``_start_writeback``)
 
     def __init__(self, out: OutputFile, outdir: Path):
         self.out = out
         self._expected = {name: (dtype, shape) for name, dtype, shape in out.entries}
         self._writer = SafetensorsWriter(outdir / out.name, out.entries, out.metadata)
         self._digest = hashlib.sha256()
+        self._fd: int | None = None  # read-only descriptor of the temporary file, to start its writeback
+        self._synced = out.size - out.data_size  # bytes whose writeback has been started (or not needed)
         try:
             with open(self._writer.temp_path, "rb") as fh:
                 self._digest.update(fh.read(out.size - out.data_size))  # the header the writer just wrote
+            self._fd = os.open(self._writer.temp_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except BaseException:
             self._writer.abort()
             raise
@@ -235,7 +255,30 @@ class FileSink:
         assert self._record is not None
         return self._record
 
+    def _start_writeback(self, end: int) -> None:
+        """Have the kernel start writing ``[synced, end)`` to disk now, without waiting for it: the final fsync
+        of the file (on the critical path for the last unit) then finds little left to write, and the disk
+        works while the next tensors are encoded. ``POSIX_FADV_DONTNEED`` starts writeback of dirty pages
+        (WB_SYNC_NONE) and drops only pages that are already clean."""
+        if self._fd is None or not hasattr(os, "posix_fadvise"):
+            return
+        if end - self._synced >= self.WRITEBACK_BYTES:
+            with contextlib.suppress(OSError):  # advice only: never a reason to fail a conversion
+                os.posix_fadvise(self._fd, self._synced, end - self._synced, os.POSIX_FADV_DONTNEED)
+            self._synced = end
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
     def _run(self) -> None:
+        try:
+            self._drain_queue()
+        finally:
+            self._close_fd()
+
+    def _drain_queue(self) -> None:
         failed = False
         while True:
             item = self._queue.get()
@@ -247,6 +290,7 @@ class FileSink:
                 continue
             try:
                 if item is _CLOSE:
+                    self._close_fd()  # before the rename (some systems cannot rename an open file)
                     self._writer.close()
                     self._record = FileRecord(self.out.name, self.out.size, self._digest.hexdigest())
                     _after_publish()
@@ -255,6 +299,7 @@ class FileSink:
                 self._writer.write(name, view)
                 self._digest.update(view)
                 self._written(view.nbytes)
+                self._start_writeback(self._writer.tensors[name].end)
             except BaseException as exc:  # reported to the encoding thread by put() / result()
                 with self._room:
                     self._error = exc

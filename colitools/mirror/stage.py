@@ -4,8 +4,9 @@ Order of work: recompute the plan and refuse (nothing copied) without usage hist
 when copying would leave less than the reserve free; take the mirror's lock and remove temporary files a killed
 stage left behind; hash each source whose target already has the right size and keep targets whose sha256
 matches; check the reserve again with the exact bytes to copy; write the plan (``.colibri-mirror-plan.json``);
-copy the rest (``fileops.copy_verified``), enforcing the reserve during the copy; write the receipt
-``.colibri-mirror.json`` atomically; verify. Files of the mirror the plan did not select are never touched.
+copy the rest (``fileops.copy_verified``, two or more files at once), enforcing the reserve during the copy;
+write the receipt ``.colibri-mirror.json`` atomically; verify. Files of the mirror the plan did not select are
+never touched.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import fcntl
 import os
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from colitools.errors import MirrorError
-from colitools.mirror.fileops import TEMP_SUFFIX, atomic_write_json, copy_to_temp, publish_copy, sha256_file
+from colitools.mirror.fileops import TEMP_SUFFIX, atomic_write_json, copy_verified, sha256_file
 from colitools.mirror.plan import (
     DEFAULT_RESERVE_GIB,
     GIB,
@@ -43,6 +45,7 @@ from colitools.mirror.verify import RECEIPT, MirrorVerification, StatSignature, 
 __all__ = ["LOCK_FILE", "MirrorReserveStop", "StageResult", "StagedFile", "stage_mirror"]
 
 LOCK_FILE = ".colibri-mirror.lock"
+MAX_WORKERS = 4  # concurrent copies at most (each is one thread: read -> sha256 -> write, then re-hash)
 
 
 class MirrorReserveStop(MirrorError):
@@ -73,6 +76,9 @@ class StageResult:
     files: list[StagedFile] = field(default_factory=list)
     receipt: Path | None = None
     verification: MirrorVerification | None = None
+    # phase -> (wall seconds, CPU seconds of the whole process): plan, check (hashing kept targets), copy,
+    # receipt, verify. For benchmarks; not part of the JSON.
+    timings: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -133,17 +139,26 @@ def stage_mirror(
     disk_weights: Sequence[float | int | Fraction] | None = None,
     probe: bool = False,
     progress: bool | None = None,
+    reread_from_device: bool = False,
+    workers: int | None = None,
 ) -> StageResult:
     """Plan, then copy the chosen shards to ``mirror`` (see the module docstring), write the receipt, verify.
 
     Returns a refused ``StageResult`` (``staged`` False) when the plan is not admitted. Raises
     ``MirrorReserveStop`` (exit code 2) if free space falls below the reserve during the copy, ``MirrorError``
     on bad input. Safe to rerun after an interruption at any point. ``progress``: tqdm bars on stderr (None:
-    only on a terminal).
+    only on a terminal). ``reread_from_device``: re-hash each copy from the mirror device instead of through
+    the page cache (stronger, slower: see ``fileops``). ``workers``: files copied at once (default: the usable
+    CPUs, at most 4; each copy is CPU-bound by sha256).
     """
+    clock = _PhaseClock()
     plan = plan_mirror(model, mirror, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes, usage=usage,
                        source_dirs=source_dirs, disk_weights=disk_weights, probe=probe)
-    result = StageResult(plan)
+    result = StageResult(plan, timings=clock.times)
+    clock.lap("plan")
+    workers = workers if workers is not None else _default_workers()
+    if workers < 1:
+        raise MirrorError(f"workers must be >= 1, got {workers}")
     if plan.reason in (REASON_NO_USAGE, REASON_NOTHING_FITS, REASON_RESERVE):
         result.reason = plan.reason
         return result
@@ -155,12 +170,15 @@ def stage_mirror(
         _remove_stale_temporaries(root)
         kept: dict[str, str] = {}
         to_check = [f for f in plan.files if _same_size_file(root / f.name, f.size)]
-        with _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar:
-            for f in to_check:
-                source_sha = _hash_recording(f.source, trusted, bar.update)
-                target_sha = _hash_recording(root / f.name, trusted, bar.update, from_device=True)
+        with _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar, \
+                ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-hash") as pool:
+            update = _locked(bar.update)
+            digests = list(pool.map(lambda job: _hash_recording(job[0], trusted, update, from_device=job[1]),
+                                    [job for f in to_check for job in ((f.source, False), (root / f.name, True))]))
+            for f, source_sha, target_sha in zip(to_check, digests[0::2], digests[1::2], strict=True):
                 if source_sha == target_sha:
                     kept[f.name] = source_sha
+        clock.lap("check")
         to_copy = [f for f in plan.files if f.name not in kept]
         to_copy_bytes = sum(f.size for f in to_copy)
         free = shutil.disk_usage(root).free
@@ -170,7 +188,9 @@ def stage_mirror(
             return result
         atomic_write_json(root / PLAN_FILE, plan.to_json())
 
-        copied = _copy_all(to_copy, root, plan.reserve_bytes, trusted, progress)
+        copied = _copy_all(to_copy, root, plan.reserve_bytes, trusted, progress,
+                           reread_from_device=reread_from_device, workers=workers)
+        clock.lap("copy")
 
         result.files = [
             StagedFile(f, kept[f.name], "kept") if f.name in kept else StagedFile(f, copied[f.name], "copied")
@@ -190,11 +210,46 @@ def stage_mirror(
         result.receipt = root / RECEIPT
         atomic_write_json(result.receipt, receipt)
         result.staged = True
+        clock.lap("receipt")
 
     with _progress_bar(2 * plan.selected_bytes, "verifying", progress) as bar:
         result.verification = verify_mirror(root, plan.model_root, source_dirs=plan.source_dirs[1:],
                                             progress=bar.update, trusted_digests=trusted)
+    clock.lap("verify")
     return result
+
+
+class _PhaseClock:
+    def __init__(self) -> None:
+        self.times: dict[str, tuple[float, float]] = {}
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def lap(self, name: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.times[name] = (wall - self._wall, cpu - self._cpu)
+        self._wall, self._cpu = wall, cpu
+
+
+def _default_workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cpus))
+
+
+def _locked(update: Callable[[int], object]) -> Callable[[int], None]:
+    lock = threading.Lock()
+
+    def locked(n: int) -> None:  # tqdm is called from several threads
+        with lock:
+            update(n)
+
+    return locked
+
+
+class _Cancelled(Exception):
+    """Raised in a copy when another one failed: stop early, the other copy's error is the one reported."""
 
 
 def _copy_all(
@@ -203,62 +258,73 @@ def _copy_all(
     reserve: int,
     trusted: dict[str, tuple[StatSignature, str]],
     progress: bool | None,
+    *,
+    reread_from_device: bool,
+    workers: int,
 ) -> dict[str, str]:
-    """Copy each file to its temporary name, and re-read + publish it in a second thread meanwhile.
+    """Copy the files, ``workers`` at once, each one verified and published on its own (``copy_verified``).
 
-    Publishing file k (a read from the mirror drive and a hash) overlaps writing file k + 1 (a read of the
-    primary, a hash and a write); each file is still renamed only after its own device read-back matched.
-    Returns name -> sha256. The reserve is checked before each file and every 256 MiB during a copy.
+    Copies are CPU-bound (two sha256 passes), so two copies at once use two cores; each file is still renamed
+    only after its own fsync and re-hash matched. Returns name -> sha256. The reserve is checked before each
+    file and every 256 MiB during a copy, counting the bytes every copy in flight has still to write. After a
+    failure no new copy starts, copies in flight stop at their next check, and the first error is raised;
+    files already published stay (a rerun keeps them).
     """
     total = sum(f.size for f in to_copy)
     copied: dict[str, str] = {}
-    done = 0
     lock = threading.Lock()
+    written: dict[str, int] = {}  # name -> bytes written so far (the size once published)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
     with _progress_bar(2 * total, "copying+verifying", progress) as bar, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="colitools-publish") as publisher:
-        published: list[tuple[PlannedFile, StatSignature | None, Future]] = []
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-copy") as pool:
+        advance = _locked(bar.update)
 
-        def advance(n: int) -> None:  # called from both threads
-            with lock:
-                bar.update(n)
+        def copy_one(f: PlannedFile) -> None:
+            if stop.is_set():
+                return
 
-        def collect(block: bool) -> None:
-            while published and (block or published[0][2].done()):
-                f, before, future = published.pop(0)
-                sha = future.result()  # re-raises a failed read-back
-                copied[f.name] = sha
-                if before is not None and before == stat_signature(f.source):
-                    trusted[str(f.source)] = (before, sha)
-                after = stat_signature(root / f.name)
-                if after is not None:
-                    trusted[str(root / f.name)] = (after, sha)
+            def guard(n: int) -> None:
+                if stop.is_set():
+                    raise _Cancelled
+                with lock:
+                    written[f.name] = n
+                    still = total - sum(written.values())
+                free = shutil.disk_usage(root).free
+                if free - still < reserve:
+                    raise MirrorReserveStop(
+                        f"free space on the mirror drive fell to {free} bytes with {still} still to copy "
+                        f"(reserve {reserve}); stopped, rerun when there is room"
+                    )
 
-        try:
-            for f in to_copy:
+            try:
                 before = stat_signature(f.source)
+                sha = copy_verified(f.source, root / f.name, f.size, progress=advance, guard=guard,
+                                    reread_from_device=reread_from_device)
+                with lock:
+                    written[f.name] = f.size
+                    copied[f.name] = sha
+                    if before is not None and before == stat_signature(f.source):
+                        trusted[str(f.source)] = (before, sha)
+                    after = stat_signature(root / f.name)
+                    if after is not None:
+                        trusted[str(root / f.name)] = (after, sha)
+            except BaseException as exc:
+                with lock:
+                    if not isinstance(exc, _Cancelled):
+                        errors.append(exc)
+                stop.set()
 
-                def guard(written: int, _done: int = done) -> None:
-                    still = total - _done - written
-                    free = shutil.disk_usage(root).free
-                    if free - still < reserve:
-                        raise MirrorReserveStop(
-                            f"free space on the mirror drive fell to {free} bytes with {still} still to copy "
-                            f"(reserve {reserve}); stopped, rerun when there is room"
-                        )
-
-                pending = copy_to_temp(f.source, root / f.name, f.size, progress=advance, guard=guard)
-                published.append((f, before, publisher.submit(publish_copy, pending, progress=advance)))
-                done += f.size
-                collect(block=False)
-        finally:
-            # publish what was completely written, even when a later copy failed; the first error wins
-            first_error = None
-            for _, _, future in published:
-                exc = future.exception()
-                first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
-        collect(block=True)
+        futures = [pool.submit(copy_one, f) for f in to_copy]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:  # e.g. KeyboardInterrupt here: copies in flight stop at their next check
+            stop.set()
+            raise
+    if errors:
+        raise errors[0]
     return copied
 
 

@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -14,12 +15,21 @@ import pytest
 from mirror_builders import expert_tensors, run_cli, run_cli_process, write_config, write_history, write_shard
 
 from colitools.errors import MirrorError
-from colitools.mirror.fileops import STALL_ENV, TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
+from colitools.mirror import fileops
+from colitools.mirror.fileops import (
+    STALL_ENV,
+    TEMP_SUFFIX,
+    copy_to_temp,
+    copy_verified,
+    publish_copy,
+    sha256_file,
+    temp_path_for,
+)
 from colitools.mirror.plan import PLAN_FILE, SCHEMA
-from colitools.mirror.stage import LOCK_FILE, stage_mirror
+from colitools.mirror.stage import LOCK_FILE, MirrorReserveStop, stage_mirror
 from colitools.mirror.verify import RECEIPT
 
-BIG = 24 << 20  # three 8 MiB copy chunks
+BIG = 24 << 20  # three 8 MiB guard intervals, many copy buffers
 
 
 def sha(path: Path) -> str:
@@ -216,3 +226,89 @@ def test_a_second_stage_on_the_same_mirror_is_refused_while_one_runs(model, tmp_
         with pytest.raises(MirrorError, match="another stage is running"):
             stage(model, mirror)
     assert stage(model, mirror).ready
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("reread_from_device", [False, True])
+def test_every_worker_count_and_rehash_mode_stages_the_same_mirror(model, tmp_path, workers, reread_from_device):
+    write_shard(model / "big.safetensors", [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG + 123)], fill=7)
+    write_history(model / ".coli_usage", {(0, 0): 100, (0, 1): 10, (0, 2): 1}, n_layers=2, n_experts=4)
+    mirror = tmp_path / "mirror"
+    result = stage(model, mirror, workers=workers, reread_from_device=reread_from_device)
+    assert result.ready and [f.action for f in result.files] == ["copied"] * 3
+    names = ["a.safetensors", "b.safetensors", "big.safetensors"]
+    assert [f["name"] for f in json.loads((mirror / RECEIPT).read_text())["files"]] == names
+    for f in result.files:
+        assert f.sha256 == sha(model / f.file.name) == sha(mirror / f.file.name)
+    assert not [p for p in os.listdir(mirror) if TEMP_SUFFIX in p]
+    assert set(result.timings) == {"plan", "check", "copy", "receipt", "verify"}
+
+
+@pytest.mark.parametrize("reread_from_device", [False, True])
+def test_a_temporary_file_that_changed_before_publishing_is_refused(model, tmp_path, reread_from_device):
+    big = model / "big.safetensors"
+    write_shard(big, [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG)], fill=7)
+    target = tmp_path / "big.safetensors"
+    target.write_bytes(b"old")
+    pending = copy_to_temp(big, target, big.stat().st_size, reread_from_device=reread_from_device)
+    assert pending.sha256 == sha(big) and pending.temp == temp_path_for(target)
+    with open(pending.temp, "r+b") as f:  # what a bad write, a buffer reused too early or a stray writer leaves
+        f.seek(BIG - 5)
+        byte = f.read(1)
+        f.seek(BIG - 5)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(MirrorError, match="differs from the bytes written"):
+        publish_copy(pending)
+    assert target.read_bytes() == b"old" and not pending.temp.exists()
+
+
+def test_publish_fsyncs_then_rehashes_then_renames_then_fsyncs_the_directory(model, tmp_path, monkeypatch):
+    target = tmp_path / "a.safetensors"
+    pending = copy_to_temp(model / "a.safetensors", target, (model / "a.safetensors").stat().st_size)
+    events: list[str] = []
+    real_fsync, real_replace, real_rehash = os.fsync, os.replace, fileops._sha256_fd
+
+    def fsync(fd):
+        events.append("fsync dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync file")
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append("rename")
+        return real_replace(src, dst)
+
+    def rehash(fd, progress):
+        events.append("rehash")
+        return real_rehash(fd, progress)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(fileops, "_sha256_fd", rehash)
+    assert publish_copy(pending) == sha(model / "a.safetensors") == sha(target)
+    assert events == ["fsync file", "rehash", "rename", "fsync dir"]
+
+
+def test_free_space_falling_below_the_reserve_during_the_stage_stops_it_and_a_rerun_finishes(
+        model, tmp_path, monkeypatch):
+    write_shard(model / "big.safetensors", [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG)], fill=7)
+    write_history(model / ".coli_usage", {(0, 0): 100, (0, 1): 10, (0, 2): 1}, n_layers=2, n_experts=4)
+    mirror = tmp_path / "mirror"
+    real_usage = shutil.disk_usage
+
+    def usage(path):  # another writer fills the drive as soon as a first copy is published
+        u = real_usage(path)
+        return u._replace(free=0) if any(mirror.glob("*.safetensors")) else u
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    with pytest.raises(MirrorReserveStop, match="rerun when there is room") as stop:
+        stage(model, mirror, workers=2)  # big starts only once a or b is published, and is refused
+    assert stop.value.exit_code == 2
+    published = sorted(p.name for p in mirror.glob("*.safetensors"))
+    assert published in (["a.safetensors"], ["b.safetensors"], ["a.safetensors", "b.safetensors"])
+    for name in published:
+        assert sha(mirror / name) == sha(model / name)
+    assert not (mirror / RECEIPT).exists() and not [p for p in os.listdir(mirror) if TEMP_SUFFIX in p]
+
+    monkeypatch.setattr(shutil, "disk_usage", real_usage)
+    result = stage(model, mirror)
+    assert result.ready and [f.file.name for f in result.files if f.action == "kept"] == published
+    assert result.files[2].action == "copied" and sha(mirror / "big.safetensors") == sha(model / "big.safetensors")
