@@ -24,12 +24,19 @@ from colitools.errors import DiskFloorStop
 GB = 1_000_000_000
 
 
+def _set(free, text: str) -> None:
+    """Change the injected free-byte count atomically: the converter re-reads the file while it polls."""
+    tmp = free.with_name(free.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, free)
+
+
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     make_checkpoint(tmp_path / "src", Tiny(layers=2, experts=2, hidden=128, inter=64, shards=2))
     convert(str(tmp_path / "src"), tmp_path / "ref", ConvertOptions(min_free_gb=0))
     free = tmp_path / "free"
-    free.write_text(str(100 * GB))
+    _set(free, str(100 * GB))
     monkeypatch.setenv("COLITOOLS_FAKE_FREE_BYTES_FILE", str(free))
     monkeypatch.setenv("COLITOOLS_DISK_POLL_SECONDS", "0.05")
     return tmp_path, free
@@ -37,13 +44,13 @@ def setup(tmp_path, monkeypatch):
 
 def test_probe_reads_the_injection_point(setup):
     tmp_path, free = setup
-    free.write_text("12345\n")
+    _set(free, "12345\n")
     assert free_bytes(tmp_path) == 12345
 
 
 def test_wait_prints_one_line_then_continues(setup):
     tmp_path, free = setup
-    free.write_text(str(GB // 2))  # below the 1 GB floor
+    _set(free, str(GB // 2))  # below the 1 GB floor
     cmd = [sys.executable, "-m", "colitools", "convert", str(tmp_path / "src"), str(tmp_path / "out"),
            "--min-free-gb", "1", "--on-low-disk", "wait"]  # fmt: skip
     log = tmp_path / "stderr"
@@ -55,7 +62,7 @@ def test_wait_prints_one_line_then_continues(setup):
             time.sleep(0.05)
         time.sleep(0.3)  # several polls happen while waiting ...
         assert proc.poll() is None
-        free.write_text(str(2 * GB))  # ... space appears
+        _set(free, str(2 * GB))  # ... space appears
         assert proc.wait(60) == 0
     text = log.read_text()
     lines = [ln for ln in text.splitlines() if ln.startswith("[WAIT]")]
@@ -71,7 +78,7 @@ def test_stop_then_resume(setup):
     tmp_path, free = setup
     plan = convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(dry_run=True, min_free_gb=1))
     first = plan.plan["units"][0]["out_bytes"]
-    free.write_text(str(GB + first))  # enough for the first unit only
+    _set(free, str(GB + first))  # enough for the first unit only
     cmd = [sys.executable, "-m", "colitools", "convert", str(tmp_path / "src"), str(tmp_path / "out"),
            "--min-free-gb", "1", "--on-low-disk", "stop"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -81,7 +88,7 @@ def test_stop_then_resume(setup):
     assert "needed for unit model.layers.0" in message[0] and "to resume" in message[0]
     assert (tmp_path / "out/model-00001-of-00003.safetensors").exists()
     assert not (tmp_path / "out/model-00002-of-00003.safetensors").exists()
-    free.write_text(str(100 * GB))
+    _set(free, str(100 * GB))
     again = convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(min_free_gb=1))
     assert (again.units_skipped, again.units_converted) == (1, 2)
     assert snapshot(tmp_path / "out") == snapshot(tmp_path / "ref")
@@ -90,14 +97,14 @@ def test_stop_then_resume(setup):
 
 def test_floor_object_waits_and_stops(tmp_path, setup):
     _, free = setup
-    free.write_text("100")
+    _set(free, "100")
     out = open(tmp_path / "log", "w+")
     naps = []
 
     def nap(seconds):
         naps.append(seconds)
         if len(naps) == 3:
-            free.write_text("1000")
+            _set(free, "1000")
 
     floor = DiskFloor(tmp_path, 500, "wait", out=out, poll_seconds=7, sleep=nap)
     floor.ensure(400, "unit x")
@@ -114,11 +121,11 @@ def test_floor_applies_before_a_download(setup, hub):
     tmp_path, free = setup
     hub.add_repo("org/tiny", {"main": tmp_path / "src"})
     plan = convert("org/tiny", tmp_path / "hf", ConvertOptions(dry_run=True, min_free_gb=1))
-    free.write_text(str(GB + plan.plan["units"][0]["out_bytes"]))  # the unit fits, its 100+ kB shard does not
+    _set(free, str(GB + plan.plan["units"][0]["out_bytes"]))  # the unit fits, its 100+ kB shard does not
     with pytest.raises(DiskFloorStop, match="needed for downloading model-00001-of-00002.safetensors"):
         convert("org/tiny", tmp_path / "hf", ConvertOptions(min_free_gb=1, on_low_disk="stop"))
     assert not list((tmp_path / "hf").glob("*.safetensors"))
-    free.write_text(str(100 * GB))
+    _set(free, str(100 * GB))
     convert("org/tiny", tmp_path / "hf", ConvertOptions(min_free_gb=1))
     ref, got = snapshot(tmp_path / "ref"), snapshot(tmp_path / "hf")
     for snap in (ref, got):  # the manifest names the source: local folder vs hf repo
