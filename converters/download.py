@@ -12,7 +12,6 @@ The HTTP client is httpx2, the one huggingface_hub itself depends on.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 
 from colitools.errors import ConvertError
+from colitools.formats.atomic import fsync_dir
 
 try:  # advisory lock on the .part file; absent on Windows, where we simply do without
     import fcntl
@@ -122,7 +122,7 @@ def download_file(
             if want_sha is None or digest == want_sha:
                 part.sync()
                 os.replace(part_path, dest)
-                _fsync_dir(dest.parent)
+                fsync_dir(dest.parent)
                 return dest
             if from_scratch:
                 part.discard()
@@ -310,15 +310,6 @@ class _PartFile:
     def discard(self) -> None:
         self.reset()
         self.path.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not supported on every platform / filesystem
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _retry_after(response: httpx2.Response) -> float | None:

@@ -14,7 +14,6 @@ deterministic, so two runs of the same conversion produce the same ``colitools.j
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,34 +24,12 @@ import colitools
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
 from colitools.errors import ConvertError
+from colitools.formats.atomic import write_json_atomic
 
 MANIFEST = "colitools.json"
 MANIFEST_VERSION = 1
 # Temporaries of our writers: ``.<name>.tmp-<pid>`` (SafetensorsWriter and this module's atomic rewrites).
 _TEMP = re.compile(r"^\..+\.tmp-\d+$")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as pretty JSON to ``path`` via a temporary file, fsync and atomic rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from colitools.converters.ledger import fsync_dir, write_json_atomic
 from colitools.converters.planner import ConversionPlan
+from colitools.formats.atomic import fsync_dir, write_json_atomic
 
 INDEX = "model.safetensors.index.json"
 CONFIG = "config.json"

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from colitools.formats.atomic import write_bytes_atomic
 from colitools.formats.errors import UsageFileError
 
 __all__ = [
@@ -214,17 +215,6 @@ def read_usage(
     return history
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # platforms without directory handles
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename itself is still atomic
-    finally:
-        os.close(fd)
 
 
 def format_usage(history: UsageHistory) -> bytes:
@@ -251,16 +241,4 @@ def write_usage(path: str | os.PathLike, history: UsageHistory) -> None:
                 f"{path}: expert ({layer}, {expert}) is outside the geometry {history.n_layers} x "
                 f"{history.n_experts}"
             )
-    data = format_usage(history)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    write_bytes_atomic(path, format_usage(history))

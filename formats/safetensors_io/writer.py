@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from colitools.formats.atomic import fsync_dir
 from colitools.formats.dtypes import SAFETENSORS_DTYPES, itemsize, safetensors_name
 from colitools.formats.errors import SafetensorsError
 from colitools.formats.safetensors_io.header import (
@@ -131,16 +132,6 @@ def _plan_layout(where: str, entries: Iterable[Entry], metadata: Mapping[str, st
     return _Layout(LENGTH.pack(n) + raw + b" " * pad, tensors)
 
 
-def _fsync_directory(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        # Some filesystems cannot fsync a directory; the rename itself has still happened.
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
 
 
 class SafetensorsWriter:
@@ -292,7 +283,7 @@ class SafetensorsWriter:
             raise SafetensorsError(f"writing {self._where}: {exc.strerror or exc}") from exc
         self._state = "closed"
         try:
-            _fsync_directory(self.path.parent)
+            fsync_dir(self.path.parent)
         except OSError as exc:
             raise SafetensorsError(
                 f"writing {self._where}: published, but syncing its directory failed: {exc.strerror or exc}"
