@@ -262,9 +262,11 @@ def main() -> int:
                       f"vs cp {cp['wall'] / x['wall']:.2f}, vs cp+sync {cp['wall_sync'] / x['wall']:.2f} [{phases}]")
         sha_speed = sha256_speed()
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        ceiling = min(cpus, 4) * sha_speed / 2
+        cp_gbs = gb / statistics.median(row["cp"]["wall"] for row in rows)
         print(f"sha256 in memory: {sha_speed:.2f} GB/s per core; stage hashes every byte twice (while writing, and "
-              f"the re-hash of the temporary file), so with {cpus} CPUs it cannot exceed ~"
-              f"{min(cpus, 4) * sha_speed / 2:.2f} GB/s")
+              f"the re-hash of the temporary file), so with {cpus} CPUs it cannot exceed ~{ceiling:.2f} GB/s even "
+              f"with no other work, i.e. ~{ceiling / cp_gbs:.2f}x the median cp here")
         med = statistics.median
         for kind in kinds:
             walls = [row[kind]["wall"] for row in rows]

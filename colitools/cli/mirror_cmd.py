@@ -155,12 +155,16 @@ def stage_command(
     json_output: JsonOpt = False,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
                                                   help="Progress bars (default: on a terminal).")] = None,
+    reread_from_device: Annotated[bool, typer.Option(
+        "--reread-from-device",
+        help="Re-hash each copy from the mirror drive (O_DIRECT) instead of the page cache: also catches "
+             "corruption below the page cache; every byte crosses the mirror drive twice (slower).")] = False,
 ) -> None:
     """Copy the planned shards (verified, atomic, resumable), write the receipt, then verify the mirror."""
     from colitools.mirror.stage import stage_mirror
 
     result = stage_mirror(**_plan_kwargs(model, mirror, usage, budget_gib, reserve_gib, source_dir, disk_weights,
-                                         probe), progress=progress)
+                                         probe), progress=progress, reread_from_device=reread_from_device)
     if json_output:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -5,23 +5,25 @@ hashing every buffer it writes, fsyncs it, re-hashes the temporary file and comp
 target and fsyncs the directory. A copy killed at any point leaves at most the temporary file, which the next
 stage removes.
 
-Where the time goes (a 2-core VM, 4.4 GB, sha256 ~1.4 GB/s per core): the two sha256 passes the spec asks for
-(the bytes written, the temporary file re-read) cost ~6.2 CPU-seconds and cannot be avoided; everything else is
-kept small. One copy runs in one thread, read -> hash -> write through a 1 MiB buffer that stays in the CPU
-cache; the caller runs two copies at once (``stage``) to use two cores. Writeback of the copy is started every
-8 MiB so the fsync finds little left to write, and after the re-hash the copy's clean pages are dropped from the
+Where the time goes (2-core VM, 4.4 GB staged, sha256 ~1.4 GB/s per core): the two sha256 passes the spec
+asks for (the bytes written, and the re-hash of the temporary file) cost ~6.3 CPU-s and cannot be avoided, so
+stage can never beat ~1.4 GB/s on two cores; the rest is kept small (~2.5 CPU-s: reading the source, writing,
+reading the copy back). One copy runs in one thread, read -> hash -> write through a 1 MiB buffer that stays in
+the CPU cache, and ``stage`` runs two copies at once to use two cores. Writeback of a copy is started every
+8 MiB, so its fsync finds little left to write; after the re-hash the copy's clean pages are dropped from the
 page cache: nothing reads a mirror file soon, and recycling those pages for the next copy is far cheaper than
-growing the cache (on the VM measured, a buffered write into a growing page cache cost ~3 CPU-s/GB, into
-recycled pages ~0.35). Re-hash modes:
+growing the cache (on the VM measured, buffered writes into a growing page cache cost ~3 CPU-s/GB, into
+recycled pages ~0.3). Re-hash modes:
 
-* default: the temporary file is read back through the page cache after the fsync. This checks that the file
-  holds exactly the bytes hashed from the source (short or misplaced writes, a buffer overwritten too early, a
-  concurrent writer to the temporary file), and any writeback error is reported by the fsync; it does not read
-  the device, so it cannot see corruption below the page cache (device firmware, bit rot). ``verify`` reads
-  the mirror from the device.
-* ``reread_from_device``: the copy is written with ``O_DIRECT`` and re-read from the device (``O_DIRECT``, or
-  after dropping its cached pages). Stronger, but it doubles the traffic on the mirror drive (write + read of
-  every byte); on the VM measured it was ~1.5-2x slower than the default.
+* default: after the fsync the temporary file is read back through the page cache. This checks that the file
+  holds exactly the bytes hashed from the source (no short, lost or misplaced write, no buffer reused too early,
+  no other writer), and the fsync reports any writeback error; it does not read the device, so it cannot see
+  corruption below the page cache (drive firmware, media). The verify that ends a stage reuses these digests;
+  ``colitools mirror verify`` run on its own reads every mirror file from the device.
+* ``reread_from_device``: the copy is written with ``O_DIRECT`` and re-hashed from the device (``O_DIRECT``, or
+  after dropping its cached pages). Stronger, and ~1 CPU-s cheaper, but every byte crosses the mirror drive
+  twice (write, then read), which shares its bandwidth: measured ~0.7 GB/s against ~0.85 GB/s for the default
+  on an idle machine (the same speed when other work leaves stage only one core).
 
 Test-only knob: ``COLITOOLS_MIRROR_TEST_STALL_AFTER_BYTES=N`` makes the copy stop (sleep, until killed) once N
 bytes of a temporary file are written, so tests can kill a stage in the middle of a copy deterministically.
@@ -32,7 +34,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import json
 import mmap
 import os
 import queue
@@ -43,15 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colitools.errors import MirrorError
+from colitools.formats.atomic import fsync_dir
 
 __all__ = [
     "TEMP_SUFFIX",
-    "atomic_write_json",
     "PendingCopy",
     "copy_to_temp",
     "copy_verified",
     "publish_copy",
-    "fsync_dir",
     "sha256_file",
     "temp_path_for",
 ]
@@ -73,39 +73,6 @@ Progress = Callable[[int], None]
 def temp_path_for(target: Path) -> Path:
     """The hidden temporary name a copy to ``target`` uses (same directory, so the rename is atomic)."""
     return target.with_name(f".{target.name}{TEMP_SUFFIX}")
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory so a rename in it is durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EBADF, errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
-
-
-def atomic_write_json(path: Path, payload: object) -> None:
-    """Write JSON to ``path`` via a temporary file (exclusive create), fsync, rename, fsync the directory."""
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    data = (json.dumps(payload, indent=2) + "\n").encode("utf-8")
-    temp.unlink(missing_ok=True)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def _read_full(fd: int, view: memoryview, offset: int) -> int:

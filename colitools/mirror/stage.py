@@ -27,7 +27,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from colitools.errors import MirrorError
-from colitools.mirror.fileops import TEMP_SUFFIX, atomic_write_json, copy_verified, sha256_file
+from colitools.formats.atomic import write_json_atomic
+from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file
 from colitools.mirror.plan import (
     DEFAULT_RESERVE_GIB,
     GIB,
@@ -186,7 +187,7 @@ def stage_mirror(
         if free - to_copy_bytes < plan.reserve_bytes:
             plan.reason = result.reason = REASON_RESERVE
             return result
-        atomic_write_json(root / PLAN_FILE, plan.to_json())
+        write_json_atomic(root / PLAN_FILE, plan.to_json())
 
         copied = _copy_all(to_copy, root, plan.reserve_bytes, trusted, progress,
                            reread_from_device=reread_from_device, workers=workers)
@@ -208,7 +209,7 @@ def stage_mirror(
             "files": [f.receipt_entry() for f in result.files],
         }
         result.receipt = root / RECEIPT
-        atomic_write_json(result.receipt, receipt)
+        write_json_atomic(result.receipt, receipt)
         result.staged = True
         clock.lap("receipt")
 

@@ -312,3 +312,14 @@ def test_free_space_falling_below_the_reserve_during_the_stage_stops_it_and_a_re
     result = stage(model, mirror)
     assert result.ready and [f.file.name for f in result.files if f.action == "kept"] == published
     assert result.files[2].action == "copied" and sha(mirror / "big.safetensors") == sha(model / "big.safetensors")
+
+
+def test_cli_stage_reread_from_device_gives_the_same_mirror(model, tmp_path):
+    plain, device = tmp_path / "plain", tmp_path / "device"
+    for mirror, extra in ((plain, ()), (device, ("--reread-from-device",))):
+        r = run_cli("mirror", "stage", "--model", str(model), "--mirror", str(mirror), "--budget-gib", "1",
+                    "--reserve-gib", "0", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["ready"]
+    for name in ("a.safetensors", "b.safetensors"):
+        assert (device / name).read_bytes() == (plain / name).read_bytes() == (model / name).read_bytes()
