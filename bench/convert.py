@@ -13,7 +13,7 @@
    ``ru_maxrss`` of a child started by a large parent is not usable here, because Linux carries the parent's
    high-water mark over ``fork``/``exec`` into it (the benchmark process itself holds ~0.4 GB after gguf).
 
-Checkpoints are generated under ``/work/tmp-bench`` (or ``--workdir``) and deleted at the end.
+Checkpoints are generated under ``.bench-tmp/`` in the checkout (or ``--workdir``) and deleted at the end.
 Usage: ``.venv/bin/python bench/convert.py [--workdir DIR] [--runs N] [--skip-4gb]``
 """
 
@@ -176,7 +176,7 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workdir", type=Path, default=Path("/work/tmp-bench"))
+    ap.add_argument("--workdir", type=Path, default=Path(__file__).resolve().parents[1] / ".bench-tmp")
     ap.add_argument("--runs", type=int, default=5, help="interleaved runs of each side (best and median)")
     ap.add_argument("--skip-4gb", action="store_true")
     args = ap.parse_args()

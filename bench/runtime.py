@@ -10,7 +10,7 @@
    experts, top-8, expert intermediate 1024, vocab 50304) stored as a colitools container with random codes:
    int4-g64 experts, int8-row attention / embeddings / head, F32 norms and routers. The runtime runs it in a
    subprocess; transformers runs the *same weights* (dequantized, BF16, CPU, sdpa) in a subprocess of the
-   ``oracles`` venv when one is found (``--hf-python``, default ``/work/oracle-venv/bin/python``). Both do a
+   ``oracles`` venv when one is found (``--hf-python``, default ``.oracle-venv/bin/python`` in the checkout). Both do a
    warm-up generation, then greedy-decode ``--tokens`` after a 16-token prompt; we report decode tok/s (prefill
    excluded), peak RSS of each process and the ratio.
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/colitools-bench-runtime"))
-    ap.add_argument("--hf-python", default="/work/oracle-venv/bin/python")
+    ap.add_argument("--hf-python", default=str(Path(__file__).resolve().parents[1] / ".oracle-venv" / "bin" / "python"))
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--_ours", type=Path, help=argparse.SUPPRESS)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Regenerate the tiny oracle fixtures and their references (needs torch + transformers; CI never runs this).
 
-    /work/oracle-venv/bin/python oracles/make_oracles.py            # every fixture
-    /work/oracle-venv/bin/python oracles/make_oracles.py --only olmoe deepseek_v3_fp8
+    .oracle-venv/bin/python oracles/make_oracles.py            # every fixture
+    .oracle-venv/bin/python oracles/make_oracles.py --only olmoe deepseek_v3_fp8
 
 For each fixture this builds a tiny random model with transformers (ARCHITECTURES.md "Making oracles":
 initializer_range 0.2, perturbed norms, correction bias 0.05*N(0,1)), stores it as a normal Hugging Face

@@ -2,7 +2,7 @@
 """Do the oracles catch bugs? Run each fixture's f32 reference model with a deliberate runtime bug and report
 whether the greedy / teacher-forced tokens or the logits (tolerance 1e-4) change. Needs the oracle venv:
 
-    /work/oracle-venv/bin/python oracles/mutation_check.py [--only olmoe ...]
+    .oracle-venv/bin/python oracles/mutation_check.py [--only olmoe ...]
 
 A mutation that changes no token but the logits is still caught by `verify oracle`'s logits comparison.
 """
