@@ -1,7 +1,7 @@
 """Numpy reference codecs: the readable, executable form of FORMATS-SPEC §2.
 
 Every function here is vectorised over rows/blocks (no Python loops over elements) and is the bit-exact
-reference that the numba kernels in ``kernels.py`` must reproduce byte for byte. Arithmetic is float32 with
+reference that the numba kernels in ``kernels/`` must reproduce byte for byte. Arithmetic is float32 with
 true IEEE divisions (never a reciprocal multiply) and ``np.rint`` (round half to even), as the spec requires.
 
 Encoders take a C-contiguous float32 ``w[O, I]`` that is already known to be finite (the registry checks) and

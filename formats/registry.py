@@ -3,7 +3,7 @@ byte arithmetic that every reader, writer, resolver and planner uses. Nothing el
 
 A format's weight tensor is ``O`` rows of ``ceil(I / block_elems) * block_bytes`` bytes (``BYTE_TABLE``); its
 scale tensor is described by ``scale_shape``. Adding a format touches this file (and ``reference.py``/
-``kernels.py`` for its codec).
+``kernels/`` for its codec).
 """
 
 from __future__ import annotations

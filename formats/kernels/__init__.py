@@ -1,0 +1,52 @@
+"""Fast numba codecs, byte-identical to the numpy reference in ``reference.py`` (FORMATS-SPEC §2).
+
+Every encoder performs the reference's float32 operations in the same order: ``amax``, one float32 true
+division ``amax / qmax``, the ``1e-8`` floor, then per element one float32 true division ``w / s``, ``np.rint``
+(LLVM ``rint``: round half to even in the default rounding mode), clip, pack. mxfp4 sums its squared errors in
+float64 in element order, like the reference's ``cumsum``. No ``fastmath``: nothing is reassociated.
+
+Two tricks keep the kernels vectorised without changing a bit of output:
+
+* ``amax`` is computed on the float32 *bit patterns* with the sign cleared: for non-negative floats, integer
+  order is float order, so an unsigned integer max (which LLVM vectorises without fastmath) gives the same
+  ``amax``; and every NaN/inf has bits ``>= 0x7F800000``, so the same pass detects non-finite input with no
+  separate ``np.isfinite`` sweep. Only when a kernel reports a bad row does Python build the exact message.
+* Fused sources: BF16 is upcast exactly (f32 bits = bf16 bits << 16); FP8 e4m3fn is decoded exactly by bit
+  arithmetic (equal to the ml_dtypes table ``E4M3_TO_F32`` for all 256 bytes, tested; unlike a table lookup
+  it vectorises) times the block scale (one float32 multiply, as ``reference.dequant_fp8_block``). Each row
+  is materialised in a float32 buffer (L2-resident) and encoded from there, except for int4 groups of even
+  size (int4-g64, the experts' format), which are encoded straight from the source bits: the group amax is
+  taken on the BF16 bit patterns, or on the e4m3 bytes times the block scale (see ``_int4_blocks_fp8``), and
+  each value is upcast / dequantised again in registers where it is quantised (~1.7x faster).
+* Index and refcount hygiene: see "shared pieces" below.
+
+Parallelism: the kernels are serial and release the GIL (``nogil``); ``_run_rows`` spreads row chunks over a
+thread pool, using ``numba.get_num_threads()`` threads (so ``numba.set_num_threads`` / ``NUMBA_NUM_THREADS``
+apply). Unlike a ``prange`` kernel this is safe to call from several Python threads at once.
+
+Compile time: one specialisation per source (f32, bf16, fp8) for encoding, each dispatching on a format code,
+and one per decoder; all cached on disk (``cache=True``).
+
+Modules: ``_bits`` (JIT options, constants, bit intrinsics, shared inline helpers, e4m3 decode),
+``_threads`` (the row thread pool, ``_run_rows``), ``_row_encoders`` (float32 row encoders and the format
+dispatch), ``encoders`` (encode drivers per source and the public encoders), ``decoders`` (decoders, FP8
+dequant, planar64 reorder).
+"""
+
+from __future__ import annotations
+
+from colitools.formats.kernels._bits import E4M3_TO_F32
+from colitools.formats.kernels.decoders import decode, dequant_fp8_block, pairs_to_planar, planar_to_pairs
+from colitools.formats.kernels.encoders import _reference_encode as _reference_encode
+from colitools.formats.kernels.encoders import encode, encode_from_bf16, encode_from_fp8_block
+
+__all__ = [
+    "encode",
+    "encode_from_bf16",
+    "encode_from_fp8_block",
+    "decode",
+    "dequant_fp8_block",
+    "pairs_to_planar",
+    "planar_to_pairs",
+    "E4M3_TO_F32",
+]

@@ -1,0 +1,205 @@
+"""Shared pieces of the numba codecs: JIT options, constants and format codes, the ``@intrinsic`` bit helpers,
+the small ``inline`` helpers every encoder uses, and the exact e4m3fn decode shared by the FP8 encoder and
+``dequant_fp8_block``. See the package docstring for the byte-identity rules."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from colitools.formats import reference as ref
+
+_JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
+njit = numba.njit(**_JIT)
+inline = numba.njit(inline="always", **_JIT)
+
+F32 = np.float32
+_FLOOR = ref.SCALE_FLOOR
+_NONFINITE_BITS = np.uint32(0x7F800000)  # |x| bits >= this: inf or NaN
+_Q127, _Q7, _Q3, _Q1 = F32(127), F32(7), F32(3), F32(1)
+_SIX = F32(6)
+
+# Format codes inside the kernels.
+_INT8_ROW, _INT4_ROW, _INT2_ROW, _INT4_GROUPED, _INT3_G64, _MXFP4 = range(6)
+_FMT_CODES = {
+    "int8-row": _INT8_ROW,
+    "int4-row": _INT4_ROW,
+    "int2-row": _INT2_ROW,
+    "int4-grouped": _INT4_GROUPED,
+    "int3-g64": _INT3_G64,
+    "mxfp4": _MXFP4,
+}
+
+# Exact e4m3fn -> float32 for every byte (0x7F / 0xFF are NaN, 0x7E = 448).
+E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(F32)
+# E2M1 nibble -> float32 value (bit 3 = sign; code 8 is -0.0, as the reference's np.where(.., -mag, mag)).
+_E2M1_F32 = np.concatenate([ref.E2M1_VALUES, -ref.E2M1_VALUES]).astype(F32)
+_E2M1_SIGNED_F64 = _E2M1_F32.astype(np.float64)  # exact; code 8 (-0.0) gives the same error as +0.0
+with np.errstate(over="ignore"):  # byte 255 -> 2^128 = inf, as np.ldexp in the reference decoder
+    _E8M0_F32 = np.ldexp(F32(1), np.arange(256, dtype=np.int32) - 127).astype(F32)
+
+
+# ------------------------------------------------------------------------------------------ bit intrinsics
+@intrinsic
+def _abs_bits(typingctx, x):
+    """float32 -> its bit pattern with the sign bit cleared (uint32)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        return builder.and_(builder.bitcast(args[0], i32), ir.Constant(i32, 0x7FFFFFFF))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """float32 -> its bit pattern (uint32)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, b):
+    """Integer (low 32 bits) -> float32 with that bit pattern."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if v.type.width > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        elif v.type.width < 32:
+            v = builder.zext(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(b), codegen
+
+
+@intrinsic
+def _umax32(typingctx, a, b):
+    """Unsigned max that stays 32-bit (numba would widen to 64 bits and halve the vector width)."""
+    if a != types.uint32 or b != types.uint32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, y = args
+        return builder.select(builder.icmp_unsigned(">", x, y), x, y)
+
+    return types.uint32(types.uint32, types.uint32), codegen
+
+
+# (bound bits, tie goes down): |r| <= 0.25 -> 0, < 0.75 -> 0.5, <= 1.25 -> 1, < 1.75 -> 1.5, <= 2.5 -> 2,
+# < 3.5 -> 3, <= 5 -> 4, else 6 (reference._E2M1_BOUNDS / _E2M1_TIE_GOES_DOWN).
+_E2M1_RULE = [
+    (int(F32(b).view(np.uint32)), bool(down))
+    for b, down in zip(ref._E2M1_BOUNDS, ref._E2M1_TIE_GOES_DOWN, strict=True)
+]
+
+
+@intrinsic
+def _e2m1_code(typingctx, r):
+    """float32 r -> E2M1 nibble (uint8): the magnitude index counts the bounds |r| passes (compared as bit
+    patterns: for non-negative floats unsigned integer order is float order), bit 3 = sign unless the index
+    is 0 (a value that rounds to zero is code 0, never 8). Pure 32-bit integer ops, so it vectorises."""
+    if r != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        mag = builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF))
+        idx = ir.Constant(i32, 0)
+        for bound, tie_down in _E2M1_RULE:
+            passed = builder.icmp_unsigned(">" if tie_down else ">=", mag, ir.Constant(i32, bound))
+            idx = builder.add(idx, builder.zext(passed, i32))
+        negative = builder.icmp_signed("<", bits, ir.Constant(i32, 0))  # sign bit (r is never NaN)
+        nonzero = builder.icmp_unsigned("!=", idx, ir.Constant(i32, 0))
+        sign = builder.zext(builder.and_(negative, nonzero), i32)
+        code = builder.or_(idx, builder.shl(sign, ir.Constant(i32, 3)))
+        return builder.trunc(code, ir.IntType(8))
+
+    return types.uint8(types.float32), codegen
+
+
+# ------------------------------------------------------------------------------------------- shared pieces
+# Indexing discipline (speed only, never semantics): numba wraps negative indices, which turns a load at a
+# computed index such as ``i0 + k`` into a gather and stops vectorisation, and a slice taken inside a loop
+# costs atomic refcount updates. So a row is reshaped once into a 2-D ``[group, k]`` view and the hot loops
+# index it with ``range()`` induction variables only, which LLVM proves non-negative. Small helpers are
+# inlined at numba IR level (``inline="always"``) so literal arguments specialise them.
+@inline
+def _sym_scale(amax_bits, qmax):
+    # s = max(amax / qmax, 1e-8): one float32 true division (reference._symmetric_scales).
+    s = _bits_f32(amax_bits) / qmax
+    return s if s > _FLOOR else _FLOOR
+
+
+@inline
+def _q(x, s, lo, hi):
+    """clip(rint(x / s), lo, hi). |x / s| <= qmax + 1 always (s >= amax / qmax up to one rounding), so the
+    int32 conversion before the clip is exact and equals the reference's float clip."""
+    v = np.int32(np.rint(x / s))
+    return min(max(v, lo), hi)
+
+
+_L8, _L4, _L2, _L3 = np.int32(-128), np.int32(-8), np.int32(-2), np.int32(-4)
+_H8, _H4, _H2, _H3 = np.int32(127), np.int32(7), np.int32(1), np.int32(3)
+_LSB8 = np.uint64(0x0101010101010101)
+_GATHER8 = np.uint64(0x0102040810204080)  # (x * this) >> 56 moves bit 8k of x to bit k, without carries
+_U2, _U56 = np.uint64(2), np.uint64(56)
+
+
+@inline
+def _pack_quad(p):
+    """Bits 0-1 of the four bytes of ``p`` (uint32, little endian) at shifts 0, 2, 4, 6."""
+    return np.uint8((p & 3) | ((p >> 6) & 0xC) | ((p >> 12) & 0x30) | ((p >> 18) & 0xC0))
+
+
+# ------------------------------------------------------------------------------------------ e4m3 decode
+_E4M3_SUBNORMAL_UNIT = F32(2.0**-9)
+_NAN = F32(np.nan)
+
+
+@inline
+def _e4m3(byte):
+    """Exact e4m3fn byte -> float32 without a table gather (vectorises, and never feeds a subnormal float
+    to the FPU). Equal to ``E4M3_TO_F32`` for all 256 bytes (tested)."""
+    b = np.int32(byte)
+    mag = b & 0x7F
+    if mag < 8:  # zero and subnormals: m * 2^-9 (exact)
+        v = np.float32(mag) * _E4M3_SUBNORMAL_UNIT
+    else:  # exponent field e -> e + 120 (bias 7 -> 127), mantissa bits 3 -> 23
+        v = _bits_f32((mag << 20) + (120 << 23))
+    if mag == 0x7F:  # 0x7F / 0xFF: NaN (e4m3fn has no infinities)
+        v = _NAN
+    return _bits_f32(_f32_bits(v) | np.uint32((b & 0x80) << 24))
+
+
+@inline
+def _dequant_fp8_row(q, srow, bc, out):
+    """out[c] = f32(e4m3(q[c])) * srow[c // bc]: one float32 multiply (reference.dequant_fp8_block)."""
+    n = q.size
+    full = n // bc
+    qb = q[: full * bc].reshape((full, bc))
+    ob = out[: full * bc].reshape((full, bc))
+    for cb in range(full):
+        sv = srow[cb]
+        for k in range(bc):
+            ob[cb, k] = _e4m3(qb[cb, k]) * sv
+    if n > full * bc:
+        sv = srow[full]
+        qr = q[full * bc :]
+        orow = out[full * bc :]
+        for k in range(qr.size):
+            orow[k] = _e4m3(qr[k]) * sv

@@ -1,0 +1,300 @@
+"""Encode drivers per source (float32, BF16 bits, FP8 e4m3 bytes + block scales) and the public encoders
+``encode``, ``encode_from_bf16`` and ``encode_from_fp8_block``."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from colitools.formats import reference as ref
+from colitools.formats.errors import EncodeError, FormatError
+from colitools.formats.kernels._bits import (
+    _FLOOR,
+    _FMT_CODES,
+    _H4,
+    _INT2_ROW,
+    _INT3_G64,
+    _INT4_GROUPED,
+    _INT4_ROW,
+    _INT8_ROW,
+    _L4,
+    _MXFP4,
+    _NONFINITE_BITS,
+    _Q7,
+    F32,
+    _abs_bits,
+    _bits_f32,
+    _dequant_fp8_row,
+    _e4m3,
+    _q,
+    _umax32,
+    inline,
+    njit,
+)
+from colitools.formats.kernels._row_encoders import (
+    _encode_row,
+    _int4_blocks,
+    _int4_blocks_bf16,
+    _int4_row_bf16,
+)
+from colitools.formats.kernels._threads import _run_rows
+
+
+# --------------------------------------------------------------------------------- encode drivers (per source)
+# Each encodes rows [r0, r1) and returns the first row holding a non-finite value, or -1. The BF16 and FP8
+# drivers materialise one row at a time in a float32 buffer (L2-resident) and encode it.
+@njit
+def _scratch(n, gs):
+    """Per-thread buffers: quantised codes of a row/group (+ padding, a multiple of 8 for the uint16/32/64
+    views), and a zero-padded float32 copy of a partial last group with room for its codes."""
+    m = max(n, gs, 64) + 2
+    return np.empty(((m + 72) >> 3) << 3, np.uint8), np.empty(m, np.float32), np.empty(m, np.uint8)
+
+
+@njit
+def _encode_rows_f32(w, fmt, gs, codes, sf, su, r0, r1):
+    scratch, xt, ct = _scratch(w.shape[1], gs)
+    for o in range(r0, r1):
+        if not _encode_row(fmt, w[o], codes[o], sf[o], su[o], gs, scratch, xt, ct):
+            return o
+    return -1
+
+
+@njit
+def _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r0, r1):
+    n = wb.shape[1]
+    buf = np.empty(n, np.float32)
+    scratch, xt, ct = _scratch(n, gs)
+    direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0
+    for o in range(r0, r1):
+        row = wb[o]
+        if direct:
+            if n % gs == 0:
+                G = n // gs
+                if not _int4_blocks_bf16(row.reshape((G, gs)), codes[o].reshape((G, gs >> 1)), sf[o]):
+                    return o
+            elif not _int4_row_bf16(row, codes[o], sf[o], gs, xt, ct):
+                return o
+            continue
+        for i in range(n):
+            buf[i] = _bits_f32(np.uint32(row[i]) << 16)  # exact BF16 -> F32
+        if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
+            return o
+    return -1
+
+
+@njit
+def _int4_blocks_fp8(qg, srow, bc, cg, scales):
+    """``_int4_blocks`` straight from e4m3 bytes ``qg [G, gs]`` (even gs, ``bc % gs == 0``: a group lies in one
+    scale block), without a float32 row buffer. The amax is taken on the bytes: ``byte & 0x7F`` orders e4m3fn
+    magnitudes (0x7F is NaN), and float32 multiplication by ``|sv|`` is monotone and sign-symmetric, so
+    ``max |f32(e4m3(q)) * sv| == f32(e4m3(max(q & 0x7F))) * |sv|`` bit for bit, NaN/inf included."""
+    G, gs = qg.shape
+    bad = np.uint32(0)
+    for g in range(G):
+        m = np.uint32(0)
+        for k in range(gs):
+            m = _umax32(m, np.uint32(qg[g, k] & np.uint8(0x7F)))
+        sv = srow[(g * gs) // bc]
+        mb = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(sv)))
+        scales[g] = _bits_f32(mb)
+        bad = _umax32(bad, mb)
+    if bad >= _NONFINITE_BITS:
+        return False
+    for g in range(G):
+        s = scales[g] / _Q7  # _sym_scale
+        scales[g] = s if s > _FLOOR else _FLOOR
+    for g in range(G):
+        s = scales[g]
+        sv = srow[(g * gs) // bc]
+        for k in range(gs >> 1):
+            lo = _q(_e4m3(qg[g, 2 * k]) * sv, s, _L4, _H4) + 8
+            hi = _q(_e4m3(qg[g, 2 * k + 1]) * sv, s, _L4, _H4) + 8
+            cg[g, k] = np.uint8(lo | (hi << 4))
+    return True
+
+
+@inline
+def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct):
+    """One FP8 row to int4 groups of even ``gs`` with ``bc % gs == 0`` (a group lies in one scale block): whole
+    groups from the bytes, a partial last group dequantised into the zero-padded ``xt`` (as ``_enc_groups``)."""
+    n = qrow.size
+    full = n // gs
+    half = gs >> 1
+    qg = qrow[: full * gs].reshape((full, gs))
+    if not _int4_blocks_fp8(qg, srow, bc, codes[: full * half].reshape((full, half)), scales):
+        return False
+    rem = n - full * gs
+    if rem:
+        sv = srow[(full * gs) // bc]
+        xt[:gs] = 0
+        for i in range(rem):
+            xt[i] = _e4m3(qrow[full * gs + i]) * sv
+        if not _int4_blocks(xt[:gs].reshape((1, gs)), ct[:half].reshape((1, half)), scales[full:], ct):
+            return False
+        tail = codes[full * half :]
+        tail[:] = ct[: tail.size]
+    return True
+
+
+@njit
+def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
+    n = q.shape[1]
+    buf = np.empty(n, np.float32)
+    scratch, xt, ct = _scratch(n, gs)
+    direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0 and bc % gs == 0
+    for o in range(r0, r1):
+        if direct:
+            if n % gs == 0:
+                G = n // gs
+                cg = codes[o].reshape((G, gs >> 1))
+                if not _int4_blocks_fp8(q[o].reshape((G, gs)), s[o // br], bc, cg, sf[o]):
+                    return o
+            elif not _int4_row_fp8(q[o], s[o // br], bc, codes[o], sf[o], gs, xt, ct):
+                return o
+            continue
+        _dequant_fp8_row(q[o], s[o // br], bc, buf)
+        if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
+            return o
+    return -1
+
+
+# ------------------------------------------------------------------------------------------ public API
+def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
+    """Format code, effective group size and the output arrays (codes, f32 scales, u8 scales)."""
+    if fmt_name not in _FMT_CODES:  # f32, fp8-e4m3-b128 (passthrough), e8-iq3-lattice
+        raise EncodeError(f"tensor {name or '?'}: format {fmt_name} cannot be written by colitools' encoders")
+    fmt = _FMT_CODES[fmt_name]
+    if fmt == _INT4_GROUPED and (not isinstance(gs, int | np.integer) or gs < 1):
+        raise FormatError(f"tensor {name or '?'}: int4-grouped needs a positive group size, got {gs}")
+    if fmt == _MXFP4 and I % ref.MXFP4_BLOCK:
+        raise EncodeError(f"tensor {name or '?'}: mxfp4 needs I % 32 == 0, got I = {I}")
+    row_bytes = {
+        _INT8_ROW: I,
+        _INT4_ROW: ref.ceil_div(I, 2),
+        _INT4_GROUPED: ref.ceil_div(I, 2),
+        _INT2_ROW: ref.ceil_div(I, 4),
+        _INT3_G64: ref.ceil_div(I, 64) * ref.INT3_GROUP_BYTES,
+        _MXFP4: I // 2,
+    }[fmt]
+    n_scales = {_INT4_GROUPED: ref.ceil_div(I, gs or 1), _INT3_G64: ref.ceil_div(I, 64)}.get(fmt, 1)
+    codes = np.empty((O, row_bytes), np.uint8)
+    if fmt == _MXFP4:
+        sf, su = np.empty((O, 0), F32), np.empty((O, I // ref.MXFP4_BLOCK), np.uint8)
+    else:
+        sf, su = np.empty((O, n_scales), F32), np.empty((O, 0), np.uint8)
+    return fmt, int(gs or 0), codes, sf, su
+
+
+def _result(fmt: int, codes: np.ndarray, sf: np.ndarray, su: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if fmt == _MXFP4:
+        return codes, su
+    if fmt in (_INT8_ROW, _INT4_ROW, _INT2_ROW):
+        return codes, sf.reshape(-1)
+    return codes, sf
+
+
+def _reference_encode(fmt_name: str, w: np.ndarray, gs: int | None) -> tuple[np.ndarray, np.ndarray]:
+    if fmt_name == "int4-grouped":
+        return ref.encode_int4_grouped(w, gs)
+    return {
+        "int8-row": ref.encode_int8_row,
+        "int4-row": ref.encode_int4_row,
+        "int2-row": ref.encode_int2_row,
+        "int3-g64": ref.encode_int3_g64,
+        "mxfp4": ref.encode_mxfp4,
+    }[fmt_name](w)
+
+
+def _raise_nonfinite(w_f32: np.ndarray, name: str) -> None:
+    """Error path only: the registry's exact message (first bad [o, i] and the count)."""
+    from colitools.formats.registry import _check_finite
+
+    _check_finite(w_f32, name)
+    raise EncodeError(f"tensor {name or '?'}: non-finite value")  # pragma: no cover (kernel/ref disagree)
+
+
+def _matrix(a: np.ndarray, raw: type, exact: type, name: str) -> np.ndarray:
+    """A 2-D C-contiguous view of ``a`` as the raw integer dtype ``raw`` (``a`` is ``raw`` or ``exact``)."""
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(a.shape)}")
+    if a.dtype not in (np.dtype(raw), np.dtype(exact)):
+        raise EncodeError(
+            f"tensor {name or '?'}: expected {np.dtype(exact).name} or {np.dtype(raw).name}, got {a.dtype}"
+        )
+    return np.ascontiguousarray(a).view(raw)
+
+
+def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Encode float32 ``w[O, I]`` to ``(codes uint8 [O, row_bytes], scales)``, byte-identical to the reference.
+
+    ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
+    any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
+    Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    w = np.ascontiguousarray(w, dtype=F32)
+    O, I = w.shape
+    fmt, g, codes, sf, su = _plan(fmt_name, O, I, gs, name)
+    if w.size == 0:
+        return _reference_encode(fmt_name, w, gs)
+    if _run_rows(_encode_rows_f32, (w, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(w, name)
+    return _result(fmt, codes, sf, su)
+
+
+def encode_from_bf16(
+    fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
+    (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
+    wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
+    O, I = wb.shape
+    fmt, g, codes, sf, su = _plan(fmt_name, O, I, gs, name)
+    if wb.size == 0:
+        return _reference_encode(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs)
+    if _run_rows(_encode_rows_bf16, (wb, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
+    return _result(fmt, codes, sf, su)
+
+
+def _block(block) -> tuple[int, int]:
+    br, bc = (block, block) if isinstance(block, int | np.integer) else tuple(block)
+    if br < 1 or bc < 1:
+        raise FormatError(f"FP8 block size must be positive, got {block}")
+    return int(br), int(bc)
+
+
+def _fp8_operands(q, scale_inv, block, name: str):
+    q = _matrix(q, np.uint8, ml_dtypes.float8_e4m3fn, name)
+    br, bc = _block(block)
+    M, N = q.shape
+    grid = (ref.ceil_div(M, br), ref.ceil_div(N, bc))
+    s = np.ascontiguousarray(np.asarray(scale_inv).astype(F32))
+    if s.size != grid[0] * grid[1]:
+        raise EncodeError(
+            f"tensor {name or '?'}: FP8 scale_inv has shape {list(s.shape)}, expected {list(grid)} "
+            f"for [{M}, {N}] with {br}x{bc} blocks"
+        )
+    return q, s.reshape(grid), br, bc
+
+
+def encode_from_fp8_block(
+    fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, reference.dequant_fp8_block(q, scale_inv, block), gs)`` with the dequant fused in.
+
+    ``q`` is ``[O, I]`` e4m3fn bytes (uint8 or ``ml_dtypes.float8_e4m3fn``), ``scale_inv`` F32/BF16
+    ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
+    q, s, br, bc = _fp8_operands(q, scale_inv, block, name)
+    O, I = q.shape
+    fmt, g, codes, sf, su = _plan(fmt_name, O, I, gs, name)
+    if q.size == 0:
+        return _reference_encode(fmt_name, ref.dequant_fp8_block(q, s, (br, bc)), gs)
+    if _run_rows(_encode_rows_fp8, (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
+        with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
+            w = ref.dequant_fp8_block(q, s, (br, bc))
+        _raise_nonfinite(w, name)
+    return _result(fmt, codes, sf, su)
