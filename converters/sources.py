@@ -15,7 +15,6 @@ login), the listing with sizes and LFS sha256 (``HfApi.model_info(files_metadata
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from colitools.errors import ConvertError, FormatError
 from colitools.formats.container import check_shard_name as check_container_shard_name
+from colitools.formats.digest import sha256_file
 
 if TYPE_CHECKING:
     from colitools.converters.download import Backoff, Progress
@@ -330,7 +330,7 @@ class HubSource(Source):
                 return True
         except (OSError, ValueError):
             pass
-        if entry.sha256 is not None and _sha256_of(dest) == entry.sha256:
+        if entry.sha256 is not None and sha256_file(dest) == entry.sha256:
             # Published, but the process ended before the stamp was written.
             self._stamp_path(dest).write_text(json.dumps(self._stamp(entry)))
             return True
@@ -467,14 +467,6 @@ def _weight_map_from_index(index: Any) -> dict[str, str]:
 def _is_plain_relative(name: str) -> bool:
     parts = name.split("/")
     return "\\" not in name and not _DRIVE.match(name) and all(p not in ("", ".", "..") for p in parts)
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_tensor_names(path: Path) -> list[str]:

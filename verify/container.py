@@ -9,10 +9,8 @@ run reports all of them; a folder that cannot be opened at all raises ``FormatEr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from colitools.formats.container import resolve_container
+from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError
 from colitools.formats.inspect import open_model
 
 MANIFEST = "colitools.json"
-_HASH_CHUNK = 8 << 20
 
 
 @dataclass
@@ -57,17 +55,6 @@ class ContainerReport:
             "problems": self.problems,
             "warnings": self.warnings,
         }
-
-
-def sha256_file(path: Path, progress: Callable[[int], Any] | None = None) -> str:
-    """sha256 of a file read in 8 MiB chunks (``progress(nbytes)`` after each)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            h.update(chunk)
-            if progress:
-                progress(len(chunk))
-    return h.hexdigest()
 
 
 def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progress: bool = False) -> ContainerReport:
