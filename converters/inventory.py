@@ -16,7 +16,6 @@ Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from colitools.converters.dequant import (
 from colitools.converters.sources import check_shard_name
 from colitools.errors import ConvertError
 from colitools.formats.dtypes import itemsize
+from colitools.formats.names import natural_key  # the planner imports it from here too
 
 SINGLE_FILE = "model.safetensors"
 
@@ -166,11 +166,6 @@ def build_inventory(
     return inv
 
 
-def natural_key(name: str) -> tuple:
-    """Sort key that orders ``layers.2`` before ``layers.10`` (numbers compared as numbers)."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
 # ---------------------------------------------------------------------------------------- config checks
 def _cfg_int(config: Mapping[str, Any], *keys: str) -> int | None:
     for key in keys:
@@ -203,12 +198,12 @@ def check_config_shapes(inv: Inventory) -> None:
             )
 
     for name, t in inv.tensors.items():
-        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and (V or H):
+        if rc.is_embedding(name) and (V or H):
             expect(name, t.shape, (V, H), "vocab_size x hidden_size")
             continue
         fused = rc.fused_of(name)
         if fused is not None and len(t.shape) == 3:
-            if fused.kind == "gate_up_proj":
+            if fused.projection == "gate_up":
                 expect(
                     name,
                     t.shape,
@@ -223,7 +218,7 @@ def check_config_shapes(inv: Inventory) -> None:
             continue
         if E is not None and ex.expert >= E:
             raise ConvertError(f"tensor {name}: expert index {ex.expert} >= config.json expert count {E}")
-        if ex.proj in ("gate_proj.weight", "up_proj.weight", "w1.weight", "w3.weight"):
+        if ex.projection in ("gate", "up"):
             expect(name, t.shape, (moe_i, H), "moe_intermediate_size x hidden_size")
         elif ex.is_down:
             expect(name, t.shape, (H, moe_i), "hidden_size x moe_intermediate_size")

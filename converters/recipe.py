@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
 from colitools.formats import resolver
+from colitools.formats.names import (
+    PROJECTION_ORDER,
+    TensorRole,
+    expert_tensor_name,
+    parse_name,
+)
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
@@ -51,20 +56,7 @@ class Role(StrEnum):
 
 
 # ------------------------------------------------------------------------------------------------ names
-_LAYER = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<index>\d+)\.")
-_EXPERT = re.compile(r"^(?P<base>.*(?:^|\.)experts)\.(?P<expert>\d+)\.(?P<proj>.+)$")
-_FUSED = re.compile(r"^(?P<base>(?:.*\.)?experts)\.(?P<kind>gate_up_proj|down_proj)(?P<suffix>\.weight)?$")
-_ROUTER_SUFFIXES = (
-    "mlp.gate.weight",
-    "block_sparse_moe.gate.weight",
-    "shared_expert_gate.weight",
-    "e_score_correction_bias",
-)
-_EMBED_SUFFIXES = ("embed_tokens.weight", "lm_head.weight")
-# Per-expert projection names in pairs order (gate, up, down); Mixtral: w1 = gate, w3 = up, w2 = down.
-_PROJ_ORDER = {"gate_proj.weight": 0, "w1.weight": 0, "up_proj.weight": 1, "w3.weight": 1,
-               "down_proj.weight": 2, "w2.weight": 2}  # fmt: skip
-_DOWN_PROJS = ("down_proj.weight", "w2.weight")
+# Every spelling lives in the tensor-name map (formats/names.py); these are the recipe's views of a parse.
 
 
 @dataclass(frozen=True)
@@ -81,32 +73,39 @@ class LayerKey:
 
 def layer_of(name: str) -> LayerKey | None:
     """The layer of ``name`` (``...layers.{N}....``), or None for global tensors (embeddings, final norm, head)."""
-    m = _LAYER.match(name)
-    return LayerKey(m["prefix"], int(m["index"])) if m else None
+    parsed = parse_name(name)
+    return LayerKey(parsed.layer_prefix, parsed.layer) if parsed.layer is not None else None
 
 
 @dataclass(frozen=True)
 class ExpertName:
-    """A per-expert tensor name: ``{base}.{expert}.{proj}`` (``base`` ends in ``experts``)."""
+    """A per-expert tensor name: ``{base}.{expert}.{proj}`` (``base`` ends in ``experts``).
+
+    ``projection`` (``gate``/``up``/``down``) is set when ``proj`` is a projection's ``.weight``."""
 
     base: str
     expert: int
     proj: str
+    projection: str | None = None
 
     @property
     def order(self) -> tuple[int, str]:
         """Sort key inside one expert: gate, up, down first (pairs layout, §4), anything else after, by name."""
-        return (_PROJ_ORDER.get(self.proj, 3), self.proj)
+        rank = PROJECTION_ORDER.index(self.projection) if self.projection else len(PROJECTION_ORDER)
+        return (rank, self.proj)
 
     @property
     def is_down(self) -> bool:
-        return self.proj in _DOWN_PROJS
+        return self.projection == "down"
 
 
 def expert_of(name: str) -> ExpertName | None:
     """Parse a per-expert name (``...experts.{E}.gate_proj.weight``, Mixtral ``...experts.{E}.w1.weight``)."""
-    m = _EXPERT.match(name)
-    return ExpertName(m["base"], int(m["expert"]), m["proj"]) if m else None
+    parsed = parse_name(name)
+    if parsed.expert is None:
+        return None
+    projection = parsed.projection if parsed.suffix == "weight" else None
+    return ExpertName(parsed.expert_base, parsed.expert, parsed.expert_tensor, projection)
 
 
 @dataclass(frozen=True)
@@ -115,12 +114,14 @@ class FusedExperts:
     ``[E, H, I]`` (§4), split per expert on output."""
 
     base: str
-    kind: str  # "gate_up_proj" | "down_proj"
+    projection: str  # "gate_up" | "down" (names.EXPERT_STACKS)
 
 
 def fused_of(name: str) -> FusedExperts | None:
-    m = _FUSED.match(name)
-    return FusedExperts(m["base"], m["kind"]) if m else None
+    parsed = parse_name(name)
+    if parsed.expert is not None or parsed.expert_base is None:  # not an expert stack
+        return None
+    return FusedExperts(parsed.expert_base, parsed.projection)
 
 
 @dataclass(frozen=True)
@@ -140,22 +141,28 @@ def split_fused(name: str, shape: tuple[int, ...]) -> list[ExpertSlice]:
         raise ConvertError(f"tensor {name}: not a fused expert tensor [E, rows, cols] (shape {list(shape)})")
     E, rows, _ = shape
     out: list[ExpertSlice] = []
-    if fused.kind == "gate_up_proj":
+    if fused.projection == "gate_up":
         if rows % 2:
             raise ConvertError(
                 f"tensor {name}: fused gate_up_proj needs an even row count (2I), got shape {list(shape)}"
             )
         half = rows // 2
         for e in range(E):
-            out.append(ExpertSlice(f"{fused.base}.{e}.gate_proj.weight", e, 0, half))
-            out.append(ExpertSlice(f"{fused.base}.{e}.up_proj.weight", e, half, rows))
+            out.append(ExpertSlice(expert_tensor_name(fused.base, e, "gate"), e, 0, half))
+            out.append(ExpertSlice(expert_tensor_name(fused.base, e, "up"), e, half, rows))
     else:
-        out = [ExpertSlice(f"{fused.base}.{e}.down_proj.weight", e, 0, rows) for e in range(E)]
+        out = [ExpertSlice(expert_tensor_name(fused.base, e, "down"), e, 0, rows) for e in range(E)]
     return out
 
 
 def is_router(name: str) -> bool:
-    return name.endswith(_ROUTER_SUFFIXES)
+    return parse_name(name).role is TensorRole.ROUTER
+
+
+def is_embedding(name: str) -> bool:
+    """An embedding or output-head weight (``embed_tokens.weight``, ``lm_head.weight``; rule 3)."""
+    parsed = parse_name(name)
+    return parsed.role in (TensorRole.EMBED, TensorRole.HEAD) and parsed.suffix == "weight"
 
 
 def classify(name: str, ndim: int, num_hidden_layers: int | None) -> Role:
@@ -174,7 +181,7 @@ def classify(name: str, ndim: int, num_hidden_layers: int | None) -> Role:
             f"tensor {name}: cannot classify a {ndim}-D tensor (only fused expert tensors "
             f"experts.gate_up_proj / experts.down_proj may have 3 dims)"
         )
-    if name.endswith(_EMBED_SUFFIXES):
+    if is_embedding(name):
         return Role.EMBED
     if fused is not None or expert_of(name) is not None:
         return Role.EXPERT

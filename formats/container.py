@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from colitools.formats.errors import FormatError, ResolveError
+from colitools.formats.names import WEIGHT_SUFFIXES, TensorRole, parse_name
 from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
 from colitools.formats.registry import Float, Int4Grouped, Int4Row, Mxfp4
 from colitools.formats.resolver import (
@@ -107,10 +108,6 @@ def _show(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------ config-implied shapes
-_EXPERT_RE = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight(_packed)?$")
-_EMBED_RE = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight(_packed)?$")
-
-
 def _int(config: Mapping[str, Any], *keys: str) -> int | None:
     for key in keys:
         value = config.get(key)
@@ -136,10 +133,13 @@ def config_shapes(
     expert_i = _int(config, "moe_intermediate_size", "intermediate_size")
     implied: dict[str, tuple[int | None, int | None]] = {}
     for name in names:
-        if _EMBED_RE.search(name):
+        parsed = parse_name(name)
+        if parsed.suffix not in WEIGHT_SUFFIXES:
+            continue
+        if parsed.role in (TensorRole.EMBED, TensorRole.HEAD):
             implied[name] = (vocab, hidden)
-        elif m := _EXPERT_RE.search(name):
-            implied[name] = (hidden, expert_i) if m.group(1) in ("down_proj", "w2") else (expert_i, hidden)
+        elif parsed.expert is not None and parsed.projection is not None:
+            implied[name] = (hidden, expert_i) if parsed.projection == "down" else (expert_i, hidden)
     return {name: dims for name, dims in implied.items() if dims != (None, None)}
 
 
