@@ -176,13 +176,22 @@ def parse_name(name: str) -> TensorName:
         leaf, suffix = parts[leaf_at], ".".join(parts[leaf_at + 1 :])
         module = ".".join(parts[start:leaf_at]) if start <= leaf_at else ""
         projection = PROJECTIONS.get(leaf)
-        if leaf_at > 0 and parts[leaf_at - 1] == EXPERTS and leaf in EXPERT_STACKS and suffix in ("", "weight"):
+        if (
+            leaf_at > 0
+            and parts[leaf_at - 1] == EXPERTS
+            and leaf in EXPERT_STACKS
+            and suffix in ("", "weight")
+        ):
             projection, expert_base = EXPERT_STACKS[leaf], ".".join(parts[:leaf_at])
     role = _role(parts, leaf, module, expert, expert_base)
-    return TensorName(name, root, layer_prefix, layer, module, expert, expert_base, leaf, projection, role, suffix)
+    return TensorName(
+        name, root, layer_prefix, layer, module, expert, expert_base, leaf, projection, role, suffix
+    )
 
 
-def _role(parts: list[str], leaf: str, module: str, expert: int | None, expert_base: str | None) -> TensorRole:
+def _role(
+    parts: list[str], leaf: str, module: str, expert: int | None, expert_base: str | None
+) -> TensorRole:
     if any(len(parts) >= len(r) and tuple(parts[-len(r) :]) == r for r in _ROUTER_PARTS):
         return TensorRole.ROUTER
     if leaf in EMBEDDINGS:

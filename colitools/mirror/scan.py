@@ -1,6 +1,7 @@
 """Which routed experts each shard holds, and how many bytes of each (MIRROR-SPEC "plan", first step).
 
-A routed-expert tensor is a per-expert tensor of an MoE layer (FORMATS-SPEC §4 names)::
+A routed-expert tensor is a per-expert tensor of an MoE layer (FORMATS-SPEC §4 names, parsed by the tensor-name
+map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the spellings)::
 
     ...layers.{L}.mlp.experts.{E}.{gate_proj,up_proj,down_proj}.weight        (+ ".qs" sidecar)
     ...layers.{L}.block_sparse_moe.experts.{E}.{w1,w2,w3}[.weight]             (Mixtral; + ".qs")
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.errors import MirrorError
+from colitools.formats.names import EXPERTS, MOE_BLOCKS, SUFFIXLESS_PROJECTIONS, parse_name
 from colitools.formats.safetensors_io import SafetensorsFile
 
 __all__ = [
@@ -38,13 +39,12 @@ __all__ = [
 
 ExpertKey = tuple[int, int]  # (layer, expert)
 
-_EXPERT_TENSOR = re.compile(
-    r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<expert>\d+)\."
-    r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)"
-    r"(?P<suffix>|\.weight|\.weight\.qs|\.qs|\.weight_packed|\.weight_scale|\.weight_scale_inv)$"
+# The engine routes an expert by its first tensor: the gate projection's weight, codes or bare Mixtral name.
+_ROUTED_SUFFIX = frozenset({"", "weight", "weight_packed"})
+# What may follow a routed expert's projection: weights, codes and every scale spelling.
+_EXPERT_SUFFIXES = frozenset(
+    {"", "weight", "weight.qs", "qs", "weight_packed", "weight_scale", "weight_scale_inv"}
 )
-_ROUTED_PROJ = frozenset({"gate_proj", "w1"})
-_ROUTED_SUFFIX = frozenset({"", ".weight", ".weight_packed"})
 
 PLANAR_LAYOUT = "planar64-v8"
 
@@ -64,14 +64,21 @@ class ExpertTensor:
 
 def classify_expert_tensor(name: str) -> ExpertTensor | None:
     """The routed expert a tensor belongs to, or None for every other tensor (shared experts included)."""
-    m = _EXPERT_TENSOR.search(name)
-    if m is None:
+    parsed = parse_name(name)
+    block, _, container = parsed.module.partition(".")
+    if (
+        parsed.layer is None
+        or parsed.expert is None
+        or container != EXPERTS
+        or block not in MOE_BLOCKS
+        or parsed.projection is None
+        or parsed.suffix not in _EXPERT_SUFFIXES
+        # a bare projection name (no suffix) is only Mixtral's spelling; `gate_proj` always has a suffix
+        or (parsed.suffix == "" and parsed.leaf not in SUFFIXLESS_PROJECTIONS)
+    ):
         return None
-    routed = m["proj"] in _ROUTED_PROJ and m["suffix"] in _ROUTED_SUFFIX
-    # a bare projection name (no suffix) is only Mixtral's spelling; `gate_proj` always has a suffix
-    if m["suffix"] == "" and m["proj"] not in ("w1", "w2", "w3"):
-        return None
-    return ExpertTensor(int(m["layer"]), int(m["expert"]), routed)
+    routed = parsed.projection == "gate" and parsed.suffix in _ROUTED_SUFFIX
+    return ExpertTensor(parsed.layer, parsed.expert, routed)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.names import module_path
 from colitools.runtime.config import ModelArgs, mla_softmax_scale
 from colitools.runtime.ops import Linear, layer_norm, rms_norm, softmax
 from colitools.runtime.rope import Rope
@@ -73,7 +74,7 @@ class GQAAttention:
     ``"head"`` (Qwen3 / GLM: per-head RMSNorm of weight ``[head_dim]``). Biases are used when present."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, qk_norm: str | None, rope: Rope):
-        p = f"model.layers.{layer}.self_attn"
+        p = module_path(layer, "self_attn")
         H, D = args.hidden_size, args.head_dim
         self.nq, self.nkv, self.D = args.num_attention_heads, args.num_key_value_heads, D
         self.q = Linear.load(ckpt, f"{p}.q_proj", self.nq * D, H, bias=None)
@@ -131,7 +132,7 @@ class DSAIndexer:
     tied selections can differ from it. The oracles are seed-checked to have no tie at the boundary."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, rope: Rope):
-        p = f"model.layers.{layer}.self_attn.indexer"
+        p = module_path(layer, "self_attn.indexer")
         self.nh, self.D, self.topk = args.index_n_heads, args.index_head_dim, args.index_topk
         self.wq_b = Linear.load(ckpt, f"{p}.wq_b", self.nh * self.D, args.q_lora_rank)
         self.wk = Linear.load(ckpt, f"{p}.wk", self.D, args.hidden_size)
@@ -176,7 +177,7 @@ class MLAAttention:
     per position, so expanding once per token equals transformers' re-expansion of the cached latents."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, rope: Rope, indexer: DSAIndexer | None):
-        p = f"model.layers.{layer}.self_attn"
+        p = module_path(layer, "self_attn")
         H, nh = args.hidden_size, args.num_attention_heads
         self.nh, self.nope, self.rd, self.vd = (
             nh,

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.names import expert_tensor_name, layer_path, module_path, stack_name
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore, StoreStats
 from colitools.runtime.moe import SparseMoE
@@ -65,7 +66,7 @@ class LayerContext:
         self.stores: dict[int, ExpertStore] = {}
 
     def decoder_layer(self, layer: int, attn, ffn) -> DecoderLayer:
-        p, H = f"model.layers.{layer}", self.args.hidden_size
+        p, H = layer_path(layer), self.args.hidden_size
         return DecoderLayer(
             attn,
             ffn,
@@ -75,7 +76,7 @@ class LayerContext:
         )
 
     def dense_mlp(self, layer: int) -> MLP:
-        return MLP(self.ckpt, f"model.layers.{layer}.mlp", self.args.hidden_size, self.args.intermediate_size)
+        return MLP(self.ckpt, module_path(layer, "mlp"), self.args.hidden_size, self.args.intermediate_size)
 
     def sparse_moe(self, layer: int) -> SparseMoE:
         store = ExpertStore(
@@ -90,18 +91,19 @@ class LayerContext:
 def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stored, Stored]]:
     """Stored (gate, up, down) of every routed expert of a layer: per-expert tensors, or slices of the fused
     ``experts.gate_up_proj [E, 2I, H]`` (gate rows first) and ``experts.down_proj [E, H, I]``."""
-    p = f"model.layers.{layer}.mlp.experts"
+    p = module_path(layer, "mlp.experts")
     H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
-    if ckpt.has(f"{p}.gate_up_proj"):
+    gate_up, down = stack_name(p, "gate_up"), stack_name(p, "down")
+    if ckpt.has(gate_up):
         return [
-            (ckpt.fused_expert(f"{p}.gate_up_proj", e, E, slice(0, I), I, H),
-             ckpt.fused_expert(f"{p}.gate_up_proj", e, E, slice(I, 2 * I), I, H),
-             ckpt.fused_expert(f"{p}.down_proj", e, E, slice(0, H), H, I))
+            (ckpt.fused_expert(gate_up, e, E, slice(0, I), I, H),
+             ckpt.fused_expert(gate_up, e, E, slice(I, 2 * I), I, H),
+             ckpt.fused_expert(down, e, E, slice(0, H), H, I))
             for e in range(E)
         ]  # fmt: skip
     return [
-        (ckpt.stored(f"{p}.{e}.gate_proj.weight", I, H), ckpt.stored(f"{p}.{e}.up_proj.weight", I, H),
-         ckpt.stored(f"{p}.{e}.down_proj.weight", H, I))
+        (ckpt.stored(expert_tensor_name(p, e, "gate"), I, H), ckpt.stored(expert_tensor_name(p, e, "up"), I, H),
+         ckpt.stored(expert_tensor_name(p, e, "down"), H, I))
         for e in range(E)
     ]  # fmt: skip
 

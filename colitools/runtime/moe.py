@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.names import module_path
 from colitools.runtime import threads
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore
@@ -67,7 +68,7 @@ class SparseMoE:
     def __init__(
         self, args: ModelArgs, ckpt: Checkpoint, layer: int, store: ExpertStore, usage: np.ndarray | None
     ):
-        p = f"model.layers.{layer}.mlp"
+        p = module_path(layer, "mlp")
         H, E = args.hidden_size, args.num_experts
         self.args, self.layer, self.store, self.usage = args, layer, store, usage
         self.router = Linear(ckpt.resident(f"{p}.gate.weight", E, H))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from colitools.errors import ColitoolsError, RuntimeModelError
 from colitools.formats import reference as ref
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.names import canonical_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import by_name
 from colitools.formats.safetensors_io import SafetensorsFile
@@ -32,21 +32,11 @@ from colitools.runtime.kernels import QTensor
 F32 = np.float32
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 
-# Checkpoint spellings -> canonical names (mlx-lm "sanitize"): one visible place.
-_SANITIZE = [
-    (re.compile(r"\.block_sparse_moe\."), ".mlp."),  # Mixtral (and its router block_sparse_moe.gate)
-    (re.compile(r"\.experts\.(\d+)\.w1\."), r".experts.\1.gate_proj."),
-    (re.compile(r"\.experts\.(\d+)\.w3\."), r".experts.\1.up_proj."),
-    (re.compile(r"\.experts\.(\d+)\.w2\."), r".experts.\1.down_proj."),
-    (re.compile(r"\.shared_expert\."), ".shared_experts."),  # Qwen2-MoE spelling
-]
-
 
 def sanitize(name: str) -> str:
-    """Canonical name of a checkpoint tensor (suffixes ``.qs``, ``_scale_inv``, ``weight_packed`` kept)."""
-    for pattern, repl in _SANITIZE:
-        name = pattern.sub(repl, name)
-    return name
+    """Canonical name of a checkpoint tensor (suffixes ``.qs``, ``_scale_inv``, ``weight_packed`` kept): the
+    spellings of the tensor-name map (``formats/names.py``, mlx-lm's "sanitize") mapped onto the runtime's."""
+    return canonical_name(name)
 
 
 @dataclass(frozen=True)
