@@ -1,0 +1,211 @@
+"""The tensor-name map: every spelling of its tables parses as pinned, builders round-trip, roots are transparent."""
+
+from __future__ import annotations
+
+import pytest
+
+from colitools.formats import names
+from colitools.formats.names import TensorRole as R
+from colitools.formats.names import (
+    canonical_name,
+    expert_tensor_name,
+    layer_path,
+    module_path,
+    natural_key,
+    parse_name,
+    stack_name,
+)
+
+
+def fields(name: str) -> tuple:
+    p = parse_name(name)
+    return (p.root, p.layer_prefix, p.layer, p.module, p.expert, p.leaf, p.projection, p.role, p.suffix)
+
+
+CASES = [
+    # projections (PROJECTIONS), per expert
+    ("model.layers.3.mlp.experts.7.gate_proj.weight",
+     ("model.", "model.layers", 3, "mlp.experts", 7, "gate_proj", "gate", R.EXPERT, "weight")),
+    ("model.layers.3.mlp.experts.7.up_proj.weight",
+     ("model.", "model.layers", 3, "mlp.experts", 7, "up_proj", "up", R.EXPERT, "weight")),
+    ("model.layers.3.mlp.experts.7.down_proj.weight",
+     ("model.", "model.layers", 3, "mlp.experts", 7, "down_proj", "down", R.EXPERT, "weight")),
+    ("model.layers.1.block_sparse_moe.experts.5.w1.weight",
+     ("model.", "model.layers", 1, "block_sparse_moe.experts", 5, "w1", "gate", R.EXPERT, "weight")),
+    ("model.layers.1.block_sparse_moe.experts.5.w3.weight",
+     ("model.", "model.layers", 1, "block_sparse_moe.experts", 5, "w3", "up", R.EXPERT, "weight")),
+    ("model.layers.1.block_sparse_moe.experts.5.w2.weight",
+     ("model.", "model.layers", 1, "block_sparse_moe.experts", 5, "w2", "down", R.EXPERT, "weight")),
+    ("model.layers.1.block_sparse_moe.experts.5.w1",
+     ("model.", "model.layers", 1, "block_sparse_moe.experts", 5, "w1", "gate", R.EXPERT, "")),
+    # suffixes of a per-expert tensor: everything after its leaf
+    ("model.layers.3.mlp.experts.7.gate_proj.weight.qs",
+     ("model.", "model.layers", 3, "mlp.experts", 7, "gate_proj", "gate", R.EXPERT, "weight.qs")),
+    ("model.layers.3.mlp.experts.7.gate_proj.weight_packed",
+     ("model.", "model.layers", 3, "mlp.experts", 7, "gate_proj", "gate", R.EXPERT, "weight_packed")),
+    ("model.layers.0.mlp.experts.2.down_proj.weight_scale_inv",
+     ("model.", "model.layers", 0, "mlp.experts", 2, "down_proj", "down", R.EXPERT, "weight_scale_inv")),
+    ("model.layers.0.mlp.experts.7.w1_extra.weight",
+     ("model.", "model.layers", 0, "mlp.experts", 7, "w1_extra", None, R.EXPERT, "weight")),
+    # expert stacks (EXPERT_STACKS)
+    ("model.layers.3.mlp.experts.gate_up_proj",
+     ("model.", "model.layers", 3, "mlp.experts", None, "gate_up_proj", "gate_up", R.EXPERT_STACK, "")),
+    ("model.layers.3.mlp.experts.down_proj.weight",
+     ("model.", "model.layers", 3, "mlp.experts", None, "down_proj", "down", R.EXPERT_STACK, "weight")),
+    ("model.layers.3.mlp.experts.down_proj.bias",  # not a stack spelling: only [.weight] follows a stack
+     ("model.", "model.layers", 3, "mlp.experts", None, "down_proj", "down", R.OTHER, "bias")),
+    # routers (ROUTERS)
+    ("model.layers.3.mlp.gate.weight",
+     ("model.", "model.layers", 3, "mlp", None, "gate", None, R.ROUTER, "weight")),
+    ("model.layers.3.block_sparse_moe.gate.weight",
+     ("model.", "model.layers", 3, "block_sparse_moe", None, "gate", None, R.ROUTER, "weight")),
+    ("model.layers.3.mlp.shared_expert_gate.weight",
+     ("model.", "model.layers", 3, "mlp", None, "shared_expert_gate", None, R.ROUTER, "weight")),
+    ("model.layers.3.mlp.gate.e_score_correction_bias",
+     ("model.", "model.layers", 3, "mlp.gate", None, "e_score_correction_bias", None, R.ROUTER, "")),
+    # embeddings and heads (EMBEDDINGS, HEADS)
+    ("model.embed_tokens.weight", ("model.", None, None, "", None, "embed_tokens", None, R.EMBED, "weight")),
+    ("lm_head.weight", ("", None, None, "", None, "lm_head", None, R.HEAD, "weight")),
+    ("lm_head.weight_packed", ("", None, None, "", None, "lm_head", None, R.HEAD, "weight_packed")),
+    ("model.layers.61.embed_tokens.weight",
+     ("model.", "model.layers", 61, "", None, "embed_tokens", None, R.EMBED, "weight")),
+    ("xlm_head.weight", ("", None, None, "", None, "xlm_head", None, R.OTHER, "weight")),  # whole components
+    # shared experts (SHARED_EXPERT_MODULES), dense MLPs, norms, attention
+    ("model.layers.3.mlp.shared_experts.up_proj.weight",
+     ("model.", "model.layers", 3, "mlp.shared_experts", None, "up_proj", "up", R.SHARED_EXPERT, "weight")),
+    ("model.layers.0.mlp.shared_expert.down_proj.weight",
+     ("model.", "model.layers", 0, "mlp.shared_expert", None, "down_proj", "down", R.SHARED_EXPERT, "weight")),
+    ("model.layers.0.mlp.gate_proj.weight",
+     ("model.", "model.layers", 0, "mlp", None, "gate_proj", "gate", R.OTHER, "weight")),
+    ("model.layers.3.input_layernorm.weight",
+     ("model.", "model.layers", 3, "", None, "input_layernorm", None, R.NORM, "weight")),
+    ("model.norm.weight", ("model.", None, None, "", None, "norm", None, R.NORM, "weight")),
+    ("model.layers.3.self_attn.q_proj.bias",
+     ("model.", "model.layers", 3, "self_attn", None, "q_proj", None, R.OTHER, "bias")),
+    ("model.layers.3.self_attn.indexer.wk.weight",
+     ("model.", "model.layers", 3, "self_attn.indexer", None, "wk", None, R.OTHER, "weight")),
+    ("model.layers.3.self_attn.q_proj.weight.qs",
+     ("model.", "model.layers", 3, "self_attn", None, "q_proj", None, R.OTHER, "weight.qs")),
+    ("model.layers.3.self_attn.o_proj.weight_scale",
+     ("model.", "model.layers", 3, "self_attn", None, "o_proj", None, R.OTHER, "weight_scale")),
+    # text roots (TEXT_ROOTS), longest first
+    ("model.language_model.layers.2.mlp.experts.1.up_proj.weight",
+     ("model.language_model.", "model.language_model.layers", 2, "mlp.experts", 1, "up_proj", "up",
+      R.EXPERT, "weight")),
+    ("language_model.model.layers.60.block_sparse_moe.experts.383.w1.weight_packed",
+     ("language_model.model.", "language_model.model.layers", 60, "block_sparse_moe.experts", 383, "w1",
+      "gate", R.EXPERT, "weight_packed")),
+    ("language_model.lm_head.weight", ("language_model.", None, None, "", None, "lm_head", None, R.HEAD,
+                                       "weight")),
+    ("model.text_model.embed_tokens.weight",
+     ("model.text_model.", None, None, "", None, "embed_tokens", None, R.EMBED, "weight")),
+    ("model.llm.layers.0.self_attn.k_proj.weight",
+     ("model.llm.", "model.llm.layers", 0, "self_attn", None, "k_proj", None, R.OTHER, "weight")),
+    # unknown names: role other, never an error
+    ("model.layers.3.some.unknown.thing",
+     ("model.", "model.layers", 3, "some.unknown", None, "thing", None, R.OTHER, "")),
+    ("model.layers.3", ("model.", None, None, "layers", None, "3", None, R.OTHER, "")),  # no layer: nothing after
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "want"), CASES)
+def test_parse_pins_every_table_spelling(name, want):
+    assert fields(name) == want
+
+
+def test_every_table_row_is_pinned_by_a_case():
+    # a spelling added to a table needs its own parse case above (this keeps the tables and the tests in step)
+    pinned = [parse_name(name) for name, _ in CASES]
+    seen = {p.root for p in pinned} | {p.leaf for p in pinned} | {p.suffix for p in pinned}
+    seen |= {p.module.split(".")[-1] for p in pinned} | {p.module.split(".")[0] for p in pinned}
+    seen |= {".".join(p.name.split(".")[-k:]) for p in pinned for k in (1, 2, 3)}
+    for table in (names.TEXT_ROOTS, names.PROJECTIONS, names.EXPERT_STACKS, names.ROUTERS, names.EMBEDDINGS,
+                  names.HEADS, names.MOE_BLOCKS, names.SHARED_EXPERT_MODULES, names.SUFFIXES):  # fmt: skip
+        for spelling in table:
+            assert spelling in seen, spelling
+
+
+def test_expert_layer_and_root_are_the_last_and_longest_matches():
+    p = parse_name("a.experts.1.b.experts.3.")  # the last experts.{E}. followed by something
+    assert (p.expert, p.expert_base, p.expert_tensor) == (1, "a.experts", "b.experts.3.")
+    p = parse_name("model.layers.3.foo.layers.2.x")
+    assert (p.layer_prefix, p.layer) == ("model.layers.3.foo.layers", 2)
+    assert parse_name("model.").root == ""  # a root leaves at least one component
+    assert parse_name("experts.3.w1.weight").expert_base == "experts"
+
+
+@pytest.mark.parametrize("root", sorted(names.TEXT_ROOTS))
+@pytest.mark.parametrize(
+    "bare",
+    [
+        "model.layers.3.mlp.experts.7.w1.weight.qs",
+        "model.layers.3.mlp.experts.gate_up_proj",
+        "model.layers.3.mlp.gate.weight",
+        "model.layers.3.mlp.shared_experts.down_proj.weight",
+        "model.layers.3.self_attn.q_proj.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.lm_head.weight",
+    ],
+)
+def test_a_text_root_parses_like_the_bare_name(root, bare):
+    rooted = root + bare[len("model.") :]
+    a, b = parse_name(bare), parse_name(rooted)
+    assert b.root == root
+    assert (a.layer, a.module, a.expert, a.projection, a.role, a.suffix) == (
+        b.layer, b.module, b.expert, b.projection, b.role, b.suffix)  # fmt: skip
+    if a.layer is not None:
+        assert b.layer_prefix == f"{root}layers"
+
+
+@pytest.mark.parametrize("projection", names.PROJECTION_ORDER)
+@pytest.mark.parametrize("suffix", ["weight", "weight.qs", "weight_packed", ""])
+def test_expert_tensor_name_round_trips_through_the_parser(projection, suffix):
+    base = module_path(5, "mlp.experts")
+    name = expert_tensor_name(base, 11, projection, suffix)
+    p = parse_name(name)
+    assert (p.layer, p.module, p.expert, p.expert_base, p.projection, p.role, p.suffix) == (
+        5, "mlp.experts", 11, base, projection, R.EXPERT, suffix)  # fmt: skip
+    assert canonical_name(name) == name
+
+
+@pytest.mark.parametrize("projection", ["gate_up", "down"])
+def test_stack_name_round_trips_through_the_parser(projection):
+    name = stack_name(module_path(2, "mlp.experts"), projection)
+    p = parse_name(name)
+    assert (p.layer, p.expert, p.expert_base, p.projection, p.role) == (
+        2, None, "model.layers.2.mlp.experts", projection, R.EXPERT_STACK)  # fmt: skip
+
+
+def test_layer_builders():
+    assert layer_path(4) == "model.layers.4"
+    assert module_path(4, "self_attn") == "model.layers.4.self_attn"
+    assert layer_path(4, "model.language_model.") == "model.language_model.layers.4"
+    p = parse_name(module_path(4, "self_attn") + ".q_proj.weight")
+    assert (p.layer_prefix, p.layer, p.module) == ("model.layers", 4, "self_attn")
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [
+        ("model.layers.1.block_sparse_moe.experts.3.w1.weight", "model.layers.1.mlp.experts.3.gate_proj.weight"),
+        ("model.layers.1.block_sparse_moe.experts.3.w3.weight_packed",
+         "model.layers.1.mlp.experts.3.up_proj.weight_packed"),
+        ("model.layers.1.block_sparse_moe.experts.3.w2.weight.qs",
+         "model.layers.1.mlp.experts.3.down_proj.weight.qs"),
+        ("model.layers.1.block_sparse_moe.experts.3.w1", "model.layers.1.mlp.experts.3.w1"),  # needs a suffix
+        ("model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.mlp.gate.weight"),
+        ("model.layers.0.mlp.shared_expert.up_proj.weight", "model.layers.0.mlp.shared_experts.up_proj.weight"),
+        ("model.layers.0.mlp.shared_expert_gate.weight", "model.layers.0.mlp.shared_expert_gate.weight"),
+        ("model.layers.0.mlp.experts.7.w1_extra.weight", "model.layers.0.mlp.experts.7.w1_extra.weight"),
+        ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.gate_up_proj"),
+        ("block_sparse_moe.x", "block_sparse_moe.x"),  # the first component is never a module alias
+    ],
+)  # fmt: skip
+def test_canonical_name_maps_module_and_projection_spellings(name, canonical):
+    assert canonical_name(name) == canonical
+
+
+def test_natural_key_compares_numbers_as_numbers():
+    assert sorted(["model.layers.10.a", "model.layers.2.a"], key=natural_key) == [
+        "model.layers.2.a", "model.layers.10.a"]  # fmt: skip
