@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import ConvertError
+from colitools.formats import model_config
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.errors import ConfigError
 from colitools.formats.reference import ceil_div, dequant_fp8_block
 
 FLOAT_SOURCE_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -39,30 +41,23 @@ def fp8_scheme(config: Mapping[str, Any]) -> Fp8Scheme | None:
     """The FP8 scheme declared by ``config.json``'s ``quantization_config``, or None when there is none.
 
     Only ``quant_method: fp8`` with ``fmt: e4m3`` (or no fmt) is understood; any other quantization method is
-    refused (the source is already quantized in a way colitools cannot read)."""
-    qc = config.get("quantization_config")
-    if not qc:
-        return None
-    if not isinstance(qc, Mapping):
-        raise ConvertError(f"config.json: quantization_config is a {type(qc).__name__}, expected an object")
-    method = qc.get("quant_method")
-    if method != "fp8":
-        raise ConvertError(
-            f"config.json: quantization_config.quant_method {method!r} is not supported (only 'fp8')"
-        )
-    fmt = qc.get("fmt", "e4m3")
-    if fmt != "e4m3":
-        raise ConvertError(f"config.json: quantization_config.fmt {fmt!r} is not supported (only 'e4m3')")
-    block = qc.get("weight_block_size", list(DEFAULT_FP8_BLOCK))
-    if (
-        not isinstance(block, list | tuple)
-        or len(block) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
-        raise ConvertError(
-            f"config.json: quantization_config.weight_block_size {block!r} is not two positive ints"
-        )
-    return Fp8Scheme((int(block[0]), int(block[1])))
+    refused (the source is already quantized in a way colitools cannot read). The block is the config facts'
+    ``fp8_block_size`` (``quantization_config.weight_block_size``, default 128 x 128)."""
+    try:
+        qc = model_config.quantization_config(config)
+        if qc is None:
+            return None
+        method = qc.get("quant_method")
+        if method != "fp8":
+            raise ConvertError(
+                f"config.json: quantization_config.quant_method {method!r} is not supported (only 'fp8')"
+            )
+        fmt = qc.get("fmt", "e4m3")
+        if fmt != "e4m3":
+            raise ConvertError(f"config.json: quantization_config.fmt {fmt!r} is not supported (only 'e4m3')")
+        return Fp8Scheme(model_config.fp8_block_size(config) or DEFAULT_FP8_BLOCK)
+    except ConfigError as exc:
+        raise ConvertError(str(exc)) from None
 
 
 def scale_name(weight: str) -> str:

@@ -31,7 +31,9 @@ from colitools.converters.dequant import (
 )
 from colitools.converters.sources import check_shard_name
 from colitools.errors import ConvertError
+from colitools.formats import model_config
 from colitools.formats.dtypes import itemsize
+from colitools.formats.errors import ConfigError
 from colitools.formats.names import natural_key  # the planner imports it from here too
 
 SINGLE_FILE = "model.safetensors"
@@ -92,8 +94,8 @@ class Inventory:
 
     @property
     def num_hidden_layers(self) -> int | None:
-        n = self.config.get("num_hidden_layers")
-        return n if isinstance(n, int) and not isinstance(n, bool) else None
+        """Base decoder layers (the config facts' ``num_hidden_layers``; MTP layers come after them)."""
+        return model_config.num_hidden_layers(self.config)
 
     @property
     def shards(self) -> list[str]:
@@ -109,7 +111,12 @@ def build_inventory(
     """Validate and pair the source tensors.
 
     ``headers``: shard -> tensor -> ``HeaderTensor`` for every shard named in ``weight_map`` (a shard absent
-    from ``headers`` is a missing shard). ``shard_sizes`` defaults to the sum of each shard's tensor bytes."""
+    from ``headers`` is a missing shard). ``shard_sizes`` defaults to the sum of each shard's tensor bytes.
+    ``config`` is validated first (the config facts, ``formats/model_config.py``)."""
+    try:
+        model_config.validate_config(config)
+    except ConfigError as exc:
+        raise ConvertError(str(exc)) from None
     for name, shard in weight_map.items():
         check_shard_name(shard, tensor=name)
         if shard not in headers:
@@ -167,26 +174,15 @@ def build_inventory(
 
 
 # ---------------------------------------------------------------------------------------- config checks
-def _cfg_int(config: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        v = config.get(key)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
 def check_config_shapes(inv: Inventory) -> None:
-    """Shapes that ``config.json`` pins: a mismatch is an error naming the tensor, both shapes and the key."""
-    cfg = inv.config
-    text = cfg.get("text_config")
-    if isinstance(text, Mapping) and "hidden_size" not in cfg:
-        cfg = text  # multimodal configs keep the language model's numbers in text_config
-    H = _cfg_int(cfg, "hidden_size")
-    V = _cfg_int(cfg, "vocab_size")
-    E = _cfg_int(cfg, "n_routed_experts", "num_experts", "num_local_experts")
-    moe_i = _cfg_int(cfg, "moe_intermediate_size")
-    if moe_i is None and _cfg_int(cfg, "num_local_experts") is not None:
-        moe_i = _cfg_int(cfg, "intermediate_size")  # Mixtral: experts use intermediate_size
+    """Shapes that ``config.json`` pins: a mismatch is an error naming the tensor, both shapes and the key.
+
+    The numbers are the config facts (``formats/model_config.py``: text model, expert count and width)."""
+    try:
+        facts = model_config.read_facts(inv.config)
+    except ConfigError as exc:
+        raise ConvertError(str(exc)) from None
+    H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
 
     def expect(name: str, shape: tuple[int, ...], want: tuple[int | None, ...], keys: str) -> None:
         if len(shape) != len(want) or any(

@@ -33,3 +33,7 @@ class EncodeError(FormatError):
 
 class UsageFileError(ColitoolsError):
     """A malformed or incompatible ``.coli_usage`` routing history."""
+
+
+class ConfigError(FormatError):
+    """A ``config.json`` whose keys have the wrong type or range (``formats.model_config``)."""

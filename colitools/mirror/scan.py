@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.errors import MirrorError
+from colitools.formats import model_config
+from colitools.formats.errors import ConfigError
 from colitools.formats.names import EXPERTS, MOE_BLOCKS, SUFFIXLESS_PROJECTIONS, parse_name
 from colitools.formats.safetensors_io import SafetensorsFile
 
@@ -150,11 +152,9 @@ class ModelGeometry:
     n_experts: int | None = None
 
 
-_EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
-
-
 def model_geometry(model_dir: str | os.PathLike) -> ModelGeometry:
-    """Read ``config.json`` of a model directory (all fields None when absent; nested ``text_config`` too)."""
+    """Read ``config.json`` of a model directory (all fields None when absent): the config facts
+    (``formats/model_config.py``, which validate it and unwrap ``text_config``); a count of 0 is None."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         return ModelGeometry()
@@ -164,18 +164,8 @@ def model_geometry(model_dir: str | os.PathLike) -> ModelGeometry:
         raise MirrorError(f"cannot read {path}: {exc}") from None
     if not isinstance(config, dict):
         raise MirrorError(f"{path}: expected a JSON object")
-    scopes: Iterable[dict] = [config] + [config[k] for k in ("text_config",) if isinstance(config.get(k), dict)]
-    engine = n_layers = n_experts = None
-    for scope in scopes:
-        if engine is None and isinstance(scope.get("model_type"), str):
-            engine = scope["model_type"]
-        if n_layers is None and _positive_int(scope.get("num_hidden_layers")):
-            n_layers = scope["num_hidden_layers"]
-        for key in _EXPERT_COUNT_KEYS:
-            if n_experts is None and _positive_int(scope.get(key)):
-                n_experts = scope[key]
-    return ModelGeometry(engine, n_layers, n_experts)
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    try:
+        facts = model_config.read_facts(config, where=str(path))
+    except ConfigError as exc:
+        raise MirrorError(str(exc)) from None
+    return ModelGeometry(facts.model_type, facts.num_hidden_layers, facts.routed_experts or None)

@@ -1,45 +1,49 @@
-"""``ModelArgs``: one dataclass that absorbs the config spellings of every supported family.
+"""``ModelArgs``: the model geometry and options the runtime needs, parsed from ``config.json``.
 
 transformers 5.x configs and hub checkpoints spell the same things differently (ARCHITECTURES.md, "Config
-spellings"): ``rope_parameters`` vs top-level ``rope_theta`` + ``rope_scaling {type|rope_type}``, expert count as
-``num_experts`` / ``num_local_experts`` / ``n_routed_experts``, ``head_dim`` missing or null. Everything is
-normalised here once, so the model code reads plain attributes. Defaults for keys a config omits are the
-transformers 5.24 class defaults of the family.
+spellings"): ``rope_parameters`` vs top-level ``rope_theta`` + ``rope_scaling {type|rope_type}``, ``head_dim``
+missing or null. The keys every family shares are parsed here, once, through the config facts
+(``formats/model_config.py``: validation, text model, expert count and width); what only one family has (its
+defaults, layer schedule, routing, MLA, sliding windows, RoPE layout) is parsed by ``family_args`` in the
+family's own file, found through ``FAMILY_MODULES``. Defaults for keys a config omits are the transformers 5.24
+class defaults of the family (``DEFAULTS`` in each family file).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from colitools.errors import RuntimeModelError
+from colitools.formats import model_config
+from colitools.formats.errors import ConfigError
 
-# Family defaults for keys a hub config.json may omit (transformers 5.24 configuration classes).
-_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "olmoe": {"rms_norm_eps": 1e-5, "norm_topk_prob": False},
-    "qwen2_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
-    "qwen3_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
-    "mixtral": {"rms_norm_eps": 1e-5, "norm_topk_prob": True, "rope_theta": 1e6},
-    "deepseek_v3": {
-        "rms_norm_eps": 1e-6, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8,
-        "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1,
-    },
-    "glm4_moe": {
-        "rms_norm_eps": 1e-5, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_group": 1,
-        "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1, "partial_rotary_factor": 0.5,
-    },
-    "glm_moe_dsa": {
-        "rms_norm_eps": 1e-5, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1,
-        "topk_group": 1, "first_k_dense_replace": 3, "n_shared_experts": 1, "index_topk": 2048,
-        "index_head_dim": 128, "index_n_heads": 32,
-    },
-}  # fmt: skip
+# The families the runtime executes: model_type -> its module in colitools.runtime. A family module defines
+# ``DEFAULTS`` (model_type -> defaults for omitted keys), ``family_args(c, base)`` (its ModelArgs fields
+# beyond the common ones) and ``build_layer(ctx, layer)`` (its decoder layer).
+FAMILY_MODULES: dict[str, str] = {
+    "olmoe": "olmoe",
+    "qwen2_moe": "qwen_moe",
+    "qwen3_moe": "qwen_moe",
+    "mixtral": "mixtral",
+    "deepseek_v3": "deepseek_v3",
+    "glm4_moe": "glm4_moe",
+    "glm_moe_dsa": "deepseek_v3",
+}
 
-SUPPORTED_FAMILIES = tuple(_FAMILY_DEFAULTS)
-MLA_FAMILIES = ("deepseek_v3", "glm_moe_dsa")
+
+def family_module(model_type: str | None, where: str = "config.json") -> ModuleType:
+    """The runtime module of a family (``FAMILY_MODULES``); RuntimeModelError for an unsupported type."""
+    if model_type not in FAMILY_MODULES:
+        raise RuntimeModelError(
+            f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(FAMILY_MODULES)})"
+        )
+    return importlib.import_module(f"colitools.runtime.{FAMILY_MODULES[model_type]}")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,21 @@ class RopeArgs:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+
+
+class ConfigKeys(dict):
+    """The text model's config keys with the family's defaults under them (null values dropped), plus the
+    ``model_type`` and the file they came from (``where``) for error messages."""
+
+    def __init__(self, model_type: str, values: dict[str, Any], where: str):
+        super().__init__(values)
+        self.model_type, self.where = model_type, where
+
+    def need(self, key: str) -> Any:
+        """The value of a key the family cannot do without."""
+        if key not in self:
+            raise RuntimeModelError(f"{self.where}: {self.model_type} config has no {key!r}")
+        return self[key]
 
 
 @dataclass
@@ -107,14 +126,6 @@ class ModelArgs:
     eos_token_ids: list[int] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @property
-    def is_mla(self) -> bool:
-        return self.model_type in MLA_FAMILIES
-
-    @property
-    def n_moe_layers(self) -> int:
-        return sum(self.moe_layers)
-
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelArgs:
         path = Path(model_dir) / "config.json"
@@ -130,105 +141,60 @@ class ModelArgs:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "config.json") -> ModelArgs:
+        """Validate ``config`` (the config facts), parse the keys every family shares, then the family's own
+        (``family_args`` of its module)."""
+        try:
+            facts = model_config.read_facts(config, where)
+        except ConfigError as exc:
+            raise RuntimeModelError(str(exc)) from None
         mt = config.get("model_type")
-        if mt not in _FAMILY_DEFAULTS:
-            raise RuntimeModelError(
-                f"{where}: model_type {mt!r} is not supported (supported: {', '.join(SUPPORTED_FAMILIES)})"
-            )
-        c = {**_FAMILY_DEFAULTS[mt], **{k: v for k, v in config.items() if v is not None}}
+        family = family_module(mt, where)
+        text = model_config.text_config(config)
+        c = ConfigKeys(mt, {**family.DEFAULTS[mt], **{k: v for k, v in text.items() if v is not None}}, where)
 
-        def need(key: str) -> Any:
-            if key not in c:
-                raise RuntimeModelError(f"{where}: {mt} config has no {key!r}")
-            return c[key]
-
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
-        n_layers = int(need("num_hidden_layers"))
+        hidden = int(c.need("hidden_size"))
+        heads = int(c.need("num_attention_heads"))
+        n_layers = int(c.need("num_hidden_layers"))
         kv_heads = int(c.get("num_key_value_heads") or heads)
         act = c.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise RuntimeModelError(f"{where}: hidden_act {act!r} is not supported (silu)")
-        n_experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
+        n_experts = facts.routed_experts or 0
         if n_experts <= 0:
             raise RuntimeModelError(
                 f"{where}: no expert count (num_experts / num_local_experts / n_routed_experts)"
             )
-        mla = mt in MLA_FAMILIES
-        head_dim = int(c.get("head_dim") or hidden // heads)
         inter = int(c.get("intermediate_size", 0))
-        moe_inter = int(c.get("moe_intermediate_size") or inter)
-        if mt in ("olmoe", "mixtral"):
-            moe_inter = inter  # these families size experts with intermediate_size
-        args = cls(
+        base: dict[str, Any] = dict(
             model_type=mt,
-            vocab_size=int(need("vocab_size")),
+            vocab_size=int(c.need("vocab_size")),
             hidden_size=hidden,
             num_hidden_layers=n_layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=head_dim,
+            head_dim=int(c.get("head_dim") or hidden // heads),
             intermediate_size=inter,
-            moe_intermediate_size=moe_inter,
+            moe_intermediate_size=int(facts.expert_width or 0),
             num_experts=n_experts,
-            num_experts_per_tok=int(need("num_experts_per_tok")),
-            rms_norm_eps=float(need("rms_norm_eps")),
-            rope=_rope_args(c, mt, hidden, heads, where),
+            num_experts_per_tok=int(c.need("num_experts_per_tok")),
+            rms_norm_eps=float(c.need("rms_norm_eps")),
             norm_topk_prob=bool(c.get("norm_topk_prob", False)),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
             clip_qkv=float(c["clip_qkv"]) if c.get("clip_qkv") is not None else None,
             use_qk_norm=bool(c.get("use_qk_norm", False)),
+            sliding_windows=[None] * n_layers,
             eos_token_ids=_int_list(c.get("eos_token_id")),
             raw=dict(config),
         )
-        args.sliding_windows = _sliding_windows(c, mt, n_layers)
-        if mt in ("olmoe", "mixtral"):
-            args.moe_layers = [True] * n_layers
-            args.norm_topk_prob = args.norm_topk_prob or mt == "mixtral"  # Mixtral always renormalises
-        elif mt in ("qwen2_moe", "qwen3_moe"):
-            step = int(c.get("decoder_sparse_step") or 1)
-            only = set(c.get("mlp_only_layers") or [])
-            args.moe_layers = [(i not in only) and (i + 1) % step == 0 for i in range(n_layers)]
-            if mt == "qwen2_moe":
-                args.shared_expert_intermediate_size = int(c.get("shared_expert_intermediate_size", 0))
-                args.shared_expert_gated = True
-        else:  # DeepSeek-V3 style: dense first_k_dense_replace layers, noaux_tc routing, shared experts
-            types = c.get("mlp_layer_types")
-            if types:
-                args.moe_layers = [t == "sparse" for t in types]
-            else:
-                k = int(c.get("first_k_dense_replace", 0))
-                args.moe_layers = [i >= k for i in range(n_layers)]
-            args.router = "noaux_tc"
-            args.routed_scaling_factor = float(c.get("routed_scaling_factor", 1.0))
-            args.n_group = int(c.get("n_group") or 1)
-            args.topk_group = int(c.get("topk_group") or 1)
-            args.shared_expert_intermediate_size = moe_inter * int(c.get("n_shared_experts") or 0)
-            if n_experts % args.n_group:
-                raise RuntimeModelError(
-                    f"{where}: {n_experts} experts do not split into n_group = {args.n_group}"
-                )
+        fields = {**base, **family.family_args(c, base)}
+        if "rope" not in fields:  # the families' default: half-layout RoPE over head_dim x partial factor
+            fields["rope"] = rope_args(c, base["head_dim"])
+        args = cls(**fields)
         if len(args.moe_layers) != n_layers:
             raise RuntimeModelError(
                 f"{where}: mlp_layer_types has {len(args.moe_layers)} entries for {n_layers} layers"
             )
-        if mla:
-            args.q_lora_rank = int(c["q_lora_rank"]) if c.get("q_lora_rank") else None
-            args.kv_lora_rank = int(need("kv_lora_rank"))
-            args.qk_nope_head_dim = int(need("qk_nope_head_dim"))
-            args.qk_rope_head_dim = int(need("qk_rope_head_dim"))
-            args.v_head_dim = int(need("v_head_dim"))
-            args.head_dim = args.qk_nope_head_dim + args.qk_rope_head_dim
-            if kv_heads != heads:
-                raise RuntimeModelError(f"{where}: MLA needs num_key_value_heads == num_attention_heads")
-        if mt == "glm_moe_dsa":
-            if args.q_lora_rank is None:
-                raise RuntimeModelError(f"{where}: glm_moe_dsa needs q_lora_rank")
-            args.index_topk = int(need("index_topk"))
-            args.index_head_dim = int(need("index_head_dim"))
-            args.index_n_heads = int(need("index_n_heads"))
-            args.indexer_full = _indexer_types(c, n_layers, where)
         if heads % kv_heads:
             raise RuntimeModelError(f"{where}: {heads} attention heads do not split into {kv_heads} kv heads")
         return args
@@ -242,25 +208,17 @@ def _int_list(value: Any) -> list[int]:
     return [int(value)]
 
 
-def _rope_args(c: dict[str, Any], mt: str, hidden: int, heads: int, where: str) -> RopeArgs:
-    """Standardise ``rope_parameters`` / ``rope_scaling`` + ``rope_theta`` + ``partial_rotary_factor``."""
+def rope_args(c: ConfigKeys, dim: int, *, partial: bool = True, interleaved: bool = False) -> RopeArgs:
+    """Standardise ``rope_parameters`` / ``rope_scaling`` + ``rope_theta`` + ``partial_rotary_factor`` for
+    RoPE over ``dim`` dims per head (times ``partial_rotary_factor`` unless ``partial`` is false)."""
+    where = c.where
     params = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
     rope_type = params.get("rope_type") or params.get("type") or "default"
-    theta = float(
-        params.get("rope_theta") or c.get("rope_theta") or _FAMILY_DEFAULTS[mt].get("rope_theta", 10000.0)
-    )
-    partial = params.get("partial_rotary_factor", c.get("partial_rotary_factor"))
-    if mt in MLA_FAMILIES:
-        dim = int(
-            c["qk_rope_head_dim"]
-        )  # RoPE acts on the rope slice only (config.head_dim := qk_rope_head_dim)
-        partial = 1.0
-    else:
-        dim = int(c.get("head_dim") or hidden // heads)
-    dim = int(dim * float(partial if partial is not None else 1.0))
+    theta = float(params.get("rope_theta") or c.get("rope_theta") or 10000.0)
+    factor_of_dims = params.get("partial_rotary_factor", c.get("partial_rotary_factor")) if partial else 1.0
+    dim = int(dim * float(factor_of_dims if factor_of_dims is not None else 1.0))
     if dim % 2:
         raise RuntimeModelError(f"{where}: odd rotary dimension {dim}")
-    interleaved = mt == "glm_moe_dsa" or (mt == "deepseek_v3" and bool(c.get("rope_interleave", True)))
     if rope_type not in ("default", "yarn", "linear"):
         raise RuntimeModelError(f"{where}: rope type {rope_type!r} is not supported (default, yarn, linear)")
     factor = params.get("factor")
@@ -285,6 +243,30 @@ def _rope_args(c: dict[str, Any], mt: str, hidden: int, heads: int, where: str) 
     )
 
 
+def noaux_tc_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3-style routing (DeepSeek-V3, GLM-4.5, GLM-5): dense ``first_k_dense_replace`` layers (or
+    ``mlp_layer_types``), group-limited sigmoid routing (``noaux_tc``), ``n_shared_experts`` shared experts."""
+    types = c.get("mlp_layer_types")
+    if types:
+        moe_layers = [t == "sparse" for t in types]
+    else:
+        k = int(c.get("first_k_dense_replace", 0))
+        moe_layers = [i >= k for i in range(base["num_hidden_layers"])]
+    n_group = int(c.get("n_group") or 1)
+    if base["num_experts"] % n_group:
+        raise RuntimeModelError(
+            f"{c.where}: {base['num_experts']} experts do not split into n_group = {n_group}"
+        )
+    return dict(
+        moe_layers=moe_layers,
+        router="noaux_tc",
+        routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
+        n_group=n_group,
+        topk_group=int(c.get("topk_group") or 1),
+        shared_expert_intermediate_size=base["moe_intermediate_size"] * int(c.get("n_shared_experts") or 0),
+    )
+
+
 def mla_softmax_scale(args: ModelArgs) -> float:
     """DeepSeek's attention scale: ``(nope+rope)^-0.5``, times ``mscale^2`` for a scaled RoPE with
     ``mscale_all_dim`` (transformers ``yarn_apply_mscale``)."""
@@ -295,38 +277,3 @@ def mla_softmax_scale(args: ModelArgs) -> float:
         m = 0.1 * float(r.mscale_all_dim) * math.log(factor) + 1.0 if factor > 1 else 1.0
         scale = scale * m * m
     return scale
-
-
-def _sliding_windows(c: dict[str, Any], mt: str, n_layers: int) -> list[int | None]:
-    window = c.get("sliding_window")
-    if mt == "mixtral":
-        return [int(window) if window else None] * n_layers
-    if mt == "qwen3_moe":
-        on = bool(c.get("use_sliding_window")) and window
-        return [int(window) if on else None] * n_layers
-    if mt == "qwen2_moe" and c.get("use_sliding_window") and window:
-        types = c.get("layer_types") or [
-            "sliding_attention"
-            if (i + 1) % 2 and i < int(c.get("max_window_layers", 28))
-            else "full_attention"
-            for i in range(n_layers)
-        ]
-        return [int(window) if t == "sliding_attention" else None for t in types]
-    return [None] * n_layers
-
-
-def _indexer_types(c: dict[str, Any], n_layers: int, where: str) -> list[bool]:
-    types = c.get("indexer_types")
-    if types is None:
-        pattern = c.get("index_topk_pattern")
-        if pattern is not None:
-            types = (
-                [{"F": "full", "S": "shared"}[ch] for ch in pattern] if isinstance(pattern, str) else pattern
-            )
-        else:
-            freq = max(int(c.get("index_topk_freq", 1)), 1)
-            offset = int(c.get("index_skip_topk_offset", 2))
-            types = ["full" if (max(i - offset + 1, 0) % freq) == 0 else "shared" for i in range(n_layers)]
-    if len(types) != n_layers or any(t not in ("full", "shared") for t in types) or types[0] != "full":
-        raise RuntimeModelError(f"{where}: bad indexer_types {types!r}")
-    return [t == "full" for t in types]

@@ -5,13 +5,13 @@ x = embed[ids]
 for each layer: x = x + Attn(RMSNorm_in(x)); x = x + FFN(RMSNorm_post(x))
 logits = RMSNorm_final(x) @ lm_head.T
 ```
-Each family file (``olmoe.py``, ``qwen_moe.py``, ``mixtral.py``, ``deepseek_v3.py``, ``glm4_moe.py``) only says
-which attention and feed-forward a layer has; ``LayerContext`` hands out the shared pieces.
+Each family file (``olmoe.py``, ``qwen_moe.py``, ``mixtral.py``, ``deepseek_v3.py``, ``glm4_moe.py``, found by
+``model_type`` through ``config.FAMILY_MODULES``) parses its own config keys (``family_args``) and says which
+attention and feed-forward a layer has (``build_layer``); ``LayerContext`` hands out the shared pieces.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,7 @@ import numpy as np
 
 from colitools.errors import RuntimeModelError
 from colitools.formats.names import expert_tensor_name, layer_path, module_path, stack_name
-from colitools.runtime.config import ModelArgs
+from colitools.runtime.config import ModelArgs, family_module
 from colitools.runtime.experts import ExpertStore, StoreStats
 from colitools.runtime.moe import SparseMoE
 from colitools.runtime.ops import MLP, Embedding, Linear, rms_norm
@@ -28,16 +28,6 @@ from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint, Stored
 
 F32 = np.float32
-
-FAMILIES = {
-    "olmoe": "olmoe",
-    "qwen2_moe": "qwen_moe",
-    "qwen3_moe": "qwen_moe",
-    "mixtral": "mixtral",
-    "deepseek_v3": "deepseek_v3",
-    "glm_moe_dsa": "deepseek_v3",
-    "glm4_moe": "glm4_moe",
-}
 
 USAGE_FILE = ".coli_usage"
 
@@ -253,7 +243,7 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
         raise RuntimeModelError(f"--cap must be >= 1, got {cap}")
     if ram_gb is not None and ram_gb <= 0:
         raise RuntimeModelError(f"--ram-gb must be > 0, got {ram_gb}")
-    family = importlib.import_module(f"colitools.runtime.{FAMILIES[args.model_type]}")
+    family = family_module(args.model_type)
     ckpt = Checkpoint(model_dir, args.raw)
     try:
         rope = Rope(args.rope)

@@ -3,8 +3,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from colitools.runtime.attention import GQAAttention
+from colitools.runtime.config import ConfigKeys
 from colitools.runtime.model import DecoderLayer, LayerContext
+
+DEFAULTS = {"olmoe": {"rms_norm_eps": 1e-5, "norm_topk_prob": False}}  # transformers 5.24 OlmoeConfig
+
+
+def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
+    """Every layer is MoE; experts are sized by ``intermediate_size``."""
+    return dict(
+        moe_layers=[True] * base["num_hidden_layers"], moe_intermediate_size=base["intermediate_size"]
+    )
 
 
 def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:

@@ -8,8 +8,51 @@ Both: softmax top-k router (renormalised with ``norm_topk_prob``); layer ``L`` i
 
 from __future__ import annotations
 
+from typing import Any
+
 from colitools.runtime.attention import GQAAttention
+from colitools.runtime.config import ConfigKeys
 from colitools.runtime.model import DecoderLayer, LayerContext
+
+DEFAULTS = {  # transformers 5.24 Qwen2MoeConfig / Qwen3MoeConfig
+    "qwen2_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
+    "qwen3_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
+}
+
+
+def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
+    """The MoE layer schedule, Qwen2's gated shared expert, and the sliding windows."""
+    n_layers = base["num_hidden_layers"]
+    step = int(c.get("decoder_sparse_step") or 1)
+    only = set(c.get("mlp_only_layers") or [])
+    out: dict[str, Any] = dict(
+        moe_layers=[(i not in only) and (i + 1) % step == 0 for i in range(n_layers)],
+        sliding_windows=_sliding_windows(c, n_layers),
+    )
+    if c.model_type == "qwen2_moe":
+        out.update(
+            shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size", 0)),
+            shared_expert_gated=True,
+        )
+    return out
+
+
+def _sliding_windows(c: ConfigKeys, n_layers: int) -> list[int | None]:
+    """Qwen3: one window for every layer with ``use_sliding_window``. Qwen2: windows on the
+    ``sliding_attention`` layers of ``layer_types`` (default: odd layers below ``max_window_layers``)."""
+    window = c.get("sliding_window")
+    if c.model_type == "qwen3_moe":
+        on = bool(c.get("use_sliding_window")) and window
+        return [int(window) if on else None] * n_layers
+    if c.get("use_sliding_window") and window:
+        types = c.get("layer_types") or [
+            "sliding_attention"
+            if (i + 1) % 2 and i < int(c.get("max_window_layers", 28))
+            else "full_attention"
+            for i in range(n_layers)
+        ]
+        return [int(window) if t == "sliding_attention" else None for t in types]
+    return [None] * n_layers
 
 
 def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:

@@ -122,3 +122,43 @@ def test_partial_rope_leaves_the_tail_untouched():
     c, s = r.cos_sin(np.array([0, 5]))
     y = r.apply(x, c, s)
     assert np.array_equal(y[..., 12:], x[..., 12:]) and np.array_equal(y[0], x[0])  # position 0 = identity
+
+
+def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
+    """``FAMILY_MODULES`` is the one list of families: each module holds its defaults, ``family_args`` and
+    ``build_layer``, and the defaults of a type are the ones its ModelArgs get."""
+    from colitools.runtime.config import FAMILY_MODULES, family_module
+
+    assert set(FAMILY_MODULES) == {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
+                                   "glm_moe_dsa"}  # fmt: skip
+    for mt in FAMILY_MODULES:
+        module = family_module(mt)
+        assert mt in module.DEFAULTS and callable(module.family_args) and callable(module.build_layer)
+        cfg = {"model_type": mt, "num_experts": 8, **BASE, **MLA, "intermediate_size": 32,
+               "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}  # fmt: skip
+        a = ModelArgs.from_config(cfg)
+        assert a.rms_norm_eps == module.DEFAULTS[mt]["rms_norm_eps"] and len(a.moe_layers) == 4
+
+
+def test_mla_rope_uses_the_rope_slice_and_olmoe_mixtral_size_experts_by_intermediate_size():
+    ds = ModelArgs.from_config({"model_type": "deepseek_v3", "n_routed_experts": 8, **BASE, **MLA,
+                                "intermediate_size": 32, "moe_intermediate_size": 16, "n_group": 1,
+                                "topk_group": 1, "rope_interleave": False})  # fmt: skip
+    assert ds.rope.dim == 8 and not ds.rope.interleaved and ds.head_dim == 16
+    assert ds.shared_expert_intermediate_size == 16 and ds.moe_layers == [False, False, False, True]
+    for mt in ("olmoe", "mixtral"):
+        a = ModelArgs.from_config({"model_type": mt, "num_experts": 4, **BASE, "intermediate_size": 32,
+                                   "moe_intermediate_size": 16})  # fmt: skip
+        assert a.moe_intermediate_size == 32
+
+
+def test_malformed_values_are_one_runtime_error_naming_the_key():
+    for bad, shown in (({"num_hidden_layers": "two"}, 'num_hidden_layers is "two"'),
+                       ({"num_attention_heads": 0}, "num_attention_heads is 0"),
+                       ({"num_experts_per_tok": 9}, "more than the 8 routed experts")):  # fmt: skip
+        with pytest.raises(RuntimeModelError, match=shown):
+            ModelArgs.from_config({"model_type": "olmoe", "num_experts": 8, **BASE, "intermediate_size": 32,
+                                   **bad})  # fmt: skip
+    with pytest.raises(RuntimeModelError, match="qk_rope_head_dim"):  # was a KeyError
+        ModelArgs.from_config({"model_type": "deepseek_v3", "n_routed_experts": 8, **BASE, "n_group": 1,
+                               **{k: v for k, v in MLA.items() if k != "qk_rope_head_dim"}})  # fmt: skip

@@ -1,0 +1,383 @@
+"""Config facts: what ``config.json`` says about a model, read and validated in one place.
+
+Converters, the runtime, the mirror and the container checks all read the model's geometry through this module,
+so every command agrees on one precedence and refuses the same malformed configs with the same line::
+
+    config.json: num_hidden_layers is 'two' (expected an integer >= 1)
+
+Precedence (documented in docs/INTERNALS.md, "Config facts"):
+
+* **Text model.** Multimodal configs keep the language model's keys under ``text_config``; it is used when the
+  top level has no ``hidden_size`` (``text_config``). ``model_type`` is the top level's (the checkpoint's type,
+  e.g. ``kimi_k25``), else the text model's.
+* **Routed expert count** (``routed_expert_count``, the one reader): ``n_routed_experts``, then
+  ``num_local_experts``, then ``num_experts``; null counts as absent. Two of them with different values are
+  refused (the config is ambiguous). ``0`` means no routed experts (a dense model).
+* **Expert width** (``expert_width``): ``moe_intermediate_size``, else ``intermediate_size`` (OLMoE and Mixtral
+  configs only have the latter).
+* **Layers**: ``num_hidden_layers`` is the base decoder; MTP layers (``num_nextn_predict_layers``, else
+  ``mtp_num_hidden_layers``) come after it (layer indices ``>= num_hidden_layers``).
+* **Quantization**: ``quantization_config`` at the top level, else the text model's; the FP8 block is its
+  ``weight_block_size`` (two positive ints).
+
+``validate_config`` checks the type and range of every key colitools reads (integers are JSON integers, never
+booleans or floats; floats are finite; booleans are ``true``/``false``), plus ``num_experts_per_tok`` against the
+expert count. Every error is a ``ConfigError`` naming ``where``, the key and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from colitools.formats.errors import ConfigError
+
+__all__ = [
+    "EXPERT_COUNT_KEYS",
+    "MTP_LAYER_KEYS",
+    "ConfigFacts",
+    "expert_width",
+    "experts_per_token",
+    "fp8_block_size",
+    "hidden_size",
+    "model_type",
+    "mtp_layer_count",
+    "num_hidden_layers",
+    "quantization_config",
+    "read_facts",
+    "routed_expert_count",
+    "text_config",
+    "validate_config",
+    "vocab_size",
+]
+
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")  # in precedence order
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in precedence order
+
+_MAX_INT = 2**31 - 1  # no dimension or count of a real model comes near; bigger is a corrupt config
+_MAX_LAYERS = 1 << 16
+_MAX_EXPERTS = 1 << 20
+
+# key -> (kind, minimum, maximum); kinds: int, float (finite, ints accepted), bool, str, ints, strs, map, eos
+_TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
+    "hidden_size": ("int", 1, _MAX_INT),
+    "vocab_size": ("int", 1, _MAX_INT),
+    "num_hidden_layers": ("int", 1, _MAX_LAYERS),
+    "num_attention_heads": ("int", 1, _MAX_INT),
+    "num_key_value_heads": ("int", 1, _MAX_INT),
+    "head_dim": ("int", 1, _MAX_INT),
+    "intermediate_size": ("int", 0, _MAX_INT),
+    "moe_intermediate_size": ("int", 1, _MAX_INT),
+    "shared_expert_intermediate_size": ("int", 0, _MAX_INT),
+    "n_routed_experts": ("int", 0, _MAX_EXPERTS),
+    "num_local_experts": ("int", 0, _MAX_EXPERTS),
+    "num_experts": ("int", 0, _MAX_EXPERTS),
+    "num_experts_per_tok": ("int", 1, _MAX_EXPERTS),
+    "n_shared_experts": ("int", 0, _MAX_EXPERTS),
+    "n_group": ("int", 1, _MAX_EXPERTS),
+    "topk_group": ("int", 1, _MAX_EXPERTS),
+    "first_k_dense_replace": ("int", 0, _MAX_LAYERS),
+    "decoder_sparse_step": ("int", 1, _MAX_LAYERS),
+    "num_nextn_predict_layers": ("int", 0, _MAX_LAYERS),
+    "mtp_num_hidden_layers": ("int", 0, _MAX_LAYERS),
+    "max_position_embeddings": ("int", 1, 2**62),
+    "original_max_position_embeddings": ("int", 1, 2**62),
+    "max_window_layers": ("int", 0, _MAX_INT),
+    "sliding_window": ("int", 0, 2**62),
+    "q_lora_rank": ("int", 0, _MAX_INT),
+    "kv_lora_rank": ("int", 1, _MAX_INT),
+    "qk_nope_head_dim": ("int", 0, _MAX_INT),
+    "qk_rope_head_dim": ("int", 0, _MAX_INT),
+    "v_head_dim": ("int", 1, _MAX_INT),
+    "index_topk": ("int", 1, 2**62),
+    "index_head_dim": ("int", 1, _MAX_INT),
+    "index_n_heads": ("int", 1, _MAX_INT),
+    "index_topk_freq": ("int", 0, _MAX_LAYERS),
+    "index_skip_topk_offset": ("int", 0, _MAX_LAYERS),
+    "rms_norm_eps": ("float", 0, None),
+    "rope_theta": ("float", 0, None),
+    "partial_rotary_factor": ("float", 0, 1),
+    "routed_scaling_factor": ("float", None, None),
+    "clip_qkv": ("float", 0, None),
+    "norm_topk_prob": ("bool", None, None),
+    "tie_word_embeddings": ("bool", None, None),
+    "use_qk_norm": ("bool", None, None),
+    "use_sliding_window": ("bool", None, None),
+    "rope_interleave": ("bool", None, None),
+    "model_type": ("str", None, None),
+    "hidden_act": ("str", None, None),
+    "eos_token_id": ("eos", None, None),
+    "mlp_only_layers": ("ints", 0, _MAX_LAYERS),
+    "mlp_layer_types": ("strs", None, None),
+    "layer_types": ("strs", None, None),
+    "indexer_types": ("strs", None, None),
+    "rope_parameters": ("map", None, None),
+    "rope_scaling": ("map", None, None),
+}  # fmt: skip
+
+_ROPE_KEYS: dict[str, tuple[str, float | None, float | None]] = {
+    "rope_type": ("str", None, None),
+    "type": ("str", None, None),
+    "rope_theta": ("float", 0, None),
+    "partial_rotary_factor": ("float", 0, 1),
+    "factor": ("float", 0, None),
+    "original_max_position_embeddings": ("int", 1, 2**62),
+    "beta_fast": ("float", None, None),
+    "beta_slow": ("float", None, None),
+    "mscale": ("float", None, None),
+    "mscale_all_dim": ("float", None, None),
+    "attention_factor": ("float", None, None),
+    "truncate": ("bool", None, None),
+}
+
+
+# ------------------------------------------------------------------------------------------------ access
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's keys: ``config["text_config"]`` when the top level has no ``hidden_size``."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and "hidden_size" not in config:
+        return text
+    return config
+
+
+def model_type(config: Mapping[str, Any]) -> str | None:
+    """The top level's ``model_type`` (the checkpoint's type), else the text model's; None when neither."""
+    for scope in (config, text_config(config)):
+        value = scope.get("model_type")
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _int_of(scope: Mapping[str, Any], key: str, where: str, prefix: str = "") -> int | None:
+    value = scope.get(key)
+    if value is None:
+        return None
+    kind, lo, hi = _TEXT_KEYS[key]
+    _check(f"{prefix}{key}", value, kind, lo, hi, where)
+    return value
+
+
+def hidden_size(config: Mapping[str, Any], where: str = "config.json") -> int | None:
+    """``hidden_size`` of the text model."""
+    text, prefix = _text(config)
+    return _int_of(text, "hidden_size", where, prefix)
+
+
+def vocab_size(config: Mapping[str, Any], where: str = "config.json") -> int | None:
+    """``vocab_size`` of the text model."""
+    text, prefix = _text(config)
+    return _int_of(text, "vocab_size", where, prefix)
+
+
+def num_hidden_layers(config: Mapping[str, Any], where: str = "config.json") -> int | None:
+    """Layers of the base decoder (``num_hidden_layers``); MTP layers are not included."""
+    text, prefix = _text(config)
+    return _int_of(text, "num_hidden_layers", where, prefix)
+
+
+def mtp_layer_count(config: Mapping[str, Any], where: str = "config.json") -> int:
+    """Multi-token-prediction layers after the base decoder (``num_nextn_predict_layers``, else
+    ``mtp_num_hidden_layers``); 0 when the config names none."""
+    text, prefix = _text(config)
+    for key in MTP_LAYER_KEYS:
+        n = _int_of(text, key, where, prefix)
+        if n is not None:
+            return n
+    return 0
+
+
+def routed_expert_count(config: Mapping[str, Any], where: str = "config.json") -> int | None:
+    """The number of routed experts per MoE layer: ``n_routed_experts``, then ``num_local_experts``, then
+    ``num_experts`` (null = absent); None when the config names none, 0 for "no routed experts".
+
+    This is the one reader of the expert count: converters, runtime, mirror and container checks call it."""
+    text, prefix = _text(config)
+    found: dict[str, int] = {}
+    for key in EXPERT_COUNT_KEYS:
+        n = _int_of(text, key, where, prefix)
+        if n is not None:
+            found[key] = n
+    if len(set(found.values())) > 1:
+        shown = ", ".join(f"{prefix}{k} = {v}" for k, v in found.items())
+        raise ConfigError(f"{where}: conflicting expert counts ({shown})")
+    return next(iter(found.values()), None)
+
+
+def experts_per_token(config: Mapping[str, Any], where: str = "config.json") -> int | None:
+    """``num_experts_per_tok`` of the text model (validated against the expert count by ``validate_config``)."""
+    text, prefix = _text(config)
+    return _int_of(text, "num_experts_per_tok", where, prefix)
+
+
+def expert_width(config: Mapping[str, Any], where: str = "config.json") -> int | None:
+    """The routed experts' intermediate size: ``moe_intermediate_size``, else ``intermediate_size``."""
+    text, prefix = _text(config)
+    width = _int_of(text, "moe_intermediate_size", where, prefix)
+    return width if width is not None else _int_of(text, "intermediate_size", where, prefix)
+
+
+def quantization_config(config: Mapping[str, Any], where: str = "config.json") -> Mapping[str, Any] | None:
+    """``quantization_config`` of the top level, else of the text model; None when absent, null or empty."""
+    for scope, prefix in ((config, ""), _text(config)):
+        qc = scope.get("quantization_config")
+        if not qc:  # absent, null, {} (and, as before, any other empty value)
+            continue
+        if not isinstance(qc, Mapping):
+            raise ConfigError(
+                f"{where}: {prefix}quantization_config is a {type(qc).__name__}, expected an object"
+            )
+        return qc
+    return None
+
+
+def fp8_block_size(config: Mapping[str, Any], where: str = "config.json") -> tuple[int, int] | None:
+    """``quantization_config.weight_block_size`` as ``(rows, cols)``; None when the config declares none."""
+    qc = quantization_config(config, where)
+    if qc is None or qc.get("weight_block_size") is None:
+        return None
+    block = qc["weight_block_size"]
+    if (
+        not isinstance(block, list | tuple)
+        or len(block) != 2
+        or not all(_is_int(b) and 0 < b <= _MAX_INT for b in block)
+    ):
+        raise ConfigError(
+            f"{where}: quantization_config.weight_block_size {block!r} is not two positive ints"
+        )
+    return (int(block[0]), int(block[1]))
+
+
+# -------------------------------------------------------------------------------------------- validation
+def validate_config(config: Any, where: str = "config.json") -> None:
+    """Check the type and range of every key colitools reads; ConfigError naming ``where``, key and value."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{where}: the model config is not a JSON object")
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, Mapping):
+        raise ConfigError(f"{where}: text_config is {_show(text)} (expected an object)")
+    if "model_type" in config:
+        _check("model_type", config["model_type"], "str", None, None, where)
+    scope, prefix = _text(config)
+    for key, (kind, lo, hi) in _TEXT_KEYS.items():
+        value = scope.get(key)
+        if value is not None:
+            _check(f"{prefix}{key}", value, kind, lo, hi, where)
+    for rope_key in ("rope_parameters", "rope_scaling"):
+        params = scope.get(rope_key)
+        if params:
+            for key, (kind, lo, hi) in _ROPE_KEYS.items():
+                if params.get(key) is not None:
+                    _check(f"{prefix}{rope_key}.{key}", params[key], kind, lo, hi, where)
+    fp8_block_size(config, where)
+    n_experts = routed_expert_count(config, where)
+    per_token = experts_per_token(config, where)
+    if per_token is not None and n_experts and per_token > n_experts:
+        raise ConfigError(
+            f"{where}: {prefix}num_experts_per_tok is {per_token}, more than the {n_experts} routed experts"
+        )
+
+
+@dataclass(frozen=True)
+class ConfigFacts:
+    """The facts of one validated ``config.json`` (None where the config does not say)."""
+
+    model_type: str | None
+    hidden_size: int | None
+    vocab_size: int | None
+    num_hidden_layers: int | None
+    mtp_layers: int
+    routed_experts: int | None
+    experts_per_token: int | None
+    expert_width: int | None
+    fp8_block: tuple[int, int] | None
+
+    @property
+    def total_layers(self) -> int | None:
+        """Base decoder layers plus MTP layers."""
+        return None if self.num_hidden_layers is None else self.num_hidden_layers + self.mtp_layers
+
+
+def read_facts(config: Any, where: str = "config.json") -> ConfigFacts:
+    """Validate ``config`` (``validate_config``) and return its facts."""
+    validate_config(config, where)
+    return ConfigFacts(
+        model_type=model_type(config),
+        hidden_size=hidden_size(config, where),
+        vocab_size=vocab_size(config, where),
+        num_hidden_layers=num_hidden_layers(config, where),
+        mtp_layers=mtp_layer_count(config, where),
+        routed_experts=routed_expert_count(config, where),
+        experts_per_token=experts_per_token(config, where),
+        expert_width=expert_width(config, where),
+        fp8_block=fp8_block_size(config, where),
+    )
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _text(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    text = text_config(config)
+    return text, ("text_config." if text is not config else "")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _show(value: Any) -> str:
+    """The value as config.json spells it (JSON), shortened."""
+    if _is_int(value) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check(key: str, value: Any, kind: str, lo: float | None, hi: float | None, where: str) -> None:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{where}: {key} is {_show(value)} (expected {expected})")
+
+    def in_range(v: float) -> bool:
+        return (
+            (lo is None or v >= lo) and (hi is None or v <= hi) and (kind != "float" or lo is None or v > lo)
+        )
+
+    if kind in ("int", "float"):
+        expected = "an integer" if kind == "int" else "a number"
+        if lo is not None and hi is not None:
+            expected += f" in {'(' if kind == 'float' else '['}{_num(lo)}, {_num(hi)}]"
+        elif lo is not None:
+            expected += f" {'>' if kind == 'float' else '>='} {_num(lo)}"
+        ok_type = _is_int(value) or (kind == "float" and isinstance(value, float) and math.isfinite(value))
+        if not ok_type or not in_range(value):
+            raise bad(expected)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise bad("a string")
+    elif kind == "map":
+        if not isinstance(value, Mapping):
+            raise bad("an object")
+    elif kind == "eos":
+        items = value if isinstance(value, list) else [value]
+        if not all(_is_int(v) and 0 <= v <= _MAX_INT for v in items):
+            raise bad("a token id or a list of token ids")
+    elif kind == "ints":
+        if not isinstance(value, list) or not all(_is_int(v) and in_range(v) for v in value):
+            raise bad(f"a list of integers in [{_num(lo)}, {_num(hi)}]")
+    elif kind == "strs":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad("a list of strings")
+    else:  # pragma: no cover - a typo in the tables above
+        raise AssertionError(kind)
+
+
+def _num(v: float | None) -> str:
+    return str(int(v)) if v is not None and float(v).is_integer() else str(v)
