@@ -74,6 +74,11 @@ class MatmulKind(StrEnum):
     INT2_ROW = "int2-row"
 
 
+def block_grid(O: int, I: int, br: int, bc: int) -> tuple[int, int]:
+    """The ``[ceil(O/br), ceil(I/bc)]`` grid of block scales (FP8 sources and fp8-e4m3-b128)."""
+    return (ceil_div(O, br), ceil_div(I, bc))
+
+
 FORMATS: dict[int, type[Format]] = {}
 _BY_NAME: dict[str, type[Format]] = {}
 
@@ -430,11 +435,12 @@ class Fp8E4m3B128(Format):
     name = "fp8-e4m3-b128"
     kernel_code = 6  # decoders only: written by passthrough, never encoded
     matmul_kind = MatmulKind.FP8_B128
+    block: ClassVar[tuple[int, int]] = (ref.FP8_BLOCK, ref.FP8_BLOCK)
     row_align = ref.FP8_BLOCK
 
     @classmethod
     def scale_grid(cls, O, I, gs=None):
-        return (ceil_div(O, ref.FP8_BLOCK), ceil_div(I, ref.FP8_BLOCK))
+        return block_grid(O, I, *cls.block)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
