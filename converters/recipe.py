@@ -292,6 +292,16 @@ class Target:
         return not self.format_class.quantized
 
     @property
+    def is_bf16(self) -> bool:
+        """A float tensor stored as BF16 (else float tensors are F32)."""
+        return self.fmt == BF16
+
+    @property
+    def is_passthrough(self) -> bool:
+        """Source bytes written unchanged (fp8-e4m3-b128): quantized, but not a format colitools encodes."""
+        return self.format_class.quantized and not self.format_class.writable
+
+    @property
     def label(self) -> str:
         """The recipe-style name of what is written (``int4-g64``, ``int8-row``, ``bf16``, ...)."""
         if self.fmt != BF16 and self.format_class.grouped:

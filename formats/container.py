@@ -19,8 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from colitools.formats.errors import FormatError, ResolveError
-from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
-from colitools.formats.registry import Float, Int4Grouped, Int4Row, Mxfp4
+from colitools.formats.planar import PLANAR_LAYOUT
+from colitools.formats.registry import (
+    FORMATS,
+    MX_SCALE_SUFFIX,
+    PACKED_SUFFIX,
+    QS_SUFFIX,
+    Float,
+    Mxfp4,
+)
 from colitools.formats.resolver import (
     SHAPES_KEY,
     STAMP_KEY,
@@ -41,9 +48,7 @@ __all__ = [
     "resolve_container",
 ]
 
-QS_SUFFIX = ".qs"
-PACKED_SUFFIX = ".weight_packed"
-MX_SCALE_SUFFIX = ".weight_scale"
+# QS_SUFFIX, PACKED_SUFFIX, MX_SCALE_SUFFIX: the formats' tensor names, owned by registry.py.
 FLOAT_WEIGHT_DTYPES = frozenset({"F32", "BF16", "F16"})  # fmt 0 ("f32"): plain float tensors
 MX_SCALE_DTYPES = frozenset({"U8", "F8_E8M0"})  # one E8M0 byte per block either way
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -325,10 +330,7 @@ def _resolve_weight(
             )
         O, I = shapes[name]
         fmt = resolve_format(name, info.nbytes, scale_info.nbytes, O, I, stamp)
-    if layout == PLANAR_LAYOUT and not (
-        (fmt.fmt == Int4Row.ord or (fmt.fmt == Int4Grouped.ord and fmt.group_size == PLANAR_BLOCK))
-        and I % PLANAR_BLOCK == 0
-    ):
+    if layout == PLANAR_LAYOUT and not FORMATS[fmt.fmt].planar_eligible(I, fmt.group_size):
         raise ResolveError(
             f"{where}: {PLANAR_LAYOUT} shard holds tensor {name} as {fmt.label} [{O}, {I}]; planar needs "
             f"int4-row or int4-g64 with I % 64 == 0"
