@@ -26,6 +26,7 @@ from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
 from colitools.formats import layouts, registry, resolver
+from colitools.formats.names import GROUPED_OPTION_PREFIX
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
@@ -305,7 +306,7 @@ class Target:
     def label(self) -> str:
         """The recipe-style name of what is written (``int4-g64``, ``int8-row``, ``bf16``, ...)."""
         if self.fmt != BF16 and self.format_class.grouped:
-            return f"int4-g{self.gs}"
+            return f"{GROUPED_OPTION_PREFIX}{self.gs}"
         return self.fmt
 
     def tensor_names(self, out_name: str) -> tuple[str, str | None]:

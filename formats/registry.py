@@ -27,12 +27,17 @@ import numpy as np
 
 from colitools.formats import reference as ref
 from colitools.formats.errors import EncodeError, FormatError, ResolveError, ResolveReason
+from colitools.formats.names import (
+    DEFAULT_GROUP_SIZE,
+    GROUP_SIZES,
+    GROUPED_OPTION_PREFIX,
+    RECIPE_FORMAT_NAMES,
+)
 from colitools.formats.planar import PLANAR_BLOCK
 
 ceil_div = ref.ceil_div
 
-GROUP_SIZES: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 192, 256)
-DEFAULT_GROUP_SIZE = 64
+# GROUP_SIZES, DEFAULT_GROUP_SIZE, RECIPE_FORMAT_NAMES: the names users type, in names.py (numpy-free).
 
 # name -> (block_elems, block_bytes): bytes of one weight row = ceil(I / block_elems) * block_bytes.
 BYTE_TABLE: dict[str, tuple[int, int]] = {
@@ -98,6 +103,12 @@ class Format:
     planar_matmul_kind: ClassVar[MatmulKind | None] = None  # the same in the planar64-v8 layout
     rowwise_scales: ClassVar[bool] = False  # row o's values need only row o of the scales
     row_align: ClassVar[int] = 1  # rows a parallel kernel must keep together (scale blocks)
+    read_only: ClassVar[bool] = False  # recognised by the resolver, never written by colitools
+    # ``colitools formats``: byte formulas as text (tests evaluate them against the arithmetic above) and the
+    # scale tensor's name and dtype.
+    weight_formula: ClassVar[str]
+    scale_formula: ClassVar[str]
+    scale_tensor_label: ClassVar[str] = "<name>.qs F32"
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -205,6 +216,9 @@ class Float(Format):
 
     ord = 0
     name = "f32"
+    weight_formula = "O * I * itemsize (F32 4, BF16/F16 2)"
+    scale_formula = "none"
+    scale_tensor_label = "-"
     quantized = False
     matmul_kind = MatmulKind.F32
 
@@ -232,6 +246,8 @@ class Float(Format):
 class Int8Row(Format):
     ord = 1
     name = "int8-row"
+    weight_formula = "O * I"
+    scale_formula = "O * 4"
     kernel_code = 0
     writable = True
     matmul_kind = MatmulKind.INT8_ROW
@@ -253,6 +269,8 @@ class Int8Row(Format):
 class Int4Row(Format):
     ord = 2
     name = "int4-row"
+    weight_formula = "O * ceil(I/2)"
+    scale_formula = "O * 4"
     kernel_code = 1
     writable = True
     matmul_kind = MatmulKind.INT4
@@ -279,6 +297,8 @@ class Int4Row(Format):
 class Int2Row(Format):
     ord = 3
     name = "int2-row"
+    weight_formula = "O * ceil(I/4)"
+    scale_formula = "O * 4"
     kernel_code = 2
     writable = True
     matmul_kind = MatmulKind.INT2_ROW
@@ -300,6 +320,8 @@ class Int2Row(Format):
 class Int4Grouped(Format):
     ord = 4
     name = "int4-grouped"
+    weight_formula = "O * ceil(I/2)"
+    scale_formula = "O * ceil(I/gs) * 4"
     grouped = True
     kernel_code = 3
     writable = True
@@ -350,6 +372,8 @@ class Int4Grouped(Format):
 class Int3G64(Format):
     ord = 5
     name = "int3-g64"
+    weight_formula = "O * ceil(I/64) * 24"
+    scale_formula = "O * ceil(I/64) * 4"
     kernel_code = 4
     writable = True
     matmul_kind = MatmulKind.INT3_G64
@@ -373,6 +397,9 @@ class E8Iq3Lattice(Format):
 
     ord = 6
     name = "e8-iq3-lattice"
+    weight_formula = "O * ceil(I/256) * 98"
+    scale_formula = "4"
+    read_only = True
 
     @classmethod
     def scale_grid(cls, O, I, gs=None):
@@ -388,6 +415,9 @@ class Mxfp4(Format):
 
     ord = 7
     name = "mxfp4"
+    weight_formula = "O * I/2"
+    scale_formula = "O * I/32"
+    scale_tensor_label = "<base>.weight_scale U8 (E8M0)"
     scale_dtype = "U8"  # E8M0 bytes, not F32
     scale_numpy = np.uint8
     kernel_code = 5
@@ -433,6 +463,8 @@ class Fp8E4m3B128(Format):
 
     ord = 8
     name = "fp8-e4m3-b128"
+    weight_formula = "O * I"
+    scale_formula = "ceil(O/128) * ceil(I/128) * 4"
     kernel_code = 6  # decoders only: written by passthrough, never encoded
     matmul_kind = MatmulKind.FP8_B128
     block: ClassVar[tuple[int, int]] = (ref.FP8_BLOCK, ref.FP8_BLOCK)
@@ -526,15 +558,9 @@ class FormatChoice:
     gs: int | None = None
 
 
-RECIPE_FORMAT_NAMES = (
-    "f32", "bf16", "int8-row", "int4-row", "int2-row",
-    *(f"int4-g{g}" for g in GROUP_SIZES), "int3-g64", "mxfp4", "fp8",
-)  # fmt: skip
-
-
 def parse_format_option(option: str) -> FormatChoice:
     """Parse a recipe format name (``--experts int4-g64`` etc.), raising FormatError for unknown names."""
-    m = re.fullmatch(r"int4-g(\d+)", option)
+    m = re.fullmatch(re.escape(GROUPED_OPTION_PREFIX) + r"(\d+)", option)
     if m and int(m.group(1)) in GROUP_SIZES:
         return FormatChoice(option, Int4Grouped, int(m.group(1)))
     simple = {

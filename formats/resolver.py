@@ -25,6 +25,7 @@ from typing import Any
 
 from colitools.formats import layouts
 from colitools.formats.errors import FormatError, ResolveError, ResolveReason
+from colitools.formats.names import GROUPED_OPTION_PREFIX
 from colitools.formats.registry import (
     FALLBACK_FORMAT,
     E8Iq3Lattice,
@@ -82,7 +83,7 @@ class Resolved:
     @property
     def label(self) -> str:
         """``int4-grouped`` with its group size as ``int4-g64``; other formats by their name."""
-        return f"int4-g{self.group_size}" if self.group_size is not None else self.name
+        return f"{GROUPED_OPTION_PREFIX}{self.group_size}" if self.group_size is not None else self.name
 
 
 # ------------------------------------------------------------------------------------ one tensor (§3)
