@@ -193,7 +193,7 @@ class Recipe:
     dense: str = DEFAULT_OPTIONS["dense"]
     embed: str = DEFAULT_OPTIONS["embed"]
     mtp: str = DEFAULT_OPTIONS["mtp"]
-    layout: str = "pairs"
+    layout: str = layouts.PAIRS.option
 
     @classmethod
     def from_options(
