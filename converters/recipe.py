@@ -26,7 +26,7 @@ from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
 from colitools.formats import layouts, registry, resolver
-from colitools.formats.names import GROUPED_OPTION_PREFIX
+from colitools.formats.format_names import GROUPED_OPTION_PREFIX
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,

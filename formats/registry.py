@@ -27,7 +27,7 @@ import numpy as np
 
 from colitools.formats import reference as ref
 from colitools.formats.errors import EncodeError, FormatError, ResolveError, ResolveReason
-from colitools.formats.names import (
+from colitools.formats.format_names import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
     GROUPED_OPTION_PREFIX,
@@ -37,7 +37,7 @@ from colitools.formats.planar import PLANAR_BLOCK
 
 ceil_div = ref.ceil_div
 
-# GROUP_SIZES, DEFAULT_GROUP_SIZE, RECIPE_FORMAT_NAMES: the names users type, in names.py (numpy-free).
+# GROUP_SIZES, DEFAULT_GROUP_SIZE, RECIPE_FORMAT_NAMES: the names users type, in format_names.py (numpy-free).
 
 # name -> (block_elems, block_bytes): bytes of one weight row = ceil(I / block_elems) * block_bytes.
 BYTE_TABLE: dict[str, tuple[int, int]] = {

@@ -25,7 +25,7 @@ from typing import Any
 
 from colitools.formats import layouts
 from colitools.formats.errors import FormatError, ResolveError, ResolveReason
-from colitools.formats.names import GROUPED_OPTION_PREFIX
+from colitools.formats.format_names import GROUPED_OPTION_PREFIX
 from colitools.formats.registry import (
     FALLBACK_FORMAT,
     E8Iq3Lattice,

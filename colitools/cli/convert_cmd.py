@@ -9,7 +9,7 @@ import typer
 
 from colitools.cli.app import app
 from colitools.formats import layouts
-from colitools.formats.names import recipe_format_summary
+from colitools.formats.format_names import recipe_format_summary
 
 _FMT = recipe_format_summary()
 _LAYOUTS = " | ".join(
