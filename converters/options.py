@@ -7,6 +7,7 @@ from typing import Any
 
 from colitools.converters.diskfloor import GB, gb
 from colitools.converters.recipe import Recipe
+from colitools.formats.layouts import PAIRS
 
 DEFAULT_MIN_FREE_GB = 5.0
 
@@ -20,7 +21,7 @@ class ConvertOptions:
     embed: str | None = None
     mtp: str | None = None
     group_size: int | None = None
-    layout: str = "pairs"
+    layout: str = PAIRS.option  # a --layout value (formats/layouts.py)
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False

@@ -24,7 +24,8 @@ from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key
 from colitools.errors import ConvertError
 from colitools.formats.dtypes import itemsize
-from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
+from colitools.formats.layouts import PLANAR
+from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
 
 GLOBALS = "globals"
@@ -50,7 +51,7 @@ class TensorJob:
     def weight_entry(self) -> Entry:
         wname, _ = self.target.tensor_names(self.out_name)
         if self.target.is_float:
-            return (wname, "BF16" if self.target.fmt == "bf16" else "F32", self.shape)
+            return (wname, "BF16" if self.target.is_bf16 else "F32", self.shape)
         return (wname, "U8", self.target.format_class.weight_shape(self.O, self.I, self.target.gs))
 
     @cached_property
@@ -256,7 +257,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         jobs = by_unit[ukey]
         key = GLOBALS if ukey[0] == 0 else f"{ukey[1]}.{ukey[2]}"
         fallbacks.extend(j.target.fallback for j in jobs if j.target.fallback)
-        planar_jobs = [j for j in jobs if recipe.layout == "planar" and j.role is rc.Role.EXPERT]
+        planar_jobs = [j for j in jobs if recipe.layout == PLANAR.option and j.role is rc.Role.EXPERT]
         for j in planar_jobs:
             _check_planar(j)
         rest = [j for j in jobs if j not in planar_jobs] if planar_jobs else jobs
@@ -311,10 +312,7 @@ def _jobs_for(src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block) ->
 
 def _check_planar(job: TensorJob) -> None:
     t = job.target
-    ok = (
-        t.fmt == "int4-row" or (t.fmt == "int4-grouped" and t.gs == PLANAR_BLOCK)
-    ) and job.I % PLANAR_BLOCK == 0
-    if not ok:
+    if not t.format_class.planar_eligible(job.I, t.gs):
         raise ConvertError(
             f"--layout planar: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
             f"{t.label}; {PLANAR_LAYOUT} needs int4-row or int4-g64 with I % 64 == 0"

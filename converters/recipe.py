@@ -24,7 +24,8 @@ from enum import StrEnum
 from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
-from colitools.formats import resolver
+from colitools.formats import layouts, registry, resolver
+from colitools.formats.format_names import GROUPED_OPTION_PREFIX
 from colitools.formats.names import (
     PROJECTION_ORDER,
     TensorRole,
@@ -34,15 +35,17 @@ from colitools.formats.names import (
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
+    Float,
     Format,
     by_name,
     parse_format_option,
     writer_group_size,
 )
 
-LAYOUTS = ("pairs", "planar")
+LAYOUTS = layouts.OPTION_NAMES  # the --layout values (formats/layouts.py)
 DEFAULT_OPTIONS = {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "mtp": "int8-row"}
-FALLBACK_FORMAT = "int8-row"
+FALLBACK_FORMAT = registry.FALLBACK_FORMAT.name
+BF16 = "bf16"  # Target.fmt of a float tensor stored as BF16 (the recipe option of the same name)
 
 
 class Role(StrEnum):
@@ -197,7 +200,7 @@ class Recipe:
     dense: str = DEFAULT_OPTIONS["dense"]
     embed: str = DEFAULT_OPTIONS["embed"]
     mtp: str = DEFAULT_OPTIONS["mtp"]
-    layout: str = "pairs"
+    layout: str = layouts.PAIRS.option
 
     @classmethod
     def from_options(
@@ -207,7 +210,7 @@ class Recipe:
         embed: str | None = None,
         mtp: str | None = None,
         group_size: int | None = None,
-        layout: str = "pairs",
+        layout: str = layouts.PAIRS.option,
     ) -> Recipe:
         """Build and validate a recipe from CLI-style options.
 
@@ -289,28 +292,33 @@ class Target:
     fallback: Fallback | None = None
 
     @property
-    def is_float(self) -> bool:
-        return self.fmt in ("f32", "bf16")
+    def format_class(self) -> type[Format]:
+        return Float if self.fmt == BF16 else by_name(self.fmt)
 
     @property
-    def format_class(self) -> type[Format]:
-        return by_name("f32" if self.fmt == "bf16" else self.fmt)
+    def is_float(self) -> bool:
+        return not self.format_class.quantized
+
+    @property
+    def is_bf16(self) -> bool:
+        """A float tensor stored as BF16 (else float tensors are F32)."""
+        return self.fmt == BF16
+
+    @property
+    def is_passthrough(self) -> bool:
+        """Source bytes written unchanged (fp8-e4m3-b128): quantized, but not a format colitools encodes."""
+        return self.format_class.quantized and not self.format_class.writable
 
     @property
     def label(self) -> str:
         """The recipe-style name of what is written (``int4-g64``, ``int8-row``, ``bf16``, ...)."""
-        if self.fmt == "int4-grouped":
-            return f"int4-g{self.gs}"
+        if self.fmt != BF16 and self.format_class.grouped:
+            return f"{GROUPED_OPTION_PREFIX}{self.gs}"
         return self.fmt
 
     def tensor_names(self, out_name: str) -> tuple[str, str | None]:
         """``(weight tensor name, scale tensor name or None)`` for output tensor ``out_name``."""
-        if self.is_float:
-            return out_name, None
-        if self.fmt == "mxfp4":
-            base = out_name[: -len(".weight")] if out_name.endswith(".weight") else out_name
-            return f"{base}.weight_packed", f"{base}.weight_scale"
-        return out_name, f"{out_name}.qs"
+        return self.format_class.tensor_names(out_name)
 
 
 @dataclass(frozen=True)
@@ -342,9 +350,9 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
     name = ""
     role = Role.EXPERT if expert else Role.FLOAT if float_role else Role.DENSE
     if role is Role.FLOAT:
-        return Target("f32")
+        return Target(Float.name)
     choice = parse_format_option(option)
-    if choice.option in ("f32", "bf16"):
+    if not choice.fmt.quantized:  # f32 or bf16
         return Target(choice.option)
 
     def fallback(reason: str) -> Target:
@@ -358,7 +366,7 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
 
     fmt_name = choice.fmt.name
     gs: int | None = None
-    if choice.option == "fp8":
+    if not choice.fmt.writable:  # fp8: passthrough of the source's bytes
         if source.fp8_block != (128, 128):
             what = (
                 f"FP8 with {source.fp8_block[0]}x{source.fp8_block[1]} blocks"
@@ -370,26 +378,24 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
             )
         if source.fused:
             return fallback("fp8 passthrough of a fused expert tensor is not supported")
-    elif fmt_name == "int4-grouped":
+    elif choice.fmt.grouped:
         gs = writer_group_size(I, choice.gs or DEFAULT_GROUP_SIZE)
         if gs is None:  # I <= gs: one group per row is int4-row (same values and bytes), spec §2.4
-            fmt_name = "int4-row"
+            fmt_name = registry.Int4Row.name
     try:
         choice.fmt.check_encodable(O, I, name=name)
     except FormatError as exc:
-        return fallback(_reason(name, exc))
+        return fallback(_reason(exc))
     try:  # §3: stamp only genuinely ambiguous signatures, never a routed expert; else fall back
         stamp = resolver.stamp_for(name, fmt_name, O, I, gs, allow_stamp=role is not Role.EXPERT)
         resolver.check_roundtrip(name, fmt_name, gs, O, I, stamp)
     except FormatError as exc:
-        return fallback(_reason(name, exc))
+        return fallback(_reason(exc))
     return Target(fmt_name, gs, stamp)
 
 
-def _reason(name: str, exc: Exception) -> str:
-    """An error message as a fallback reason: without the leading ``tensor <name>:`` and the advice."""
-    text = str(exc)
-    for prefix in (f"tensor {name}: ", f"tensor {name or '?'}: "):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
-    return text.replace("; write int8-row instead", "")
+def _reason(exc: FormatError) -> str:
+    """The fallback reason recorded in the manifest. An error that classifies itself (``exc.reason``: every
+    error of the registry's and resolver's writer checks) gives its ``detail``, the message without the
+    leading ``tensor <name>:`` and the writer advice; anything else its whole message."""
+    return exc.detail if exc.reason is not None and exc.detail is not None else str(exc)

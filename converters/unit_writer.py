@@ -37,7 +37,7 @@ from colitools.converters.planner import OutputFile, TensorJob, Unit
 from colitools.errors import ConvertError
 from colitools.formats import kernels
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.reference import encode_bf16
+from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
 
 SLOW_TENSOR_ENV = "COLITOOLS_TEST_SLOW_TENSOR_SECONDS"
@@ -140,7 +140,7 @@ def _dequant(
         _, r0, r1 = job.fused_rows
         br, bc = block
         rows = np.asarray(scale).astype(np.float32)[np.arange(r0, r1) // br]
-        q = np.ascontiguousarray(values).view(numpy_dtype("F8_E4M3")).astype(np.float32)
+        q = E4M3_TO_F32[np.ascontiguousarray(values).view(np.uint8)]  # exact e4m3fn decode
         return q * np.repeat(rows, bc, axis=1)[:, : q.shape[1]]
     return to_float32(job.out_name, values, scale=scale, block=block)
 
@@ -166,11 +166,11 @@ def encode_job(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values."""
     t = job.target
-    if t.fmt == "fp8-e4m3-b128":  # passthrough: bytes unchanged, .qs = weight_scale_inv as F32
+    if t.is_passthrough:  # fp8-e4m3-b128: bytes unchanged, .qs = weight_scale_inv as F32
         return np.ascontiguousarray(values).view(np.uint8), np.asarray(scale).astype(np.float32)
     if t.is_float:
         w = _dequant(job, values, scale, block).reshape(job.shape)
-        return (encode_bf16(w) if t.fmt == "bf16" else w), None
+        return (encode_bf16(w) if t.is_bf16 else w), None
     fmt, gs = t.format_class, t.gs
     grid = _fp8_grid(job, scale, block) if scale is not None else None
     if values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one

@@ -18,10 +18,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from colitools.formats import model_config
 from colitools.formats.errors import FormatError, ResolveError
 from colitools.formats.names import WEIGHT_SUFFIXES, TensorRole, parse_name
-from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
-from colitools.formats.registry import Float, Int4Grouped, Int4Row, Mxfp4
+from colitools.formats.planar import PLANAR_LAYOUT
+from colitools.formats.registry import (
+    FORMATS,
+    MX_SCALE_SUFFIX,
+    PACKED_SUFFIX,
+    QS_SUFFIX,
+    Float,
+    Mxfp4,
+)
 from colitools.formats.resolver import (
     SHAPES_KEY,
     STAMP_KEY,
@@ -42,9 +50,7 @@ __all__ = [
     "resolve_container",
 ]
 
-QS_SUFFIX = ".qs"
-PACKED_SUFFIX = ".weight_packed"
-MX_SCALE_SUFFIX = ".weight_scale"
+# QS_SUFFIX, PACKED_SUFFIX, MX_SCALE_SUFFIX: the formats' tensor names, owned by registry.py.
 FLOAT_WEIGHT_DTYPES = frozenset({"F32", "BF16", "F16"})  # fmt 0 ("f32"): plain float tensors
 MX_SCALE_DTYPES = frozenset({"U8", "F8_E8M0"})  # one E8M0 byte per block either way
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -108,14 +114,6 @@ def _show(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------ config-implied shapes
-def _int(config: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def config_shapes(
     config: Mapping[str, Any], names: Iterable[str]
 ) -> dict[str, tuple[int | None, int | None]]:
@@ -124,13 +122,12 @@ def config_shapes(
     Modest on purpose: embeddings and the output head (``[vocab_size, hidden_size]``) and routed experts
     (``gate/up`` ``[E_I, hidden_size]``, ``down`` ``[hidden_size, E_I]`` with ``E_I`` =
     ``moe_intermediate_size``, else ``intermediate_size``). ``None`` marks a dimension the config does not give.
-    A multimodal config's ``text_config`` is used when the top level has no ``hidden_size``.
+    The numbers are the config facts (``formats/model_config.py``: text model, expert width), validated there;
+    a malformed config raises ConfigError.
     """
-    if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
-        config = config["text_config"]
-    hidden = _int(config, "hidden_size")
-    vocab = _int(config, "vocab_size")
-    expert_i = _int(config, "moe_intermediate_size", "intermediate_size")
+    facts = model_config.read_facts(config)
+    hidden, vocab = facts.hidden_size, facts.vocab_size
+    expert_i = facts.expert_width or None  # 0 gives no shape
     implied: dict[str, tuple[int | None, int | None]] = {}
     for name in names:
         parsed = parse_name(name)
@@ -325,10 +322,7 @@ def _resolve_weight(
             )
         O, I = shapes[name]
         fmt = resolve_format(name, info.nbytes, scale_info.nbytes, O, I, stamp)
-    if layout == PLANAR_LAYOUT and not (
-        (fmt.fmt == Int4Row.ord or (fmt.fmt == Int4Grouped.ord and fmt.group_size == PLANAR_BLOCK))
-        and I % PLANAR_BLOCK == 0
-    ):
+    if layout == PLANAR_LAYOUT and not FORMATS[fmt.fmt].planar_eligible(I, fmt.group_size):
         raise ResolveError(
             f"{where}: {PLANAR_LAYOUT} shard holds tensor {name} as {fmt.label} [{O}, {I}]; planar needs "
             f"int4-row or int4-g64 with I % 64 == 0"

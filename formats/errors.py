@@ -8,6 +8,9 @@ other packages import it from ``colitools.formats.errors`` (re-exported by ``col
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import Self
+
 
 class ColitoolsError(Exception):
     """Base class for errors reported to the user as one clear line."""
@@ -16,11 +19,44 @@ class ColitoolsError(Exception):
 
 
 class FormatError(ColitoolsError):
-    """Bytes that do not follow the format specification."""
+    """Bytes that do not follow the format specification.
+
+    ``reason`` is a machine-readable kind (a ``ResolveReason``, None when unclassified); ``detail`` is the
+    message about the tensor without its ``tensor <name>: `` prefix and without writer advice, for callers
+    that record the reason in their own words (the recipe's fallback reasons)."""
+
+    def __init__(self, message: str, *, reason: ResolveReason | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail
+
+    @classmethod
+    def about(cls, tensor: str, detail: str, reason: ResolveReason | None = None, advice: str = "") -> Self:
+        """The error ``tensor <tensor>: <detail><advice>`` carrying ``reason`` and ``detail``."""
+        return cls(f"tensor {tensor}: {detail}{advice}", reason=reason, detail=detail)
 
 
 class SafetensorsError(FormatError):
     """A malformed safetensors file (header, dtype, offsets, metadata)."""
+
+
+class ResolveReason(StrEnum):
+    """Why a tensor did not resolve (or would not resolve back when written): ``FormatError.reason``."""
+
+    BAD_SHAPE = "bad-shape"  # logical [O, I] not positive
+    NO_LAYOUT = "no-layout"  # weight bytes match no known layout
+    SCALE_MISMATCH = "scale-mismatch"  # weight bytes fit a format, the scale bytes do not
+    NO_GROUP_SIZE = "no-group-size"  # int4 scale bytes match no group size
+    UNKNOWN_STAMP = "unknown-stamp"  # a stamp that names no format
+    STAMP_MISMATCH = "stamp-mismatch"  # a stamp the bytes do not allow
+    MXFP4_SHAPE = "mxfp4-shape"  # mxfp4 pair with I % 32 != 0 or the wrong byte counts
+    BAD_GROUP_SIZE = "bad-group-size"  # a group size given for a format that has none (or vice versa)
+    UNKNOWN_FORMAT = "unknown-format"  # a writer asked for a format name the registry does not know
+    COLLIDES = "collides"  # writer: the bytes would resolve as another format and no stamp may settle it
+    NEEDS_STAMP = "needs-stamp"  # writer: ambiguous bytes need a stamp, and this tensor may not be stamped
+    NOT_ENCODABLE = "not-encodable"  # the format cannot hold this [O, I] (e.g. mxfp4 with I % 32 != 0)
+    ROUNDTRIP = "roundtrip"  # writer: its own bytes resolve to something else (a bug, never a fallback)
+    BAD_METADATA = "bad-metadata"  # shard __metadata__ that is not valid JSON / values
 
 
 class ResolveError(FormatError):

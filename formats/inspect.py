@@ -22,8 +22,6 @@ from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     FORMATS,
     GROUP_SIZES,
-    Format,
-    Int4Grouped,
 )
 from colitools.formats.resolver import parse_layout
 from colitools.formats.safetensors_io import SafetensorsFile, read_header
@@ -264,30 +262,8 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
 
 
 # ------------------------------------------------------------------------------------ the format table
-# Byte formulas as text, one per format. They are checked against the registry's byte arithmetic by the tests
-# (evaluated with ``ceil`` = integer ceiling division), so the table cannot drift from the code.
-_WEIGHT_FORMULA = {
-    "f32": "O * I * itemsize (F32 4, BF16/F16 2)",
-    "int8-row": "O * I",
-    "int4-row": "O * ceil(I/2)",
-    "int2-row": "O * ceil(I/4)",
-    "int4-grouped": "O * ceil(I/2)",
-    "int3-g64": "O * ceil(I/64) * 24",
-    "e8-iq3-lattice": "O * ceil(I/256) * 98",
-    "mxfp4": "O * I/2",
-    "fp8-e4m3-b128": "O * I",
-}
-_SCALE_FORMULA = {
-    "f32": "none",
-    "int8-row": "O * 4",
-    "int4-row": "O * 4",
-    "int2-row": "O * 4",
-    "int4-grouped": "O * ceil(I/gs) * 4",
-    "int3-g64": "O * ceil(I/64) * 4",
-    "e8-iq3-lattice": "4",
-    "mxfp4": "O * I/32",
-    "fp8-e4m3-b128": "ceil(O/128) * ceil(I/128) * 4",
-}
+# Byte formulas as text are the format classes' own (``weight_formula`` / ``scale_formula``); the tests check
+# them against the registry's byte arithmetic (evaluated with ``ceil`` = integer ceiling division).
 
 
 @dataclass(frozen=True)
@@ -304,29 +280,21 @@ class FormatRow:
     written: bool = True  # False: recognised by the resolver only
 
 
-def _scale_tensor(fmt: type[Format]) -> str:
-    if not fmt.quantized:
-        return "-"
-    if fmt.name == "mxfp4":
-        return "<base>.weight_scale U8 (E8M0)"
-    return f"<name>.qs {fmt.scale_dtype}"
-
-
 def describe_formats() -> list[FormatRow]:
     """The registry as a table: ordinal, name, bits per weight and the byte formulas (``colitools formats``)."""
     rows = []
     for ord_, fmt in sorted(FORMATS.items()):
-        grouped = fmt is Int4Grouped
+        grouped = fmt.grouped
         rows.append(
             FormatRow(
                 ord=ord_,
                 name=fmt.name,
                 bits_per_weight=round(fmt.bits_per_weight(4096, DEFAULT_GROUP_SIZE if grouped else None), 4),
-                weight_bytes=_WEIGHT_FORMULA[fmt.name],
-                scale_bytes=_SCALE_FORMULA[fmt.name],
-                scale_tensor=_scale_tensor(fmt),
+                weight_bytes=fmt.weight_formula,
+                scale_bytes=fmt.scale_formula,
+                scale_tensor=fmt.scale_tensor_label,
                 group_sizes=GROUP_SIZES if grouped else None,
-                written=fmt.name != "e8-iq3-lattice",
+                written=not fmt.read_only,
             )
         )
     return rows

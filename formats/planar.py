@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from colitools.formats.errors import FormatError
+from colitools.formats.layouts import PLANAR
 
-PLANAR_LAYOUT = "planar64-v8"
+PLANAR_LAYOUT = PLANAR.stored
 PLANAR_BLOCK = 64
 
 

@@ -153,6 +153,12 @@ def decode_int3_g64(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np
 # ---------------------------------------------------------------------------------------------- mxfp4 (7)
 MXFP4_BLOCK = 32
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=F32)
+# The one E2M1 decode table: nibble -> float32 value, bit 3 = sign (code 8 is -0.0, decoding like -0.0 * 2^e).
+E2M1_SIGNED = np.concatenate([E2M1_VALUES, -E2M1_VALUES]).astype(F32)
+# The one E8M0 decode: scale byte -> 2^(byte - 127) as float32 (byte 0 is 2^-127, a float32 subnormal, exact;
+# byte 255 is 2^128 = inf, as np.ldexp gives).
+with np.errstate(over="ignore"):
+    E8M0_TO_F32 = np.ldexp(F32(1), np.arange(256, dtype=np.int32) - 127).astype(F32)
 # Upper bounds of each magnitude's rounding interval, with which side includes the tie (ties to even mantissa):
 # |r| <= 0.25 -> 0, < 0.75 -> 0.5, <= 1.25 -> 1, < 1.75 -> 1.5, <= 2.5 -> 2, < 3.5 -> 3, <= 5 -> 4, else 6.
 _E2M1_BOUNDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=F32)
@@ -176,9 +182,8 @@ def _mxfp4_codes(blocks: np.ndarray, e: np.ndarray) -> np.ndarray:
 
 
 def _mxfp4_decode_f64(codes: np.ndarray, e: np.ndarray) -> np.ndarray:
-    mag = E2M1_VALUES[codes & 7].astype(np.float64)
-    sign = np.where(codes & 8, -1.0, 1.0)
-    return sign * mag * np.ldexp(1.0, e.astype(np.int32))[..., None]
+    # float64 is exact for every E2M1 value times 2^e; code 8 (-0.0) gives the same squared error as +0.0.
+    return E2M1_SIGNED[codes].astype(np.float64) * np.ldexp(1.0, e.astype(np.int32))[..., None]
 
 
 def encode_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -213,15 +218,15 @@ def decode_mxfp4(packed: np.ndarray, scale: np.ndarray, O: int, I: int) -> np.nd
     codes = np.empty((O, I), dtype=np.uint8)
     codes[:, 0::2] = b & 0x0F
     codes[:, 1::2] = b >> 4
-    mag = E2M1_VALUES[codes & 7]
-    val = np.where(codes & 8, -mag, mag).astype(F32)
-    # E8M0 decode 2^(byte - 127); byte 0 is 2^-127 (a float32 subnormal, exact).
-    s = np.ldexp(F32(1), scale.reshape(O, I // MXFP4_BLOCK).astype(np.int32) - 127).astype(F32)
+    val = E2M1_SIGNED[codes]
+    s = E8M0_TO_F32[scale.reshape(O, I // MXFP4_BLOCK)]
     return val * np.repeat(s, MXFP4_BLOCK, axis=1)
 
 
 # ------------------------------------------------------------------------------------- fp8-e4m3-b128 (8)
 FP8_BLOCK = 128
+# The one e4m3fn decode table: byte -> float32, exact (ml_dtypes; 0x7F / 0xFF are NaN, 0x7E = 448).
+E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(F32)
 
 
 def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int] = (128, 128)) -> np.ndarray:
@@ -231,7 +236,7 @@ def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block: tuple[int, in
     float8_e4m3fn values; ``scale_inv`` F32 or BF16 ``[ceil(M/br), ceil(N/bc)]``."""
     M, N = q.shape
     br, bc = block
-    values = np.ascontiguousarray(q).view(ml_dtypes.float8_e4m3fn).astype(F32)
+    values = E4M3_TO_F32[np.ascontiguousarray(q).view(np.uint8)]
     s = np.asarray(scale_inv).astype(F32).reshape(ceil_div(M, br), ceil_div(N, bc))
     s_full = np.repeat(np.repeat(s, br, axis=0), bc, axis=1)[:M, :N]
     return values * s_full

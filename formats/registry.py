@@ -1,26 +1,43 @@
 """The format registry: one class per format (FORMATS-SPEC §2), registered by its ordinal, and the one table of
-byte arithmetic that every reader, writer, resolver and planner uses. Nothing else computes sizes.
+byte arithmetic that every reader, writer, resolver, planner, kernel driver and the runtime use. Nothing else
+computes sizes.
 
 A format's weight tensor is ``O`` rows of ``ceil(I / block_elems) * block_bytes`` bytes (``BYTE_TABLE``); its
-scale tensor is described by ``scale_shape``. Adding a format touches this file (and ``reference.py``/
-``kernels/`` for its codec).
+scale tensor is described by ``scale_shape``. Each class also owns the facts other modules dispatch on:
+
+* ``tensor_names(name)``: the weight and scale tensor names (``<name>`` + ``<name>.qs``, or mxfp4's
+  ``<base>.weight_packed`` + ``<base>.weight_scale``);
+* ``planar_eligible(I, gs)``: whether the planar64-v8 expert layout can hold it;
+* ``kernel_code`` / ``writable``: the format code of the numba codecs (``kernels/``), and whether colitools
+  encodes it; ``_encode_reference`` / ``decode``: the numpy reference codec;
+* ``matmul_kind`` / ``matmul_kind_of(planar)``: the runtime's matvec kernel (``runtime/kernels.py``);
+  ``rowwise_scales``: a row's values need only that row's scales (the runtime's embedding lookup).
+
+Adding a format touches this file (and ``reference.py`` / ``kernels/`` for its codec).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import ClassVar
 
 import numpy as np
 
 from colitools.formats import reference as ref
-from colitools.formats.errors import EncodeError, FormatError, ResolveError
+from colitools.formats.errors import EncodeError, FormatError, ResolveError, ResolveReason
+from colitools.formats.format_names import (
+    DEFAULT_GROUP_SIZE,
+    GROUP_SIZES,
+    GROUPED_OPTION_PREFIX,
+    RECIPE_FORMAT_NAMES,
+)
+from colitools.formats.planar import PLANAR_BLOCK
 
 ceil_div = ref.ceil_div
 
-GROUP_SIZES: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 192, 256)
-DEFAULT_GROUP_SIZE = 64
+# GROUP_SIZES, DEFAULT_GROUP_SIZE, RECIPE_FORMAT_NAMES: the names users type, in format_names.py (numpy-free).
 
 # name -> (block_elems, block_bytes): bytes of one weight row = ceil(I / block_elems) * block_bytes.
 BYTE_TABLE: dict[str, tuple[int, int]] = {
@@ -41,6 +58,32 @@ def row_nbytes(name: str, I: int) -> int:
     return ceil_div(I, elems) * nbytes
 
 
+# Tensor names (FORMATS-SPEC §2): the ``.qs`` family keeps the source name and adds a ``.qs`` scale; mxfp4
+# uses the compressed-tensors pair on the source name without its trailing ``.weight``.
+QS_SUFFIX = ".qs"
+WEIGHT_SUFFIX = ".weight"
+PACKED_SUFFIX = ".weight_packed"
+MX_SCALE_SUFFIX = ".weight_scale"
+
+
+class MatmulKind(StrEnum):
+    """The runtime's matvec kernels (``colitools/runtime/kernels.py``); a format names its kind."""
+
+    F32 = "f32"
+    INT8_ROW = "int8-row"
+    INT4 = "int4"  # int4-row and int4-grouped, pairs order
+    INT4_PLANAR = "int4-planar"  # the same codes in planar64-v8 order
+    INT3_G64 = "int3-g64"
+    MXFP4 = "mxfp4"
+    FP8_B128 = "fp8-e4m3-b128"
+    INT2_ROW = "int2-row"
+
+
+def block_grid(O: int, I: int, br: int, bc: int) -> tuple[int, int]:
+    """The ``[ceil(O/br), ceil(I/bc)]`` grid of block scales (FP8 sources and fp8-e4m3-b128)."""
+    return (ceil_div(O, br), ceil_div(I, bc))
+
+
 FORMATS: dict[int, type[Format]] = {}
 _BY_NAME: dict[str, type[Format]] = {}
 
@@ -51,7 +94,21 @@ class Format:
     ord: ClassVar[int]
     name: ClassVar[str]
     quantized: ClassVar[bool] = True  # False for float tensors kept as F32/BF16 (no scale tensor)
-    scale_dtype: ClassVar[str] = "F32"
+    scale_dtype: ClassVar[str] = "F32"  # safetensors dtype of the scale tensor
+    scale_numpy: ClassVar[type] = np.float32  # its numpy dtype
+    grouped: ClassVar[bool] = False  # takes a group size (int4-grouped)
+    kernel_code: ClassVar[int | None] = None  # format code inside the numba codecs (kernels/); None: none
+    writable: ClassVar[bool] = False  # colitools' encoders write it (else: passthrough / read only)
+    matmul_kind: ClassVar[MatmulKind | None] = None  # the runtime's kernel for it (None: no runtime kernel)
+    planar_matmul_kind: ClassVar[MatmulKind | None] = None  # the same in the planar64-v8 layout
+    rowwise_scales: ClassVar[bool] = False  # row o's values need only row o of the scales
+    row_align: ClassVar[int] = 1  # rows a parallel kernel must keep together (scale blocks)
+    read_only: ClassVar[bool] = False  # recognised by the resolver, never written by colitools
+    # ``colitools formats``: byte formulas as text (tests evaluate them against the arithmetic above) and the
+    # scale tensor's name and dtype.
+    weight_formula: ClassVar[str]
+    scale_formula: ClassVar[str]
+    scale_tensor_label: ClassVar[str] = "<name>.qs F32"
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -59,6 +116,21 @@ class Format:
             raise TypeError(f"format ordinal {cls.ord} registered twice")
         FORMATS[cls.ord] = cls
         _BY_NAME[cls.name] = cls
+
+    @classmethod
+    def tensor_names(cls, name: str) -> tuple[str, str | None]:
+        """``(weight tensor name, scale tensor name or None)`` of a weight stored under ``name``."""
+        return name, name + QS_SUFFIX
+
+    @classmethod
+    def planar_eligible(cls, I: int, gs: int | None = None) -> bool:
+        """Whether the planar64-v8 expert layout can hold this format with ``I`` inputs (FORMATS-SPEC §4)."""
+        return False
+
+    @classmethod
+    def matmul_kind_of(cls, planar: bool = False) -> MatmulKind | None:
+        """The runtime kernel for this format stored in the pairs (or the planar64-v8) layout."""
+        return cls.planar_matmul_kind if planar else cls.matmul_kind
 
     @classmethod
     def weight_nbytes(cls, O: int, I: int, gs: int | None = None) -> int:
@@ -70,12 +142,19 @@ class Format:
         return (O, row_nbytes(cls.name, I))
 
     @classmethod
-    def scale_shape(cls, O: int, I: int, gs: int | None = None) -> tuple[int, ...]:
+    def scale_grid(cls, O: int, I: int, gs: int | None = None) -> tuple[int, ...]:
+        """Shape of the scale tensor, without checking ``gs`` (the kernels take any positive group size)."""
         raise NotImplementedError
 
     @classmethod
+    def scale_shape(cls, O: int, I: int, gs: int | None = None) -> tuple[int, ...]:
+        """Shape of the scale tensor for ``[O, I]`` (``gs`` checked against ``GROUP_SIZES`` if it has one)."""
+        return cls.scale_grid(O, I, gs)
+
+    @classmethod
     def scale_nbytes(cls, O: int, I: int, gs: int | None = None) -> int:
-        return int(np.prod(cls.scale_shape(O, I, gs), dtype=np.int64)) * 4
+        itemsize = np.dtype(cls.scale_numpy).itemsize
+        return int(np.prod(cls.scale_shape(O, I, gs), dtype=np.int64)) * itemsize
 
     @classmethod
     def check_encodable(cls, O: int, I: int, *, name: str = "") -> None:
@@ -137,7 +216,15 @@ class Float(Format):
 
     ord = 0
     name = "f32"
+    weight_formula = "O * I * itemsize (F32 4, BF16/F16 2)"
+    scale_formula = "none"
+    scale_tensor_label = "-"
     quantized = False
+    matmul_kind = MatmulKind.F32
+
+    @classmethod
+    def tensor_names(cls, name):
+        return name, None
 
     @classmethod
     def weight_nbytes(cls, O: int, I: int, gs: int | None = None) -> int:
@@ -148,7 +235,7 @@ class Float(Format):
         return (O, I)
 
     @classmethod
-    def scale_shape(cls, O: int, I: int, gs: int | None = None) -> tuple[int, ...]:
+    def scale_grid(cls, O: int, I: int, gs: int | None = None) -> tuple[int, ...]:
         return (0,)
 
     @classmethod
@@ -159,9 +246,15 @@ class Float(Format):
 class Int8Row(Format):
     ord = 1
     name = "int8-row"
+    weight_formula = "O * I"
+    scale_formula = "O * 4"
+    kernel_code = 0
+    writable = True
+    matmul_kind = MatmulKind.INT8_ROW
+    rowwise_scales = True
 
     @classmethod
-    def scale_shape(cls, O, I, gs=None):
+    def scale_grid(cls, O, I, gs=None):
         return (O,)
 
     @classmethod
@@ -176,9 +269,20 @@ class Int8Row(Format):
 class Int4Row(Format):
     ord = 2
     name = "int4-row"
+    weight_formula = "O * ceil(I/2)"
+    scale_formula = "O * 4"
+    kernel_code = 1
+    writable = True
+    matmul_kind = MatmulKind.INT4
+    planar_matmul_kind = MatmulKind.INT4_PLANAR
+    rowwise_scales = True
 
     @classmethod
-    def scale_shape(cls, O, I, gs=None):
+    def planar_eligible(cls, I, gs=None):
+        return I % PLANAR_BLOCK == 0
+
+    @classmethod
+    def scale_grid(cls, O, I, gs=None):
         return (O,)
 
     @classmethod
@@ -193,9 +297,15 @@ class Int4Row(Format):
 class Int2Row(Format):
     ord = 3
     name = "int2-row"
+    weight_formula = "O * ceil(I/4)"
+    scale_formula = "O * 4"
+    kernel_code = 2
+    writable = True
+    matmul_kind = MatmulKind.INT2_ROW
+    rowwise_scales = True
 
     @classmethod
-    def scale_shape(cls, O, I, gs=None):
+    def scale_grid(cls, O, I, gs=None):
         return (O,)
 
     @classmethod
@@ -210,10 +320,26 @@ class Int2Row(Format):
 class Int4Grouped(Format):
     ord = 4
     name = "int4-grouped"
+    weight_formula = "O * ceil(I/2)"
+    scale_formula = "O * ceil(I/gs) * 4"
+    grouped = True
+    kernel_code = 3
+    writable = True
+    matmul_kind = MatmulKind.INT4
+    planar_matmul_kind = MatmulKind.INT4_PLANAR
+    rowwise_scales = True
+
+    @classmethod
+    def planar_eligible(cls, I, gs=None):
+        return gs == PLANAR_BLOCK and I % PLANAR_BLOCK == 0
+
+    @classmethod
+    def scale_grid(cls, O, I, gs=None):
+        return (O, ceil_div(I, gs))
 
     @classmethod
     def scale_shape(cls, O, I, gs=None):
-        return (O, ceil_div(I, _require_gs(gs)))
+        return cls.scale_grid(O, I, _require_gs(gs))
 
     @classmethod
     def check_encodable(cls, O, I, *, name=""):
@@ -246,9 +372,15 @@ class Int4Grouped(Format):
 class Int3G64(Format):
     ord = 5
     name = "int3-g64"
+    weight_formula = "O * ceil(I/64) * 24"
+    scale_formula = "O * ceil(I/64) * 4"
+    kernel_code = 4
+    writable = True
+    matmul_kind = MatmulKind.INT3_G64
+    rowwise_scales = True
 
     @classmethod
-    def scale_shape(cls, O, I, gs=None):
+    def scale_grid(cls, O, I, gs=None):
         return (O, ceil_div(I, ref.INT3_GROUP))
 
     @classmethod
@@ -265,9 +397,12 @@ class E8Iq3Lattice(Format):
 
     ord = 6
     name = "e8-iq3-lattice"
+    weight_formula = "O * ceil(I/256) * 98"
+    scale_formula = "4"
+    read_only = True
 
     @classmethod
-    def scale_shape(cls, O, I, gs=None):
+    def scale_grid(cls, O, I, gs=None):
         return (1,)
 
     @classmethod
@@ -280,7 +415,20 @@ class Mxfp4(Format):
 
     ord = 7
     name = "mxfp4"
-    scale_dtype = "U8"
+    weight_formula = "O * I/2"
+    scale_formula = "O * I/32"
+    scale_tensor_label = "<base>.weight_scale U8 (E8M0)"
+    scale_dtype = "U8"  # E8M0 bytes, not F32
+    scale_numpy = np.uint8
+    kernel_code = 5
+    writable = True
+    matmul_kind = MatmulKind.MXFP4
+    rowwise_scales = True
+
+    @classmethod
+    def tensor_names(cls, name):
+        base = name[: -len(WEIGHT_SUFFIX)] if name.endswith(WEIGHT_SUFFIX) else name
+        return base + PACKED_SUFFIX, base + MX_SCALE_SUFFIX
 
     @classmethod
     def weight_nbytes(cls, O, I, gs=None):
@@ -291,17 +439,15 @@ class Mxfp4(Format):
         return (O, I // 2)
 
     @classmethod
-    def scale_shape(cls, O, I, gs=None):
+    def scale_grid(cls, O, I, gs=None):
         return (O, I // ref.MXFP4_BLOCK)
-
-    @classmethod
-    def scale_nbytes(cls, O, I, gs=None):
-        return O * (I // ref.MXFP4_BLOCK)  # E8M0 bytes, not F32
 
     @classmethod
     def check_encodable(cls, O, I, *, name=""):
         if I % ref.MXFP4_BLOCK:
-            raise EncodeError(f"tensor {name or '?'}: mxfp4 needs I % 32 == 0, got I = {I}")
+            raise EncodeError.about(
+                name or "?", f"mxfp4 needs I % 32 == 0, got I = {I}", ResolveReason.NOT_ENCODABLE
+            )
 
     @classmethod
     def _encode_reference(cls, w, gs):
@@ -317,10 +463,16 @@ class Fp8E4m3B128(Format):
 
     ord = 8
     name = "fp8-e4m3-b128"
+    weight_formula = "O * I"
+    scale_formula = "ceil(O/128) * ceil(I/128) * 4"
+    kernel_code = 6  # decoders only: written by passthrough, never encoded
+    matmul_kind = MatmulKind.FP8_B128
+    block: ClassVar[tuple[int, int]] = (ref.FP8_BLOCK, ref.FP8_BLOCK)
+    row_align = ref.FP8_BLOCK
 
     @classmethod
-    def scale_shape(cls, O, I, gs=None):
-        return (ceil_div(O, ref.FP8_BLOCK), ceil_div(I, ref.FP8_BLOCK))
+    def scale_grid(cls, O, I, gs=None):
+        return block_grid(O, I, *cls.block)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
@@ -331,6 +483,22 @@ def _require_gs(gs: int | None) -> int:
     if gs not in GROUP_SIZES:
         raise FormatError(f"group size {gs} is not one of {', '.join(map(str, GROUP_SIZES))}")
     return gs
+
+
+FALLBACK_FORMAT: type[Format] = Int8Row  # what a writer falls back to (FORMATS-SPEC §6)
+
+
+def lookup(name: str) -> type[Format] | None:
+    """The format class whose stamp string is ``name``, or None."""
+    return _BY_NAME.get(name)
+
+
+def matmul_format(kind: str, gs: int | None = None) -> type[Format] | None:
+    """The format a runtime kernel ``kind`` holds (int4 kinds: int4-grouped with a ``gs``, else int4-row)."""
+    held = [f for f in FORMATS.values() if kind is not None and kind in (f.matmul_kind, f.planar_matmul_kind)]
+    if len(held) > 1:
+        held = [fmt for fmt in held if fmt.grouped == (gs is not None)]
+    return held[0] if held else None
 
 
 def by_name(name: str) -> type[Format]:
@@ -352,9 +520,11 @@ def detect_group_size(O: int, I: int, scale_nbytes: int, *, tensor: str = "") ->
             break
         if scale_nbytes == O * ceil_div(I, gs) * 4:
             return gs
-    raise ResolveError(
-        f"tensor {tensor or '?'}: int4 scale bytes {scale_nbytes} match no group size for [{O}, {I}] "
-        f"(candidates {', '.join(map(str, GROUP_SIZES))})"
+    raise ResolveError.about(
+        tensor or "?",
+        f"int4 scale bytes {scale_nbytes} match no group size for [{O}, {I}] "
+        f"(candidates {', '.join(map(str, GROUP_SIZES))})",
+        ResolveReason.NO_GROUP_SIZE,
     )
 
 
@@ -387,20 +557,10 @@ class FormatChoice:
     fmt: type[Format] | None
     gs: int | None = None
 
-    @property
-    def keeps_float(self) -> bool:
-        return self.option in ("f32", "bf16")
-
-
-RECIPE_FORMAT_NAMES = (
-    "f32", "bf16", "int8-row", "int4-row", "int2-row",
-    *(f"int4-g{g}" for g in GROUP_SIZES), "int3-g64", "mxfp4", "fp8",
-)  # fmt: skip
-
 
 def parse_format_option(option: str) -> FormatChoice:
     """Parse a recipe format name (``--experts int4-g64`` etc.), raising FormatError for unknown names."""
-    m = re.fullmatch(r"int4-g(\d+)", option)
+    m = re.fullmatch(re.escape(GROUPED_OPTION_PREFIX) + r"(\d+)", option)
     if m and int(m.group(1)) in GROUP_SIZES:
         return FormatChoice(option, Int4Grouped, int(m.group(1)))
     simple = {

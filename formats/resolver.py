@@ -23,9 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from colitools.formats.errors import FormatError, ResolveError
-from colitools.formats.planar import PLANAR_LAYOUT
+from colitools.formats import layouts
+from colitools.formats.errors import FormatError, ResolveError, ResolveReason
+from colitools.formats.format_names import GROUPED_OPTION_PREFIX
 from colitools.formats.registry import (
+    FALLBACK_FORMAT,
     E8Iq3Lattice,
     Float,
     Format,
@@ -47,6 +49,7 @@ __all__ = [
     "SHAPES_KEY",
     "STAMP_KEY",
     "Resolved",
+    "ResolveReason",
     "check_roundtrip",
     "encode_shapes",
     "encode_stamps",
@@ -61,8 +64,8 @@ __all__ = [
 STAMP_KEY = "colibri.fmt"
 SHAPES_KEY = "colitools.shapes"
 LAYOUT_KEY = "colitools.layout"
-PAIRS_LAYOUT = "pairs"  # the default; a shard without LAYOUT_KEY is "pairs"
-LAYOUTS = (PAIRS_LAYOUT, PLANAR_LAYOUT)
+PAIRS_LAYOUT = layouts.PAIRS.stored  # the default; a shard without LAYOUT_KEY is "pairs"
+LAYOUTS = layouts.STORED_NAMES  # the stored spellings (formats/layouts.py)
 
 
 @dataclass(frozen=True)
@@ -80,14 +83,16 @@ class Resolved:
     @property
     def label(self) -> str:
         """``int4-grouped`` with its group size as ``int4-g64``; other formats by their name."""
-        return f"int4-g{self.group_size}" if self.group_size is not None else self.name
+        return f"{GROUPED_OPTION_PREFIX}{self.group_size}" if self.group_size is not None else self.name
 
 
 # ------------------------------------------------------------------------------------ one tensor (§3)
 def _check_dims(tensor: str, O: int, I: int) -> None:
     for dim, value in (("O", O), ("I", I)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ResolveError(f"tensor {tensor}: logical shape [{O}, {I}] has a non-positive {dim}")
+            raise ResolveError.about(
+                tensor, f"logical shape [{O}, {I}] has a non-positive {dim}", ResolveReason.BAD_SHAPE
+            )
 
 
 def _signature(O: int, I: int) -> str:
@@ -101,7 +106,7 @@ def _signature(O: int, I: int) -> str:
 
 def _by_bytes(tensor: str, nb: int, ns: int, O: int, I: int) -> Resolved:
     """Spec §3 steps 1-5 for an unstamped tensor."""
-    where = f"tensor {tensor}: weight bytes {nb}, scale bytes {ns} for [{O}, {I}]"
+    where = f"weight bytes {nb}, scale bytes {ns} for [{O}, {I}]"
     # 1. e8 first: its signature (one 4-byte scale) is checked before any weight-byte precedence.
     if ns == E8Iq3Lattice.scale_nbytes(O, I) and nb == E8Iq3Lattice.weight_nbytes(O, I):
         return Resolved.of(E8Iq3Lattice)
@@ -110,31 +115,40 @@ def _by_bytes(tensor: str, nb: int, ns: int, O: int, I: int) -> Resolved:
         if nb == fmt.weight_nbytes(O, I):
             break
     else:
-        raise ResolveError(f"{where}: no known layout ({_signature(O, I)})")
+        raise ResolveError.about(
+            tensor, f"{where}: no known layout ({_signature(O, I)})", ResolveReason.NO_LAYOUT
+        )
     if fmt is Int8Row:
         # 4. int8-row vs fp8-e4m3-b128: same weight bytes, told apart by the scale count.
         row = ns == Int8Row.scale_nbytes(O, I)
         blk = ns == Fp8E4m3B128.scale_nbytes(O, I)
         if row or blk:  # both (O == nblk) and no stamp -> int8-row
             return Resolved.of(Int8Row if row else Fp8E4m3B128)
-        raise ResolveError(
+        raise ResolveError.about(
+            tensor,
             f"{where}: weight bytes are int8-row/fp8's but the scale bytes match neither "
-            f"(int8-row {Int8Row.scale_nbytes(O, I)}, fp8-e4m3-b128 {Fp8E4m3B128.scale_nbytes(O, I)})"
+            f"(int8-row {Int8Row.scale_nbytes(O, I)}, fp8-e4m3-b128 {Fp8E4m3B128.scale_nbytes(O, I)})",
+            ResolveReason.SCALE_MISMATCH,
         )
     if fmt is Int4Row:
         # 3. int4 with a detected group size is int4-grouped; one scale per row is int4-row.
         try:
             gs = detect_group_size(O, I, ns, tensor=tensor)
         except ResolveError:
-            raise ResolveError(
+            raise ResolveError.about(
+                tensor,
                 f"{where}: weight bytes are int4's but the scale bytes match neither int4-row "
-                f"({Int4Row.scale_nbytes(O, I)}) nor any group size"
+                f"({Int4Row.scale_nbytes(O, I)}) nor any group size",
+                ResolveReason.NO_GROUP_SIZE,
             ) from None
         return Resolved.of(Int4Row) if gs is None else Resolved.of(Int4Grouped, gs)
     # 5. The scale byte count must match the resolved format exactly.
     if ns != fmt.scale_nbytes(O, I):
-        raise ResolveError(
-            f"{where}: weight bytes are {fmt.name}'s but {fmt.name} needs {fmt.scale_nbytes(O, I)} scale bytes"
+        raise ResolveError.about(
+            tensor,
+            f"{where}: weight bytes are {fmt.name}'s but {fmt.name} needs "
+            f"{fmt.scale_nbytes(O, I)} scale bytes",
+            ResolveReason.SCALE_MISMATCH,
         )
     return Resolved.of(fmt)
 
@@ -161,7 +175,9 @@ def _stamp_format(tensor: str, stamp: str) -> type[Format]:
     try:
         return by_name(stamp)
     except FormatError:
-        raise ResolveError(f"tensor {tensor}: stamp {stamp!r} is not a known format name") from None
+        raise ResolveError.about(
+            tensor, f"stamp {stamp!r} is not a known format name", ResolveReason.UNKNOWN_STAMP
+        ) from None
 
 
 def resolve_format(tensor: str, nb: int, ns: int, O: int, I: int, stamp: str | None = None) -> Resolved:
@@ -179,29 +195,37 @@ def resolve_format(tensor: str, nb: int, ns: int, O: int, I: int, stamp: str | N
     try:
         fmt = _stamp_format(tensor, stamp)
     except ResolveError as exc:
-        raise ResolveError(f"{exc} (weight bytes {nb}, scale bytes {ns} for [{O}, {I}])") from None
+        raise ResolveError(
+            f"{exc} (weight bytes {nb}, scale bytes {ns} for [{O}, {I}])", reason=exc.reason
+        ) from None
     allowed = _allowed(tensor, nb, ns, O, I)
     for candidate in allowed:
         if candidate.fmt == fmt.ord:
             return candidate
     allows = ", ".join(r.label for r in allowed) or "no known format"
-    raise ResolveError(
-        f"tensor {tensor}: stamp {stamp!r} contradicts its bytes: weight bytes {nb} and scale bytes {ns} "
-        f"for [{O}, {I}] allow {allows}"
+    raise ResolveError.about(
+        tensor,
+        f"stamp {stamp!r} contradicts its bytes: weight bytes {nb} and scale bytes {ns} "
+        f"for [{O}, {I}] allow {allows}",
+        ResolveReason.STAMP_MISMATCH,
     )
 
 
 def resolve_mxfp4(tensor: str, packed_nbytes: int, scale_nbytes: int, O: int, I: int) -> Resolved:
     """Resolve an mxfp4 pair: ``weight_packed`` must be ``O*I/2`` bytes, ``weight_scale`` ``O*I/32``."""
     _check_dims(tensor, O, I)
-    where = f"tensor {tensor}: weight_packed bytes {packed_nbytes}, weight_scale bytes {scale_nbytes} for [{O}, {I}]"
+    where = f"weight_packed bytes {packed_nbytes}, weight_scale bytes {scale_nbytes} for [{O}, {I}]"
     try:
         Mxfp4.check_encodable(O, I, name=tensor)
     except FormatError:
-        raise ResolveError(f"{where}: mxfp4 needs I % 32 == 0") from None
+        raise ResolveError.about(
+            tensor, f"{where}: mxfp4 needs I % 32 == 0", ResolveReason.MXFP4_SHAPE
+        ) from None
     want_packed, want_scale = Mxfp4.weight_nbytes(O, I), Mxfp4.scale_nbytes(O, I)
     if (packed_nbytes, scale_nbytes) != (want_packed, want_scale):
-        raise ResolveError(f"{where}: mxfp4 needs {want_packed} and {want_scale}")
+        raise ResolveError.about(
+            tensor, f"{where}: mxfp4 needs {want_packed} and {want_scale}", ResolveReason.MXFP4_SHAPE
+        )
     return Resolved.of(Mxfp4)
 
 
@@ -210,9 +234,11 @@ def _writer_format(tensor: str, fmt_name: str, gs: int | None) -> type[Format]:
     try:
         fmt = by_name(fmt_name)
     except FormatError as exc:
-        raise ResolveError(f"tensor {tensor}: {exc}") from None
-    if (fmt is Int4Grouped) != (gs is not None):
-        raise ResolveError(f"tensor {tensor}: group size {gs} given for format {fmt_name}")
+        raise ResolveError.about(tensor, str(exc), ResolveReason.UNKNOWN_FORMAT) from None
+    if fmt.grouped != (gs is not None):
+        raise ResolveError.about(
+            tensor, f"group size {gs} given for format {fmt_name}", ResolveReason.BAD_GROUP_SIZE
+        )
     return fmt
 
 
@@ -252,16 +278,23 @@ def stamp_for(
     stampable = plain is not None and (
         plain.fmt == E8Iq3Lattice.ord or (plain.fmt == Int8Row.ord and fmt is Fp8E4m3B128)
     )
-    where = f"tensor {name}: {want.label} [{O}, {I}] (weight bytes {nb}, scale bytes {ns})"
+    where = f"{want.label} [{O}, {I}] (weight bytes {nb}, scale bytes {ns})"
+    advice = f"; write {FALLBACK_FORMAT.name} instead"
     if not stampable or _try_resolve(name, nb, ns, O, I, fmt.name) != want:
         became = plain.label if plain else "nothing"
-        raise ResolveError(
-            f"{where} would resolve as {became}, which no stamp may settle; write int8-row instead"
+        raise ResolveError.about(
+            name,
+            f"{where} would resolve as {became}, which no stamp may settle",
+            ResolveReason.COLLIDES,
+            advice,
         )
     if not allow_stamp:
-        raise ResolveError(
+        raise ResolveError.about(
+            name,
             f"{where} needs a {STAMP_KEY} stamp ({plain.label} has the same bytes), and this tensor may "
-            f"not be stamped; write int8-row instead"
+            f"not be stamped",
+            ResolveReason.NEEDS_STAMP,
+            advice,
         )
     return fmt.name
 
@@ -286,21 +319,25 @@ def check_roundtrip(
     _check_dims(tensor, O, I)
     want_nb, want_ns = fmt.weight_nbytes(O, I, gs), fmt.scale_nbytes(O, I, gs)
     if (nb, ns) != (None, None) and (nb, ns) != (want_nb, want_ns):
-        raise ResolveError(
-            f"tensor {tensor}: {fmt_name} [{O}, {I}] wrote weight bytes {nb} and scale bytes {ns}, "
-            f"expected {want_nb} and {want_ns}"
+        raise ResolveError.about(
+            tensor,
+            f"{fmt_name} [{O}, {I}] wrote weight bytes {nb} and scale bytes {ns}, "
+            f"expected {want_nb} and {want_ns}",
+            ResolveReason.ROUNDTRIP,
         )
     if fmt is Float:
         return Resolved.of(Float)
     if fmt is Mxfp4:
         if stamp not in (None, Mxfp4.name):
-            raise ResolveError(f"tensor {tensor}: mxfp4 weight stamped {stamp!r}")
+            raise ResolveError.about(tensor, f"mxfp4 weight stamped {stamp!r}", ResolveReason.STAMP_MISMATCH)
         return resolve_mxfp4(tensor, want_nb, want_ns, O, I)
     got = resolve_format(tensor, want_nb, want_ns, O, I, stamp)
     if got != Resolved.of(fmt, gs):
-        raise ResolveError(
-            f"tensor {tensor}: written as {Resolved.of(fmt, gs).label} but its bytes (weight {want_nb}, "
-            f"scale {want_ns}, [{O}, {I}], stamp {stamp}) resolve as {got.label}"
+        raise ResolveError.about(
+            tensor,
+            f"written as {Resolved.of(fmt, gs).label} but its bytes (weight {want_nb}, "
+            f"scale {want_ns}, [{O}, {I}], stamp {stamp}) resolve as {got.label}",
+            ResolveReason.ROUNDTRIP,
         )
     return got
 
@@ -310,9 +347,13 @@ def _json_object(where: str, key: str, text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise ResolveError(f"{where}: __metadata__[{key!r}] is not valid JSON ({exc})") from None
+        raise ResolveError(
+            f"{where}: __metadata__[{key!r}] is not valid JSON ({exc})", reason=ResolveReason.BAD_METADATA
+        ) from None
     if not isinstance(value, dict):
-        raise ResolveError(f"{where}: __metadata__[{key!r}] is not a JSON object")
+        raise ResolveError(
+            f"{where}: __metadata__[{key!r}] is not a JSON object", reason=ResolveReason.BAD_METADATA
+        )
     return value
 
 
@@ -323,11 +364,14 @@ def parse_stamps(metadata: Mapping[str, str], *, where: str = "?") -> dict[str, 
     stamps = _json_object(where, STAMP_KEY, metadata[STAMP_KEY])
     for tensor, name in stamps.items():
         if not isinstance(name, str):
-            raise ResolveError(f"{where}: {STAMP_KEY} stamp of tensor {tensor} is not a string")
+            raise ResolveError(
+                f"{where}: {STAMP_KEY} stamp of tensor {tensor} is not a string",
+                reason=ResolveReason.BAD_METADATA,
+            )
         try:
             _stamp_format(tensor, name)
         except ResolveError as exc:
-            raise ResolveError(f"{where}: {exc}") from None
+            raise ResolveError(f"{where}: {exc}", reason=exc.reason) from None
     return stamps
 
 
@@ -342,7 +386,10 @@ def parse_shapes(metadata: Mapping[str, str], *, where: str = "?") -> dict[str, 
             or len(dims) != 2
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)
         ):
-            raise ResolveError(f"{where}: {SHAPES_KEY} entry of tensor {tensor} is {dims!r}, not [O, I] >= 1")
+            raise ResolveError(
+                f"{where}: {SHAPES_KEY} entry of tensor {tensor} is {dims!r}, not [O, I] >= 1",
+                reason=ResolveReason.BAD_METADATA,
+            )
         shapes[tensor] = (dims[0], dims[1])
     return shapes
 
@@ -351,7 +398,10 @@ def parse_layout(metadata: Mapping[str, str], *, where: str = "?") -> str:
     """``colitools.layout`` of one shard; ``pairs`` when absent. An unknown layout is an error (never guessed)."""
     layout = metadata.get(LAYOUT_KEY, PAIRS_LAYOUT)
     if layout not in LAYOUTS:
-        raise ResolveError(f"{where}: unknown {LAYOUT_KEY} {layout!r} (known: {', '.join(LAYOUTS)})")
+        raise ResolveError(
+            f"{where}: unknown {LAYOUT_KEY} {layout!r} (known: {', '.join(LAYOUTS)})",
+            reason=ResolveReason.BAD_METADATA,
+        )
     return layout
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import VerifyError
+from colitools.formats.registry import WEIGHT_SUFFIX, Mxfp4
 
 NEAR_TIE = 1e-4
 DEFAULT_ATOL = 1e-4
@@ -154,8 +155,8 @@ def verify_recipe(
         resolved = resolve_container(model_files.shards, config=model_files.config)
         for name, expected in sorted((ref.get("tensor_formats") or {}).items()):
             got = resolved.get(name)
-            if got is None and name.endswith(".weight"):  # mxfp4 stores <base>.weight as <base>.weight_packed
-                got = resolved.get(name + "_packed")
+            if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
+                got = resolved.get(Mxfp4.tensor_names(name)[0])
             label = got.format.label if got is not None and got.format is not None else None
             if label != expected:
                 result.format_mismatches.append(f"{name}: converted as {label}, oracle expects {expected}")

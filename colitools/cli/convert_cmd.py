@@ -8,8 +8,13 @@ from pathlib import Path
 import typer
 
 from colitools.cli.app import app
+from colitools.formats import layouts
+from colitools.formats.format_names import recipe_format_summary
 
-_FMT = "int4-g64, int4-g{16..256}, int4-row, int8-row, int2-row, int3-g64, mxfp4, fp8, bf16, f32"
+_FMT = recipe_format_summary()
+_LAYOUTS = " | ".join(
+    layout.option + (f" ({layout.stored})" if layout.stored != layout.option else "") for layout in layouts.LAYOUTS
+)
 
 
 @app.command("convert")
@@ -25,7 +30,7 @@ def convert_command(
         None, "--mtp", help="MTP layers, index >= num_hidden_layers (default int8-row)."
     ),
     group_size: int | None = typer.Option(None, "--group-size", help="Group size of int4-grouped choices."),
-    layout: str = typer.Option("pairs", "--layout", help="Expert layout: pairs | planar (planar64-v8)."),
+    layout: str = typer.Option(layouts.PAIRS.option, "--layout", help=f"Expert layout: {_LAYOUTS}."),
     min_free_gb: float = typer.Option(
         5.0, "--min-free-gb", help="Free space to keep on the output volume (GB)."
     ),

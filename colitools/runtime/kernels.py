@@ -15,23 +15,21 @@ float64 reference by float32 rounding only (~1e-6 relative), far inside the orac
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 from numba import njit, uintp
 
 from colitools.errors import RuntimeModelError
+from colitools.formats import reference as ref
+from colitools.formats.registry import MatmulKind, matmul_format
 from colitools.runtime import threads
 
 F32 = np.float32
 
-# E2M1 magnitudes with the sign bit (bit 3): nibble -> value.
-_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=F32)
-MXFP4_LUT = np.concatenate([_E2M1, -_E2M1]).astype(F32)
-# E8M0 scale byte -> 2^(byte - 127) (byte 0 is a float32 subnormal, exact).
-with np.errstate(over="ignore"):
-    E8M0_LUT = np.ldexp(np.float64(1), np.arange(256, dtype=np.int32) - 127).astype(F32)
-# e4m3fn byte -> value (0x7F / 0xFF are NaN, as in the format).
-E4M3_LUT = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(F32)
+# The code base's one decode tables (formats/reference.py): E2M1 nibble (bit 3 = sign) -> value, E8M0 scale
+# byte -> 2^(byte - 127), e4m3fn byte -> value.
+MXFP4_LUT = ref.E2M1_SIGNED
+E8M0_LUT = ref.E8M0_TO_F32
+E4M3_LUT = ref.E4M3_TO_F32
 
 # Serial kernels that release the GIL: threads.py splits big calls by rows and runs experts side by side.
 _JIT = {"fastmath": True, "cache": True, "nogil": True}
@@ -203,7 +201,8 @@ def _group_sums(xp: np.ndarray, group: int) -> np.ndarray:
     return np.ascontiguousarray(xp.reshape(N, W // group, group).sum(axis=2, dtype=F32))
 
 
-KINDS = ("f32", "int8-row", "int4", "int4-planar", "int3-g64", "mxfp4", "fp8-e4m3-b128", "int2-row")
+KINDS = tuple(MatmulKind)
+_K = MatmulKind
 
 
 class QTensor:
@@ -215,30 +214,25 @@ class QTensor:
     for mxfp4).
     """
 
-    __slots__ = ("kind", "codes", "scales", "O", "I", "gs")
+    __slots__ = ("kind", "codes", "scales", "O", "I", "gs", "row_align")
 
     def __init__(
         self, kind: str, codes: np.ndarray, scales: np.ndarray | None, O: int, I: int, gs: int | None
     ):
-        if kind not in KINDS:
+        fmt = matmul_format(kind, gs)  # the registry owns every shape below
+        if fmt is None:
             raise RuntimeModelError(f"no runtime kernel for weight kind {kind!r}")
-        self.kind, self.O, self.I, self.gs = kind, O, I, gs
-        if kind == "f32":
+        self.kind, self.O, self.I, self.gs, self.row_align = MatmulKind(kind), O, I, gs, fmt.row_align
+        if not fmt.quantized:
             self.codes = np.ascontiguousarray(codes, dtype=F32).reshape(O, I)
             self.scales = None
             return
-        rb = codes.size // O
-        self.codes = codes.reshape(O, rb)
-        if kind == "int8-row":
+        self.codes = codes.reshape(fmt.weight_shape(O, I, gs))
+        if self.kind is _K.INT8_ROW:
             self.codes = self.codes.view(np.int8)
-        if kind == "mxfp4":
-            self.scales = scales.reshape(O, I // 32)
-        elif kind == "fp8-e4m3-b128":
-            self.scales = np.ascontiguousarray(scales, dtype=F32).reshape(-(-O // 128), -(-I // 128))
-        elif kind in ("int8-row", "int2-row"):
-            self.scales = np.ascontiguousarray(scales, dtype=F32).reshape(O)
-        else:  # int4 / int4-planar / int3-g64: [O, G]
-            self.scales = np.ascontiguousarray(scales, dtype=F32).reshape(O, -1)
+        self.scales = np.ascontiguousarray(scales, dtype=fmt.scale_numpy).reshape(fmt.scale_grid(O, I, gs))
+        if self.kind in (_K.INT4, _K.INT4_PLANAR):  # [O, G], int4-row as one group of the whole row
+            self.scales = self.scales.reshape(O, -1)
 
     @property
     def nbytes(self) -> int:
@@ -249,16 +243,16 @@ class QTensor:
         x = np.ascontiguousarray(x, dtype=F32).reshape(-1, self.I)
         N, O = x.shape[0], self.O
         kind, codes, scales = self.kind, self.codes, self.scales
-        if kind == "f32" and N >= BLAS_MIN_ROWS:
+        if kind is _K.F32 and N >= BLAS_MIN_ROWS:
             return x @ codes.T
         y = np.empty((N, O), dtype=F32)
         rb = codes.shape[1]
-        if kind == "f32":
+        if kind is _K.F32:
             kernel, args = _f32_rows, (codes, x, y)
-        elif kind in ("int4", "int4-planar"):
+        elif kind in (_K.INT4, _K.INT4_PLANAR):
             G = scales.shape[1]
-            gbytes = rb // G if G == 1 or kind == "int4-planar" else self.gs // 2  # one group = the whole row
-            if kind == "int4":
+            gbytes = rb // G if G == 1 or kind is _K.INT4_PLANAR else self.gs // 2  # one group = the whole row
+            if kind is _K.INT4:
                 xp = _pad(x, 2 * rb)
                 xa, xb = xp[:, 0::2], xp[:, 1::2]
             else:
@@ -272,22 +266,21 @@ class QTensor:
                 kernel, args = _int4_g64, (codes, scales, xa, xd, xs, y)
             else:
                 kernel, args = _int4, (codes, scales, xa, xd, xs, y, gbytes)
-        elif kind == "int3-g64":
-            xp = _pad(x, scales.shape[1] * 64)
-            kernel, args = _int3_g64, (codes, scales, xp, _group_sums(xp, 64), y)
-        elif kind == "mxfp4":
+        elif kind is _K.INT3_G64:
+            xp = _pad(x, scales.shape[1] * ref.INT3_GROUP)
+            kernel, args = _int3_g64, (codes, scales, xp, _group_sums(xp, ref.INT3_GROUP), y)
+        elif kind is _K.MXFP4:
             xe, xo = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
             kernel, args = _mxfp4, (codes, scales, xe, xo, y, MXFP4_LUT, E8M0_LUT)
-        elif kind == "fp8-e4m3-b128":
+        elif kind is _K.FP8_B128:
             kernel, args = _fp8_b128, (codes, scales, x, y, E4M3_LUT)
-        elif kind == "int8-row":
+        elif kind is _K.INT8_ROW:
             kernel, args = _int8_row, (codes, scales, x, y)
         else:  # int2-row
             xp = _pad(x, 4 * rb)
             kernel, args = _int2_row, (codes, scales, xp, xp.sum(axis=1, dtype=F32).reshape(N, 1), y)
         if N * O * self.I >= SPLIT_MACS and threads.n_workers() > 1 and not threads.in_worker():
-            align = 128 if kind == "fp8-e4m3-b128" else 1
-            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, align))
+            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, self.row_align))
         else:
             kernel(*args, 0, O)
         return y

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colitools.formats.registry import by_name
+from colitools.formats.registry import Float, lookup
 from colitools.runtime.kernels import QTensor
 from colitools.runtime.weights import Checkpoint, decode_stored, qtensor
 
@@ -78,19 +78,18 @@ class Embedding:
     """Token embeddings. Row-wise quantized tables keep their codes and decode only the looked-up rows (with the
     registry's reference decoder, so values equal a full decode); other storage is decoded at load."""
 
-    _ROWWISE = ("int8-row", "int4-row", "int4-grouped", "int2-row", "int3-g64", "mxfp4")
-
     def __init__(self, ckpt: Checkpoint, name: str, V: int, H: int):
         st = ckpt.stored(name, V, H)
         data, scale = ckpt.read_stored(st)
         self.V, self.H = V, H
-        if st.form in self._ROWWISE and not st.planar:
+        fmt = lookup(st.form)  # None for "float" / "fp8-source"
+        if fmt is not None and fmt.rowwise_scales and not st.planar:
             self.table = None
             self.q = qtensor(st, memoryview(data), memoryview(scale))
-            self.fmt, self.gs = by_name(st.form), st.gs
+            self.fmt, self.gs = fmt, st.gs
         else:
             self.table = decode_stored(st, data, scale)
-            self.q = QTensor("f32", self.table, None, V, H, None)
+            self.q = QTensor(Float.matmul_kind, self.table, None, V, H, None)
 
     @property
     def nbytes(self) -> int:

@@ -20,12 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import ColitoolsError, RuntimeModelError
+from colitools.formats import model_config
 from colitools.formats import reference as ref
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.errors import ConfigError
 from colitools.formats.names import canonical_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
-from colitools.formats.registry import by_name
+from colitools.formats.registry import Float, Fp8E4m3B128, block_grid, by_name
 from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.runtime.kernels import QTensor
 
@@ -67,8 +69,8 @@ class Stored:
     @property
     def resident_nbytes(self) -> int:
         """Bytes this weight takes once read for a kernel (float sources become float32)."""
-        if self.form == "float" or (self.form == "fp8-source" and self.fp8_block != (128, 128)):
-            return self.O * self.I * 4
+        if self.form == "float" or (self.form == "fp8-source" and self.fp8_block != _FP8_B128_BLOCK):
+            return Float.weight_nbytes(self.O, self.I)
         return self.nbytes
 
 
@@ -79,36 +81,34 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
     if st.form == "fp8-source":
         q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
-        return ref.dequant_fp8_block(q, s.reshape(-(-st.O // st.fp8_block[0]), -1), st.fp8_block)
+        return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
     codes = np.frombuffer(data, dtype=np.uint8).reshape(st.O, -1)
     if st.planar:
         codes = planar_to_pairs(codes)
-    scales = np.frombuffer(scale, dtype=np.uint8 if st.form == "mxfp4" else F32)
+    fmt = by_name(st.form)
+    scales = np.frombuffer(scale, dtype=fmt.scale_numpy)
     try:
-        return by_name(st.form).decode(codes, scales, st.O, st.I, st.gs)
+        return fmt.decode(codes, scales, st.O, st.I, st.gs)
     except ColitoolsError as exc:
         raise RuntimeModelError(f"tensor {st.name}: {exc}") from None
 
 
-_KIND = {
-    "int4-row": "int4", "int4-grouped": "int4", "int8-row": "int8-row", "int2-row": "int2-row",
-    "int3-g64": "int3-g64", "mxfp4": "mxfp4", "fp8-e4m3-b128": "fp8-e4m3-b128",
-}  # fmt: skip
+_FP8_B128_BLOCK = Fp8E4m3B128.block  # (128, 128): an FP8 source with these blocks runs the fp8 kernel as is
 
 
 def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
     """The kernel-ready form of one stored projection (codes kept as stored; float sources as float32)."""
-    if st.form == "float" or (st.form == "fp8-source" and st.fp8_block != (128, 128)):
-        return QTensor("f32", decode_stored(st, data, scale), None, st.O, st.I, None)
+    if st.form == "float" or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK):
+        return QTensor(Float.matmul_kind, decode_stored(st, data, scale), None, st.O, st.I, None)
     codes = np.frombuffer(data, dtype=np.uint8)
     if st.form == "fp8-source":
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
-        return QTensor("fp8-e4m3-b128", codes, s, st.O, st.I, None)
-    if st.form not in _KIND:
+        return QTensor(Fp8E4m3B128.matmul_kind, codes, s, st.O, st.I, None)
+    fmt = by_name(st.form)
+    kind = fmt.matmul_kind_of(st.planar)
+    if kind is None:
         raise RuntimeModelError(f"tensor {st.name}: no runtime kernel for format {st.form}")
-    kind = "int4-planar" if st.planar else _KIND[st.form]
-    scales = np.frombuffer(scale, dtype=np.uint8 if st.form == "mxfp4" else F32)
-    return QTensor(kind, codes, scales, st.O, st.I, st.gs)
+    return QTensor(kind, codes, np.frombuffer(scale, dtype=fmt.scale_numpy), st.O, st.I, st.gs)
 
 
 class Checkpoint:
@@ -170,8 +170,8 @@ class Checkpoint:
                     f"tensor {name} is {list(res.logical_shape)}, the model expects [{O}, {I}]"
                 )
             _, sinfo, _ = self.infos[sanitize(res.scale)]
-            if res.format.name == "e8-iq3-lattice":
-                raise RuntimeModelError(f"tensor {name}: e8-iq3-lattice is not executable by the runtime")
+            if by_name(res.format.name).matmul_kind is None:
+                raise RuntimeModelError(f"tensor {name}: {res.format.name} is not executable by the runtime")
             return Stored(
                 name, res.format.name, O, I, path, (info.begin, info.end), info.dtype,
                 (sinfo.begin, sinfo.end), sinfo.dtype, res.format.group_size, res.layout == PLANAR_LAYOUT,
@@ -181,10 +181,11 @@ class Checkpoint:
             _check_shape(name, info.shape, O, I)
             _, sinfo, _ = scale_inv
             br, bc = self.fp8_block
-            if sinfo.shape != (-(-O // br), -(-I // bc)) or sinfo.dtype not in FLOAT_DTYPES:
+            grid = block_grid(O, I, br, bc)
+            if sinfo.shape != grid or sinfo.dtype not in FLOAT_DTYPES:
                 raise RuntimeModelError(
                     f"tensor {name}_scale_inv is {sinfo.dtype} {list(sinfo.shape)}, "
-                    f"expected a float [{-(-O // br)}, {-(-I // bc)}] for {br}x{bc} blocks"
+                    f"expected a float {list(grid)} for {br}x{bc} blocks"
                 )
             return Stored(
                 name,
@@ -285,8 +286,7 @@ def _check_shape(name: str, shape: tuple[int, ...], O: int, I: int) -> None:
 
 
 def _fp8_block(config: dict) -> tuple[int, int]:
-    qc = config.get("quantization_config") or {}
-    block = qc.get("weight_block_size") or [128, 128]
-    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise RuntimeModelError(f"quantization_config.weight_block_size {block!r} is not [rows, cols]")
-    return (block[0], block[1])
+    try:
+        return model_config.fp8_block_size(config) or (128, 128)
+    except ConfigError as exc:
+        raise RuntimeModelError(str(exc)) from None

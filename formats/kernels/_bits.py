@@ -4,7 +4,6 @@ the small ``inline`` helpers every encoder uses, and the exact e4m3fn decode sha
 
 from __future__ import annotations
 
-import ml_dtypes
 import numba
 import numpy as np
 from llvmlite import ir
@@ -12,6 +11,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from colitools.formats import reference as ref
+from colitools.formats import registry
 
 _JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 njit = numba.njit(**_JIT)
@@ -23,24 +23,20 @@ _NONFINITE_BITS = np.uint32(0x7F800000)  # |x| bits >= this: inf or NaN
 _Q127, _Q7, _Q3, _Q1 = F32(127), F32(7), F32(3), F32(1)
 _SIX = F32(6)
 
-# Format codes inside the kernels.
-_INT8_ROW, _INT4_ROW, _INT2_ROW, _INT4_GROUPED, _INT3_G64, _MXFP4 = range(6)
-_FMT_CODES = {
-    "int8-row": _INT8_ROW,
-    "int4-row": _INT4_ROW,
-    "int2-row": _INT2_ROW,
-    "int4-grouped": _INT4_GROUPED,
-    "int3-g64": _INT3_G64,
-    "mxfp4": _MXFP4,
-}
+# Format codes inside the kernels: each format class owns its ``kernel_code`` (registry.py). They are read
+# here once, as module constants, so numba compiles them in as literals (a changed code needs a cache purge).
+_INT8_ROW = registry.Int8Row.kernel_code
+_INT4_ROW = registry.Int4Row.kernel_code
+_INT2_ROW = registry.Int2Row.kernel_code
+_INT4_GROUPED = registry.Int4Grouped.kernel_code
+_INT3_G64 = registry.Int3G64.kernel_code
+_MXFP4 = registry.Mxfp4.kernel_code
 
-# Exact e4m3fn -> float32 for every byte (0x7F / 0xFF are NaN, 0x7E = 448).
-E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(F32)
-# E2M1 nibble -> float32 value (bit 3 = sign; code 8 is -0.0, as the reference's np.where(.., -mag, mag)).
-_E2M1_F32 = np.concatenate([ref.E2M1_VALUES, -ref.E2M1_VALUES]).astype(F32)
+# The one decode tables of the code base (reference.py), not copies.
+E4M3_TO_F32 = ref.E4M3_TO_F32
+_E2M1_F32 = ref.E2M1_SIGNED
 _E2M1_SIGNED_F64 = _E2M1_F32.astype(np.float64)  # exact; code 8 (-0.0) gives the same error as +0.0
-with np.errstate(over="ignore"):  # byte 255 -> 2^128 = inf, as np.ldexp in the reference decoder
-    _E8M0_F32 = np.ldexp(F32(1), np.arange(256, dtype=np.int32) - 127).astype(F32)
+_E8M0_F32 = ref.E8M0_TO_F32
 
 
 # ------------------------------------------------------------------------------------------ bit intrinsics

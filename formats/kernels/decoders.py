@@ -6,10 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from colitools.formats import reference as ref
+from colitools.formats import registry
 from colitools.formats.errors import FormatError
 from colitools.formats.kernels._bits import (
     _E2M1_F32,
     _E8M0_F32,
+    _INT2_ROW,
+    _INT3_G64,
+    _INT4_GROUPED,
+    _INT4_ROW,
+    _INT8_ROW,
+    _MXFP4,
     F32,
     _dequant_fp8_row,
     njit,
@@ -141,28 +148,28 @@ def decode(
     out = np.empty((O, I), F32)
     if O * I == 0:
         return out
-    c = np.ascontiguousarray(codes, dtype=np.uint8)
-    if fmt_name == "int8-row":
-        args = (c.reshape(O, I).view(np.int8), _f32(scales).reshape(O), out)
-        kernel = _decode_int8_rows
-    elif fmt_name in ("int4-row", "int4-grouped"):
-        if fmt_name == "int4-grouped" and not gs:
-            raise FormatError("int4-grouped decode needs the group size")
-        g = I if fmt_name == "int4-row" else int(gs)
-        args = (c.reshape(O, -1), _f32(scales).reshape(O, ref.ceil_div(I, g)), out, g)
-        kernel = _decode_int4_rows
-    elif fmt_name == "int2-row":
-        args, kernel = (c.reshape(O, -1), _f32(scales).reshape(O), out), _decode_int2_rows
-    elif fmt_name == "int3-g64":
-        args = (c.reshape(O, -1), _f32(scales).reshape(O, ref.ceil_div(I, 64)), out)
-        kernel = _decode_int3_rows
-    elif fmt_name == "mxfp4":
-        e8 = np.ascontiguousarray(scales, dtype=np.uint8).reshape(O, I // ref.MXFP4_BLOCK)
-        args, kernel = (c.reshape(O, I // 2), e8, _E2M1_F32, _E8M0_F32, out), _decode_mxfp4_rows
-    elif fmt_name == "fp8-e4m3-b128":
-        return dequant_fp8_block(c.reshape(O, I), scales, (ref.FP8_BLOCK, ref.FP8_BLOCK))
-    else:
+    cls = registry.lookup(fmt_name)
+    if cls is None or cls.kernel_code is None:
         raise FormatError(f"no fast decoder for format {fmt_name!r}")
+    if cls.grouped and not gs:
+        raise FormatError(f"{fmt_name} decode needs the group size")
+    c = np.ascontiguousarray(codes, dtype=np.uint8).reshape(cls.weight_shape(O, I, gs))
+    s = np.ascontiguousarray(scales, dtype=cls.scale_numpy).reshape(cls.scale_grid(O, I, gs))
+    code = cls.kernel_code
+    if code == _INT8_ROW:
+        kernel, args = _decode_int8_rows, (c.view(np.int8), s, out)
+    elif code == _INT4_ROW:  # one group of I
+        kernel, args = _decode_int4_rows, (c, s.reshape(O, 1), out, I)
+    elif code == _INT4_GROUPED:
+        kernel, args = _decode_int4_rows, (c, s, out, int(gs))
+    elif code == _INT2_ROW:
+        kernel, args = _decode_int2_rows, (c, s, out)
+    elif code == _INT3_G64:
+        kernel, args = _decode_int3_rows, (c, s, out)
+    elif code == _MXFP4:
+        kernel, args = _decode_mxfp4_rows, (c, s, _E2M1_F32, _E8M0_F32, out)
+    else:  # fp8-e4m3-b128: the FP8 block dequant with 128x128 blocks
+        return dequant_fp8_block(c, s, (ref.FP8_BLOCK, ref.FP8_BLOCK))
     _run_rows(kernel, args, O, I)
     return out
 

@@ -7,18 +7,13 @@ import ml_dtypes
 import numpy as np
 
 from colitools.formats import reference as ref
+from colitools.formats import registry
 from colitools.formats.errors import EncodeError, FormatError
 from colitools.formats.kernels._bits import (
     _FLOOR,
-    _FMT_CODES,
     _H4,
-    _INT2_ROW,
-    _INT3_G64,
     _INT4_GROUPED,
-    _INT4_ROW,
-    _INT8_ROW,
     _L4,
-    _MXFP4,
     _NONFINITE_BITS,
     _Q7,
     F32,
@@ -161,49 +156,28 @@ def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
 
 # ------------------------------------------------------------------------------------------ public API
 def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
-    """Format code, effective group size and the output arrays (codes, f32 scales, u8 scales)."""
-    if fmt_name not in _FMT_CODES:  # f32, fp8-e4m3-b128 (passthrough), e8-iq3-lattice
+    """Kernel code, effective group size, the output arrays the kernels fill (codes, f32 scales, u8
+    scales) and the scales as returned (a view shaped as the registry's ``scale_grid``). Resolved once per
+    call from the format class, outside the kernels."""
+    cls = registry.lookup(fmt_name)
+    if cls is None or not cls.writable:  # f32, fp8-e4m3-b128 (passthrough), e8-iq3-lattice
         raise EncodeError(f"tensor {name or '?'}: format {fmt_name} cannot be written by colitools' encoders")
-    fmt = _FMT_CODES[fmt_name]
-    if fmt == _INT4_GROUPED and (not isinstance(gs, int | np.integer) or gs < 1):
-        raise FormatError(f"tensor {name or '?'}: int4-grouped needs a positive group size, got {gs}")
-    if fmt == _MXFP4 and I % ref.MXFP4_BLOCK:
-        raise EncodeError(f"tensor {name or '?'}: mxfp4 needs I % 32 == 0, got I = {I}")
-    row_bytes = {
-        _INT8_ROW: I,
-        _INT4_ROW: ref.ceil_div(I, 2),
-        _INT4_GROUPED: ref.ceil_div(I, 2),
-        _INT2_ROW: ref.ceil_div(I, 4),
-        _INT3_G64: ref.ceil_div(I, 64) * ref.INT3_GROUP_BYTES,
-        _MXFP4: I // 2,
-    }[fmt]
-    n_scales = {_INT4_GROUPED: ref.ceil_div(I, gs or 1), _INT3_G64: ref.ceil_div(I, 64)}.get(fmt, 1)
-    codes = np.empty((O, row_bytes), np.uint8)
-    if fmt == _MXFP4:
-        sf, su = np.empty((O, 0), F32), np.empty((O, I // ref.MXFP4_BLOCK), np.uint8)
+    if cls.grouped and (not isinstance(gs, int | np.integer) or gs < 1):
+        raise FormatError(f"tensor {name or '?'}: {fmt_name} needs a positive group size, got {gs}")
+    cls.check_encodable(O, I, name=name)
+    codes = np.empty(cls.weight_shape(O, I, gs), np.uint8)
+    grid = cls.scale_grid(O, I, gs)  # [O] (one per row), [O, G] or mxfp4's [O, I/32] E8M0 bytes
+    per_row = int(np.prod(grid[1:], dtype=np.int64)) if len(grid) > 1 else 1
+    if cls.scale_numpy == np.uint8:
+        sf, su = np.empty((O, 0), F32), np.empty((O, per_row), np.uint8)
     else:
-        sf, su = np.empty((O, n_scales), F32), np.empty((O, 0), np.uint8)
-    return fmt, int(gs or 0), codes, sf, su
-
-
-def _result(fmt: int, codes: np.ndarray, sf: np.ndarray, su: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if fmt == _MXFP4:
-        return codes, su
-    if fmt in (_INT8_ROW, _INT4_ROW, _INT2_ROW):
-        return codes, sf.reshape(-1)
-    return codes, sf
+        sf, su = np.empty((O, per_row), F32), np.empty((O, 0), np.uint8)
+    scales = (su if cls.scale_numpy == np.uint8 else sf).reshape(grid)
+    return cls.kernel_code, int(gs or 0), codes, sf, su, scales
 
 
 def _reference_encode(fmt_name: str, w: np.ndarray, gs: int | None) -> tuple[np.ndarray, np.ndarray]:
-    if fmt_name == "int4-grouped":
-        return ref.encode_int4_grouped(w, gs)
-    return {
-        "int8-row": ref.encode_int8_row,
-        "int4-row": ref.encode_int4_row,
-        "int2-row": ref.encode_int2_row,
-        "int3-g64": ref.encode_int3_g64,
-        "mxfp4": ref.encode_mxfp4,
-    }[fmt_name](w)
+    return registry.by_name(fmt_name)._encode_reference(w, gs)
 
 
 def _raise_nonfinite(w_f32: np.ndarray, name: str) -> None:
@@ -237,12 +211,12 @@ def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> t
         raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
     w = np.ascontiguousarray(w, dtype=F32)
     O, I = w.shape
-    fmt, g, codes, sf, su = _plan(fmt_name, O, I, gs, name)
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
     if w.size == 0:
         return _reference_encode(fmt_name, w, gs)
     if _run_rows(_encode_rows_f32, (w, fmt, g, codes, sf, su), O, I) >= 0:
         _raise_nonfinite(w, name)
-    return _result(fmt, codes, sf, su)
+    return codes, scales
 
 
 def encode_from_bf16(
@@ -252,12 +226,12 @@ def encode_from_bf16(
     (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
     wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
     O, I = wb.shape
-    fmt, g, codes, sf, su = _plan(fmt_name, O, I, gs, name)
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
     if wb.size == 0:
         return _reference_encode(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs)
     if _run_rows(_encode_rows_bf16, (wb, fmt, g, codes, sf, su), O, I) >= 0:
         _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
-    return _result(fmt, codes, sf, su)
+    return codes, scales
 
 
 def _block(block) -> tuple[int, int]:
@@ -290,11 +264,11 @@ def encode_from_fp8_block(
     ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
     q, s, br, bc = _fp8_operands(q, scale_inv, block, name)
     O, I = q.shape
-    fmt, g, codes, sf, su = _plan(fmt_name, O, I, gs, name)
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
     if q.size == 0:
         return _reference_encode(fmt_name, ref.dequant_fp8_block(q, s, (br, bc)), gs)
     if _run_rows(_encode_rows_fp8, (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
         with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
             w = ref.dequant_fp8_block(q, s, (br, bc))
         _raise_nonfinite(w, name)
-    return _result(fmt, codes, sf, su)
+    return codes, scales

@@ -1,0 +1,35 @@
+"""The one vocabulary of expert layouts (FORMATS-SPEC §4).
+
+A layout has two spellings: the ``--layout`` option value the user types (``planar``) and the name stored in a
+shard's ``__metadata__["colitools.layout"]`` and in the sidecar index (``planar64-v8``, colibri's name of the code
+order). Recipe, options, CLI, resolver and container all use this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One expert layout: ``option`` as given to ``--layout``, ``stored`` as written to metadata."""
+
+    option: str
+    stored: str
+
+
+PAIRS = Layout(option="pairs", stored="pairs")  # the default; a shard without colitools.layout is pairs
+PLANAR = Layout(option="planar", stored="planar64-v8")
+LAYOUTS: tuple[Layout, ...] = (PAIRS, PLANAR)
+OPTION_NAMES: tuple[str, ...] = tuple(layout.option for layout in LAYOUTS)
+STORED_NAMES: tuple[str, ...] = tuple(layout.stored for layout in LAYOUTS)
+
+
+def by_option(option: str) -> Layout | None:
+    """The layout whose ``--layout`` value is ``option``, or None."""
+    return next((layout for layout in LAYOUTS if layout.option == option), None)
+
+
+def by_stored(stored: str) -> Layout | None:
+    """The layout stored as ``stored`` in shard metadata, or None."""
+    return next((layout for layout in LAYOUTS if layout.stored == stored), None)
