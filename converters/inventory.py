@@ -34,8 +34,6 @@ from colitools.converters.sources import check_shard_name
 from colitools.errors import ConvertError
 from colitools.formats.dtypes import itemsize
 
-SINGLE_FILE = "model.safetensors"
-
 
 @dataclass(frozen=True)
 class HeaderTensor:

@@ -14,7 +14,6 @@ deterministic, so two runs of the same conversion produce the same ``colitools.j
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,10 @@ import colitools
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
 from colitools.errors import ConvertError
-from colitools.formats.atomic import write_json_atomic
+from colitools.formats.atomic import parse_temp_name, write_json_atomic
 
 MANIFEST = "colitools.json"
 MANIFEST_VERSION = 1
-# Temporaries of our writers: ``.<name>.tmp-<pid>`` (SafetensorsWriter and this module's atomic rewrites).
-_TEMP = re.compile(r"^\..+\.tmp-\d+$")
 
 
 @dataclass
@@ -188,7 +185,8 @@ def _ordered(units: dict[str, Any], plan: ConversionPlan) -> dict[str, Any]:
 def _remove_temporaries(outdir: Path) -> list[str]:
     removed = []
     for p in sorted(outdir.iterdir()):
-        if _TEMP.match(p.name) and p.is_file():
+        # temporaries of our writers (SafetensorsWriter, the atomic rewrites of the index, config, ledger)
+        if parse_temp_name(p.name) is not None and p.is_file():
             p.unlink()
             removed.append(p.name)
     return removed

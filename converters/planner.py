@@ -24,6 +24,7 @@ from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key
 from colitools.errors import ConvertError
 from colitools.formats.dtypes import itemsize
+from colitools.formats.filenames import shard_file_name
 from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
 
@@ -275,7 +276,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         out = []
         for groups, meta, planar in files:
             k += 1
-            out.append(OutputFile(f"model-{k:05d}-of-{total:05d}.safetensors", tuple(groups), meta, planar))
+            out.append(OutputFile(shard_file_name(k, total), tuple(groups), meta, planar))
         units.append(Unit(key, tuple(out)))
     return ConversionPlan(units, recipe, inventory, fallbacks)
 

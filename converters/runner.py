@@ -38,6 +38,7 @@ from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
 from colitools.converters.sources import HubSource, Source, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
 from colitools.errors import ConvertError
+from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 
 WORKDIR = ".colitools-download"
 LOCKFILE = ".colitools.lock"
@@ -47,9 +48,9 @@ SLOW_UNIT_ENV = "COLITOOLS_TEST_SLOW_UNIT_SECONDS"
 def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     """Read the source's config, weight map and shard headers, validate them and plan the conversion."""
     recipe = options.recipe()
-    config = source.read_json("config.json")
+    config = source.read_json(CONFIG_FILE)
     if not isinstance(config, dict):
-        raise ConvertError("config.json: not a JSON object")
+        raise ConvertError(f"{CONFIG_FILE}: not a JSON object")
     weight_map = source.weight_map()
     shards = sorted(set(weight_map.values()))
     headers = read_source_headers(source, shards)
@@ -315,7 +316,7 @@ def _release(src: Source, shard: str, options: ConvertOptions) -> None:
 
 def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
     """Index, config and the generation/tokenizer files; returns the names of the copied files."""
-    config = src.read_json("config.json")
+    config = src.read_json(CONFIG_FILE)
     output.write_index(out, plan)
     output.write_config(out, config)
     copied = []
@@ -336,7 +337,7 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
         raise ConvertError("internal: the ledger does not cover every planned file")
     ledger.finish({
         "shards": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in shards],
-        "copied_files": ["config.json", output.INDEX, *copied],
+        "copied_files": [CONFIG_FILE, INDEX_FILE, *copied],
         "run": {
             "units_converted": summary.units_converted, "units_skipped": summary.units_skipped,
             "bytes_in": summary.bytes_in, "bytes_out": summary.bytes_out,

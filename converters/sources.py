@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from colitools.errors import ConvertError, FormatError
 from colitools.formats.container import check_shard_name as check_container_shard_name
 from colitools.formats.digest import sha256_file
+from colitools.formats.filenames import INDEX_FILE, SINGLE_FILE
 
 if TYPE_CHECKING:
     from colitools.converters.download import Backoff, Progress
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 # huggingface_hub, httpx2 and ``download`` (which imports httpx2) are imported where a Hub source needs them:
 # together they cost ~0.15 s of every ``colitools convert`` start, and a local folder never uses them.
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 # The Hub's own repo id grammar (huggingface_hub.utils._validators.REPO_ID_REGEX), namespace required.
 _REPO_ID = re.compile(r"^(?![-.])[\w\-.]{1,96}/(?![-.])[\w\-.]{1,96}(?<![-.])$")
 _DRIVE = re.compile(r"^[A-Za-z]:")

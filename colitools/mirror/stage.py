@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from colitools.errors import MirrorError
-from colitools.formats.atomic import write_json_atomic
+from colitools.formats.atomic import parse_temp_name, write_json_atomic
 from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file
 from colitools.mirror.plan import (
     DEFAULT_RESERVE_GIB,
@@ -117,8 +117,9 @@ def _remove_stale_temporaries(mirror: Path) -> None:
     """Temporary files of a killed stage (only ours: hidden, with our suffixes). Called under the lock."""
     for path in mirror.iterdir():
         name = path.name
+        temp = parse_temp_name(name)
         ours = (name.startswith(".") and name.endswith(".safetensors" + TEMP_SUFFIX)) or (
-            name.startswith((f".{RECEIPT}.tmp-", f".{PLAN_FILE}.tmp-"))
+            temp is not None and (temp.is_temp_of(RECEIPT) or temp.is_temp_of(PLAN_FILE))
         )
         if ours and path.is_file() and not path.is_symlink():
             path.unlink()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from colitools.errors import MirrorError, SafetensorsError
 from colitools.formats.container import shard_name_problem
-from colitools.formats.safetensors_io import SafetensorsFile
+from colitools.formats.safetensors_io import MAX_HEADER_BYTES, SafetensorsFile
 from colitools.mirror.fileops import Progress, sha256_file
 from colitools.mirror.plan import SCHEMA
 
@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 RECEIPT = ".colibri-mirror.json"
-MAX_HEADER = 100_000_000
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 StatSignature = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
@@ -132,7 +131,7 @@ def read_raw_header(path: Path) -> bytes | None:
             if len(prefix) < 8:
                 return None
             (n,) = struct.unpack("<Q", prefix)
-            if n > MAX_HEADER:
+            if n > MAX_HEADER_BYTES:
                 return None
             body = f.read(n)
             return prefix + body if len(body) == n else None

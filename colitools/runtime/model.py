@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.filenames import USAGE_FILE
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore, StoreStats
 from colitools.runtime.moe import SparseMoE
@@ -37,8 +38,6 @@ FAMILIES = {
     "glm_moe_dsa": "deepseek_v3",
     "glm4_moe": "glm4_moe",
 }
-
-USAGE_FILE = ".coli_usage"
 
 
 class DecoderLayer:

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from colitools.formats.atomic import fsync_dir
+from colitools.formats.atomic import fsync_dir, temp_name
 from colitools.formats.dtypes import SAFETENSORS_DTYPES, itemsize, safetensors_name
 from colitools.formats.errors import SafetensorsError
 from colitools.formats.safetensors_io.header import (
@@ -138,7 +138,8 @@ class SafetensorsWriter:
     """Streams tensors into a new safetensors file; memory use is one tensor.
 
     ``entries`` are ``(name, dtype name, shape)`` in the order the data will be written; the header is
-    computed up front and written to ``.<basename>.tmp-<pid>`` in the target directory (exclusive create).
+    computed up front and written to ``atomic.temp_name(path)`` (``.<basename>.tmp-<pid>``) in the target
+    directory (exclusive create).
     ``write`` appends the next tensor; ``close`` checks that all were written, fsyncs, renames the file to
     ``path`` and fsyncs the directory. On any error (wrong order, wrong size, missing tensors, a full disk) the
     temporary file is removed and nothing is published. As a context manager, an exception aborts.
@@ -151,7 +152,7 @@ class SafetensorsWriter:
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         self.path = pathlib.Path(path)
-        self.temp_path = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.temp_path = temp_name(self.path)
         self._where = str(self.path)
         self._fd: int | None = None
         self._state = "aborted"  # until our temporary file exists, there is nothing to clean up
