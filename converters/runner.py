@@ -120,21 +120,22 @@ def _convert(
 
 @contextlib.contextmanager
 def _locked(out: Path):
-    """One conversion per output folder at a time (advisory lock, released by the kernel on any exit)."""
-    path = out / LOCKFILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            import fcntl
+    """One conversion per output folder at a time (advisory lock, released by the kernel on any exit).
 
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # pragma: no cover - no advisory locks on this platform
-            pass
-        except OSError:
-            raise ConvertError(f"{out}: another colitools convert is working in this folder") from None
+    ``filelock`` (flock on Unix, msvcrt on Windows); ``timeout=0``: a second conversion fails at once rather
+    than waiting behind the first."""
+    from filelock import FileLock, Timeout
+
+    path = out / LOCKFILE
+    lock = FileLock(path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ConvertError(f"{out}: another colitools convert is working in this folder") from None
+    try:
         yield
     finally:
-        os.close(fd)
+        lock.release()
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
 

@@ -377,6 +377,9 @@ class HubSource(Source):
 
         from colitools.converters.download import RETRY_STATUSES
 
+        # Not huggingface_hub's ``http_backoff``: that wraps one raw HTTP request, and these are HfApi calls
+        # (``model_info``, ``parse_safetensors_file_metadata``: several requests and their error mapping); the
+        # loop gives them the download's retry statuses, ``Backoff`` and retry count.
         failures = 0
         while True:
             try:
