@@ -35,7 +35,7 @@ from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger
 from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
-from colitools.converters.sources import HubSource, Source, open_source
+from colitools.converters.sources import Source, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
 from colitools.errors import ConvertError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
@@ -97,7 +97,7 @@ def _convert(
     src: Source, out: Path, options: ConvertOptions, floor: DiskFloor, started: float
 ) -> ConvertSummary:
     plan = load_plan(src, options)
-    remote = isinstance(src, HubSource)
+    remote = src.is_remote
     shards = plan.inventory.shards
     transient = shards if remote and not options.keep_source else []
     kept = shards if remote and options.keep_source else []
