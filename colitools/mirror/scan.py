@@ -85,10 +85,6 @@ class ShardExperts:
     routed: frozenset[ExpertKey] = frozenset()  # experts whose routed tensor is in this shard
     layout: str = "pairs"  # "pairs" or the declared "planar64-v8"
 
-    @property
-    def total_expert_bytes(self) -> int:
-        return sum(self.expert_bytes.values())
-
 
 def scan_shard(path: str | os.PathLike) -> ShardExperts:
     """Parse one shard's header (strictly, FORMATS-SPEC §1) and sum its routed-expert bytes per expert."""
