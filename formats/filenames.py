@@ -7,6 +7,9 @@ temporary-name convention is ``atomic.temp_name`` / ``atomic.parse_temp_name``.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 __all__ = [
     "CONFIG_FILE",
     "INDEX_FILE",
@@ -15,6 +18,7 @@ __all__ = [
     "SINGLE_FILE",
     "USAGE_FILE",
     "shard_file_name",
+    "shard_files",
 ]
 
 CONFIG_FILE = "config.json"  # the model's Hugging Face config
@@ -28,3 +32,11 @@ USAGE_FILE = ".coli_usage"  # routing usage history, written by the runtime, rea
 def shard_file_name(k: int, n: int) -> str:
     """The converter's name of output shard ``k`` (1-based) of ``n``: ``model-00001-of-00003.safetensors``."""
     return f"model-{k:05d}-of-{n:05d}{SHARD_SUFFIX}"
+
+
+def shard_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The shard files of a folder without an index: every regular ``*.safetensors`` file that is not hidden
+    (hidden names are temporaries and copies in progress), sorted by name."""
+    return [
+        p for p in sorted(Path(directory).glob(f"*{SHARD_SUFFIX}")) if not p.name.startswith(".") and p.is_file()
+    ]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.errors import MirrorError
+from colitools.formats.filenames import shard_files
 from colitools.formats.safetensors_io import SafetensorsFile
 
 __all__ = [
@@ -116,9 +117,7 @@ def discover_shards(
         directory = Path(directory)
         if not directory.is_dir():
             raise MirrorError(f"shard directory does not exist: {directory}")
-        for path in sorted(directory.glob("*.safetensors")):
-            if path.name.startswith(".") or not path.is_file():
-                continue
+        for path in shard_files(directory):
             if path.name in found:
                 if warnings is not None:
                     warnings.append(f"duplicate shard {path.name} in {directory} ignored (first copy is used)")

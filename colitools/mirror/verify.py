@@ -23,6 +23,7 @@ from pathlib import Path
 
 from colitools.errors import MirrorError, SafetensorsError
 from colitools.formats.container import shard_name_problem
+from colitools.formats.filenames import shard_files
 from colitools.formats.safetensors_io import MAX_HEADER_BYTES, SafetensorsFile
 from colitools.mirror.fileops import Progress, sha256_file
 from colitools.mirror.plan import SCHEMA
@@ -316,9 +317,8 @@ def _verify_full(result: MirrorVerification, primaries: list[Path], hasher: _Has
     for d in primaries:
         if not d.is_dir():
             raise MirrorError(f"shard directory does not exist: {d}")
-        for path in sorted(d.glob("*.safetensors")):
-            if not path.name.startswith(".") and path.is_file():
-                names.setdefault(path.name, path)
+        for path in shard_files(d):
+            names.setdefault(path.name, path)
     if not names:
         result.problems.append(f"no *.safetensors shards in {', '.join(map(str, primaries))}")
         return
