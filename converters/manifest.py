@@ -1,4 +1,4 @@
-"""The manifest of a converted folder, ``colitools.json`` (docs/FORMATS.md §7): one type, one load, one dump.
+"""The manifest of a converted folder, ``colitools.json``: one type, one load, one dump.
 
 The converter's resume ledger (``ledger.py``) writes it on every change and reads it back on a rerun; the
 runner adds the final sections through the ledger; ``verify container`` reads it to check that the conversion

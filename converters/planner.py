@@ -7,7 +7,7 @@
   tensors, then its **planar64-v8 experts shard** (``colitools.layout`` metadata), one MoE layer per shard.
 * Tensor order in a file: non-expert tensors by name (natural order), each weight followed by its scale; then
   experts in expert order, each expert's weights back to back (gate, up, down) followed by their scales in the
-  same order (FORMATS-SPEC §4, the same order the planar record uses).
+  same order (docs/FORMATS.md §4, the same order the planar record uses).
 * Files are named ``model-{k:05d}-of-{n:05d}.safetensors`` in processing order.
 """
 

@@ -1,4 +1,4 @@
-"""The conversion recipe (FORMATS-SPEC §6): every source tensor -> a role -> a target format.
+"""The conversion recipe (docs/FORMATS.md §5): every source tensor -> a role -> a target format.
 
 Rules apply in order, the first match decides:
 
@@ -365,7 +365,7 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
             return fallback("fp8 passthrough of a fused expert tensor is not supported")
     elif fmt_name == "int4-grouped":
         gs = writer_group_size(I, choice.gs or DEFAULT_GROUP_SIZE)
-        if gs is None:  # I <= gs: one group per row is int4-row (same values and bytes), spec §2.4
+        if gs is None:  # I <= gs: one group per row is int4-row (same values and bytes), docs/FORMATS.md §2.3
             fmt_name = "int4-row"
     try:
         choice.fmt.check_encodable(O, I, name=name)

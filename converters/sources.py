@@ -2,7 +2,7 @@
 
 ``open_source(spec, ...)`` returns a ``Source``. The converter asks it for the file listing, the JSON files
 (``config.json``, ``model.safetensors.index.json``), the ``weight_map`` (tensor -> shard, validated per
-FORMATS-SPEC §5), and for shards on disk: ``ensure_local(shard)`` gives a path (downloading it if needed),
+docs/FORMATS.md §8 ("Model directories")), and for shards on disk: ``ensure_local(shard)`` gives a path (downloading it if needed),
 ``is_deletable`` / ``release`` let the runner free the disk used by shards it downloaded, and never touch a
 user's own files or the Hugging Face cache.
 
@@ -71,7 +71,7 @@ class HeaderTensor:
 
 
 def check_shard_name(shard: str, index_name: str = INDEX_FILE, tensor: str | None = None) -> None:
-    """Refuse a shard file name that could leave the source folder or is not a safetensors file (spec §5).
+    """Refuse a shard file name that could leave the source folder or is not a safetensors file (docs/FORMATS.md §8 ("Model directories")).
 
     The rule is ``formats.container.check_shard_name``; a refusal is a ``ConvertError`` with its message."""
     try:
@@ -144,7 +144,7 @@ class Source(ABC):
     def weight_map(self) -> dict[str, str]:
         """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.
 
-        Shard names are validated (spec §5) and every shard must exist in the source."""
+        Shard names are validated (docs/FORMATS.md §8 ("Model directories")) and every shard must exist in the source."""
         if self._weight_map is None:
             files = self.files()
             if INDEX_FILE in files:

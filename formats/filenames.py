@@ -1,4 +1,4 @@
-"""The file names of a model folder, in one place (docs/FORMATS.md §5, §7, §8).
+"""The file names of a model folder, in one place (docs/FORMATS.md §6 and §8, "Model directories").
 
 Every reader and writer of colitools takes these names from here: the converter's output, the inspector, the
 verifier, the runtime and the mirror. The header size limit is ``safetensors_io.MAX_HEADER_BYTES``; the

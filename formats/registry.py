@@ -1,4 +1,4 @@
-"""The format registry: one class per format (FORMATS-SPEC §2), registered by its ordinal, and the one table of
+"""The format registry: one class per format (docs/FORMATS.md §2), registered by its ordinal, and the one table of
 byte arithmetic that every reader, writer, resolver and planner uses. Nothing else computes sizes.
 
 A format's weight tensor is ``O`` rows of ``ceil(I / block_elems) * block_bytes`` bytes (``BYTE_TABLE``); its

@@ -1,7 +1,7 @@
 """``colitools verify container DIR``: is a converted folder complete and sound?
 
 Checks, in order: every shard's header is valid and the index covers exactly the tensors present; every
-tensor resolves to one format from its bytes (FORMATS-SPEC §3); every scale tensor is finite (F32 ``.qs``) or
+tensor resolves to one format from its bytes (docs/FORMATS.md §3); every scale tensor is finite (F32 ``.qs``) or
 not the E8M0 NaN byte (mxfp4); and, when the folder has a ``colitools.json`` manifest, the conversion is
 complete and every recorded file has the recorded size and sha256. Problems are collected (not raised) so one
 run reports all of them; a folder that cannot be opened at all raises ``FormatError``.

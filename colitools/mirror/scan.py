@@ -1,6 +1,6 @@
 """Which routed experts each shard holds, and how many bytes of each (MIRROR-SPEC "plan", first step).
 
-A routed-expert tensor is a per-expert tensor of an MoE layer (FORMATS-SPEC §4 names)::
+A routed-expert tensor is a per-expert tensor of an MoE layer (docs/FORMATS.md §4 names)::
 
     ...layers.{L}.mlp.experts.{E}.{gate_proj,up_proj,down_proj}.weight        (+ ".qs" sidecar)
     ...layers.{L}.block_sparse_moe.experts.{E}.{w1,w2,w3}[.weight]             (Mixtral; + ".qs")
@@ -88,7 +88,7 @@ class ShardExperts:
 
 
 def scan_shard(path: str | os.PathLike) -> ShardExperts:
-    """Parse one shard's header (strictly, FORMATS-SPEC §1) and sum its routed-expert bytes per expert."""
+    """Parse one shard's header (strictly, docs/FORMATS.md §1) and sum its routed-expert bytes per expert."""
     path = Path(path)
     with SafetensorsFile(path) as st:
         expert_bytes: dict[ExpertKey, int] = {}

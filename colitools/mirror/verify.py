@@ -57,7 +57,7 @@ def stat_signature(path: Path) -> StatSignature | None:
 
 def safe_shard_name(name: object) -> bool:
     """A receipt entry may only name a plain ``*.safetensors`` file inside the mirror directory (the shard-name
-    rule of FORMATS-SPEC §5, shared with index validation)."""
+    rule of docs/FORMATS.md §8 ("Model directories"), shared with index validation)."""
     return shard_name_problem(name) is None
 
 

@@ -1,4 +1,4 @@
-"""The streaming, crash-safe safetensors writer (FORMATS-SPEC §1, writers): ``SafetensorsWriter``.
+"""The streaming, crash-safe safetensors writer (docs/FORMATS.md §1, writers): ``SafetensorsWriter``.
 
 The header is computed up front from ``(name, dtype, shape)`` entries (compact JSON, ``__metadata__`` first,
 space-padded so the data buffer starts page-aligned), so that a planner knows every output size before any data
@@ -105,7 +105,7 @@ def _starts(checked: Sequence[tuple[str, str, tuple[int, ...], int]]) -> list[in
 
 
 def _plan_layout(where: str, entries: Iterable[Entry], metadata: Mapping[str, str] | None) -> _Layout:
-    """The exact header bytes and offsets for ``entries`` written in order (FORMATS-SPEC §1, writers)."""
+    """The exact header bytes and offsets for ``entries`` written in order (docs/FORMATS.md §1, writers)."""
     checked = _validated_entries(where, entries)
     header: dict[str, Any] = {}
     meta = _validated_metadata(where, metadata)
