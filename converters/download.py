@@ -28,6 +28,9 @@ import httpx2
 from colitools.errors import ConvertError
 from colitools.formats.atomic import fsync_dir
 
+# The lock is a flock on the ``.part`` file itself, not ``filelock``: filelock locks a lock file of its own
+# (a ``.part.lock`` next to every part, to clean up after each download), and what must never have two
+# writers is the part, whose descriptor we hold anyway.
 try:  # advisory lock on the .part file; absent on Windows, where we simply do without
     import fcntl
 except ImportError:  # pragma: no cover
@@ -153,6 +156,9 @@ class _Fetch:
         self.disk_check = disk_check
 
     def fill(self, client: httpx2.Client, part: _PartFile) -> None:
+        # Not huggingface_hub's ``http_backoff``: it replays one identical request and counts every failure,
+        # while a resumed download asks for a new ``Range`` after each drop, keeps the bytes that arrived, and
+        # counts only attempts that brought no progress (and honours Retry-After through our ``Backoff``).
         failures = 0
         while True:
             if self.size is not None and part.size > self.size:

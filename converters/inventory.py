@@ -15,7 +15,6 @@ Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,29 +28,11 @@ from colitools.converters.dequant import (
     check_source_dtype,
     fp8_scheme,
 )
-from colitools.converters.sources import check_shard_name
+from colitools.converters.sources import HeaderTensor, Source, check_shard_name
 from colitools.errors import ConvertError
 from colitools.formats import model_config
-from colitools.formats.dtypes import itemsize
 from colitools.formats.errors import ConfigError
 from colitools.formats.names import natural_key  # the planner imports it from here too
-
-SINGLE_FILE = "model.safetensors"
-
-
-@dataclass(frozen=True)
-class HeaderTensor:
-    """One entry of a shard header (what the planner needs; offsets are re-read from the shard at run time)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        n = itemsize(self.dtype)
-        for d in self.shape:
-            n *= d
-        return n
 
 
 @dataclass(frozen=True)
@@ -221,65 +202,6 @@ def check_config_shapes(inv: Inventory) -> None:
 
 
 # ------------------------------------------------------------------------------------------ shard headers
-def read_source_headers(source: Any, shards: list[str]) -> dict[str, dict[str, HeaderTensor]]:
-    """Header entries of every shard, without downloading tensor data.
-
-    A shard on disk (local folder, Hugging Face cache, an earlier download) is opened with the strict
-    ``SafetensorsFile``; a remote one is read with two HTTP range requests
-    (``HfApi.parse_safetensors_file_metadata``). Remote headers are checked again, strictly, when the shard is
-    on disk (the unit writer compares every tensor's dtype and shape with the plan)."""
-    from colitools.formats.errors import SafetensorsError
-    from colitools.formats.safetensors_io import SafetensorsFile
-
-    headers: dict[str, dict[str, HeaderTensor]] = {}
-    for shard in shards:
-        local = _local_copy(source, shard)
-        if local is not None:
-            try:
-                with SafetensorsFile(local) as f:
-                    headers[shard] = {n: HeaderTensor(t.dtype, tuple(t.shape)) for n, t in f.tensors.items()}
-            except SafetensorsError as exc:
-                raise ConvertError(f"shard {shard}: {exc}") from None
-        else:
-            headers[shard] = _remote_header(source, shard)
-    return headers
-
-
-def _local_copy(source: Any, shard: str):
-    """A path holding ``shard`` already (never downloads), or None."""
-    from colitools.converters.sources import HubSource
-
-    if not isinstance(source, HubSource):
-        return source.ensure_local(shard)
-    from huggingface_hub import try_to_load_from_cache
-
-    entry = source.files().get(shard)
-    found = try_to_load_from_cache(source.repo_id, shard, cache_dir=source.cache_dir, revision=source.commit)
-    if isinstance(found, str) and entry is not None and os.path.getsize(found) == entry.size:
-        return found
-    if source.is_deletable(shard):  # downloaded by an earlier run into the work folder
-        return source.ensure_local(shard)  # verifies the stamp / sha256, no download when it is intact
-    return None
-
-
-def _remote_header(source: Any, shard: str) -> dict[str, HeaderTensor]:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import SafetensorsParsingError
-
-    api = HfApi(endpoint=source.endpoint, token=source.token, library_name="colitools")
-
-    def fetch():
-        return api.parse_safetensors_file_metadata(
-            source.repo_id, shard, revision=source.commit, token=source.token
-        )
-
-    try:
-        # the source's retry policy and one-line errors, when it has one
-        call = getattr(source, "_call", None)
-        meta = call(f"{shard} header", fetch) if call else fetch()
-    except SafetensorsParsingError as exc:
-        raise ConvertError(f"shard {shard}: bad safetensors header: {exc}") from None
-    out = {}
-    for name, t in meta.tensors.items():
-        out[name] = HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape))
-    return out
+def read_source_headers(source: Source, shards: list[str]) -> dict[str, dict[str, HeaderTensor]]:
+    """Header entries of every shard, without downloading tensor data (``Source.header``)."""
+    return {shard: source.header(shard) for shard in shards}

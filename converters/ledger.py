@@ -1,4 +1,4 @@
-"""The resume ledger, stored in the output's ``colitools.json`` (FORMATS-SPEC §7).
+"""The resume ledger, stored in the output's ``colitools.json`` (FORMATS-SPEC §7; the type is ``manifest.Manifest``).
 
 The same JSON file is the manifest of a finished conversion: tool version, source, recipe (and its
 fingerprint), the plan's files, finished units with each file's name, size and sha256, fallbacks, and
@@ -13,23 +13,17 @@ deterministic, so two runs of the same conversion produce the same ``colitools.j
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import colitools
+from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestError
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
 from colitools.errors import ConvertError
-from colitools.formats.atomic import write_json_atomic
-
-MANIFEST = "colitools.json"
-MANIFEST_VERSION = 1
-# Temporaries of our writers: ``.<name>.tmp-<pid>`` (SafetensorsWriter and this module's atomic rewrites).
-_TEMP = re.compile(r"^\..+\.tmp-\d+$")
+from colitools.formats.atomic import parse_temp_name
 
 
 @dataclass
@@ -47,8 +41,13 @@ class Ledger:
 
     def __init__(self, outdir: Path, data: dict[str, Any]):
         self.outdir = outdir
-        self.path = outdir / MANIFEST
-        self.data = data
+        self.path = outdir / MANIFEST_FILE
+        self.manifest = Manifest(data)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The manifest's JSON object, as it will be written."""
+        return self.manifest.data
 
     # ------------------------------------------------------------------------------------------ opening
     @classmethod
@@ -59,32 +58,30 @@ class Ledger:
         safetensors files without a ledger."""
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
-        path = outdir / MANIFEST
+        path = outdir / MANIFEST_FILE
         fresh = cls._fresh(outdir, plan, source)
         removed = _remove_temporaries(outdir)
         if not path.exists():
             stray = sorted(p.name for p in outdir.glob("*.safetensors"))
             if stray:
                 raise ConvertError(
-                    f"{outdir}: holds {stray[0]} (and {len(stray) - 1} more) but no {MANIFEST}; "
+                    f"{outdir}: holds {stray[0]} (and {len(stray) - 1} more) but no {MANIFEST_FILE}; "
                     "refusing to mix with another conversion (use an empty output folder)"
                 )
             ledger = cls(outdir, fresh)
             ledger.save()
             return ledger, ResumeState([], [], removed)
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(old, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError) as exc:
+            old = Manifest.load(path)
+        except (OSError, ManifestError) as exc:
             raise ConvertError(
                 f"{path}: unreadable resume ledger ({exc}); use an empty output folder"
             ) from None
-        cls._check_same(path, old, fresh, plan)
+        cls._check_same(path, old.data, fresh, plan)
         ledger = cls(outdir, fresh)
         finished, dropped = [], []
         planned = {u.key: u for u in plan.units}
-        for key, rec in (old.get("units") or {}).items():
+        for key, rec in old.units.items():
             unit = planned.get(key)
             if unit is None:
                 continue
@@ -164,11 +161,7 @@ class Ledger:
         self.save()
 
     def file_records(self) -> list[FileRecord]:
-        return [
-            FileRecord(f["name"], f["size"], f["sha256"])
-            for u in self.data["units"].values()
-            for f in u["files"]
-        ]
+        return [FileRecord(f["name"], f["size"], f["sha256"]) for f in self.manifest.file_records()]
 
     def finish(self, extra: dict[str, Any]) -> None:
         """Mark the conversion complete and add the manifest sections (``shards``, ``run``...)."""
@@ -177,7 +170,7 @@ class Ledger:
         self.save()
 
     def save(self) -> None:
-        write_json_atomic(self.path, self.data)
+        self.manifest.dump(self.path)
 
 
 def _ordered(units: dict[str, Any], plan: ConversionPlan) -> dict[str, Any]:
@@ -188,7 +181,8 @@ def _ordered(units: dict[str, Any], plan: ConversionPlan) -> dict[str, Any]:
 def _remove_temporaries(outdir: Path) -> list[str]:
     removed = []
     for p in sorted(outdir.iterdir()):
-        if _TEMP.match(p.name) and p.is_file():
+        # temporaries of our writers (SafetensorsWriter, the atomic rewrites of the index, config, ledger)
+        if parse_temp_name(p.name) is not None and p.is_file():
             p.unlink()
             removed.append(p.name)
     return removed

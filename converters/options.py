@@ -14,7 +14,7 @@ DEFAULT_MIN_FREE_GB = 5.0
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """Everything ``convert`` can be told. Format options are recipe names (FORMATS-SPEC §6); None = default."""
+    """Everything ``convert`` can be told. Format options are recipe names (docs/FORMATS.md §5); None = default."""
 
     experts: str | None = None
     dense: str | None = None

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from colitools.converters.planner import ConversionPlan
-from colitools.formats.atomic import fsync_dir, write_json_atomic
+from colitools.formats.atomic import fsync_dir, temp_name, write_json_atomic
+from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 
-INDEX = "model.safetensors.index.json"
-CONFIG = "config.json"
 # Files copied unchanged from the source root: generation config and everything a tokenizer needs.
 _COPIED = re.compile(
     r"^(generation_config\.json|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
@@ -39,18 +38,18 @@ def write_index(outdir: Path, plan: ConversionPlan) -> dict[str, Any]:
         for name, _, _ in f.entries:
             weight_map[name] = f.name
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    write_json_atomic(outdir / INDEX, index)
+    write_json_atomic(outdir / INDEX_FILE, index)
     return index
 
 
 def write_config(outdir: Path, config: dict[str, Any]) -> None:
     """``config.json`` without ``quantization_config`` (the source's is recorded in the manifest)."""
-    write_json_atomic(outdir / CONFIG, {k: v for k, v in config.items() if k != "quantization_config"})
+    write_json_atomic(outdir / CONFIG_FILE, {k: v for k, v in config.items() if k != "quantization_config"})
 
 
 def copy_file(src: Path, dest: Path) -> None:
     """Copy ``src`` to ``dest`` atomically (temporary name, fsync, rename)."""
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    tmp = temp_name(dest)
     with open(src, "rb") as fi, open(tmp, "wb") as fo:
         shutil.copyfileobj(fi, fo, 1 << 20)
         fo.flush()

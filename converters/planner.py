@@ -7,7 +7,7 @@
   tensors, then its **planar64-v8 experts shard** (``colitools.layout`` metadata), one MoE layer per shard.
 * Tensor order in a file: non-expert tensors by name (natural order), each weight followed by its scale; then
   experts in expert order, each expert's weights back to back (gate, up, down) followed by their scales in the
-  same order (FORMATS-SPEC §4, the same order the planar record uses).
+  same order (docs/FORMATS.md §4, the same order the planar record uses).
 * Files are named ``model-{k:05d}-of-{n:05d}.safetensors`` in processing order.
 """
 
@@ -24,6 +24,7 @@ from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key
 from colitools.errors import ConvertError
 from colitools.formats.dtypes import itemsize
+from colitools.formats.filenames import shard_file_name
 from colitools.formats.layouts import PLANAR
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
@@ -276,7 +277,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         out = []
         for groups, meta, planar in files:
             k += 1
-            out.append(OutputFile(f"model-{k:05d}-of-{total:05d}.safetensors", tuple(groups), meta, planar))
+            out.append(OutputFile(shard_file_name(k, total), tuple(groups), meta, planar))
         units.append(Unit(key, tuple(out)))
     return ConversionPlan(units, recipe, inventory, fallbacks)
 

@@ -1,4 +1,4 @@
-"""The conversion recipe (FORMATS-SPEC §6): every source tensor -> a role -> a target format.
+"""The conversion recipe (docs/FORMATS.md §5): every source tensor -> a role -> a target format.
 
 Rules apply in order, the first match decides:
 

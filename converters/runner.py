@@ -35,9 +35,10 @@ from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger
 from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
-from colitools.converters.sources import HubSource, Source, open_source
+from colitools.converters.sources import Source, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
 from colitools.errors import ConvertError
+from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 
 WORKDIR = ".colitools-download"
 LOCKFILE = ".colitools.lock"
@@ -47,9 +48,9 @@ SLOW_UNIT_ENV = "COLITOOLS_TEST_SLOW_UNIT_SECONDS"
 def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     """Read the source's config, weight map and shard headers, validate them and plan the conversion."""
     recipe = options.recipe()
-    config = source.read_json("config.json")
+    config = source.read_json(CONFIG_FILE)
     if not isinstance(config, dict):
-        raise ConvertError("config.json: not a JSON object")
+        raise ConvertError(f"{CONFIG_FILE}: not a JSON object")
     weight_map = source.weight_map()
     shards = sorted(set(weight_map.values()))
     headers = read_source_headers(source, shards)
@@ -96,7 +97,7 @@ def _convert(
     src: Source, out: Path, options: ConvertOptions, floor: DiskFloor, started: float
 ) -> ConvertSummary:
     plan = load_plan(src, options)
-    remote = isinstance(src, HubSource)
+    remote = src.is_remote
     shards = plan.inventory.shards
     transient = shards if remote and not options.keep_source else []
     kept = shards if remote and options.keep_source else []
@@ -119,21 +120,22 @@ def _convert(
 
 @contextlib.contextmanager
 def _locked(out: Path):
-    """One conversion per output folder at a time (advisory lock, released by the kernel on any exit)."""
-    path = out / LOCKFILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            import fcntl
+    """One conversion per output folder at a time (advisory lock, released by the kernel on any exit).
 
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # pragma: no cover - no advisory locks on this platform
-            pass
-        except OSError:
-            raise ConvertError(f"{out}: another colitools convert is working in this folder") from None
+    ``filelock`` (flock on Unix, msvcrt on Windows); ``timeout=0``: a second conversion fails at once rather
+    than waiting behind the first."""
+    from filelock import FileLock, Timeout
+
+    path = out / LOCKFILE
+    lock = FileLock(path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ConvertError(f"{out}: another colitools convert is working in this folder") from None
+    try:
         yield
     finally:
-        os.close(fd)
+        lock.release()
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
 
@@ -315,7 +317,7 @@ def _release(src: Source, shard: str, options: ConvertOptions) -> None:
 
 def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
     """Index, config and the generation/tokenizer files; returns the names of the copied files."""
-    config = src.read_json("config.json")
+    config = src.read_json(CONFIG_FILE)
     output.write_index(out, plan)
     output.write_config(out, config)
     copied = []
@@ -336,7 +338,7 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
         raise ConvertError("internal: the ledger does not cover every planned file")
     ledger.finish({
         "shards": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in shards],
-        "copied_files": ["config.json", output.INDEX, *copied],
+        "copied_files": [CONFIG_FILE, INDEX_FILE, *copied],
         "run": {
             "units_converted": summary.units_converted, "units_skipped": summary.units_skipped,
             "bytes_in": summary.bytes_in, "bytes_out": summary.bytes_out,

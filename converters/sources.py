@@ -2,7 +2,7 @@
 
 ``open_source(spec, ...)`` returns a ``Source``. The converter asks it for the file listing, the JSON files
 (``config.json``, ``model.safetensors.index.json``), the ``weight_map`` (tensor -> shard, validated per
-FORMATS-SPEC §5), and for shards on disk: ``ensure_local(shard)`` gives a path (downloading it if needed),
+docs/FORMATS.md §8 ("Model directories")), and for shards on disk: ``ensure_local(shard)`` gives a path (downloading it if needed),
 ``is_deletable`` / ``release`` let the runner free the disk used by shards it downloaded, and never touch a
 user's own files or the Hugging Face cache.
 
@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 from colitools.errors import ConvertError, FormatError
 from colitools.formats.container import check_shard_name as check_container_shard_name
 from colitools.formats.digest import sha256_file
+from colitools.formats.dtypes import itemsize
+from colitools.formats.filenames import INDEX_FILE, SINGLE_FILE
 
 if TYPE_CHECKING:
     from colitools.converters.download import Backoff, Progress
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
 # huggingface_hub, httpx2 and ``download`` (which imports httpx2) are imported where a Hub source needs them:
 # together they cost ~0.15 s of every ``colitools convert`` start, and a local folder never uses them.
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 # The Hub's own repo id grammar (huggingface_hub.utils._validators.REPO_ID_REGEX), namespace required.
 _REPO_ID = re.compile(r"^(?![-.])[\w\-.]{1,96}/(?![-.])[\w\-.]{1,96}(?<![-.])$")
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -55,8 +55,23 @@ class SourceFile:
     sha256: str | None = None
 
 
+@dataclass(frozen=True)
+class HeaderTensor:
+    """One entry of a shard header (what the planner needs; offsets are re-read from the shard at run time)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = itemsize(self.dtype)
+        for d in self.shape:
+            n *= d
+        return n
+
+
 def check_shard_name(shard: str, index_name: str = INDEX_FILE, tensor: str | None = None) -> None:
-    """Refuse a shard file name that could leave the source folder or is not a safetensors file (spec §5).
+    """Refuse a shard file name that could leave the source folder or is not a safetensors file (docs/FORMATS.md §8 ("Model directories")).
 
     The rule is ``formats.container.check_shard_name``; a refusal is a ``ConvertError`` with its message."""
     try:
@@ -67,6 +82,9 @@ def check_shard_name(shard: str, index_name: str = INDEX_FILE, tensor: str | Non
 
 class Source(ABC):
     """A checkpoint to convert. Subclasses: ``LocalFolderSource``, ``HubSource``."""
+
+    #: Whether the shards come over the network (downloaded into the work folder, released after use).
+    is_remote: bool = False
 
     def __init__(self) -> None:
         self._weight_map: dict[str, str] | None = None
@@ -99,6 +117,11 @@ class Source(ABC):
     def _tensor_names(self, shard: str) -> list[str]:
         """Tensor names in the header of a single-file checkpoint."""
 
+    def header(self, shard: str) -> dict[str, HeaderTensor]:
+        """tensor name -> ``HeaderTensor`` of ``shard``'s header, without reading tensor data. A shard on disk
+        is opened with the strict ``SafetensorsFile``; ``ConvertError`` names the shard at fault."""
+        return _local_header(shard, self.ensure_local(shard))
+
     def release(self, name: str) -> bool:
         """Delete a downloaded file (and any partial download of it). Returns whether something was deleted;
         files that are not ``is_deletable`` are left alone."""
@@ -121,7 +144,7 @@ class Source(ABC):
     def weight_map(self) -> dict[str, str]:
         """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.
 
-        Shard names are validated (spec §5) and every shard must exist in the source."""
+        Shard names are validated (docs/FORMATS.md §8 ("Model directories")) and every shard must exist in the source."""
         if self._weight_map is None:
             files = self.files()
             if INDEX_FILE in files:
@@ -200,6 +223,8 @@ class HubSource(Source):
     Files are taken from the Hugging Face cache when the cache has them for that commit; otherwise they are
     downloaded (resumably, sha256-checked for LFS files) into ``workdir``, and only those are deletable.
     """
+
+    is_remote = True
 
     def __init__(
         self,
@@ -365,6 +390,30 @@ class HubSource(Source):
             raise ConvertError(f"{shard} in {self._where()}: bad safetensors header: {exc}") from None
         return list(meta.tensors)
 
+    def header(self, shard: str) -> dict[str, HeaderTensor]:
+        """The header from a copy on disk (the Hugging Face cache, or an intact earlier download into the work
+        folder), else with two HTTP range requests (``HfApi.parse_safetensors_file_metadata``). A remote header
+        is checked again, strictly, once the shard is on disk (the unit writer compares every tensor's dtype
+        and shape with the plan)."""
+        cached = self._cached(self._require(shard))
+        if cached is not None:
+            return _local_header(shard, cached)
+        if self.is_deletable(shard):  # downloaded by an earlier run into the work folder
+            # verifies the stamp / sha256; no download when the copy is intact
+            return _local_header(shard, self.ensure_local(shard))
+        from huggingface_hub.errors import SafetensorsParsingError
+
+        def fetch():
+            return self._api.parse_safetensors_file_metadata(
+                self.repo_id, shard, revision=self.commit, token=self.token
+            )
+
+        try:
+            meta = self._call(f"{shard} header", fetch)
+        except SafetensorsParsingError as exc:
+            raise ConvertError(f"shard {shard}: bad safetensors header: {exc}") from None
+        return {n: HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape)) for n, t in meta.tensors.items()}
+
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A Hub API call with the download retry policy, its errors turned into one-line ``ConvertError``s."""
         import httpx2
@@ -378,6 +427,9 @@ class HubSource(Source):
 
         from colitools.converters.download import RETRY_STATUSES
 
+        # Not huggingface_hub's ``http_backoff``: that wraps one raw HTTP request, and these are HfApi calls
+        # (``model_info``, ``parse_safetensors_file_metadata``: several requests and their error mapping); the
+        # loop gives them the download's retry statuses, ``Backoff`` and retry count.
         failures = 0
         while True:
             try:
@@ -467,6 +519,17 @@ def _weight_map_from_index(index: Any) -> dict[str, str]:
 def _is_plain_relative(name: str) -> bool:
     parts = name.split("/")
     return "\\" not in name and not _DRIVE.match(name) and all(p not in ("", ".", "..") for p in parts)
+
+
+def _local_header(shard: str, path: Path) -> dict[str, HeaderTensor]:
+    from colitools.formats.errors import SafetensorsError
+    from colitools.formats.safetensors_io import SafetensorsFile
+
+    try:
+        with SafetensorsFile(path) as f:
+            return {n: HeaderTensor(t.dtype, tuple(t.shape)) for n, t in f.tensors.items()}
+    except SafetensorsError as exc:
+        raise ConvertError(f"shard {shard}: {exc}") from None
 
 
 def _read_tensor_names(path: Path) -> list[str]:

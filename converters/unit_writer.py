@@ -2,7 +2,7 @@
 
 Memory is bounded by the largest single source tensor (one fused-expert slab for fused tensors) plus its
 encoded form: each tensor is read, encoded, written and dropped before the next. Only an expert's scale
-tensors wait (they follow the expert's codes, FORMATS-SPEC §4), and they are small.
+tensors wait (they follow the expert's codes, docs/FORMATS.md §4), and they are small.
 
 Encoding goes straight from the source bits whenever the kernels can (``kernels.encode_from_bf16`` /
 ``encode_from_fp8_block``, fused expert slabs included): no float32 copy of a tensor is made on that path.

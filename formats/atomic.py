@@ -3,7 +3,7 @@
 A file is written under a hidden temporary name in the same directory (exclusive create), fsynced, renamed
 over the final name, and the directory is fsynced so the rename survives a crash. A reader therefore sees the
 old file or the new one, never a torn one; a crash leaves at most a ``.<name>.tmp-<pid>`` file, which the
-next run of the owning command removes.
+next run of the owning command removes (it recognises it with ``parse_temp_name``).
 """
 
 from __future__ import annotations
@@ -11,15 +11,46 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-def temp_name(path: Path) -> Path:
-    """The hidden temporary name used while ``path`` is being written: ``.<name>.tmp-<pid>``."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+_TEMP_NAME = re.compile(r"^\.(?P<stem>.+)\.tmp-(?P<pid>[0-9]+)$")
+
+
+def temp_name(path: str | os.PathLike[str], pid: int | None = None) -> Path:
+    """The hidden temporary name used while ``path`` is being written, in the same directory.
+
+    ``.<name>.tmp-<pid>`` for a visible name, ``<name>.tmp-<pid>`` for a name that is hidden already
+    (``.coli_usage`` -> ``.coli_usage.tmp-<pid>``, not ``..coli_usage.tmp-<pid>``). ``pid`` defaults to this
+    process: two processes never share a temporary."""
+    path = Path(path)
+    pid = os.getpid() if pid is None else pid
+    hidden = path.name if path.name.startswith(".") else f".{path.name}"
+    return path.with_name(f"{hidden}.tmp-{pid}")
+
+
+class TempName(NamedTuple):
+    """A parsed temporary name: the text between its hidden dot and ``.tmp-``, and the writer's process id."""
+
+    stem: str
+    pid: int
+
+    def is_temp_of(self, final: str) -> bool:
+        """Whether this can be a temporary of the file named ``final``. A hidden and a visible name share
+        temporaries (``x`` and ``.x`` both write ``.x.tmp-<pid>``), and the form of earlier versions, which
+        always added a dot (``..x.tmp-<pid>`` for ``.x``), is accepted too."""
+        return final in (self.stem, f".{self.stem}")
+
+
+def parse_temp_name(name: str) -> TempName | None:
+    """``TempName`` of a file name that ``temp_name`` wrote (today's or the earlier double-dot form), else
+    None. Every cleaner of stale temporaries recognises them with this function."""
+    m = _TEMP_NAME.match(name)
+    return TempName(m["stem"], int(m["pid"])) if m else None
 
 
 def fsync_dir(directory: Path) -> None:

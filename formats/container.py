@@ -1,10 +1,10 @@
-"""Container-level resolution: every tensor of a set of shards (FORMATS-SPEC §3 applied to a whole model).
+"""Container-level resolution: every tensor of a set of shards (docs/FORMATS.md §3 applied to a whole model).
 
 ``resolve_container`` pairs each weight with its scale tensor (``<name>.qs``, or an mxfp4 ``weight_packed`` with
 its ``weight_scale``), merges the shards' stamps and logical shapes (``merge_entries``), resolves each weight
 with ``resolver.resolve_format`` / ``resolver.resolve_mxfp4`` and checks logical shapes against what
 ``config.json`` implies (``config_shapes``). ``check_shard_name`` is the rule for the shard file names an index's
-``weight_map`` may use (FORMATS-SPEC §5), shared by the inspector and the converter's sources.
+``weight_map`` may use (docs/FORMATS.md §8 ("Model directories")), shared by the inspector and the converter's sources.
 
 Single-tensor resolution, stamps and the shard-metadata codecs live in ``resolver.py``.
 """
@@ -77,7 +77,7 @@ def shard_name_problem(shard: object) -> str | None:
 
 
 def check_shard_name(shard: object, where: str, tensor: str | None = None) -> str:
-    """``shard`` if it may name a shard in a ``weight_map``, else a FormatError (FORMATS-SPEC §5).
+    """``shard`` if it may name a shard in a ``weight_map``, else a FormatError (docs/FORMATS.md §8 ("Model directories")).
 
     A shard file name that is empty or not a string, absolute (including ``C:...``), contains a path separator
     (``/`` or ``\\``), ``..`` or a NUL, or does not end in ``.safetensors`` could leave the model directory or is

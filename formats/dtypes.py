@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-# name -> numpy dtype. Every dtype of FORMATS-SPEC §1; itemsize comes from the numpy dtype.
+# name -> numpy dtype. Every dtype of docs/FORMATS.md §1; itemsize comes from the numpy dtype.
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
     "F32": np.dtype(np.float32),

@@ -18,6 +18,7 @@ from typing import Any
 
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import FormatError
+from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     FORMATS,
@@ -27,8 +28,6 @@ from colitools.formats.resolver import parse_layout
 from colitools.formats.safetensors_io import SafetensorsFile, read_header
 
 __all__ = [
-    "CONFIG_NAME",
-    "INDEX_NAME",
     "FormatRow",
     "FormatTotal",
     "InspectReport",
@@ -38,9 +37,6 @@ __all__ = [
     "inspect_path",
     "open_model",
 ]
-
-INDEX_NAME = "model.safetensors.index.json"
-CONFIG_NAME = "config.json"
 
 
 # ------------------------------------------------------------------------------------ finding shards
@@ -69,7 +65,7 @@ def _load_json_object(path: Path) -> dict[str, Any]:
 
 def _index_shards(directory: Path, index: dict[str, Any]) -> dict[str, list[str]]:
     """shard file name -> tensor names, from a parsed index (validated)."""
-    index_path = directory / INDEX_NAME
+    index_path = directory / INDEX_FILE
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise FormatError(f"{index_path}: weight_map is missing, empty or not an object")
@@ -83,7 +79,7 @@ def _check_index_coverage(
     directory: Path, by_shard: dict[str, list[str]], shards: Sequence[SafetensorsFile]
 ) -> None:
     """Every tensor the index maps is in its shard, and every tensor of a shard is mapped to that shard."""
-    index_path = directory / INDEX_NAME
+    index_path = directory / INDEX_FILE
     mapped_to = {tensor: shard for shard, tensors in by_shard.items() for tensor in tensors}
     for shard in shards:
         for tensor in shard.tensors:
@@ -111,29 +107,29 @@ def open_model(path: str | os.PathLike[str]) -> ModelFiles:
     if not root.is_dir():
         raise FormatError(f"{root}: no such file or directory")
     model = ModelFiles(root, [])
-    if (root / CONFIG_NAME).is_file():
-        model.config = _load_json_object(root / CONFIG_NAME)
+    if (root / CONFIG_FILE).is_file():
+        model.config = _load_json_object(root / CONFIG_FILE)
     present = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
-    if (root / INDEX_NAME).is_file():
-        model.index = _load_json_object(root / INDEX_NAME)
+    if (root / INDEX_FILE).is_file():
+        model.index = _load_json_object(root / INDEX_FILE)
         by_shard = _index_shards(root, model.index)
         model.shards = [read_header(root / name) for name in sorted(by_shard)]
         _check_index_coverage(root, by_shard, model.shards)
         unlisted = [name for name in present if name not in by_shard]
         if unlisted:
             model.warnings.append(
-                f"{len(unlisted)} *.safetensors file(s) not in {INDEX_NAME}, ignored: {', '.join(unlisted)}"
+                f"{len(unlisted)} *.safetensors file(s) not in {INDEX_FILE}, ignored: {', '.join(unlisted)}"
             )
         metadata = model.index.get("metadata")
         total = metadata.get("total_size") if isinstance(metadata, dict) else None
         data = sum(info.nbytes for s in model.shards for info in s.tensors.values())
         if total is not None and total != data:
             model.warnings.append(
-                f"{INDEX_NAME}: metadata.total_size is {total}, the shards hold {data} bytes of tensor data"
+                f"{INDEX_FILE}: metadata.total_size is {total}, the shards hold {data} bytes of tensor data"
             )
     else:
         if not present:
-            raise FormatError(f"{root}: no *.safetensors files and no {INDEX_NAME}")
+            raise FormatError(f"{root}: no *.safetensors files and no {INDEX_FILE}")
         model.shards = [read_header(root / name) for name in present]
     return model
 

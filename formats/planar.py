@@ -1,4 +1,4 @@
-"""The ``planar64-v8`` code order for int4 expert tensors (FORMATS-SPEC §4).
+"""The ``planar64-v8`` code order for int4 expert tensors (docs/FORMATS.md §4).
 
 Same bytes per row as "pairs", ordered in 64-element blocks of 32 bytes: byte ``k`` of a block holds element
 ``k`` in its low nibble and element ``k + 32`` in its high nibble (both ``v + 8``). Requires ``I % 64 == 0``.

@@ -1,4 +1,4 @@
-"""Numpy reference codecs: the readable, executable form of FORMATS-SPEC §2.
+"""Numpy reference codecs: the readable, executable form of docs/FORMATS.md §2.
 
 Every function here is vectorised over rows/blocks (no Python loops over elements) and is the bit-exact
 reference that the numba kernels in ``kernels/`` must reproduce byte for byte. Arithmetic is float32 with

@@ -1,4 +1,4 @@
-"""Resolution: which format a stored tensor is in, from byte arithmetic alone (FORMATS-SPEC §3).
+"""Resolution: which format a stored tensor is in, from byte arithmetic alone (docs/FORMATS.md §3).
 
 A quantized tensor never stores its format as a number. The reader takes the weight bytes ``nb``, the scale
 bytes ``ns`` and the logical ``[O, I]`` (``__metadata__["colitools.shapes"]``) and finds the one format whose
@@ -181,7 +181,7 @@ def _stamp_format(tensor: str, stamp: str) -> type[Format]:
 
 
 def resolve_format(tensor: str, nb: int, ns: int, O: int, I: int, stamp: str | None = None) -> Resolved:
-    """Resolve a U8 weight with a ``.qs`` sidecar from its byte counts (FORMATS-SPEC §3).
+    """Resolve a U8 weight with a ``.qs`` sidecar from its byte counts (docs/FORMATS.md §3).
 
     ``nb`` weight bytes, ``ns`` ``.qs`` bytes, ``[O, I]`` the logical shape, ``stamp`` the tensor's
     ``colibri.fmt`` entry if any. Without a stamp the spec's precedence applies (e8 first, then int8 > int4 >

@@ -1,4 +1,4 @@
-"""Routing usage history (``.coli_usage``, FORMATS-SPEC §8): the one reader and writer.
+"""Routing usage history (``.coli_usage``, docs/FORMATS.md §6): the one reader and writer.
 
 Shared by the runtime (which records how often the router picked each expert) and the mirror planner (which
 ranks shards by it). The file is text, one record of exactly three whitespace-separated integers per line,

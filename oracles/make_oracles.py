@@ -8,7 +8,7 @@ For each fixture this builds a tiny random model with transformers (ARCHITECTURE
 initializer_range 0.2, perturbed norms, correction bias 0.05*N(0,1)), stores it as a normal Hugging Face
 folder in the fixture's storage variant (float32, BF16, FP8 block-scaled, sharded, fused experts), and, for each
 conversion recipe, computes the weights a converted container will hold (encode + decode with
-``colitools.formats.registry``, FORMATS-SPEC §6 rules and fallbacks), loads them into transformers in float32 and
+``colitools.formats.registry``, docs/FORMATS.md §5 rules and fallbacks), loads them into transformers in float32 and
 records greedy / teacher-forced tokens, margins and logits. Seeds are searched until every greedy step and every
 teacher-forced position has a top-1/top-2 logit margin >= 2e-3 and every router decision a margin >= 5e-4,
 for every recipe. See oracles/README.md for the layout and the reference JSON schema.

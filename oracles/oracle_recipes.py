@@ -1,4 +1,4 @@
-"""What a converted container holds: FORMATS-SPEC §6 recipes applied with colitools' own codecs, and the FP8
+"""What a converted container holds: docs/FORMATS.md §5 recipes applied with colitools' own codecs, and the FP8
 block-scaled source convention of §5. Numpy only (no torch).
 """
 
@@ -15,7 +15,7 @@ from colitools.formats import registry as reg
 FP8_BLOCK = 128
 FP8_MAX = 448.0
 
-# Recipes of FORMATS-SPEC §6 as colitools options. "planar" holds the same values as "default" (only the byte
+# Recipes of docs/FORMATS.md §5 as colitools options. "planar" holds the same values as "default" (only the byte
 # order of int4 expert codes differs), so its reference is default's.
 RECIPES: dict[str, dict[str, str]] = {
     "f32": {"experts": "f32", "dense": "f32", "embed": "f32", "layout": "pairs"},
@@ -90,7 +90,7 @@ INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 
 
 def tensor_role(name: str, ndim: int, n_layers: int) -> str:
-    """FORMATS-SPEC §6, first matching rule."""
+    """docs/FORMATS.md §5, first matching rule."""
     if ndim < 2 or name.endswith(ROUTER_SUFFIXES):
         return "router_1d"
     layer = layer_of(name)
@@ -104,7 +104,7 @@ def tensor_role(name: str, ndim: int, n_layers: int) -> str:
 
 
 def resolves_to(fmt: str, O: int, I: int, gs: int | None) -> bool:
-    """FORMATS-SPEC §3 resolution of the bytes this format writes (no stamps: routed experts never get one)."""
+    """docs/FORMATS.md §3 resolution of the bytes this format writes (no stamps: routed experts never get one)."""
     if fmt == "mxfp4":
         return I % 32 == 0
     f = reg.by_name(fmt)

@@ -1,7 +1,7 @@
 """``colitools verify container DIR``: is a converted folder complete and sound?
 
 Checks, in order: every shard's header is valid and the index covers exactly the tensors present; every
-tensor resolves to one format from its bytes (FORMATS-SPEC §3); every scale tensor is finite (F32 ``.qs``) or
+tensor resolves to one format from its bytes (docs/FORMATS.md §3); every scale tensor is finite (F32 ``.qs``) or
 not the E8M0 NaN byte (mxfp4); and, when the folder has a ``colitools.json`` manifest, the conversion is
 complete and every recorded file has the recorded size and sha256. Problems are collected (not raised) so one
 run reports all of them; a folder that cannot be opened at all raises ``FormatError``.
@@ -9,7 +9,6 @@ run reports all of them; a folder that cannot be opened at all raises ``FormatEr
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from colitools.converters.manifest import MANIFEST_FILE, Manifest, ManifestError
 from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError
 from colitools.formats.inspect import open_model
-
-MANIFEST = "colitools.json"
 
 
 @dataclass
@@ -97,20 +95,19 @@ def _check_scale(shard: Any, name: str, dtype: str, report: ContainerReport) -> 
 
 
 def _check_manifest(root: Path, report: ContainerReport, *, hashes: bool, progress: bool) -> None:
-    path = root / MANIFEST
+    path = root / MANIFEST_FILE
     if not path.is_file():
-        report.warnings.append(f"no {MANIFEST}: sizes and sha256 not checked against a manifest")
+        report.warnings.append(f"no {MANIFEST_FILE}: sizes and sha256 not checked against a manifest")
         return
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        units = manifest["units"]
-        records = [f for unit in units.values() for f in unit["files"]]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        manifest = Manifest.load(path)
+        records = manifest.file_records()
+    except (OSError, ManifestError) as exc:
         report.problems.append(f"{path}: unreadable manifest ({exc})")
         return
-    if manifest.get("state") != "complete":
-        report.problems.append(f"{path}: conversion state is {manifest.get('state')!r}, not 'complete' (resume it)")
-    planned = [f.get("name") for f in (manifest.get("plan") or {}).get("files", [])]
+    if manifest.state != "complete":
+        report.problems.append(f"{path}: conversion state is {manifest.state!r}, not 'complete' (resume it)")
+    planned = manifest.planned_files()
     recorded = {r.get("name") for r in records}
     missing = [n for n in planned if n not in recorded]
     if missing:
@@ -126,7 +123,7 @@ def _check_manifest(root: Path, report: ContainerReport, *, hashes: bool, progre
             name, size, digest = rec.get("name"), rec.get("size"), rec.get("sha256")
             f = root / str(name)
             if not f.is_file():
-                report.problems.append(f"{f}: recorded in {MANIFEST} but missing")
+                report.problems.append(f"{f}: recorded in {MANIFEST_FILE} but missing")
                 continue
             if f.stat().st_size != size:
                 report.problems.append(f"{f}: size {f.stat().st_size}, manifest says {size}")

@@ -1,4 +1,4 @@
-"""``colitools usage show FILE``: what a ``.coli_usage`` routing history holds (FORMATS-SPEC §8)."""
+"""``colitools usage show FILE``: what a ``.coli_usage`` routing history holds (docs/FORMATS.md §6)."""
 
 from __future__ import annotations
 

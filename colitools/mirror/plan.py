@@ -18,6 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from colitools.errors import MirrorError
+from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.usage import UsageHistory, engine_id, read_usage
 from colitools.mirror.probe import ProbeResult, nearest_existing, probe_directory
 from colitools.mirror.routing import ReadPrediction, env_disk_weights, predict_reads
@@ -36,7 +37,6 @@ __all__ = [
 
 SCHEMA = "colibri.partial-mirror.v1"  # shared with the engine's own mirror tool and its receipts
 PLAN_FILE = ".colibri-mirror-plan.json"
-USAGE_FILE = ".coli_usage"
 GIB = 1 << 30
 DEFAULT_RESERVE_GIB = 10
 

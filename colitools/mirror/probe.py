@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from colitools.errors import MirrorError
+from colitools.formats.filenames import shard_files
 
 __all__ = ["ProbeResult", "probe_directory", "probe_file"]
 
@@ -100,11 +101,10 @@ def probe_file(
 def _largest_file(directory: Path) -> Path | None:
     best, best_size = None, 0
     if directory.is_dir():
-        for path in directory.glob("*.safetensors"):
-            if path.is_file() and not path.name.startswith("."):
-                size = path.stat().st_size
-                if size > best_size:
-                    best, best_size = path, size
+        for path in shard_files(directory):  # sorted: of equal sizes, the first name is probed
+            size = path.stat().st_size
+            if size > best_size:
+                best, best_size = path, size
     return best if best_size >= CHUNK else None
 
 

@@ -1,6 +1,6 @@
 """Which routed experts each shard holds, and how many bytes of each (MIRROR-SPEC "plan", first step).
 
-A routed-expert tensor is a per-expert tensor of an MoE layer (FORMATS-SPEC §4 names, parsed by the tensor-name
+A routed-expert tensor is a per-expert tensor of an MoE layer (docs/FORMATS.md §4 names, parsed by the tensor-name
 map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the spellings)::
 
     ...layers.{L}.mlp.experts.{E}.{gate_proj,up_proj,down_proj}.weight        (+ ".qs" sidecar)
@@ -25,6 +25,7 @@ from pathlib import Path
 from colitools.errors import MirrorError
 from colitools.formats import model_config
 from colitools.formats.errors import ConfigError
+from colitools.formats.filenames import shard_files
 from colitools.formats.names import EXPERTS, MOE_BLOCKS, SUFFIXLESS_PROJECTIONS, parse_name
 from colitools.formats.safetensors_io import SafetensorsFile
 
@@ -94,13 +95,9 @@ class ShardExperts:
     routed: frozenset[ExpertKey] = frozenset()  # experts whose routed tensor is in this shard
     layout: str = "pairs"  # "pairs" or the declared "planar64-v8"
 
-    @property
-    def total_expert_bytes(self) -> int:
-        return sum(self.expert_bytes.values())
-
 
 def scan_shard(path: str | os.PathLike) -> ShardExperts:
-    """Parse one shard's header (strictly, FORMATS-SPEC §1) and sum its routed-expert bytes per expert."""
+    """Parse one shard's header (strictly, docs/FORMATS.md §1) and sum its routed-expert bytes per expert."""
     path = Path(path)
     with SafetensorsFile(path) as st:
         expert_bytes: dict[ExpertKey, int] = {}
@@ -129,9 +126,7 @@ def discover_shards(
         directory = Path(directory)
         if not directory.is_dir():
             raise MirrorError(f"shard directory does not exist: {directory}")
-        for path in sorted(directory.glob("*.safetensors")):
-            if path.name.startswith(".") or not path.is_file():
-                continue
+        for path in shard_files(directory):
             if path.name in found:
                 if warnings is not None:
                     warnings.append(f"duplicate shard {path.name} in {directory} ignored (first copy is used)")

@@ -11,7 +11,6 @@ never touched.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import threading
@@ -24,10 +23,11 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 
+from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from colitools.errors import MirrorError
-from colitools.formats.atomic import write_json_atomic
+from colitools.formats.atomic import parse_temp_name, write_json_atomic
 from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file
 from colitools.mirror.plan import (
     DEFAULT_RESERVE_GIB,
@@ -102,23 +102,25 @@ class StageResult:
 
 @contextmanager
 def _mirror_lock(mirror: Path) -> Iterator[None]:
-    fd = os.open(mirror / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    """One stage per mirror: ``filelock`` with ``timeout=0`` fails at once; a killed process releases it too."""
+    lock = FileLock(mirror / LOCK_FILE, timeout=0)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise MirrorError(f"another stage is running on {mirror} (lock {LOCK_FILE} is held)") from None
+        lock.acquire()
+    except Timeout:
+        raise MirrorError(f"another stage is running on {mirror} (lock {LOCK_FILE} is held)") from None
+    try:
         yield
     finally:
-        os.close(fd)  # releases the lock; a killed process releases it too
+        lock.release()
 
 
 def _remove_stale_temporaries(mirror: Path) -> None:
     """Temporary files of a killed stage (only ours: hidden, with our suffixes). Called under the lock."""
     for path in mirror.iterdir():
         name = path.name
+        temp = parse_temp_name(name)
         ours = (name.startswith(".") and name.endswith(".safetensors" + TEMP_SUFFIX)) or (
-            name.startswith((f".{RECEIPT}.tmp-", f".{PLAN_FILE}.tmp-"))
+            temp is not None and (temp.is_temp_of(RECEIPT) or temp.is_temp_of(PLAN_FILE))
         )
         if ours and path.is_file() and not path.is_symlink():
             path.unlink()

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from colitools.errors import MirrorError, SafetensorsError
 from colitools.formats.container import shard_name_problem
-from colitools.formats.safetensors_io import SafetensorsFile
+from colitools.formats.filenames import shard_files
+from colitools.formats.safetensors_io import MAX_HEADER_BYTES, SafetensorsFile
 from colitools.mirror.fileops import Progress, sha256_file
 from colitools.mirror.plan import SCHEMA
 
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 RECEIPT = ".colibri-mirror.json"
-MAX_HEADER = 100_000_000
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 StatSignature = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
@@ -57,7 +57,7 @@ def stat_signature(path: Path) -> StatSignature | None:
 
 def safe_shard_name(name: object) -> bool:
     """A receipt entry may only name a plain ``*.safetensors`` file inside the mirror directory (the shard-name
-    rule of FORMATS-SPEC §5, shared with index validation)."""
+    rule of docs/FORMATS.md §8 ("Model directories"), shared with index validation)."""
     return shard_name_problem(name) is None
 
 
@@ -132,7 +132,7 @@ def read_raw_header(path: Path) -> bytes | None:
             if len(prefix) < 8:
                 return None
             (n,) = struct.unpack("<Q", prefix)
-            if n > MAX_HEADER:
+            if n > MAX_HEADER_BYTES:
                 return None
             body = f.read(n)
             return prefix + body if len(body) == n else None
@@ -317,9 +317,8 @@ def _verify_full(result: MirrorVerification, primaries: list[Path], hasher: _Has
     for d in primaries:
         if not d.is_dir():
             raise MirrorError(f"shard directory does not exist: {d}")
-        for path in sorted(d.glob("*.safetensors")):
-            if not path.name.startswith(".") and path.is_file():
-                names.setdefault(path.name, path)
+        for path in shard_files(d):
+            names.setdefault(path.name, path)
     if not names:
         result.problems.append(f"no *.safetensors shards in {', '.join(map(str, primaries))}")
         return

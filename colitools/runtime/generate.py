@@ -75,7 +75,7 @@ def score(model, ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
 
 
 def record_usage(path: Path, args: ModelArgs, counts: np.ndarray) -> str | None:
-    """Add this run's router selections to ``path`` (FORMATS-SPEC §8, engine = ``model_type``), atomically.
+    """Add this run's router selections to ``path`` (docs/FORMATS.md §6, engine = ``model_type``), atomically.
 
     An existing history of the same engine and geometry is extended; one that cannot be extended (another
     engine or geometry, malformed) is left untouched. Returns a note for the user when nothing was written."""

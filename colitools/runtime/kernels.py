@@ -1,7 +1,7 @@
 """Numba matmul kernels that read packed codes directly (no dequantized copy of the weight).
 
 Every kernel computes ``Y[n, o] = sum_i W[o, i] * X[n, i]`` for the rows ``o0 <= o < o1`` of a weight ``W[O, I]``
-held in one of the container formats (FORMATS-SPEC §2/§4). Kernels are serial and release the GIL; a big call is
+held in one of the container formats (docs/FORMATS.md §2/§4). Kernels are serial and release the GIL; a big call is
 split by rows over the runtime's thread pool (``threads.py``). For each row, every input vector ``n`` is processed
 while the row's codes are still in L1, and the arithmetic for one ``(n, o)`` is the same whatever ``N`` is, so a
 token gets bit-identical expert outputs in a prefill batch and in a one-token decode step.

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.names import expert_tensor_name, layer_path, module_path, stack_name
 from colitools.runtime.config import ModelArgs, family_module
 from colitools.runtime.experts import ExpertStore, StoreStats
@@ -29,7 +30,6 @@ from colitools.runtime.weights import Checkpoint, Stored
 
 F32 = np.float32
 
-USAGE_FILE = ".coli_usage"
 
 
 class DecoderLayer:

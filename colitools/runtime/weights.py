@@ -12,19 +12,19 @@ ranges, format) that the ``ExpertStore`` reads on demand.
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import ColitoolsError, RuntimeModelError
+from colitools.errors import ColitoolsError, FormatError, RuntimeModelError, SafetensorsError
 from colitools.formats import model_config
 from colitools.formats import reference as ref
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.errors import ConfigError
+from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import Float, Fp8E4m3B128, block_grid, by_name
@@ -116,7 +116,7 @@ class Checkpoint:
 
     def __init__(self, model_dir: str | Path, config: dict):
         self.dir = Path(model_dir)
-        self.files = [SafetensorsFile(p) for p in self._shard_paths()]
+        self.files = _open_shards(self.dir)
         self.fp8_block = _fp8_block(config)
         try:
             resolved = resolve_container(self.files)
@@ -128,29 +128,6 @@ class Checkpoint:
                 self.infos[sanitize(name)] = (str(f.path), info, resolved[name])
         self._fds: dict[str, int] = {}
         self.bytes_read = 0
-
-    def _shard_paths(self) -> list[Path]:
-        index = self.dir / "model.safetensors.index.json"
-        if index.exists():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise RuntimeModelError(f"{index}: unreadable weight_map ({exc})") from None
-            names = sorted(set(weight_map.values()))
-            for n in names:
-                if (
-                    not isinstance(n, str)
-                    or "/" in n
-                    or "\\" in n
-                    or ".." in n
-                    or not n.endswith(".safetensors")
-                ):
-                    raise RuntimeModelError(f"{index}: refusing shard file name {n!r}")
-            return [self.dir / n for n in names]
-        paths = sorted(self.dir.glob("*.safetensors"))
-        if not paths:
-            raise RuntimeModelError(f"{self.dir}: no *.safetensors files")
-        return paths
 
     # ---------------------------------------------------------------------------------------------- lookup
     def has(self, name: str) -> bool:
@@ -265,15 +242,23 @@ class Checkpoint:
         raw = self.pread(path, info.begin, info.end)
         return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(F32)
 
-    def optional_vector(self, name: str, n: int) -> np.ndarray | None:
-        return self.vector(name, n) if name in self.infos else None
-
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
         for f in self.files:
             f.close()
+
+
+def _open_shards(model_dir: Path) -> list[SafetensorsFile]:
+    """The model folder's shards, headers validated, as ``colitools inspect`` finds them (``open_model``: the
+    index's shards, names checked by ``check_shard_name`` and coverage both ways, or every ``*.safetensors``)."""
+    try:
+        return open_model(model_dir).shards
+    except SafetensorsError:
+        raise  # a bad shard header: the reader's own error names the file
+    except FormatError as exc:
+        raise RuntimeModelError(str(exc)) from None
 
 
 def _base(name: str) -> str:

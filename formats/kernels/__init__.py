@@ -1,4 +1,4 @@
-"""Fast numba codecs, byte-identical to the numpy reference in ``reference.py`` (FORMATS-SPEC §2).
+"""Fast numba codecs, byte-identical to the numpy reference in ``reference.py`` (docs/FORMATS.md §2).
 
 Every encoder performs the reference's float32 operations in the same order: ``amax``, one float32 true
 division ``amax / qmax``, the ``1e-8`` floor, then per element one float32 true division ``w / s``, ``np.rint``

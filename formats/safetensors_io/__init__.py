@@ -1,4 +1,4 @@
-"""safetensors container I/O: a strict reader and a streaming, crash-safe writer (FORMATS-SPEC §1).
+"""safetensors container I/O: a strict reader and a streaming, crash-safe writer (docs/FORMATS.md §1).
 
 * ``reader.py``: ``SafetensorsFile`` validates the whole header before touching tensor data and reports every
   problem as one ``SafetensorsError`` line naming the file, the tensor and the numbers at fault. Tensor data

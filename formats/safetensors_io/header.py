@@ -1,6 +1,6 @@
 """What the safetensors reader and writer share: the header's limits, its length field, and ``TensorInfo``.
 
-FORMATS-SPEC §1. The byte arithmetic of one tensor (``checked_nbytes``) lives here so that the reader's
+docs/FORMATS.md §1. The byte arithmetic of one tensor (``checked_nbytes``) lives here so that the reader's
 validation and the writer's planning can never disagree about a size.
 """
 

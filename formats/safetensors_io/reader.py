@@ -1,4 +1,4 @@
-"""The strict safetensors reader (FORMATS-SPEC §1): ``SafetensorsFile``, ``read_header``, ``coalesce_ranges``.
+"""The strict safetensors reader (docs/FORMATS.md §1): ``SafetensorsFile``, ``read_header``, ``coalesce_ranges``.
 
 The whole header is validated before any tensor data is touched; every problem is one ``SafetensorsError``
 line naming the file, the tensor and the numbers at fault. Tensor data is fetched with positional reads of
@@ -205,7 +205,7 @@ def coalesce_ranges(infos: Iterable[TensorInfo]) -> list[list[TensorInfo]]:
 
 
 class SafetensorsFile:
-    """A strict safetensors reader: the whole header is validated on open (FORMATS-SPEC §1).
+    """A strict safetensors reader: the whole header is validated on open (docs/FORMATS.md §1).
 
     Attributes: ``path``, ``tensors`` (name -> ``TensorInfo``, in data-offset order), ``metadata``
     (``__metadata__`` or ``{}``), ``header_bytes`` (the raw ``8 + N`` bytes), ``data_start`` (``8 + N``) and

@@ -1,4 +1,4 @@
-"""The streaming, crash-safe safetensors writer (FORMATS-SPEC §1, writers): ``SafetensorsWriter``.
+"""The streaming, crash-safe safetensors writer (docs/FORMATS.md §1, writers): ``SafetensorsWriter``.
 
 The header is computed up front from ``(name, dtype, shape)`` entries (compact JSON, ``__metadata__`` first,
 space-padded so the data buffer starts page-aligned), so that a planner knows every output size before any data
@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from colitools.formats.atomic import fsync_dir
+from colitools.formats.atomic import fsync_dir, temp_name
 from colitools.formats.dtypes import SAFETENSORS_DTYPES, itemsize, safetensors_name
 from colitools.formats.errors import SafetensorsError
 from colitools.formats.safetensors_io.header import (
@@ -105,7 +105,7 @@ def _starts(checked: Sequence[tuple[str, str, tuple[int, ...], int]]) -> list[in
 
 
 def _plan_layout(where: str, entries: Iterable[Entry], metadata: Mapping[str, str] | None) -> _Layout:
-    """The exact header bytes and offsets for ``entries`` written in order (FORMATS-SPEC §1, writers)."""
+    """The exact header bytes and offsets for ``entries`` written in order (docs/FORMATS.md §1, writers)."""
     checked = _validated_entries(where, entries)
     header: dict[str, Any] = {}
     meta = _validated_metadata(where, metadata)
@@ -138,7 +138,8 @@ class SafetensorsWriter:
     """Streams tensors into a new safetensors file; memory use is one tensor.
 
     ``entries`` are ``(name, dtype name, shape)`` in the order the data will be written; the header is
-    computed up front and written to ``.<basename>.tmp-<pid>`` in the target directory (exclusive create).
+    computed up front and written to ``atomic.temp_name(path)`` (``.<basename>.tmp-<pid>``) in the target
+    directory (exclusive create).
     ``write`` appends the next tensor; ``close`` checks that all were written, fsyncs, renames the file to
     ``path`` and fsyncs the directory. On any error (wrong order, wrong size, missing tensors, a full disk) the
     temporary file is removed and nothing is published. As a context manager, an exception aborts.
@@ -151,7 +152,7 @@ class SafetensorsWriter:
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         self.path = pathlib.Path(path)
-        self.temp_path = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.temp_path = temp_name(self.path)
         self._where = str(self.path)
         self._fd: int | None = None
         self._state = "aborted"  # until our temporary file exists, there is nothing to clean up

@@ -20,7 +20,7 @@ from colitools.errors import ConvertError
 def _expected(
     spec: Tiny, experts="int4-g64", dense="int8-row", embed="int8-row", mtp="int8-row"
 ) -> dict[str, str]:
-    """Expected resolved format per output weight (spec §6 applied by hand for the generated geometry)."""
+    """Expected resolved format per output weight (docs/FORMATS.md §5 applied by hand for the generated geometry)."""
     out = {}
     for name in spec.names_2d():
         layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None

@@ -1,4 +1,4 @@
-"""The recipe of FORMATS-SPEC §6: roles, names (§4), target formats, fallbacks with reasons, fingerprint."""
+"""The recipe of docs/FORMATS.md §5: roles, names (§4), target formats, fallbacks with reasons, fingerprint."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from colitools.converters.sources import (
     open_source,
 )
 from colitools.errors import ConvertError
+from colitools.formats.safetensors_io import SafetensorsFile
 
 try:  # tests/ folders are not packages: pytest puts this folder on sys.path ("prepend" import mode)
     from hubserver import FileStats
@@ -308,3 +309,29 @@ def test_revision_with_a_local_folder_and_a_file_as_source_are_refused(tmp_path)
 def test_check_shard_name_accepts_the_usual_names():
     for name in ("model.safetensors", "model-00001-of-00163.safetensors", "consolidated.00.safetensors"):
         check_shard_name(name)
+
+
+# -- shard headers ------------------------------------------------------------------------------------------------
+def test_every_source_reads_a_shard_header_the_same_way(hub, repo, tmp_path):
+    local = open_source(str(repo), workdir=tmp_path / "lwork")
+    remote = open_hub("org/toy", tmp_path)
+    assert not local.is_remote and remote.is_remote
+    for shard in (SHARD1, SHARD2):
+        expected = {n: (t.dtype, t.shape) for n, t in SafetensorsFile(repo / shard).tensors.items()}
+        for source in (local, remote):
+            assert {n: (h.dtype, h.shape) for n, h in source.header(shard).items()} == expected
+    # the Hub source read its headers with range requests: nothing downloaded
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
+    remote.ensure_local(SHARD1)  # once downloaded, the header comes from the verified copy
+    hub.fail_next(5, status=404, path_contains=SHARD1)
+    assert set(remote.header(SHARD1)) == {"embed.weight", "layers.0.mlp.weight"}
+
+
+def test_a_corrupt_local_shard_header_is_a_convert_error_naming_the_shard(tmp_path):
+    folder = make_checkpoint(tmp_path / "ckpt")
+    data = bytearray((folder / SHARD2).read_bytes())
+    data[8:10] = b"[]"  # the header is no longer a JSON object
+    (folder / SHARD2).write_bytes(bytes(data))
+    source = open_source(str(folder), workdir=tmp_path / "work")
+    with pytest.raises(ConvertError, match=rf"^shard {SHARD2}: "):
+        source.header(SHARD2)

@@ -1,4 +1,4 @@
-"""Byte vectors that pin every rule of FORMATS-SPEC §2.
+"""Byte vectors that pin every rule of docs/FORMATS.md §2.
 
 Every expected byte is computed by hand in the comments next to it (never by running the code under test).
 Each encoding test runs on both paths: ``fast=False`` (the numpy reference through the registry) and

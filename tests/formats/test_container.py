@@ -1,4 +1,4 @@
-"""FORMATS-SPEC §3 applied to whole containers (pairing, merged stamps and shapes, layouts, the config.json
+"""docs/FORMATS.md §3 applied to whole containers (pairing, merged stamps and shapes, layouts, the config.json
 cross-check) and the §5 shard-name rule.
 
 Weights are encoded with the registry's reference codecs, written with the safetensors writer and resolved from

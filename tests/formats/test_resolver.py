@@ -1,4 +1,4 @@
-"""FORMATS-SPEC §3: resolution of one tensor from byte counts, stamps and logical shapes (whole containers:
+"""docs/FORMATS.md §3: resolution of one tensor from byte counts, stamps and logical shapes (whole containers:
 ``test_container.py``).
 
 Every byte count in the tables below is computed by hand from the spec's formulas (not from the registry), so

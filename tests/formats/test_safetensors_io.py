@@ -1,4 +1,4 @@
-"""safetensors container I/O (FORMATS-SPEC §1): round trips, conformance with the `safetensors` library, the
+"""safetensors container I/O (docs/FORMATS.md §1): round trips, conformance with the `safetensors` library, the
 reader's validation list (one test per malformed case, raw bytes crafted by hand) and the writer's
 publish-or-nothing guarantee."""
 

@@ -1,4 +1,4 @@
-"""`.coli_usage` reader and writer (FORMATS-SPEC §8)."""
+"""`.coli_usage` reader and writer (docs/FORMATS.md §6)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Test helper: write a fixture as a converted container with exactly the per-tensor formats an oracle
-reference lists (``tensor_formats``), in the "pairs" or planar layout of FORMATS-SPEC §4.
+reference lists (``tensor_formats``), in the "pairs" or planar layout of docs/FORMATS.md §4.
 
 This is a small stand-in for ``colitools convert`` so that the runtime's quantized paths are checked against
 the oracles independently of the converter: source tensors are read as float32 (BF16 upcast, FP8 block

@@ -1,4 +1,4 @@
-"""Routing usage recording (.coli_usage, FORMATS-SPEC §8) and the ``colitools run`` command."""
+"""Routing usage recording (.coli_usage, docs/FORMATS.md §6) and the ``colitools run`` command."""
 
 from __future__ import annotations
 

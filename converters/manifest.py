@@ -1,0 +1,76 @@
+"""The manifest of a converted folder, ``colitools.json``: one type, one load, one dump.
+
+The converter's resume ledger (``ledger.py``) writes it on every change and reads it back on a rerun; the
+runner adds the final sections through the ledger; ``verify container`` reads it to check that the conversion
+is complete and that every recorded file has its recorded size and sha256.
+
+The JSON object: ``format`` (``MANIFEST_VERSION``), ``tool``, ``state`` (``converting`` until the end, then
+``complete``), ``source``, ``source_quantization_config``, ``recipe``, ``recipe_fingerprint``, ``plan``
+(``units``, ``files`` with name and size, ``in_bytes``, ``out_bytes``), ``fallbacks``, ``units`` (unit key ->
+``{"files": [{"name", "size", "sha256"}]}``), and once complete ``shards``, ``copied_files`` and ``run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from colitools.formats.atomic import write_json_atomic
+from colitools.formats.filenames import MANIFEST_FILE
+
+__all__ = ["MANIFEST_FILE", "MANIFEST_VERSION", "Manifest", "ManifestError"]
+
+MANIFEST_VERSION = 1
+
+
+class ManifestError(ValueError):
+    """A ``colitools.json`` that is not a manifest; the message is the reason only (callers name the file)."""
+
+
+@dataclass
+class Manifest:
+    """The JSON object of one ``colitools.json``, kept as parsed (``dump`` writes exactly what ``data`` holds)."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Manifest:
+        """Parse ``path``. ``OSError`` when it cannot be read; ``ManifestError`` when it is not UTF-8 JSON
+        holding an object."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ManifestError(str(exc)) from None
+        if not isinstance(data, dict):
+            raise ManifestError("not an object")
+        return cls(data)
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Publish atomically (temporary file, fsync, rename, fsync of the folder), pretty-printed."""
+        write_json_atomic(path, self.data)
+
+    @property
+    def state(self) -> Any:
+        """``"converting"`` or ``"complete"`` (whatever the file says; None when absent)."""
+        return self.data.get("state")
+
+    @property
+    def units(self) -> dict[str, Any]:
+        """Finished units as recorded (unit key -> record), ``{}`` when absent; records are not checked."""
+        return self.data.get("units") or {}
+
+    def planned_files(self) -> list[Any]:
+        """Names of the files the plan will write (``plan.files``), in plan order."""
+        return [f.get("name") for f in (self.data.get("plan") or {}).get("files", [])]
+
+    def file_records(self) -> list[dict[str, Any]]:
+        """Every recorded file of every finished unit (``{"name", "size", "sha256"}``), in unit order.
+
+        ``ManifestError`` when ``units`` is missing or not unit -> ``{"files": [...]}``."""
+        try:
+            return [f for unit in self.data["units"].values() for f in unit["files"]]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ManifestError(str(exc)) from None

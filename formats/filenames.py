@@ -1,0 +1,42 @@
+"""The file names of a model folder, in one place (docs/FORMATS.md §6 and §8, "Model directories").
+
+Every reader and writer of colitools takes these names from here: the converter's output, the inspector, the
+verifier, the runtime and the mirror. The header size limit is ``safetensors_io.MAX_HEADER_BYTES``; the
+temporary-name convention is ``atomic.temp_name`` / ``atomic.parse_temp_name``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "CONFIG_FILE",
+    "INDEX_FILE",
+    "MANIFEST_FILE",
+    "SHARD_SUFFIX",
+    "SINGLE_FILE",
+    "USAGE_FILE",
+    "shard_file_name",
+    "shard_files",
+]
+
+CONFIG_FILE = "config.json"  # the model's Hugging Face config
+INDEX_FILE = "model.safetensors.index.json"  # weight_map: tensor -> shard file
+SINGLE_FILE = "model.safetensors"  # a checkpoint without an index is this one file
+SHARD_SUFFIX = ".safetensors"  # every shard file name ends so (check_shard_name)
+MANIFEST_FILE = "colitools.json"  # a conversion's resume ledger and manifest
+USAGE_FILE = ".coli_usage"  # routing usage history, written by the runtime, read by the mirror
+
+
+def shard_file_name(k: int, n: int) -> str:
+    """The converter's name of output shard ``k`` (1-based) of ``n``: ``model-00001-of-00003.safetensors``."""
+    return f"model-{k:05d}-of-{n:05d}{SHARD_SUFFIX}"
+
+
+def shard_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The shard files of a folder without an index: every regular ``*.safetensors`` file that is not hidden
+    (hidden names are temporaries and copies in progress), sorted by name."""
+    return [
+        p for p in sorted(Path(directory).glob(f"*{SHARD_SUFFIX}")) if not p.name.startswith(".") and p.is_file()
+    ]
