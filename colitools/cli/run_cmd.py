@@ -21,8 +21,9 @@ def _parse_ids(text: str) -> list[int]:
         raise RuntimeModelError("--prompt-ids is empty")
     ids = []
     for i, field in enumerate(fields):
-        # at most 19 digits: any real token id, and never Python's int-string limit (a 5000-digit "id")
-        if not re.fullmatch(r"[+-]?[0-9]{1,19}", field):
+        # digits only, and fewer than Python's int-string limit (4300): a huge id is then refused by the
+        # runtime, naming the vocabulary size
+        if not re.fullmatch(r"[+-]?[0-9]{1,4000}", field):
             what = "an empty entry" if field == "" else f"{field[:24]!r}" + ("..." if len(field) > 24 else "")
             raise RuntimeModelError(
                 f"--prompt-ids must be comma-separated integers (e.g. 3,17,42); entry {i + 1} is {what}"
