@@ -30,6 +30,7 @@ from tinyckpt import Tiny, make_checkpoint  # noqa: E402
 
 from colitools.formats.safetensors_io import SafetensorsFile  # noqa: E402
 from colitools.formats.usage import UsageHistory, write_usage  # noqa: E402
+from colitools.mirror.fileops import TEMP_SUFFIX  # noqa: E402
 
 _SCRIPT = Path(sys.executable).with_name("colitools")
 COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
@@ -254,3 +255,23 @@ def test_plan_and_stage_fill_what_fits_above_the_reserve(tmp_path, tmpfs):
     staged = cli("mirror", "stage", *args)
     assert staged.returncode == 0, staged.stdout + staged.stderr
     assert sorted(p.name for p in (tmpfs / "m").glob("*.safetensors")) == ["s0.safetensors", "s1.safetensors"]
+
+
+def test_ctrl_c_during_mirror_stage_exits_130_with_the_resume_hint_and_a_rerun_finishes(tmp_path):
+    model = _mirror_model(tmp_path, 1, 1 << 20)
+    args = ["mirror", "stage", "--model", str(model), "--mirror", str(tmp_path / "m"), "--budget-gib", "1",
+            "--reserve-gib", "0"]  # fmt: skip
+    env = {**os.environ, "COLITOOLS_MIRROR_TEST_STALL_AFTER_BYTES": "100000"}  # the copy stops mid-file
+    proc = subprocess.Popen([*COMMAND, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(TEMP_SUFFIX in p.name for p in (tmp_path / "m").glob(".*")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the copy never started"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["colitools: interrupted; rerun the same command to resume (verified copies are kept)"]
+    assert not (tmp_path / "m" / "s0.safetensors").exists()  # nothing half-copied under its final name
+    done = cli(*args)
+    assert done.returncode == 0 and "ready: yes" in done.stdout, done.stdout + done.stderr
