@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from colitools.converters.diskfloor import GB, gb
 from colitools.converters.recipe import Recipe
+from colitools.errors import ConvertError
 from colitools.formats.layouts import PAIRS
 
 DEFAULT_MIN_FREE_GB = 5.0
@@ -31,10 +33,24 @@ class ConvertOptions:
     dry_run: bool = False
     progress: bool | None = None  # tqdm bars; None = only when stderr is a terminal
 
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.min_free_gb) or self.min_free_gb < 0:
+            raise ConvertError(f"--min-free-gb {self.min_free_gb:g}: must be a number >= 0")
+        if self.workers < 1:
+            raise ConvertError(f"--workers {self.workers}: must be at least 1")
+
     def recipe(self) -> Recipe:
-        return Recipe.from_options(
+        recipe = Recipe.from_options(
             self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout
         )
+        if self.group_size is not None and not any(
+            v.startswith("int4-g") for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)
+        ):  # int3-g64 and the row formats have no group size to set: never ignore the option silently
+            chosen = ", ".join(f"--{k} {getattr(recipe, k)}" for k in ("experts", "dense", "embed", "mtp"))
+            raise ConvertError(
+                f"--group-size {self.group_size} applies to int4-g* formats, and no option uses one ({chosen})"
+            )
+        return recipe
 
     @property
     def min_free_bytes(self) -> int:

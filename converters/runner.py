@@ -191,6 +191,10 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
         paths = {}
         for shard in unit.shards:
             floor.downloading = shard
+            local = src.local_copy(shard)  # a local folder or the HF cache: nothing to download, no bar
+            if local is not None:
+                paths[shard] = local
+                continue
             with _bar(options, src.files()[shard].size, f"download {shard}", leave=False) as dbar:
                 paths[shard] = src.ensure_local(shard, progress=dbar)
         return paths

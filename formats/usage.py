@@ -40,6 +40,7 @@ VERSION_RECORD = -2
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
 _INT = re.compile(r"[+-]?[0-9]+")
+_MAX_DIGITS = 20  # 2**64 - 1 has 20 digits
 
 
 def engine_id(name: str) -> int:
@@ -118,6 +119,12 @@ def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
             shown = line.strip()[:60]
             raise UsageFileError(
                 f"{path}:{number}: expected exactly three integers per record, got {len(fields)} field(s): {shown!r}"
+            )
+        long = next((f for f in fields if len(f.lstrip("+-")) > _MAX_DIGITS), None)
+        if long is not None:  # before int(): Python refuses to convert > 4300 digits, and no count is that big
+            raise UsageFileError(
+                f"{path}:{number}: a {len(long.lstrip('+-'))}-digit number (at most {_MAX_DIGITS} digits: "
+                "counts are 64-bit)"
             )
         a, b, c = (int(f) for f in fields)
         records.append((number, a, b, c))

@@ -1,11 +1,18 @@
 """Command-line interface. Commands are thin: parse options, call one library function, print.
 
-User errors (``ColitoolsError``) become one line on stderr and a non-zero exit code, never a traceback.
+Every failure is one line on stderr, ``colitools: error: ...``, never a traceback. Exit codes: 0 success;
+1 an error that stopped the command (``ColitoolsError``, OS errors); 2 a usage error (unknown command or
+option, an option value out of range) and, for ``mirror plan`` / ``stage``, a plan that was not admitted;
+3 ``convert --on-low-disk stop`` met the disk floor; 4 a check that ran and found problems; 130 interrupted
+(Ctrl-C / SIGINT), with the resume hint for ``convert`` and ``mirror stage``.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+
+import typer
 
 from colitools.cli import (  # noqa: F401  (imported to register their commands)
     convert_cmd,
@@ -19,18 +26,82 @@ from colitools.cli import (  # noqa: F401  (imported to register their commands)
 from colitools.cli.app import app
 from colitools.errors import ColitoolsError
 
+try:  # typer >= 0.22 carries its own copy of click; older ones use click itself
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as _click_errors
+_ABORTS = tuple({typer.Abort, getattr(_click_errors, "Abort", typer.Abort)})
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_RESUMABLE = {
+    ("convert",): "rerun the same command to resume (finished units are kept)",
+    ("mirror", "stage"): "rerun the same command to resume (verified copies are kept)",
+}
+
+
+class _InterruptWatch:
+    """SIGINT handler: remembers that the user interrupted, then raises KeyboardInterrupt as Python's own does.
+
+    Typer turns a KeyboardInterrupt into a silent ``Exit(130)``, and an interrupt raised inside a finalizer is
+    dropped by Python; the flag survives both, so ``main`` always reports it. After the first interrupt the
+    default action is restored: a second Ctrl-C ends the process at once (while cleanup is still running)."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def install(self) -> None:
+        # not when the process was started with SIGINT ignored (nohup, `&` in a script)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self)
+
+    def __call__(self, signum, frame) -> None:
+        self.hit = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"colitools: error: {_one_line(message)}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _interrupted(args: list[str]) -> None:
+    words = tuple(a for a in args if not a.startswith("-"))
+    hint = next((h for cmd, h in _RESUMABLE.items() if words[: len(cmd)] == cmd), None)
+    print("colitools: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
+    sys.exit(EXIT_INTERRUPTED)
+
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    watch = _InterruptWatch()
+    watch.install()
     try:
-        app(args=argv, prog_name="colitools")
-    except ColitoolsError as exc:
-        print(f"colitools: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        code = app(args=args, prog_name="colitools", standalone_mode=False)
+    except _click_errors.NoArgsIsHelpError as exc:  # `colitools mirror`: the group's help, as a usage error
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except _click_errors.UsageError as exc:
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        _fail(exc.format_message().rstrip(".") + where, EXIT_USAGE)
+    except _ABORTS:  # click's form of an interrupt (or EOF) at a prompt
+        _interrupted(args)
     except KeyboardInterrupt:
-        print("colitools: interrupted", file=sys.stderr)
-        sys.exit(130)
+        _interrupted(args)
+    except ColitoolsError as exc:
+        _fail(str(exc), exc.exit_code)
     except OSError as exc:  # disk full, permission denied, vanished file: one line naming the file
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        print(f"colitools: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        sys.exit(1)
+        _fail(f"{exc.strerror or exc}{where}", 1)
+    except _click_errors.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    if watch.hit:
+        _interrupted(args)
+    sys.exit(code or 0)

@@ -32,19 +32,24 @@ def convert_command(
     group_size: int | None = typer.Option(None, "--group-size", help="Group size of int4-grouped choices."),
     layout: str = typer.Option(layouts.PAIRS.option, "--layout", help=f"Expert layout: {_LAYOUTS}."),
     min_free_gb: float = typer.Option(
-        5.0, "--min-free-gb", help="Free space to keep on the output volume (GB)."
+        5.0, "--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."
     ),
     on_low_disk: str = typer.Option(
         "wait", "--on-low-disk", help="Below the floor: wait (poll) | stop (exit 3)."
     ),
-    keep_source: bool = typer.Option(False, "--keep-source", help="Keep downloaded source shards."),
-    workers: int = typer.Option(1, "--workers", help="Units converted in parallel processes."),
+    keep_source: bool = typer.Option(
+        False, "--keep-source/--no-keep-source", help="Keep downloaded source shards (a Hub source)."
+    ),
+    workers: int = typer.Option(1, "--workers", min=1, help="Units converted in parallel processes."),
     token: str | None = typer.Option(None, "--token", help="Hugging Face token (default: HF_TOKEN / login)."),
     revision: str | None = typer.Option(None, "--revision", help="Hub branch, tag or commit (default main)."),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the plan (units, bytes, peak disk) and exit."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    progress: bool | None = typer.Option(
+        None, "--progress/--no-progress", help="Progress bars on stderr (default: when stderr is a terminal)."
+    ),
 ) -> None:
     """Convert a BF16/FP8 checkpoint into quantized byte-addressable safetensors, resumably."""
     from colitools.converters.options import ConvertOptions
@@ -53,7 +58,7 @@ def convert_command(
     options = ConvertOptions(
         experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
-        token=token, revision=revision, dry_run=dry_run,
+        token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip
     summary = convert(source, outdir, options)
     if json_out:

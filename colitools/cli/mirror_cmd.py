@@ -1,7 +1,8 @@
 """``colitools mirror plan | stage | verify``: dual-SSD mirrors driven by routing history (MIRROR-SPEC).
 
 Exit codes: plan and stage 0 when admitted (and, for stage, verified), 2 when not admitted (nothing copied),
-1 on error; verify 0 when ready, 4 when not, 1 on error; stage 4 if its final verify fails.
+1 on error; verify 0 when ready, 4 when not, 1 on error; stage 4 if its final verify fails, 2 when the mirror
+drive runs out of space (MirrorReserveStop, one line naming the file and the bytes).
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def _gib(n: int) -> str:
     return f"{n} B"
 
 
+def _weights(weights, source: str) -> str:
+    """Drive weights for people: measured ones in MB/s (1 decimal), given ones as written (9:3)."""
+    if source == "probe":
+        return " : ".join(f"{w / 1e6:.1f} MB/s" for w in weights)
+    return ":".join(f"{w:g}" for w in weights)
+
+
 def _require(value, option: str):
     if value is None:
         raise MirrorError(f"missing option {option}")
@@ -74,8 +82,10 @@ def _print_plan(plan) -> None:
     print(f"mirror   {data['mirror_root']}  (free {_gib(data['free_bytes'])}, reserve {_gib(data['reserve_bytes'])})")
     usage = f"{data['usage_selections']} selections" if data["usage_history_present"] else "no usage history"
     print(f"usage    {data['usage_file']}  ({usage})")
+    limited = (f" (of {_gib(data['budget_bytes'])} requested: the rest does not fit above the reserve)"
+               if data["budget_limited_by_free_space"] else "")
     print(
-        f"budget   {_gib(data['budget_bytes'])}: {len(plan.files)} shard(s) selected, {_gib(data['selected_bytes'])}; "
+        f"budget   {_gib(data['effective_budget_bytes'])}{limited}: {len(plan.files)} shard(s) selected, {_gib(data['selected_bytes'])}; "
         f"to copy {_gib(data['remaining_copy_bytes'])}; projected free {_gib(data['projected_free_bytes'])}"
     )
     if plan.files:
@@ -88,13 +98,16 @@ def _print_plan(plan) -> None:
         print()
     p = plan.prediction
     if p is not None:
-        weights = ":".join(f"{w:g}" for w in p.weights)
         print(
             f"predicted expert reads: primary {p.primary_share:.1%}, mirror {p.mirror_share:.1%} "
-            f"(weights {weights} from {plan.disk_weights_source}, cuts {','.join(map(str, p.cuts))} of 256)"
+            f"(weights {_weights(p.weights, plan.disk_weights_source)} from {plan.disk_weights_source}, "
+            f"cuts {','.join(map(str, p.cuts))} of 256)"
         )
-        print(f"predicted read bandwidth: x{p.bandwidth_gain:.3f} of the primary alone "
-              f"(a full mirror would give x{p.full_mirror_gain:.3f})")
+        if p.same_device:
+            print("predicted read bandwidth: x1.000 of the primary alone (the mirror is on the same device)")
+        else:
+            print(f"predicted read bandwidth: x{p.bandwidth_gain:.3f} of the primary alone "
+                  f"(a full mirror would give x{p.full_mirror_gain:.3f})")
     for probe in plan.probes:
         mode = "O_DIRECT" if probe.direct_io else "buffered"
         print(f"probe    {probe.directory}: {probe.bytes_per_second / 1e6:.0f} MB/s ({mode}, "

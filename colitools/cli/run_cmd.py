@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,12 +16,19 @@ from colitools.cli.app import app
 def _parse_ids(text: str) -> list[int]:
     from colitools.errors import RuntimeModelError
 
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise RuntimeModelError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
+    fields = text.replace(" ", "").split(",")
+    if fields == [""]:
         raise RuntimeModelError("--prompt-ids is empty")
+    ids = []
+    for i, field in enumerate(fields):
+        # digits only, and fewer than Python's int-string limit (4300): a huge id is then refused by the
+        # runtime, naming the vocabulary size
+        if not re.fullmatch(r"[+-]?[0-9]{1,4000}", field):
+            what = "an empty entry" if field == "" else f"{field[:24]!r}" + ("..." if len(field) > 24 else "")
+            raise RuntimeModelError(
+                f"--prompt-ids must be comma-separated integers (e.g. 3,17,42); entry {i + 1} is {what}"
+            )
+        ids.append(int(field))
     return ids
 
 

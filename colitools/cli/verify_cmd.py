@@ -50,8 +50,8 @@ def verify_oracle_command(
         typer.Option("--recipe", "-r", help="Recipe to check (repeatable): f32, default, int3, mxfp4, planar. "
                      "Default: every recipe the fixture has a reference for."),
     ] = None,
-    cap: Annotated[int | None, typer.Option("--cap", help="Experts cached per layer while running (default all).")] = None,
-    atol: Annotated[float, typer.Option("--atol", help="Tolerance on the last-position logits.")] = 1e-4,
+    cap: Annotated[int | None, typer.Option("--cap", min=1, help="Experts cached per layer while running (default all).")] = None,
+    atol: Annotated[float, typer.Option("--atol", min=0, help="Tolerance on the last-position logits (>= 0).")] = 1e-4,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON for scripts.")] = False,
 ) -> None:
     """Convert FIXTURE with each recipe, run it, and compare every greedy token, every teacher-forced position

@@ -334,8 +334,10 @@ def copy_to_temp(
                     if progress is not None:
                         progress(n)
                     if stall is not None and written >= stall:
-                        while True:  # test knob: wait here to be killed mid-copy
-                            time.sleep(3600)
+                        while True:  # test knob: wait here to be killed mid-copy (or stopped by Ctrl-C)
+                            if guard is not None:
+                                guard(written)  # raises once the stage is told to stop
+                            time.sleep(0.05)
                     if n < chunk:
                         break
             if written != size:

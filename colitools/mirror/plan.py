@@ -20,7 +20,7 @@ from pathlib import Path
 from colitools.errors import MirrorError
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.usage import UsageHistory, engine_id, read_usage
-from colitools.mirror.probe import ProbeResult, nearest_existing, probe_directory
+from colitools.mirror.probe import ProbeResult, nearest_existing, probe_drives
 from colitools.mirror.routing import ReadPrediction, env_disk_weights, predict_reads
 from colitools.mirror.scan import ExpertKey, ShardExperts, discover_shards, model_geometry
 
@@ -66,9 +66,17 @@ class PlannedFile:
 
 
 def select_shards(
-    shards: Sequence[ShardExperts], counts: dict[ExpertKey, int], budget_bytes: int
+    shards: Sequence[ShardExperts],
+    counts: dict[ExpertKey, int],
+    budget_bytes: int,
+    *,
+    room_bytes: int | None = None,
+    present: frozenset[str] = frozenset(),
 ) -> list[PlannedFile]:
     """The greedy knapsack of MIRROR-SPEC over whole shards, in the order they are chosen.
+
+    ``room_bytes`` (optional) also bounds the bytes still to copy (free space above the reserve); shards named
+    in ``present`` are already on the mirror and cost no room.
 
     Benefits are kept up to date incrementally: when a chosen shard brings an expert's routed tensor onto the
     mirror, every other shard holding bytes of that expert gains ``count * bytes`` from then on.
@@ -84,12 +92,15 @@ def select_shards(
     ]
     remaining = set(range(len(shards)))
     left = budget_bytes
+    room = room_bytes
     chosen: list[PlannedFile] = []
     while True:
         best, best_key = None, None
         for i in remaining:
             shard = shards[i]
             if benefit[i] <= 0 or shard.size > left:
+                continue
+            if room is not None and shard.name not in present and shard.size > room:
                 continue
             # highest benefit per byte (exact), then larger benefit, smaller size, name
             key = (-Fraction(benefit[i], shard.size), -benefit[i], shard.size, shard.name)
@@ -102,6 +113,8 @@ def select_shards(
         chosen.append(PlannedFile(shard.name, shard.path, shard.size, benefit[best], len(newly)))
         remaining.discard(best)
         left -= shard.size
+        if room is not None and shard.name not in present:
+            room -= shard.size
         active |= newly
         for key in newly:
             n = counts.get(key, 0)
@@ -132,6 +145,9 @@ class MirrorPlan:
     prediction: ReadPrediction | None = None
     disk_weights_source: str = "default"
     probes: list[ProbeResult] = field(default_factory=list)
+    # the budget the selection actually used: smaller than ``budget_bytes`` when the free space above the
+    # reserve could not take the requested budget (the plan then fills what fits)
+    effective_budget_bytes: int | None = None
     usage: UsageHistory | None = None
     shards: list[ShardExperts] = field(default_factory=list)
 
@@ -161,6 +177,10 @@ class MirrorPlan:
             "usage_history_present": self.usage_history_present,
             "usage_selections": self.usage_selections,
             "budget_bytes": self.budget_bytes,
+            "effective_budget_bytes": self.effective_budget_bytes
+            if self.effective_budget_bytes is not None
+            else self.budget_bytes,
+            "budget_limited_by_free_space": self.effective_budget_bytes is not None,
             "reserve_bytes": self.reserve_bytes,
             "free_bytes": self.free_bytes,
             "selected_bytes": self.selected_bytes,
@@ -181,6 +201,14 @@ def gib_to_bytes(gib: float | str, option: str) -> int:
     except (ValueError, ZeroDivisionError):
         raise MirrorError(f"{option}: expected a number of GiB, got {gib!r}") from None
     return math.floor(value * GIB)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _same_size_file(path: Path, size: int) -> bool:
+    return path.is_file() and not path.is_symlink() and path.stat().st_size == size
 
 
 def _same_path(a: Path, b: Path) -> bool:
@@ -255,8 +283,6 @@ def plan_mirror(
     usage_path, history = _plan_usage(model_root, Path(usage) if usage is not None else None, warnings)
     counts = history.counts if history is not None else {}
 
-    files = select_shards(shards, counts, budget_bytes) if counts else []
-
     probe_at = nearest_existing(mirror_root)
     mirror_dev = probe_at.stat().st_dev
     shared = [d for d in directories if d.stat().st_dev == mirror_dev]
@@ -266,12 +292,36 @@ def plan_mirror(
             "it adds no read bandwidth"
         )
     free = shutil.disk_usage(probe_at).free
-    remaining = 0
-    for f in files:
-        target = mirror_root / f.name
-        # a same-size regular file is presumed good here; `stage` hashes it before deciding
-        if not (target.is_file() and not target.is_symlink() and target.stat().st_size == f.size):
-            remaining += f.size
+    # a same-size regular file is presumed good here; `stage` hashes it before deciding
+    present = frozenset(
+        s.name for s in shards if _same_size_file(mirror_root / s.name, s.size)
+    )
+
+    def to_copy(chosen: list[PlannedFile]) -> int:
+        return sum(f.size for f in chosen if f.name not in present)
+
+    files = select_shards(shards, counts, budget_bytes) if counts else []
+    remaining = to_copy(files)
+    effective_budget = None
+    if files and free - remaining < reserve_bytes:
+        # The requested budget does not fit above the reserve: fill what fits instead of refusing it all.
+        room = max(0, free - reserve_bytes)
+        fitted = select_shards(shards, counts, budget_bytes, room_bytes=room, present=present)
+        if fitted:
+            effective_budget = min(budget_bytes, room + sum(f.size for f in fitted if f.name in present))
+            warnings.append(
+                f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve_bytes)}: "
+                f"the requested budget ({_gib(budget_bytes)}, {len(files)} shard(s)) does not fit, so the plan "
+                f"fills what fits ({len(fitted)} shard(s), {_gib(sum(f.size for f in fitted))})"
+            )
+            files, remaining = fitted, to_copy(fitted)
+        else:
+            smallest = min((s.size for s in shards if s.name not in present), default=0)
+            warnings.append(
+                f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve_bytes)}: room for "
+                f"{_gib(room)}, and no selectable shard is that small (the smallest needs {_gib(smallest)}); "
+                "free space or lower --reserve-gib"
+            )
 
     if not counts:
         reason = REASON_NO_USAGE
@@ -284,8 +334,7 @@ def plan_mirror(
 
     probes: list[ProbeResult] = []
     if probe:
-        probes = [probe_directory(model_root, seconds=probe_seconds),
-                  probe_directory(mirror_root, seconds=probe_seconds)]
+        probes = list(probe_drives(model_root, mirror_root, seconds=probe_seconds))
         weights: Sequence = [p.bytes_per_second for p in probes]
         if any(w <= 0 for w in weights):
             raise MirrorError("the bandwidth probe read nothing; pass --disk-weights instead")
@@ -302,7 +351,7 @@ def plan_mirror(
 
     prediction = None
     if history is not None:
-        prediction = _predict(shards, files, history, weights)
+        prediction = _predict(shards, files, history, weights, same_device=bool(shared))
 
     return MirrorPlan(
         model_root=model_root,
@@ -321,13 +370,19 @@ def plan_mirror(
         prediction=prediction,
         disk_weights_source=weights_source,
         probes=probes,
+        effective_budget_bytes=effective_budget,
         usage=history,
         shards=shards,
     )
 
 
 def _predict(
-    shards: list[ShardExperts], files: list[PlannedFile], history: UsageHistory, weights: Sequence
+    shards: list[ShardExperts],
+    files: list[PlannedFile],
+    history: UsageHistory,
+    weights: Sequence,
+    *,
+    same_device: bool = False,
 ) -> ReadPrediction:
     chosen = {f.name for f in files}
     expert_bytes: dict[ExpertKey, int] = {}
@@ -346,4 +401,4 @@ def _predict(
     n_experts = history.n_experts
     if history.headerless:
         n_experts = max(n_experts, 1 + max((key[1] for key in expert_bytes), default=0))
-    return predict_reads(history.counts, n_experts, expert_bytes, mirrored, routed, weights)
+    return predict_reads(history.counts, n_experts, expert_bytes, mirrored, routed, weights, same_device=same_device)

@@ -20,7 +20,7 @@ from pathlib import Path
 from colitools.errors import MirrorError
 from colitools.formats.filenames import shard_files
 
-__all__ = ["ProbeResult", "probe_directory", "probe_file"]
+__all__ = ["ProbeResult", "probe_directory", "probe_drives", "probe_file"]
 
 CHUNK = 8 << 20  # multiple of every logical block size
 PROBE_FILE_BYTES = 256 << 20
@@ -148,3 +148,31 @@ def probe_directory(
                            result.direct_io, result.note)
     finally:
         Path(name).unlink(missing_ok=True)
+
+
+def _sample_available(directory: Path, probe_file_bytes: int) -> int:
+    """Bytes a probe of ``directory`` can read: its largest shard, or the temporary probe file."""
+    existing = _largest_file(directory)
+    return existing.stat().st_size if existing is not None else probe_file_bytes
+
+
+def probe_drives(
+    primary: str | os.PathLike,
+    mirror: str | os.PathLike,
+    *,
+    seconds: float = DEFAULT_SECONDS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    probe_file_bytes: int = PROBE_FILE_BYTES,
+) -> tuple[ProbeResult, ProbeResult]:
+    """Probe both drives with the same sample size, so that their speeds compare like with like.
+
+    The primary is read for at most ``seconds`` (and at most what both sides can offer, whole chunks); the
+    mirror then reads exactly as many bytes (its time bound is ten times longer, so a slower drive still
+    finishes the same sample)."""
+    primary, mirror = Path(primary), Path(mirror)
+    sample = min(max_bytes, _sample_available(primary, probe_file_bytes), _sample_available(mirror, probe_file_bytes))
+    sample = max(CHUNK, sample // CHUNK * CHUNK)
+    first = probe_directory(primary, seconds=seconds, max_bytes=sample, probe_file_bytes=sample)
+    same = max(first.bytes_read, 1)
+    second = probe_directory(mirror, seconds=10 * seconds, max_bytes=same, probe_file_bytes=max(same, CHUNK))
+    return first, second

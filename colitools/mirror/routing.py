@@ -91,6 +91,9 @@ class ReadPrediction:
     primary_bytes: int
     mirror_bytes: int
     mirror_share_full: float  # the mirror's share if every shard were mirrored
+    # the mirror lives on the primary's own device: the reads still split, but one device serves both, so
+    # there is no bandwidth to gain
+    same_device: bool = False
 
     @property
     def mirror_share(self) -> float:
@@ -103,6 +106,8 @@ class ReadPrediction:
     def _gain(self, mirror_share: float) -> float:
         # Both drives read in parallel; drive r moves share_r of the bytes at a speed proportional to w_r.
         # Time relative to the primary alone = max(s0, s1 * w0 / w1); gain = its inverse.
+        if self.same_device:
+            return 1.0
         w0, w1 = self.weights[0], self.weights[1]
         return 1.0 / max(1.0 - mirror_share, mirror_share * w0 / w1)
 
@@ -127,6 +132,7 @@ class ReadPrediction:
             "bandwidth_gain": self.bandwidth_gain,
             "full_mirror_share": self.mirror_share_full,
             "full_mirror_bandwidth_gain": self.full_mirror_gain,
+            "same_device": self.same_device,
         }
 
 
@@ -137,13 +143,16 @@ def predict_reads(
     mirrored_bytes: Mapping[tuple[int, int], int],
     mirrored_routed: Iterable[tuple[int, int]],
     weights: Sequence[float | int | Fraction],
+    *,
+    same_device: bool = False,
 ) -> ReadPrediction:
     """Split the expert bytes the usage history reads between the primary and the mirror (replica 1).
 
     ``expert_bytes`` are each expert's bytes over the whole model, ``mirrored_bytes`` the part of them in
     mirrored shards, ``mirrored_routed`` the experts whose routed tensor is mirrored. An expert routed to the
     mirror reads its mirrored bytes there and the rest from the primary; replicas beyond the mirror hold
-    nothing here, so their experts are read from the primary.
+    nothing here, so their experts are read from the primary. ``same_device``: the mirror shares the primary's
+    device, so the predicted gain is 1.0 whatever the weights say.
     """
     cuts = replica_cuts(weights)
     routed = set(mirrored_routed)
@@ -170,6 +179,7 @@ def predict_reads(
         primary_bytes=primary,
         mirror_bytes=mirror,
         mirror_share_full=full_mirror / total if total else 0.0,
+        same_device=same_device,
     )
 
 

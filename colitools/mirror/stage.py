@@ -11,6 +11,8 @@ never touched.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
 import threading
@@ -189,7 +191,12 @@ def stage_mirror(
         if free - to_copy_bytes < plan.reserve_bytes:
             plan.reason = result.reason = REASON_RESERVE
             return result
-        write_json_atomic(root / PLAN_FILE, plan.to_json())
+        try:
+            write_json_atomic(root / PLAN_FILE, plan.to_json())
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise _out_of_space(root / PLAN_FILE, root, to_copy_bytes) from None
 
         copied = _copy_all(to_copy, root, plan.reserve_bytes, trusted, progress,
                            reread_from_device=reread_from_device, workers=workers)
@@ -211,7 +218,12 @@ def stage_mirror(
             "files": [f.receipt_entry() for f in result.files],
         }
         result.receipt = root / RECEIPT
-        write_json_atomic(result.receipt, receipt)
+        try:
+            write_json_atomic(result.receipt, receipt)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise _out_of_space(result.receipt, root, len(json.dumps(receipt))) from None
         result.staged = True
         clock.lap("receipt")
 
@@ -314,6 +326,10 @@ def _copy_all(
                     if after is not None:
                         trusted[str(root / f.name)] = (after, sha)
             except BaseException as exc:
+                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                    with lock:
+                        still = total - sum(written.values())
+                    exc = _out_of_space(root / f.name, root, still)
                 with lock:
                     if not isinstance(exc, _Cancelled):
                         errors.append(exc)
@@ -329,6 +345,18 @@ def _copy_all(
     if errors:
         raise errors[0]
     return copied
+
+
+def _out_of_space(target: Path, root: Path, need: int) -> MirrorReserveStop:
+    """ENOSPC as one line naming the file and the numbers (as ``convert`` does), and a rerun hint."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = 0
+    return MirrorReserveStop(
+        f"{target}: no space left on the mirror drive ({need} bytes still to write, {free} bytes free); "
+        "free space or lower --budget-gib, then rerun (verified copies are kept)"
+    )
 
 
 def _same_size_file(path: Path, size: int) -> bool:

@@ -183,6 +183,9 @@ def _load_receipt(path: Path, result: MirrorVerification) -> list | None:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         result.problems.append(f"receipt {path.name} is not valid JSON: {exc}")
         return None
+    except RecursionError:  # a hostile or broken file: arrays/objects nested deeper than the parser's stack
+        result.problems.append(f"receipt {path.name} is not a receipt: JSON nested too deeply")
+        return None
     if not isinstance(receipt, dict):
         result.problems.append(f"receipt {path.name} is not a JSON object")
         return None
@@ -241,7 +244,7 @@ def verify_mirror(
 def _receipt_model_root(path: Path) -> Path | None:
     try:
         value = json.loads(path.read_text(encoding="utf-8")).get("model_root")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return Path(value) if isinstance(value, str) and os.path.isabs(value) else None
 

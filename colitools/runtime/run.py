@@ -105,6 +105,9 @@ def run_model(
     model = load_model(model_dir, cap=cap, ram_gb=ram_gb, record_usage=record_usage)
     load_s = time.perf_counter() - t0
     try:
+        _check_prompt_ids(prompt_ids, model.args.vocab_size)
+        if cap is None and ram_gb is not None:
+            _check_ram_budget(model, ram_gb)
         stop = _stop_ids(model_dir, model.args.eos_token_ids) if stop_at_eos else ()
         cb = None
         if progress is not None:
@@ -122,3 +125,27 @@ def run_model(
         prefill_seconds=res.prefill_seconds, decode_seconds=res.decode_seconds, load_seconds=load_s,
         stats=model.stats(), peak_rss_bytes=peak, usage_note=model.usage_note,
     )  # fmt: skip
+
+
+def _check_prompt_ids(prompt_ids: list[int], vocab_size: int) -> None:
+    """Every prompt id must be a token of the model (``0 <= id < vocab_size``)."""
+    for i, tok in enumerate(prompt_ids):
+        if not 0 <= tok < vocab_size:
+            shown = str(tok) if abs(tok) < 10**30 else f"{str(tok)[:12]}... ({len(str(abs(tok)))} digits)"
+            raise RuntimeModelError(
+                f"--prompt-ids: id {shown} (position {i}) is outside the vocabulary: "
+                f"ids must be 0..{vocab_size - 1} (vocab_size {vocab_size})"
+            )
+
+
+def _check_ram_budget(model, ram_gb: float) -> None:
+    """Refuse a ``--ram-gb`` that cannot hold the resident weights plus one expert per MoE layer (it would
+    otherwise run with a cap of 1 and use more memory than it was given)."""
+    p = model.placement
+    need = p.dense_bytes + p.expert_bytes * max(len(model.stores), 1)
+    if ram_gb * 2**30 < need:
+        raise RuntimeModelError(
+            f"--ram-gb {ram_gb:g}: the resident weights take {p.dense_bytes / 2**30:.3g} GiB and one cached "
+            f"expert per layer {(need - p.dense_bytes) / 2**30:.3g} GiB more; give --ram-gb >= "
+            f"{need / 2**30:.3g} (or --cap N)"
+        )

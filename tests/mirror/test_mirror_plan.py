@@ -6,6 +6,7 @@ Every shard is ``HEADER (4096) + tensor bytes``; a pairs expert of ``expert_tens
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -276,6 +277,10 @@ def test_prediction_for_a_partial_mirror(model):
     pr = p.prediction
     # cuts 128: (1,0) [221] and (1,3) [132] are mirror experts; only (1,3) is on the mirror: 4 of 10 reads
     assert (pr.mirror_bytes, pr.expert_bytes_read) == (4 * EXPERT, 10 * EXPERT)
+    # the test's mirror is on the model's own device: no gain, whatever the split (issue 9, item 5) ...
+    assert pr.same_device and pr.bandwidth_gain == 1.0 and pr.full_mirror_gain == 1.0
+    # ... on a drive of its own the same split would gain
+    pr = dataclasses.replace(pr, same_device=False)
     assert pr.bandwidth_gain == pytest.approx(1 / 0.6)
     assert pr.full_mirror_gain == pytest.approx(2.0)  # (1 + 4) of 10 with a full mirror
     # weights 9,3 (cuts 192): only (1,0) [221] would be read from the mirror, and it is not there
