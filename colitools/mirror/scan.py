@@ -104,7 +104,7 @@ def scan_shard(path: str | os.PathLike, name: str | None = None) -> ShardExperts
     """Parse one shard's header (strictly, docs/FORMATS.md §1) and sum its routed-expert bytes per expert.
     ``name``: the shard's name in the plan (default the file name; a sidecar file's is its relative path)."""
     path = Path(path)
-    name = name or path.name
+    shard_name = name or path.name
     with SafetensorsFile(path) as st:
         expert_bytes: dict[ExpertKey, int] = {}
         routed: set[ExpertKey] = set()
@@ -116,10 +116,10 @@ def scan_shard(path: str | os.PathLike, name: str | None = None) -> ShardExperts
             if tensor.routed:
                 routed.add(tensor.key)
         layout = st.metadata.get("colitools.layout", "pairs")
-        if planar_sidecar.is_sidecar_file(name):
+        if planar_sidecar.is_sidecar_file(shard_name):
             layout = PLANAR_LAYOUT  # the sidecar's codes (its __metadata__ names colibri's format instead)
         size = st.file_size
-    return ShardExperts(name, path, size, expert_bytes, frozenset(routed), layout)
+    return ShardExperts(shard_name, path, size, expert_bytes, frozenset(routed), layout)
 
 
 def sidecar_shard_files(directory: str | os.PathLike) -> list[tuple[str, Path]]:
