@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import colitools
+from colitools.converters import output
 from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestError
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
 from colitools.errors import ConvertError
 from colitools.formats.atomic import parse_temp_name
+from colitools.formats.planar_sidecar import sidecar_dir
 
 
 @dataclass
@@ -70,6 +72,7 @@ class Ledger:
                 )
             ledger = cls(outdir, fresh)
             ledger.save()
+            output.write_sidecar_index(outdir, plan, ())
             return ledger, ResumeState([], [], removed)
         try:
             old = Manifest.load(path)
@@ -92,6 +95,7 @@ class Ledger:
                 dropped.append(key)
         ledger.data["units"] = _ordered(ledger.data["units"], plan)
         ledger.save()
+        output.write_sidecar_index(outdir, plan, finished)  # resume: done = the layers still intact
         return ledger, ResumeState(finished, dropped, removed)
 
     @staticmethod
@@ -159,6 +163,7 @@ class Ledger:
         }
         self.data["units"] = _ordered(self.data["units"], plan)
         self.save()
+        output.write_sidecar_index(self.outdir, plan, self.data["units"])  # planar: done (and complete)
 
     def file_records(self) -> list[FileRecord]:
         return [FileRecord(f["name"], f["size"], f["sha256"]) for f in self.manifest.file_records()]
@@ -180,11 +185,12 @@ def _ordered(units: dict[str, Any], plan: ConversionPlan) -> dict[str, Any]:
 
 def _remove_temporaries(outdir: Path) -> list[str]:
     removed = []
-    for p in sorted(outdir.iterdir()):
+    folder = sidecar_dir(outdir)  # the planar sidecar's writers leave theirs in experts-int4g64/
+    for p in sorted(outdir.iterdir()) + (sorted(folder.iterdir()) if folder.is_dir() else []):
         # temporaries of our writers (SafetensorsWriter, the atomic rewrites of the index, config, ledger)
         if parse_temp_name(p.name) is not None and p.is_file():
             p.unlink()
-            removed.append(p.name)
+            removed.append(str(p.relative_to(outdir)))
     return removed
 
 

@@ -1,5 +1,6 @@
 """The output folder besides the shards (FORMATS-SPEC §7): ``model.safetensors.index.json``, ``config.json``
-without its ``quantization_config``, ``generation_config.json`` and tokenizer files copied unchanged.
+without its ``quantization_config``, ``generation_config.json`` and tokenizer files copied unchanged; with
+``--layout planar`` also the sidecar's ``experts-int4g64/index.json`` (FORMATS-SPEC §4, ``write_sidecar_index``).
 
 All files are written with a temporary name, fsync and an atomic rename, and their bytes depend only on the
 source and the plan (no times), so reruns and resumed runs produce identical files.
@@ -7,15 +8,20 @@ source and the plan (no times), so reruns and resumed runs produce identical fil
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from colitools.converters.planner import ConversionPlan
-from colitools.formats.atomic import fsync_dir, temp_name, write_json_atomic
+from colitools.formats import planar_sidecar as sidecar
+from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.names import parse_name
 
 # Files copied unchanged from the source root: generation config and everything a tokenizer needs.
 _COPIED = re.compile(
@@ -30,10 +36,11 @@ def copied_files(names: list[str]) -> list[str]:
 
 
 def write_index(outdir: Path, plan: ConversionPlan) -> dict[str, Any]:
-    """``model.safetensors.index.json``: every tensor written -> its file; total_size = sum of tensor data."""
+    """``model.safetensors.index.json``: every tensor of the main container -> its file (the planar sidecar's
+    files are not part of it); total_size = sum of tensor data."""
     weight_map: dict[str, str] = {}
     total = 0
-    for f in plan.files:
+    for f in plan.main_files:
         total += f.data_size
         for name, _, _ in f.entries:
             weight_map[name] = f.name
@@ -56,3 +63,55 @@ def copy_file(src: Path, dest: Path) -> None:
         os.fsync(fo.fileno())
     os.replace(tmp, dest)
     fsync_dir(dest.parent)
+
+
+def sidecar_index(plan: ConversionPlan, finished_units: Iterable[str]) -> dict[str, Any] | None:
+    """The planar sidecar's ``index.json`` object when ``finished_units`` (unit keys) are published; None when
+    the plan has no sidecar. ``layers`` is the base decoder's layer count (what colibri's qwen38 engine
+    compares with its config), ``files`` the MoE layers' files, ``done`` the layers whose file is published.
+    ``source``: sha256 of the source ``config.json`` as parsed (canonical JSON: sorted keys, compact) and the
+    size of every source shard the sidecar's experts come from."""
+    files = plan.sidecar_files
+    if not files:
+        return None
+    finished = set(finished_units)
+    unit_of = {f.name: u for u in plan.units for f in u.files}
+    gate = files[0].groups[0].jobs[0]  # [moe_intermediate_size, hidden_size]
+    shards = sorted({s for f in files for s in unit_of[f.name].shards})
+    sizes = plan.inventory.shard_sizes
+    config = json.dumps(plan.inventory.config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return sidecar.make_index(
+        layers=plan.inventory.num_hidden_layers or max(f.sidecar_layer for f in files) + 1,
+        experts=max(len(f.groups) for f in files),
+        hidden_size=gate.I,
+        moe_intermediate_size=gate.O,
+        prefix=parse_name(gate.out_name).root.rstrip("."),
+        record_bytes=sum(_entry_bytes(e) for e in files[0].groups[0].sidecar_entries),
+        layer_numbers=[f.sidecar_layer for f in files],
+        done=[f.sidecar_layer for f in files if unit_of[f.name].key in finished],
+        source={
+            "config_sha256": hashlib.sha256(config.encode("utf-8")).hexdigest(),
+            "shards": {s: sizes.get(s) for s in shards},
+        },
+    )
+
+
+def write_sidecar_index(outdir: Path, plan: ConversionPlan, finished_units: Iterable[str]) -> None:
+    """(Re)write ``experts-int4g64/index.json`` atomically for the units published so far (the ledger calls it
+    when it opens and after every recorded unit, so ``complete: true`` is written once, after the last layer
+    file is published). Nothing without a sidecar."""
+    index = sidecar_index(plan, finished_units)
+    if index is None:
+        return
+    folder = sidecar.sidecar_dir(outdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(folder / sidecar.INDEX_NAME, sidecar.index_bytes(index))
+
+
+def _entry_bytes(entry) -> int:
+    from colitools.formats.dtypes import itemsize
+
+    n = itemsize(entry[1])
+    for d in entry[2]:
+        n *= d
+    return n

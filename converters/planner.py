@@ -4,11 +4,14 @@
   head), processed globals first, then layers in (prefix, index) order. A unit knows the source shards it
   reads and the exact bytes it writes (byte arithmetic of the format registry + the writer's header rule).
 * A unit writes one file; with ``--layout planar`` a layer with routed experts writes two: the layer's other
-  tensors, then its **planar64-v8 experts shard** (``colitools.layout`` metadata), one MoE layer per shard.
+  tensors (a main shard), then its **sidecar layer file** ``experts-int4g64/layer-NNN.safetensors``
+  (``formats/planar_sidecar.py``: planar64-v8 codes, F32 scales per 64-block, ``__metadata__`` last). The main
+  container (its shards and index) then holds no routed expert.
 * Tensor order in a file: non-expert tensors by name (natural order), each weight followed by its scale; then
   experts in expert order, each expert's weights back to back (gate, up, down) followed by their scales in the
   same order (docs/FORMATS.md §4, the same order the planar record uses).
-* Files are named ``model-{k:05d}-of-{n:05d}.safetensors`` in processing order.
+* Main shards are named ``model-{k:05d}-of-{n:05d}.safetensors`` in processing order (sidecar files are not
+  counted).
 """
 
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
@@ -23,9 +26,11 @@ from functools import cached_property
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key
 from colitools.errors import ConvertError
+from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
 from colitools.formats.filenames import shard_file_name
 from colitools.formats.layouts import PLANAR
+from colitools.formats.names import parse_name
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
 
@@ -103,6 +108,14 @@ class OutputGroup:
     def entries(self) -> list[Entry]:
         return [j.weight_entry for j in self.jobs] + [j.scale_entry for j in self.jobs if j.scale_entry]
 
+    @property
+    def sidecar_entries(self) -> list[Entry]:
+        """The same record in a sidecar layer file: scales F32 ``[O, I/64]`` (an int4-row scale per block)."""
+        scales = [
+            (j.scale_entry[0], "F32", sidecar.scale_shape(j.O, j.I)) for j in self.jobs if j.scale_entry
+        ]
+        return [j.weight_entry for j in self.jobs] + scales
+
 
 @dataclass(frozen=True)
 class OutputFile:
@@ -112,9 +125,16 @@ class OutputFile:
     groups: tuple[OutputGroup, ...]
     metadata: dict[str, str]
     planar: bool = False
+    sidecar_layer: int | None = None  # a planar sidecar layer file (``name`` is experts-int4g64/layer-NNN...)
+
+    @property
+    def is_sidecar(self) -> bool:
+        return self.sidecar_layer is not None
 
     @cached_property
     def entries(self) -> list[Entry]:
+        if self.is_sidecar:
+            return [e for g in self.groups for e in g.sidecar_entries]
         return [e for g in self.groups for e in g.entries]
 
     @cached_property
@@ -123,7 +143,7 @@ class OutputFile:
 
     @cached_property
     def size(self) -> int:
-        return SafetensorsWriter.file_size(self.entries, self.metadata)
+        return SafetensorsWriter.file_size(self.entries, self.metadata, metadata_last=self.is_sidecar)
 
     @cached_property
     def data_size(self) -> int:
@@ -166,6 +186,16 @@ class ConversionPlan:
     @property
     def files(self) -> list[OutputFile]:
         return [f for u in self.units for f in u.files]
+
+    @property
+    def main_files(self) -> list[OutputFile]:
+        """The main container's shards (every file but the planar sidecar's)."""
+        return [f for f in self.files if not f.is_sidecar]
+
+    @property
+    def sidecar_files(self) -> list[OutputFile]:
+        """The planar sidecar's layer files, in layer order (empty unless ``--layout planar``)."""
+        return [f for f in self.files if f.is_sidecar]
 
     @property
     def in_bytes(self) -> int:
@@ -253,7 +283,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block))
 
     fallbacks: list[rc.Fallback] = []
-    drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], bool]]]] = []
+    drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]] = []
     for ukey in sorted(by_unit):
         jobs = by_unit[ukey]
         key = GLOBALS if ukey[0] == 0 else f"{ukey[1]}.{ukey[2]}"
@@ -265,19 +295,29 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         files = []
         if rest:
             groups = _group(rest)
-            files.append((groups, _metadata(groups, planar=False), False))
+            files.append((groups, _metadata(groups, planar=False), None))
         if planar_jobs:
             groups = _group(planar_jobs)
-            files.append((groups, _metadata(groups, planar=True), True))
+            _check_records(groups, key)
+            files.append((groups, sidecar.layer_metadata(ukey[2]), ukey[2]))
         drafts.append((key, files))
 
-    total = sum(len(f) for _, f in drafts)
-    units, k = [], 0
+    total = sum(1 for _, f in drafts for *_, layer in f if layer is None)
+    units, k, layers = [], 0, {}
     for key, files in drafts:
         out = []
-        for groups, meta, planar in files:
-            k += 1
-            out.append(OutputFile(shard_file_name(k, total), tuple(groups), meta, planar))
+        for groups, meta, layer in files:
+            if layer is None:
+                k += 1
+                out.append(OutputFile(shard_file_name(k, total), tuple(groups), meta))
+                continue
+            if layer in layers:
+                raise ConvertError(
+                    f"--layout planar: units {layers[layer]} and {key} both have routed experts of layer {layer}; "
+                    f"the sidecar holds one file per layer number"
+                )
+            layers[layer] = key
+            out.append(OutputFile(sidecar.layer_file_path(layer), tuple(groups), meta, True, layer))
         units.append(Unit(key, tuple(out)))
     return ConversionPlan(units, recipe, inventory, fallbacks)
 
@@ -318,6 +358,23 @@ def _check_planar(job: TensorJob) -> None:
             f"--layout planar: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
             f"{t.label}; {PLANAR_LAYOUT} needs int4-row or int4-g64 with I % 64 == 0"
         )
+
+
+def _check_records(groups: list[OutputGroup], key: str) -> None:
+    """A sidecar layer file is one record per expert: exactly its gate, up and down projections, in that order,
+    every expert of the layer (0..E-1) of one expert tensor family."""
+    bases = {j.expert_base for g in groups for j in g.jobs}
+    if any(len(g.jobs) != 3 or g.jobs[0].expert is None for g in groups) or len(bases) != 1:
+        raise ConvertError(
+            f"--layout planar: unit {key}: routed experts are not one gate/up/down record each"
+        )
+    for e, g in enumerate(groups):
+        projections = tuple(parse_name(j.out_name).projection for j in g.jobs)
+        if g.jobs[0].expert != e or projections != sidecar.PROJECTIONS:
+            raise ConvertError(
+                f"--layout planar: unit {key}: expert {g.jobs[0].expert} ({', '.join(j.out_name for j in g.jobs)}) "
+                f"is not the gate, up and down record of expert {e}"
+            )
 
 
 def _group(jobs: list[TensorJob]) -> list[OutputGroup]:

@@ -35,7 +35,7 @@ import numpy as np
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, TensorJob, Unit
 from colitools.errors import ConvertError
-from colitools.formats import kernels
+from colitools.formats import kernels, planar_sidecar
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
@@ -206,7 +206,11 @@ class FileSink:
     def __init__(self, out: OutputFile, outdir: Path):
         self.out = out
         self._expected = {name: (dtype, shape) for name, dtype, shape in out.entries}
-        self._writer = SafetensorsWriter(outdir / out.name, out.entries, out.metadata)
+        if out.is_sidecar:  # experts-int4g64/ (the ledger creates it too; a worker process may come first)
+            (outdir / out.name).parent.mkdir(parents=True, exist_ok=True)
+        self._writer = SafetensorsWriter(
+            outdir / out.name, out.entries, out.metadata, metadata_last=out.is_sidecar
+        )
         self._digest = hashlib.sha256()
         self._fd: int | None = None  # read-only descriptor of the temporary file, to start its writeback
         self._synced = out.size - out.data_size  # bytes whose writeback has been started (or not needed)
@@ -391,6 +395,8 @@ def start_unit(
                         k += 1
                         ahead = _prefetch(prefetch, jobs, k, reader)
                         codes, scales = encode_job(job, values, scale, block, out.planar)
+                        if out.is_sidecar:  # one F32 scale per (row, 64-block), FORMATS-SPEC §4
+                            scales = planar_sidecar.block_scales(scales, job.O, job.I)
                         del values, scale
                         wname, sname = job.target.tensor_names(job.out_name)
                         sink.put(wname, codes)

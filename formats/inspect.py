@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colitools.formats import planar_sidecar
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
@@ -49,6 +50,9 @@ class ModelFiles:
     index: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    sidecar: list[SafetensorsFile] = field(
+        default_factory=list
+    )  # planar sidecar layer files (also in shards)
 
 
 def _load_json_object(path: Path) -> dict[str, Any]:
@@ -95,14 +99,25 @@ def _check_index_coverage(
                 )
 
 
-def open_model(path: str | os.PathLike[str]) -> ModelFiles:
+def open_model(path: str | os.PathLike[str], *, sidecar: bool = True) -> ModelFiles:
     """Open the shards at ``path`` (headers only) and the model's index and config, if it is a directory.
 
     A directory with ``model.safetensors.index.json`` is the shards it names (coverage checked both ways);
-    without an index it is every ``*.safetensors`` file in it. ``config.json`` is loaded when present.
+    without an index it is every ``*.safetensors`` file in it. ``config.json`` is loaded when present. With
+    ``sidecar`` (the default), the published layer files of a planar sidecar ``experts-int4g64/`` (FORMATS-SPEC
+    §4, ``planar_sidecar.open_sidecar``) are the home of the routed experts: they follow the main shards in
+    ``shards`` and are listed in ``sidecar``. A lone sidecar layer file is read with its folder's index.
     """
     root = Path(path)
     if root.is_file():
+        if (
+            root.parent.name == planar_sidecar.SIDECAR_DIR
+            and planar_sidecar.layer_of_file(root.name) is not None
+        ):
+            index = planar_sidecar.read_index(root.parent.parent)
+            if index is not None:
+                layer = planar_sidecar.SidecarLayerFile(root, index)
+                return ModelFiles(root, [layer], sidecar=[layer])
         return ModelFiles(root, [read_header(root)])
     if not root.is_dir():
         raise FormatError(f"{root}: no such file or directory")
@@ -128,9 +143,12 @@ def open_model(path: str | os.PathLike[str]) -> ModelFiles:
                 f"{INDEX_FILE}: metadata.total_size is {total}, the shards hold {data} bytes of tensor data"
             )
     else:
-        if not present:
+        if not present and planar_sidecar.read_index(root) is None:
             raise FormatError(f"{root}: no *.safetensors files and no {INDEX_FILE}")
         model.shards = [read_header(root / name) for name in present]
+    if sidecar:
+        model.sidecar = list(planar_sidecar.open_sidecar(root))
+        model.shards += model.sidecar
     return model
 
 
@@ -162,12 +180,18 @@ class InspectReport:
     config_checked: bool
     index: bool
     warnings: list[str]
+    sidecar: list[str] = field(default_factory=list)  # the planar sidecar's layer files (also in ``shards``)
 
     @property
     def layout(self) -> str:
-        """``pairs``, ``planar64-v8``, or ``mixed (...)`` when shards differ."""
-        layouts = sorted({s.layout for s in self.shards})
-        return layouts[0] if len(layouts) == 1 else f"mixed ({', '.join(layouts)})"
+        """``pairs``, ``planar64-v8``, or ``mixed (...)`` when shards differ; ``... + sidecar planar64-v8`` when
+        the routed experts are in a planar sidecar."""
+        main = sorted({s.layout for s in self.shards if s.path not in self.sidecar})
+        side = f"sidecar {planar_sidecar.CODES}" if self.sidecar else ""
+        if not main:
+            return side
+        text = main[0] if len(main) == 1 else f"mixed ({', '.join(main)})"
+        return f"{text} + {side}" if side else text
 
     @property
     def total_bytes(self) -> int:
@@ -200,6 +224,7 @@ class InspectReport:
             "path": self.path,
             "layout": self.layout,
             "index": self.index,
+            "sidecar": list(self.sidecar),
             "config_checked": self.config_checked,
             "total_bytes": self.total_bytes,
             "shards": [asdict(s) for s in self.shards],
@@ -254,6 +279,7 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
         config_checked=model.config is not None,
         index=model.index is not None,
         warnings=model.warnings,
+        sidecar=[str(s.path) for s in model.sidecar],
     )
 
 

@@ -3,8 +3,10 @@
 Checks, in order: every shard's header is valid and the index covers exactly the tensors present; every
 tensor resolves to one format from its bytes (docs/FORMATS.md §3); every scale tensor is finite (F32 ``.qs``) or
 not the E8M0 NaN byte (mxfp4); and, when the folder has a ``colitools.json`` manifest, the conversion is
-complete and every recorded file has the recorded size and sha256. Problems are collected (not raised) so one
-run reports all of them; a folder that cannot be opened at all raises ``FormatError``.
+complete and every recorded file has the recorded size and sha256. With a planar sidecar
+(``experts-int4g64/``, FORMATS-SPEC §4) its index and layer files are checked too (``_check_sidecar``), and its
+layer files resolve with the main shards as the home of the routed experts. Problems are collected (not raised)
+so one run reports all of them; a folder that cannot be opened at all raises ``FormatError``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError
 from colitools.formats.inspect import open_model
+from colitools.formats.planar_sidecar import check_sidecar
 
 
 @dataclass
@@ -59,24 +62,34 @@ def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progr
     """Verify the converted folder (or single file) at ``path``; see the module docstring."""
     root = Path(path)
     report = ContainerReport(str(root))
-    model = open_model(root)  # raises FormatError for an unreadable container: nothing else can be checked
-    report.shards = len(model.shards)
+    model = open_model(root, sidecar=False)  # FormatError for an unreadable container: nothing else can be checked
+    side = _check_sidecar(root, report) if root.is_dir() else []
+    shards = model.shards + side
+    report.shards = len(shards)
     report.warnings.extend(model.warnings)
     try:
-        resolved = resolve_container(model.shards, config=model.config)
+        resolved = resolve_container(shards, config=model.config)
     except ColitoolsError as exc:
         report.problems.append(str(exc))
         resolved = {}
     report.tensors = len(resolved)
-    shard_by_name = {s.path.name: s for s in model.shards}
+    shard_by_name = {str(s.path): s for s in shards}
     for t in resolved.values():
         if t.kind in ("quantized", "float") and t.format is not None:
             report.formats[t.format.label] = report.formats.get(t.format.label, 0) + 1
         if t.kind == "scale":
-            _check_scale(shard_by_name[Path(t.file).name], t.name, t.dtype, report)
+            _check_scale(shard_by_name[t.file], t.name, t.dtype, report)
     if root.is_dir():
         _check_manifest(root, report, hashes=hashes, progress=progress)
     return report
+
+
+def _check_sidecar(root: Path, report: ContainerReport) -> list:
+    """The planar sidecar's own checks (``planar_sidecar.check_sidecar``: index keys and values, complete and
+    done, raw headers, records); returns its layer files that opened, for the container checks."""
+    files, problems = check_sidecar(root)
+    report.problems.extend(problems)
+    return files
 
 
 def _check_scale(shard: Any, name: str, dtype: str, report: ContainerReport) -> None:

@@ -30,7 +30,13 @@ def convert_command(
         None, "--mtp", help="MTP layers, index >= num_hidden_layers (default int8-row)."
     ),
     group_size: int | None = typer.Option(None, "--group-size", help="Group size of int4-grouped choices."),
-    layout: str = typer.Option(layouts.PAIRS.option, "--layout", help=f"Expert layout: {_LAYOUTS}."),
+    layout: str = typer.Option(
+        layouts.PAIRS.option,
+        "--layout",
+        help=f"Expert layout: {_LAYOUTS}. planar writes the routed experts only to the experts-int4g64/ sidecar "
+        "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
+        "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there.",
+    ),
     min_free_gb: float = typer.Option(
         5.0, "--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."
     ),

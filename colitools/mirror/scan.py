@@ -9,6 +9,10 @@ map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale       (their E8M0 scales)
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale_inv   (FP8 block scales of a source)
 
+With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g64/layer-NNN.safetensors``
+(FORMATS-SPEC §4): ``discover_shards`` scans those files too, named by their path relative to the model folder
+(``experts-int4g64/layer-003.safetensors``), so their bytes count as expert bytes.
+
 Shared experts (``mlp.shared_experts.``, ``mlp.shared_expert.``) and routers are not routed experts. The
 engine assigns an expert to a drive by its *routed tensor*, the first one it reads: ``gate_proj.weight``
 (``gate_proj.weight_packed`` for mxfp4), ``w1`` / ``w1.weight``, or ``w1.weight_packed``.
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.errors import MirrorError
-from colitools.formats import model_config
+from colitools.formats import model_config, planar_sidecar
 from colitools.formats.errors import ConfigError
 from colitools.formats.filenames import shard_files
 from colitools.formats.names import EXPERTS, MOE_BLOCKS, SUFFIXLESS_PROJECTIONS, parse_name
@@ -49,7 +53,7 @@ _EXPERT_SUFFIXES = frozenset(
     {"", "weight", "weight.qs", "qs", "weight_packed", "weight_scale", "weight_scale_inv"}
 )
 
-PLANAR_LAYOUT = "planar64-v8"
+PLANAR_LAYOUT = planar_sidecar.CODES  # "planar64-v8"
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,11 @@ class ShardExperts:
     layout: str = "pairs"  # "pairs" or the declared "planar64-v8"
 
 
-def scan_shard(path: str | os.PathLike) -> ShardExperts:
-    """Parse one shard's header (strictly, docs/FORMATS.md §1) and sum its routed-expert bytes per expert."""
+def scan_shard(path: str | os.PathLike, name: str | None = None) -> ShardExperts:
+    """Parse one shard's header (strictly, docs/FORMATS.md §1) and sum its routed-expert bytes per expert.
+    ``name``: the shard's name in the plan (default the file name; a sidecar file's is its relative path)."""
     path = Path(path)
+    shard_name = name or path.name
     with SafetensorsFile(path) as st:
         expert_bytes: dict[ExpertKey, int] = {}
         routed: set[ExpertKey] = set()
@@ -110,8 +116,22 @@ def scan_shard(path: str | os.PathLike) -> ShardExperts:
             if tensor.routed:
                 routed.add(tensor.key)
         layout = st.metadata.get("colitools.layout", "pairs")
+        if planar_sidecar.is_sidecar_file(shard_name):
+            layout = PLANAR_LAYOUT  # the sidecar's codes (its __metadata__ names colibri's format instead)
         size = st.file_size
-    return ShardExperts(path.name, path, size, expert_bytes, frozenset(routed), layout)
+    return ShardExperts(shard_name, path, size, expert_bytes, frozenset(routed), layout)
+
+
+def sidecar_shard_files(directory: str | os.PathLike) -> list[tuple[str, Path]]:
+    """The planar sidecar's layer files of a model (or mirror) folder: ``(relative name, path)``, sorted."""
+    folder = planar_sidecar.sidecar_dir(directory)
+    if not folder.is_dir():
+        return []
+    return [
+        (f"{planar_sidecar.SIDECAR_DIR}/{p.name}", p)
+        for p in shard_files(folder)
+        if planar_sidecar.layer_of_file(p.name) is not None
+    ]
 
 
 def discover_shards(
@@ -126,12 +146,12 @@ def discover_shards(
         directory = Path(directory)
         if not directory.is_dir():
             raise MirrorError(f"shard directory does not exist: {directory}")
-        for path in shard_files(directory):
-            if path.name in found:
+        for name, path in [(p.name, p) for p in shard_files(directory)] + sidecar_shard_files(directory):
+            if name in found:
                 if warnings is not None:
-                    warnings.append(f"duplicate shard {path.name} in {directory} ignored (first copy is used)")
+                    warnings.append(f"duplicate shard {name} in {directory} ignored (first copy is used)")
                 continue
-            found[path.name] = scan_shard(path)
+            found[name] = scan_shard(path, name)
     if not found:
         where = ", ".join(str(Path(d)) for d in directories)
         raise MirrorError(f"no *.safetensors shards found in {where}")

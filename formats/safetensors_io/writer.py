@@ -104,15 +104,22 @@ def _starts(checked: Sequence[tuple[str, str, tuple[int, ...], int]]) -> list[in
     return starts
 
 
-def _plan_layout(where: str, entries: Iterable[Entry], metadata: Mapping[str, str] | None) -> _Layout:
-    """The exact header bytes and offsets for ``entries`` written in order (docs/FORMATS.md §1, writers)."""
+def _plan_layout(
+    where: str, entries: Iterable[Entry], metadata: Mapping[str, str] | None, metadata_last: bool = False
+) -> _Layout:
+    """The exact header bytes and offsets for ``entries`` written in order (docs/FORMATS.md §1, writers).
+
+    ``metadata_last`` puts ``__metadata__`` after the tensor entries (the planar sidecar's layer files,
+    FORMATS-SPEC §4, the one exception to §1)."""
     checked = _validated_entries(where, entries)
     header: dict[str, Any] = {}
     meta = _validated_metadata(where, metadata)
-    if meta is not None:
+    if meta is not None and not metadata_last:
         header[METADATA_KEY] = meta  # first: readers that scan the header see the metadata before tensors
     for (name, dtype, shape, nbytes), begin in zip(checked, _starts(checked), strict=True):
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, begin + nbytes]}
+    if meta is not None and metadata_last:
+        header[METADATA_KEY] = meta
     try:
         raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -150,6 +157,8 @@ class SafetensorsWriter:
         path: str | os.PathLike[str],
         entries: Sequence[Entry],
         metadata: Mapping[str, str] | None = None,
+        *,
+        metadata_last: bool = False,
     ) -> None:
         self.path = pathlib.Path(path)
         self.temp_path = temp_name(self.path)
@@ -157,7 +166,7 @@ class SafetensorsWriter:
         self._fd: int | None = None
         self._state = "aborted"  # until our temporary file exists, there is nothing to clean up
         self._next = 0
-        layout = _plan_layout(self._where, entries, metadata)
+        layout = _plan_layout(self._where, entries, metadata, metadata_last)
         self.tensors: dict[str, TensorInfo] = layout.tensors
         """The planned tensors in write order (absolute offsets)."""
         self._order = list(layout.tensors.values())
@@ -186,9 +195,11 @@ class SafetensorsWriter:
         return sum(nbytes for *_, nbytes in _validated_entries("<planned file>", entries))
 
     @staticmethod
-    def file_size(entries: Iterable[Entry], metadata: Mapping[str, str] | None = None) -> int:
+    def file_size(
+        entries: Iterable[Entry], metadata: Mapping[str, str] | None = None, *, metadata_last: bool = False
+    ) -> int:
         """Exact size of the file a writer produces for ``entries`` and ``metadata`` (header included)."""
-        return _plan_layout("<planned file>", entries, metadata).file_size
+        return _plan_layout("<planned file>", entries, metadata, metadata_last).file_size
 
     # -- writing --
 

@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from colitools.formats import container
 from colitools.formats.planar import pairs_to_planar
+from colitools.formats.planar_sidecar import open_sidecar
 from colitools.formats.registry import by_name
 from colitools.formats.safetensors_io import SafetensorsFile
 
@@ -23,6 +24,7 @@ COMPARED = (
     "config.json",
     "generation_config.json",
     "tokenizer*",
+    "experts-int4g64/*",  # the planar sidecar: layer files and index.json
 )
 
 
@@ -51,8 +53,9 @@ def source_weight(tensors: dict[str, np.ndarray], out_name: str, block=(128, 128
 
 
 def open_output(out: Path) -> list[SafetensorsFile]:
+    """The main shards the index names, then the planar sidecar's layer files (the routed experts' home)."""
     index = json.loads((out / "model.safetensors.index.json").read_text())
-    return [SafetensorsFile(out / f) for f in sorted(set(index["weight_map"].values()))]
+    return [SafetensorsFile(out / f) for f in sorted(set(index["weight_map"].values()))] + open_sidecar(out)
 
 
 def check_output(
@@ -63,12 +66,12 @@ def check_output(
     files = open_output(out)
     config = json.loads((out / "config.json").read_text())
     resolved = container.resolve_container(files, config=config)
-    by_file = {f.path.name: f for f in files}
+    by_file = {str(f.path): f for f in files}
     seen = set()
     for name, r in resolved.items():
         if r.kind == "scale":
             continue
-        f = by_file[Path(r.file).name]
+        f = by_file[r.file]
         label = r.format.label if r.format else None
         want = expected_formats.get(name)
         if want is not None:
@@ -113,19 +116,23 @@ def check_output(
             )
     for name in expected_formats:
         assert name in seen, f"{name} missing from the output"
-    # conformance: safetensors' own reader loads every file
+    # conformance: safetensors' own reader loads every file; the index covers the main shards only (no sidecar)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     total = 0
+    main = [f for f in files if f.path.parent == out]
     for f in files:
         with safe_open(str(f.path), framework="numpy") as sf:
             assert set(sf.keys()) == set(f.tensors)
             for name, info in f.tensors.items():
-                total += info.nbytes
-                assert index["weight_map"][name] == f.path.name
+                if f in main:
+                    total += info.nbytes
+                    assert index["weight_map"][name] == f.path.name
+                else:
+                    assert name not in index["weight_map"]
                 if info.dtype != "BF16":
                     assert sf.get_tensor(name).shape == tuple(info.shape)
     assert index["metadata"]["total_size"] == total
-    assert set(index["weight_map"]) == {n for f in files for n in f.tensors}
+    assert set(index["weight_map"]) == {n for f in main for n in f.tensors}
     for f in files:
         f.close()
     return resolved
@@ -136,7 +143,7 @@ def snapshot(out: Path) -> dict[str, bytes]:
     files = {}
     for pattern in COMPARED:
         for p in out.glob(pattern):
-            files[p.name] = p.read_bytes()
+            files[str(p.relative_to(out))] = p.read_bytes()
     manifest = json.loads((out / "colitools.json").read_text())
     manifest.pop("run", None)
     files["colitools.json without run"] = json.dumps(manifest, sort_keys=True).encode()
@@ -145,4 +152,6 @@ def snapshot(out: Path) -> dict[str, bytes]:
 
 def listing(out: Path) -> list[str]:
     """Every entry of the folder, hidden ones included (no leftovers allowed)."""
-    return sorted(p.name for p in out.iterdir())
+    side = out / "experts-int4g64"
+    inner = [f"{side.name}/{p.name}" for p in side.iterdir()] if side.is_dir() else []
+    return sorted([p.name for p in out.iterdir()] + inner)

@@ -110,7 +110,9 @@ def test_fused_bf16_experts_and_planar_layout(tmp_path):
         tmp_path / "out", tensors, {"model.layers.1.mlp.experts.2.down_proj.weight": "int4-row"}
     )
     planar = {r.file for r in resolved.values() if r.layout == "planar64-v8"}
-    assert len(planar) == 2  # one experts shard per MoE layer
+    side = tmp_path / "out/experts-int4g64"
+    assert planar == {str(side / "layer-000.safetensors"), str(side / "layer-001.safetensors")}  # one per MoE layer
+    assert all(r.layout == "pairs" for r in resolved.values() if ".experts." not in r.name)
     assert len(json.loads((tmp_path / "out/colitools.json").read_text())["shards"]) == 5
 
 

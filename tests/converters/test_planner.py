@@ -93,18 +93,29 @@ def test_metadata_shapes_cover_every_quantized_weight():
     assert list(shapes) == sorted(shapes)
 
 
-def test_planar_layer_writes_a_separate_experts_shard():
+def test_planar_layer_writes_its_experts_to_the_sidecar():
     plan = plan_conversion(_inventory(), Recipe(layout="planar"))
     layer = plan.units[1]
     assert len(layer.files) == 2 and len(plan.files) == 5
     rest, experts = layer.files
-    assert experts.planar and experts.metadata["colitools.layout"] == "planar64-v8"
+    assert experts.planar and experts.sidecar_layer == 0
+    assert experts.name == "experts-int4g64/layer-000.safetensors"
+    assert experts.metadata == {"format": "colibri.qwen38.experts-int4g64", "version": "1", "layer": "0"}
     assert all(".experts." in n for n, _, _ in experts.entries)
     assert not any(".experts." in n for n, _, _ in rest.entries)
-    assert [f.name for f in plan.files][1:3] == [
-        "model-00002-of-00005.safetensors",
-        "model-00003-of-00005.safetensors",
+    # main shards are numbered among themselves; the sidecar files are not counted
+    assert [f.name for f in plan.main_files] == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+    assert [f.name for f in plan.sidecar_files] == [f"experts-int4g64/layer-00{L}.safetensors" for L in (0, 1)]
+    # one record per expert: gate, up, down codes then their scales, one F32 per (row, 64-block)
+    names = [n for n, _, _ in experts.entries]
+    x = "model.layers.0.mlp.experts.0"
+    assert names[:6] == [f"{x}.{p}_proj.weight" for p in ("gate", "up", "down")] + [
+        f"{x}.{p}_proj.weight.qs" for p in ("gate", "up", "down")
     ]
+    entries = {n: (d, s) for n, d, s in experts.entries}
+    assert entries[f"{x}.gate_proj.weight.qs"] == ("F32", (I, H // 64))
+    assert entries[f"{x}.down_proj.weight.qs"] == ("F32", (H, I // 64))  # int4-row: its scale per 64-block
+    assert experts.size == SafetensorsWriter.file_size(experts.entries, experts.metadata, metadata_last=True)
 
 
 def test_planar_is_refused_before_work_naming_the_tensor():
