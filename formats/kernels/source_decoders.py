@@ -110,5 +110,7 @@ def decode_mxfp8(q: np.ndarray, scale: np.ndarray, I: int) -> np.ndarray:
     O = q.shape[0]
     out = np.empty((O, I), F32)
     if O * I:
-        _run_rows(_mxfp8_rows, (_rows(q, I), _rows(scale, scale.size // O), E4M3_TO_F32, _E8M0_F32, out), O, I)
+        _run_rows(
+            _mxfp8_rows, (_rows(q, I), _rows(scale, scale.size // O), E4M3_TO_F32, _E8M0_F32, out), O, I
+        )
     return out

@@ -47,7 +47,7 @@ def test_pack_quantized_kernel_is_reference(data, O, I, g, sdtype):
     packed = arrays(draw, (O, -(-I // 8)), np.int64, -(2**31), 2**31 - 1).astype(np.int32)
     dt = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "F16": np.float16}[sdtype]
     seed = draw(st.integers(0, 2**32 - 1))
-    scale = (np.random.default_rng(seed).standard_normal((O, -(-I // g))) * 10.0 ** draw(st.integers(-30, 4)))
+    scale = np.random.default_rng(seed).standard_normal((O, -(-I // g))) * 10.0 ** draw(st.integers(-30, 4))
     scale = scale.astype(np.float32).astype(dt)
     want = ref.decode_pack_quantized(packed, scale, I, g)
     same_bits(fast.decode_pack_quantized(packed, scale, I, g), want)
