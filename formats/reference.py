@@ -327,3 +327,26 @@ def decode_mxfp8(q: np.ndarray, scale: np.ndarray, I: int) -> np.ndarray:
     s = np.repeat(E8M0_TO_F32[np.asarray(scale, dtype=np.uint8).reshape(O, -1)], MXFP8_BLOCK, axis=1)[:, :I]
     with np.errstate(invalid="ignore", over="ignore"):
         return v * s
+
+
+def decode_pack_quantized_general(
+    packed: np.ndarray,
+    scale: np.ndarray,
+    I: int,
+    g: int,
+    zero_point: np.ndarray | None = None,
+    g_idx: np.ndarray | None = None,
+) -> np.ndarray:
+    """INT4 ``pack-quantized``, asymmetric and/or act-order: ``(f32(q) - f32(z)) * f32(s)`` as compressed-tensors
+    computes it (float32 scales). ``zero_point`` I32 ``[ceil(O/8), G]`` is packed along the rows (``q + 8``,
+    lowest bits first); ``g_idx`` I32 ``[I]`` gives each input's group (default ``i // g``)."""
+    O = packed.shape[0]
+    q = unpack_nibbles(np.ascontiguousarray(packed).astype("<i4", copy=False).view(np.uint8), I)
+    v = q.astype(F32) - F32(8)
+    s = np.asarray(scale).astype(F32).reshape(O, -1)
+    cols = np.arange(I) // g if g_idx is None else np.asarray(g_idx).astype(np.int64).reshape(I)
+    if zero_point is not None:
+        zp = np.ascontiguousarray(np.asarray(zero_point).astype("<i4").T)  # [G, ceil(O/8)]
+        z = unpack_nibbles(zp.view(np.uint8), O).T.astype(F32) - F32(8)  # [O, G]
+        v = v - z[:, cols]
+    return v * s[:, cols]
