@@ -328,3 +328,26 @@ def test_companion_without_weight_is_refused(tmp_path):
     write_safetensors(tmp_path / "src/model.safetensors", t)
     with pytest.raises(ConvertError, match="down_proj_scales: companion without its weight"):
         convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(dry_run=True))
+
+
+# ------------------------------------------------------------------- the producer-made INT4 checkpoint
+PRODUCER_INT4 = Path(__file__).resolve().parents[2] / "oracles/quant_vectors/int4_pack_quantized"
+
+
+def test_compressed_tensors_checkpoint_native_is_lossless(tmp_path):
+    """``oracles/quant_vectors/int4_pack_quantized``: experts compressed by compressed-tensors itself (bfloat16
+    scales); ``expect.safetensors`` its own decompression (bfloat16). Native keeps codes and scales; every
+    decoded element, rounded to the producer's bfloat16, is the producer's value."""
+    from colitools.formats.safetensors_io import SafetensorsFile
+
+    s = convert(str(PRODUCER_INT4), tmp_path / "out", ConvertOptions(experts="native"))
+    assert s.fallbacks == []
+    f = SafetensorsFile(PRODUCER_INT4 / "expect.safetensors")
+    expect = {n: f.read(n) for n in f.tensors}
+    f.close()
+    got = decoded_output(tmp_path / "out")
+    assert {k for k in got if ".experts." in k} == set(expect) and len(expect) == 6
+    for name, theirs in expect.items():
+        label, w, _, _ = got[name]
+        assert label == ("int4-row" if w.shape[1] <= 32 else "int4-g32"), (name, label)
+        assert np.array_equal(w.astype(BF16).view(np.uint16), theirs.view(np.uint16)), name
