@@ -34,7 +34,7 @@ def test_mxfp4_blocks_kernel_is_reference(data, E, O, B, narrow):
     same_bits(fast.decode_mxfp4_blocks(blocks, scales), ref.decode_mxfp4_blocks(blocks, scales))
     # the native repacking is the same bytes: decoding it as the mxfp4 format gives the same values
     packed = ref.mxfp4_blocks_to_packed(blocks).reshape(-1, B * 16)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # E8M0 0xFF: inf / NaN
         got = ref.decode_mxfp4(packed, scales.reshape(-1, B), E * O, B * 32)
     same_bits(got.reshape(E, O, B * 32), ref.decode_mxfp4_blocks(blocks, scales))
 
