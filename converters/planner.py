@@ -18,13 +18,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from colitools.converters import recipe as rc
-from colitools.converters.inventory import Inventory, SourceTensor, natural_key
+from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
 from colitools.errors import ConvertError
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
@@ -75,6 +76,8 @@ class TensorJob:
             return self.source.nbytes + self.source.scale_nbytes
         _, r0, r1 = self.fused_rows
         E, rows, cols = self.source.shape
+        if self.source.quant is not None:  # a natively quantized slab: its share of every companion
+            return self.source.nbytes * (r1 - r0) // max(E * rows, 1)
         share = self.source.scale_nbytes * (r1 - r0) // max(E * rows, 1)
         return (r1 - r0) * cols * itemsize(self.source.dtype) + share
 
@@ -84,10 +87,7 @@ class TensorJob:
 
     @cached_property
     def shards(self) -> set[str]:
-        s = {self.source.shard}
-        if self.source.scale is not None:
-            s.add(self.source.scale.shard)
-        return s
+        return self.source.shards
 
 
 def _entry_nbytes(entry: Entry) -> int:
@@ -302,6 +302,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             files.append((groups, sidecar.layer_metadata(ukey[2]), ukey[2]))
         drafts.append((key, files))
 
+    _say_native_decoded(fallbacks)
     total = sum(1 for _, f in drafts for *_, layer in f if layer is None)
     units, k, layers = [], 0, {}
     for key, files in drafts:
@@ -322,13 +323,25 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     return ConversionPlan(units, recipe, inventory, fallbacks)
 
 
+def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
+    """One line on stderr, before any work, when ``native`` decodes natively quantized tensors instead of
+    keeping them (asymmetric / act-order INT4, NVFP4, MXFP8); the manifest lists each as a fallback."""
+    decoded = [f for f in fallbacks if f.requested == rc.NATIVE_OPTION]
+    if decoded:
+        kinds = sorted({f.reason.split(";")[0].removeprefix(f"{rc.NATIVE_DECODED}: ") for f in decoded})
+        sys.stderr.write(
+            f"native: {len(decoded)} natively quantized tensor(s) decoded instead of kept ({'; '.join(kinds)}), "
+            f"e.g. {decoded[0].tensor} -> {decoded[0].written}; listed in the manifest's fallbacks\n"
+        )
+
+
 def _jobs_for(src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block) -> list[TensorJob]:
     option = recipe.option_for(role)
     block = fp8_block if src.scale is not None else None
     if len(src.shape) == 3:  # fused experts, split per expert (§4)
         jobs = []
         E, _, cols = src.shape
-        kind = rc.SourceKind(src.dtype, block, fused=True)
+        kind = source_kind(src, block, fused=True)
         for sl in rc.split_fused(src.name, src.shape):
             O, I = sl.row1 - sl.row0, cols
             target = rc.choose_target(sl.out_name, role, option, O, I, kind)
@@ -342,7 +355,7 @@ def _jobs_for(src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block) ->
     else:  # 0-D and 1-D tensors: F32, logical shape irrelevant
         O, I = 1, max(int(src.shape[0]) if src.shape else 1, 1)
         shape = src.shape
-    target = rc.choose_target(src.name, role, option, O, I, rc.SourceKind(src.dtype, block))
+    target = rc.choose_target(src.name, role, option, O, I, source_kind(src, block))
     ex = rc.expert_of(src.name) if len(src.shape) == 2 else None
     return [
         TensorJob(

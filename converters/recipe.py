@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
 from colitools.formats import layouts, registry, resolver
-from colitools.formats.format_names import GROUPED_OPTION_PREFIX
+from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
     PROJECTION_ORDER,
     TensorRole,
@@ -290,6 +290,7 @@ class Target:
     gs: int | None = None
     stamp: str | None = None
     fallback: Fallback | None = None
+    native: bool = False  # the source's own quantization copied losslessly (``native``, §6)
 
     @property
     def format_class(self) -> type[Format]:
@@ -328,6 +329,9 @@ class SourceKind:
     dtype: str
     fp8_block: tuple[int, int] | None = None
     fused: bool = False
+    native: str | None = None  # natively quantized source kind (dequant.MXFP4 / INT4 / NVFP4 / MXFP8)
+    native_group: int | None = None  # inputs per scale of that encoding
+    native_exact: bool = True  # False: asymmetric / act-order INT4, NVFP4, MXFP8 (no format holds it exactly)
 
 
 def choose_target(name: str, role: Role, option: str, O: int, I: int, source: SourceKind) -> Target:
@@ -338,7 +342,10 @@ def choose_target(name: str, role: Role, option: str, O: int, I: int, source: So
     bytes would be ambiguous falls back instead. (The decision does not depend on the name: it is computed
     once per distinct ``(role, option, O, I, source)``, which keeps planning a 100k-tensor model fast.)"""
     routed = role is Role.EXPERT or expert_of(name) is not None  # MTP layers have routed experts too
-    target = _choose_target(routed, role is Role.FLOAT, option, O, I, source)
+    if option == NATIVE_OPTION and role is not Role.FLOAT:
+        target = _choose_native(routed, DEFAULT_OPTIONS[_ROLE_OPTION[role]], O, I, source)
+    else:
+        target = _choose_target(routed, role is Role.FLOAT, option, O, I, source)
     if target.fallback is not None:
         fb = target.fallback
         target = replace(target, fallback=Fallback(name, fb.requested, fb.written, fb.reason))
@@ -392,6 +399,48 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
     except FormatError as exc:
         return fallback(_reason(exc))
     return Target(fmt_name, gs, stamp)
+
+
+_ROLE_OPTION = {Role.EXPERT: "experts", Role.DENSE: "dense", Role.EMBED: "embed", Role.MTP: "mtp"}
+NATIVE_DECODED = "decoded"  # Fallback.reason prefix of a native tensor whose own form no format holds exactly
+
+
+@lru_cache(maxsize=4096)
+def _choose_native(expert: bool, default: str, O: int, I: int, source: SourceKind) -> Target:
+    """``native`` (§6): keep the source's own quantization where a format holds it exactly — FP8 128x128 blocks
+    -> fp8, MXFP4 -> mxfp4 (nibbles and E8M0 bytes copied), symmetric INT4 group ``g`` -> int4-grouped gs ``g``
+    (int4-row when ``I <= g``; int8-row when gs ``g`` would not resolve back). Anything else gets the option's
+    ``default`` on its decoded values; a natively quantized source that is decoded so carries a Fallback."""
+
+    def decoded(what: str) -> Target:
+        t = _choose_target(expert, False, default, O, I, source)
+        if t.fallback is not None:  # the default itself fell back: that reason is the one to record
+            return t
+        reason = f"{NATIVE_DECODED}: {what}, no format holds it exactly; written as {t.label}"
+        return replace(t, fallback=Fallback("", NATIVE_OPTION, t.label, reason))
+
+    if source.native is None:
+        if source.fp8_block == (128, 128) and not source.fused:
+            return _choose_target(expert, False, "fp8", O, I, source)
+        return _choose_target(expert, False, default, O, I, source)
+    kind, g = source.native, source.native_group
+    if not source.native_exact:
+        what = {"int4": "asymmetric or act-order INT4"}.get(kind, kind.upper())
+        return decoded(f"{what} source")
+    if kind == "mxfp4":
+        t = _choose_target(expert, False, "mxfp4", O, I, source)
+        return t if t.fallback is not None else replace(t, native=True)
+    if kind == "int4":
+        if g is not None and I <= g:
+            t = _choose_target(expert, False, registry.Int4Row.name, O, I, source)
+        elif g in GROUP_SIZES and writer_group_size(I, g) == g:
+            t = _choose_target(expert, False, f"{GROUPED_OPTION_PREFIX}{g}", O, I, source)
+        else:
+            t = _choose_target(expert, False, FALLBACK_FORMAT, O, I, source)
+            reason = f"INT4 group size {g} at I = {I} would not resolve back as int4-grouped; decoded"
+            return replace(t, fallback=Fallback("", NATIVE_OPTION, FALLBACK_FORMAT, reason))
+        return t if t.fallback is not None else replace(t, native=True)
+    return decoded(f"{kind.upper()} source")  # pragma: no cover - nvfp4 / mxfp8 are never exact
 
 
 def _reason(exc: FormatError) -> str:

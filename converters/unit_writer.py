@@ -32,10 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from colitools.converters import dequant as dq
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, TensorJob, Unit
 from colitools.errors import ConvertError
 from colitools.formats import kernels, planar_sidecar
+from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
@@ -108,6 +110,25 @@ class ShardReader:
                 got += k
         return buf.view(dt).reshape(r1 - r0, cols)  # safetensors data is little-endian
 
+    def read_slab_rows(self, part, e: int, r0: int, r1: int) -> np.ndarray:
+        """Rows ``[r0, r1)`` of slab ``e`` of companion ``part`` ``[E, rows, ...]`` (one positional read)."""
+        E, rows, *rest = part.shape
+        cols = int(np.prod(rest, dtype=np.int64))
+        f, info = self._info(part.shard, part.name, part.dtype, part.shape)
+        dt = numpy_dtype(part.dtype)
+        offset = info.begin + (e * rows + r0) * cols * dt.itemsize
+        n = (r1 - r0) * cols * dt.itemsize
+        buf = np.empty(n, np.uint8)
+        view = memoryview(buf)
+        with open(f.path, "rb", buffering=0) as fh:
+            got = 0
+            while got < n:
+                k = os.preadv(fh.fileno(), [view[got:]], offset + got)
+                if k <= 0:
+                    raise ConvertError(f"tensor {part.name}: short read in {f.path} at byte {offset + got}")
+                got += k
+        return buf.view(dt).reshape(r1 - r0, *rest)
+
     def close(self) -> None:
         for f in self._open.values():
             f.close()
@@ -118,6 +139,14 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
     """The job's source values (exact dtype, 2-D ``[O, I]`` or the 0/1-D shape) and its FP8 scale grid rows."""
     src = job.source
     scale = None
+    if src.quant is not None:  # natively quantized: every companion, cut to the job's rows
+        parts = {}
+        for role, part in src.quant.parts:
+            if job.fused_rows is None or role == "scale_2":
+                parts[role] = reader.read(part.shard, part.name, part.dtype, part.shape)
+            else:
+                parts[role] = reader.read_slab_rows(part, *job.fused_rows)
+        return parts, None
     if job.fused_rows is None:
         values = reader.read(src.shard, src.name, src.dtype, src.shape)
         if src.scale is not None:
@@ -166,6 +195,9 @@ def encode_job(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values."""
     t = job.target
+    if job.source.quant is not None:
+        codes, scales = _encode_native(job, values)
+        return (kernels.pairs_to_planar(codes) if planar and scales is not None else codes), scales
     if t.is_passthrough:  # fp8-e4m3-b128: bytes unchanged, .qs = weight_scale_inv as F32
         return np.ascontiguousarray(values).view(np.uint8), np.asarray(scale).astype(np.float32)
     if t.is_float:
@@ -182,6 +214,43 @@ def encode_job(
     if planar:
         codes = kernels.pairs_to_planar(codes)
     return codes, scales
+
+
+def _encode_native(job: TensorJob, parts: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    """A natively quantized source tensor (§5, §6): its own bytes copied when the target keeps them
+    (``native``: MXFP4 nibbles and E8M0 bytes; INT4 codes repacked into pairs with scales widened exactly to
+    F32), else decoded to float32 by the fast kernels and encoded (or stored as a float tensor)."""
+    t, q, O, I = job.target, job.source.quant, job.O, job.I
+    name = job.out_name
+    if "shape" in parts:  # compressed-tensors weight_shape: the true [O, I] of the packed codes
+        got = [int(x) for x in np.asarray(parts["shape"]).reshape(-1)]
+        if got != list(job.source.shape):
+            raise ConvertError(
+                f"tensor {name}: weight_shape {got} does not match its packed codes {list(job.source.shape)}"
+            )
+    if t.native and q.kind == dq.MXFP4:
+        scale = np.ascontiguousarray(parts["scale"], dtype=np.uint8).reshape(O, I // 32)
+        if (scale == 0xFF).any():
+            raise ConvertError(
+                f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an MXFP4 source; cannot keep it"
+            )
+        return ref.mxfp4_blocks_to_packed(parts["data"].reshape(O, I // 32, 16)), scale
+    if t.native and q.kind == dq.INT4:
+        codes = ref.int32_nibbles_to_pairs(parts["data"].reshape(O, -1), I)
+        scales = np.asarray(parts["scale"]).astype(np.float32).reshape(O, -1)  # exact widening
+        return codes, (scales.reshape(O) if t.gs is None else np.ascontiguousarray(scales))
+    if q.kind == dq.INT4 and not q.exact:
+        w = ref.decode_pack_quantized_general(
+            parts["data"], parts["scale"], I, q.group, parts.get("zero_point"), parts.get("g_idx")
+        )
+    else:
+        w = dq.decode_native(q.kind, parts, O, I, q.group)
+    if not np.isfinite(w).all():
+        raise ConvertError(f"tensor {name}: the {q.kind} source decodes to NaN or inf (a NaN scale byte)")
+    if t.is_float:
+        w = w.reshape(job.shape)
+        return (encode_bf16(w) if t.is_bf16 else w), None
+    return t.format_class.encode(w, t.gs, name=name, fast=True)
 
 
 def _as_bytes(array: np.ndarray) -> memoryview:

@@ -9,10 +9,12 @@ from __future__ import annotations
 GROUP_SIZES: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_GROUP_SIZE = 64
 GROUPED_OPTION_PREFIX = "int4-g"  # int4-grouped as a recipe option: int4-g{gs}
+NATIVE_OPTION = "native"  # keep the source's own quantization where a format holds it exactly (§6)
 
 RECIPE_FORMAT_NAMES = (
     "f32", "bf16", "int8-row", "int4-row", "int2-row",
     *(f"{GROUPED_OPTION_PREFIX}{g}" for g in GROUP_SIZES), "int3-g64", "mxfp4", "fp8",
+    NATIVE_OPTION,
 )  # fmt: skip
 
 

@@ -250,3 +250,103 @@ def decode_fp8_b128(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np
 def encode_bf16(w: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16, round to nearest even (ml_dtypes' cast)."""
     return w.astype(ml_dtypes.bfloat16)
+
+
+# ----------------------------------------------------------------------- natively quantized sources (§5)
+# Decoders of the source encodings colitools reads (never writes): each returns float32 ``[..., O, I]`` and
+# uses the one E2M1 / E8M0 / e4m3fn tables above. E8M0 byte 0xFF decodes as 2^128 = inf (the table), so a
+# non-zero code gives +-inf and code 0 / 8 gives NaN, as the producers' decoders do; the converter refuses a
+# non-finite decoded weight and a native copy of a 0xFF scale (docs/FORMATS.md §5).
+NVFP4_BLOCK = 16
+MXFP8_BLOCK = 32
+
+
+def unpack_nibbles(packed: np.ndarray, I: int) -> np.ndarray:
+    """Nibbles (0..15) of a little-endian packed byte row ``[..., B]``: element ``2j`` = low nibble of byte
+    ``j``, ``2j + 1`` = high nibble; the first ``I`` elements ``[..., I]``."""
+    b = np.ascontiguousarray(packed).view(np.uint8)
+    codes = np.empty((*b.shape[:-1], 2 * b.shape[-1]), dtype=np.uint8)
+    codes[..., 0::2] = b & 0x0F
+    codes[..., 1::2] = b >> 4
+    return codes[..., :I]
+
+
+def decode_mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """gpt-oss MXFP4: ``blocks`` U8 ``[..., O, I/32, 16]``, ``scales`` U8 (E8M0) ``[..., O, I/32]`` ->
+    ``e2m1(nib) * 2^(e - 127)`` float32 ``[..., O, I]`` (one float32 multiply)."""
+    *lead, O, B, _ = blocks.shape
+    codes = unpack_nibbles(blocks.reshape(*lead, O, B * 16), B * 32)
+    s = E8M0_TO_F32[np.asarray(scales, dtype=np.uint8)]
+    with np.errstate(invalid="ignore", over="ignore"):  # E8M0 0xFF: inf / NaN, as documented
+        return E2M1_SIGNED[codes] * np.repeat(s, MXFP4_BLOCK, axis=-1)
+
+
+def mxfp4_blocks_to_packed(blocks: np.ndarray) -> np.ndarray:
+    """gpt-oss ``_blocks [..., O, I/32, 16]`` -> mxfp4 ``weight_packed [..., O, I/2]``: the same bytes (byte
+    ``j`` of block ``b`` holds elements ``32b + 2j`` (low) and ``32b + 2j + 1`` (high) in both)."""
+    *lead, O, B, K = blocks.shape
+    return np.ascontiguousarray(blocks, dtype=np.uint8).reshape(*lead, O, B * K)
+
+
+def int32_nibbles_to_pairs(packed: np.ndarray, I: int) -> np.ndarray:
+    """compressed-tensors ``weight_packed`` I32 ``[O, ceil(I/8)]`` (eight nibbles per int32, lowest bits
+    first) -> int4 pairs bytes ``[O, ceil(I/2)]``: the int32's little-endian bytes are already pairs; for odd
+    ``I`` the unused high nibble of the last byte is set to 8 (the pairs rule, §2.2)."""
+    b = np.ascontiguousarray(packed).astype("<i4", copy=False).view(np.uint8).reshape(packed.shape[0], -1)
+    out = np.ascontiguousarray(b[:, : ceil_div(I, 2)])
+    if I % 2:
+        out[:, -1] = (out[:, -1] & 0x0F) | 0x80
+    return out
+
+
+def decode_pack_quantized(packed: np.ndarray, scale: np.ndarray, I: int, g: int) -> np.ndarray:
+    """INT4 compressed-tensors ``pack-quantized`` (symmetric): ``weight_packed`` I32 ``[O, ceil(I/8)]``
+    storing ``q + 8``, ``weight_scale`` (BF16/F16/F32) ``[O, ceil(I/g)]`` -> ``f32(q) * f32(s)``."""
+    O = packed.shape[0]
+    q = unpack_nibbles(np.ascontiguousarray(packed).astype("<i4", copy=False).view(np.uint8), I)
+    v = q.astype(np.int8).astype(F32) - F32(8)
+    s = np.repeat(np.asarray(scale).astype(F32).reshape(O, -1), g, axis=1)[:, :I]
+    return v * s
+
+
+def decode_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray, I: int) -> np.ndarray:
+    """modelopt NVFP4: ``packed`` U8 ``[O, I/2]`` E2M1 (low nibble = even element), ``scale`` e4m3fn bytes
+    ``[O, I/16]``, ``scale_2`` F32 scalar -> ``e2m1(nib) * e4m3(scale) * scale_2`` (float32, left to right)."""
+    O = packed.shape[0]
+    codes = unpack_nibbles(packed.reshape(O, -1), I)
+    s = E4M3_TO_F32[np.ascontiguousarray(scale).view(np.uint8).reshape(O, -1)]
+    s = np.repeat(s, NVFP4_BLOCK, axis=1)[:, :I]
+    with np.errstate(invalid="ignore", over="ignore"):  # e4m3 NaN scale bytes give NaN, as documented
+        return (E2M1_SIGNED[codes] * s) * F32(np.asarray(scale_2, dtype=F32).reshape(()))
+
+
+def decode_mxfp8(q: np.ndarray, scale: np.ndarray, I: int) -> np.ndarray:
+    """MXFP8: e4m3fn bytes ``[O, I]``, E8M0 ``scale`` U8 ``[O, ceil(I/32)]`` -> ``e4m3(b) * 2^(e - 127)``."""
+    O = q.shape[0]
+    v = E4M3_TO_F32[np.ascontiguousarray(q).view(np.uint8).reshape(O, I)]
+    s = np.repeat(E8M0_TO_F32[np.asarray(scale, dtype=np.uint8).reshape(O, -1)], MXFP8_BLOCK, axis=1)[:, :I]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return v * s
+
+
+def decode_pack_quantized_general(
+    packed: np.ndarray,
+    scale: np.ndarray,
+    I: int,
+    g: int,
+    zero_point: np.ndarray | None = None,
+    g_idx: np.ndarray | None = None,
+) -> np.ndarray:
+    """INT4 ``pack-quantized``, asymmetric and/or act-order: ``(f32(q) - f32(z)) * f32(s)`` as compressed-tensors
+    computes it (float32 scales). ``zero_point`` I32 ``[ceil(O/8), G]`` is packed along the rows (``q + 8``,
+    lowest bits first); ``g_idx`` I32 ``[I]`` gives each input's group (default ``i // g``)."""
+    O = packed.shape[0]
+    q = unpack_nibbles(np.ascontiguousarray(packed).astype("<i4", copy=False).view(np.uint8), I)
+    v = q.astype(F32) - F32(8)
+    s = np.asarray(scale).astype(F32).reshape(O, -1)
+    cols = np.arange(I) // g if g_idx is None else np.asarray(g_idx).astype(np.int64).reshape(I)
+    if zero_point is not None:
+        zp = np.ascontiguousarray(np.asarray(zero_point).astype("<i4").T)  # [G, ceil(O/8)]
+        z = unpack_nibbles(zp.view(np.uint8), O).T.astype(F32) - F32(8)  # [O, G]
+        v = v - z[:, cols]
+    return v * s[:, cols]

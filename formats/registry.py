@@ -31,6 +31,7 @@ from colitools.formats.format_names import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
     GROUPED_OPTION_PREFIX,
+    NATIVE_OPTION,
     RECIPE_FORMAT_NAMES,
 )
 from colitools.formats.planar import PLANAR_BLOCK
@@ -569,4 +570,6 @@ def parse_format_option(option: str) -> FormatChoice:
     }  # fmt: skip
     if option in simple:
         return FormatChoice(option, simple[option], None)
+    if option == NATIVE_OPTION:  # no format of its own: the converter picks one per source tensor (§6)
+        return FormatChoice(option, None, None)
     raise FormatError(f"unknown format {option!r}; choose one of: {', '.join(RECIPE_FORMAT_NAMES)}")

@@ -1,0 +1,134 @@
+"""Benchmark of ``native`` passthrough of natively quantized experts (FORMATS-SPEC §6): MXFP4 (gpt-oss blocks ->
+mxfp4, nibbles and E8M0 bytes copied) and INT4 pack-quantized (-> int4-grouped gs 32, the int32 bytes are the
+pairs bytes, BF16 scales widened to F32). It should run at disk speed: the number printed next to the converter
+is a plain file copy (``shutil.copyfile``) of the same source bytes, measured in the same run, interleaved.
+
+GB/s are source bytes per second of the whole process (``python -m colitools convert --experts native``,
+startup, planning, hashing, fsync and manifest included) and of the copy (with an fsync, as the converter does).
+Checkpoints (~``--mb`` MB each, mostly routed experts) are generated under ``.bench-tmp/`` and deleted at the end.
+Usage: ``.venv/bin/python bench/native.py [--mb 512] [--runs 3] [--workdir DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from colitools.formats.safetensors_io import write_safetensors
+
+H, INTER, V = 2048, 1024, 1024
+
+
+def _base(rng, layers: int, E: int) -> tuple[dict, dict]:
+    t = {"model.embed_tokens.weight": np.zeros((V, H), ml_dtypes.bfloat16),
+         "lm_head.weight": np.zeros((V, H), ml_dtypes.bfloat16), "model.norm.weight": np.ones(H, ml_dtypes.bfloat16)}  # fmt: skip
+    for L in range(layers):
+        t[f"model.layers.{L}.mlp.gate.weight"] = np.zeros((E, H), ml_dtypes.bfloat16)
+        t[f"model.layers.{L}.input_layernorm.weight"] = np.ones(H, ml_dtypes.bfloat16)
+    cfg = {"hidden_size": H, "vocab_size": V, "num_hidden_layers": layers, "num_experts": E,
+           "moe_intermediate_size": INTER, "num_experts_per_tok": 2}  # fmt: skip
+    return t, cfg
+
+
+def make_mxfp4(folder: Path, mb: int) -> None:
+    rng = np.random.default_rng(0)
+    per_layer = 3 * INTER * H // 2 * 17 // 16  # bytes of one expert (codes + scales), times E below
+    E = 16
+    layers = max(1, mb * 2**20 // (per_layer * E))
+    t, cfg = _base(rng, layers, E)
+    for L in range(layers):
+        for kind, (O, I) in (("gate_up_proj", (2 * INTER, H)), ("down_proj", (H, INTER))):
+            base = f"model.layers.{L}.mlp.experts.{kind}"
+            t[base + "_blocks"] = rng.integers(0, 256, (E, O, I // 32, 16), dtype=np.uint8)
+            t[base + "_scales"] = rng.integers(118, 128, (E, O, I // 32), dtype=np.uint8)
+    _save(folder, t, {**cfg, "model_type": "qwen3_moe", "quantization_config": {"quant_method": "mxfp4"}})
+
+
+def make_int4(folder: Path, mb: int) -> None:
+    rng = np.random.default_rng(1)
+    E, g = 16, 32
+    per_expert = 3 * INTER * H // 2 * 18 // 16
+    layers = max(1, mb * 2**20 // (per_expert * E))
+    t, cfg = _base(rng, layers, E)
+    for L in range(layers):
+        for e in range(E):
+            for proj, (O, I) in (
+                ("gate_proj", (INTER, H)),
+                ("up_proj", (INTER, H)),
+                ("down_proj", (H, INTER)),
+            ):
+                base = f"model.layers.{L}.mlp.experts.{e}.{proj}"
+                t[base + ".weight_packed"] = rng.integers(
+                    -(2**31), 2**31, (O, I // 8), dtype=np.int64
+                ).astype(np.int32)
+                t[base + ".weight_scale"] = (rng.random((O, I // g)) * 0.01 + 1e-4).astype(ml_dtypes.bfloat16)
+                t[base + ".weight_shape"] = np.array([O, I], np.int64)
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": g}
+    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+          "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}  # fmt: skip
+    _save(folder, t, {**cfg, "model_type": "deepseek_v3", "n_routed_experts": E, "quantization_config": qc})
+
+
+def _save(folder: Path, tensors: dict, cfg: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_safetensors(folder / "model.safetensors", tensors)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "num_experts"
+                                                   or "n_routed_experts" not in cfg}))  # fmt: skip
+
+
+def convert_once(src: Path, out: Path) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "colitools", "convert", str(src), str(out), "--experts", "native"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return time.perf_counter() - t0
+
+
+def copy_once(src: Path, dst: Path) -> float:
+    dst.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    shutil.copyfile(src, dst)
+    fd = os.open(dst, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", type=Path, default=Path(__file__).resolve().parents[1] / ".bench-tmp")
+    ap.add_argument("--mb", type=int, default=512)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    work = args.workdir / "native"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        for kind, make in (("mxfp4", make_mxfp4), ("int4 pack-quantized", make_int4)):
+            src = work / kind.split()[0]
+            make(src, args.mb)
+            size = (src / "model.safetensors").stat().st_size
+            conv, cp = [], []
+            for _ in range(args.runs):  # interleaved
+                conv.append(convert_once(src, work / "out"))
+                cp.append(copy_once(src / "model.safetensors", work / "copy.safetensors"))
+            gb = size / 1e9
+            print(f"{kind}: {gb:.2f} GB source; convert --experts native best {gb / min(conv):.2f} GB/s "
+                  f"(median {gb / statistics.median(conv):.2f}); file copy best {gb / min(cp):.2f} GB/s "
+                  f"(median {gb / statistics.median(cp):.2f}); ratio copy/convert {min(conv) / min(cp):.2f}x")  # fmt: skip
+            shutil.rmtree(src)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
