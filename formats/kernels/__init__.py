@@ -24,10 +24,14 @@ Parallelism: the kernels are serial and release the GIL (``nogil``); ``_run_rows
 thread pool, using ``numba.get_num_threads()`` threads (so ``numba.set_num_threads`` / ``NUMBA_NUM_THREADS``
 apply). Unlike a ``prange`` kernel this is safe to call from several Python threads at once.
 
-Compile time: one specialisation per source (f32, bf16, fp8) for encoding, each dispatching on a format code,
-and one per decoder; all cached on disk (``cache=True``).
+Start-up and compile time: importing this package does not import numba. The entry points (``_dispatch``)
+send tensors below ``_dispatch.SMALL_ELEMS`` elements to the numpy reference (the same bytes), so a tiny
+conversion never loads a kernel; the numba modules are imported on the first large tensor. Kernels are cached
+on disk (``cache=True``): in the package's ``__pycache__``, or, when that is read-only (a site-packages
+install), numba's user-wide cache (``$XDG_CACHE_HOME/numba`` / ``~/.cache/numba``); ``NUMBA_CACHE_DIR``
+overrides both.
 
-Modules: ``_bits`` (JIT options, constants, bit intrinsics, shared inline helpers, e4m3 decode),
+Modules: ``_dispatch`` (the public entry points and their checks, numba-free), ``_bits`` (JIT options, constants, bit intrinsics, shared inline helpers, e4m3 decode),
 ``_threads`` (the row thread pool, ``_run_rows``), ``_row_encoders`` (float32 row encoders and the format
 dispatch), ``encoders`` (encode drivers per source and the public encoders), ``decoders`` (decoders, FP8
 dequant, planar64 reorder).
@@ -35,10 +39,17 @@ dequant, planar64 reorder).
 
 from __future__ import annotations
 
-from colitools.formats.kernels._bits import E4M3_TO_F32
-from colitools.formats.kernels.decoders import decode, dequant_fp8_block, pairs_to_planar, planar_to_pairs
-from colitools.formats.kernels.encoders import _reference_encode as _reference_encode
-from colitools.formats.kernels.encoders import encode, encode_from_bf16, encode_from_fp8_block
+from colitools.formats.kernels._dispatch import _reference_encode as _reference_encode
+from colitools.formats.kernels._dispatch import (
+    decode,
+    dequant_fp8_block,
+    encode,
+    encode_from_bf16,
+    encode_from_fp8_block,
+    pairs_to_planar,
+    planar_to_pairs,
+)
+from colitools.formats.reference import E4M3_TO_F32  # the one table, = _bits.E4M3_TO_F32
 
 __all__ = [
     "encode",

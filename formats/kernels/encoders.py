@@ -1,5 +1,6 @@
-"""Encode drivers per source (float32, BF16 bits, FP8 e4m3 bytes + block scales) and the public encoders
-``encode``, ``encode_from_bf16`` and ``encode_from_fp8_block``."""
+"""Encode drivers per source (float32, BF16 bits, FP8 e4m3 bytes + block scales) and the numba encoders
+``encode``, ``encode_from_bf16`` and ``encode_from_fp8_block`` (always the kernels; the package's entry points
+of the same names, in ``_dispatch``, send small tensors to the numpy reference instead)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import ml_dtypes
 import numpy as np
 
 from colitools.formats import reference as ref
-from colitools.formats import registry
-from colitools.formats.errors import EncodeError, FormatError
+from colitools.formats.errors import EncodeError
 from colitools.formats.kernels._bits import (
     _FLOOR,
     _H4,
@@ -26,6 +26,7 @@ from colitools.formats.kernels._bits import (
     inline,
     njit,
 )
+from colitools.formats.kernels._dispatch import _fp8_operands, _matrix, _reference_encode, _writable
 from colitools.formats.kernels._row_encoders import (
     _encode_row,
     _int4_blocks,
@@ -159,12 +160,7 @@ def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
     """Kernel code, effective group size, the output arrays the kernels fill (codes, f32 scales, u8
     scales) and the scales as returned (a view shaped as the registry's ``scale_grid``). Resolved once per
     call from the format class, outside the kernels."""
-    cls = registry.lookup(fmt_name)
-    if cls is None or not cls.writable:  # f32, fp8-e4m3-b128 (passthrough), e8-iq3-lattice
-        raise EncodeError(f"tensor {name or '?'}: format {fmt_name} cannot be written by colitools' encoders")
-    if cls.grouped and (not isinstance(gs, int | np.integer) or gs < 1):
-        raise FormatError(f"tensor {name or '?'}: {fmt_name} needs a positive group size, got {gs}")
-    cls.check_encodable(O, I, name=name)
+    cls = _writable(fmt_name, O, I, gs, name)
     codes = np.empty(cls.weight_shape(O, I, gs), np.uint8)
     grid = cls.scale_grid(O, I, gs)  # [O] (one per row), [O, G] or mxfp4's [O, I/32] E8M0 bytes
     per_row = int(np.prod(grid[1:], dtype=np.int64)) if len(grid) > 1 else 1
@@ -176,28 +172,12 @@ def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
     return cls.kernel_code, int(gs or 0), codes, sf, su, scales
 
 
-def _reference_encode(fmt_name: str, w: np.ndarray, gs: int | None) -> tuple[np.ndarray, np.ndarray]:
-    return registry.by_name(fmt_name)._encode_reference(w, gs)
-
-
 def _raise_nonfinite(w_f32: np.ndarray, name: str) -> None:
     """Error path only: the registry's exact message (first bad [o, i] and the count)."""
     from colitools.formats.registry import _check_finite
 
     _check_finite(w_f32, name)
     raise EncodeError(f"tensor {name or '?'}: non-finite value")  # pragma: no cover (kernel/ref disagree)
-
-
-def _matrix(a: np.ndarray, raw: type, exact: type, name: str) -> np.ndarray:
-    """A 2-D C-contiguous view of ``a`` as the raw integer dtype ``raw`` (``a`` is ``raw`` or ``exact``)."""
-    a = np.asarray(a)
-    if a.ndim != 2:
-        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(a.shape)}")
-    if a.dtype not in (np.dtype(raw), np.dtype(exact)):
-        raise EncodeError(
-            f"tensor {name or '?'}: expected {np.dtype(exact).name} or {np.dtype(raw).name}, got {a.dtype}"
-        )
-    return np.ascontiguousarray(a).view(raw)
 
 
 def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -232,27 +212,6 @@ def encode_from_bf16(
     if _run_rows(_encode_rows_bf16, (wb, fmt, g, codes, sf, su), O, I) >= 0:
         _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
     return codes, scales
-
-
-def _block(block) -> tuple[int, int]:
-    br, bc = (block, block) if isinstance(block, int | np.integer) else tuple(block)
-    if br < 1 or bc < 1:
-        raise FormatError(f"FP8 block size must be positive, got {block}")
-    return int(br), int(bc)
-
-
-def _fp8_operands(q, scale_inv, block, name: str):
-    q = _matrix(q, np.uint8, ml_dtypes.float8_e4m3fn, name)
-    br, bc = _block(block)
-    M, N = q.shape
-    grid = (ref.ceil_div(M, br), ref.ceil_div(N, bc))
-    s = np.ascontiguousarray(np.asarray(scale_inv).astype(F32))
-    if s.size != grid[0] * grid[1]:
-        raise EncodeError(
-            f"tensor {name or '?'}: FP8 scale_inv has shape {list(s.shape)}, expected {list(grid)} "
-            f"for [{M}, {N}] with {br}x{bc} blocks"
-        )
-    return q, s.reshape(grid), br, bc
 
 
 def encode_from_fp8_block(

@@ -23,6 +23,12 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 MAGNITUDES = [1.0, 0.02, 3e-3, 1e30, 3e38, 1e-30, 1e-40, 1e-44]  # huge, tiny and float32 subnormal scales
 
 
+@pytest.fixture(autouse=True)
+def _always_the_kernels(monkeypatch):
+    """These tests are about the numba kernels: no small-tensor shortcut to the reference (test_kernel_dispatch)."""
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+
+
 def reference_encode(fmt: str, w: np.ndarray, gs: int | None):
     return ref.encode_int4_grouped(w, gs) if fmt == "int4-grouped" else kernels._reference_encode(fmt, w, gs)
 

@@ -1,0 +1,180 @@
+"""The public entry points of the fast codecs, without numba until a tensor is big enough to need it.
+
+A tensor of fewer than ``SMALL_ELEMS`` elements is encoded / decoded by the numpy reference (``registry`` /
+``reference.py`` / ``planar.py``), which the kernels equal byte for byte by contract (property tests, and
+``tests/formats/test_kernel_dispatch.py`` for this switch): a conversion of a tiny model then neither imports
+numba nor compiles or loads a kernel (about 1 CPU-s saved per process, 16 CPU-s on a first run). Larger
+tensors go to the numba drivers in ``encoders`` / ``decoders``, imported on first use. Validation (dtype,
+shape, group size, FP8 grid, writable format) and the NaN/inf error message are the same on both paths.
+
+This module and ``__init__`` import nothing of numba: keep it so (``--help`` and tiny conversions stay fast).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from colitools.formats import planar, registry
+from colitools.formats import reference as ref
+from colitools.formats.errors import EncodeError, FormatError
+
+F32 = np.float32
+
+# Below this many elements the numpy reference runs instead of a kernel (same bytes). Tests that exercise the
+# kernels on small tensors set it to 0.
+SMALL_ELEMS = 1 << 16
+
+
+def _small(n: int) -> bool:
+    return n < SMALL_ELEMS
+
+
+# ------------------------------------------------------------------------------------------ validation
+def _writable(fmt_name: str, O: int, I: int, gs: int | None, name: str) -> type[registry.Format]:
+    """The format class, after the checks every encode path makes before any work."""
+    cls = registry.lookup(fmt_name)
+    if cls is None or not cls.writable:  # f32, fp8-e4m3-b128 (passthrough), e8-iq3-lattice
+        raise EncodeError(f"tensor {name or '?'}: format {fmt_name} cannot be written by colitools' encoders")
+    if cls.grouped and (not isinstance(gs, int | np.integer) or gs < 1):
+        raise FormatError(f"tensor {name or '?'}: {fmt_name} needs a positive group size, got {gs}")
+    cls.check_encodable(O, I, name=name)
+    return cls
+
+
+def _matrix(a: np.ndarray, raw: type, exact: type, name: str) -> np.ndarray:
+    """A 2-D C-contiguous view of ``a`` as the raw integer dtype ``raw`` (``a`` is ``raw`` or ``exact``)."""
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(a.shape)}")
+    if a.dtype not in (np.dtype(raw), np.dtype(exact)):
+        raise EncodeError(
+            f"tensor {name or '?'}: expected {np.dtype(exact).name} or {np.dtype(raw).name}, got {a.dtype}"
+        )
+    return np.ascontiguousarray(a).view(raw)
+
+
+def _block(block) -> tuple[int, int]:
+    br, bc = (block, block) if isinstance(block, int | np.integer) else tuple(block)
+    if br < 1 or bc < 1:
+        raise FormatError(f"FP8 block size must be positive, got {block}")
+    return int(br), int(bc)
+
+
+def _fp8_operands(q, scale_inv, block, name: str):
+    q = _matrix(q, np.uint8, ml_dtypes.float8_e4m3fn, name)
+    br, bc = _block(block)
+    M, N = q.shape
+    grid = (ref.ceil_div(M, br), ref.ceil_div(N, bc))
+    s = np.ascontiguousarray(np.asarray(scale_inv).astype(F32))
+    if s.size != grid[0] * grid[1]:
+        raise EncodeError(
+            f"tensor {name or '?'}: FP8 scale_inv has shape {list(s.shape)}, expected {list(grid)} "
+            f"for [{M}, {N}] with {br}x{bc} blocks"
+        )
+    return q, s.reshape(grid), br, bc
+
+
+def _reference_encode(fmt_name: str, w: np.ndarray, gs: int | None) -> tuple[np.ndarray, np.ndarray]:
+    return registry.by_name(fmt_name)._encode_reference(w, gs)
+
+
+def _reference_checked(fmt_name: str, w: np.ndarray, gs: int | None, name: str):
+    """The numpy reference encode of float32 ``w`` after the kernels' checks (same errors, same bytes)."""
+    _writable(fmt_name, *w.shape, gs, name)
+    registry._check_finite(w, name)
+    return _reference_encode(fmt_name, w, gs)
+
+
+# ------------------------------------------------------------------------------------------ public API
+def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Encode float32 ``w[O, I]`` to ``(codes uint8 [O, row_bytes], scales)``, byte-identical to the reference.
+
+    ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
+    any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
+    Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
+    w = np.asarray(w)
+    if w.ndim == 2 and _small(w.size):
+        return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
+    from colitools.formats.kernels import encoders
+
+    return encoders.encode(fmt_name, w, gs, name=name)
+
+
+def encode_from_bf16(
+    fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
+    (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
+    wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
+    if _small(wb.size):
+        return _reference_checked(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs, name)
+    from colitools.formats.kernels import encoders
+
+    return encoders.encode_from_bf16(fmt_name, wb, gs, name=name)
+
+
+def encode_from_fp8_block(
+    fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, reference.dequant_fp8_block(q, scale_inv, block), gs)`` with the dequant fused in.
+
+    ``q`` is ``[O, I]`` e4m3fn bytes (uint8 or ``ml_dtypes.float8_e4m3fn``), ``scale_inv`` F32/BF16
+    ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
+    qb, s, br, bc = _fp8_operands(q, scale_inv, block, name)
+    if _small(qb.size):
+        _writable(fmt_name, *qb.shape, gs, name)  # before the dequant, as the kernel path
+        with np.errstate(all="ignore"):  # inf * 0 and overflow are refused just below, naming the tensor
+            w = ref.dequant_fp8_block(qb, s, (br, bc))
+        return _reference_checked(fmt_name, w, gs, name)
+    from colitools.formats.kernels import encoders
+
+    return encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name)
+
+
+def decode(
+    fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None = None
+) -> np.ndarray:
+    """Decode to float32 ``[O, I]``, bit-identical to the reference decoders (``fp8-e4m3-b128`` included)."""
+    if O * I and _small(O * I):
+        cls = registry.lookup(fmt_name)
+        if cls is None or cls.kernel_code is None:
+            raise FormatError(f"no fast decoder for format {fmt_name!r}")
+        if cls.grouped and not gs:
+            raise FormatError(f"{fmt_name} decode needs the group size")
+        c = np.ascontiguousarray(codes, dtype=np.uint8).reshape(cls.weight_shape(O, I, gs))
+        s = np.ascontiguousarray(scales, dtype=cls.scale_numpy).reshape(cls.scale_grid(O, I, gs))
+        with np.errstate(all="ignore"):  # fp8: inf * 0 -> NaN without a warning, as the kernel
+            return np.ascontiguousarray(cls.decode(c, s, O, I, gs), dtype=F32)
+    from colitools.formats.kernels import decoders
+
+    return decoders.decode(fmt_name, codes, scales, O, I, gs)
+
+
+def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block=(128, 128)) -> np.ndarray:
+    """Fast ``reference.dequant_fp8_block`` (bit-identical)."""
+    qb, s, br, bc = _fp8_operands(q, scale_inv, block, "")
+    if _small(qb.size):
+        with np.errstate(all="ignore"):  # as the kernel: inf * 0 -> NaN without a warning
+            return np.ascontiguousarray(ref.dequant_fp8_block(qb, s, (br, bc)), dtype=F32)
+    from colitools.formats.kernels import decoders
+
+    return decoders.dequant_fp8_block(qb, s, (br, bc))
+
+
+def pairs_to_planar(codes: np.ndarray) -> np.ndarray:
+    """Fast ``planar.pairs_to_planar`` (byte-identical)."""
+    if _small(2 * np.size(codes)):
+        return planar.pairs_to_planar(codes)
+    from colitools.formats.kernels import decoders
+
+    return decoders.pairs_to_planar(codes)
+
+
+def planar_to_pairs(codes: np.ndarray) -> np.ndarray:
+    """Fast ``planar.planar_to_pairs`` (byte-identical)."""
+    if _small(2 * np.size(codes)):
+        return planar.planar_to_pairs(codes)
+    from colitools.formats.kernels import decoders
+
+    return decoders.planar_to_pairs(codes)

@@ -1,0 +1,98 @@
+"""The small-tensor switch of ``formats/kernels`` (``_dispatch.SMALL_ELEMS``): below it the numpy reference runs
+instead of a numba kernel, with the same bytes, the same errors, and without importing numba."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from colitools.formats import kernels
+from colitools.formats.errors import EncodeError
+from colitools.formats.kernels import _dispatch, decoders, encoders
+
+F32 = np.float32
+CASES = [("int8-row", None), ("int4-row", None), ("int2-row", None), ("int4-grouped", 64), ("int4-grouped", 32),
+         ("int4-grouped", 128), ("int3-g64", None), ("mxfp4", None)]  # fmt: skip
+SHAPES = [(64, 64), (3, 200), (17, 288), (6, 64)]  # the fixture's shapes, partial groups
+
+
+def _same(a, b) -> None:
+    (ca, sa), (cb, sb) = a, b
+    assert (ca.dtype, ca.shape, sa.dtype, sa.shape) == (cb.dtype, cb.shape, sb.dtype, sb.shape)
+    assert ca.tobytes() == cb.tobytes() and sa.tobytes() == sb.tobytes()
+
+
+def _w(shape, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape) * 0.02
+    w[0, : min(5, shape[1])] = [0.0, -0.0, 1e-40, 3e38, -0.25][: min(5, shape[1])]
+    return w.astype(F32)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fmt,gs", CASES)
+def test_small_path_gives_the_kernels_bytes_for_every_source(fmt, gs, shape):
+    if fmt == "mxfp4" and shape[1] % 32:
+        pytest.skip("mxfp4 needs I % 32 == 0")
+    assert np.prod(shape) < _dispatch.SMALL_ELEMS
+    w = _w(shape)
+    _same(kernels.encode(fmt, w, gs), encoders.encode(fmt, w, gs))
+    bf = w.astype(ml_dtypes.bfloat16)
+    _same(kernels.encode_from_bf16(fmt, bf, gs), encoders.encode_from_bf16(fmt, bf, gs))
+    q = (np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8) & 0xF7).astype(np.uint8)  # no NaN
+    grid = np.random.default_rng(2).random((-(-shape[0] // 128), -(-shape[1] // 128))).astype(F32)
+    _same(
+        kernels.encode_from_fp8_block(fmt, q, grid, 128, gs),
+        encoders.encode_from_fp8_block(fmt, q, grid, 128, gs),
+    )
+    codes, scales = kernels.encode(fmt, w, gs)
+    a = kernels.decode(fmt, codes, scales, *shape, gs)
+    b = decoders.decode(fmt, codes, scales, *shape, gs)
+    assert a.dtype == b.dtype == F32 and a.tobytes() == b.tobytes()
+
+
+def test_small_path_fp8_dequant_and_planar_reorder_match_the_kernels():
+    q = np.random.default_rng(3).integers(0, 256, (40, 200), dtype=np.uint8)
+    grid = np.random.default_rng(4).random((1, 2)).astype(F32)
+    assert kernels.dequant_fp8_block(q, grid).tobytes() == decoders.dequant_fp8_block(q, grid).tobytes()
+    codes = np.random.default_rng(5).integers(0, 256, (9, 64), dtype=np.uint8)
+    assert kernels.pairs_to_planar(codes).tobytes() == decoders.pairs_to_planar(codes).tobytes()
+    assert kernels.planar_to_pairs(codes).tobytes() == decoders.planar_to_pairs(codes).tobytes()
+
+
+def test_threshold_switches_paths_with_identical_bytes(monkeypatch):
+    w = _w((300, 256))  # 76800 elements: above the default threshold
+    big = kernels.encode("int4-grouped", w, 64)
+    monkeypatch.setattr(_dispatch, "SMALL_ELEMS", w.size + 1)
+    _same(kernels.encode("int4-grouped", w, 64), big)
+
+
+def test_small_path_raises_the_kernels_errors():
+    w = _w((8, 64))
+    w[3, 7] = np.nan
+    for path in (kernels.encode, encoders.encode):
+        with pytest.raises(EncodeError, match=r"tensor t: non-finite value nan at \[3, 7\] \(1 non-finite"):
+            path("int8-row", w, None, name="t")
+    with pytest.raises(EncodeError, match="cannot be written"):
+        kernels.encode("f32", _w((4, 64)), None, name="t")
+    q = np.zeros((4, 64), np.uint8)
+    q[1, 2] = 0x7F  # e4m3fn NaN
+    with pytest.raises(EncodeError, match=r"non-finite value nan at \[1, 2\]"):
+        kernels.encode_from_fp8_block("int4-grouped", q, np.ones((1, 1), F32), 128, 64, name="t")
+    with pytest.raises(EncodeError, match="scale_inv has shape"):
+        kernels.encode_from_fp8_block("int4-grouped", q, np.ones((2, 2), F32), 128, 64, name="t")
+
+
+def test_importing_the_package_and_encoding_a_small_tensor_imports_no_numba():
+    code = (
+        "import sys, numpy as np\n"
+        "from colitools.formats import kernels\n"
+        "kernels.encode('int4-grouped', np.ones((64, 64), np.float32), 64)\n"
+        "kernels.encode_from_bf16('int8-row', np.ones((64, 64), np.uint16), None)\n"
+        "assert 'numba' not in sys.modules, 'numba imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
