@@ -6,15 +6,18 @@ fingerprint), the plan's files, finished units with each file's name, size and s
 file, fsync, rename, fsync of the folder), so a crash leaves either the previous or the next state.
 
 On a rerun ``Ledger.open`` refuses another recipe (naming the differing options), another source, or a plan
-whose files differ; drops units whose files are missing or have the wrong size (they are redone); and removes
-temporaries left by a crashed writer. Everything except the ``run`` section (times, durations) is
+whose files differ; drops units whose files are missing or have the wrong size, and units whose source shards
+changed since they were converted (each unit records the identity of the shards it read: ``SourceFile.identity``,
+size + mtime_ns + ctime_ns of a local file, size + sha256 of a Hub file); dropped units are redone; and removes
+temporaries left by a crashed writer. ``Ledger.examine`` makes the same checks without writing anything. Everything except the ``run`` section (times, durations) is
 deterministic, so two runs of the same conversion produce the same ``colitools.json`` apart from ``run``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +33,30 @@ from colitools.formats.planar_sidecar import sidecar_dir
 
 @dataclass
 class ResumeState:
-    """What ``Ledger.open`` found: units already finished, units dropped because their files were damaged,
-    and temporaries removed."""
+    """What the ledger of an output folder holds for this plan: units already finished, units to redo (with
+    why: their files are damaged, or a source shard they read changed), temporaries of a crashed writer
+    (removed by ``Ledger.open``, only listed by ``Ledger.examine``), and whether the recorded conversion is
+    complete with nothing left to do."""
 
-    finished: list[str]
-    dropped: list[str]
-    removed_temporaries: list[str]
+    finished: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    removed_temporaries: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)  # dropped unit -> why it is redone
+    complete: bool = False  # state "complete", every unit stands, every copied file present: nothing to do
+    kept: dict[str, Any] = field(default_factory=dict, repr=False)  # finished unit -> its record
 
 
 class Ledger:
-    """The ``colitools.json`` of one output folder during a conversion."""
+    """The ``colitools.json`` of one output folder during a conversion.
 
-    def __init__(self, outdir: Path, data: dict[str, Any]):
+    ``identities``: source shard -> ``SourceFile.identity()`` of this run; every recorded unit stores those of
+    the shards it read, and a rerun redoes a finished unit whose shards' identities changed."""
+
+    def __init__(self, outdir: Path, data: dict[str, Any], identities: dict[str, dict[str, Any]]):
         self.outdir = outdir
         self.path = outdir / MANIFEST_FILE
         self.manifest = Manifest(data)
+        self.identities = identities
 
     @property
     def data(self) -> dict[str, Any]:
@@ -53,16 +65,19 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, outdir: Path, plan: ConversionPlan, source: dict[str, str]) -> tuple[Ledger, ResumeState]:
-        """Open (or start) the ledger of ``outdir`` for ``plan`` from ``source`` (``Source.describe()``).
+    def examine(
+        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]]
+    ) -> ResumeState:
+        """What a conversion of ``plan`` would find in ``outdir``, read-only (``--dry-run``, and the check that
+        lets a rerun on a complete output do nothing, not even take the lock).
 
-        Raises ConvertError for a folder holding another conversion (recipe, source or plan differ) or
-        safetensors files without a ledger."""
+        Raises ConvertError for a folder holding another conversion (recipe, source or plan differ),
+        an unreadable ledger, or safetensors files without a ledger."""
         outdir = Path(outdir)
-        outdir.mkdir(parents=True, exist_ok=True)
+        if not outdir.is_dir():
+            return ResumeState()
         path = outdir / MANIFEST_FILE
-        fresh = cls._fresh(outdir, plan, source)
-        removed = _remove_temporaries(outdir)
+        temporaries = _temporaries(outdir)
         if not path.exists():
             stray = sorted(p.name for p in outdir.glob("*.safetensors"))
             if stray:
@@ -70,36 +85,58 @@ class Ledger:
                     f"{outdir}: holds {stray[0]} (and {len(stray) - 1} more) but no {MANIFEST_FILE}; "
                     "refusing to mix with another conversion (use an empty output folder)"
                 )
-            ledger = cls(outdir, fresh)
-            ledger.save()
-            output.write_sidecar_index(outdir, plan, ())
-            return ledger, ResumeState([], [], removed)
+            return ResumeState(removed_temporaries=temporaries)
         try:
             old = Manifest.load(path)
         except (OSError, ManifestError) as exc:
             raise ConvertError(
                 f"{path}: unreadable resume ledger ({exc}); use an empty output folder"
             ) from None
-        cls._check_same(path, old.data, fresh, plan)
-        ledger = cls(outdir, fresh)
-        finished, dropped = [], []
+        cls._check_same(path, old.data, cls._fresh(plan, source), plan)
+        state = ResumeState(removed_temporaries=temporaries)
         planned = {u.key: u for u in plan.units}
         for key, rec in old.units.items():
             unit = planned.get(key)
             if unit is None:
                 continue
-            if ledger._files_intact(unit, rec):
-                ledger.data["units"][key] = rec
-                finished.append(key)
+            why = _files_damaged(outdir, unit, rec) or _sources_changed(unit, rec, identities)
+            if why:
+                state.dropped.append(key)
+                state.reasons[key] = why
             else:
-                dropped.append(key)
-        ledger.data["units"] = _ordered(ledger.data["units"], plan)
+                state.kept[key] = rec
+                state.finished.append(key)
+        copied = old.data.get("copied_files")
+        state.complete = (
+            old.state == "complete"
+            and len(state.finished) == len(plan.units)
+            and not temporaries
+            and isinstance(copied, list)
+            and all(isinstance(n, str) and (outdir / n).is_file() for n in copied)
+        )
+        return state
+
+    @classmethod
+    def open(
+        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]]
+    ) -> tuple[Ledger, ResumeState]:
+        """Open (or start) the ledger of ``outdir`` for ``plan`` from ``source`` (``Source.describe()``), whose
+        shards have ``identities`` now: ``examine``, then remove the temporaries, keep the units that still
+        stand and write the ledger. Raises ConvertError as ``examine`` does."""
+        outdir = Path(outdir)
+        outdir.mkdir(parents=True, exist_ok=True)
+        state = cls.examine(outdir, plan, source, identities)
+        for name in state.removed_temporaries:
+            with contextlib.suppress(FileNotFoundError):
+                (outdir / name).unlink()
+        ledger = cls(outdir, cls._fresh(plan, source), identities)
+        ledger.data["units"] = _ordered(state.kept, plan)
         ledger.save()
-        output.write_sidecar_index(outdir, plan, finished)  # resume: done = the layers still intact
-        return ledger, ResumeState(finished, dropped, removed)
+        output.write_sidecar_index(outdir, plan, state.finished)  # resume: done = the layers still intact
+        return ledger, state
 
     @staticmethod
-    def _fresh(outdir: Path, plan: ConversionPlan, source: dict[str, str]) -> dict[str, Any]:
+    def _fresh(plan: ConversionPlan, source: dict[str, str]) -> dict[str, Any]:
         qc = plan.inventory.config.get("quantization_config")
         return {
             "format": MANIFEST_VERSION,
@@ -142,16 +179,6 @@ class Ledger:
                 "use another output folder"
             )
 
-    def _files_intact(self, unit: Unit, rec: Any) -> bool:
-        files = rec.get("files") if isinstance(rec, dict) else None
-        if not isinstance(files, list) or [f.get("name") for f in files] != [f.name for f in unit.files]:
-            return False
-        for f, out in zip(files, unit.files, strict=True):
-            p = self.outdir / out.name
-            if f.get("size") != out.size or not p.is_file() or p.stat().st_size != out.size:
-                return False
-        return True
-
     # ------------------------------------------------------------------------------------------ updates
     def is_finished(self, key: str) -> bool:
         return key in self.data["units"]
@@ -159,7 +186,8 @@ class Ledger:
     def record_unit(self, unit: Unit, files: Iterable[FileRecord], plan: ConversionPlan) -> None:
         """Record a finished unit (its files are published) and rewrite the ledger atomically."""
         self.data["units"][unit.key] = {
-            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files]
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
+            "sources": {s: self.identities[s] for s in unit.shards},
         }
         self.data["units"] = _ordered(self.data["units"], plan)
         self.save()
@@ -183,15 +211,40 @@ def _ordered(units: dict[str, Any], plan: ConversionPlan) -> dict[str, Any]:
     return {k: units[k] for k in sorted(units, key=lambda k: order.get(k, len(order)))}
 
 
-def _remove_temporaries(outdir: Path) -> list[str]:
-    removed = []
-    folder = sidecar_dir(outdir)  # the planar sidecar's writers leave theirs in experts-int4g64/
-    for p in sorted(outdir.iterdir()) + (sorted(folder.iterdir()) if folder.is_dir() else []):
-        # temporaries of our writers (SafetensorsWriter, the atomic rewrites of the index, config, ledger)
-        if parse_temp_name(p.name) is not None and p.is_file():
-            p.unlink()
-            removed.append(str(p.relative_to(outdir)))
-    return removed
+def _temporaries(outdir: Path) -> list[str]:
+    """Temporaries of our writers (SafetensorsWriter, the atomic rewrites of the index, config, ledger), also
+    those the planar sidecar's writers leave in experts-int4g64/; paths relative to ``outdir``."""
+    folder = sidecar_dir(outdir)
+    found = sorted(outdir.iterdir()) + (sorted(folder.iterdir()) if folder.is_dir() else [])
+    return [str(p.relative_to(outdir)) for p in found if parse_temp_name(p.name) is not None and p.is_file()]
+
+
+def _files_damaged(outdir: Path, unit: Unit, rec: Any) -> str | None:
+    """Why the recorded files of a finished unit cannot be kept (None: they have their planned names and sizes)."""
+    files = rec.get("files") if isinstance(rec, dict) else None
+    if not isinstance(files, list) or [f.get("name") if isinstance(f, dict) else None for f in files] != [
+        f.name for f in unit.files
+    ]:
+        return "its ledger record is not this plan's"
+    for f, out in zip(files, unit.files, strict=True):
+        p = outdir / out.name
+        if f.get("size") != out.size or not p.is_file() or p.stat().st_size != out.size:
+            return f"{out.name} is missing or has the wrong size"
+    return None
+
+
+def _sources_changed(unit: Unit, rec: dict[str, Any], identities: dict[str, dict[str, Any]]) -> str | None:
+    """Why the source shards a finished unit read are not the ones of this run (None: same identities)."""
+    recorded = rec.get("sources")
+    if not isinstance(recorded, dict):
+        return "no source identity recorded (converted by an earlier colitools)"
+    for shard in unit.shards:
+        before, now = recorded.get(shard), identities.get(shard)
+        if before != now:
+            keys = sorted(set(before or {}) | set(now or {}))
+            changed = [k for k in keys if (before or {}).get(k) != (now or {}).get(k)]
+            return f"source shard {shard} changed since it was converted ({', '.join(changed)})"
+    return None
 
 
 def _show_source(src: Any) -> str:

@@ -68,7 +68,8 @@ class ConvertSummary:
     units_total: int
     units_skipped: int = 0  # finished by an earlier run
     units_converted: int = 0
-    units_redone: list[str] = field(default_factory=list)  # recorded, but their files were damaged
+    units_redone: list[str] = field(default_factory=list)  # recorded, but files damaged or sources changed
+    redo_reasons: dict[str, str] = field(default_factory=dict)  # redone unit -> why
     bytes_in: int = 0  # source tensor bytes read by this run
     bytes_out: int = 0  # output bytes written by this run
     total_out_bytes: int = 0  # all output shards
@@ -76,6 +77,7 @@ class ConvertSummary:
     format_totals: dict[str, dict[str, int]] = field(default_factory=dict)
     formats_per_role: dict[str, dict[str, int]] = field(default_factory=dict)
     fallbacks: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. `colitools run` will not execute this model
     disk_waits: int = 0
     wall_seconds: float = 0.0
     plan: dict[str, Any] | None = None  # the whole plan, for --dry-run
@@ -102,6 +104,12 @@ class ConvertSummary:
                 lines.append(
                     f"  {u['unit']:<28} in {gb(u['in_bytes']):>10}  out {gb(u['out_bytes']):>10}  "
                     f"shards {', '.join(u['shards'])}  -> {', '.join(u['files'])}"
+                    + ("  (done, skipped)" if u.get("finished") else "")
+                )
+            if self.units_skipped or self.units_redone:
+                lines.append(
+                    f"{self.units_skipped} of {self.units_total} units already done in {self.outdir} (skipped), "
+                    f"{self.units_total - self.units_skipped} to convert"
                 )
             p = self.plan or {}
             lines.append(f"bytes in {gb(p.get('in_bytes', 0))}, out {gb(p.get('out_bytes', 0))}, "
@@ -122,6 +130,9 @@ class ConvertSummary:
         lines.append(f"fallbacks: {len(self.fallbacks)}")
         for fb in self.fallbacks:
             lines.append(f"  {fb['tensor']}: {fb['requested']} -> {fb['written']} ({fb['reason']})")
+        for unit in self.units_redone:
+            verb = "to redo" if self.dry_run else "redone"
+            lines.append(f"{verb}: {unit} ({self.redo_reasons.get(unit, 'its files were damaged')})")
         if self.disk_waits:
             lines.append(f"waited for disk space {self.disk_waits} time(s)")
         return "\n".join(lines)

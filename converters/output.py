@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from colitools.converters.planner import ConversionPlan
+from colitools.errors import ConvertError
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
@@ -115,3 +116,21 @@ def _entry_bytes(entry) -> int:
     for d in entry[2]:
         n *= d
     return n
+def check_output_path(out: Path) -> None:
+    """Refuse, before anything is written, an output path that exists but is not a folder (or whose parent is
+    a file): ``ConvertError`` in one line instead of the OS's "File exists"."""
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            what = "the output" if p == out else f"a parent of the output {out}"
+            raise ConvertError(f"{p}: is a file, not a folder ({what}); give a folder to convert into")
+        if p.is_dir():
+            return
+
+
+def check_not_in_source(out: Path, source_root: Path) -> None:
+    """Refuse an output folder that is the local source folder or inside it (the output's files would become
+    part of the source, and a lock file would be left in it), before anything is written."""
+    out, root = out.resolve(), source_root.resolve()
+    if out == root or root in out.parents:
+        where = "is the source folder" if out == root else f"is inside the source folder {root}"
+        raise ConvertError(f"{out}: the output folder {where}; choose an output folder outside it")

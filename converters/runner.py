@@ -19,6 +19,7 @@ recorded unit, giving a test a window "between units" to SIGKILL the process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -35,10 +36,12 @@ from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger
 from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
-from colitools.converters.sources import Source, open_source
+from colitools.converters.recipe import Role
+from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
 from colitools.errors import ConvertError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
 
 WORKDIR = ".colitools-download"
 LOCKFILE = ".colitools.lock"
@@ -73,6 +76,7 @@ def convert(
         raise ConvertError(f"--workers {options.workers}: must be at least 1")
     options.recipe()  # bad options fail before anything is opened or fetched
     out = Path(outdir).expanduser().resolve()
+    output.check_output_path(out)
     spec = str(source) if not isinstance(source, Source) else None
     hint = (
         f"rerun `colitools convert {spec} {out}` with the same options to resume"
@@ -90,6 +94,8 @@ def convert(
         src = source if isinstance(source, Source) else open_source(
             spec, options.revision, options.token, workdir=work, disk_check=floor.download_check
         )  # fmt: skip
+        if isinstance(src, LocalFolderSource):
+            output.check_not_in_source(out, src.root)
         return _convert(src, out, options, floor, started)
 
 
@@ -97,24 +103,65 @@ def _convert(
     src: Source, out: Path, options: ConvertOptions, floor: DiskFloor, started: float
 ) -> ConvertSummary:
     plan = load_plan(src, options)
-    remote = src.is_remote
-    shards = plan.inventory.shards
-    transient = shards if remote and not options.keep_source else []
-    kept = shards if remote and options.keep_source else []
-    summary = ConvertSummary(
-        src.describe(), str(out), options.dry_run, plan.recipe.as_dict(), len(plan.units),
-        total_out_bytes=plan.out_bytes, peak_disk_bytes=plan.peak_disk(transient, kept, options.workers),
-        format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
-        fallbacks=[f.as_dict() for f in plan.fallbacks],
-    )  # fmt: skip
-    if options.dry_run:
-        summary.plan = plan.summary(transient, kept, options.workers)
+    identities = source_identities(src, plan)
+    # the same ledger checks as the real run, read-only: a dry run reports what a rerun would skip, and refuses
+    # what it would refuse; a complete output needs nothing, not even the lock (a read-only output is fine)
+    state = Ledger.examine(out, plan, src.describe(), identities)
+    summary = _summary(src, plan, out, options, state)
+    if options.dry_run or state.complete:
         return summary
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
-        _run(src, plan, out, options, floor, summary)
+        _run(src, plan, out, options, floor, summary, identities)
     summary.disk_waits = floor.waits
     summary.wall_seconds = time.monotonic() - started
+    return summary
+
+
+def source_identities(src: Source, plan: ConversionPlan) -> dict[str, dict]:
+    """Source shard -> ``SourceFile.identity()`` now (what each unit records of the shards it reads)."""
+    files = src.files()
+    return {s: files[s].identity() for s in plan.inventory.shards}
+
+
+def run_warnings(plan: ConversionPlan) -> list[str]:
+    """What the user should know before relying on ``colitools run`` for this checkpoint (the conversion itself
+    is still valid): a model type the runtime has no family for, or a model without routed experts."""
+    warnings = []
+    kind = model_type(plan.inventory.config)
+    if kind not in RUNNABLE_MODEL_TYPES:
+        warnings.append(
+            f"model_type {kind!r}: `colitools run` will not execute this model (it runs "
+            f"{', '.join(RUNNABLE_MODEL_TYPES)}); the converted files are still valid"
+        )
+    if Role.EXPERT.value not in plan.role_formats():
+        warnings.append(
+            "no routed experts (a dense model): `colitools run` will not execute it; the converted files are "
+            "still valid"
+        )
+    return warnings
+
+
+def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, state) -> ConvertSummary:
+    remote = src.is_remote
+    pending = [u for u in plan.units if u.key not in set(state.finished)]
+    # downloads and peak disk of what this run still has to do (finished units are on disk already)
+    needed = sorted({s for u in pending for s in u.shards})
+    transient = needed if remote and not options.keep_source else []
+    kept = needed if remote and options.keep_source else []
+    remaining = dataclasses.replace(plan, units=pending)
+    summary = ConvertSummary(
+        src.describe(), str(out), options.dry_run, plan.recipe.as_dict(), len(plan.units),
+        units_skipped=len(state.finished), units_redone=list(state.dropped), redo_reasons=dict(state.reasons),
+        total_out_bytes=plan.out_bytes, peak_disk_bytes=remaining.peak_disk(transient, kept, options.workers),
+        format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
+        fallbacks=[f.as_dict() for f in plan.fallbacks], warnings=run_warnings(plan),
+    )  # fmt: skip
+    if options.dry_run:
+        summary.plan = plan.summary(transient, kept, options.workers)
+        summary.plan["peak_disk_bytes"] = summary.peak_disk_bytes
+        for u in summary.plan["units"]:
+            u["finished"] = u["unit"] in state.finished
     return summary
 
 
@@ -167,10 +214,11 @@ class _NoBar:
 
 
 def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, floor: DiskFloor,
-         summary: ConvertSummary) -> None:  # fmt: skip
-    ledger, state = Ledger.open(out, plan, src.describe())
+         summary: ConvertSummary, identities: dict[str, dict]) -> None:  # fmt: skip
+    ledger, state = Ledger.open(out, plan, src.describe(), identities)
     summary.units_skipped = len(state.finished)
     summary.units_redone = state.dropped
+    summary.redo_reasons = state.reasons
     pending = [u for u in plan.units if not ledger.is_finished(u.key)]
     needed = Counter(s for u in pending for s in u.shards)
     for shard in plan.inventory.shards:  # leftovers of an earlier run that no pending unit reads
@@ -226,7 +274,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
         finally:
             bar.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
-    _finalize(src, plan, out, ledger, options, summary, copied)
+    _finalize(src, plan, out, ledger, options, summary, copied, identities)
 
 
 def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float,
@@ -289,7 +337,8 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
             wait([fut])
             record(fut)
 
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+    init_args = (threads, os.getpid())
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=init_args) as pool:
         try:
             while queue or inflight:
                 while queue and len(inflight) < workers:
@@ -308,10 +357,53 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
             raise
 
 
-def _worker_init(threads: int) -> None:
+def _worker_init(threads: int, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
     import numba
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def _check_sources_unchanged(src: Source, identities: dict[str, dict]) -> None:
+    if not isinstance(src, LocalFolderSource):
+        return  # a Hub source is pinned to a commit and every download is sha256-checked
+    for shard, before in identities.items():
+        try:
+            now = SourceFile.from_stat(shard, (src.root / shard).stat()).identity()
+        except OSError:
+            now = None
+        if now != before:
+            raise ConvertError(
+                f"{src.root / shard}: source shard changed during the conversion; rerun the same command, "
+                "which redoes the units that read it"
+            )
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """A worker must not outlive the conversion (a SIGKILLed parent would leave it, PPID 1, holding the
+    parent's stdout/stderr open). Linux: the kernel sends SIGKILL to this process when the thread that spawned
+    it exits (``prctl(PR_SET_PDEATHSIG)``; workers are spawned by the main thread, which lives as long as the
+    process); the parent may already be gone before the call, hence the check after it. The resource tracker
+    exits by itself once every process holding its pipe (the parent and these workers) is gone. Elsewhere a
+    parent watcher thread does the same, polling."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            return
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _release(src: Source, shard: str, options: ConvertOptions) -> None:
@@ -332,15 +424,19 @@ def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
 
 
 def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, options: ConvertOptions,
-              summary: ConvertSummary, copied: list[str]) -> None:  # fmt: skip
+              summary: ConvertSummary, copied: list[str], identities: dict[str, dict]) -> None:  # fmt: skip
     """The manifest marked complete, once index, config and copied files (``_write_outputs``) are in place (so
-    a manifest saying ``complete`` means everything else is in place)."""
+    a manifest saying ``complete`` means everything else is in place), and once the local source shards are
+    seen unchanged since the run started (a shard edited during the run is not marked complete: the units
+    recorded with its old identity are redone by the rerun)."""
+    _check_sources_unchanged(src, identities)
     for name in src.files():  # config, index, copied files: whatever this run downloaded into the work folder
         _release(src, name, options)
     shards = ledger.file_records()
     if sorted(f.name for f in shards) != sorted(f.name for f in plan.files):  # pragma: no cover - a bug
         raise ConvertError("internal: the ledger does not cover every planned file")
     ledger.finish({
+        "warnings": summary.warnings,
         "shards": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in shards],
         "copied_files": [CONFIG_FILE, INDEX_FILE, *copied],
         "run": {

@@ -48,11 +48,35 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SourceFile:
     """One file of a source: its name relative to the source root, size, and sha256 when the source knows it
-    without reading the file (Hub LFS files)."""
+    without reading the file (Hub LFS files). A local file also has its ``mtime_ns`` and ``ctime_ns``."""
 
     name: str
     size: int
     sha256: str | None = None
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
+
+    @classmethod
+    def from_stat(cls, name: str, st: os.stat_result) -> SourceFile:
+        """A local file as ``os.stat`` sees it now."""
+        return cls(name, st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+
+    def identity(self) -> dict[str, Any]:
+        """What the resume ledger records of a source shard per unit; a finished unit whose shards no longer
+        have the recorded identity is redone (docs/INTERNALS.md, "ledger.py").
+
+        Hub: size and LFS sha256 (the source is pinned to one commit, recorded in the manifest). Local: size,
+        mtime_ns and ctime_ns, from one ``stat`` (never a read: hashing terabytes on every resume is not
+        cheap). ``ctime`` is the strong part: any write, ``truncate`` or ``os.utime`` (putting mtime back)
+        sets it to now, and no user-level call can set it back. Not used: the inode (a same-content copy or
+        an atomic replace gets another one, a rewrite in place keeps it: it says nothing ``ctime`` does not).
+        The limit: an edit that keeps size, mtime and ctime (writing the block device, or moving the system
+        clock back) is not seen."""
+        ident: dict[str, Any] = {"size": self.size}
+        for key in ("sha256", "mtime_ns", "ctime_ns"):
+            if getattr(self, key) is not None:
+                ident[key] = getattr(self, key)
+        return ident
 
 
 @dataclass(frozen=True)
@@ -193,7 +217,7 @@ class LocalFolderSource(Source):
                     if filename.startswith(".") or not path.is_file():
                         continue
                     name = path.relative_to(self.root).as_posix()
-                    found[name] = SourceFile(name, path.stat().st_size)
+                    found[name] = SourceFile.from_stat(name, path.stat())
             self._files = found
         return dict(self._files)
 

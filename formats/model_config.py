@@ -38,6 +38,7 @@ from colitools.formats.errors import ConfigError
 __all__ = [
     "EXPERT_COUNT_KEYS",
     "MTP_LAYER_KEYS",
+    "RUNNABLE_MODEL_TYPES",
     "ConfigFacts",
     "expert_width",
     "experts_per_token",
@@ -56,6 +57,11 @@ __all__ = [
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")  # in precedence order
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in precedence order
+
+# The model types ``colitools run`` executes: the keys of the runtime's family registry
+# (``colitools.runtime.config.FAMILY_MODULES``; a test keeps the two equal). Here so that ``convert`` can warn
+# about a checkpoint the runtime will not run without importing the runtime.
+RUNNABLE_MODEL_TYPES = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
 
 _MAX_INT = 2**31 - 1  # no dimension or count of a real model comes near; bigger is a corrupt config
 _MAX_LAYERS = 1 << 16

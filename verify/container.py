@@ -3,14 +3,18 @@
 Checks, in order: every shard's header is valid and the index covers exactly the tensors present; every
 tensor resolves to one format from its bytes (docs/FORMATS.md §3); every scale tensor is finite (F32 ``.qs``) or
 not the E8M0 NaN byte (mxfp4); and, when the folder has a ``colitools.json`` manifest, the conversion is
-complete and every recorded file has the recorded size and sha256. With a planar sidecar
-(``experts-int4g64/``, FORMATS-SPEC §4) its index and layer files are checked too (``_check_sidecar``), and its
-layer files resolve with the main shards as the home of the routed experts. Problems are collected (not raised)
-so one run reports all of them; a folder that cannot be opened at all raises ``FormatError``.
+complete and every recorded file has the recorded size and sha256. Problems are collected (not raised) so one
+run reports all of them: a missing, truncated or header-corrupted shard is reported and the other shards are
+still checked. Only a path that holds no shard to check (not a folder or file, no ``*.safetensors`` and no
+index naming any) raises ``FormatError``. With a planar sidecar (``experts-int4g64/``, FORMATS §4) its
+index and layer files are checked too (``_check_sidecar``), and its layer files resolve with the main shards
+as the home of the routed experts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +26,10 @@ from colitools.converters.manifest import MANIFEST_FILE, Manifest, ManifestError
 from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError
-from colitools.formats.inspect import open_model
+from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.inspect import ModelFiles, open_model
 from colitools.formats.planar_sidecar import check_sidecar
+from colitools.formats.safetensors_io import read_header
 
 
 @dataclass
@@ -34,8 +40,10 @@ class ContainerReport:
     shards: int = 0
     tensors: int = 0
     formats: dict[str, int] = field(default_factory=dict)
-    hashed_files: int = 0
+    hashed_files: int = 0  # files whose sha256 was computed
     hashed_bytes: int = 0
+    matched_files: int = 0  # of those, files whose sha256 is the manifest's
+    matched_bytes: int = 0
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -53,6 +61,8 @@ class ContainerReport:
             "formats": dict(sorted(self.formats.items())),
             "hashed_files": self.hashed_files,
             "hashed_bytes": self.hashed_bytes,
+            "matched_files": self.matched_files,
+            "matched_bytes": self.matched_bytes,
             "problems": self.problems,
             "warnings": self.warnings,
         }
@@ -62,7 +72,13 @@ def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progr
     """Verify the converted folder (or single file) at ``path``; see the module docstring."""
     root = Path(path)
     report = ContainerReport(str(root))
-    model = open_model(root, sidecar=False)  # FormatError for an unreadable container: nothing else can be checked
+    broken: set[str] = set()  # shards already reported (missing, truncated, bad header): one problem per file
+    try:
+        model = open_model(root, sidecar=False)
+    except ColitoolsError as exc:
+        if not root.is_dir():
+            raise  # one file, or nothing at all: nothing else can be checked
+        model = _open_each_shard(root, report, broken, exc)
     side = _check_sidecar(root, report) if root.is_dir() else []
     shards = model.shards + side
     report.shards = len(shards)
@@ -80,7 +96,7 @@ def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progr
         if t.kind == "scale":
             _check_scale(shard_by_name[t.file], t.name, t.dtype, report)
     if root.is_dir():
-        _check_manifest(root, report, hashes=hashes, progress=progress)
+        _check_manifest(root, report, broken, hashes=hashes, progress=progress)
     return report
 
 
@@ -90,6 +106,47 @@ def _check_sidecar(root: Path, report: ContainerReport) -> list:
     files, problems = check_sidecar(root)
     report.problems.extend(problems)
     return files
+
+
+def _open_each_shard(root: Path, report: ContainerReport, broken: set[str], failure: ColitoolsError) -> ModelFiles:
+    """``open_model`` stopped at the first bad file: open every shard on its own, report each one that fails,
+    and continue with the ones that open. The shards are the index's (when it can be read), else every
+    ``*.safetensors`` file. FormatError (``failure``) when there is no shard to check at all."""
+    names: list[str] = []
+    config = None
+    with contextlib.suppress(OSError, ValueError, RecursionError):
+        loaded = json.loads((root / CONFIG_FILE).read_bytes())
+        config = loaded if isinstance(loaded, dict) else None
+    try:
+        index = json.loads((root / INDEX_FILE).read_bytes())
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if isinstance(weight_map, dict):
+            names = sorted({v for v in weight_map.values() if isinstance(v, str)})
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, RecursionError) as exc:
+        report.problems.append(f"{root / INDEX_FILE}: unreadable ({exc})")
+    if not names:
+        names = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
+    if not names:
+        raise failure
+    shards = []
+    for name in names:
+        f = root / name
+        if "/" in name or name.startswith("."):
+            continue  # not a shard name (FORMATS §8): the index is the problem, reported below
+        if not f.is_file():
+            report.problems.append(f"{f}: missing (named by {INDEX_FILE})")
+            broken.add(name)
+            continue
+        try:
+            shards.append(read_header(f))
+        except (ColitoolsError, OSError) as exc:
+            report.problems.append(str(exc) if str(f) in str(exc) else f"{f}: {exc}")
+            broken.add(name)
+    if not broken:
+        report.problems.append(str(failure))  # every shard opens: the failure was elsewhere (index coverage...)
+    return ModelFiles(root, shards, config=config)
 
 
 def _check_scale(shard: Any, name: str, dtype: str, report: ContainerReport) -> None:
@@ -107,7 +164,7 @@ def _check_scale(shard: Any, name: str, dtype: str, report: ContainerReport) -> 
             report.problems.append(f"{shard.path.name}: E8M0 scale tensor {name} holds the NaN byte 0xFF")
 
 
-def _check_manifest(root: Path, report: ContainerReport, *, hashes: bool, progress: bool) -> None:
+def _check_manifest(root: Path, report: ContainerReport, broken: set[str], *, hashes: bool, progress: bool) -> None:
     path = root / MANIFEST_FILE
     if not path.is_file():
         report.warnings.append(f"no {MANIFEST_FILE}: sizes and sha256 not checked against a manifest")
@@ -134,6 +191,8 @@ def _check_manifest(root: Path, report: ContainerReport, *, hashes: bool, progre
     try:
         for rec in records:
             name, size, digest = rec.get("name"), rec.get("size"), rec.get("sha256")
+            if name in broken:
+                continue  # already reported
             f = root / str(name)
             if not f.is_file():
                 report.problems.append(f"{f}: recorded in {MANIFEST_FILE} but missing")
@@ -147,6 +206,9 @@ def _check_manifest(root: Path, report: ContainerReport, *, hashes: bool, progre
                 report.hashed_bytes += int(size)
                 if actual != digest:
                     report.problems.append(f"{f}: sha256 {actual}, manifest says {digest}")
+                else:
+                    report.matched_files += 1
+                    report.matched_bytes += int(size)
     finally:
         if bar:
             bar.close()

@@ -67,6 +67,8 @@ def convert_command(
         token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip
     summary = convert(source, outdir, options)
+    for warning in summary.warnings:
+        typer.echo(f"colitools: warning: {warning}", err=True)
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2))
     else:

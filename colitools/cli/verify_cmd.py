@@ -23,16 +23,24 @@ def verify_container_command(
     """Every shard valid, every tensor resolves, scales finite, manifest sizes and sha256 match.
 
     Exit 0 when sound, 4 when problems were found, 1 when the folder could not be read."""
-    from colitools.verify.container import verify_container
+    from colitools.formats.errors import FormatError
+    from colitools.verify.container import ContainerReport, verify_container
 
-    report = verify_container(path, hashes=not no_hash, progress=not as_json and sys.stderr.isatty())
+    try:
+        report = verify_container(path, hashes=not no_hash, progress=not as_json and sys.stderr.isatty())
+    except FormatError as exc:  # nothing could be checked: exit 1 (the one error line), still a report for scripts
+        if as_json:
+            failed = ContainerReport(str(path), problems=[str(exc)])
+            typer.echo(json.dumps({**failed.to_json(), "error": str(exc)}, indent=2))
+        raise
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         formats = ", ".join(f"{n} {k}" for k, n in sorted(report.formats.items())) or "none"
         typer.echo(f"{report.path}: {report.shards} shard(s), {report.tensors} tensors ({formats})")
         if report.hashed_files:
-            typer.echo(f"sha256 matched the manifest for {report.hashed_files} file(s), {report.hashed_bytes:,} bytes")
+            typer.echo(f"sha256 matched the manifest for {report.matched_files} of {report.hashed_files} file(s) "
+                       f"hashed, {report.matched_bytes:,} bytes")  # fmt: skip
         for w in report.warnings:
             typer.echo(f"warning: {w}")
         for p in report.problems:

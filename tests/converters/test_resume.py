@@ -11,6 +11,7 @@ before recording it in the ledger). Compared for identity: every shard, the inde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -155,3 +156,130 @@ def test_kill_during_a_download_then_resume(hub, tmp_path):
     ranges = hub.stats(shard).ranges
     # the rerun resumed the part with a Range request
     assert (have, size) in [tuple(r) for r in ranges], ranges
+
+
+def _flip_bf16_signs(shard: Path) -> None:
+    """Flip the sign bit of every BF16 value of ``shard`` in place: same size, other content; then put its
+    mtime back (only ctime, which no user-level call can set, still shows the edit)."""
+    st = shard.stat()
+    with open(shard, "r+b") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+        base = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__" or info["dtype"] != "BF16":
+                continue
+            start, end = info["data_offsets"]
+            fh.seek(base + start)
+            values = bytearray(fh.read(end - start))
+            values[1::2] = bytes(b ^ 0x80 for b in values[1::2])  # little-endian: the sign is in the high byte
+            fh.seek(base + start)
+            fh.write(values)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert shard.stat().st_size == st.st_size and shard.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_source_changed_after_a_kill_redoes_its_units_byte_identical_to_the_new_source(tmp_path):
+    import shutil
+
+    from colitools.verify.container import verify_container
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_checkpoint(src, SPEC)
+    proc = _start(src, out, {"COLITOOLS_TEST_SLOW_UNIT_SECONDS": "1.5"})
+    _wait_for(proc, lambda: _finished_units(out) >= 2)
+    _kill(proc)
+    ledger = json.loads((out / "colitools.json").read_text())
+    finished = list(ledger["units"])
+    shard = next(iter(ledger["units"][finished[-1]]["sources"]))  # read by a finished unit
+    readers = [k for k in finished if shard in ledger["units"][k]["sources"]]
+    old_bytes = snapshot(out)
+    _flip_bf16_signs(src / shard)
+
+    done = subprocess.run([*_cmd(src, out), "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["units_redone"] == readers
+    assert all(shard in summary["redo_reasons"][k] for k in readers)
+    assert summary["units_skipped"] == len(finished) - len(readers)
+
+    # the reference: an uninterrupted conversion of the NEW source, from the same folder (same manifest source)
+    moved = tmp_path / "resumed"
+    out.rename(moved)
+    convert(str(src), out, ConvertOptions(min_free_gb=0))
+    assert snapshot(moved) == snapshot(out) and listing(moved) == listing(out)
+    assert any(old_bytes.get(k) != v for k, v in snapshot(out).items() if k.endswith(".safetensors"))
+    assert verify_container(moved).ok
+    shutil.rmtree(out)
+
+
+def test_finished_units_record_the_identity_of_their_source_shards(reference, tmp_path):
+    src, _, _ = reference
+    out = tmp_path / "out"
+    _rerun(src, out)
+    units = json.loads((out / "colitools.json").read_text())["units"]
+    for rec in units.values():
+        for shard, ident in rec["sources"].items():
+            st = (src / shard).stat()
+            assert ident == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Every live process whose environment holds ``marker`` (the parent and whatever it started)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                status = (entry / "status").read_text()
+                if "\nState:\tZ" not in status:  # a zombie holds nothing
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _read_to_eof(stream, timeout: float) -> bool:
+    import threading
+
+    done = threading.Event()
+
+    def drain():
+        while stream.read(65536):
+            pass
+        done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    return done.wait(timeout)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
+def test_sigkill_of_a_parallel_conversion_leaves_no_process_behind(reference, tmp_path):
+    import uuid
+
+    src, _, _ = reference
+    out = tmp_path / "out"
+    marker = f"COLITOOLS_TEST_MARKER={uuid.uuid4()}"
+    env = {**os.environ, "COLITOOLS_TEST_MARKER": marker.split("=", 1)[1],
+           "COLITOOLS_TEST_SLOW_TENSOR_SECONDS": "0.05"}  # fmt: skip
+    exe = Path(sys.executable).parent / "colitools"
+    proc = subprocess.Popen(
+        [str(exe), "convert", str(src), str(out), "--min-free-gb", "0", "--workers", "2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # both workers started and at work: the unit temporaries are growing
+        _wait_for(proc, lambda: len(_marked_pids(marker)) >= 3 and any(".tmp-" in p.name for p in out.iterdir()))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        end = time.monotonic() + 20
+        while _marked_pids(marker) and time.monotonic() < end:
+            time.sleep(0.1)
+        left = _marked_pids(marker)
+        assert not left, f"processes outlived the killed parent: {left}"
+        assert _read_to_eof(proc.stdout, 20) and _read_to_eof(proc.stderr, 20), "a pipe is still held open"
+    finally:
+        for pid in _marked_pids(marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

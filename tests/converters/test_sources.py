@@ -219,7 +219,7 @@ def test_local_folder_source_uses_files_in_place_and_never_deletes(tmp_path):
     source = open_source(str(folder), workdir=tmp_path / "work")
     assert isinstance(source, LocalFolderSource)
     assert source.describe() == {"kind": "local", "path": str(folder.resolve())}
-    assert source.files()[SHARD2] == SourceFile(SHARD2, (folder / SHARD2).stat().st_size)
+    assert source.files()[SHARD2] == SourceFile.from_stat(SHARD2, (folder / SHARD2).stat())
     assert source.read_json("config.json")["hidden_size"] == 8
     assert source.weight_map()["layers.1.mlp.weight"] == SHARD2
     assert source.ensure_local(SHARD1) == folder.resolve() / SHARD1

@@ -84,10 +84,60 @@ def test_unfinished_conversion_is_not_ok(copy):
     assert any("not 'complete'" in p for p in verify_container(copy, hashes=False).problems)
 
 
-def test_truncated_shard_is_one_line_error_exit_1(copy):
+def test_truncated_shard_is_a_problem_exit_4(copy):
     shard = sorted(copy.glob("*.safetensors"))[0]
     shard.write_bytes(shard.read_bytes()[:-10])
     proc = _cli(str(copy))
+    assert proc.returncode == 4 and proc.stderr == ""
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("PROBLEM: ")]
+    assert len(problems) == 1 and shard.name in problems[0]
+
+
+def _damage_three_shards(copy: Path) -> list[str]:
+    """A missing, a truncated and a header-corrupted shard; returns their names."""
+    names = sorted(p.name for p in copy.glob("model-*.safetensors"))
+    assert len(names) >= 3, names
+    missing, truncated, corrupted = names[0], names[1], names[-1]
+    (copy / missing).unlink()
+    data = (copy / truncated).read_bytes()
+    (copy / truncated).write_bytes(data[: len(data) // 2])
+    data = bytearray((copy / corrupted).read_bytes())
+    data[8:10] = b"[["  # the header's JSON is no longer an object
+    (copy / corrupted).write_bytes(bytes(data))
+    return [missing, truncated, corrupted]
+
+
+def test_every_damaged_shard_is_reported_exit_4(copy):
+    damaged = _damage_three_shards(copy)
+    proc = _cli(str(copy))
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr + proc.stdout
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("PROBLEM: ")]
+    for name in damaged:
+        assert sum(name in p for p in problems) == 1, (name, problems)
+
+
+def test_damaged_shards_with_json_print_the_report_exit_4(copy):
+    damaged = _damage_three_shards(copy)
+    proc = _cli(str(copy), "--json")
+    assert proc.returncode == 4 and proc.stderr == ""
+    report = json.loads(proc.stdout)
+    assert report["ok"] is False
+    assert all(any(name in p for p in report["problems"]) for name in damaged)
+
+
+def test_sha256_line_counts_files_that_matched(copy):
+    shard = sorted(copy.glob("model-*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01  # tensor data, not the header: the shard still opens
+    shard.write_bytes(bytes(data))
+    proc = _cli(str(copy))
+    assert proc.returncode == 4
+    hashed = len(json.loads((copy / "colitools.json").read_text())["shards"])
+    assert f"sha256 matched the manifest for {hashed - 1} of {hashed} file(s) hashed" in proc.stdout
+
+
+def test_unreadable_folder_with_json_still_prints_a_report_exit_1(tmp_path):
+    proc = _cli(str(tmp_path / "nothing"), "--json")
     assert proc.returncode == 1
     assert proc.stderr.startswith("colitools: error:") and proc.stderr.count("\n") == 1
-    assert shard.name in proc.stderr and "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout)["ok"] is False
