@@ -289,6 +289,7 @@ def _writer_choice(option: str, O: int, I: int) -> tuple[str, int | None, str | 
             (name == "int3-g64" and I in (24, 47, 48, 95, 96, 143, 144))
             or (name == "int2-row" and I <= 2)
             or (name == "int4-row" and I == 1)
+            or (name == "int4-row" and O == 1 and I in (195, 196, 391, 392, 587, 588, 783, 784))  # colibri's e8
             or (name == "mxfp4" and I % 32)
         )
         assert fallback_ok, f"unexpected fallback for {option} [{O}, {I}]"
