@@ -363,10 +363,15 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
         return Target(choice.option)
 
     def fallback(reason: str) -> Target:
-        try:  # int8-row is ambiguous only against e8-iq3-lattice (I == 98), which a stamp settles
-            stamp = resolver.stamp_for(name, FALLBACK_FORMAT, O, I, None, allow_stamp=True)
-        except FormatError as exc:  # pragma: no cover - not reachable with the spec's signatures
-            raise ConvertError(
+        # int8-row is ambiguous against e8-iq3-lattice (I == 98, O == 1) and colibri's UE8M0-FP8 signature
+        # (§3 rule 7), both settled by a stamp; a routed expert is never stamped, so it is written F32 there.
+        try:
+            stamp = resolver.stamp_for(name, FALLBACK_FORMAT, O, I, None, allow_stamp=role is not Role.EXPERT)
+        except FormatError as exc:
+            if role is Role.EXPERT and exc.reason is resolver.ResolveReason.NEEDS_STAMP:
+                why = f"{reason}; {FALLBACK_FORMAT} too would need a stamp ({_reason(exc)})"
+                return Target(Float.name, None, None, Fallback(name, option, Float.name, why))
+            raise ConvertError(  # pragma: no cover - not reachable with the spec's signatures
                 f"tensor {name}: even the {FALLBACK_FORMAT} fallback would not resolve back: {exc}"
             ) from None
         return Target(FALLBACK_FORMAT, None, stamp, Fallback(name, option, FALLBACK_FORMAT, reason))

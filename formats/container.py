@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from colitools.formats import model_config
 from colitools.formats.errors import FormatError, ResolveError
-from colitools.formats.names import WEIGHT_SUFFIXES, TensorRole, parse_name
+from colitools.formats.names import MODULE_ALIASES, WEIGHT_SUFFIXES, TensorRole, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.registry import (
     FORMATS,
@@ -119,15 +119,17 @@ def config_shapes(
 ) -> dict[str, tuple[int | None, int | None]]:
     """The ``[O, I]`` that ``config.json`` implies for those of ``names`` where it is derivable.
 
-    Modest on purpose: embeddings and the output head (``[vocab_size, hidden_size]``) and routed experts
-    (``gate/up`` ``[E_I, hidden_size]``, ``down`` ``[hidden_size, E_I]`` with ``E_I`` =
-    ``moe_intermediate_size``, else ``intermediate_size``). ``None`` marks a dimension the config does not give.
-    The numbers are the config facts (``formats/model_config.py``: text model, expert width), validated there;
-    a malformed config raises ConfigError.
+    Embeddings and the output head (``[vocab_size, hidden_size]``), routed experts (``gate/up``
+    ``[E_I, hidden_size]``, ``down`` ``[hidden_size, E_I]`` with ``E_I`` = ``moe_intermediate_size``, else
+    ``intermediate_size``) and every per-layer linear role ``model_config.linear_shapes`` derives (attention and
+    MLA projections, dense MLP, shared experts, routers), matched by the tensor-name map's module and leaf.
+    ``None`` marks a dimension the config does not give. The numbers are the config facts
+    (``formats/model_config.py``), validated there; a malformed config raises ConfigError.
     """
     facts = model_config.read_facts(config)
     hidden, vocab = facts.hidden_size, facts.vocab_size
     expert_i = facts.expert_width or None  # 0 gives no shape
+    linear = model_config.linear_shapes(config)
     implied: dict[str, tuple[int | None, int | None]] = {}
     for name in names:
         parsed = parse_name(name)
@@ -135,8 +137,13 @@ def config_shapes(
             continue
         if parsed.role in (TensorRole.EMBED, TensorRole.HEAD):
             implied[name] = (vocab, hidden)
-        elif parsed.expert is not None and parsed.projection is not None:
-            implied[name] = (hidden, expert_i) if parsed.projection == "down" else (expert_i, hidden)
+        elif parsed.expert is not None:
+            if parsed.projection is not None:
+                implied[name] = (hidden, expert_i) if parsed.projection == "down" else (expert_i, hidden)
+        elif parsed.layer is not None:
+            module = ".".join(MODULE_ALIASES.get(p, p) for p in parsed.module.split("."))
+            if (module, parsed.leaf) in linear:
+                implied[name] = linear[(module, parsed.leaf)]
     return {name: dims for name, dims in implied.items() if dims != (None, None)}
 
 
@@ -163,8 +170,10 @@ class ResolvedTensor:
     """One stored tensor of a container, as the resolver sees it.
 
     ``kind`` is ``quantized`` (U8 codes with a ``.qs`` or an mxfp4 ``weight_packed``), ``float`` (F32/BF16/F16
-    without ``.qs``, format f32), ``scale`` (the ``.qs`` / ``weight_scale`` of ``scale_of``) or ``other``
-    (anything else: integer tensors, F8 source weights, F64, a U8 tensor without sidecar; no format).
+    without ``.qs``, format f32), ``scale`` (the ``.qs`` / ``weight_scale`` of ``scale_of``), ``unresolved`` (a
+    quantized weight whose ``[O, I]`` neither ``colitools.shapes`` nor ``config.json`` gives; ``problem`` says
+    so; only with ``report_unresolved``) or ``other`` (anything else: integer tensors, F8 source weights, F64, a
+    U8 tensor without sidecar; no format).
     ``logical_shape`` is ``[O, I]`` for weights; ``nbytes`` counts this tensor only, ``scale_nbytes`` its scale.
     """
 
@@ -181,6 +190,7 @@ class ResolvedTensor:
     scale: str | None = None
     scale_nbytes: int = 0
     scale_of: str | None = None
+    problem: str | None = None  # kind "unresolved": why its [O, I] (hence its format) is unknown
 
 
 def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
@@ -196,6 +206,8 @@ def resolve_container(
     files: Sequence[_Shard],
     shapes: Mapping[str, tuple[int, int]] | None = None,
     config: Mapping[str, Any] | None = None,
+    *,
+    report_unresolved: bool = False,
 ) -> dict[str, ResolvedTensor]:
     """Resolve every tensor of a container (one file, or all shards of a model), in file and offset order.
 
@@ -204,6 +216,12 @@ def resolve_container(
     which must agree); applies the merged ``colibri.fmt`` stamps; checks logical shapes against ``config`` (a
     parsed ``config.json``) where it implies them; checks planar shards hold only planar-capable int4 tensors.
     Any inconsistency is a ResolveError naming the file and tensor.
+
+    Foreign containers (docs/FORMATS.md §3, "Foreign containers": colibri's converter writes 1-D codes and
+    ``.qs``, no metadata): a quantized weight without a ``colitools.shapes`` entry takes its ``[O, I]`` from
+    ``config`` by tensor role (``config_shapes``), as colibri's engines do. One that neither gives is never
+    guessed: a ResolveError naming it, or with ``report_unresolved`` a ``ResolvedTensor`` of kind
+    ``unresolved`` (the rest of the container still resolves).
     """
     present: dict[str, tuple[_Shard, _TensorInfo]] = {}
     for shard in files:
@@ -228,12 +246,23 @@ def resolve_container(
             if name not in present:
                 raise ResolveError(f"{key} names tensor {name}, which is not in the container")
 
+    from_config: dict[str, tuple[int, int]] = {}
+    if config:
+        unshaped = [n for n, (_, i) in present.items() if n not in all_shapes and _scale_name(n, i, infos)]
+        from_config = {
+            n: (O, I)
+            for n, (O, I) in config_shapes(config, unshaped).items()
+            if O is not None and I is not None
+        }
     resolved: dict[str, ResolvedTensor] = {}
     scale_owner: dict[str, str] = {}
     for name, (shard, info) in present.items():
         scale = _scale_name(name, info, infos)
         if scale is not None:
-            resolved[name] = _resolve_weight(name, shard, info, scale, infos, all_shapes, stamps, layouts)
+            resolved[name] = _resolve_weight(
+                name, shard, info, scale, infos, {**from_config, **all_shapes}, stamps, layouts,
+                report_unresolved, config is not None,
+            )  # fmt: skip
             scale_owner[scale] = name
     for name, (shard, info) in present.items():
         where, layout = str(shard.path), layouts[id(shard)]
@@ -286,6 +315,8 @@ def _resolve_weight(
     shapes: Mapping[str, tuple[int, int]],
     stamps: Mapping[str, str],
     layouts: Mapping[int, str],
+    report_unresolved: bool = False,
+    have_config: bool = False,
 ) -> ResolvedTensor:
     where, layout = str(shard.path), layouts[id(shard)]
     stamp = stamps.get(name)
@@ -316,10 +347,17 @@ def _resolve_weight(
         if scale_info.dtype != "F32":
             raise ResolveError(f"{where}: scale tensor {scale} is {scale_info.dtype}, expected F32")
         if name not in shapes:
-            raise ResolveError(
+            source = "config.json does not determine it either" if have_config else "no config.json"
+            problem = (
                 f"{where}: quantized tensor {name} ({info.nbytes} weight bytes, {scale_info.nbytes} scale bytes) "
-                f"has no {SHAPES_KEY} entry, so its [O, I] is unknown"
+                f"has no {SHAPES_KEY} entry and {source}, so its [O, I] is unknown"
             )
+            if not report_unresolved:
+                raise ResolveError(problem)
+            return ResolvedTensor(
+                name, where, info.dtype, info.shape, info.nbytes, "unresolved", layout, None, None, stamp,
+                scale, scale_info.nbytes, problem=problem,
+            )  # fmt: skip
         O, I = shapes[name]
         fmt = resolve_format(name, info.nbytes, scale_info.nbytes, O, I, stamp)
     if layout == PLANAR_LAYOUT and not FORMATS[fmt.fmt].planar_eligible(I, fmt.group_size):

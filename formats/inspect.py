@@ -181,6 +181,7 @@ class InspectReport:
     index: bool
     warnings: list[str]
     sidecar: list[str] = field(default_factory=list)  # the planar sidecar's layer files (also in ``shards``)
+    unresolved: list[str] = field(default_factory=list)  # quantized weights whose [O, I] is unknown (§3)
 
     @property
     def layout(self) -> str:
@@ -230,11 +231,14 @@ class InspectReport:
             "shards": [asdict(s) for s in self.shards],
             "totals": [asdict(t) for t in self.totals],
             "tensors": tensors,
+            "unresolved": list(self.unresolved),
             "warnings": list(self.warnings),
         }
 
 
 def _total_label(t: ResolvedTensor) -> str:
+    if t.kind == "unresolved":
+        return "unresolved"
     if t.format is None:
         return f"other ({t.dtype})"
     if t.kind == "float" and t.dtype != "F32":
@@ -246,11 +250,13 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
     """Resolve every tensor at ``path`` (a file or a model directory) and total the bytes per format.
 
     Raises a ColitoolsError (one line naming the file and tensor) for a malformed file, an index that does not
-    match the shards, or a tensor that does not resolve.
+    match the shards, or a tensor that does not resolve. A quantized weight whose ``[O, I]`` neither
+    ``colitools.shapes`` nor ``config.json`` gives (a foreign container, §3) is listed as ``unresolved`` (kind
+    ``unresolved``, a warning, ``unresolved`` in the JSON) and the rest still resolves.
     """
     model = open_model(path)
     try:
-        resolved = resolve_container(model.shards, config=model.config)
+        resolved = resolve_container(model.shards, config=model.config, report_unresolved=True)
         shards = [
             ShardSummary(
                 str(s.path),
@@ -264,6 +270,7 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
     finally:
         for shard in model.shards:
             shard.close()
+    unresolved = [t for t in resolved.values() if t.kind == "unresolved"]
     totals: dict[str, list[int]] = {}
     for t in resolved.values():
         if t.kind == "scale":
@@ -278,8 +285,9 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
         totals=[FormatTotal(label, n, b) for label, (n, b) in sorted(totals.items())],
         config_checked=model.config is not None,
         index=model.index is not None,
-        warnings=model.warnings,
+        warnings=model.warnings + [f"unresolved: {t.problem}" for t in unresolved],
         sidecar=[str(s.path) for s in model.sidecar],
+        unresolved=[t.name for t in unresolved],
     )
 
 

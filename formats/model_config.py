@@ -44,6 +44,7 @@ __all__ = [
     "experts_per_token",
     "fp8_block_size",
     "hidden_size",
+    "linear_shapes",
     "model_type",
     "mtp_layer_count",
     "num_hidden_layers",
@@ -321,6 +322,75 @@ def read_facts(config: Any, where: str = "config.json") -> ConfigFacts:
         expert_width=expert_width(config, where),
         fp8_block=fp8_block_size(config, where),
     )
+
+
+# -------------------------------------------------------------------------------------- linear geometry
+def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, str], tuple[int, int]]:
+    """The ``[O, I]`` of every per-layer linear weight the config determines, keyed by ``(module, leaf)`` in the
+    runtime's canonical spelling (``("self_attn", "q_proj")``, ``("mlp", "gate_proj")``, ``("mlp", "gate")`` for
+    the router, ``("mlp.shared_experts", "down_proj")``); what colibri's engines compute from ``config.json``
+    for a container without logical shapes (issue 10). Only what the config gives: a dimension it does not
+    give leaves the role out. Routed experts, embeddings and the head are ``read_facts``' expert width and
+    sizes (``formats/container.py`` ``config_shapes``).
+
+    * attention, MLA (``kv_lora_rank`` set: DeepSeek-V3, GLM-4.7/5 style): ``q_a_proj [q_lora_rank, H]``,
+      ``q_b_proj [heads*(qk_nope+qk_rope), q_lora_rank]`` (or ``q_proj [heads*(qk_nope+qk_rope), H]`` without
+      ``q_lora_rank``), ``kv_a_proj_with_mqa [kv_lora_rank+qk_rope, H]``,
+      ``kv_b_proj [heads*(qk_nope+v_head), kv_lora_rank]``, ``o_proj [H, heads*v_head]``;
+    * attention, plain (``head_dim``, else ``H / heads``): ``q_proj [heads*head_dim, H]``,
+      ``k_proj``/``v_proj [kv_heads*head_dim, H]`` (``num_key_value_heads``, else ``heads``),
+      ``o_proj [H, heads*head_dim]``;
+    * dense MLP (``mlp.gate_proj``/``up_proj [intermediate_size, H]``, ``down_proj [H, intermediate_size]``);
+    * shared experts, width ``shared_expert_intermediate_size``, else ``n_shared_experts *
+      moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``.
+    """
+    validate_config(config, where)
+    text = text_config(config)
+    hidden = text.get("hidden_size")
+    if not hidden:
+        return {}
+    shapes: dict[tuple[str, str], tuple[int, int]] = {}
+    heads = text.get("num_attention_heads")
+    kv_lora = text.get("kv_lora_rank")
+    if heads and kv_lora:
+        nope, rope, v_head = (text.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+        q_lora = text.get("q_lora_rank")
+        if nope is not None and rope is not None:
+            q_out = heads * (nope + rope)
+            if q_lora:
+                shapes[("self_attn", "q_a_proj")] = (q_lora, hidden)
+                shapes[("self_attn", "q_b_proj")] = (q_out, q_lora)
+            else:
+                shapes[("self_attn", "q_proj")] = (q_out, hidden)
+            shapes[("self_attn", "kv_a_proj_with_mqa")] = (kv_lora + rope, hidden)
+            if v_head:
+                shapes[("self_attn", "kv_b_proj")] = (heads * (nope + v_head), kv_lora)
+        if v_head:
+            shapes[("self_attn", "o_proj")] = (hidden, heads * v_head)
+    elif heads:
+        head_dim = text.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
+        if head_dim:
+            kv_heads = text.get("num_key_value_heads") or heads
+            shapes[("self_attn", "q_proj")] = (heads * head_dim, hidden)
+            shapes[("self_attn", "k_proj")] = (kv_heads * head_dim, hidden)
+            shapes[("self_attn", "v_proj")] = (kv_heads * head_dim, hidden)
+            shapes[("self_attn", "o_proj")] = (hidden, heads * head_dim)
+    dense = text.get("intermediate_size")
+    if dense:
+        shapes[("mlp", "gate_proj")] = shapes[("mlp", "up_proj")] = (dense, hidden)
+        shapes[("mlp", "down_proj")] = (hidden, dense)
+    shared = text.get("shared_expert_intermediate_size")
+    if not shared and text.get("n_shared_experts") and text.get("moe_intermediate_size"):
+        shared = text["n_shared_experts"] * text["moe_intermediate_size"]
+    if shared:
+        shapes[("mlp.shared_experts", "gate_proj")] = (shared, hidden)
+        shapes[("mlp.shared_experts", "up_proj")] = (shared, hidden)
+        shapes[("mlp.shared_experts", "down_proj")] = (hidden, shared)
+        shapes[("mlp", "shared_expert_gate")] = (1, hidden)
+    experts = routed_expert_count(config, where)
+    if experts:
+        shapes[("mlp", "gate")] = (experts, hidden)
+    return shapes
 
 
 # --------------------------------------------------------------------------------------------- helpers

@@ -59,6 +59,7 @@ __all__ = [
     "resolve_format",
     "resolve_mxfp4",
     "stamp_for",
+    "ue8m0_fp8_signature",
 ]
 
 STAMP_KEY = "colibri.fmt"
@@ -249,18 +250,40 @@ def _try_resolve(tensor: str, nb: int, ns: int, O: int, I: int, stamp: str | Non
         return None
 
 
+def ue8m0_fp8_signature(O: int, I: int) -> bool:
+    """§3 rule 7: ``ceil(O/128) * ceil(I/128) == 4 * O``, where int8-row's F32 row scales (``4*O`` bytes) have
+    the byte count of colibri's FP8 layout with one-byte UE8M0 block scales (``nblk`` bytes). colibri refuses
+    such an int8-row tensor unless it is stamped ``int8-row``; colitools' reader resolves it as int8-row."""
+    return Fp8E4m3B128.scale_nbytes(O, I) == 16 * O  # 4 * nblk == 16 * O
+
+
+def _e8_stamp_accepted(fmt: type[Format], O: int, I: int) -> bool:
+    """Whether colibri's e8 branch (``qt_resolve_fmt``) takes a stamp naming ``fmt`` on e8's byte signature: only
+    where the tensor's weight bytes are also ``O*I`` (int8-row at ``O == 1``, fp8 with one f32 block) -- never
+    an int4/int2/int3 stamp, which its e8 branch ignores and ``qt_verify_fmt_stamp`` then refuses."""
+    if fmt is E8Iq3Lattice:
+        return True
+    if fmt is Int8Row:
+        return O == 1
+    if fmt is Fp8E4m3B128:
+        return Fp8E4m3B128.scale_nbytes(O, I) == 4
+    return False
+
+
 def stamp_for(
     name: str, fmt_name: str, O: int, I: int, gs: int | None = None, *, allow_stamp: bool = True
 ) -> str | None:
     """The ``colibri.fmt`` stamp a writer must record for ``name`` written as ``fmt_name`` ``[O, I]``.
 
-    ``None`` when the bytes alone resolve back to ``(fmt_name, gs)``. A stamp is returned only for the
-    collisions the spec settles with stamps: fp8-e4m3-b128 against int8-row (``O == nblk``), and any format
-    against e8-iq3-lattice's signature (int8-row/fp8 at ``I == 98``, int4-row at ``O == 1``, ``I`` in
-    ``{195, 196, 391, 392, ...}``); e8-iq3-lattice itself is stamped at ``I == 98`` as the spec asks.
-    Any other tensor whose bytes would resolve to another format (int3-g64 at ``I`` in ``{24, 47, 48, 95, 96,
-    143, 144}``, int2-row at ``I <= 2``, int4-row at ``I == 1``) raises ResolveError: the writer falls back to
-    int8-row. With ``allow_stamp=False`` (routed experts are never stamped) a needed stamp raises too.
+    ``None`` when the bytes alone resolve back to ``(fmt_name, gs)`` and colibri reads them unstamped. A stamp
+    is returned only for the collisions the spec settles with stamps: fp8-e4m3-b128 against int8-row
+    (``O == nblk``); int8-row with colibri's UE8M0-FP8 signature (``ceil(O/128)*ceil(I/128) == 4*O``, §3 rule
+    7); int8-row/fp8 against e8-iq3-lattice's signature at ``I == 98`` (where colibri's e8 branch accepts the
+    stamp); e8-iq3-lattice itself at ``I == 98`` as the spec asks. Any other tensor whose bytes would resolve
+    to another format (int3-g64 at ``I`` in ``{24, 47, 48, 95, 96, 143, 144}``, int2-row at ``I <= 2``,
+    int4-row at ``I == 1``, int4-row at ``O == 1`` with fmt 6's bytes, ``I`` in ``{195, 196, 391, 392, ...}``,
+    whose stamp colibri's e8 branch refuses) raises ResolveError: the writer falls back to int8-row. With
+    ``allow_stamp=False`` (routed experts are never stamped) a needed stamp raises too.
     """
     fmt = _writer_format(name, fmt_name, gs)
     _check_dims(name, O, I)
@@ -273,20 +296,31 @@ def stamp_for(
     want = Resolved.of(fmt, gs)
     plain = _try_resolve(name, nb, ns, O, I, None)
     spec_stamped = fmt is E8Iq3Lattice and I == 98  # stamped by the spec although step 1 already picks it
-    if plain == want and not spec_stamped:
-        return None
-    stampable = plain is not None and (
-        plain.fmt == E8Iq3Lattice.ord or (plain.fmt == Int8Row.ord and fmt is Fp8E4m3B128)
-    )
     where = f"{want.label} [{O}, {I}] (weight bytes {nb}, scale bytes {ns})"
     advice = f"; write {FALLBACK_FORMAT.name} instead"
+    rule7 = fmt is Int8Row and ue8m0_fp8_signature(O, I)
+    if plain == want and not spec_stamped and not rule7:
+        return None
+    stampable = plain is not None and (
+        (plain.fmt == E8Iq3Lattice.ord and _e8_stamp_accepted(fmt, O, I))
+        or (plain.fmt == Int8Row.ord and fmt is Fp8E4m3B128)
+        or rule7
+    )
     if not stampable or _try_resolve(name, nb, ns, O, I, fmt.name) != want:
         became = plain.label if plain else "nothing"
+        why = (
+            f"{where} would resolve as {became}; colibri's e8 branch accepts no {fmt.name} stamp there"
+            if plain is not None and plain.fmt == E8Iq3Lattice.ord
+            else f"{where} would resolve as {became}, which no stamp may settle"
+        )
+        raise ResolveError.about(name, why, ResolveReason.COLLIDES, advice)
+    if rule7 and not allow_stamp:
         raise ResolveError.about(
             name,
-            f"{where} would resolve as {became}, which no stamp may settle",
-            ResolveReason.COLLIDES,
-            advice,
+            f"{where} has colibri's fp8-with-ue8m0-scales signature (ceil(O/128)*ceil(I/128) == 4*O), which "
+            f"needs a {STAMP_KEY} stamp, and this tensor may not be stamped",
+            ResolveReason.NEEDS_STAMP,
+            "; write f32 instead",
         )
     if not allow_stamp:
         raise ResolveError.about(

@@ -68,7 +68,9 @@ class ContainerReport:
         }
 
 
-def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progress: bool = False) -> ContainerReport:
+def verify_container(
+    path: str | os.PathLike[str], *, hashes: bool = True, progress: bool = False
+) -> ContainerReport:
     """Verify the converted folder (or single file) at ``path``; see the module docstring."""
     root = Path(path)
     report = ContainerReport(str(root))
@@ -84,7 +86,7 @@ def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progr
     report.shards = len(shards)
     report.warnings.extend(model.warnings)
     try:
-        resolved = resolve_container(shards, config=model.config)
+        resolved = resolve_container(shards, config=model.config, report_unresolved=True)
     except ColitoolsError as exc:
         report.problems.append(str(exc))
         resolved = {}
@@ -95,6 +97,8 @@ def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progr
             report.formats[t.format.label] = report.formats.get(t.format.label, 0) + 1
         if t.kind == "scale":
             _check_scale(shard_by_name[t.file], t.name, t.dtype, report)
+        if t.kind == "unresolved":  # a foreign container's weight whose [O, I] nothing gives (§3)
+            report.problems.append(t.problem or f"tensor {t.name}: [O, I] unknown")
     if root.is_dir():
         _check_manifest(root, report, broken, hashes=hashes, progress=progress)
     return report
@@ -181,7 +185,9 @@ def _check_manifest(root: Path, report: ContainerReport, broken: set[str], *, ha
     recorded = {r.get("name") for r in records}
     missing = [n for n in planned if n not in recorded]
     if missing:
-        report.problems.append(f"{path}: {len(missing)} planned file(s) not recorded as finished, e.g. {missing[0]}")
+        report.problems.append(
+            f"{path}: {len(missing)} planned file(s) not recorded as finished, e.g. {missing[0]}"
+        )
     bar = None
     if progress and hashes:
         from tqdm import tqdm

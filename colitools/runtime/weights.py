@@ -119,7 +119,9 @@ class Checkpoint:
         self.files = _open_shards(self.dir)
         self.fp8_block = _fp8_block(config)
         try:
-            resolved = resolve_container(self.files)
+            # config.json gives [O, I] by role to a foreign container's weights without colitools.shapes
+            # (colibri's converter writes none); a weight that neither gives is refused, named (§3).
+            resolved = resolve_container(self.files, config=config or None)
         except ColitoolsError as exc:
             raise RuntimeModelError(f"{self.dir}: {exc}") from None
         self.infos = {}  # canonical name -> (path, TensorInfo, ResolvedTensor)

@@ -155,10 +155,21 @@ def test_option_for_roles():
     assert [r.option_for(x) for x in Role] == ["f32", "int3-g64", "bf16", "mxfp4", "int4-row"]
 
 
-def test_one_row_expert_at_width_98_keeps_a_stamped_int8_fallback():
-    # [1, 98]: int4-row would be 49 B (fine), but mxfp4 needs I % 32 == 0 -> int8-row fallback, whose
-    # 98 weight bytes + 4 scale bytes equal e8-iq3-lattice's signature (1 * ceil(98/256) * 98, scale [1]).
-    # The spec's "never stamp a routed expert" and "fall back to int8-row" conflict here; we stamp
-    # (docs/FORMATS.md, "Fallback chains").
+def test_one_row_expert_at_width_98_falls_back_to_f32():
+    # [1, 98]: mxfp4 needs I % 32 == 0 -> int8-row fallback, whose 98 weight bytes + 4 scale bytes equal
+    # e8-iq3-lattice's signature (1 * ceil(98/256) * 98, scale [1]). colibri's routed-expert loader consults
+    # no stamp, so a routed expert is never stamped: its int8-row bytes are ambiguous too -> F32 (§3 "Stamps").
     t = choose_target("m.experts.0.up_proj.weight", Role.EXPERT, "mxfp4", 1, 98, BF16)
-    assert t.fmt == "int8-row" and t.stamp == "int8-row" and t.fallback is not None
+    assert t.fmt == "f32" and t.stamp is None and t.fallback is not None
+    assert t.fallback.written == "f32" and "would need a stamp" in t.fallback.reason
+    dense = choose_target("w", Role.DENSE, "mxfp4", 1, 98, BF16)
+    assert dense.fmt == "int8-row" and dense.stamp == "int8-row"
+
+
+def test_rule7_int8_row_stamped_resident_and_f32_for_routed_experts():
+    # ceil(8/128) * ceil(4096/128) == 32 == 4 * 8: colibri's UE8M0-FP8 signature (§3 rule 7).
+    assert choose_target("w", Role.DENSE, "int8-row", 8, 4096, BF16) == rc.Target(
+        "int8-row", stamp="int8-row"
+    )
+    t = choose_target("m.experts.0.up_proj.weight", Role.EXPERT, "int8-row", 8, 4096, BF16)
+    assert t.fmt == "f32" and t.stamp is None and t.fallback.requested == "int8-row"

@@ -190,9 +190,10 @@ STAMPS = [
     ("int8-row", 1, 98, None, "int8-row"),  # e8 signature
     ("int8-row", 2, 98, None, None),
     ("int8-row", 2, 256, None, None),  # O == nblk: int8-row is the unstamped answer
-    ("int4-row", 1, 195, None, "int4-row"),
-    ("int4-row", 1, 196, None, "int4-row"),
-    ("int4-row", 1, 784, None, "int4-row"),
+    ("int8-row", 8, 4096, None, "int8-row"),  # §3 rule 7: nblk == 4*O (colibri's UE8M0-FP8 signature)
+    ("int8-row", 1, 512, None, "int8-row"),
+    ("int8-row", 2, 1024, None, "int8-row"),
+    ("int8-row", 1, 384, None, None),  # nblk 3
     ("int4-row", 1, 197, None, None),
     ("int4-row", 2, 196, None, None),
     ("int4-grouped", 4, 100, 64, None),
@@ -226,6 +227,10 @@ def test_stamp_for(fmt, O, I, gs, want):
         ("int2-row", 4, 1, None, "int8-row"),
         ("int4-row", 4, 1, None, "int8-row"),
         ("int4-grouped", 4, 96, 64, "int4-g48"),  # not the writer rule's gs
+        # O == 1 int4-row with fmt 6's bytes: colibri's e8 branch refuses an int4-row stamp (qt_resolve_fmt)
+        ("int4-row", 1, 195, None, "e8-iq3-lattice"),
+        ("int4-row", 1, 196, None, "e8-iq3-lattice"),
+        ("int4-row", 1, 784, None, "e8-iq3-lattice"),
     ],
 )
 def test_stamp_for_refuses_collisions_no_stamp_may_settle(fmt, O, I, gs, became):
@@ -234,7 +239,8 @@ def test_stamp_for_refuses_collisions_no_stamp_may_settle(fmt, O, I, gs, became)
 
 
 @pytest.mark.parametrize(
-    ("fmt", "O", "I"), [("int4-row", 1, 196), ("fp8-e4m3-b128", 2, 256), ("int8-row", 1, 98)]
+    ("fmt", "O", "I"),
+    [("int8-row", 8, 4096), ("int8-row", 1, 512), ("fp8-e4m3-b128", 2, 256), ("int8-row", 1, 98)],
 )
 def test_stamp_for_routed_experts_never_stamped(fmt, O, I):
     with pytest.raises(ResolveError, match="needs a colibri.fmt stamp"):
@@ -283,6 +289,7 @@ def _writer_choice(option: str, O: int, I: int) -> tuple[str, int | None, str | 
             (name == "int3-g64" and I in (24, 47, 48, 95, 96, 143, 144))
             or (name == "int2-row" and I <= 2)
             or (name == "int4-row" and I == 1)
+            or (name == "int4-row" and O == 1 and I in (195, 196, 391, 392, 587, 588, 783, 784))  # colibri's e8
             or (name == "mxfp4" and I % 32)
         )
         assert fallback_ok, f"unexpected fallback for {option} [{O}, {I}]"
