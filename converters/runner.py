@@ -105,7 +105,7 @@ def _convert(
         src.describe(), str(out), options.dry_run, plan.recipe.as_dict(), len(plan.units),
         total_out_bytes=plan.out_bytes, peak_disk_bytes=plan.peak_disk(transient, kept, options.workers),
         format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
-        fallbacks=[f.as_dict() for f in plan.fallbacks],
+        fallbacks=[f.as_dict() for f in plan.fallbacks], dropped_towers=list(plan.dropped),
     )  # fmt: skip
     if options.dry_run:
         summary.plan = plan.summary(transient, kept, options.workers)

@@ -118,6 +118,16 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
     """The job's source values (exact dtype, 2-D ``[O, I]`` or the 0/1-D shape) and its FP8 scale grid rows."""
     src = job.source
     scale = None
+    if (
+        job.fused_pick is not None
+    ):  # an interleaved / transposed stack slice or a stack-bias slice (float only)
+        sl = job.fused_pick
+        if len(src.shape) == 3:
+            E, rows, cols = src.shape
+            slab = reader.read_rows(src.shard, src.name, src.dtype, src.shape, sl.expert, 0, rows)
+        else:
+            slab = reader.read(src.shard, src.name, src.dtype, src.shape)[sl.expert]
+        return sl.pick(slab), None
     if job.fused_rows is None:
         values = reader.read(src.shard, src.name, src.dtype, src.shape)
         if src.scale is not None:
@@ -166,6 +176,8 @@ def encode_job(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values."""
     t = job.target
+    if t.is_source:  # rules 0 and 1: the source tensor unchanged (its dtype, its bytes)
+        return np.ascontiguousarray(values), None
     if t.is_passthrough:  # fp8-e4m3-b128: bytes unchanged, .qs = weight_scale_inv as F32
         return np.ascontiguousarray(values).view(np.uint8), np.asarray(scale).astype(np.float32)
     if t.is_float:

@@ -68,7 +68,7 @@ _TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
     "num_hidden_layers": ("int", 1, _MAX_LAYERS),
     "num_attention_heads": ("int", 1, _MAX_INT),
     "num_key_value_heads": ("int", 1, _MAX_INT),
-    "head_dim": ("int", 1, _MAX_INT),
+    "head_dim": ("int", 0, _MAX_INT),  # 0: GLM-5.3-Flash (glm5_next, MLA without RoPE)
     "intermediate_size": ("int", 0, _MAX_INT),
     "moe_intermediate_size": ("int", 1, _MAX_INT),
     "shared_expert_intermediate_size": ("int", 0, _MAX_INT),
