@@ -178,9 +178,15 @@ SMALL_PARAMS: dict[str, str] = {
     "global_scale": "NVFP4 global scales",
     "rel_pos": "relative-position tables (Inkling)",
     "rel_bias": "relative-position tables (Inkling)",
-    "attn_res_query": "block attention-residual queries (Inkling-2)",
+    "scale": "per-head L2-clip scales: Inkling-2 attn.q_l2_clip.scale / rel_l2_clip.scale [heads, d]",
+    "attn_sink_proj": "Inkling-2 attn.attn_sink_proj.weight [heads, H]: per-head sink logits, F32 like sinks",
     # placed by closest row (docs/FORMATS.md "Placements"): a bare parameter used as a small linear map
     "index_kpool_compress_gate": "GLM-5.3-Flash indexer k-pool gate [index_head_dim, H], F32 like its *_ape",
+}
+# Modules whose every tensor is a rule-2 small parameter (matched on any inner component of a name).
+SMALL_PARAM_MODULES: dict[str, str] = {
+    "attn_res": "Inkling-2 block attention-residual queries (attn_res.attn_queries.N, mlp_queries.N)",
+    "rel_logits_proj": "Inkling / Inkling-2 relative-position logits table (attn.rel_logits_proj.proj)",
 }
 CONV_MARKERS = ("conv",)  # conv1d kernels [C, 1, K]: linear_attn.conv1d, q_conv1d, Inkling short convolutions
 SSM_PARAMS = frozenset({"A_log", "dt_bias", "D"})  # linear-attention state parameters
@@ -352,7 +358,10 @@ def is_small_param(name: str) -> bool:
         leaf in SMALL_PARAMS
         or leaf.startswith(tuple(SMALL_PARAM_PREFIXES))
         or leaf.endswith(tuple(SMALL_PARAM_SUFFIXES))
-        or any(p.startswith(tuple(SMALL_PARAM_PREFIXES)) for p in name.split(".")[:-1])
+        or any(
+            p.startswith(tuple(SMALL_PARAM_PREFIXES)) or p in SMALL_PARAM_MODULES
+            for p in name.split(".")[:-1]
+        )
     )
 
 
