@@ -6,8 +6,9 @@ Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
 * shard names in ``weight_map`` (absolute, path separators, ``..``, not ``*.safetensors`` -> refused);
 * ``weight_map`` against the shard headers (a listed tensor missing from its shard, a shard missing from the
   source, a tensor present in a shard header but absent from ``weight_map``);
-* dtypes (float or FP8 only), FP8 weights without ``_scale_inv``, scales without their weight, scale grids
-  that do not match ``weight_block_size`` (ceil grid);
+* dtypes (float or FP8; integer / bool tensors are copied unchanged, rule 0), FP8 weights without
+  ``_scale_inv``, scales without their weight, scale grids that do not match ``weight_block_size`` (ceil grid);
+* expert stacks: the family (``model_type``) must fix their orientation (``names.STACK_ORIENTATION``);
 * shapes against ``config.json`` (embeddings / head ``[vocab_size, hidden_size]``, routed experts
   ``[moe_intermediate_size, hidden_size]`` / ``[hidden_size, moe_intermediate_size]``, fused expert tensors,
   the expert count).
@@ -32,9 +33,11 @@ from colitools.converters.dequant import (
 )
 from colitools.converters.sources import HeaderTensor, Source, check_shard_name
 from colitools.errors import ConvertError
-from colitools.formats import model_config
+from colitools.formats import model_config, names
 from colitools.formats.errors import ConfigError
 from colitools.formats.names import natural_key  # the planner imports it from here too
+
+COPY_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")  # rule 0: copied unchanged
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,24 @@ class Inventory:
     def shards(self) -> list[str]:
         return sorted(self.shard_sizes)
 
+    @property
+    def stack_orientation(self) -> names.Orientation | None:
+        """How this family lays out expert stacks (``names.STACK_ORIENTATION`` by the checkpoint's
+        ``model_type``, else its text model's); transformers' layout when the config names no type at all;
+        None when the type is one the table does not know."""
+        return family_orientation(self.config)
+
+
+def family_orientation(config: Mapping[str, Any]) -> names.Orientation | None:
+    types = [t for t in (config.get("model_type"), model_config.text_config(config).get("model_type")) if t]
+    if not types:
+        return names.Orientation.ROWS
+    for t in types:
+        found = names.stack_orientation(t)
+        if found is not None:
+            return found
+    return None
+
 
 def build_inventory(
     headers: Mapping[str, Mapping[str, HeaderTensor]],
@@ -180,7 +201,8 @@ def build_inventory(
         info = headers[shard][name]
         sname = name + SCALE_SUFFIX
         scale = None
-        check_source_dtype(name, info.dtype, sname in weight_map)
+        if not (info.dtype in COPY_DTYPES and sname not in weight_map):
+            check_source_dtype(name, info.dtype, sname in weight_map)
         if sname in weight_map:
             if info.dtype not in FP8_SOURCE_DTYPES:
                 raise ConvertError(f"tensor {sname}: scale of {name}, which is {info.dtype}, not FP8")
@@ -368,6 +390,19 @@ def check_config_shapes(inv: Inventory) -> None:
     except ConfigError as exc:
         raise ConvertError(str(exc)) from None
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
+    orientation = inv.stack_orientation
+    two_i = 2 * moe_i if moe_i else None
+    if orientation is names.Orientation.TRANSPOSED_INTERLEAVED:
+        stack_shapes = {"gate_up": ((E, H, two_i), "[experts, hidden_size, 2 x expert width]"),
+                        "down": ((E, moe_i, H), "[experts, expert width, hidden_size]")}  # fmt: skip
+    else:
+        stack_shapes = {"gate_up": ((E, two_i, H), "[experts, 2 x moe_intermediate_size, hidden_size]"),
+                        "down": ((E, H, moe_i), "[experts, hidden_size, moe_intermediate_size]")}  # fmt: skip
+    stack_shapes["gate"] = stack_shapes["up"] = ((E, moe_i, H), "[experts, expert width, hidden_size]")
+    bias_shapes = {
+        "gate_up": ((E, two_i), "[experts, 2 x expert width]"),
+        "down": ((E, H), "[experts, hidden_size]"),
+    }
 
     def expect(name: str, shape: tuple[int, ...], want: tuple[int | None, ...], keys: str) -> None:
         if len(shape) != len(want) or any(
@@ -379,20 +414,21 @@ def check_config_shapes(inv: Inventory) -> None:
             )
 
     for name, t in inv.tensors.items():
+        if t.dtype in COPY_DTYPES or names.is_tower(name):
+            continue  # rules 0 and 1: copied as they are
         if rc.is_embedding(name) and (V or H):
             expect(name, t.shape, (V, H), "vocab_size x hidden_size")
             continue
         fused = rc.fused_of(name)
-        if fused is not None and len(t.shape) == 3:
-            if fused.projection == "gate_up":
-                expect(
-                    name,
-                    t.shape,
-                    (E, 2 * moe_i if moe_i else None, H),
-                    "[experts, 2 x moe_intermediate_size, hidden_size]",
+        if fused is not None and len(t.shape) == (2 if fused.bias else 3):
+            if orientation is None:
+                raise ConvertError(
+                    f"tensor {name}: an expert stack, but the family {model_config.model_type(inv.config)!r} "
+                    "does not fix how its experts are laid out (known: "
+                    f"{', '.join(sorted(names.STACK_ORIENTATION))}); convert a per-expert export instead"
                 )
-            else:
-                expect(name, t.shape, (E, H, moe_i), "[experts, hidden_size, moe_intermediate_size]")
+            want, keys = (bias_shapes if fused.bias else stack_shapes)[fused.projection]
+            expect(name, t.shape, want, keys)
             continue
         ex = rc.expert_of(name)
         if ex is None or len(t.shape) != 2:

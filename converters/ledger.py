@@ -153,6 +153,8 @@ class Ledger:
                 "out_bytes": plan.out_bytes,
             },
             "fallbacks": [f.as_dict() for f in plan.fallbacks],
+            "formats_per_role": plan.role_formats(),
+            "dropped_towers": list(plan.dropped),
             "units": {},
         }
 

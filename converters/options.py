@@ -24,6 +24,7 @@ class ConvertOptions:
     mtp: str | None = None
     group_size: int | None = None
     layout: str = PAIRS.option  # a --layout value (formats/layouts.py)
+    towers: str = "keep"  # --towers keep | drop (FORMATS-SPEC §6 rule 1)
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False
@@ -41,7 +42,7 @@ class ConvertOptions:
 
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(
-            self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout
+            self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers
         )
         if self.group_size is not None and not any(
             v.startswith("int4-g") for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)
@@ -76,6 +77,7 @@ class ConvertSummary:
     peak_disk_bytes: int = 0  # planned peak on the output volume
     format_totals: dict[str, dict[str, int]] = field(default_factory=dict)
     formats_per_role: dict[str, dict[str, int]] = field(default_factory=dict)
+    dropped_towers: list[str] = field(default_factory=list)  # --towers drop: tensors left out
     fallbacks: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # e.g. `colitools run` will not execute this model
     disk_waits: int = 0
@@ -123,8 +125,11 @@ class ConvertSummary:
                 f"bytes in {gb(self.bytes_in)}, out {gb(self.bytes_out)} (output total {gb(self.total_out_bytes)}), "
                 f"wall {self.wall_seconds:.1f} s, {self.gb_per_s:.3f} GB/s"
             )
+        lines.append("formats per role:")
         for role, fmts in self.formats_per_role.items():
-            lines.append(f"  {role:<7} " + ", ".join(f"{n} x {f}" for f, n in fmts.items()))
+            lines.append(f"  {role:<16} " + ", ".join(f"{n} x {f}" for f, n in fmts.items()))
+        if self.dropped_towers:
+            lines.append(f"towers dropped: {len(self.dropped_towers)} tensors (listed in the manifest)")
         lines.append("formats: " + "; ".join(
             f"{f} {t['tensors']} tensors {gb(t['bytes'])}" for f, t in self.format_totals.items()))  # fmt: skip
         lines.append(f"fallbacks: {len(self.fallbacks)}")

@@ -53,10 +53,13 @@ class TensorJob:
     expert: int | None = None  # expert index when the tensor is a per-expert projection
     expert_base: str | None = None
     fused_rows: tuple[int, int, int] | None = None  # (expert, row0, row1) of a fused [E, rows, cols] tensor
+    fused_pick: rc.ExpertSlice | None = None  # an interleaved / transposed stack slice, or a stack-bias slice
 
     @cached_property
     def weight_entry(self) -> Entry:
         wname, _ = self.target.tensor_names(self.out_name)
+        if self.target.is_source:  # rules 0 and 1: the source's dtype and shape, bytes unchanged
+            return (wname, self.source.dtype, self.shape)
         if self.target.is_float:
             return (wname, "BF16" if self.target.is_bf16 else "F32", self.shape)
         return (wname, "U8", self.target.format_class.weight_shape(self.O, self.I, self.target.gs))
@@ -72,6 +75,11 @@ class TensorJob:
     @cached_property
     def in_bytes(self) -> int:
         """Source bytes this job reads (its slab of a fused tensor, plus the scale)."""
+        if self.fused_pick is not None:
+            n = itemsize(self.source.dtype)
+            for d in self.shape:
+                n *= d
+            return n
         if self.fused_rows is None:
             return self.source.nbytes + self.source.scale_nbytes
         _, r0, r1 = self.fused_rows
@@ -182,6 +190,7 @@ class ConversionPlan:
     recipe: rc.Recipe
     inventory: Inventory
     fallbacks: list[rc.Fallback] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # tower tensors left out (--towers drop)
 
     @property
     def files(self) -> list[OutputFile]:
@@ -215,11 +224,15 @@ class ConversionPlan:
         return dict(sorted(totals.items()))
 
     def role_formats(self) -> dict[str, dict[str, int]]:
-        """Per recipe role: how many tensors got which format."""
+        """Per role (the finer roles of ``recipe.DETAIL_ROLES``: router, norm/1-D, conv, ssm params, hc, sinks,
+        embed, head, mtp, routed experts, shared experts, attention, dense mlp, tower, copied non-float, ...):
+        how many output tensors got which format, roles in that order."""
         out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for job in (j for u in self.units for j in u.jobs):
-            out[job.role.value][job.target.label] += 1
-        return {r: dict(sorted(v.items())) for r, v in sorted(out.items())}
+            label = f"{job.source.dtype} (copied)" if job.target.is_source else job.target.label
+            out[rc.detail_role(job.out_name, len(job.shape), job.role)][label] += 1
+        order = {r: i for i, r in enumerate(rc.DETAIL_ROLES)}
+        return {r: dict(sorted(out[r].items())) for r in sorted(out, key=lambda r: (order.get(r, 99), r))}
 
     def peak_disk(self, transient: Iterable[str] = (), kept: Iterable[str] = (), workers: int = 1) -> int:
         """Peak bytes added to the output volume: published output so far, the files in flight, plus
@@ -264,6 +277,7 @@ class ConversionPlan:
             "formats_per_role": self.role_formats(),
             "format_totals": self.format_totals(),
             "fallbacks": [f.as_dict() for f in self.fallbacks],
+            "dropped_towers": list(self.dropped),
         }  # fmt: skip
 
 
@@ -276,11 +290,17 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     nhl = inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
+    orientation = inventory.stack_orientation
+    dropped: list[str] = []
     for name, src in inventory.tensors.items():
-        role = rc.classify(name, len(src.shape), nhl)
+        # a natively quantized tensor is a float weight stored in codes (its data dtype is U8 / I32)
+        role = rc.classify(name, len(src.shape), nhl, "F32" if src.quant is not None else src.dtype)
+        if role is rc.Role.TOWER and recipe.towers == "drop":
+            dropped.append(name)
+            continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block))
+        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block, orientation))
 
     fallbacks: list[rc.Fallback] = []
     drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]] = []
@@ -320,7 +340,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             layers[layer] = key
             out.append(OutputFile(sidecar.layer_file_path(layer), tuple(groups), meta, True, layer))
         units.append(Unit(key, tuple(out)))
-    return ConversionPlan(units, recipe, inventory, fallbacks)
+    return ConversionPlan(units, recipe, inventory, fallbacks, dropped)
 
 
 def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
@@ -335,25 +355,38 @@ def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
         )
 
 
-def _jobs_for(src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block) -> list[TensorJob]:
+def _jobs_for(
+    src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block, orientation=None
+) -> list[TensorJob]:
     option = recipe.option_for(role)
     block = fp8_block if src.scale is not None else None
-    if len(src.shape) == 3:  # fused experts, split per expert (§4)
+    fused = rc.fused_of(src.name) if role not in (rc.Role.COPY, rc.Role.TOWER) else None
+    if fused is not None and len(src.shape) == (2 if fused.bias else 3):  # expert stacks, split per expert
         jobs = []
-        E, _, cols = src.shape
         kind = source_kind(src, block, fused=True)
-        for sl in rc.split_fused(src.name, src.shape):
-            O, I = sl.row1 - sl.row0, cols
+        for sl in rc.split_fused(src.name, src.shape, orientation or rc.Orientation.ROWS):
+            shape = sl.out_shape(src.shape)
+            O, I = shape if len(shape) == 2 else (1, shape[0])
+            if (src.scale is not None or src.quant is not None) and not sl.contiguous:
+                what = "natively quantized" if src.quant is not None else "FP8"
+                raise ConvertError(
+                    f"tensor {src.name}: a {what} expert stack in the {orientation} orientation is not supported"
+                )
             target = rc.choose_target(sl.out_name, role, option, O, I, kind)
             ex = rc.expert_of(sl.out_name)
-            jobs.append(TensorJob(sl.out_name, src, role, target, O, I, (O, I), sl.expert, ex.base if ex else None,
-                                  (sl.expert, sl.row0, sl.row1)))  # fmt: skip
+            rows = (sl.expert, sl.row0, sl.row1) if sl.contiguous and not fused.bias else None
+            pick = None if rows is not None else sl
+            jobs.append(TensorJob(sl.out_name, src, role, target, O, I, shape, sl.expert, ex.base if ex else None,
+                                  rows, pick))  # fmt: skip
         return jobs
     if len(src.shape) == 2:
         O, I = src.shape
         shape = src.shape
-    else:  # 0-D and 1-D tensors: F32, logical shape irrelevant
-        O, I = 1, max(int(src.shape[0]) if src.shape else 1, 1)
+    else:  # 0-D, 1-D and >2-D float tensors (F32) and copied tensors: logical shape irrelevant
+        n = 1
+        for d in src.shape:
+            n *= int(d)
+        O, I = 1, max(n, 1)
         shape = src.shape
     target = rc.choose_target(src.name, role, option, O, I, source_kind(src, block))
     ex = rc.expert_of(src.name) if len(src.shape) == 2 else None

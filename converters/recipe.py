@@ -1,14 +1,18 @@
 """The conversion recipe (docs/FORMATS.md §5): every source tensor -> a role -> a target format.
 
-Rules apply in order, the first match decides:
+Rules apply in order, the first match decides (FORMATS-SPEC §6, rows 0-6):
 
-1. routers and 1-D tensors (``mlp.gate.weight``, ``block_sparse_moe.gate.weight``, ``shared_expert_gate.weight``,
-   ``e_score_correction_bias``, anything with fewer than 2 dims): F32 always;
-2. MTP layers (layer index ``>= num_hidden_layers``): ``--mtp``;
-3. ``embed_tokens.weight`` / ``lm_head.weight``: ``--embed``;
-4. routed experts (``.experts.{E}.`` names, Mixtral ``block_sparse_moe.experts.{E}.w1/w2/w3`` included, and fused
-   ``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj``, split per expert, §4): ``--experts``;
-5. every other 2-D weight: ``--dense``.
+0. non-float tensors (I64 ``ffn.gate.tid2eid``, ...): copied unchanged;
+1. multimodal towers and projectors (``visual.``, ``vision_tower.``, ``mm_projector.``, ...): kept in their
+   source dtype (``--towers keep``) or left out (``--towers drop``, listed in the manifest);
+2. routers and their biases, every tensor that is not 2-D and not an expert stack (norms, biases, conv kernels
+   ``[C, 1, K]``, ``A_log`` of any rank), 2-D parameters that are not linear weights (``hc_*``, sinks, ``*ape``,
+   ``dt_bias``, ... :func:`colitools.formats.names.is_small_param`), stack biases: F32 always;
+3. MTP layers (layer index ``>= num_hidden_layers``, or an ``mtp.`` module): ``--mtp``;
+4. embeddings and heads (``embed_tokens``, ``lm_head``, ``head``, ``embed``, ``unembed``): ``--embed``;
+5. routed experts (``.experts.{E}.`` names and expert stacks, split per expert in the family's orientation,
+   ``names.STACK_ORIENTATION``): ``--experts``;
+6. every other 2-D weight: ``--dense``.
 
 ``choose_target`` then decides what is actually written for one ``[O, I]`` tensor, with the fallbacks of §6
 (to int8-row, each with a reason) and the metadata stamp where the byte signature is ambiguous (§3).
@@ -28,8 +32,12 @@ from colitools.formats import layouts, registry, resolver
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
     PROJECTION_ORDER,
+    Orientation,
     TensorRole,
     expert_tensor_name,
+    is_mtp_module,
+    is_small_param,
+    is_tower,
     parse_name,
 )
 from colitools.formats.registry import (
@@ -44,6 +52,9 @@ from colitools.formats.registry import (
 
 LAYOUTS = layouts.OPTION_NAMES  # the --layout values (formats/layouts.py)
 DEFAULT_OPTIONS = {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "mtp": "int8-row"}
+TOWERS = ("keep", "drop")  # the --towers values (rule 1)
+SOURCE = "source"  # Target.fmt of a tensor copied in its source dtype, bytes unchanged (rules 0 and 1)
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2")
 FALLBACK_FORMAT = registry.FALLBACK_FORMAT.name
 BF16 = "bf16"  # Target.fmt of a float tensor stored as BF16 (the recipe option of the same name)
 
@@ -51,7 +62,9 @@ BF16 = "bf16"  # Target.fmt of a float tensor stored as BF16 (the recipe option 
 class Role(StrEnum):
     """Why a tensor gets its format (the recipe rule that matched)."""
 
-    FLOAT = "float"  # rule 1: routers and tensors with < 2 dims, F32 always
+    COPY = "copy"  # rule 0: non-float tensors, copied unchanged
+    TOWER = "tower"  # rule 1: multimodal towers, source dtype unchanged
+    FLOAT = "float"  # rule 2: routers, tensors that are not 2-D, small parameters: F32 always
     MTP = "mtp"
     EMBED = "embed"
     EXPERT = "expert"
@@ -113,48 +126,93 @@ def expert_of(name: str) -> ExpertName | None:
 
 @dataclass(frozen=True)
 class FusedExperts:
-    """A fused expert tensor: ``{base}.gate_up_proj`` ``[E, 2I, H]`` (gate rows first) or ``{base}.down_proj``
-    ``[E, H, I]`` (§4), split per expert on output."""
+    """An expert stack: ``{base}.gate_up_proj`` / ``w13_weight`` / ``down_proj`` / ``w2_weight`` / a separate
+    ``gate_proj`` / ``up_proj`` ``[E, rows, cols]``, or a stack bias ``{base}.gate_up_proj_bias`` ``[E, out]``
+    (``bias``), split per expert on output in the family's orientation (§6 "Expert stacks")."""
 
     base: str
-    projection: str  # "gate_up" | "down" (names.EXPERT_STACKS)
+    projection: str  # "gate_up" | "gate" | "up" | "down" (names.EXPERT_STACKS / STACK_BIASES)
+    bias: bool = False
 
 
 def fused_of(name: str) -> FusedExperts | None:
     parsed = parse_name(name)
     if parsed.expert is not None or parsed.expert_base is None:  # not an expert stack
         return None
-    return FusedExperts(parsed.expert_base, parsed.projection)
+    return FusedExperts(parsed.expert_base, parsed.projection, parsed.role is TensorRole.STACK_BIAS)
 
 
 @dataclass(frozen=True)
 class ExpertSlice:
-    """One output tensor cut from a fused source tensor: expert ``expert``, rows ``[row0, row1)`` of its slab."""
+    """One output tensor cut from a stack: expert ``expert``, rows ``row0:row1:step`` of its slab ``[rows,
+    cols]`` (``transposed``: those columns of the slab, transposed; a stack bias: those entries of row
+    ``expert``)."""
 
     out_name: str
     expert: int
     row0: int
     row1: int
+    step: int = 1
+    transposed: bool = False
+
+    @property
+    def count(self) -> int:
+        return len(range(self.row0, self.row1, self.step))
+
+    @property
+    def contiguous(self) -> bool:
+        """Rows ``[row0, row1)`` of the slab, as stored (one positional read, FP8 scale rows apply)."""
+        return self.step == 1 and not self.transposed
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The output tensor's shape: ``(O, I)`` for a weight, ``(n,)`` for a bias."""
+        if len(shape) == 2:
+            return (self.count,)
+        return (self.count, shape[1] if self.transposed else shape[2])
+
+    def pick(self, slab):
+        """This slice of ``slab`` (the expert's ``[rows, cols]`` slab, or its bias row), contiguous."""
+        import numpy as np
+
+        if slab.ndim == 1:
+            return np.ascontiguousarray(slab[self.row0 : self.row1 : self.step])
+        if self.transposed:
+            return np.ascontiguousarray(slab[:, self.row0 : self.row1 : self.step].T)
+        return np.ascontiguousarray(slab[self.row0 : self.row1 : self.step])
 
 
-def split_fused(name: str, shape: tuple[int, ...]) -> list[ExpertSlice]:
-    """Per-expert output tensors of fused tensor ``name`` with 3-D ``shape``, in expert order (gate before up)."""
+def split_fused(
+    name: str, shape: tuple[int, ...], orientation: Orientation = Orientation.ROWS
+) -> list[ExpertSlice]:
+    """Per-expert output tensors of stack ``name`` with ``shape`` (3-D; a stack bias 2-D), in expert order
+    (gate before up), laid out as the family's ``orientation`` says."""
     fused = fused_of(name)
-    if fused is None or len(shape) != 3:
+    if fused is None or len(shape) != (2 if fused.bias else 3):
         raise ConvertError(f"tensor {name}: not a fused expert tensor [E, rows, cols] (shape {list(shape)})")
-    E, rows, _ = shape
+    transposed = orientation is Orientation.TRANSPOSED_INTERLEAVED and not fused.bias
+    E = shape[0]
+    n = shape[-1] if transposed or fused.bias else shape[1]  # the stack's output axis
+    suffix = "bias" if fused.bias else "weight"
     out: list[ExpertSlice] = []
     if fused.projection == "gate_up":
-        if rows % 2:
+        if n % 2:
             raise ConvertError(
-                f"tensor {name}: fused gate_up_proj needs an even row count (2I), got shape {list(shape)}"
+                f"tensor {name}: fused gate/up stack needs an even row count (2I), got shape {list(shape)}"
             )
-        half = rows // 2
+        half = n // 2
+        interleaved = orientation in (Orientation.ROWS_INTERLEAVED, Orientation.TRANSPOSED_INTERLEAVED)
         for e in range(E):
-            out.append(ExpertSlice(expert_tensor_name(fused.base, e, "gate"), e, 0, half))
-            out.append(ExpertSlice(expert_tensor_name(fused.base, e, "up"), e, half, rows))
+            for k, proj in enumerate(("gate", "up")):
+                out_name = expert_tensor_name(fused.base, e, proj, suffix)
+                if interleaved:
+                    out.append(ExpertSlice(out_name, e, k, n, 2, transposed))
+                else:
+                    out.append(ExpertSlice(out_name, e, k * half, (k + 1) * half, 1, transposed))
     else:
-        out = [ExpertSlice(expert_tensor_name(fused.base, e, "down"), e, 0, rows) for e in range(E)]
+        out = [
+            ExpertSlice(expert_tensor_name(fused.base, e, fused.projection, suffix), e, 0, n, 1, transposed)
+            for e in range(E)
+        ]
     return out
 
 
@@ -168,27 +226,93 @@ def is_embedding(name: str) -> bool:
     return parsed.role in (TensorRole.EMBED, TensorRole.HEAD) and parsed.suffix == "weight"
 
 
-def classify(name: str, ndim: int, num_hidden_layers: int | None) -> Role:
-    """The recipe role of source tensor ``name`` with ``ndim`` dims (fused expert tensors: 3-D, rule 4).
+def is_float_dtype(dtype: str | None) -> bool:
+    return dtype is None or dtype in FLOAT_DTYPES
 
-    ``num_hidden_layers`` (from config.json) decides the MTP rule; None disables it. A tensor with more than
-    two dims that is not a fused expert tensor cannot be classified: ConvertError naming it."""
-    if ndim < 2 or is_router(name):
+
+def classify(name: str, ndim: int, num_hidden_layers: int | None, dtype: str | None = None) -> Role:
+    """The recipe role of source tensor ``name`` with ``ndim`` dims and source ``dtype`` (rules 0-6).
+
+    ``num_hidden_layers`` (from config.json) decides the MTP rule; None disables it. Every tensor gets a role:
+    one that is not 2-D and not an expert stack is rule 2 (F32)."""
+    if not is_float_dtype(dtype):
+        return Role.COPY
+    if is_tower(name):
+        return Role.TOWER
+    fused = fused_of(name)
+    stack = fused is not None and ndim == (2 if fused.bias else 3)
+    if fused is not None and fused.bias:
+        return Role.FLOAT  # stack biases: split per expert, F32
+    if is_router(name) or (ndim != 2 and not stack) or _small_2d(name, stack):
         return Role.FLOAT
     layer = layer_of(name)
     if layer is not None and num_hidden_layers is not None and layer.index >= num_hidden_layers:
         return Role.MTP
-    fused = fused_of(name)
-    if ndim > 2 and fused is None:
-        raise ConvertError(
-            f"tensor {name}: cannot classify a {ndim}-D tensor (only fused expert tensors "
-            f"experts.gate_up_proj / experts.down_proj may have 3 dims)"
-        )
+    if is_mtp_module(name):
+        return Role.MTP
     if is_embedding(name):
         return Role.EMBED
-    if fused is not None or expert_of(name) is not None:
+    if stack or expert_of(name) is not None:
         return Role.EXPERT
     return Role.DENSE
+
+
+def _small_2d(name: str, stack: bool) -> bool:
+    """Rule 2's 2-D parameters that are not linear weights (``names.is_small_param``)."""
+    return not stack and is_small_param(name)
+
+
+# The finer roles ``--dry-run``, ``inspect --summary`` and the manifest count formats by (docs/FORMATS.md §6).
+DETAIL_ROLES = (
+    "copied non-float", "tower", "router", "norm/1-D", "conv", "ssm params", "hc", "sinks", "small params",
+    "embed", "head", "mtp", "routed experts", "shared experts", "attention", "dense mlp", "other",
+)  # fmt: skip
+
+
+def detail_role(name: str, ndim: int, role: Role) -> str:
+    """The finer role of tensor ``name`` (source or output name) of recipe ``role``, from the name map."""
+    from colitools.formats import names as nm
+
+    parsed = parse_name(name)
+    if role is Role.COPY:
+        return "copied non-float"
+    if role is Role.TOWER:
+        return "tower"
+    if role is Role.MTP:
+        return "mtp"
+    if role is Role.FLOAT:
+        leaf = parsed.leaf
+        if parsed.role is TensorRole.ROUTER or (
+            leaf == "bias" and is_router(name[: -len("bias")] + "weight")
+        ):
+            return "router"
+        if any(m in leaf for m in nm.CONV_MARKERS) or any(
+            m in p for p in name.split(".")[-3:-1] for m in nm.CONV_MARKERS
+        ):
+            return "conv"
+        if leaf in nm.SSM_PARAMS:
+            return "ssm params"
+        if leaf.startswith("hc_") or any(p.startswith("hc_") for p in name.split(".")):
+            return "hc"
+        if leaf.endswith(("sinks", "attn_sink")):
+            return "sinks"
+        if parsed.expert is not None or parsed.role is TensorRole.STACK_BIAS:
+            return "routed experts"
+        if ndim <= 1:
+            return "norm/1-D"
+        return "small params"
+    if role is Role.EMBED:
+        return "head" if parsed.role is TensorRole.HEAD else "embed"
+    if role is Role.EXPERT:
+        return "routed experts"
+    if parsed.role is TensorRole.SHARED_EXPERT:
+        return "shared experts"
+    module = parsed.module.split(".")
+    if any(m in ("self_attn", "attn", "attention", "linear_attn", "cross_attn") for m in module):
+        return "attention"
+    if any(m in ("mlp", "ffn", "feed_forward", "block_sparse_moe") for m in module):
+        return "dense mlp"
+    return "other"
 
 
 # ----------------------------------------------------------------------------------------------- recipe
@@ -201,6 +325,7 @@ class Recipe:
     embed: str = DEFAULT_OPTIONS["embed"]
     mtp: str = DEFAULT_OPTIONS["mtp"]
     layout: str = layouts.PAIRS.option
+    towers: str = "keep"  # rule 1: keep | drop
 
     @classmethod
     def from_options(
@@ -211,6 +336,7 @@ class Recipe:
         mtp: str | None = None,
         group_size: int | None = None,
         layout: str = layouts.PAIRS.option,
+        towers: str = "keep",
     ) -> Recipe:
         """Build and validate a recipe from CLI-style options.
 
@@ -221,6 +347,8 @@ class Recipe:
             raise ConvertError(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
             raise ConvertError(f"--layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if towers not in TOWERS:
+            raise ConvertError(f"--towers {towers!r}: choose one of {', '.join(TOWERS)}")
         given = {"experts": experts, "dense": dense, "embed": embed, "mtp": mtp}
         values: dict[str, str] = {}
         for option, value in given.items():
@@ -235,10 +363,12 @@ class Recipe:
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
                 raise ConvertError(f"--{option} {value} contradicts --group-size {group_size}")
             values[option] = value
-        return cls(layout=layout, **values)
+        return cls(layout=layout, towers=towers, **values)
 
     def option_for(self, role: Role) -> str:
         """The format option governing ``role`` (``f32`` for rule 1)."""
+        if role in (Role.COPY, Role.TOWER):
+            return SOURCE
         return (
             "f32"
             if role is Role.FLOAT
@@ -246,7 +376,12 @@ class Recipe:
         )
 
     def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+        """The options as recorded; ``towers`` only when it is not the default ``keep`` (so the fingerprint of
+        every recipe that keeps towers is what it was before the option existed)."""
+        d = asdict(self)
+        if d["towers"] == "keep":
+            del d["towers"]
+        return d
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the recipe (what the resume ledger compares)."""
@@ -294,7 +429,12 @@ class Target:
 
     @property
     def format_class(self) -> type[Format]:
-        return Float if self.fmt == BF16 else by_name(self.fmt)
+        return Float if self.fmt in (BF16, SOURCE) else by_name(self.fmt)
+
+    @property
+    def is_source(self) -> bool:
+        """Written in the source tensor's own dtype, bytes unchanged (rules 0 and 1)."""
+        return self.fmt == SOURCE
 
     @property
     def is_float(self) -> bool:
@@ -341,6 +481,8 @@ def choose_target(name: str, role: Role, option: str, O: int, I: int, source: So
     A fallback goes to int8-row and carries its reason. Routed experts are never stamped: an expert whose
     bytes would be ambiguous falls back instead. (The decision does not depend on the name: it is computed
     once per distinct ``(role, option, O, I, source)``, which keeps planning a 100k-tensor model fast.)"""
+    if role in (Role.COPY, Role.TOWER):
+        return Target(SOURCE)
     routed = role is Role.EXPERT or expert_of(name) is not None  # MTP layers have routed experts too
     if option == NATIVE_OPTION and role is not Role.FLOAT:
         target = _choose_native(routed, DEFAULT_OPTIONS[_ROLE_OPTION[role]], O, I, source)

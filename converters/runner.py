@@ -134,7 +134,7 @@ def run_warnings(plan: ConversionPlan) -> list[str]:
             f"model_type {kind!r}: `colitools run` will not execute this model (it runs "
             f"{', '.join(RUNNABLE_MODEL_TYPES)}); the converted files are still valid"
         )
-    if Role.EXPERT.value not in plan.role_formats():
+    if not any(j.role is Role.EXPERT for u in plan.units for j in u.jobs):
         warnings.append(
             "no routed experts (a dense model): `colitools run` will not execute it; the converted files are "
             "still valid"
@@ -156,6 +156,7 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
         total_out_bytes=plan.out_bytes, peak_disk_bytes=remaining.peak_disk(transient, kept, options.workers),
         format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
         fallbacks=[f.as_dict() for f in plan.fallbacks], warnings=run_warnings(plan),
+        dropped_towers=list(plan.dropped),
     )  # fmt: skip
     if options.dry_run:
         summary.plan = plan.summary(transient, kept, options.workers)

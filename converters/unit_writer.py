@@ -147,6 +147,16 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
             else:
                 parts[role] = reader.read_slab_rows(part, *job.fused_rows)
         return parts, None
+    if (
+        job.fused_pick is not None
+    ):  # an interleaved / transposed stack slice or a stack-bias slice (float only)
+        sl = job.fused_pick
+        if len(src.shape) == 3:
+            E, rows, cols = src.shape
+            slab = reader.read_rows(src.shard, src.name, src.dtype, src.shape, sl.expert, 0, rows)
+        else:
+            slab = reader.read(src.shard, src.name, src.dtype, src.shape)[sl.expert]
+        return sl.pick(slab), None
     if job.fused_rows is None:
         values = reader.read(src.shard, src.name, src.dtype, src.shape)
         if src.scale is not None:
@@ -195,6 +205,8 @@ def encode_job(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values."""
     t = job.target
+    if t.is_source:  # rules 0 and 1: the source tensor unchanged (its dtype, its bytes)
+        return np.ascontiguousarray(values), None
     if job.source.quant is not None:
         codes, scales = _encode_native(job, values)
         return (kernels.pairs_to_planar(codes) if planar and scales is not None else codes), scales

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from colitools.formats import model_config
 from colitools.formats.errors import FormatError, ResolveError
-from colitools.formats.names import MODULE_ALIASES, WEIGHT_SUFFIXES, TensorRole, parse_name
+from colitools.formats.names import LAYERS, MODULE_ALIASES, WEIGHT_SUFFIXES, TensorRole, is_tower, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.registry import (
     FORMATS,
@@ -133,8 +133,10 @@ def config_shapes(
     implied: dict[str, tuple[int | None, int | None]] = {}
     for name in names:
         parsed = parse_name(name)
-        if parsed.suffix not in WEIGHT_SUFFIXES:
-            continue
+        if parsed.suffix not in WEIGHT_SUFFIXES or is_tower(name):
+            continue  # a tower's layers have their own geometry (its own config section)
+        if parsed.layer is not None and parsed.layer_prefix != parsed.root + LAYERS:
+            continue  # layers nested in another module (not the text model's decoder layers)
         if parsed.role in (TensorRole.EMBED, TensorRole.HEAD):
             implied[name] = (vocab, hidden)
         elif parsed.expert is not None:

@@ -75,7 +75,7 @@ _TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
     "num_hidden_layers": ("int", 1, _MAX_LAYERS),
     "num_attention_heads": ("int", 1, _MAX_INT),
     "num_key_value_heads": ("int", 1, _MAX_INT),
-    "head_dim": ("int", 1, _MAX_INT),
+    "head_dim": ("int", 0, _MAX_INT),  # 0: GLM-5.3-Flash (glm5_next, MLA without RoPE)
     "intermediate_size": ("int", 0, _MAX_INT),
     "moe_intermediate_size": ("int", 1, _MAX_INT),
     "shared_expert_intermediate_size": ("int", 0, _MAX_INT),
@@ -331,7 +331,8 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
     the router, ``("mlp.shared_experts", "down_proj")``); what colibri's engines compute from ``config.json``
     for a container without logical shapes (issue 10). Only what the config gives: a dimension it does not
     give leaves the role out. Routed experts, embeddings and the head are ``read_facts``' expert width and
-    sizes (``formats/container.py`` ``config_shapes``).
+    sizes (``formats/container.py`` ``config_shapes``). Only for the model types whose geometry is known here
+    (``RUNNABLE_MODEL_TYPES``); any other type gets ``{}``.
 
     * attention, MLA (``kv_lora_rank`` set: DeepSeek-V3, GLM-4.7/5 style): ``q_a_proj [q_lora_rank, H]``,
       ``q_b_proj [heads*(qk_nope+qk_rope), q_lora_rank]`` (or ``q_proj [heads*(qk_nope+qk_rope), H]`` without
@@ -345,6 +346,10 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
       moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``.
     """
     validate_config(config, where)
+    if model_type(config) not in RUNNABLE_MODEL_TYPES:
+        # the geometry below is the previous generation's; the current one (output-gated q_proj, linear
+        # attention, hyper-connections, ...) is not derived here yet: no claim rather than a wrong one
+        return {}
     text = text_config(config)
     hidden = text.get("hidden_size")
     if not hidden:

@@ -52,16 +52,67 @@ CANONICAL_PROJECTION = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj
 # Projections some exports store without a ``.weight`` suffix (``...experts.{E}.w1``).
 SUFFIXLESS_PROJECTIONS = frozenset({"w1", "w2", "w3"})  # Mixtral
 
-# Fused expert stacks ``{...}.experts.{leaf}[.weight]`` [E, rows, cols] -> the projections they hold.
+# Fused expert stacks ``{...}.experts.{leaf}[.weight]`` [E, rows, cols] -> the projections they hold. How the
+# rows / columns of a stack map onto gate / up / down is a fact of the family (STACK_ORIENTATION), never a guess
+# from shapes.
 EXPERT_STACKS: dict[str, str] = {
-    "gate_up_proj": "gate_up",  # transformers fused experts (Qwen3-MoE): [E, 2I, H], gate rows first
-    "down_proj": "down",  # transformers fused experts: [E, H, I]
+    "gate_up_proj": "gate_up",  # transformers fused experts (Qwen3-MoE); gpt-oss [E, H, 2I] (transposed)
+    "down_proj": "down",  # transformers fused experts: [E, H, I]; gpt-oss [E, I, H] (transposed)
+    "w13_weight": "gate_up",  # Inkling native names: [E, 2I, H], gate and up rows interleaved
+    "w2_weight": "down",  # Inkling native names: [E, H, I]
+    "gate_proj": "gate",  # separate 3-D stacks [n, I, H] (Inkling)
+    "up_proj": "up",  # separate 3-D stacks [n, I, H] (Inkling)
+}
+# Biases of an expert stack ``{...}.experts.{leaf}`` [E, out], split like their stack (stored F32).
+STACK_BIASES: dict[str, str] = {
+    "gate_up_proj_bias": "gate_up",  # gpt-oss [E, 2I], gate / up interleaved like its stack's columns
+    "down_proj_bias": "down",  # gpt-oss [E, H]
+}
+
+
+class Orientation(StrEnum):
+    """How a family lays out its expert stacks (FORMATS-SPEC §6 "Expert stacks")."""
+
+    ROWS = "rows"  # gate_up [E, 2I, H] gate rows first, down [E, H, I] (transformers, Qwen3)
+    ROWS_INTERLEAVED = (
+        "rows-interleaved"  # w13 [E, 2I, H] gate / up rows interleaved, down [E, H, I] (Inkling)
+    )
+    TRANSPOSED_INTERLEAVED = "transposed-interleaved"  # gate_up [E, H, 2I] gate / up columns interleaved,
+    # down [E, I, H] (gpt-oss float stacks)
+
+
+# Family facts: the expert-stack orientation per ``model_type`` (the checkpoint's top-level type; text types of
+# multimodal wrappers listed too). An expert stack in a checkpoint whose type is not here is refused.
+STACK_ORIENTATION: dict[str, Orientation] = {
+    "olmoe": Orientation.ROWS,
+    "qwen2_moe": Orientation.ROWS,
+    "qwen3_moe": Orientation.ROWS,
+    "mixtral": Orientation.ROWS,
+    "deepseek_v3": Orientation.ROWS,
+    "glm4_moe": Orientation.ROWS,
+    "glm_moe_dsa": Orientation.ROWS,
+    "deepseek_v32": Orientation.ROWS,  # transformers DeepseekV32NaiveMoe
+    "kimi_k25": Orientation.ROWS,  # text model deepseek_v3
+    "kimi_linear": Orientation.ROWS,
+    "qwen3_next": Orientation.ROWS,
+    "qwen3_5_moe": Orientation.ROWS,
+    "qwen3_5_moe_text": Orientation.ROWS,
+    "glm5_next": Orientation.ROWS,
+    "glm5_next_text": Orientation.ROWS,
+    "deepseek_v4": Orientation.ROWS,
+    "gpt_oss": Orientation.TRANSPOSED_INTERLEAVED,
+    "inkling": Orientation.ROWS_INTERLEAVED,
+    "inkling_mm_model": Orientation.ROWS_INTERLEAVED,
+    "inkling_text": Orientation.ROWS_INTERLEAVED,
+    "inkling2": Orientation.ROWS_INTERLEAVED,
+    "inkling2_text": Orientation.ROWS_INTERLEAVED,
 }
 
 # MoE blocks that hold ``experts.{E}`` directly inside a layer.
 MOE_BLOCKS = frozenset({
-    "mlp",  # Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE
+    "mlp",  # Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE, gpt-oss, Qwen3.5/3-Next, GLM-5.3-Flash
     "block_sparse_moe",  # Mixtral, Kimi-Linear
+    "ffn",  # DeepSeek-V4 native names (ffn.experts.{E}.w1, ffn.gate.weight)
 })  # fmt: skip
 SHARED_EXPERT_MODULES = frozenset({
     "shared_experts",  # DeepSeek-V3, GLM-4 MoE
@@ -75,14 +126,70 @@ MODULE_ALIASES: dict[str, str] = {
 
 # Routers and routing parameters, matched as the last components of a name.
 ROUTERS: dict[str, str] = {
-    "mlp.gate.weight": "Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE",
-    "block_sparse_moe.gate.weight": "Mixtral",
-    "shared_expert_gate.weight": "Qwen2-MoE (the sigmoid gate of its shared expert)",
-    "e_score_correction_bias": "DeepSeek-V3, GLM-4 MoE (noaux_tc routing bias)",
+    "mlp.gate.weight": "Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE, Qwen3.5/3-Next, GLM-5.3-Flash, Kimi K2.5",
+    "mlp.gate.bias": "routers with a bias",
+    "block_sparse_moe.gate.weight": "Mixtral, Kimi-Linear",
+    "shared_expert_gate.weight": "Qwen2-MoE, Qwen3.5/3-Next (the sigmoid gate of its shared expert)",
+    "e_score_correction_bias": "DeepSeek-V3, GLM-4 MoE, Kimi-Linear (noaux_tc routing bias)",
+    "mlp.router.weight": "gpt-oss",
+    "mlp.router.bias": "gpt-oss (router bias)",
+    "ffn.gate.weight": "DeepSeek-V4 native names",
+    "ffn.gate.bias": "DeepSeek-V4 (score bias)",
 }
-EMBEDDINGS = frozenset({"embed_tokens"})  # transformers (every family today)
-HEADS = frozenset({"lm_head"})  # transformers (every family today)
+EMBEDDINGS = frozenset({
+    "embed_tokens",  # transformers (every family)
+    "embed",  # DeepSeek-V4 native names (embed.weight)
+})  # fmt: skip
+HEADS = frozenset({
+    "lm_head",  # transformers (every family)
+    "head",  # DeepSeek-V4 (head.weight)
+    "unembed",  # unembed.weight (native exports)
+})  # fmt: skip
 NORM_ENDINGS = ("norm",)  # input_layernorm, post_attention_layernorm, q_norm, kv_a_layernorm, model.norm
+
+# Multimodal towers (FORMATS-SPEC §6 rule 1): a name whose first component (after an optional ``model.``) is
+# one of these belongs to a vision / audio encoder or its projector.
+TOWER_MODULES: dict[str, str] = {
+    "visual": "Qwen3.5/3.6-MoE, GLM-5.3-Flash (model.visual.*)",
+    "vision_tower": "Kimi K2.5 (vision_tower.*, model.vision_tower.*), LLaVA-style wrappers",
+    "vision_model": "Idefics / Llama-4-style wrappers",
+    "audio_tower": "audio encoders",
+    "audio_model": "Inkling (audio encoder)",
+    "vision_encoder": "Inkling vision encoder",
+    "mm_projector": "Kimi K2.5 projector",
+    "multi_modal_projector": "LLaVA-style projectors",
+    "vision_projector": "vision projectors",
+    "audio_projector": "audio projectors",
+}
+MTP_MODULES = frozenset({"mtp"})  # DeepSeek-V4 / GLM-5 native ``mtp.{k}.*`` next-token-prediction modules
+
+# Rule 2's small float parameters that are 2-D but not linear weights, matched on the leaf (FORMATS-SPEC §6).
+SMALL_PARAM_PREFIXES: dict[str, str] = {
+    "hc_": "hyper-connections: DeepSeek-V4, GLM-5.3-Flash (hc_attn_fn, hc_ffn_base, hc_head.hc_fn, ...)",
+}
+SMALL_PARAM_SUFFIXES: dict[str, str] = {
+    "ape": "absolute position embeddings of compressors: DeepSeek-V4 compressor.ape, GLM-5.3-Flash *_ape",
+    "sinks": "attention sinks: gpt-oss self_attn.sinks",
+    "attn_sink": "attention sinks: DeepSeek-V4 attn.attn_sink",
+}
+SMALL_PARAMS: dict[str, str] = {
+    "dt_bias": "Gated DeltaNet / KDA: Qwen3.5/3-Next, Kimi-Linear, GLM-5.3-Flash",
+    "A_log": "Gated DeltaNet / KDA decay (any rank; Kimi-Linear 4-D)",
+    "global_scale": "NVFP4 global scales",
+    "rel_pos": "relative-position tables (Inkling)",
+    "rel_bias": "relative-position tables (Inkling)",
+    "scale": "per-head L2-clip scales: Inkling-2 attn.q_l2_clip.scale / rel_l2_clip.scale [heads, d]",
+    "attn_sink_proj": "Inkling-2 attn.attn_sink_proj.weight [heads, H]: per-head sink logits, F32 like sinks",
+    # placed by closest row (docs/FORMATS.md "Placements"): a bare parameter used as a small linear map
+    "index_kpool_compress_gate": "GLM-5.3-Flash indexer k-pool gate [index_head_dim, H], F32 like its *_ape",
+}
+# Modules whose every tensor is a rule-2 small parameter (matched on any inner component of a name).
+SMALL_PARAM_MODULES: dict[str, str] = {
+    "attn_res": "Inkling-2 block attention-residual queries (attn_res.attn_queries.N, mlp_queries.N)",
+    "rel_logits_proj": "Inkling / Inkling-2 relative-position logits table (attn.rel_logits_proj.proj)",
+}
+CONV_MARKERS = ("conv",)  # conv1d kernels [C, 1, K]: linear_attn.conv1d, q_conv1d, Inkling short convolutions
+SSM_PARAMS = frozenset({"A_log", "dt_bias", "D"})  # linear-attention state parameters
 
 # Trailing suffixes of a tensor name (what follows its leaf), longest first when matched.
 SUFFIXES = (
@@ -105,6 +212,7 @@ class TensorRole(StrEnum):
     HEAD = "head"
     EXPERT = "expert"  # a per-expert tensor ``...experts.{E}.{leaf}...``
     EXPERT_STACK = "expert_stack"  # a fused stack ``...experts.gate_up_proj`` [E, rows, cols]
+    STACK_BIAS = "stack_bias"  # the bias of a fused stack ``...experts.gate_up_proj_bias`` [E, out]
     SHARED_EXPERT = "shared_expert"
     NORM = "norm"
     OTHER = "other"
@@ -183,6 +291,8 @@ def parse_name(name: str) -> TensorName:
             and suffix in ("", "weight")
         ):
             projection, expert_base = EXPERT_STACKS[leaf], ".".join(parts[:leaf_at])
+        elif leaf_at > 0 and parts[leaf_at - 1] == EXPERTS and leaf in STACK_BIASES and suffix == "":
+            projection, expert_base = STACK_BIASES[leaf], ".".join(parts[:leaf_at])
     role = _role(parts, leaf, module, expert, expert_base)
     return TensorName(
         name, root, layer_prefix, layer, module, expert, expert_base, leaf, projection, role, suffix
@@ -201,7 +311,7 @@ def _role(
     if expert is not None:
         return TensorRole.EXPERT
     if expert_base is not None:
-        return TensorRole.EXPERT_STACK
+        return TensorRole.STACK_BIAS if leaf in STACK_BIASES else TensorRole.EXPERT_STACK
     if module.rpartition(".")[2] in SHARED_EXPERT_MODULES:
         return TensorRole.SHARED_EXPERT
     if leaf.endswith(NORM_ENDINGS):
@@ -225,6 +335,39 @@ def expert_tensor_name(expert_base: str, expert: int, projection: str, suffix: s
     also what an expert stack is split into."""
     name = f"{expert_base}.{expert}.{CANONICAL_PROJECTION[projection]}"
     return f"{name}.{suffix}" if suffix else name
+
+
+def is_tower(name: str) -> bool:
+    """A tensor of a multimodal tower or projector (rule 1): its first component, after an optional
+    ``model.``, is a :data:`TOWER_MODULES` entry. Text-model names (under a text root) never are."""
+    parts = name.split(".", 2)
+    first = parts[1] if parts[0] == "model" and len(parts) > 1 else parts[0]
+    return first in TOWER_MODULES
+
+
+def is_mtp_module(name: str) -> bool:
+    """A tensor of a native ``mtp.`` module (rule 3), wherever it sits under the root."""
+    return any(p in MTP_MODULES for p in name.split(".")[:-1])
+
+
+def is_small_param(name: str) -> bool:
+    """Rule 2's named small float parameters (hyper-connections, sinks, ``*ape``, ``dt_bias``, ``A_log``,
+    relative-position tables, attention-residual queries, ``global_scale``), on the tensor's leaf."""
+    leaf = parse_name(name).leaf
+    return (
+        leaf in SMALL_PARAMS
+        or leaf.startswith(tuple(SMALL_PARAM_PREFIXES))
+        or leaf.endswith(tuple(SMALL_PARAM_SUFFIXES))
+        or any(
+            p.startswith(tuple(SMALL_PARAM_PREFIXES)) or p in SMALL_PARAM_MODULES
+            for p in name.split(".")[:-1]
+        )
+    )
+
+
+def stack_orientation(model_type: str | None) -> Orientation | None:
+    """The family's expert-stack orientation (:data:`STACK_ORIENTATION`), None when the family does not fix it."""
+    return STACK_ORIENTATION.get(model_type) if model_type else None
 
 
 def stack_name(expert_base: str, projection: str) -> str:

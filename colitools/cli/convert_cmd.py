@@ -37,6 +37,9 @@ def convert_command(
         "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
         "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there.",
     ),
+    towers: str = typer.Option(
+        "keep", "--towers", help="Multimodal towers: keep (source dtype, unchanged) or drop (listed in the manifest)."
+    ),
     min_free_gb: float = typer.Option(
         5.0, "--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."
     ),
@@ -62,7 +65,7 @@ def convert_command(
     from colitools.converters.runner import convert
 
     options = ConvertOptions(
-        experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout,
+        experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout, towers=towers,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
         token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip

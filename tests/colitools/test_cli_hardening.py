@@ -140,7 +140,9 @@ def test_a_local_conversion_shows_no_download_bars_and_progress_can_be_forced(tm
     assert "convert" in result.stderr  # the forced conversion bar
     assert "download" not in result.stderr
     quiet = cli("convert", src, tmp_path / "out2", "--min-free-gb", "0", "--no-progress")
-    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert quiet.returncode == 0
+    # no bar at all; the only lines are the run warnings (the tiny checkpoint has no routed experts)
+    assert all(line.startswith("colitools: warning:") for line in quiet.stderr.splitlines()), quiet.stderr
 
 
 def test_mirror_stage_out_of_space_names_the_file_and_the_bytes(tmp_path, tmpfs):

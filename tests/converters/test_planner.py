@@ -8,7 +8,7 @@ import pytest
 
 from colitools.converters.inventory import HeaderTensor, build_inventory
 from colitools.converters.planner import plan_conversion
-from colitools.converters.recipe import Recipe
+from colitools.converters.recipe import Recipe, Role
 from colitools.errors import ConvertError
 from colitools.formats.safetensors_io import SafetensorsWriter
 
@@ -155,8 +155,9 @@ def test_peak_disk_counts_downloaded_shards_alive():
 def test_summary_lists_units_and_formats_per_role():
     s = plan_conversion(_inventory(), Recipe()).summary()
     assert s["files"] == 3 and s["units"][0]["unit"] == "globals"
-    assert s["formats_per_role"]["expert"] == {"int4-g64": 12, "int4-row": 6}
-    assert s["formats_per_role"]["float"] == {"f32": 5}
+    assert s["formats_per_role"]["routed experts"] == {"int4-g64": 12, "int4-row": 6}
+    assert s["formats_per_role"]["router"] == {"f32": 2}
+    assert s["formats_per_role"]["norm/1-D"] == {"f32": 3}
 
 
 def test_fused_experts_are_split_per_expert():
@@ -261,11 +262,11 @@ def test_shape_mismatch_against_config_names_tensor_and_key():
         _bad({"a.safetensors": {"model.layers.0.mlp.experts.gate_up_proj": HeaderTensor("BF16", (E, I, H))}})
 
 
-def test_unclassifiable_and_non_float_tensors_are_errors_before_work():
-    with pytest.raises(ConvertError, match="I64 cannot be converted"):
-        _bad({"a.safetensors": {"model.layers.0.attn.position_ids": HeaderTensor("I64", (8,))}})
-    with pytest.raises(ConvertError, match=r"model.layers.0.conv.weight: cannot classify a 4-D tensor"):
-        plan_conversion(
-            _bad({"a.safetensors": {"model.layers.0.conv.weight": HeaderTensor("BF16", (2, 2, 2, 2))}}),
-            Recipe(),
-        )
+def test_non_float_and_non_2d_tensors_get_rules_0_and_2():
+    # FORMATS-SPEC §6 as amended (issue 11): integer tensors are copied, every non-2-D float tensor is F32
+    inv = _bad({"a.safetensors": {"model.layers.0.attn.position_ids": HeaderTensor("I64", (8,)),
+                                  "model.layers.0.conv.weight": HeaderTensor("BF16", (2, 2, 2, 2))}})  # fmt: skip
+    plan = plan_conversion(inv, Recipe())
+    got = {j.out_name: (j.role, j.weight_entry[1]) for j in plan.units[0].jobs}
+    assert got == {"model.layers.0.attn.position_ids": (Role.COPY, "I64"),
+                   "model.layers.0.conv.weight": (Role.FLOAT, "F32")}  # fmt: skip

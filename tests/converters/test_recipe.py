@@ -39,9 +39,10 @@ def test_classify_follows_rule_order(name, ndim, role):
     assert rc.classify(name, ndim, num_hidden_layers=61) is role
 
 
-def test_classify_refuses_a_3d_tensor_that_is_not_fused_experts():
-    with pytest.raises(ConvertError, match=r"model\.layers\.0\.conv\.weight.*3-D"):
-        rc.classify("model.layers.0.conv.weight", 3, 4)
+def test_classify_puts_a_3d_tensor_that_is_not_an_expert_stack_in_rule_2():
+    # issue 11: conv kernels [C, 1, K], A_log of any rank are F32 (FORMATS-SPEC §6 rule 2)
+    assert rc.classify("model.layers.0.conv.weight", 3, 4) is Role.FLOAT
+    assert rc.classify("model.layers.0.self_attn.A_log", 4, 4) is Role.FLOAT
 
 
 def test_mtp_rule_needs_num_hidden_layers():
@@ -152,7 +153,7 @@ def test_ambiguous_fp8_is_stamped_but_an_expert_falls_back():
 
 def test_option_for_roles():
     r = Recipe.from_options(experts="mxfp4", dense="int4-row", embed="bf16", mtp="int3-g64")
-    assert [r.option_for(x) for x in Role] == ["f32", "int3-g64", "bf16", "mxfp4", "int4-row"]
+    assert [r.option_for(x) for x in Role] == ["source", "source", "f32", "int3-g64", "bf16", "mxfp4", "int4-row"]
 
 
 def test_one_row_expert_at_width_98_falls_back_to_f32():

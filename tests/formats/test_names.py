@@ -101,6 +101,31 @@ CASES = [
      ("model.text_model.", None, None, "", None, "embed_tokens", None, R.EMBED, "weight")),
     ("model.llm.layers.0.self_attn.k_proj.weight",
      ("model.llm.", "model.llm.layers", 0, "self_attn", None, "k_proj", None, R.OTHER, "weight")),
+    # issue 11: the current generation's spellings
+    ("model.layers.0.mlp.experts.w13_weight",
+     ("model.", "model.layers", 0, "mlp.experts", None, "w13_weight", "gate_up", R.EXPERT_STACK, "")),
+    ("model.layers.0.mlp.experts.w2_weight",
+     ("model.", "model.layers", 0, "mlp.experts", None, "w2_weight", "down", R.EXPERT_STACK, "")),
+    ("model.llm.layers.0.mlp.experts.gate_proj",
+     ("model.llm.", "model.llm.layers", 0, "mlp.experts", None, "gate_proj", "gate", R.EXPERT_STACK, "")),
+    ("model.llm.layers.0.mlp.experts.up_proj",
+     ("model.llm.", "model.llm.layers", 0, "mlp.experts", None, "up_proj", "up", R.EXPERT_STACK, "")),
+    ("model.layers.0.mlp.experts.gate_up_proj_bias",
+     ("model.", "model.layers", 0, "mlp.experts", None, "gate_up_proj_bias", "gate_up", R.STACK_BIAS, "")),
+    ("model.layers.0.mlp.experts.down_proj_bias",
+     ("model.", "model.layers", 0, "mlp.experts", None, "down_proj_bias", "down", R.STACK_BIAS, "")),
+    ("model.layers.0.mlp.router.weight",
+     ("model.", "model.layers", 0, "mlp", None, "router", None, R.ROUTER, "weight")),
+    ("model.layers.0.mlp.router.bias",
+     ("model.", "model.layers", 0, "mlp", None, "router", None, R.ROUTER, "bias")),
+    ("model.layers.0.mlp.gate.bias", ("model.", "model.layers", 0, "mlp", None, "gate", None, R.ROUTER, "bias")),
+    ("model.layers.0.ffn.gate.weight", ("model.", "model.layers", 0, "ffn", None, "gate", None, R.ROUTER, "weight")),
+    ("model.layers.0.ffn.gate.bias", ("model.", "model.layers", 0, "ffn", None, "gate", None, R.ROUTER, "bias")),
+    ("model.layers.0.ffn.experts.3.w1.weight",
+     ("model.", "model.layers", 0, "ffn.experts", 3, "w1", "gate", R.EXPERT, "weight")),
+    ("embed.weight", ("", None, None, "", None, "embed", None, R.EMBED, "weight")),
+    ("head.weight", ("", None, None, "", None, "head", None, R.HEAD, "weight")),
+    ("unembed.weight", ("", None, None, "", None, "unembed", None, R.HEAD, "weight")),
     # unknown names: role other, never an error
     ("model.layers.3.some.unknown.thing",
      ("model.", "model.layers", 3, "some.unknown", None, "thing", None, R.OTHER, "")),
@@ -119,8 +144,9 @@ def test_every_table_row_is_pinned_by_a_case():
     seen = {p.root for p in pinned} | {p.leaf for p in pinned} | {p.suffix for p in pinned}
     seen |= {p.module.split(".")[-1] for p in pinned} | {p.module.split(".")[0] for p in pinned}
     seen |= {".".join(p.name.split(".")[-k:]) for p in pinned for k in (1, 2, 3)}
-    for table in (names.TEXT_ROOTS, names.PROJECTIONS, names.EXPERT_STACKS, names.ROUTERS, names.EMBEDDINGS,
-                  names.HEADS, names.MOE_BLOCKS, names.SHARED_EXPERT_MODULES, names.SUFFIXES):  # fmt: skip
+    for table in (names.TEXT_ROOTS, names.PROJECTIONS, names.EXPERT_STACKS, names.STACK_BIASES, names.ROUTERS,
+                  names.EMBEDDINGS, names.HEADS, names.MOE_BLOCKS, names.SHARED_EXPERT_MODULES,
+                  names.SUFFIXES):  # fmt: skip
         for spelling in table:
             assert spelling in seen, spelling
 
@@ -209,3 +235,23 @@ def test_canonical_name_maps_module_and_projection_spellings(name, canonical):
 def test_natural_key_compares_numbers_as_numbers():
     assert sorted(["model.layers.10.a", "model.layers.2.a"], key=natural_key) == [
         "model.layers.2.a", "model.layers.10.a"]  # fmt: skip
+
+
+def test_towers_mtp_modules_small_params_and_family_orientation():
+    assert names.is_tower("model.visual.blocks.0.attn.qkv.weight")
+    assert names.is_tower("vision_tower.encoder.patch_embed.proj.weight")
+    assert names.is_tower("model.mm_projector.in_proj.weight") and names.is_tower("mm_projector.proj.0.weight")
+    assert not names.is_tower("model.language_model.layers.0.self_attn.q_proj.weight")
+    assert not names.is_tower("language_model.model.layers.0.mlp.gate.weight")
+    assert names.is_mtp_module("model.mtp.0.ffn.experts.1.w1.weight") and not names.is_mtp_module("model.layers.0.mtp_gate.weight")
+    for n in ("model.layers.0.hc_attn_fn", "model.hc_head.hc_fn", "model.layers.0.attn.compressor.ape",
+              "model.layers.0.self_attn.sinks", "model.layers.0.attn.attn_sink", "model.layers.0.linear_attn.dt_bias",
+              "model.layers.0.self_attn.A_log",
+              "model.language_model.layers.3.self_attn.indexer.index_kpool_compress_ape"):  # fmt: skip
+        assert names.is_small_param(n), n
+    assert not names.is_small_param("model.layers.0.self_attn.q_proj.weight")
+    O = names.Orientation
+    assert names.stack_orientation("gpt_oss") is O.TRANSPOSED_INTERLEAVED
+    assert names.stack_orientation("inkling2") is O.ROWS_INTERLEAVED
+    assert names.stack_orientation("qwen3_5_moe") is O.ROWS
+    assert names.stack_orientation("llama4") is None and names.stack_orientation(None) is None
