@@ -176,10 +176,11 @@ class ConversionPlan:
         return sum(u.out_bytes for u in self.units)
 
     def format_totals(self) -> dict[str, dict[str, int]]:
-        """Per written format (``int4-g64``, ``int8-row``, ``f32``, ...): tensor count and output bytes."""
+        """Per written format (``int4-g64``, ``int8-row``, ``f32``, ``bf16``, ``fp8`` ...: the one vocabulary of
+        ``format_names.format_label``, the names inspect and verify print): tensor count and output bytes."""
         totals: dict[str, dict[str, int]] = {}
         for job in (j for u in self.units for j in u.jobs):
-            t = totals.setdefault(job.target.label, {"tensors": 0, "bytes": 0})
+            t = totals.setdefault(written_label(job.target), {"tensors": 0, "bytes": 0})
             t["tensors"] += 1
             t["bytes"] += job.out_bytes
         return dict(sorted(totals.items()))
@@ -188,7 +189,7 @@ class ConversionPlan:
         """Per recipe role: how many tensors got which format."""
         out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for job in (j for u in self.units for j in u.jobs):
-            out[job.role.value][job.target.label] += 1
+            out[job.role.value][written_label(job.target)] += 1
         return {r: dict(sorted(v.items())) for r, v in sorted(out.items())}
 
     def peak_disk(self, transient: Iterable[str] = (), kept: Iterable[str] = (), workers: int = 1) -> int:
@@ -235,6 +236,11 @@ class ConversionPlan:
             "format_totals": self.format_totals(),
             "fallbacks": [f.as_dict() for f in self.fallbacks],
         }  # fmt: skip
+
+
+def written_label(target: rc.Target) -> str:
+    """The user-facing name of what a target writes (``Format.label``: floats by their stored dtype)."""
+    return target.format_class.label(target.gs, "BF16" if target.is_bf16 else "F32")
 
 
 # ------------------------------------------------------------------------------------------------ planning

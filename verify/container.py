@@ -20,6 +20,7 @@ from colitools.converters.manifest import MANIFEST_FILE, Manifest, ManifestError
 from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError
+from colitools.formats.format_names import format_label
 from colitools.formats.inspect import open_model
 
 
@@ -71,7 +72,8 @@ def verify_container(path: str | os.PathLike[str], *, hashes: bool = True, progr
     shard_by_name = {s.path.name: s for s in model.shards}
     for t in resolved.values():
         if t.kind in ("quantized", "float") and t.format is not None:
-            report.formats[t.format.label] = report.formats.get(t.format.label, 0) + 1
+            label = format_label(t.format.name, t.format.group_size, t.dtype if t.kind == "float" else None)
+            report.formats[label] = report.formats.get(label, 0) + 1
         if t.kind == "scale":
             _check_scale(shard_by_name[Path(t.file).name], t.name, t.dtype, report)
     if root.is_dir():
