@@ -140,6 +140,8 @@ class Source(ABC):
             ) from None
         except UnicodeDecodeError as exc:
             raise ConvertError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+        except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+            raise ConvertError(f"{name}: not readable JSON ({exc})") from None
 
     def weight_map(self) -> dict[str, str]:
         """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.

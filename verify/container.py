@@ -104,12 +104,12 @@ def _check_manifest(root: Path, report: ContainerReport, *, hashes: bool, progre
     try:
         manifest = Manifest.load(path)
         records = manifest.file_records()
+        planned = manifest.planned_files()
     except (OSError, ManifestError) as exc:
         report.problems.append(f"{path}: unreadable manifest ({exc})")
         return
     if manifest.state != "complete":
         report.problems.append(f"{path}: conversion state is {manifest.state!r}, not 'complete' (resume it)")
-    planned = manifest.planned_files()
     recorded = {r.get("name") for r in records}
     missing = [n for n in planned if n not in recorded]
     if missing:
