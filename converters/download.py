@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ DEFAULT_RETRIES = 6
 HASH_BLOCK = 8 << 20
 # Transient answers worth another attempt; everything else >= 400 is reported at once.
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# A host name that does not resolve (DNS failure) gets one retry after at most this long, not the backoff.
+QUICK_RETRY_SECONDS = 0.5
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 
@@ -63,6 +66,19 @@ class Backoff:
         if retry_after is not None:
             wait = max(wait, retry_after)
         return min(wait, self.maximum)
+
+
+def is_name_resolution_error(exc: BaseException) -> bool:
+    """Whether a transport error is a failed DNS lookup (``socket.gaierror`` anywhere in its cause chain):
+    not transient like a 503, so callers give it one quick retry at most and then one clear line."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, socket.gaierror):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 class _Transient(Exception):
@@ -180,6 +196,17 @@ class _Fetch:
                 raise _Transient(f"connection ended at byte {part.size} of {self.size}")
             except (httpx2.TransportError, _Transient) as exc:
                 failures = 1 if part.size > before else failures + 1
+                if is_name_resolution_error(exc) and failures > min(self.retries, 1):
+                    raise ConvertError(
+                        f"{self.name}: cannot resolve the host of {_safe_url(self.url)} ({exc}); check the "
+                        "network, then run again to resume"
+                    ) from None
+                if is_name_resolution_error(exc):
+                    wait = min(self.backoff.delay(1), QUICK_RETRY_SECONDS)
+                    # debug, not warning: the user sees one line in the end
+                    log.debug("%s: %s; retrying in %.2fs", self.name, _describe(exc), wait)
+                    time.sleep(wait)
+                    continue
                 if failures > self.retries:
                     raise ConvertError(
                         f"{self.name}: download failed at byte {part.size} of {self._size_text()} after "

@@ -42,7 +42,7 @@ class Manifest:
         holding an object."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nested too deeply
             raise ManifestError(str(exc)) from None
         if not isinstance(data, dict):
             raise ManifestError("not an object")
@@ -64,13 +64,23 @@ class Manifest:
 
     def planned_files(self) -> list[Any]:
         """Names of the files the plan will write (``plan.files``), in plan order."""
-        return [f.get("name") for f in (self.data.get("plan") or {}).get("files", [])]
+        files = (self.data.get("plan") or {}).get("files", []) if isinstance(self.data.get("plan"), dict | None) else None
+        if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in files):
+            raise ManifestError("plan.files is not a list of {name, size} objects")
+        return [f["name"] for f in files]
 
     def file_records(self) -> list[dict[str, Any]]:
         """Every recorded file of every finished unit (``{"name", "size", "sha256"}``), in unit order.
 
         ``ManifestError`` when ``units`` is missing or not unit -> ``{"files": [...]}``."""
         try:
-            return [f for unit in self.data["units"].values() for f in unit["files"]]
+            records = [f for unit in self.data["units"].values() for f in unit["files"]]
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(str(exc)) from None
+        for f in records:
+            if not (
+                isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("sha256"), str)
+                and type(f.get("size")) is int and f["size"] >= 0
+            ):  # fmt: skip
+                raise ManifestError(f"a file record is not {{name, size, sha256}}: {str(f)[:80]}")
+        return records

@@ -215,10 +215,11 @@ class ConversionPlan:
         return sum(u.out_bytes for u in self.units)
 
     def format_totals(self) -> dict[str, dict[str, int]]:
-        """Per written format (``int4-g64``, ``int8-row``, ``f32``, ...): tensor count and output bytes."""
+        """Per written format (``int4-g64``, ``int8-row``, ``f32``, ``bf16``, ``fp8`` ...: the one vocabulary of
+        ``format_names.format_label``, the names inspect and verify print): tensor count and output bytes."""
         totals: dict[str, dict[str, int]] = {}
         for job in (j for u in self.units for j in u.jobs):
-            t = totals.setdefault(job.target.label, {"tensors": 0, "bytes": 0})
+            t = totals.setdefault(written_label(job.target), {"tensors": 0, "bytes": 0})
             t["tensors"] += 1
             t["bytes"] += job.out_bytes
         return dict(sorted(totals.items()))
@@ -229,7 +230,7 @@ class ConversionPlan:
         how many output tensors got which format, roles in that order."""
         out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for job in (j for u in self.units for j in u.jobs):
-            label = f"{job.source.dtype} (copied)" if job.target.is_source else job.target.label
+            label = f"{job.source.dtype} (copied)" if job.target.is_source else written_label(job.target)
             out[rc.detail_role(job.out_name, len(job.shape), job.role)][label] += 1
         order = {r: i for i, r in enumerate(rc.DETAIL_ROLES)}
         return {r: dict(sorted(out[r].items())) for r in sorted(out, key=lambda r: (order.get(r, 99), r))}
@@ -279,6 +280,11 @@ class ConversionPlan:
             "fallbacks": [f.as_dict() for f in self.fallbacks],
             "dropped_towers": list(self.dropped),
         }  # fmt: skip
+
+
+def written_label(target: rc.Target) -> str:
+    """The user-facing name of what a target writes (``Format.label``: floats by their stored dtype)."""
+    return target.format_class.label(target.gs, "BF16" if target.is_bf16 else "F32")
 
 
 # ------------------------------------------------------------------------------------------------ planning

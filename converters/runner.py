@@ -440,6 +440,8 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
         "warnings": summary.warnings,
         "shards": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in shards],
         "copied_files": [CONFIG_FILE, INDEX_FILE, *copied],
+        # the same labels as the summary, inspect and verify (format_names.format_label)
+        "format_totals": summary.format_totals, "formats_per_role": summary.formats_per_role,
         "run": {
             "units_converted": summary.units_converted, "units_skipped": summary.units_skipped,
             "bytes_in": summary.bytes_in, "bytes_out": summary.bytes_out,

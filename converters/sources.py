@@ -164,6 +164,8 @@ class Source(ABC):
             ) from None
         except UnicodeDecodeError as exc:
             raise ConvertError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+        except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+            raise ConvertError(f"{name}: not readable JSON ({exc})") from None
 
     def weight_map(self) -> dict[str, str]:
         """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.
@@ -279,6 +281,10 @@ class HubSource(Source):
         self.retries = DEFAULT_RETRIES if retries is None else retries
         self.backoff = _Backoff() if backoff is None else backoff
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
+        self.offline = constants.is_offline_mode()
+        if self.offline:  # HF_HUB_OFFLINE: the commit and the listing come from the Hugging Face cache
+            self.commit, self._files = self._cached_snapshot()
+            return
         info = self._call(
             f"{repo_id}@{self.requested_revision}",
             lambda: self._api.model_info(repo_id, revision=revision, files_metadata=True, token=token),
@@ -351,7 +357,41 @@ class HubSource(Source):
         return {"kind": "hf", "repo_id": self.repo_id, "revision": self.commit}
 
     def _where(self) -> str:
+        if self.offline:
+            return f"the Hugging Face cache of {self.repo_id}@{self.commit} (HF_HUB_OFFLINE is set)"
         return f"{self.repo_id}@{self.commit}"
+
+    def _cached_snapshot(self) -> tuple[str, dict[str, SourceFile]]:
+        """Offline: the commit the requested revision names in the Hugging Face cache and that snapshot's files
+        (``scan_cache_dir``). Only cached files are listed, so a needed file that is not cached is reported by
+        name (``_require``, ``weight_map``) and nothing is ever downloaded. An LFS file's blob is named by its
+        sha256, which is checked as for a download when the file is used from the cache (size only)."""
+        from huggingface_hub import scan_cache_dir
+        from huggingface_hub.errors import CacheNotFound
+
+        where = f"{self.repo_id}@{self.requested_revision}: HF_HUB_OFFLINE is set and the Hugging Face cache"
+        try:
+            cache = scan_cache_dir(self.cache_dir)
+        except CacheNotFound:
+            raise ConvertError(f"{where} ({self.cache_dir}) does not exist") from None
+        repo = next((r for r in cache.repos if r.repo_id == self.repo_id and r.repo_type == "model"), None)
+        if repo is None:
+            raise ConvertError(f"{where} ({self.cache_dir}) holds nothing of {self.repo_id}") from None
+        wanted = self.requested_revision
+        revision = next((r for r in repo.revisions if wanted in r.refs), None) or next(
+            (r for r in repo.revisions if r.commit_hash == wanted), None
+        )
+        if revision is None:
+            have = sorted(ref for r in repo.revisions for ref in r.refs) or sorted(
+                r.commit_hash[:12] for r in repo.revisions
+            )
+            raise ConvertError(f"{where} has no snapshot of revision {wanted!r} (cached: {', '.join(have)})")
+        files = {}
+        for f in revision.files:
+            name = f.file_path.relative_to(revision.snapshot_path).as_posix()
+            sha256 = f.blob_path.name if re.fullmatch(r"[0-9a-f]{64}", f.blob_path.name) else None
+            files[name] = SourceFile(name, f.size_on_disk, sha256)
+        return revision.commit_hash, files
 
     def _download_path(self, name: str) -> Path:
         if not _is_plain_relative(name):
@@ -449,7 +489,11 @@ class HubSource(Source):
             RevisionNotFoundError,
         )
 
-        from colitools.converters.download import RETRY_STATUSES
+        from colitools.converters.download import (
+            QUICK_RETRY_SECONDS,
+            RETRY_STATUSES,
+            is_name_resolution_error,
+        )
 
         # Not huggingface_hub's ``http_backoff``: that wraps one raw HTTP request, and these are HfApi calls
         # (``model_info``, ``parse_safetensors_file_metadata``: several requests and their error mapping); the
@@ -479,9 +523,23 @@ class HubSource(Source):
                     raise ConvertError(f"{what}: HTTP {status} from {self.endpoint}{hint}") from None
                 reason = f"HTTP {status}"
             except httpx2.TransportError as exc:
-                if failures >= self.retries:
+                # A name that does not resolve will not resolve in a minute either: one quick retry at most
+                # (a resolver hiccup), not the 5xx backoff (~62 s before the same answer).
+                unresolved = is_name_resolution_error(exc)
+                if failures >= (min(self.retries, 1) if unresolved else self.retries):
+                    if unresolved:
+                        raise ConvertError(
+                            f"{what}: cannot resolve the host of {self.endpoint} ({exc}); check the network and "
+                            "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to convert from the Hugging Face cache"
+                        ) from None
                     raise ConvertError(f"{what}: cannot reach {self.endpoint}: {exc}") from None
                 reason = type(exc).__name__
+                if unresolved:
+                    failures += 1
+                    wait = min(self.backoff.delay(1), QUICK_RETRY_SECONDS)
+                    log.debug("%s: %s; retrying in %.2fs", what, reason, wait)  # quiet: one line in the end
+                    time.sleep(wait)
+                    continue
             failures += 1
             wait = self.backoff.delay(failures)
             log.warning("%s: %s; retrying in %.2fs", what, reason, wait)

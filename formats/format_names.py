@@ -23,3 +23,41 @@ def recipe_format_summary() -> str:
     ungrouped = [n for n in RECIPE_FORMAT_NAMES if not n.startswith(GROUPED_OPTION_PREFIX)]
     p = GROUPED_OPTION_PREFIX
     return ", ".join([f"{p}{DEFAULT_GROUP_SIZE}", f"{p}{{{GROUP_SIZES[0]}..{GROUP_SIZES[-1]}}}", *ungrouped])
+
+
+# ---------------------------------------------------------------------------------- the one vocabulary
+# Every command names a stored format with the recipe option a user would type to get it (FORMATS §5, the
+# table in docs/FORMATS.md "Format names"): the convert summary, colitools.json, inspect, verify and
+# `colitools formats` all print ``format_label(...)``. The registry names (``int4-grouped``, ``fp8-e4m3-b128``)
+# remain the stamp strings of the files and the resolver's messages.
+
+# recipe option -> registry (stamp) name of the format it writes
+OPTION_FORMATS: dict[str, str] = {
+    "f32": "f32", "bf16": "f32", "int8-row": "int8-row", "int4-row": "int4-row", "int2-row": "int2-row",
+    **{f"{GROUPED_OPTION_PREFIX}{g}": "int4-grouped" for g in GROUP_SIZES},
+    "int3-g64": "int3-g64", "mxfp4": "mxfp4", "fp8": "fp8-e4m3-b128",
+}  # fmt: skip
+
+# a float tensor is named by its stored dtype (safetensors dtype name -> label)
+FLOAT_LABELS: dict[str, str] = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
+_FLOAT_FORMAT = "f32"
+_GROUPED_FORMAT = "int4-grouped"
+_RENAMED = {"fp8-e4m3-b128": "fp8"}  # registry name -> option name where they differ (besides int4-grouped)
+
+
+def format_label(name: str, group_size: int | None = None, dtype: str | None = None) -> str:
+    """The user-facing name of a stored format: ``name`` is the registry (stamp) name, ``group_size`` the
+    int4-grouped group size, ``dtype`` the safetensors dtype of a float tensor (default F32).
+
+    ``f32`` / ``bf16`` / ``f16`` (floats by dtype), ``int4-g64``, ``int8-row``, ``fp8``, ...: the recipe option
+    names; a read-only format (``e8-iq3-lattice``) keeps its registry name."""
+    if name == _FLOAT_FORMAT:
+        return FLOAT_LABELS.get(dtype or "F32", (dtype or "F32").lower())
+    if name == _GROUPED_FORMAT and group_size is not None:
+        return f"{GROUPED_OPTION_PREFIX}{group_size}"
+    return _RENAMED.get(name, name)
+
+
+def option_names(name: str) -> tuple[str, ...]:
+    """The recipe options (``convert --experts`` etc.) that write registry format ``name``; () if none."""
+    return tuple(option for option, fmt in OPTION_FORMATS.items() if fmt == name)

@@ -20,6 +20,7 @@ from colitools.formats import planar_sidecar
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.format_names import format_label
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     FORMATS,
@@ -37,6 +38,7 @@ __all__ = [
     "describe_formats",
     "inspect_path",
     "open_model",
+    "tensor_label",
 ]
 
 
@@ -211,6 +213,7 @@ class InspectReport:
                     "bytes": t.nbytes,
                     "kind": t.kind,
                     "format": t.format.name if t.format else None,
+                    "label": tensor_label(t),
                     "fmt": t.format.fmt if t.format else None,
                     "group_size": t.format.group_size if t.format else None,
                     "logical_shape": list(t.logical_shape) if t.logical_shape else None,
@@ -236,14 +239,18 @@ class InspectReport:
         }
 
 
+def tensor_label(t: ResolvedTensor) -> str | None:
+    """The user-facing format name of a weight (``format_names.format_label``: a float by its dtype), or None
+    for a tensor with no format (scales, integer tensors)."""
+    if t.format is None or t.kind == "scale":
+        return None
+    return format_label(t.format.name, t.format.group_size, t.dtype if t.kind == "float" else None)
+
+
 def _total_label(t: ResolvedTensor) -> str:
     if t.kind == "unresolved":
         return "unresolved"
-    if t.format is None:
-        return f"other ({t.dtype})"
-    if t.kind == "float" and t.dtype != "F32":
-        return f"{t.format.label} ({t.dtype})"
-    return t.format.label
+    return tensor_label(t) or f"other ({t.dtype})"
 
 
 def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
@@ -308,6 +315,7 @@ class FormatRow:
     scale_tensor: str
     group_sizes: tuple[int, ...] | None = None
     written: bool = True  # False: recognised by the resolver only
+    options: tuple[str, ...] = ()  # the recipe options (``convert --experts`` ...) that write it
 
 
 def describe_formats() -> list[FormatRow]:
@@ -325,6 +333,7 @@ def describe_formats() -> list[FormatRow]:
                 scale_tensor=fmt.scale_tensor_label,
                 group_sizes=GROUP_SIZES if grouped else None,
                 written=not fmt.read_only,
+                options=fmt.option_names(),
             )
         )
     return rows

@@ -32,7 +32,10 @@ from colitools.formats.format_names import (
     GROUP_SIZES,
     GROUPED_OPTION_PREFIX,
     NATIVE_OPTION,
+    OPTION_FORMATS,
     RECIPE_FORMAT_NAMES,
+    format_label,
+    option_names,
 )
 from colitools.formats.planar import PLANAR_BLOCK
 
@@ -117,6 +120,16 @@ class Format:
             raise TypeError(f"format ordinal {cls.ord} registered twice")
         FORMATS[cls.ord] = cls
         _BY_NAME[cls.name] = cls
+
+    @classmethod
+    def label(cls, gs: int | None = None, dtype: str | None = None) -> str:
+        """The user-facing name (``format_names.format_label``): ``int4-g64``, ``bf16`` for a BF16 float, ``fp8``."""
+        return format_label(cls.name, gs, dtype)
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The recipe options that write this format (``f32``/``bf16``, ``int4-g16`` .. ``int4-g256``, ...)."""
+        return option_names(cls.name)
 
     @classmethod
     def tensor_names(cls, name: str) -> tuple[str, str | None]:
@@ -561,15 +574,9 @@ class FormatChoice:
 
 def parse_format_option(option: str) -> FormatChoice:
     """Parse a recipe format name (``--experts int4-g64`` etc.), raising FormatError for unknown names."""
-    m = re.fullmatch(re.escape(GROUPED_OPTION_PREFIX) + r"(\d+)", option)
-    if m and int(m.group(1)) in GROUP_SIZES:
-        return FormatChoice(option, Int4Grouped, int(m.group(1)))
-    simple = {
-        "f32": Float, "bf16": Float, "int8-row": Int8Row, "int4-row": Int4Row, "int2-row": Int2Row,
-        "int3-g64": Int3G64, "mxfp4": Mxfp4, "fp8": Fp8E4m3B128,
-    }  # fmt: skip
-    if option in simple:
-        return FormatChoice(option, simple[option], None)
+    if option in OPTION_FORMATS:
+        m = re.fullmatch(re.escape(GROUPED_OPTION_PREFIX) + r"(\d+)", option)
+        return FormatChoice(option, by_name(OPTION_FORMATS[option]), int(m.group(1)) if m else None)
     if option == NATIVE_OPTION:  # no format of its own: the converter picks one per source tensor (§6)
         return FormatChoice(option, None, None)
     raise FormatError(f"unknown format {option!r}; choose one of: {', '.join(RECIPE_FORMAT_NAMES)}")

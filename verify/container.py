@@ -27,6 +27,7 @@ from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.format_names import format_label
 from colitools.formats.inspect import ModelFiles, open_model
 from colitools.formats.planar_sidecar import check_sidecar
 from colitools.formats.safetensors_io import read_header
@@ -94,7 +95,8 @@ def verify_container(
     shard_by_name = {str(s.path): s for s in shards}
     for t in resolved.values():
         if t.kind in ("quantized", "float") and t.format is not None:
-            report.formats[t.format.label] = report.formats.get(t.format.label, 0) + 1
+            label = format_label(t.format.name, t.format.group_size, t.dtype if t.kind == "float" else None)
+            report.formats[label] = report.formats.get(label, 0) + 1
         if t.kind == "scale":
             _check_scale(shard_by_name[t.file], t.name, t.dtype, report)
         if t.kind == "unresolved":  # a foreign container's weight whose [O, I] nothing gives (§3)
@@ -176,12 +178,12 @@ def _check_manifest(root: Path, report: ContainerReport, broken: set[str], *, ha
     try:
         manifest = Manifest.load(path)
         records = manifest.file_records()
+        planned = manifest.planned_files()
     except (OSError, ManifestError) as exc:
         report.problems.append(f"{path}: unreadable manifest ({exc})")
         return
     if manifest.state != "complete":
         report.problems.append(f"{path}: conversion state is {manifest.state!r}, not 'complete' (resume it)")
-    planned = manifest.planned_files()
     recorded = {r.get("name") for r in records}
     missing = [n for n in planned if n not in recorded]
     if missing:

@@ -107,7 +107,7 @@ def load_reference(fixture_dir: Path, recipe: str) -> dict[str, Any]:
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise VerifyError(f"{path}: unreadable reference ({exc})") from None
     if not isinstance(value, dict):
         raise VerifyError(f"{path}: a reference must be a JSON object")

@@ -49,7 +49,7 @@ def convert_command(
     keep_source: bool = typer.Option(
         False, "--keep-source/--no-keep-source", help="Keep downloaded source shards (a Hub source)."
     ),
-    workers: int = typer.Option(1, "--workers", min=1, help="Units converted in parallel processes."),
+    workers: int = typer.Option(1, "--workers", min=1, max=1024, help="Units converted in parallel processes."),
     token: str | None = typer.Option(None, "--token", help="Hugging Face token (default: HF_TOKEN / login)."),
     revision: str | None = typer.Option(None, "--revision", help="Hub branch, tag or commit (default main)."),
     dry_run: bool = typer.Option(

@@ -1,4 +1,5 @@
-"""`colitools formats`: the format registry as a table (ordinal, name, bits/weight, byte formulas)."""
+"""`colitools formats`: the format registry as a table (ordinal, name, the convert options that write it,
+bits/weight, byte formulas)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,24 @@ import typer
 
 from colitools.cli.app import app
 from colitools.cli.render import render_table
+from colitools.formats.format_names import GROUPED_OPTION_PREFIX, recipe_format_summary
+
+
+def _options_text(options: tuple[str, ...]) -> str:
+    """``f32, bf16``; the int4-g* options folded into ``int4-g{16..256}``; ``-`` when none writes it."""
+    grouped = [o for o in options if o.startswith(GROUPED_OPTION_PREFIX)]
+    if len(grouped) > 1:
+        sizes = [o.removeprefix(GROUPED_OPTION_PREFIX) for o in grouped]
+        options = (f"{GROUPED_OPTION_PREFIX}{{{sizes[0]}..{sizes[-1]}}}",)
+    return ", ".join(options) or "-"
 
 
 @app.command("formats")
 def formats_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON for scripts.")] = False,
 ) -> None:
-    """List the weight formats: ordinal, name, bits per weight and the weight/scale byte formulas for [O, I]."""
+    """List the weight formats: ordinal, name, the convert options that write it, bits per weight and the
+    weight/scale byte formulas for [O, I]."""
     from colitools.formats.inspect import describe_formats
 
     rows = describe_formats()
@@ -27,6 +39,7 @@ def formats_command(
         [
             str(r.ord),
             r.name + ("" if r.written else " (read only)"),
+            _options_text(r.options),
             f"{r.bits_per_weight:.4g}" + (" (gs 64)" if r.group_sizes else ""),
             r.weight_bytes,
             r.scale_bytes,
@@ -35,11 +48,16 @@ def formats_command(
         for r in rows
     ]
     typer.echo(
-        render_table(["ord", "name", "bits/weight", "weight bytes", "scale bytes", "scale tensor"], table)
+        render_table(
+            ["ord", "name", "convert options", "bits/weight", "weight bytes", "scale bytes", "scale tensor"],
+            table,
+        )
     )
     grouped = next(r for r in rows if r.group_sizes)
     typer.echo(
         f"\nint4-grouped group sizes: {', '.join(map(str, grouped.group_sizes or ()))}. "
         "Bits/weight include scales, at I = 4096. Formats are resolved from these byte counts "
-        "(see docs/FORMATS.md)."
+        "(see docs/FORMATS.md).\nconvert --experts/--dense/--embed/--mtp take: "
+        f"{recipe_format_summary()}; every command names formats by these options (floats by dtype: f32, bf16, "
+        "f16)."
     )

@@ -28,7 +28,7 @@ def inspect_command(
     ] = False,
 ) -> None:
     """Show every tensor's dtype, shape, bytes and resolved format (group size, stamp), and totals per format."""
-    from colitools.formats.inspect import inspect_path
+    from colitools.formats.inspect import inspect_path, tensor_label
 
     report = inspect_path(path)
     if as_json:
@@ -49,7 +49,7 @@ def inspect_command(
             elif t.format is None:
                 fmt, gs = "-", "-"
             else:
-                fmt, gs = t.format.name, str(t.format.group_size or "-")
+                fmt, gs = tensor_label(t) or "-", str(t.format.group_size or "-")
             rows.append(
                 [
                     t.name,

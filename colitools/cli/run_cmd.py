@@ -12,6 +12,9 @@ import typer
 
 from colitools.cli.app import app
 
+# A bound, not a model limit: a mistyped count is a usage error rather than a run that never ends.
+MAX_NEW_TOKENS = 1_000_000
+
 
 def _parse_ids(text: str) -> list[int]:
     from colitools.errors import RuntimeModelError
@@ -43,7 +46,9 @@ def run_command(
     prompt: Annotated[
         str | None, typer.Option("--prompt", help="Prompt text (needs the model's tokenizer.json).")
     ] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate.")] = 32,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, max=MAX_NEW_TOKENS, help="Tokens to generate.")
+    ] = 32,
     cap: Annotated[int | None, typer.Option("--cap", min=1, help="Experts cached per layer.")] = None,
     ram_gb: Annotated[
         float | None,

@@ -32,6 +32,9 @@ HASH_MULTIPLIER = 2654435761
 BUCKETS = 256
 
 
+MAX_WEIGHT_RATIO = 10**12  # largest / smallest drive weight accepted
+
+
 def parse_disk_weights(text: str, *, source: str = "--disk-weights") -> list[Fraction]:
     """``"9,3"`` -> ``[9, 3]``: at least two positive finite numbers, primary first."""
     parts = [p.strip() for p in text.split(",")]
@@ -43,6 +46,8 @@ def parse_disk_weights(text: str, *, source: str = "--disk-weights") -> list[Fra
         raise MirrorError(
             f"{source}: expected at least two positive weights (primary, mirror), got {text!r}"
         )
+    if max(weights) / min(weights) > MAX_WEIGHT_RATIO:  # 1e400,1: the shares would overflow a float
+        raise MirrorError(f"{source}: weights {text!r} differ by more than a factor {MAX_WEIGHT_RATIO:.0e}")
     return weights
 
 

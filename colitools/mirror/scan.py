@@ -175,7 +175,7 @@ def model_geometry(model_dir: str | os.PathLike) -> ModelGeometry:
         return ModelGeometry()
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: also a 5000-digit number
         raise MirrorError(f"cannot read {path}: {exc}") from None
     if not isinstance(config, dict):
         raise MirrorError(f"{path}: expected a JSON object")

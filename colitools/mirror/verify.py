@@ -180,7 +180,7 @@ def _check_engine_acceptance(check: FileCheck, mirror_file: Path, primary: Path 
 def _load_receipt(path: Path, result: MirrorVerification) -> list | None:
     try:
         receipt = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a number too long to convert
         result.problems.append(f"receipt {path.name} is not valid JSON: {exc}")
         return None
     except RecursionError:  # a hostile or broken file: arrays/objects nested deeper than the parser's stack

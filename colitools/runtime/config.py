@@ -133,7 +133,7 @@ class ModelArgs:
             config = json.loads(path.read_text())
         except FileNotFoundError:
             raise RuntimeModelError(f"{model_dir}: no config.json") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
             raise RuntimeModelError(f"{path}: cannot read the model config ({exc})") from None
         if not isinstance(config, dict):
             raise RuntimeModelError(f"{path}: the model config is not a JSON object")

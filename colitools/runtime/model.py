@@ -241,8 +241,8 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
     args = ModelArgs.from_dir(model_dir)
     if cap is not None and cap < 1:
         raise RuntimeModelError(f"--cap must be >= 1, got {cap}")
-    if ram_gb is not None and ram_gb <= 0:
-        raise RuntimeModelError(f"--ram-gb must be > 0, got {ram_gb}")
+    if ram_gb is not None and not (0 < ram_gb < float("inf")):  # also refuses nan
+        raise RuntimeModelError(f"--ram-gb must be a finite number > 0, got {ram_gb}")
     family = family_module(args.model_type)
     ckpt = Checkpoint(model_dir, args.raw)
     try:

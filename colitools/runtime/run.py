@@ -64,7 +64,7 @@ def _stop_ids(model_dir: Path, eos: list[int]) -> tuple[int, ...]:
     if gen.exists():
         try:
             value = json.loads(gen.read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             value = None
         if isinstance(value, int):
             ids.add(value)

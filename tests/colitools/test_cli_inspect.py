@@ -165,18 +165,18 @@ def test_inspect_table_shows_formats_group_sizes_stamps_and_totals(quantized_fil
         "[8,",
         "128]",
         "512",
-        "int4-grouped",
+        "int4-g64",
         "64",
         "-",
     ]
-    assert rows[NAMES["int4-g32"]][-3:] == ["int4-grouped", "32", "-"]
+    assert rows[NAMES["int4-g32"]][-3:] == ["int4-g32", "32", "-"]
     assert rows[NAMES["int8-row"]][-3:] == ["int8-row", "-", "-"]
     assert rows[NAMES["int3-g64"]][-3:] == ["int3-g64", "-", "-"]
     assert rows[NAMES["int4-row"]][-3:] == ["int4-row", "-", "-"]
     assert rows[NAMES["int8-row"] + ".qs"][-3:] == ["(scale)", "-", "-"]
     assert rows["model.layers.0.mlp.experts.2.down_proj.weight_packed"][-3:] == ["mxfp4", "-", "-"]
     assert rows["model.layers.0.mlp.shared_experts.up_proj.weight"][-3:] == [
-        "fp8-e4m3-b128",
+        "fp8",  # the format column uses the one vocabulary; the stamp column shows the stored stamp
         "-",
         "fp8-e4m3-b128",
     ]
@@ -186,7 +186,7 @@ def test_inspect_table_shows_formats_group_sizes_stamps_and_totals(quantized_fil
     }
     assert totals == {
         "f32": ["1", "512"],
-        "fp8-e4m3-b128": ["1", "520"],
+        "fp8": ["1", "520"],
         "int3-g64": ["1", str(8 * 2 * 24 + 8 * 2 * 4)],
         "int4-g32": ["1", str(512 + 8 * 4 * 4)],
         "int4-g64": ["1", str(512 + 8 * 2 * 4)],
@@ -228,4 +228,5 @@ def test_formats_command_table_and_json():
     assert rows[7] == {
         "ord": 7, "name": "mxfp4", "bits_per_weight": 4.25, "weight_bytes": "O * I/2", "scale_bytes": "O * I/32",
         "scale_tensor": "<base>.weight_scale U8 (E8M0)", "group_sizes": None, "written": True,
+        "options": ["mxfp4"],
     }  # fmt: skip

@@ -88,7 +88,7 @@ def test_inspect_model_dir_reports_every_tensor_and_totals(tmp_path):
     totals = {t.format: (t.tensors, t.bytes) for t in report.totals}
     assert totals == {
         "f32": (1, 512),
-        "fp8-e4m3-b128": (1, 104),
+        "fp8": (1, 104),  # totals use the one vocabulary (format_names.format_label)
         "int4-g64": (2, 2 * (512 + 64)),
         "int8-row": (2, (16 * 128 + 64) + (128 * 8 + 512)),
     }
@@ -107,6 +107,7 @@ def test_inspect_json_is_serialisable_and_complete(tmp_path):
         "bytes": 512,
         "kind": "quantized",
         "format": "int4-grouped",
+        "label": "int4-g64",
         "fmt": 4,
         "group_size": 64,
         "logical_shape": [8, 128],
