@@ -1,4 +1,4 @@
-"""Benchmark of ``native`` passthrough of natively quantized experts (FORMATS-SPEC §6): MXFP4 (gpt-oss blocks ->
+"""Benchmark of ``native`` passthrough of natively quantized experts (docs/FORMATS.md §5): MXFP4 (gpt-oss blocks ->
 mxfp4, nibbles and E8M0 bytes copied) and INT4 pack-quantized (-> int4-grouped gs 32, the int32 bytes are the
 pairs bytes, BF16 scales widened to F32). It should run at disk speed: the number printed next to the converter
 is a plain file copy (``shutil.copyfile``) of the same source bytes, measured in the same run, interleaved.

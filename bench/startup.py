@@ -7,7 +7,7 @@
 Each case runs ``--repeat`` times, interleaved (help, convert, run, help, ...), so a burst of load from other
 processes hits every case alike; we report best and median wall time and the child's CPU time (user + sys,
 ``os.wait4``), which other load on the machine changes much less. The load average is printed before and
-after. Targets (DESIGN.md, issue 12): ``--help`` <= 0.2 s, warm convert <= 0.5 s, first (cold) convert <= 3 s;
+after. Targets (issue 12): ``--help`` <= 0.2 s, warm convert <= 0.5 s, first (cold) convert <= 3 s;
 ``run`` has no target and is reported. Exit status 1 on a MISS (of the best wall time).
 
 Run: ``.venv/bin/python bench/startup.py [--repeat 5] [--tokens 4] [--cases help,convert,run]``.

@@ -1,4 +1,4 @@
-"""Source tensor -> float32 (FORMATS-SPEC §5).
+"""Source tensor -> float32 (docs/FORMATS.md §9).
 
 * BF16 / F16 / F32 (and F64, which rounds): exact upcast (ml_dtypes for BF16, never a lossy path).
 * FP8 block-scaled (DeepSeek-V3 convention): ``<name>`` F8_E4M3 ``[M, N]`` + ``<name>_scale_inv`` F32 or BF16

@@ -1,5 +1,5 @@
 """The source inventory: every source tensor with its shard, dtype, shape and (FP8) scale, validated before any
-work starts (FORMATS-SPEC §5).
+work starts (docs/FORMATS.md §9).
 
 Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
 

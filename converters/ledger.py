@@ -1,4 +1,4 @@
-"""The resume ledger, stored in the output's ``colitools.json`` (FORMATS-SPEC §7; the type is ``manifest.Manifest``).
+"""The resume ledger, stored in the output's ``colitools.json`` (docs/FORMATS.md §10; the type is ``manifest.Manifest``).
 
 The same JSON file is the manifest of a finished conversion: tool version, source, recipe (and its
 fingerprint), the plan's files, finished units with each file's name, size and sha256, fallbacks, and

@@ -24,7 +24,7 @@ class ConvertOptions:
     mtp: str | None = None
     group_size: int | None = None
     layout: str = PAIRS.option  # a --layout value (formats/layouts.py)
-    towers: str = "keep"  # --towers keep | drop (FORMATS-SPEC §6 rule 1)
+    towers: str = "keep"  # --towers keep | drop (docs/FORMATS.md §5 rule 1)
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False

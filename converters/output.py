@@ -1,6 +1,6 @@
-"""The output folder besides the shards (FORMATS-SPEC §7): ``model.safetensors.index.json``, ``config.json``
+"""The output folder besides the shards (docs/FORMATS.md §10): ``model.safetensors.index.json``, ``config.json``
 without its ``quantization_config``, ``generation_config.json`` and tokenizer files copied unchanged; with
-``--layout planar`` also the sidecar's ``experts-int4g64/index.json`` (FORMATS-SPEC §4, ``write_sidecar_index``).
+``--layout planar`` also the sidecar's ``experts-int4g64/index.json`` (docs/FORMATS.md §4, ``write_sidecar_index``).
 
 All files are written with a temporary name, fsync and an atomic rename, and their bytes depend only on the
 source and the plan (no times), so reruns and resumed runs produce identical files.

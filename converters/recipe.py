@@ -1,6 +1,6 @@
 """The conversion recipe (docs/FORMATS.md §5): every source tensor -> a role -> a target format.
 
-Rules apply in order, the first match decides (FORMATS-SPEC §6, rows 0-6):
+Rules apply in order, the first match decides (docs/FORMATS.md §5, rows 0-6):
 
 0. non-float tensors (I64 ``ffn.gate.tid2eid``, ...): copied unchanged;
 1. multimodal towers and projectors (``visual.``, ``vision_tower.``, ``mm_projector.``, ...): kept in their

@@ -1,4 +1,4 @@
-"""``convert(source, outdir, options)``: the whole pipeline of ``colitools convert`` (DESIGN.md, "Data flow").
+"""``convert(source, outdir, options)``: the whole pipeline of ``colitools convert`` (docs/INTERNALS.md, "Converters").
 
 source -> inventory (headers, weight_map, config; validated) -> recipe + plan (every tensor classified, every
 byte counted) -> for each pending unit in order: disk floor, source shards on disk (downloads resume), stream

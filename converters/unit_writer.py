@@ -476,7 +476,7 @@ def start_unit(
                         k += 1
                         ahead = _prefetch(prefetch, jobs, k, reader)
                         codes, scales = encode_job(job, values, scale, block, out.planar)
-                        if out.is_sidecar:  # one F32 scale per (row, 64-block), FORMATS-SPEC §4
+                        if out.is_sidecar:  # one F32 scale per (row, 64-block), docs/FORMATS.md §4
                             scales = planar_sidecar.block_scales(scales, job.O, job.I)
                         del values, scale
                         wname, sname = job.target.tensor_names(job.out_name)

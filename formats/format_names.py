@@ -1,4 +1,4 @@
-"""The format names a user types: the recipe's format options (FORMATS-SPEC §6) and the int4 group sizes.
+"""The format names a user types: the recipe's format options (docs/FORMATS.md §5) and the int4 group sizes.
 
 numpy-free on purpose: the CLI builds its help texts from these without importing the codecs. The registry
 (``registry.py``) parses these names into format classes.

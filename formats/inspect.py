@@ -106,7 +106,7 @@ def open_model(path: str | os.PathLike[str], *, sidecar: bool = True) -> ModelFi
 
     A directory with ``model.safetensors.index.json`` is the shards it names (coverage checked both ways);
     without an index it is every ``*.safetensors`` file in it. ``config.json`` is loaded when present. With
-    ``sidecar`` (the default), the published layer files of a planar sidecar ``experts-int4g64/`` (FORMATS-SPEC
+    ``sidecar`` (the default), the published layer files of a planar sidecar ``experts-int4g64/`` (docs/FORMATS.md
     §4, ``planar_sidecar.open_sidecar``) are the home of the routed experts: they follow the main shards in
     ``shards`` and are listed in ``sidecar``. A lone sidecar layer file is read with its folder's index.
     """

@@ -1,4 +1,4 @@
-"""The one vocabulary of expert layouts (FORMATS-SPEC §4).
+"""The one vocabulary of expert layouts (docs/FORMATS.md §4).
 
 A layout has two spellings: the ``--layout`` option value the user types (``planar``) and the name stored in a
 shard's ``__metadata__["colitools.layout"]`` and in the sidecar index (``planar64-v8``, colibri's name of the code

@@ -24,7 +24,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 # ----------------------------------------------------------------------------------------------- tables
-# Text-model roots (FORMATS-SPEC §6), matched as a name prefix, longest first.
+# Text-model roots (docs/FORMATS.md §5), matched as a name prefix, longest first.
 TEXT_ROOTS: dict[str, str] = {
     "model.": "text-only checkpoints: OLMoE, Qwen2/3-MoE, Mixtral, DeepSeek-V3, GLM-4 MoE (transformers)",
     "model.language_model.": "transformers' multimodal layout: GLM-5.3-Flash (glm5_next), Qwen3.5/3.6-MoE",
@@ -47,7 +47,7 @@ PROJECTIONS: dict[str, str] = {
     "w3": "up",
     "w2": "down",
 }
-PROJECTION_ORDER = ("gate", "up", "down")  # an expert's tensors in the pairs layout (FORMATS-SPEC §4)
+PROJECTION_ORDER = ("gate", "up", "down")  # an expert's tensors in the pairs layout (docs/FORMATS.md §4)
 CANONICAL_PROJECTION = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}  # the spelling we write
 # Projections some exports store without a ``.weight`` suffix (``...experts.{E}.w1``).
 SUFFIXLESS_PROJECTIONS = frozenset({"w1", "w2", "w3"})  # Mixtral
@@ -71,7 +71,7 @@ STACK_BIASES: dict[str, str] = {
 
 
 class Orientation(StrEnum):
-    """How a family lays out its expert stacks (FORMATS-SPEC §6 "Expert stacks")."""
+    """How a family lays out its expert stacks (docs/FORMATS.md §5 "Expert stacks")."""
 
     ROWS = "rows"  # gate_up [E, 2I, H] gate rows first, down [E, H, I] (transformers, Qwen3)
     ROWS_INTERLEAVED = (
@@ -147,7 +147,7 @@ HEADS = frozenset({
 })  # fmt: skip
 NORM_ENDINGS = ("norm",)  # input_layernorm, post_attention_layernorm, q_norm, kv_a_layernorm, model.norm
 
-# Multimodal towers (FORMATS-SPEC §6 rule 1): a name whose first component (after an optional ``model.``) is
+# Multimodal towers (docs/FORMATS.md §5 rule 1): a name whose first component (after an optional ``model.``) is
 # one of these belongs to a vision / audio encoder or its projector.
 TOWER_MODULES: dict[str, str] = {
     "visual": "Qwen3.5/3.6-MoE, GLM-5.3-Flash (model.visual.*)",
@@ -163,7 +163,7 @@ TOWER_MODULES: dict[str, str] = {
 }
 MTP_MODULES = frozenset({"mtp"})  # DeepSeek-V4 / GLM-5 native ``mtp.{k}.*`` next-token-prediction modules
 
-# Rule 2's small float parameters that are 2-D but not linear weights, matched on the leaf (FORMATS-SPEC §6).
+# Rule 2's small float parameters that are 2-D but not linear weights, matched on the leaf (docs/FORMATS.md §5).
 SMALL_PARAM_PREFIXES: dict[str, str] = {
     "hc_": "hyper-connections: DeepSeek-V4, GLM-5.3-Flash (hc_attn_fn, hc_ffn_base, hc_head.hc_fn, ...)",
 }
@@ -193,7 +193,7 @@ SSM_PARAMS = frozenset({"A_log", "dt_bias", "D"})  # linear-attention state para
 
 # Trailing suffixes of a tensor name (what follows its leaf), longest first when matched.
 SUFFIXES = (
-    "weight.qs",  # colitools codes' F32 scales (FORMATS-SPEC §2)
+    "weight.qs",  # colitools codes' F32 scales (docs/FORMATS.md §2)
     "weight",
     "bias",
     "qs",
@@ -331,7 +331,7 @@ def module_path(layer: int, module: str, root: str = CANONICAL_ROOT) -> str:
 
 
 def expert_tensor_name(expert_base: str, expert: int, projection: str, suffix: str = "weight") -> str:
-    """``{expert_base}.{expert}.{gate|up|down}_proj[.{suffix}]``: the per-expert name we write (FORMATS-SPEC §4),
+    """``{expert_base}.{expert}.{gate|up|down}_proj[.{suffix}]``: the per-expert name we write (docs/FORMATS.md §4),
     also what an expert stack is split into."""
     name = f"{expert_base}.{expert}.{CANONICAL_PROJECTION[projection]}"
     return f"{name}.{suffix}" if suffix else name

@@ -1,4 +1,4 @@
-"""The planar experts sidecar ``<out>/experts-int4g64/`` (FORMATS-SPEC §4, amended): the one owner of its facts.
+"""The planar experts sidecar ``<out>/experts-int4g64/`` (docs/FORMATS.md §4, amended): the one owner of its facts.
 
 ``colitools convert --layout planar`` writes every routed expert of a MoE layer here, in the form colibri's own
 planar tooling writes (``c/tools/convert_qwen38_experts_int4.py``) and its qwen38 engine attaches
@@ -47,7 +47,7 @@ SCALES = "f32-per-64"
 PROJECTIONS = ("gate", "up", "down")  # record order
 RECORD = ["gate codes", "up codes", "down codes", "gate scales", "up scales", "down scales"]
 QUANTIZER = (
-    "colitools int4 (FORMATS-SPEC §2): per 64 inputs (int4-g64) or per row (int4-row, its scale repeated "
+    "colitools int4 (docs/FORMATS.md §2): per 64 inputs (int4-g64) or per row (int4-row, its scale repeated "
     "per 64-block): scale = max(absmax/7, 1e-8) (f32), code = rint(w/scale) clamped to [-8,7], stored v+8"
 )
 INDEX_KEYS = (

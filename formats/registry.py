@@ -1,4 +1,4 @@
-"""The format registry: one class per format (FORMATS-SPEC §2), registered by its ordinal, and the one table of
+"""The format registry: one class per format (docs/FORMATS.md §2), registered by its ordinal, and the one table of
 byte arithmetic that every reader, writer, resolver, planner, kernel driver and the runtime use. Nothing else
 computes sizes.
 
@@ -62,7 +62,7 @@ def row_nbytes(name: str, I: int) -> int:
     return ceil_div(I, elems) * nbytes
 
 
-# Tensor names (FORMATS-SPEC §2): the ``.qs`` family keeps the source name and adds a ``.qs`` scale; mxfp4
+# Tensor names (docs/FORMATS.md §2): the ``.qs`` family keeps the source name and adds a ``.qs`` scale; mxfp4
 # uses the compressed-tensors pair on the source name without its trailing ``.weight``.
 QS_SUFFIX = ".qs"
 WEIGHT_SUFFIX = ".weight"
@@ -138,7 +138,7 @@ class Format:
 
     @classmethod
     def planar_eligible(cls, I: int, gs: int | None = None) -> bool:
-        """Whether the planar64-v8 expert layout can hold this format with ``I`` inputs (FORMATS-SPEC §4)."""
+        """Whether the planar64-v8 expert layout can hold this format with ``I`` inputs (docs/FORMATS.md §4)."""
         return False
 
     @classmethod
@@ -499,7 +499,7 @@ def _require_gs(gs: int | None) -> int:
     return gs
 
 
-FALLBACK_FORMAT: type[Format] = Int8Row  # what a writer falls back to (FORMATS-SPEC §6)
+FALLBACK_FORMAT: type[Format] = Int8Row  # what a writer falls back to (docs/FORMATS.md §5)
 
 
 def lookup(name: str) -> type[Format] | None:

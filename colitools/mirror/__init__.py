@@ -1,1 +1,1 @@
-"""Dual-SSD mirrors: plan, stage, verify (MIRROR-SPEC)."""
+"""Dual-SSD mirrors: plan, stage, verify (README "Mirrors")."""

@@ -1,4 +1,4 @@
-"""The replica routing rule of MIRROR-SPEC and the read-share prediction built on it.
+"""The replica routing rule (docs/FORMATS.md §7) and the read-share prediction built on it.
 
 For drive weights ``w_0`` (primary), ``w_1``, ... the cumulative cuts out of 256 are
 ``cut[r] = round(256 * (w_0 + ... + w_r) / sum(w))``; expert ``e`` of layer ``L`` (``E`` experts per layer)

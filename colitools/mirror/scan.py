@@ -1,4 +1,4 @@
-"""Which routed experts each shard holds, and how many bytes of each (MIRROR-SPEC "plan", first step).
+"""Which routed experts each shard holds, and how many bytes of each (README "Mirrors" (plan), first step).
 
 A routed-expert tensor is a per-expert tensor of an MoE layer (docs/FORMATS.md §4 names, parsed by the tensor-name
 map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the spellings)::
@@ -10,7 +10,7 @@ map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale_inv   (FP8 block scales of a source)
 
 With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g64/layer-NNN.safetensors``
-(FORMATS-SPEC §4): ``discover_shards`` scans those files too, named by their path relative to the model folder
+(docs/FORMATS.md §4): ``discover_shards`` scans those files too, named by their path relative to the model folder
 (``experts-int4g64/layer-003.safetensors``), so their bytes count as expert bytes.
 
 Shared experts (``mlp.shared_experts.``, ``mlp.shared_expert.``) and routers are not routed experts. The

@@ -1,8 +1,7 @@
 """``ModelArgs``: the model geometry and options the runtime needs, parsed from ``config.json``.
 
-transformers 5.x configs and hub checkpoints spell the same things differently (ARCHITECTURES.md, "Config
-spellings"): ``rope_parameters`` vs top-level ``rope_theta`` + ``rope_scaling {type|rope_type}``, ``head_dim``
-missing or null. The keys every family shares are parsed here, once, through the config facts
+transformers 5.x configs and hub checkpoints spell the same things differently: ``rope_parameters`` vs
+top-level ``rope_theta`` + ``rope_scaling {type|rope_type}``, ``head_dim`` missing or null. The keys every family shares are parsed here, once, through the config facts
 (``formats/model_config.py``: validation, text model, expert count and width); what only one family has (its
 defaults, layer schedule, routing, MLA, sliding windows, RoPE layout) is parsed by ``family_args`` in the
 family's own file, found through ``FAMILY_MODULES``. Defaults for keys a config omits are the transformers 5.24

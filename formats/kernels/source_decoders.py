@@ -1,4 +1,4 @@
-"""Fast decoders of the natively quantized source encodings (FORMATS-SPEC §5), byte-identical to
+"""Fast decoders of the natively quantized source encodings (docs/FORMATS.md §9), byte-identical to
 ``reference.decode_mxfp4_blocks`` / ``decode_pack_quantized`` / ``decode_nvfp4`` / ``decode_mxfp8``.
 
 Each performs the reference's float32 operations in the same order (a table lookup, then one float32 multiply

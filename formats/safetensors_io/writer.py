@@ -110,7 +110,7 @@ def _plan_layout(
     """The exact header bytes and offsets for ``entries`` written in order (docs/FORMATS.md §1, writers).
 
     ``metadata_last`` puts ``__metadata__`` after the tensor entries (the planar sidecar's layer files,
-    FORMATS-SPEC §4, the one exception to §1)."""
+    docs/FORMATS.md §4, the one exception to §1)."""
     checked = _validated_entries(where, entries)
     header: dict[str, Any] = {}
     meta = _validated_metadata(where, metadata)

@@ -1,4 +1,4 @@
-"""Source dequantization (FORMATS-SPEC §5): exact float upcasts, FP8 block scales on the ceil grid."""
+"""Source dequantization (docs/FORMATS.md §9): exact float upcasts, FP8 block scales on the ceil grid."""
 
 from __future__ import annotations
 

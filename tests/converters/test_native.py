@@ -1,4 +1,4 @@
-"""Natively quantized sources end to end (FORMATS-SPEC §5, §6): MXFP4 (gpt-oss blocks), INT4 compressed-tensors
+"""Natively quantized sources end to end (docs/FORMATS.md §9, §6): MXFP4 (gpt-oss blocks), INT4 compressed-tensors
 ``pack-quantized``, NVFP4 (modelopt) and MXFP8 checkpoints generated here by the test's own packing code from
 random codes and scales, converted with ``native`` and with the default recipe.
 

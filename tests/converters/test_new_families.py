@@ -1,4 +1,4 @@
-"""Issue 11: the current generation converts (FORMATS-SPEC §6 rows 0-6), with every tensor where the spec puts it.
+"""Issue 11: the current generation converts (docs/FORMATS.md §5 rows 0-6), with every tensor where the spec puts it.
 
 ``data/new_families.json`` holds, for each model type, the ``config.json`` and the tensor names / dtypes / shapes
 that transformers 5.24.0 ``save_pretrained`` wrote for a tiny random model (``from_config``; the multimodal ones
@@ -47,7 +47,7 @@ ROUTED = re.compile(r"\.experts\.\d+\.")
 
 
 def expected_format(name: str, dtype: str, shape: tuple[int, ...], recipe: str) -> str:
-    """Format of output tensor ``name`` under ``recipe`` per FORMATS-SPEC §6 (first matching row)."""
+    """Format of output tensor ``name`` under ``recipe`` per docs/FORMATS.md §5 (first matching row)."""
     opts = {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", **RECIPES[recipe]}
     if dtype not in ("F32", "BF16", "F16"):
         return f"{dtype} (copied)"  # row 0

@@ -1,4 +1,4 @@
-"""``--layout planar`` writes the experts-int4g64/ sidecar exactly as FORMATS-SPEC §4 (amended) says, following
+"""``--layout planar`` writes the experts-int4g64/ sidecar exactly as docs/FORMATS.md §4 (amended) says, following
 colibri's ``c/tools/convert_qwen38_experts_int4.py`` (``layer_header``, ``new_index``, ``write_index``).
 
 The header checks parse the raw bytes here (struct + json with pair order kept), independently of colitools'

@@ -263,7 +263,7 @@ def test_shape_mismatch_against_config_names_tensor_and_key():
 
 
 def test_non_float_and_non_2d_tensors_get_rules_0_and_2():
-    # FORMATS-SPEC §6 as amended (issue 11): integer tensors are copied, every non-2-D float tensor is F32
+    # docs/FORMATS.md §5 as amended (issue 11): integer tensors are copied, every non-2-D float tensor is F32
     inv = _bad({"a.safetensors": {"model.layers.0.attn.position_ids": HeaderTensor("I64", (8,)),
                                   "model.layers.0.conv.weight": HeaderTensor("BF16", (2, 2, 2, 2))}})  # fmt: skip
     plan = plan_conversion(inv, Recipe())

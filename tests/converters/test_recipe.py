@@ -40,7 +40,7 @@ def test_classify_follows_rule_order(name, ndim, role):
 
 
 def test_classify_puts_a_3d_tensor_that_is_not_an_expert_stack_in_rule_2():
-    # issue 11: conv kernels [C, 1, K], A_log of any rank are F32 (FORMATS-SPEC §6 rule 2)
+    # issue 11: conv kernels [C, 1, K], A_log of any rank are F32 (docs/FORMATS.md §5 rule 2)
     assert rc.classify("model.layers.0.conv.weight", 3, 4) is Role.FLOAT
     assert rc.classify("model.layers.0.self_attn.A_log", 4, 4) is Role.FLOAT
 

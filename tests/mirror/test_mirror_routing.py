@@ -1,4 +1,4 @@
-"""The replica routing rule of MIRROR-SPEC and the read-share prediction (expected values computed by hand)."""
+"""The replica routing rule (docs/FORMATS.md §7) and the read-share prediction (expected values computed by hand)."""
 
 from __future__ import annotations
 
