@@ -56,6 +56,20 @@ def test_runtime_refuses_an_index_that_misses_a_tensor_like_inspect(model):
     assert str(loaded.value) == str(inspected.value) and dropped in str(loaded.value)
 
 
+def test_runtime_refuses_an_index_naming_a_tensor_no_shard_holds(model):
+    """Issue 9 item 4: the index names a tensor that no shard holds; run refuses it as inspect does."""
+    index = json.loads((model / INDEX_FILE).read_text())
+    some_shard = sorted(set(index["weight_map"].values()))[0]
+    index["weight_map"]["model.layers.0.mlp.experts.99.up_proj.weight"] = some_shard
+    (model / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(FormatError) as inspected:
+        inspect_path(model)
+    with pytest.raises(RuntimeModelError) as loaded:
+        load_model(model, record_usage=False)
+    assert str(loaded.value) == str(inspected.value)
+    assert "model.layers.0.mlp.experts.99.up_proj.weight" in str(loaded.value)
+
+
 def test_runtime_still_loads_the_untouched_folder(model):
     with load_model(model, record_usage=False) as m:
         assert m.args.model_type == "qwen2_moe"
