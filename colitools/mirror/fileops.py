@@ -298,6 +298,9 @@ def copy_to_temp(
     rest (fsync, re-hash, rename).
     """
     temp = temp_path_for(target)
+    if not target.parent.is_dir():  # a planar sidecar's layer files live in experts-int4g64/ (FORMATS §4)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fsync_dir(target.parent.parent)
     digest = hashlib.sha256()
     stall = _stall_after()
     src = os.open(source, os.O_RDONLY | _O_CLOEXEC)

@@ -280,6 +280,16 @@ def plan_mirror(
 
     warnings: list[str] = []
     shards = discover_shards(directories, warnings)
+    # A receipt names plain shard files only (no path separators): the planar sidecar's layer files
+    # (experts-int4g64/, FORMATS §4) count as expert bytes of the model but cannot be mirrored; colibri's
+    # qwen38 engine reads them from its own Q38_INT4_DIR.
+    sidecar = [s for s in shards if "/" in s.name]
+    if sidecar:
+        warnings.append(
+            f"the planar sidecar ({len(sidecar)} file(s), {_gib(sum(s.size for s in sidecar))} of routed experts) "
+            "is not mirrored: a mirror receipt names plain shard files only"
+        )
+    selectable = [s for s in shards if "/" not in s.name]
     usage_path, history = _plan_usage(model_root, Path(usage) if usage is not None else None, warnings)
     counts = history.counts if history is not None else {}
 
@@ -300,13 +310,13 @@ def plan_mirror(
     def to_copy(chosen: list[PlannedFile]) -> int:
         return sum(f.size for f in chosen if f.name not in present)
 
-    files = select_shards(shards, counts, budget_bytes) if counts else []
+    files = select_shards(selectable, counts, budget_bytes) if counts else []
     remaining = to_copy(files)
     effective_budget = None
     if files and free - remaining < reserve_bytes:
         # The requested budget does not fit above the reserve: fill what fits instead of refusing it all.
         room = max(0, free - reserve_bytes)
-        fitted = select_shards(shards, counts, budget_bytes, room_bytes=room, present=present)
+        fitted = select_shards(selectable, counts, budget_bytes, room_bytes=room, present=present)
         if fitted:
             effective_budget = min(budget_bytes, room + sum(f.size for f in fitted if f.name in present))
             warnings.append(
@@ -316,7 +326,7 @@ def plan_mirror(
             )
             files, remaining = fitted, to_copy(fitted)
         else:
-            smallest = min((s.size for s in shards if s.name not in present), default=0)
+            smallest = min((s.size for s in selectable if s.name not in present), default=0)
             warnings.append(
                 f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve_bytes)}: room for "
                 f"{_gib(room)}, and no selectable shard is that small (the smallest needs {_gib(smallest)}); "
