@@ -99,16 +99,7 @@ class ShardReader:
         dt = numpy_dtype(dtype)
         offset = info.begin + (e * rows + r0) * cols * dt.itemsize
         n = (r1 - r0) * cols * dt.itemsize
-        buf = np.empty(n, np.uint8)  # not zero-filled: every byte is read into
-        view = memoryview(buf)
-        with open(f.path, "rb", buffering=0) as fh:
-            got = 0
-            while got < n:
-                k = os.preadv(fh.fileno(), [view[got:]], offset + got)
-                if k <= 0:
-                    raise ConvertError(f"tensor {name}: short read in {f.path} at byte {offset + got}")
-                got += k
-        return buf.view(dt).reshape(r1 - r0, cols)  # safetensors data is little-endian
+        return _pread(f.path, offset, n, name).view(dt).reshape(r1 - r0, cols)  # safetensors data is little-endian
 
     def read_slab_rows(self, part, e: int, r0: int, r1: int) -> np.ndarray:
         """Rows ``[r0, r1)`` of slab ``e`` of companion ``part`` ``[E, rows, ...]`` (one positional read)."""
@@ -118,21 +109,26 @@ class ShardReader:
         dt = numpy_dtype(part.dtype)
         offset = info.begin + (e * rows + r0) * cols * dt.itemsize
         n = (r1 - r0) * cols * dt.itemsize
-        buf = np.empty(n, np.uint8)
-        view = memoryview(buf)
-        with open(f.path, "rb", buffering=0) as fh:
-            got = 0
-            while got < n:
-                k = os.preadv(fh.fileno(), [view[got:]], offset + got)
-                if k <= 0:
-                    raise ConvertError(f"tensor {part.name}: short read in {f.path} at byte {offset + got}")
-                got += k
-        return buf.view(dt).reshape(r1 - r0, *rest)
+        return _pread(f.path, offset, n, part.name).view(dt).reshape(r1 - r0, *rest)
 
     def close(self) -> None:
         for f in self._open.values():
             f.close()
         self._open.clear()
+
+
+def _pread(path, offset: int, n: int, name: str) -> np.ndarray:
+    """``n`` bytes of ``path`` from ``offset`` in positional reads (a short read is an error naming ``name``)."""
+    buf = np.empty(n, np.uint8)  # not zero-filled: every byte is read into
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        got = 0
+        while got < n:
+            k = os.preadv(fh.fileno(), [view[got:]], offset + got)
+            if k <= 0:
+                raise ConvertError(f"tensor {name}: short read in {path} at byte {offset + got}")
+            got += k
+    return buf
 
 
 def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.ndarray | None]:

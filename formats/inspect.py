@@ -9,7 +9,6 @@ bytes per format. Only headers are read, never tensor data, so inspecting a tera
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from colitools.formats.container import ResolvedTensor, check_shard_name, resolv
 from colitools.formats.errors import FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.format_names import format_label
+from colitools.formats.jsonfile import load_json_object
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     FORMATS,
@@ -55,18 +55,6 @@ class ModelFiles:
     sidecar: list[SafetensorsFile] = field(
         default_factory=list
     )  # planar sidecar layer files (also in shards)
-
-
-def _load_json_object(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_bytes())
-    except (ValueError, RecursionError) as exc:
-        raise FormatError(f"{path}: not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not isinstance(value, dict):
-        raise FormatError(f"{path}: expected a JSON object")
-    return value
 
 
 def _index_shards(directory: Path, index: dict[str, Any]) -> dict[str, list[str]]:
@@ -125,10 +113,10 @@ def open_model(path: str | os.PathLike[str], *, sidecar: bool = True) -> ModelFi
         raise FormatError(f"{root}: no such file or directory")
     model = ModelFiles(root, [])
     if (root / CONFIG_FILE).is_file():
-        model.config = _load_json_object(root / CONFIG_FILE)
+        model.config = load_json_object(root / CONFIG_FILE)
     present = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
     if (root / INDEX_FILE).is_file():
-        model.index = _load_json_object(root / INDEX_FILE)
+        model.index = load_json_object(root / INDEX_FILE)
         by_shard = _index_shards(root, model.index)
         model.shards = [read_header(root / name) for name in sorted(by_shard)]
         _check_index_coverage(root, by_shard, model.shards)

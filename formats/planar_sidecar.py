@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from colitools.formats.errors import FormatError
+from colitools.formats.jsonfile import load_json_object
 from colitools.formats.names import parse_name
 from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
 from colitools.formats.safetensors_io import ALIGNMENT, SafetensorsFile
@@ -142,15 +143,7 @@ def read_index(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = sidecar_dir(root) / INDEX_NAME
     if not path.is_file():
         return None
-    try:
-        value = json.loads(path.read_bytes())
-    except (ValueError, RecursionError) as exc:
-        raise FormatError(f"{path}: not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not isinstance(value, dict):
-        raise FormatError(f"{path}: expected a JSON object")
-    return value
+    return load_json_object(path)
 
 
 def _int(index: Mapping[str, Any], key: str) -> int | None:

@@ -132,18 +132,24 @@ def encode_from_fp8_block(
     return encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name)
 
 
+def decode_operands(fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None):
+    """``(format class, codes, scales)`` checked and shaped for a decoder (the reference's and the kernels')."""
+    cls = registry.lookup(fmt_name)
+    if cls is None or cls.kernel_code is None:
+        raise FormatError(f"no fast decoder for format {fmt_name!r}")
+    if cls.grouped and not gs:
+        raise FormatError(f"{fmt_name} decode needs the group size")
+    c = np.ascontiguousarray(codes, dtype=np.uint8).reshape(cls.weight_shape(O, I, gs))
+    s = np.ascontiguousarray(scales, dtype=cls.scale_numpy).reshape(cls.scale_grid(O, I, gs))
+    return cls, c, s
+
+
 def decode(
     fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None = None
 ) -> np.ndarray:
     """Decode to float32 ``[O, I]``, bit-identical to the reference decoders (``fp8-e4m3-b128`` included)."""
     if O * I and _small(O * I):
-        cls = registry.lookup(fmt_name)
-        if cls is None or cls.kernel_code is None:
-            raise FormatError(f"no fast decoder for format {fmt_name!r}")
-        if cls.grouped and not gs:
-            raise FormatError(f"{fmt_name} decode needs the group size")
-        c = np.ascontiguousarray(codes, dtype=np.uint8).reshape(cls.weight_shape(O, I, gs))
-        s = np.ascontiguousarray(scales, dtype=cls.scale_numpy).reshape(cls.scale_grid(O, I, gs))
+        cls, c, s = decode_operands(fmt_name, codes, scales, O, I, gs)
         with np.errstate(all="ignore"):  # fp8: inf * 0 -> NaN without a warning, as the kernel
             return np.ascontiguousarray(cls.decode(c, s, O, I, gs), dtype=F32)
     from colitools.formats.kernels import decoders

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 
 from colitools.formats import reference as ref
-from colitools.formats import registry
 from colitools.formats.errors import FormatError
 from colitools.formats.kernels._bits import (
     _E2M1_F32,
@@ -21,6 +20,7 @@ from colitools.formats.kernels._bits import (
     _dequant_fp8_row,
     njit,
 )
+from colitools.formats.kernels._dispatch import decode_operands
 from colitools.formats.kernels._threads import _run_rows
 from colitools.formats.kernels.encoders import _fp8_operands
 
@@ -148,13 +148,7 @@ def decode(
     out = np.empty((O, I), F32)
     if O * I == 0:
         return out
-    cls = registry.lookup(fmt_name)
-    if cls is None or cls.kernel_code is None:
-        raise FormatError(f"no fast decoder for format {fmt_name!r}")
-    if cls.grouped and not gs:
-        raise FormatError(f"{fmt_name} decode needs the group size")
-    c = np.ascontiguousarray(codes, dtype=np.uint8).reshape(cls.weight_shape(O, I, gs))
-    s = np.ascontiguousarray(scales, dtype=cls.scale_numpy).reshape(cls.scale_grid(O, I, gs))
+    cls, c, s = decode_operands(fmt_name, codes, scales, O, I, gs)
     code = cls.kernel_code
     if code == _INT8_ROW:
         kernel, args = _decode_int8_rows, (c.view(np.int8), s, out)
