@@ -46,6 +46,8 @@ class Fixture:
     # MLA: scale q_a_proj and the latent rows of kv_a_proj_with_mqa so the latents' mean square is ~1e-4 and
     # q_a_layernorm / kv_a_layernorm's fixed eps 1e-6 (vs rms_norm_eps 1e-5) changes the tokens.
     latent_scale: float | None = None
+    # transformers class to build (multimodal families); None: AutoModelForCausalLM
+    model_class: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -344,5 +346,71 @@ FIXTURES: list[Fixture] = [
         latent_scale=LATENT_SCALE,
         seed=11000,
         indexer_check=True,
+    ),
+    # ---- the current generation (issue 11): the runtime cannot run these yet (conversion-only checks in CI)
+    Fixture(
+        "kimi_k25",
+        "kimi_k25",
+        "Kimi K2.5 (kimi_k25): multimodal (vision tower + mm_projector kept, F32), text model under "
+        "model.language_model.: DeepSeek-V3 MLA + noaux_tc top-2 of 8 (n_group 4 / topk_group 2), shared expert, "
+        "layer 0 dense; fused experts on disk (its original-format save writes language_model.model.blocks.N)",
+        dict(
+            text_config=dict(
+                COMMON,
+                **MLA,
+                intermediate_size=96,
+                moe_intermediate_size=64,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=4,
+                topk_group=2,
+                first_k_dense_replace=1,
+                routed_scaling_factor=2.5,
+                norm_topk_prob=True,
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(
+                patch_size=2,
+                pos_emb_height=4,
+                pos_emb_width=4,
+                pos_emb_time=1,
+                num_attention_heads=2,
+                num_hidden_layers=1,
+                hidden_size=32,
+                intermediate_size=64,
+                merge_kernel_size=[2, 2],
+            ),
+            projection_hidden_size=32,
+            tie_word_embeddings=False,
+        ),
+        fused=True,
+        model_class="Kimi_K25ForConditionalGeneration",
+        seed=12000,
+    ),
+    Fixture(
+        "deepseek_v32",
+        "deepseek_v32",
+        "DeepSeek-V3.2 (deepseek_v32): MLA + DSA lightning indexer (index_topk 64 >= the 40-token sequence), "
+        "noaux_tc top-2 of 8 with n_group 4 / topk_group 2, shared expert, layer 0 dense (mlp_layer_types)",
+        dict(
+            COMMON,
+            **MLA,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            mlp_layer_types=["dense", "sparse"],
+            first_k_dense_replace=1,
+            index_topk=64,
+            index_head_dim=16,
+            index_n_heads=2,
+            rms_norm_eps=1e-5,
+        ),
+        seed=13000,
     ),
 ]

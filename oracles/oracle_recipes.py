@@ -89,9 +89,19 @@ EXPERT_RE = re.compile(r"\.experts\.\d+\.")
 INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 
 
+# The current generation (FORMATS-SPEC §6 rows 1-2 as amended): multimodal towers keep their source values;
+# small 2-D parameters (hyper-connections, sinks, A_log, dt_bias, ...) and every router spelling stay F32.
+TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower)\.")
+ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
+SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
+                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
+
+
 def tensor_role(name: str, ndim: int, n_layers: int) -> str:
     """docs/FORMATS.md §5, first matching rule."""
-    if ndim < 2 or name.endswith(ROUTER_SUFFIXES):
+    if TOWER_RE.match(name):
+        return "tower"
+    if ndim < 2 or name.endswith(ROUTER_SUFFIXES) or ROUTER_RE.search(name) or SMALL_2D_RE.search(name):
         return "router_1d"
     layer = layer_of(name)
     if layer is not None and layer >= n_layers:
@@ -179,7 +189,7 @@ def apply_recipe(
     fallbacks: list[dict[str, str]] = []
 
     def one(name: str, w: np.ndarray, role: str) -> np.ndarray:
-        option = {"router_1d": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
+        option = {"router_1d": "f32", "tower": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
                   "dense": r["dense"]}[role]  # fmt: skip
         if w.ndim < 2 or option == "f32":
             formats[name] = "f32"
