@@ -56,6 +56,7 @@ from fixture_specs import (
 from oracle_recipes import (
     COMPUTED_RECIPES,
     FP8_BLOCK,
+    FUSED_RE,
     RECIPE_OPTIONS,
     RECIPES,
     REFERENCE_OF,
@@ -410,7 +411,7 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         results: dict[str, dict[str, Any]] = {}
         ok = True
         for recipe in COMPUTED_RECIPES:
-            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers)
+            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers, fx.expert_orientation)
             model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class)
             if recipe == "f32" and attempt == 0:
                 describe_model(fx, model)
@@ -504,7 +505,7 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         "model_type": fx.model_type,
         "description": fx.description,
         "storage": fx.storage,
-        "experts_on_disk": "fused" if fx.fused else "per-expert",
+        "experts_on_disk": "fused" if fx.fused or any(FUSED_RE.match(n) for n in source) else "per-expert",
         "files": sorted(file_hashes),
         "tokenizer": fx.tokenizer,
         "seed": seed,

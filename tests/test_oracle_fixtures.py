@@ -43,6 +43,8 @@ ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.ga
 SMALL_2D = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
                       r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
 
+TRANSPOSED_STACKS = {"gpt_oss"}  # gate_up [E, H, 2I] (columns interleaved), down [E, I, H]
+
 DTYPES = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
@@ -194,8 +196,11 @@ def test_expert_tensors_match_the_config(name: str) -> None:
     assert bool(fused) != bool(per), "expected exactly one expert layout"
     if FIXTURES[name]["experts_on_disk"] == "fused":
         assert fused and not per
+        transposed = FIXTURES[name]["model_type"] in TRANSPOSED_STACKS
         for k, v in fused.items():
             want = (E, 2 * I, H) if k.endswith("gate_up_proj") else (E, H, I)
+            if transposed:
+                want = (E, H, 2 * I) if k.endswith("gate_up_proj") else (E, I, H)
             assert v.shape == want, (k, v.shape)
     else:
         ids = {int(m.group(1)) for k in per for m in [re.search(r"\.experts\.(\d+)\.", k)]}
@@ -342,9 +347,10 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
     other = "f32" if recipe == "f32" else "int8-row"
     fallen = {f["tensor"] for f in ref["fallbacks"]}
     assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)
+    tensors, _ = fixture_tensors(name)
     for k, fmt in formats.items():
-        if TOWER.match(k):
-            assert fmt == "f32", (k, fmt)  # kept in the source dtype (F32 fixtures)
+        if TOWER.match(k) or (k in tensors and tensors[k].ndim != 2):  # towers; conv kernels (3-D) stay F32
+            assert fmt == "f32", (k, fmt)  # towers: kept in the source dtype (F32 fixtures)
         elif k.endswith(ROUTERS) or not (k.endswith(".weight")) or ROUTER_RE.search(k) or SMALL_2D.search(k):
             assert fmt == "f32", (k, fmt)
         elif re.search(r"\.experts\.\d+\.", k):
