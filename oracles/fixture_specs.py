@@ -46,6 +46,10 @@ class Fixture:
     # MLA: scale q_a_proj and the latent rows of kv_a_proj_with_mqa so the latents' mean square is ~1e-4 and
     # q_a_layernorm / kv_a_layernorm's fixed eps 1e-6 (vs rms_norm_eps 1e-5) changes the tokens.
     latent_scale: float | None = None
+    # transformers class to build (multimodal families); None: AutoModelForCausalLM
+    model_class: str | None = None
+    # fused expert stacks' orientation (the family's): "rows" or "transposed-interleaved" (gpt-oss)
+    expert_orientation: str = "rows"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -70,6 +74,14 @@ MLA = dict(
     qk_nope_head_dim=16,
     qk_rope_head_dim=8,
     v_head_dim=24,
+)
+
+GATED_DELTANET = dict(
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
 )
 
 # DeepSeek-V3's own YaRN settings: with these the ramp has fractional values on the rope dims (8 and 16 here),
@@ -344,5 +356,146 @@ FIXTURES: list[Fixture] = [
         latent_scale=LATENT_SCALE,
         seed=11000,
         indexer_check=True,
+    ),
+    # ---- the current generation (issue 11): the runtime cannot run these yet (conversion-only checks in CI)
+    Fixture(
+        "kimi_k25",
+        "kimi_k25",
+        "Kimi K2.5 (kimi_k25): multimodal (vision tower + mm_projector kept, F32), text model under "
+        "model.language_model.: DeepSeek-V3 MLA + noaux_tc top-2 of 8 (n_group 4 / topk_group 2), shared expert, "
+        "layer 0 dense; fused experts on disk (its original-format save writes language_model.model.blocks.N)",
+        dict(
+            text_config=dict(
+                COMMON,
+                **MLA,
+                intermediate_size=96,
+                moe_intermediate_size=64,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=4,
+                topk_group=2,
+                first_k_dense_replace=1,
+                routed_scaling_factor=2.5,
+                norm_topk_prob=True,
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(
+                patch_size=2,
+                pos_emb_height=4,
+                pos_emb_width=4,
+                pos_emb_time=1,
+                num_attention_heads=2,
+                num_hidden_layers=1,
+                hidden_size=32,
+                intermediate_size=64,
+                merge_kernel_size=[2, 2],
+            ),
+            projection_hidden_size=32,
+            tie_word_embeddings=False,
+        ),
+        fused=True,
+        model_class="Kimi_K25ForConditionalGeneration",
+        seed=12000,
+    ),
+    Fixture(
+        "deepseek_v32",
+        "deepseek_v32",
+        "DeepSeek-V3.2 (deepseek_v32): MLA + DSA lightning indexer (index_topk 64 >= the 40-token sequence), "
+        "noaux_tc top-2 of 8 with n_group 4 / topk_group 2, shared expert, layer 0 dense (mlp_layer_types)",
+        dict(
+            COMMON,
+            **MLA,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            mlp_layer_types=["dense", "sparse"],
+            first_k_dense_replace=1,
+            index_topk=64,
+            index_head_dim=16,
+            index_n_heads=2,
+            rms_norm_eps=1e-5,
+        ),
+        seed=13000,
+    ),
+    Fixture(
+        "qwen3_5_moe",
+        "qwen3_5_moe",
+        "Qwen3.5/3.6-MoE (qwen3_5_moe): multimodal (model.visual.* kept, 5-D patch embed), text model under "
+        "model.language_model.; layer 0 gated DeltaNet linear attention (conv1d [128, 1, 4], A_log, dt_bias, "
+        "in_proj_qkv/z/a/b, gated RMSNorm), layer 1 full attention with per-head q/k norm and output gate; "
+        "softmax top-2 of 4 in both layers plus sigmoid-gated shared expert",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                **GATED_DELTANET,
+                moe_intermediate_size=64,
+                shared_expert_intermediate_size=64,
+                num_experts=4,  # every layer is sparse: 4 experts keep the folder under 1 MB
+                num_experts_per_tok=2,
+                layer_types=["linear_attention", "full_attention"],
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=32,
+                intermediate_size=64,
+                num_heads=2,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=64,
+                num_position_embeddings=16,
+            ),
+            tie_word_embeddings=False,
+        ),
+        model_class="Qwen3_5MoeForConditionalGeneration",
+        seed=14000,
+    ),
+    Fixture(
+        "qwen3_next",
+        "qwen3_next",
+        "Qwen3-Next (qwen3_next): layer 0 gated DeltaNet linear attention (fused in_proj_qkvz / in_proj_ba, "
+        "conv1d [128, 1, 4], A_log, dt_bias, gated RMSNorm) with a dense MLP (mlp_only_layers [0]), layer 1 gated "
+        "full attention with per-head q/k norm and softmax top-2 of 8 plus sigmoid-gated shared expert",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            **GATED_DELTANET,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            mlp_only_layers=[0],
+            layer_types=["linear_attention", "full_attention"],
+        ),
+        seed=15000,
+    ),
+    Fixture(
+        "gpt_oss",
+        "gpt_oss",
+        "gpt-oss (gpt_oss): fused experts stored transposed with gate/up columns interleaved (gate_up_proj "
+        "[E, H, 2I], down_proj [E, I, H]) plus stack biases, router with bias (mlp.router), attention sinks, "
+        "q/k/v/o biases, sliding (window 4) then full attention, YaRN, clamped SwiGLU (alpha 1.702, limit 7)",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=64,
+            num_local_experts=4,  # every layer is sparse: 4 experts keep the folder under 1 MB
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        expert_orientation="transposed-interleaved",  # its original format is the fused stack
+        seed=16000,
     ),
 ]

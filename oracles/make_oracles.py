@@ -56,6 +56,7 @@ from fixture_specs import (
 from oracle_recipes import (
     COMPUTED_RECIPES,
     FP8_BLOCK,
+    FUSED_RE,
     RECIPE_OPTIONS,
     RECIPES,
     REFERENCE_OF,
@@ -78,6 +79,11 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def text_of(config: dict) -> dict:
+    """The text model's config (multimodal families nest it under ``text_config``)."""
+    return config.get("text_config") or config
+
+
 # ------------------------------------------------------------------------------------------ model building
 def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Module:
     """Random model per the oracle rules: init std 0.2, norms += 0.1 N(0,1), biases 0.2 N(0,1),
@@ -87,7 +93,12 @@ def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Modu
         cfg_kwargs["vocab_size"] = vocab_size
     cfg = AutoConfig.for_model(fx.model_type, **cfg_kwargs)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+    if fx.model_class:
+        model = getattr(transformers, fx.model_class)._from_config(
+            cfg, dtype=torch.float32, attn_implementation="eager"
+        )
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for module in model.modules():
@@ -166,7 +177,7 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
 
 # ------------------------------------------------------------------------------------------ running models
 def load_reference_model(
-    config: dict, weights: dict[str, np.ndarray], tmp: Path, fused: bool
+    config: dict, weights: dict[str, np.ndarray], tmp: Path, fused: bool, model_class: str | None = None
 ) -> torch.nn.Module:
     """Load float32 weights (on-disk names) into transformers through its own loader (name conversion included)."""
     d = tmp / "load"
@@ -181,7 +192,8 @@ def load_reference_model(
         str(d / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    model, info = AutoModelForCausalLM.from_pretrained(
+    loader = getattr(transformers, model_class) if model_class else AutoModelForCausalLM
+    model, info = loader.from_pretrained(
         d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
     )
     bad = {k: v for k, v in info.items() if v and k != "error_msgs"} or (info.get("error_msgs") or None)
@@ -376,7 +388,7 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
     if fx.tokenizer:
         tokenizer = build_tokenizer(fx.config["vocab_size"])
         vocab = tokenizer.get_vocab_size()
-    n_layers = fx.config["num_hidden_layers"]
+    n_layers = text_of(fx.config)["num_hidden_layers"]
     last_reason = None
     for attempt in range(MAX_SEED_TRIES):
         seed = fx.seed + attempt
@@ -385,9 +397,11 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         del model
         stored, source = store(fx, disk)
         config = fixture_config(fx, saved_cfg)
-        V = config["vocab_size"]
-        eos = saved_cfg.get("eos_token_id")
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        V = text_of(config)["vocab_size"]
+        eos = []
+        for scope in (saved_cfg, text_of(saved_cfg)):
+            e = scope.get("eos_token_id")
+            eos += [] if e is None else ([e] if isinstance(e, int) else list(e))
         if tokenizer is not None:
             prompt = tokenizer.encode(fx.prompt_text).ids
             eos = [tokenizer.token_to_id("<|endoftext|>")]
@@ -397,8 +411,8 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         results: dict[str, dict[str, Any]] = {}
         ok = True
         for recipe in COMPUTED_RECIPES:
-            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers)
-            model = load_reference_model(config, weights, tmp, fx.fused)
+            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers, fx.expert_orientation)
+            model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class)
             if recipe == "f32" and attempt == 0:
                 describe_model(fx, model)
             res = run_reference(model, prompt)
@@ -491,7 +505,7 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         "model_type": fx.model_type,
         "description": fx.description,
         "storage": fx.storage,
-        "experts_on_disk": "fused" if fx.fused else "per-expert",
+        "experts_on_disk": "fused" if fx.fused or any(FUSED_RE.match(n) for n in source) else "per-expert",
         "files": sorted(file_hashes),
         "tokenizer": fx.tokenizer,
         "seed": seed,

@@ -89,9 +89,21 @@ EXPERT_RE = re.compile(r"\.experts\.\d+\.")
 INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 
 
+# The current generation (FORMATS-SPEC §6 rows 1-2 as amended): multimodal towers keep their source values;
+# small 2-D parameters (hyper-connections, sinks, A_log, dt_bias, ...) and every router spelling stay F32.
+TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower)\.")
+ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
+SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
+                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
+
+
 def tensor_role(name: str, ndim: int, n_layers: int) -> str:
     """docs/FORMATS.md §5, first matching rule."""
-    if ndim < 2 or name.endswith(ROUTER_SUFFIXES):
+    if TOWER_RE.match(name):
+        return "tower"
+    if ndim < 2 or name.endswith(ROUTER_SUFFIXES) or ROUTER_RE.search(name) or SMALL_2D_RE.search(name):
+        return "router_1d"
+    if ndim > 2 and not FUSED_RE.match(name):  # conv kernels (gated DeltaNet conv1d [C, 1, K]): F32
         return "router_1d"
     layer = layer_of(name)
     if layer is not None and layer >= n_layers:
@@ -168,18 +180,26 @@ def encode_decode(
     return np.ascontiguousarray(out, dtype=np.float32), label, fallback
 
 
+FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
+
+
 def apply_recipe(
-    source: dict[str, np.ndarray], recipe: str, n_layers: int
+    source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows"
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
-    as the converter writes them), and the fallbacks taken."""
+    as the converter writes them), and the fallbacks taken.
+
+    ``orientation`` of fused expert stacks (FORMATS-SPEC §6 "Expert stacks", fixed by the family): ``rows``
+    (transformers: gate_up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``) or ``transposed-interleaved``
+    (gpt-oss: gate_up ``[E, H, 2I]`` gate / up columns interleaved, down ``[E, I, H]``, stack biases
+    ``gate_up_proj_bias [E, 2I]`` interleaved the same way and ``down_proj_bias [E, H]``, kept F32)."""
     r = RECIPES[recipe]
     out: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     fallbacks: list[dict[str, str]] = []
 
     def one(name: str, w: np.ndarray, role: str) -> np.ndarray:
-        option = {"router_1d": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
+        option = {"router_1d": "f32", "tower": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
                   "dense": r["dense"]}[role]  # fmt: skip
         if w.ndim < 2 or option == "f32":
             formats[name] = "f32"
@@ -193,7 +213,33 @@ def apply_recipe(
     for name, w in source.items():
         role = tensor_role(name, w.ndim, n_layers)
         m = FUSED_RE.match(name)
-        if m:
+        mb = FUSED_BIAS_RE.match(name)
+        if mb:  # stack bias [E, n]: per-expert F32 biases
+            base, kind = mb.groups()
+            inter = orientation == "transposed-interleaved"
+            for e in range(w.shape[0]):
+                if kind == "gate_up_proj":
+                    half = w.shape[1] // 2
+                    g, u = (w[e, 0::2], w[e, 1::2]) if inter else (w[e, :half], w[e, half:])
+                    one(f"{base}.{e}.gate_proj.bias", g, "router_1d")
+                    one(f"{base}.{e}.up_proj.bias", u, "router_1d")
+                else:
+                    one(f"{base}.{e}.down_proj.bias", w[e], "router_1d")
+            out[name] = w
+        elif m and orientation == "transposed-interleaved":
+            base, kind = m.groups()
+            parts = []
+            for e in range(w.shape[0]):
+                if kind == "gate_up_proj":  # [H, 2I]: gate = columns 0, 2, ...; up = columns 1, 3, ...
+                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(w[e][:, 0::2].T), role)
+                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(w[e][:, 1::2].T), role)
+                    slab = np.empty_like(w[e])
+                    slab[:, 0::2], slab[:, 1::2] = g.T, u.T
+                    parts.append(slab)
+                else:  # [I, H]
+                    parts.append(one(f"{base}.{e}.down_proj.weight", np.ascontiguousarray(w[e].T), role).T)
+            out[name] = np.ascontiguousarray(np.stack(parts))
+        elif m:
             base, kind = m.groups()
             parts = []
             for e in range(w.shape[0]):

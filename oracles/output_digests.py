@@ -47,12 +47,19 @@ def main() -> int:
         print()
         return 0
     before = json.loads(args.compare.read_text())
-    diff = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    diff = [k for k in sorted(set(before) & set(now)) if before[k] != now[k]]
+    new = sorted(set(now) - set(before))  # fixtures added since (not a difference)
+    gone = sorted(set(before) - set(now))
     files = sum(len(v) for v in now.values())
     for k in diff:
         print(f"DIFFERENT: {k}")
-    print(f"{len(now)} fixture x recipe outputs, {files} files: {len(diff)} different")
-    return 1 if diff else 0
+    for k in gone:
+        print(f"MISSING: {k}")
+    for k in new:
+        print(f"NEW: {k}")
+    print(f"{len(now)} fixture x recipe outputs, {files} files: {len(diff)} different, {len(gone)} missing, "
+          f"{len(new)} new")
+    return 1 if diff or gone else 0
 
 
 if __name__ == "__main__":

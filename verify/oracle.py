@@ -132,34 +132,71 @@ def convert_options(ref: dict[str, Any]):
     return ConvertOptions(**kwargs, progress=False, min_free_gb=0.0)
 
 
+def unsupported_model_type(fixture_dir: str | os.PathLike[str]) -> str | None:
+    """The fixture's ``model_type`` when the reference runtime cannot run it yet (not in
+    ``RUNNABLE_MODEL_TYPES``), else None."""
+    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
+
+    config = _read_json(Path(fixture_dir) / "config.json")
+    mt = model_type(config)
+    return None if mt in RUNNABLE_MODEL_TYPES else str(mt)
+
+
+def not_runnable_message(fixture_dir: str | os.PathLike[str], mt: str) -> str:
+    return f"{Path(fixture_dir).name}: model_type {mt} is not supported by the runtime yet"
+
+
+def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeResult, out: Path) -> None:
+    """Convert with the reference's recipe into ``out``; record container problems and format mismatches."""
+    from colitools.converters.runner import convert
+    from colitools.formats.container import resolve_container
+    from colitools.formats.inspect import open_model
+    from colitools.verify.container import verify_container
+
+    convert(str(fixture_dir), out, convert_options(ref))
+    result.container_problems = verify_container(out).problems
+    model_files = open_model(out)
+    resolved = resolve_container(model_files.shards, config=model_files.config)
+    for name, expected in sorted((ref.get("tensor_formats") or {}).items()):
+        got = resolved.get(name)
+        if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
+            got = resolved.get(Mxfp4.tensor_names(name)[0])
+        label = got.format.label if got is not None and got.format is not None else None
+        if label != expected:
+            result.format_mismatches.append(f"{name}: converted as {label}, oracle expects {expected}")
+
+
+def verify_conversion(
+    fixture_dir: str | os.PathLike[str], recipe: str, *, workdir: str | os.PathLike[str] | None = None
+) -> RecipeResult:
+    """Conversion-only check (for fixtures the runtime cannot run yet): convert with ``recipe``,
+    ``verify_container`` clean, every tensor in the format of the reference's ``tensor_formats``. Only
+    ``format_mismatches`` and ``container_problems`` are filled in."""
+    fixture_dir = Path(fixture_dir)
+    ref = load_reference(fixture_dir, recipe)
+    result = RecipeResult(fixture_dir.name, recipe)
+    with tempfile.TemporaryDirectory(prefix=f"colitools-oracle-{fixture_dir.name}-{recipe}-", dir=workdir) as tmp:
+        _convert_and_check(fixture_dir, ref, result, Path(tmp) / "converted")
+    return result
+
+
 def verify_recipe(
     fixture_dir: str | os.PathLike[str], recipe: str, *, cap: int | None = None, atol: float = DEFAULT_ATOL,
     workdir: str | os.PathLike[str] | None = None,
 ) -> RecipeResult:
     """Convert ``fixture_dir`` with ``recipe`` into a temporary folder, run it, compare with the reference."""
-    from colitools.converters.runner import convert
-    from colitools.formats.container import resolve_container
-    from colitools.formats.inspect import open_model
     from colitools.runtime import load_model
     from colitools.runtime.generate import generate
-    from colitools.verify.container import verify_container
 
     fixture_dir = Path(fixture_dir)
     ref = load_reference(fixture_dir, recipe)
+    mt = unsupported_model_type(fixture_dir)
+    if mt is not None:
+        raise VerifyError(not_runnable_message(fixture_dir, mt))
     result = RecipeResult(fixture_dir.name, recipe, atol=atol)
     with tempfile.TemporaryDirectory(prefix=f"colitools-oracle-{fixture_dir.name}-{recipe}-", dir=workdir) as tmp:
         out = Path(tmp) / "converted"
-        convert(str(fixture_dir), out, convert_options(ref))
-        result.container_problems = verify_container(out).problems
-        model_files = open_model(out)
-        resolved = resolve_container(model_files.shards, config=model_files.config)
-        for name, expected in sorted((ref.get("tensor_formats") or {}).items()):
-            got = resolved.get(name)
-            if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
-                got = resolved.get(Mxfp4.tensor_names(name)[0])
-            label = got.format.label if got is not None and got.format is not None else None
-            if label != expected:
-                result.format_mismatches.append(f"{name}: converted as {label}, oracle expects {expected}")
+        _convert_and_check(fixture_dir, ref, result, out)
         prompt = [int(t) for t in ref["prompt_ids"]]
         expected_ids = [int(t) for t in ref["generated_ids"]]
         forced = ref["teacher_forced"]

@@ -65,9 +65,18 @@ def verify_oracle_command(
     """Convert FIXTURE with each recipe, run it, and compare every greedy token, every teacher-forced position
     and the last logits with the committed transformers reference. Exit 0 when all match, 4 otherwise."""
     from colitools.cli.render import render_table
-    from colitools.verify.oracle import fixture_recipes, verify_recipe
+    from colitools.verify.oracle import (
+        fixture_recipes,
+        not_runnable_message,
+        unsupported_model_type,
+        verify_recipe,
+    )
 
     names = recipe or fixture_recipes(fixture)
+    mt = unsupported_model_type(fixture)
+    if mt is not None:  # one line, before any work (the conversion-only checks are in tests/test_oracle_fixtures.py)
+        typer.echo(f"colitools: {not_runnable_message(fixture, mt)}", err=True)
+        raise typer.Exit(EXIT_NOT_OK)
     results = []
     for name in names:
         res = verify_recipe(fixture, name, cap=cap, atol=atol)

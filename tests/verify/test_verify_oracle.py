@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from colitools.verify.oracle import fixture_recipes, verify_recipe
+from colitools.verify.oracle import fixture_recipes, unsupported_model_type, verify_recipe
 
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"
-FIXTURES = sorted(p.name for p in ORACLES.iterdir() if (p / "reference").is_dir())
+ALL_FIXTURES = sorted(p.name for p in ORACLES.iterdir() if (p / "reference").is_dir())
+# The runtime cannot run every family yet; the others get conversion-only checks (tests/test_oracle_fixtures.py).
+FIXTURES = [f for f in ALL_FIXTURES if unsupported_model_type(ORACLES / f) is None]
 CASES = [(f, r) for f in FIXTURES for r in fixture_recipes(ORACLES / f)]
 
 
 def test_every_fixture_has_all_five_recipes():
     assert len(FIXTURES) >= 10
-    for f in FIXTURES:
+    for f in ALL_FIXTURES:
         assert set(fixture_recipes(ORACLES / f)) >= {"f32", "default", "int3", "mxfp4", "planar"}, f
 
 
