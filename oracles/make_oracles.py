@@ -4,7 +4,7 @@
     .oracle-venv/bin/python oracles/make_oracles.py            # every fixture
     .oracle-venv/bin/python oracles/make_oracles.py --only olmoe deepseek_v3_fp8
 
-For each fixture this builds a tiny random model with transformers (ARCHITECTURES.md "Making oracles":
+For each fixture this builds a tiny random model with transformers (oracles/README.md "How a fixture is made":
 initializer_range 0.2, perturbed norms, correction bias 0.05*N(0,1)), stores it as a normal Hugging Face
 folder in the fixture's storage variant (float32, BF16, FP8 block-scaled, sharded, fused experts), and, for each
 conversion recipe, computes the weights a converted container will hold (encode + decode with

@@ -89,7 +89,7 @@ EXPERT_RE = re.compile(r"\.experts\.\d+\.")
 INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 
 
-# The current generation (FORMATS-SPEC §6 rows 1-2 as amended): multimodal towers keep their source values;
+# The current generation (docs/FORMATS.md §5 rows 1-2): multimodal towers keep their source values;
 # small 2-D parameters (hyper-connections, sinks, A_log, dt_bias, ...) and every router spelling stay F32.
 TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower)\.")
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
@@ -189,7 +189,7 @@ def apply_recipe(
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
     as the converter writes them), and the fallbacks taken.
 
-    ``orientation`` of fused expert stacks (FORMATS-SPEC §6 "Expert stacks", fixed by the family): ``rows``
+    ``orientation`` of fused expert stacks (docs/FORMATS.md §5 "Expert stacks", fixed by the family): ``rows``
     (transformers: gate_up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``) or ``transposed-interleaved``
     (gpt-oss: gate_up ``[E, H, 2I]`` gate / up columns interleaved, down ``[E, I, H]``, stack biases
     ``gate_up_proj_bias [E, 2I]`` interleaved the same way and ``down_proj_bias [E, H]``, kept F32)."""

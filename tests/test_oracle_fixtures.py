@@ -36,7 +36,7 @@ ROUTERS = (
     "e_score_correction_bias",
 )
 
-# FORMATS-SPEC §6 rows 1-2 (as amended) for the current generation: towers keep their source values, every router
+# docs/FORMATS.md §5 rows 1-2 for the current generation: towers keep their source values, every router
 # spelling and the small 2-D parameters stay F32.
 TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower)\.")
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
