@@ -25,6 +25,7 @@ class ConvertOptions:
     group_size: int | None = None
     layout: str = PAIRS.option  # a --layout value (formats/layouts.py)
     towers: str = "keep"  # --towers keep | drop (docs/FORMATS.md §5 rule 1)
+    target: str = "generic"  # --target (formats/targets.py): whose loader reads the output
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False
@@ -42,7 +43,7 @@ class ConvertOptions:
 
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(
-            self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers
+            self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers, self.target
         )
         if self.group_size is not None and not any(
             v.startswith("int4-g") for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)

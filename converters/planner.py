@@ -27,8 +27,10 @@ from functools import cached_property
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
 from colitools.errors import ConvertError
+from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
+from colitools.formats.errors import FormatError
 from colitools.formats.filenames import shard_file_name
 from colitools.formats.layouts import PLANAR
 from colitools.formats.names import parse_name
@@ -108,12 +110,19 @@ def _entry_nbytes(entry: Entry) -> int:
 @dataclass(frozen=True)
 class OutputGroup:
     """Tensors written back to back: their weights, then their scales in the same order (one expert, or a
-    single non-expert tensor)."""
+    single non-expert tensor). ``merged`` (a target's merged expert layout, formats/targets.py): the expert's
+    codes are written as one blob and its scales as one tensor, ``(blob name, scale name)``."""
 
     jobs: tuple[TensorJob, ...]
+    merged: tuple[str, str] | None = None
 
     @property
     def entries(self) -> list[Entry]:
+        if self.merged is not None:
+            blob, scale = self.merged
+            n_codes = sum(j.O * j.I for j in self.jobs)
+            n_scales = sum(j.O for j in self.jobs)
+            return [(blob, targets.MERGED.dtype, (n_codes,)), (scale, targets.MERGED.scale_dtype, (n_scales,))]
         return [j.weight_entry for j in self.jobs] + [j.scale_entry for j in self.jobs if j.scale_entry]
 
     @property
@@ -293,6 +302,11 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
 
     Raises ConvertError naming the tensor for anything unclassifiable, and for ``--layout planar`` with a
     routed expert that would not be int4-row / int4-grouped gs 64 with ``I % 64 == 0``."""
+    target = targets.by_name(recipe.target)
+    try:
+        target.check_model_type(model_config.model_type(inventory.config))
+    except FormatError as exc:
+        raise ConvertError(str(exc)) from None
     nhl = inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
@@ -321,6 +335,8 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         files = []
         if rest:
             groups = _group(rest)
+            if target.merged is not None:
+                groups = [_merge(g, target) for g in groups]
             files.append((groups, _metadata(groups, planar=False), None))
         if planar_jobs:
             groups = _group(planar_jobs)
@@ -429,6 +445,37 @@ def _check_records(groups: list[OutputGroup], key: str) -> None:
             )
 
 
+def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
+    """A routed expert's group as the target's merged blob (formats/targets.py ``MergedLayout``): exactly its
+    gate, up and down projections, each int8-row, ``[I, H]``, ``[I, H]``, ``[H, I]``; anything else is refused
+    before work starts, naming the tensor. Other groups are returned unchanged."""
+    layout = target.merged
+    first = group.jobs[0]
+    if first.expert is None or first.role is not rc.Role.EXPERT:
+        return group
+    names_ = ", ".join(j.out_name for j in group.jobs)
+    projections = tuple(parse_name(j.out_name).projection for j in group.jobs)
+    if projections != layout.projections or len({j.expert_base for j in group.jobs}) != 1:
+        raise ConvertError(
+            f"--target {target.name}: expert {first.expert} of {first.expert_base} ({names_}) is not one "
+            f"{'/'.join(layout.projections)} record, which {target.loader} reads as one merged blob"
+        )
+    gate, up, down = group.jobs
+    for j in group.jobs:
+        if j.target.fmt != layout.fmt:
+            why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
+            raise ConvertError(
+                f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
+                f"{j.target.label}{why}; {target.loader} reads {layout.fmt} only"
+            )
+    if (gate.O, gate.I) != (up.O, up.I) or (down.O, down.I) != (gate.I, gate.O):
+        raise ConvertError(
+            f"--target {target.name}: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
+            f"up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], [I, H], [H, I]"
+        )
+    return OutputGroup(group.jobs, layout.names(first.expert_base, first.expert))
+
+
 def _group(jobs: list[TensorJob]) -> list[OutputGroup]:
     """Non-expert tensors first (natural name order), then experts by (base, index), gate/up/down inside."""
     singles = sorted((j for j in jobs if j.expert is None), key=lambda j: natural_key(j.out_name))
@@ -450,7 +497,7 @@ def _metadata(groups: list[OutputGroup], *, planar: bool) -> dict[str, str]:
     stamps: dict[str, str] = {}
     for g in groups:
         for j in g.jobs:
-            if j.target.is_float:
+            if j.target.is_float or g.merged is not None:  # a merged blob's geometry is the config's
                 continue
             wname, _ = j.target.tensor_names(j.out_name)
             shapes[wname] = [j.O, j.I]

@@ -28,7 +28,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
-from colitools.formats import layouts, registry, resolver
+from colitools.formats import layouts, registry, resolver, targets
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
     PROJECTION_ORDER,
@@ -326,6 +326,7 @@ class Recipe:
     mtp: str = DEFAULT_OPTIONS["mtp"]
     layout: str = layouts.PAIRS.option
     towers: str = "keep"  # rule 1: keep | drop
+    target: str = targets.GENERIC_NAME  # --target (formats/targets.py): names and layout of the output
 
     @classmethod
     def from_options(
@@ -337,12 +338,19 @@ class Recipe:
         group_size: int | None = None,
         layout: str = layouts.PAIRS.option,
         towers: str = "keep",
+        target: str = targets.GENERIC_NAME,
     ) -> Recipe:
         """Build and validate a recipe from CLI-style options.
 
         ``group_size`` is the group size of every int4-grouped choice: the default ``--experts`` becomes
         ``int4-g{group_size}``, an option given as ``int4-g{group_size}`` is accepted, and an option naming a
-        different ``int4-g*`` is refused as a contradiction."""
+        different ``int4-g*`` is refused as a contradiction. ``target`` (formats/targets.py) gives the defaults
+        of its loader and refuses, in one line, an option or layout that loader cannot read."""
+        try:
+            tgt = targets.by_name(target)
+            tgt.check_layout(layout)
+        except FormatError as exc:
+            raise ConvertError(str(exc)) from None
         if group_size is not None and group_size not in GROUP_SIZES:
             raise ConvertError(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
@@ -353,7 +361,7 @@ class Recipe:
         values: dict[str, str] = {}
         for option, value in given.items():
             if value is None:
-                value = DEFAULT_OPTIONS[option]
+                value = tgt.default(option) or DEFAULT_OPTIONS[option]
                 if group_size is not None and value.startswith("int4-g"):
                     value = f"int4-g{group_size}"
             try:
@@ -362,8 +370,12 @@ class Recipe:
                 raise ConvertError(f"--{option}: {exc}") from None
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
                 raise ConvertError(f"--{option} {value} contradicts --group-size {group_size}")
+            try:
+                tgt.check_option(option, value)
+            except FormatError as exc:
+                raise ConvertError(str(exc)) from None
             values[option] = value
-        return cls(layout=layout, towers=towers, **values)
+        return cls(layout=layout, towers=towers, target=target, **values)
 
     def option_for(self, role: Role) -> str:
         """The format option governing ``role`` (``f32`` for rule 1)."""
@@ -376,11 +388,13 @@ class Recipe:
         )
 
     def as_dict(self) -> dict[str, str]:
-        """The options as recorded; ``towers`` only when it is not the default ``keep`` (so the fingerprint of
-        every recipe that keeps towers is what it was before the option existed)."""
+        """The options as recorded; ``towers`` only when it is not the default ``keep`` and ``target`` only when
+        it is not ``generic`` (so the fingerprint of every such recipe is what it was before the option existed)."""
         d = asdict(self)
         if d["towers"] == "keep":
             del d["towers"]
+        if d["target"] == targets.GENERIC_NAME:
+            del d["target"]
         return d
 
     def fingerprint(self) -> str:

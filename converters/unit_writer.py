@@ -467,6 +467,7 @@ def start_unit(
                 sinks.append(sink)
                 for group in out.groups:
                     scales_after: list[tuple[str, np.ndarray]] = []
+                    merged: list[tuple[np.ndarray, np.ndarray]] = []  # a target's merged blob (formats/targets.py)
                     for job in group.jobs:
                         values, scale = ahead.result() if ahead is not None else _source_values(job, reader)
                         k += 1
@@ -476,15 +477,23 @@ def start_unit(
                             scales = planar_sidecar.block_scales(scales, job.O, job.I)
                         del values, scale
                         wname, sname = job.target.tensor_names(job.out_name)
-                        sink.put(wname, codes)
-                        if sname is not None:
-                            scales_after.append((sname, scales))
+                        if group.merged is not None:
+                            merged.append((codes, scales))
+                        else:
+                            sink.put(wname, codes)
+                            if sname is not None:
+                                scales_after.append((sname, scales))
                         if on_tensor is not None:
                             on_tensor(job.in_bytes)
                         if slow:
                             time.sleep(slow)
                     for sname, scales in scales_after:  # an expert's scales follow its codes (§4)
                         sink.put(sname, scales)
+                    if group.merged is not None:  # gate | up | down codes as one blob, then their scales
+                        blob, sname = group.merged
+                        sink.put(blob, np.concatenate([c.reshape(-1) for c, _ in merged]).view(np.int8))
+                        sink.put(sname, np.concatenate([np.asarray(q, np.float32).reshape(-1) for _, q in merged]))
+                        del merged
                 sink.finish()
         except BaseException:
             if ahead is not None:

@@ -18,9 +18,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from colitools.formats import model_config
+from colitools.formats import model_config, targets
 from colitools.formats.errors import FormatError, ResolveError
-from colitools.formats.names import LAYERS, MODULE_ALIASES, WEIGHT_SUFFIXES, TensorRole, is_tower, parse_name
+from colitools.formats.names import (
+    LAYERS,
+    MODULE_ALIASES,
+    WEIGHT_SUFFIXES,
+    TensorRole,
+    is_merged_expert,
+    is_tower,
+    parse_name,
+)
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.registry import (
     FORMATS,
@@ -28,6 +36,7 @@ from colitools.formats.registry import (
     PACKED_SUFFIX,
     QS_SUFFIX,
     Float,
+    Int8Row,
     Mxfp4,
 )
 from colitools.formats.resolver import (
@@ -193,6 +202,7 @@ class ResolvedTensor:
     scale_nbytes: int = 0
     scale_of: str | None = None
     problem: str | None = None  # kind "unresolved": why its [O, I] (hence its format) is unknown
+    parts: tuple[targets.MergedPart, ...] = ()  # a merged expert blob's projections (formats/targets.py)
 
 
 def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
@@ -259,6 +269,10 @@ def resolve_container(
     resolved: dict[str, ResolvedTensor] = {}
     scale_owner: dict[str, str] = {}
     for name, (shard, info) in present.items():
+        if is_merged_expert(name):  # a target's merged expert blob (formats/targets.py), geometry from config
+            resolved[name] = _resolve_merged(name, shard, info, infos, config, layouts, report_unresolved)
+            scale_owner[resolved[name].scale] = name
+            continue
         scale = _scale_name(name, info, infos)
         if scale is not None:
             resolved[name] = _resolve_weight(
@@ -370,6 +384,55 @@ def _resolve_weight(
     return ResolvedTensor(
         name, where, info.dtype, info.shape, info.nbytes, "quantized", layout, fmt, (O, I), stamp,
         scale, scale_info.nbytes,
+    )  # fmt: skip
+
+
+def _resolve_merged(
+    name: str,
+    shard: _Shard,
+    info: _TensorInfo,
+    infos: Mapping[str, _TensorInfo],
+    config: Mapping[str, Any] | None,
+    layouts: Mapping[int, str],
+    report_unresolved: bool,
+) -> ResolvedTensor:
+    """A merged expert blob ``...experts.{E}.merged_weight`` with its ``...experts.{E}.qs`` (``targets.MERGED``,
+    ``c/olmoe.c`` ``load_expert_merged``): byte counts checked exactly against ``config.json``'s hidden size and
+    expert width, as that loader does; its parts are int8-row gate, up and down."""
+    layout = targets.MERGED
+    where = str(shard.path)
+    parsed = parse_name(name)
+    _, scale = layout.names(parsed.expert_base, parsed.expert)
+    if scale not in infos:
+        raise ResolveError(f"{where}: merged expert blob {name} has no scale tensor {scale}")
+    sinfo = infos[scale]
+    if info.dtype not in layout.dtypes or sinfo.dtype != layout.scale_dtype:
+        raise ResolveError(
+            f"{where}: merged expert blob {name} is {info.dtype} with {sinfo.dtype} scales {scale}; expected "
+            f"{' or '.join(layout.dtypes)} with {layout.scale_dtype}"
+        )
+    facts = model_config.read_facts(config) if config else None
+    if facts is None or not facts.expert_width:
+        problem = (
+            f"{where}: merged expert blob {name} ({info.nbytes} bytes) needs config.json's hidden size and expert "
+            f"width for its gate/up/down geometry, and {'there is none' if facts is None else 'it gives none'}"
+        )
+        if not report_unresolved:
+            raise ResolveError(problem)
+        return ResolvedTensor(
+            name, where, info.dtype, info.shape, info.nbytes, "unresolved", layouts[id(shard)],
+            scale=scale, scale_nbytes=sinfo.nbytes, problem=problem,
+        )  # fmt: skip
+    H, I = facts.hidden_size, facts.expert_width
+    want_w, want_s = layout.sizes(H, I)
+    if info.nbytes != want_w or sinfo.nbytes != 4 * want_s:
+        raise ResolveError(
+            f"{where}: merged expert blob {name} is {info.nbytes} bytes with {sinfo.nbytes // 4} scales; "
+            f"config.json (hidden {H}, expert width {I}) implies {want_w} bytes and {want_s} scales"
+        )
+    return ResolvedTensor(
+        name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)], Resolved.of(Int8Row),
+        None, None, scale, sinfo.nbytes, parts=layout.parts(H, I),
     )  # fmt: skip
 
 

@@ -52,6 +52,13 @@ CANONICAL_PROJECTION = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj
 # Projections some exports store without a ``.weight`` suffix (``...experts.{E}.w1``).
 SUFFIXLESS_PROJECTIONS = frozenset({"w1", "w2", "w3"})  # Mixtral
 
+# Merged per-expert blobs ``{...}.experts.{E}.{leaf}``: several projections of one expert back to back in one
+# tensor, their scales in ``{...}.experts.{E}.qs``; the layout is its target's (formats/targets.py).
+MERGED = "gate_up_down"  # the projection of a merged blob
+MERGED_EXPERTS: dict[str, str] = {
+    "merged_weight": MERGED,  # colibri's OLMoE engine (c/olmoe.c load_expert_merged, convert_olmoe_merged.py)
+}
+
 # Fused expert stacks ``{...}.experts.{leaf}[.weight]`` [E, rows, cols] -> the projections they hold. How the
 # rows / columns of a stack map onto gate / up / down is a fact of the family (STACK_ORIENTATION), never a guess
 # from shapes.
@@ -235,7 +242,7 @@ class TensorName:
     expert: int | None
     expert_base: str | None
     leaf: str
-    projection: str | None  # gate | up | down | gate_up (an expert stack) | None
+    projection: str | None  # gate | up | down | gate_up (an expert stack) | gate_up_down (merged) | None
     role: TensorRole
     suffix: str
 
@@ -276,7 +283,7 @@ def parse_name(name: str) -> TensorName:
             expert, expert_base = int(parts[j + 1]), ".".join(parts[: j + 1])
             leaf, suffix, leaf_at = parts[j + 2], ".".join(parts[j + 3 :]), j + 2
             module = ".".join(parts[min(start, j) : j + 1])
-            projection = PROJECTIONS.get(leaf)
+            projection = PROJECTIONS.get(leaf) or (MERGED_EXPERTS.get(leaf) if not suffix else None)
             break
     else:
         k = next((len(s) for s in _SUFFIX_PARTS if n > len(s) and tuple(parts[n - len(s) :]) == s), 0)
@@ -335,6 +342,11 @@ def expert_tensor_name(expert_base: str, expert: int, projection: str, suffix: s
     also what an expert stack is split into."""
     name = f"{expert_base}.{expert}.{CANONICAL_PROJECTION[projection]}"
     return f"{name}.{suffix}" if suffix else name
+
+
+def is_merged_expert(name: str) -> bool:
+    """A merged per-expert blob (:data:`MERGED_EXPERTS`: ``...experts.{E}.merged_weight``)."""
+    return parse_name(name).projection == MERGED
 
 
 def is_tower(name: str) -> bool:

@@ -33,7 +33,7 @@ DEFAULT_ATOL = 1e-4
 REFERENCE_DIR = "reference"
 
 # recipe_formats keys of a reference -> ConvertOptions fields
-_OPTION_KEYS = ("experts", "dense", "embed", "mtp", "layout")
+_OPTION_KEYS = ("experts", "dense", "embed", "mtp", "layout", "target")  # target: formats/targets.py
 
 
 @dataclass
@@ -157,7 +157,12 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
     result.container_problems = verify_container(out).problems
     model_files = open_model(out)
     resolved = resolve_container(model_files.shards, config=model_files.config)
+    parts = _merged_part_labels(resolved)
     for name, expected in sorted((ref.get("tensor_formats") or {}).items()):
+        if name not in resolved and name in parts:  # a projection inside a target's merged expert blob
+            if parts[name] != expected:
+                result.format_mismatches.append(f"{name}: converted as {parts[name]}, oracle expects {expected}")
+            continue
         got = resolved.get(name)
         if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
             got = resolved.get(Mxfp4.tensor_names(name)[0])
@@ -222,6 +227,18 @@ def verify_recipe(
     if got_rows.shape == want.shape:
         result.logits_max_abs_diff = float(np.max(np.abs(got_rows - want)))
     return result
+
+
+def _merged_part_labels(resolved) -> dict[str, str]:
+    """Projection name -> format label of every part of a merged expert blob (formats/targets.py)."""
+    from colitools.formats.names import expert_tensor_name, parse_name
+
+    out = {}
+    for name, t in resolved.items():
+        for part in t.parts:
+            p = parse_name(name)
+            out[expert_tensor_name(p.expert_base, p.expert, part.projection)] = t.format.label
+    return out
 
 
 def verify_oracle(

@@ -10,8 +10,10 @@ import typer
 from colitools.cli.app import app
 from colitools.formats import layouts
 from colitools.formats.format_names import recipe_format_summary
+from colitools.formats.targets import TARGETS
 
 _FMT = recipe_format_summary()
+_TARGETS = "; ".join(f"{t.name} ({t.loader})" for t in TARGETS.values())
 _LAYOUTS = " | ".join(
     layout.option + (f" ({layout.stored})" if layout.stored != layout.option else "") for layout in layouts.LAYOUTS
 )
@@ -40,6 +42,10 @@ def convert_command(
     towers: str = typer.Option(
         "keep", "--towers", help="Multimodal towers: keep (source dtype, unchanged) or drop (listed in the manifest)."
     ),
+    target: str = typer.Option(
+        "generic", "--target", help=f"Whose loader reads the output: {_TARGETS}. olmoe: merged int8 experts "
+        "(...experts.{E}.merged_weight + .qs), dense tensors f32 or bf16; model_type olmoe only.",
+    ),
     min_free_gb: float = typer.Option(
         5.0, "--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."
     ),
@@ -66,6 +72,7 @@ def convert_command(
 
     options = ConvertOptions(
         experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout, towers=towers,
+        target=target,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
         token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip

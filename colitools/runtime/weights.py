@@ -25,7 +25,7 @@ from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.errors import ConfigError
 from colitools.formats.inspect import open_model
-from colitools.formats.names import canonical_name
+from colitools.formats.names import canonical_name, expert_tensor_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import Float, Fp8E4m3B128, block_grid, by_name
 from colitools.formats.safetensors_io import SafetensorsFile
@@ -128,18 +128,39 @@ class Checkpoint:
         for f in self.files:
             for name, info in f.tensors.items():
                 self.infos[sanitize(name)] = (str(f.path), info, resolved[name])
+        # a merged expert blob (formats/targets.py) is read as its gate / up / down projections, by their names
+        self.merged: dict[str, Stored] = {}
+        for f in self.files:
+            for name, info in f.tensors.items():
+                res = resolved[name]
+                if not res.parts:
+                    continue
+                parsed = parse_name(name)
+                sinfo = f.tensors.get(res.scale) or self.infos[sanitize(res.scale)][1]
+                for part in res.parts:
+                    vname = sanitize(expert_tensor_name(parsed.expert_base, parsed.expert, part.projection))
+                    self.merged[vname] = Stored(
+                        vname, res.format.name, part.O, part.I, str(f.path),
+                        (info.begin + part.data[0], info.begin + part.data[1]), info.dtype,
+                        (sinfo.begin + 4 * part.scales[0], sinfo.begin + 4 * part.scales[1]), sinfo.dtype,
+                    )  # fmt: skip
         self._fds: dict[str, int] = {}
         self.bytes_read = 0
 
     # ---------------------------------------------------------------------------------------------- lookup
     def has(self, name: str) -> bool:
-        return name in self.infos or _base(name) + ".weight_packed" in self.infos
+        return name in self.infos or _base(name) + ".weight_packed" in self.infos or name in self.merged
 
     def stored(self, name: str, O: int, I: int) -> Stored:
         """Describe linear weight ``name`` (canonical, ending in ``.weight``), expected ``[O, I]``."""
         packed = _base(name) + ".weight_packed"
         if name not in self.infos and packed in self.infos:
             name = packed
+        if name not in self.infos and name in self.merged:  # a part of a merged expert blob
+            st = self.merged[name]
+            if (st.O, st.I) != (O, I):
+                raise RuntimeModelError(f"tensor {name} is [{st.O}, {st.I}], the model expects [{O}, {I}]")
+            return st
         if name not in self.infos:
             raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
         path, info, res = self.infos[name]

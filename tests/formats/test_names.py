@@ -47,6 +47,11 @@ CASES = [
      ("model.", "model.layers", 0, "mlp.experts", 2, "down_proj", "down", R.EXPERT, "weight_scale_inv")),
     ("model.layers.0.mlp.experts.7.w1_extra.weight",
      ("model.", "model.layers", 0, "mlp.experts", 7, "w1_extra", None, R.EXPERT, "weight")),
+    # merged per-expert blobs (MERGED_EXPERTS) and their scales
+    ("model.layers.3.mlp.experts.7.merged_weight",
+     ("model.", "model.layers", 3, "mlp.experts", 7, "merged_weight", "gate_up_down", R.EXPERT, "")),
+    ("model.layers.3.mlp.experts.7.qs",
+     ("model.", "model.layers", 3, "mlp.experts", 7, "qs", None, R.EXPERT, "")),
     # expert stacks (EXPERT_STACKS)
     ("model.layers.3.mlp.experts.gate_up_proj",
      ("model.", "model.layers", 3, "mlp.experts", None, "gate_up_proj", "gate_up", R.EXPERT_STACK, "")),
@@ -145,6 +150,7 @@ def test_every_table_row_is_pinned_by_a_case():
     seen |= {p.module.split(".")[-1] for p in pinned} | {p.module.split(".")[0] for p in pinned}
     seen |= {".".join(p.name.split(".")[-k:]) for p in pinned for k in (1, 2, 3)}
     for table in (names.TEXT_ROOTS, names.PROJECTIONS, names.EXPERT_STACKS, names.STACK_BIASES, names.ROUTERS,
+                  names.MERGED_EXPERTS,
                   names.EMBEDDINGS, names.HEADS, names.MOE_BLOCKS, names.SHARED_EXPERT_MODULES,
                   names.SUFFIXES):  # fmt: skip
         for spelling in table:
