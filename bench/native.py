@@ -5,7 +5,11 @@ is a plain file copy (``shutil.copyfile``) of the same source bytes, measured in
 
 GB/s are source bytes per second of the whole process (``python -m colitools convert --experts native``,
 startup, planning, hashing, fsync and manifest included) and of the copy (with an fsync, as the converter does).
-Checkpoints (~``--mb`` MB each, mostly routed experts) are generated under ``.bench-tmp/`` and deleted at the end.
+``GB/cpu-s`` divides by the converter process's CPU time (user + sys, ``os.wait4``): other load on a shared
+machine barely moves it. ``start-up`` is the best whole-process time of the same conversion of a one-layer
+checkpoint (imports, planning, manifest: the fixed cost a larger source amortises). The load average is
+printed before and after. Checkpoints (~``--mb`` MB each, mostly routed experts) are generated under
+``.bench-tmp/`` and deleted at the end.
 Usage: ``.venv/bin/python bench/native.py [--mb 512] [--runs 3] [--workdir DIR]``
 """
 
@@ -86,12 +90,19 @@ def _save(folder: Path, tensors: dict, cfg: dict) -> None:
                                                    or "n_routed_experts" not in cfg}))  # fmt: skip
 
 
-def convert_once(src: Path, out: Path) -> float:
+def convert_once(src: Path, out: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child) of one whole-process conversion."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "colitools", "convert", str(src), str(out), "--experts", "native"]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return time.perf_counter() - t0
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"convert failed ({proc.returncode}): {err.strip()}")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def copy_once(src: Path, dst: Path) -> float:
@@ -112,22 +123,30 @@ def main() -> None:
     args = ap.parse_args()
     work = args.workdir / "native"
     shutil.rmtree(work, ignore_errors=True)
+    print("load average before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     try:
         for kind, make in (("mxfp4", make_mxfp4), ("int4 pack-quantized", make_int4)):
-            src = work / kind.split()[0]
+            src, tiny = work / kind.split()[0], work / (kind.split()[0] + "-tiny")
             make(src, args.mb)
+            make(tiny, 1)  # one layer
             size = (src / "model.safetensors").stat().st_size
-            conv, cp = [], []
+            conv, cpu, cp, fixed = [], [], [], []
             for _ in range(args.runs):  # interleaved
-                conv.append(convert_once(src, work / "out"))
+                wall, used = convert_once(src, work / "out")
+                conv.append(wall)
+                cpu.append(used)
                 cp.append(copy_once(src / "model.safetensors", work / "copy.safetensors"))
+                fixed.append(convert_once(tiny, work / "out")[0])
             gb = size / 1e9
             print(f"{kind}: {gb:.2f} GB source; convert --experts native best {gb / min(conv):.2f} GB/s "
-                  f"(median {gb / statistics.median(conv):.2f}); file copy best {gb / min(cp):.2f} GB/s "
+                  f"(median {gb / statistics.median(conv):.2f}), {gb / min(cpu):.2f} GB/cpu-s "
+                  f"(cpu {min(cpu):.2f} s), start-up {min(fixed):.2f} s; file copy best {gb / min(cp):.2f} GB/s "
                   f"(median {gb / statistics.median(cp):.2f}); ratio copy/convert {min(conv) / min(cp):.2f}x")  # fmt: skip
             shutil.rmtree(src)
+            shutil.rmtree(tiny)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        print("load average after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":

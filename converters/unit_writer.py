@@ -63,8 +63,17 @@ class UnitResult:
     in_bytes: int = 0
 
 
+_KNOWN_HEADERS: dict[Path, SafetensorsFile] = {}  # closed readers of recent units' shards (their headers)
+_KNOWN_MAX = 8
+
+
 class ShardReader:
-    """Open source shards of one unit; reads whole tensors or one expert slab of a fused tensor."""
+    """Open source shards of one unit; reads whole tensors or one expert slab of a fused tensor.
+
+    A shard's header is parsed and validated once per process, not once per unit that reads it (a one-file
+    checkpoint of 1,300 tensors took 0.08 CPU-s per unit): a reader reuses the header of the last reader of
+    the same path while the file is unchanged (``SafetensorsFile(known=...)``: same inode, size, mtime). No
+    descriptor outlives its unit (a released shard's space is freed at once)."""
 
     def __init__(self, paths: Mapping[str, Path]):
         self._paths = dict(paths)
@@ -72,7 +81,8 @@ class ShardReader:
 
     def _file(self, shard: str) -> SafetensorsFile:
         if shard not in self._open:
-            self._open[shard] = SafetensorsFile(self._paths[shard])
+            path = Path(self._paths[shard])
+            self._open[shard] = SafetensorsFile(path, known=_KNOWN_HEADERS.get(path))
         return self._open[shard]
 
     def _info(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]):
@@ -114,6 +124,10 @@ class ShardReader:
     def close(self) -> None:
         for f in self._open.values():
             f.close()
+            _KNOWN_HEADERS.pop(f.path, None)
+            _KNOWN_HEADERS[f.path] = f
+            while len(_KNOWN_HEADERS) > _KNOWN_MAX:
+                del _KNOWN_HEADERS[next(iter(_KNOWN_HEADERS))]
         self._open.clear()
 
 

@@ -12,6 +12,8 @@ This module and ``__init__`` import nothing of numba: keep it so (``--help`` and
 
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 
@@ -22,12 +24,37 @@ from colitools.formats.errors import EncodeError, FormatError
 F32 = np.float32
 
 # Below this many elements the numpy reference runs instead of a kernel (same bytes). Tests that exercise the
-# kernels on small tensors set it to 0.
+# kernels on small tensors set it to 0 (which also turns the start-up budget below off).
 SMALL_ELEMS = 1 << 16
+
+# Start-up budget ("ski rental"): the first use of the numba kernels in a process costs about 0.65 CPU-s
+# (importing numba, initialising its CPU target, loading the cached drivers), as much as the numpy reference
+# needs for ~85M elements of int8-row. Until the kernels are in use, larger encodes still go to the reference
+# while their total weighted size stays within this budget (mxfp4's reference is ~8x slower per element); the
+# first encode that would exceed it loads the kernels, which serve every large tensor from then on. A
+# passthrough conversion (native experts, a few dense tensors) then never pays the start-up; a real model's
+# first large tensor does, as before. Same bytes either way.
+STARTUP_BUDGET_ELEMS = 32 << 20
+_REFERENCE_COST = {"mxfp4": 8}
+_budget = {"spent": 0, "kernels": False}
 
 
 def _small(n: int) -> bool:
     return n < SMALL_ELEMS
+
+
+def _reference_encodes(fmt_name: str, n: int) -> bool:
+    """Whether an encode of ``n`` elements runs on the numpy reference (same bytes as the kernels)."""
+    if n < SMALL_ELEMS:
+        return True
+    if _budget["kernels"] or SMALL_ELEMS <= 0 or "numba" in sys.modules:  # the start-up is paid already
+        return False
+    cost = n * _REFERENCE_COST.get(fmt_name, 1)
+    if _budget["spent"] + cost <= STARTUP_BUDGET_ELEMS:
+        _budget["spent"] += cost
+        return True
+    _budget["kernels"] = True
+    return False
 
 
 # ------------------------------------------------------------------------------------------ validation
@@ -94,7 +121,7 @@ def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> t
     any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
     Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
     w = np.asarray(w)
-    if w.ndim == 2 and _small(w.size):
+    if w.ndim == 2 and _reference_encodes(fmt_name, w.size):
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
     from colitools.formats.kernels import encoders
 
@@ -107,7 +134,7 @@ def encode_from_bf16(
     """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
     (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
     wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
-    if _small(wb.size):
+    if _reference_encodes(fmt_name, wb.size):
         return _reference_checked(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs, name)
     from colitools.formats.kernels import encoders
 

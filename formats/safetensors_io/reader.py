@@ -222,14 +222,22 @@ class SafetensorsFile:
     data_start: int
     file_size: int
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, known: SafetensorsFile | None = None) -> None:
+        """Open and validate ``path``. ``known``: an earlier (possibly closed) reader of the same path; when the
+        file is still that one (same device, inode, size and mtime), its validated header is taken over
+        instead of being parsed again (a converter opens the same source shard once per unit)."""
         self.path = pathlib.Path(path)
         self._where = str(self.path)
         self._fd: int | None = None
         self._identity: tuple[int, int, int, int] | None = None
         self._fd = self._open()
         try:
-            self._load_header()
+            if known is not None and known.path == self.path and known._identity == self._identity:
+                self.tensors, self.metadata = known.tensors, known.metadata
+                self.header_bytes, self.data_start = known.header_bytes, known.data_start
+                self.file_size = known.file_size
+            else:
+                self._load_header()
         except BaseException:
             self.close()
             raise

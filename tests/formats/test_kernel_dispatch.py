@@ -96,3 +96,21 @@ def test_importing_the_package_and_encoding_a_small_tensor_imports_no_numba():
         "assert 'numba' not in sys.modules, 'numba imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_startup_budget_keeps_a_few_large_encodes_off_numba_with_the_same_bytes():
+    # above SMALL_ELEMS, within STARTUP_BUDGET_ELEMS: the reference, and numba is never imported
+    code = (
+        "import sys, numpy as np\n"
+        "from colitools.formats import kernels\n"
+        "from colitools.formats.kernels import _dispatch\n"
+        "w = (np.random.default_rng(0).standard_normal((512, 1024)) * 0.02).astype(np.float32)\n"
+        "assert w.size >= _dispatch.SMALL_ELEMS\n"
+        "c, s = kernels.encode('int8-row', w, None)\n"
+        "assert 'numba' not in sys.modules, 'numba imported'\n"
+        "_dispatch.STARTUP_BUDGET_ELEMS = 0\n"
+        "c2, s2 = kernels.encode('int8-row', w, None)\n"
+        "assert 'numba' in sys.modules and _dispatch._budget['kernels']\n"
+        "assert c.tobytes() == c2.tobytes() and s.tobytes() == s2.tobytes()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -728,3 +728,20 @@ def test_rejects_a_missing_file_and_a_directory(tmp_path):
     rejected(tmp_path / "absent.safetensors", "cannot open")
     with pytest.raises(SafetensorsError, match="not a regular file"):
         SafetensorsFile(tmp_path)
+
+
+def test_known_header_is_reused_only_while_the_file_is_unchanged(tmp_path):
+    from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors
+
+    path = tmp_path / "a.safetensors"
+    write_safetensors(path, {"x": np.arange(4, dtype=np.float32)})
+    first = SafetensorsFile(path)
+    first.close()
+    again = SafetensorsFile(path, known=first)
+    assert again.tensors is first.tensors  # taken over, not parsed again
+    assert again.read("x").tolist() == [0, 1, 2, 3]
+    again.close()
+    write_safetensors(path, {"y": np.arange(6, dtype=np.float32)})  # a new file at the same path
+    fresh = SafetensorsFile(path, known=first)
+    assert list(fresh.tensors) == ["y"] and fresh.read("y").tolist() == [0, 1, 2, 3, 4, 5]
+    fresh.close()
