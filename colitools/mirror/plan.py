@@ -18,6 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from colitools.errors import MirrorError
+from colitools.formats.container import shard_name_problem
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.usage import UsageHistory, engine_id, read_usage
 from colitools.mirror.probe import ProbeResult, nearest_existing, probe_drives
@@ -283,13 +284,13 @@ def plan_mirror(
     # A receipt names plain shard files only (no path separators): the planar sidecar's layer files
     # (experts-int4g64/, FORMATS §4) count as expert bytes of the model but cannot be mirrored; colibri's
     # qwen38 engine reads them from its own Q38_INT4_DIR.
-    sidecar = [s for s in shards if "/" in s.name]
+    sidecar = [s for s in shards if shard_name_problem(s.name) is not None]
     if sidecar:
         warnings.append(
             f"the planar sidecar ({len(sidecar)} file(s), {_gib(sum(s.size for s in sidecar))} of routed experts) "
             "is not mirrored: a mirror receipt names plain shard files only"
         )
-    selectable = [s for s in shards if "/" not in s.name]
+    selectable = [s for s in shards if shard_name_problem(s.name) is None]
     usage_path, history = _plan_usage(model_root, Path(usage) if usage is not None else None, warnings)
     counts = history.counts if history is not None else {}
 

@@ -8,18 +8,15 @@ naming config.json, the key and the value, never a traceback, and never a silent
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "oracles" / "olmoe"  # a tiny float OLMoE checkpoint, 6 experts, 2 layers
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
 
 # (case id, config.json changes, key and value the error line must show)
 BAD = [
@@ -39,9 +36,7 @@ BAD = [
 ]  # fmt: skip
 
 
-def colitools(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=300, env=env)
+colitools = run_cli  # the real console script (cli_helpers)
 
 
 def model_with(tmp_path: Path, changes: dict) -> Path:

@@ -11,21 +11,18 @@ exit code from README's table, no traceback on stderr, and a refusal (exit 1 or 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "oracles" / "olmoe"
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
 SEED = 20_250_9
 TIMEOUT = 240  # generous: a hang fails the case, no timing is asserted
 POOL = 2
@@ -275,10 +272,7 @@ MUTATORS = {"json": mutate_json, "safetensors": mutate_safetensors, "usage": mut
 
 # ------------------------------------------------------------------------------------------ running them
 def colitools(argv, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [*COMMAND, *map(str, argv)], capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=cwd
-    )
+    return run_cli(*argv, env={"HF_HUB_OFFLINE": "1"}, timeout=TIMEOUT, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ for sub in ("tests/converters", "tests/mirror"):
     if str(REPO / sub) not in sys.path:
         sys.path.insert(0, str(REPO / sub))
 
+from cli_helpers import COMMAND, run_cli  # noqa: E402
+from cli_helpers import one_line_error as _one_line_error  # noqa: E402
 from mirror_builders import expert_tensors, write_config, write_history, write_shard  # noqa: E402
 from tinyckpt import Tiny, make_checkpoint  # noqa: E402
 
@@ -32,27 +34,14 @@ from colitools.formats.safetensors_io import SafetensorsFile  # noqa: E402
 from colitools.formats.usage import UsageHistory, write_usage  # noqa: E402
 from colitools.mirror.fileops import TEMP_SUFFIX  # noqa: E402
 
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
 ORACLES = REPO / "oracles"
 
 
-def cli(*args, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
-    return subprocess.run(
-        [*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=full_env
-    )
+cli = run_cli
 
 
 def one_line_error(result, code: int, *words: str) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("colitools: error: "), lines[0]
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
+    return _one_line_error(result, *words, code=code)
 
 
 @pytest.fixture(scope="module")

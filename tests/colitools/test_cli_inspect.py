@@ -9,34 +9,20 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import one_line_error as assert_one_line_error
+from cli_helpers import run_cli
 
 from colitools.formats.registry import by_name
 from colitools.formats.resolver import encode_shapes, encode_stamps
 from colitools.formats.safetensors_io import write_safetensors
 
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
-
 
 def run(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *words: str) -> str:
-    assert result.returncode != 0, result.stdout
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("colitools: error: "), lines[0]
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
+    return run_cli(*args, timeout=120)
 
 
 def raw_file(path: Path, header: bytes | dict, data: bytes = b"", n: int | None = None) -> Path:
