@@ -20,6 +20,8 @@ NORM_NOISE = 0.1
 BIAS_NOISE = 0.2  # linear biases (qkv) are zero-initialised by transformers; make them matter
 CORRECTION_BIAS_NOISE = 0.05
 LATENT_SCALE = 0.006
+KDA_A_LOG_NOISE = 0.5  # GLM-5.3's A_log is zero-initialised (safe-gate variant): decay rates exp(0.5 N(0,1))
+KPOOL_APE_NOISE = 1.0  # GLM-5.3's k-pool ape (zeros in transformers): as large as the pool's gate scores
 
 TOKENIZER_CORPUS = (
     "The quick brown fox jumps over the lazy dog. A mixture of experts routes every token to a few experts, "
@@ -50,6 +52,9 @@ class Fixture:
     model_class: str | None = None
     # fused expert stacks' orientation (the family's): "rows" or "transposed-interleaved" (gpt-oss)
     expert_orientation: str = "rows"
+    # parameters transformers initialises to constants (zeros / ones / tiny std) that the runtime must still get
+    # right: in-memory parameter-name regex -> ("set", std) for std * N(0,1) or ("add", std) for += std * N(0,1)
+    param_noise: dict[str, tuple[str, float]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -497,5 +502,111 @@ FIXTURES: list[Fixture] = [
         ),
         expert_orientation="transposed-interleaved",  # its original format is the fused stack
         seed=16000,
+    ),
+    # ---- F1 (issue 11): GLM-5.3-Flash and Kimi-Linear (KDA linear attention)
+    Fixture(
+        "glm5_next",
+        "glm5_next",
+        "GLM-5.3-Flash (glm5_next): multimodal (model.visual.* kept), text model under model.language_model.; "
+        "layer 0 Kimi-style KDA linear attention (q/k/v_conv1d [64, 1, 4], f_a/f_b forget gate with A_log / "
+        "dt_bias and lower bound -5, g_a/g_b output gate, gated RMSNorm) + dense clamped-SwiGLU MLP, layer 1 "
+        "indexed attention (MLA without RoPE + DSA indexer with k-pool 4 compression, index_topk 16 < the "
+        "40-token sequence: 4 pools + the tail selected) + noaux_tc top-2 of 8 and a shared expert; "
+        "hyper-connections (hc_mult 2, Sinkhorn 20) and the HyperHead mean; swiglu_limit 2 so the clamp acts",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=4,
+                q_lora_rank=48,
+                kv_lora_rank=32,
+                qk_nope_head_dim=16,
+                qk_rope_head_dim=0,
+                v_head_dim=24,
+                intermediate_size=64,
+                moe_intermediate_size=64,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=1,
+                topk_group=1,
+                norm_topk_prob=True,
+                routed_scaling_factor=2.5,
+                rms_norm_eps=1e-5,
+                swiglu_limit=2.0,
+                layer_types=["linear_attention", "indexed_attention"],
+                mlp_layer_types=["dense", "sparse"],
+                indexer_types=["full", "full"],
+                linear_num_heads=4,
+                linear_head_dim=16,
+                linear_conv_kernel_dim=4,
+                linear_lower_bound=-5.0,
+                hc_mult=2,
+                hc_sinkhorn_iters=20,
+                hc_eps=1e-6,
+                index_topk=16,
+                index_kpool=4,
+                index_kpool_always_select_tail=True,
+                index_head_dim=16,
+                index_n_heads=4,
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                patch_size=2,
+                temporal_patch_size=2,
+                spatial_merge_size=2,
+                image_size=8,
+                out_hidden_size=64,
+                projection_intermediate_size=32,
+            ),
+            tie_word_embeddings=False,
+        ),
+        model_class="Glm5NextForConditionalGeneration",
+        seed=17000,
+        indexer_check=True,
+        param_noise={
+            r"\.(attn|ffn)_hc\.fn$": ("set", INIT_STD),  # transformers: N(0, 0.02)
+            r"\.(attn|ffn)_hc\.base$": ("set", BIAS_NOISE),  # zeros
+            r"\.(attn|ffn)_hc\.scale$": ("add", NORM_NOISE),  # ones
+            r"\.forget_gate\.A_log$": ("set", KDA_A_LOG_NOISE),  # zeros
+            r"\.indexer\.index_kpool_compress_ape$": ("set", KPOOL_APE_NOISE),  # zeros
+            r"\.indexer\.index_kpool_compress_gate$": ("set", INIT_STD),  # ones
+        },
+    ),
+    Fixture(
+        "kimi_linear",
+        "kimi_linear",
+        "Kimi-Linear (kimi_linear): layer 0 KDA linear attention (q/k/v_conv1d [64, 1, 4], f_a/f_b forget gate, "
+        "4-D A_log [1, 1, 4, 1], dt_bias, g_a/g_b output gate, gated RMSNorm) + dense MLP, layer 1 MLA without "
+        "RoPE (q_lora_rank null, k_rot shared) + noaux_tc top-2 of 8 with n_group 4 / topk_group 2, shared "
+        "expert, block_sparse_moe.experts.{E}.w1/w2/w3 names",
+        dict(
+            COMMON,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=24,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_token=2,
+            num_shared_experts=1,
+            num_expert_group=4,
+            topk_group=2,
+            moe_renormalize=True,
+            routed_scaling_factor=2.446,
+            rms_norm_eps=1e-5,
+            layer_types=["linear_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse"],
+            linear_num_heads=4,
+            linear_head_dim=16,
+            linear_conv_kernel_dim=4,
+        ),
+        latent_scale=LATENT_SCALE,
+        seed=18000,
     ),
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -103,7 +104,9 @@ def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Modu
     with torch.no_grad():
         for module in model.modules():
             cls = type(module).__name__
-            if "RMSNorm" in cls or isinstance(module, torch.nn.LayerNorm):
+            # GLM-5.3's hyper-connection input norm has no weight
+            has_weight = getattr(module, "weight", None) is not None
+            if ("RMSNorm" in cls or isinstance(module, torch.nn.LayerNorm)) and has_weight:
                 module.weight.add_(NORM_NOISE * torch.randn(module.weight.shape, generator=gen))
                 if getattr(module, "bias", None) is not None:
                     module.bias.copy_(NORM_NOISE * torch.randn(module.bias.shape, generator=gen))
@@ -119,6 +122,12 @@ def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Modu
                     module.kv_a_proj_with_mqa.weight[:rank].mul_(fx.latent_scale)
                     if getattr(module, "q_a_proj", None) is not None:
                         module.q_a_proj.weight.mul_(fx.latent_scale)
+        for pattern, (how, std) in fx.param_noise.items():
+            hits = [p for n, p in model.named_parameters() if re.search(pattern, n)]
+            assert hits, f"{fx.name}: param_noise {pattern!r} matches no parameter"
+            for p in hits:
+                noise = std * torch.randn(p.shape, generator=gen)
+                p.copy_(noise) if how == "set" else p.add_(noise)
     model.eval()
     return model
 
@@ -227,6 +236,8 @@ class RouterProbe:
             cls = type(module).__name__
             if cls.endswith(("TopKRouter", "TopkRouter")):
                 self.handles.append(module.register_forward_hook(self._router_hook))
+            elif cls.endswith("Indexer") and hasattr(module, "index_kpool"):  # GLM-5.3: pooled keys
+                self.handles.append(module.register_forward_hook(self._kpool_indexer_hook, with_kwargs=True))
             elif cls.endswith("Indexer"):
                 self.handles.append(module.register_forward_hook(self._indexer_hook))
 
@@ -303,7 +314,49 @@ class RouterProbe:
                     "indexer recomputation differs"
                 )
 
-    _kcache: dict[int, list[torch.Tensor]] | None = None
+    def _kpool_indexer_hook(self, module, args, kwargs, output) -> None:
+        # GLM-5.3-Flash (Glm5NextTextIndexer): the wk keys are pooled in complete groups of index_kpool tokens,
+        # weighted per channel by a softmax over the group's tokens of (index_kpool_compress_gate @ x + ape); each
+        # query scores the complete pools whose last token it sees and keeps the top index_topk // index_kpool
+        # (the incomplete tail pool is always kept). Recomputed here independently; only the pool boundary matters.
+        hs, q_resid = kwargs["hidden_states"], kwargs["q_resid"]
+        B, S, _ = hs.shape
+        assert B == 1 and bool(kwargs["attention_mask"].all()), "no padding in the oracle prompts"
+        nh, hd, pool = module.n_heads, module.head_dim, module.index_kpool
+        q = module.wq_b(q_resid).view(B, S, nh, hd)[0].float()  # [S, nh, hd]
+        k = module.k_norm(module.wk(hs))[0].float()  # [S, hd]
+        g = torch.nn.functional.linear(hs, module.index_kpool_compress_gate)[0].float()  # [S, hd]
+        if self._kcache is not None:
+            keys, gates = self._kcache.setdefault(module.layer_idx, ([], []))
+            keys.append(k)
+            gates.append(g)
+            k, g = torch.cat(keys), torch.cat(gates)
+        T = k.shape[0]
+        n_pools = T // pool
+        if n_pools == 0:
+            return
+        kp = k[: n_pools * pool].view(n_pools, pool, hd)
+        logits = g[: n_pools * pool].view(n_pools, pool, hd) + module.index_kpool_compress_ape.float()
+        w = torch.softmax(logits, dim=1)  # per channel, over the pool's tokens
+        pooled = (w * kp).sum(dim=1)  # [P, hd]
+        scores = torch.relu(torch.einsum("shd,pd->shp", q, pooled) * module.softmax_scale)
+        weights = module.weights_proj(hs)[0].float() * nh**-0.5  # [S, nh]
+        idx = torch.einsum("sh,shp->sp", weights, scores)  # [S, P]
+        select = module.index_topk // pool
+        for s in range(S):
+            visible = (T - S + s + 1) // pool  # complete pools whose last token this query sees
+            if visible <= select:
+                continue
+            srt, order = idx[s, :visible].sort(descending=True)
+            self.indexer_selections += 1
+            self.min_indexer = min(self.min_indexer, (srt[select - 1] - srt[select]).item())
+            if srt[select - 1] - srt[select] > 1e-5:
+                chosen = output[0, s, : select * pool].tolist()
+                assert {t // pool for t in chosen if t >= 0} == set(order[:select].tolist()), (
+                    "k-pool indexer recomputation differs"
+                )
+
+    _kcache: dict[int, Any] | None = None
 
     def reset_cache(self, cached: bool) -> None:
         self._kcache = {} if cached else None
