@@ -300,6 +300,21 @@ def test_reference_is_complete_and_margin_checked(name: str, recipe: str) -> Non
     assert ref["min_margin"] >= MIN_TOKEN_MARGIN
 
 
+def test_sparse_indexer_fixtures_check_their_selection_margin() -> None:
+    """A DSA fixture whose ``index_topk`` is below the sequence length really selects (its references record the
+    selection boundary's margin, >= the router rule's 5e-4); one whose ``index_topk`` covers it records none."""
+    sparse = set()
+    for name, recipe in ALL_RECIPES:
+        topk = text_config_of(name).get("index_topk")
+        ref = reference(name, recipe)
+        if topk is not None and topk < len(ref["teacher_forced"]["input_ids"]):
+            sparse.add(name)
+            assert ref["min_indexer_margin"] is not None and ref["min_indexer_margin"] >= MIN_ROUTER_MARGIN
+        else:
+            assert ref["min_indexer_margin"] is None, (name, recipe)
+    assert {"glm_moe_dsa_sparse", "glm5_next"} <= sparse
+
+
 @pytest.mark.parametrize(("name", "recipe"), ALL_RECIPES)
 def test_reference_logits_decompress_and_agree_with_the_tokens(name: str, recipe: str) -> None:
     ref = reference(name, recipe)
