@@ -18,10 +18,12 @@
    ``oracles/index.json`` whose ``model_type`` is in ``oracles/fixture_specs.py`` ``CURRENT_GENERATION`` and in
    ``RUNNABLE_MODEL_TYPES``, so a family made runnable later appears without editing this file). The same float32
    weights (the fixture folder itself) run through ``colitools run --json`` and through transformers float32 CPU
-   (eager attention, ``architectures[0]`` of its config, the oracle venv, 2 threads), each in its own subprocess
-   without warm-up: decode tok/s (prefill excluded) and peak RSS for ``--tokens`` greedy tokens after the
-   fixture's 8-token prompt, and whether both generated the same tokens (and the f32 reference's). The fixtures
-   are tiny (hidden 64, 2 layers): the numbers show per-token overheads, not large-model throughput.
+   (eager attention, ``architectures[0]`` of its config, the oracle venv), each in its own subprocess without
+   warm-up and with ``--family-threads`` threads each (default 1: on these tiny matrices torch's 2-thread pool
+   mostly spins, 4 tok/s instead of ~90 on a busy 2-core box): decode tok/s (prefill excluded) and peak RSS for
+   ``--tokens`` greedy tokens after the fixture's 8-token prompt, and whether both generated the same tokens
+   (and the f32 reference's). The fixtures are tiny (hidden 64, 2 layers): the numbers show per-token
+   overheads, not large-model throughput.
 
 Run: ``.venv/bin/python bench/runtime.py`` (``--skip-decode`` / ``--skip-matvec`` / ``--skip-families`` for fewer
 parts). The decode model is written once into ``--workdir`` (about 2.2 GB) and reused.
@@ -258,8 +260,9 @@ from pathlib import Path
 import torch, transformers
 
 model_dir, tokens, prompt = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-torch.set_num_threads(2)
+torch.set_num_threads(int(sys.argv[4]))
 transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
 cfg = json.loads((model_dir / "config.json").read_text())
 t0 = time.perf_counter()
 model = getattr(transformers, cfg["architectures"][0]).from_pretrained(
@@ -302,33 +305,36 @@ def family_fixtures() -> list[str]:
     return list(chosen.values())
 
 
-def run_colitools(model_dir: Path, tokens: int, prompt: list[int]) -> dict:
+def run_colitools(model_dir: Path, tokens: int, prompt: list[int], threads: int) -> dict:
     """``colitools run --json`` in a subprocess (the installed console script's module)."""
     cmd = [sys.executable, "-m", "colitools", "run", str(model_dir), "--prompt-ids", ",".join(map(str, prompt)),
            "--max-new-tokens", str(tokens), "--ignore-eos", "--no-usage", "--json"]  # fmt: skip
-    r = subprocess_json(cmd)
+    env = {**os.environ, "COLITOOLS_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
+           "NUMBA_NUM_THREADS": str(threads)}  # fmt: skip
+    r = subprocess_json(cmd, env)
     return dict(engine="colitools run (f32 checkpoint, f32 math)", tok_per_s=r["tok_per_s"],
                 prefill_s=r["prefill_s"], load_s=r["load_s"], peak_rss_mb=r["peak_rss_bytes"] / 2**20,
                 generated=r["generated_ids"])  # fmt: skip
 
 
-def bench_families(tokens: int, hf_python: str) -> list[dict]:
+def bench_families(tokens: int, hf_python: str, threads: int) -> list[dict]:
     rows = []
     for fixture in family_fixtures():
         d = ORACLES / fixture
         ref = json.loads((d / "reference" / "f32.json").read_text())
         prompt = ref["prompt_ids"]
-        ours = run_colitools(d, tokens, prompt)
+        ours = run_colitools(d, tokens, prompt, threads)
         hf = None
         if Path(hf_python).exists():
-            hf = subprocess_json([hf_python, "-c", HF_FAMILY_SCRIPT, str(d), str(tokens), json.dumps(prompt)])
+            cmd = [hf_python, "-c", HF_FAMILY_SCRIPT, str(d), str(tokens), json.dumps(prompt), str(threads)]
+            hf = subprocess_json(cmd, {**os.environ, "OMP_NUM_THREADS": str(threads)})
         rows.append(dict(fixture=fixture, model_type=ref["model_type"], ours=ours, hf=hf,
                          reference=ref["generated_ids"][:tokens]))  # fmt: skip
     return rows
 
 
-def subprocess_json(cmd: list[str]) -> dict:
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def subprocess_json(cmd: list[str], env: dict | None = None) -> dict:
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"benchmark subprocess failed ({' '.join(cmd[:3])} ...):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -346,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-families", action="store_true")
+    ap.add_argument("--family-threads", type=int, default=1, help="threads of each engine in the families part")
     ap.add_argument("--_ours", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_matvec", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -405,12 +412,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"(greedy tokens equal at {same}/{args.tokens} positions; bf16 vs f32 math)")  # fmt: skip
     if not args.skip_families:
         print(f"\nfamilies: one oracle fixture per runnable current-generation family, float32 weights, "
-              f"{args.tokens} greedy tokens after its 8-token prompt (no warm-up)")  # fmt: skip
+              f"{args.tokens} greedy tokens after its 8-token prompt, {args.family_threads} thread(s) each, "
+              f"no warm-up")  # fmt: skip
         if not Path(args.hf_python).exists():
             print(f"  (transformers not measured: {args.hf_python} not found; install the oracles extra)")
-        rows = bench_families(args.tokens, args.hf_python)
+        rows = bench_families(args.tokens, args.hf_python, args.family_threads)
         if not rows:
             print("  (no runnable current-generation fixture)")
+        engines = {r["ours"]["engine"] for r in rows} | {r["hf"]["engine"] for r in rows if r["hf"]}
+        print("  engines: " + "; ".join(sorted(engines)))
         print(f"  {'fixture':<22} {'colitools tok/s':>15} {'RSS MiB':>8} {'transformers tok/s':>18} {'RSS MiB':>8} "
               f"{'tok/s ratio':>11} {'RSS ratio':>9}  tokens")  # fmt: skip
         for row in rows:
