@@ -407,6 +407,45 @@ FIXTURES: list[Fixture] = [
         seed=12000,
     ),
     Fixture(
+        "kimi_k25_tied",
+        "kimi_k25",
+        "Kimi K2.5 (kimi_k25) with the embeddings tied on the wrapper (ARCHITECTURES.md): the wrapper's tie_word_embeddings true (text_config's false), so "
+        "no lm_head.weight is stored and the head is model.language_model.embed_tokens; otherwise as kimi_k25",
+        dict(
+            text_config=dict(
+                COMMON,
+                **MLA,
+                intermediate_size=96,
+                moe_intermediate_size=64,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=4,
+                topk_group=2,
+                first_k_dense_replace=1,
+                routed_scaling_factor=2.5,
+                norm_topk_prob=True,
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(
+                patch_size=2,
+                pos_emb_height=4,
+                pos_emb_width=4,
+                pos_emb_time=1,
+                num_attention_heads=2,
+                num_hidden_layers=1,
+                hidden_size=32,
+                intermediate_size=64,
+                merge_kernel_size=[2, 2],
+            ),
+            projection_hidden_size=32,
+            tie_word_embeddings=True,  # the wrapper ties; text_config keeps COMMON's false
+        ),
+        fused=True,
+        model_class="Kimi_K25ForConditionalGeneration",
+        seed=12100,
+    ),
+    Fixture(
         "deepseek_v32",
         "deepseek_v32",
         "DeepSeek-V3.2 (deepseek_v32): MLA + DSA lightning indexer (index_topk 64 >= the 40-token sequence), "
