@@ -15,18 +15,18 @@
    excluded), peak RSS of each process and the ratio.
 
 3. **Families**: one oracle fixture per runnable family of the current generation (the first fixture in
-   ``oracles/index.json`` whose ``model_type`` is in ``oracles/fixture_specs.py`` ``CURRENT_GENERATION`` and in
-   ``RUNNABLE_MODEL_TYPES``, so a family made runnable later appears without editing this file). The same float32
-   weights (the fixture folder itself) run through ``colitools run --json`` and through transformers float32 CPU
-   (eager attention, ``architectures[0]`` of its config, the oracle venv), each in its own subprocess without
-   warm-up and with ``--family-threads`` threads each (default 1: on these tiny matrices torch's 2-thread pool
-   mostly spins, 4 tok/s instead of ~90 on a busy 2-core box): decode tok/s (prefill excluded) and peak RSS for
-   ``--tokens`` greedy tokens after the fixture's 8-token prompt, and whether both generated the same tokens
-   (and the f32 reference's). The fixtures are tiny (hidden 64, 2 layers): the numbers show per-token
-   overheads, not large-model throughput.
+   ``oracles/index.json`` whose ``model_type`` is in ``oracles/fixture_specs.py`` ``CURRENT_GENERATION`` and
+   in ``RUNNABLE_MODEL_TYPES``, so a family made runnable later appears without editing this file). The same
+   float32 weights (the fixture folder itself) run through ``colitools run --json`` and through transformers
+   float32 CPU (eager attention, ``architectures[0]`` of its config, the oracle venv), each in its own
+   subprocess without warm-up and with ``--family-threads`` threads each (default 1: on these tiny matrices
+   torch's 2-thread pool mostly spins, 4 tok/s instead of ~90 on a busy 2-core box): decode tok/s (prefill
+   excluded) and peak RSS for ``--tokens`` greedy tokens after the fixture's 8-token prompt, and whether both
+   generated the same tokens (and the f32 reference's). The fixtures are tiny (hidden 64, 2 layers): the
+   numbers show per-token overheads, not large-model throughput.
 
-Run: ``.venv/bin/python bench/runtime.py`` (``--skip-decode`` / ``--skip-matvec`` / ``--skip-families`` for fewer
-parts). The decode model is written once into ``--workdir`` (about 2.2 GB) and reused.
+Run: ``.venv/bin/python bench/runtime.py`` (``--skip-decode`` / ``--skip-matvec`` / ``--skip-families`` for
+fewer parts). The decode model is written once into ``--workdir`` (about 2.2 GB) and reused.
 """
 
 # ruff: noqa: E741
@@ -284,7 +284,8 @@ def greedy(ids, n):
     return toks, t1 - t0, time.perf_counter() - t1
 
 toks, prefill, decode = greedy(prompt, tokens)
-print(json.dumps(dict(engine=f"transformers {transformers.__version__} f32 CPU (torch {torch.__version__}, eager)",
+engine = f"transformers {transformers.__version__} f32 CPU (torch {torch.__version__}, eager)"
+print(json.dumps(dict(engine=engine,
     tok_per_s=(len(toks) - 1) / decode, prefill_s=prefill, load_s=load_s,
     peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, generated=toks)))
 """
@@ -307,8 +308,9 @@ def family_fixtures() -> list[str]:
 
 def run_colitools(model_dir: Path, tokens: int, prompt: list[int], threads: int) -> dict:
     """``colitools run --json`` in a subprocess (the installed console script's module)."""
-    cmd = [sys.executable, "-m", "colitools", "run", str(model_dir), "--prompt-ids", ",".join(map(str, prompt)),
-           "--max-new-tokens", str(tokens), "--ignore-eos", "--no-usage", "--json"]  # fmt: skip
+    cmd = [sys.executable, "-m", "colitools", "run", str(model_dir), "--prompt-ids",
+           ",".join(map(str, prompt)), "--max-new-tokens", str(tokens), "--ignore-eos", "--no-usage",
+           "--json"]  # fmt: skip
     env = {**os.environ, "COLITOOLS_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            "NUMBA_NUM_THREADS": str(threads)}  # fmt: skip
     r = subprocess_json(cmd, env)
@@ -352,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-families", action="store_true")
-    ap.add_argument("--family-threads", type=int, default=1, help="threads of each engine in the families part")
+    ap.add_argument(
+        "--family-threads", type=int, default=1, help="threads of each engine in the families part"
+    )
     ap.add_argument("--_ours", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_matvec", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -421,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  (no runnable current-generation fixture)")
         engines = {r["ours"]["engine"] for r in rows} | {r["hf"]["engine"] for r in rows if r["hf"]}
         print("  engines: " + "; ".join(sorted(engines)))
-        print(f"  {'fixture':<22} {'colitools tok/s':>15} {'RSS MiB':>8} {'transformers tok/s':>18} {'RSS MiB':>8} "
-              f"{'tok/s ratio':>11} {'RSS ratio':>9}  tokens")  # fmt: skip
+        print(f"  {'fixture':<22} {'colitools tok/s':>15} {'RSS MiB':>8} {'transformers tok/s':>18} "
+              f"{'RSS MiB':>8} {'tok/s ratio':>11} {'RSS ratio':>9}  tokens")  # fmt: skip
         for row in rows:
             o, h = row["ours"], row["hf"]
             n = len(row["reference"])
@@ -432,8 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"(no transformers)  = reference {same_ref}/{n}")  # fmt: skip
                 continue
             same = sum(a == b for a, b in zip(o["generated"], h["generated"], strict=True))
-            print(f"  {row['fixture']:<22} {o['tok_per_s']:>15.1f} {o['peak_rss_mb']:>8.0f} {h['tok_per_s']:>18.1f} "
-                  f"{h['peak_rss_mb']:>8.0f} {o['tok_per_s'] / h['tok_per_s']:>10.2f}x "
+            print(f"  {row['fixture']:<22} {o['tok_per_s']:>15.1f} {o['peak_rss_mb']:>8.0f} "
+                  f"{h['tok_per_s']:>18.1f} {h['peak_rss_mb']:>8.0f} "
+                  f"{o['tok_per_s'] / h['tok_per_s']:>10.2f}x "
                   f"{o['peak_rss_mb'] / h['peak_rss_mb']:>8.2f}x  equal {same}/{args.tokens}, "
                   f"= f32 reference {same_ref}/{n}")  # fmt: skip
     return 0

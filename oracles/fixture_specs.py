@@ -15,11 +15,11 @@ MIN_ROUTER_MARGIN = 5e-4  # k-th minus (k+1)-th routing score (and group score),
 MIN_INDEXER_MARGIN = 5e-4  # DSA indexer: k-th minus (k+1)-th index score where the selection matters
 MAX_SEED_TRIES = 400
 
-# The current generation (ARCHITECTURES.md "The current generation"): the families of issues 11 and 13. bench/runtime.py
-# measures one runnable fixture of each against transformers.
+# The current generation (ARCHITECTURES.md "The current generation"): the families of issues 11 and 13.
+# bench/runtime.py measures one runnable fixture of each against transformers.
 CURRENT_GENERATION = (
-    "kimi_k25", "deepseek_v32", "qwen3_5_moe", "qwen3_next", "gpt_oss", "glm5_next", "kimi_linear", "deepseek_v4",
-    "inkling", "inkling2",
+    "kimi_k25", "deepseek_v32", "qwen3_5_moe", "qwen3_next", "gpt_oss", "glm5_next", "kimi_linear",
+    "deepseek_v4", "inkling", "inkling2",
 )  # fmt: skip
 
 INIT_STD = 0.2
@@ -409,8 +409,9 @@ FIXTURES: list[Fixture] = [
     Fixture(
         "kimi_k25_tied",
         "kimi_k25",
-        "Kimi K2.5 (kimi_k25) with the embeddings tied on the wrapper (ARCHITECTURES.md): the wrapper's tie_word_embeddings true (text_config's false), so "
-        "no lm_head.weight is stored and the head is model.language_model.embed_tokens; otherwise as kimi_k25",
+        "Kimi K2.5 (kimi_k25) with the embeddings tied on the wrapper (ARCHITECTURES.md): the wrapper's "
+        "tie_word_embeddings true (text_config's false), so no lm_head.weight is stored and the head is "
+        "model.language_model.embed_tokens; otherwise as kimi_k25",
         dict(
             text_config=dict(
                 COMMON,
@@ -473,10 +474,10 @@ FIXTURES: list[Fixture] = [
     Fixture(
         "deepseek_v32_sparse",
         "deepseek_v32",
-        "DeepSeek-V3.2 (deepseek_v32) stored in BF16, 8 indexer heads, index_topk 24 < the 40-token sequence: the "
-        "indexer's half-split-RoPE top-k selection changes the attention (seed-checked so the k-th/(k+1)-th index "
-        "scores differ by >= 5e-4); latents scaled small so q_a/kv_a_layernorm's eps 1e-6 (vs rms_norm_eps 1e-5) "
-        "matters",
+        "DeepSeek-V3.2 (deepseek_v32) stored in BF16, 8 indexer heads, index_topk 24 < the 40-token "
+        "sequence: the indexer's half-split-RoPE top-k selection changes the attention (seed-checked so the "
+        "k-th/(k+1)-th index scores differ by >= 5e-4); latents scaled small so q_a/kv_a_layernorm's eps "
+        "1e-6 (vs rms_norm_eps 1e-5) matters",
         dict(
             COMMON,
             **MLA,

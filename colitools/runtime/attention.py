@@ -125,7 +125,8 @@ class DSAIndexer:
     ``DeepseekV32Indexer`` / ``GlmMoeDsaIndexer``).
 
     ``q = wq_b(q_resid)`` and ``k = LayerNorm(wk(x))`` (eps 1e-6), rope on the first ``qk_rope_head_dim`` dims
-    (``rope``'s layout: half-split for V3.2, interleaved for GLM-5, ``deepseek_v3.INDEXER_ROPE_INTERLEAVED``); score ``sum_h w_h * relu(q_h . k * D^-0.5)`` with ``w = weights_proj(x) * Hi^-0.5``.
+    in ``rope``'s layout (half-split for V3.2, interleaved for GLM-5; ``deepseek_v3.INDEXER_ROPE_INTERLEAVED``
+    says which); score ``sum_h w_h * relu(q_h . k * D^-0.5)`` with ``w = weights_proj(x) * Hi^-0.5``.
 
     Ties: a key whose every head score is negative gets an index score of exactly 0, so exact ties at the
     selection boundary are common once fewer than ``index_topk`` keys score above 0. Among tied keys this picks

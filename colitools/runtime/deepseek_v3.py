@@ -29,9 +29,10 @@ _DEEPSEEK_V3 = {  # transformers 5.24 DeepseekV3Config
     "rms_norm_eps": 1e-6, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8,
     "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1,
 }  # fmt: skip
-DEFAULTS = {  # transformers 5.24 DeepseekV3Config / KimiK25Config (its text_config) / DeepseekV32Config / GlmMoeDsaConfig
+DEFAULTS = {  # transformers 5.24 DeepseekV3Config / Kimi_K25Config / DeepseekV32Config / GlmMoeDsaConfig
     "deepseek_v3": _DEEPSEEK_V3,
-    "kimi_k25": {**_DEEPSEEK_V3, "tie_word_embeddings": True},  # the wrapper's (top-level) default
+    "kimi_k25": {**_DEEPSEEK_V3, "tie_word_embeddings": True},  # its text_config is DeepseekV3Config; the tie
+    # default is the wrapper's (Kimi_K25Config), read from the top level by family_args
     "deepseek_v32": {
         **_DEEPSEEK_V3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
     },
