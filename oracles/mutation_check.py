@@ -162,7 +162,10 @@ def lora_norm_eps_from_config(model) -> bool:
 def rms_eps_times_10(model) -> bool:
     for m in model.modules():
         if "RMSNorm" in type(m).__name__:
-            m.variance_epsilon *= 10
+            if hasattr(m, "variance_epsilon"):
+                m.variance_epsilon *= 10
+            else:  # Qwen3-Next / Qwen3.5 (zero-centred) RMSNorm
+                m.eps *= 10
     return True
 
 
