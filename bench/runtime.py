@@ -14,8 +14,19 @@
    warm-up generation, then greedy-decode ``--tokens`` after a 16-token prompt; we report decode tok/s (prefill
    excluded), peak RSS of each process and the ratio.
 
-Run: ``.venv/bin/python bench/runtime.py`` (``--skip-decode`` / ``--skip-matvec`` for one part).
-The model is written once into ``--workdir`` (about 2.2 GB) and reused.
+3. **Families**: one oracle fixture per runnable family of the current generation (the first fixture in
+   ``oracles/index.json`` whose ``model_type`` is in ``oracles/fixture_specs.py`` ``CURRENT_GENERATION`` and
+   in ``RUNNABLE_MODEL_TYPES``, so a family made runnable later appears without editing this file). The same
+   float32 weights (the fixture folder itself) run through ``colitools run --json`` and through transformers
+   float32 CPU (eager attention, ``architectures[0]`` of its config, the oracle venv), each in its own
+   subprocess without warm-up and with ``--family-threads`` threads each (default 1: on these tiny matrices
+   torch's 2-thread pool mostly spins, 4 tok/s instead of ~90 on a busy 2-core box): decode tok/s (prefill
+   excluded) and peak RSS for ``--tokens`` greedy tokens after the fixture's 8-token prompt, and whether both
+   generated the same tokens (and the f32 reference's). The fixtures are tiny (hidden 64, 2 layers): the
+   numbers show per-token overheads, not large-model throughput.
+
+Run: ``.venv/bin/python bench/runtime.py`` (``--skip-decode`` / ``--skip-matvec`` / ``--skip-families`` for
+fewer parts). The decode model is written once into ``--workdir`` (about 2.2 GB) and reused.
 """
 
 # ruff: noqa: E741
@@ -240,8 +251,92 @@ print(json.dumps(dict(engine=f"transformers {__import__('transformers').__versio
 """
 
 
-def subprocess_json(cmd: list[str]) -> dict:
-    r = subprocess.run(cmd, capture_output=True, text=True)
+# ------------------------------------------------------------------------------------- the families part
+ORACLES = Path(__file__).resolve().parents[1] / "oracles"
+
+HF_FAMILY_SCRIPT = r"""
+import json, resource, sys, time
+from pathlib import Path
+import torch, transformers
+
+model_dir, tokens, prompt = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+torch.set_num_threads(int(sys.argv[4]))
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+cfg = json.loads((model_dir / "config.json").read_text())
+t0 = time.perf_counter()
+model = getattr(transformers, cfg["architectures"][0]).from_pretrained(
+    model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+load_s = time.perf_counter() - t0
+
+@torch.no_grad()
+def greedy(ids, n):
+    t0 = time.perf_counter()
+    out = model(input_ids=torch.tensor([ids]), use_cache=True)
+    t1 = time.perf_counter()
+    cache, toks = out.cache, []
+    for _ in range(n):
+        toks.append(int(out.logits[0, -1].argmax()))
+        if len(toks) == n:
+            break
+        out = model(input_ids=torch.tensor([[toks[-1]]]), cache=cache, use_cache=True)
+        cache = out.cache
+    return toks, t1 - t0, time.perf_counter() - t1
+
+toks, prefill, decode = greedy(prompt, tokens)
+engine = f"transformers {transformers.__version__} f32 CPU (torch {torch.__version__}, eager)"
+print(json.dumps(dict(engine=engine,
+    tok_per_s=(len(toks) - 1) / decode, prefill_s=prefill, load_s=load_s,
+    peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, generated=toks)))
+"""
+
+
+def family_fixtures() -> list[str]:
+    """One fixture per runnable current-generation family, in ``index.json`` order."""
+    sys.path.insert(0, str(ORACLES))
+    from fixture_specs import CURRENT_GENERATION
+
+    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
+
+    chosen: dict[str, str] = {}
+    for name, fx in json.loads((ORACLES / "index.json").read_text())["fixtures"].items():
+        mt = fx["model_type"]
+        if mt in CURRENT_GENERATION and mt in RUNNABLE_MODEL_TYPES:
+            chosen.setdefault(mt, name)
+    return list(chosen.values())
+
+
+def run_colitools(model_dir: Path, tokens: int, prompt: list[int], threads: int) -> dict:
+    """``colitools run --json`` in a subprocess (the installed console script's module)."""
+    cmd = [sys.executable, "-m", "colitools", "run", str(model_dir), "--prompt-ids",
+           ",".join(map(str, prompt)), "--max-new-tokens", str(tokens), "--ignore-eos", "--no-usage",
+           "--json"]  # fmt: skip
+    env = {**os.environ, "COLITOOLS_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
+           "NUMBA_NUM_THREADS": str(threads)}  # fmt: skip
+    r = subprocess_json(cmd, env)
+    return dict(engine="colitools run (f32 checkpoint, f32 math)", tok_per_s=r["tok_per_s"],
+                prefill_s=r["prefill_s"], load_s=r["load_s"], peak_rss_mb=r["peak_rss_bytes"] / 2**20,
+                generated=r["generated_ids"])  # fmt: skip
+
+
+def bench_families(tokens: int, hf_python: str, threads: int) -> list[dict]:
+    rows = []
+    for fixture in family_fixtures():
+        d = ORACLES / fixture
+        ref = json.loads((d / "reference" / "f32.json").read_text())
+        prompt = ref["prompt_ids"]
+        ours = run_colitools(d, tokens, prompt, threads)
+        hf = None
+        if Path(hf_python).exists():
+            cmd = [hf_python, "-c", HF_FAMILY_SCRIPT, str(d), str(tokens), json.dumps(prompt), str(threads)]
+            hf = subprocess_json(cmd, {**os.environ, "OMP_NUM_THREADS": str(threads)})
+        rows.append(dict(fixture=fixture, model_type=ref["model_type"], ours=ours, hf=hf,
+                         reference=ref["generated_ids"][:tokens]))  # fmt: skip
+    return rows
+
+
+def subprocess_json(cmd: list[str], env: dict | None = None) -> dict:
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"benchmark subprocess failed ({' '.join(cmd[:3])} ...):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -258,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf-python", default=str(Path(__file__).resolve().parents[1] / ".oracle-venv" / "bin" / "python"))
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-families", action="store_true")
+    ap.add_argument(
+        "--family-threads", type=int, default=1, help="threads of each engine in the families part"
+    )
     ap.add_argument("--_ours", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_matvec", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -315,6 +414,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ratio: {results[0]['tok_per_s'] / results[1]['tok_per_s']:.2f}x tok/s, "
                   f"{results[0]['peak_rss_mb'] / results[1]['peak_rss_mb']:.2f}x peak RSS "
                   f"(greedy tokens equal at {same}/{args.tokens} positions; bf16 vs f32 math)")  # fmt: skip
+    if not args.skip_families:
+        print(f"\nfamilies: one oracle fixture per runnable current-generation family, float32 weights, "
+              f"{args.tokens} greedy tokens after its 8-token prompt, {args.family_threads} thread(s) each, "
+              f"no warm-up")  # fmt: skip
+        if not Path(args.hf_python).exists():
+            print(f"  (transformers not measured: {args.hf_python} not found; install the oracles extra)")
+        rows = bench_families(args.tokens, args.hf_python, args.family_threads)
+        if not rows:
+            print("  (no runnable current-generation fixture)")
+        engines = {r["ours"]["engine"] for r in rows} | {r["hf"]["engine"] for r in rows if r["hf"]}
+        print("  engines: " + "; ".join(sorted(engines)))
+        print(f"  {'fixture':<22} {'colitools tok/s':>15} {'RSS MiB':>8} {'transformers tok/s':>18} "
+              f"{'RSS MiB':>8} {'tok/s ratio':>11} {'RSS ratio':>9}  tokens")  # fmt: skip
+        for row in rows:
+            o, h = row["ours"], row["hf"]
+            n = len(row["reference"])
+            same_ref = sum(a == b for a, b in zip(o["generated"], row["reference"], strict=False))
+            if h is None:
+                print(f"  {row['fixture']:<22} {o['tok_per_s']:>15.1f} {o['peak_rss_mb']:>8.0f}  "
+                      f"(no transformers)  = reference {same_ref}/{n}")  # fmt: skip
+                continue
+            same = sum(a == b for a, b in zip(o["generated"], h["generated"], strict=True))
+            print(f"  {row['fixture']:<22} {o['tok_per_s']:>15.1f} {o['peak_rss_mb']:>8.0f} "
+                  f"{h['tok_per_s']:>18.1f} {h['peak_rss_mb']:>8.0f} "
+                  f"{o['tok_per_s'] / h['tok_per_s']:>10.2f}x "
+                  f"{o['peak_rss_mb'] / h['peak_rss_mb']:>8.2f}x  equal {same}/{args.tokens}, "
+                  f"= f32 reference {same_ref}/{n}")  # fmt: skip
     return 0
 
 

@@ -62,7 +62,10 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 # The model types ``colitools run`` executes: the keys of the runtime's family registry
 # (``colitools.runtime.config.FAMILY_MODULES``; a test keeps the two equal). Here so that ``convert`` can warn
 # about a checkpoint the runtime will not run without importing the runtime.
-RUNNABLE_MODEL_TYPES = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
+RUNNABLE_MODEL_TYPES = (
+    "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
+    "kimi_k25", "deepseek_v32",
+)  # fmt: skip
 
 _MAX_INT = 2**31 - 1  # no dimension or count of a real model comes near; bigger is a corrupt config
 _MAX_LAYERS = 1 << 16

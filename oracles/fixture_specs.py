@@ -15,6 +15,13 @@ MIN_ROUTER_MARGIN = 5e-4  # k-th minus (k+1)-th routing score (and group score),
 MIN_INDEXER_MARGIN = 5e-4  # DSA indexer: k-th minus (k+1)-th index score where the selection matters
 MAX_SEED_TRIES = 400
 
+# The current generation (ARCHITECTURES.md "The current generation"): the families of issues 11 and 13.
+# bench/runtime.py measures one runnable fixture of each against transformers.
+CURRENT_GENERATION = (
+    "kimi_k25", "deepseek_v32", "qwen3_5_moe", "qwen3_next", "gpt_oss", "glm5_next", "kimi_linear",
+    "deepseek_v4", "inkling", "inkling2",
+)  # fmt: skip
+
 INIT_STD = 0.2
 NORM_NOISE = 0.1
 BIAS_NOISE = 0.2  # linear biases (qkv) are zero-initialised by transformers; make them matter
@@ -362,7 +369,8 @@ FIXTURES: list[Fixture] = [
         seed=11000,
         indexer_check=True,
     ),
-    # ---- the current generation (issue 11): the runtime cannot run these yet (conversion-only checks in CI)
+    # ---- the current generation (issue 11; CURRENT_GENERATION): the families not in RUNNABLE_MODEL_TYPES get
+    # conversion-only checks in CI
     Fixture(
         "kimi_k25",
         "kimi_k25",
@@ -404,6 +412,46 @@ FIXTURES: list[Fixture] = [
         seed=12000,
     ),
     Fixture(
+        "kimi_k25_tied",
+        "kimi_k25",
+        "Kimi K2.5 (kimi_k25) with the embeddings tied on the wrapper (ARCHITECTURES.md): the wrapper's "
+        "tie_word_embeddings true (text_config's false), so no lm_head.weight is stored and the head is "
+        "model.language_model.embed_tokens; otherwise as kimi_k25",
+        dict(
+            text_config=dict(
+                COMMON,
+                **MLA,
+                intermediate_size=96,
+                moe_intermediate_size=64,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=4,
+                topk_group=2,
+                first_k_dense_replace=1,
+                routed_scaling_factor=2.5,
+                norm_topk_prob=True,
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(
+                patch_size=2,
+                pos_emb_height=4,
+                pos_emb_width=4,
+                pos_emb_time=1,
+                num_attention_heads=2,
+                num_hidden_layers=1,
+                hidden_size=32,
+                intermediate_size=64,
+                merge_kernel_size=[2, 2],
+            ),
+            projection_hidden_size=32,
+            tie_word_embeddings=True,  # the wrapper ties; text_config keeps COMMON's false
+        ),
+        fused=True,
+        model_class="Kimi_K25ForConditionalGeneration",
+        seed=12100,
+    ),
+    Fixture(
         "deepseek_v32",
         "deepseek_v32",
         "DeepSeek-V3.2 (deepseek_v32): MLA + DSA lightning indexer (index_topk 64 >= the 40-token sequence), "
@@ -427,6 +475,36 @@ FIXTURES: list[Fixture] = [
             rms_norm_eps=1e-5,
         ),
         seed=13000,
+    ),
+    Fixture(
+        "deepseek_v32_sparse",
+        "deepseek_v32",
+        "DeepSeek-V3.2 (deepseek_v32) stored in BF16, 8 indexer heads, index_topk 24 < the 40-token "
+        "sequence: the indexer's half-split-RoPE top-k selection changes the attention (seed-checked so the "
+        "k-th/(k+1)-th index scores differ by >= 5e-4); latents scaled small so q_a/kv_a_layernorm's eps "
+        "1e-6 (vs rms_norm_eps 1e-5) matters",
+        dict(
+            COMMON,
+            **MLA,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            mlp_layer_types=["dense", "sparse"],
+            first_k_dense_replace=1,
+            index_topk=24,
+            index_head_dim=16,
+            index_n_heads=8,
+            rms_norm_eps=1e-5,
+        ),
+        storage="bf16",
+        latent_scale=LATENT_SCALE,
+        seed=13100,
+        indexer_check=True,
     ),
     Fixture(
         "qwen3_5_moe",

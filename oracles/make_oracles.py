@@ -271,12 +271,18 @@ class RouterProbe:
             self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
 
     def _indexer_hook(self, module, args, output) -> None:
-        # Recompute the index scores exactly as GlmMoeDsaIndexer.forward does; only the boundary matters.
+        # Recompute the index scores exactly as GlmMoeDsaIndexer / DeepseekV32Indexer.forward do; only the
+        # boundary matters. The RoPE is the one the indexer's module calls (looked up now, so a patched one in
+        # mutation_check.py is followed): GLM-5 interleaved, DeepSeek-V3.2 half-split.
         hidden_states, q_resid, position_embeddings = args[:3]
         # With a KV cache the indexer sees all earlier keys: keep our own copy of them per layer.
         B, S, _ = hidden_states.shape
         cos, sin = position_embeddings
-        from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import apply_rotary_pos_emb_interleave
+        mod = sys.modules[type(module).__module__]
+        rope_fn = (
+            mod.apply_rotary_pos_emb_interleave if type(module).__name__.startswith("GlmMoeDsa")
+            else mod.apply_rotary_pos_emb
+        )  # fmt: skip
 
         q = module.wq_b(q_resid).view(B, S, module.n_heads, module.head_dim)
         q_rot, q_pass = torch.split(
@@ -286,7 +292,7 @@ class RouterProbe:
         k_rot, k_pass = torch.split(
             k, [module.qk_rope_head_dim, module.head_dim - module.qk_rope_head_dim], -1
         )
-        q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+        q_rot, k_rot = rope_fn(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
         q = torch.cat([q_rot, q_pass], -1)
         k = torch.cat([k_rot, k_pass], -1).squeeze(2)
         if self._kcache is not None:

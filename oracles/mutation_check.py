@@ -23,7 +23,7 @@ import torch
 import transformers
 import zstandard
 from fixture_specs import FIXTURES, Fixture
-from make_oracles import ORACLES_DIR, load_reference_model, run_reference
+from make_oracles import ORACLES_DIR, load_reference_model, run_reference, text_of
 from oracle_recipes import apply_recipe, fp8_block_dequant
 from safetensors.torch import load_file
 
@@ -31,28 +31,39 @@ Mutation = Callable[[torch.nn.Module], bool]  # mutates in place; False = not ap
 _TMP = tempfile.TemporaryDirectory(prefix="mutation-")  # scratch checkpoints, removed at exit
 
 
+def _text_model(model):
+    """The decoder stack (``model.model``, or a multimodal wrapper's ``language_model``)."""
+    inner = getattr(model.model, "language_model", model.model)
+    return getattr(inner, "model", inner) if not hasattr(inner, "layers") else inner
+
+
 def _attn_modules(model):
-    return [layer.self_attn for layer in model.model.layers]
+    return [layer.self_attn for layer in _text_model(model).layers if hasattr(layer, "self_attn")]
+
+
+def _cfg(model):
+    """The text model's config (a multimodal wrapper keeps it under ``text_config``)."""
+    return model.config.get_text_config()
 
 
 def no_rope(model) -> bool:
-    model.model.rotary_emb.inv_freq.zero_()
+    _text_model(model).rotary_emb.inv_freq.zero_()
     return True
 
 
 def yarn_as_default(model) -> bool:
-    cfg = model.config
+    cfg = _cfg(model)
     if cfg.rope_parameters.get("rope_type") != "yarn":
         return False
     dim = cfg.qk_rope_head_dim
     base = cfg.rope_parameters["rope_theta"]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    model.model.rotary_emb.inv_freq.copy_(inv)
+    _text_model(model).rotary_emb.inv_freq.copy_(inv)
     return True
 
 
 def no_mscale(model) -> bool:
-    cfg = model.config
+    cfg = _cfg(model)
     if cfg.rope_parameters.get("rope_type") != "yarn":
         return False
     for a in _attn_modules(model):
@@ -62,7 +73,7 @@ def no_mscale(model) -> bool:
 
 def scale_from_config_head_dim(model) -> bool:
     """MLA: using config.json's head_dim (= qk_rope_head_dim in transformers 5.x) for the softmax scale."""
-    cfg = model.config
+    cfg = _cfg(model)
     if not hasattr(cfg, "qk_rope_head_dim"):
         return False
     for a in _attn_modules(model):
@@ -77,12 +88,22 @@ def no_softmax_scale(model) -> bool:
 
 
 def flip_rope_layout(model) -> bool:
-    """Interleaved <-> half layout: DeepSeek via its config flag, Llama-style models by patching the module."""
-    cfg = model.config
+    """Interleaved <-> half layout of the (main) attention: DeepSeek via its config flag, DeepSeek-V3.2 by
+    patching its MLA's interleaved rotation to half-split (its indexer's half-split one is left alone), Llama-style
+    models by patching the module."""
+    cfg = _cfg(model)
     if cfg.model_type == "deepseek_v3":
         cfg.rope_interleave = not cfg.rope_interleave
         return True
     mod = sys.modules[type(model).__module__]
+    if cfg.model_type == "deepseek_v32":
+        half = mod.apply_rotary_pos_emb
+
+        def half_split(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            return half(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+        mod.apply_rotary_pos_emb_interleave = half_split  # the MLA forward looks it up as a module global
+        return True
     if cfg.model_type == "glm_moe_dsa" or not hasattr(mod, "apply_rotary_pos_emb"):
         return False
     interleave = transformers.models.deepseek_v3.modeling_deepseek_v3.apply_rotary_pos_emb_interleave
@@ -98,13 +119,13 @@ def flip_rope_layout(model) -> bool:
 
 def full_rotary(model) -> bool:
     """GLM-4.5: rotating the whole head instead of the partial_rotary_factor fraction."""
-    cfg = model.config
+    cfg = _cfg(model)
     if cfg.model_type != "glm4_moe":
         return False
     dim = cfg.head_dim
     base = cfg.rope_parameters["rope_theta"]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    model.model.rotary_emb.inv_freq = inv
+    _text_model(model).rotary_emb.inv_freq = inv
     return True
 
 
@@ -128,7 +149,7 @@ def ignore_correction_bias(model) -> bool:
 
 def lora_norm_eps_from_config(model) -> bool:
     """MLA: q_a_layernorm / kv_a_layernorm with rms_norm_eps instead of the fixed 1e-6."""
-    cfg = model.config
+    cfg = _cfg(model)
     if not hasattr(cfg, "kv_lora_rank") or cfg.rms_norm_eps == 1e-6:
         return False
     for a in _attn_modules(model):
@@ -141,13 +162,16 @@ def lora_norm_eps_from_config(model) -> bool:
 def rms_eps_times_10(model) -> bool:
     for m in model.modules():
         if "RMSNorm" in type(m).__name__:
-            m.variance_epsilon *= 10
+            if hasattr(m, "variance_epsilon"):
+                m.variance_epsilon *= 10
+            else:  # Qwen3-Next / Qwen3.5 (zero-centred) RMSNorm
+                m.eps *= 10
     return True
 
 
 def no_shared_expert(model) -> bool:
     hit = False
-    for layer in model.model.layers:
+    for layer in _text_model(model).layers:
         for n in ("shared_experts", "shared_expert"):
             sub = getattr(layer.mlp, n, None)
             if sub is not None:
@@ -187,6 +211,29 @@ def indexer_k_norm_bias_ignored(model) -> bool:
     return hit
 
 
+def indexer_rope_interleaved(model) -> bool:
+    """DeepSeek-V3.2: the indexer rotating interleaved pairs (GLM-5's layout) instead of half-split ones."""
+    if _cfg(model).model_type != "deepseek_v32":
+        return False
+    mod = sys.modules[type(model).__module__]
+    interleave = mod.apply_rotary_pos_emb_interleave
+
+    def interleaved(q, k, cos, sin, unsqueeze_dim=1):
+        return interleave(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    mod.apply_rotary_pos_emb = interleaved  # only the indexer calls the half-split rotation
+    return True
+
+
+def head_tied_to_embeddings(model) -> bool:
+    """Multimodal wrappers (Kimi K2.5): tying the head to the embeddings although the wrapper's
+    tie_word_embeddings is false and lm_head.weight is stored."""
+    if getattr(model.config, "text_config", None) is None or model.config.tie_word_embeddings:
+        return False
+    model.lm_head.weight.copy_(model.get_input_embeddings().weight)
+    return True
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -203,7 +250,11 @@ MUTATIONS: dict[str, Mutation] = {
     "q/k/v bias dropped": no_qkv_bias,
     "DSA indexer ignored": no_indexer,
     "DSA indexer k_norm bias ignored": indexer_k_norm_bias_ignored,
+    "DSA indexer RoPE interleaved": indexer_rope_interleaved,
+    "head tied to the embeddings": head_tied_to_embeddings,
 }
+# module globals the mutations above may replace, restored after each run
+_PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
 
 
 def load_f32(fx: Fixture) -> torch.nn.Module:
@@ -223,8 +274,8 @@ def load_f32(fx: Fixture) -> torch.nn.Module:
         else:
             disk[k] = v.to(torch.float32).numpy()
     cfg = json.loads((d / "config.json").read_text())
-    weights, _, _ = apply_recipe(disk, "f32", cfg["num_hidden_layers"])
-    return load_reference_model(cfg, weights, Path(_TMP.name), fx.fused)
+    weights, _, _ = apply_recipe(disk, "f32", text_of(cfg)["num_hidden_layers"], fx.expert_orientation)
+    return load_reference_model(cfg, weights, Path(_TMP.name), fx.fused, fx.model_class)
 
 
 def main() -> int:
@@ -245,10 +296,8 @@ def main() -> int:
         assert base["generated_ids"] == ref["generated_ids"], f"{fx.name}: f32 reference does not reproduce"
         for label, mutate in MUTATIONS.items():
             model = load_f32(fx)
-            saved = {}
             mod = sys.modules[type(model).__module__]
-            if hasattr(mod, "apply_rotary_pos_emb"):
-                saved["rope"] = mod.apply_rotary_pos_emb
+            saved = {n: getattr(mod, n) for n in _PATCHABLE if hasattr(mod, n)}
             try:
                 with torch.no_grad():
                     applies = mutate(model)
@@ -256,8 +305,8 @@ def main() -> int:
                     continue
                 res = run_reference(model, ref["prompt_ids"])
             finally:
-                if "rope" in saved:
-                    mod.apply_rotary_pos_emb = saved["rope"]
+                for n, v in saved.items():
+                    setattr(mod, n, v)
             greedy = sum(a != b for a, b in zip(res["generated_ids"], ref["generated_ids"], strict=True))
             tf = sum(a != b for a, b in zip(res["tf_argmax"], ref["teacher_forced"]["argmax"], strict=True))
             dlog = float(np.abs(res["last_logits"] - ref_logits[1]).max())
@@ -265,8 +314,17 @@ def main() -> int:
             verdict = "tokens" if greedy or tf else ("logits" if dlog > 1e-4 else "MISSED")
             print(f"{fx.name:20s} {label:36s} greedy {greedy:2d}/32  tf {tf:2d}/{len(res['tf_argmax'])}  "
                   f"max|dlogit| {dlog:9.2e}  caught by {verdict}", flush=True)  # fmt: skip
-    # glm_moe_dsa's index_topk covers the whole sequence by design: ignoring the indexer is a no-op there.
-    expected = {("glm_moe_dsa", "DSA indexer ignored"), ("glm_moe_dsa", "DSA indexer k_norm bias ignored")}
+    # glm_moe_dsa's and deepseek_v32's index_topk covers the whole sequence by design: the indexer mutations are
+    # no-ops there (their _sparse fixtures catch them).
+    indexer_mutations = (
+        "DSA indexer ignored",
+        "DSA indexer k_norm bias ignored",
+        "DSA indexer RoPE interleaved",
+    )
+    expected = {(f, m) for f in ("glm_moe_dsa", "deepseek_v32") for m in indexer_mutations}
+    # deepseek_v32's latents are not scaled small: the fixed 1e-6 vs rms_norm_eps 1e-5 is invisible there
+    # (deepseek_v32_sparse scales them and catches it).
+    expected.add(("deepseek_v32", "q_a/kv_a norm eps = rms_norm_eps"))
     missed = [r for r in rows if not r[2] and not r[3] and r[4] <= 1e-4 and r[:2] not in expected]
     print(f"{len(rows)} mutations, {len(missed)} missed")
     return 1 if missed else 0

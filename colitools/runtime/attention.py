@@ -1,5 +1,5 @@
 """Attention: GQA (with the qk-norm variants, biases, clip_qkv, partial rotary, sliding windows), DeepSeek MLA
-and GLM-5's DSA lightning indexer. Each attention layer owns its KV cache.
+and the DSA lightning indexer (DeepSeek-V3.2, GLM-5). Each attention layer owns its KV cache.
 
 Scores are ``q . k^T * scale + mask`` and ``softmax`` in float32 (transformers' eager attention). Positions are
 absolute: a call with ``positions`` ``[p0, p0 + N)`` appends N keys to the cache, and query ``i`` sees keys
@@ -121,10 +121,12 @@ class GQAAttention:
 
 
 class DSAIndexer:
-    """GLM-5's lightning indexer: picks ``index_topk`` keys per query (transformers ``GlmMoeDsaIndexer``).
+    """The DSA lightning indexer of DeepSeek-V3.2 and GLM-5: picks ``index_topk`` keys per query (transformers
+    ``DeepseekV32Indexer`` / ``GlmMoeDsaIndexer``).
 
     ``q = wq_b(q_resid)`` and ``k = LayerNorm(wk(x))`` (eps 1e-6), rope on the first ``qk_rope_head_dim`` dims
-    (interleaved); score ``sum_h w_h * relu(q_h . k * D^-0.5)`` with ``w = weights_proj(x) * Hi^-0.5``.
+    in ``rope``'s layout (half-split for V3.2, interleaved for GLM-5; ``deepseek_v3.INDEXER_ROPE_INTERLEAVED``
+    says which); score ``sum_h w_h * relu(q_h . k * D^-0.5)`` with ``w = weights_proj(x) * Hi^-0.5``.
 
     Ties: a key whose every head score is negative gets an index score of exactly 0, so exact ties at the
     selection boundary are common once fewer than ``index_topk`` keys score above 0. Among tied keys this picks

@@ -33,6 +33,8 @@ FAMILY_MODULES: dict[str, str] = {
     "deepseek_v3": "deepseek_v3",
     "glm4_moe": "glm4_moe",
     "glm_moe_dsa": "deepseek_v3",
+    "kimi_k25": "deepseek_v3",
+    "deepseek_v32": "deepseek_v3",
 }
 
 

@@ -1,24 +1,40 @@
-"""DeepSeek-V3 (``deepseek_v3``) and GLM-5 (``glm_moe_dsa``).
+"""DeepSeek-V3 (``deepseek_v3``), Kimi K2.5 (``kimi_k25``), DeepSeek-V3.2 (``deepseek_v32``) and GLM-5
+(``glm_moe_dsa``).
 
 MLA attention (``q_a -> RMSNorm -> q_b`` or a plain ``q_proj``; a shared latent ``kv_a`` with one roped key
 slice for all heads; interleaved RoPE by default; YaRN with ``mscale^2`` on the softmax scale), group-limited
 sigmoid routing (``noaux_tc``) with a shared expert, the first ``first_k_dense_replace`` layers dense.
-GLM-5 adds the DSA lightning indexer; ``"shared"`` indexer layers reuse the previous full layer's selection.
+
+* Kimi K2.5 is a multimodal wrapper around a DeepSeek-V3 text model (``text_config``, names under
+  ``model.language_model.``; the vision tower and projector are never read). Its head is tied to the
+  embeddings by the wrapper's ``tie_word_embeddings`` (transformers ties on the top-level config, default
+  true), used when no ``lm_head.weight`` is stored.
+* DeepSeek-V3.2 and GLM-5 add the DSA lightning indexer (``INDEXER_ROPE_INTERLEAVED``: V3.2's indexer rotates
+  half-split pairs, GLM-5's interleaved; both main attentions are interleaved). V3.2 has an indexer in every
+  layer; GLM-5's ``"shared"`` indexer layers reuse the previous full layer's selection.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.runtime.attention import DSAIndexer, MLAAttention
 from colitools.runtime.config import ConfigKeys, noaux_tc_args, rope_args
 from colitools.runtime.model import DecoderLayer, LayerContext
+from colitools.runtime.rope import Rope
 
-DEFAULTS = {  # transformers 5.24 DeepseekV3Config / GlmMoeDsaConfig
-    "deepseek_v3": {
-        "rms_norm_eps": 1e-6, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8,
-        "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1,
+_DEEPSEEK_V3 = {  # transformers 5.24 DeepseekV3Config
+    "rms_norm_eps": 1e-6, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8,
+    "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1,
+}  # fmt: skip
+DEFAULTS = {  # transformers 5.24 DeepseekV3Config / Kimi_K25Config / DeepseekV32Config / GlmMoeDsaConfig
+    "deepseek_v3": _DEEPSEEK_V3,
+    "kimi_k25": {**_DEEPSEEK_V3, "tie_word_embeddings": True},  # its text_config is DeepseekV3Config; the tie
+    # default is the wrapper's (Kimi_K25Config), read from the top level by family_args
+    "deepseek_v32": {
+        **_DEEPSEEK_V3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
     },
     "glm_moe_dsa": {
         "rms_norm_eps": 1e-5, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1,
@@ -27,13 +43,19 @@ DEFAULTS = {  # transformers 5.24 DeepseekV3Config / GlmMoeDsaConfig
     },
 }  # fmt: skip
 
+# The families with a DSA lightning indexer -> whether the indexer's RoPE rotates interleaved pairs (2i, 2i+1)
+# (GLM-5: ``apply_rotary_pos_emb_interleave``) or half-split pairs (i, i + d/2) (DeepSeek-V3.2:
+# ``apply_rotary_pos_emb``). The main MLA attention of both is interleaved.
+INDEXER_ROPE_INTERLEAVED = {"glm_moe_dsa": True, "deepseek_v32": False}
+
 
 def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """DeepSeek-style routing, the MLA dimensions, RoPE on the rope slice only (interleaved: always for GLM-5,
-    by ``rope_interleave`` for DeepSeek-V3), and GLM-5's indexer."""
+    """DeepSeek-style routing, the MLA dimensions, RoPE on the rope slice only (interleaved: always for the
+    indexer families, by ``rope_interleave`` for DeepSeek-V3 and Kimi), the indexer, Kimi's tied head."""
     out = noaux_tc_args(c, base)
     nope, rope_dim = int(c.need("qk_nope_head_dim")), int(c.need("qk_rope_head_dim"))
-    interleaved = c.model_type == "glm_moe_dsa" or bool(c.get("rope_interleave", True))
+    dsa = c.model_type in INDEXER_ROPE_INTERLEAVED
+    interleaved = dsa or bool(c.get("rope_interleave", True))
     out.update(
         q_lora_rank=int(c["q_lora_rank"]) if c.get("q_lora_rank") else None,
         kv_lora_rank=int(c.need("kv_lora_rank")),
@@ -45,15 +67,25 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     )
     if base["num_key_value_heads"] != base["num_attention_heads"]:
         raise RuntimeModelError(f"{c.where}: MLA needs num_key_value_heads == num_attention_heads")
-    if c.model_type == "glm_moe_dsa":
+    if c.model_type == "kimi_k25":
+        # transformers ties the head on the wrapper's config, not on text_config
+        tie = base["raw"].get("tie_word_embeddings", DEFAULTS["kimi_k25"]["tie_word_embeddings"])
+        out["tie_word_embeddings"] = bool(tie)
+    if dsa:
         if out["q_lora_rank"] is None:
-            raise RuntimeModelError(f"{c.where}: glm_moe_dsa needs q_lora_rank")
+            raise RuntimeModelError(f"{c.where}: {c.model_type} needs q_lora_rank")
+        n_layers = base["num_hidden_layers"]
         out.update(
             index_topk=int(c.need("index_topk")),
             index_head_dim=int(c.need("index_head_dim")),
             index_n_heads=int(c.need("index_n_heads")),
-            indexer_full=_indexer_types(c, base["num_hidden_layers"]),
+            # DeepSeek-V3.2 runs its own indexer in every layer
+            indexer_full=_indexer_types(c, n_layers) if c.model_type == "glm_moe_dsa" else [True] * n_layers,
         )
+        if out["index_head_dim"] < rope_dim:
+            raise RuntimeModelError(
+                f"{c.where}: index_head_dim {out['index_head_dim']} < qk_rope_head_dim {rope_dim}"
+            )
     return out
 
 
@@ -82,8 +114,11 @@ def _indexer_types(c: ConfigKeys, n_layers: int) -> list[bool]:
 def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:
     args = ctx.args
     indexer = None
-    if args.model_type == "glm_moe_dsa" and args.indexer_full[layer]:
-        indexer = DSAIndexer(args, ctx.ckpt, layer, ctx.rope)
+    if args.model_type in INDEXER_ROPE_INTERLEAVED and args.indexer_full[layer]:
+        rope = ctx.rope  # the same frequencies and cos/sin; only the pairing may differ
+        if INDEXER_ROPE_INTERLEAVED[args.model_type] != args.rope.interleaved:
+            rope = Rope(replace(args.rope, interleaved=INDEXER_ROPE_INTERLEAVED[args.model_type]))
+        indexer = DSAIndexer(args, ctx.ckpt, layer, rope)
     attn = MLAAttention(args, ctx.ckpt, layer, ctx.rope, indexer)
     ffn = ctx.sparse_moe(layer) if args.moe_layers[layer] else ctx.dense_mlp(layer)
     return ctx.decoder_layer(layer, attn, ffn)

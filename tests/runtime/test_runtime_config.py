@@ -127,10 +127,12 @@ def test_partial_rope_leaves_the_tail_untouched():
 def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
     """``FAMILY_MODULES`` is the one list of families: each module holds its defaults, ``family_args`` and
     ``build_layer``, and the defaults of a type are the ones its ModelArgs get."""
+    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
     from colitools.runtime.config import FAMILY_MODULES, family_module
 
-    assert set(FAMILY_MODULES) == {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
-                                   "glm_moe_dsa"}  # fmt: skip
+    assert set(FAMILY_MODULES) == set(RUNNABLE_MODEL_TYPES)
+    assert set(FAMILY_MODULES) >= {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
+                                   "glm_moe_dsa", "kimi_k25", "deepseek_v32"}  # fmt: skip
     for mt in FAMILY_MODULES:
         module = family_module(mt)
         assert mt in module.DEFAULTS and callable(module.family_args) and callable(module.build_layer)

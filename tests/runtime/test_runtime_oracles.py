@@ -24,7 +24,11 @@ def test_every_family_has_a_fixture():
         "deepseek_v3",
         "glm4_moe",
         "glm_moe_dsa",
+        "kimi_k25",
+        "deepseek_v32",
     }
+    # the DSA indexer's selection really runs (index_topk < the sequence) for both indexer RoPE layouts
+    assert {"glm_moe_dsa_sparse", "deepseek_v32_sparse"} <= set(FIXTURES)
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)

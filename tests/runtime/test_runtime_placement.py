@@ -21,7 +21,8 @@ def run(model_dir, cap, ref):
 
 @pytest.mark.parametrize(
     "fixture,recipe", [("qwen2_moe", "default"), ("deepseek_v3", "mxfp4"), ("mixtral_bf16_fused", "f32"),
-                       ("glm_moe_dsa_sparse", "planar"), ("deepseek_v3_fp8", "f32")]
+                       ("glm_moe_dsa_sparse", "planar"), ("deepseek_v3_fp8", "f32"), ("kimi_k25_tied", "default"),
+                       ("deepseek_v32_sparse", "int3")]
 )  # fmt: skip
 def test_cap_1_2_all_give_identical_tokens_and_logits(fixture, recipe, tmp_path):
     ref = reference(fixture, recipe)
