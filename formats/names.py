@@ -390,7 +390,10 @@ def stack_name(expert_base: str, projection: str) -> str:
 @lru_cache(maxsize=1 << 18)
 def canonical_name(name: str) -> str:
     """The runtime's spelling of a checkpoint name (mlx-lm's ``sanitize``): :data:`MODULE_ALIASES` applied to
-    inner components, a per-expert projection spelled ``gate_proj``/``up_proj``/``down_proj``; suffixes kept."""
+    inner components, a per-expert projection spelled ``gate_proj``/``up_proj``/``down_proj``; suffixes kept.
+    A name under another text root (:data:`TEXT_ROOTS`: ``model.language_model.``, ``language_model.model.``)
+    is spelled under :data:`CANONICAL_ROOT`, an output head there (``language_model.lm_head.weight``) at the
+    top (``lm_head.weight``); towers (not under a text root) keep their names."""
     parts = name.split(".")
     for i in range(1, len(parts) - 1):
         parts[i] = MODULE_ALIASES.get(parts[i], parts[i])
@@ -399,7 +402,11 @@ def canonical_name(name: str) -> str:
         at = parsed.expert_base.count(".") + 2
         if at + 1 < len(parts):  # the projection is followed by a suffix
             parts[at] = CANONICAL_PROJECTION[parsed.projection]
-    return ".".join(parts)
+    out = ".".join(parts)
+    if parsed.root and parsed.root != CANONICAL_ROOT:
+        rest = out[len(parsed.root) :]
+        out = rest if rest.split(".", 1)[0] in HEADS else CANONICAL_ROOT + rest
+    return out
 
 
 _DIGITS = re.compile(r"(\d+)")

@@ -24,7 +24,7 @@ from colitools.formats.names import expert_tensor_name, layer_path, module_path,
 from colitools.runtime.config import ModelArgs, family_module
 from colitools.runtime.experts import ExpertStore, StoreStats
 from colitools.runtime.moe import SparseMoE
-from colitools.runtime.ops import MLP, Embedding, Linear, rms_norm
+from colitools.runtime.ops import MLP, Embedding, Linear, norm_weight, rms_norm
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint, Stored
 
@@ -56,12 +56,12 @@ class LayerContext:
         self.stores: dict[int, ExpertStore] = {}
 
     def decoder_layer(self, layer: int, attn, ffn) -> DecoderLayer:
-        p, H = layer_path(layer), self.args.hidden_size
+        p, H, zc = layer_path(layer), self.args.hidden_size, self.args.zero_centred_norms
         return DecoderLayer(
             attn,
             ffn,
-            self.ckpt.vector(f"{p}.input_layernorm.weight", H),
-            self.ckpt.vector(f"{p}.post_attention_layernorm.weight", H),
+            norm_weight(self.ckpt, f"{p}.input_layernorm.weight", H, zc),
+            norm_weight(self.ckpt, f"{p}.post_attention_layernorm.weight", H, zc),
             self.args.rms_norm_eps,
         )
 
@@ -115,7 +115,7 @@ class Model:
         self.layers, self.stores = layers, stores
         H, V = args.hidden_size, args.vocab_size
         self.embed = Embedding(ckpt, "model.embed_tokens.weight", V, H)
-        self.norm = ckpt.vector("model.norm.weight", H)
+        self.norm = norm_weight(ckpt, "model.norm.weight", H, args.zero_centred_norms)
         if ckpt.has("lm_head.weight"):
             self.lm_head = Linear.load(ckpt, "lm_head", V, H)
         elif args.tie_word_embeddings:
@@ -133,7 +133,8 @@ class Model:
 
     # ------------------------------------------------------------------------------------------- forward
     def reset(self) -> None:
-        """Empty every KV cache (the expert cache is kept: it never changes results)."""
+        """Empty every KV cache and linear-attention state (the expert cache is kept: it never changes
+        results)."""
         for layer in self.layers:
             layer.attn.reset()
         self.position = 0
