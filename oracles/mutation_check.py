@@ -23,7 +23,7 @@ import torch
 import transformers
 import zstandard
 from fixture_specs import FIXTURES, Fixture
-from make_oracles import ORACLES_DIR, load_reference_model, run_reference
+from make_oracles import ORACLES_DIR, load_reference_model, run_reference, text_of
 from oracle_recipes import apply_recipe, fp8_block_dequant
 from safetensors.torch import load_file
 
@@ -31,28 +31,34 @@ Mutation = Callable[[torch.nn.Module], bool]  # mutates in place; False = not ap
 _TMP = tempfile.TemporaryDirectory(prefix="mutation-")  # scratch checkpoints, removed at exit
 
 
+def _text_model(model):
+    """The decoder stack (``model.model``, or a multimodal wrapper's ``language_model``)."""
+    inner = getattr(model.model, "language_model", model.model)
+    return getattr(inner, "model", inner) if not hasattr(inner, "layers") else inner
+
+
 def _attn_modules(model):
-    return [layer.self_attn for layer in model.model.layers]
+    return [layer.self_attn for layer in _text_model(model).layers if hasattr(layer, "self_attn")]
 
 
 def no_rope(model) -> bool:
-    model.model.rotary_emb.inv_freq.zero_()
+    _text_model(model).rotary_emb.inv_freq.zero_()
     return True
 
 
 def yarn_as_default(model) -> bool:
-    cfg = model.config
+    cfg = model.config.get_text_config()
     if cfg.rope_parameters.get("rope_type") != "yarn":
         return False
     dim = cfg.qk_rope_head_dim
     base = cfg.rope_parameters["rope_theta"]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    model.model.rotary_emb.inv_freq.copy_(inv)
+    _text_model(model).rotary_emb.inv_freq.copy_(inv)
     return True
 
 
 def no_mscale(model) -> bool:
-    cfg = model.config
+    cfg = model.config.get_text_config()
     if cfg.rope_parameters.get("rope_type") != "yarn":
         return False
     for a in _attn_modules(model):
@@ -62,7 +68,7 @@ def no_mscale(model) -> bool:
 
 def scale_from_config_head_dim(model) -> bool:
     """MLA: using config.json's head_dim (= qk_rope_head_dim in transformers 5.x) for the softmax scale."""
-    cfg = model.config
+    cfg = model.config.get_text_config()
     if not hasattr(cfg, "qk_rope_head_dim"):
         return False
     for a in _attn_modules(model):
@@ -78,7 +84,7 @@ def no_softmax_scale(model) -> bool:
 
 def flip_rope_layout(model) -> bool:
     """Interleaved <-> half layout: DeepSeek via its config flag, Llama-style models by patching the module."""
-    cfg = model.config
+    cfg = model.config.get_text_config()
     if cfg.model_type == "deepseek_v3":
         cfg.rope_interleave = not cfg.rope_interleave
         return True
@@ -98,13 +104,13 @@ def flip_rope_layout(model) -> bool:
 
 def full_rotary(model) -> bool:
     """GLM-4.5: rotating the whole head instead of the partial_rotary_factor fraction."""
-    cfg = model.config
+    cfg = model.config.get_text_config()
     if cfg.model_type != "glm4_moe":
         return False
     dim = cfg.head_dim
     base = cfg.rope_parameters["rope_theta"]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    model.model.rotary_emb.inv_freq = inv
+    _text_model(model).rotary_emb.inv_freq = inv
     return True
 
 
@@ -128,7 +134,7 @@ def ignore_correction_bias(model) -> bool:
 
 def lora_norm_eps_from_config(model) -> bool:
     """MLA: q_a_layernorm / kv_a_layernorm with rms_norm_eps instead of the fixed 1e-6."""
-    cfg = model.config
+    cfg = model.config.get_text_config()
     if not hasattr(cfg, "kv_lora_rank") or cfg.rms_norm_eps == 1e-6:
         return False
     for a in _attn_modules(model):
@@ -141,13 +147,16 @@ def lora_norm_eps_from_config(model) -> bool:
 def rms_eps_times_10(model) -> bool:
     for m in model.modules():
         if "RMSNorm" in type(m).__name__:
-            m.variance_epsilon *= 10
+            if hasattr(m, "variance_epsilon"):
+                m.variance_epsilon *= 10
+            else:  # Qwen3-Next / Qwen3.5 (zero-centred) RMSNorm
+                m.eps *= 10
     return True
 
 
 def no_shared_expert(model) -> bool:
     hit = False
-    for layer in model.model.layers:
+    for layer in _text_model(model).layers:
         for n in ("shared_experts", "shared_expert"):
             sub = getattr(layer.mlp, n, None)
             if sub is not None:
@@ -187,6 +196,116 @@ def indexer_k_norm_bias_ignored(model) -> bool:
     return hit
 
 
+def _deltanets(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+
+
+def _modeling(model):
+    return sys.modules[type(model).__module__]
+
+
+def conv_state_reset_on_decode(model) -> bool:
+    """Gated DeltaNet: a decode step that forgets the conv state (zero left context, as in a fresh prefill)."""
+    if not _deltanets(model):
+        return False
+    mod = _modeling(model)
+    update = mod.causal_conv1d_update
+
+    def forgetful(hidden_states, conv_state, *args, **kwargs):
+        conv_state.zero_()
+        return update(hidden_states, conv_state, *args, **kwargs)
+
+    mod.causal_conv1d_update = forgetful  # restored by main (the forward looks it up as a module global)
+    return True
+
+
+def a_log_negated(model) -> bool:
+    """Delta-rule decay: ``A = exp(-A_log)`` instead of ``exp(A_log)`` (the sign of the stored log)."""
+    for m in _deltanets(model):
+        m.A_log.neg_()
+    return bool(_deltanets(model))
+
+
+def dt_bias_dropped(model) -> bool:
+    for m in _deltanets(model):
+        m.dt_bias.zero_()
+    return bool(_deltanets(model))
+
+
+def no_l2norm(model) -> bool:
+    """Gated DeltaNet: q / k not L2-normalised."""
+    if not _deltanets(model):
+        return False
+    _modeling(model).l2norm = lambda x, dim=-1, eps=1e-6: x
+    return True
+
+
+def qkvz_read_as_blocks(model) -> bool:
+    """Qwen3-Next: ``in_proj_qkvz`` / ``in_proj_ba`` read as contiguous [q | k | v | z] / [b | a] blocks instead
+    of head-grouped: the model is given the rows such a runtime would use for each head."""
+    hit = False
+    for m in _deltanets(model):
+        if not hasattr(m, "in_proj_qkvz"):
+            continue
+        nk, dk, r = m.num_k_heads, m.head_k_dim, m.num_v_heads // m.num_k_heads
+        rv = r * m.head_v_dim
+        kd, vd = nk * dk, m.num_v_heads * m.head_v_dim
+        rows = []
+        for h in range(nk):  # head-grouped position of what the block reading takes
+            rows += list(range(h * dk, (h + 1) * dk)) + list(range(kd + h * dk, kd + (h + 1) * dk))
+            rows += list(range(2 * kd + h * rv, 2 * kd + (h + 1) * rv))
+            rows += list(range(2 * kd + vd + h * rv, 2 * kd + vd + (h + 1) * rv))
+        w = m.in_proj_qkvz.weight
+        w.copy_(w[rows].clone())
+        nv = m.num_v_heads
+        ba = [i for h in range(nk) for i in [*range(h * r, (h + 1) * r), *range(nv + h * r, nv + (h + 1) * r)]]
+        m.in_proj_ba.weight.copy_(m.in_proj_ba.weight[ba].clone())
+        hit = True
+    return hit
+
+
+def gated_norm_gate_dropped(model) -> bool:
+    """Gated DeltaNet output: ``RMSNorm(o) * w`` without ``* silu(z)``."""
+    norms = [m.norm for m in _deltanets(model)]
+
+    def plain(self, hidden_states, gate):
+        h = hidden_states.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    for n in norms:
+        n.forward = plain.__get__(n)
+    return bool(norms)
+
+
+def output_gate_dropped(model) -> bool:
+    """Gated full attention: the output not multiplied by ``sigmoid(gate)``."""
+    mod = _modeling(model)
+    if not _deltanets(model) or "torch.sigmoid(gate)" not in Path(mod.__file__).read_text():
+        return False
+
+    class NoSigmoid:  # the attention forward's only torch.sigmoid is the output gate
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def sigmoid(x):
+            return torch.ones_like(x)
+
+    mod.torch = NoSigmoid()  # restored by main
+    return True
+
+
+def zero_centred_norm_as_plain(model) -> bool:
+    """Qwen3-Next / Qwen3.5 RMSNorm scales by ``1 + w``: a runtime scaling by ``w`` is this model with ``w - 1``."""
+    hit = False
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm") and not type(m).__name__.endswith("Gated") and m.weight.numel():
+            if "1.0 + self.weight" in Path(sys.modules[type(m).__module__].__file__).read_text():
+                m.weight.sub_(1.0)
+                hit = True
+    return hit
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -203,7 +322,17 @@ MUTATIONS: dict[str, Mutation] = {
     "q/k/v bias dropped": no_qkv_bias,
     "DSA indexer ignored": no_indexer,
     "DSA indexer k_norm bias ignored": indexer_k_norm_bias_ignored,
+    "conv state reset on decode": conv_state_reset_on_decode,
+    "A_log sign flipped": a_log_negated,
+    "dt_bias dropped": dt_bias_dropped,
+    "q/k l2norm dropped": no_l2norm,
+    "in_proj_qkvz/ba read as blocks": qkvz_read_as_blocks,
+    "gated-norm gate dropped": gated_norm_gate_dropped,
+    "attention output gate dropped": output_gate_dropped,
+    "zero-centred norm read as plain": zero_centred_norm_as_plain,
 }
+# module globals the mutations above may replace, restored after each run
+_PATCHABLE = ("apply_rotary_pos_emb", "causal_conv1d_update", "l2norm", "torch")
 
 
 def load_f32(fx: Fixture) -> torch.nn.Module:
@@ -223,8 +352,8 @@ def load_f32(fx: Fixture) -> torch.nn.Module:
         else:
             disk[k] = v.to(torch.float32).numpy()
     cfg = json.loads((d / "config.json").read_text())
-    weights, _, _ = apply_recipe(disk, "f32", cfg["num_hidden_layers"])
-    return load_reference_model(cfg, weights, Path(_TMP.name), fx.fused)
+    weights, _, _ = apply_recipe(disk, "f32", text_of(cfg)["num_hidden_layers"], fx.expert_orientation)
+    return load_reference_model(cfg, weights, Path(_TMP.name), fx.fused, fx.model_class)
 
 
 def main() -> int:
@@ -245,10 +374,8 @@ def main() -> int:
         assert base["generated_ids"] == ref["generated_ids"], f"{fx.name}: f32 reference does not reproduce"
         for label, mutate in MUTATIONS.items():
             model = load_f32(fx)
-            saved = {}
             mod = sys.modules[type(model).__module__]
-            if hasattr(mod, "apply_rotary_pos_emb"):
-                saved["rope"] = mod.apply_rotary_pos_emb
+            saved = {n: getattr(mod, n) for n in _PATCHABLE if hasattr(mod, n)}
             try:
                 with torch.no_grad():
                     applies = mutate(model)
@@ -256,8 +383,8 @@ def main() -> int:
                     continue
                 res = run_reference(model, ref["prompt_ids"])
             finally:
-                if "rope" in saved:
-                    mod.apply_rotary_pos_emb = saved["rope"]
+                for n, v in saved.items():
+                    setattr(mod, n, v)
             greedy = sum(a != b for a, b in zip(res["generated_ids"], ref["generated_ids"], strict=True))
             tf = sum(a != b for a, b in zip(res["tf_argmax"], ref["teacher_forced"]["argmax"], strict=True))
             dlog = float(np.abs(res["last_logits"] - ref_logits[1]).max())
