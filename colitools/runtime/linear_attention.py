@@ -129,7 +129,8 @@ class GatedDeltaNet:
         la = args.linear_attention
         p = module_path(layer, "linear_attn")
         H = args.hidden_size
-        self.nk, self.nv, self.dk, self.dv = la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim
+        self.nk, self.nv = la.num_key_heads, la.num_value_heads
+        self.dk, self.dv = la.key_head_dim, la.value_head_dim
         self.rep = self.nv // self.nk
         self.kd, self.vd = self.nk * self.dk, self.nv * self.dv
         C = 2 * self.kd + self.vd

@@ -36,7 +36,7 @@ def test_prefill_in_pieces_equals_the_teacher_forced_reference(pieces):
     want = reference_logits("qwen3_next_long", ref)[1]
     bounds = np.cumsum((0, *pieces, len(ids) - sum(pieces)))
     with load_model(ORACLES / "qwen3_next_long", record_usage=False) as model:
-        rows = [model.forward(ids[a:b], all_logits=True) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        rows = [model.forward(ids[a:b], all_logits=True) for a, b in zip(bounds, bounds[1:], strict=False)]
     logits = np.concatenate(rows)
     assert [int(i) for i in logits.argmax(-1)] == ref["teacher_forced"]["argmax"]
     np.testing.assert_allclose(logits[-1], want, rtol=0, atol=LOGITS_ATOL)
@@ -91,7 +91,8 @@ def test_layer_schedule_defaults_to_full_attention_every_fourth_layer():
         "full_attention"]  # fmt: skip
     assert a.moe_layers == [True] * 8
     b = ModelArgs.from_config(_config(num_hidden_layers=4, layer_types=None, full_attention_interval=2))
-    assert b.layer_types == ["linear_attention", "full_attention"] * 2 and b.moe_layers == [False, True, True, True]
+    assert b.layer_types == ["linear_attention", "full_attention"] * 2
+    assert b.moe_layers == [False, True, True, True]
     la = b.linear_attention
     assert (la.conv_kernel, la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim) == (
         4, 2, 4, 16, 16)  # fmt: skip
@@ -108,7 +109,7 @@ def test_qwen3_5_always_renormalises_and_has_no_dense_layers():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        (dict(layer_types=["linear_attention"]), "layer_types must list 2 of linear_attention, full_attention"),
+        (dict(layer_types=["linear_attention"]), "layer_types must list 2 of linear_attention, full_"),
         (dict(layer_types=["linear_attention", "sliding_attention"]), "layer_types must list 2"),
         (dict(linear_num_value_heads=3), "3 linear value heads do not split into 2 key heads"),
         (dict(linear_conv_kernel_dim=0), "linear_conv_kernel_dim is 0"),
