@@ -5,9 +5,11 @@ x = embed[ids]
 for each layer: x = x + Attn(RMSNorm_in(x)); x = x + FFN(RMSNorm_post(x))
 logits = RMSNorm_final(x) @ lm_head.T
 ```
-Each family file (``olmoe.py``, ``qwen_moe.py``, ``mixtral.py``, ``deepseek_v3.py``, ``glm4_moe.py``, found by
-``model_type`` through ``config.FAMILY_MODULES``) parses its own config keys (``family_args``) and says which
-attention and feed-forward a layer has (``build_layer``); ``LayerContext`` hands out the shared pieces.
+Each family file (``olmoe.py``, ``qwen_moe.py``, ``mixtral.py``, ``deepseek_v3.py``, ``glm4_moe.py``,
+``qwen3_next.py``, found by ``model_type`` through ``config.FAMILY_MODULES``) parses its own config keys
+(``family_args``) and says which token mixer ("Attn": attention or, in the hybrids, Gated DeltaNet linear
+attention) and feed-forward a layer has (``build_layer``); ``LayerContext`` hands out the shared pieces. Each
+token mixer owns its part of the cache (KV buffers, conv and delta-rule state); ``Model.reset`` empties them.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ through their ``ForConditionalGeneration`` class; Kimi K2.5 with ``save_original
 original-format save writes ``language_model.model.blocks.N``). The tests fill those tensors with seeded random
 values and convert them with the oracle recipes. The expected format of every output tensor comes from
 ``expected_format`` below, written from the spec's table (names and regular expressions), not from the converter.
-The runtime cannot run these families yet: there are no runtime tests for them here.
+These checks are conversion-only; the runtime tests of the families it runs use the oracle fixtures.
 """
 
 # ruff: noqa: E741
