@@ -38,6 +38,7 @@ from colitools.formats.errors import ConfigError
 __all__ = [
     "EXPERT_COUNT_KEYS",
     "MTP_LAYER_KEYS",
+    "OUTPUT_GATED_ATTENTION",
     "RUNNABLE_MODEL_TYPES",
     "ConfigFacts",
     "expert_width",
@@ -64,8 +65,12 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 # about a checkpoint the runtime will not run without importing the runtime.
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
-    "kimi_k25", "deepseek_v32",
+    "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text",
 )  # fmt: skip
+
+# Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
+# is multiplied by ``sigmoid(gate)``): Qwen3-Next, Qwen3.5/3.6-MoE.
+OUTPUT_GATED_ATTENTION = frozenset({"qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
 
 _MAX_INT = 2**31 - 1  # no dimension or count of a real model comes near; bigger is a corrupt config
 _MAX_LAYERS = 1 << 16
@@ -107,6 +112,12 @@ _TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
     "index_n_heads": ("int", 1, _MAX_INT),
     "index_topk_freq": ("int", 0, _MAX_LAYERS),
     "index_skip_topk_offset": ("int", 0, _MAX_LAYERS),
+    "linear_conv_kernel_dim": ("int", 1, _MAX_INT),  # Gated DeltaNet (Qwen3-Next, Qwen3.5-MoE)
+    "linear_key_head_dim": ("int", 1, _MAX_INT),
+    "linear_value_head_dim": ("int", 1, _MAX_INT),
+    "linear_num_key_heads": ("int", 1, _MAX_INT),
+    "linear_num_value_heads": ("int", 1, _MAX_INT),
+    "full_attention_interval": ("int", 1, _MAX_LAYERS),
     "rms_norm_eps": ("float", 0, None),
     "rope_theta": ("float", 0, None),
     "partial_rotary_factor": ("float", 0, 1),
@@ -341,9 +352,13 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
       ``q_b_proj [heads*(qk_nope+qk_rope), q_lora_rank]`` (or ``q_proj [heads*(qk_nope+qk_rope), H]`` without
       ``q_lora_rank``), ``kv_a_proj_with_mqa [kv_lora_rank+qk_rope, H]``,
       ``kv_b_proj [heads*(qk_nope+v_head), kv_lora_rank]``, ``o_proj [H, heads*v_head]``;
-    * attention, plain (``head_dim``, else ``H / heads``): ``q_proj [heads*head_dim, H]``,
-      ``k_proj``/``v_proj [kv_heads*head_dim, H]`` (``num_key_value_heads``, else ``heads``),
-      ``o_proj [H, heads*head_dim]``;
+    * attention, plain (``head_dim``, else ``H / heads``): ``q_proj [heads*head_dim, H]`` (twice that for
+      ``OUTPUT_GATED_ATTENTION``), ``k_proj``/``v_proj [kv_heads*head_dim, H]`` (``num_key_value_heads``, else
+      ``heads``), ``o_proj [H, heads*head_dim]``;
+    * Gated DeltaNet (``linear_num_key_heads`` ``nk``, ``linear_num_value_heads`` ``nv``, ``linear_key_head_dim``
+      ``dk``, ``linear_value_head_dim`` ``dv`` all given): ``linear_attn.in_proj_qkvz [2*nk*dk + 2*nv*dv, H]``,
+      ``in_proj_ba [2*nv, H]`` (Qwen3-Next) or ``in_proj_qkv [2*nk*dk + nv*dv, H]``, ``in_proj_z [nv*dv, H]``,
+      ``in_proj_a``/``in_proj_b [nv, H]`` (Qwen3.5), ``out_proj [H, nv*dv]``;
     * dense MLP (``mlp.gate_proj``/``up_proj [intermediate_size, H]``, ``down_proj [H, intermediate_size]``);
     * shared experts, width ``shared_expert_intermediate_size``, else ``n_shared_experts *
       moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``.
@@ -379,10 +394,19 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
         head_dim = text.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
         if head_dim:
             kv_heads = text.get("num_key_value_heads") or heads
-            shapes[("self_attn", "q_proj")] = (heads * head_dim, hidden)
+            gated = 2 if model_type(config) in OUTPUT_GATED_ATTENTION else 1
+            shapes[("self_attn", "q_proj")] = (gated * heads * head_dim, hidden)
             shapes[("self_attn", "k_proj")] = (kv_heads * head_dim, hidden)
             shapes[("self_attn", "v_proj")] = (kv_heads * head_dim, hidden)
             shapes[("self_attn", "o_proj")] = (hidden, heads * head_dim)
+    nk, nv, dk, dv = (text.get(f"linear_{k}") for k in ("num_key_heads", "num_value_heads", "key_head_dim",
+                                                         "value_head_dim"))  # fmt: skip
+    if nk and nv and dk and dv:
+        kd, vd = nk * dk, nv * dv
+        for leaf, rows in (("in_proj_qkvz", 2 * kd + 2 * vd), ("in_proj_ba", 2 * nv), ("in_proj_qkv", 2 * kd + vd),
+                           ("in_proj_z", vd), ("in_proj_a", nv), ("in_proj_b", nv)):  # fmt: skip
+            shapes[("linear_attn", leaf)] = (rows, hidden)
+        shapes[("linear_attn", "out_proj")] = (hidden, vd)
     dense = text.get("intermediate_size")
     if dense:
         shapes[("mlp", "gate_proj")] = shapes[("mlp", "up_proj")] = (dense, hidden)

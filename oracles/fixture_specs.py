@@ -62,6 +62,7 @@ class Fixture:
     # parameters transformers initialises to constants (zeros / ones / tiny std) that the runtime must still get
     # right: in-memory parameter-name regex -> ("set", std) for std * N(0,1) or ("add", std) for += std * N(0,1)
     param_noise: dict[str, tuple[str, float]] = field(default_factory=dict)
+    prompt_len: int = PROMPT_LEN  # random prompt ids (fixtures without a tokenizer)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -561,6 +562,28 @@ FIXTURES: list[Fixture] = [
             layer_types=["linear_attention", "full_attention"],
         ),
         seed=15000,
+    ),
+    Fixture(
+        "qwen3_next_long",
+        "qwen3_next",
+        "Qwen3-Next as qwen3_next with a 72-token prompt: the chunked delta rule (chunks of 64) runs over two "
+        "chunks in the prefill (the decode continues from the state they leave) and in the 104-token "
+        "teacher-forced pass",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            **GATED_DELTANET,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            mlp_only_layers=[0],
+            layer_types=["linear_attention", "full_attention"],
+        ),
+        seed=15500,
+        prompt_len=72,
     ),
     Fixture(
         "gpt_oss",

@@ -466,7 +466,7 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
             eos = [tokenizer.token_to_id("<|endoftext|>")]
         else:
             rng = np.random.default_rng(seed)
-            prompt = [int(x) for x in rng.integers(2, V, size=PROMPT_LEN)]
+            prompt = [int(x) for x in rng.integers(2, V, size=fx.prompt_len)]
         results: dict[str, dict[str, Any]] = {}
         ok = True
         for recipe in COMPUTED_RECIPES:

@@ -234,6 +234,116 @@ def head_tied_to_embeddings(model) -> bool:
     return True
 
 
+def _deltanets(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+
+
+def _modeling(model):
+    return sys.modules[type(model).__module__]
+
+
+def conv_state_reset_on_decode(model) -> bool:
+    """Gated DeltaNet: a decode step that forgets the conv state (zero left context, as in a fresh prefill)."""
+    if not _deltanets(model):
+        return False
+    mod = _modeling(model)
+    update = mod.causal_conv1d_update
+
+    def forgetful(hidden_states, conv_state, *args, **kwargs):
+        conv_state.zero_()
+        return update(hidden_states, conv_state, *args, **kwargs)
+
+    mod.causal_conv1d_update = forgetful  # restored by main (the forward looks it up as a module global)
+    return True
+
+
+def a_log_negated(model) -> bool:
+    """Delta-rule decay: ``A = exp(-A_log)`` instead of ``exp(A_log)`` (the sign of the stored log)."""
+    for m in _deltanets(model):
+        m.A_log.neg_()
+    return bool(_deltanets(model))
+
+
+def dt_bias_dropped(model) -> bool:
+    for m in _deltanets(model):
+        m.dt_bias.zero_()
+    return bool(_deltanets(model))
+
+
+def no_l2norm(model) -> bool:
+    """Gated DeltaNet: q / k not L2-normalised."""
+    if not _deltanets(model):
+        return False
+    _modeling(model).l2norm = lambda x, dim=-1, eps=1e-6: x
+    return True
+
+
+def qkvz_read_as_blocks(model) -> bool:
+    """Qwen3-Next: ``in_proj_qkvz`` / ``in_proj_ba`` read as contiguous [q | k | v | z] / [b | a] blocks instead
+    of head-grouped: the model is given the rows such a runtime would use for each head."""
+    hit = False
+    for m in _deltanets(model):
+        if not hasattr(m, "in_proj_qkvz"):
+            continue
+        nk, dk, r = m.num_k_heads, m.head_k_dim, m.num_v_heads // m.num_k_heads
+        rv = r * m.head_v_dim
+        kd, vd = nk * dk, m.num_v_heads * m.head_v_dim
+        rows = []
+        for h in range(nk):  # head-grouped position of what the block reading takes
+            rows += list(range(h * dk, (h + 1) * dk)) + list(range(kd + h * dk, kd + (h + 1) * dk))
+            rows += list(range(2 * kd + h * rv, 2 * kd + (h + 1) * rv))
+            rows += list(range(2 * kd + vd + h * rv, 2 * kd + vd + (h + 1) * rv))
+        w = m.in_proj_qkvz.weight
+        w.copy_(w[rows].clone())
+        nv = m.num_v_heads
+        ba = [i for h in range(nk) for i in [*range(h * r, (h + 1) * r), *range(nv + h * r, nv + (h + 1) * r)]]
+        m.in_proj_ba.weight.copy_(m.in_proj_ba.weight[ba].clone())
+        hit = True
+    return hit
+
+
+def gated_norm_gate_dropped(model) -> bool:
+    """Gated DeltaNet output: ``RMSNorm(o) * w`` without ``* silu(z)``."""
+    norms = [m.norm for m in _deltanets(model)]
+
+    def plain(self, hidden_states, gate):
+        h = hidden_states.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    for n in norms:
+        n.forward = plain.__get__(n)
+    return bool(norms)
+
+
+def output_gate_dropped(model) -> bool:
+    """Gated full attention: the output not multiplied by ``sigmoid(gate)``."""
+    mod = _modeling(model)
+    if not _deltanets(model) or "torch.sigmoid(gate)" not in Path(mod.__file__).read_text():
+        return False
+
+    class NoSigmoid:  # the attention forward's only torch.sigmoid is the output gate
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def sigmoid(x):
+            return torch.ones_like(x)
+
+    mod.torch = NoSigmoid()  # restored by main
+    return True
+
+
+def zero_centred_norm_as_plain(model) -> bool:
+    """Qwen3-Next / Qwen3.5 RMSNorm scales by ``1 + w``: a runtime scaling by ``w`` is this model with ``w - 1``."""
+    hit = False
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm") and not type(m).__name__.endswith("Gated") and m.weight.numel():
+            if "1.0 + self.weight" in Path(sys.modules[type(m).__module__].__file__).read_text():
+                m.weight.sub_(1.0)
+                hit = True
+    return hit
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -252,9 +362,17 @@ MUTATIONS: dict[str, Mutation] = {
     "DSA indexer k_norm bias ignored": indexer_k_norm_bias_ignored,
     "DSA indexer RoPE interleaved": indexer_rope_interleaved,
     "head tied to the embeddings": head_tied_to_embeddings,
+    "conv state reset on decode": conv_state_reset_on_decode,
+    "A_log sign flipped": a_log_negated,
+    "dt_bias dropped": dt_bias_dropped,
+    "q/k l2norm dropped": no_l2norm,
+    "in_proj_qkvz/ba read as blocks": qkvz_read_as_blocks,
+    "gated-norm gate dropped": gated_norm_gate_dropped,
+    "attention output gate dropped": output_gate_dropped,
+    "zero-centred norm read as plain": zero_centred_norm_as_plain,
 }
 # module globals the mutations above may replace, restored after each run
-_PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+_PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "causal_conv1d_update", "l2norm", "torch")
 
 
 def load_f32(fx: Fixture) -> torch.nn.Module:

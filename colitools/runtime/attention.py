@@ -12,7 +12,7 @@ import numpy as np
 
 from colitools.formats.names import module_path
 from colitools.runtime.config import ModelArgs, mla_softmax_scale
-from colitools.runtime.ops import Linear, layer_norm, rms_norm, softmax
+from colitools.runtime.ops import Linear, layer_norm, norm_weight, rms_norm, sigmoid, softmax
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint
 
@@ -71,13 +71,16 @@ class GQAAttention:
     """Grouped-query attention with the per-family options.
 
     ``qk_norm``: ``None``, ``"full"`` (OLMoE: RMSNorm over the whole q / k projection before the head split) or
-    ``"head"`` (Qwen3 / GLM: per-head RMSNorm of weight ``[head_dim]``). Biases are used when present."""
+    ``"head"`` (Qwen3 / GLM: per-head RMSNorm of weight ``[head_dim]``). Biases are used when present.
+    ``args.attn_output_gate`` (Qwen3-Next, Qwen3.5): ``q_proj`` gives ``[query | gate]`` per head (twice as
+    wide) and the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj``."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, qk_norm: str | None, rope: Rope):
         p = module_path(layer, "self_attn")
         H, D = args.hidden_size, args.head_dim
         self.nq, self.nkv, self.D = args.num_attention_heads, args.num_key_value_heads, D
-        self.q = Linear.load(ckpt, f"{p}.q_proj", self.nq * D, H, bias=None)
+        self.gated = args.attn_output_gate
+        self.q = Linear.load(ckpt, f"{p}.q_proj", self.nq * D * (2 if self.gated else 1), H, bias=None)
         self.k = Linear.load(ckpt, f"{p}.k_proj", self.nkv * D, H, bias=None)
         self.v = Linear.load(ckpt, f"{p}.v_proj", self.nkv * D, H, bias=None)
         self.o = Linear.load(ckpt, f"{p}.o_proj", H, self.nq * D, bias=None)
@@ -87,8 +90,8 @@ class GQAAttention:
             self.q_norm = ckpt.vector(f"{p}.q_norm.weight", self.nq * D)
             self.k_norm = ckpt.vector(f"{p}.k_norm.weight", (H // self.nq) * self.nkv)
         elif qk_norm == "head":
-            self.q_norm = ckpt.vector(f"{p}.q_norm.weight", D)
-            self.k_norm = ckpt.vector(f"{p}.k_norm.weight", D)
+            self.q_norm = norm_weight(ckpt, f"{p}.q_norm.weight", D, args.zero_centred_norms)
+            self.k_norm = norm_weight(ckpt, f"{p}.k_norm.weight", D, args.zero_centred_norms)
         self.clip = args.clip_qkv
         self.window = args.sliding_windows[layer]
         self.rope, self.scale = rope, D**-0.5
@@ -105,6 +108,10 @@ class GQAAttention:
     def __call__(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         N = x.shape[0]
         q, k, v = self.q(x), self.k(x), self.v(x)
+        gate = None
+        if self.gated:  # per head: D query values then D gate values
+            qg = q.reshape(N, self.nq, 2 * self.D)
+            q, gate = qg[..., : self.D].reshape(N, -1), qg[..., self.D :].reshape(N, -1)
         if self.qk_norm == "full":
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         if self.clip is not None:
@@ -117,6 +124,8 @@ class GQAAttention:
         K = self.kc.append(k)
         V = self.vc.append(v.reshape(N, self.nkv, self.D))
         out = attend(q, K, V, causal_mask(positions, K.shape[0], self.window), self.scale)
+        if gate is not None:
+            out = out * sigmoid(gate)
         return self.o(out)
 
 

@@ -35,6 +35,9 @@ FAMILY_MODULES: dict[str, str] = {
     "glm_moe_dsa": "deepseek_v3",
     "kimi_k25": "deepseek_v3",
     "deepseek_v32": "deepseek_v3",
+    "qwen3_next": "qwen3_next",
+    "qwen3_5_moe": "qwen3_next",
+    "qwen3_5_moe_text": "qwen3_next",
 }
 
 
@@ -63,6 +66,18 @@ class RopeArgs:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+
+
+@dataclass(frozen=True)
+class LinearAttentionArgs:
+    """Gated DeltaNet geometry (Qwen3-Next, Qwen3.5-MoE ``linear_attention`` layers)."""
+
+    conv_kernel: int  # linear_conv_kernel_dim
+    num_key_heads: int  # linear_num_key_heads
+    num_value_heads: int  # linear_num_value_heads (a multiple of the key heads)
+    key_head_dim: int  # linear_key_head_dim
+    value_head_dim: int  # linear_value_head_dim
+    fused_projections: bool  # Qwen3-Next: in_proj_qkvz / in_proj_ba (head-grouped); Qwen3.5: in_proj_qkv/z/a/b
 
 
 class ConfigKeys(dict):
@@ -124,6 +139,11 @@ class ModelArgs:
     index_head_dim: int = 0
     index_n_heads: int = 0
     indexer_full: list[bool] = field(default_factory=list)  # per layer: own indexer (True) or shared (False)
+    # hybrid linear attention (Qwen3-Next / Qwen3.5-MoE)
+    layer_types: list[str] = field(default_factory=list)  # per layer "linear_attention" | "full_attention"
+    linear_attention: LinearAttentionArgs | None = None
+    attn_output_gate: bool = False  # q_proj is [query | gate] per head; output * sigmoid(gate) before o_proj
+    zero_centred_norms: bool = False  # every RMSNorm but the gated one scales by (1 + weight)
     eos_token_ids: list[int] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 

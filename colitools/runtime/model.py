@@ -5,9 +5,11 @@ x = embed[ids]
 for each layer: x = x + Attn(RMSNorm_in(x)); x = x + FFN(RMSNorm_post(x))
 logits = RMSNorm_final(x) @ lm_head.T
 ```
-Each family file (``olmoe.py``, ``qwen_moe.py``, ``mixtral.py``, ``deepseek_v3.py``, ``glm4_moe.py``, found by
-``model_type`` through ``config.FAMILY_MODULES``) parses its own config keys (``family_args``) and says which
-attention and feed-forward a layer has (``build_layer``); ``LayerContext`` hands out the shared pieces.
+Each family file (``olmoe.py``, ``qwen_moe.py``, ``mixtral.py``, ``deepseek_v3.py``, ``glm4_moe.py``,
+``qwen3_next.py``, found by ``model_type`` through ``config.FAMILY_MODULES``) parses its own config keys
+(``family_args``) and says which token mixer ("Attn": attention or, in the hybrids, Gated DeltaNet linear
+attention) and feed-forward a layer has (``build_layer``); ``LayerContext`` hands out the shared pieces. Each
+token mixer owns its part of the cache (KV buffers, conv and delta-rule state); ``Model.reset`` empties them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from colitools.formats.names import expert_tensor_name, layer_path, module_path,
 from colitools.runtime.config import ModelArgs, family_module
 from colitools.runtime.experts import ExpertStore, StoreStats
 from colitools.runtime.moe import SparseMoE
-from colitools.runtime.ops import MLP, Embedding, Linear, rms_norm
+from colitools.runtime.ops import MLP, Embedding, Linear, norm_weight, rms_norm
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint, Stored
 
@@ -56,12 +58,12 @@ class LayerContext:
         self.stores: dict[int, ExpertStore] = {}
 
     def decoder_layer(self, layer: int, attn, ffn) -> DecoderLayer:
-        p, H = layer_path(layer), self.args.hidden_size
+        p, H, zc = layer_path(layer), self.args.hidden_size, self.args.zero_centred_norms
         return DecoderLayer(
             attn,
             ffn,
-            self.ckpt.vector(f"{p}.input_layernorm.weight", H),
-            self.ckpt.vector(f"{p}.post_attention_layernorm.weight", H),
+            norm_weight(self.ckpt, f"{p}.input_layernorm.weight", H, zc),
+            norm_weight(self.ckpt, f"{p}.post_attention_layernorm.weight", H, zc),
             self.args.rms_norm_eps,
         )
 
@@ -115,7 +117,7 @@ class Model:
         self.layers, self.stores = layers, stores
         H, V = args.hidden_size, args.vocab_size
         self.embed = Embedding(ckpt, "model.embed_tokens.weight", V, H)
-        self.norm = ckpt.vector("model.norm.weight", H)
+        self.norm = norm_weight(ckpt, "model.norm.weight", H, args.zero_centred_norms)
         if ckpt.has("lm_head.weight"):
             self.lm_head = Linear.load(ckpt, "lm_head", V, H)
         elif args.tie_word_embeddings:
@@ -133,7 +135,8 @@ class Model:
 
     # ------------------------------------------------------------------------------------------- forward
     def reset(self) -> None:
-        """Empty every KV cache (the expert cache is kept: it never changes results)."""
+        """Empty every KV cache and linear-attention state (the expert cache is kept: it never changes
+        results)."""
         for layer in self.layers:
             layer.attn.reset()
         self.position = 0

@@ -21,6 +21,13 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x * (F32(1.0) / np.sqrt(var + F32(eps))))
 
 
+def norm_weight(ckpt: Checkpoint, name: str, n: int, zero_centred: bool = False) -> np.ndarray:
+    """An RMSNorm weight ``[n]``; ``zero_centred`` (Qwen3-Next, Qwen3.5: the checkpoint stores ``w``, the norm
+    scales by ``1 + w``) returns ``1 + w`` in float32, as transformers computes it."""
+    w = ckpt.vector(name, n)
+    return (w + F32(1.0)).astype(F32) if zero_centred else w
+
+
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """LayerNorm over the last axis with biased variance (``torch.nn.LayerNorm``)."""
     mean = np.mean(x, axis=-1, keepdims=True, dtype=F32)

@@ -255,15 +255,19 @@ class Checkpoint:
 
     def vector(self, name: str, n: int) -> np.ndarray:
         """Float32 ``[n]`` of a 1-D tensor (norm weights, biases, correction biases)."""
+        return self.array(name, (n,))
+
+    def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Float32 of a float tensor stored with exactly ``shape`` (vectors, conv1d kernels ``[C, 1, K]``)."""
         if name not in self.infos:
             raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
         path, info, _ = self.infos[name]
-        if info.dtype not in FLOAT_DTYPES or info.shape != (n,):
+        if info.dtype not in FLOAT_DTYPES or tuple(info.shape) != tuple(shape):
             raise RuntimeModelError(
-                f"tensor {name} is {info.dtype} {list(info.shape)}, expected a float [{n}]"
+                f"tensor {name} is {info.dtype} {list(info.shape)}, expected a float {list(shape)}"
             )
         raw = self.pread(path, info.begin, info.end)
-        return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(F32)
+        return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(F32).reshape(shape)
 
     def close(self) -> None:
         for fd in self._fds.values():

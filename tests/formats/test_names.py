@@ -232,6 +232,14 @@ def test_layer_builders():
         ("model.layers.0.mlp.experts.7.w1_extra.weight", "model.layers.0.mlp.experts.7.w1_extra.weight"),
         ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.gate_up_proj"),
         ("block_sparse_moe.x", "block_sparse_moe.x"),  # the first component is never a module alias
+        # other text roots are spelled under model. (an output head at the top); towers keep their names
+        ("model.language_model.layers.0.mlp.shared_expert.up_proj.weight",
+         "model.layers.0.mlp.shared_experts.up_proj.weight"),
+        ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight"),
+        ("language_model.model.layers.1.block_sparse_moe.experts.3.w1.weight.qs",
+         "model.layers.1.mlp.experts.3.gate_proj.weight.qs"),
+        ("language_model.lm_head.weight", "lm_head.weight"),
+        ("model.visual.blocks.0.attn.qkv.weight", "model.visual.blocks.0.attn.qkv.weight"),
     ],
 )  # fmt: skip
 def test_canonical_name_maps_module_and_projection_spellings(name, canonical):
