@@ -77,6 +77,9 @@ class TensorJob:
     @cached_property
     def in_bytes(self) -> int:
         """Source bytes this job reads (its slab of a fused tensor, plus the scale)."""
+        if self.fused_pick is not None and self.source.quant is not None:  # rows of a natively quantized slab
+            E, rows = self.source.shape[:2]
+            return self.source.nbytes * self.fused_pick.count // max(E * rows, 1)
         if self.fused_pick is not None:
             n = itemsize(self.source.dtype)
             for d in self.shape:
@@ -310,7 +313,6 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     nhl = inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
-    orientation = inventory.stack_orientation
     dropped: list[str] = []
     for name, src in inventory.tensors.items():
         # a natively quantized tensor is a float weight stored in codes (its data dtype is U8 / I32)
@@ -320,7 +322,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block, orientation))
+        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block, inventory.orientation_of(src)))
 
     fallbacks: list[rc.Fallback] = []
     drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]] = []
@@ -389,7 +391,9 @@ def _jobs_for(
         for sl in rc.split_fused(src.name, src.shape, orientation or rc.Orientation.ROWS):
             shape = sl.out_shape(src.shape)
             O, I = shape if len(shape) == 2 else (1, shape[0])
-            if (src.scale is not None or src.quant is not None) and not sl.contiguous:
+            # FP8 128x128 blocks span rows: only contiguous row ranges keep their grid; natively quantized codes
+            # are per row (blocks and scales of one row), so every row selection is exact, but not a transpose
+            if (src.scale is not None and not sl.contiguous) or (src.quant is not None and sl.transposed):
                 what = "natively quantized" if src.quant is not None else "FP8"
                 raise ConvertError(
                     f"tensor {src.name}: a {what} expert stack in the {orientation} orientation is not supported"

@@ -115,6 +115,22 @@ STACK_ORIENTATION: dict[str, Orientation] = {
     "inkling2_text": Orientation.ROWS_INTERLEAVED,
 }
 
+# Natively quantized expert stacks (docs/FORMATS.md §5). Their codes are stored per output row (MXFP4 blocks
+# ``[E, O, I/32, 16]``), whatever the family's float orientation, so a family whose float stacks are transposed
+# says here how the rows of its quantized stacks hold gate / up: (model_type, source encoding) -> orientation. A
+# family not listed keeps its float orientation when that one is by rows; a transposed family not listed is
+# refused for quantized stacks.
+NATIVE_STACK_ORIENTATION: dict[tuple[str, str], Orientation] = {
+    # transformers 5.24 integrations/mxfp4.py (_convert_moe_packed_tensors: decode [E, R, H] then transpose(1, 2)
+    # to the float [E, H, R]; GptOssExperts takes gate = gate_up[..., ::2]): gate_up_proj_blocks [E, 2I, H/32, 16]
+    # with gate = even rows, up = odd rows; down_proj_blocks [E, H, I/32, 16] by rows.
+    ("gpt_oss", "mxfp4"): Orientation.ROWS_INTERLEAVED,
+}
+# MXFP4 source spellings (gpt-oss, docs/FORMATS.md §5): ``<base>_blocks`` U8 ``[..., O, I/32, 16]`` and
+# ``<base>_scales`` U8 ``[..., O, I/32]`` (E8M0) for the float weight ``<base>`` (``...experts.gate_up_proj``).
+MXFP4_BLOCKS = "_blocks"
+MXFP4_SCALES = "_scales"
+
 # MoE blocks that hold ``experts.{E}`` directly inside a layer.
 MOE_BLOCKS = frozenset({
     "mlp",  # Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE, gpt-oss, Qwen3.5/3-Next, GLM-5.3-Flash
@@ -377,9 +393,21 @@ def is_small_param(name: str) -> bool:
     )
 
 
-def stack_orientation(model_type: str | None) -> Orientation | None:
-    """The family's expert-stack orientation (:data:`STACK_ORIENTATION`), None when the family does not fix it."""
-    return STACK_ORIENTATION.get(model_type) if model_type else None
+def stack_orientation(model_type: str | None, native: str | None = None) -> Orientation | None:
+    """The family's expert-stack orientation (:data:`STACK_ORIENTATION`), None when the family does not fix it.
+
+    ``native``: the encoding of a natively quantized stack (``mxfp4``, ...): :data:`NATIVE_STACK_ORIENTATION`,
+    else the family's own orientation when it is by rows (codes are stored per output row), else None."""
+    if not model_type:
+        return None
+    if native is not None:
+        found = NATIVE_STACK_ORIENTATION.get((model_type, native))
+        if found is not None:
+            return found
+    found = STACK_ORIENTATION.get(model_type)
+    if native is not None and found is Orientation.TRANSPOSED_INTERLEAVED:
+        return None
+    return found
 
 
 def stack_name(expert_base: str, projection: str) -> str:

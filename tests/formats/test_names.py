@@ -261,3 +261,9 @@ def test_towers_mtp_modules_small_params_and_family_orientation():
     assert names.stack_orientation("inkling2") is O.ROWS_INTERLEAVED
     assert names.stack_orientation("qwen3_5_moe") is O.ROWS
     assert names.stack_orientation("llama4") is None and names.stack_orientation(None) is None
+    # natively quantized stacks: codes by rows; gpt-oss MXFP4 blocks interleave gate / up rows (transformers'
+    # Mxfp4GptOssExperts), other encodings of a transposed family are not fixed; row families keep theirs
+    assert names.stack_orientation("gpt_oss", "mxfp4") is O.ROWS_INTERLEAVED
+    assert names.stack_orientation("gpt_oss", "int4") is None
+    assert names.stack_orientation("qwen3_moe", "mxfp4") is O.ROWS
+    assert names.stack_orientation("inkling2", "mxfp4") is O.ROWS_INTERLEAVED
