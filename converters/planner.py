@@ -32,8 +32,9 @@ from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
 from colitools.formats.errors import FormatError
 from colitools.formats.filenames import shard_file_name
+from colitools.formats.format_names import copied_label
 from colitools.formats.layouts import PLANAR
-from colitools.formats.names import parse_name
+from colitools.formats.names import detail_role, order_role_formats, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
 
@@ -237,15 +238,16 @@ class ConversionPlan:
         return dict(sorted(totals.items()))
 
     def role_formats(self) -> dict[str, dict[str, int]]:
-        """Per role (the finer roles of ``recipe.DETAIL_ROLES``: router, norm/1-D, conv, ssm params, hc, sinks,
+        """Per role (the finer roles of ``names.DETAIL_ROLES``: router, norm/1-D, conv, ssm params, hc, sinks,
         embed, head, mtp, routed experts, shared experts, attention, dense mlp, tower, copied non-float, ...):
         how many output tensors got which format, roles in that order."""
-        out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        nhl = self.inventory.num_hidden_layers
         for job in (j for u in self.units for j in u.jobs):
-            label = f"{job.source.dtype} (copied)" if job.target.is_source else written_label(job.target)
-            out[rc.detail_role(job.out_name, len(job.shape), job.role)][label] += 1
-        order = {r: i for i, r in enumerate(rc.DETAIL_ROLES)}
-        return {r: dict(sorted(out[r].items())) for r in sorted(out, key=lambda r: (order.get(r, 99), r))}
+            label = copied_label(job.source.dtype) if job.target.is_source else written_label(job.target)
+            copied = job.role is rc.Role.COPY
+            counts[detail_role(job.out_name, len(job.shape), copied=copied, num_hidden_layers=nhl)][label] += 1
+        return order_role_formats(counts)
 
     def peak_disk(self, transient: Iterable[str] = (), kept: Iterable[str] = (), workers: int = 1) -> int:
         """Peak bytes added to the output volume: published output so far, the files in flight, plus

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import zstandard
 from fixture_specs import TOKENIZER_CORPUS, Fixture
-from oracle_recipes import MXFP4_BLOCKS, MXFP4_SCALES, FP8_BLOCK, fp8_block_dequant, layer_of, mxfp4_dequant
+from oracle_recipes import FP8_BLOCK, MXFP4_BLOCKS, MXFP4_SCALES, fp8_block_dequant, layer_of, mxfp4_dequant
 from safetensors.torch import load_file, save_file
 
 

@@ -56,10 +56,10 @@ from fixture_specs import (
 from oracle_recipes import (
     BASE_RECIPES,
     COMPUTED_RECIPES,
-    MXFP4_BLOCKS,
-    MXFP4_SCALES,
     FP8_BLOCK,
     FUSED_RE,
+    MXFP4_BLOCKS,
+    MXFP4_SCALES,
     RECIPE_OPTIONS,
     RECIPES,
     REFERENCE_OF,

@@ -310,7 +310,7 @@ def test_mxfp4_fixture_follows_the_gpt_oss_convention() -> None:
         rest = {k: v for k, v in tensors.items() if not k.endswith(("_blocks", "_scales"))}
         assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in rest)
         assert {v.dtype for v in rest.values()} == {DTYPES["BF16"]}
-        assert rest[f"model.layers.0.mlp.experts.gate_up_proj_bias"].shape == (E, 2 * I)
+        assert rest["model.layers.0.mlp.experts.gate_up_proj_bias"].shape == (E, 2 * I)
 
 
 @pytest.mark.parametrize("name", [f for f in ALL if FIXTURES[f]["storage"] == "mxfp4"])
