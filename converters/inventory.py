@@ -135,13 +135,19 @@ class Inventory:
         None when the type is one the table does not know."""
         return family_orientation(self.config)
 
+    def orientation_of(self, src: SourceTensor) -> names.Orientation | None:
+        """The orientation of expert stack ``src``: the family's for a float / FP8 stack, and for a natively
+        quantized one the family's orientation of that encoding (``names.NATIVE_STACK_ORIENTATION``: gpt-oss
+        MXFP4 blocks are by rows, gate / up rows interleaved, while its float stacks are transposed)."""
+        return family_orientation(self.config, src.quant.kind if src.quant is not None else None)
 
-def family_orientation(config: Mapping[str, Any]) -> names.Orientation | None:
+
+def family_orientation(config: Mapping[str, Any], native: str | None = None) -> names.Orientation | None:
     types = [t for t in (config.get("model_type"), model_config.text_config(config).get("model_type")) if t]
     if not types:
         return names.Orientation.ROWS
     for t in types:
-        found = names.stack_orientation(t)
+        found = names.stack_orientation(t, native)
         if found is not None:
             return found
     return None
@@ -233,7 +239,7 @@ def build_inventory(
 
 
 # ------------------------------------------------------------------------------ natively quantized sources
-MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
+MXFP4_BLOCKS, MXFP4_SCALES = names.MXFP4_BLOCKS, names.MXFP4_SCALES
 PACKED, CT_SCALE, CT_SHAPE, CT_ZERO, CT_GIDX = (
     ".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx",
 )  # fmt: skip
@@ -390,15 +396,13 @@ def check_config_shapes(inv: Inventory) -> None:
     except ConfigError as exc:
         raise ConvertError(str(exc)) from None
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
-    orientation = inv.stack_orientation
     two_i = 2 * moe_i if moe_i else None
-    if orientation is names.Orientation.TRANSPOSED_INTERLEAVED:
-        stack_shapes = {"gate_up": ((E, H, two_i), "[experts, hidden_size, 2 x expert width]"),
-                        "down": ((E, moe_i, H), "[experts, expert width, hidden_size]")}  # fmt: skip
-    else:
-        stack_shapes = {"gate_up": ((E, two_i, H), "[experts, 2 x moe_intermediate_size, hidden_size]"),
-                        "down": ((E, H, moe_i), "[experts, hidden_size, moe_intermediate_size]")}  # fmt: skip
-    stack_shapes["gate"] = stack_shapes["up"] = ((E, moe_i, H), "[experts, expert width, hidden_size]")
+    transposed = {"gate_up": ((E, H, two_i), "[experts, hidden_size, 2 x expert width]"),
+                  "down": ((E, moe_i, H), "[experts, expert width, hidden_size]")}  # fmt: skip
+    by_rows = {"gate_up": ((E, two_i, H), "[experts, 2 x moe_intermediate_size, hidden_size]"),
+               "down": ((E, H, moe_i), "[experts, hidden_size, moe_intermediate_size]")}  # fmt: skip
+    for table in (transposed, by_rows):
+        table["gate"] = table["up"] = ((E, moe_i, H), "[experts, expert width, hidden_size]")
     bias_shapes = {
         "gate_up": ((E, two_i), "[experts, 2 x expert width]"),
         "down": ((E, H), "[experts, hidden_size]"),
@@ -414,19 +418,30 @@ def check_config_shapes(inv: Inventory) -> None:
             )
 
     for name, t in inv.tensors.items():
-        if t.dtype in COPY_DTYPES or names.is_tower(name):
+        if (t.dtype in COPY_DTYPES and t.quant is None) or names.is_tower(name):
             continue  # rules 0 and 1: copied as they are
         if rc.is_embedding(name) and (V or H):
             expect(name, t.shape, (V, H), "vocab_size x hidden_size")
             continue
         fused = rc.fused_of(name)
         if fused is not None and len(t.shape) == (2 if fused.bias else 3):
+            orientation = inv.orientation_of(t)
             if orientation is None:
+                family = model_config.model_type(inv.config)
+                if t.quant is not None and inv.stack_orientation is not None:
+                    raise ConvertError(
+                        f"tensor {name}: a natively quantized ({t.quant.kind}) expert stack, but the family "
+                        f"{family!r} does not fix how "
+                        f"the rows of its {t.quant.kind} stacks hold gate / up (its float stacks are "
+                        f"{inv.stack_orientation}; known: "
+                        f"{', '.join(f'{m} {k}' for m, k in sorted(names.NATIVE_STACK_ORIENTATION))})"
+                    )
                 raise ConvertError(
-                    f"tensor {name}: an expert stack, but the family {model_config.model_type(inv.config)!r} "
+                    f"tensor {name}: an expert stack, but the family {family!r} "
                     "does not fix how its experts are laid out (known: "
                     f"{', '.join(sorted(names.STACK_ORIENTATION))}); convert a per-expert export instead"
                 )
+            stack_shapes = transposed if orientation is names.Orientation.TRANSPOSED_INTERLEAVED else by_rows
             want, keys = (bias_shapes if fused.bias else stack_shapes)[fused.projection]
             expect(name, t.shape, want, keys)
             continue

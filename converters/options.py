@@ -9,6 +9,7 @@ from typing import Any
 from colitools.converters.diskfloor import GB, gb
 from colitools.converters.recipe import Recipe
 from colitools.errors import ConvertError
+from colitools.formats.format_names import role_formats_line
 from colitools.formats.layouts import PAIRS
 
 DEFAULT_MIN_FREE_GB = 5.0
@@ -127,8 +128,7 @@ class ConvertSummary:
                 f"wall {self.wall_seconds:.1f} s, {self.gb_per_s:.3f} GB/s"
             )
         lines.append("formats per role:")
-        for role, fmts in self.formats_per_role.items():
-            lines.append(f"  {role:<16} " + ", ".join(f"{n} x {f}" for f, n in fmts.items()))
+        lines.extend(role_formats_line(role, fmts) for role, fmts in self.formats_per_role.items())
         if self.dropped_towers:
             lines.append(f"towers dropped: {len(self.dropped_towers)} tensors (listed in the manifest)")
         lines.append("formats: " + "; ".join(

@@ -32,8 +32,9 @@ from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
 from colitools.formats.errors import FormatError
 from colitools.formats.filenames import shard_file_name
+from colitools.formats.format_names import copied_label
 from colitools.formats.layouts import PLANAR
-from colitools.formats.names import parse_name
+from colitools.formats.names import detail_role, order_role_formats, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
 
@@ -77,6 +78,9 @@ class TensorJob:
     @cached_property
     def in_bytes(self) -> int:
         """Source bytes this job reads (its slab of a fused tensor, plus the scale)."""
+        if self.fused_pick is not None and self.source.quant is not None:  # rows of a natively quantized slab
+            E, rows = self.source.shape[:2]
+            return self.source.nbytes * self.fused_pick.count // max(E * rows, 1)
         if self.fused_pick is not None:
             n = itemsize(self.source.dtype)
             for d in self.shape:
@@ -234,15 +238,16 @@ class ConversionPlan:
         return dict(sorted(totals.items()))
 
     def role_formats(self) -> dict[str, dict[str, int]]:
-        """Per role (the finer roles of ``recipe.DETAIL_ROLES``: router, norm/1-D, conv, ssm params, hc, sinks,
+        """Per role (the finer roles of ``names.DETAIL_ROLES``: router, norm/1-D, conv, ssm params, hc, sinks,
         embed, head, mtp, routed experts, shared experts, attention, dense mlp, tower, copied non-float, ...):
         how many output tensors got which format, roles in that order."""
-        out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        nhl = self.inventory.num_hidden_layers
         for job in (j for u in self.units for j in u.jobs):
-            label = f"{job.source.dtype} (copied)" if job.target.is_source else written_label(job.target)
-            out[rc.detail_role(job.out_name, len(job.shape), job.role)][label] += 1
-        order = {r: i for i, r in enumerate(rc.DETAIL_ROLES)}
-        return {r: dict(sorted(out[r].items())) for r in sorted(out, key=lambda r: (order.get(r, 99), r))}
+            label = copied_label(job.source.dtype) if job.target.is_source else written_label(job.target)
+            copied = job.role is rc.Role.COPY
+            counts[detail_role(job.out_name, len(job.shape), copied=copied, num_hidden_layers=nhl)][label] += 1
+        return order_role_formats(counts)
 
     def peak_disk(self, transient: Iterable[str] = (), kept: Iterable[str] = (), workers: int = 1) -> int:
         """Peak bytes added to the output volume: published output so far, the files in flight, plus
@@ -310,7 +315,6 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     nhl = inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
-    orientation = inventory.stack_orientation
     dropped: list[str] = []
     for name, src in inventory.tensors.items():
         # a natively quantized tensor is a float weight stored in codes (its data dtype is U8 / I32)
@@ -320,7 +324,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block, orientation))
+        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block, inventory.orientation_of(src)))
 
     fallbacks: list[rc.Fallback] = []
     drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]] = []
@@ -389,7 +393,9 @@ def _jobs_for(
         for sl in rc.split_fused(src.name, src.shape, orientation or rc.Orientation.ROWS):
             shape = sl.out_shape(src.shape)
             O, I = shape if len(shape) == 2 else (1, shape[0])
-            if (src.scale is not None or src.quant is not None) and not sl.contiguous:
+            # FP8 128x128 blocks span rows: only contiguous row ranges keep their grid; natively quantized codes
+            # are per row (blocks and scales of one row), so every row selection is exact, but not a transpose
+            if (src.scale is not None and not sl.contiguous) or (src.quant is not None and sl.transposed):
                 what = "natively quantized" if src.quant is not None else "FP8"
                 raise ConvertError(
                     f"tensor {src.name}: a {what} expert stack in the {orientation} orientation is not supported"

@@ -28,7 +28,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from colitools.errors import ConvertError, FormatError
-from colitools.formats import layouts, registry, resolver, targets
+from colitools.formats import layouts, names, registry, resolver, targets
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
     PROJECTION_ORDER,
@@ -36,7 +36,6 @@ from colitools.formats.names import (
     TensorRole,
     expert_tensor_name,
     is_mtp_module,
-    is_small_param,
     is_tower,
     parse_name,
 )
@@ -243,7 +242,7 @@ def classify(name: str, ndim: int, num_hidden_layers: int | None, dtype: str | N
     stack = fused is not None and ndim == (2 if fused.bias else 3)
     if fused is not None and fused.bias:
         return Role.FLOAT  # stack biases: split per expert, F32
-    if is_router(name) or (ndim != 2 and not stack) or _small_2d(name, stack):
+    if not stack and names.keeps_f32(name, ndim):  # rule 2 (formats/names.py owns its spellings)
         return Role.FLOAT
     layer = layer_of(name)
     if layer is not None and num_hidden_layers is not None and layer.index >= num_hidden_layers:
@@ -255,64 +254,6 @@ def classify(name: str, ndim: int, num_hidden_layers: int | None, dtype: str | N
     if stack or expert_of(name) is not None:
         return Role.EXPERT
     return Role.DENSE
-
-
-def _small_2d(name: str, stack: bool) -> bool:
-    """Rule 2's 2-D parameters that are not linear weights (``names.is_small_param``)."""
-    return not stack and is_small_param(name)
-
-
-# The finer roles ``--dry-run``, ``inspect --summary`` and the manifest count formats by (docs/FORMATS.md §6).
-DETAIL_ROLES = (
-    "copied non-float", "tower", "router", "norm/1-D", "conv", "ssm params", "hc", "sinks", "small params",
-    "embed", "head", "mtp", "routed experts", "shared experts", "attention", "dense mlp", "other",
-)  # fmt: skip
-
-
-def detail_role(name: str, ndim: int, role: Role) -> str:
-    """The finer role of tensor ``name`` (source or output name) of recipe ``role``, from the name map."""
-    from colitools.formats import names as nm
-
-    parsed = parse_name(name)
-    if role is Role.COPY:
-        return "copied non-float"
-    if role is Role.TOWER:
-        return "tower"
-    if role is Role.MTP:
-        return "mtp"
-    if role is Role.FLOAT:
-        leaf = parsed.leaf
-        if parsed.role is TensorRole.ROUTER or (
-            leaf == "bias" and is_router(name[: -len("bias")] + "weight")
-        ):
-            return "router"
-        if any(m in leaf for m in nm.CONV_MARKERS) or any(
-            m in p for p in name.split(".")[-3:-1] for m in nm.CONV_MARKERS
-        ):
-            return "conv"
-        if leaf in nm.SSM_PARAMS:
-            return "ssm params"
-        if leaf.startswith("hc_") or any(p.startswith("hc_") for p in name.split(".")):
-            return "hc"
-        if leaf.endswith(("sinks", "attn_sink")):
-            return "sinks"
-        if parsed.expert is not None or parsed.role is TensorRole.STACK_BIAS:
-            return "routed experts"
-        if ndim <= 1:
-            return "norm/1-D"
-        return "small params"
-    if role is Role.EMBED:
-        return "head" if parsed.role is TensorRole.HEAD else "embed"
-    if role is Role.EXPERT:
-        return "routed experts"
-    if parsed.role is TensorRole.SHARED_EXPERT:
-        return "shared experts"
-    module = parsed.module.split(".")
-    if any(m in ("self_attn", "attn", "attention", "linear_attn", "cross_attn") for m in module):
-        return "attention"
-    if any(m in ("mlp", "ffn", "feed_forward", "block_sparse_moe") for m in module):
-        return "dense mlp"
-    return "other"
 
 
 # ----------------------------------------------------------------------------------------------- recipe

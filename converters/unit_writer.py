@@ -151,9 +151,13 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
     scale = None
     if src.quant is not None:  # natively quantized: every companion, cut to the job's rows
         parts = {}
+        sl = job.fused_pick
         for role, part in src.quant.parts:
-            if job.fused_rows is None or role == "scale_2":
+            if role == "scale_2" or (job.fused_rows is None and sl is None):
                 parts[role] = reader.read(part.shard, part.name, part.dtype, part.shape)
+            elif sl is not None:  # rows row0::step of the expert's slab (gpt-oss MXFP4: gate / up interleaved)
+                slab = reader.read_slab_rows(part, sl.expert, 0, part.shape[1])
+                parts[role] = np.ascontiguousarray(slab[sl.row0 : sl.row1 : sl.step])
             else:
                 parts[role] = reader.read_slab_rows(part, *job.fused_rows)
         return parts, None

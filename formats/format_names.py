@@ -61,3 +61,16 @@ def format_label(name: str, group_size: int | None = None, dtype: str | None = N
 def option_names(name: str) -> tuple[str, ...]:
     """The recipe options (``convert --experts`` etc.) that write registry format ``name``; () if none."""
     return tuple(option for option, fmt in OPTION_FORMATS.items() if fmt == name)
+
+
+# ----------------------------------------------------------------------------------------- formats per role
+def copied_label(dtype: str) -> str:
+    """How formats per role name a tensor kept in its source dtype, bytes unchanged (rules 0 and 1, ``--towers
+    keep``): ``I64 (copied)``, ``F32 (copied)``."""
+    return f"{dtype} (copied)"
+
+
+def role_formats_line(role: str, formats: dict[str, int]) -> str:
+    """One line of the formats-per-role block (``convert`` / ``--dry-run`` summary, ``inspect``):
+    ``  conv             3 x f32``, formats as counted (``{label: tensors}``)."""
+    return f"  {role:<16} " + ", ".join(f"{n} x {f}" for f, n in formats.items())

@@ -10,16 +10,17 @@ bytes per format. Only headers are read, never tensor data, so inspecting a tera
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colitools.formats import planar_sidecar
+from colitools.formats import model_config, names, planar_sidecar
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
-from colitools.formats.errors import FormatError
+from colitools.formats.errors import ConfigError, FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
-from colitools.formats.format_names import format_label
+from colitools.formats.format_names import copied_label, format_label
 from colitools.formats.jsonfile import load_json_object
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
@@ -172,6 +173,8 @@ class InspectReport:
     warnings: list[str]
     sidecar: list[str] = field(default_factory=list)  # the planar sidecar's layer files (also in ``shards``)
     unresolved: list[str] = field(default_factory=list)  # quantized weights whose [O, I] is unknown (§3)
+    # per role (names.DETAIL_ROLES): format label -> weights; what the manifest's formats_per_role says
+    formats_per_role: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def layout(self) -> str:
@@ -223,6 +226,7 @@ class InspectReport:
             "totals": [asdict(t) for t in self.totals],
             "tensors": tensors,
             "unresolved": list(self.unresolved),
+            "formats_per_role": {r: dict(f) for r, f in self.formats_per_role.items()},
             "warnings": list(self.warnings),
         }
 
@@ -239,6 +243,42 @@ def _total_label(t: ResolvedTensor) -> str:
     if t.kind == "unresolved":
         return "unresolved"
     return tensor_label(t) or f"other ({t.dtype})"
+
+
+def role_formats(
+    tensors: Sequence[ResolvedTensor], num_hidden_layers: int | None = None
+) -> dict[str, dict[str, int]]:
+    """Formats per role of a container's weights (scales not counted), by the roles the converter counts
+    (``names.detail_role`` on the stored names): a tensor in its source dtype that is no weight format
+    (``other``: integer tensors) or a float tower tensor is ``<dtype> (copied)``; each projection of a merged
+    expert blob counts on its own. Equal to the manifest's ``formats_per_role`` for a colitools conversion."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for t in tensors:
+        if t.kind == "scale":
+            continue
+        if t.parts:  # a target's merged expert blob: one weight per projection (formats/targets.py)
+            p = names.parse_name(t.name)
+            for part in t.parts:
+                part_name = names.expert_tensor_name(p.expert_base, p.expert, part.projection)
+                counts[names.detail_role(part_name, 2, num_hidden_layers=num_hidden_layers)][
+                    _total_label(t)
+                ] += 1
+            continue
+        ndim = 2 if t.kind in ("quantized", "unresolved") else len(t.shape)
+        copied = t.kind == "other"
+        role = names.detail_role(t.name, ndim, copied=copied, num_hidden_layers=num_hidden_layers)
+        label = copied_label(t.dtype) if copied or (role == "tower" and t.kind == "float") else _total_label(t)
+        counts[role][label] += 1
+    return names.order_role_formats(counts)
+
+
+def _num_hidden_layers(config: dict[str, Any] | None) -> int | None:
+    if config is None:
+        return None
+    try:
+        return model_config.num_hidden_layers(config)
+    except ConfigError:
+        return None
 
 
 def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
@@ -283,6 +323,7 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
         warnings=model.warnings + [f"unresolved: {t.problem}" for t in unresolved],
         sidecar=[str(s.path) for s in model.sidecar],
         unresolved=[t.name for t in unresolved],
+        formats_per_role=role_formats(list(resolved.values()), _num_hidden_layers(model.config)),
     )
 
 

@@ -115,6 +115,22 @@ STACK_ORIENTATION: dict[str, Orientation] = {
     "inkling2_text": Orientation.ROWS_INTERLEAVED,
 }
 
+# Natively quantized expert stacks (docs/FORMATS.md §5). Their codes are stored per output row (MXFP4 blocks
+# ``[E, O, I/32, 16]``), whatever the family's float orientation, so a family whose float stacks are transposed
+# says here how the rows of its quantized stacks hold gate / up: (model_type, source encoding) -> orientation. A
+# family not listed keeps its float orientation when that one is by rows; a transposed family not listed is
+# refused for quantized stacks.
+NATIVE_STACK_ORIENTATION: dict[tuple[str, str], Orientation] = {
+    # transformers 5.24 integrations/mxfp4.py (_convert_moe_packed_tensors: decode [E, R, H] then transpose(1, 2)
+    # to the float [E, H, R]; GptOssExperts takes gate = gate_up[..., ::2]): gate_up_proj_blocks [E, 2I, H/32, 16]
+    # with gate = even rows, up = odd rows; down_proj_blocks [E, H, I/32, 16] by rows.
+    ("gpt_oss", "mxfp4"): Orientation.ROWS_INTERLEAVED,
+}
+# MXFP4 source spellings (gpt-oss, docs/FORMATS.md §5): ``<base>_blocks`` U8 ``[..., O, I/32, 16]`` and
+# ``<base>_scales`` U8 ``[..., O, I/32]`` (E8M0) for the float weight ``<base>`` (``...experts.gate_up_proj``).
+MXFP4_BLOCKS = "_blocks"
+MXFP4_SCALES = "_scales"
+
 # MoE blocks that hold ``experts.{E}`` directly inside a layer.
 MOE_BLOCKS = frozenset({
     "mlp",  # Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE, gpt-oss, Qwen3.5/3-Next, GLM-5.3-Flash
@@ -377,9 +393,98 @@ def is_small_param(name: str) -> bool:
     )
 
 
-def stack_orientation(model_type: str | None) -> Orientation | None:
-    """The family's expert-stack orientation (:data:`STACK_ORIENTATION`), None when the family does not fix it."""
-    return STACK_ORIENTATION.get(model_type) if model_type else None
+def keeps_f32(name: str, ndim: int) -> bool:
+    """Rule 2 on an un-stacked tensor (docs/FORMATS.md §6): routers and their biases, every tensor that is not
+    2-D (norms, biases, conv kernels, ``A_log`` of any rank), the named small 2-D parameters
+    (:func:`is_small_param`) and stack biases. (An expert stack itself, 3-D, is rule 5: the recipe asks first.)"""
+    role = parse_name(name).role
+    return role in (TensorRole.ROUTER, TensorRole.STACK_BIAS) or ndim != 2 or is_small_param(name)
+
+
+# The finer roles ``convert --dry-run``, ``inspect --summary`` and the manifest count formats by (docs/FORMATS.md
+# §6 "Formats per role"), in the order they are printed.
+DETAIL_ROLES = (
+    "copied non-float", "tower", "router", "norm/1-D", "conv", "ssm params", "hc", "sinks", "small params",
+    "embed", "head", "mtp", "routed experts", "shared experts", "attention", "dense mlp", "other",
+)  # fmt: skip
+
+
+def order_role_formats(counts) -> dict[str, dict[str, int]]:
+    """``{role: {label: n}}`` with roles in :data:`DETAIL_ROLES` order and labels sorted: formats per role as the
+    manifest, ``--dry-run`` and ``inspect`` report them."""
+    order = {r: i for i, r in enumerate(DETAIL_ROLES)}
+    return {r: dict(sorted(counts[r].items())) for r in sorted(counts, key=lambda r: (order.get(r, 99), r))}
+
+
+ATTENTION_MODULES = frozenset({"self_attn", "attn", "attention", "linear_attn", "cross_attn"})
+DENSE_MLP_MODULES = frozenset({"mlp", "ffn", "feed_forward", "block_sparse_moe"})
+
+
+def detail_role(name: str, ndim: int, *, copied: bool = False, num_hidden_layers: int | None = None) -> str:
+    """The finer role (:data:`DETAIL_ROLES`) of output tensor ``name`` (a weight as written: ``.weight``,
+    mxfp4's ``.weight_packed``, a bias, a norm; per-expert names, stacks already split) with ``ndim`` logical
+    dims. Rules in the recipe's order (docs/FORMATS.md §6 rows 0-6): ``copied`` (a non-float tensor copied
+    unchanged), towers, rule 2's F32 tensors (router, conv, ssm params, hc, sinks, routed-expert biases,
+    norm/1-D, small params), MTP (layer ``>= num_hidden_layers`` or an ``mtp.`` module), embed / head, routed
+    experts, shared experts, attention, dense mlp, other. The converter (on its plan) and ``inspect`` (on a
+    container) both ask this, so their counts agree."""
+    parsed = parse_name(name)
+    if copied:
+        return "copied non-float"
+    if is_tower(name):
+        return "tower"
+    if keeps_f32(name, ndim):
+        leaf = parsed.leaf
+        if parsed.role is TensorRole.ROUTER or (
+            parsed.suffix == "bias" and parse_name(name[: -len("bias")] + "weight").role is TensorRole.ROUTER
+        ):
+            return "router"
+        if any(m in leaf for m in CONV_MARKERS) or any(
+            m in p for p in name.split(".")[-3:-1] for m in CONV_MARKERS
+        ):
+            return "conv"
+        if leaf in SSM_PARAMS:
+            return "ssm params"
+        if any(p.startswith(tuple(SMALL_PARAM_PREFIXES)) for p in name.split(".")):
+            return "hc"
+        if leaf.endswith(("sinks", "attn_sink")):
+            return "sinks"
+        if parsed.expert is not None or parsed.role is TensorRole.STACK_BIAS:
+            return "routed experts"
+        return "norm/1-D" if ndim <= 1 else "small params"
+    if (num_hidden_layers is not None and parsed.layer is not None and parsed.layer >= num_hidden_layers) or (
+        is_mtp_module(name)
+    ):
+        return "mtp"
+    if parsed.role in (TensorRole.EMBED, TensorRole.HEAD) and parsed.suffix in WEIGHT_SUFFIXES:
+        return "head" if parsed.role is TensorRole.HEAD else "embed"
+    if parsed.expert is not None:
+        return "routed experts"
+    if parsed.role is TensorRole.SHARED_EXPERT:
+        return "shared experts"
+    module = parsed.module.split(".")
+    if any(m in ATTENTION_MODULES for m in module):
+        return "attention"
+    if any(m in DENSE_MLP_MODULES for m in module):
+        return "dense mlp"
+    return "other"
+
+
+def stack_orientation(model_type: str | None, native: str | None = None) -> Orientation | None:
+    """The family's expert-stack orientation (:data:`STACK_ORIENTATION`), None when the family does not fix it.
+
+    ``native``: the encoding of a natively quantized stack (``mxfp4``, ...): :data:`NATIVE_STACK_ORIENTATION`,
+    else the family's own orientation when it is by rows (codes are stored per output row), else None."""
+    if not model_type:
+        return None
+    if native is not None:
+        found = NATIVE_STACK_ORIENTATION.get((model_type, native))
+        if found is not None:
+            return found
+    found = STACK_ORIENTATION.get(model_type)
+    if native is not None and found is Orientation.TRANSPOSED_INTERLEAVED:
+        return None
+    return found
 
 
 def stack_name(expert_base: str, projection: str) -> str:

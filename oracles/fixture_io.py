@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import zstandard
 from fixture_specs import TOKENIZER_CORPUS, Fixture
-from oracle_recipes import FP8_BLOCK, fp8_block_dequant, layer_of
+from oracle_recipes import FP8_BLOCK, MXFP4_BLOCKS, MXFP4_SCALES, fp8_block_dequant, layer_of, mxfp4_dequant
 from safetensors.torch import load_file, save_file
 
 
@@ -64,7 +64,7 @@ def legacy_config(config: dict) -> dict:
 
 def fixture_config(fx: Fixture, saved_config: dict) -> dict:
     cfg = dict(saved_config)
-    cfg["dtype"] = {"f32": "float32", "bf16": "bfloat16", "fp8": "bfloat16"}[fx.storage]
+    cfg["dtype"] = {"f32": "float32", "bf16": "bfloat16", "fp8": "bfloat16", "mxfp4": "bfloat16"}[fx.storage]
     if fx.legacy_config:
         cfg = legacy_config(cfg)
     if fx.storage == "fp8":
@@ -74,6 +74,13 @@ def fixture_config(fx: Fixture, saved_config: dict) -> dict:
             "quant_method": "fp8",
             "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
         }
+    if fx.storage == "mxfp4":  # as openai/gpt-oss-20b's config.json
+        cfg["quantization_config"] = {
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head",
+            ],
+            "quant_method": "mxfp4",
+        }  # fmt: skip
     return dict(sorted(cfg.items()))
 
 
@@ -138,8 +145,9 @@ def write_fixture(
     return {p.name: sha256_file(p) for p in sorted(out_dir.iterdir()) if p.is_file()}
 
 
-def check_written(out_dir: Path, source: dict[str, np.ndarray]) -> None:
-    """Read the fixture back from disk and dequantize it: it must hold exactly the values the references used."""
+def check_written(out_dir: Path, source: dict[str, np.ndarray], orientation: str = "rows") -> None:
+    """Read the fixture back from disk and dequantize it: it must hold exactly the values the references used.
+    MXFP4 stacks (``_blocks`` + ``_scales``) are by rows; the source's float stacks are in ``orientation``."""
     raw: dict[str, torch.Tensor] = {}
     for f in sorted(out_dir.glob("*.safetensors")):
         raw.update(load_file(str(f)))
@@ -147,11 +155,16 @@ def check_written(out_dir: Path, source: dict[str, np.ndarray]) -> None:
     if index.exists():
         wm = json.loads(index.read_text())["weight_map"]
         assert set(wm) == set(raw), "index weight_map does not cover the shards exactly"
-    names = {n for n in raw if not n.endswith("_scale_inv")}
+    names = {n for n in raw if not n.endswith(("_scale_inv", MXFP4_SCALES))}
+    names = {n.removesuffix(MXFP4_BLOCKS) for n in names}
     assert names == set(source), sorted(names ^ set(source))[:5]
     for n in names:
-        t = raw[n]
-        if t.dtype == torch.float8_e4m3fn:
+        t = raw.get(n)
+        if t is None:  # MXFP4 blocks [E, O, I/32, 16] + scales [E, O, I/32]
+            got = mxfp4_dequant(raw[n + MXFP4_BLOCKS].numpy(), raw[n + MXFP4_SCALES].numpy())
+            if orientation == "transposed-interleaved":
+                got = np.ascontiguousarray(got.transpose(0, 2, 1))
+        elif t.dtype == torch.float8_e4m3fn:
             q = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
             got = fp8_block_dequant(q, raw[n + "_scale_inv"].numpy())
         else:

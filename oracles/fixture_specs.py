@@ -44,7 +44,7 @@ class Fixture:
     model_type: str
     description: str
     config: dict[str, Any]
-    storage: str = "f32"  # f32 | bf16 | fp8
+    storage: str = "f32"  # f32 | bf16 | fp8 | mxfp4 (expert stacks as gpt-oss MXFP4 blocks + scales, the rest BF16)
     fused: bool = False  # experts fused on disk (save_original_format=False)
     shards: int = 1  # 2: split into two files, one layer's experts cut across them
     tokenizer: bool = False
@@ -63,6 +63,8 @@ class Fixture:
     # right: in-memory parameter-name regex -> ("set", std) for std * N(0,1) or ("add", std) for += std * N(0,1)
     param_noise: dict[str, tuple[str, float]] = field(default_factory=dict)
     prompt_len: int = PROMPT_LEN  # random prompt ids (fixtures without a tokenizer)
+    # recipes beyond oracle_recipes.BASE_RECIPES (a natively quantized source adds "native")
+    extra_recipes: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -709,5 +711,27 @@ FIXTURES: list[Fixture] = [
         ),
         latent_scale=LATENT_SCALE,
         seed=18000,
+    ),
+    Fixture(
+        "gpt_oss_mxfp4",
+        "gpt_oss",
+        "gpt-oss as openai/gpt-oss-* ship it: expert stacks as MXFP4 (mlp.experts.gate_up_proj_blocks "
+        "[E, 2I, H/32, 16] U8 with gate = even rows, up = odd rows, gate_up_proj_scales [E, 2I, H/32] E8M0, "
+        "down_proj_blocks [E, H, I/32, 16] / down_proj_scales), every other tensor BF16 (stack biases included), "
+        "quantization_config quant_method mxfp4; the model of the gpt_oss fixture otherwise",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=64,
+            num_local_experts=4,  # every layer is sparse: 4 experts keep the folder under 1 MB
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        storage="mxfp4",
+        expert_orientation="transposed-interleaved",  # of the float stacks the references load
+        extra_recipes=("native",),
+        seed=17000,
     ),
 ]

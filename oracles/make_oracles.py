@@ -55,9 +55,12 @@ from fixture_specs import (
     Fixture,
 )
 from oracle_recipes import (
+    BASE_RECIPES,
     COMPUTED_RECIPES,
     FP8_BLOCK,
     FUSED_RE,
+    MXFP4_BLOCKS,
+    MXFP4_SCALES,
     RECIPE_OPTIONS,
     RECIPES,
     REFERENCE_OF,
@@ -65,6 +68,8 @@ from oracle_recipes import (
     fp8_block_dequant,
     fp8_block_quantize,
     is_fp8_target,
+    mxfp4_dequant,
+    mxfp4_quantize,
 )
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -158,10 +163,20 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
     stored: dict[str, torch.Tensor] = {}
     source: dict[str, np.ndarray] = {}
     for name, w in disk.items():
+        if fx.storage == "mxfp4" and FUSED_RE.match(name):  # gpt-oss MXFP4: the codes are by rows [E, O, I]
+            rows = w.transpose(0, 2, 1) if fx.expert_orientation == "transposed-interleaved" else w
+            blocks, scales = mxfp4_quantize(np.ascontiguousarray(rows))
+            stored[name + MXFP4_BLOCKS] = torch.from_numpy(blocks)
+            stored[name + MXFP4_SCALES] = torch.from_numpy(scales)
+            deq = mxfp4_dequant(blocks, scales)
+            source[name] = np.ascontiguousarray(
+                deq.transpose(0, 2, 1) if fx.expert_orientation == "transposed-interleaved" else deq
+            )
+            continue
         if fx.storage == "f32":
             stored[name] = torch.from_numpy(w.copy())
             source[name] = w
-        elif fx.storage == "bf16" or (fx.storage == "fp8" and not is_fp8_target(name, w.shape)):
+        elif fx.storage in ("bf16", "mxfp4") or (fx.storage == "fp8" and not is_fp8_target(name, w.shape)):
             if fx.storage == "fp8" and name.endswith("e_score_correction_bias"):
                 stored[name] = torch.from_numpy(w.copy())  # F32 in DeepSeek-V3's checkpoints
                 source[name] = w
@@ -182,6 +197,26 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
         else:
             raise ValueError(fx.storage)
     return stored, source
+
+
+def check_transformers_reads_mxfp4(fx: Fixture, out_dir: Path, source: dict[str, np.ndarray]) -> None:
+    """The independent check of an MXFP4 fixture: transformers' own loader (``Mxfp4Config(dequantize=True)``,
+    which CPU loading uses anyway: integrations/mxfp4.py ``Mxfp4Dequantize``) reads the written folder into
+    exactly the float32 values the references are computed on (and that ``native`` must keep)."""
+    loader = getattr(transformers, fx.model_class) if fx.model_class else AutoModelForCausalLM
+    model, info = loader.from_pretrained(
+        out_dir, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32,
+        output_loading_info=True,
+    )  # fmt: skip
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, f"{fx.name}: transformers' MXFP4 loading reported {bad}"
+    state = model.state_dict()
+    for name, want in source.items():
+        got = state[name].detach().to(torch.float32).numpy()
+        assert got.shape == want.shape and np.array_equal(got, want), (
+            f"{fx.name}: transformers reads {name} differently from the fixture's own MXFP4 decode"
+        )
+    del model
 
 
 # ------------------------------------------------------------------------------------------ running models
@@ -469,8 +504,10 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
             prompt = [int(x) for x in rng.integers(2, V, size=fx.prompt_len)]
         results: dict[str, dict[str, Any]] = {}
         ok = True
-        for recipe in COMPUTED_RECIPES:
-            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers, fx.expert_orientation)
+        native = frozenset(n for n in stored if n.endswith(MXFP4_BLOCKS))
+        native = frozenset(n.removesuffix(MXFP4_BLOCKS) for n in native)
+        for recipe in COMPUTED_RECIPES + fx.extra_recipes:
+            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers, fx.expert_orientation, native)
             model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class)
             if recipe == "f32" and attempt == 0:
                 describe_model(fx, model)
@@ -493,7 +530,9 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
 
     out_dir = ORACLES_DIR / fx.name
     file_hashes = write_fixture(fx, out_dir, config, gen_cfg, stored, tokenizer, n_layers)
-    check_written(out_dir, source)
+    check_written(out_dir, source, fx.expert_orientation)
+    if fx.storage == "mxfp4":
+        check_transformers_reads_mxfp4(fx, out_dir, source)
     ref_dir = out_dir / "reference"
     ref_dir.mkdir()
     versions = {
@@ -574,7 +613,7 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
                 "options": RECIPE_OPTIONS[r],
                 "layout": RECIPES[r]["layout"],
             }
-            for r in RECIPES
+            for r in BASE_RECIPES + fx.extra_recipes
         },
         "size_bytes": size,
         "margins": summary,

@@ -33,6 +33,14 @@ RECIPE_OPTIONS = {
 }
 REFERENCE_OF = {"f32": "f32", "default": "default", "int3": "int3", "mxfp4": "mxfp4", "planar": "default"}
 COMPUTED_RECIPES = ("f32", "default", "int3", "mxfp4")
+BASE_RECIPES = tuple(RECIPES)  # every fixture's; a natively quantized one adds NATIVE (Fixture.extra_recipes)
+# ``native`` (docs/FORMATS.md §6): experts keep the source's own quantization where a format holds it exactly
+# (MXFP4 -> mxfp4, the source's values); everything not natively quantized gets the option's default.
+NATIVE = "native"
+RECIPES[NATIVE] = {"experts": NATIVE, "dense": "int8-row", "embed": "int8-row", "layout": "pairs"}
+RECIPE_OPTIONS[NATIVE] = "--experts native"
+REFERENCE_OF[NATIVE] = NATIVE
+NATIVE_DEFAULT = {"experts": "int4-g64"}  # what ``native`` writes for a tensor that is not natively quantized
 
 
 def layer_of(name: str) -> int | None:
@@ -75,6 +83,46 @@ def fp8_block_dequant(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     rows = np.arange(M) // FP8_BLOCK
     cols = np.arange(N) // FP8_BLOCK
     return q.astype(np.float32) * scale.astype(np.float32)[rows[:, None], cols[None, :]]
+
+
+# gpt-oss MXFP4 (docs/FORMATS.md §5; transformers 5.24 integrations/mxfp4.py): ``<base>_blocks`` U8
+# ``[..., O, I/32, 16]`` (low nibble = even element) + ``<base>_scales`` U8 ``[..., O, I/32]`` (E8M0, bias 127).
+MXFP4_BLOCK = 32
+MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"  # the tensor-name suffixes of <base>
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# magnitude index thresholds, ties to the even mantissa: |r| <= 0.25 -> 0, < 0.75 -> 0.5, <= 1.25 -> 1, ...
+_E2M1_UPPER = ((0.25, True), (0.75, False), (1.25, True), (1.75, False), (2.5, True), (3.5, False), (5.0, True))
+
+
+def mxfp4_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The OCP MX rule, written out here: per row and 32 consecutive inputs, ``e = floor(log2 amax) - 2``
+    (``amax = m 2^ex``, ``0.5 <= m < 1``: ``e = ex - 3``; clamped to [-127, 127]; an all-zero block gets byte 0),
+    codes the nearest E2M1 magnitude of ``w / 2^e`` (ties to the even mantissa, saturating at 6), sign in bit 3
+    (never on a zero). ``w`` float32 ``[..., O, I]`` -> (blocks U8 ``[..., O, I/32, 16]``, scales U8
+    ``[..., O, I/32]``)."""
+    *lead, O, I = w.shape
+    assert I % MXFP4_BLOCK == 0, I
+    x = w.astype(np.float64).reshape(*lead, O, I // MXFP4_BLOCK, MXFP4_BLOCK)
+    amax = np.abs(x).max(axis=-1)
+    _, ex = np.frexp(amax)
+    e = np.where(amax > 0, np.clip(ex - 3, -127, 127), -127).astype(np.int64)
+    r = np.abs(x) / np.exp2(e)[..., None]
+    idx = np.zeros(r.shape, np.uint8)
+    for upper, inclusive in _E2M1_UPPER:
+        idx += (r > upper) if inclusive else (r >= upper)
+    codes = np.where((x < 0) & (idx > 0), idx | 8, idx).astype(np.uint8).reshape(*lead, O, I)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return (np.ascontiguousarray(blocks.reshape(*lead, O, I // MXFP4_BLOCK, 16)),
+            np.ascontiguousarray((e + 127).astype(np.uint8)))
+
+
+def mxfp4_dequant(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """``e2m1(nibble) * 2^(scale - 127)`` (float64 products, exact, then float32): blocks ``[..., O, G, 16]``,
+    scales ``[..., O, G]`` -> float32 ``[..., O, 32 G]``."""
+    table = np.array(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), np.float64)
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    vals = table[codes] * np.exp2(scales.astype(np.float64) - 127)[..., None]
+    return vals.reshape(*blocks.shape[:-2], -1).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------- recipes
@@ -184,7 +232,8 @@ FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
 
 
 def apply_recipe(
-    source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows"
+    source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows",
+    native: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
     as the converter writes them), and the fallbacks taken.
@@ -192,15 +241,23 @@ def apply_recipe(
     ``orientation`` of fused expert stacks (docs/FORMATS.md §5 "Expert stacks", fixed by the family): ``rows``
     (transformers: gate_up ``[E, 2I, H]`` gate rows first, down ``[E, H, I]``) or ``transposed-interleaved``
     (gpt-oss: gate_up ``[E, H, 2I]`` gate / up columns interleaved, down ``[E, I, H]``, stack biases
-    ``gate_up_proj_bias [E, 2I]`` interleaved the same way and ``down_proj_bias [E, H]``, kept F32)."""
+    ``gate_up_proj_bias [E, 2I]`` interleaved the same way and ``down_proj_bias [E, H]``, kept F32).
+
+    ``native``: the source tensors stored as MXFP4 (their rows split per expert stay mxfp4 with the source's own
+    values under the ``native`` recipe)."""
     r = RECIPES[recipe]
     out: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     fallbacks: list[dict[str, str]] = []
 
-    def one(name: str, w: np.ndarray, role: str) -> np.ndarray:
+    def one(name: str, w: np.ndarray, role: str, kept: bool = False) -> np.ndarray:
         option = {"router_1d": "f32", "tower": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
                   "dense": r["dense"]}[role]  # fmt: skip
+        if option == NATIVE and kept and w.ndim == 2:  # MXFP4 rows kept as they are: exactly the source's values
+            formats[name] = "mxfp4"
+            return w
+        if option == NATIVE:
+            option = NATIVE_DEFAULT[role]
         if w.ndim < 2 or option == "f32":
             formats[name] = "f32"
             return w
@@ -229,27 +286,29 @@ def apply_recipe(
         elif m and orientation == "transposed-interleaved":
             base, kind = m.groups()
             parts = []
+            kept = name in native
             for e in range(w.shape[0]):
                 if kind == "gate_up_proj":  # [H, 2I]: gate = columns 0, 2, ...; up = columns 1, 3, ...
-                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(w[e][:, 0::2].T), role)
-                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(w[e][:, 1::2].T), role)
+                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(w[e][:, 0::2].T), role, kept)
+                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(w[e][:, 1::2].T), role, kept)
                     slab = np.empty_like(w[e])
                     slab[:, 0::2], slab[:, 1::2] = g.T, u.T
                     parts.append(slab)
                 else:  # [I, H]
-                    parts.append(one(f"{base}.{e}.down_proj.weight", np.ascontiguousarray(w[e].T), role).T)
+                    parts.append(one(f"{base}.{e}.down_proj.weight", np.ascontiguousarray(w[e].T), role, kept).T)
             out[name] = np.ascontiguousarray(np.stack(parts))
         elif m:
             base, kind = m.groups()
             parts = []
+            kept = name in native
             for e in range(w.shape[0]):
                 if kind == "gate_up_proj":
                     half = w.shape[1] // 2
-                    g = one(f"{base}.{e}.gate_proj.weight", w[e, :half], role)
-                    u = one(f"{base}.{e}.up_proj.weight", w[e, half:], role)
+                    g = one(f"{base}.{e}.gate_proj.weight", w[e, :half], role, kept)
+                    u = one(f"{base}.{e}.up_proj.weight", w[e, half:], role, kept)
                     parts.append(np.concatenate([g, u], axis=0))
                 else:
-                    parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role))
+                    parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role, kept))
             out[name] = np.stack(parts)
         else:
             out[name] = one(name, w, role)

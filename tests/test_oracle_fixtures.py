@@ -25,7 +25,8 @@ zstandard = pytest.importorskip("zstandard")
 ORACLES = Path(__file__).resolve().parents[1] / "oracles"
 INDEX = json.loads((ORACLES / "index.json").read_text())
 FIXTURES: dict[str, dict] = INDEX["fixtures"]
-RECIPES = ("f32", "default", "int3", "mxfp4", "planar")
+RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
+EXTRA_RECIPES = ("native",)  # natively quantized fixtures add ``native`` (docs/FORMATS.md §6)
 NEW_TOKENS = 32
 MIN_TOKEN_MARGIN = 2e-3
 MIN_ROUTER_MARGIN = 5e-4
@@ -131,7 +132,14 @@ def expert_width(cfg: dict) -> int:
 
 
 ALL = sorted(FIXTURES)
-ALL_RECIPES = [(f, r) for f in ALL for r in RECIPES]
+
+
+def recipes_of(name: str) -> list[str]:
+    return list(FIXTURES[name]["recipes"])
+
+
+ALL_RECIPES = [(f, r) for f in ALL for r in recipes_of(f)]
+NATIVE_FIXTURES = [f for f in ALL if "native" in FIXTURES[f]["recipes"]]
 
 
 def test_index_lists_every_fixture_folder() -> None:
@@ -193,11 +201,14 @@ def test_expert_tensors_match_the_config(name: str) -> None:
     tensors, _ = fixture_tensors(name)
     E, I, H = n_experts(cfg), expert_width(cfg), cfg["hidden_size"]
     fused = {k: v for k, v in tensors.items() if re.search(r"\.experts\.(gate_up_proj|down_proj)$", k)}
+    # MXFP4 stacks [E, O, I/32, 16] hold their float stack by rows (the convention test below checks them)
+    mx = {k.removesuffix("_blocks"): v for k, v in tensors.items() if re.search(r"\.experts\.\w+_blocks$", k)}
+    fused.update({k: np.empty((*v.shape[:2], v.shape[2] * 32), np.uint8) for k, v in mx.items()})
     per = {k: v for k, v in tensors.items() if re.search(r"\.experts\.\d+\.", k)}
     assert bool(fused) != bool(per), "expected exactly one expert layout"
     if FIXTURES[name]["experts_on_disk"] == "fused":
         assert fused and not per
-        transposed = FIXTURES[name]["model_type"] in TRANSPOSED_STACKS
+        transposed = FIXTURES[name]["model_type"] in TRANSPOSED_STACKS and not mx
         for k, v in fused.items():
             want = (E, 2 * I, H) if k.endswith("gate_up_proj") else (E, H, I)
             if transposed:
@@ -265,6 +276,77 @@ def test_fp8_fixture_follows_the_deepseek_convention() -> None:
         for k, v in tensors.items():
             if k.endswith("mlp.gate.weight"):
                 assert v.dtype != DTYPES["F8_E4M3"]
+
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
+
+
+def mxfp4_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The test's own MXFP4 decode: blocks ``[..., O, G, 16]`` (low nibble = even element), E8M0 scales
+    ``[..., O, G]`` -> float32 ``[..., O, 32 G]`` (float64 products, exact)."""
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    vals = E2M1[codes] * np.exp2(scales.astype(np.float64) - 127)[..., None]
+    return vals.reshape(*blocks.shape[:-2], -1).astype(np.float32)
+
+
+def test_mxfp4_fixture_follows_the_gpt_oss_convention() -> None:
+    """openai/gpt-oss-* as transformers 5.24 reads them (integrations/mxfp4.py): expert stacks as
+    ``<stack>_blocks`` U8 ``[E, O, I/32, 16]`` + ``<stack>_scales`` U8 ``[E, O, I/32]`` by output rows (gate_up:
+    O = 2I, H inputs; down: O = H, I inputs), no float stacks, every other tensor BF16."""
+    names = [f for f in ALL if FIXTURES[f]["storage"] == "mxfp4"]
+    assert names
+    for name in names:
+        assert config_of(name)["quantization_config"]["quant_method"] == "mxfp4"
+        cfg = text_config_of(name)
+        E, I, H = n_experts(cfg), expert_width(cfg), cfg["hidden_size"]
+        tensors, _ = fixture_tensors(name)
+        stacks = [k for k in tensors if k.endswith(("experts.gate_up_proj_blocks", "experts.down_proj_blocks"))]
+        assert len(stacks) == 2 * cfg["num_hidden_layers"]
+        for k in stacks:
+            O, In = (2 * I, H) if "gate_up" in k else (H, I)
+            scales = tensors[k.removesuffix("_blocks") + "_scales"]
+            assert tensors[k].dtype == DTYPES["U8"] and tensors[k].shape == (E, O, In // 32, 16), k
+            assert scales.dtype == DTYPES["U8"] and scales.shape == (E, O, In // 32), k
+            assert (scales < 0xFF).all()
+        rest = {k: v for k, v in tensors.items() if not k.endswith(("_blocks", "_scales"))}
+        assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in rest)
+        assert {v.dtype for v in rest.values()} == {DTYPES["BF16"]}
+        assert rest["model.layers.0.mlp.experts.gate_up_proj_bias"].shape == (E, 2 * I)
+
+
+@pytest.mark.parametrize("name", [f for f in ALL if FIXTURES[f]["storage"] == "mxfp4"])
+def test_native_conversion_of_an_mxfp4_fixture_keeps_its_bytes_and_values(name: str, tmp_path) -> None:
+    """``--experts native``: every expert's gate (even rows of gate_up_proj_blocks), up (odd rows) and down
+    become mxfp4 tensors holding the source's own nibbles and E8M0 bytes; decoded (by the test), each is bit for
+    bit the decode of those source rows."""
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import convert
+
+    convert(str(ORACLES / name), tmp_path / "out", ConvertOptions(experts="native", progress=False,
+                                                                 min_free_gb=0.0))  # fmt: skip
+    out: dict[str, np.ndarray] = {}
+    for f in sorted((tmp_path / "out").glob("*.safetensors")):
+        out.update(read_safetensors(f)[0])
+    tensors, _ = fixture_tensors(name)
+    cfg = text_config_of(name)
+    n = 0
+    for k in (k for k in tensors if k.endswith("_blocks")):
+        base = k.removesuffix("_blocks")
+        blocks, scales = tensors[k], tensors[base + "_scales"]
+        stack = base.rpartition(".")[0]
+        picks = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} if "gate_up" in k else \
+            {"down_proj": slice(None)}  # fmt: skip
+        for e in range(n_experts(cfg)):
+            for proj, rows in picks.items():
+                p = f"{stack}.{e}.{proj}"
+                codes, sc = out[f"{p}.weight_packed"], out[f"{p}.weight_scale"]
+                src_b, src_s = blocks[e, rows], scales[e, rows]
+                assert codes.tobytes() == src_b.tobytes() and sc.tobytes() == src_s.tobytes(), p
+                O, G = src_s.shape
+                got = mxfp4_rows(codes.reshape(O, G, 16), sc.reshape(O, G))
+                assert got.tobytes() == mxfp4_rows(src_b, src_s).tobytes(), p
+                n += 1
+    assert n == 3 * n_experts(cfg) * cfg["num_hidden_layers"]
 
 
 def test_a_fixture_ships_a_tokenizer_matching_its_prompt() -> None:
@@ -349,7 +431,9 @@ def test_reference_matches_the_fixture_files(name: str, recipe: str) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_planar_shares_the_default_reference(name: str) -> None:
     recipes = FIXTURES[name]["recipes"]
-    assert set(recipes) == set(RECIPES)
+    assert set(RECIPES) <= set(recipes) <= set(RECIPES + EXTRA_RECIPES)
+    if FIXTURES[name]["storage"] == "mxfp4":
+        assert recipes["native"]["options"] == "--experts native"
     assert recipes["planar"]["reference"] == recipes["default"]["reference"]
     assert recipes["planar"]["layout"] == "planar"
 
@@ -359,7 +443,8 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
     ref = reference(name, recipe)
     formats = ref["tensor_formats"]
     want_experts = {"f32": ("f32",), "default": ("int4-row", "int4-g"), "planar": ("int4-row", "int4-g"),
-                    "int3": ("int3-g64",), "mxfp4": ("mxfp4",)}[recipe]  # fmt: skip
+                    "int3": ("int3-g64",), "mxfp4": ("mxfp4",),
+                    "native": {"mxfp4": ("mxfp4",)}.get(FIXTURES[name]["storage"])}[recipe]  # fmt: skip
     other = "f32" if recipe == "f32" else "int8-row"
     fallen = {f["tensor"] for f in ref["fallbacks"]}
     assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)
@@ -387,7 +472,7 @@ def _runnable(name: str) -> bool:
 CONVERSION_ONLY = [f for f in ALL if not _runnable(f)]
 
 
-@pytest.mark.parametrize(("name", "recipe"), [(f, r) for f in CONVERSION_ONLY for r in RECIPES])
+@pytest.mark.parametrize(("name", "recipe"), [(f, r) for f in CONVERSION_ONLY for r in recipes_of(f)])
 def test_conversion_only_fixture_converts_to_the_reference_formats(name: str, recipe: str, tmp_path) -> None:
     """The runtime cannot run these families yet: convert with each recipe, ``verify container`` clean, and every
     tensor in the format the oracle generator chose (``tensor_formats``)."""

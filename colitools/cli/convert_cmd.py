@@ -59,7 +59,9 @@ def convert_command(
     token: str | None = typer.Option(None, "--token", help="Hugging Face token (default: HF_TOKEN / login)."),
     revision: str | None = typer.Option(None, "--revision", help="Hub branch, tag or commit (default main)."),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the plan (units, bytes, peak disk) and exit."
+        False, "--dry-run",
+        help="Print the plan (units, bytes, peak disk, formats per role: which format the routers, conv "
+        "kernels, experts, attention ... get) and exit.",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
     progress: bool | None = typer.Option(

@@ -24,10 +24,18 @@ def inspect_command(
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON for scripts.")] = False,
     summary: Annotated[
-        bool, typer.Option("--summary", help="Only the shards and the totals, no per-tensor rows.")
+        bool,
+        typer.Option(
+            "--summary",
+            help="Only the shards, the totals and the formats per role (router, conv, routed experts, ...), "
+            "no per-tensor rows.",
+        ),
     ] = False,
 ) -> None:
-    """Show every tensor's dtype, shape, bytes and resolved format (group size, stamp), and totals per format."""
+    """Show every tensor's dtype, shape, bytes and resolved format (group size, stamp), totals per format, and
+    formats per role (which format the routers, conv kernels, experts, attention ... got; --json:
+    formats_per_role, the same counts as the converter's colitools.json)."""
+    from colitools.formats.format_names import role_formats_line
     from colitools.formats.inspect import inspect_path, tensor_label
 
     report = inspect_path(path)
@@ -70,6 +78,10 @@ def inspect_command(
         typer.echo("")
         shard_rows = [[s.path, str(s.tensors), f"{s.data_bytes:,}", s.layout] for s in report.shards]
         typer.echo(render_table(["shard", "tensors", "bytes", "layout"], shard_rows))
+    typer.echo("")
+    typer.echo("formats per role:")
+    for role, formats in report.formats_per_role.items():
+        typer.echo(role_formats_line(role, formats))
     typer.echo("")
     total_rows = [[t.format, str(t.tensors), f"{t.bytes:,}"] for t in report.totals]
     typer.echo(render_table(["format", "weights", "bytes (with scales)"], total_rows))

@@ -351,3 +351,95 @@ def test_compressed_tensors_checkpoint_native_is_lossless(tmp_path):
         label, w, _, _ = got[name]
         assert label == ("int4-row" if w.shape[1] <= 32 else "int4-g32"), (name, label)
         assert np.array_equal(w.astype(BF16).view(np.uint16), theirs.view(np.uint16)), name
+
+
+# ------------------------------------------------------------------- gpt-oss's own MXFP4 stack layout
+def make_gpt_oss_mxfp4(folder: Path, seed: int = 5) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A gpt-oss checkpoint as openai/gpt-oss-* ship it (transformers 5.24 ``Mxfp4GptOssExperts``):
+    ``mlp.experts.gate_up_proj_blocks [E, 2I, H/32, 16]`` whose even rows are gate, odd rows up;
+    ``down_proj_blocks [E, H, I/32, 16]``; E8M0 ``_scales`` per row and 32 inputs; BF16 stack biases
+    ``gate_up_proj_bias [E, 2I]`` (interleaved the same way) and ``down_proj_bias [E, H]``; router
+    ``mlp.router``. Returns (per-expert output name -> the test's own decode of its rows, the raw source)."""
+    rng = np.random.default_rng(seed)
+    tensors = base_tensors(rng)
+    del tensors["model.layers.0.mlp.gate.weight"]
+    tensors["model.layers.0.mlp.router.weight"] = (rng.standard_normal((E, H)) * 0.05).astype(BF16)
+    tensors["model.layers.0.mlp.router.bias"] = (rng.standard_normal(E) * 0.05).astype(BF16)
+    p = "model.layers.0.mlp.experts"
+    want: dict[str, np.ndarray] = {}
+    for kind, (O, I) in (("gate_up_proj", (2 * INTER, H)), ("down_proj", (H, INTER))):
+        codes = rng.integers(0, 16, (E, O, I), dtype=np.uint8)
+        scales = rng.integers(118, 134, (E, O, I // 32), dtype=np.uint8)
+        scales[1, 3, 0] = 0  # 2^-127: subnormal products
+        tensors[f"{p}.{kind}_blocks"] = pack_nibbles(codes).reshape(E, O, I // 32, 16)
+        tensors[f"{p}.{kind}_scales"] = scales
+        val = (E2M1[codes] * np.exp2(np.repeat(scales.astype(np.float64) - 127, 32, axis=2))).astype(F32)
+        bias = (rng.standard_normal((E, O)) * 0.1).astype(BF16)
+        tensors[f"{p}.{kind}_bias"] = bias
+        for e in range(E):
+            if kind == "gate_up_proj":
+                for k, proj in enumerate(("gate_proj", "up_proj")):
+                    want[f"{p}.{e}.{proj}.weight"] = val[e, k::2]
+                    want[f"{p}.{e}.{proj}.bias"] = bias[e, k::2].astype(F32)
+            else:
+                want[f"{p}.{e}.down_proj.weight"] = val[e]
+                want[f"{p}.{e}.down_proj.bias"] = bias[e].astype(F32)
+    cfg = {"model_type": "gpt_oss", "hidden_size": H, "vocab_size": V, "num_hidden_layers": 1,
+           "num_local_experts": E, "intermediate_size": INTER, "num_experts_per_tok": 1,
+           "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+               "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}  # fmt: skip
+    save(folder, tensors, cfg)
+    return want, tensors
+
+
+def test_gpt_oss_mxfp4_native_splits_interleaved_rows_losslessly(tmp_path):
+    want, src = make_gpt_oss_mxfp4(tmp_path / "src")
+    summary = convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(experts="native"))
+    assert summary.fallbacks == []
+    got = decoded_output(tmp_path / "out")
+    p = "model.layers.0.mlp.experts"
+    weights = {k for k in want if k.endswith(".weight")}
+    assert {k for k in got if ".experts." in k} == weights and len(weights) == 3 * E
+    for name in weights:
+        label, w, codes, scales = got[name]
+        assert label == "mxfp4", (name, label)
+        assert w.tobytes() == want[name].tobytes(), name  # bit for bit
+    # the bytes are the source's rows: gate = even rows of gate_up_proj_blocks, up = odd rows
+    blocks, sc = src[f"{p}.gate_up_proj_blocks"], src[f"{p}.gate_up_proj_scales"]
+    for e in range(E):
+        for k, proj in enumerate(("gate_proj", "up_proj")):
+            _, _, codes, scales = got[f"{p}.{e}.{proj}.weight"]
+            assert codes.tobytes() == blocks[e, k::2].tobytes() and scales.tobytes() == sc[e, k::2].tobytes()
+    _, values = open_output_values(tmp_path / "out")
+    for name in (k for k in want if k.endswith(".bias")):
+        assert values[name].dtype == F32 and np.array_equal(values[name], want[name]), name
+
+
+def open_output_values(out: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    files = open_output(out)
+    values = {n: f.read(n) for f in files for n in f.tensors}
+    for f in files:
+        f.close()
+    return files, values
+
+
+@pytest.mark.parametrize("experts", ["f32", "int4-g64", "mxfp4", "int3-g64"])
+def test_gpt_oss_mxfp4_other_recipes_decode_the_same_rows(tmp_path, experts):
+    want, src = make_gpt_oss_mxfp4(tmp_path / "src")
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(experts=experts))
+    label = {"int4-g64": "int4-row"}.get(experts, experts)  # I <= 64: int4-g64 is int4-row (§2.4)
+    stored = ".weight_packed" if experts == "mxfp4" else ".weight"  # mxfp4's own spelling (§2.7)
+    fmts = {n.removesuffix(".weight") + stored: label for n in want if n.endswith(".weight")}
+    floats = {n: a.astype(F32) for n, a in src.items() if ".experts." not in n}
+    check_output(tmp_path / "out", {**floats, **want}, fmts)  # the recipe's encoding of the decoded rows
+
+
+def test_mxfp4_stack_of_a_transposed_family_without_a_native_orientation_is_refused(tmp_path, monkeypatch):
+    from colitools.formats import names
+
+    make_gpt_oss_mxfp4(tmp_path / "src")
+    monkeypatch.setattr(names, "NATIVE_STACK_ORIENTATION", {})
+    with pytest.raises(ConvertError, match=r"experts\.down_proj: a natively quantized \(mxfp4\) expert stack, but "
+                                           r"the family 'gpt_oss' does not fix how the rows of its mxfp4 stacks") as exc:
+        convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(dry_run=True))
+    assert "\n" not in str(exc.value)

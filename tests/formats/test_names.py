@@ -269,3 +269,34 @@ def test_towers_mtp_modules_small_params_and_family_orientation():
     assert names.stack_orientation("inkling2") is O.ROWS_INTERLEAVED
     assert names.stack_orientation("qwen3_5_moe") is O.ROWS
     assert names.stack_orientation("llama4") is None and names.stack_orientation(None) is None
+    # natively quantized stacks: codes by rows; gpt-oss MXFP4 blocks interleave gate / up rows (transformers'
+    # Mxfp4GptOssExperts), other encodings of a transposed family are not fixed; row families keep theirs
+    assert names.stack_orientation("gpt_oss", "mxfp4") is O.ROWS_INTERLEAVED
+    assert names.stack_orientation("gpt_oss", "int4") is None
+    assert names.stack_orientation("qwen3_moe", "mxfp4") is O.ROWS
+    assert names.stack_orientation("inkling2", "mxfp4") is O.ROWS_INTERLEAVED
+
+
+def test_detail_role_of_written_names():
+    """The finer roles formats per role count by (docs/FORMATS.md §6), on names as the converter writes them."""
+    role = names.detail_role
+    assert role("model.layers.0.linear_attn.conv1d.weight", 3) == "conv"
+    assert role("model.layers.0.linear_attn.A_log", 1) == "ssm params"
+    assert role("model.layers.0.linear_attn.dt_bias", 1) == "ssm params"
+    assert role("model.layers.1.mlp.router.bias", 1) == "router"
+    assert role("model.layers.1.mlp.gate.weight", 2) == "router"
+    assert role("model.layers.1.self_attn.sinks", 1) == "sinks"
+    assert role("model.layers.1.mlp.experts.3.gate_proj.bias", 1) == "routed experts"
+    assert role("model.layers.1.mlp.experts.3.gate_proj.weight_packed", 2) == "routed experts"
+    assert role("model.layers.1.mlp.shared_expert.up_proj.weight", 2) == "shared experts"
+    assert role("model.layers.1.self_attn.q_norm.weight", 1) == "norm/1-D"
+    assert role("model.layers.1.self_attn.q_proj.weight", 2) == "attention"
+    assert role("model.layers.0.mlp.down_proj.weight", 2) == "dense mlp"
+    assert role("model.embed_tokens.weight", 2) == "embed" and role("lm_head.weight", 2) == "head"
+    assert role("model.layers.2.self_attn.q_proj.weight", 2, num_hidden_layers=2) == "mtp"
+    assert role("model.layers.2.self_attn.q_proj.weight", 2) == "attention"  # no config: no MTP rule
+    assert role("model.visual.blocks.0.attn.qkv.weight", 2) == "tower"
+    assert role("model.layers.0.ffn.gate.tid2eid", 2, copied=True) == "copied non-float"
+    assert role("model.hc_head.hc_fn", 2) == "hc"
+    assert set(names.order_role_formats({"attention": {"b": 1, "a": 2}, "conv": {"f32": 1}})) == {"conv", "attention"}
+    assert list(names.order_role_formats({"attention": {"b": 1, "a": 2}, "conv": {"f32": 1}})) == ["conv", "attention"]
