@@ -62,7 +62,8 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 # The model types ``colitools run`` executes: the keys of the runtime's family registry
 # (``colitools.runtime.config.FAMILY_MODULES``; a test keeps the two equal). Here so that ``convert`` can warn
 # about a checkpoint the runtime will not run without importing the runtime.
-RUNNABLE_MODEL_TYPES = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
+RUNNABLE_MODEL_TYPES = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
+                        "gpt_oss")
 
 _MAX_INT = 2**31 - 1  # no dimension or count of a real model comes near; bigger is a corrupt config
 _MAX_LAYERS = 1 << 16
@@ -109,6 +110,8 @@ _TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
     "partial_rotary_factor": ("float", 0, 1),
     "routed_scaling_factor": ("float", None, None),
     "clip_qkv": ("float", 0, None),
+    "swiglu_limit": ("float", 0, None),
+    "swiglu_alpha": ("float", None, None),
     "norm_topk_prob": ("bool", None, None),
     "tie_word_embeddings": ("bool", None, None),
     "use_qk_norm": ("bool", None, None),

@@ -129,6 +129,7 @@ SHARED_EXPERT_MODULES = frozenset({
 MODULE_ALIASES: dict[str, str] = {
     "block_sparse_moe": "mlp",  # Mixtral (its router block_sparse_moe.gate too)
     "shared_expert": "shared_experts",  # Qwen2-MoE
+    "router": "gate",  # gpt-oss (mlp.router.weight / mlp.router.bias)
 }
 
 # Routers and routing parameters, matched as the last components of a name.

@@ -41,7 +41,9 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
             if info.dtype == "F8_E4M3":
                 a = ref.dequant_fp8_block(a.view(np.uint8), f.read(name + "_scale_inv"), block)
             a = np.asarray(a).astype(np.float32)
-            if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            if config["model_type"] == "gpt_oss" and ".experts." in name:
+                out.update(_gpt_oss_split(name, a))
+            elif name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
                 base = name.rsplit(".", 1)[0]
                 for e in range(a.shape[0]):
                     if name.endswith("gate_up_proj"):
@@ -54,6 +56,28 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
                 out[name] = a
         f.close()
         assert names
+    return out
+
+
+def _gpt_oss_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
+    """gpt-oss stacks (transformers GptOssExperts): ``gate_up_proj [E, H, 2I]`` with ``x @ W`` and gate = even
+    columns, up = odd; ``down_proj [E, I, H]``; ``gate_up_proj_bias [E, 2I]`` interleaved the same way,
+    ``down_proj_bias [E, H]`` -> per-expert ``[O, I]`` weights and ``[O]`` biases."""
+    base, leaf = name.rsplit(".", 1)
+    out = {}
+    for e in range(a.shape[0]):
+        if leaf == "gate_up_proj":
+            out[f"{base}.{e}.gate_proj.weight"] = a[e][:, 0::2].T.copy()
+            out[f"{base}.{e}.up_proj.weight"] = a[e][:, 1::2].T.copy()
+        elif leaf == "down_proj":
+            out[f"{base}.{e}.down_proj.weight"] = a[e].T.copy()
+        elif leaf == "gate_up_proj_bias":
+            out[f"{base}.{e}.gate_proj.bias"] = a[e][0::2].copy()
+            out[f"{base}.{e}.up_proj.bias"] = a[e][1::2].copy()
+        elif leaf == "down_proj_bias":
+            out[f"{base}.{e}.down_proj.bias"] = a[e].copy()
+        else:
+            raise AssertionError(f"unknown gpt-oss expert tensor {name}")
     return out
 
 

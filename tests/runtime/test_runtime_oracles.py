@@ -24,6 +24,7 @@ def test_every_family_has_a_fixture():
         "deepseek_v3",
         "glm4_moe",
         "glm_moe_dsa",
+        "gpt_oss",
     }
 
 
