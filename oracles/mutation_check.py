@@ -44,16 +44,39 @@ def yarn_as_default(model) -> bool:
     cfg = model.config
     if cfg.rope_parameters.get("rope_type") != "yarn":
         return False
-    dim = cfg.qk_rope_head_dim
+    dim = getattr(cfg, "qk_rope_head_dim", None) or cfg.head_dim  # MLA: the rope slice; gpt-oss: head_dim
     base = cfg.rope_parameters["rope_theta"]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
     model.model.rotary_emb.inv_freq.copy_(inv)
+    model.model.rotary_emb.attention_scaling = 1.0  # default RoPE has none (DeepSeek's is 1.0 anyway)
+    return True
+
+
+def yarn_truncate_flipped(model) -> bool:
+    """YaRN: the correction range floored/ceiled when the config says ``truncate: false`` (or the reverse)."""
+    cfg = model.config
+    if cfg.rope_parameters.get("rope_type") != "yarn" or "truncate" not in cfg.rope_parameters:
+        return False
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg.rope_parameters["truncate"] = not cfg.rope_parameters["truncate"]
+    inv, _ = ROPE_INIT_FUNCTIONS["yarn"](cfg)
+    model.model.rotary_emb.inv_freq.copy_(inv)
+    return True
+
+
+def yarn_attention_factor_dropped(model) -> bool:
+    """YaRN: cos/sin not multiplied by the attention factor (0.1 ln factor + 1 for gpt-oss)."""
+    rot = model.model.rotary_emb
+    if model.config.rope_parameters.get("rope_type") != "yarn" or rot.attention_scaling == 1.0:
+        return False
+    rot.attention_scaling = 1.0
     return True
 
 
 def no_mscale(model) -> bool:
     cfg = model.config
-    if cfg.rope_parameters.get("rope_type") != "yarn":
+    if cfg.rope_parameters.get("rope_type") != "yarn" or not hasattr(cfg, "qk_nope_head_dim"):
         return False
     for a in _attn_modules(model):
         a.scaling = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
@@ -187,6 +210,82 @@ def indexer_k_norm_bias_ignored(model) -> bool:
     return hit
 
 
+def _gpt_oss_mlps(model):
+    return [layer.mlp for layer in model.model.layers] if model.config.model_type == "gpt_oss" else []
+
+
+def no_sinks(model) -> bool:
+    """gpt-oss: softmax without the sink logit in the denominator."""
+    hit = False
+    for a in _attn_modules(model):
+        if getattr(a, "sinks", None) is not None:
+            a.sinks.fill_(-float("inf"))
+            hit = True
+    return hit
+
+
+def sliding_mask_off(model) -> bool:
+    """Full attention on the sliding layers too (layer_types drives both the masks and the cache layers)."""
+    cfg = model.config
+    types = getattr(cfg, "layer_types", None) or []
+    if "sliding_attention" not in types:
+        return False
+    cfg.layer_types = ["full_attention"] * len(types)
+    for a in _attn_modules(model):
+        a.sliding_window = None
+    return True
+
+
+def swiglu_clamp_removed(model) -> bool:
+    for mlp in _gpt_oss_mlps(model):
+        mlp.experts.limit = float("inf")
+    return bool(_gpt_oss_mlps(model))
+
+
+def swiglu_without_up_plus_one(model) -> bool:
+    """gpt-oss: ``up * glu`` instead of ``(up + 1) * glu`` (clamps kept)."""
+    for mlp in _gpt_oss_mlps(model):
+        ex = mlp.experts
+
+        def gate_fn(gate_up, ex=ex):
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            gate = gate.clamp(min=None, max=ex.limit)
+            up = up.clamp(min=-ex.limit, max=ex.limit)
+            return up * (gate * torch.sigmoid(gate * ex.alpha))
+
+        ex._apply_gate = gate_fn
+    return bool(_gpt_oss_mlps(model))
+
+
+def router_bias_dropped(model) -> bool:
+    for mlp in _gpt_oss_mlps(model):
+        mlp.router.bias.zero_()
+    return bool(_gpt_oss_mlps(model))
+
+
+def softmax_before_topk(model) -> bool:
+    """gpt-oss: weights = the top-k of the softmax over all experts (no renormalisation), instead of the
+    softmax over the top-k logits (renormalising would make the two equal)."""
+    for mlp in _gpt_oss_mlps(model):
+        r = mlp.router
+
+        def forward(hidden_states, r=r):
+            logits = torch.nn.functional.linear(hidden_states, r.weight, r.bias)
+            probs = torch.softmax(logits, dim=-1)
+            top, idx = torch.topk(probs, r.top_k, dim=-1)
+            return logits, top, idx
+
+        r.forward = forward
+    return bool(_gpt_oss_mlps(model))
+
+
+def expert_biases_dropped(model) -> bool:
+    for mlp in _gpt_oss_mlps(model):
+        mlp.experts.gate_up_proj_bias.zero_()
+        mlp.experts.down_proj_bias.zero_()
+    return bool(_gpt_oss_mlps(model))
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -203,6 +302,15 @@ MUTATIONS: dict[str, Mutation] = {
     "q/k/v bias dropped": no_qkv_bias,
     "DSA indexer ignored": no_indexer,
     "DSA indexer k_norm bias ignored": indexer_k_norm_bias_ignored,
+    "YaRN truncate flipped": yarn_truncate_flipped,
+    "YaRN attention factor dropped": yarn_attention_factor_dropped,
+    "attention sinks dropped": no_sinks,
+    "sliding mask off (full attention)": sliding_mask_off,
+    "SwiGLU clamp removed": swiglu_clamp_removed,
+    "SwiGLU (up + 1) dropped": swiglu_without_up_plus_one,
+    "router bias dropped": router_bias_dropped,
+    "softmax before top-k": softmax_before_topk,
+    "expert biases dropped": expert_biases_dropped,
 }
 
 
