@@ -70,6 +70,10 @@ EXPERT_STACKS: dict[str, str] = {
     "gate_proj": "gate",  # separate 3-D stacks [n, I, H] (Inkling)
     "up_proj": "up",  # separate 3-D stacks [n, I, H] (Inkling)
 }
+# Natively quantized MXFP4 expert stacks (gpt-oss checkpoints; transformers' Mxfp4 quantizer): ``{stack}_blocks``
+# U8 [E, out, in/32, 16] (two E2M1 codes a byte, low nibble first) + ``{stack}_scales`` U8 E8M0 [E, out, in/32];
+# never transposed (blocks run along the input), gate / up rows interleaved if the family's orientation is.
+MXFP4_STACK_SUFFIXES = ("_blocks", "_scales")
 # Biases of an expert stack ``{...}.experts.{leaf}`` [E, out], split like their stack (stored F32).
 STACK_BIASES: dict[str, str] = {
     "gate_up_proj_bias": "gate_up",  # gpt-oss [E, 2I], gate / up interleaved like its stack's columns

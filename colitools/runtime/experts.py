@@ -29,7 +29,9 @@ class Expert:
 
     __slots__ = ("gate", "up", "down", "biases", "nbytes")
 
-    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, biases: tuple[np.ndarray, ...] | None = None):
+    def __init__(
+        self, gate: QTensor, up: QTensor, down: QTensor, biases: tuple[np.ndarray, ...] | None = None
+    ):
         self.gate, self.up, self.down, self.biases = gate, up, down, biases
         self.nbytes = gate.nbytes + up.nbytes + down.nbytes + sum(b.nbytes for b in biases or ())
 

@@ -99,7 +99,9 @@ def expert_biases(args, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stor
                   for proj, n in (("gate", I), ("up", I), ("down", H)))
             for e in range(E)
         ]  # fmt: skip
-    gate_up, down = (f"{p}.{next(k for k, v in STACK_BIASES.items() if v == proj)}" for proj in ("gate_up", "down"))
+    gate_up, down = (
+        f"{p}.{next(k for k, v in STACK_BIASES.items() if v == proj)}" for proj in ("gate_up", "down")
+    )
     for name in (gate_up, down):
         if not ckpt.has(name):
             raise RuntimeModelError(f"{ckpt.dir}: missing tensor {name} (gpt-oss expert biases)")

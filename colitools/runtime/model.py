@@ -21,6 +21,7 @@ import numpy as np
 from colitools.errors import RuntimeModelError
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.names import (
+    MXFP4_STACK_SUFFIXES,
     STACK_ORIENTATION,
     Orientation,
     expert_tensor_name,
@@ -103,7 +104,22 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
     p = module_path(layer, "mlp.experts")
     H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
     gate_up, down = stack_name(p, "gate_up"), stack_name(p, "down")
-    picks = STACK_PICKS.get(STACK_ORIENTATION.get(args.model_type, Orientation.ROWS))
+    orientation = STACK_ORIENTATION.get(args.model_type, Orientation.ROWS)
+    picks = STACK_PICKS.get(orientation)
+    blocks, scales = MXFP4_STACK_SUFFIXES
+    if ckpt.has(gate_up + blocks):  # native MXFP4 stacks: rows = outputs, gate / up rows interleaved
+        if not picks:
+            raise RuntimeModelError(
+                f"{ckpt.dir}: native MXFP4 expert stacks of a {orientation} family ({args.model_type}) are not "
+                "supported (only interleaved gate / up rows, gpt-oss)"
+            )
+        g, u = (0, 2), (1, 2)
+        return [
+            (ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, g, I, H),
+             ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, u, I, H),
+             ckpt.mxfp4_stack_expert(down + blocks, down + scales, e, E, (0, 1), H, I))
+            for e in range(E)
+        ]  # fmt: skip
     if ckpt.has(gate_up) and picks:
         g, u, d = picks
         return [

@@ -87,7 +87,11 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
         q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
         return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
-    codes = np.frombuffer(data, dtype=np.uint8).reshape(st.O, -1)
+    if st.pick:  # rows of a quantized stack slab
+        codes = _picked(np.frombuffer(data, dtype=np.uint8), st)
+        scale = _picked(np.frombuffer(scale, dtype=np.uint8), st).tobytes()
+    else:
+        codes = np.frombuffer(data, dtype=np.uint8).reshape(st.O, -1)
     if st.planar:
         codes = planar_to_pairs(codes)
     fmt = by_name(st.form)
@@ -258,6 +262,32 @@ class Checkpoint:
         begin = info.begin + expert * n
         return Stored(f"{name}[{expert}]", "float", O, I, path, (begin, begin + n), info.dtype,
                       pick=(R, C, start, step, transposed))  # fmt: skip
+
+    def mxfp4_stack_expert(self, blocks: str, scales: str, expert: int, n_experts: int, pick: tuple[int, int],
+                           O: int, I: int) -> Stored:  # fmt: skip
+        """Expert ``expert``'s ``[O, I]`` of a native MXFP4 stack (``names.MXFP4_STACK_SUFFIXES``: blocks U8
+        ``[E, R, I/32, 16]`` + E8M0 scales ``[E, R, I/32]``): rows ``start::step`` (``pick``) of its slab, kept
+        as mxfp4 codes. The expert's whole slab is read (one range per tensor, shared by gate and up)."""
+        start, step = pick
+        (path, binfo, _), (spath, sinfo, _) = self.infos[blocks], self.infos[scales]
+        bshape, sshape = tuple(binfo.shape), tuple(sinfo.shape)
+        R = bshape[1] if len(bshape) == 4 else -1
+        if (binfo.dtype != "U8" or sinfo.dtype != "U8" or len(bshape) != 4 or bshape[0] != n_experts
+                or bshape[3] != 16 or sshape != bshape[:3] or bshape[2] * 32 != I
+                or len(range(start, R, step)) != O):  # fmt: skip
+            raise RuntimeModelError(
+                f"MXFP4 expert stack {blocks} is {binfo.dtype} {list(bshape)} with scales {sinfo.dtype} "
+                f"{list(sshape)}; cannot take [{O}, {I}] (expected U8 [{n_experts}, R, {I // 32}, 16] + "
+                f"U8 [{n_experts}, R, {I // 32}])"
+            )
+        nb, ns = R * I // 2, R * I // 32
+        b0, s0 = binfo.begin + expert * nb, sinfo.begin + expert * ns
+        if spath != path:  # an expert's ranges are read per file; keep the record simple
+            raise RuntimeModelError(
+                f"MXFP4 expert stack {blocks} and its scales {scales} are in different shards"
+            )
+        return Stored(f"{blocks}[{expert}]", "mxfp4", O, I, path, (b0, b0 + nb), "U8", (s0, s0 + ns), "U8",
+                      pick=(R, I // 2, start, step, False))  # fmt: skip
 
     def stack_bias(self, name: str, expert: int, n_experts: int, start: int, step: int, n: int) -> Stored:
         """Expert ``expert``'s bias (entries ``start::step`` of row ``expert``) of a float stack bias ``[E, R]``,

@@ -60,7 +60,9 @@ def test_sink_softmax_by_hand():
     ln2 = math.log(2.0)
     scores = np.array([[0.0, ln2, -np.inf]], dtype=F32)
     # exp: 1, 2, 0 and the sink exp(0) = 1 in the denominator only
-    np.testing.assert_allclose(sink_softmax(scores, np.array([[0.0]], dtype=F32)), [[0.25, 0.5, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(
+        sink_softmax(scores, np.array([[0.0]], dtype=F32)), [[0.25, 0.5, 0.0]], rtol=1e-6
+    )
     # a sink of ln 3 takes half the mass: 1/6, 2/6
     got = sink_softmax(scores, np.array([[math.log(3.0)]], dtype=F32))
     np.testing.assert_allclose(got, [[1 / 6, 2 / 6, 0.0]], rtol=1e-6)
@@ -128,7 +130,9 @@ def test_stacks_are_split_the_way_transformers_reads_them():
         store = m.stores[1]
         for e in range(4):
             ex = store.get(e)
-            assert np.array_equal(ex.gate.codes, gu[e][:, 0::2].T) and np.array_equal(ex.up.codes, gu[e][:, 1::2].T)
+            assert np.array_equal(ex.gate.codes, gu[e][:, 0::2].T) and np.array_equal(
+                ex.up.codes, gu[e][:, 1::2].T
+            )
             assert np.array_equal(ex.down.codes, dn[e].T)
             bg, bu, bd = ex.biases
             assert np.array_equal(bg, gub[e][0::2]) and np.array_equal(bu, gub[e][1::2])
@@ -152,5 +156,75 @@ def test_missing_expert_biases_are_one_clear_error(tmp_path):
     tensors = {n: f.read(n) for n in f.tensors if n != "model.layers.0.mlp.experts.down_proj_bias"}
     f.close()
     write_safetensors(d / "model.safetensors", tensors, {})
-    with pytest.raises(RuntimeModelError, match=r"missing tensor model\.layers\.0\.mlp\.experts\.down_proj_bias"):
+    with pytest.raises(
+        RuntimeModelError, match=r"missing tensor model\.layers\.0\.mlp\.experts\.down_proj_bias"
+    ):
         load_model(d, record_usage=False)
+
+
+# transformers 5.24 integrations/mxfp4.py FP4_VALUES (E2M1, index = nibble)
+FP4_VALUES = [+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _dequant_like_transformers(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """numpy restatement of transformers' ``_convert_moe_packed_tensors``: ``[E, R, G, 16]`` + ``[E, R, G]`` ->
+    ``[E, G * 32, R]`` (low nibble = even element, ``ldexp(v, scale - 127)``, then ``transpose(1, 2)``)."""
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    out = np.empty((*blocks.shape[:-1], 32), dtype=np.float32)
+    out[..., 0::2] = lut[blocks & 0x0F]
+    out[..., 1::2] = lut[blocks >> 4]
+    out = np.ldexp(out, (scales.astype(np.int32) - 127)[..., None]).astype(np.float32)
+    E, R = blocks.shape[:2]
+    return np.ascontiguousarray(out.reshape(E, R, -1).transpose(0, 2, 1))
+
+
+def test_native_mxfp4_stacks_run_as_their_transformers_dequantization(tmp_path):
+    """A gpt-oss checkpoint as openai ships it (``gate_up_proj_blocks [E, 2I, H/32, 16]`` + ``_scales``, rows =
+    outputs, gate / up rows interleaved) runs on its mxfp4 codes and gives the tokens and logits of the float
+    checkpoint holding transformers' dequantization of the same bytes."""
+    from colitools.formats.registry import by_name
+
+    f = SafetensorsFile(FIXTURE / "model.safetensors")
+    tensors = {n: f.read(n) for n in f.tensors}
+    f.close()
+    native, dequant = {}, {}
+    for name, a in tensors.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            native[name] = dequant[name] = a
+            continue
+        w = np.swapaxes(a, 1, 2)  # [E, out, in]: the rows the blocks run along
+        E, O, I = w.shape
+        enc = [
+            by_name("mxfp4").encode(np.ascontiguousarray(w[e]), None, name=name, fast=False) for e in range(E)
+        ]
+        blocks = np.stack([np.asarray(c, dtype=np.uint8).reshape(O, I // 32, 16) for c, _ in enc])
+        scales = np.stack([np.asarray(s, dtype=np.uint8).reshape(O, I // 32) for _, s in enc])
+        native[name + "_blocks"], native[name + "_scales"] = blocks, scales
+        dequant[name] = _dequant_like_transformers(blocks, scales)
+        assert dequant[name].shape == a.shape
+    dirs = {}
+    for label, ts in (("native", native), ("dequant", dequant)):
+        d = dirs[label] = tmp_path / label
+        d.mkdir()
+        shutil.copy(FIXTURE / "config.json", d / "config.json")
+        write_safetensors(d / "model.safetensors", ts, {})
+    ref = reference("gpt_oss", "f32")
+    results = {}
+    for label, d in dirs.items():
+        with load_model(d, cap=1, record_usage=False) as m:
+            res = generate(m, ref["prompt_ids"], 32)
+            argmax, last = m.score(ref["teacher_forced"]["input_ids"])
+            st = m.stores[0].sources[1]
+            results[label] = (res.generated_ids, argmax, res.last_logits, last, [s.form for s in st])
+            if label == "native":  # gate = even rows of expert 1's blocks, kept as codes
+                codes = m.stores[0].get(1).gate.codes
+                assert np.array_equal(
+                    codes.reshape(64, -1),
+                    native["model.layers.0.mlp.experts.gate_up_proj_blocks"][1, 0::2].reshape(64, -1),
+                )
+    n, q = results["native"], results["dequant"]
+    assert n[4] == ["mxfp4"] * 3 and q[4] == ["float"] * 3
+    assert n[0] == q[0] and n[1] == q[1]
+    np.testing.assert_allclose(n[2], q[2], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(n[3], q[3], rtol=0, atol=1e-4)
+    assert n[0] != ref["generated_ids"]  # 4-bit experts change the tokens: not the float model run twice
