@@ -9,7 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
-from oracle_refs import ORACLES, reference
+from containers import build_container, dequant_mxfp4_stack
+from oracle_refs import ORACLES, check_against_reference, reference
 
 from colitools.errors import RuntimeModelError
 from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors
@@ -162,26 +163,11 @@ def test_missing_expert_biases_are_one_clear_error(tmp_path):
         load_model(d, record_usage=False)
 
 
-# transformers 5.24 integrations/mxfp4.py FP4_VALUES (E2M1, index = nibble)
-FP4_VALUES = [+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
-
-
-def _dequant_like_transformers(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """numpy restatement of transformers' ``_convert_moe_packed_tensors``: ``[E, R, G, 16]`` + ``[E, R, G]`` ->
-    ``[E, G * 32, R]`` (low nibble = even element, ``ldexp(v, scale - 127)``, then ``transpose(1, 2)``)."""
-    lut = np.array(FP4_VALUES, dtype=np.float32)
-    out = np.empty((*blocks.shape[:-1], 32), dtype=np.float32)
-    out[..., 0::2] = lut[blocks & 0x0F]
-    out[..., 1::2] = lut[blocks >> 4]
-    out = np.ldexp(out, (scales.astype(np.int32) - 127)[..., None]).astype(np.float32)
-    E, R = blocks.shape[:2]
-    return np.ascontiguousarray(out.reshape(E, R, -1).transpose(0, 2, 1))
-
-
 def test_native_mxfp4_stacks_run_as_their_transformers_dequantization(tmp_path):
     """A gpt-oss checkpoint as openai ships it (``gate_up_proj_blocks [E, 2I, H/32, 16]`` + ``_scales``, rows =
     outputs, gate / up rows interleaved) runs on its mxfp4 codes and gives the tokens and logits of the float
-    checkpoint holding transformers' dequantization of the same bytes."""
+    checkpoint holding transformers' dequantization of the same bytes; the test containers read such a source
+    too (an oracle fixture with native stacks runs through tests/runtime/containers.py)."""
     from colitools.formats.registry import by_name
 
     f = SafetensorsFile(FIXTURE / "model.safetensors")
@@ -200,7 +186,7 @@ def test_native_mxfp4_stacks_run_as_their_transformers_dequantization(tmp_path):
         blocks = np.stack([np.asarray(c, dtype=np.uint8).reshape(O, I // 32, 16) for c, _ in enc])
         scales = np.stack([np.asarray(s, dtype=np.uint8).reshape(O, I // 32) for _, s in enc])
         native[name + "_blocks"], native[name + "_scales"] = blocks, scales
-        dequant[name] = _dequant_like_transformers(blocks, scales)
+        dequant[name] = dequant_mxfp4_stack(blocks, scales)
         assert dequant[name].shape == a.shape
     dirs = {}
     for label, ts in (("native", native), ("dequant", dequant)):
@@ -228,3 +214,7 @@ def test_native_mxfp4_stacks_run_as_their_transformers_dequantization(tmp_path):
     np.testing.assert_allclose(n[2], q[2], rtol=0, atol=1e-4)
     np.testing.assert_allclose(n[3], q[3], rtol=0, atol=1e-4)
     assert n[0] != ref["generated_ids"]  # 4-bit experts change the tokens: not the float model run twice
+    # the blocks hold the mxfp4 recipe's codes (mxfp4 is row-wise, so interleaving the rows changes no code):
+    # split and re-encoded with the recipe's formats (int8-row dense), it is transformers' mxfp4 reference
+    mx = reference("gpt_oss", "mxfp4")
+    check_against_reference(build_container(dirs["native"], mx, tmp_path / "c"), "gpt_oss", mx, cap=1)
