@@ -22,12 +22,12 @@ from colitools.errors import RuntimeModelError
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.names import (
     MXFP4_STACK_SUFFIXES,
-    STACK_ORIENTATION,
     Orientation,
     expert_tensor_name,
     layer_path,
     module_path,
     stack_name,
+    stack_orientation,
 )
 from colitools.runtime.config import ModelArgs, family_module
 from colitools.runtime.experts import Expert, ExpertStore, StoreStats
@@ -90,7 +90,7 @@ class LayerContext:
 
 
 # How (gate, up, down) sit in an interleaved or transposed expert stack: (start, step, transposed) per
-# projection, for Checkpoint.stack_expert (orientation: names.STACK_ORIENTATION, a fact of the family).
+# projection, for Checkpoint.stack_expert (orientation: names.stack_orientation, a fact of the family).
 STACK_PICKS: dict[Orientation, tuple[tuple[int, int, bool], ...]] = {
     Orientation.ROWS_INTERLEAVED: ((0, 2, False), (1, 2, False), (0, 1, False)),
     Orientation.TRANSPOSED_INTERLEAVED: ((0, 2, True), (1, 2, True), (0, 1, True)),
@@ -104,7 +104,7 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
     p = module_path(layer, "mlp.experts")
     H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
     gate_up, down = stack_name(p, "gate_up"), stack_name(p, "down")
-    orientation = STACK_ORIENTATION.get(args.model_type, Orientation.ROWS)
+    orientation = stack_orientation(args.model_type) or Orientation.ROWS
     picks = STACK_PICKS.get(orientation)
     blocks, scales = MXFP4_STACK_SUFFIXES
     if ckpt.has(gate_up + blocks):  # native MXFP4 stacks: rows = outputs, gate / up rows interleaved
