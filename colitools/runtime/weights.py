@@ -248,7 +248,7 @@ class Checkpoint:
         """Expert ``expert``'s ``[O, I]`` of a float stack ``[E, R, C]`` whose projections are interleaved or
         transposed: ``pick = (start, step, transposed)`` (rows ``start::step`` of the expert's slab, or those
         columns, transposed). The whole slab is read (one range, shared by the projections it holds)."""
-        path, info, _ = self.infos[name]
+        path, info, _ = self._info(name)
         start, step, transposed = pick
         if info.dtype not in FLOAT_DTYPES or len(info.shape) != 3 or info.shape[0] != n_experts:
             raise RuntimeModelError(
@@ -269,7 +269,7 @@ class Checkpoint:
         ``[E, R, I/32, 16]`` + E8M0 scales ``[E, R, I/32]``): rows ``start::step`` (``pick``) of its slab, kept
         as mxfp4 codes. The expert's whole slab is read (one range per tensor, shared by gate and up)."""
         start, step = pick
-        (path, binfo, _), (spath, sinfo, _) = self.infos[blocks], self.infos[scales]
+        (path, binfo, _), (spath, sinfo, _) = self._info(blocks), self._info(scales)
         bshape, sshape = tuple(binfo.shape), tuple(sinfo.shape)
         R = bshape[1] if len(bshape) == 4 else -1
         if (binfo.dtype != "U8" or sinfo.dtype != "U8" or len(bshape) != 4 or bshape[0] != n_experts
@@ -288,6 +288,11 @@ class Checkpoint:
             )
         return Stored(f"{blocks}[{expert}]", "mxfp4", O, I, path, (b0, b0 + nb), "U8", (s0, s0 + ns), "U8",
                       pick=(R, I // 2, start, step, False))  # fmt: skip
+
+    def _info(self, name: str):
+        if name not in self.infos:
+            raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
+        return self.infos[name]
 
     def stack_bias(self, name: str, expert: int, n_experts: int, start: int, step: int, n: int) -> Stored:
         """Expert ``expert``'s bias (entries ``start::step`` of row ``expert``) of a float stack bias ``[E, R]``,

@@ -218,3 +218,23 @@ def test_native_mxfp4_stacks_run_as_their_transformers_dequantization(tmp_path):
     # split and re-encoded with the recipe's formats (int8-row dense), it is transformers' mxfp4 reference
     mx = reference("gpt_oss", "mxfp4")
     check_against_reference(build_container(dirs["native"], mx, tmp_path / "c"), "gpt_oss", mx, cap=1)
+
+
+@pytest.mark.parametrize(
+    "drop", ["model.layers.1.mlp.experts.down_proj", "model.layers.0.mlp.experts.gate_up_proj_scales"]
+)
+def test_an_incomplete_stack_is_one_clear_error(tmp_path, drop):
+    d = tmp_path / "g"
+    d.mkdir()
+    shutil.copy(FIXTURE / "config.json", d / "config.json")
+    f = SafetensorsFile(FIXTURE / "model.safetensors")
+    tensors = {n: f.read(n) for n in f.tensors}
+    f.close()
+    if drop.endswith("_scales"):  # a native stack without its scales
+        del tensors["model.layers.0.mlp.experts.gate_up_proj"]
+        tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"] = np.zeros((4, 128, 2, 16), dtype=np.uint8)
+    else:
+        del tensors[drop]
+    write_safetensors(d / "model.safetensors", tensors, {})
+    with pytest.raises(RuntimeModelError, match=f"missing tensor {drop}$"):
+        load_model(d, record_usage=False)
