@@ -75,6 +75,9 @@ class Stored:
         """Bytes this weight takes once read for a kernel (float sources become float32)."""
         if self.form == "float" or (self.form == "fp8-source" and self.fp8_block != _FP8_B128_BLOCK):
             return Float.weight_nbytes(self.O, self.I)
+        if self.pick:  # the picked rows of a quantized stack slab (codes and scales alike)
+            R, _, start, step, _ = self.pick
+            return self.nbytes * len(range(start, R, step)) // R
         return self.nbytes
 
 

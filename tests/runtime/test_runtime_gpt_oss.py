@@ -203,6 +203,9 @@ def test_native_mxfp4_stacks_run_as_their_transformers_dequantization(tmp_path):
             st = m.stores[0].sources[1]
             results[label] = (res.generated_ids, argmax, res.last_logits, last, [s.form for s in st])
             if label == "native":  # gate = even rows of expert 1's blocks, kept as codes
+                # held: gate / up / down 64 x 64 codes (half a byte each) + one E8M0 byte per 32, + F32 biases
+                assert m.stores[0].expert_nbytes(1) == 3 * (64 * 32 + 64 * 2) + 3 * 64 * 4
+                assert m.stores[0].expert_nbytes(1) == m.stores[0].get(1).nbytes
                 codes = m.stores[0].get(1).gate.codes
                 assert np.array_equal(
                     codes.reshape(64, -1),
