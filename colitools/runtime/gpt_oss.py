@@ -10,8 +10,10 @@
   ``out = ((up + 1) * gate * sigmoid(alpha * gate)) Wd + bd`` (``swiglu_alpha`` 1.702, ``swiglu_limit`` 7).
   The checkpoint's stacks ``experts.gate_up_proj [E, H, 2I]`` (gate = even columns, up = odd) and
   ``down_proj [E, I, H]`` with ``gate_up_proj_bias [E, 2I]`` / ``down_proj_bias [E, H]`` are read in place
-  (``names.STACK_ORIENTATION``); a converted container has per-expert ``experts.{E}.{gate,up,down}_proj.weight``
-  in any format plus F32 ``.bias`` vectors, read and cached with their expert.
+  (``names.STACK_ORIENTATION``), and so are openai's native MXFP4 stacks ``gate_up_proj_blocks`` / ``_scales``
+  (gate = even rows; kept as mxfp4 codes); a converted container has per-expert
+  ``experts.{E}.{gate,up,down}_proj.weight`` in any format plus F32 ``.bias`` vectors, read and cached with
+  their expert.
 """
 
 from __future__ import annotations
