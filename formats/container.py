@@ -153,8 +153,9 @@ def config_shapes(
                 implied[name] = (hidden, expert_i) if parsed.projection == "down" else (expert_i, hidden)
         elif parsed.layer is not None:
             module = ".".join(MODULE_ALIASES.get(p, p) for p in parsed.module.split("."))
-            if (module, parsed.leaf) in linear:
-                implied[name] = linear[(module, parsed.leaf)]
+            leaf = MODULE_ALIASES.get(parsed.leaf, parsed.leaf)  # gpt-oss mlp.router = the router mlp.gate
+            if (module, leaf) in linear:
+                implied[name] = linear[(module, leaf)]
     return {name: dims for name, dims in implied.items() if dims != (None, None)}
 
 

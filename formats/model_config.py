@@ -65,7 +65,7 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 # about a checkpoint the runtime will not run without importing the runtime.
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
-    "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text",
+    "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
 )  # fmt: skip
 
 # Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
@@ -123,6 +123,8 @@ _TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
     "partial_rotary_factor": ("float", 0, 1),
     "routed_scaling_factor": ("float", None, None),
     "clip_qkv": ("float", 0, None),
+    "swiglu_limit": ("float", 0, None),
+    "swiglu_alpha": ("float", None, None),
     "norm_topk_prob": ("bool", None, None),
     "tie_word_embeddings": ("bool", None, None),
     "use_qk_norm": ("bool", None, None),

@@ -127,9 +127,11 @@ NATIVE_STACK_ORIENTATION: dict[tuple[str, str], Orientation] = {
     ("gpt_oss", "mxfp4"): Orientation.ROWS_INTERLEAVED,
 }
 # MXFP4 source spellings (gpt-oss, docs/FORMATS.md §5): ``<base>_blocks`` U8 ``[..., O, I/32, 16]`` and
-# ``<base>_scales`` U8 ``[..., O, I/32]`` (E8M0) for the float weight ``<base>`` (``...experts.gate_up_proj``).
+# ``<base>_scales`` U8 ``[..., O, I/32]`` (E8M0) for the float weight ``<base>`` (``...experts.gate_up_proj``);
+# two E2M1 codes a byte, low nibble first; never transposed (blocks run along the input).
 MXFP4_BLOCKS = "_blocks"
 MXFP4_SCALES = "_scales"
+MXFP4_STACK_SUFFIXES = (MXFP4_BLOCKS, MXFP4_SCALES)
 
 # MoE blocks that hold ``experts.{E}`` directly inside a layer.
 MOE_BLOCKS = frozenset({
@@ -145,6 +147,7 @@ SHARED_EXPERT_MODULES = frozenset({
 MODULE_ALIASES: dict[str, str] = {
     "block_sparse_moe": "mlp",  # Mixtral (its router block_sparse_moe.gate too)
     "shared_expert": "shared_experts",  # Qwen2-MoE
+    "router": "gate",  # gpt-oss (mlp.router.weight / mlp.router.bias)
 }
 
 # Routers and routing parameters, matched as the last components of a name.

@@ -92,8 +92,8 @@ def text_of(config: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ model building
 def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Module:
-    """Random model per the oracle rules: init std 0.2, norms += 0.1 N(0,1), biases 0.2 N(0,1),
-    e_score_correction_bias 0.05 N(0,1)."""
+    """Random model per the oracle rules: init std 0.2, norms += 0.1 N(0,1), biases (linear and gpt-oss expert
+    stack biases) 0.2 N(0,1), e_score_correction_bias 0.05 N(0,1)."""
     cfg_kwargs = dict(fx.config)
     if vocab_size is not None:
         cfg_kwargs["vocab_size"] = vocab_size
@@ -120,6 +120,10 @@ def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Modu
             if hasattr(module, "e_score_correction_bias"):
                 b = module.e_score_correction_bias
                 b.copy_(CORRECTION_BIAS_NOISE * torch.randn(b.shape, generator=gen))
+            for stack_bias in ("gate_up_proj_bias", "down_proj_bias"):  # gpt-oss expert stacks (zero-initialised)
+                b = getattr(module, stack_bias, None)
+                if isinstance(b, torch.nn.Parameter):
+                    b.copy_(BIAS_NOISE * torch.randn(b.shape, generator=gen))
         if fx.latent_scale is not None:
             rank = model.config.kv_lora_rank
             for module in model.modules():

@@ -55,16 +55,39 @@ def yarn_as_default(model) -> bool:
     cfg = _cfg(model)
     if cfg.rope_parameters.get("rope_type") != "yarn":
         return False
-    dim = cfg.qk_rope_head_dim
+    dim = getattr(cfg, "qk_rope_head_dim", None) or cfg.head_dim  # MLA: the rope slice; gpt-oss: head_dim
     base = cfg.rope_parameters["rope_theta"]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
     _text_model(model).rotary_emb.inv_freq.copy_(inv)
+    _text_model(model).rotary_emb.attention_scaling = 1.0  # default RoPE has none (DeepSeek's is 1.0 anyway)
+    return True
+
+
+def yarn_truncate_flipped(model) -> bool:
+    """YaRN: the correction range floored/ceiled when the config says ``truncate: false`` (or the reverse)."""
+    cfg = _cfg(model)
+    if cfg.rope_parameters.get("rope_type") != "yarn" or "truncate" not in cfg.rope_parameters:
+        return False
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg.rope_parameters["truncate"] = not cfg.rope_parameters["truncate"]
+    inv, _ = ROPE_INIT_FUNCTIONS["yarn"](cfg)
+    _text_model(model).rotary_emb.inv_freq.copy_(inv)
+    return True
+
+
+def yarn_attention_factor_dropped(model) -> bool:
+    """YaRN: cos/sin not multiplied by the attention factor (0.1 ln factor + 1 for gpt-oss)."""
+    rot = _text_model(model).rotary_emb
+    if _cfg(model).rope_parameters.get("rope_type") != "yarn" or rot.attention_scaling == 1.0:
+        return False
+    rot.attention_scaling = 1.0
     return True
 
 
 def no_mscale(model) -> bool:
     cfg = _cfg(model)
-    if cfg.rope_parameters.get("rope_type") != "yarn":
+    if cfg.rope_parameters.get("rope_type") != "yarn" or not hasattr(cfg, "qk_nope_head_dim"):
         return False
     for a in _attn_modules(model):
         a.scaling = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
@@ -342,6 +365,80 @@ def zero_centred_norm_as_plain(model) -> bool:
                 m.weight.sub_(1.0)
                 hit = True
     return hit
+def _gpt_oss_mlps(model):
+    return [layer.mlp for layer in model.model.layers] if model.config.model_type == "gpt_oss" else []
+
+
+def no_sinks(model) -> bool:
+    """gpt-oss: softmax without the sink logit in the denominator."""
+    hit = False
+    for a in _attn_modules(model):
+        if getattr(a, "sinks", None) is not None:
+            a.sinks.fill_(-float("inf"))
+            hit = True
+    return hit
+
+
+def sliding_mask_off(model) -> bool:
+    """Full attention on the sliding layers too (layer_types drives both the masks and the cache layers)."""
+    cfg = model.config
+    types = getattr(cfg, "layer_types", None) or []
+    if "sliding_attention" not in types:
+        return False
+    cfg.layer_types = ["full_attention"] * len(types)
+    for a in _attn_modules(model):
+        a.sliding_window = None
+    return True
+
+
+def swiglu_clamp_removed(model) -> bool:
+    for mlp in _gpt_oss_mlps(model):
+        mlp.experts.limit = float("inf")
+    return bool(_gpt_oss_mlps(model))
+
+
+def swiglu_without_up_plus_one(model) -> bool:
+    """gpt-oss: ``up * glu`` instead of ``(up + 1) * glu`` (clamps kept)."""
+    for mlp in _gpt_oss_mlps(model):
+        ex = mlp.experts
+
+        def gate_fn(gate_up, ex=ex):
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            gate = gate.clamp(min=None, max=ex.limit)
+            up = up.clamp(min=-ex.limit, max=ex.limit)
+            return up * (gate * torch.sigmoid(gate * ex.alpha))
+
+        ex._apply_gate = gate_fn
+    return bool(_gpt_oss_mlps(model))
+
+
+def router_bias_dropped(model) -> bool:
+    for mlp in _gpt_oss_mlps(model):
+        mlp.router.bias.zero_()
+    return bool(_gpt_oss_mlps(model))
+
+
+def softmax_before_topk(model) -> bool:
+    """gpt-oss: weights = the top-k of the softmax over all experts (no renormalisation), instead of the
+    softmax over the top-k logits (renormalising would make the two equal)."""
+    for mlp in _gpt_oss_mlps(model):
+        r = mlp.router
+
+        def forward(hidden_states, r=r):
+            logits = torch.nn.functional.linear(hidden_states, r.weight, r.bias)
+            probs = torch.softmax(logits, dim=-1)
+            top, idx = torch.topk(probs, r.top_k, dim=-1)
+            return logits, top, idx
+
+        r.forward = forward
+    return bool(_gpt_oss_mlps(model))
+
+
+def expert_biases_dropped(model) -> bool:
+    for mlp in _gpt_oss_mlps(model):
+        mlp.experts.gate_up_proj_bias.zero_()
+        mlp.experts.down_proj_bias.zero_()
+    return bool(_gpt_oss_mlps(model))
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -370,6 +467,15 @@ MUTATIONS: dict[str, Mutation] = {
     "gated-norm gate dropped": gated_norm_gate_dropped,
     "attention output gate dropped": output_gate_dropped,
     "zero-centred norm read as plain": zero_centred_norm_as_plain,
+    "YaRN truncate flipped": yarn_truncate_flipped,
+    "YaRN attention factor dropped": yarn_attention_factor_dropped,
+    "attention sinks dropped": no_sinks,
+    "sliding mask off (full attention)": sliding_mask_off,
+    "SwiGLU clamp removed": swiglu_clamp_removed,
+    "SwiGLU (up + 1) dropped": swiglu_without_up_plus_one,
+    "router bias dropped": router_bias_dropped,
+    "softmax before top-k": softmax_before_topk,
+    "expert biases dropped": expert_biases_dropped,
 }
 # module globals the mutations above may replace, restored after each run
 _PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "causal_conv1d_update", "l2norm", "torch")

@@ -1,9 +1,12 @@
 """Attention: GQA (with the qk-norm variants, biases, clip_qkv, partial rotary, sliding windows), DeepSeek MLA
 and the DSA lightning indexer (DeepSeek-V3.2, GLM-5). Each attention layer owns its KV cache.
 
-Scores are ``q . k^T * scale + mask`` and ``softmax`` in float32 (transformers' eager attention). Positions are
+Scores are ``q . k^T * scale + mask`` and ``softmax`` in float32 (transformers' eager attention); with attention
+sinks (gpt-oss) a learned per-head logit joins every softmax denominator and takes no value. Positions are
 absolute: a call with ``positions`` ``[p0, p0 + N)`` appends N keys to the cache, and query ``i`` sees keys
-``j <= positions[i]`` (and ``j > positions[i] - window`` under a sliding window).
+``j <= positions[i]`` (and ``j > positions[i] - window`` under a sliding window). A sliding layer's cache keeps
+only the last ``window - 1`` keys between calls (transformers' ``DynamicSlidingWindowLayer``): no later query
+can see an older one.
 """
 
 from __future__ import annotations
@@ -39,13 +42,22 @@ class KVBuffer:
         self.length += n
         return self.data[: self.length]
 
+    def keep_last(self, n: int) -> int:
+        """Drop all but the last ``n`` rows; returns how many were dropped."""
+        drop = max(self.length - n, 0)
+        if drop:
+            self.data[:n] = self.data[drop : self.length].copy()
+            self.length = n
+        return drop
+
     def reset(self) -> None:
         self.data, self.length = None, 0
 
 
-def causal_mask(positions: np.ndarray, T: int, window: int | None = None) -> np.ndarray:
-    """Boolean ``[N, T]``: query at ``positions[i]`` may see key ``j``."""
-    j = np.arange(T)[None, :]
+def causal_mask(positions: np.ndarray, T: int, window: int | None = None, first: int = 0) -> np.ndarray:
+    """Boolean ``[N, T]``: query at ``positions[i]`` may see key ``j`` (cached keys hold the absolute positions
+    ``first .. first + T - 1``)."""
+    j = first + np.arange(T)[None, :]
     p = positions[:, None]
     allowed = j <= p
     if window:
@@ -53,16 +65,28 @@ def causal_mask(positions: np.ndarray, T: int, window: int | None = None) -> np.
     return allowed
 
 
-def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scale: float) -> np.ndarray:
+def sink_softmax(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """``softmax([scores, sink])`` without the sink's column (transformers' gpt-oss eager attention): ``sinks``
+    broadcasts against ``scores[..., :1]``."""
+    m = np.maximum(np.max(scores, axis=-1, keepdims=True), sinks)
+    e = np.exp(scores - m)
+    return e / (np.sum(e, axis=-1, keepdims=True, dtype=F32) + np.exp(sinks - m))
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scale: float,
+           sinks: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """``q[N, Hq, D]``, ``k[T, Hkv, D]``, ``v[T, Hkv, Dv]`` (GQA: kv head j serves query heads
-    ``j*rep .. j*rep+rep-1``), ``allowed[N, T]`` -> ``[N, Hq * Dv]``."""
+    ``j*rep .. j*rep+rep-1``), ``allowed[N, T]``, optional ``sinks[Hq]`` -> ``[N, Hq * Dv]``."""
     N, Hq, D = q.shape
     T, Hkv, Dv = v.shape
     rep = Hq // Hkv
     qh = q.reshape(N, Hkv, rep, D).transpose(1, 2, 0, 3)  # [Hkv, rep, N, D]
     kh = k.transpose(1, 2, 0)[:, None]  # [Hkv, 1, D, T]
-    scores = (qh @ kh) * F32(scale)  # [Hkv, rep, N, T]
-    p = softmax(np.where(allowed[None, None], scores, NEG_INF))
+    scores = np.where(allowed[None, None], (qh @ kh) * F32(scale), NEG_INF)  # [Hkv, rep, N, T]
+    if sinks is None:
+        p = softmax(scores)
+    else:
+        p = sink_softmax(scores, sinks.astype(F32).reshape(Hkv, rep, 1, 1))
     out = p @ v.transpose(1, 0, 2)[:, None]  # [Hkv, rep, N, Dv]
     return np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(N, Hq * Dv)
 
@@ -71,7 +95,8 @@ class GQAAttention:
     """Grouped-query attention with the per-family options.
 
     ``qk_norm``: ``None``, ``"full"`` (OLMoE: RMSNorm over the whole q / k projection before the head split) or
-    ``"head"`` (Qwen3 / GLM: per-head RMSNorm of weight ``[head_dim]``). Biases are used when present.
+    ``"head"`` (Qwen3 / GLM: per-head RMSNorm of weight ``[head_dim]``). Biases are used when present; with
+    ``args.attention_sinks`` the per-head logits ``self_attn.sinks [heads]`` join the softmax (gpt-oss).
     ``args.attn_output_gate`` (Qwen3-Next, Qwen3.5): ``q_proj`` gives ``[query | gate]`` per head (twice as
     wide) and the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj``."""
 
@@ -93,17 +118,21 @@ class GQAAttention:
             self.q_norm = norm_weight(ckpt, f"{p}.q_norm.weight", D, args.zero_centred_norms)
             self.k_norm = norm_weight(ckpt, f"{p}.k_norm.weight", D, args.zero_centred_norms)
         self.clip = args.clip_qkv
+        self.sinks = ckpt.vector(f"{p}.sinks", self.nq) if args.attention_sinks else None
         self.window = args.sliding_windows[layer]
         self.rope, self.scale = rope, D**-0.5
         self.kc, self.vc = KVBuffer(), KVBuffer()
+        self.first = 0  # absolute position of the first cached key (a sliding layer drops older ones)
 
     @property
     def nbytes(self) -> int:
-        return self.q.nbytes + self.k.nbytes + self.v.nbytes + self.o.nbytes
+        n = self.q.nbytes + self.k.nbytes + self.v.nbytes + self.o.nbytes
+        return n + (self.sinks.nbytes if self.sinks is not None else 0)
 
     def reset(self) -> None:
         self.kc.reset()
         self.vc.reset()
+        self.first = 0
 
     def __call__(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         N = x.shape[0]
@@ -123,9 +152,13 @@ class GQAAttention:
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         K = self.kc.append(k)
         V = self.vc.append(v.reshape(N, self.nkv, self.D))
-        out = attend(q, K, V, causal_mask(positions, K.shape[0], self.window), self.scale)
+        allowed = causal_mask(positions, K.shape[0], self.window, self.first)
+        out = attend(q, K, V, allowed, self.scale, self.sinks)
         if gate is not None:
             out = out * sigmoid(gate)
+        if self.window:  # later queries (positions > these) never see keys older than the last window - 1
+            self.first += self.kc.keep_last(self.window - 1)
+            self.vc.keep_last(self.window - 1)
         return self.o(out)
 
 

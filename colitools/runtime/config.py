@@ -38,6 +38,7 @@ FAMILY_MODULES: dict[str, str] = {
     "qwen3_next": "qwen3_next",
     "qwen3_5_moe": "qwen3_next",
     "qwen3_5_moe_text": "qwen3_next",
+    "gpt_oss": "gpt_oss",
 }
 
 
@@ -119,15 +120,19 @@ class ModelArgs:
     clip_qkv: float | None = None
     use_qk_norm: bool = False
     sliding_windows: list[int | None] = field(default_factory=list)  # per layer, None = full attention
+    attention_sinks: bool = False  # gpt-oss: a learned per-head logit ``self_attn.sinks`` in every softmax
     # layer schedule
     moe_layers: list[bool] = field(default_factory=list)  # per layer: routed experts or a dense MLP
     # routing
-    router: str = "softmax"  # "softmax" | "noaux_tc"
+    router: str = "softmax"  # "softmax" | "noaux_tc" | "topk_softmax" (gpt-oss: softmax over the top-k logits)
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
     shared_expert_intermediate_size: int = 0  # 0 = no shared expert
     shared_expert_gated: bool = False  # Qwen2: sigmoid(x . shared_expert_gate) * shared(x)
+    # routed experts: down(silu(gate) * up), or gpt-oss's clamped SwiGLU with biases when swiglu_limit is set
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
     # MLA (DeepSeek-V3 / GLM-5)
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0

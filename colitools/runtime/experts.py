@@ -3,12 +3,14 @@
 An expert is three stored projections (gate, up, down). Their byte ranges (codes and scales) are coalesced per
 file: in the "pairs" and planar layouts an expert's codes and scales are one contiguous record, so an expert is
 one ``pread``. The cached expert keeps the stored codes and runs the kernels on them (``QTensor``); only float
-sources are held as float32. What is cached never changes what is computed, so the cap cannot change a token.
+sources are held as float32. Per-expert biases (gpt-oss, F32 vectors in the container) are read with their
+expert and cached with it. What is cached never changes what is computed, so the cap cannot change a token.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,19 +18,22 @@ import numpy as np
 from colitools.errors import RuntimeModelError
 from colitools.runtime.kernels import QTensor
 from colitools.runtime.ops import silu
-from colitools.runtime.weights import Checkpoint, Stored, qtensor
+from colitools.runtime.weights import Checkpoint, Stored, decode_stored, qtensor
 
 F32 = np.float32
 
 
 class Expert:
-    """One routed expert: ``down(silu(gate(x)) * up(x))`` on stored codes."""
+    """One routed expert: ``down(silu(gate(x)) * up(x))`` on stored codes. ``biases``: the (gate, up, down)
+    float32 bias vectors of a family whose experts have them (used by its own ``Expert`` subclass)."""
 
-    __slots__ = ("gate", "up", "down", "nbytes")
+    __slots__ = ("gate", "up", "down", "biases", "nbytes")
 
-    def __init__(self, gate: QTensor, up: QTensor, down: QTensor):
-        self.gate, self.up, self.down = gate, up, down
-        self.nbytes = gate.nbytes + up.nbytes + down.nbytes
+    def __init__(
+        self, gate: QTensor, up: QTensor, down: QTensor, biases: tuple[np.ndarray, ...] | None = None
+    ):
+        self.gate, self.up, self.down, self.biases = gate, up, down, biases
+        self.nbytes = gate.nbytes + up.nbytes + down.nbytes + sum(b.nbytes for b in biases or ())
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.down.matmul(silu(self.gate.matmul(x)) * self.up.matmul(x))
@@ -53,12 +58,18 @@ class StoreStats:
 
 
 class ExpertStore:
-    """The routed experts of one MoE layer; ``get(e)`` returns a cached or freshly read ``Expert``."""
+    """The routed experts of one MoE layer; ``get(e)`` returns a cached or freshly read ``Expert``.
 
-    def __init__(self, ckpt: Checkpoint, layer: int, sources: list[tuple[Stored, Stored, Stored]], cap: int):
+    ``biases`` (optional): per expert the stored (gate, up, down) bias vectors (``Stored`` of ``[n, 1]``), read
+    in the same positional reads as the weights; ``make`` builds the expert (the family's ``Expert`` class)."""
+
+    def __init__(self, ckpt: Checkpoint, layer: int, sources: list[tuple[Stored, Stored, Stored]], cap: int,
+                 biases: list[tuple[Stored, Stored, Stored]] | None = None,
+                 make: Callable[..., Expert] = Expert):  # fmt: skip
         if cap < 1:
             raise RuntimeModelError(f"expert cache capacity must be >= 1, got {cap}")
         self.ckpt, self.layer, self.sources, self.cap = ckpt, layer, sources, cap
+        self.biases, self.make = biases, make
         self.cache: OrderedDict[int, Expert] = OrderedDict()
         self.stats = StoreStats()
 
@@ -67,7 +78,8 @@ class ExpertStore:
         return len(self.sources)
 
     def expert_nbytes(self, e: int) -> int:
-        return sum(st.resident_nbytes for st in self.sources[e])
+        n = sum(st.resident_nbytes for st in self.sources[e])
+        return n + (sum(st.resident_nbytes for st in self.biases[e]) if self.biases else 0)
 
     def get(self, e: int) -> Expert:
         hit = self.cache.get(e)
@@ -86,7 +98,9 @@ class ExpertStore:
     def _read(self, e: int) -> Expert:
         """Fetch every byte range of expert ``e`` with as few positional reads as the layout allows."""
         sts = self.sources[e]
-        ranges = [(st.path, *st.data) for st in sts] + [(st.path, *st.scale) for st in sts if st.scale]
+        bias_sts = self.biases[e] if self.biases else ()
+        ranges = [(st.path, *st.data) for st in (*sts, *bias_sts)]
+        ranges += [(st.path, *st.scale) for st in sts if st.scale]
         views: dict[tuple[str, int, int], memoryview] = {}
         for path, begin, end, members in _coalesce(ranges):
             buf = memoryview(self.ckpt.pread(path, begin, end))
@@ -96,7 +110,10 @@ class ExpertStore:
                 views[(path, b, t)] = buf[b - begin : t - begin]
         q = [qtensor(st, views[(st.path, *st.data)], views[(st.path, *st.scale)] if st.scale else None)
              for st in sts]  # fmt: skip
-        return Expert(*q)
+        if not bias_sts:
+            return self.make(*q)
+        biases = tuple(decode_stored(st, views[(st.path, *st.data)], None).reshape(-1) for st in bias_sts)
+        return self.make(*q, biases)
 
     def clear(self) -> None:
         self.cache.clear()

@@ -22,9 +22,17 @@ import numpy as np
 
 from colitools.errors import RuntimeModelError
 from colitools.formats.filenames import USAGE_FILE
-from colitools.formats.names import expert_tensor_name, layer_path, module_path, stack_name
+from colitools.formats.names import (
+    MXFP4_STACK_SUFFIXES,
+    Orientation,
+    expert_tensor_name,
+    layer_path,
+    module_path,
+    stack_name,
+    stack_orientation,
+)
 from colitools.runtime.config import ModelArgs, family_module
-from colitools.runtime.experts import ExpertStore, StoreStats
+from colitools.runtime.experts import Expert, ExpertStore, StoreStats
 from colitools.runtime.moe import SparseMoE
 from colitools.runtime.ops import MLP, Embedding, Linear, norm_weight, rms_norm
 from colitools.runtime.rope import Rope
@@ -70,22 +78,57 @@ class LayerContext:
     def dense_mlp(self, layer: int) -> MLP:
         return MLP(self.ckpt, module_path(layer, "mlp"), self.args.hidden_size, self.args.intermediate_size)
 
-    def sparse_moe(self, layer: int) -> SparseMoE:
+    def sparse_moe(self, layer: int, biases: list[tuple[Stored, Stored, Stored]] | None = None,
+                   make: type[Expert] | None = None) -> SparseMoE:  # fmt: skip
+        """The layer's MoE block; ``biases`` / ``make``: per-expert biases and the family's expert class."""
         store = ExpertStore(
-            self.ckpt, layer, expert_sources(self.args, self.ckpt, layer), self.args.num_experts
-        )
+            self.ckpt, layer, expert_sources(self.args, self.ckpt, layer), self.args.num_experts,
+            biases, make or Expert,
+        )  # fmt: skip
         self.stores[layer] = store
         return SparseMoE(
             self.args, self.ckpt, layer, store, None if self.usage is None else self.usage[layer]
         )
 
 
+# How (gate, up, down) sit in an interleaved or transposed expert stack: (start, step, transposed) per
+# projection, for Checkpoint.stack_expert (orientation: names.stack_orientation, a fact of the family).
+STACK_PICKS: dict[Orientation, tuple[tuple[int, int, bool], ...]] = {
+    Orientation.ROWS_INTERLEAVED: ((0, 2, False), (1, 2, False), (0, 1, False)),
+    Orientation.TRANSPOSED_INTERLEAVED: ((0, 2, True), (1, 2, True), (0, 1, True)),
+}
+
+
 def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stored, Stored]]:
     """Stored (gate, up, down) of every routed expert of a layer: per-expert tensors, or slices of the fused
-    ``experts.gate_up_proj [E, 2I, H]`` (gate rows first) and ``experts.down_proj [E, H, I]``."""
+    ``experts.gate_up_proj [E, 2I, H]`` (gate rows first) and ``experts.down_proj [E, H, I]``, or of a stack in
+    the family's interleaved / transposed orientation (gpt-oss ``[E, H, 2I]`` gate = even columns, ``[E, I, H]``)."""
     p = module_path(layer, "mlp.experts")
     H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
     gate_up, down = stack_name(p, "gate_up"), stack_name(p, "down")
+    orientation = stack_orientation(args.model_type) or Orientation.ROWS
+    picks = STACK_PICKS.get(orientation)
+    blocks, scales = MXFP4_STACK_SUFFIXES
+    if ckpt.has(gate_up + blocks):  # native MXFP4 stacks: rows = outputs, gate / up rows interleaved
+        if not picks:
+            raise RuntimeModelError(
+                f"{ckpt.dir}: native MXFP4 expert stacks of a {orientation} family ({args.model_type}) are not "
+                "supported (only interleaved gate / up rows, gpt-oss)"
+            )
+        g, u = (0, 2), (1, 2)
+        return [
+            (ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, g, I, H),
+             ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, u, I, H),
+             ckpt.mxfp4_stack_expert(down + blocks, down + scales, e, E, (0, 1), H, I))
+            for e in range(E)
+        ]  # fmt: skip
+    if ckpt.has(gate_up) and picks:
+        g, u, d = picks
+        return [
+            (ckpt.stack_expert(gate_up, e, E, g, I, H), ckpt.stack_expert(gate_up, e, E, u, I, H),
+             ckpt.stack_expert(down, e, E, d, H, I))
+            for e in range(E)
+        ]  # fmt: skip
     if ckpt.has(gate_up):
         return [
             (ckpt.fused_expert(gate_up, e, E, slice(0, I), I, H),

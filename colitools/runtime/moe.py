@@ -1,4 +1,5 @@
-"""Routers (softmax top-k, DeepSeek's group-limited ``noaux_tc`` sigmoid) and the sparse MoE block.
+"""Routers (softmax top-k, DeepSeek's group-limited ``noaux_tc`` sigmoid, gpt-oss's softmax over the top-k
+logits) and the sparse MoE block.
 
 The block sums expert outputs per token in ascending expert order, as transformers' expert loop does
 (``index_add_`` over the experts that were hit, lowest index first), then adds the shared expert.
@@ -31,6 +32,12 @@ def softmax_topk(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndar
     if renormalize:
         w = w / np.sum(w, axis=-1, keepdims=True, dtype=F32)
     return idx, w.astype(F32)
+
+
+def topk_softmax(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """gpt-oss: top-k of the logits, weights = softmax over those k logits."""
+    idx = _topk(logits, k)
+    return idx, softmax(np.take_along_axis(logits.astype(F32), idx, axis=-1)).astype(F32)
 
 
 def noaux_tc(
@@ -71,7 +78,8 @@ class SparseMoE:
         p = module_path(layer, "mlp")
         H, E = args.hidden_size, args.num_experts
         self.args, self.layer, self.store, self.usage = args, layer, store, usage
-        self.router = Linear(ckpt.resident(f"{p}.gate.weight", E, H))
+        router_bias = ckpt.vector(f"{p}.gate.bias", E) if ckpt.has(f"{p}.gate.bias") else None  # gpt-oss
+        self.router = Linear(ckpt.resident(f"{p}.gate.weight", E, H), router_bias)
         self.bias = ckpt.vector(f"{p}.gate.e_score_correction_bias", E) if args.router == "noaux_tc" else None
         self.shared = None
         self.shared_gate = None
@@ -91,6 +99,8 @@ class SparseMoE:
         if a.router == "noaux_tc":
             return noaux_tc(logits, self.bias, a.num_experts_per_tok, a.n_group, a.topk_group,
                             a.norm_topk_prob, a.routed_scaling_factor)  # fmt: skip
+        if a.router == "topk_softmax":
+            return topk_softmax(logits, a.num_experts_per_tok)
         return softmax_topk(logits, a.num_experts_per_tok, a.norm_topk_prob)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

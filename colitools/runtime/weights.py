@@ -47,7 +47,10 @@ class Stored:
 
     ``form``: ``"float"`` (F32/BF16/F16 tensor), ``"fp8-source"`` (F8_E4M3 + ``weight_scale_inv``), or a
     registry format name (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
-    ``path``. ``row_offset`` selects rows of a fused ``[E, 2I, H]`` tensor (already folded into ``data``)."""
+    ``path``. ``row_offset`` selects rows of a fused ``[E, 2I, H]`` tensor (already folded into ``data``).
+    ``pick`` ``(R, C, start, step, transposed)``: the bytes are one expert's whole slab ``[R, C]`` of a stack
+    whose projections are interleaved or transposed; the weight is ``slab[start::step]`` (``transposed``:
+    ``slab[:, start::step].T``, float only)."""
 
     name: str
     form: str
@@ -61,6 +64,7 @@ class Stored:
     gs: int | None = None
     planar: bool = False
     fp8_block: tuple[int, int] = (128, 128)
+    pick: tuple[int, int, int, int, bool] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -71,18 +75,26 @@ class Stored:
         """Bytes this weight takes once read for a kernel (float sources become float32)."""
         if self.form == "float" or (self.form == "fp8-source" and self.fp8_block != _FP8_B128_BLOCK):
             return Float.weight_nbytes(self.O, self.I)
+        if self.pick:  # the picked rows of a quantized stack slab (codes and scales alike)
+            R, _, start, step, _ = self.pick
+            return self.nbytes * len(range(start, R, step)) // R
         return self.nbytes
 
 
 def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryview | None) -> np.ndarray:
     """Float32 ``[O, I]`` of a stored weight from its bytes (the numpy reference decoders)."""
     if st.form == "float":
-        return np.frombuffer(data, dtype=numpy_dtype(st.dtype)).astype(F32).reshape(st.O, st.I)
+        w = np.frombuffer(data, dtype=numpy_dtype(st.dtype)).astype(F32)
+        return _picked(w, st) if st.pick else w.reshape(st.O, st.I)
     if st.form == "fp8-source":
         q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
         return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
-    codes = np.frombuffer(data, dtype=np.uint8).reshape(st.O, -1)
+    if st.pick:  # rows of a quantized stack slab
+        codes = _picked(np.frombuffer(data, dtype=np.uint8), st)
+        scale = _picked(np.frombuffer(scale, dtype=np.uint8), st).tobytes()
+    else:
+        codes = np.frombuffer(data, dtype=np.uint8).reshape(st.O, -1)
     if st.planar:
         codes = planar_to_pairs(codes)
     fmt = by_name(st.form)
@@ -93,6 +105,14 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
         raise RuntimeModelError(f"tensor {st.name}: {exc}") from None
 
 
+def _picked(slab: np.ndarray, st: Stored) -> np.ndarray:
+    """``st``'s weight out of its expert's whole slab (``Stored.pick``), contiguous ``[O, I]``."""
+    R, C, start, step, transposed = st.pick
+    slab = slab.reshape(R, -1) if not transposed else slab.reshape(R, C)
+    w = slab[:, start::step].T if transposed else slab[start::step]
+    return np.ascontiguousarray(w)
+
+
 _FP8_B128_BLOCK = Fp8E4m3B128.block  # (128, 128): an FP8 source with these blocks runs the fp8 kernel as is
 
 
@@ -101,6 +121,9 @@ def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
     if st.form == "float" or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK):
         return QTensor(Float.matmul_kind, decode_stored(st, data, scale), None, st.O, st.I, None)
     codes = np.frombuffer(data, dtype=np.uint8)
+    if st.pick:  # rows of a quantized stack slab: codes and scales hold the same rows
+        codes = _picked(codes, st)
+        scale = memoryview(_picked(np.frombuffer(scale, dtype=np.uint8), st).reshape(-1))
     if st.form == "fp8-source":
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
         return QTensor(Fp8E4m3B128.matmul_kind, codes, s, st.O, st.I, None)
@@ -222,6 +245,83 @@ class Checkpoint:
         isz = numpy_dtype(info.dtype).itemsize
         begin = info.begin + (expert * R + rows.start) * C * isz
         return Stored(f"{name}[{expert}]", "float", O, I, path, (begin, begin + O * I * isz), info.dtype)
+
+    def stack_expert(self, name: str, expert: int, n_experts: int, pick: tuple[int, int, bool],
+                     O: int, I: int) -> Stored:  # fmt: skip
+        """Expert ``expert``'s ``[O, I]`` of a float stack ``[E, R, C]`` whose projections are interleaved or
+        transposed: ``pick = (start, step, transposed)`` (rows ``start::step`` of the expert's slab, or those
+        columns, transposed). The whole slab is read (one range, shared by the projections it holds)."""
+        path, info, _ = self._info(name)
+        start, step, transposed = pick
+        if info.dtype not in FLOAT_DTYPES or len(info.shape) != 3 or info.shape[0] != n_experts:
+            raise RuntimeModelError(
+                f"expert stack {name} is {info.dtype} {list(info.shape)}, expected a float [{n_experts}, R, C]"
+            )
+        E, R, C = info.shape
+        got = (len(range(start, C, step)), R) if transposed else (len(range(start, R, step)), C)
+        if got != (O, I):
+            raise RuntimeModelError(f"expert stack {name} is {list(info.shape)}; cannot take [{O}, {I}]")
+        n = R * C * numpy_dtype(info.dtype).itemsize
+        begin = info.begin + expert * n
+        return Stored(f"{name}[{expert}]", "float", O, I, path, (begin, begin + n), info.dtype,
+                      pick=(R, C, start, step, transposed))  # fmt: skip
+
+    def mxfp4_stack_expert(self, blocks: str, scales: str, expert: int, n_experts: int, pick: tuple[int, int],
+                           O: int, I: int) -> Stored:  # fmt: skip
+        """Expert ``expert``'s ``[O, I]`` of a native MXFP4 stack (``names.MXFP4_STACK_SUFFIXES``: blocks U8
+        ``[E, R, I/32, 16]`` + E8M0 scales ``[E, R, I/32]``): rows ``start::step`` (``pick``) of its slab, kept
+        as mxfp4 codes. The expert's whole slab is read (one range per tensor, shared by gate and up)."""
+        start, step = pick
+        (path, binfo, _), (spath, sinfo, _) = self._info(blocks), self._info(scales)
+        bshape, sshape = tuple(binfo.shape), tuple(sinfo.shape)
+        R = bshape[1] if len(bshape) == 4 else -1
+        if (binfo.dtype != "U8" or sinfo.dtype != "U8" or len(bshape) != 4 or bshape[0] != n_experts
+                or bshape[3] != 16 or sshape != bshape[:3] or bshape[2] * 32 != I
+                or len(range(start, R, step)) != O):  # fmt: skip
+            raise RuntimeModelError(
+                f"MXFP4 expert stack {blocks} is {binfo.dtype} {list(bshape)} with scales {sinfo.dtype} "
+                f"{list(sshape)}; cannot take [{O}, {I}] (expected U8 [{n_experts}, R, {I // 32}, 16] + "
+                f"U8 [{n_experts}, R, {I // 32}])"
+            )
+        nb, ns = R * I // 2, R * I // 32
+        b0, s0 = binfo.begin + expert * nb, sinfo.begin + expert * ns
+        if spath != path:  # an expert's ranges are read per file; keep the record simple
+            raise RuntimeModelError(
+                f"MXFP4 expert stack {blocks} and its scales {scales} are in different shards"
+            )
+        return Stored(f"{blocks}[{expert}]", "mxfp4", O, I, path, (b0, b0 + nb), "U8", (s0, s0 + ns), "U8",
+                      pick=(R, I // 2, start, step, False))  # fmt: skip
+
+    def _info(self, name: str):
+        if name not in self.infos:
+            raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
+        return self.infos[name]
+
+    def stack_bias(self, name: str, expert: int, n_experts: int, start: int, step: int, n: int) -> Stored:
+        """Expert ``expert``'s bias (entries ``start::step`` of row ``expert``) of a float stack bias ``[E, R]``,
+        as a ``[n, 1]`` float ``Stored`` (the whole row is read)."""
+        path, info, _ = self.infos[name]
+        if info.dtype not in FLOAT_DTYPES or len(info.shape) != 2 or info.shape[0] != n_experts or \
+                len(range(start, info.shape[1], step)) != n:  # fmt: skip
+            raise RuntimeModelError(
+                f"expert stack bias {name} is {info.dtype} {list(info.shape)}; cannot take {n} entries per expert"
+            )
+        R = info.shape[1]
+        size = R * numpy_dtype(info.dtype).itemsize
+        begin = info.begin + expert * size
+        return Stored(f"{name}[{expert}]", "float", n, 1, path, (begin, begin + size), info.dtype,
+                      pick=(R, 1, start, step, False))  # fmt: skip
+
+    def vector_stored(self, name: str, n: int) -> Stored:
+        """A 1-D float tensor ``[n]`` as a ``[n, 1]`` float ``Stored`` (an expert's bias, read with it)."""
+        if name not in self.infos:
+            raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
+        path, info, _ = self.infos[name]
+        if info.dtype not in FLOAT_DTYPES or info.shape != (n,):
+            raise RuntimeModelError(
+                f"tensor {name} is {info.dtype} {list(info.shape)}, expected a float [{n}]"
+            )
+        return Stored(name, "float", n, 1, path, (info.begin, info.end), info.dtype)
 
     # ---------------------------------------------------------------------------------------------- reads
     def pread(self, path: str, begin: int, end: int) -> bytes:

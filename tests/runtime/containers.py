@@ -35,13 +35,19 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
         f = SafetensorsFile(path)
         names = set(f.tensors)
         for name, info in f.tensors.items():
-            if name.endswith("_scale_inv"):
+            if name.endswith("_scale_inv") or name.endswith(".experts.gate_up_proj_scales") or \
+                    name.endswith(".experts.down_proj_scales"):  # fmt: skip
                 continue
             a = f.read(name)
+            if name.endswith(("experts.gate_up_proj_blocks", "experts.down_proj_blocks")):  # native MXFP4
+                name = name[: -len("_blocks")]
+                a = dequant_mxfp4_stack(a, f.read(name + "_scales"))
             if info.dtype == "F8_E4M3":
                 a = ref.dequant_fp8_block(a.view(np.uint8), f.read(name + "_scale_inv"), block)
             a = np.asarray(a).astype(np.float32)
-            if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            if config["model_type"] == "gpt_oss" and ".experts." in name:
+                out.update(_gpt_oss_split(name, a))
+            elif name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
                 base = name.rsplit(".", 1)[0]
                 for e in range(a.shape[0]):
                     if name.endswith("gate_up_proj"):
@@ -54,6 +60,46 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
                 out[name] = a
         f.close()
         assert names
+    return out
+
+
+# transformers 5.24 integrations/mxfp4.py FP4_VALUES (E2M1, index = nibble)
+FP4_VALUES = [+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def dequant_mxfp4_stack(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """numpy restatement of transformers' ``_convert_moe_packed_tensors`` (gpt-oss native MXFP4 stacks):
+    ``[E, R, G, 16]`` + ``[E, R, G]`` -> float32 ``[E, G * 32, R]`` (low nibble = even element,
+    ``ldexp(v, scale - 127)``, then ``transpose(1, 2)``: the float stack's orientation)."""
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    blocks = np.asarray(blocks, dtype=np.uint8)
+    out = np.empty((*blocks.shape[:-1], 32), dtype=np.float32)
+    out[..., 0::2] = lut[blocks & 0x0F]
+    out[..., 1::2] = lut[blocks >> 4]
+    out = np.ldexp(out, (np.asarray(scales).astype(np.int32) - 127)[..., None]).astype(np.float32)
+    E, R = blocks.shape[:2]
+    return np.ascontiguousarray(out.reshape(E, R, -1).transpose(0, 2, 1))
+
+
+def _gpt_oss_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
+    """gpt-oss stacks (transformers GptOssExperts): ``gate_up_proj [E, H, 2I]`` with ``x @ W`` and gate = even
+    columns, up = odd; ``down_proj [E, I, H]``; ``gate_up_proj_bias [E, 2I]`` interleaved the same way,
+    ``down_proj_bias [E, H]`` -> per-expert ``[O, I]`` weights and ``[O]`` biases."""
+    base, leaf = name.rsplit(".", 1)
+    out = {}
+    for e in range(a.shape[0]):
+        if leaf == "gate_up_proj":
+            out[f"{base}.{e}.gate_proj.weight"] = a[e][:, 0::2].T.copy()
+            out[f"{base}.{e}.up_proj.weight"] = a[e][:, 1::2].T.copy()
+        elif leaf == "down_proj":
+            out[f"{base}.{e}.down_proj.weight"] = a[e].T.copy()
+        elif leaf == "gate_up_proj_bias":
+            out[f"{base}.{e}.gate_proj.bias"] = a[e][0::2].copy()
+            out[f"{base}.{e}.up_proj.bias"] = a[e][1::2].copy()
+        elif leaf == "down_proj_bias":
+            out[f"{base}.{e}.down_proj.bias"] = a[e].copy()
+        else:
+            raise AssertionError(f"unknown gpt-oss expert tensor {name}")
     return out
 
 

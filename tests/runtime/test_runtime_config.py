@@ -132,7 +132,7 @@ def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
 
     assert set(FAMILY_MODULES) == set(RUNNABLE_MODEL_TYPES)
     assert set(FAMILY_MODULES) >= {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
-                                   "glm_moe_dsa", "kimi_k25", "deepseek_v32"}  # fmt: skip
+                                   "glm_moe_dsa", "kimi_k25", "deepseek_v32", "gpt_oss"}  # fmt: skip
     for mt in FAMILY_MODULES:
         module = family_module(mt)
         assert mt in module.DEFAULTS and callable(module.family_args) and callable(module.build_layer)
@@ -164,3 +164,41 @@ def test_malformed_values_are_one_runtime_error_naming_the_key():
     with pytest.raises(RuntimeModelError, match="qk_rope_head_dim"):  # was a KeyError
         ModelArgs.from_config({"model_type": "deepseek_v3", "n_routed_experts": 8, **BASE, "n_group": 1,
                                **{k: v for k, v in MLA.items() if k != "qk_rope_head_dim"}})  # fmt: skip
+
+
+# transformers 5.24 _compute_yarn_parameters for gpt-oss's RoPE over head_dim 16 (theta 150000, factor 32,
+# original 4096, beta 32/1), printed from the oracle venv: truncate false keeps the fractional correction range
+GPT_OSS_INV_FREQ = {
+    False: [1.0, 0.22541800141334534, 0.05081327259540558, 0.006794959306716919, 0.0004564839182421565,
+            1.818833698052913e-05, 4.099978468730114e-06, 9.242089618055616e-07],
+    True: [1.0, 0.22541800141334534, 0.05081327259540558, 0.007755465339869261, 0.0009144543437287211,
+           1.818833698052913e-05, 4.099978468730114e-06, 9.242089618055616e-07],
+}  # fmt: skip
+GPT_OSS = {"model_type": "gpt_oss", "num_local_experts": 4, **BASE, "head_dim": 16, "intermediate_size": 32}
+
+
+def test_gpt_oss_defaults_are_transformers_config_defaults():
+    a = ModelArgs.from_config(GPT_OSS)  # no rope_parameters, layer_types, sliding_window, swiglu_*
+    assert a.rope.rope_type == "yarn" and a.rope.theta == 150000.0 and a.rope.factor == 32.0
+    assert a.rope.original_max_position_embeddings == 4096 and a.rope.truncate is False and a.rope.dim == 16
+    assert a.sliding_windows == [128, None, 128, None]  # even layers slide (GptOssConfig layer_types)
+    assert a.attention_sinks and a.router == "topk_softmax" and (a.swiglu_alpha, a.swiglu_limit) == (1.702, 7.0)
+    assert a.moe_intermediate_size == 32 and a.moe_layers == [True] * 4
+    assert ModelArgs.from_config({**GPT_OSS, "head_dim": None}).head_dim == 64  # GptOssConfig.head_dim = 64
+    types = ["full_attention", "sliding_attention", "full_attention", "full_attention"]
+    b = ModelArgs.from_config({**GPT_OSS, "layer_types": types, "sliding_window": 8, "swiglu_limit": 5.0})
+    assert b.sliding_windows == [None, 8, None, None] and b.swiglu_limit == 5.0
+    with pytest.raises(RuntimeModelError, match="layer_types"):
+        ModelArgs.from_config({**GPT_OSS, "layer_types": ["sliding_attention"]})
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_gpt_oss_yarn_matches_transformers(truncate):
+    yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": truncate,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+    new = ModelArgs.from_config({**GPT_OSS, "rope_parameters": {**yarn, "rope_theta": 150000.0}})
+    hub = ModelArgs.from_config({**GPT_OSS, "rope_theta": 150000.0, "rope_scaling": yarn})  # hub config.json
+    assert new.rope == hub.rope and new.rope.truncate is truncate
+    inv, scaling = inv_freq_and_scaling(new.rope)
+    np.testing.assert_allclose(inv, GPT_OSS_INV_FREQ[truncate], rtol=1e-6)
+    assert math.isclose(scaling, 0.1 * math.log(32.0) + 1.0)

@@ -22,7 +22,7 @@ def run(model_dir, cap, ref):
 @pytest.mark.parametrize(
     "fixture,recipe", [("qwen2_moe", "default"), ("deepseek_v3", "mxfp4"), ("mixtral_bf16_fused", "f32"),
                        ("glm_moe_dsa_sparse", "planar"), ("deepseek_v3_fp8", "f32"), ("kimi_k25_tied", "default"),
-                       ("deepseek_v32_sparse", "int3")]
+                       ("deepseek_v32_sparse", "int3"), ("gpt_oss", "f32"), ("gpt_oss", "int3")]
 )  # fmt: skip
 def test_cap_1_2_all_give_identical_tokens_and_logits(fixture, recipe, tmp_path):
     ref = reference(fixture, recipe)
@@ -31,7 +31,7 @@ def test_cap_1_2_all_give_identical_tokens_and_logits(fixture, recipe, tmp_path)
         model_dir = build_container(
             model_dir, ref, tmp_path / "c", layout="planar" if recipe == "planar" else "pairs"
         )
-    n_experts = 8 if fixture != "mixtral" else 6
+    n_experts = {"mixtral": 6, "gpt_oss": 4}.get(fixture, 8)
     results = {cap: run(model_dir, cap, ref) for cap in (1, 2, None)}
     base = results[None]
     assert base[4]["cap"] == n_experts  # default budget holds every expert of these tiny models
