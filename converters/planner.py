@@ -21,7 +21,7 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from colitools.converters import recipe as rc
@@ -120,9 +120,10 @@ class OutputGroup:
     def entries(self) -> list[Entry]:
         if self.merged is not None:
             blob, scale = self.merged
-            n_codes = sum(j.O * j.I for j in self.jobs)
-            n_scales = sum(j.O for j in self.jobs)
-            return [(blob, targets.MERGED.dtype, (n_codes,)), (scale, targets.MERGED.scale_dtype, (n_scales,))]
+            layout, first = targets.MERGED, self.jobs[0]
+            fmt = first.target.fmt
+            n_codes, n_scales = layout.sizes(first.I, first.O, fmt, first.target.gs)  # gate is [I, H]
+            return [(blob, layout.blob_dtype(fmt), (n_codes,)), (scale, layout.scale_dtype, (n_scales,))]
         return [j.weight_entry for j in self.jobs] + [j.scale_entry for j in self.jobs if j.scale_entry]
 
     @property
@@ -320,7 +321,10 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block, orientation))
+        jobs = _jobs_for(src, role, recipe, fp8_block, orientation)
+        if target.rename:  # the names the target's loader looks up (formats/targets.py)
+            jobs = [_renamed(j, target) for j in jobs]
+        by_unit[ukey].extend(jobs)
 
     fallbacks: list[rc.Fallback] = []
     drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]] = []
@@ -363,6 +367,11 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             out.append(OutputFile(sidecar.layer_file_path(layer), tuple(groups), meta, True, layer))
         units.append(Unit(key, tuple(out)))
     return ConversionPlan(units, recipe, inventory, fallbacks, dropped)
+
+
+def _renamed(job: TensorJob, target: targets.Target) -> TensorJob:
+    base = target.out_name(job.expert_base) if job.expert_base is not None else None
+    return replace(job, out_name=target.out_name(job.out_name), expert_base=base)
 
 
 def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
@@ -461,18 +470,30 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
             f"{'/'.join(layout.projections)} record, which {target.loader} reads as one merged blob"
         )
     gate, up, down = group.jobs
+    wanted = target.expert_options or (layout.fmt,)
     for j in group.jobs:
-        if j.target.fmt != layout.fmt:
+        if j.target.label not in wanted or (j.target.fmt, j.target.gs) != (gate.target.fmt, gate.target.gs):
             why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
             raise ConvertError(
                 f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
-                f"{j.target.label}{why}; {target.loader} reads {layout.fmt} only"
+                f"{j.target.label}{why}; {target.loader} reads gate, up and down in one of "
+                f"{', '.join(wanted)} only"
             )
     if (gate.O, gate.I) != (up.O, up.I) or (down.O, down.I) != (gate.I, gate.O):
         raise ConvertError(
             f"--target {target.name}: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
             f"up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], [I, H], [H, I]"
         )
+    fmt, gs = gate.target.fmt, gate.target.gs
+    if fmt != targets.INT8_ROW and (gate.O % 2 or gate.I % 2):
+        raise ConvertError(
+            f"--target {target.name}: expert {first.expert} of {first.expert_base}: int4 merged blobs need an "
+            f"even hidden size and expert width (gate is {[gate.O, gate.I]}); use --experts int8-row"
+        )
+    H, I = gate.I, gate.O
+    group_size = gs if fmt == targets.INT4_GROUPED else None
+    if layout.identify(H, I, *layout.sizes(H, I, fmt, gs), group_size or 0) != (fmt, group_size):  # pragma: no cover
+        raise ConvertError(f"internal: merged {gate.target.label} at hidden {H}, expert width {I} does not resolve back")
     return OutputGroup(group.jobs, layout.names(first.expert_base, first.expert))
 
 

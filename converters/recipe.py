@@ -375,6 +375,7 @@ class Recipe:
             except FormatError as exc:
                 raise ConvertError(str(exc)) from None
             values[option] = value
+        towers = tgt.towers or towers  # a target whose converter drops the towers drops them
         return cls(layout=layout, towers=towers, target=target, **values)
 
     def option_for(self, role: Role) -> str:
