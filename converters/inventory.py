@@ -435,10 +435,11 @@ def check_config_shapes(inv: Inventory) -> None:
             continue
         if E is not None and ex.expert >= E:
             raise ConvertError(f"tensor {name}: expert index {ex.expert} >= config.json expert count {E}")
+        EH, eh_key = (H, "hidden_size") if facts.expert_hidden == H else (facts.expert_hidden, "routed_expert_hidden_size")
         if ex.projection in ("gate", "up"):
-            expect(name, t.shape, (moe_i, H), "moe_intermediate_size x hidden_size")
+            expect(name, t.shape, (moe_i, EH), f"moe_intermediate_size x {eh_key}")
         elif ex.is_down:
-            expect(name, t.shape, (H, moe_i), "hidden_size x moe_intermediate_size")
+            expect(name, t.shape, (EH, moe_i), f"{eh_key} x moe_intermediate_size")
 
 
 # ------------------------------------------------------------------------------------------ shard headers

@@ -23,9 +23,9 @@ from colitools.formats import planar_sidecar as sidecar
 from colitools.formats import targets
 from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.names import parse_name
 
 HF_CONFIG_FILE = "config.hf.json"  # the source's config.json next to a flat one (targets.Target.flat_config)
-from colitools.formats.names import parse_name
 
 # Files copied unchanged from the source root: generation config and everything a tokenizer needs.
 _COPIED = re.compile(

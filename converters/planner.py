@@ -26,7 +26,7 @@ from functools import cached_property
 
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, TargetRefused
 from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
@@ -115,9 +115,12 @@ class OutputGroup:
 
     jobs: tuple[TensorJob, ...]
     merged: tuple[str, str] | None = None
+    interleaved: bool = False  # each weight directly followed by its scale (a target's expert record)
 
     @property
     def entries(self) -> list[Entry]:
+        if self.interleaved:
+            return [e for j in self.jobs for e in (j.weight_entry, j.scale_entry) if e is not None]
         if self.merged is not None:
             blob, scale = self.merged
             layout, first = targets.MERGED, self.jobs[0]
@@ -307,7 +310,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     try:
         target.check_model_type(model_config.model_type(inventory.config))
     except FormatError as exc:
-        raise ConvertError(str(exc)) from None
+        raise TargetRefused(str(exc)) from None
     nhl = inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
@@ -321,9 +324,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        jobs = _jobs_for(src, role, recipe, fp8_block, orientation)
-        if target.rename:  # the names the target's loader looks up (formats/targets.py)
-            jobs = [_renamed(j, target) for j in jobs]
+        jobs = [_for_target(j, target) for j in _jobs_for(src, role, recipe, fp8_block, orientation)]
         by_unit[ukey].extend(jobs)
 
     fallbacks: list[rc.Fallback] = []
@@ -341,6 +342,8 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             groups = _group(rest)
             if target.merged is not None:
                 groups = [_merge(g, target) for g in groups]
+            elif target.expert_formats is not None or target.expert_record is not None:
+                groups = [_expert_record(g, target) for g in groups]
             files.append((groups, _metadata(groups, planar=False), None))
         if planar_jobs:
             groups = _group(planar_jobs)
@@ -369,9 +372,49 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     return ConversionPlan(units, recipe, inventory, fallbacks, dropped)
 
 
-def _renamed(job: TensorJob, target: targets.Target) -> TensorJob:
-    base = target.out_name(job.expert_base) if job.expert_base is not None else None
-    return replace(job, out_name=target.out_name(job.out_name), expert_base=base)
+def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
+    """A job as the target's loader reads it (formats/targets.py): renamed (``rename``), a tensor the loader
+    reads only as float kept in its source float dtype (``source_float_leaves``), a non-expert int4 tensor the
+    loader cannot read written int8-row (``int4_group``, recorded as a fallback)."""
+    if target.rename:
+        base = target.out_name(job.expert_base) if job.expert_base is not None else None
+        job = replace(job, out_name=target.out_name(job.out_name), expert_base=base)
+    leaf = parse_name(job.source.name).leaf
+    if leaf in target.source_float_leaves and not job.target.is_float:  # quantized by the recipe: not here
+        plain = job.source.quant is None and job.source.scale is None and job.fused_rows is None
+        keep = plain and job.fused_pick is None and job.source.dtype in ("BF16", "F16", "F32")
+        return replace(job, target=rc.Target(rc.SOURCE if keep else "f32"))
+    t, g = job.target, target.int4_group
+    if g and job.role is not rc.Role.EXPERT and t.fmt in (targets.INT4_ROW, targets.INT4_GROUPED):
+        fits = job.I % g == 0 and (t.gs == g or (t.fmt == targets.INT4_ROW and job.I == g))
+        if not fits:
+            reason = f"{target.loader} reads int4 only as int4-g{g} with I % {g} == 0 (I = {job.I})"
+            int8 = rc.choose_target(job.out_name, job.role, rc.FALLBACK_FORMAT, job.O, job.I, source_kind(job.source, None))
+            fb = rc.Fallback(job.out_name, t.label, int8.label, reason)
+            return replace(job, target=replace(int8, fallback=fb))
+    return job
+
+
+def _expert_record(group: OutputGroup, target: targets.Target) -> OutputGroup:
+    """A routed expert's group as the target's loader reads it: every tensor in one of ``expert_formats``
+    (else refused before work starts, naming the tensor) and, with ``expert_record``, its projections in that
+    order, each weight followed by its scale. Other groups are returned unchanged."""
+    first = group.jobs[0]
+    if first.expert is None or first.role is not rc.Role.EXPERT:
+        return group
+    for j in group.jobs:
+        if target.expert_formats is not None and j.target.fmt not in target.expert_formats:
+            why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
+            raise TargetRefused(
+                f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
+                f"{j.target.label}{why}; {target.loader} reads routed experts as "
+                f"{' or '.join(target.expert_formats)} only (--experts {target.expert_formats[0]})"
+            )
+    if target.expert_record is None:
+        return group
+    order = {p: k for k, p in enumerate(target.expert_record)}
+    jobs = tuple(sorted(group.jobs, key=lambda j: order.get(parse_name(j.out_name).projection or "", len(order))))
+    return OutputGroup(jobs, interleaved=True)
 
 
 def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
@@ -465,7 +508,7 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
     names_ = ", ".join(j.out_name for j in group.jobs)
     projections = tuple(parse_name(j.out_name).projection for j in group.jobs)
     if projections != layout.projections or len({j.expert_base for j in group.jobs}) != 1:
-        raise ConvertError(
+        raise TargetRefused(
             f"--target {target.name}: expert {first.expert} of {first.expert_base} ({names_}) is not one "
             f"{'/'.join(layout.projections)} record, which {target.loader} reads as one merged blob"
         )
@@ -474,26 +517,26 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
     for j in group.jobs:
         if j.target.label not in wanted or (j.target.fmt, j.target.gs) != (gate.target.fmt, gate.target.gs):
             why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
-            raise ConvertError(
+            raise TargetRefused(
                 f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
                 f"{j.target.label}{why}; {target.loader} reads gate, up and down in one of "
                 f"{', '.join(wanted)} only"
             )
     if (gate.O, gate.I) != (up.O, up.I) or (down.O, down.I) != (gate.I, gate.O):
-        raise ConvertError(
+        raise TargetRefused(
             f"--target {target.name}: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
             f"up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], [I, H], [H, I]"
         )
     fmt, gs = gate.target.fmt, gate.target.gs
     if fmt != targets.INT8_ROW and (gate.O % 2 or gate.I % 2):
-        raise ConvertError(
+        raise TargetRefused(
             f"--target {target.name}: expert {first.expert} of {first.expert_base}: int4 merged blobs need an "
             f"even hidden size and expert width (gate is {[gate.O, gate.I]}); use --experts int8-row"
         )
     H, I = gate.I, gate.O
     group_size = gs if fmt == targets.INT4_GROUPED else None
     if layout.identify(H, I, *layout.sizes(H, I, fmt, gs), group_size or 0) != (fmt, group_size):  # pragma: no cover
-        raise ConvertError(f"internal: merged {gate.target.label} at hidden {H}, expert width {I} does not resolve back")
+        raise ConvertError(f"internal: merged {gate.target.label} at hidden {H}, width {I} does not resolve back")
     return OutputGroup(group.jobs, layout.names(first.expert_base, first.expert))
 
 

@@ -504,7 +504,9 @@ def start_unit(
                             merged.append((codes, scales))
                         else:
                             sink.put(wname, codes)
-                            if sname is not None:
+                            if sname is not None and group.interleaved:  # a target's record: scale next
+                                sink.put(sname, scales)
+                            elif sname is not None:
                                 scales_after.append((sname, scales))
                         if on_tensor is not None:
                             on_tensor(job.in_bytes)

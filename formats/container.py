@@ -130,8 +130,8 @@ def config_shapes(
     """The ``[O, I]`` that ``config.json`` implies for those of ``names`` where it is derivable.
 
     Embeddings and the output head (``[vocab_size, hidden_size]``), routed experts (``gate/up``
-    ``[E_I, hidden_size]``, ``down`` ``[hidden_size, E_I]`` with ``E_I`` = ``moe_intermediate_size``, else
-    ``intermediate_size``) and every per-layer linear role ``model_config.linear_shapes`` derives (attention and
+    ``[E_I, E_H]``, ``down`` ``[E_H, E_I]`` with ``E_I`` = ``moe_intermediate_size``, else
+    ``intermediate_size``, and ``E_H`` = ``routed_expert_hidden_size``, else ``hidden_size``) and every per-layer linear role ``model_config.linear_shapes`` derives (attention and
     MLA projections, dense MLP, shared experts, routers), matched by the tensor-name map's module and leaf.
     ``None`` marks a dimension the config does not give. The numbers are the config facts
     (``formats/model_config.py``), validated there; a malformed config raises ConfigError.
@@ -151,7 +151,8 @@ def config_shapes(
             implied[name] = (vocab, hidden)
         elif parsed.expert is not None:
             if parsed.projection is not None:
-                implied[name] = (hidden, expert_i) if parsed.projection == "down" else (expert_i, hidden)
+                eh = facts.expert_hidden or hidden  # Kimi K3's latent experts: routed_expert_hidden_size
+                implied[name] = (eh, expert_i) if parsed.projection == "down" else (expert_i, eh)
         elif parsed.layer is not None:
             module = ".".join(MODULE_ALIASES.get(p, p) for p in parsed.module.split("."))
             if (module, parsed.leaf) in linear:

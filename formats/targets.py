@@ -30,6 +30,7 @@ from colitools.formats.format_names import GROUP_SIZES
 
 GENERIC_NAME = "generic"
 QWEN36 = "qwen36"
+KIMI_K3 = "kimi_k3"
 META_GROUP_SIZE = "expert_gs"  # qwen36_meta.json: the int4 experts' group size, 0 = row scales
 
 
@@ -137,6 +138,12 @@ class Target:
     flat_config: bool = False  # config.json is the text config, flat (the source's goes to config.hf.json)
     meta_file: str | None = None  # the engine's own metadata file (``meta_for``)
     towers: str | None = None  # forced --towers value (the converter drops them), None: the user's
+    # tensors (by leaf) the loader reads only with its float reader: written in the source's float dtype, unchanged
+    source_float_leaves: tuple[str, ...] = ()
+    int4_group: int | None = None  # non-expert int4: only int4-g{n} at I % n == 0 (else int8-row, recorded)
+    expert_formats: tuple[str, ...] | None = None  # registry formats every routed expert tensor must be written in
+    # a routed expert's record: projections in this order, each weight directly followed by its scale
+    expert_record: tuple[str, ...] | None = None
 
     def out_name(self, name: str) -> str:
         """The name this target writes for a source tensor name (``rename``)."""
@@ -199,6 +206,20 @@ TARGETS: dict[str, Target] = {
             flat_config=True,
             meta_file="qwen36_meta.json",
             towers="drop",
+        ),
+        Target(
+            KIMI_K3,
+            "c/kimi_k3.c (w_load, f32_load, expert_table_init)",
+            model_types=("kimi_k3",),
+            expert_options=("mxfp4", "native"),
+            float_options=("f32", "bf16", INT8_ROW, "int4-g64"),
+            defaults=(("experts", "mxfp4"), ("dense", INT8_ROW), ("embed", INT8_ROW), ("mtp", INT8_ROW)),
+            layouts=("pairs",),
+            source_float_leaves=("embed_tokens", "f_a_proj", "f_b_proj", "b_proj", "self_attention_res_proj",
+                                 "mlp_res_proj", "output_attn_res_proj"),  # fmt: skip
+            int4_group=64,
+            expert_formats=("mxfp4",),
+            expert_record=("gate", "down", "up"),  # w1p w1s w2p w2s w3p w3s (w2 is down, w3 up)
         ),
     )
 }

@@ -44,7 +44,9 @@ def convert_command(
     ),
     target: str = typer.Option(
         "generic", "--target", help=f"Whose loader reads the output: {_TARGETS}. olmoe: merged int8 experts "
-        "(...experts.{E}.merged_weight + .qs), dense tensors f32 or bf16; model_type olmoe only.",
+        "(...experts.{E}.merged_weight + .qs), dense tensors f32 or bf16; model_type olmoe only. qwen36: merged "
+        "int8-row / int4-row / int4-g{gs} experts (signed nibbles), float dense tensors renamed "
+        "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only.",
     ),
     min_free_gb: float = typer.Option(
         5.0, "--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."
