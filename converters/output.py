@@ -19,8 +19,8 @@ from typing import Any
 
 from colitools.converters.planner import ConversionPlan
 from colitools.errors import ConvertError
+from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
-from colitools.formats import targets
 from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.names import parse_name
@@ -60,7 +60,7 @@ def write_config(outdir: Path, config: dict[str, Any], target: targets.Target | 
     clean = {k: v for k, v in config.items() if k != "quantization_config"}
     if target is not None and target.flat_config:
         write_json_atomic(outdir / HF_CONFIG_FILE, clean)
-        clean = {k: v for k, v in targets.text_config(clean).items() if k != "quantization_config"}
+        clean = {k: v for k, v in model_config.text_config(clean).items() if k != "quantization_config"}
     write_json_atomic(outdir / CONFIG_FILE, clean)
 
 

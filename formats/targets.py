@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from colitools.formats import model_config
 from colitools.formats.errors import FormatError
 from colitools.formats.format_names import GROUP_SIZES
 
@@ -234,12 +235,6 @@ def by_name(name: str) -> Target:
 
 
 # --------------------------------------------------------------------------------------- qwen36_meta.json
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config (``text_config`` of a vision-language checkpoint, else the config itself)."""
-    tc = config.get("text_config")
-    return tc if isinstance(tc, dict) else config
-
-
 def qwen36_meta(
     config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None
 ) -> dict[str, Any]:
@@ -252,7 +247,7 @@ def qwen36_meta(
     (``norm_topk_prob``, ``attn_output_gate``: Qwen3.5-MoE always renormalises and always gates; rope values that
     transformers 5 keeps in ``rope_parameters``), the value is the one transformers runs the model with
     (docs/FORMATS.md §4 Targets)."""
-    mcfg = text_config(config)
+    mcfg = model_config.text_config(config)
     rope = mcfg.get("rope_parameters") or {}
     n = int(mcfg["num_hidden_layers"])
     layer_types = mcfg.get("layer_types") or [
