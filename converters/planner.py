@@ -386,13 +386,18 @@ def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
         return replace(job, target=rc.Target(rc.SOURCE if keep else "f32"))
     t, g = job.target, target.int4_group
     if g and job.role is not rc.Role.EXPERT and t.fmt in (targets.INT4_ROW, targets.INT4_GROUPED):
-        fits = job.I % g == 0 and (t.gs == g or (t.fmt == targets.INT4_ROW and job.I == g))
-        if not fits:
+        if not _written_as(t, job.I, (f"int4-g{g}",)):
             reason = f"{target.loader} reads int4 only as int4-g{g} with I % {g} == 0 (I = {job.I})"
-            int8 = rc.choose_target(job.out_name, job.role, rc.FALLBACK_FORMAT, job.O, job.I, source_kind(job.source, None))
-            fb = rc.Fallback(job.out_name, t.label, int8.label, reason)
-            return replace(job, target=replace(int8, fallback=fb))
+            kind = source_kind(job.source, None)
+            instead = rc.choose_target(job.out_name, job.role, target.int4_fallback, job.O, job.I, kind)
+            fb = rc.Fallback(job.out_name, t.label, instead.label, reason)
+            return replace(job, target=replace(instead, fallback=fb))
     return job
+
+
+def _written_as(t: rc.Target, I: int, labels: tuple[str, ...]) -> bool:
+    """``t`` writes one of ``labels``; int4-row at ``I`` counts as ``int4-g{I}`` (the same bytes and scales)."""
+    return t.label in labels or (t.fmt == targets.INT4_ROW and f"int4-g{I}" in labels)
 
 
 def _expert_record(group: OutputGroup, target: targets.Target) -> OutputGroup:
@@ -403,7 +408,7 @@ def _expert_record(group: OutputGroup, target: targets.Target) -> OutputGroup:
     if first.expert is None or first.role is not rc.Role.EXPERT:
         return group
     for j in group.jobs:
-        if target.expert_formats is not None and j.target.fmt not in target.expert_formats:
+        if target.expert_formats is not None and not _written_as(j.target, j.I, target.expert_formats):
             why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
             raise TargetRefused(
                 f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "

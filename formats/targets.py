@@ -32,6 +32,7 @@ from colitools.formats.format_names import GROUP_SIZES
 GENERIC_NAME = "generic"
 QWEN36 = "qwen36"
 KIMI_K3 = "kimi_k3"
+GLM53 = "glm53"
 META_GROUP_SIZE = "expert_gs"  # qwen36_meta.json: the int4 experts' group size, 0 = row scales
 
 
@@ -141,8 +142,9 @@ class Target:
     towers: str | None = None  # forced --towers value (the converter drops them), None: the user's
     # tensors (by leaf) the loader reads only with its float reader: written in the source's float dtype, unchanged
     source_float_leaves: tuple[str, ...] = ()
-    int4_group: int | None = None  # non-expert int4: only int4-g{n} at I % n == 0 (else int8-row, recorded)
-    expert_formats: tuple[str, ...] | None = None  # registry formats every routed expert tensor must be written in
+    int4_group: int | None = None  # non-expert int4: only int4-g{n} at I % n == 0 (else int4_fallback, recorded)
+    int4_fallback: str = INT8_ROW  # what such a tensor is written as instead (a recipe option)
+    expert_formats: tuple[str, ...] | None = None  # labels every routed expert tensor must be written as
     # a routed expert's record: projections in this order, each weight directly followed by its scale
     expert_record: tuple[str, ...] | None = None
 
@@ -221,6 +223,20 @@ TARGETS: dict[str, Target] = {
             int4_group=64,
             expert_formats=("mxfp4",),
             expert_record=("gate", "down", "up"),  # w1p w1s w2p w2s w3p w3s (w2 is down, w3 up)
+        ),
+        Target(
+            GLM53,
+            "c/glm53.c (load_f32, load_mat, absorb_kvb, expert_geometry / expert_table_init)",
+            model_types=("glm5_next", "glm5_next_text"),
+            expert_options=("int4-g64",),
+            float_options=("f32", "bf16", "int4-g64"),
+            defaults=(("experts", "int4-g64"), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
+            layouts=("pairs",),
+            source_float_leaves=("embed_tokens", "kv_b_proj"),
+            int4_group=64,
+            int4_fallback="bf16",
+            expert_formats=("int4-g64",),
+            expert_record=("gate", "up", "down"),  # gate.w gate.qs up.w up.qs down.w down.qs
         ),
     )
 }
