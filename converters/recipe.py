@@ -348,6 +348,7 @@ class Recipe:
         of its loader and refuses, in one line, an option or layout that loader cannot read."""
         try:
             tgt = targets.by_name(target)
+            tgt.check_writable()
             tgt.check_layout(layout)
         except FormatError as exc:
             raise TargetRefused(str(exc)) from None

@@ -33,6 +33,8 @@ GENERIC_NAME = "generic"
 QWEN36 = "qwen36"
 KIMI_K3 = "kimi_k3"
 GLM53 = "glm53"
+DEEPSEEK_V4 = "deepseek_v4"
+INKLING = "inkling"
 META_GROUP_SIZE = "expert_gs"  # qwen36_meta.json: the int4 experts' group size, 0 = row scales
 
 
@@ -147,6 +149,12 @@ class Target:
     expert_formats: tuple[str, ...] | None = None  # labels every routed expert tensor must be written as
     # a routed expert's record: projections in this order, each weight directly followed by its scale
     expert_record: tuple[str, ...] | None = None
+    refused: str | None = None  # a target colitools knows but does not write: why, and what to do instead
+
+    def check_writable(self) -> None:
+        """FormatError (one line) for a target colitools does not write (``refused``)."""
+        if self.refused is not None:
+            raise FormatError(f"--target {self.name} is refused: {self.refused}")
 
     def out_name(self, name: str) -> str:
         """The name this target writes for a source tensor name (``rename``)."""
@@ -237,6 +245,22 @@ TARGETS: dict[str, Target] = {
             int4_fallback="bf16",
             expert_formats=("int4-g64",),
             expert_record=("gate", "up", "down"),  # gate.w gate.qs up.w up.qs down.w down.qs
+        ),
+        Target(
+            DEEPSEEK_V4,
+            "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8)",
+            model_types=("deepseek_v4",),
+            refused="c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate) reads the released "
+            "checkpoint's own tensors, dtype for dtype (F8_E4M3 weights with F8_E8M0 .scale blocks, FP4 experts with "
+            "F8_E8M0 .scale, BF16 norms): point it at the source checkpoint; no converted container is read by it",
+        ),
+        Target(
+            INKLING,
+            "c/inkling.c (model_init's container detection, expert_get)",
+            model_types=("inkling", "inkling_mm_model", "inkling_text"),
+            refused="c/inkling.c (expert_get) reads a layer's routed experts from one fused tensor per layer "
+            "(mlp.experts.gate_up_proj / down_proj, U8 rows + .qs), which colitools does not write (it writes one "
+            "record per expert); point the engine at the source checkpoint, which it quantizes at load",
         ),
     )
 }
