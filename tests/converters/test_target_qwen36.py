@@ -342,3 +342,22 @@ def test_cli_refusals_are_one_line_exit_2_before_work(tmp_path):
     r = run_cli("convert", FIXTURE, out, "--target", "nope")
     one_line_error(r, "--target 'nope': choose one of generic, olmoe, qwen36", code=2)
     assert not out.exists() or not any(out.glob("*.safetensors"))
+
+
+def test_a_rerun_redoes_a_missing_shard_and_writes_the_same_bytes(outputs, tmp_path):
+    import hashlib
+
+    copy = tmp_path / "copy"
+    shutil.copytree(outputs["int4g32"], copy)
+
+    def digests():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in copy.iterdir() if p.is_file()}
+
+    before = digests()
+    (copy / "model-00002-of-00003.safetensors").unlink()
+    (copy / "qwen36_meta.json").unlink()
+    _convert(copy, target="qwen36", experts="int4-g32")
+    after = digests()
+    assert {k: v for k, v in after.items() if k != "colitools.json"} == {
+        k: v for k, v in before.items() if k != "colitools.json"
+    }
