@@ -361,3 +361,27 @@ def test_a_rerun_redoes_a_missing_shard_and_writes_the_same_bytes(outputs, tmp_p
     assert {k: v for k, v in after.items() if k != "colitools.json"} == {
         k: v for k, v in before.items() if k != "colitools.json"
     }
+
+
+def test_a_fused_expert_source_gives_the_same_blobs(outputs, source, tmp_path):
+    """The released Qwen3.5/3.6 checkpoints ship fused ``mlp.experts.gate_up_proj [E, 2I, H]`` (gate rows first)
+    and ``down_proj [E, H, I]``, which convert_qwen36.py splits per expert: the same blobs as per-expert tensors."""
+    from colitools.formats.safetensors_io import write_safetensors
+
+    fused = {n: v for n, v in source.items() if ".mlp.experts." not in n}
+    for layer in range(2):
+        base = f"model.language_model.layers.{layer}.mlp.experts"
+        gate_up = [np.concatenate([source[f"{base}.{e}.gate_proj.weight"], source[f"{base}.{e}.up_proj.weight"]])
+                   for e in range(4)]  # fmt: skip
+        fused[f"{base}.gate_up_proj"] = np.stack(gate_up)
+        fused[f"{base}.down_proj"] = np.stack([source[f"{base}.{e}.down_proj.weight"] for e in range(4)])
+    src = tmp_path / "fused-src"
+    src.mkdir()
+    write_safetensors(src / "model.safetensors", fused)
+    shutil.copy(FIXTURE / "config.json", src / "config.json")
+    out = tmp_path / "out"
+    convert(str(src), out, ConvertOptions(progress=False, min_free_gb=0.0, target="qwen36"))
+    got, want = _tensors(out), _tensors(outputs["int4"])
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name][2].tobytes() == want[name][2].tobytes(), name
