@@ -390,6 +390,9 @@ def check_config_shapes(inv: Inventory) -> None:
     except ConfigError as exc:
         raise ConvertError(str(exc)) from None
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
+    # per-expert tensors run in routed_expert_hidden_size (Kimi K3's LatentMoE latent) where the config sets one
+    EH, eh_key = (H, "hidden_size") if facts.expert_hidden in (None, H) else (facts.expert_hidden,
+                                                                              "routed_expert_hidden_size")
     orientation = inv.stack_orientation
     two_i = 2 * moe_i if moe_i else None
     if orientation is names.Orientation.TRANSPOSED_INTERLEAVED:
@@ -435,7 +438,6 @@ def check_config_shapes(inv: Inventory) -> None:
             continue
         if E is not None and ex.expert >= E:
             raise ConvertError(f"tensor {name}: expert index {ex.expert} >= config.json expert count {E}")
-        EH, eh_key = (H, "hidden_size") if facts.expert_hidden == H else (facts.expert_hidden, "routed_expert_hidden_size")
         if ex.projection in ("gate", "up"):
             expect(name, t.shape, (moe_i, EH), f"moe_intermediate_size x {eh_key}")
         elif ex.is_down:

@@ -131,8 +131,9 @@ def config_shapes(
 
     Embeddings and the output head (``[vocab_size, hidden_size]``), routed experts (``gate/up``
     ``[E_I, E_H]``, ``down`` ``[E_H, E_I]`` with ``E_I`` = ``moe_intermediate_size``, else
-    ``intermediate_size``, and ``E_H`` = ``routed_expert_hidden_size``, else ``hidden_size``) and every per-layer linear role ``model_config.linear_shapes`` derives (attention and
-    MLA projections, dense MLP, shared experts, routers), matched by the tensor-name map's module and leaf.
+    ``intermediate_size``, and ``E_H`` = ``routed_expert_hidden_size``, else ``hidden_size``) and every
+    per-layer linear role ``model_config.linear_shapes`` derives (attention and MLA projections, dense MLP,
+    shared experts, routers), matched by the tensor-name map's module and leaf.
     ``None`` marks a dimension the config does not give. The numbers are the config facts
     (``formats/model_config.py``), validated there; a malformed config raises ConfigError.
     """
