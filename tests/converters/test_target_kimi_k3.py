@@ -205,3 +205,22 @@ def test_cli_refuses_another_model_type_exit_2(tmp_path):
     r = run_cli("convert", ORACLES / "olmoe", tmp_path / "out", "--target", "kimi_k3", "--min-free-gb", "0")
     one_line_error(r, "--target kimi_k3 is for model_type kimi_k3", "'olmoe'", code=2)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.safetensors"))
+
+
+def test_routed_experts_are_checked_against_the_latent_width(k3, tmp_path):
+    """model_config.expert_hidden: routed_expert_hidden_size, not hidden_size, is the experts' input width."""
+    import shutil
+
+    from colitools.formats import model_config
+
+    src, _, _ = k3
+    config = json.loads((src / "config.json").read_text())
+    assert model_config.read_facts(config).expert_hidden == LATENT
+    assert model_config.read_facts({"hidden_size": 8}).expert_hidden == 8
+    copy = tmp_path / "src"
+    shutil.copytree(src, copy)
+    config["text_config"]["routed_expert_hidden_size"] = 48
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConvertError, match=r"w1.weight: shape \[64, 32\] does not match config.json "
+                                           r"moe_intermediate_size x routed_expert_hidden_size \(expected \[64, 48\]\)"):
+        convert(str(copy), tmp_path / "out", ConvertOptions(progress=False, min_free_gb=0.0))
