@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from colitools.converters.planner import ConversionPlan
+from colitools.converters.planner import ConversionPlan, merged_format
 from colitools.errors import ConvertError
 from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
@@ -69,10 +69,8 @@ def write_target_meta(outdir: Path, plan: ConversionPlan, config: dict[str, Any]
     if target.meta_file is None:
         return
     shapes = {target.out_name(name): tuple(t.shape) for name, t in plan.inventory.tensors.items()}
-    expert = next((j.target for u in plan.units for f in u.files for g in f.groups if g.merged for j in g.jobs),
-                  None)  # fmt: skip
-    experts = expert.fmt if expert is not None else plan.recipe.experts
-    gs = expert.gs if expert is not None and expert.fmt == targets.INT4_GROUPED else None
+    blob = next((g for u in plan.units for f in u.files for g in f.groups if g.merged), None)
+    experts, gs = merged_format(blob.jobs) if blob is not None else (plan.recipe.experts, None)
     write_json_atomic(outdir / target.meta_file, targets.qwen36_meta(config, shapes, experts, gs))
 
 

@@ -124,8 +124,8 @@ class OutputGroup:
         if self.merged is not None:
             blob, scale = self.merged
             layout, first = targets.MERGED, self.jobs[0]
-            fmt = first.target.fmt
-            n_codes, n_scales = layout.sizes(first.I, first.O, fmt, first.target.gs)  # gate is [I, H]
+            fmt, gs = merged_format(self.jobs)
+            n_codes, n_scales = layout.sizes(first.I, first.O, fmt, gs)  # gate is [I, H]
             return [(blob, layout.blob_dtype(fmt), (n_codes,)), (scale, layout.scale_dtype, (n_scales,))]
         return [j.weight_entry for j in self.jobs] + [j.scale_entry for j in self.jobs if j.scale_entry]
 
@@ -519,8 +519,12 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
         )
     gate, up, down = group.jobs
     wanted = target.expert_options or (layout.fmt,)
+    fmt, gs = merged_format(group.jobs)
     for j in group.jobs:
-        if j.target.label not in wanted or (j.target.fmt, j.target.gs) != (gate.target.fmt, gate.target.gs):
+        same = (j.target.fmt, j.target.gs) == (fmt, gs) or (
+            fmt == targets.INT4_GROUPED and j.target.fmt == targets.INT4_ROW and j.I <= gs
+        )  # one group per row is a row scale: the same bytes and scales
+        if j.target.label not in wanted or not same:
             why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
             raise TargetRefused(
                 f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
@@ -532,17 +536,24 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
             f"--target {target.name}: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
             f"up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], [I, H], [H, I]"
         )
-    fmt, gs = gate.target.fmt, gate.target.gs
     if fmt != targets.INT8_ROW and (gate.O % 2 or gate.I % 2):
         raise TargetRefused(
             f"--target {target.name}: expert {first.expert} of {first.expert_base}: int4 merged blobs need an "
             f"even hidden size and expert width (gate is {[gate.O, gate.I]}); use --experts int8-row"
         )
     H, I = gate.I, gate.O
-    group_size = gs if fmt == targets.INT4_GROUPED else None
-    if layout.identify(H, I, *layout.sizes(H, I, fmt, gs), group_size or 0) != (fmt, group_size):  # pragma: no cover
+    if layout.identify(H, I, *layout.sizes(H, I, fmt, gs), gs or 0) != (fmt, gs):  # pragma: no cover
         raise ConvertError(f"internal: merged {gate.target.label} at hidden {H}, width {I} does not resolve back")
     return OutputGroup(group.jobs, layout.names(first.expert_base, first.expert))
+
+
+def merged_format(jobs: Iterable[TensorJob]) -> tuple[str, int | None]:
+    """``(format, group size)`` of the merged blob of these parts (formats/targets.py ``MergedLayout``): int4-grouped
+    with the largest group size when any part is (a narrower part written int4-row has one group per row, the
+    same bytes and scales), else the parts' format, group size None."""
+    jobs = list(jobs)
+    grouped = [j.target.gs for j in jobs if j.target.fmt == targets.INT4_GROUPED]
+    return (targets.INT4_GROUPED, max(grouped)) if grouped else (jobs[0].target.fmt, None)
 
 
 def _group(jobs: list[TensorJob]) -> list[OutputGroup]:

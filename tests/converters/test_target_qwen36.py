@@ -385,3 +385,37 @@ def test_a_fused_expert_source_gives_the_same_blobs(outputs, source, tmp_path):
     assert sorted(got) == sorted(want)
     for name in want:
         assert got[name][2].tobytes() == want[name][2].tobytes(), name
+
+
+def test_a_part_narrower_than_the_group_size_shares_the_blob_group_size(source, tmp_path):
+    """hidden 64, expert width 32, --experts int4-g32: gate / up get two groups per row, down (width 32) one,
+    which colitools writes int4-row: the blob is still make_merged(..., ebits 4, gs 32) and expert_gs is 32."""
+    from colitools.formats.safetensors_io import write_safetensors
+    from colitools.verify.container import verify_container
+
+    narrow = {}
+    for name, value in source.items():
+        if ".mlp.experts." in name:
+            value = value[:, :32] if name.endswith("down_proj.weight") else value[:32]
+        narrow[name] = np.ascontiguousarray(value)
+    src = tmp_path / "src"
+    src.mkdir()
+    write_safetensors(src / "model.safetensors", narrow)
+    config = json.loads((FIXTURE / "config.json").read_text())
+    config["text_config"]["moe_intermediate_size"] = 32
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    convert(str(src), out, ConvertOptions(progress=False, min_free_gb=0.0, target="qwen36", experts="int4-g32"))
+    got = _tensors(out)
+    for layer in range(2):
+        for e in range(4):
+            base = f"model.language_model.layers.{layer}.mlp.experts.{e}"
+            parts = (narrow[f"{base}.{p}.weight"] for p in ("gate_proj", "up_proj", "down_proj"))
+            blob_ref, qs_ref = _make_merged(*parts, 4, 32)
+            mine = f"model.layers.{layer}.mlp.experts.{e}"
+            assert got[f"{mine}.merged_weight"][2].tobytes() == blob_ref.tobytes()
+            assert got[f"{mine}.qs"][2].tobytes() == qs_ref.tobytes() and qs_ref.size == 2 * 32 * 2 + 64
+    assert json.loads((out / "qwen36_meta.json").read_text())["expert_gs"] == 32
+    report = verify_container(out)
+    assert report.ok, report.problems
+    assert report.formats["int4-g32"] == 8
