@@ -419,3 +419,52 @@ def test_a_part_narrower_than_the_group_size_shares_the_blob_group_size(source, 
     report = verify_container(out)
     assert report.ok, report.problems
     assert report.formats["int4-g32"] == 8
+
+
+def test_readers_accept_a_container_written_as_convert_qwen36_writes_it(source, tmp_path):
+    """colibri's own converter's output, restated here (not colitools' writer): globals in model-globals.safetensors
+    and one model-{a:05d}.safetensors per layer, F16 dense tensors, int4 merged blobs (--ebits 4), no index, no
+    metadata, a flat config.json and qwen36_meta.json. inspect, verify container and the runtime's Checkpoint read
+    it; every expert part decodes to the converter's integers times its scales."""
+    from colitools.formats.inspect import inspect_path
+    from colitools.formats.safetensors_io import write_safetensors
+    from colitools.runtime.weights import Checkpoint
+    from colitools.verify.container import verify_container
+
+    out = tmp_path / "colibri-qwen36"
+    out.mkdir()
+    full = json.loads((FIXTURE / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(full["text_config"]))
+    (out / "config.hf.json").write_text(json.dumps(full))
+    globals_ = {k.replace("model.language_model.", "model."): source[k].astype(np.float16)
+                for k in ("model.language_model.embed_tokens.weight", "lm_head.weight",
+                          "model.language_model.norm.weight")}  # fmt: skip
+    write_safetensors(out / "model-globals.safetensors", globals_)
+    ref = {}
+    for layer in range(2):
+        prefix = f"model.language_model.layers.{layer}."
+        tens = {}
+        for e in range(4):
+            gate, up, down = (source[f"{prefix}mlp.experts.{e}.{p}_proj.weight"] for p in ("gate", "up", "down"))
+            mw, qs = _make_merged(gate, up, down, 4)
+            tens[f"model.layers.{layer}.mlp.experts.{e}.merged_weight"] = mw
+            tens[f"model.layers.{layer}.mlp.experts.{e}.qs"] = qs
+            ref[(layer, e)] = (_unpack_int4_to_int8(mw), qs)
+        for k, v in source.items():
+            if k.startswith(prefix) and ".mlp.experts." not in k:
+                tens[k.replace(prefix, f"model.layers.{layer}.")] = v.astype(np.float16)
+        write_safetensors(out / f"model-{layer:05d}.safetensors", tens)
+    (out / "qwen36_meta.json").write_text(json.dumps({"expert_gs": 0, "ebits": 4, "hidden": 64, "n_layers": 2}))
+
+    report = verify_container(out)
+    assert report.ok, report.problems
+    assert report.formats["int4-row"] == 8
+    assert not inspect_path(out).unresolved
+    ckpt = Checkpoint(out, json.loads((out / "config.json").read_text()))
+    for (layer, e), (q, qs) in ref.items():
+        base = f"model.layers.{layer}.mlp.experts.{e}"
+        offs, soffs = 0, 0
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            part = q[offs : offs + 64 * 64].reshape(64, 64).astype(np.float32) * qs[soffs : soffs + 64, None]
+            assert np.array_equal(ckpt.dense(f"{base}.{proj}.weight", 64, 64), part), (base, proj)
+            offs, soffs = offs + 64 * 64, soffs + 64
