@@ -197,3 +197,40 @@ def test_cli_refuses_another_model_type_exit_2(tmp_path):
 
     r = run_cli("convert", ORACLES / "glm4_moe", tmp_path / "out", "--target", "glm53", "--min-free-gb", "0")
     one_line_error(r, "--target glm53 is for model_type glm5_next", "'glm4_moe'", code=2)
+
+
+def test_readers_accept_flat_expert_codes_as_convert_glm53_writes_them(glm, tmp_path):
+    """colibri's converter stores an expert's codes and scales flat (1-D U8 nibbles, 1-D F32 scales, no shapes
+    metadata: load_mat's comment) and everything else BF16; colitools takes [O, I] from config.json by role."""
+    import shutil
+
+    import ml_dtypes
+
+    from colitools.formats.inspect import inspect_path
+    from colitools.formats.safetensors_io import write_safetensors
+    from colitools.runtime.weights import Checkpoint, sanitize
+    from colitools.verify.container import verify_container
+
+    src, values, _ = glm
+    out = tmp_path / "colibri-glm53"
+    out.mkdir()
+    shutil.copy(src / "config.json", out / "config.json")
+    tensors = {}
+    for name, value in values.items():
+        if ".mlp.experts." in name and name.endswith("_proj.weight"):
+            codes, steps = _quantize_i4_grouped(value)
+            tensors[name] = codes.reshape(-1)
+            tensors[name + ".qs"] = steps.reshape(-1)
+        elif value.dtype == np.float32:
+            tensors[name] = value.astype(ml_dtypes.bfloat16)
+        else:
+            tensors[name] = value
+    write_safetensors(out / "model.safetensors", tensors)
+    report = verify_container(out)
+    assert report.ok, report.problems
+    assert report.formats["int4-row"] == 3 * 3 * N_E  # I = 64: one group per row
+    assert not inspect_path(out).unresolved
+    ckpt = Checkpoint(out, json.loads((out / "config.json").read_text()))
+    name = f"{P}layers.3.mlp.experts.7.up_proj.weight"
+    codes, steps = _quantize_i4_grouped(values[name])
+    assert np.array_equal(ckpt.dense(sanitize(name), MOE_I, H), _glm53_int4(codes, steps, MOE_I, H))
