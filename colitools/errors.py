@@ -20,6 +20,7 @@ __all__ = [
     "ResolveError",
     "RuntimeModelError",
     "SafetensorsError",
+    "TargetRefused",
     "UsageFileError",
     "VerifyError",
 ]
@@ -27,6 +28,13 @@ __all__ = [
 
 class ConvertError(ColitoolsError):
     """A conversion that cannot start or continue (bad source, recipe mismatch, missing shard)."""
+
+
+class TargetRefused(ConvertError):
+    """A ``--target`` (formats/targets.py) refusing the source or the recipe before work starts (wrong model
+    type, a format or layout its loader cannot read): a usage error, exit code 2."""
+
+    exit_code = 2
 
 
 class DiskFloorStop(ConvertError):

@@ -396,6 +396,9 @@ def check_config_shapes(inv: Inventory) -> None:
     except ConfigError as exc:
         raise ConvertError(str(exc)) from None
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
+    # per-expert tensors run in routed_expert_hidden_size (Kimi K3's LatentMoE latent) where the config sets one
+    EH, eh_key = (H, "hidden_size") if facts.expert_hidden in (None, H) else (facts.expert_hidden,
+                                                                              "routed_expert_hidden_size")
     two_i = 2 * moe_i if moe_i else None
     transposed = {"gate_up": ((E, H, two_i), "[experts, hidden_size, 2 x expert width]"),
                   "down": ((E, moe_i, H), "[experts, expert width, hidden_size]")}  # fmt: skip
@@ -451,9 +454,9 @@ def check_config_shapes(inv: Inventory) -> None:
         if E is not None and ex.expert >= E:
             raise ConvertError(f"tensor {name}: expert index {ex.expert} >= config.json expert count {E}")
         if ex.projection in ("gate", "up"):
-            expect(name, t.shape, (moe_i, H), "moe_intermediate_size x hidden_size")
+            expect(name, t.shape, (moe_i, EH), f"moe_intermediate_size x {eh_key}")
         elif ex.is_down:
-            expect(name, t.shape, (H, moe_i), "hidden_size x moe_intermediate_size")
+            expect(name, t.shape, (EH, moe_i), f"{eh_key} x moe_intermediate_size")
 
 
 # ------------------------------------------------------------------------------------------ shard headers

@@ -17,12 +17,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from colitools.converters.planner import ConversionPlan
+from colitools.converters.planner import ConversionPlan, merged_format
 from colitools.errors import ConvertError
+from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.names import parse_name
+
+HF_CONFIG_FILE = "config.hf.json"  # the source's config.json next to a flat one (targets.Target.flat_config)
 
 # Files copied unchanged from the source root: generation config and everything a tokenizer needs.
 _COPIED = re.compile(
@@ -50,9 +53,25 @@ def write_index(outdir: Path, plan: ConversionPlan) -> dict[str, Any]:
     return index
 
 
-def write_config(outdir: Path, config: dict[str, Any]) -> None:
-    """``config.json`` without ``quantization_config`` (the source's is recorded in the manifest)."""
-    write_json_atomic(outdir / CONFIG_FILE, {k: v for k, v in config.items() if k != "quantization_config"})
+def write_config(outdir: Path, config: dict[str, Any], target: targets.Target | None = None) -> None:
+    """``config.json`` without ``quantization_config`` (the source's is recorded in the manifest). A target with
+    ``flat_config`` (formats/targets.py) gets the text config flat in ``config.json`` and the source's config in
+    ``config.hf.json``, as its converter writes them."""
+    clean = {k: v for k, v in config.items() if k != "quantization_config"}
+    if target is not None and target.flat_config:
+        write_json_atomic(outdir / HF_CONFIG_FILE, clean)
+        clean = {k: v for k, v in model_config.text_config(clean).items() if k != "quantization_config"}
+    write_json_atomic(outdir / CONFIG_FILE, clean)
+
+
+def write_target_meta(outdir: Path, plan: ConversionPlan, config: dict[str, Any], target: targets.Target) -> None:
+    """The target's own metadata file (``qwen36_meta.json``, formats/targets.py ``qwen36_meta``), if any."""
+    if target.meta_file is None:
+        return
+    shapes = {target.out_name(name): tuple(t.shape) for name, t in plan.inventory.tensors.items()}
+    blob = next((g for u in plan.units for f in u.files for g in f.groups if g.merged), None)
+    experts, gs = merged_format(blob.jobs) if blob is not None else (plan.recipe.experts, None)
+    write_json_atomic(outdir / target.meta_file, targets.qwen36_meta(config, shapes, experts, gs))
 
 
 def copy_file(src: Path, dest: Path) -> None:

@@ -21,12 +21,12 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, TargetRefused
 from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
@@ -119,14 +119,18 @@ class OutputGroup:
 
     jobs: tuple[TensorJob, ...]
     merged: tuple[str, str] | None = None
+    interleaved: bool = False  # each weight directly followed by its scale (a target's expert record)
 
     @property
     def entries(self) -> list[Entry]:
+        if self.interleaved:
+            return [e for j in self.jobs for e in (j.weight_entry, j.scale_entry) if e is not None]
         if self.merged is not None:
             blob, scale = self.merged
-            n_codes = sum(j.O * j.I for j in self.jobs)
-            n_scales = sum(j.O for j in self.jobs)
-            return [(blob, targets.MERGED.dtype, (n_codes,)), (scale, targets.MERGED.scale_dtype, (n_scales,))]
+            layout, first = targets.MERGED, self.jobs[0]
+            fmt, gs = merged_format(self.jobs)
+            n_codes, n_scales = layout.sizes(first.I, first.O, fmt, gs)  # gate is [I, H]
+            return [(blob, layout.blob_dtype(fmt), (n_codes,)), (scale, layout.scale_dtype, (n_scales,))]
         return [j.weight_entry for j in self.jobs] + [j.scale_entry for j in self.jobs if j.scale_entry]
 
     @property
@@ -311,7 +315,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     try:
         target.check_model_type(model_config.model_type(inventory.config))
     except FormatError as exc:
-        raise ConvertError(str(exc)) from None
+        raise TargetRefused(str(exc)) from None
     nhl = inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
@@ -324,7 +328,8 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        by_unit[ukey].extend(_jobs_for(src, role, recipe, fp8_block, inventory.orientation_of(src)))
+        jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of(src))
+        by_unit[ukey].extend(_for_target(j, target) for j in jobs)
 
     fallbacks: list[rc.Fallback] = []
     drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]] = []
@@ -341,6 +346,8 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             groups = _group(rest)
             if target.merged is not None:
                 groups = [_merge(g, target) for g in groups]
+            elif target.expert_formats is not None or target.expert_record is not None:
+                groups = [_expert_record(g, target) for g in groups]
             files.append((groups, _metadata(groups, planar=False), None))
         if planar_jobs:
             groups = _group(planar_jobs)
@@ -367,6 +374,56 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             out.append(OutputFile(sidecar.layer_file_path(layer), tuple(groups), meta, True, layer))
         units.append(Unit(key, tuple(out)))
     return ConversionPlan(units, recipe, inventory, fallbacks, dropped)
+
+
+def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
+    """A job as the target's loader reads it (formats/targets.py): renamed (``rename``), a tensor the loader
+    reads only as float kept in its source float dtype (``source_float_leaves``), a non-expert int4 tensor the
+    loader cannot read written int8-row (``int4_group``, recorded as a fallback)."""
+    if target.rename:
+        base = target.out_name(job.expert_base) if job.expert_base is not None else None
+        job = replace(job, out_name=target.out_name(job.out_name), expert_base=base)
+    leaf = parse_name(job.source.name).leaf
+    if leaf in target.source_float_leaves and not job.target.is_float:  # quantized by the recipe: not here
+        plain = job.source.quant is None and job.source.scale is None and job.fused_rows is None
+        keep = plain and job.fused_pick is None and job.source.dtype in ("BF16", "F16", "F32")
+        return replace(job, target=rc.Target(rc.SOURCE if keep else "f32"))
+    t, g = job.target, target.int4_group
+    if g and job.role is not rc.Role.EXPERT and t.fmt in (targets.INT4_ROW, targets.INT4_GROUPED):
+        if not _written_as(t, job.I, (f"int4-g{g}",)):
+            reason = f"{target.loader} reads int4 only as int4-g{g} with I % {g} == 0 (I = {job.I})"
+            kind = source_kind(job.source, None)
+            instead = rc.choose_target(job.out_name, job.role, target.int4_fallback, job.O, job.I, kind)
+            fb = rc.Fallback(job.out_name, t.label, instead.label, reason)
+            return replace(job, target=replace(instead, fallback=fb))
+    return job
+
+
+def _written_as(t: rc.Target, I: int, labels: tuple[str, ...]) -> bool:
+    """``t`` writes one of ``labels``; int4-row at ``I`` counts as ``int4-g{I}`` (the same bytes and scales)."""
+    return t.label in labels or (t.fmt == targets.INT4_ROW and f"int4-g{I}" in labels)
+
+
+def _expert_record(group: OutputGroup, target: targets.Target) -> OutputGroup:
+    """A routed expert's group as the target's loader reads it: every tensor in one of ``expert_formats``
+    (else refused before work starts, naming the tensor) and, with ``expert_record``, its projections in that
+    order, each weight followed by its scale. Other groups are returned unchanged."""
+    first = group.jobs[0]
+    if first.expert is None or first.role is not rc.Role.EXPERT:
+        return group
+    for j in group.jobs:
+        if target.expert_formats is not None and not _written_as(j.target, j.I, target.expert_formats):
+            why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
+            raise TargetRefused(
+                f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
+                f"{j.target.label}{why}; {target.loader} reads routed experts as "
+                f"{' or '.join(target.expert_formats)} only (--experts {target.expert_formats[0]})"
+            )
+    if target.expert_record is None:
+        return group
+    order = {p: k for k, p in enumerate(target.expert_record)}
+    jobs = tuple(sorted(group.jobs, key=lambda j: order.get(parse_name(j.out_name).projection or "", len(order))))
+    return OutputGroup(jobs, interleaved=True)
 
 
 def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
@@ -462,24 +519,47 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
     names_ = ", ".join(j.out_name for j in group.jobs)
     projections = tuple(parse_name(j.out_name).projection for j in group.jobs)
     if projections != layout.projections or len({j.expert_base for j in group.jobs}) != 1:
-        raise ConvertError(
+        raise TargetRefused(
             f"--target {target.name}: expert {first.expert} of {first.expert_base} ({names_}) is not one "
             f"{'/'.join(layout.projections)} record, which {target.loader} reads as one merged blob"
         )
     gate, up, down = group.jobs
+    wanted = target.expert_options or (layout.fmt,)
+    fmt, gs = merged_format(group.jobs)
     for j in group.jobs:
-        if j.target.fmt != layout.fmt:
+        same = (j.target.fmt, j.target.gs) == (fmt, gs) or (
+            fmt == targets.INT4_GROUPED and j.target.fmt == targets.INT4_ROW and j.I <= gs
+        )  # one group per row is a row scale: the same bytes and scales
+        if j.target.label not in wanted or not same:
             why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
-            raise ConvertError(
+            raise TargetRefused(
                 f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
-                f"{j.target.label}{why}; {target.loader} reads {layout.fmt} only"
+                f"{j.target.label}{why}; {target.loader} reads gate, up and down in one of "
+                f"{', '.join(wanted)} only"
             )
     if (gate.O, gate.I) != (up.O, up.I) or (down.O, down.I) != (gate.I, gate.O):
-        raise ConvertError(
+        raise TargetRefused(
             f"--target {target.name}: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
             f"up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], [I, H], [H, I]"
         )
+    if fmt != targets.INT8_ROW and (gate.O % 2 or gate.I % 2):
+        raise TargetRefused(
+            f"--target {target.name}: expert {first.expert} of {first.expert_base}: int4 merged blobs need an "
+            f"even hidden size and expert width (gate is {[gate.O, gate.I]}); use --experts int8-row"
+        )
+    H, I = gate.I, gate.O
+    if layout.identify(H, I, *layout.sizes(H, I, fmt, gs), gs or 0) != (fmt, gs):  # pragma: no cover
+        raise ConvertError(f"internal: merged {gate.target.label} at hidden {H}, width {I} does not resolve back")
     return OutputGroup(group.jobs, layout.names(first.expert_base, first.expert))
+
+
+def merged_format(jobs: Iterable[TensorJob]) -> tuple[str, int | None]:
+    """``(format, group size)`` of the merged blob of these parts (formats/targets.py ``MergedLayout``): int4-grouped
+    with the largest group size when any part is (a narrower part written int4-row has one group per row, the
+    same bytes and scales), else the parts' format, group size None."""
+    jobs = list(jobs)
+    grouped = [j.target.gs for j in jobs if j.target.fmt == targets.INT4_GROUPED]
+    return (targets.INT4_GROUPED, max(grouped)) if grouped else (jobs[0].target.fmt, None)
 
 
 def _group(jobs: list[TensorJob]) -> list[OutputGroup]:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 
-from colitools.errors import ConvertError, FormatError
+from colitools.errors import ConvertError, FormatError, TargetRefused
 from colitools.formats import layouts, names, registry, resolver, targets
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
@@ -289,9 +289,10 @@ class Recipe:
         of its loader and refuses, in one line, an option or layout that loader cannot read."""
         try:
             tgt = targets.by_name(target)
+            tgt.check_writable()
             tgt.check_layout(layout)
         except FormatError as exc:
-            raise ConvertError(str(exc)) from None
+            raise TargetRefused(str(exc)) from None
         if group_size is not None and group_size not in GROUP_SIZES:
             raise ConvertError(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
@@ -314,8 +315,9 @@ class Recipe:
             try:
                 tgt.check_option(option, value)
             except FormatError as exc:
-                raise ConvertError(str(exc)) from None
+                raise TargetRefused(str(exc)) from None
             values[option] = value
+        towers = tgt.towers or towers  # a target whose converter drops the towers drops them
         return cls(layout=layout, towers=towers, target=target, **values)
 
     def option_for(self, role: Role) -> str:

@@ -36,7 +36,7 @@ from colitools.converters import dequant as dq
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, TensorJob, Unit
 from colitools.errors import ConvertError
-from colitools.formats import kernels, planar_sidecar
+from colitools.formats import kernels, planar_sidecar, targets
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
@@ -208,6 +208,15 @@ def _fp8_grid(job: TensorJob, scale: np.ndarray, block: tuple[int, int] | None) 
     if block is None or r0 % block[0]:
         return None
     return np.asarray(scale)[r0 // block[0] : -(-r1 // block[0])]
+
+
+def merged_codes(group, codes: list[np.ndarray]) -> np.ndarray:
+    """A merged expert blob (formats/targets.py ``MergedLayout``) from its parts' codes: int8-row codes as I8;
+    int4 pairs codes (even widths) as ``pack_int4``'s signed nibbles, pairs bytes XOR ``SIGNED_NIBBLE_XOR``."""
+    flat = np.concatenate([c.reshape(-1) for c in codes])
+    if group.jobs[0].target.fmt == targets.INT8_ROW:
+        return flat.view(np.int8)
+    return flat.view(np.uint8) ^ np.uint8(targets.SIGNED_NIBBLE_XOR)
 
 
 def encode_job(
@@ -499,7 +508,9 @@ def start_unit(
                             merged.append((codes, scales))
                         else:
                             sink.put(wname, codes)
-                            if sname is not None:
+                            if sname is not None and group.interleaved:  # a target's record: scale next
+                                sink.put(sname, scales)
+                            elif sname is not None:
                                 scales_after.append((sname, scales))
                         if on_tensor is not None:
                             on_tensor(job.in_bytes)
@@ -509,7 +520,7 @@ def start_unit(
                         sink.put(sname, scales)
                     if group.merged is not None:  # gate | up | down codes as one blob, then their scales
                         blob, sname = group.merged
-                        sink.put(blob, np.concatenate([c.reshape(-1) for c, _ in merged]).view(np.int8))
+                        sink.put(blob, merged_codes(group, [c for c, _ in merged]))
                         sink.put(sname, np.concatenate([np.asarray(q, np.float32).reshape(-1) for _, q in merged]))
                         del merged
                 sink.finish()

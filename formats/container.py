@@ -38,6 +38,7 @@ from colitools.formats.registry import (
     Float,
     Int8Row,
     Mxfp4,
+    by_name,
 )
 from colitools.formats.resolver import (
     SHAPES_KEY,
@@ -129,9 +130,10 @@ def config_shapes(
     """The ``[O, I]`` that ``config.json`` implies for those of ``names`` where it is derivable.
 
     Embeddings and the output head (``[vocab_size, hidden_size]``), routed experts (``gate/up``
-    ``[E_I, hidden_size]``, ``down`` ``[hidden_size, E_I]`` with ``E_I`` = ``moe_intermediate_size``, else
-    ``intermediate_size``) and every per-layer linear role ``model_config.linear_shapes`` derives (attention and
-    MLA projections, dense MLP, shared experts, routers), matched by the tensor-name map's module and leaf.
+    ``[E_I, E_H]``, ``down`` ``[E_H, E_I]`` with ``E_I`` = ``moe_intermediate_size``, else
+    ``intermediate_size``, and ``E_H`` = ``routed_expert_hidden_size``, else ``hidden_size``) and every
+    per-layer linear role ``model_config.linear_shapes`` derives (attention and MLA projections, dense MLP,
+    shared experts, routers), matched by the tensor-name map's module and leaf.
     ``None`` marks a dimension the config does not give. The numbers are the config facts
     (``formats/model_config.py``), validated there; a malformed config raises ConfigError.
     """
@@ -150,7 +152,8 @@ def config_shapes(
             implied[name] = (vocab, hidden)
         elif parsed.expert is not None:
             if parsed.projection is not None:
-                implied[name] = (hidden, expert_i) if parsed.projection == "down" else (expert_i, hidden)
+                eh = facts.expert_hidden or hidden  # Kimi K3's latent experts: routed_expert_hidden_size
+                implied[name] = (eh, expert_i) if parsed.projection == "down" else (expert_i, eh)
         elif parsed.layer is not None:
             module = ".".join(MODULE_ALIASES.get(p, p) for p in parsed.module.split("."))
             leaf = MODULE_ALIASES.get(parsed.leaf, parsed.leaf)  # gpt-oss mlp.router = the router mlp.gate
@@ -221,6 +224,7 @@ def resolve_container(
     config: Mapping[str, Any] | None = None,
     *,
     report_unresolved: bool = False,
+    merged_group_size: int | None = None,
 ) -> dict[str, ResolvedTensor]:
     """Resolve every tensor of a container (one file, or all shards of a model), in file and offset order.
 
@@ -271,7 +275,9 @@ def resolve_container(
     scale_owner: dict[str, str] = {}
     for name, (shard, info) in present.items():
         if is_merged_expert(name):  # a target's merged expert blob (formats/targets.py), geometry from config
-            resolved[name] = _resolve_merged(name, shard, info, infos, config, layouts, report_unresolved)
+            resolved[name] = _resolve_merged(
+                name, shard, info, infos, config, layouts, report_unresolved, merged_group_size
+            )
             scale_owner[resolved[name].scale] = name
             continue
         scale = _scale_name(name, info, infos)
@@ -396,10 +402,12 @@ def _resolve_merged(
     config: Mapping[str, Any] | None,
     layouts: Mapping[int, str],
     report_unresolved: bool,
+    group_size: int | None = None,
 ) -> ResolvedTensor:
     """A merged expert blob ``...experts.{E}.merged_weight`` with its ``...experts.{E}.qs`` (``targets.MERGED``,
-    ``c/olmoe.c`` ``load_expert_merged``): byte counts checked exactly against ``config.json``'s hidden size and
-    expert width, as that loader does; its parts are int8-row gate, up and down."""
+    ``c/olmoe.c`` / ``c/qwen36.c`` ``load_expert_merged``): byte counts checked exactly against ``config.json``'s
+    hidden size and expert width, as those loaders do; they tell int8-row parts from (signed-nibble) int4-row /
+    int4-grouped parts (``MergedLayout.identify``)."""
     layout = targets.MERGED
     where = str(shard.path)
     parsed = parse_name(name)
@@ -425,15 +433,21 @@ def _resolve_merged(
             scale=scale, scale_nbytes=sinfo.nbytes, problem=problem,
         )  # fmt: skip
     H, I = facts.hidden_size, facts.expert_width
-    want_w, want_s = layout.sizes(H, I)
-    if info.nbytes != want_w or sinfo.nbytes != 4 * want_s:
+    n_scales = sinfo.nbytes // 4
+    found = layout.identify(H, I, info.nbytes, n_scales, group_size) if sinfo.nbytes % 4 == 0 else None
+    if found is None:
+        want_w, want_s = layout.sizes(H, I)
+        gs = "" if group_size is None else f", expert_gs {group_size}"
         raise ResolveError(
-            f"{where}: merged expert blob {name} is {info.nbytes} bytes with {sinfo.nbytes // 4} scales; "
-            f"config.json (hidden {H}, expert width {I}) implies {want_w} bytes and {want_s} scales"
+            f"{where}: merged expert blob {name} is {info.nbytes} bytes with {n_scales} scales; config.json "
+            f"(hidden {H}, expert width {I}{gs}) implies {want_w} bytes and {want_s} scales (int8-row) or "
+            f"{want_w // 2} bytes (int4) with scales per row or per group of qwen36_meta.json's expert_gs"
         )
+    fmt_name, gs = found
+    fmt = Resolved.of(Int8Row) if fmt_name == targets.INT8_ROW else Resolved.of(by_name(fmt_name), gs)
     return ResolvedTensor(
-        name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)], Resolved.of(Int8Row),
-        None, None, scale, sinfo.nbytes, parts=layout.parts(H, I),
+        name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)], fmt,
+        None, None, scale, sinfo.nbytes, parts=layout.parts(H, I, fmt_name, gs),
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colitools.formats import model_config, names, planar_sidecar
+from colitools.formats import model_config, names, planar_sidecar, targets
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import ConfigError, FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
@@ -56,6 +56,7 @@ class ModelFiles:
     sidecar: list[SafetensorsFile] = field(
         default_factory=list
     )  # planar sidecar layer files (also in shards)
+    merged_group_size: int | None = None  # expert_gs of a target's metadata file (formats/targets.py)
 
 
 def _index_shards(directory: Path, index: dict[str, Any]) -> dict[str, list[str]]:
@@ -115,6 +116,7 @@ def open_model(path: str | os.PathLike[str], *, sidecar: bool = True) -> ModelFi
     model = ModelFiles(root, [])
     if (root / CONFIG_FILE).is_file():
         model.config = load_json_object(root / CONFIG_FILE)
+    model.merged_group_size = targets.merged_group_size(root)
     present = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
     if (root / INDEX_FILE).is_file():
         model.index = load_json_object(root / INDEX_FILE)
@@ -291,7 +293,9 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
     """
     model = open_model(path)
     try:
-        resolved = resolve_container(model.shards, config=model.config, report_unresolved=True)
+        resolved = resolve_container(
+            model.shards, config=model.config, report_unresolved=True, merged_group_size=model.merged_group_size
+        )
         shards = [
             ShardSummary(
                 str(s.path),

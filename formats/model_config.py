@@ -86,6 +86,7 @@ _TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
     "head_dim": ("int", 0, _MAX_INT),  # 0: GLM-5.3-Flash (glm5_next, MLA without RoPE)
     "intermediate_size": ("int", 0, _MAX_INT),
     "moe_intermediate_size": ("int", 1, _MAX_INT),
+    "routed_expert_hidden_size": ("int", 1, _MAX_INT),  # Kimi K3 LatentMoE: the routed experts' width
     "shared_expert_intermediate_size": ("int", 0, _MAX_INT),
     "n_routed_experts": ("int", 0, _MAX_EXPERTS),
     "num_local_experts": ("int", 0, _MAX_EXPERTS),
@@ -243,6 +244,15 @@ def expert_width(config: Mapping[str, Any], where: str = "config.json") -> int |
     return width if width is not None else _int_of(text, "intermediate_size", where, prefix)
 
 
+def expert_hidden(config: Mapping[str, Any], where: str = "config.json") -> int | None:
+    """The routed experts' input (and output) width: ``routed_expert_hidden_size`` (Kimi K3's LatentMoE, whose
+    experts run in a latent the shared ``routed_expert_down_proj`` / ``routed_expert_up_proj`` map to and from),
+    else ``hidden_size``."""
+    text, prefix = _text(config)
+    latent = _int_of(text, "routed_expert_hidden_size", where, prefix)
+    return latent if latent is not None else _int_of(text, "hidden_size", where, prefix)
+
+
 def quantization_config(config: Mapping[str, Any], where: str = "config.json") -> Mapping[str, Any] | None:
     """``quantization_config`` of the top level, else of the text model; None when absent, null or empty."""
     for scope, prefix in ((config, ""), _text(config)):
@@ -317,6 +327,7 @@ class ConfigFacts:
     experts_per_token: int | None
     expert_width: int | None
     fp8_block: tuple[int, int] | None
+    expert_hidden: int | None = None  # the routed experts' input width (``expert_hidden``)
 
     @property
     def total_layers(self) -> int | None:
@@ -337,6 +348,7 @@ def read_facts(config: Any, where: str = "config.json") -> ConfigFacts:
         experts_per_token=experts_per_token(config, where),
         expert_width=expert_width(config, where),
         fp8_block=fp8_block_size(config, where),
+        expert_hidden=expert_hidden(config, where),
     )
 
 

@@ -56,8 +56,11 @@ SUFFIXLESS_PROJECTIONS = frozenset({"w1", "w2", "w3"})  # Mixtral
 # tensor, their scales in ``{...}.experts.{E}.qs``; the layout is its target's (formats/targets.py).
 MERGED = "gate_up_down"  # the projection of a merged blob
 MERGED_EXPERTS: dict[str, str] = {
-    "merged_weight": MERGED,  # colibri's OLMoE engine (c/olmoe.c load_expert_merged, convert_olmoe_merged.py)
+    # colibri's OLMoE and Qwen3.6 engines (c/olmoe.c / c/qwen36.c load_expert_merged; convert_olmoe_merged.py,
+    # convert_qwen36.py)
+    "merged_weight": MERGED,
 }
+MERGED_SCALES = frozenset({"qs"})  # a merged blob's scales ``{...}.experts.{E}.qs``
 
 # Fused expert stacks ``{...}.experts.{leaf}[.weight]`` [E, rows, cols] -> the projections they hold. How the
 # rows / columns of a stack map onto gate / up / down is a fact of the family (STACK_ORIENTATION), never a guess
@@ -366,6 +369,12 @@ def expert_tensor_name(expert_base: str, expert: int, projection: str, suffix: s
 def is_merged_expert(name: str) -> bool:
     """A merged per-expert blob (:data:`MERGED_EXPERTS`: ``...experts.{E}.merged_weight``)."""
     return parse_name(name).projection == MERGED
+
+
+def is_merged_scale(name: str) -> bool:
+    """A merged blob's scale tensor (:data:`MERGED_SCALES`: ``...experts.{E}.qs``)."""
+    parsed = parse_name(name)
+    return parsed.expert is not None and parsed.leaf in MERGED_SCALES and parsed.suffix == ""
 
 
 def is_tower(name: str) -> bool:

@@ -19,54 +19,108 @@ Numpy-free (the CLI imports it for its help text).
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from colitools.formats import model_config
 from colitools.formats.errors import FormatError
+from colitools.formats.format_names import GROUP_SIZES
 
 GENERIC_NAME = "generic"
+QWEN36 = "qwen36"
+KIMI_K3 = "kimi_k3"
+GLM53 = "glm53"
+DEEPSEEK_V4 = "deepseek_v4"
+INKLING = "inkling"
+META_GROUP_SIZE = "expert_gs"  # qwen36_meta.json: the int4 experts' group size, 0 = row scales
+
+
+INT8_ROW, INT4_ROW, INT4_GROUPED = "int8-row", "int4-row", "int4-grouped"  # registry names of merged parts
+SIGNED_NIBBLE_XOR = 0x88  # a byte of pairs codes (v + 8 per nibble) XOR this = two signed nibbles (v & 0xF)
 
 
 @dataclass(frozen=True)
 class MergedPart:
-    """One projection inside a merged expert blob: ``[O, I]`` int8-row, its codes at bytes ``data`` of the blob
-    and its row scales at elements ``scales`` of the scale tensor (both half-open, relative to the tensor)."""
+    """One projection inside a merged expert blob: ``[O, I]`` in format ``fmt`` (group size ``gs``), its codes
+    at bytes ``data`` of the blob and its scales at elements ``scales`` of the scale tensor (both half-open,
+    relative to the tensor). ``signed_nibbles``: int4 codes as two's complement nibbles (low nibble = element
+    2k), i.e. the pairs codes of docs/FORMATS.md §2.2 XOR ``SIGNED_NIBBLE_XOR``."""
 
     projection: str  # gate | up | down
     O: int
     I: int
     data: tuple[int, int]
     scales: tuple[int, int]
+    fmt: str = INT8_ROW
+    gs: int | None = None
+    signed_nibbles: bool = False
 
 
 @dataclass(frozen=True)
 class MergedLayout:
-    """Routed experts as one blob per expert (``c/olmoe.c`` ``load_expert_merged``)."""
+    """Routed experts as one blob per expert (``c/olmoe.c`` and ``c/qwen36.c`` ``load_expert_merged``).
+
+    A blob holds gate ``[I, H]``, up ``[I, H]`` and down ``[H, I]`` back to back, all in one format: int8-row
+    (I8, ``O*I`` bytes each; both engines) or int4 (U8, the whole blob's ``3*I*H`` values flattened and packed two
+    per byte as signed nibbles, ``convert_qwen36.py`` ``pack_int4``; qwen36 only) with row scales (int4-row) or
+    group scales along the input (int4-grouped, ``expert_gs`` of ``qwen36_meta.json``). The scale tensor holds
+    gate, up and down scales in that order. Which of these a target writes is its ``expert_options``; readers
+    accept every one, telling them apart by byte and scale counts as ``load_expert_merged`` does."""
 
     leaf: str = "merged_weight"  # ...experts.{E}.merged_weight (names.MERGED_EXPERTS)
-    scale_leaf: str = "qs"  # ...experts.{E}.qs
+    scale_leaf: str = "qs"  # ...experts.{E}.qs (names.MERGED_SCALES)
     projections: tuple[str, ...] = ("gate", "up", "down")
-    fmt: str = "int8-row"  # the registry format of every part
-    dtype: str = "I8"  # what convert_olmoe_merged.py stores (torch.int8); st.h reads U8 and I8 alike
+    fmt: str = INT8_ROW  # the format of a blob whose target does not choose another
+    dtype: str = "I8"  # int8 codes as the converters store them (torch.int8); st.h reads U8 and I8 alike
+    int4_dtype: str = "U8"  # packed int4 codes (pack_int4 returns uint8)
     dtypes: tuple[str, ...] = ("I8", "U8")  # what a reader accepts
     scale_dtype: str = "F32"
+    formats: tuple[str, ...] = (INT8_ROW, INT4_ROW, INT4_GROUPED)  # what a reader accepts
 
     def names(self, expert_base: str, expert: int) -> tuple[str, str]:
         """``(blob name, scale name)`` of expert ``expert`` under ``expert_base`` (``model.layers.3.mlp.experts``)."""
         return f"{expert_base}.{expert}.{self.leaf}", f"{expert_base}.{expert}.{self.scale_leaf}"
 
-    def parts(self, hidden: int, inter: int) -> tuple[MergedPart, ...]:
+    def blob_dtype(self, fmt: str) -> str:
+        return self.dtype if fmt == INT8_ROW else self.int4_dtype
+
+    def parts(self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None) -> tuple[MergedPart, ...]:
         """The parts of one blob of an expert of width ``inter`` in a model of hidden size ``hidden``."""
         out, d, s = [], 0, 0
+        int4 = fmt != INT8_ROW
         for proj in self.projections:
             O, I = (hidden, inter) if proj == "down" else (inter, hidden)
-            out.append(MergedPart(proj, O, I, (d, d + O * I), (s, s + O)))
-            d, s = d + O * I, s + O
+            nb = O * I // 2 if int4 else O * I
+            ns = O * -(-I // gs) if fmt == INT4_GROUPED and gs else O
+            out.append(MergedPart(proj, O, I, (d, d + nb), (s, s + ns), fmt, gs if fmt == INT4_GROUPED else None,
+                                  int4))  # fmt: skip
+            d, s = d + nb, s + ns
         return tuple(out)
 
-    def sizes(self, hidden: int, inter: int) -> tuple[int, int]:
+    def sizes(self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None) -> tuple[int, int]:
         """``(blob bytes, scale elements)``: ``want_w`` / ``want_s`` of ``load_expert_merged``."""
-        last = self.parts(hidden, inter)[-1]
+        last = self.parts(hidden, inter, fmt, gs)[-1]
         return last.data[1], last.scales[1]
+
+    def identify(
+        self, hidden: int, inter: int, nbytes: int, n_scales: int, group_size: int | None = None
+    ) -> tuple[str, int | None] | None:
+        """``(format, group size)`` of a blob of ``nbytes`` bytes with ``n_scales`` scales, or None when no layout
+        has those counts. ``group_size`` is the container's ``expert_gs`` (``qwen36_meta.json``; 0: row scales),
+        which decides between layouts with equal counts (int4-g32 and int4-g48 at width 64, int4-row and
+        int4-g64 at width 64), as it does in ``load_expert_merged``; without it such counts are None."""
+        found = []
+        if self.sizes(hidden, inter) == (nbytes, n_scales) and not group_size:
+            found.append((INT8_ROW, None))
+        if hidden % 2 == 0 and inter % 2 == 0:
+            if self.sizes(hidden, inter, INT4_ROW) == (nbytes, n_scales) and not group_size:
+                found.append((INT4_ROW, None))
+            found += [(INT4_GROUPED, g) for g in GROUP_SIZES if group_size in (None, g)
+                      and self.sizes(hidden, inter, INT4_GROUPED, g) == (nbytes, n_scales)]  # fmt: skip
+        return found[0] if len(found) == 1 else None
 
 
 MERGED = MergedLayout()
@@ -84,6 +138,30 @@ class Target:
     float_options: tuple[str, ...] | None = None  # --dense / --embed / --mtp values (None: any)
     defaults: tuple[tuple[str, str], ...] = ()  # option -> default for this target (else the recipe's)
     layouts: tuple[str, ...] | None = None  # --layout values (None: any)
+    rename: tuple[tuple[str, str], ...] = ()  # output name prefixes: (source prefix, written prefix), first match
+    flat_config: bool = False  # config.json is the text config, flat (the source's goes to config.hf.json)
+    meta_file: str | None = None  # the engine's own metadata file (``meta_for``)
+    towers: str | None = None  # forced --towers value (the converter drops them), None: the user's
+    # tensors (by leaf) the loader reads only with its float reader: written in the source's float dtype, unchanged
+    source_float_leaves: tuple[str, ...] = ()
+    int4_group: int | None = None  # non-expert int4: only int4-g{n} at I % n == 0 (else int4_fallback, recorded)
+    int4_fallback: str = INT8_ROW  # what such a tensor is written as instead (a recipe option)
+    expert_formats: tuple[str, ...] | None = None  # labels every routed expert tensor must be written as
+    # a routed expert's record: projections in this order, each weight directly followed by its scale
+    expert_record: tuple[str, ...] | None = None
+    refused: str | None = None  # a target colitools knows but does not write: why, and what to do instead
+
+    def check_writable(self) -> None:
+        """FormatError (one line) for a target colitools does not write (``refused``)."""
+        if self.refused is not None:
+            raise FormatError(f"--target {self.name} is refused: {self.refused}")
+
+    def out_name(self, name: str) -> str:
+        """The name this target writes for a source tensor name (``rename``)."""
+        for old, new in self.rename:
+            if name.startswith(old):
+                return new + name[len(old) :]
+        return name
 
     def default(self, option: str) -> str | None:
         return dict(self.defaults).get(option)
@@ -126,6 +204,64 @@ TARGETS: dict[str, Target] = {
             defaults=(("experts", "int8-row"), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
             layouts=("pairs",),
         ),
+        Target(
+            QWEN36,
+            "c/qwen36.c (load_cfg, load_meta, model_init's load_t_n, load_expert_merged)",
+            model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
+            merged=MERGED,
+            expert_options=(INT8_ROW, INT4_ROW, *(f"int4-g{g}" for g in GROUP_SIZES)),
+            float_options=("f32", "bf16"),
+            defaults=(("experts", INT4_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
+            layouts=("pairs",),
+            rename=(("model.language_model.", "model."),),
+            flat_config=True,
+            meta_file="qwen36_meta.json",
+            towers="drop",
+        ),
+        Target(
+            KIMI_K3,
+            "c/kimi_k3.c (w_load, f32_load, expert_table_init)",
+            model_types=("kimi_k3",),
+            expert_options=("mxfp4", "native"),
+            float_options=("f32", "bf16", INT8_ROW, "int4-g64"),
+            defaults=(("experts", "mxfp4"), ("dense", INT8_ROW), ("embed", INT8_ROW), ("mtp", INT8_ROW)),
+            layouts=("pairs",),
+            source_float_leaves=("embed_tokens", "f_a_proj", "f_b_proj", "b_proj", "self_attention_res_proj",
+                                 "mlp_res_proj", "output_attn_res_proj"),  # fmt: skip
+            int4_group=64,
+            expert_formats=("mxfp4",),
+            expert_record=("gate", "down", "up"),  # w1p w1s w2p w2s w3p w3s (w2 is down, w3 up)
+        ),
+        Target(
+            GLM53,
+            "c/glm53.c (load_f32, load_mat, absorb_kvb, expert_geometry / expert_table_init)",
+            model_types=("glm5_next", "glm5_next_text"),
+            expert_options=("int4-g64",),
+            float_options=("f32", "bf16", "int4-g64"),
+            defaults=(("experts", "int4-g64"), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
+            layouts=("pairs",),
+            source_float_leaves=("embed_tokens", "kv_b_proj"),
+            int4_group=64,
+            int4_fallback="bf16",
+            expert_formats=("int4-g64",),
+            expert_record=("gate", "up", "down"),  # gate.w gate.qs up.w up.qs down.w down.qs
+        ),
+        Target(
+            DEEPSEEK_V4,
+            "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8)",
+            model_types=("deepseek_v4",),
+            refused="c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate) reads the released "
+            "checkpoint's own tensors, dtype for dtype (F8_E4M3 weights with F8_E8M0 .scale blocks, FP4 experts with "
+            "F8_E8M0 .scale, BF16 norms): point it at the source checkpoint; no converted container is read by it",
+        ),
+        Target(
+            INKLING,
+            "c/inkling.c (model_init's container detection, expert_get)",
+            model_types=("inkling", "inkling_mm_model", "inkling_text"),
+            refused="c/inkling.c (expert_get) reads a layer's routed experts from one fused tensor per layer "
+            "(mlp.experts.gate_up_proj / down_proj, U8 rows + .qs), which colitools does not write (it writes one "
+            "record per expert); point the engine at the source checkpoint, which it quantizes at load",
+        ),
     )
 }
 TARGET_NAMES = tuple(TARGETS)
@@ -136,3 +272,93 @@ def by_name(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise FormatError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}") from None
+
+
+# --------------------------------------------------------------------------------------- qwen36_meta.json
+def qwen36_meta(
+    config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None
+) -> dict[str, Any]:
+    """``qwen36_meta.json`` as ``c/tools/convert_qwen36.py`` writes it and ``c/qwen36.c`` ``load_meta`` reads it.
+
+    ``config`` is the source's ``config.json``, ``shapes`` the source tensor shapes by their *written* names
+    (head dims come from the first full-attention layer's weights, as the converter takes them), ``experts``
+    the routed experts' format (``int8-row`` -> ``ebits`` 8, int4 -> 4; ``expert_gs`` the int4-grouped group
+    size, 0 for row scales). Where transformers defines a key the converter defaults differently
+    (``norm_topk_prob``, ``attn_output_gate``: Qwen3.5-MoE always renormalises and always gates; rope values that
+    transformers 5 keeps in ``rope_parameters``), the value is the one transformers runs the model with
+    (docs/FORMATS.md §4 Targets)."""
+    mcfg = model_config.text_config(config)
+    rope = mcfg.get("rope_parameters") or {}
+    n = int(mcfg["num_hidden_layers"])
+    layer_types = mcfg.get("layer_types") or [
+        "full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)
+    ]
+    meta: dict[str, Any] = {
+        "model_type": config.get("model_type"),
+        "hidden": int(mcfg["hidden_size"]),
+        "n_layers": n,
+        "n_active": len(layer_types),
+        "layer_types": list(layer_types),
+        "num_experts": int(mcfg["num_experts"]),
+        "topk": int(mcfg["num_experts_per_tok"]),
+        "moe_inter": int(mcfg.get("moe_intermediate_size", mcfg.get("intermediate_size", 0) // 2)),
+        "shared_inter": int(mcfg.get("shared_expert_intermediate_size", mcfg.get("moe_intermediate_size", 0))),
+        "rms_eps": float(mcfg.get("rms_norm_eps", 1e-6)),
+        "ebits": 8 if experts == INT8_ROW else 4,
+        "scoring_func": mcfg.get("scoring_func", "softmax"),
+        "n_group": int(mcfg.get("n_group", 1)),
+        "topk_group": int(mcfg.get("topk_group", 1)),
+        "norm_topk_prob": bool(mcfg.get("norm_topk_prob", True)),
+        "attn_output_gate": bool(mcfg.get("attn_output_gate", True)),
+        "rope_theta": float(rope.get("rope_theta", mcfg.get("rope_theta", 10000000.0))),
+        "mrope_section": rope.get("mrope_section", [16, 16, 16]),
+        "partial_rotary_factor": float(rope.get("partial_rotary_factor", mcfg.get("partial_rotary_factor", 0.25))),
+    }
+    full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    if full:
+        base = f"model.layers.{full[0]}.self_attn"
+        n_q, n_kv = int(mcfg["num_attention_heads"]), int(mcfg["num_key_value_heads"])
+        meta["q_heads"], meta["kv_heads"] = n_q, n_kv
+        for key, proj, heads in (("q_head_dim", "q_proj", n_q), ("k_head_dim", "k_proj", n_kv),
+                                 ("v_head_dim", "v_proj", n_kv)):  # fmt: skip
+            if f"{base}.{proj}.weight" in shapes:
+                meta[key] = int(shapes[f"{base}.{proj}.weight"][0]) // heads
+        if f"{base}.o_proj.weight" in shapes:
+            meta["o_in"] = int(shapes[f"{base}.o_proj.weight"][1])
+        if f"{base}.q_norm.weight" in shapes:
+            meta["qk_rope_head_dim"] = int(shapes[f"{base}.q_norm.weight"][0])
+        meta["head_dim"] = meta.get("k_head_dim", meta.get("q_head_dim", 256))
+        meta["rope_dim"] = meta.get("qk_rope_head_dim", meta["head_dim"] // 4)
+    meta[META_GROUP_SIZE] = int(group_size or 0)  # 0 = per-row scales; > 0 = group size along the input
+    dn = {
+        "dn_vheads": ("linear_num_value_heads", "num_value_heads"),
+        "dn_kheads": ("linear_num_key_heads", "num_key_heads"),
+        "dn_kdim": ("linear_key_head_dim", "key_head_dim"),
+        "dn_vdim": ("linear_value_head_dim", "value_head_dim"),
+        "dn_convk": ("linear_conv_kernel_dim", "conv_kernel_size"),
+    }
+    for key, (name, alias) in dn.items():
+        meta[key] = int(mcfg.get(name, mcfg.get(alias, 0)))
+    meta["dn_conv_dim"] = meta["dn_kheads"] * meta["dn_kdim"] * 2 + meta["dn_vheads"] * meta["dn_vdim"]
+    return meta
+
+
+def merged_group_size(folder: str | os.PathLike) -> int | None:
+    """``expert_gs`` of a container's target metadata file (``qwen36_meta.json``), or None without one: what
+    ``MergedLayout.identify`` needs to tell group sizes with equal counts apart. FormatError (one line) for a
+    file that is not a JSON object or an ``expert_gs`` that is not a non-negative integer."""
+    for target in TARGETS.values():
+        if target.meta_file is None:
+            continue
+        path = Path(folder) / target.meta_file
+        if not path.is_file():
+            continue
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise FormatError(f"{path}: not readable JSON ({exc})") from None
+        gs = meta.get(META_GROUP_SIZE) if isinstance(meta, dict) else None
+        if not isinstance(meta, dict) or (gs is not None and (type(gs) is not int or gs < 0)):
+            raise FormatError(f"{path}: {META_GROUP_SIZE} must be a non-negative integer in a JSON object")
+        return gs
+    return None

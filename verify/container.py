@@ -87,7 +87,9 @@ def verify_container(
     report.shards = len(shards)
     report.warnings.extend(model.warnings)
     try:
-        resolved = resolve_container(shards, config=model.config, report_unresolved=True)
+        resolved = resolve_container(
+            shards, config=model.config, report_unresolved=True, merged_group_size=model.merged_group_size
+        )
     except ColitoolsError as exc:
         report.problems.append(str(exc))
         resolved = {}

@@ -156,7 +156,9 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
     convert(str(fixture_dir), out, convert_options(ref))
     result.container_problems = verify_container(out).problems
     model_files = open_model(out)
-    resolved = resolve_container(model_files.shards, config=model_files.config)
+    resolved = resolve_container(
+        model_files.shards, config=model_files.config, merged_group_size=model_files.merged_group_size
+    )
     parts = _merged_part_labels(resolved)
     for name, expected in sorted((ref.get("tensor_formats") or {}).items()):
         if name not in resolved and name in parts:  # a projection inside a target's merged expert blob

@@ -44,7 +44,13 @@ def convert_command(
     ),
     target: str = typer.Option(
         "generic", "--target", help=f"Whose loader reads the output: {_TARGETS}. olmoe: merged int8 experts "
-        "(...experts.{E}.merged_weight + .qs), dense tensors f32 or bf16; model_type olmoe only.",
+        "(...experts.{E}.merged_weight + .qs), dense tensors f32 or bf16; model_type olmoe only. qwen36: merged "
+        "int8-row / int4-row / int4-g{gs} experts (signed nibbles), float dense tensors renamed "
+        "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only. "
+        "kimi_k3: mxfp4 experts in the engine's slot order, f32_load tensors kept float, int8-row or int4-g64 "
+        "(I % 64 == 0) projections; model_type kimi_k3 only. glm53: int4-g64 experts in the engine's slot "
+        "order, float or int4-g64 projections; model_type glm5_next only. deepseek_v4 and inkling are refused "
+        "(their engines read the source checkpoint). See docs/FORMATS.md §4 Targets.",
     ),
     min_free_gb: float = typer.Option(
         5.0, "--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."

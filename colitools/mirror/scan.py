@@ -8,6 +8,7 @@ map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_packed      (mxfp4 / K3 pairs)
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale       (their E8M0 scales)
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale_inv   (FP8 block scales of a source)
+    ...layers.{L}.mlp.experts.{E}.merged_weight  (+ ...experts.{E}.qs)          (--target olmoe / qwen36 blobs)
 
 With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g64/layer-NNN.safetensors``
 (docs/FORMATS.md §4): ``discover_shards`` scans those files too, named by their path relative to the model folder
@@ -15,7 +16,8 @@ With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g6
 
 Shared experts (``mlp.shared_experts.``, ``mlp.shared_expert.``) and routers are not routed experts. The
 engine assigns an expert to a drive by its *routed tensor*, the first one it reads: ``gate_proj.weight``
-(``gate_proj.weight_packed`` for mxfp4), ``w1`` / ``w1.weight``, or ``w1.weight_packed``.
+(``gate_proj.weight_packed`` for mxfp4), ``w1`` / ``w1.weight``, ``w1.weight_packed``, or a merged blob
+``merged_weight`` (formats/targets.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from colitools.errors import MirrorError
 from colitools.formats import model_config, planar_sidecar
 from colitools.formats.errors import ConfigError
 from colitools.formats.filenames import shard_files
-from colitools.formats.names import EXPERTS, MOE_BLOCKS, SUFFIXLESS_PROJECTIONS, parse_name
+from colitools.formats.names import (
+    EXPERTS,
+    MERGED,
+    MOE_BLOCKS,
+    SUFFIXLESS_PROJECTIONS,
+    is_merged_scale,
+    parse_name,
+)
 from colitools.formats.safetensors_io import SafetensorsFile
 
 __all__ = [
@@ -73,6 +82,10 @@ def classify_expert_tensor(name: str) -> ExpertTensor | None:
     """The routed expert a tensor belongs to, or None for every other tensor (shared experts included)."""
     parsed = parse_name(name)
     block, _, container = parsed.module.partition(".")
+    merged_blob = parsed.projection == MERGED and parsed.suffix == ""
+    if parsed.layer is not None and container == EXPERTS and block in MOE_BLOCKS and parsed.expert is not None:
+        if merged_blob or is_merged_scale(name):  # a target's merged blob routes the expert (formats/targets.py)
+            return ExpertTensor(parsed.layer, parsed.expert, merged_blob)
     if (
         parsed.layer is None
         or parsed.expert is None

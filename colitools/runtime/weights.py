@@ -29,6 +29,7 @@ from colitools.formats.names import canonical_name, expert_tensor_name, parse_na
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import Float, Fp8E4m3B128, block_grid, by_name
 from colitools.formats.safetensors_io import SafetensorsFile
+from colitools.formats.targets import SIGNED_NIBBLE_XOR
 from colitools.runtime.kernels import QTensor
 
 F32 = np.float32
@@ -65,6 +66,7 @@ class Stored:
     planar: bool = False
     fp8_block: tuple[int, int] = (128, 128)
     pick: tuple[int, int, int, int, bool] | None = None
+    signed_nibbles: bool = False  # int4 codes as signed nibbles (a qwen36 merged blob, formats/targets.py)
 
     @property
     def nbytes(self) -> int:
@@ -81,6 +83,12 @@ class Stored:
         return self.nbytes
 
 
+def _codes(st: Stored, data: bytes | memoryview) -> np.ndarray:
+    """The stored codes as uint8; signed-nibble int4 (formats/targets.py ``MergedPart``) as pairs codes."""
+    codes = np.frombuffer(data, dtype=np.uint8)
+    return codes ^ np.uint8(SIGNED_NIBBLE_XOR) if st.signed_nibbles else codes
+
+
 def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryview | None) -> np.ndarray:
     """Float32 ``[O, I]`` of a stored weight from its bytes (the numpy reference decoders)."""
     if st.form == "float":
@@ -91,10 +99,10 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
         return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
     if st.pick:  # rows of a quantized stack slab
-        codes = _picked(np.frombuffer(data, dtype=np.uint8), st)
+        codes = _picked(_codes(st, data), st)
         scale = _picked(np.frombuffer(scale, dtype=np.uint8), st).tobytes()
     else:
-        codes = np.frombuffer(data, dtype=np.uint8).reshape(st.O, -1)
+        codes = _codes(st, data).reshape(st.O, -1)
     if st.planar:
         codes = planar_to_pairs(codes)
     fmt = by_name(st.form)
@@ -120,7 +128,7 @@ def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
     """The kernel-ready form of one stored projection (codes kept as stored; float sources as float32)."""
     if st.form == "float" or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK):
         return QTensor(Float.matmul_kind, decode_stored(st, data, scale), None, st.O, st.I, None)
-    codes = np.frombuffer(data, dtype=np.uint8)
+    codes = _codes(st, data)
     if st.pick:  # rows of a quantized stack slab: codes and scales hold the same rows
         codes = _picked(codes, st)
         scale = memoryview(_picked(np.frombuffer(scale, dtype=np.uint8), st).reshape(-1))
@@ -139,12 +147,12 @@ class Checkpoint:
 
     def __init__(self, model_dir: str | Path, config: dict):
         self.dir = Path(model_dir)
-        self.files = _open_shards(self.dir)
+        self.files, merged_gs = _open_shards(self.dir)
         self.fp8_block = _fp8_block(config)
         try:
             # config.json gives [O, I] by role to a foreign container's weights without colitools.shapes
             # (colibri's converter writes none); a weight that neither gives is refused, named (§3).
-            resolved = resolve_container(self.files, config=config or None)
+            resolved = resolve_container(self.files, config=config or None, merged_group_size=merged_gs)
         except ColitoolsError as exc:
             raise RuntimeModelError(f"{self.dir}: {exc}") from None
         self.infos = {}  # canonical name -> (path, TensorInfo, ResolvedTensor)
@@ -163,9 +171,10 @@ class Checkpoint:
                 for part in res.parts:
                     vname = sanitize(expert_tensor_name(parsed.expert_base, parsed.expert, part.projection))
                     self.merged[vname] = Stored(
-                        vname, res.format.name, part.O, part.I, str(f.path),
+                        vname, part.fmt, part.O, part.I, str(f.path),
                         (info.begin + part.data[0], info.begin + part.data[1]), info.dtype,
                         (sinfo.begin + 4 * part.scales[0], sinfo.begin + 4 * part.scales[1]), sinfo.dtype,
+                        part.gs, signed_nibbles=part.signed_nibbles,
                     )  # fmt: skip
         self._fds: dict[str, int] = {}
         self.bytes_read = 0
@@ -377,11 +386,13 @@ class Checkpoint:
             f.close()
 
 
-def _open_shards(model_dir: Path) -> list[SafetensorsFile]:
+def _open_shards(model_dir: Path) -> tuple[list[SafetensorsFile], int | None]:
     """The model folder's shards, headers validated, as ``colitools inspect`` finds them (``open_model``: the
-    index's shards, names checked by ``check_shard_name`` and coverage both ways, or every ``*.safetensors``)."""
+    index's shards, names checked by ``check_shard_name`` and coverage both ways, or every ``*.safetensors``),
+    and the ``expert_gs`` of a target's metadata file (formats/targets.py ``merged_group_size``)."""
     try:
-        return open_model(model_dir).shards
+        model = open_model(model_dir)
+        return model.shards, model.merged_group_size
     except SafetensorsError:
         raise  # a bad shard header: the reader's own error names the file
     except FormatError as exc:

@@ -205,3 +205,25 @@ def test_a_merged_blob_of_the_wrong_size_is_refused(outputs, tmp_path):
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ColitoolsError, match=r"merged expert blob .*merged_weight is 12288 bytes .* implies 6144"):
         load_model(copy, record_usage=False)
+
+
+def test_mirror_scan_counts_merged_blobs_as_expert_bytes(outputs):
+    """colitools mirror plan's scan: a merged blob routes its expert, blob and scales are its bytes."""
+    from colitools.mirror.scan import classify_expert_tensor, discover_shards
+
+    olmoe, _ = outputs
+    c = _config()
+    H, I, E, L = c["hidden_size"], c["intermediate_size"], c["num_experts"], c["num_hidden_layers"]
+    per_expert, routed = {}, set()
+    for shard in discover_shards([olmoe]):
+        for key, n in shard.expert_bytes.items():
+            per_expert[key] = per_expert.get(key, 0) + n
+        routed |= shard.routed
+    record = 2 * I * H + H * I + 4 * (2 * I + H)  # the I8 blob and its F32 scales
+    assert per_expert == {(layer, e): record for layer in range(L) for e in range(E)}
+    assert routed == set(per_expert)
+    blob = classify_expert_tensor("model.layers.3.mlp.experts.17.merged_weight")
+    scale = classify_expert_tensor("model.layers.3.mlp.experts.17.qs")
+    assert (blob.key, blob.routed, scale.key, scale.routed) == ((3, 17), True, (3, 17), False)
+    assert classify_expert_tensor("model.layers.3.mlp.shared_experts.qs") is None
+    assert classify_expert_tensor("model.layers.3.mlp.experts.17.merged_weight.qs") is None

@@ -1,0 +1,236 @@
+"""``convert --target glm53``: colibri's GLM-5.3-Flash engine layout (c/glm53.c), written and read back by colitools.
+
+Facts followed (colibri, read for facts only): ``c/glm53.c`` ``load_f32`` reads float tensors only (embeddings,
+norms, hyper-connection ``hc_*``, conv taps, ``A_log``, ``dt_bias``, the router and its bias, the indexer's
+``k_norm`` and ``index_kpool_compress_ape``, the vision tower); ``absorb_kvb`` reads ``kv_b_proj`` as float;
+``load_mat`` reads a projection as float or as the int4 gs64 container only (U8 codes of rank 2, ``nbytes * 2 ==
+numel(qs) * 64``, columns a multiple of 64: int8 is refused); ``expert_geometry`` / ``expert_table_init`` stream
+each routed expert as six pieces ``gate_proj.weight``, ``gate_proj.weight.qs``, ``up_proj.weight``, ``.qs``,
+``down_proj.weight``, ``.qs`` of exactly ``moe_inter * hidden / 2`` bytes and ``moe_inter * hidden / 64`` F32
+scales each, one read when they are back to back in that order. ``quantize_i4_grouped`` (the converter's
+``quant_int4_grouped``): ``step = max(amax / 7, 1e-8)`` per 64 columns, ``lrintf(w / step)`` clamped to [-8, 7],
+nibble ``v + 8``, even column in the low nibble.
+"""
+
+# ruff: noqa: E741
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_new_families import DATA, write_family
+
+from colitools.converters.options import ConvertOptions
+from colitools.converters.runner import convert
+from colitools.errors import ConvertError
+from colitools.formats.safetensors_io import SafetensorsFile
+
+ORACLES = Path(__file__).resolve().parents[2] / "oracles"
+TEXT = DATA["glm5_next"]["config"]["text_config"]
+H, MOE_I, N_E = TEXT["hidden_size"], TEXT["moe_intermediate_size"], TEXT["n_routed_experts"]
+P = "model.language_model."
+FLOAT_ONLY = ("embed_tokens", "kv_b_proj")  # 2-D tensors load_f32 / absorb_kvb read
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("target-glm53")
+    values = write_family("glm5_next", root / "src")
+    out = {}
+    for name, kw in {"t": {}, "t-int4": {"dense": "int4-g64"}, "generic": {}}.items():
+        target = {} if name == "generic" else {"target": "glm53"}
+        convert(str(root / "src"), root / name, ConvertOptions(progress=False, min_free_gb=0.0, **target, **kw))
+        out[name] = root / name
+    return root / "src", values, out
+
+
+def _headers(folder: Path):
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with SafetensorsFile(path) as f:
+            for name, info in f.tensors.items():
+                out[name] = (path.name, info.dtype, tuple(info.shape), info.begin, info.end)
+    return out
+
+
+def _read(folder: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with SafetensorsFile(path) as f:
+            out.update({n: f.read(n) for n in f.tensors})
+    return out
+
+
+def _quantize_i4_grouped(w: np.ndarray, gs: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """c/glm53.c quantize_i4_grouped, restated: [rows, (columns + 1) / 2] codes, [rows, groups] steps."""
+    rows, columns = w.shape
+    groups = -(-columns // gs)
+    codes = np.zeros((rows, (columns + 1) // 2), np.uint8)
+    steps = np.zeros((rows, groups), np.float32)
+    for g in range(groups):
+        block = w[:, g * gs : (g + 1) * gs].astype(np.float32)
+        step = np.maximum(np.abs(block).max(axis=1) / np.float32(7.0), np.float32(1e-8)).astype(np.float32)
+        steps[:, g] = step
+        level = np.clip(np.rint(block / step[:, None]), -8, 7).astype(np.int32) + 8
+        for c in range(block.shape[1]):
+            col = g * gs + c
+            codes[:, col >> 1] |= (level[:, c] << (4 if col & 1 else 0)).astype(np.uint8)
+    return codes, steps
+
+
+def _glm53_int4(codes: np.ndarray, steps: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    """matmul_i4_grouped's weights: (nibble - 8) * step of its 64-column group."""
+    b = codes.reshape(rows, columns // 2)
+    v = np.stack([(b & 0xF).astype(np.int32) - 8, (b >> 4).astype(np.int32) - 8], axis=2).reshape(rows, columns)
+    return v.astype(np.float32) * np.repeat(steps.reshape(rows, columns // 64), 64, axis=1)
+
+
+def test_routed_experts_are_six_pieces_in_slot_order_with_the_converters_codes(glm):
+    _, values, out = glm
+    head, data, generic = _headers(out["t"]), _read(out["t"]), _read(out["generic"])
+    packed, scales = MOE_I * H // 2, MOE_I * H // 64 * 4  # expert_geometry
+    layers = sorted({int(n.split(".")[3]) for n in head if ".mlp.experts." in n})
+    assert layers == [1, 2, 3]  # mlp_layer_types: dense, sparse, sparse, sparse
+    for layer in layers:
+        for e in range(N_E):
+            base = f"{P}layers.{layer}.mlp.experts.{e}"
+            pieces = [f"{base}.{p}_proj.weight{q}" for p in ("gate", "up", "down") for q in ("", ".qs")]
+            assert [head[n][4] - head[n][3] for n in pieces] == [packed, scales] * 3
+            assert len({head[n][0] for n in pieces}) == 1
+            for a, b in zip(pieces, pieces[1:], strict=False):
+                assert head[a][4] == head[b][3], (a, b)  # back to back: expert_table_init's one read
+            for p in ("gate", "up", "down"):
+                name = f"{base}.{p}_proj.weight"
+                codes, steps = _quantize_i4_grouped(values[name])
+                assert data[name].tobytes() == codes.tobytes(), name
+                assert data[name + ".qs"].tobytes() == steps.tobytes(), name
+                assert data[name].tobytes() == generic[name].tobytes()  # the generic default holds the same
+                w = _glm53_int4(data[name], data[name + ".qs"], *values[name].shape)
+                assert np.all(np.abs(w - values[name]) <= np.repeat(steps, 64, axis=1) / 2 + 1e-7), name
+
+
+def test_other_tensors_are_what_load_f32_and_load_mat_read(glm):
+    _, values, out = glm
+    for folder in ("t", "t-int4"):
+        head, data = _headers(out[folder]), _read(out[folder])
+        for name, (_, dtype, shape, *_rest) in head.items():
+            if ".mlp.experts." in name or name.endswith(".qs"):
+                continue
+            leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
+            if leaf in FLOAT_ONLY:
+                assert dtype in ("F32", "BF16"), name
+                if leaf == "kv_b_proj" and folder == "t-int4":  # not int4 as --dense: the source's bytes
+                    assert dtype == "F32" and data[name].tobytes() == values[name].tobytes(), name
+            elif dtype == "U8":  # load_mat's int4 gs64 container, nothing else
+                assert folder == "t-int4" and len(shape) == 2, name
+                qs = data[name + ".qs"]
+                assert data[name].nbytes * 2 == qs.size * 64, name
+                rows = shape[0]
+                columns = qs.size * 64 // rows
+                assert columns % 64 == 0 and (rows, columns) == values[name].shape, name
+                w = _glm53_int4(data[name], qs, rows, columns)
+                assert np.max(np.abs(w - values[name])) <= np.max(np.abs(values[name])) / 14 + 1e-6, name
+            else:
+                assert dtype in ("F32", "BF16"), name
+    t4 = _headers(out["t-int4"])
+    assert t4[f"{P}layers.1.self_attn.q_proj.weight"][1] == "U8"  # [64, 64]
+    assert t4[f"{P}layers.0.mlp.down_proj.weight"][1] == "BF16"  # I = 96: not int4 gs64, so float
+    manifest = json.loads((out["t-int4"] / "colitools.json").read_text())
+    reasons = {f["tensor"]: (f["written"], f["reason"]) for f in manifest["fallbacks"]}
+    written, reason = reasons[f"{P}layers.0.mlp.down_proj.weight"]
+    assert written == "bf16" and "c/glm53.c" in reason and "(I = 96)" in reason
+    assert manifest["recipe"]["target"] == "glm53"
+
+
+def test_readers_read_the_target_back(glm):
+    from colitools.formats.inspect import inspect_path
+    from colitools.mirror.scan import discover_shards
+    from colitools.runtime.weights import Checkpoint, sanitize
+    from colitools.verify.container import verify_container
+
+    _, values, out = glm
+    folder = out["t"]
+    report = verify_container(folder)
+    assert report.ok, report.problems
+    assert not inspect_path(folder).unresolved
+    ckpt = Checkpoint(folder, json.loads((folder / "config.json").read_text()))
+    data = _read(folder)
+    name = f"{P}layers.2.mlp.experts.5.down_proj.weight"
+    got = ckpt.dense(sanitize(name), H, MOE_I)
+    assert np.array_equal(got, _glm53_int4(data[name], data[name + ".qs"], H, MOE_I))
+    record = 3 * (MOE_I * H // 2 + MOE_I * H // 64 * 4)
+    per_expert, routed = {}, set()
+    for shard in discover_shards([folder]):
+        for key, n in shard.expert_bytes.items():
+            per_expert[key] = per_expert.get(key, 0) + n
+        routed |= shard.routed
+    assert per_expert == {(layer, e): record for layer in (1, 2, 3) for e in range(N_E)}
+    assert routed == set(per_expert)
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (dict(experts="int8-row"), "--experts int8-row is refused"),
+        (dict(experts="int4-g32"), "--experts int4-g32 is refused"),
+        (dict(dense="int8-row"), "--dense int8-row is refused"),
+        (dict(embed="int4-row"), "--embed int4-row is refused"),
+        (dict(layout="planar"), "--layout planar is refused"),
+    ],
+)
+def test_recipes_the_loader_cannot_read_are_refused_in_one_line(glm, tmp_path, options, says):
+    src, _, _ = glm
+    with pytest.raises(ConvertError) as info:
+        convert(str(src), tmp_path / "out", ConvertOptions(target="glm53", progress=False, min_free_gb=0.0,
+                                                           **options))  # fmt: skip
+    message = str(info.value)
+    assert says in message and "c/glm53.c" in message and "\n" not in message
+    assert info.value.exit_code == 2
+
+
+def test_cli_refuses_another_model_type_exit_2(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+    from cli_helpers import one_line_error, run_cli
+
+    r = run_cli("convert", ORACLES / "glm4_moe", tmp_path / "out", "--target", "glm53", "--min-free-gb", "0")
+    one_line_error(r, "--target glm53 is for model_type glm5_next", "'glm4_moe'", code=2)
+
+
+def test_readers_accept_flat_expert_codes_as_convert_glm53_writes_them(glm, tmp_path):
+    """colibri's converter stores an expert's codes and scales flat (1-D U8 nibbles, 1-D F32 scales, no shapes
+    metadata: load_mat's comment) and everything else BF16; colitools takes [O, I] from config.json by role."""
+    import shutil
+
+    import ml_dtypes
+
+    from colitools.formats.inspect import inspect_path
+    from colitools.formats.safetensors_io import write_safetensors
+    from colitools.runtime.weights import Checkpoint, sanitize
+    from colitools.verify.container import verify_container
+
+    src, values, _ = glm
+    out = tmp_path / "colibri-glm53"
+    out.mkdir()
+    shutil.copy(src / "config.json", out / "config.json")
+    tensors = {}
+    for name, value in values.items():
+        if ".mlp.experts." in name and name.endswith("_proj.weight"):
+            codes, steps = _quantize_i4_grouped(value)
+            tensors[name] = codes.reshape(-1)
+            tensors[name + ".qs"] = steps.reshape(-1)
+        elif value.dtype == np.float32:
+            tensors[name] = value.astype(ml_dtypes.bfloat16)
+        else:
+            tensors[name] = value
+    write_safetensors(out / "model.safetensors", tensors)
+    report = verify_container(out)
+    assert report.ok, report.problems
+    assert report.formats["int4-row"] == 3 * 3 * N_E  # I = 64: one group per row
+    assert not inspect_path(out).unresolved
+    ckpt = Checkpoint(out, json.loads((out / "config.json").read_text()))
+    name = f"{P}layers.3.mlp.experts.7.up_proj.weight"
+    codes, steps = _quantize_i4_grouped(values[name])
+    assert np.array_equal(ckpt.dense(sanitize(name), MOE_I, H), _glm53_int4(codes, steps, MOE_I, H))

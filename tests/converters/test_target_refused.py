@@ -1,0 +1,36 @@
+"""Targets colitools knows but does not write (formats/targets.py ``refused``): colibri's DeepSeek-V4 engine
+(``c/deepseek_v4.c`` ``coli_v4_layer_plan`` / ``coli_v4_layer_validate``) checks every tensor's dtype against the
+released checkpoint's (F8_E4M3 + F8_E8M0 ``.scale``, BF16 norms), and its Inkling engine (``c/inkling.c``
+``expert_get``) reads one fused expert tensor per layer. Both are refused in one line, exit code 2, before any
+work, and say what to do instead."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from colitools.converters.options import ConvertOptions
+from colitools.converters.runner import convert
+from colitools.errors import ConvertError
+
+ORACLES = Path(__file__).resolve().parents[2] / "oracles"
+
+
+@pytest.mark.parametrize(("target", "says"), [("deepseek_v4", "c/deepseek_v4.c"), ("inkling", "c/inkling.c")])
+def test_refused_targets_are_one_line_before_work(tmp_path, target, says):
+    with pytest.raises(ConvertError) as info:
+        convert(str(ORACLES / "olmoe"), tmp_path / "out", ConvertOptions(target=target, progress=False))
+    message = str(info.value)
+    assert message.startswith(f"--target {target} is refused: {says}") and "\n" not in message
+    assert "point the engine at the source checkpoint" in message or "point it at the source checkpoint" in message
+    assert info.value.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+def test_cli_refusal_exit_2(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+    from cli_helpers import one_line_error, run_cli
+
+    r = run_cli("convert", ORACLES / "olmoe", tmp_path / "out", "--target", "deepseek_v4")
+    one_line_error(r, "--target deepseek_v4 is refused", "F8_E8M0", code=2)
