@@ -498,4 +498,47 @@ FIXTURES: list[Fixture] = [
         expert_orientation="transposed-interleaved",  # its original format is the fused stack
         seed=16000,
     ),
+    Fixture(
+        "deepseek_v4",
+        "deepseek_v4",
+        "DeepSeek V4 Flash (deepseek_v4), native names (attn.wq_a, ffn.experts.{E}.w1, ffn.gate.weight, "
+        "head.weight, hc_*): hyper-connections (hc_mult 2) + hyper head; layer 0 compressed-sparse attention "
+        "(compressor rate 4 + lightning indexer, index_topk 6 < the 10 entries of the 40-token sequence) with hash "
+        "routing (I64 ffn.gate.tid2eid), layer 1 heavily-compressed attention (rate 8) with sqrtsoftplus top-2 of "
+        "4; sliding window 8, one shared K/V head, per-head sinks, grouped low-rank output, clamped SwiGLU",
+        dict(
+            COMMON,
+            num_key_value_heads=1,
+            head_dim=32,
+            partial_rotary_factor=0.25,
+            q_lora_rank=48,
+            o_groups=2,
+            o_lora_rank=32,
+            moe_intermediate_size=64,
+            n_routed_experts=4,  # 4 experts keep the folder under 1 MB
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            scoring_func="sqrtsoftplus",
+            norm_topk_prob=True,
+            routed_scaling_factor=1.5,
+            swiglu_limit=10.0,
+            layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+            mlp_layer_types=["hash_moe", "moe"],
+            # The heavily-compressed rate is 128 in the real model; 8 here so the 40-token sequence has five
+            # compressed entries, four of them emitted while decoding (oracles/README.md "deepseek_v4").
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            compress_rope_theta=160000.0,
+            hc_mult=2,
+            hc_sinkhorn_iters=20,
+            hc_eps=1e-6,
+            sliding_window=8,
+            index_n_heads=4,
+            index_head_dim=16,
+            index_topk=6,
+            num_nextn_predict_layers=0,
+            rms_norm_eps=1e-6,
+        ),
+        seed=17000,
+        indexer_check=True,
+    ),
 ]

@@ -180,6 +180,7 @@ def encode_decode(
     return np.ascontiguousarray(out, dtype=np.float32), label, fallback
 
 
+COPIED_DTYPES = {"<i8": "I64", "<i4": "I32", "<i2": "I16", "|i1": "I8", "|u1": "U8", "|b1": "BOOL"}  # safetensors
 FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
 
 
@@ -211,6 +212,10 @@ def apply_recipe(
         return deq
 
     for name, w in source.items():
+        if not np.issubdtype(w.dtype, np.floating):  # row 0: non-float tensors copied unchanged
+            out[name] = w
+            formats[name] = f"{COPIED_DTYPES[w.dtype.str]} (copied)"
+            continue
         role = tensor_role(name, w.ndim, n_layers)
         m = FUSED_RE.match(name)
         mb = FUSED_BIAS_RE.match(name)
