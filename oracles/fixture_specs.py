@@ -541,4 +541,47 @@ FIXTURES: list[Fixture] = [
         seed=17000,
         indexer_check=True,
     ),
+    Fixture(
+        "inkling",
+        "inkling_mm_model",
+        "Inkling (inkling_mm_model, InklingForConditionalGeneration): native model.llm.* names, audio and vision "
+        "towers kept (model.audio.*, model.visual.*); no RoPE: relative-position logits (rel_logits_proj, d_rel 4); "
+        "layer 0 sliding (window 8, 2 heads x 32, 1 kv head), layer 1 global (4 heads x 16, 2 kv heads, rel_extent "
+        "16, log scaling from position 16); short convolutions on k, v and after the attention and MLP blocks; "
+        "sigmoid router with 2 extra rows weighting the 2 shared experts (stacked shared_w13_weight / "
+        "shared_w2_weight, split per shared expert), row-interleaved w13_weight stacks, top-2 of 4; embed_norm; "
+        "logits divided by logits_mup_width_multiplier 2",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                swa_num_attention_heads=2,
+                swa_num_key_value_heads=1,
+                swa_head_dim=32,
+                sliding_window_size=8,
+                d_rel=4,
+                rel_extent=16,
+                log_scaling_n_floor=16,
+                log_scaling_alpha=0.1,
+                layer_types=["hybrid_sliding", "hybrid"],
+                conv_kernel_size=4,
+                intermediate_size=96,
+                moe_intermediate_size=64,
+                n_routed_experts=4,  # 4 experts keep the folder under 1 MB
+                num_experts_per_tok=2,
+                n_shared_experts=2,
+                route_scale=8.0,
+                logits_mup_width_multiplier=2.0,  # 24 in the real model: logits that small leave no margins
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(patch_size=4, temporal_patch_size=2, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2),  # fmt: skip
+            audio_config=dict(n_mel_bins=4, mel_vocab_size=8),
+            tie_word_embeddings=False,
+        ),
+        model_class="InklingForConditionalGeneration",
+        expert_orientation="rows-interleaved",  # its original format is the w13 stack
+        seed=18000,
+    ),
 ]

@@ -133,7 +133,7 @@ def perturb_family(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Parameters transformers initialises to constants (zeros / ones) that a runtime could get wrong unseen:
     DeepSeek-V4's attention sinks, compressor position biases, hyper-connection bases and scales get noise, and
     its hash routers' ``tid2eid`` (zeros: "real values come from the checkpoint") a random table of ``top_k``
-    distinct experts per token id."""
+    distinct experts per token id; Inkling's / Inkling-2's ``global_scale`` parameters (ones) ``1 + 0.1 N(0,1)``."""
     for module in model.modules():
         cls = type(module).__name__
         if cls == "DeepseekV4HashRouter":
@@ -148,6 +148,8 @@ def perturb_family(model: torch.nn.Module, gen: torch.Generator) -> None:
         elif cls == "DeepseekV4HyperConnection":
             module.base.copy_(HC_NOISE * torch.randn(module.base.shape, generator=gen))
             module.scale.copy_(1 + HC_NOISE * torch.randn(module.scale.shape, generator=gen))
+        elif cls.startswith("Inkling") and isinstance(getattr(module, "global_scale", None), torch.nn.Parameter):
+            module.global_scale.copy_(1 + HC_NOISE * torch.randn(module.global_scale.shape, generator=gen))
         elif cls == "DeepseekV4HyperHead":
             module.hc_base.copy_(HC_NOISE * torch.randn(module.hc_base.shape, generator=gen))
             module.hc_scale.copy_(1 + HC_NOISE * torch.randn(module.hc_scale.shape, generator=gen))
@@ -260,7 +262,9 @@ class RouterProbe:
         self.handles = []
         for _, module in model.named_modules():
             cls = type(module).__name__
-            if cls.endswith(("TopKRouter", "TopkRouter")) and hasattr(module, "score_fn"):
+            if cls.endswith(("TopKRouter", "TopkRouter")) and hasattr(module, "n_shared_experts"):
+                self.handles.append(module.register_forward_hook(self._sigmoid_router_hook))  # Inkling
+            elif cls.endswith(("TopKRouter", "TopkRouter")) and hasattr(module, "score_fn"):
                 self.handles.append(module.register_forward_hook(self._scored_router_hook))  # DeepSeek-V4
             elif cls.endswith(("TopKRouter", "TopkRouter")):
                 self.handles.append(module.register_forward_hook(self._router_hook))
@@ -305,6 +309,14 @@ class RouterProbe:
         self.router_calls += 1
         c = module.score_fn(logits) + module.e_score_correction_bias
         srt = c.sort(dim=-1, descending=True)[0]
+        k = module.top_k
+        self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
+
+    def _sigmoid_router_hook(self, module, args, output) -> None:
+        # Inkling: top-k of sigmoid(routed logits) + e_score_correction_bias; output[0] holds the routed rows only
+        logits = output[0].detach().to(torch.float32).reshape(-1, output[0].shape[-1])
+        self.router_calls += 1
+        srt = (logits.sigmoid() + module.e_score_correction_bias.float()).sort(dim=-1, descending=True)[0]
         k = module.top_k
         self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
 

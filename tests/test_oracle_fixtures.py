@@ -38,7 +38,7 @@ ROUTERS = (
 
 # docs/FORMATS.md §5 rows 1-2 for the current generation: towers keep their source values, every router
 # spelling and the small 2-D parameters stay F32.
-TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower)\.")
+TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
 SMALL_2D = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
                       r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
@@ -199,14 +199,15 @@ def test_expert_tensors_match_the_config(name: str) -> None:
     cfg = text_config_of(name)
     tensors, _ = fixture_tensors(name)
     E, I, H = n_experts(cfg), expert_width(cfg), cfg["hidden_size"]
-    fused = {k: v for k, v in tensors.items() if re.search(r"\.experts\.(gate_up_proj|down_proj)$", k)}
+    fused = {k: v for k, v in tensors.items()
+             if re.search(r"\.experts\.(gate_up_proj|down_proj|w13_weight|w2_weight)$", k)}  # fmt: skip
     per = {k: v for k, v in tensors.items() if re.search(r"\.experts\.\d+\.", k)}
     assert bool(fused) != bool(per), "expected exactly one expert layout"
     if FIXTURES[name]["experts_on_disk"] == "fused":
         assert fused and not per
         transposed = FIXTURES[name]["model_type"] in TRANSPOSED_STACKS
         for k, v in fused.items():
-            want = (E, 2 * I, H) if k.endswith("gate_up_proj") else (E, H, I)
+            want = (E, 2 * I, H) if k.endswith(("gate_up_proj", "w13_weight")) else (E, H, I)
             if transposed:
                 want = (E, H, 2 * I) if k.endswith("gate_up_proj") else (E, I, H)
             assert v.shape == want, (k, v.shape)
