@@ -198,6 +198,8 @@ SMALL_PARAMS: dict[str, str] = {
     "rel_bias": "relative-position tables (Inkling)",
     "scale": "per-head L2-clip scales: Inkling-2 attn.q_l2_clip.scale / rel_l2_clip.scale [heads, d]",
     "attn_sink_proj": "Inkling-2 attn.attn_sink_proj.weight [heads, H]: per-head sink logits, F32 like sinks",
+    # placed by closest row: the static taps of a dynamic short convolution are a conv kernel ([K, C] here)
+    "static_w": "Inkling-2 k_sconv.static_w / v_sconv.static_w [K, C]: conv taps, F32 like conv kernels [C, 1, K]",
     # placed by closest row (docs/FORMATS.md "Placements"): a bare parameter used as a small linear map
     "index_kpool_compress_gate": "GLM-5.3-Flash indexer k-pool gate [index_head_dim, H], F32 like its *_ape",
 }

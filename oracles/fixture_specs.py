@@ -584,4 +584,53 @@ FIXTURES: list[Fixture] = [
         expert_orientation="rows-interleaved",  # its original format is the w13 stack
         seed=18000,
     ),
+    Fixture(
+        "inkling2",
+        "inkling2",
+        "Inkling-2 (inkling2, Inkling2ForConditionalGeneration): native model.llm.* names (embed, unembed, "
+        "row-interleaved w13_weight stacks), vision tower kept (model.visual.*); relative-position logits, layer 0 "
+        "sliding (short convs on k/v) and layer 1 full attention with dynamic short convolutions (static_w + "
+        "weight_proj), L2-clipped queries/keys with log scaling, gated output projection, attention-sink "
+        "projection; softcapped SwiGLU experts, sigmoid top-2 of 4, block attention-residuals, final logit softcap",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                swa_num_attention_heads=4,
+                swa_num_key_value_heads=2,
+                swa_head_dim=16,
+                sliding_window_size=8,
+                d_rel=4,
+                rel_extent=16,
+                log_scaling_n_floor=16,
+                log_scaling_alpha=0.1,
+                layer_types=["hybrid_sliding", "hybrid"],
+                conv_kernel_size=4,
+                moe_intermediate_size=64,
+                n_routed_experts=4,  # 4 experts keep the folder under 1 MB
+                num_experts_per_tok=2,
+                scoring_func="sigmoid",
+                route_scale=8.0,
+                n_layers_per_attn_res_block=1,
+                # Thresholds / caps at this model's scale so each one bites (the real model's 22.6 / 8 / 4 / 25 /
+                # 30 would leave every head vector unclipped and every cap linear here): query / key norms are
+                # ~6, relative states ~3, gates and ups ~2, logits ~5.
+                qk_l2_clip_threshold=6.0,
+                rel_l2_clip_threshold=3.0,
+                mlp_gate_softcap=2.0,
+                mlp_up_softcap=4.0,
+                final_logit_softcapping=5.0,
+                unpadded_vocab_size=200,
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=1,
+                               patch_size=4, posemb_grid_size=4, projection_hidden_dim=64,
+                               spatial_merge_size=2, text_hidden_size=64),  # fmt: skip
+            tie_word_embeddings=False,
+        ),
+        model_class="Inkling2ForConditionalGeneration",
+        expert_orientation="rows-interleaved",  # its original format is the w13 stack
+        seed=19000,
+    ),
 ]

@@ -126,14 +126,18 @@ def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Modu
 
 SINK_NOISE = 0.5  # attention sinks (zero-initialised): per-head logits that matter
 POSITION_BIAS_NOISE = 0.5  # compressor / indexer position biases (`ape`, zero-initialised)
-HC_NOISE = 0.1  # hyper-connection bases (zeros) and scales (ones)
+HC_NOISE = 0.1  # hyper-connection bases (zeros) and scales (ones); Inkling global_scale, L2-clip scales (ones)
+CONV_NOISE = 0.2  # Inkling-2 dynamic short convolutions' static taps (zeros)
+ATTN_RES_NOISE = 0.5  # Inkling-2 block attention-residual queries (zeros: uniform mixing)
 
 
 def perturb_family(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Parameters transformers initialises to constants (zeros / ones) that a runtime could get wrong unseen:
     DeepSeek-V4's attention sinks, compressor position biases, hyper-connection bases and scales get noise, and
     its hash routers' ``tid2eid`` (zeros: "real values come from the checkpoint") a random table of ``top_k``
-    distinct experts per token id; Inkling's / Inkling-2's ``global_scale`` parameters (ones) ``1 + 0.1 N(0,1)``."""
+    distinct experts per token id; Inkling's ``global_scale`` and Inkling-2's L2-clip ``scale`` (ones)
+    ``1 + 0.1 N(0,1)``; Inkling-2's dynamic-convolution ``static_weight`` ``0.2 N(0,1)`` and attention-residual
+    queries ``0.5 N(0,1)`` (zeros)."""
     for module in model.modules():
         cls = type(module).__name__
         if cls == "DeepseekV4HashRouter":
@@ -147,6 +151,13 @@ def perturb_family(model: torch.nn.Module, gen: torch.Generator) -> None:
             b.copy_(POSITION_BIAS_NOISE * torch.randn(b.shape, generator=gen))
         elif cls == "DeepseekV4HyperConnection":
             module.base.copy_(HC_NOISE * torch.randn(module.base.shape, generator=gen))
+            module.scale.copy_(1 + HC_NOISE * torch.randn(module.scale.shape, generator=gen))
+        elif cls == "Inkling2DynamicShortConvolution":
+            w = module.static_weight
+            w.copy_(CONV_NOISE * torch.randn(w.shape, generator=gen))
+        elif cls == "Inkling2BlockAttentionResidual":
+            module.query.copy_(ATTN_RES_NOISE * torch.randn(module.query.shape, generator=gen))
+        elif cls in ("Inkling2ScaledL2Clip", "Inkling2LogScaledL2Clip"):
             module.scale.copy_(1 + HC_NOISE * torch.randn(module.scale.shape, generator=gen))
         elif cls.startswith("Inkling") and isinstance(getattr(module, "global_scale", None), torch.nn.Parameter):
             module.global_scale.copy_(1 + HC_NOISE * torch.randn(module.global_scale.shape, generator=gen))

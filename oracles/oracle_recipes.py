@@ -97,7 +97,7 @@ INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
 SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
-                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
+                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
 
 def tensor_role(name: str, ndim: int, n_layers: int) -> str:

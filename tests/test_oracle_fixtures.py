@@ -41,8 +41,9 @@ ROUTERS = (
 TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
 SMALL_2D = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
-                      r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
+                      r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
+SUFFIXLESS_LINEAR = ("sconv.weight_proj",)  # Inkling-2 dynamic-conv tap projection: a linear weight (rule 6)
 COPIED = {"<i8": "I64", "|u1": "U8"}  # numpy dtype -> safetensors dtype of row-0 tensors
 TRANSPOSED_STACKS = {"gpt_oss"}  # gate_up [E, H, 2I] (columns interleaved), down [E, I, H]
 
@@ -362,7 +363,8 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
             assert fmt == f"{COPIED[tensors[k].dtype.str]} (copied)", (k, fmt)
         elif TOWER.match(k) or (k in tensors and tensors[k].ndim != 2):  # towers; conv kernels (3-D) stay F32
             assert fmt == "f32", (k, fmt)  # towers: kept in the source dtype (F32 fixtures)
-        elif k.endswith(ROUTERS) or not (k.endswith(".weight")) or ROUTER_RE.search(k) or SMALL_2D.search(k):
+        elif k.endswith(ROUTERS) or not k.endswith((".weight", *SUFFIXLESS_LINEAR)) or ROUTER_RE.search(k) or \
+                SMALL_2D.search(k):
             assert fmt == "f32", (k, fmt)
         elif re.search(r"\.experts\.\d+\.", k):
             assert fmt.startswith(want_experts) or (k in fallen and fmt == "int8-row"), (k, fmt)
