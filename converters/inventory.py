@@ -448,6 +448,15 @@ def check_config_shapes(inv: Inventory) -> None:
             want, keys = (bias_shapes if fused.bias else stack_shapes)[fused.projection]
             expect(name, t.shape, want, keys)
             continue
+        shared = names.shared_stack(name)
+        if shared is not None and len(t.shape) == 3:
+            if orientation is None and shared.projection == "gate_up":
+                raise ConvertError(
+                    f"tensor {name}: a stacked shared gate/up expert, but the family "
+                    f"{model_config.model_type(inv.config)!r} does not fix how its rows are laid out (known: "
+                    f"{', '.join(sorted(names.STACK_ORIENTATION))})"
+                )
+            continue
         ex = rc.expert_of(name)
         if ex is None or len(t.shape) != 2:
             continue

@@ -464,6 +464,8 @@ def _jobs_for(
             jobs.append(TensorJob(sl.out_name, src, role, target, O, I, shape, sl.expert, ex.base if ex else None,
                                   rows, pick))  # fmt: skip
         return jobs
+    if role in (rc.Role.DENSE, rc.Role.MTP) and len(src.shape) == 3 and rc.shared_stack(src.name) is not None:
+        return _shared_stack_jobs(src, role, option, block, orientation)
     if len(src.shape) == 2:
         O, I = src.shape
         shape = src.shape
@@ -480,6 +482,24 @@ def _jobs_for(
             src.name, src, role, target, O, I, shape, ex.expert if ex else None, ex.base if ex else None
         )
     ]
+
+
+def _shared_stack_jobs(src: SourceTensor, role: rc.Role, option: str, block, orientation) -> list[TensorJob]:
+    """A stacked shared expert ``[n, rows, cols]`` split into ``shared_experts.{k}.{gate,up,down}_proj.weight``
+    (``rc.split_shared``), each one 2-D tensor of ``role`` (not a routed expert: no expert index)."""
+    jobs = []
+    kind = source_kind(src, block, fused=True)
+    for sl in rc.split_shared(src.name, src.shape, orientation or rc.Orientation.ROWS):
+        if (src.scale is not None or src.quant is not None) and not sl.contiguous:
+            raise ConvertError(
+                f"tensor {src.name}: a quantized stacked shared expert in the {orientation} orientation is not supported"
+            )
+        O, I = sl.out_shape(src.shape)
+        target = rc.choose_target(sl.out_name, role, option, O, I, kind)
+        rows = (sl.expert, sl.row0, sl.row1) if sl.contiguous else None
+        jobs.append(TensorJob(sl.out_name, src, role, target, O, I, (O, I), None, None, rows,
+                              None if rows is not None else sl))  # fmt: skip
+    return jobs
 
 
 def _check_planar(job: TensorJob) -> None:

@@ -38,6 +38,7 @@ from colitools.formats.names import (
     is_mtp_module,
     is_tower,
     parse_name,
+    shared_stack,
 )
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
@@ -242,7 +243,8 @@ def classify(name: str, ndim: int, num_hidden_layers: int | None, dtype: str | N
     stack = fused is not None and ndim == (2 if fused.bias else 3)
     if fused is not None and fused.bias:
         return Role.FLOAT  # stack biases: split per expert, F32
-    if not stack and names.keeps_f32(name, ndim):  # rule 2 (formats/names.py owns its spellings)
+    shared = ndim == 3 and shared_stack(name) is not None  # stacked shared experts: split, rule 6 (or 3)
+    if not stack and not shared and names.keeps_f32(name, ndim):  # rule 2 (formats/names.py owns its spellings)
         return Role.FLOAT
     layer = layer_of(name)
     if layer is not None and num_hidden_layers is not None and layer.index >= num_hidden_layers:
@@ -254,6 +256,30 @@ def classify(name: str, ndim: int, num_hidden_layers: int | None, dtype: str | N
     if stack or expert_of(name) is not None:
         return Role.EXPERT
     return Role.DENSE
+
+
+def split_shared(name: str, shape: tuple[int, ...], orientation: Orientation = Orientation.ROWS) -> list[ExpertSlice]:
+    """Per-shared-expert output tensors of the stacked shared expert ``name`` ``[n, rows, cols]``
+    (``names.shared_stack``): ``{base}.{k}.{gate,up,down}_proj.weight`` in k order (gate before up); a gate/up
+    stack's rows interleaved or halved as the family's ``orientation`` says (transposed stacks are refused)."""
+    stack = shared_stack(name)
+    if stack is None or len(shape) != 3:
+        raise ConvertError(f"tensor {name}: not a stacked shared expert [n, rows, cols] (shape {list(shape)})")
+    if orientation is Orientation.TRANSPOSED_INTERLEAVED:
+        raise ConvertError(f"tensor {name}: a stacked shared expert in the {orientation} orientation is not supported")
+    n, rows = shape[0], shape[1]
+    if stack.projection != "gate_up":
+        return [ExpertSlice(stack.expert_name(k, stack.projection), k, 0, rows) for k in range(n)]
+    if rows % 2:
+        raise ConvertError(f"tensor {name}: stacked shared gate/up needs an even row count, got shape {list(shape)}")
+    half, out = rows // 2, []
+    for k in range(n):
+        for i, proj in enumerate(("gate", "up")):
+            if orientation is Orientation.ROWS_INTERLEAVED:
+                out.append(ExpertSlice(stack.expert_name(k, proj), k, i, rows, 2))
+            else:
+                out.append(ExpertSlice(stack.expert_name(k, proj), k, i * half, (i + 1) * half))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- recipe

@@ -73,6 +73,16 @@ EXPERT_STACKS: dict[str, str] = {
     "gate_proj": "gate",  # separate 3-D stacks [n, I, H] (Inkling)
     "up_proj": "up",  # separate 3-D stacks [n, I, H] (Inkling)
 }
+# Stacked shared experts ``{...}.shared_experts.{leaf}`` [n_shared, rows, cols] (no ``.weight`` suffix) -> the
+# projections they hold; split along the first axis into ``{...}.shared_experts.{k}.{gate,up,down}_proj.weight``
+# (docs/FORMATS.md "Stacked shared experts"), a gate/up stack in the family's STACK_ORIENTATION.
+SHARED_EXPERT_STACKS: dict[str, str] = {
+    "shared_w13_weight": "gate_up",  # Inkling native names: [n, 2I, H], gate and up rows interleaved
+    "shared_w2_weight": "down",  # Inkling native names: [n, H, I]
+    "gate_proj": "gate",  # transformers' InklingSharedExperts parameters: [n, I, H]
+    "up_proj": "up",  # [n, I, H]
+    "down_proj": "down",  # [n, H, I]
+}
 # Biases of an expert stack ``{...}.experts.{leaf}`` [E, out], split like their stack (stored F32).
 STACK_BIASES: dict[str, str] = {
     "gate_up_proj_bias": "gate_up",  # gpt-oss [E, 2I], gate / up interleaved like its stack's columns
@@ -183,6 +193,7 @@ TOWER_MODULES: dict[str, str] = {
     "vision_tower": "Kimi K2.5 (vision_tower.*, model.vision_tower.*), LLaVA-style wrappers",
     "vision_model": "Idefics / Llama-4-style wrappers",
     "audio_tower": "audio encoders",
+    "audio": "Inkling native audio encoder (model.audio.*)",
     "audio_model": "Inkling (audio encoder)",
     "vision_encoder": "Inkling vision encoder",
     "mm_projector": "Kimi K2.5 projector",
@@ -209,6 +220,8 @@ SMALL_PARAMS: dict[str, str] = {
     "rel_bias": "relative-position tables (Inkling)",
     "scale": "per-head L2-clip scales: Inkling-2 attn.q_l2_clip.scale / rel_l2_clip.scale [heads, d]",
     "attn_sink_proj": "Inkling-2 attn.attn_sink_proj.weight [heads, H]: per-head sink logits, F32 like sinks",
+    # placed by closest row: the static taps of a dynamic short convolution are a conv kernel ([K, C] here)
+    "static_w": "Inkling-2 k_sconv.static_w / v_sconv.static_w [K, C]: conv taps, F32 like conv kernels [C, 1, K]",
     # placed by closest row (docs/FORMATS.md "Placements"): a bare parameter used as a small linear map
     "index_kpool_compress_gate": "GLM-5.3-Flash indexer k-pool gate [index_head_dim, H], F32 like its *_ape",
 }
@@ -341,7 +354,10 @@ def _role(
         return TensorRole.EXPERT
     if expert_base is not None:
         return TensorRole.STACK_BIAS if leaf in STACK_BIASES else TensorRole.EXPERT_STACK
-    if module.rpartition(".")[2] in SHARED_EXPERT_MODULES:
+    inner = module.split(".")
+    if inner[-1] in SHARED_EXPERT_MODULES or (  # ``shared_experts.{k}.``: one expert of a split shared stack
+        len(inner) > 1 and inner[-1].isdecimal() and inner[-2] in SHARED_EXPERT_MODULES
+    ):
         return TensorRole.SHARED_EXPERT
     if leaf.endswith(NORM_ENDINGS):
         return TensorRole.NORM
@@ -403,6 +419,28 @@ def is_small_param(name: str) -> bool:
             for p in name.split(".")[:-1]
         )
     )
+
+
+@dataclass(frozen=True)
+class SharedStack:
+    """A stacked shared expert ``{base}.{leaf}`` (``base`` ends in ``shared_experts``) holding ``projection``
+    (``gate_up`` | ``gate`` | ``up`` | ``down``) of every shared expert."""
+
+    base: str
+    projection: str
+
+    def expert_name(self, k: int, projection: str) -> str:
+        """``{base}.{k}.{gate|up|down}_proj.weight``: shared expert ``k``'s projection as written."""
+        return f"{self.base}.{k}.{CANONICAL_PROJECTION[projection]}.weight"
+
+
+def shared_stack(name: str) -> SharedStack | None:
+    """The stacked shared expert ``name`` is (:data:`SHARED_EXPERT_STACKS`: a suffixless leaf right under a
+    :data:`SHARED_EXPERT_MODULES` module), or None. Callers also check the tensor is 3-D."""
+    base, _, leaf = name.rpartition(".")
+    if leaf not in SHARED_EXPERT_STACKS or base.rpartition(".")[2] not in SHARED_EXPERT_MODULES:
+        return None
+    return SharedStack(base, SHARED_EXPERT_STACKS[leaf])
 
 
 def keeps_f32(name: str, ndim: int) -> bool:

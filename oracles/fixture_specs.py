@@ -737,4 +737,139 @@ FIXTURES: list[Fixture] = [
         extra_recipes=("native",),
         seed=17000,
     ),
+    Fixture(
+        "deepseek_v4",
+        "deepseek_v4",
+        "DeepSeek V4 Flash (deepseek_v4), native names (attn.wq_a, ffn.experts.{E}.w1, ffn.gate.weight, "
+        "head.weight, hc_*): hyper-connections (hc_mult 2) + hyper head; layer 0 compressed-sparse attention "
+        "(compressor rate 4 + lightning indexer, index_topk 6 < the 10 entries of the 40-token sequence) with hash "
+        "routing (I64 ffn.gate.tid2eid), layer 1 heavily-compressed attention (rate 8) with sqrtsoftplus top-2 of "
+        "4; sliding window 8, one shared K/V head, per-head sinks, grouped low-rank output, clamped SwiGLU",
+        dict(
+            COMMON,
+            num_key_value_heads=1,
+            head_dim=32,
+            partial_rotary_factor=0.25,
+            q_lora_rank=48,
+            o_groups=2,
+            o_lora_rank=32,
+            moe_intermediate_size=64,
+            n_routed_experts=4,  # 4 experts keep the folder under 1 MB
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            scoring_func="sqrtsoftplus",
+            norm_topk_prob=True,
+            routed_scaling_factor=1.5,
+            swiglu_limit=10.0,
+            layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+            mlp_layer_types=["hash_moe", "moe"],
+            # The heavily-compressed rate is 128 in the real model; 8 here so the 40-token sequence has five
+            # compressed entries, four of them emitted while decoding (oracles/README.md "deepseek_v4").
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            compress_rope_theta=160000.0,
+            hc_mult=2,
+            hc_sinkhorn_iters=20,
+            hc_eps=1e-6,
+            sliding_window=8,
+            index_n_heads=4,
+            index_head_dim=16,
+            index_topk=6,
+            num_nextn_predict_layers=0,
+            rms_norm_eps=1e-6,
+        ),
+        seed=17000,
+        indexer_check=True,
+    ),
+    Fixture(
+        "inkling",
+        "inkling_mm_model",
+        "Inkling (inkling_mm_model, InklingForConditionalGeneration): native model.llm.* names, audio and vision "
+        "towers kept (model.audio.*, model.visual.*); no RoPE: relative-position logits (rel_logits_proj, d_rel 4); "
+        "layer 0 sliding (window 8, 2 heads x 32, 1 kv head), layer 1 global (4 heads x 16, 2 kv heads, rel_extent "
+        "16, log scaling from position 16); short convolutions on k, v and after the attention and MLP blocks; "
+        "sigmoid router with 2 extra rows weighting the 2 shared experts (stacked shared_w13_weight / "
+        "shared_w2_weight, split per shared expert), row-interleaved w13_weight stacks, top-2 of 4; embed_norm; "
+        "logits divided by logits_mup_width_multiplier 2",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                swa_num_attention_heads=2,
+                swa_num_key_value_heads=1,
+                swa_head_dim=32,
+                sliding_window_size=8,
+                d_rel=4,
+                rel_extent=16,
+                log_scaling_n_floor=16,
+                log_scaling_alpha=0.1,
+                layer_types=["hybrid_sliding", "hybrid"],
+                conv_kernel_size=4,
+                intermediate_size=96,
+                moe_intermediate_size=64,
+                n_routed_experts=4,  # 4 experts keep the folder under 1 MB
+                num_experts_per_tok=2,
+                n_shared_experts=2,
+                route_scale=8.0,
+                logits_mup_width_multiplier=2.0,  # 24 in the real model: logits that small leave no margins
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(patch_size=4, temporal_patch_size=2, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2),  # fmt: skip
+            audio_config=dict(n_mel_bins=4, mel_vocab_size=8),
+            tie_word_embeddings=False,
+        ),
+        model_class="InklingForConditionalGeneration",
+        expert_orientation="rows-interleaved",  # its original format is the w13 stack
+        seed=18000,
+    ),
+    Fixture(
+        "inkling2",
+        "inkling2",
+        "Inkling-2 (inkling2, Inkling2ForConditionalGeneration): native model.llm.* names (embed, unembed, "
+        "row-interleaved w13_weight stacks), vision tower kept (model.visual.*); relative-position logits, layer 0 "
+        "sliding (short convs on k/v) and layer 1 full attention with dynamic short convolutions (static_w + "
+        "weight_proj), L2-clipped queries/keys with log scaling, gated output projection, attention-sink "
+        "projection; softcapped SwiGLU experts, sigmoid top-2 of 4, block attention-residuals, final logit softcap",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                swa_num_attention_heads=4,
+                swa_num_key_value_heads=2,
+                swa_head_dim=16,
+                sliding_window_size=8,
+                d_rel=4,
+                rel_extent=16,
+                log_scaling_n_floor=16,
+                log_scaling_alpha=0.1,
+                layer_types=["hybrid_sliding", "hybrid"],
+                conv_kernel_size=4,
+                moe_intermediate_size=64,
+                n_routed_experts=4,  # 4 experts keep the folder under 1 MB
+                num_experts_per_tok=2,
+                scoring_func="sigmoid",
+                route_scale=8.0,
+                n_layers_per_attn_res_block=1,
+                # Thresholds / caps at this model's scale so each one bites (the real model's 22.6 / 8 / 4 / 25 /
+                # 30 would leave every head vector unclipped and every cap linear here): query / key norms are
+                # ~6, relative states ~3, gates and ups ~2, logits ~5.
+                qk_l2_clip_threshold=6.0,
+                rel_l2_clip_threshold=3.0,
+                mlp_gate_softcap=2.0,
+                mlp_up_softcap=4.0,
+                final_logit_softcapping=5.0,
+                unpadded_vocab_size=200,
+                rms_norm_eps=1e-6,
+            ),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=1,
+                               patch_size=4, posemb_grid_size=4, projection_hidden_dim=64,
+                               spatial_merge_size=2, text_hidden_size=64),  # fmt: skip
+            tie_word_embeddings=False,
+        ),
+        model_class="Inkling2ForConditionalGeneration",
+        expert_orientation="rows-interleaved",  # its original format is the w13 stack
+        seed=19000,
+    ),
 ]

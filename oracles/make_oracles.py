@@ -124,6 +124,7 @@ def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Modu
                 b = getattr(module, stack_bias, None)
                 if isinstance(b, torch.nn.Parameter):
                     b.copy_(BIAS_NOISE * torch.randn(b.shape, generator=gen))
+        perturb_family(model, gen)
         if fx.latent_scale is not None:
             rank = model.config.kv_lora_rank
             for module in model.modules():
@@ -141,6 +142,48 @@ def build_model(fx: Fixture, seed: int, vocab_size: int | None) -> torch.nn.Modu
     return model
 
 
+SINK_NOISE = 0.5  # attention sinks (zero-initialised): per-head logits that matter
+POSITION_BIAS_NOISE = 0.5  # compressor / indexer position biases (`ape`, zero-initialised)
+HC_NOISE = 0.1  # hyper-connection bases (zeros) and scales (ones); Inkling global_scale, L2-clip scales (ones)
+CONV_NOISE = 0.2  # Inkling-2 dynamic short convolutions' static taps (zeros)
+ATTN_RES_NOISE = 0.5  # Inkling-2 block attention-residual queries (zeros: uniform mixing)
+
+
+def perturb_family(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Parameters transformers initialises to constants (zeros / ones) that a runtime could get wrong unseen:
+    DeepSeek-V4's attention sinks, compressor position biases, hyper-connection bases and scales get noise, and
+    its hash routers' ``tid2eid`` (zeros: "real values come from the checkpoint") a random table of ``top_k``
+    distinct experts per token id; Inkling's ``global_scale`` and Inkling-2's L2-clip ``scale`` (ones)
+    ``1 + 0.1 N(0,1)``; Inkling-2's dynamic-convolution ``static_weight`` ``0.2 N(0,1)`` and attention-residual
+    queries ``0.5 N(0,1)`` (zeros)."""
+    for module in model.modules():
+        cls = type(module).__name__
+        if cls == "DeepseekV4HashRouter":
+            V, k = module.tid2eid.shape
+            rows = [torch.randperm(module.num_experts, generator=gen)[:k] for _ in range(V)]
+            module.tid2eid.copy_(torch.stack(rows).to(module.tid2eid.dtype))
+        elif cls == "DeepseekV4Attention":
+            module.sinks.copy_(SINK_NOISE * torch.randn(module.sinks.shape, generator=gen))
+        elif cls in ("DeepseekV4HCACompressor", "DeepseekV4CSACompressor", "DeepseekV4Indexer"):
+            b = module.position_bias
+            b.copy_(POSITION_BIAS_NOISE * torch.randn(b.shape, generator=gen))
+        elif cls == "DeepseekV4HyperConnection":
+            module.base.copy_(HC_NOISE * torch.randn(module.base.shape, generator=gen))
+            module.scale.copy_(1 + HC_NOISE * torch.randn(module.scale.shape, generator=gen))
+        elif cls == "Inkling2DynamicShortConvolution":
+            w = module.static_weight
+            w.copy_(CONV_NOISE * torch.randn(w.shape, generator=gen))
+        elif cls == "Inkling2BlockAttentionResidual":
+            module.query.copy_(ATTN_RES_NOISE * torch.randn(module.query.shape, generator=gen))
+        elif cls in ("Inkling2ScaledL2Clip", "Inkling2LogScaledL2Clip"):
+            module.scale.copy_(1 + HC_NOISE * torch.randn(module.scale.shape, generator=gen))
+        elif cls.startswith("Inkling") and isinstance(getattr(module, "global_scale", None), torch.nn.Parameter):
+            module.global_scale.copy_(1 + HC_NOISE * torch.randn(module.global_scale.shape, generator=gen))
+        elif cls == "DeepseekV4HyperHead":
+            module.hc_base.copy_(HC_NOISE * torch.randn(module.hc_base.shape, generator=gen))
+            module.hc_scale.copy_(1 + HC_NOISE * torch.randn(module.hc_scale.shape, generator=gen))
+
+
 def disk_tensors(
     model: torch.nn.Module, fused: bool, tmp: Path
 ) -> tuple[dict[str, np.ndarray], dict, dict | None]:
@@ -154,7 +197,7 @@ def disk_tensors(
     tensors: dict[str, np.ndarray] = {}
     for f in files:
         for k, v in load_file(str(f)).items():
-            tensors[k] = to_np_f32(v)
+            tensors[k] = to_np_f32(v) if v.is_floating_point() else v.numpy().copy()  # I64 tid2eid as is
     config = json.loads((out / "config.json").read_text())
     gen_path = out / "generation_config.json"
     gen = json.loads(gen_path.read_text()) if gen_path.exists() else None
@@ -167,6 +210,10 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
     stored: dict[str, torch.Tensor] = {}
     source: dict[str, np.ndarray] = {}
     for name, w in disk.items():
+        if not np.issubdtype(w.dtype, np.floating):  # rule 0 tensors (DeepSeek-V4's I64 tid2eid): as is
+            stored[name] = torch.from_numpy(w.copy())
+            source[name] = w
+            continue
         if fx.storage == "mxfp4" and FUSED_RE.match(name):  # gpt-oss MXFP4: the codes are by rows [E, O, I]
             rows = w.transpose(0, 2, 1) if fx.expert_orientation == "transposed-interleaved" else w
             blocks, scales = mxfp4_quantize(np.ascontiguousarray(rows))
@@ -254,7 +301,8 @@ def load_reference_model(
     model.save_pretrained(back, save_original_format=not fused)
     again: dict[str, np.ndarray] = {}
     for f in back.glob("*.safetensors"):
-        again.update({k: to_np_f32(v) for k, v in load_file(str(f)).items()})
+        again.update({k: to_np_f32(v) if v.is_floating_point() else v.numpy().copy()
+                      for k, v in load_file(str(f)).items()})  # fmt: skip
     assert set(again) == set(weights), sorted(set(again) ^ set(weights))[:5]
     for k, v in weights.items():
         assert np.array_equal(again[k], v), f"weight {k} changed on load"
@@ -273,10 +321,17 @@ class RouterProbe:
         self.handles = []
         for _, module in model.named_modules():
             cls = type(module).__name__
-            if cls.endswith(("TopKRouter", "TopkRouter")):
+            if cls.endswith(("TopKRouter", "TopkRouter")) and hasattr(module, "n_shared_experts"):
+                self.handles.append(module.register_forward_hook(self._sigmoid_router_hook))  # Inkling
+            elif cls.endswith(("TopKRouter", "TopkRouter")) and hasattr(module, "score_fn"):
+                self.handles.append(module.register_forward_hook(self._scored_router_hook))  # DeepSeek-V4
+            elif cls.endswith(("TopKRouter", "TopkRouter")):
                 self.handles.append(module.register_forward_hook(self._router_hook))
             elif cls.endswith("Indexer") and hasattr(module, "index_kpool"):  # GLM-5.3: pooled keys
                 self.handles.append(module.register_forward_hook(self._kpool_indexer_hook, with_kwargs=True))
+            elif cls == "DeepseekV4Indexer":  # its scorer's output is the index score; positions from here
+                self.handles.append(module.register_forward_pre_hook(self._v4_indexer_positions))
+                self.handles.append(module.scorer.register_forward_hook(self._v4_scorer_hook(module)))
             elif cls.endswith("Indexer"):
                 self.handles.append(module.register_forward_hook(self._indexer_hook))
 
@@ -308,6 +363,43 @@ class RouterProbe:
             p = torch.softmax(logits, dim=-1)
             srt = p.sort(dim=-1, descending=True)[0]
             self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
+
+    def _scored_router_hook(self, module, args, output) -> None:
+        # DeepSeek-V4: top-k of score_fn(logits) + e_score_correction_bias (no groups)
+        logits = output[0].detach().to(torch.float32).reshape(-1, output[0].shape[-1])
+        self.router_calls += 1
+        c = module.score_fn(logits) + module.e_score_correction_bias
+        srt = c.sort(dim=-1, descending=True)[0]
+        k = module.top_k
+        self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
+
+    def _sigmoid_router_hook(self, module, args, output) -> None:
+        # Inkling: top-k of sigmoid(routed logits) + e_score_correction_bias; output[0] holds the routed rows only
+        logits = output[0].detach().to(torch.float32).reshape(-1, output[0].shape[-1])
+        self.router_calls += 1
+        srt = (logits.sigmoid() + module.e_score_correction_bias.float()).sort(dim=-1, descending=True)[0]
+        k = module.top_k
+        self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
+
+    _v4_positions: torch.Tensor | None = None
+
+    def _v4_indexer_positions(self, module, args) -> None:
+        self._v4_positions = args[2]  # forward(hidden_states, q_residual, position_ids, cache, layer_idx)
+
+    def _v4_scorer_hook(self, indexer):
+        def hook(module, args, output) -> None:
+            # DeepseekV4Indexer.forward: query t sees entries w < (t + 1) // rate and keeps the top index_topk
+            scores = output.detach().to(torch.float32)  # [B, S, T]
+            thresholds = ((self._v4_positions[0] + 1) // indexer.compress_rate).tolist()
+            k = indexer.index_topk
+            for s, n_visible in enumerate(thresholds):
+                if n_visible <= k:
+                    continue
+                srt = scores[0, s, :n_visible].sort(descending=True)[0]
+                self.indexer_selections += 1
+                self.min_indexer = min(self.min_indexer, (srt[k - 1] - srt[k]).item())
+
+        return hook
 
     def _indexer_hook(self, module, args, output) -> None:
         # Recompute the index scores exactly as GlmMoeDsaIndexer / DeepseekV32Indexer.forward do; only the

@@ -132,17 +132,20 @@ ROUTER_SUFFIXES = (
     "shared_expert_gate.weight",
     "e_score_correction_bias",
 )
-FUSED_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
+FUSED_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj|w13_weight|w2_weight)$")  # + Inkling native
+# Stacked shared experts (Inkling native [n, 2I, H] gate/up rows interleaved, [n, H, I]): split along the first axis
+# into <base>.{k}.{gate,up,down}_proj.weight, rule 6 (docs/FORMATS.md "Stacked shared experts").
+SHARED_STACK_RE = re.compile(r"^(.*\.shared_experts)\.(shared_w13_weight|shared_w2_weight)$")
 EXPERT_RE = re.compile(r"\.experts\.\d+\.")
 INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 
 
 # The current generation (docs/FORMATS.md §5 rows 1-2): multimodal towers keep their source values;
 # small 2-D parameters (hyper-connections, sinks, A_log, dt_bias, ...) and every router spelling stay F32.
-TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower)\.")
+TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
 SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
-                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
+                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
 
 def tensor_role(name: str, ndim: int, n_layers: int) -> str:
@@ -151,7 +154,7 @@ def tensor_role(name: str, ndim: int, n_layers: int) -> str:
         return "tower"
     if ndim < 2 or name.endswith(ROUTER_SUFFIXES) or ROUTER_RE.search(name) or SMALL_2D_RE.search(name):
         return "router_1d"
-    if ndim > 2 and not FUSED_RE.match(name):  # conv kernels (gated DeltaNet conv1d [C, 1, K]): F32
+    if ndim > 2 and not FUSED_RE.match(name) and not SHARED_STACK_RE.match(name):  # conv kernels (gated DeltaNet conv1d [C, 1, K]): F32
         return "router_1d"
     layer = layer_of(name)
     if layer is not None and layer >= n_layers:
@@ -228,6 +231,7 @@ def encode_decode(
     return np.ascontiguousarray(out, dtype=np.float32), label, fallback
 
 
+COPIED_DTYPES = {"<i8": "I64", "<i4": "I32", "<i2": "I16", "|i1": "I8", "|u1": "U8", "|b1": "BOOL"}  # safetensors
 FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
 
 
@@ -268,6 +272,10 @@ def apply_recipe(
         return deq
 
     for name, w in source.items():
+        if not np.issubdtype(w.dtype, np.floating):  # row 0: non-float tensors copied unchanged
+            out[name] = w
+            formats[name] = f"{COPIED_DTYPES[w.dtype.str]} (copied)"
+            continue
         role = tensor_role(name, w.ndim, n_layers)
         m = FUSED_RE.match(name)
         mb = FUSED_BIAS_RE.match(name)
@@ -297,16 +305,24 @@ def apply_recipe(
                 else:  # [I, H]
                     parts.append(one(f"{base}.{e}.down_proj.weight", np.ascontiguousarray(w[e].T), role, kept).T)
             out[name] = np.ascontiguousarray(np.stack(parts))
-        elif m:
-            base, kind = m.groups()
+        elif m or SHARED_STACK_RE.match(name):  # rows / rows-interleaved stacks; stacked shared experts
+            base, kind = (m or SHARED_STACK_RE.match(name)).groups()
+            kind = "down_proj" if kind in ("down_proj", "w2_weight", "shared_w2_weight") else "gate_up_proj"
+            inter = orientation == "rows-interleaved"
             parts = []
             kept = name in native
             for e in range(w.shape[0]):
                 if kind == "gate_up_proj":
                     half = w.shape[1] // 2
-                    g = one(f"{base}.{e}.gate_proj.weight", w[e, :half], role, kept)
-                    u = one(f"{base}.{e}.up_proj.weight", w[e, half:], role, kept)
-                    parts.append(np.concatenate([g, u], axis=0))
+                    gw, uw = (w[e, 0::2], w[e, 1::2]) if inter else (w[e, :half], w[e, half:])
+                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(gw), role, kept)
+                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(uw), role, kept)
+                    slab = np.empty_like(w[e])
+                    if inter:
+                        slab[0::2], slab[1::2] = g, u
+                    else:
+                        slab[:half], slab[half:] = g, u
+                    parts.append(slab)
                 else:
                     parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role, kept))
             out[name] = np.stack(parts)

@@ -39,11 +39,13 @@ ROUTERS = (
 
 # docs/FORMATS.md §5 rows 1-2 for the current generation: towers keep their source values, every router
 # spelling and the small 2-D parameters stay F32.
-TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower)\.")
+TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
 SMALL_2D = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
-                      r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
+                      r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
+SUFFIXLESS_LINEAR = ("sconv.weight_proj",)  # Inkling-2 dynamic-conv tap projection: a linear weight (rule 6)
+COPIED = {"<i8": "I64", "|u1": "U8"}  # numpy dtype -> safetensors dtype of row-0 tensors
 TRANSPOSED_STACKS = {"gpt_oss"}  # gate_up [E, H, 2I] (columns interleaved), down [E, I, H]
 
 DTYPES = {
@@ -107,12 +109,17 @@ def text_config_of(name: str) -> dict:
 TEXT_ROOTS = ("model.language_model.", "language_model.model.", "model.llm.", "model.")
 
 
+EMBEDS = ("embed_tokens.weight", "embed.weight")  # transformers; Inkling-2 native (model.llm.embed)
+HEADS = ("lm_head.weight", "head.weight", "model.llm.unembed.weight")  # + DeepSeek-V4, Inkling-2 native
+
+
 def embed_name(tensors: dict) -> str:
     """The text model's embedding under its root."""
     for root in TEXT_ROOTS:
-        if root + "embed_tokens.weight" in tensors:
-            return root + "embed_tokens.weight"
-    raise AssertionError("no embed_tokens.weight under a known text root")
+        for leaf in EMBEDS:
+            if root + leaf in tensors:
+                return root + leaf
+    raise AssertionError("no embedding under a known text root")
 
 
 def reference(name: str, recipe: str) -> dict:
@@ -181,13 +188,15 @@ def test_fixture_folder_loads(name: str) -> None:
     assert cfg["num_hidden_layers"] >= 2
     tensors, where = fixture_tensors(name)
     # untied everywhere except kimi_k25_tied, whose wrapper ties the head (transformers then stores none)
-    assert ("lm_head.weight" in tensors) != bool(config_of(name).get("tie_word_embeddings", False))
+    assert any(h in tensors for h in HEADS) != bool(config_of(name).get("tie_word_embeddings", False))
     V, H = tensors[embed_name(tensors)].shape
     assert (V, H) == (cfg["vocab_size"], cfg["hidden_size"])
     for k, v in tensors.items():
         if v.dtype == DTYPES["F8_E4M3"]:
             raw = v.view(np.uint8)
             assert not np.isin(raw & 0x7F, [0x7F]).any(), f"{k}: FP8 NaN byte"
+        elif v.dtype == DTYPES["I64"]:  # DeepSeek-V4's hash-routing table: expert ids
+            assert k.endswith("ffn.gate.tid2eid") and v.min() >= 0 and v.max() < n_experts(cfg), k
         else:
             assert np.isfinite(v.astype(np.float32)).all(), k
     gen = ORACLES / name / "generation_config.json"
@@ -200,7 +209,8 @@ def test_expert_tensors_match_the_config(name: str) -> None:
     cfg = text_config_of(name)
     tensors, _ = fixture_tensors(name)
     E, I, H = n_experts(cfg), expert_width(cfg), cfg["hidden_size"]
-    fused = {k: v for k, v in tensors.items() if re.search(r"\.experts\.(gate_up_proj|down_proj)$", k)}
+    fused = {k: v for k, v in tensors.items()
+             if re.search(r"\.experts\.(gate_up_proj|down_proj|w13_weight|w2_weight)$", k)}  # fmt: skip
     # MXFP4 stacks [E, O, I/32, 16] hold their float stack by rows (the convention test below checks them)
     mx = {k.removesuffix("_blocks"): v for k, v in tensors.items() if re.search(r"\.experts\.\w+_blocks$", k)}
     fused.update({k: np.empty((*v.shape[:2], v.shape[2] * 32), np.uint8) for k, v in mx.items()})
@@ -210,7 +220,7 @@ def test_expert_tensors_match_the_config(name: str) -> None:
         assert fused and not per
         transposed = FIXTURES[name]["model_type"] in TRANSPOSED_STACKS and not mx
         for k, v in fused.items():
-            want = (E, 2 * I, H) if k.endswith("gate_up_proj") else (E, H, I)
+            want = (E, 2 * I, H) if k.endswith(("gate_up_proj", "w13_weight")) else (E, H, I)
             if transposed:
                 want = (E, H, 2 * I) if k.endswith("gate_up_proj") else (E, I, H)
             assert v.shape == want, (k, v.shape)
@@ -450,9 +460,12 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
     assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)
     tensors, _ = fixture_tensors(name)
     for k, fmt in formats.items():
-        if TOWER.match(k) or (k in tensors and tensors[k].ndim != 2):  # towers; conv kernels (3-D) stay F32
+        if k in tensors and tensors[k].dtype.kind in "iub":  # row 0: non-float tensors copied unchanged
+            assert fmt == f"{COPIED[tensors[k].dtype.str]} (copied)", (k, fmt)
+        elif TOWER.match(k) or (k in tensors and tensors[k].ndim != 2):  # towers; conv kernels (3-D) stay F32
             assert fmt == "f32", (k, fmt)  # towers: kept in the source dtype (F32 fixtures)
-        elif k.endswith(ROUTERS) or not (k.endswith(".weight")) or ROUTER_RE.search(k) or SMALL_2D.search(k):
+        elif k.endswith(ROUTERS) or not k.endswith((".weight", *SUFFIXLESS_LINEAR)) or ROUTER_RE.search(k) or \
+                SMALL_2D.search(k):
             assert fmt == "f32", (k, fmt)
         elif re.search(r"\.experts\.\d+\.", k):
             assert fmt.startswith(want_experts) or (k in fallen and fmt == "int8-row"), (k, fmt)

@@ -169,6 +169,8 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
         if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
             got = resolved.get(Mxfp4.tensor_names(name)[0])
         label = got.format.label if got is not None and got.format is not None else None
+        if got is not None and got.format is None and got.kind == "other":  # row 0: copied non-float (I64)
+            label = f"{got.dtype} (copied)"
         if label != expected:
             result.format_mismatches.append(f"{name}: converted as {label}, oracle expects {expected}")
 

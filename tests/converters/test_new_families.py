@@ -41,7 +41,7 @@ TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|a
 ROUTER = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$"
                     r"|shared_expert_gate\.weight$|e_score_correction_bias$")  # fmt: skip
 SMALL_2D = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
-                      r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$")  # fmt: skip
+                      r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 EMBED = re.compile(r"(^|\.)(embed_tokens|embed|lm_head|head|unembed)\.weight$")
 ROUTED = re.compile(r"\.experts\.\d+\.")
 

@@ -73,6 +73,8 @@ def test_oracle_reference_labels_are_in_the_vocabulary():
     labels = {label for label, _ in VOCABULARY.values()} | set(RECIPE_FORMAT_NAMES)
     for path in sorted((ROOT / "oracles").glob("*/reference/*.json")):
         used = set((json.loads(path.read_text()).get("tensor_formats") or {}).values())
+        # row 0: a non-float tensor is copied and named by its dtype, as the manifest's formats_per_role does
+        used = {u for u in used if not (u.endswith(" (copied)") and u.split()[0] in ("I64", "I32", "U8", "BOOL"))}
         assert used <= labels, (path, used - labels)
 
 

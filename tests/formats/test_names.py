@@ -300,3 +300,19 @@ def test_detail_role_of_written_names():
     assert role("model.hc_head.hc_fn", 2) == "hc"
     assert set(names.order_role_formats({"attention": {"b": 1, "a": 2}, "conv": {"f32": 1}})) == {"conv", "attention"}
     assert list(names.order_role_formats({"attention": {"b": 1, "a": 2}, "conv": {"f32": 1}})) == ["conv", "attention"]
+
+
+def test_stacked_shared_experts_audio_tower_and_static_taps():
+    s = names.shared_stack("model.llm.layers.0.mlp.shared_experts.shared_w13_weight")
+    assert s == names.SharedStack("model.llm.layers.0.mlp.shared_experts", "gate_up")
+    assert s.expert_name(1, "up") == "model.llm.layers.0.mlp.shared_experts.1.up_proj.weight"
+    assert names.shared_stack("model.layers.0.mlp.shared_experts.shared_w2_weight").projection == "down"
+    assert names.shared_stack("model.layers.0.mlp.shared_experts.gate_proj").projection == "gate"
+    for not_a_stack in ("model.layers.0.mlp.shared_experts.gate_proj.weight",  # DeepSeek's 2-D shared expert
+                        "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.gate_proj"):  # fmt: skip
+        assert names.shared_stack(not_a_stack) is None, not_a_stack
+    # a split shared expert is still a shared expert
+    assert parse_name("model.llm.layers.0.mlp.shared_experts.1.up_proj.weight").role is R.SHARED_EXPERT
+    assert names.is_tower("model.audio.encoder.weight") and not names.is_tower("model.llm.audio.weight")
+    assert names.is_small_param("model.llm.layers.1.attn.k_sconv.static_w")
+    assert not names.is_small_param("model.llm.layers.1.attn.k_sconv.weight_proj")
