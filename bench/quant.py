@@ -142,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int], tuple[float, float]] = {}
     for label, fn, nbytes in cases:
         for threads in thread_counts:
-            numba.set_num_threads(threads)
+            kernels.set_threads(threads)
             t, c = best_of(fn, args.repeat)
             results[(label, threads)] = (nbytes / t / 1e9, t_gguf / t)
             print(
                 f"{label:<22} {threads:>7} {t * 1e3:>9.1f} {100 * c / t:>5.0f} {nbytes / t / 1e9:>7.3f} "
                 f"{nbytes / c / 1e9:>8.3f} {n / t / 1e6:>8.1f} {t_gguf / t:>8.2f}"
             )
-    numba.set_num_threads(max_threads)
+    kernels.set_threads(None)
 
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()

@@ -40,6 +40,7 @@ from colitools.converters.recipe import Role
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
 from colitools.errors import ConvertError
+from colitools.formats import kernels
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
 
@@ -226,6 +227,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
         if not needed[shard]:
             _release(src, shard, options)
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
+    kernels.plan_encodes(encode_work(pending))
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
 
@@ -276,6 +278,15 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
             bar.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
+
+
+def encode_work(units: list[Unit]):
+    """``(format name, elements)`` of every tensor the units encode (``kernels.plan_encodes``)."""
+    for unit in units:
+        for job in unit.jobs:
+            t = job.target
+            if not (t.is_source or t.is_passthrough or t.is_float or t.native or job.source.quant is not None):
+                yield t.fmt, job.O * job.I
 
 
 def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float,
@@ -360,9 +371,9 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
 
 def _worker_init(threads: int, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
-    import numba
+    from colitools.formats import kernels
 
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    kernels.set_threads(threads)
 
 
 def _check_sources_unchanged(src: Source, identities: dict[str, dict]) -> None:

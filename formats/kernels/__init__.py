@@ -21,8 +21,9 @@ Two tricks keep the kernels vectorised without changing a bit of output:
 * Index and refcount hygiene: see "shared pieces" below.
 
 Parallelism: the kernels are serial and release the GIL (``nogil``); ``_run_rows`` spreads row chunks over a
-thread pool, using ``numba.get_num_threads()`` threads (so ``numba.set_num_threads`` / ``NUMBA_NUM_THREADS``
-apply). Unlike a ``prange`` kernel this is safe to call from several Python threads at once.
+thread pool, using ``set_threads(n)`` threads (process-wide; default ``NUMBA_NUM_THREADS``, at most the CPU
+count; ``numba.set_num_threads`` does not apply: reading it costs a GIL round trip per call). Unlike a
+``prange`` kernel this is safe to call from several Python threads at once.
 
 Start-up and compile time: importing this package does not import numba. The entry points (``_dispatch``)
 send tensors below ``_dispatch.SMALL_ELEMS`` elements to the numpy reference (the same bytes), so a tiny
@@ -46,8 +47,11 @@ from colitools.formats.kernels._dispatch import (
     encode,
     encode_from_bf16,
     encode_from_fp8_block,
+    kernel_threads,
     pairs_to_planar,
     planar_to_pairs,
+    plan_encodes,
+    set_threads,
 )
 from colitools.formats.reference import E4M3_TO_F32  # the one table, = _bits.E4M3_TO_F32
 
@@ -59,5 +63,8 @@ __all__ = [
     "dequant_fp8_block",
     "pairs_to_planar",
     "planar_to_pairs",
+    "plan_encodes",
+    "kernel_threads",
+    "set_threads",
     "E4M3_TO_F32",
 ]
