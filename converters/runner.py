@@ -38,7 +38,7 @@ from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
 from colitools.converters.recipe import Role
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
-from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
+from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.errors import ConvertError
 from colitools.formats import kernels
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
@@ -227,7 +227,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
         if not needed[shard]:
             _release(src, shard, options)
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
-    kernels.plan_encodes(encode_work(pending))
+    kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
 
@@ -278,15 +278,6 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
             bar.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
-
-
-def encode_work(units: list[Unit]):
-    """``(format name, elements)`` of every tensor the units encode (``kernels.plan_encodes``)."""
-    for unit in units:
-        for job in unit.jobs:
-            t = job.target
-            if not (t.is_source or t.is_passthrough or t.is_float or t.native or job.source.quant is not None):
-                yield t.fmt, job.O * job.I
 
 
 def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float,

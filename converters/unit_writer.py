@@ -30,7 +30,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -301,7 +301,7 @@ class FileSink:
     stays bounded by the largest tensor. ``put`` re-raises a failure of the thread; ``result`` waits for
     publication and returns the record."""
 
-    QUEUE_BYTES = 64 << 20
+    QUEUE_BYTES = 32 << 20
     WRITEBACK_BYTES = 16 << 20  # start the disk writing every this many bytes (see ``_start_writeback``)
 
     def __init__(self, out: OutputFile, outdir: Path):
@@ -459,7 +459,7 @@ class PendingUnit:
         return UnitResult(self.key, files, self.in_bytes)
 
 
-ENCODE_AHEAD_BYTES = 64 << 20  # source bytes being read / encoded ahead of the writer (at least one tensor)
+ENCODE_AHEAD_BYTES = 32 << 20  # source bytes being read / encoded ahead of the writer (at least one tensor)
 BIG_TENSOR_ELEMS = 1 << 24  # a tensor this large is encoded on every kernel thread (its rows split)
 
 
@@ -581,6 +581,14 @@ def start_unit(
     return PendingUnit(unit.key, unit.in_bytes, sinks)
 
 
+def encode_work(jobs: Iterable[TensorJob]) -> Iterator[tuple[str, int]]:
+    """``(format name, elements)`` of every job that runs an encoder (``kernels.plan_encodes``)."""
+    for job in jobs:
+        t = job.target
+        if not (t.is_source or t.is_passthrough or t.is_float or t.native or job.source.quant is not None):
+            yield t.fmt, job.O * job.I
+
+
 def convert_unit(
     unit: Unit,
     shard_paths: Mapping[str, Path],
@@ -589,4 +597,5 @@ def convert_unit(
     on_tensor: Callable[[int], None] | None = None,
 ) -> UnitResult:
     """Convert one unit and wait until its files are published (worker processes use this)."""
+    kernels.plan_encodes(encode_work(unit.jobs))
     return start_unit(unit, shard_paths, outdir, block, on_tensor).wait()
