@@ -227,6 +227,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
         if not needed[shard]:
             _release(src, shard, options)
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
+    _limit_malloc_arenas()
     kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
@@ -278,6 +279,20 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
             bar.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
+
+
+M_ARENA_MAX = -8  # glibc mallopt parameter
+
+
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """At most ``arenas`` glibc malloc arenas for the threads created from now on. The pipeline's threads
+    (encoders, sinks, recorder) each got an arena of their own, and each arena keeps the high-water mark of the
+    tensors that passed through it: ~35 MB of peak RSS on a 2-core machine, with no measurable CPU cost when
+    they share two. A no-op where glibc's ``mallopt`` is not there."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas)
 
 
 def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float,

@@ -49,8 +49,8 @@ from colitools.formats.kernels._dispatch import (
     encode_from_fp8_block,
     kernel_threads,
     pairs_to_planar,
-    planar_to_pairs,
     plan_encodes,
+    planar_to_pairs,
     set_threads,
 )
 from colitools.formats.reference import E4M3_TO_F32  # the one table, = _bits.E4M3_TO_F32
