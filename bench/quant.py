@@ -6,7 +6,7 @@ Both run on the same [4096, 14336] matrix (BF16, fixed seed) in the same process
 * FP8 -> int4-g64  (``kernels.encode_from_fp8_block``: e4m3 codes + a 128x128 float32 scale grid, dequant fused)
 * gguf-py Q4_0  (``gguf.quants.quantize(w_f32, Q4_0)``, numpy, on the float32 upcast of the same BF16 matrix)
 
-each warm (compile and first touch excluded), best of ``--repeat``, with 1 and 2 numba threads.
+each warm (compile and first touch excluded), best of ``--repeat``, with 1 and 2 kernel threads (``kernels.set_threads``).
 
 Conventions: GB/s counts INPUT bytes — BF16 cases 2 bytes per weight, FP8 1 byte per weight (the codes; the
 scale grid, 1/16384 of it, is not counted), gguf Q4_0 2 bytes per weight (BF16-equivalent: the converter would

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import math
 import os
 import queue
 import signal
@@ -427,7 +428,7 @@ def _checked(expected, name: str, array: np.ndarray) -> memoryview:
             a = a.view(want)
         else:  # pragma: no cover - a planning/encoding mismatch is a bug, reported with the numbers
             raise ConvertError(f"tensor {name}: encoder produced {a.dtype}, planned {dtype}")
-    if a.size != int(np.prod(shape, dtype=np.int64)):
+    if a.size != math.prod(shape):
         raise ConvertError(f"tensor {name}: encoder produced {a.size} elements, planned shape {list(shape)}")
     return _as_bytes(a)
 
@@ -464,10 +465,9 @@ BIG_TENSOR_ELEMS = 1 << 24  # a tensor this large is encoded on every kernel thr
 
 
 def encoder_threads() -> int:
-    """Threads reading and encoding whole tensors at once: the kernels' thread count (``kernels.set_threads``;
-    1 in a ``--workers`` process), at most the CPU count."""
-    cpus = os.cpu_count() or 1
-    return max(1, min(cpus, kernels.kernel_threads() or cpus))
+    """Threads reading and encoding whole tensors at once: the kernels' thread count (``kernels.set_threads``,
+    1 in a ``--workers`` process; default ``NUMBA_NUM_THREADS``), at most the CPU count."""
+    return max(1, min(kernels.kernel_threads() or kernels.default_threads(), os.cpu_count() or 1))
 
 
 def _encoder_init() -> None:

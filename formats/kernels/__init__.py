@@ -43,6 +43,7 @@ from __future__ import annotations
 from colitools.formats.kernels._dispatch import _reference_encode as _reference_encode
 from colitools.formats.kernels._dispatch import (
     decode,
+    default_threads,
     dequant_fp8_block,
     encode,
     encode_from_bf16,
@@ -65,6 +66,7 @@ __all__ = [
     "planar_to_pairs",
     "plan_encodes",
     "kernel_threads",
+    "default_threads",
     "set_threads",
     "E4M3_TO_F32",
 ]

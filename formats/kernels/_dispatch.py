@@ -12,6 +12,7 @@ This module and ``__init__`` import nothing of numba: keep it so (``--help`` and
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -58,6 +59,17 @@ def set_threads(n: int | None, *, this_thread: bool = False) -> None:
         _thread_local.n = value
     else:
         _threads["n"] = value
+
+
+def default_threads() -> int:
+    """The default thread count without importing numba: ``NUMBA_NUM_THREADS`` when set, at most the CPU count
+    (``_threads`` takes numba's own reading of the same variable)."""
+    cpus = os.cpu_count() or 1
+    try:
+        n = int(os.environ.get("NUMBA_NUM_THREADS") or cpus)
+    except ValueError:
+        n = cpus
+    return max(1, min(n, cpus))
 
 
 def kernel_threads() -> int | None:
