@@ -1,25 +1,38 @@
-"""Benchmark of ``colitools convert`` against gguf-py, measured side by side in the same run.
+"""Whole-process ``colitools convert`` next to the machine's own limits, measured in the same run on the same bytes.
 
-1. BF16 -> int4-g64, whole process (``python -m colitools convert``, every 2-D weight to int4-g64), on a
-   generated ~1 GB MoE checkpoint; gguf-py (``gguf.quants.quantize(..., Q4_0)``, numpy) quantizes the same
-   tensors in this process (reading them included, writing not: the peer gets the benefit of the doubt).
-   Runs are interleaved (ours, gguf, ours, gguf, ...) so that load from other processes hits both sides;
-   best and median of each are printed, with CPU seconds (a loaded machine shows in CPU / wall).
-   Target: ratio >= 3x.
-2. FP8 (block-scaled, DeepSeek-V3 convention) -> int4-g64, whole process and in-process: GB/s of FP8 input
-   (the F8_E4M3 weight bytes; the checkpoint's BF16 embeddings and norms are converted too, but not counted).
-3. Peak RSS of the converter process for a ~1 GB and a ~4 GB checkpoint with the same tensor shapes: it should
-   not grow with the model. Measured as the child's ``VmHWM`` (``/proc/PID/status``), polled until it exits:
-   ``ru_maxrss`` of a child started by a large parent is not usable here, because Linux carries the parent's
-   high-water mark over ``fork``/``exec`` into it (the benchmark process itself holds ~0.4 GB after gguf).
+One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir DIR] [--shm DIR]``):
 
-Checkpoints are generated under ``.bench-tmp/`` in the checkout (or ``--workdir``) and deleted at the end.
-Usage: ``.venv/bin/python bench/convert.py [--workdir DIR] [--runs N] [--skip-4gb]``
+1. Generates a ~2 GB BF16 and a ~2 GB FP8 (DeepSeek-V3 block-scaled) MoE checkpoint under ``--workdir`` (on
+   the disk, page cache warm), fills the numba cache with an untimed tiny conversion of each.
+2. Per checkpoint, the machine's limits on exactly the conversion's bytes:
+   * ``read``: every source shard read once with positional 8 MB reads into one reused buffer (1 thread);
+   * ``kernels``: every job of the conversion's plan encoded by the converter's own ``encode_job`` from memory
+     (sources read before timing), each tensor's rows split over both cores (``kernels.set_threads(2)``);
+   * ``write+fsync``: the output's byte count written in 8 MB chunks to a new file on the output's filesystem,
+     then fsynced (tmpfs and disk);
+   * ``sha256``: the output bytes hashed once (1 thread; the converter hashes every byte it writes).
+3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, numba load,
+   publish, manifest included), output on a tmpfs (``--shm``, default /dev/shm) and on the disk; BF16 with
+   every 2-D weight to int4-g64 (what gguf's Q4_0 does), FP8 with the default recipe. Interleaved with the
+   peer: gguf-py's Q4_0 converter, whole process (this file run with ``--gguf-peer``: reads the same
+   safetensors, quantizes every 2-D weight with ``gguf.quants.quantize(..., Q4_0)``, streams a GGUF file with
+   ``gguf.GGUFWriter``, to the same tmpfs).
+4. Prints a table: best and median wall, CPU seconds, CPU% (200 = both cores), peak RSS (``VmHWM``), load
+   average before each run; ``limit`` = the slowest single stage above (max of read, kernels, write+fsync);
+   ``efficiency`` = limit / actual; ``floor`` = the stages' CPU seconds (read + kernels + sha256 + write) over
+   the cores, the time even a perfect pipeline needs when they share the two cores (efficiency vs floor in
+   brackets). Then peak RSS for the 1x and 4x BF16 checkpoint (same tensor shapes, ``--skip-4x`` to skip).
+
+Targets (issue 12, DESIGN performance targets): efficiency >= 0.7 on the tmpfs cases; BF16 -> int4 >= 8x
+gguf-py's converter; FP8 >= 1.5 GB/s of FP8 input on the tmpfs; peak RSS < 300 MB and 4x / 1x <= 1.3.
+PASS/MISS per target, exit 1 on a miss. The machine is often shared: read the CPU% and the load next to every
+wall-clock figure (a loaded machine shows as CPU% well under 200 and a high load average).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -36,27 +49,41 @@ from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
 
 GB = 1_000_000_000
 HIDDEN, INTER, VOCAB, ATTN = 2048, 1024, 8192, 4
+CHUNK = 8 << 20
+BF16_RECIPE = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")
 
 
+# ---------------------------------------------------------------------------------------------- checkpoints
 def generate(folder: Path, layers: int, experts: int, dtype: str, seed: int = 0) -> int:
-    """A DeepSeek-style MoE checkpoint, one shard per layer (plus one for globals); returns tensor bytes."""
+    """A DeepSeek-style MoE checkpoint, one shard per layer (plus one for globals); returns tensor bytes.
+
+    The random values of layer 0 are reused for every layer (the converter never sees that: each layer is
+    its own shard and its own bytes on disk), so a 4x checkpoint costs writing, not 4x the random numbers."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     total = 0
+    made: dict[str, dict[str, np.ndarray]] = {}
 
-    def shard(fname: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    def values(key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        if key not in made:
+            arrays: dict[str, np.ndarray] = {}
+            for name, shape in shapes.items():
+                w = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+                fp8 = dtype == "FP8" and len(shape) == 2 and ".layers." in name and not name.endswith("gate.weight")
+                if fp8:
+                    s = np.abs(w).reshape(-1).max() / np.float32(448)
+                    arrays[name] = (w / s).astype(ml_dtypes.float8_e4m3fn)
+                    grid = (-(-shape[0] // 128), -(-shape[1] // 128))
+                    arrays[name + "_scale_inv"] = np.full(grid, s, np.float32)
+                else:
+                    arrays[name] = w.astype(ml_dtypes.bfloat16)
+            made[key] = arrays
+        return made[key]
+
+    def shard(fname: str, key: str, shapes: dict[str, tuple[int, ...]], rename=lambda n: n) -> None:
         nonlocal total
-        arrays: dict[str, np.ndarray] = {}
-        for name, shape in shapes.items():
-            w = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-            if dtype == "FP8" and len(shape) == 2 and ".layers." in name and not name.endswith("gate.weight"):
-                s = np.abs(w).reshape(-1).max() / np.float32(448)
-                arrays[name] = (w / s).astype(ml_dtypes.float8_e4m3fn)
-                grid = (-(-shape[0] // 128), -(-shape[1] // 128))
-                arrays[name + "_scale_inv"] = np.full(grid, s, np.float32)
-            else:
-                arrays[name] = w.astype(ml_dtypes.bfloat16)
+        arrays = {rename(n): a for n, a in values(key, shapes).items()}
         entries = [(n, _st(a.dtype), a.shape) for n, a in arrays.items()]
         with SafetensorsWriter(folder / fname, entries) as wr:
             for n, a in arrays.items():
@@ -67,29 +94,25 @@ def generate(folder: Path, layers: int, experts: int, dtype: str, seed: int = 0)
 
     n_shards = layers + 1
     name = lambda k: f"model-{k:05d}-of-{n_shards:05d}.safetensors"  # noqa: E731
-    shard(name(1), {"model.embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN),
-                    "model.norm.weight": (HIDDEN,)})  # fmt: skip
+    shard(name(1), "globals", {"model.embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN),
+                               "model.norm.weight": (HIDDEN,)})  # fmt: skip
+    p = "model.layers.0"
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{p}.input_layernorm.weight": (HIDDEN,),
+        f"{p}.mlp.gate.weight": (experts, HIDDEN),
+    }
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj")[:ATTN]:
+        shapes[f"{p}.self_attn.{proj}.weight"] = (HIDDEN, HIDDEN)
+    for e in range(experts):
+        shapes[f"{p}.mlp.experts.{e}.gate_proj.weight"] = (INTER, HIDDEN)
+        shapes[f"{p}.mlp.experts.{e}.up_proj.weight"] = (INTER, HIDDEN)
+        shapes[f"{p}.mlp.experts.{e}.down_proj.weight"] = (HIDDEN, INTER)
     for L in range(layers):
-        p = f"model.layers.{L}"
-        shapes: dict[str, tuple[int, ...]] = {
-            f"{p}.input_layernorm.weight": (HIDDEN,),
-            f"{p}.mlp.gate.weight": (experts, HIDDEN),
-        }
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj")[:ATTN]:
-            shapes[f"{p}.self_attn.{proj}.weight"] = (HIDDEN, HIDDEN)
-        for e in range(experts):
-            shapes[f"{p}.mlp.experts.{e}.gate_proj.weight"] = (INTER, HIDDEN)
-            shapes[f"{p}.mlp.experts.{e}.up_proj.weight"] = (INTER, HIDDEN)
-            shapes[f"{p}.mlp.experts.{e}.down_proj.weight"] = (HIDDEN, INTER)
-        shard(name(L + 2), shapes)
+        shard(name(L + 2), "layer", shapes, lambda n, L=L: n.replace(p + ".", f"model.layers.{L}.", 1))
     config = {"model_type": "deepseek_v3", "hidden_size": HIDDEN, "vocab_size": VOCAB, "num_hidden_layers": layers,
               "moe_intermediate_size": INTER, "n_routed_experts": experts}  # fmt: skip
     if dtype == "FP8":
-        config["quantization_config"] = {
-            "quant_method": "fp8",
-            "fmt": "e4m3",
-            "weight_block_size": [128, 128],
-        }
+        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
@@ -104,11 +127,33 @@ def _st(dtype: np.dtype) -> str:
     return safetensors_name(dtype)
 
 
-def run_convert(src: Path, out: Path, *extra: str) -> dict:
-    """Whole-process conversion; returns the JSON summary plus wall and CPU seconds and the peak RSS."""
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "colitools", "convert", str(src), str(out), "--min-free-gb", "0", "--json",
-           "--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64", *extra]  # fmt: skip
+def shards(src: Path) -> list[Path]:
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    return [src / s for s in sorted(set(index["weight_map"].values()))]
+
+
+def dtype_bytes(src: Path, dtype: str) -> int:
+    """Bytes of the ``dtype`` tensors of a checkpoint (what "GB/s of FP8 input" counts)."""
+    total = 0
+    for path in shards(src):
+        with SafetensorsFile(path) as f:
+            total += sum(i.nbytes for i in f.tensors.values() if i.dtype == dtype)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def run_process(cmd: list[str]) -> dict:
+    """A whole child process: wall and CPU seconds (``wait4``: exactly this child), peak RSS, its stdout."""
+    load = _load()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     hwm_kb = 0
@@ -120,18 +165,15 @@ def run_convert(src: Path, out: Path, *extra: str) -> dict:
         time.sleep(0.005)
     wall = time.perf_counter() - t0
     stdout, stderr = proc.stdout.read(), proc.stderr.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"convert failed ({proc.returncode}): {stderr.decode()}")
-    summary = json.loads(stdout)
-    summary["wall_process"] = wall
-    summary["cpu_process"] = rusage.ru_utime + rusage.ru_stime  # all threads of exactly this child
-    summary["peak_rss_mb"] = hwm_kb / 1024
-    return summary
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed: {stderr.decode()[-2000:]}")
+    cpu = rusage.ru_utime + rusage.ru_stime
+    return {"wall": wall, "cpu": cpu, "rss_mb": hwm_kb / 1024, "load": load, "stdout": stdout}
 
 
 def _vm_hwm_kb(pid: int) -> int:
-    """Peak resident set of process ``pid`` since its exec (0 once it has exited)."""
+    """Peak resident set of process ``pid`` since its exec (0 once it has exited). ``ru_maxrss`` of a child
+    is not usable: Linux carries the parent's high-water mark over fork/exec into it."""
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
@@ -142,106 +184,243 @@ def _vm_hwm_kb(pid: int) -> int:
     return 0
 
 
-def _gguf_once(src: Path) -> tuple[float, float, int]:
-    """gguf-py Q4_0 of every 2-D weight of ``src`` (read + quantize): wall and CPU seconds, source bytes."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
-
-    index = json.loads((src / "model.safetensors.index.json").read_text())
-    t0, c0 = time.perf_counter(), time.process_time()
-    nbytes = 0
-    for shard in sorted(set(index["weight_map"].values())):
-        with SafetensorsFile(src / shard) as f:
-            for name, info in f.tensors.items():
-                nbytes += info.nbytes
-                w = f.read(name).astype(np.float32)
-                if w.ndim == 2:
-                    quantize(w, GGMLQuantizationType.Q4_0)
-    return time.perf_counter() - t0, time.process_time() - c0, nbytes
+def run_convert(src: Path, out: Path, *extra: str) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "colitools", "convert", str(src), str(out), "--min-free-gb", "0", "--json", *extra]
+    res = run_process(cmd)
+    res["out_bytes"] = json.loads(res.pop("stdout"))["bytes_out"]
+    shutil.rmtree(out, ignore_errors=True)
+    return res
 
 
-def fp8_bytes(src: Path) -> int:
-    """Bytes of the F8_E4M3 tensors of a checkpoint (what "GB/s of FP8 input" counts)."""
-    index = json.loads((src / "model.safetensors.index.json").read_text())
-    total = 0
-    for shard in sorted(set(index["weight_map"].values())):
-        with SafetensorsFile(src / shard) as f:
-            total += sum(i.nbytes for i in f.tensors.values() if i.dtype == "F8_E4M3")
-    return total
+def run_gguf(src: Path, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    res = run_process([sys.executable, __file__, "--gguf-peer", str(src), str(out / "model-q4_0.gguf")])
+    res.pop("stdout")
+    shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def gguf_peer(src: Path, dest: Path) -> None:
+    """gguf-py's Q4_0 converter, streaming: every 2-D weight quantized with ``gguf.quants.quantize`` (numpy),
+    the rest as F32, written with ``GGUFWriter`` (tensor infos first, then the data tensor by tensor)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quant_shape_to_byte_shape, quantize
+
+    Q4 = GGMLQuantizationType.Q4_0
+    writer = GGUFWriter(dest, "deepseek2")
+    plan = []
+    for path in shards(src):
+        f = SafetensorsFile(path)
+        for name, info in f.tensors.items():
+            shape = tuple(info.shape)
+            if len(shape) == 2 and shape[1] % 32 == 0:
+                nbytes = int(np.prod(quant_shape_to_byte_shape(shape, Q4)))
+                writer.add_tensor_info(name, quant_shape_to_byte_shape(shape, Q4), np.dtype(np.uint8), nbytes, Q4)
+                plan.append((f, name, True))
+            else:
+                writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+                plan.append((f, name, False))
+    writer.write_header_to_file(dest)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for f, name, quant in plan:
+        w = f.read(name).astype(np.float32)
+        writer.write_tensor_data(quantize(w, Q4) if quant else w)
+    writer.close()
+
+
+def limits(src: Path, recipe: tuple[str, ...], out_bytes: int, out_dirs: dict[str, Path]) -> dict:
+    """The machine's limits on this checkpoint's bytes (module docstring, item 2): seconds and CPU seconds."""
+    from colitools.converters import unit_writer
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import load_plan
+    from colitools.converters.sources import open_source
+    from colitools.formats import kernels
+
+    res: dict[str, tuple[float, float]] = {}
+    buf = np.empty(CHUNK, np.uint8)
+    view = memoryview(buf)
+    t, c = time.perf_counter(), _cpu()
+    for path in shards(src):
+        with open(path, "rb", buffering=0) as fh:
+            off = 0
+            while k := os.preadv(fh.fileno(), [view], off):
+                off += k
+    res["read"] = (time.perf_counter() - t, _cpu() - c)
+
+    opts = dict(zip([a.lstrip("-") for a in recipe[::2]], recipe[1::2], strict=True))
+    options = ConvertOptions(min_free_gb=0, **opts)
+    source = open_source(str(src), workdir=src / ".unused")
+    plan = load_plan(source, options)
+    block = plan.inventory.fp8.block if plan.inventory.fp8 else None
+    kernels.plan_encodes(unit_writer.encode_work(j for u in plan.units for j in u.jobs))
+    kernels.set_threads(2)
+    spent_t = spent_c = 0.0
+    hashed = hashlib.sha256()
+    sha_t = sha_c = 0.0
+    try:
+        warmed: set = set()  # numba's cache load / first call of each kernel, untimed
+        for unit in plan.units:
+            reader = unit_writer.ShardReader({s: src / s for s in unit.shards})
+            for job in unit.jobs:
+                key = (job.target.fmt, job.target.gs, job.source.dtype, job.source.scale is not None)
+                if key not in warmed:
+                    warmed.add(key)
+                    unit_writer.encode_job(job, *unit_writer._source_values(job, reader), block, False)
+            reader.close()
+        for unit in plan.units:
+            reader = unit_writer.ShardReader({s: src / s for s in unit.shards})
+            todo = [
+                (job, out, unit_writer._source_values(job, reader))
+                for out in unit.files for group in out.groups for job in group.jobs
+            ]  # fmt: skip
+            reader.close()
+            t, c = time.perf_counter(), _cpu()
+            encoded = [unit_writer.encode_job(job, v, s, block, out.planar) for job, out, (v, s) in todo]
+            spent_t += time.perf_counter() - t
+            spent_c += _cpu() - c
+            del todo
+            t, c = time.perf_counter(), _cpu()
+            for codes, scales in encoded:
+                hashed.update(np.ascontiguousarray(codes).reshape(-1).view(np.uint8))
+                if scales is not None:
+                    hashed.update(np.ascontiguousarray(scales).reshape(-1).view(np.uint8))
+            sha_t += time.perf_counter() - t
+            sha_c += _cpu() - c
+    finally:
+        kernels.set_threads(None)
+    res["kernels"] = (spent_t, spent_c)
+    res["sha256"] = (sha_t, sha_c)
+    buf[:] = np.random.default_rng(0).integers(0, 256, CHUNK, dtype=np.uint8)
+    for label, folder in out_dirs.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "bench-write.tmp"
+        t, c = time.perf_counter(), _cpu()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = out_bytes
+            while left > 0:
+                left -= os.write(fd, view[: min(CHUNK, left)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        res[f"write+fsync {label}"] = (time.perf_counter() - t, _cpu() - c)
+        path.unlink()
+    return res
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
     return min(values), statistics.median(values)
 
 
+def _row(label: str, runs: list[dict], nbytes: int, limit: float | None, floor: float | None) -> str:
+    w_best, w_med = _stats([r["wall"] for r in runs])
+    cpu = statistics.median([r["cpu"] for r in runs])
+    pct = statistics.median([100 * r["cpu"] / r["wall"] for r in runs])
+    rss = max(r["rss_mb"] for r in runs)
+    load = statistics.median([r["load"] for r in runs])
+    eff = f"{limit / w_best:5.2f} [{floor / w_best:4.2f}]" if limit else " " * 12
+    return (f"{label:<34} {w_best:6.2f} {w_med:6.2f} {nbytes / GB / w_best:6.2f} {cpu:6.2f} {pct:5.0f} "
+            f"{rss:6.0f} {load:5.1f} {eff}")  # fmt: skip
+
+
+HEADER = (f"{'case':<34} {'best':>6} {'median':>6} {'GB/s':>6} {'CPU-s':>6} {'cpu%':>5} {'RSS MB':>6} "
+          f"{'load':>5} {'eff [floor]':>12}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=Path(__file__).resolve().parents[1] / ".bench-tmp")
-    ap.add_argument("--runs", type=int, default=5, help="interleaved runs of each side (best and median)")
-    ap.add_argument("--skip-4gb", action="store_true")
+    ap.add_argument("--shm", type=Path, default=Path("/dev/shm"), help="a tmpfs for the CPU-bound runs")
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs of each case (best and median)")
+    ap.add_argument("--skip-4x", action="store_true", help="skip the 4x checkpoint (peak RSS flatness)")
+    ap.add_argument("--small", action="store_true", help="tiny checkpoints: a smoke test of the script itself")
+    ap.add_argument("--gguf-peer", nargs=2, type=Path, metavar=("SRC", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    work = args.workdir
+    if args.gguf_peer:
+        gguf_peer(*args.gguf_peer)
+        return
+    work = args.workdir.resolve()
+    shm = args.shm / f"colitools-bench-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
+    cores = os.cpu_count() or 1
+    misses: list[str] = []
+    print(f"machine: {cores} CPUs; load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     try:
-        # numba compiles its kernels once per install (on-disk cache): fill the cache before timing anything.
-        for dtype in ("BF16", "FP8"):
+        for dtype in ("BF16", "FP8"):  # numba's on-disk cache filled before anything is timed
             generate(work / "warm", layers=1, experts=1, dtype=dtype)
+            run_convert(work / "warm", work / "out", *BF16_RECIPE)
             run_convert(work / "warm", work / "out")
             shutil.rmtree(work / "warm")
-        # ~1.2 GB: 4 layers x 20 experts x 12.6 MB + attention + embeddings
-        size = generate(work / "bf16-1g", layers=4, experts=20, dtype="BF16")
-        print(f"generated BF16 checkpoint: {size / GB:.2f} GB")
-        # interleaved (ours, gguf, ours, gguf, ...), so that a burst of load from other processes on the
-        # machine does not favour either side
-        ours, peer = [], []
-        for _ in range(args.runs):
-            ours.append(run_convert(work / "bf16-1g", work / "out"))
-            peer.append(_gguf_once(work / "bf16-1g"))
-        w_best, w_med = _stats([r["wall_process"] for r in ours])
-        c_best, c_med = _stats([r["cpu_process"] for r in ours])
-        in_best, in_med = _stats([r["wall_seconds"] for r in ours])
-        g_best, g_med = _stats([p[0] for p in peer])
-        gc_best, gc_med = _stats([p[1] for p in peer])
-        n = peer[0][2]
-        print(f"colitools convert BF16 -> int4-g64 (whole process): best {w_best:.2f} s = {size / GB / w_best:.3f} "
-              f"GB/s, median {w_med:.2f} s = {size / GB / w_med:.3f} GB/s; CPU {c_best:.2f} / {c_med:.2f} s; "
-              f"in-process {size / GB / in_best:.3f} / {size / GB / in_med:.3f} GB/s")  # fmt: skip
-        print(f"gguf-py Q4_0 (numpy, read + quantize, same tensors): best {g_best:.2f} s = {n / GB / g_best:.3f} "
-              f"GB/s, median {g_med:.2f} s; CPU {gc_best:.2f} / {gc_med:.2f} s")  # fmt: skip
-        print(f"ratio colitools / gguf-py: best {g_best / w_best:.2f}x, median {g_med / w_med:.2f}x, "
-              f"CPU seconds {gc_med / c_med:.2f}x (target >= 3x; {args.runs} interleaved runs each)")  # fmt: skip
-        two = [run_convert(work / "bf16-1g", work / "out", "--workers", "2") for _ in range(3)]
-        t_best, t_med = _stats([r["wall_process"] for r in two])
-        print(
-            f"  with --workers 2: best {t_best:.2f} s = {size / GB / t_best:.3f} GB/s, median {t_med:.2f} s"
-        )
-        rss_1g = max(r["peak_rss_mb"] for r in ours)
-        shutil.rmtree(work / "out", ignore_errors=True)
-
-        fp8 = generate(work / "fp8-1g", layers=4, experts=20, dtype="FP8", seed=1)
-        shutil.rmtree(work / "bf16-1g")
-        f8 = fp8_bytes(work / "fp8-1g")
-        res = [run_convert(work / "fp8-1g", work / "out") for _ in range(args.runs)]
-        w_best, w_med = _stats([r["wall_process"] for r in res])
-        in_best, in_med = _stats([r["wall_seconds"] for r in res])
-        c_best, c_med = _stats([r["cpu_process"] for r in res])
-        print(f"colitools convert FP8 -> int4-g64: {f8 / GB:.2f} GB of FP8 weights ({fp8 / GB:.2f} GB source); "
-              f"whole process best {w_best:.2f} s = {f8 / GB / w_best:.3f} GB/s of FP8 input, median "
-              f"{w_med:.2f} s = {f8 / GB / w_med:.3f} GB/s; in-process {f8 / GB / in_best:.3f} / "
-              f"{f8 / GB / in_med:.3f} GB/s; CPU {c_best:.2f} / {c_med:.2f} s")  # fmt: skip
-        shutil.rmtree(work / "fp8-1g")
-        shutil.rmtree(work / "out", ignore_errors=True)
-
-        if not args.skip_4gb:
-            big = generate(work / "bf16-4g", layers=16, experts=20, dtype="BF16", seed=2)
-            res4 = run_convert(work / "bf16-4g", work / "out")
-            print(f"peak RSS: {rss_1g:.0f} MB for {size / GB:.2f} GB, "
-                  f"{res4['peak_rss_mb']:.0f} MB for {big / GB:.2f} GB "
-                  f"({res4['wall_process']:.1f} s, {big / GB / res4['wall_process']:.3f} GB/s)")  # fmt: skip
-        else:
-            print(f"peak RSS: {rss_1g:.0f} MB for {size / GB:.2f} GB")
+        cases = [("BF16", 6, 24, BF16_RECIPE), ("FP8", 12, 24, ())]
+        if args.small:
+            cases = [("BF16", 1, 4, BF16_RECIPE), ("FP8", 1, 4, ())]
+        rss: dict[str, float] = {}
+        for dtype, layers, experts, recipe in cases:
+            src = work / dtype.lower()
+            size = generate(src, layers=layers, experts=experts, dtype=dtype)
+            counted = size if dtype == "BF16" else dtype_bytes(src, "F8_E4M3")
+            first = run_convert(src, shm / "out", *recipe)  # page cache warm; output size
+            lim = limits(src, recipe, first["out_bytes"], {"tmpfs": shm, "disk": work})
+            what = "all 2-D -> int4-g64" if recipe else "default recipe"
+            print(f"\n{dtype} checkpoint: {size / GB:.2f} GB ({counted / GB:.2f} GB {dtype} input counted), "
+                  f"{what}, output {first['out_bytes'] / GB:.3f} GB")  # fmt: skip
+            print("machine limits on these bytes (wall s, CPU s):")
+            for k, (t, c) in lim.items():
+                n = first["out_bytes"] if k.startswith(("write", "sha")) else size
+                print(f"  {k:<20} {t:6.2f} s {c:6.2f} CPU-s  {n / GB / t:6.2f} GB/s")
+            ours_shm, ours_disk, peer = [], [], []
+            for _ in range(args.runs):  # interleaved: a burst of load hits every side
+                ours_shm.append(run_convert(src, shm / "out", *recipe))
+                ours_disk.append(run_convert(src, work / "out", *recipe))
+                if dtype == "BF16":
+                    peer.append(run_gguf(src, shm / "gguf"))
+            read_t, kern_t = lim["read"][0], lim["kernels"][0]
+            cpu_work = sum(lim[k][1] for k in ("read", "kernels", "sha256"))
+            print(HEADER)
+            print("-" * len(HEADER))
+            for label, runs, fs in (("tmpfs", ours_shm, "tmpfs"), ("disk", ours_disk, "disk")):
+                wr_t, wr_c = lim[f"write+fsync {fs}"]
+                limit = max(read_t, kern_t, wr_t)
+                floor = max(limit, (cpu_work + wr_c) / cores)
+                print(_row(f"colitools convert -> {label}", runs, counted, limit, floor))
+                eff = limit / min(r["wall"] for r in runs)
+                if fs == "tmpfs":
+                    _check(misses, f"{dtype} tmpfs efficiency {eff:.2f} >= 0.7", eff >= 0.7)
+            if peer:
+                print(_row("gguf-py Q4_0 converter -> tmpfs", peer, counted, None, None))
+                ratio = min(p["wall"] for p in peer) / min(r["wall"] for r in ours_shm)
+                med = statistics.median(p["wall"] for p in peer) / statistics.median(r["wall"] for r in ours_shm)
+                _check(misses, f"BF16 -> int4 vs gguf-py Q4_0 converter: {ratio:.1f}x best, {med:.1f}x median "
+                       ">= 8x", ratio >= 8)  # fmt: skip
+            if dtype == "FP8":
+                rate = counted / GB / min(r["wall"] for r in ours_shm)
+                _check(misses, f"FP8 default recipe to tmpfs {rate:.2f} GB/s of FP8 input >= 1.5", rate >= 1.5)
+            rss[dtype] = max(r["rss_mb"] for r in ours_shm + ours_disk)
+            _check(misses, f"{dtype} peak RSS {rss[dtype]:.0f} MB < 300", rss[dtype] < 300)
+            shutil.rmtree(src)
+        if not args.skip_4x:
+            big = generate(work / "bf16-4x", layers=4 * cases[0][1], experts=cases[0][2], dtype="BF16", seed=2)
+            res4 = run_convert(work / "bf16-4x", shm / "out", *BF16_RECIPE)
+            shutil.rmtree(work / "bf16-4x")
+            ratio = res4["rss_mb"] / rss["BF16"]
+            print(f"\n4x BF16 checkpoint {big / GB:.2f} GB -> tmpfs: {res4['wall']:.2f} s, CPU {res4['cpu']:.2f} s, "
+                  f"load {res4['load']:.1f}")  # fmt: skip
+            _check(misses, f"peak RSS {rss['BF16']:.0f} MB (1x) -> {res4['rss_mb']:.0f} MB (4x) = {ratio:.2f}x <= 1.3",
+                   ratio <= 1.3)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+    print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if misses:
+        sys.exit(1)
+
+
+def _check(misses: list[str], text: str, ok: bool) -> None:
+    print(f"{'PASS' if ok else 'MISS'}: {text}")
+    if not ok:
+        misses.append(text)
 
 
 if __name__ == "__main__":

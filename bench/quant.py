@@ -6,7 +6,7 @@ Both run on the same [4096, 14336] matrix (BF16, fixed seed) in the same process
 * FP8 -> int4-g64  (``kernels.encode_from_fp8_block``: e4m3 codes + a 128x128 float32 scale grid, dequant fused)
 * gguf-py Q4_0  (``gguf.quants.quantize(w_f32, Q4_0)``, numpy, on the float32 upcast of the same BF16 matrix)
 
-each warm (compile and first touch excluded), best of ``--repeat``, with 1 and 2 numba threads.
+each warm (compile and first touch excluded), best of ``--repeat``, with 1 and 2 kernel threads (``kernels.set_threads``).
 
 Conventions: GB/s counts INPUT bytes — BF16 cases 2 bytes per weight, FP8 1 byte per weight (the codes; the
 scale grid, 1/16384 of it, is not counted), gguf Q4_0 2 bytes per weight (BF16-equivalent: the converter would
@@ -142,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int], tuple[float, float]] = {}
     for label, fn, nbytes in cases:
         for threads in thread_counts:
-            numba.set_num_threads(threads)
+            kernels.set_threads(threads)
             t, c = best_of(fn, args.repeat)
             results[(label, threads)] = (nbytes / t / 1e9, t_gguf / t)
             print(
                 f"{label:<22} {threads:>7} {t * 1e3:>9.1f} {100 * c / t:>5.0f} {nbytes / t / 1e9:>7.3f} "
                 f"{nbytes / c / 1e9:>8.3f} {n / t / 1e6:>8.1f} {t_gguf / t:>8.2f}"
             )
-    numba.set_num_threads(max_threads)
+    kernels.set_threads(None)
 
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()

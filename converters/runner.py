@@ -38,9 +38,9 @@ from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
 from colitools.converters.recipe import Role
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
-from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, start_unit
+from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.errors import ConvertError
-from colitools.formats import targets
+from colitools.formats import kernels, targets
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
 
@@ -227,6 +227,8 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
         if not needed[shard]:
             _release(src, shard, options)
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
+    _limit_malloc_arenas()
+    kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
 
@@ -277,6 +279,20 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
             bar.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
+
+
+M_ARENA_MAX = -8  # glibc mallopt parameter
+
+
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """At most ``arenas`` glibc malloc arenas for the threads created from now on. The pipeline's threads
+    (encoders, sinks, recorder) each got an arena of their own, and each arena keeps the high-water mark of the
+    tensors that passed through it: ~35 MB of peak RSS on a 2-core machine, with no measurable CPU cost when
+    they share two. A no-op where glibc's ``mallopt`` is not there."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas)
 
 
 def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float,
@@ -361,9 +377,9 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
 
 def _worker_init(threads: int, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
-    import numba
+    from colitools.formats import kernels
 
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    kernels.set_threads(threads)
 
 
 def _check_sources_unchanged(src: Source, identities: dict[str, dict]) -> None:

@@ -1,8 +1,12 @@
-"""Executes one planned unit: read -> dequantize -> encode -> write, one tensor at a time.
+"""Executes one planned unit: read -> dequantize -> encode -> hash + write, tensors overlapping.
 
-Memory is bounded by the largest single source tensor (one fused-expert slab for fused tensors) plus its
-encoded form: each tensor is read, encoded, written and dropped before the next. Only an expert's scale
-tensors wait (they follow the expert's codes, docs/FORMATS.md §4), and they are small.
+Pipeline: ``encoder_threads()`` threads (one per core) each read and encode whole tensors (pread, numba and
+numpy all release the GIL; no per-tensor fork-join), up to ``ENCODE_AHEAD_BYTES`` of source ahead; the
+calling thread hands the results in order to a sink thread per output file, which writes and hashes them
+(``FileSink``, at most ``QUEUE_BYTES`` queued) and starts their writeback early. Memory is therefore bounded
+by constants plus the largest single source tensor (one fused-expert slab for fused tensors) and its encoded
+form, not by the model's size. An expert's scale tensors wait for its codes (docs/FORMATS.md §4); they are
+small.
 
 Encoding goes straight from the source bits whenever the kernels can (``kernels.encode_from_bf16`` /
 ``encode_from_fp8_block``, fused expert slabs included): no float32 copy of a tensor is made on that path.
@@ -18,14 +22,16 @@ and before the ledger records it (the narrowest window of a crash).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
+import math
 import os
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,12 +84,17 @@ class ShardReader:
     def __init__(self, paths: Mapping[str, Path]):
         self._paths = dict(paths)
         self._open: dict[str, SafetensorsFile] = {}
+        self._lock = threading.Lock()  # encoder threads share the reader
 
     def _file(self, shard: str) -> SafetensorsFile:
-        if shard not in self._open:
-            path = Path(self._paths[shard])
-            self._open[shard] = SafetensorsFile(path, known=_KNOWN_HEADERS.get(path))
-        return self._open[shard]
+        f = self._open.get(shard)
+        if f is None:
+            with self._lock:
+                if shard not in self._open:
+                    path = Path(self._paths[shard])
+                    self._open[shard] = SafetensorsFile(path, known=_KNOWN_HEADERS.get(path))
+                f = self._open[shard]
+        return f
 
     def _info(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]):
         f = self._file(shard)
@@ -304,7 +315,7 @@ class FileSink:
     stays bounded by the largest tensor. ``put`` re-raises a failure of the thread; ``result`` waits for
     publication and returns the record."""
 
-    QUEUE_BYTES = 256 << 20
+    QUEUE_BYTES = 32 << 20
     WRITEBACK_BYTES = 16 << 20  # start the disk writing every this many bytes (see ``_start_writeback``)
 
     def __init__(self, out: OutputFile, outdir: Path):
@@ -430,7 +441,7 @@ def _checked(expected, name: str, array: np.ndarray) -> memoryview:
             a = a.view(want)
         else:  # pragma: no cover - a planning/encoding mismatch is a bug, reported with the numbers
             raise ConvertError(f"tensor {name}: encoder produced {a.dtype}, planned {dtype}")
-    if a.size != int(np.prod(shape, dtype=np.int64)):
+    if a.size != math.prod(shape):
         raise ConvertError(f"tensor {name}: encoder produced {a.size} elements, planned shape {list(shape)}")
     return _as_bytes(a)
 
@@ -462,14 +473,69 @@ class PendingUnit:
         return UnitResult(self.key, files, self.in_bytes)
 
 
-PREFETCH_MAX_BYTES = 256 << 20  # larger source tensors are read when needed, not while another is encoded
+ENCODE_AHEAD_BYTES = 32 << 20  # source bytes being read / encoded ahead of the writer (at least one tensor)
+BIG_TENSOR_ELEMS = 1 << 24  # a tensor this large is encoded on every kernel thread (its rows split)
 
 
-def _prefetch(pool: ThreadPoolExecutor, jobs: list[TensorJob], k: int, reader: ShardReader) -> Future | None:
-    """Start reading job ``k``'s source unless it is too large to hold next to the tensor being encoded."""
-    if k >= len(jobs) or jobs[k].in_bytes > PREFETCH_MAX_BYTES:
-        return None
-    return pool.submit(_source_values, jobs[k], reader)
+def encoder_threads() -> int:
+    """Threads reading and encoding whole tensors at once: the kernels' thread count (``kernels.set_threads``,
+    1 in a ``--workers`` process; default ``NUMBA_NUM_THREADS``), at most the CPU count."""
+    return max(1, min(kernels.kernel_threads() or kernels.default_threads(), os.cpu_count() or 1))
+
+
+def _encoder_init() -> None:
+    kernels.set_threads(1, this_thread=True)  # whole tensors in parallel, no per-tensor fork-join
+
+
+class _Ahead:
+    """Reads and encodes the jobs of a unit on a thread pool, in order, at most ``ENCODE_AHEAD_BYTES`` of
+    source ahead of the consumer (a larger tensor goes alone). ``take()`` returns the next job's result
+    (or raises its error), in job order, so the files get the same bytes in the same order as one thread."""
+
+    def __init__(self, pool: ThreadPoolExecutor, work: list, fn: Callable):
+        self._pool, self._work, self._fn = pool, work, fn
+        self._queue: collections.deque[tuple[Future, int]] = collections.deque()
+        self._next = 0
+        self._inflight = 0
+
+    def _fill(self) -> None:
+        while self._next < len(self._work):
+            nbytes = self._work[self._next][0].in_bytes
+            if self._queue and self._inflight + nbytes > ENCODE_AHEAD_BYTES:
+                return
+            self._queue.append((self._pool.submit(self._fn, *self._work[self._next]), nbytes))
+            self._inflight += nbytes
+            self._next += 1
+
+    def take(self):
+        self._fill()
+        fut, nbytes = self._queue.popleft()
+        try:
+            return fut.result()
+        finally:
+            self._inflight -= nbytes
+            self._fill()
+
+    def cancel(self) -> None:
+        self._next = len(self._work)
+        for fut, _ in self._queue:
+            fut.cancel()
+
+
+def _read_encode(job: TensorJob, out: OutputFile, reader: ShardReader, block: tuple[int, int] | None):
+    """One job on an encoder thread: its source read, encoded (and its sidecar scales made)."""
+    values, scale = _source_values(job, reader)
+    big = job.O * job.I >= BIG_TENSOR_ELEMS
+    if big:  # few of these: split its rows over every kernel thread
+        kernels.set_threads(None, this_thread=True)
+    try:
+        codes, scales = encode_job(job, values, scale, block, out.planar)
+    finally:
+        if big:
+            kernels.set_threads(1, this_thread=True)
+    if out.is_sidecar:  # one F32 scale per (row, 64-block), docs/FORMATS.md §4
+        scales = planar_sidecar.block_scales(scales, job.O, job.I)
+    return codes, scales
 
 
 def start_unit(
@@ -479,15 +545,15 @@ def start_unit(
     block: tuple[int, int] | None,
     on_tensor: Callable[[int], None] | None = None,
 ) -> PendingUnit:
-    """Encode every tensor of ``unit`` in this thread; a prefetch thread reads the next source tensor while
-    one is encoded, a sink thread per file hashes and writes. Returns before the files are published."""
+    """Read and encode the tensors of ``unit`` on ``encoder_threads()`` threads, whole tensors in parallel and
+    up to ``ENCODE_AHEAD_BYTES`` ahead; this thread hands the results, in order, to a sink thread per file,
+    which hashes and writes. Returns before the files are published."""
     slow = float(os.environ.get(SLOW_TENSOR_ENV) or 0)
-    jobs = unit.jobs
     reader = ShardReader(shard_paths)
     sinks: list[FileSink] = []
-    with ThreadPoolExecutor(1, thread_name_prefix="prefetch") as prefetch:
-        ahead = _prefetch(prefetch, jobs, 0, reader)
-        k = 0
+    work = [(job, out, reader, block) for out in unit.files for group in out.groups for job in group.jobs]
+    with ThreadPoolExecutor(encoder_threads(), "encode", initializer=_encoder_init) as pool:
+        ahead = _Ahead(pool, work, _read_encode)
         try:
             for out in unit.files:
                 sink = FileSink(out, Path(outdir))
@@ -496,13 +562,7 @@ def start_unit(
                     scales_after: list[tuple[str, np.ndarray]] = []
                     merged: list[tuple[np.ndarray, np.ndarray]] = []  # a target's merged blob (formats/targets.py)
                     for job in group.jobs:
-                        values, scale = ahead.result() if ahead is not None else _source_values(job, reader)
-                        k += 1
-                        ahead = _prefetch(prefetch, jobs, k, reader)
-                        codes, scales = encode_job(job, values, scale, block, out.planar)
-                        if out.is_sidecar:  # one F32 scale per (row, 64-block), docs/FORMATS.md §4
-                            scales = planar_sidecar.block_scales(scales, job.O, job.I)
-                        del values, scale
+                        codes, scales = ahead.take()
                         wname, sname = job.target.tensor_names(job.out_name)
                         if group.merged is not None:
                             merged.append((codes, scales))
@@ -512,6 +572,7 @@ def start_unit(
                                 sink.put(sname, scales)
                             elif sname is not None:
                                 scales_after.append((sname, scales))
+                        del codes, scales
                         if on_tensor is not None:
                             on_tensor(job.in_bytes)
                         if slow:
@@ -525,17 +586,22 @@ def start_unit(
                         del merged
                 sink.finish()
         except BaseException:
-            if ahead is not None:
-                ahead.cancel()
+            ahead.cancel()
             for s in sinks:
                 s.abort()
             raise
         finally:
-            if ahead is not None:
-                with contextlib.suppress(BaseException):
-                    ahead.result()
+            pool.shutdown(wait=True, cancel_futures=True)
             reader.close()
     return PendingUnit(unit.key, unit.in_bytes, sinks)
+
+
+def encode_work(jobs: Iterable[TensorJob]) -> Iterator[tuple[str, int]]:
+    """``(format name, elements)`` of every job that runs an encoder (``kernels.plan_encodes``)."""
+    for job in jobs:
+        t = job.target
+        if not (t.is_source or t.is_passthrough or t.is_float or t.native or job.source.quant is not None):
+            yield t.fmt, job.O * job.I
 
 
 def convert_unit(
@@ -546,4 +612,5 @@ def convert_unit(
     on_tensor: Callable[[int], None] | None = None,
 ) -> UnitResult:
     """Convert one unit and wait until its files are published (worker processes use this)."""
+    kernels.plan_encodes(encode_work(unit.jobs))
     return start_unit(unit, shard_paths, outdir, block, on_tensor).wait()

@@ -21,8 +21,9 @@ Two tricks keep the kernels vectorised without changing a bit of output:
 * Index and refcount hygiene: see "shared pieces" below.
 
 Parallelism: the kernels are serial and release the GIL (``nogil``); ``_run_rows`` spreads row chunks over a
-thread pool, using ``numba.get_num_threads()`` threads (so ``numba.set_num_threads`` / ``NUMBA_NUM_THREADS``
-apply). Unlike a ``prange`` kernel this is safe to call from several Python threads at once.
+thread pool, using ``set_threads(n)`` threads (process-wide; default ``NUMBA_NUM_THREADS``, at most the CPU
+count; ``numba.set_num_threads`` does not apply: reading it costs a GIL round trip per call). Unlike a
+``prange`` kernel this is safe to call from several Python threads at once.
 
 Start-up and compile time: importing this package does not import numba. The entry points (``_dispatch``)
 send tensors below ``_dispatch.SMALL_ELEMS`` elements to the numpy reference (the same bytes), so a tiny
@@ -42,12 +43,16 @@ from __future__ import annotations
 from colitools.formats.kernels._dispatch import _reference_encode as _reference_encode
 from colitools.formats.kernels._dispatch import (
     decode,
+    default_threads,
     dequant_fp8_block,
     encode,
     encode_from_bf16,
     encode_from_fp8_block,
+    kernel_threads,
     pairs_to_planar,
+    plan_encodes,
     planar_to_pairs,
+    set_threads,
 )
 from colitools.formats.reference import E4M3_TO_F32  # the one table, = _bits.E4M3_TO_F32
 
@@ -59,5 +64,9 @@ __all__ = [
     "dequant_fp8_block",
     "pairs_to_planar",
     "planar_to_pairs",
+    "plan_encodes",
+    "kernel_threads",
+    "default_threads",
+    "set_threads",
     "E4M3_TO_F32",
 ]

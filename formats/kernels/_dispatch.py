@@ -12,7 +12,9 @@ This module and ``__init__`` import nothing of numba: keep it so (``--help`` and
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -37,6 +39,55 @@ SMALL_ELEMS = 1 << 16
 STARTUP_BUDGET_ELEMS = 32 << 20
 _REFERENCE_COST = {"mxfp4": 8}
 _budget = {"spent": 0, "kernels": False}
+
+# Threads of the kernels' row pool (``set_threads``); None: ``numba.config.NUMBA_NUM_THREADS`` capped at the
+# CPU count. Read on every kernel call, so it is a plain value here, not ``numba.get_num_threads()`` (whose
+# ctypes call releases and retakes the GIL: ~0.3 ms per call, up to a switch interval on a busy process).
+_threads: dict[str, int | None] = {"n": None}
+_thread_local = threading.local()  # .n: this thread's own count (set_threads(n, this_thread=True))
+
+
+def set_threads(n: int | None, *, this_thread: bool = False) -> None:
+    """Threads the kernels spread one tensor's rows over (the calling thread included); ``None`` restores the
+    default (``NUMBA_NUM_THREADS``, at most the CPU count). Process-wide, unlike ``numba.set_num_threads``;
+    ``this_thread=True`` sets it for calls made from the calling thread only (the converter's encoder
+    threads, which each encode whole tensors, use 1)."""
+    if n is not None and (not isinstance(n, int | np.integer) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"kernel threads must be a positive integer, got {n!r}")
+    value = None if n is None else int(n)
+    if this_thread:
+        _thread_local.n = value
+    else:
+        _threads["n"] = value
+
+
+def default_threads() -> int:
+    """The default thread count without importing numba: ``NUMBA_NUM_THREADS`` when set, at most the CPU count
+    (``_threads`` takes numba's own reading of the same variable)."""
+    cpus = os.cpu_count() or 1
+    try:
+        n = int(os.environ.get("NUMBA_NUM_THREADS") or cpus)
+    except ValueError:
+        n = cpus
+    return max(1, min(n, cpus))
+
+
+def kernel_threads() -> int | None:
+    """The calling thread's kernel thread count (``set_threads``), None for the default."""
+    return getattr(_thread_local, "n", None) or _threads["n"]
+
+
+def plan_encodes(work) -> bool:
+    """Announce the encodes ahead: ``work`` is ``(format name, elements)`` per tensor to encode. When the
+    tensors the reference would take add up to more than the start-up budget, the reference would only delay
+    the inevitable kernel start-up (and run single-threaded meanwhile): the kernels then serve every large
+    tensor from the first one on. Returns whether they will. Same bytes either way."""
+    if SMALL_ELEMS <= 0 or _budget["kernels"]:
+        return _budget["kernels"] or SMALL_ELEMS <= 0
+    cost = sum(n * _REFERENCE_COST.get(fmt, 1) for fmt, n in work if n >= SMALL_ELEMS)
+    if _budget["spent"] + cost > STARTUP_BUDGET_ELEMS:
+        _budget["kernels"] = True
+    return _budget["kernels"]
 
 
 def _small(n: int) -> bool:

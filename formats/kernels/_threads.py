@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 
+from colitools.formats.kernels import _dispatch
+
 # ------------------------------------------------------------------------------------------ threading
 _POOL: ThreadPoolExecutor | None = None
 _MIN_PARALLEL_ELEMS = 1 << 18  # below this, threads cost more than they save
@@ -28,10 +30,14 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+_DEFAULT_THREADS = max(1, min(numba.config.NUMBA_NUM_THREADS, os.cpu_count() or 1))
+
+
 def _run_rows(kernel, args: tuple, O: int, I: int) -> int:
-    """Run ``kernel(*args, r0, r1)`` over row chunks on ``numba.get_num_threads()`` threads (the calling
-    thread included); return the smallest non-negative result (first bad row) or -1."""
-    threads = min(numba.get_num_threads(), O, os.cpu_count() or 1)
+    """Run ``kernel(*args, r0, r1)`` over row chunks on ``kernels.set_threads`` threads (default
+    ``NUMBA_NUM_THREADS``, at most the CPU count; the calling thread included); return the smallest
+    non-negative result (first bad row) or -1."""
+    threads = min(_dispatch.kernel_threads() or _DEFAULT_THREADS, O)
     if threads <= 1 or O * I < _MIN_PARALLEL_ELEMS:
         return int(kernel(*args, 0, O))
     rows = max(1, min(_CHUNK_ELEMS // max(I, 1), -(-O // (4 * threads))))

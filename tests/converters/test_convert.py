@@ -351,7 +351,8 @@ def test_memory_bounds_do_not_change_bytes(tmp_path, monkeypatch):
 
     make_checkpoint(tmp_path / "src", Tiny(hidden=128, shards=2))
     convert(str(tmp_path / "src"), tmp_path / "a")
-    monkeypatch.setattr(unit_writer, "PREFETCH_MAX_BYTES", 0)  # every tensor read when needed
+    monkeypatch.setattr(unit_writer, "ENCODE_AHEAD_BYTES", 0)  # every tensor read when needed
+    monkeypatch.setattr(unit_writer, "encoder_threads", lambda: 1)  # one tensor at a time
     monkeypatch.setattr(unit_writer.FileSink, "QUEUE_BYTES", 1)  # one tensor in flight to the writer
     convert(str(tmp_path / "src"), tmp_path / "b")
     assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")

@@ -332,10 +332,9 @@ def test_threaded_chunks_are_byte_identical_to_one_thread_and_reference():
     w = (rng.standard_normal((300, 1120)) * 0.02).astype(F32)
     w[17] = 0
     expected = ref.encode_int4_grouped(w, 64)
-    before = numba.get_num_threads()
     try:
         for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
-            numba.set_num_threads(threads)
+            kernels.set_threads(threads)
             assert_same(kernels.encode("int4-grouped", w, 64), expected)
             assert_same(
                 kernels.encode_from_bf16("mxfp4", w.astype(ml_dtypes.bfloat16), None),
@@ -346,7 +345,7 @@ def test_threaded_chunks_are_byte_identical_to_one_thread_and_reference():
             with pytest.raises(EncodeError, match=r"at \[250, 3\]"):
                 kernels.encode("int8-row", w_bad, None, name="t")
     finally:
-        numba.set_num_threads(before)
+        kernels.set_threads(None)
 
 
 def test_concurrent_callers_get_identical_results():

@@ -114,3 +114,59 @@ def test_startup_budget_keeps_a_few_large_encodes_off_numba_with_the_same_bytes(
         "assert c.tobytes() == c2.tobytes() and s.tobytes() == s2.tobytes()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_plan_above_the_startup_budget_uses_the_kernels_from_its_first_large_tensor():
+    # a tensor within the budget alone, announced as part of a larger plan: the kernels encode it
+    code = (
+        "import sys, numpy as np\n"
+        "from colitools.formats import kernels\n"
+        "from colitools.formats.kernels import _dispatch\n"
+        "w = (np.random.default_rng(0).standard_normal((512, 1024)) * 0.02).astype(np.float32)\n"
+        "ref = kernels.encode('int8-row', w[:8], None)\n"  # small: the reference, no numba
+        "assert not kernels.plan_encodes([('int8-row', 100), ('int8-row', w.size)])\n"  # within the budget
+        "assert 'numba' not in sys.modules\n"
+        "big = _dispatch.STARTUP_BUDGET_ELEMS\n"
+        "assert kernels.plan_encodes([('int8-row', w.size), ('int4-grouped', big)])\n"
+        "c, s = kernels.encode('int8-row', w, None)\n"
+        "assert 'numba' in sys.modules, 'the kernels were not used'\n"
+        "from colitools.formats import reference\n"
+        "c2, s2 = reference.encode_int8_row(w)\n"
+        "assert c.tobytes() == c2.tobytes() and s.tobytes() == s2.tobytes()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_encodes_counts_only_tensors_the_reference_would_take_within_the_budget():
+    n = _dispatch.STARTUP_BUDGET_ELEMS
+    before = dict(_dispatch._budget)
+    try:
+        _dispatch._budget.update(spent=0, kernels=False)
+        # small tensors always take the reference: any number of them never loads the kernels
+        assert not kernels.plan_encodes([("int8-row", _dispatch.SMALL_ELEMS - 1)] * (n // 1000))
+        assert not kernels.plan_encodes([("int8-row", n)])
+        assert kernels.plan_encodes([("mxfp4", n // 8 + 1)])  # mxfp4's reference costs 8x per element
+    finally:
+        _dispatch._budget.clear()
+        _dispatch._budget.update(before)
+
+
+def test_set_threads_validates_and_is_per_thread_on_request():
+    import threading
+
+    assert _dispatch.kernel_threads() is None  # the default: NUMBA_NUM_THREADS at most the CPU count
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="positive integer"):
+            kernels.set_threads(bad)
+    seen = {}
+    try:
+        kernels.set_threads(2)
+        kernels.set_threads(1, this_thread=True)
+        other = threading.Thread(target=lambda: seen.update(other=_dispatch.kernel_threads()))
+        other.start()
+        other.join()
+        assert (_dispatch.kernel_threads(), seen["other"]) == (1, 2)
+    finally:
+        kernels.set_threads(None, this_thread=True)
+        kernels.set_threads(None)
+    assert _dispatch.kernel_threads() is None
