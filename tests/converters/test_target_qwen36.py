@@ -240,7 +240,7 @@ def test_int4_parts_decode_like_the_generic_container_of_the_same_recipe(outputs
         for e in range(4):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 a = target.dense(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", 64, 64)
-                b = generic.dense(f"model.language_model.layers.{layer}.mlp.experts.{e}.{proj}.weight", 64, 64)
+                b = generic.dense(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", 64, 64)  # canonical name
                 assert np.array_equal(a, b)
 
 
