@@ -731,6 +731,7 @@ FIXTURES: list[Fixture] = [
             num_experts_per_tok=2,
             sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
+            swiglu_limit=3.0,  # as the gpt_oss fixture: the clamp acts
         ),
         storage="mxfp4",
         expert_orientation="transposed-interleaved",  # of the float stacks the references load
