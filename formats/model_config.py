@@ -66,6 +66,7 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
     "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
+    "deepseek_v4",
 )  # fmt: skip
 
 # Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output

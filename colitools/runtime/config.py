@@ -39,6 +39,7 @@ FAMILY_MODULES: dict[str, str] = {
     "qwen3_5_moe": "qwen3_next",
     "qwen3_5_moe_text": "qwen3_next",
     "gpt_oss": "gpt_oss",
+    "deepseek_v4": "deepseek_v4",
 }
 
 
