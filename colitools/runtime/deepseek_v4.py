@@ -51,11 +51,13 @@ DEFAULTS = {  # transformers 5.24 DeepseekV4Config
         "routed_scaling_factor": 1.5, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
         "compress_rates": {CSA: 4, HCA: 128}, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
         "swiglu_limit": 10.0, "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024,
-        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "partial_rotary_factor": 64 / 512,
-        "tie_word_embeddings": False,
+        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "tie_word_embeddings": False,
     },
 }  # fmt: skip
 DEFAULT_HASH_LAYERS = 3  # DeepseekV4Config.default_num_hash_layers
+DEFAULT_PARTIAL_ROTARY = 64 / 512  # DeepseekV4Config.default_partial_rotary_factor (qk_rope_head_dim / head_dim)
+# the legacy per-layer ``compress_ratios`` (older V4 configs) -> layer type (transformers 5.24)
+COMPRESS_RATIO_TO_LAYER_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
 
 @dataclass(frozen=True)
@@ -79,27 +81,40 @@ def v4_args(c: ConfigKeys, n_layers: int, head_dim: int) -> V4Args:
     where = c.where
     if c.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
         raise RuntimeModelError(f"{where}: scoring_func {c.get('scoring_func')!r} is not supported (sqrtsoftplus)")
-    types = c.get("layer_types") or (
+    # explicit keys, else the legacy V3-flavoured ones transformers folds in (compress_ratios, num_hash_layers,
+    # compress_rate_csa / _hca, qk_rope_head_dim), else the defaults
+    ratios = c.get("compress_ratios")
+    if not c.get("layer_types") and ratios is not None:
+        if not isinstance(ratios, list) or any(r not in COMPRESS_RATIO_TO_LAYER_TYPE for r in ratios):
+            raise RuntimeModelError(f"{where}: compress_ratios {ratios!r} (expected 0 / 4 / 128 per layer)")
+        ratios = [COMPRESS_RATIO_TO_LAYER_TYPE[r] for r in ratios][:n_layers]
+    types = c.get("layer_types") or ratios or (
         [HCA] * min(n_layers, 2) + [CSA if i % 2 else HCA for i in range(max(n_layers - 2, 0))]
     )
     if len(types) != n_layers or set(types) - {CSA, HCA, SLIDING}:
         raise RuntimeModelError(f"{where}: layer_types must list {CSA} / {HCA} / {SLIDING} for {n_layers} layers")
-    mlp = c.get("mlp_layer_types") or (
-        ["hash_moe"] * min(n_layers, DEFAULT_HASH_LAYERS) + ["moe"] * max(0, n_layers - DEFAULT_HASH_LAYERS)
-    )
+    n_hash = int(c.get("num_hash_layers", DEFAULT_HASH_LAYERS))
+    mlp = c.get("mlp_layer_types") or (["hash_moe"] * min(n_layers, n_hash) + ["moe"] * max(0, n_layers - n_hash))
     if len(mlp) != n_layers or set(mlp) - {"hash_moe", "moe"}:
         raise RuntimeModelError(f"{where}: mlp_layer_types must list hash_moe / moe for {n_layers} layers")
     rates = {**DEFAULTS["deepseek_v4"]["compress_rates"], **(c.get("compress_rates") or {})}
+    for key, kind in (("compress_rate_csa", CSA), ("compress_rate_hca", HCA)):
+        if c.get(key) is not None:
+            rates[kind] = c[key]
     if any(not isinstance(r, int) or r < 1 for r in rates.values()):
         raise RuntimeModelError(f"{where}: bad compress_rates {rates!r}")
-    params = c.get("rope_parameters") or {}
-    partial = float(c.get("partial_rotary_factor"))
+    params = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    partial = c.get("partial_rotary_factor")
+    if partial is None:
+        partial = int(c["qk_rope_head_dim"]) / head_dim if c.get("qk_rope_head_dim") else DEFAULT_PARTIAL_ROTARY
+    partial = float(partial)
     ropes = {}
     for label, theta_key in (("main", "rope_theta"), ("compress", "compress_rope_theta")):
         sub = params.get(label) if isinstance(params.get(label), dict) else None
         if sub is None:  # flat rope_parameters: main is plain, compress takes the (yarn) rest
             flat = {k: v for k, v in params.items() if k not in ("main", "compress")} if label == "compress" else {}
-            sub = {"rope_type": "default", **flat, "rope_theta": float(c[theta_key])}
+            sub = {**flat, "rope_theta": float(c[theta_key])}
+            sub["rope_type"] = sub.pop("type", None) or sub.get("rope_type") or "default"
             sub.setdefault("partial_rotary_factor", partial)
             if sub.get("rope_type") == "yarn":
                 sub.setdefault("attention_factor", 1.0)

@@ -156,3 +156,15 @@ def test_tid2eid_outside_the_experts_is_one_clear_error(tmp_path):
     write_safetensors(d / "model.safetensors", tensors)
     with pytest.raises(RuntimeModelError, match=r"tid2eid names an expert outside 0\.\.3"):
         load_model(d, record_usage=False)
+
+
+def test_legacy_config_keys_give_the_same_model(tmp_path):
+    """Older V4 configs spell the schedule the V3 way (transformers 5.24 folds them in): ``compress_ratios``,
+    ``compress_rate_hca``, ``num_hash_layers``, ``qk_rope_head_dim`` and flat rope keys."""
+    d = _copy_with_config(tmp_path, compress_ratios=[4, 128], compress_rate_hca=8, num_hash_layers=1)
+    cfg = json.loads((d / "config.json").read_text())
+    for key in ("layer_types", "mlp_layer_types", "compress_rates", "partial_rotary_factor", "rope_parameters"):
+        del cfg[key]
+    assert cfg["qk_rope_head_dim"] == 8 and cfg["compress_rope_theta"] == 160000.0
+    (d / "config.json").write_text(json.dumps(cfg))
+    check_against_reference(d, "deepseek_v4", reference("deepseek_v4", "f32"))
