@@ -474,6 +474,11 @@ class V4Layer:
         self.norm_in, self.norm_post, self.eps = norm_in, norm_post, eps
         self.hc_enabled = True  # False: streams averaged in, output added to each (a mutation switch)
 
+    @property
+    def nbytes(self) -> int:
+        parts = (self.attn, self.ffn, self.attn_hc, self.ffn_hc, self.norm_in, self.norm_post)
+        return sum(p.nbytes for p in parts)
+
     def _site(self, hc: HyperConnection, streams: np.ndarray, block) -> np.ndarray:
         if not self.hc_enabled:
             return streams + block(np.mean(streams, axis=1))[:, None, :]

@@ -168,3 +168,29 @@ def test_legacy_config_keys_give_the_same_model(tmp_path):
     assert cfg["qk_rope_head_dim"] == 8 and cfg["compress_rope_theta"] == 160000.0
     (d / "config.json").write_text(json.dumps(cfg))
     check_against_reference(d, "deepseek_v4", reference("deepseek_v4", "f32"))
+
+
+def _off(m, what: str) -> None:
+    for layer in m.layers:
+        a = layer.attn
+        if what == "compressor" and a.compressor is not None:
+            a.compressor.enabled = False
+        elif what == "indexer" and a.indexer is not None:
+            a.indexer.enabled = False
+        elif what == "inverse rope":
+            a.inverse_rope = False
+        elif what == "sigmoid scores":
+            layer.ffn.score_fn = "sigmoid"
+        elif what == "hyper-connections":
+            layer.hc_enabled = False
+
+
+@pytest.mark.parametrize("what", ["compressor", "indexer", "inverse rope", "sigmoid scores", "hyper-connections"])
+def test_each_component_changes_the_runtime_tokens(what):
+    """The runtime's switches (the runtime side of oracles/mutation_check.py's V4 mutations): each component
+    matters on this fixture, so the oracle match above really covers it."""
+    ref = reference("deepseek_v4", "f32")
+    with load_model(FIXTURE, record_usage=False) as m:
+        _off(m, what)
+        got = generate(m, ref["prompt_ids"], 32).generated_ids
+    assert got != ref["generated_ids"]
