@@ -66,6 +66,7 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
     "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
+    "deepseek_v4",
 )  # fmt: skip
 
 # Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
@@ -375,7 +376,8 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
       ``in_proj_a``/``in_proj_b [nv, H]`` (Qwen3.5), ``out_proj [H, nv*dv]``;
     * dense MLP (``mlp.gate_proj``/``up_proj [intermediate_size, H]``, ``down_proj [H, intermediate_size]``);
     * shared experts, width ``shared_expert_intermediate_size``, else ``n_shared_experts *
-      moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``.
+      moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``;
+    * DeepSeek-V4 (``o_groups`` + ``o_lora_rank`` given): its native names instead (``_v4_linear_shapes``).
     """
     validate_config(config, where)
     if model_type(config) not in RUNNABLE_MODEL_TYPES:
@@ -389,6 +391,8 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
     shapes: dict[tuple[str, str], tuple[int, int]] = {}
     heads = text.get("num_attention_heads")
     kv_lora = text.get("kv_lora_rank")
+    if heads and text.get("o_groups") and text.get("o_lora_rank"):
+        return _v4_linear_shapes(text, hidden, heads, routed_expert_count(config, where))
     if heads and kv_lora:
         nope, rope, v_head = (text.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
         q_lora = text.get("q_lora_rank")
@@ -436,6 +440,38 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
     experts = routed_expert_count(config, where)
     if experts:
         shapes[("mlp", "gate")] = (experts, hidden)
+    return shapes
+
+
+def _v4_linear_shapes(text: Mapping[str, Any], hidden: int, heads: int, experts: int | None
+                      ) -> dict[tuple[str, str], tuple[int, int]]:  # fmt: skip
+    """DeepSeek-V4 (native names; transformers 5.24 ``DeepseekV4Attention`` / ``Indexer`` / ``SparseMoeBlock``):
+    ``attn.wq_a [q_lora_rank, H]``, ``attn.wq_b [heads*head_dim, q_lora_rank]``, ``attn.wkv [head_dim, H]`` (one
+    K = V head), ``attn.wo_a [o_groups*o_lora_rank, heads*head_dim/o_groups]``, ``attn.wo_b [H, o_groups*o_lora_rank]``,
+    the CSA indexer's ``wq_b [index_n_heads*index_head_dim, q_lora_rank]``, ``weights_proj [index_n_heads, H]``
+    and compressor ``wkv`` / ``wgate [2*index_head_dim, H]``, ``ffn.gate [experts, H]``, ``ffn.shared_experts.w1/w3
+    [n_shared*moe_intermediate, H]`` / ``w2``. The layer compressors' ``wkv`` / ``wgate`` are ``2*head_dim`` (CSA)
+    or ``head_dim`` (HCA) wide by layer type: not derived."""
+    D = text.get("head_dim") or 512
+    q_lora, groups, rank = text.get("q_lora_rank") or 1024, text["o_groups"], text["o_lora_rank"]
+    shapes: dict[tuple[str, str], tuple[int, int]] = {
+        ("attn", "wq_a"): (q_lora, hidden),
+        ("attn", "wq_b"): (heads * D, q_lora),
+        ("attn", "wkv"): (D, hidden),
+        ("attn", "wo_b"): (hidden, groups * rank),
+    }
+    if (heads * D) % groups == 0:
+        shapes[("attn", "wo_a")] = (groups * rank, heads * D // groups)
+    ih, idim = text.get("index_n_heads") or 64, text.get("index_head_dim") or 128
+    shapes[("attn.indexer", "wq_b")] = (ih * idim, q_lora)
+    shapes[("attn.indexer", "weights_proj")] = (ih, hidden)
+    shapes[("attn.indexer.compressor", "wkv")] = shapes[("attn.indexer.compressor", "wgate")] = (2 * idim, hidden)
+    shared = (text.get("n_shared_experts") or 0) * (text.get("moe_intermediate_size") or 0)
+    if shared:
+        shapes[("ffn.shared_experts", "w1")] = shapes[("ffn.shared_experts", "w3")] = (shared, hidden)
+        shapes[("ffn.shared_experts", "w2")] = (hidden, shared)
+    if experts:
+        shapes[("ffn", "gate")] = (experts, hidden)
     return shapes
 
 

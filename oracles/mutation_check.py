@@ -47,6 +47,12 @@ def _cfg(model):
 
 
 def no_rope(model) -> bool:
+    if _cfg(model).model_type == "deepseek_v4":  # main / compress buffers, also in the compressors and indexers
+        for m in model.modules():
+            if type(m).__name__ == "DeepseekV4RotaryEmbedding":
+                for t in m.layer_types:
+                    getattr(m, f"{t}_inv_freq").zero_()
+        return True
     _text_model(model).rotary_emb.inv_freq.zero_()
     return True
 
@@ -97,7 +103,7 @@ def no_mscale(model) -> bool:
 def scale_from_config_head_dim(model) -> bool:
     """MLA: using config.json's head_dim (= qk_rope_head_dim in transformers 5.x) for the softmax scale."""
     cfg = _cfg(model)
-    if not hasattr(cfg, "qk_rope_head_dim"):
+    if not hasattr(cfg, "qk_nope_head_dim"):  # MLA only (DeepSeek-V4's qk_rope_head_dim is a slice of head_dim)
         return False
     for a in _attn_modules(model):
         a.scaling = cfg.head_dim**-0.5
@@ -119,6 +125,19 @@ def flip_rope_layout(model) -> bool:
         cfg.rope_interleave = not cfg.rope_interleave
         return True
     mod = sys.modules[type(model).__module__]
+    if cfg.model_type == "deepseek_v4":  # its one rotation (trailing slice, interleaved) made half-split
+
+        def v4_half(x, cos, sin, unsqueeze_dim=1):
+            cos, sin = torch.cat([cos, cos], -1).unsqueeze(unsqueeze_dim), torch.cat([sin, sin], -1).unsqueeze(
+                unsqueeze_dim
+            )
+            d = cos.shape[-1]
+            nope, rope = x[..., :-d], x[..., -d:]
+            r1, r2 = rope[..., : d // 2], rope[..., d // 2 :]
+            return torch.cat([nope, rope * cos + torch.cat([-r2, r1], -1) * sin], -1)
+
+        mod.apply_rotary_pos_emb = v4_half
+        return True
     if cfg.model_type == "deepseek_v32":
         half = mod.apply_rotary_pos_emb
 
@@ -360,7 +379,8 @@ def zero_centred_norm_as_plain(model) -> bool:
     """Qwen3-Next / Qwen3.5 RMSNorm scales by ``1 + w``: a runtime scaling by ``w`` is this model with ``w - 1``."""
     hit = False
     for m in model.modules():
-        if type(m).__name__.endswith("RMSNorm") and not type(m).__name__.endswith("Gated") and m.weight.numel():
+        if type(m).__name__.endswith("RMSNorm") and not type(m).__name__.endswith("Gated") and \
+                getattr(m, "weight", None) is not None and m.weight.numel():  # fmt: skip
             if "1.0 + self.weight" in Path(sys.modules[type(m).__module__].__file__).read_text():
                 m.weight.sub_(1.0)
                 hit = True
@@ -441,6 +461,93 @@ def expert_biases_dropped(model) -> bool:
     return bool(_gpt_oss_mlps(model))
 
 
+def _v4(model) -> bool:
+    return _cfg(model).model_type == "deepseek_v4"
+
+
+def _v4_mlps(model):
+    return [layer.mlp for layer in _text_model(model).layers] if _v4(model) else []
+
+
+def v4_inverse_rope_skipped(model) -> bool:
+    """DeepSeek-V4: the attention output's rope slice not rotated back (``cos, -sin``) before ``wo_a``."""
+    if not _v4(model):
+        return False
+    import inspect
+    import textwrap
+    import types
+
+    cls = type(_attn_modules(model)[0])
+    src = textwrap.dedent(inspect.getsource(cls.forward))
+    src = "\n".join(line for line in src.splitlines() if not line.startswith("@"))
+    line = "attn_output = apply_rotary_pos_emb(attn_output.transpose(1, 2), cos, -sin).transpose(1, 2)"
+    assert line in src, "transformers' DeepseekV4Attention.forward changed"
+    scope = dict(vars(sys.modules[cls.__module__]))
+    exec(compile(src.replace(line, "pass"), "<mutation>", "exec"), scope)
+    for a in _attn_modules(model):
+        a.forward = types.MethodType(scope["forward"], a)
+    return True
+
+
+def v4_compressor_ignored(model) -> bool:
+    """DeepSeek-V4: CSA / HCA layers attend to the sliding window only (no compressed entries)."""
+    hit = False
+    for a in _attn_modules(model) if _v4(model) else []:
+        if a.compressor is not None:
+            a.compressor = None
+            hit = True
+    return hit
+
+
+def v4_indexer_off(model) -> bool:
+    """DeepSeek-V4 CSA: every causal compressed entry attended (the lightning indexer's top-k off)."""
+    hit = False
+    for a in _attn_modules(model) if _v4(model) else []:
+        indexer = getattr(a.compressor, "indexer", None)
+        if indexer is not None:
+            indexer.index_topk = 10**9
+            hit = True
+    return hit
+
+
+def v4_hash_as_score_routing(model) -> bool:
+    """DeepSeek-V4: the hash layers route by the top-k scores instead of ``tid2eid[token]``."""
+    hit = False
+    for mlp in _v4_mlps(model):
+        if mlp.is_hash:
+            mod = sys.modules[type(mlp).__module__]
+            router = mod.DeepseekV4TopKRouter(_cfg(model))
+            router.weight.copy_(mlp.gate.weight)
+            router.e_score_correction_bias.zero_()
+            mlp.gate, mlp.is_hash = router, False
+            hit = True
+    return hit
+
+
+def v4_sqrtsoftplus_as_sigmoid(model) -> bool:
+    for mlp in _v4_mlps(model):
+        mlp.gate.score_fn = torch.nn.Sigmoid()
+    return bool(_v4_mlps(model))
+
+
+def v4_hyper_connections_off(model) -> bool:
+    """DeepSeek-V4: no hyper-connection mixing (block input = the streams' mean, output added to every stream,
+    streams not mixed)."""
+    if not _v4(model):
+        return False
+    for layer in _text_model(model).layers:
+        for hc in (layer.attn_hc, layer.ffn_hc):
+
+            def plain(streams, n=hc.hc_mult):
+                B, S = streams.shape[:2]
+                post = streams.new_ones((B, S, n))
+                comb = torch.eye(n, dtype=streams.dtype).expand(B, S, n, n)
+                return post, comb, streams.mean(dim=2)
+
+            hc.forward = plain
+    return True
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -476,6 +583,12 @@ MUTATIONS: dict[str, Mutation] = {
     "router bias dropped": router_bias_dropped,
     "softmax before top-k": softmax_before_topk,
     "expert biases dropped": expert_biases_dropped,
+    "V4 inverse RoPE on the output skipped": v4_inverse_rope_skipped,
+    "V4 compressor ignored": v4_compressor_ignored,
+    "V4 indexer selection off": v4_indexer_off,
+    "V4 hash routing as score routing": v4_hash_as_score_routing,
+    "V4 sqrtsoftplus as sigmoid": v4_sqrtsoftplus_as_sigmoid,
+    "V4 hyper-connection mixing off": v4_hyper_connections_off,
 }
 # module globals the mutations above may replace, restored after each run
 _PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "causal_conv1d_update", "l2norm", "torch")

@@ -39,6 +39,7 @@ FAMILY_MODULES: dict[str, str] = {
     "qwen3_5_moe": "qwen3_next",
     "qwen3_5_moe_text": "qwen3_next",
     "gpt_oss": "gpt_oss",
+    "deepseek_v4": "deepseek_v4",
 }
 
 
@@ -125,6 +126,7 @@ class ModelArgs:
     moe_layers: list[bool] = field(default_factory=list)  # per layer: routed experts or a dense MLP
     # routing
     router: str = "softmax"  # "softmax" | "noaux_tc" | "topk_softmax" (gpt-oss: softmax over the top-k logits)
+    # | "sqrtsoftplus" (DeepSeek-V4: hash or biased top-k, routed by deepseek_v4.V4MoE)
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1

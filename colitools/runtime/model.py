@@ -152,7 +152,10 @@ class Placement:
 
 
 class Model:
-    """A loaded model: ``forward`` plus the generation API (see ``generate.py``) and statistics."""
+    """A loaded model: ``forward`` plus the generation API (see ``generate.py``) and statistics. A family whose
+    model differs (DeepSeek-V4's hyper-connection streams) names a subclass as ``MODEL_CLASS`` in its module."""
+
+    head_name = "lm_head"  # the output head's weight prefix (DeepSeek-V4 native names: ``head``)
 
     def __init__(self, model_dir: Path, args: ModelArgs, ckpt: Checkpoint, layers: list[DecoderLayer],
                  stores: dict[int, ExpertStore], rope: Rope, usage: np.ndarray | None):  # fmt: skip
@@ -161,13 +164,13 @@ class Model:
         H, V = args.hidden_size, args.vocab_size
         self.embed = Embedding(ckpt, "model.embed_tokens.weight", V, H)
         self.norm = norm_weight(ckpt, "model.norm.weight", H, args.zero_centred_norms)
-        if ckpt.has("lm_head.weight"):
-            self.lm_head = Linear.load(ckpt, "lm_head", V, H)
+        if ckpt.has(f"{self.head_name}.weight"):
+            self.lm_head = Linear.load(ckpt, self.head_name, V, H)
         elif args.tie_word_embeddings:
             self.lm_head = Linear(self.embed.q)
         else:
             raise RuntimeModelError(
-                f"{model_dir}: missing tensor lm_head.weight (and tie_word_embeddings is false)"
+                f"{model_dir}: missing tensor {self.head_name}.weight (and tie_word_embeddings is false)"
             )
         self.usage = usage
         self.usage_note: str | None = None
@@ -187,14 +190,7 @@ class Model:
     def forward(self, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
         """Append ``ids`` after the cached positions; return logits ``[V]`` of the last position, or
         ``[N, V]`` of every new position with ``all_logits``."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
-            raise RuntimeModelError("forward needs at least one token id")
-        bad = ids[(ids < 0) | (ids >= self.args.vocab_size)]
-        if bad.size:
-            raise RuntimeModelError(
-                f"token id {int(bad[0])} is outside the vocabulary (0..{self.args.vocab_size - 1})"
-            )
+        ids = self.checked_ids(ids)
         positions = self.position + np.arange(ids.size)
         cos, sin = self.rope.cos_sin(positions)
         x = self.embed(ids)
@@ -206,6 +202,18 @@ class Model:
         h = rms_norm(x if all_logits else x[-1:], self.norm, self.args.rms_norm_eps)
         logits = self.lm_head(h)
         return logits if all_logits else logits[0]
+
+    def checked_ids(self, ids: list[int] | np.ndarray) -> np.ndarray:
+        """``ids`` as int64 ``[N]``; RuntimeModelError for none or one outside the vocabulary."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise RuntimeModelError("forward needs at least one token id")
+        bad = ids[(ids < 0) | (ids >= self.args.vocab_size)]
+        if bad.size:
+            raise RuntimeModelError(
+                f"token id {int(bad[0])} is outside the vocabulary (0..{self.args.vocab_size - 1})"
+            )
+        return ids
 
     # ------------------------------------------------------------------------------------------ the API
     def generate(
@@ -296,7 +304,8 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
         usage = np.zeros((args.num_hidden_layers, args.num_experts), dtype=np.int64) if record_usage else None
         ctx = LayerContext(args, ckpt, rope, usage)
         layers = [family.build_layer(ctx, i) for i in range(args.num_hidden_layers)]
-        model = Model(model_dir, args, ckpt, layers, ctx.stores, rope, usage)
+        model_class = getattr(family, "MODEL_CLASS", Model)
+        model = model_class(model_dir, args, ckpt, layers, ctx.stores, rope, usage)
     except BaseException:
         ckpt.close()
         raise
@@ -318,5 +327,7 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
 
 
 def _layer_nbytes(layer: DecoderLayer) -> int:
+    if not isinstance(layer, DecoderLayer):  # a family's own layer (DeepSeek-V4) counts itself
+        return layer.nbytes
     n = layer.norm_in.nbytes + layer.norm_post.nbytes + layer.attn.nbytes
     return n + layer.ffn.nbytes

@@ -378,6 +378,19 @@ class Checkpoint:
         raw = self.pread(path, info.begin, info.end)
         return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(F32).reshape(shape)
 
+    def int_array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Int64 of an integer tensor (I64 / I32 / I16 / I8 / U8) stored with exactly ``shape``: a table the
+        converter copies unchanged (DeepSeek-V4's hash-routing ``ffn.gate.tid2eid``)."""
+        if name not in self.infos:
+            raise RuntimeModelError(f"{self.dir}: missing tensor {name}")
+        path, info, _ = self.infos[name]
+        if info.dtype not in ("I64", "I32", "I16", "I8", "U8") or tuple(info.shape) != tuple(shape):
+            raise RuntimeModelError(
+                f"tensor {name} is {info.dtype} {list(info.shape)}, expected an integer {list(shape)}"
+            )
+        raw = self.pread(path, info.begin, info.end)
+        return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(np.int64).reshape(shape)
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)

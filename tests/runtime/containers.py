@@ -44,6 +44,9 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
                 a = dequant_mxfp4_stack(a, f.read(name + "_scales"))
             if info.dtype == "F8_E4M3":
                 a = ref.dequant_fp8_block(a.view(np.uint8), f.read(name + "_scale_inv"), block)
+            if info.dtype.startswith(("I", "U")):  # an integer table (DeepSeek-V4's tid2eid): copied unchanged
+                out[name] = np.asarray(a)
+                continue
             a = np.asarray(a).astype(np.float32)
             if config["model_type"] == "gpt_oss" and ".experts." in name:
                 out.update(_gpt_oss_split(name, a))
@@ -105,7 +108,7 @@ def _gpt_oss_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
 
 def _encode(name: str, w: np.ndarray, label: str):
     """(codes, scale, scale suffix, stamp) or None for a float tensor."""
-    if label == "f32" or w.ndim != 2:
+    if label == "f32" or label.endswith("(copied)") or w.ndim != 2:
         return None
     O, I = w.shape
     if label.startswith("int4-g"):
