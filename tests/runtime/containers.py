@@ -44,7 +44,8 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
                 a = dequant_mxfp4_stack(a, f.read(name + "_scales"))
             if info.dtype == "F8_E4M3":
                 a = ref.dequant_fp8_block(a.view(np.uint8), f.read(name + "_scale_inv"), block)
-            if info.dtype.startswith(("I", "U")):  # an integer table (DeepSeek-V4's tid2eid): copied unchanged
+            if info.dtype.startswith(("I", "U")) and a.dtype.kind != "f":  # an integer table (DeepSeek-V4's
+                # tid2eid): copied unchanged (decoded MXFP4 blocks above are U8 on disk but float here)
                 out[name] = np.asarray(a)
                 continue
             a = np.asarray(a).astype(np.float32)
