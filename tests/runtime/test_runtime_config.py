@@ -132,7 +132,8 @@ def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
 
     assert set(FAMILY_MODULES) == set(RUNNABLE_MODEL_TYPES)
     assert set(FAMILY_MODULES) >= {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
-                                   "glm_moe_dsa", "kimi_k25", "deepseek_v32", "gpt_oss"}  # fmt: skip
+                                   "glm_moe_dsa", "kimi_k25", "deepseek_v32", "gpt_oss", "qwen3_next",
+                                   "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v4"}  # fmt: skip
     for mt in FAMILY_MODULES:
         module = family_module(mt)
         assert mt in module.DEFAULTS and callable(module.family_args) and callable(module.build_layer)
