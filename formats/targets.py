@@ -250,17 +250,22 @@ TARGETS: dict[str, Target] = {
             DEEPSEEK_V4,
             "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8)",
             model_types=("deepseek_v4",),
-            refused="c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate) reads the released "
-            "checkpoint's own tensors, dtype for dtype (F8_E4M3 weights with F8_E8M0 .scale blocks, FP4 experts with "
-            "F8_E8M0 .scale, BF16 norms): point it at the source checkpoint; no converted container is read by it",
+            refused="c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate) requires every layer tensor by "
+            "the released checkpoint's name (layers.{L}.attn.wq_a.weight ..., no model. prefix), dtype, rank and shape: "
+            "F8_E4M3 weights with F8_E8M0 .scale [ceil(O/128), ceil(I/128)], BF16 norms, router and compressor, F32 "
+            "sinks and hc_*; colitools has no FP8 encoder with E8M0 block scales (fp8 is passthrough with F32 .qs) "
+            "and writes norms F32: point it at the source checkpoint (docs/FORMATS.md §4 Targets)",
         ),
         Target(
             INKLING,
             "c/inkling.c (model_init's container detection, expert_get)",
             model_types=("inkling", "inkling_mm_model", "inkling_text"),
-            refused="c/inkling.c (expert_get) reads a layer's routed experts from one fused tensor per layer "
-            "(mlp.experts.gate_up_proj / down_proj, U8 rows + .qs), which colitools does not write (it writes one "
-            "record per expert); point the engine at the source checkpoint, which it quantizes at load",
+            refused="c/inkling.c (model_init, expert_get) reads the transformers text names (model.layers.{L}."
+            "self_attn.q_proj.weight ...) and each layer's routed experts as one fused stack over all experts, "
+            "mlp.experts.gate_up_proj [E, 2I rows, gate first] / down_proj (U8 rows of int8 or int4 pairs codes, "
+            "+ .qs row scales), which colitools does not write (one record per expert, source names "
+            "kept): give the engine colibri's tools/convert_inkling_int4.py output or a float checkpoint with the "
+            "names it reads, which it quantizes at load (docs/FORMATS.md §4 Targets)",
         ),
     )
 }

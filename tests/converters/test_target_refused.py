@@ -1,8 +1,9 @@
 """Targets colitools knows but does not write (formats/targets.py ``refused``): colibri's DeepSeek-V4 engine
 (``c/deepseek_v4.c`` ``coli_v4_layer_plan`` / ``coli_v4_layer_validate``) checks every tensor's dtype against the
 released checkpoint's (F8_E4M3 + F8_E8M0 ``.scale``, BF16 norms), and its Inkling engine (``c/inkling.c``
-``expert_get``) reads one fused expert tensor per layer. Both are refused in one line, exit code 2, before any
-work, and say what to do instead."""
+``model_init`` / ``expert_get``) reads transformers-style names and one fused expert stack per layer. Both are
+refused in one line, exit code 2, before any work, on their own fixtures as on another family's, and say what the
+loader reads and what to do instead."""
 
 from __future__ import annotations
 
@@ -18,13 +19,24 @@ from colitools.errors import ConvertError
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"
 
 
-@pytest.mark.parametrize(("target", "says"), [("deepseek_v4", "c/deepseek_v4.c"), ("inkling", "c/inkling.c")])
-def test_refused_targets_are_one_line_before_work(tmp_path, target, says):
+REFUSED = [
+    # (target, its own fixture, loader function named, a fact of what the loader reads, what to do instead)
+    ("deepseek_v4", "deepseek_v4", "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate)",
+     "F8_E8M0 .scale [ceil(O/128), ceil(I/128)]", "point it at the source checkpoint"),
+    ("inkling", "inkling", "c/inkling.c (model_init, expert_get)",
+     "mlp.experts.gate_up_proj [E, 2I rows, gate first]", "tools/convert_inkling_int4.py"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("target", "fixture", "says", "fact", "instead"), REFUSED)
+@pytest.mark.parametrize("source", ["own", "olmoe"])
+def test_refused_targets_are_one_line_before_work(tmp_path, target, fixture, says, fact, instead, source):
+    folder = ORACLES / (fixture if source == "own" else "olmoe")
     with pytest.raises(ConvertError) as info:
-        convert(str(ORACLES / "olmoe"), tmp_path / "out", ConvertOptions(target=target, progress=False))
+        convert(str(folder), tmp_path / "out", ConvertOptions(target=target, progress=False))
     message = str(info.value)
     assert message.startswith(f"--target {target} is refused: {says}") and "\n" not in message
-    assert "point the engine at the source checkpoint" in message or "point it at the source checkpoint" in message
+    assert fact in message and instead in message and "docs/FORMATS.md §4 Targets" in message
     assert info.value.exit_code == 2 and not (tmp_path / "out").exists()
 
 
