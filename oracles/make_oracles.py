@@ -366,6 +366,15 @@ def native_tensors(stored: dict[str, torch.Tensor]) -> dict[str, str]:
     return out
 
 
+def decoded_tensors(stored: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Natively quantized source tensors no container format holds exactly, name -> kind: NVFP4 (``<n>_scale_2``
+    next to it), MXFP8 (F8_E4M3 with a U8 ``<n>_scale``)."""
+    out = {n: "NVFP4" for n in stored if n + NV_SCALE_2 in stored}
+    out.update({n: "MXFP8" for n, t in stored.items() if t.dtype == torch.float8_e4m3fn and n + NV_SCALE in stored
+                and stored[n + NV_SCALE].dtype == torch.uint8})  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------------------------------ running models
 def load_reference_model(
     config: dict, weights: dict[str, np.ndarray], tmp: Path, fused: bool, model_class: str | None = None
@@ -697,8 +706,11 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         results: dict[str, dict[str, Any]] = {}
         ok = True
         native = native_tensors(stored)
+        decoded = decoded_tensors(stored)
         for recipe in COMPUTED_RECIPES + fx.extra_recipes:
-            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers, fx.expert_orientation, native)
+            weights, formats, fallbacks = apply_recipe(
+                source, recipe, n_layers, fx.expert_orientation, native, decoded
+            )
             model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class)
             if recipe == "f32" and attempt == 0:
                 describe_model(fx, model)

@@ -294,6 +294,7 @@ FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
 def apply_recipe(
     source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows",
     native: Mapping[str, str] | frozenset[str] = frozenset(),
+    decoded: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
     as the converter writes them), and the fallbacks taken.
@@ -305,7 +306,11 @@ def apply_recipe(
 
     ``native``: the source tensors a format holds exactly, by name -> that format's label (MXFP4 stacks ->
     ``mxfp4``: their rows split per expert stay mxfp4; symmetric INT4 group g experts -> ``int4-g{g}``); under
-    the ``native`` recipe they keep exactly the source's values. A plain set means every name is MXFP4."""
+    the ``native`` recipe they keep exactly the source's values. A plain set means every name is MXFP4.
+    ``decoded``: natively quantized tensors no format holds exactly, name -> kind (``NVFP4``, ``MXFP8``): under
+    ``native`` they get the default on their decoded values, listed as fallbacks (reason ``decoded: <kind>
+    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5)."""
+    decoded = decoded or {}
     if not isinstance(native, Mapping):
         native = dict.fromkeys(native, "mxfp4")
     r = RECIPES[recipe]
@@ -319,6 +324,7 @@ def apply_recipe(
         if option == NATIVE and kept and w.ndim == 2:  # kept as they are (lossless): exactly the source's values
             formats[name] = kept
             return w
+        requested = option
         if option == NATIVE:
             option = NATIVE_DEFAULT[role]
         if w.ndim < 2 or option == "f32":
@@ -328,6 +334,9 @@ def apply_recipe(
         formats[name] = label
         if why:
             fallbacks.append({"tensor": name, "requested": option, "written": label, "reason": why})
+        elif requested == NATIVE and name in decoded:
+            why = f"decoded: {decoded[name]} source, no format holds it exactly; written as {label}"
+            fallbacks.append({"tensor": name, "requested": NATIVE, "written": label, "reason": why})
         return deq
 
     for name, w in source.items():
