@@ -108,7 +108,7 @@ def fixture_config(fx: Fixture, saved_config: dict) -> dict:
         }  # fmt: skip
     if fx.storage == "int4":
         cfg["quantization_config"] = int4_quantization_config()
-    if fx.storage in ("nvfp4", "mxfp8"):  # modelopt's spelling (hf_quant_config.json's quantization, flattened)
+    if fx.storage in ("nvfp4", "mxfp8"):  # modelopt's spelling (its hf_quant_config "quantization", flat)
         algo, group = {"nvfp4": ("NVFP4", 16), "mxfp8": ("MXFP8", 32)}[fx.storage]
         cfg["quantization_config"] = {
             "exclude_modules": ["lm_head", "model.embed_tokens", "model.layers.*.self_attn*", "model.layers.*.mlp.gate",
@@ -193,8 +193,12 @@ def check_written(out_dir: Path, source: dict[str, np.ndarray], orientation: str
         wm = json.loads(index.read_text())["weight_map"]
         assert set(wm) == set(raw), "index weight_map does not cover the shards exactly"
     companions = {n for n in raw if n.endswith("_scale_inv")}
-    companions |= {n for n in raw if n.endswith(MXFP4_SCALES) and n.removesuffix(MXFP4_SCALES) + MXFP4_BLOCKS in raw}
-    companions |= {n for n in raw for sfx in ("_scale", "_scale_2") if n.endswith(sfx) and n.removesuffix(sfx) in raw}
+    companions |= {
+        n for n in raw if n.endswith(MXFP4_SCALES) and n.removesuffix(MXFP4_SCALES) + MXFP4_BLOCKS in raw
+    }
+    companions |= {
+        n for n in raw for sfx in ("_scale", "_scale_2") if n.endswith(sfx) and n.removesuffix(sfx) in raw
+    }
     companions |= {n for n in raw if n.endswith((".weight_scale", ".weight_shape"))
                    and n.rpartition(".")[0] + ".weight_packed" in raw}  # fmt: skip
     names = {n.removesuffix(MXFP4_BLOCKS) for n in set(raw) - companions}

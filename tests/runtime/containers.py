@@ -46,7 +46,9 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
                 a = dequant_mxfp4_stack(a, f.read(name + "_scales"))
             if name.endswith(".weight_packed"):  # INT4 compressed-tensors pack-quantized
                 base = name[: -len("_packed")]
-                a = dequant_pack_quantized(a, f.read(base + "_scale"), [int(x) for x in f.read(base + "_shape")])
+                a = dequant_pack_quantized(
+                    a, f.read(base + "_scale"), [int(x) for x in f.read(base + "_shape")]
+                )
                 name = base
             elif name + "_scale_2" in names:  # modelopt NVFP4
                 a = dequant_nvfp4(a, f.read(name + "_scale"), f.read(name + "_scale_2"))
@@ -75,7 +77,10 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
 
 def _companion(name: str, names: set[str]) -> bool:
     """A scale / shape tensor of a natively quantized weight (INT4 pack-quantized, NVFP4, MXFP8)."""
-    if name.endswith((".weight_scale", ".weight_shape")) and name.rpartition(".")[0] + ".weight_packed" in names:
+    if (
+        name.endswith((".weight_scale", ".weight_shape"))
+        and name.rpartition(".")[0] + ".weight_packed" in names
+    ):
         return True
     return any(name.endswith(sfx) and name[: -len(sfx)] in names for sfx in ("_scale", "_scale_2"))
 
