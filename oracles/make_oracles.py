@@ -6,7 +6,8 @@
 
 For each fixture this builds a tiny random model with transformers (oracles/README.md "How a fixture is made":
 initializer_range 0.2, perturbed norms, correction bias 0.05*N(0,1)), stores it as a normal Hugging Face
-folder in the fixture's storage variant (float32, BF16, FP8 block-scaled, sharded, fused experts), and, for each
+folder in the fixture's storage variant (float32, BF16, FP8 block-scaled, MXFP4 / INT4 pack-quantized / NVFP4 /
+MXFP8 experts, sharded, fused experts), and, for each
 conversion recipe, computes the weights a converted container will hold (encode + decode with
 ``colitools.formats.registry``, docs/FORMATS.md §5 rules and fallbacks), loads them into transformers in float32 and
 records greedy / teacher-forced tokens, margins and logits. Seeds are searched until every greedy step and every
@@ -243,7 +244,9 @@ def int4_pack_quantized(w: np.ndarray, g: int = INT4_GROUP) -> tuple[dict[str, t
     return comp, np.ascontiguousarray(src, dtype=np.float32)
 
 
-def nvfp4_producer_decode(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray, O: int, I: int) -> np.ndarray:
+def nvfp4_producer_decode(
+    packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray, O: int, I: int
+) -> np.ndarray:
     """compressed-tensors' NVFP4 decoder (``unpack_fp4_from_uint8`` + ``_dequantize`` with ``global_scale =
     1 / scale_2``, float32): the independent check of the numpy packing."""
     from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
@@ -278,7 +281,7 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
             continue
         if fx.storage in ("int4", "nvfp4", "mxfp8") and PER_EXPERT_RE.search(name):
             O, I = w.shape
-            if fx.storage == "int4":  # compressed-tensors pack-quantized: <base>.weight_packed / _scale / _shape
+            if fx.storage == "int4":  # compressed-tensors pack-quantized: weight_packed / _scale / _shape
                 comp, src = int4_pack_quantized(w)
                 base = name.removesuffix(".weight")
                 for k, v in comp.items():
@@ -362,7 +365,8 @@ def native_tensors(stored: dict[str, torch.Tensor]) -> dict[str, str]:
     """The source tensors a container format holds exactly (docs/FORMATS.md §5 ``native``), name -> format:
     gpt-oss MXFP4 stacks -> mxfp4, symmetric INT4 pack-quantized group g -> int4-g{g}. NVFP4 / MXFP8 have none."""
     out = {n.removesuffix(MXFP4_BLOCKS): "mxfp4" for n in stored if n.endswith(MXFP4_BLOCKS)}
-    out.update({n.removesuffix("_packed"): f"int4-g{INT4_GROUP}" for n in stored if n.endswith(".weight_packed")})
+    int4 = f"int4-g{INT4_GROUP}"
+    out.update({n.removesuffix("_packed"): int4 for n in stored if n.endswith(".weight_packed")})
     return out
 
 
