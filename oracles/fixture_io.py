@@ -18,6 +18,8 @@ from fixture_specs import TOKENIZER_CORPUS, Fixture
 from oracle_recipes import FP8_BLOCK, MXFP4_BLOCKS, MXFP4_SCALES, fp8_block_dequant, layer_of, mxfp4_dequant
 from safetensors.torch import load_file, save_file
 
+from colitools.formats import reference as fref
+
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -62,9 +64,32 @@ def legacy_config(config: dict) -> dict:
     return cfg
 
 
+INT4_GROUP = 32  # Kimi-K2-Thinking's experts: W4A16 symmetric group 32, BF16 scales
+
+
+def int4_scheme(g: int = INT4_GROUP):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=g)
+    return QuantizationScheme(targets=["Linear"], weights=args)
+
+
+def int4_quantization_config(g: int = INT4_GROUP) -> dict[str, Any]:
+    """compressed-tensors' own ``QuantizationConfig`` for the scheme, as Kimi-K2-Thinking's config.json has it
+    (``ignore``: everything but the routed experts)."""
+    from compressed_tensors.quantization import QuantizationConfig
+
+    qc = QuantizationConfig(
+        config_groups={"group_0": int4_scheme(g)}, format="pack-quantized", quantization_status="compressed",
+        ignore=["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    ).model_dump(exclude_none=True)  # fmt: skip
+    qc["quant_method"] = "compressed-tensors"
+    return json.loads(json.dumps(qc, default=str))
+
+
 def fixture_config(fx: Fixture, saved_config: dict) -> dict:
     cfg = dict(saved_config)
-    cfg["dtype"] = {"f32": "float32", "bf16": "bfloat16", "fp8": "bfloat16", "mxfp4": "bfloat16"}[fx.storage]
+    cfg["dtype"] = "float32" if fx.storage == "f32" else "bfloat16"
     if fx.legacy_config:
         cfg = legacy_config(cfg)
     if fx.storage == "fp8":
@@ -80,6 +105,18 @@ def fixture_config(fx: Fixture, saved_config: dict) -> dict:
                 "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head",
             ],
             "quant_method": "mxfp4",
+        }  # fmt: skip
+    if fx.storage == "int4":
+        cfg["quantization_config"] = int4_quantization_config()
+    if fx.storage in ("nvfp4", "mxfp8"):  # modelopt's spelling (its hf_quant_config "quantization", flat)
+        algo, group = {"nvfp4": ("NVFP4", 16), "mxfp8": ("MXFP8", 32)}[fx.storage]
+        cfg["quantization_config"] = {
+            "exclude_modules": ["lm_head", "model.embed_tokens", "model.layers.*.self_attn*", "model.layers.*.mlp.gate",
+                                "model.layers.*.mlp.down_proj", "model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj"],
+            "group_size": group,
+            "kv_cache_quant_algo": None,
+            "quant_algo": algo,
+            "quant_method": "modelopt",
         }  # fmt: skip
     return dict(sorted(cfg.items()))
 
@@ -155,12 +192,31 @@ def check_written(out_dir: Path, source: dict[str, np.ndarray], orientation: str
     if index.exists():
         wm = json.loads(index.read_text())["weight_map"]
         assert set(wm) == set(raw), "index weight_map does not cover the shards exactly"
-    names = {n for n in raw if not n.endswith(("_scale_inv", MXFP4_SCALES))}
-    names = {n.removesuffix(MXFP4_BLOCKS) for n in names}
+    companions = {n for n in raw if n.endswith("_scale_inv")}
+    companions |= {
+        n for n in raw if n.endswith(MXFP4_SCALES) and n.removesuffix(MXFP4_SCALES) + MXFP4_BLOCKS in raw
+    }
+    companions |= {
+        n for n in raw for sfx in ("_scale", "_scale_2") if n.endswith(sfx) and n.removesuffix(sfx) in raw
+    }
+    companions |= {n for n in raw if n.endswith((".weight_scale", ".weight_shape"))
+                   and n.rpartition(".")[0] + ".weight_packed" in raw}  # fmt: skip
+    names = {n.removesuffix(MXFP4_BLOCKS) for n in set(raw) - companions}
+    names = {n.removesuffix("_packed") if n.endswith(".weight_packed") else n for n in names}
     assert names == set(source), sorted(names ^ set(source))[:5]
     for n in names:
         t = raw.get(n)
-        if t is None:  # MXFP4 blocks [E, O, I/32, 16] + scales [E, O, I/32]
+        if t is None and n + "_packed" in raw:  # compressed-tensors pack-quantized (symmetric)
+            p, sc = raw[n + "_packed"], raw[n + "_scale"]
+            shape = [int(x) for x in raw[n + "_shape"]]
+            assert shape == [p.shape[0], 8 * p.shape[1]], (n, shape)
+            got = fref.decode_pack_quantized(p.numpy(), to_np_f32(sc), shape[1], -(-shape[1] // sc.shape[1]))
+        elif t is not None and n + "_scale_2" in raw:  # NVFP4
+            got = fref.decode_nvfp4(t.numpy(), raw[n + "_scale"].view(torch.uint8).numpy(),
+                                    raw[n + "_scale_2"].numpy(), 2 * t.shape[1])  # fmt: skip
+        elif t is not None and t.dtype == torch.float8_e4m3fn and n + "_scale" in raw:  # MXFP8
+            got = fref.decode_mxfp8(t.view(torch.uint8).numpy(), raw[n + "_scale"].numpy(), t.shape[1])
+        elif t is None:  # MXFP4 blocks [E, O, I/32, 16] + scales [E, O, I/32]
             got = mxfp4_dequant(raw[n + MXFP4_BLOCKS].numpy(), raw[n + MXFP4_SCALES].numpy())
             if orientation == "transposed-interleaved":
                 got = np.ascontiguousarray(got.transpose(0, 2, 1))

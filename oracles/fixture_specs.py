@@ -44,7 +44,10 @@ class Fixture:
     model_type: str
     description: str
     config: dict[str, Any]
-    storage: str = "f32"  # f32 | bf16 | fp8 | mxfp4 (expert stacks as gpt-oss MXFP4 blocks + scales, the rest BF16)
+    # f32 | bf16 | fp8 | mxfp4 (expert stacks as gpt-oss MXFP4 blocks + scales, the rest BF16) | int4 (routed
+    # experts compressed-tensors pack-quantized W4A16 g32, the rest BF16) | nvfp4 / mxfp8 (routed experts modelopt
+    # NVFP4 / MXFP8, the rest BF16)
+    storage: str = "f32"
     fused: bool = False  # experts fused on disk (save_original_format=False)
     shards: int = 1  # 2: split into two files, one layer's experts cut across them
     tokenizer: bool = False
@@ -872,5 +875,77 @@ FIXTURES: list[Fixture] = [
         model_class="Inkling2ForConditionalGeneration",
         expert_orientation="rows-interleaved",  # its original format is the w13 stack
         seed=19000,
+    ),
+    Fixture(
+        "deepseek_v3_int4",
+        "deepseek_v3",
+        "Kimi-K2-Thinking as shipped (DeepseekV3ForCausalLM): routed experts INT4 compressed-tensors "
+        "pack-quantized W4A16 symmetric group 32 (weight_packed I32 [O, I/8], weight_scale BF16 [O, I/32], "
+        "weight_shape), compressed by compressed-tensors itself, quantization_config from its QuantizationConfig; "
+        "every other tensor BF16 (correction bias F32); both layers MoE, noaux_tc top-2 of 8 (n_group 1)",
+        dict(
+            COMMON,
+            **MLA,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=0,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        storage="int4",
+        extra_recipes=("native",),
+        seed=19000,
+    ),
+    Fixture(
+        "qwen3_moe_nvfp4",
+        "qwen3_moe",
+        "Qwen3-MoE with its routed experts NVFP4 as modelopt writes them (weight U8 [O, I/2] E2M1, weight_scale "
+        "F8_E4M3 [O, I/16], weight_scale_2 F32 power of two), quantization_config quant_method modelopt / "
+        "quant_algo NVFP4, every other tensor BF16; both layers MoE",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[],
+            decoder_sparse_step=1,
+            rms_norm_eps=1e-6,
+        ),
+        storage="nvfp4",
+        extra_recipes=("native",),
+        seed=20000,
+    ),
+    Fixture(
+        "qwen3_moe_mxfp8",
+        "qwen3_moe",
+        "Qwen3-MoE with its routed experts MXFP8 (weight F8_E4M3 [O, I], weight_scale U8 E8M0 [O, I/32]), "
+        "quantization_config quant_method modelopt / quant_algo MXFP8, every other tensor BF16; both layers MoE",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=96,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[],
+            decoder_sparse_step=1,
+            rms_norm_eps=1e-6,
+        ),
+        storage="mxfp8",
+        extra_recipes=("native",),
+        seed=21000,
     ),
 ]

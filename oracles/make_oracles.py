@@ -6,7 +6,8 @@
 
 For each fixture this builds a tiny random model with transformers (oracles/README.md "How a fixture is made":
 initializer_range 0.2, perturbed norms, correction bias 0.05*N(0,1)), stores it as a normal Hugging Face
-folder in the fixture's storage variant (float32, BF16, FP8 block-scaled, sharded, fused experts), and, for each
+folder in the fixture's storage variant (float32, BF16, FP8 block-scaled, MXFP4 / INT4 pack-quantized / NVFP4 /
+MXFP8 experts, sharded, fused experts), and, for each
 conversion recipe, computes the weights a converted container will hold (encode + decode with
 ``colitools.formats.registry``, docs/FORMATS.md §5 rules and fallbacks), loads them into transformers in float32 and
 records greedy / teacher-forced tokens, margins and logits. Seeds are searched until every greedy step and every
@@ -33,10 +34,12 @@ import numpy as np
 import torch
 import transformers
 from fixture_io import (
+    INT4_GROUP,
     build_tokenizer,
     check_written,
     dump_json,
     fixture_config,
+    int4_scheme,
     to_np_f32,
     write_fixture,
     zstd_npy,
@@ -61,6 +64,9 @@ from oracle_recipes import (
     FUSED_RE,
     MXFP4_BLOCKS,
     MXFP4_SCALES,
+    NV_SCALE,
+    NV_SCALE_2,
+    NVFP4_BLOCK,
     RECIPE_OPTIONS,
     RECIPES,
     REFERENCE_OF,
@@ -70,6 +76,8 @@ from oracle_recipes import (
     is_fp8_target,
     mxfp4_dequant,
     mxfp4_quantize,
+    mxfp8_quantize,
+    nvfp4_quantize,
 )
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -204,6 +212,63 @@ def disk_tensors(
     return tensors, config, gen
 
 
+# Natively quantized per-expert storage variants (int4 / nvfp4 / mxfp8): the routed experts' 2-D weights.
+PER_EXPERT_RE = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+
+
+def int4_pack_quantized(w: np.ndarray, g: int = INT4_GROUP) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """compressed-tensors itself (``PackedQuantizationCompressor.compress``, its own ``calculate_qparams``
+    observer math, W4A16 symmetric group ``g``, BF16 scales as Kimi-K2-Thinking ships them) compresses ``w``;
+    the source values are compressed-tensors' own ``decompress`` of those bytes with the BF16 scales widened
+    exactly to float32 (its float32 computation: ``q * s`` exactly; docs/FORMATS.md §8). Its BF16 computation
+    (the scale dtype as stored) must give the BF16 rounding of exactly those values, and colitools' numpy
+    decoder the same values."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = int4_scheme(g)
+    args = scheme.weights
+    O, I = w.shape
+    t = torch.from_numpy(w.copy())
+    groups = t.reshape(O, I // g, g)
+    scale, zp = calculate_qparams(groups.amin(dim=2), groups.amax(dim=2), args)
+    sd = {"weight": t, "weight_scale": scale.to(torch.bfloat16), "weight_zero_point": zp}
+    comp = {k: v.contiguous() for k, v in PackedQuantizationCompressor.compress(dict(sd), scheme).items()}
+    assert set(comp) == {"weight_packed", "weight_scale", "weight_shape"}, sorted(comp)
+    wide = dict(comp, weight_scale=comp["weight_scale"].to(torch.float32))
+    src = PackedQuantizationCompressor.decompress(wide, scheme)["weight"].to(torch.float32).numpy()
+    bf = PackedQuantizationCompressor.decompress(dict(comp), scheme)["weight"]
+    assert torch.equal(bf, torch.from_numpy(src).to(bf.dtype)), "compressed-tensors' BF16 decompress differs"
+    mine = fref.decode_pack_quantized(comp["weight_packed"].numpy(), to_np_f32(comp["weight_scale"]), I, g)
+    assert np.array_equal(mine, src), "colitools' INT4 decode differs from compressed-tensors' decompress"
+    return comp, np.ascontiguousarray(src, dtype=np.float32)
+
+
+def nvfp4_producer_decode(
+    packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray, O: int, I: int
+) -> np.ndarray:
+    """compressed-tensors' NVFP4 decoder (``unpack_fp4_from_uint8`` + ``_dequantize`` with ``global_scale =
+    1 / scale_2``, float32): the independent check of the numpy packing."""
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization.lifecycle.forward_helpers import _dequantize
+
+    x = unpack_fp4_from_uint8(torch.from_numpy(packed.copy()), O, I, dtype=torch.float32)
+    s = torch.from_numpy(scale.view(np.uint8).copy()).view(torch.float8_e4m3fn).to(torch.float32)
+    s = s.repeat_interleave(NVFP4_BLOCK, dim=1)
+    g = 1.0 / torch.tensor(float(scale_2), dtype=torch.float32)
+    return _dequantize(x, s, global_scale=g, dtype=torch.float32).numpy()
+
+
+def mxfp8_producer_decode(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """transformers' MXFP8 decoder (``integrations/finegrained_fp8.Fp8Dequantize._dequantize_one``, E8M0 U8
+    scales): the independent check of the numpy packing."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    op = Fp8Dequantize.__new__(Fp8Dequantize)
+    t = torch.from_numpy(q.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    return op._dequantize_one(t, torch.from_numpy(scale.copy()), output_dtype=torch.float32).numpy()
+
+
 def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
     """Apply the storage variant. Returns (tensors to write, in their stored dtype; the exact float32 values
     they hold, by the weight names)."""
@@ -213,6 +278,30 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
         if not np.issubdtype(w.dtype, np.floating):  # rule 0 tensors (DeepSeek-V4's I64 tid2eid): as is
             stored[name] = torch.from_numpy(w.copy())
             source[name] = w
+            continue
+        if fx.storage in ("int4", "nvfp4", "mxfp8") and PER_EXPERT_RE.search(name):
+            O, I = w.shape
+            if fx.storage == "int4":  # compressed-tensors pack-quantized: weight_packed / _scale / _shape
+                comp, src = int4_pack_quantized(w)
+                base = name.removesuffix(".weight")
+                for k, v in comp.items():
+                    stored[f"{base}.{k}"] = v
+            elif fx.storage == "nvfp4":  # modelopt: <n> U8 + <n>_scale F8_E4M3 + <n>_scale_2 F32
+                packed, s, s2 = nvfp4_quantize(w)
+                stored[name] = torch.from_numpy(packed)
+                stored[name + NV_SCALE] = torch.from_numpy(s.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+                stored[name + NV_SCALE_2] = torch.from_numpy(s2.copy())
+                src = nvfp4_producer_decode(packed, s, s2, O, I)
+                assert np.array_equal(src, fref.decode_nvfp4(packed, s.view(np.uint8), s2, I)), name
+            else:  # MXFP8: <n> F8_E4M3 + <n>_scale U8 (E8M0)
+                q, s = mxfp8_quantize(w)
+                stored[name] = torch.from_numpy(q.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+                stored[name + NV_SCALE] = torch.from_numpy(s)
+                src = mxfp8_producer_decode(q, s)
+                assert np.array_equal(src, fref.decode_mxfp8(q.view(np.uint8), s, I)), name
+            assert np.isfinite(src).all() and src.dtype == np.float32, name
+            assert np.abs(src - w).max() <= 0.5 * np.abs(w).max(), f"{name}: {fx.storage} packing is off"
+            source[name] = np.ascontiguousarray(src)
             continue
         if fx.storage == "mxfp4" and FUSED_RE.match(name):  # gpt-oss MXFP4: the codes are by rows [E, O, I]
             rows = w.transpose(0, 2, 1) if fx.expert_orientation == "transposed-interleaved" else w
@@ -227,8 +316,10 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
         if fx.storage == "f32":
             stored[name] = torch.from_numpy(w.copy())
             source[name] = w
-        elif fx.storage in ("bf16", "mxfp4") or (fx.storage == "fp8" and not is_fp8_target(name, w.shape)):
-            if fx.storage == "fp8" and name.endswith("e_score_correction_bias"):
+        elif fx.storage in ("bf16", "mxfp4", "int4", "nvfp4", "mxfp8") or (
+            fx.storage == "fp8" and not is_fp8_target(name, w.shape)
+        ):
+            if fx.storage in ("fp8", "int4") and name.endswith("e_score_correction_bias"):
                 stored[name] = torch.from_numpy(w.copy())  # F32 in DeepSeek-V3's checkpoints
                 source[name] = w
                 continue
@@ -268,6 +359,24 @@ def check_transformers_reads_mxfp4(fx: Fixture, out_dir: Path, source: dict[str,
             f"{fx.name}: transformers reads {name} differently from the fixture's own MXFP4 decode"
         )
     del model
+
+
+def native_tensors(stored: dict[str, torch.Tensor]) -> dict[str, str]:
+    """The source tensors a container format holds exactly (docs/FORMATS.md §5 ``native``), name -> format:
+    gpt-oss MXFP4 stacks -> mxfp4, symmetric INT4 pack-quantized group g -> int4-g{g}. NVFP4 / MXFP8 have none."""
+    out = {n.removesuffix(MXFP4_BLOCKS): "mxfp4" for n in stored if n.endswith(MXFP4_BLOCKS)}
+    int4 = f"int4-g{INT4_GROUP}"
+    out.update({n.removesuffix("_packed"): int4 for n in stored if n.endswith(".weight_packed")})
+    return out
+
+
+def decoded_tensors(stored: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Natively quantized source tensors no container format holds exactly, name -> kind: NVFP4 (``<n>_scale_2``
+    next to it), MXFP8 (F8_E4M3 with a U8 ``<n>_scale``)."""
+    out = {n: "NVFP4" for n in stored if n + NV_SCALE_2 in stored}
+    out.update({n: "MXFP8" for n, t in stored.items() if t.dtype == torch.float8_e4m3fn and n + NV_SCALE in stored
+                and stored[n + NV_SCALE].dtype == torch.uint8})  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------------------------------ running models
@@ -600,10 +709,12 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
             prompt = [int(x) for x in rng.integers(2, V, size=fx.prompt_len)]
         results: dict[str, dict[str, Any]] = {}
         ok = True
-        native = frozenset(n for n in stored if n.endswith(MXFP4_BLOCKS))
-        native = frozenset(n.removesuffix(MXFP4_BLOCKS) for n in native)
+        native = native_tensors(stored)
+        decoded = decoded_tensors(stored)
         for recipe in COMPUTED_RECIPES + fx.extra_recipes:
-            weights, formats, fallbacks = apply_recipe(source, recipe, n_layers, fx.expert_orientation, native)
+            weights, formats, fallbacks = apply_recipe(
+                source, recipe, n_layers, fx.expert_orientation, native, decoded
+            )
             model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class)
             if recipe == "f32" and attempt == 0:
                 describe_model(fx, model)

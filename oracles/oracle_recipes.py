@@ -5,7 +5,9 @@ block-scaled source convention of §5. Numpy only (no torch).
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np
@@ -125,6 +127,60 @@ def mxfp4_dequant(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return vals.reshape(*blocks.shape[:-2], -1).astype(np.float32)
 
 
+def _e2m1_codes(x: np.ndarray) -> np.ndarray:
+    """Nearest E2M1 code of every element of ``x`` (float64, already divided by its scale): magnitude index by
+    ``_E2M1_UPPER`` (ties to the even mantissa, saturating at 6), sign in bit 3 (never on a zero)."""
+    r = np.abs(x)
+    idx = np.zeros(r.shape, np.uint8)
+    for upper, inclusive in _E2M1_UPPER:
+        idx += (r > upper) if inclusive else (r >= upper)
+    return np.where((x < 0) & (idx > 0), idx | 8, idx).astype(np.uint8)
+
+
+# NVFP4 (modelopt; docs/FORMATS.md §9): ``<n>`` U8 ``[O, I/2]`` E2M1 (low nibble = even element), ``<n>_scale``
+# F8_E4M3 ``[O, I/16]``, ``<n>_scale_2`` F32 scalar; value ``(e2m1 * e4m3(scale)) * scale_2``.
+NVFP4_BLOCK = 16
+NV_SCALE, NV_SCALE_2 = "_scale", "_scale_2"
+
+
+def nvfp4_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """modelopt's NVFP4 rule: ``scale_2 ~ amax(w) / (6 * 448)`` (here rounded up to a power of two, so that
+    modelopt's ``(e2m1 * s) * scale_2`` and compressed-tensors' ``e2m1 * (s / global_scale)`` are the same exact
+    product: docs/FORMATS.md §8), per row and 16 inputs ``s = e4m3(amax_block / 6 / scale_2)`` (nearest), codes the
+    nearest E2M1 of ``w / (f32(s) * scale_2)`` (saturating at 6). ``w`` float32 ``[O, I]`` -> (packed U8
+    ``[O, I/2]``, scale e4m3fn ``[O, I/16]``, scale_2 F32 ``[]``)."""
+    O, I = w.shape
+    assert I % NVFP4_BLOCK == 0, I
+    x = w.astype(np.float64).reshape(O, I // NVFP4_BLOCK, NVFP4_BLOCK)
+    amax = float(np.abs(x).max())
+    scale_2 = np.float32(2.0 ** math.ceil(math.log2(amax / (6 * FP8_MAX)))) if amax > 0 else np.float32(1.0)
+    s = (np.abs(x).max(axis=-1) / 6 / np.float64(scale_2)).astype(ml_dtypes.float8_e4m3fn)
+    sf = s.astype(np.float64) * np.float64(scale_2)
+    codes = _e2m1_codes(x / np.where(sf > 0, sf, 1.0)[..., None]).reshape(O, I)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(s), np.asarray(scale_2, np.float32)
+
+
+# MXFP8 (docs/FORMATS.md §9): ``<n>`` F8_E4M3 ``[O, I]`` + ``<n>_scale`` U8 E8M0 ``[O, I/32]``; value
+# ``e4m3(b) * 2^(e - 127)``.
+MXFP8_BLOCK = 32
+
+
+def mxfp8_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The OCP MX rule for E4M3 elements: per row and 32 inputs ``e = floor(log2 amax) - 8`` (E4M3's largest
+    exponent; clamped to [-127, 127], an all-zero block gets byte 0), elements ``e4m3(w / 2^e)`` (nearest,
+    saturating at 448). ``w`` float32 ``[O, I]`` -> (e4m3fn ``[O, I]``, scale U8 ``[O, I/32]``)."""
+    O, I = w.shape
+    assert I % MXFP8_BLOCK == 0, I
+    x = w.astype(np.float64).reshape(O, I // MXFP8_BLOCK, MXFP8_BLOCK)
+    amax = np.abs(x).max(axis=-1)
+    _, ex = np.frexp(amax)  # amax = m 2^ex, 0.5 <= m < 1: floor(log2 amax) = ex - 1
+    e = np.where(amax > 0, np.clip(ex - 1 - 8, -127, 127), -127).astype(np.int64)
+    r = np.clip(x / np.exp2(e)[..., None], -FP8_MAX, FP8_MAX)
+    q = r.astype(ml_dtypes.float8_e4m3fn).reshape(O, I)
+    return np.ascontiguousarray(q), np.ascontiguousarray((e + 127).astype(np.uint8))
+
+
 # ----------------------------------------------------------------------------------------------- recipes
 ROUTER_SUFFIXES = (
     "mlp.gate.weight",
@@ -237,7 +293,8 @@ FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
 
 def apply_recipe(
     source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows",
-    native: frozenset[str] = frozenset(),
+    native: Mapping[str, str] | frozenset[str] = frozenset(),
+    decoded: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
     as the converter writes them), and the fallbacks taken.
@@ -247,19 +304,27 @@ def apply_recipe(
     (gpt-oss: gate_up ``[E, H, 2I]`` gate / up columns interleaved, down ``[E, I, H]``, stack biases
     ``gate_up_proj_bias [E, 2I]`` interleaved the same way and ``down_proj_bias [E, H]``, kept F32).
 
-    ``native``: the source tensors stored as MXFP4 (their rows split per expert stay mxfp4 with the source's own
-    values under the ``native`` recipe)."""
+    ``native``: the source tensors a format holds exactly, by name -> that format's label (MXFP4 stacks ->
+    ``mxfp4``: their rows split per expert stay mxfp4; symmetric INT4 group g experts -> ``int4-g{g}``); under
+    the ``native`` recipe they keep exactly the source's values. A plain set means every name is MXFP4.
+    ``decoded``: natively quantized tensors no format holds exactly, name -> kind (``NVFP4``, ``MXFP8``): under
+    ``native`` they get the default on their decoded values, listed as fallbacks (reason ``decoded: <kind>
+    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5)."""
+    decoded = decoded or {}
+    if not isinstance(native, Mapping):
+        native = dict.fromkeys(native, "mxfp4")
     r = RECIPES[recipe]
     out: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     fallbacks: list[dict[str, str]] = []
 
-    def one(name: str, w: np.ndarray, role: str, kept: bool = False) -> np.ndarray:
+    def one(name: str, w: np.ndarray, role: str, kept: str | None = None) -> np.ndarray:
         option = {"router_1d": "f32", "tower": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
                   "dense": r["dense"]}[role]  # fmt: skip
-        if option == NATIVE and kept and w.ndim == 2:  # MXFP4 rows kept as they are: exactly the source's values
-            formats[name] = "mxfp4"
+        if option == NATIVE and kept and w.ndim == 2:  # kept as they are (lossless): exactly the source's values
+            formats[name] = kept
             return w
+        requested = option
         if option == NATIVE:
             option = NATIVE_DEFAULT[role]
         if w.ndim < 2 or option == "f32":
@@ -269,6 +334,9 @@ def apply_recipe(
         formats[name] = label
         if why:
             fallbacks.append({"tensor": name, "requested": option, "written": label, "reason": why})
+        elif requested == NATIVE and name in decoded:
+            why = f"decoded: {decoded[name]} source, no format holds it exactly; written as {label}"
+            fallbacks.append({"tensor": name, "requested": NATIVE, "written": label, "reason": why})
         return deq
 
     for name, w in source.items():
@@ -294,7 +362,7 @@ def apply_recipe(
         elif m and orientation == "transposed-interleaved":
             base, kind = m.groups()
             parts = []
-            kept = name in native
+            kept = native.get(name)
             for e in range(w.shape[0]):
                 if kind == "gate_up_proj":  # [H, 2I]: gate = columns 0, 2, ...; up = columns 1, 3, ...
                     g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(w[e][:, 0::2].T), role, kept)
@@ -310,7 +378,7 @@ def apply_recipe(
             kind = "down_proj" if kind in ("down_proj", "w2_weight", "shared_w2_weight") else "gate_up_proj"
             inter = orientation == "rows-interleaved"
             parts = []
-            kept = name in native
+            kept = native.get(name)
             for e in range(w.shape[0]):
                 if kind == "gate_up_proj":
                     half = w.shape[1] // 2
@@ -327,5 +395,5 @@ def apply_recipe(
                     parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role, kept))
             out[name] = np.stack(parts)
         else:
-            out[name] = one(name, w, role)
+            out[name] = one(name, w, role, native.get(name))
     return out, dict(sorted(formats.items())), fallbacks

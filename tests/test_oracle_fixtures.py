@@ -54,8 +54,13 @@ DTYPES = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
     "U8": np.dtype("u1"),
 }
+NATIVE_STORAGES = ("mxfp4", "int4", "nvfp4", "mxfp8")  # natively quantized sources: they add ``native``
+# what ``native`` writes for their experts (docs/FORMATS.md §5): the lossless format, or the default on the decode
+NATIVE_EXPERTS = {"mxfp4": ("mxfp4",), "int4": ("int4-g32",), "nvfp4": ("int4-row", "int4-g"),
+                  "mxfp8": ("int4-row", "int4-g")}  # the default recipe's experts (int4-g64; int4-row at I <= 64)
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -195,6 +200,8 @@ def test_fixture_folder_loads(name: str) -> None:
         if v.dtype == DTYPES["F8_E4M3"]:
             raw = v.view(np.uint8)
             assert not np.isin(raw & 0x7F, [0x7F]).any(), f"{k}: FP8 NaN byte"
+        elif v.dtype == DTYPES["I64"] and k.endswith(".weight_shape"):  # compressed-tensors INT4: [O, I]
+            assert v.shape == (2,) and k.removesuffix("_shape") + "_packed" in tensors, k
         elif v.dtype == DTYPES["I64"]:  # DeepSeek-V4's hash-routing table: expert ids
             assert k.endswith("ffn.gate.tid2eid") and v.min() >= 0 and v.max() < n_experts(cfg), k
         else:
@@ -228,9 +235,14 @@ def test_expert_tensors_match_the_config(name: str) -> None:
         ids = {int(m.group(1)) for k in per for m in [re.search(r"\.experts\.(\d+)\.", k)]}
         assert ids == set(range(E))
         for k, v in per.items():
+            shape = v.shape
+            if k.endswith(".weight_packed"):  # INT4 pack-quantized: eight codes per int32
+                k, shape = k.removesuffix("_packed"), (v.shape[0], 8 * v.shape[1])
+            elif k.endswith(".weight") and v.dtype == DTYPES["U8"]:  # NVFP4: two codes per byte
+                shape = (v.shape[0], 2 * v.shape[1])
             if k.endswith(".weight"):
                 down = k.endswith(("down_proj.weight", "w2.weight"))
-                assert v.shape == ((H, I) if down else (I, H)), (k, v.shape)
+                assert shape == ((H, I) if down else (I, H)), (k, v.shape)
 
 
 def test_sharded_fixture_cuts_a_layers_experts_across_files() -> None:
@@ -359,6 +371,121 @@ def test_native_conversion_of_an_mxfp4_fixture_keeps_its_bytes_and_values(name: 
     assert n == 3 * n_experts(cfg) * cfg["num_hidden_layers"]
 
 
+PER_EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight")
+
+
+def _expert_shape(k: str, cfg: dict) -> tuple[int, int]:
+    I, H = expert_width(cfg), cfg["hidden_size"]
+    return (H, I) if re.search(r"\.(down_proj|w2)\.weight", k) else (I, H)
+
+
+def test_natively_quantized_expert_fixtures_follow_their_producers_conventions() -> None:
+    """INT4 (Kimi-K2-Thinking: compressed-tensors pack-quantized W4A16 symmetric g32, ``weight_packed`` I32
+    ``[O, I/8]`` + ``weight_scale`` BF16 ``[O, I/32]`` + ``weight_shape`` I64 ``[O, I]``), NVFP4 (modelopt:
+    ``weight`` U8 ``[O, I/2]`` + ``weight_scale`` F8_E4M3 ``[O, I/16]`` + ``weight_scale_2`` F32 scalar) and MXFP8
+    (``weight`` F8_E4M3 ``[O, I]`` + ``weight_scale`` U8 E8M0 ``[O, I/32]``) on every routed expert of every
+    layer; every other tensor BF16 (DeepSeek's correction bias F32); the producer's quantization_config."""
+    want = {"int4": ("compressed-tensors", None), "nvfp4": ("modelopt", "NVFP4"), "mxfp8": ("modelopt", "MXFP8")}
+    names = [f for f in ALL if FIXTURES[f]["storage"] in want]
+    assert {FIXTURES[f]["storage"] for f in names} == set(want)
+    for name in names:
+        storage = FIXTURES[name]["storage"]
+        qc = config_of(name)["quantization_config"]
+        assert (qc["quant_method"], qc.get("quant_algo")) == want[storage], name
+        cfg = text_config_of(name)
+        tensors, _ = fixture_tensors(name)
+        comp = set()
+        n = 0
+        for k, v in tensors.items():
+            base = k.removesuffix("_packed")
+            if not PER_EXPERT_WEIGHT.search(k) or not base.endswith(".weight"):
+                continue
+            O, I = _expert_shape(k, cfg)
+            if storage == "int4":
+                assert k.endswith(".weight_packed") and v.dtype == DTYPES["I32"] and v.shape == (O, I // 8), k
+                sc, sh = tensors[base + "_scale"], tensors[base + "_shape"]
+                assert sc.dtype == DTYPES["BF16"] and sc.shape == (O, I // 32), k
+                assert sh.tolist() == [O, I], k
+                comp |= {base + "_scale", base + "_shape"}
+                assert qc["config_groups"]["group_0"]["weights"] | {"group_size": 32, "symmetric": True} == \
+                    qc["config_groups"]["group_0"]["weights"] and qc["format"] == "pack-quantized"  # fmt: skip
+            elif storage == "nvfp4":
+                sc, s2 = tensors[k + "_scale"], tensors[k + "_scale_2"]
+                assert v.dtype == DTYPES["U8"] and v.shape == (O, I // 2), k
+                assert sc.dtype == DTYPES["F8_E4M3"] and sc.shape == (O, I // 16), k
+                assert s2.dtype == DTYPES["F32"] and s2.shape == () and s2 > 0, k
+                comp |= {k + "_scale", k + "_scale_2"}
+            else:
+                sc = tensors[k + "_scale"]
+                assert v.dtype == DTYPES["F8_E4M3"] and v.shape == (O, I), k
+                assert sc.dtype == DTYPES["U8"] and sc.shape == (O, I // 32) and (sc < 0xFF).all(), k
+                comp.add(k + "_scale")
+            n += 1
+        assert n == 3 * n_experts(cfg) * cfg["num_hidden_layers"], (name, n)
+        rest = {k: v for k, v in tensors.items() if k not in comp and not PER_EXPERT_WEIGHT.search(k)}
+        assert all(v.dtype == DTYPES["BF16"] or k.endswith("e_score_correction_bias") for k, v in rest.items()), name
+
+
+def _pack_quantized_values(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """compressed-tensors pack-quantized, written out: nibble ``k`` of int32 ``c`` is element ``8c + k`` stored
+    ``q + 8``; value ``q * f32(scale)`` per 32 inputs."""
+    words = packed.astype(np.int64) & 0xFFFFFFFF
+    q = np.stack([(words >> (4 * k)) & 0xF for k in range(8)], axis=-1).reshape(packed.shape[0], -1) - 8
+    return q.astype(np.float32) * np.repeat(scale.astype(np.float32), 32, axis=1)
+
+
+@pytest.mark.parametrize("name", [f for f in ALL if FIXTURES[f]["storage"] == "int4"])
+def test_native_conversion_of_an_int4_fixture_keeps_its_codes_and_values(name: str, tmp_path) -> None:
+    """``--experts native``: every pack-quantized expert becomes int4-grouped gs 32 whose code bytes are the
+    source's int32 words' little-endian bytes (two codes ``q + 8`` per byte, low nibble first), whose F32 scales
+    are the BF16 scales widened exactly, and which decodes (by the test) bit for bit to the source's values."""
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import convert
+
+    convert(str(ORACLES / name), tmp_path / "out", ConvertOptions(experts="native", progress=False,
+                                                                 min_free_gb=0.0))  # fmt: skip
+    out: dict[str, np.ndarray] = {}
+    for f in sorted((tmp_path / "out").glob("*.safetensors")):
+        out.update(read_safetensors(f)[0])
+    tensors, _ = fixture_tensors(name)
+    cfg = text_config_of(name)
+    n = 0
+    for k in (k for k in tensors if k.endswith(".weight_packed")):
+        base = k.removesuffix("_packed")
+        packed, scale = tensors[k], tensors[base + "_scale"]
+        codes, qs = out[base], out[base + ".qs"]
+        assert codes.dtype == np.uint8 and codes.tobytes() == packed.astype("<i4").tobytes(), base
+        assert qs.dtype == np.float32 and np.array_equal(qs, scale.astype(np.float32)), base
+        got = ((codes & 0x0F).astype(np.float32), (codes >> 4).astype(np.float32))
+        vals = np.empty((codes.shape[0], 2 * codes.shape[1]), np.float32)
+        vals[:, 0::2], vals[:, 1::2] = got[0] - 8, got[1] - 8
+        vals *= np.repeat(qs, 32, axis=1)
+        assert vals.tobytes() == _pack_quantized_values(packed, scale).tobytes(), base
+        n += 1
+    assert n == 3 * n_experts(cfg) * cfg["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("name", NATIVE_FIXTURES)
+def test_native_conversion_lists_the_decoded_tensors_the_reference_lists(name: str, tmp_path) -> None:
+    """``--experts native`` on a natively quantized source: the manifest's fallbacks are exactly the reference's
+    (NVFP4 / MXFP8 experts: ``requested native``, decoded, ``written as`` the default; MXFP4 / symmetric INT4:
+    none, they are kept)."""
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import convert
+
+    convert(str(ORACLES / name), tmp_path / "out", ConvertOptions(experts="native", progress=False,
+                                                                 min_free_gb=0.0))  # fmt: skip
+    manifest = json.loads((tmp_path / "out" / "colitools.json").read_text())
+
+    def key(f: dict) -> tuple:
+        return (f["tensor"], f["requested"], f["written"], f["reason"])
+
+    want = sorted(map(key, reference(name, "native")["fallbacks"]))
+    assert sorted(map(key, manifest["fallbacks"])) == want
+    storage = FIXTURES[name]["storage"]
+    assert bool(want) == (storage in ("nvfp4", "mxfp8")), (name, len(want))
+
+
 def test_a_fixture_ships_a_tokenizer_matching_its_prompt() -> None:
     tokenizers = pytest.importorskip("tokenizers")
     names = [f for f in ALL if FIXTURES[f]["tokenizer"]]
@@ -442,7 +569,8 @@ def test_reference_matches_the_fixture_files(name: str, recipe: str) -> None:
 def test_planar_shares_the_default_reference(name: str) -> None:
     recipes = FIXTURES[name]["recipes"]
     assert set(RECIPES) <= set(recipes) <= set(RECIPES + EXTRA_RECIPES)
-    if FIXTURES[name]["storage"] == "mxfp4":
+    assert ("native" in recipes) == (FIXTURES[name]["storage"] in NATIVE_STORAGES)
+    if "native" in recipes:
         assert recipes["native"]["options"] == "--experts native"
     assert recipes["planar"]["reference"] == recipes["default"]["reference"]
     assert recipes["planar"]["layout"] == "planar"
@@ -454,13 +582,14 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
     formats = ref["tensor_formats"]
     want_experts = {"f32": ("f32",), "default": ("int4-row", "int4-g"), "planar": ("int4-row", "int4-g"),
                     "int3": ("int3-g64",), "mxfp4": ("mxfp4",),
-                    "native": {"mxfp4": ("mxfp4",)}.get(FIXTURES[name]["storage"])}[recipe]  # fmt: skip
+                    "native": NATIVE_EXPERTS.get(FIXTURES[name]["storage"])}[recipe]  # fmt: skip
     other = "f32" if recipe == "f32" else "int8-row"
     fallen = {f["tensor"] for f in ref["fallbacks"]}
     assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)
     tensors, _ = fixture_tensors(name)
     for k, fmt in formats.items():
-        if k in tensors and tensors[k].dtype.kind in "iub":  # row 0: non-float tensors copied unchanged
+        if k in tensors and tensors[k].dtype.kind in "iub" and k + "_scale" not in tensors:  # row 0: non-float
+            # tensors copied unchanged (an NVFP4 weight's U8 codes, with their _scale, are decoded)
             assert fmt == f"{COPIED[tensors[k].dtype.str]} (copied)", (k, fmt)
         elif TOWER.match(k) or (k in tensors and tensors[k].ndim != 2):  # towers; conv kernels (3-D) stay F32
             assert fmt == "f32", (k, fmt)  # towers: kept in the source dtype (F32 fixtures)

@@ -38,11 +38,23 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
             if name.endswith("_scale_inv") or name.endswith(".experts.gate_up_proj_scales") or \
                     name.endswith(".experts.down_proj_scales"):  # fmt: skip
                 continue
+            if _companion(name, names):  # natively quantized sources' scales / shapes
+                continue
             a = f.read(name)
             if name.endswith(("experts.gate_up_proj_blocks", "experts.down_proj_blocks")):  # native MXFP4
                 name = name[: -len("_blocks")]
                 a = dequant_mxfp4_stack(a, f.read(name + "_scales"))
-            if info.dtype == "F8_E4M3":
+            if name.endswith(".weight_packed"):  # INT4 compressed-tensors pack-quantized
+                base = name[: -len("_packed")]
+                a = dequant_pack_quantized(
+                    a, f.read(base + "_scale"), [int(x) for x in f.read(base + "_shape")]
+                )
+                name = base
+            elif name + "_scale_2" in names:  # modelopt NVFP4
+                a = dequant_nvfp4(a, f.read(name + "_scale"), f.read(name + "_scale_2"))
+            elif info.dtype == "F8_E4M3" and name + "_scale" in names:  # MXFP8
+                a = dequant_mxfp8(a, f.read(name + "_scale"))
+            elif info.dtype == "F8_E4M3":
                 a = ref.dequant_fp8_block(a.view(np.uint8), f.read(name + "_scale_inv"), block)
             if info.dtype.startswith(("I", "U")) and a.dtype.kind != "f":  # an integer table (DeepSeek-V4's
                 # tid2eid): copied unchanged (decoded MXFP4 blocks above are U8 on disk but float here)
@@ -65,6 +77,44 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
         f.close()
         assert names
     return out
+
+
+def _companion(name: str, names: set[str]) -> bool:
+    """A scale / shape tensor of a natively quantized weight (INT4 pack-quantized, NVFP4, MXFP8)."""
+    if (
+        name.endswith((".weight_scale", ".weight_shape"))
+        and name.rpartition(".")[0] + ".weight_packed" in names
+    ):
+        return True
+    return any(name.endswith(sfx) and name[: -len(sfx)] in names for sfx in ("_scale", "_scale_2"))
+
+
+def dequant_pack_quantized(packed: np.ndarray, scale: np.ndarray, shape: list[int]) -> np.ndarray:
+    """compressed-tensors pack-quantized (symmetric, docs/FORMATS.md §9): int32 ``[O, I/8]``, nibble ``k`` of a
+    word (bits ``4k..4k+3``) is element ``8c + k`` stored ``q + 8``; ``q * f32(scale[group])``."""
+    O, I = shape
+    words = np.asarray(packed).astype(np.int64) & 0xFFFFFFFF
+    nib = np.stack([(words >> (4 * k)) & 0xF for k in range(8)], axis=-1).reshape(O, -1)[:, :I]
+    s = np.asarray(scale).astype(np.float32)
+    g = -(-I // s.shape[1])
+    return (nib.astype(np.float32) - 8) * np.repeat(s, g, axis=1)[:, :I]
+
+
+def dequant_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray) -> np.ndarray:
+    """modelopt NVFP4: E2M1 nibbles (low = even element) ``[O, I/2]``, e4m3 scale per 16 inputs, F32 scale_2:
+    ``(e2m1 * f32(scale)) * scale_2`` in float32."""
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    packed = np.asarray(packed, dtype=np.uint8)
+    v = np.empty((packed.shape[0], 2 * packed.shape[1]), np.float32)
+    v[:, 0::2], v[:, 1::2] = lut[packed & 0x0F], lut[packed >> 4]
+    s = np.repeat(np.asarray(scale).astype(np.float32), 16, axis=1)
+    return (v * s) * np.float32(np.asarray(scale_2, np.float32).reshape(()))
+
+
+def dequant_mxfp8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """MXFP8: e4m3 values ``[O, I]`` times ``2^(e - 127)`` per 32 inputs (E8M0 U8 scale)."""
+    e = np.repeat(np.asarray(scale).astype(np.int32) - 127, 32, axis=1)
+    return np.ldexp(np.asarray(q).astype(np.float32), e).astype(np.float32)
 
 
 # transformers 5.24 integrations/mxfp4.py FP4_VALUES (E2M1, index = nibble)

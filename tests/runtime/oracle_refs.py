@@ -25,6 +25,21 @@ def fixtures() -> list[str]:
             in RUNNABLE_MODEL_TYPES]  # fmt: skip
 
 
+# Natively quantized sources the runtime does not read directly (INT4 compressed-tensors, modelopt NVFP4 / MXFP8):
+# the runtime runs their conversions (and tests/runtime/containers.py's decoded stand-in for the f32 reference).
+DECODED_SOURCE_METHODS = ("compressed-tensors", "modelopt")
+
+
+def runtime_reads_source(fixture: str) -> bool:
+    qc = json.loads((ORACLES / fixture / "config.json").read_text()).get("quantization_config") or {}
+    return qc.get("quant_method") not in DECODED_SOURCE_METHODS
+
+
+def native_fixtures() -> list[str]:
+    """The runnable fixtures with a ``native`` reference (natively quantized sources, docs/FORMATS.md §5)."""
+    return [f for f in fixtures() if (ORACLES / f / "reference" / "native.json").exists()]
+
+
 def reference(fixture: str, recipe: str) -> dict:
     name = "default" if recipe == "planar" else recipe
     return json.loads((ORACLES / fixture / "reference" / f"{name}.json").read_text())

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from oracle_refs import ORACLES, RECIPES, check_against_reference, fixtures, reference
+from oracle_refs import ORACLES, RECIPES, check_against_reference, fixtures, native_fixtures, reference
 
 _SCRIPT = Path(sys.executable).with_name("colitools")
 COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
@@ -20,8 +20,10 @@ OPTIONS = {
     "int3": ["--experts", "int3-g64"],
     "mxfp4": ["--experts", "mxfp4"],
     "planar": ["--layout", "planar"],
+    "native": ["--experts", "native"],
 }
 CASES = [(fx, RECIPES[(i + 1) % len(RECIPES)]) for i, fx in enumerate(fixtures())]
+CASES += [(fx, "native") for fx in native_fixtures()]  # every natively quantized source: its own recipe
 
 
 @pytest.mark.slow
