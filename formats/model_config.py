@@ -69,6 +69,7 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
     "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss", "kimi_linear",
+    "glm5_next", "glm5_next_text",
 )  # fmt: skip
 
 # Config spellings of one family for keys every other family spells the common way (transformers'

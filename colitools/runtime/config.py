@@ -40,6 +40,8 @@ FAMILY_MODULES: dict[str, str] = {
     "qwen3_5_moe_text": "qwen3_next",
     "gpt_oss": "gpt_oss",
     "kimi_linear": "kimi_linear",
+    "glm5_next": "glm5_next",
+    "glm5_next_text": "glm5_next",
 }
 
 
@@ -151,11 +153,18 @@ class ModelArgs:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    mla_latent_norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm (GLM-5.3: rms_norm_eps)
     # DSA indexer (GLM-5)
     index_topk: int = 0
     index_head_dim: int = 0
     index_n_heads: int = 0
     indexer_full: list[bool] = field(default_factory=list)  # per layer: own indexer (True) or shared (False)
+    index_kpool: int = 0  # GLM-5.3: the indexer scores pools of this many keys (0: per key, DSAIndexer)
+    index_kpool_tail: bool = False  # index_kpool_always_select_tail: the incomplete pool is always attended
+    # hyper-connections (GLM-5.3; hyper.py): hc_mult residual streams, 0 = one plain residual
+    hc_mult: int = 0
+    hc_eps: float = 1e-6
+    hc_sinkhorn_iters: int = 20
     # hybrid linear attention (Qwen3-Next / Qwen3.5-MoE)
     layer_types: list[str] = field(default_factory=list)  # per layer "linear_attention" | "full_attention"
     linear_attention: LinearAttentionArgs | None = None

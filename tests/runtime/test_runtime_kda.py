@@ -1,5 +1,5 @@
-"""KDA families (kimi_linear, later glm5_next) beyond the oracle matrix: prefill split into pieces, chunks
-smaller than the sequence, the cache reset, ``--cap 1``, Kimi-Linear's config spellings and refusals.
+"""KDA families (kimi_linear, glm5_next) beyond the oracle matrix: prefill split into pieces, chunks smaller
+than the sequence, the cache reset, ``--cap 1``, the text-only ``glm5_next_text``, config spellings and refusals.
 
 Expected tokens and logits are the transformers references of the committed fixtures (oracles/README.md)."""
 
@@ -13,11 +13,12 @@ from containers import build_container
 from oracle_refs import LOGITS_ATOL, ORACLES, check_against_reference, reference, reference_logits
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors
 from colitools.runtime import generate, load_model
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.kda import KimiDeltaAttention
 
-KDA_FIXTURES = ("kimi_linear",)
+KDA_FIXTURES = ("kimi_linear", "glm5_next")
 
 
 def _teacher_forced(model, ids, pieces=None):
@@ -121,3 +122,55 @@ def test_kimi_linear_layer_schedule_from_a_hub_linear_attn_config():
 def test_bad_kimi_linear_configs_are_refused_in_one_line(changes, message):
     with pytest.raises(RuntimeModelError, match=message):
         ModelArgs.from_config(_kimi(**changes))
+
+
+def test_glm5_next_text_runs_the_multimodal_reference(tmp_path):
+    """``glm5_next_text`` (text config at the top, names under ``model.``) is the multimodal fixture's text model
+    without its tower."""
+    src = ORACLES / "glm5_next"
+    config = json.loads((src / "config.json").read_text())["text_config"]
+    f = SafetensorsFile(src / "model.safetensors")
+    tensors = {n.replace("model.language_model.", "model.", 1): f.read(n) for n in f.tensors
+               if not n.startswith("model.visual.")}  # fmt: skip
+    f.close()
+    out = tmp_path / "text"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config))
+    write_safetensors(out / "model.safetensors", tensors)
+    assert config["model_type"] == "glm5_next_text"
+    check_against_reference(out, "glm5_next", reference("glm5_next", "f32"))
+
+
+def _glm(**changes) -> dict:
+    c = json.loads((ORACLES / "glm5_next" / "config.json").read_text())
+    c["text_config"].update(changes)
+    c["text_config"] = {k: v for k, v in c["text_config"].items() if v is not None}
+    return c
+
+
+def test_glm5_next_config():
+    a = ModelArgs.from_config(_glm())
+    assert a.layer_types == ["linear_attention", "indexed_attention"] and a.moe_layers == [False, True]
+    assert (a.hc_mult, a.hc_sinkhorn_iters, a.index_kpool, a.index_kpool_tail) == (2, 20, 4, True)
+    assert a.kda.lower_bound == -5.0 and not a.kda.a_log_4d and a.mla_latent_norm_eps == 1e-5
+    assert a.swiglu_limit == 2.0 and a.head_dim == 16 and a.rope.dim == 0
+    b = ModelArgs.from_config(_glm(num_hidden_layers=4, layer_types=None, mlp_layer_types=None,
+                                   indexer_types=None))  # fmt: skip
+    assert b.layer_types == ["linear_attention"] * 3 + ["indexed_attention"]
+    assert b.moe_layers == [False, False, False, True]
+    c = ModelArgs.from_config(_glm(layer_types=["linear_attention", "full_attention"]))
+    assert c.layer_types == ["linear_attention", "indexed_attention"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(layer_types=["linear_attention", "sliding_attention"]), "layer_types must list 2 of linear_"),
+        (dict(index_topk=18), "index_topk 18 is not a multiple of index_kpool 4"),
+        (dict(qk_rope_head_dim=8), "has no RoPE, got qk_rope_head_dim 8"),
+        (dict(hc_mult=0), "hc_mult and hc_sinkhorn_iters must be >= 1"),
+    ],
+)
+def test_bad_glm5_next_configs_are_refused_in_one_line(changes, message):
+    with pytest.raises(RuntimeModelError, match=message):
+        ModelArgs.from_config(_glm(**changes))
