@@ -133,7 +133,8 @@ def config_shapes(
     ``[E_I, E_H]``, ``down`` ``[E_H, E_I]`` with ``E_I`` = ``moe_intermediate_size``, else
     ``intermediate_size``, and ``E_H`` = ``routed_expert_hidden_size``, else ``hidden_size``) and every
     per-layer linear role ``model_config.linear_shapes`` derives (attention and MLA projections, dense MLP,
-    shared experts, routers), matched by the tensor-name map's module and leaf.
+    shared experts, routers; per layer ``model_config.layer_linear_shapes``: KDA layers), matched by the
+    tensor-name map's module and leaf.
     ``None`` marks a dimension the config does not give. The numbers are the config facts
     (``formats/model_config.py``), validated there; a malformed config raises ConfigError.
     """
@@ -141,6 +142,7 @@ def config_shapes(
     hidden, vocab = facts.hidden_size, facts.vocab_size
     expert_i = facts.expert_width or None  # 0 gives no shape
     linear = model_config.linear_shapes(config)
+    per_layer = model_config.layer_linear_shapes(config)
     implied: dict[str, tuple[int | None, int | None]] = {}
     for name in names:
         parsed = parse_name(name)
@@ -157,7 +159,10 @@ def config_shapes(
         elif parsed.layer is not None:
             module = ".".join(MODULE_ALIASES.get(p, p) for p in parsed.module.split("."))
             leaf = MODULE_ALIASES.get(parsed.leaf, parsed.leaf)  # gpt-oss mlp.router = the router mlp.gate
-            if (module, leaf) in linear:
+            layer_shapes = per_layer.get(parsed.layer, {})
+            if (module, leaf) in layer_shapes:
+                implied[name] = layer_shapes[(module, leaf)]
+            elif (module, leaf) in linear:
                 implied[name] = linear[(module, leaf)]
     return {name: dims for name, dims in implied.items() if dims != (None, None)}
 

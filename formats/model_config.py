@@ -40,7 +40,10 @@ __all__ = [
     "MTP_LAYER_KEYS",
     "OUTPUT_GATED_ATTENTION",
     "RUNNABLE_MODEL_TYPES",
+    "KEY_ALIASES",
     "ConfigFacts",
+    "canonical_keys",
+    "layer_linear_shapes",
     "expert_width",
     "experts_per_token",
     "fp8_block_size",
@@ -66,8 +69,26 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
     "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
-    "deepseek_v4",
+    "deepseek_v4", "kimi_linear", "glm5_next", "glm5_next_text",
 )  # fmt: skip
+
+# Config spellings of one family for keys every other family spells the common way (transformers'
+# ``attribute_map``, e.g. ``KimiLinearConfig``): model_type -> {its spelling: the common key}.
+KEY_ALIASES: dict[str, dict[str, str]] = {
+    "kimi_linear": {
+        "num_experts_per_token": "num_experts_per_tok", "moe_renormalize": "norm_topk_prob",
+        "num_expert_group": "n_group", "num_shared_experts": "n_shared_experts",
+        "model_max_length": "max_position_embeddings",
+    },
+}  # fmt: skip
+NESTED_KEY_ALIASES: dict[str, dict[str, dict[str, str]]] = {
+    "kimi_linear": {
+        "linear_attn_config": {
+            "head_dim": "linear_head_dim", "num_heads": "linear_num_heads",
+            "short_conv_kernel_size": "linear_conv_kernel_dim",
+        },
+    },
+}  # fmt: skip
 
 # Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
 # is multiplied by ``sigmoid(gate)``): Qwen3-Next, Qwen3.5/3.6-MoE.
@@ -166,6 +187,37 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(text, Mapping) and "hidden_size" not in config:
         return text
     return config
+
+
+def canonical_keys(text: Mapping[str, Any], model_type: str | None) -> dict[str, Any]:
+    """The text model's keys with the family's own spellings (:data:`KEY_ALIASES`) read as the common ones (a
+    key already spelled the common way wins). Kimi-Linear hub configs nest the KDA geometry in
+    ``linear_attn_config`` (``head_dim``, ``num_heads``, ``short_conv_kernel_size``, 1-based ``kda_layers`` /
+    ``full_attn_layers``): read as ``linear_head_dim``, ``linear_num_heads``, ``linear_conv_kernel_dim`` and
+    ``layer_types`` (:data:`NESTED_KEY_ALIASES`; as ``KimiLinearConfig``: the nested geometry wins over
+    top-level keys, an explicit ``layer_types`` over the nested layer lists)."""
+    out = dict(text)
+    for alias, key in KEY_ALIASES.get(model_type or "", {}).items():
+        if alias in text and key not in text:
+            out[key] = text[alias]
+    for section, aliases in NESTED_KEY_ALIASES.get(model_type or "", {}).items():
+        nested = text.get(section)
+        if not isinstance(nested, Mapping):
+            continue
+        for alias, key in aliases.items():
+            if alias in nested:  # transformers: the nested value wins over the top-level key
+                out[key] = nested[alias]
+        full, kda = nested.get("full_attn_layers"), nested.get("kda_layers")
+        n = text.get("num_hidden_layers")
+        if out.get("layer_types") is None and isinstance(full, list) and isinstance(kda, list) and _is_int(n):
+            types: list[Any] = [None] * n
+            for numbers, kind in ((full, "full_attention"), (kda, "linear_attention")):
+                for i in numbers:
+                    if not (_is_int(i) and 1 <= i <= n):
+                        raise ConfigError(f"{section}: layer {i!r} is not one of 1..{n}")
+                    types[i - 1] = kind
+            out["layer_types"] = types
+    return out
 
 
 def model_type(config: Mapping[str, Any]) -> str | None:
@@ -374,6 +426,7 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
       ``dk``, ``linear_value_head_dim`` ``dv`` all given): ``linear_attn.in_proj_qkvz [2*nk*dk + 2*nv*dv, H]``,
       ``in_proj_ba [2*nv, H]`` (Qwen3-Next) or ``in_proj_qkv [2*nk*dk + nv*dv, H]``, ``in_proj_z [nv*dv, H]``,
       ``in_proj_a``/``in_proj_b [nv, H]`` (Qwen3.5), ``out_proj [H, nv*dv]``;
+    * KDA layers: :func:`layer_linear_shapes`;
     * dense MLP (``mlp.gate_proj``/``up_proj [intermediate_size, H]``, ``down_proj [H, intermediate_size]``);
     * shared experts, width ``shared_expert_intermediate_size``, else ``n_shared_experts *
       moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``;
@@ -384,7 +437,7 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
         # the geometry below is the previous generation's; the current one (output-gated q_proj, linear
         # attention, hyper-connections, ...) is not derived here yet: no claim rather than a wrong one
         return {}
-    text = text_config(config)
+    text = canonical_keys(text_config(config), model_type(config))
     hidden = text.get("hidden_size")
     if not hidden:
         return {}
@@ -473,12 +526,34 @@ def _v4_linear_shapes(text: Mapping[str, Any], hidden: int, heads: int, experts:
     if experts:
         shapes[("ffn", "gate")] = (experts, hidden)
     return shapes
+def layer_linear_shapes(config: Any, where: str = "config.json") -> dict[int, dict[tuple[str, str], tuple[int, int]]]:
+    """Per layer, the ``[O, I]`` that replace :func:`linear_shapes`' for that layer: the KDA layers
+    (``layer_types`` ``linear_attention`` of a family with ``linear_num_heads`` ``nh`` and ``linear_head_dim``
+    ``d``, ``C = nh*d``; Kimi-Linear, GLM-5.3) have ``self_attn.q_proj``/``k_proj``/``v_proj [C, H]``,
+    ``o_proj [H, C]``, ``f_a_proj``/``g_a_proj [d, H]``, ``f_b_proj``/``g_b_proj [C, d]``, ``b_proj [nh, H]``."""
+    validate_config(config, where)
+    if model_type(config) not in RUNNABLE_MODEL_TYPES:
+        return {}
+    text, _ = _text(config)
+    hidden, nh, d = text.get("hidden_size"), text.get("linear_num_heads"), text.get("linear_head_dim")
+    types = text.get("layer_types")
+    if not (hidden and nh and d and isinstance(types, list)):
+        return {}
+    c = nh * d
+    kda = {"q_proj": (c, hidden), "k_proj": (c, hidden), "v_proj": (c, hidden), "o_proj": (hidden, c),
+           "f_a_proj": (d, hidden), "f_b_proj": (c, d), "g_a_proj": (d, hidden), "g_b_proj": (c, d),
+           "b_proj": (nh, hidden)}  # fmt: skip
+    shapes = {("self_attn", leaf): dims for leaf, dims in kda.items()}
+    return {i: shapes for i, t in enumerate(types) if t == "linear_attention"}
 
 
 # --------------------------------------------------------------------------------------------- helpers
 def _text(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """The text model's keys, a family's own spellings read as the common keys (:data:`KEY_ALIASES`)."""
     text = text_config(config)
-    return text, ("text_config." if text is not config else "")
+    prefix = "text_config." if text is not config else ""
+    mt = model_type(config) if isinstance(config.get("model_type", ""), str) else None
+    return (canonical_keys(text, mt) if mt in KEY_ALIASES else text), prefix
 
 
 def _is_int(value: Any) -> bool:

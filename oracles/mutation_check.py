@@ -46,6 +46,11 @@ def _cfg(model):
     return model.config.get_text_config()
 
 
+def _has_rope(model) -> bool:
+    """Kimi-Linear and GLM-5.3 run no RoPE (no rotary_emb): the RoPE mutations do not apply."""
+    return hasattr(_text_model(model), "rotary_emb")
+
+
 def no_rope(model) -> bool:
     if _cfg(model).model_type == "deepseek_v4":  # main / compress buffers, also in the compressors and indexers
         for m in model.modules():
@@ -53,11 +58,15 @@ def no_rope(model) -> bool:
                 for t in m.layer_types:
                     getattr(m, f"{t}_inv_freq").zero_()
         return True
+    if not _has_rope(model):
+        return False
     _text_model(model).rotary_emb.inv_freq.zero_()
     return True
 
 
 def yarn_as_default(model) -> bool:
+    if not _has_rope(model):
+        return False
     cfg = _cfg(model)
     if cfg.rope_parameters.get("rope_type") != "yarn":
         return False
@@ -71,6 +80,8 @@ def yarn_as_default(model) -> bool:
 
 def yarn_truncate_flipped(model) -> bool:
     """YaRN: the correction range floored/ceiled when the config says ``truncate: false`` (or the reverse)."""
+    if not _has_rope(model):
+        return False
     cfg = _cfg(model)
     if cfg.rope_parameters.get("rope_type") != "yarn" or "truncate" not in cfg.rope_parameters:
         return False
@@ -84,6 +95,8 @@ def yarn_truncate_flipped(model) -> bool:
 
 def yarn_attention_factor_dropped(model) -> bool:
     """YaRN: cos/sin not multiplied by the attention factor (0.1 ln factor + 1 for gpt-oss)."""
+    if not _has_rope(model):
+        return False
     rot = _text_model(model).rotary_emb
     if _cfg(model).rope_parameters.get("rope_type") != "yarn" or rot.attention_scaling == 1.0:
         return False
@@ -92,6 +105,8 @@ def yarn_attention_factor_dropped(model) -> bool:
 
 
 def no_mscale(model) -> bool:
+    if not _has_rope(model):
+        return False
     cfg = _cfg(model)
     if cfg.rope_parameters.get("rope_type") != "yarn" or not hasattr(cfg, "qk_nope_head_dim"):
         return False
@@ -103,10 +118,11 @@ def no_mscale(model) -> bool:
 def scale_from_config_head_dim(model) -> bool:
     """MLA: using config.json's head_dim (= qk_rope_head_dim in transformers 5.x) for the softmax scale."""
     cfg = _cfg(model)
-    if not hasattr(cfg, "qk_nope_head_dim"):  # MLA only (DeepSeek-V4's qk_rope_head_dim is a slice of head_dim)
+    if not hasattr(cfg, "qk_nope_head_dim") or not cfg.head_dim:  # MLA only (DeepSeek-V4: no qk_nope; GLM-5.3: head_dim 0)
         return False
     for a in _attn_modules(model):
-        a.scaling = cfg.head_dim**-0.5
+        if hasattr(a, "scaling"):  # KDA layers have none
+            a.scaling = cfg.head_dim**-0.5
     return True
 
 
@@ -120,6 +136,8 @@ def flip_rope_layout(model) -> bool:
     """Interleaved <-> half layout of the (main) attention: DeepSeek via its config flag, DeepSeek-V3.2 by
     patching its MLA's interleaved rotation to half-split (its indexer's half-split one is left alone), Llama-style
     models by patching the module."""
+    if not _has_rope(model):
+        return False
     cfg = _cfg(model)
     if cfg.model_type == "deepseek_v3":
         cfg.rope_interleave = not cfg.rope_interleave
@@ -161,6 +179,8 @@ def flip_rope_layout(model) -> bool:
 
 def full_rotary(model) -> bool:
     """GLM-4.5: rotating the whole head instead of the partial_rotary_factor fraction."""
+    if not _has_rope(model):
+        return False
     cfg = _cfg(model)
     if cfg.model_type != "glm4_moe":
         return False
@@ -192,12 +212,23 @@ def ignore_correction_bias(model) -> bool:
 def lora_norm_eps_from_config(model) -> bool:
     """MLA: q_a_layernorm / kv_a_layernorm with rms_norm_eps instead of the fixed 1e-6."""
     cfg = _cfg(model)
-    if not hasattr(cfg, "kv_lora_rank") or cfg.rms_norm_eps == 1e-6:
-        return False
+    if not hasattr(cfg, "kv_lora_rank") or cfg.rms_norm_eps == 1e-6 or cfg.model_type == "glm5_next_text":
+        return False  # GLM-5.3's are rms_norm_eps (the mutation below fixes them at 1e-6)
     for a in _attn_modules(model):
         for n in ("q_a_layernorm", "kv_a_layernorm"):
             if getattr(a, n, None) is not None:
                 getattr(a, n).variance_epsilon = cfg.rms_norm_eps
+    return True
+
+
+def lora_norm_eps_fixed(model) -> bool:
+    """GLM-5.3: q_a_layernorm / kv_a_layernorm with DeepSeek's fixed 1e-6 instead of its rms_norm_eps."""
+    if _cfg(model).model_type != "glm5_next_text":
+        return False
+    for a in _attn_modules(model):
+        for n in ("q_a_layernorm", "kv_a_layernorm"):
+            if getattr(a, n, None) is not None:
+                getattr(a, n).variance_epsilon = 1e-6
     return True
 
 
@@ -238,7 +269,8 @@ def no_indexer(model) -> bool:
     hit = False
     for a in _attn_modules(model):
         if getattr(a, "indexer", None) is not None:
-            a.indexer.index_topk = 10**9
+            # the k-pool indexer pads its selection to index_topk: a bound above any fixture's sequence
+            a.indexer.index_topk = 4096 * a.indexer.index_kpool if hasattr(a.indexer, "index_kpool") else 10**9
             hit = True
     return hit
 
@@ -385,6 +417,109 @@ def zero_centred_norm_as_plain(model) -> bool:
                 m.weight.sub_(1.0)
                 hit = True
     return hit
+
+
+def _kdas(model):
+    """KDA layers (Kimi-Linear, GLM-5.3): a delta rule with a ``forget_gate`` module."""
+    return [m for m in model.modules() if hasattr(m, "forget_gate") and hasattr(m, "conv1d")]
+
+
+def kda_conv_state_reset_on_decode(model) -> bool:
+    """KDA: a decode step that forgets the conv state (zero left context)."""
+    if not _kdas(model):
+        return False
+    mod = _modeling(model)
+    update = mod.causal_conv1d_update
+
+    def forgetful(hidden_states, conv_state, *args, **kwargs):
+        conv_state.zero_()
+        return update(hidden_states, conv_state, *args, **kwargs)
+
+    mod.causal_conv1d_update = forgetful
+    return True
+
+
+def kda_a_log_dropped(model) -> bool:
+    """KDA: ``A_log`` read as 0 (decay rate 1 for every head)."""
+    for m in _kdas(model):
+        m.forget_gate.A_log.zero_()
+    return bool(_kdas(model))
+
+
+def kda_dt_bias_dropped(model) -> bool:
+    for m in _kdas(model):
+        m.forget_gate.dt_bias.zero_()
+    return bool(_kdas(model))
+
+
+def kda_lower_bound_dropped(model) -> bool:
+    """GLM-5.3 KDA: Kimi's ``-exp(A_log) softplus(g)`` instead of ``bound * sigmoid(exp(A_log) g)``."""
+    gates = [m.forget_gate for m in _kdas(model) if getattr(m.forget_gate, "safe_gate_lower_bound", None) is not None]
+    for g in gates:
+        g.safe_gate_lower_bound = None
+    return bool(gates)
+
+
+def kda_output_gate_dropped(model) -> bool:
+    """KDA output: ``RMSNorm(o) * w`` without ``* sigmoid(g_b(g_a x))``."""
+    norms = [m.o_norm for m in _kdas(model)]
+
+    def plain(self, hidden_states, gate=None):
+        h = hidden_states.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    for n in norms:
+        n.forward = plain.__get__(n)
+    return bool(norms)
+
+
+def _kpool_indexers(model):
+    return [a.indexer for a in _attn_modules(model)
+            if getattr(a, "indexer", None) is not None and hasattr(a.indexer, "index_kpool")]  # fmt: skip
+
+
+def kpool_ape_dropped(model) -> bool:
+    for ix in _kpool_indexers(model):
+        ix.index_kpool_compress_ape.zero_()
+    return bool(_kpool_indexers(model))
+
+
+def kpool_gate_dropped(model) -> bool:
+    """k-pool compression: the per-token gate scores dropped (pool key = softmax over the ape only)."""
+    for ix in _kpool_indexers(model):
+        ix.index_kpool_compress_gate.zero_()
+    return bool(_kpool_indexers(model))
+
+
+def kpool_tail_not_selected(model) -> bool:
+    for ix in _kpool_indexers(model):
+        ix.index_kpool_always_select_tail = False
+    return bool(_kpool_indexers(model))
+
+
+def _hyper_connections(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("HyperConnection")]
+
+
+def hc_one_sinkhorn_iteration(model) -> bool:
+    for m in _hyper_connections(model):
+        m.hc_sinkhorn_iters = 1
+    return bool(_hyper_connections(model))
+
+
+def hc_comb_identity(model) -> bool:
+    """Hyper-connections: the streams carried over unmixed (``comb`` = identity)."""
+    for m in _hyper_connections(model):
+        forward = m.forward
+
+        def identity(hidden_streams, forward=forward, hc=m.hc_mult):
+            post, comb, collapsed = forward(hidden_streams)
+            return post, torch.eye(hc, dtype=comb.dtype).expand_as(comb), collapsed
+
+        m.forward = identity
+    return bool(_hyper_connections(model))
+
+
 def _gpt_oss_mlps(model):
     return [layer.mlp for layer in model.model.layers] if model.config.model_type == "gpt_oss" else []
 
@@ -589,6 +724,17 @@ MUTATIONS: dict[str, Mutation] = {
     "V4 hash routing as score routing": v4_hash_as_score_routing,
     "V4 sqrtsoftplus as sigmoid": v4_sqrtsoftplus_as_sigmoid,
     "V4 hyper-connection mixing off": v4_hyper_connections_off,
+    "q_a/kv_a norm eps fixed 1e-6": lora_norm_eps_fixed,
+    "KDA conv state reset on decode": kda_conv_state_reset_on_decode,
+    "KDA A_log dropped": kda_a_log_dropped,
+    "KDA dt_bias dropped": kda_dt_bias_dropped,
+    "KDA lower bound dropped": kda_lower_bound_dropped,
+    "KDA output gate dropped": kda_output_gate_dropped,
+    "k-pool ape dropped": kpool_ape_dropped,
+    "k-pool gate dropped": kpool_gate_dropped,
+    "k-pool tail not selected": kpool_tail_not_selected,
+    "HC one Sinkhorn iteration": hc_one_sinkhorn_iteration,
+    "HC comb identity": hc_comb_identity,
 }
 # module globals the mutations above may replace, restored after each run
 _PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "causal_conv1d_update", "l2norm", "torch")
@@ -662,6 +808,9 @@ def main() -> int:
     # deepseek_v32's latents are not scaled small: the fixed 1e-6 vs rms_norm_eps 1e-5 is invisible there
     # (deepseek_v32_sparse scales them and catches it).
     expected.add(("deepseek_v32", "q_a/kv_a norm eps = rms_norm_eps"))
+    # glm5_next's latents are not scaled small either: its rms_norm_eps 1e-5 vs a fixed 1e-6 moves the logits by
+    # ~1e-5 only (kimi_linear, scaled, catches the opposite confusion by tokens)
+    expected.add(("glm5_next", "q_a/kv_a norm eps fixed 1e-6"))
     missed = [r for r in rows if not r[2] and not r[3] and r[4] <= 1e-4 and r[:2] not in expected]
     print(f"{len(rows)} mutations, {len(missed)} missed")
     return 1 if missed else 0

@@ -243,6 +243,7 @@ class MLAAttention:
         self.kv_b = Linear.load(ckpt, f"{p}.kv_b_proj", nh * (self.nope + self.vd), self.r)
         self.o = Linear.load(ckpt, f"{p}.o_proj", H, nh * self.vd, bias=None)
         self.rope, self.scale = rope, mla_softmax_scale(args)
+        self.latent_eps = args.mla_latent_norm_eps
         self.indexer = indexer
         self.kc, self.vc = KVBuffer(), KVBuffer()
 
@@ -262,13 +263,13 @@ class MLAAttention:
         N = x.shape[0]
         q_resid = None
         if self.q_lora:
-            q_resid = rms_norm(self.q_a(x), self.q_a_norm, 1e-6)  # DeepSeek's q_a_layernorm: eps 1e-6
+            q_resid = rms_norm(self.q_a(x), self.q_a_norm, self.latent_eps)  # DeepSeek's q_a_layernorm: 1e-6
             q = self.q_b(q_resid)
         else:
             q = self.q_proj(x)
         q = q.reshape(N, self.nh, self.nope + self.rd)
         ckv = self.kv_a(x)
-        latent = rms_norm(ckv[:, : self.r], self.kv_a_norm, 1e-6)  # kv_a_layernorm: eps 1e-6
+        latent = rms_norm(ckv[:, : self.r], self.kv_a_norm, self.latent_eps)  # kv_a_layernorm: eps 1e-6
         k_rot = self.rope.apply(ckv[:, None, self.r :], cos, sin)  # [N, 1, rope], shared by all heads
         q = np.concatenate([q[..., : self.nope], self.rope.apply(q[..., self.nope :], cos, sin)], axis=-1)
         kv = self.kv_b(latent).reshape(N, self.nh, self.nope + self.vd)

@@ -40,6 +40,9 @@ FAMILY_MODULES: dict[str, str] = {
     "qwen3_5_moe_text": "qwen3_next",
     "gpt_oss": "gpt_oss",
     "deepseek_v4": "deepseek_v4",
+    "kimi_linear": "kimi_linear",
+    "glm5_next": "glm5_next",
+    "glm5_next_text": "glm5_next",
 }
 
 
@@ -80,6 +83,17 @@ class LinearAttentionArgs:
     key_head_dim: int  # linear_key_head_dim
     value_head_dim: int  # linear_value_head_dim
     fused_projections: bool  # Qwen3-Next: in_proj_qkvz / in_proj_ba (head-grouped); Qwen3.5: in_proj_qkv/z/a/b
+
+
+@dataclass(frozen=True)
+class KDAArgs:
+    """Kimi Delta Attention geometry (Kimi-Linear, GLM-5.3-Flash ``linear_attention`` layers; ``kda.py``)."""
+
+    conv_kernel: int  # linear_conv_kernel_dim
+    num_heads: int  # linear_num_heads
+    head_dim: int  # linear_head_dim (keys and values)
+    lower_bound: float | None  # GLM-5.3 linear_lower_bound: g = bound * sigmoid(exp(A_log) g); None = Kimi's
+    a_log_4d: bool  # A_log stored [1, 1, heads, 1] (Kimi-Linear) instead of [heads]
 
 
 class ConfigKeys(dict):
@@ -141,14 +155,22 @@ class ModelArgs:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    mla_latent_norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm (GLM-5.3: rms_norm_eps)
     # DSA indexer (GLM-5)
     index_topk: int = 0
     index_head_dim: int = 0
     index_n_heads: int = 0
     indexer_full: list[bool] = field(default_factory=list)  # per layer: own indexer (True) or shared (False)
+    index_kpool: int = 0  # GLM-5.3: the indexer scores pools of this many keys (0: per key, DSAIndexer)
+    index_kpool_tail: bool = False  # index_kpool_always_select_tail: the incomplete pool is always attended
+    # hyper-connections (GLM-5.3; hyper.py): hc_mult residual streams, 0 = one plain residual
+    hc_mult: int = 0
+    hc_eps: float = 1e-6
+    hc_sinkhorn_iters: int = 20
     # hybrid linear attention (Qwen3-Next / Qwen3.5-MoE)
     layer_types: list[str] = field(default_factory=list)  # per layer "linear_attention" | "full_attention"
     linear_attention: LinearAttentionArgs | None = None
+    kda: KDAArgs | None = None  # Kimi Delta Attention (layer_types "linear_attention" of Kimi-Linear, GLM-5.3)
     attn_output_gate: bool = False  # q_proj is [query | gate] per head; output * sigmoid(gate) before o_proj
     zero_centred_norms: bool = False  # every RMSNorm but the gated one scales by (1 + weight)
     eos_token_ids: list[int] = field(default_factory=list)
@@ -177,7 +199,7 @@ class ModelArgs:
             raise RuntimeModelError(str(exc)) from None
         mt = config.get("model_type")
         family = family_module(mt, where)
-        text = model_config.text_config(config)
+        text = model_config.canonical_keys(model_config.text_config(config), mt)
         c = ConfigKeys(mt, {**family.DEFAULTS[mt], **{k: v for k, v in text.items() if v is not None}}, where)
 
         hidden = int(c.need("hidden_size"))

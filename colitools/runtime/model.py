@@ -173,6 +173,7 @@ class Model:
                 f"{model_dir}: missing tensor {self.head_name}.weight (and tie_word_embeddings is false)"
             )
         self.usage = usage
+        self.streams = None  # hyper-connection streams (hyper.HyperStreams) of a family with build_streams
         self.usage_note: str | None = None
         self.position = 0  # tokens in the KV cache
         self.tokens_processed = 0
@@ -194,9 +195,13 @@ class Model:
         positions = self.position + np.arange(ids.size)
         cos, sin = self.rope.cos_sin(positions)
         x = self.embed(ids)
+        if self.streams is not None:
+            x = self.streams.expand(x)
         selection = None
         for layer in self.layers:
             x, selection = layer(x, positions, cos, sin, selection)
+        if self.streams is not None:
+            x = self.streams.head(x)
         self.position += ids.size
         self.tokens_processed += ids.size
         h = rms_norm(x if all_logits else x[-1:], self.norm, self.args.rms_norm_eps)
@@ -306,6 +311,8 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
         layers = [family.build_layer(ctx, i) for i in range(args.num_hidden_layers)]
         model_class = getattr(family, "MODEL_CLASS", Model)
         model = model_class(model_dir, args, ckpt, layers, ctx.stores, rope, usage)
+        if hasattr(family, "build_streams"):  # hyper-connections (hyper.py): streams in, head out
+            model.streams = family.build_streams(ctx)
     except BaseException:
         ckpt.close()
         raise
@@ -330,4 +337,4 @@ def _layer_nbytes(layer: DecoderLayer) -> int:
     if not isinstance(layer, DecoderLayer):  # a family's own layer (DeepSeek-V4) counts itself
         return layer.nbytes
     n = layer.norm_in.nbytes + layer.norm_post.nbytes + layer.attn.nbytes
-    return n + layer.ffn.nbytes
+    return n + layer.ffn.nbytes + getattr(layer, "extra_nbytes", 0)
