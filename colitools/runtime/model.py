@@ -334,7 +334,7 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
 
 
 def _layer_nbytes(layer: DecoderLayer) -> int:
-    if not isinstance(layer, DecoderLayer):  # a family's own layer (DeepSeek-V4) counts itself
+    if hasattr(layer, "nbytes"):  # a family's own layer (DeepSeek-V4) counts itself
         return layer.nbytes
     n = layer.norm_in.nbytes + layer.norm_post.nbytes + layer.attn.nbytes
     return n + layer.ffn.nbytes + getattr(layer, "extra_nbytes", 0)
