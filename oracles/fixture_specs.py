@@ -764,7 +764,7 @@ FIXTURES: list[Fixture] = [
             scoring_func="sqrtsoftplus",
             norm_topk_prob=True,
             routed_scaling_factor=1.5,
-            swiglu_limit=10.0,
+            swiglu_limit=2.0,  # the clamp acts at this size (10 never clamps here)
             layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
             mlp_layer_types=["hash_moe", "moe"],
             # The heavily-compressed rate is 128 in the real model; 8 here so the 40-token sequence has five

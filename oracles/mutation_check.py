@@ -552,6 +552,16 @@ def swiglu_clamp_removed(model) -> bool:
     return bool(_gpt_oss_mlps(model))
 
 
+def v4_swiglu_clamp_removed(model) -> bool:
+    """DeepSeek-V4: SwiGLU without its ``swiglu_limit`` clamps (shared MLP and routed experts)."""
+    hit = False
+    for m in model.modules():
+        if type(m).__name__.startswith("DeepseekV4") and isinstance(getattr(m, "limit", None), float):
+            m.limit = float("inf")
+            hit = True
+    return hit
+
+
 def swiglu_without_up_plus_one(model) -> bool:
     """gpt-oss: ``up * glu`` instead of ``(up + 1) * glu`` (clamps kept)."""
     for mlp in _gpt_oss_mlps(model):
@@ -724,6 +734,7 @@ MUTATIONS: dict[str, Mutation] = {
     "V4 hash routing as score routing": v4_hash_as_score_routing,
     "V4 sqrtsoftplus as sigmoid": v4_sqrtsoftplus_as_sigmoid,
     "V4 hyper-connection mixing off": v4_hyper_connections_off,
+    "V4 SwiGLU clamp removed": v4_swiglu_clamp_removed,
     "q_a/kv_a norm eps fixed 1e-6": lora_norm_eps_fixed,
     "KDA conv state reset on decode": kda_conv_state_reset_on_decode,
     "KDA A_log dropped": kda_a_log_dropped,
