@@ -66,7 +66,12 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
     "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
+    "inkling_mm_model", "inkling_text",
 )  # fmt: skip
+
+# Runnable families whose weights keep their native names and shapes (Inkling: ``attn.wq_du``, a router with
+# extra rows for the shared experts, per-expert shared stacks): ``linear_shapes`` claims nothing for them.
+NATIVE_GEOMETRY = frozenset({"inkling_mm_model", "inkling_text"})
 
 # Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
 # is multiplied by ``sigmoid(gate)``): Qwen3-Next, Qwen3.5/3.6-MoE.
@@ -378,7 +383,7 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
       moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``.
     """
     validate_config(config, where)
-    if model_type(config) not in RUNNABLE_MODEL_TYPES:
+    if model_type(config) not in RUNNABLE_MODEL_TYPES or model_type(config) in NATIVE_GEOMETRY:
         # the geometry below is the previous generation's; the current one (output-gated q_proj, linear
         # attention, hyper-connections, ...) is not derived here yet: no claim rather than a wrong one
         return {}

@@ -39,6 +39,8 @@ FAMILY_MODULES: dict[str, str] = {
     "qwen3_5_moe": "qwen3_next",
     "qwen3_5_moe_text": "qwen3_next",
     "gpt_oss": "gpt_oss",
+    "inkling_mm_model": "inkling",
+    "inkling_text": "inkling",
 }
 
 
@@ -150,6 +152,7 @@ class ModelArgs:
     attn_output_gate: bool = False  # q_proj is [query | gate] per head; output * sigmoid(gate) before o_proj
     zero_centred_norms: bool = False  # every RMSNorm but the gated one scales by (1 + weight)
     eos_token_ids: list[int] = field(default_factory=list)
+    inkling: Any = None  # inkling.InklingArgs (Inkling, Inkling-2)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
