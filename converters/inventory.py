@@ -450,7 +450,7 @@ def check_config_shapes(inv: Inventory) -> None:
             continue
         shared = names.shared_stack(name)
         if shared is not None and len(t.shape) == 3:
-            if orientation is None and shared.projection == "gate_up":
+            if inv.orientation_of(t) is None and shared.projection == "gate_up":
                 raise ConvertError(
                     f"tensor {name}: a stacked shared gate/up expert, but the family "
                     f"{model_config.model_type(inv.config)!r} does not fix how its rows are laid out (known: "

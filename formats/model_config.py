@@ -38,6 +38,7 @@ from colitools.formats.errors import ConfigError
 __all__ = [
     "EXPERT_COUNT_KEYS",
     "MTP_LAYER_KEYS",
+    "NATIVE_GEOMETRY",
     "OUTPUT_GATED_ATTENTION",
     "RUNNABLE_MODEL_TYPES",
     "ConfigFacts",
