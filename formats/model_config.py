@@ -67,12 +67,12 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in pre
 RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
     "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
-    "inkling_mm_model", "inkling_text",
+    "inkling_mm_model", "inkling_text", "inkling2", "inkling2_text",
 )  # fmt: skip
 
 # Runnable families whose weights keep their native names and shapes (Inkling: ``attn.wq_du``, a router with
 # extra rows for the shared experts, per-expert shared stacks): ``linear_shapes`` claims nothing for them.
-NATIVE_GEOMETRY = frozenset({"inkling_mm_model", "inkling_text"})
+NATIVE_GEOMETRY = frozenset({"inkling_mm_model", "inkling_text", "inkling2", "inkling2_text"})
 
 # Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
 # is multiplied by ``sigmoid(gate)``): Qwen3-Next, Qwen3.5/3.6-MoE.

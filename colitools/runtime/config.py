@@ -41,6 +41,8 @@ FAMILY_MODULES: dict[str, str] = {
     "gpt_oss": "gpt_oss",
     "inkling_mm_model": "inkling",
     "inkling_text": "inkling",
+    "inkling2": "inkling2",
+    "inkling2_text": "inkling2",
 }
 
 
@@ -152,7 +154,7 @@ class ModelArgs:
     attn_output_gate: bool = False  # q_proj is [query | gate] per head; output * sigmoid(gate) before o_proj
     zero_centred_norms: bool = False  # every RMSNorm but the gated one scales by (1 + weight)
     eos_token_ids: list[int] = field(default_factory=list)
-    inkling: Any = None  # inkling.InklingArgs (Inkling, Inkling-2)
+    inkling: Any = None  # inkling.InklingArgs / inkling2.Inkling2Args
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
