@@ -301,7 +301,8 @@ def family_fixtures() -> list[str]:
     chosen: dict[str, str] = {}
     for name, fx in json.loads((ORACLES / "index.json").read_text())["fixtures"].items():
         mt = fx["model_type"]
-        if mt in CURRENT_GENERATION and mt in RUNNABLE_MODEL_TYPES:
+        # CURRENT_GENERATION names families; Inkling's fixture type is its wrapper's (inkling_mm_model)
+        if (mt in CURRENT_GENERATION or name in CURRENT_GENERATION) and mt in RUNNABLE_MODEL_TYPES:
             chosen.setdefault(mt, name)
     return list(chosen.values())
 

@@ -38,6 +38,7 @@ from colitools.formats.errors import ConfigError
 __all__ = [
     "EXPERT_COUNT_KEYS",
     "MTP_LAYER_KEYS",
+    "NATIVE_GEOMETRY",
     "OUTPUT_GATED_ATTENTION",
     "RUNNABLE_MODEL_TYPES",
     "KEY_ALIASES",
@@ -70,6 +71,7 @@ RUNNABLE_MODEL_TYPES = (
     "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
     "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
     "deepseek_v4", "kimi_linear", "glm5_next", "glm5_next_text",
+    "inkling_mm_model", "inkling_text", "inkling2", "inkling2_text",
 )  # fmt: skip
 
 # Config spellings of one family for keys every other family spells the common way (transformers'
@@ -89,6 +91,10 @@ NESTED_KEY_ALIASES: dict[str, dict[str, dict[str, str]]] = {
         },
     },
 }  # fmt: skip
+
+# Runnable families whose weights keep their native names and shapes (Inkling: ``attn.wq_du``, a router with
+# extra rows for the shared experts, per-expert shared stacks): ``linear_shapes`` claims nothing for them.
+NATIVE_GEOMETRY = frozenset({"inkling_mm_model", "inkling_text", "inkling2", "inkling2_text"})
 
 # Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
 # is multiplied by ``sigmoid(gate)``): Qwen3-Next, Qwen3.5/3.6-MoE.
@@ -433,7 +439,7 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
     * DeepSeek-V4 (``o_groups`` + ``o_lora_rank`` given): its native names instead (``_v4_linear_shapes``).
     """
     validate_config(config, where)
-    if model_type(config) not in RUNNABLE_MODEL_TYPES:
+    if model_type(config) not in RUNNABLE_MODEL_TYPES or model_type(config) in NATIVE_GEOMETRY:
         # the geometry below is the previous generation's; the current one (output-gated q_proj, linear
         # attention, hyper-connections, ...) is not derived here yet: no claim rather than a wrong one
         return {}

@@ -542,6 +542,11 @@ def stack_name(expert_base: str, projection: str) -> str:
     return f"{expert_base}.{next(k for k, v in EXPERT_STACKS.items() if v == projection)}"
 
 
+def stack_names(expert_base: str, projection: str) -> tuple[str, ...]:
+    """Every spelling of an expert stack (:data:`EXPERT_STACKS`), the transformers one first."""
+    return tuple(f"{expert_base}.{k}" for k, v in EXPERT_STACKS.items() if v == projection)
+
+
 @lru_cache(maxsize=1 << 18)
 def canonical_name(name: str) -> str:
     """The runtime's spelling of a checkpoint name (mlx-lm's ``sanitize``): :data:`MODULE_ALIASES` applied to

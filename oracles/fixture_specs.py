@@ -949,3 +949,17 @@ FIXTURES: list[Fixture] = [
         seed=21000,
     ),
 ]
+
+_INKLING2 = next(f for f in FIXTURES if f.name == "inkling2")
+FIXTURES.append(
+    Fixture(
+        "inkling2_blocks",
+        "inkling2",
+        "Inkling-2 as the inkling2 fixture, but attention-residual blocks of 2 layers (n_layers_per_attn_res_block "
+        "2): layer 1 runs inside the block opened by layer 0 (plain residual x + a, block states [embeddings])",
+        dict(_INKLING2.config, text_config=dict(_INKLING2.config["text_config"], n_layers_per_attn_res_block=2)),
+        model_class="Inkling2ForConditionalGeneration",
+        expert_orientation="rows-interleaved",
+        seed=19500,
+    )
+)

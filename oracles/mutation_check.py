@@ -68,7 +68,7 @@ def yarn_as_default(model) -> bool:
     if not _has_rope(model):
         return False
     cfg = _cfg(model)
-    if cfg.rope_parameters.get("rope_type") != "yarn":
+    if (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") != "yarn":
         return False
     dim = getattr(cfg, "qk_rope_head_dim", None) or cfg.head_dim  # MLA: the rope slice; gpt-oss: head_dim
     base = cfg.rope_parameters["rope_theta"]
@@ -83,7 +83,7 @@ def yarn_truncate_flipped(model) -> bool:
     if not _has_rope(model):
         return False
     cfg = _cfg(model)
-    if cfg.rope_parameters.get("rope_type") != "yarn" or "truncate" not in cfg.rope_parameters:
+    if (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") != "yarn" or "truncate" not in cfg.rope_parameters:
         return False
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -98,7 +98,7 @@ def yarn_attention_factor_dropped(model) -> bool:
     if not _has_rope(model):
         return False
     rot = _text_model(model).rotary_emb
-    if _cfg(model).rope_parameters.get("rope_type") != "yarn" or rot.attention_scaling == 1.0:
+    if (getattr(_cfg(model), "rope_parameters", None) or {}).get("rope_type") != "yarn" or rot.attention_scaling == 1.0:
         return False
     rot.attention_scaling = 1.0
     return True
@@ -108,7 +108,7 @@ def no_mscale(model) -> bool:
     if not _has_rope(model):
         return False
     cfg = _cfg(model)
-    if cfg.rope_parameters.get("rope_type") != "yarn" or not hasattr(cfg, "qk_nope_head_dim"):
+    if (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") != "yarn" or not hasattr(cfg, "qk_nope_head_dim"):
         return False
     for a in _attn_modules(model):
         a.scaling = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
@@ -247,8 +247,8 @@ def no_shared_expert(model) -> bool:
     for layer in _text_model(model).layers:
         for n in ("shared_experts", "shared_expert"):
             sub = getattr(layer.mlp, n, None)
-            if sub is not None:
-                sub.down_proj.weight.zero_()
+            if sub is not None:  # Inkling's stacked shared experts: down_proj is the [n, H, I] parameter
+                getattr(sub.down_proj, "weight", sub.down_proj).zero_()
                 hit = True
     return hit
 
@@ -693,6 +693,222 @@ def v4_hyper_connections_off(model) -> bool:
     return True
 
 
+
+
+# ---- Inkling / Inkling-2 (issue 16)
+def _inkling(model, version: int | None = None) -> bool:
+    mt = _cfg(model).model_type
+    return mt in (("inkling_text",) if version == 1 else ("inkling2_text",) if version == 2 else
+                  ("inkling_text", "inkling2_text"))  # fmt: skip
+
+
+def _of_class(model, suffix: str) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if type(m).__name__.endswith(suffix)]
+
+
+def _identity_forward(mods, keep_arg: int = 0) -> bool:
+    for m in mods:
+        m.forward = lambda *args, _i=keep_arg, **kwargs: args[_i]
+    return bool(mods)
+
+
+def rel_bias_dropped(model) -> bool:
+    """Inkling: no relative-position logits (attention without any position signal but the convolutions)."""
+    if not _inkling(model):
+        return False
+    for m in _of_class(model, ("RelativeLogits", "RelativePositionBias")):
+        orig = m.forward
+        m.forward = lambda *a, _o=orig, **k: torch.zeros_like(_o(*a, **k))
+    return True
+
+
+def log_scaling_dropped(model) -> bool:
+    """Inkling: global layers without the position-dependent q / bias scaling tau."""
+    if not _inkling(model):
+        return False
+    if _inkling(model, 1):
+        _cfg(model).log_scaling_n_floor = None
+    for m in _of_class(model, "LogScale"):
+        m.log_scaling_alpha = 0.0
+    return True
+
+
+def kv_sconv_dropped(model) -> bool:
+    """Inkling: the short convolutions on k and v left out (taps zero: identity, Inkling-2's / sqrt(K + 1) kept)."""
+    if not _inkling(model):
+        return False
+    for a in _attn_modules(model):
+        for conv in (getattr(a, "k_sconv", None), getattr(a, "v_sconv", None),
+                     getattr(getattr(a, "k_proj", None), "sconv", None), getattr(getattr(a, "v_proj", None), "sconv", None)):  # fmt: skip
+            if conv is None:
+                continue
+            if hasattr(conv, "conv1d"):
+                conv.conv1d.weight.zero_()
+            else:
+                conv.static_weight.zero_()
+                conv.weight_proj.weight.zero_()
+    return True
+
+
+def block_sconv_dropped(model) -> bool:
+    """Inkling: the short convolutions after the attention and MLP blocks left out (taps zero)."""
+    if not _inkling(model):
+        return False
+    for layer in _text_model(model).layers:
+        for n in ("attn_sconv", "mlp_sconv", "post_attention_convolution", "post_mlp_convolution"):
+            if getattr(layer, n, None) is not None:
+                getattr(layer, n).conv1d.weight.zero_()
+    return True
+
+
+def sconv_state_reset_on_decode(model) -> bool:
+    """Inkling: a decode step whose short convolutions forget their state (zero left context)."""
+    if not _inkling(model):
+        return False
+    for m in _of_class(model, ("ShortConvolution",)):
+        orig = m.forward
+
+        def forgetful(hidden_states, *a, _o=orig, _m=m, cache=None, cache_offset=0, **k):
+            if cache is not None and hidden_states.shape[1] == 1:
+                st = cache.get_conv_state(_m.layer_idx + cache_offset, state_idx=_m.conv_idx)
+                if st is not None:
+                    st.zero_()
+            if "cache_offset" in _o.__code__.co_varnames or _inkling(model, 2):
+                k["cache_offset"] = cache_offset
+            return _o(hidden_states, *a, cache=cache, **k)
+
+        m.forward = forgetful
+    return True
+
+
+def inkling_sliding_mask_off(model) -> bool:
+    """Inkling: the hybrid_sliding layers attend to every earlier position (the mask's window)."""
+    if not _inkling(model):
+        return False
+    _cfg(model).sliding_window_size = 10**6
+    for a in _attn_modules(model):
+        a.sliding_window = None
+    return True
+
+
+def inkling_sqrt_scale(model) -> bool:
+    """Inkling: softmax scale head_dim^-0.5 instead of 1 / head_dim (q and k are RMS-normalised)."""
+    if not _inkling(model, 1):
+        return False
+    for a in _attn_modules(model):
+        a.scaling = a.head_dim**-0.5
+    return True
+
+
+def shared_rows_ignored(model) -> bool:
+    """Inkling: the router's extra rows ignored: weights normalised over the routed top-k only, shared experts
+    weighted 1."""
+    if not _inkling(model, 1):
+        return False
+    for r in _of_class(model, "TopkRouter"):
+
+        def forward(hidden_states, r=r):
+            flat = hidden_states.reshape(-1, r.hidden_dim).float()
+            logits = torch.nn.functional.linear(flat, r.weight.float())
+            routed = logits[..., : -r.n_shared_experts]
+            idx = torch.topk(routed.sigmoid() + r.e_score_correction_bias, r.top_k, dim=-1, sorted=False)[1]
+            lp = torch.nn.functional.logsigmoid(routed.gather(-1, idx))
+            w = torch.exp(lp - torch.logsumexp(lp, -1, keepdim=True)) * r.route_scale * r.global_scale
+            return routed, w, idx, torch.ones(flat.shape[0], r.n_shared_experts)
+
+        r.forward = forward
+    return True
+
+
+def embed_norm_dropped(model) -> bool:
+    if not _inkling(model):
+        return False
+    return _identity_forward([_text_model(model).embed_tokens.embed_norm])
+
+
+def mup_divisor_dropped(model) -> bool:
+    if not _inkling(model, 1):
+        return False
+    model.config.text_config.logits_mup_width_multiplier = 1.0
+    return True
+
+
+def dynamic_taps_dropped(model) -> bool:
+    """Inkling-2: the dynamic convolutions' per-token taps (weight_proj) left out, static taps kept."""
+    if not _inkling(model, 2):
+        return False
+    for m in _of_class(model, "DynamicShortConvolution"):
+        m.weight_proj.weight.zero_()
+    return True
+
+
+def qk_l2_clip_off(model) -> bool:
+    if not _inkling(model, 2):
+        return False
+    for a in _attn_modules(model):
+        a.q_proj.norm.threshold = float("inf") if hasattr(a.q_proj.norm, "threshold") else None
+        if hasattr(a.q_proj.norm, "l2_clip"):
+            a.q_proj.norm.l2_clip.threshold = float("inf")
+        a.k_proj.norm.threshold = float("inf")
+    return True
+
+
+def rel_l2_clip_off(model) -> bool:
+    if not _inkling(model, 2):
+        return False
+    for a in _attn_modules(model):
+        norm = a.relative_position_bias.norm
+        (norm.l2_clip if hasattr(norm, "l2_clip") else norm).threshold = float("inf")
+    return True
+
+
+def value_norm_dropped(model) -> bool:
+    if not _inkling(model, 2):
+        return False
+    return _identity_forward([a.v_proj.norm for a in _attn_modules(model)])
+
+
+def output_gate_dropped2(model) -> bool:
+    """Inkling-2: the attention output projected without its sigmoid(gate_attn(h)) gate."""
+    if not _inkling(model, 2):
+        return False
+    for a in _attn_modules(model):
+        a.o_proj.forward = lambda out, h, _o=a.o_proj: _o.linear(out)
+    return True
+
+
+def sink_logits_dropped(model) -> bool:
+    if not _inkling(model, 2):
+        return False
+    for a in _attn_modules(model):
+        a.sink_proj.forward = lambda h, _n=a.num_heads: torch.full((*h.shape[:-1], _n), -float("inf"))
+    return True
+
+
+def expert_softcaps_off(model) -> bool:
+    """Inkling-2: plain SwiGLU experts (no gate / up softcaps)."""
+    if not _inkling(model, 2):
+        return False
+    for m in _of_class(model, "SoftcappedSwiGLU"):
+        _identity_forward([m.gate_softcap, m.up_softcap])
+    return True
+
+
+def attn_res_uniform(model) -> bool:
+    """Inkling-2: block attention-residual queries zeroed (uniform mixing of the block states)."""
+    if not _inkling(model, 2):
+        return False
+    for m in _of_class(model, "BlockAttentionResidual"):
+        m.query.zero_()
+    return True
+
+
+def final_softcap_off(model) -> bool:
+    if not _inkling(model, 2):
+        return False
+    return _identity_forward([model.logit_softcap])
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -746,6 +962,25 @@ MUTATIONS: dict[str, Mutation] = {
     "k-pool tail not selected": kpool_tail_not_selected,
     "HC one Sinkhorn iteration": hc_one_sinkhorn_iteration,
     "HC comb identity": hc_comb_identity,
+    "relative-position logits dropped": rel_bias_dropped,
+    "log scaling dropped": log_scaling_dropped,
+    "k/v short convolutions dropped": kv_sconv_dropped,
+    "attn/mlp short convolutions dropped": block_sconv_dropped,
+    "short-conv state reset on decode": sconv_state_reset_on_decode,
+    "hybrid_sliding window off": inkling_sliding_mask_off,
+    "Inkling scale head_dim^-0.5": inkling_sqrt_scale,
+    "router's shared rows ignored": shared_rows_ignored,
+    "embed_norm dropped": embed_norm_dropped,
+    "mup logit divisor dropped": mup_divisor_dropped,
+    "dynamic conv taps dropped": dynamic_taps_dropped,
+    "q/k L2 clip off": qk_l2_clip_off,
+    "relative-state L2 clip off": rel_l2_clip_off,
+    "value RMSNorm dropped": value_norm_dropped,
+    "gated output projection ungated": output_gate_dropped2,
+    "attention sink logits dropped": sink_logits_dropped,
+    "expert SwiGLU softcaps off": expert_softcaps_off,
+    "attention-residual queries zeroed": attn_res_uniform,
+    "final logit softcap off": final_softcap_off,
 }
 # module globals the mutations above may replace, restored after each run
 _PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "causal_conv1d_update", "l2norm", "torch")
@@ -794,7 +1029,11 @@ def main() -> int:
             saved = {n: getattr(mod, n) for n in _PATCHABLE if hasattr(mod, n)}
             try:
                 with torch.no_grad():
-                    applies = mutate(model)
+                    try:
+                        applies = mutate(model)
+                    except AttributeError as exc:  # a mutation written for modules this family lacks
+                        print(f"{fx.name:20s} {label:36s} not applicable ({exc})", flush=True)
+                        applies = False
                 if not applies:
                     continue
                 res = run_reference(model, ref["prompt_ids"])

@@ -43,6 +43,10 @@ FAMILY_MODULES: dict[str, str] = {
     "kimi_linear": "kimi_linear",
     "glm5_next": "glm5_next",
     "glm5_next_text": "glm5_next",
+    "inkling_mm_model": "inkling",
+    "inkling_text": "inkling",
+    "inkling2": "inkling2",
+    "inkling2_text": "inkling2",
 }
 
 
@@ -174,6 +178,7 @@ class ModelArgs:
     attn_output_gate: bool = False  # q_proj is [query | gate] per head; output * sigmoid(gate) before o_proj
     zero_centred_norms: bool = False  # every RMSNorm but the gated one scales by (1 + weight)
     eos_token_ids: list[int] = field(default_factory=list)
+    inkling: Any = None  # inkling.InklingArgs / inkling2.Inkling2Args
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

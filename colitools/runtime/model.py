@@ -29,6 +29,7 @@ from colitools.formats.names import (
     layer_path,
     module_path,
     stack_name,
+    stack_names,
     stack_orientation,
 )
 from colitools.runtime.config import ModelArgs, family_module
@@ -105,10 +106,13 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
     the family's interleaved / transposed orientation (gpt-oss ``[E, H, 2I]`` gate = even columns, ``[E, I, H]``)."""
     p = module_path(layer, "mlp.experts")
     H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
-    gate_up, down = stack_name(p, "gate_up"), stack_name(p, "down")
+    blocks, scales = MXFP4_STACK_SUFFIXES
+    gate_up, down = (  # the spelling present (Inkling's native w13_weight / w2_weight), else transformers'
+        next((n for n in stack_names(p, proj) if ckpt.has(n) or ckpt.has(n + blocks)), stack_name(p, proj))
+        for proj in ("gate_up", "down")
+    )
     orientation = stack_orientation(args.model_type) or Orientation.ROWS
     picks = STACK_PICKS.get(orientation)
-    blocks, scales = MXFP4_STACK_SUFFIXES
     if ckpt.has(gate_up + blocks):  # native MXFP4 stacks: rows = outputs, gate / up rows interleaved
         if not picks:
             raise RuntimeModelError(
@@ -162,16 +166,22 @@ class Model:
         self.dir, self.args, self.ckpt, self.rope = model_dir, args, ckpt, rope
         self.layers, self.stores = layers, stores
         H, V = args.hidden_size, args.vocab_size
-        self.embed = Embedding(ckpt, "model.embed_tokens.weight", V, H)
-        self.norm = norm_weight(ckpt, "model.norm.weight", H, args.zero_centred_norms)
-        if ckpt.has(f"{self.head_name}.weight"):
-            self.lm_head = Linear.load(ckpt, self.head_name, V, H)
-        elif args.tie_word_embeddings:
-            self.lm_head = Linear(self.embed.q)
+        # a family with its own embedding / output head (Inkling's embed_norm and mup divisor) has a ModelIO
+        io = getattr(family_module(args.model_type), "ModelIO", None)
+        self.io = io(args, ckpt) if io else None
+        if self.io:
+            self.embed, self.lm_head = self.io.embed, self.io.lm_head
         else:
-            raise RuntimeModelError(
-                f"{model_dir}: missing tensor {self.head_name}.weight (and tie_word_embeddings is false)"
-            )
+            self.embed = Embedding(ckpt, "model.embed_tokens.weight", V, H)
+            self.norm = norm_weight(ckpt, "model.norm.weight", H, args.zero_centred_norms)
+            if ckpt.has(f"{self.head_name}.weight"):
+                self.lm_head = Linear.load(ckpt, self.head_name, V, H)
+            elif args.tie_word_embeddings:
+                self.lm_head = Linear(self.embed.q)
+            else:
+                raise RuntimeModelError(
+                    f"{model_dir}: missing tensor {self.head_name}.weight (and tie_word_embeddings is false)"
+                )
         self.usage = usage
         self.streams = None  # hyper-connection streams (hyper.HyperStreams) of a family with build_streams
         self.usage_note: str | None = None
@@ -185,7 +195,7 @@ class Model:
         """Empty every KV cache and linear-attention state (the expert cache is kept: it never changes
         results)."""
         for layer in self.layers:
-            layer.attn.reset()
+            getattr(layer, "reset", layer.attn.reset)()  # a family's layer may hold more state than its attn
         self.position = 0
 
     def forward(self, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
@@ -194,18 +204,21 @@ class Model:
         ids = self.checked_ids(ids)
         positions = self.position + np.arange(ids.size)
         cos, sin = self.rope.cos_sin(positions)
-        x = self.embed(ids)
+        x = self.io.tokens(ids) if self.io else self.embed(ids)
         if self.streams is not None:
             x = self.streams.expand(x)
-        selection = None
+        selection = self.io.carry(x) if self.io else None  # what a layer hands the next (DSA selection, ...)
         for layer in self.layers:
             x, selection = layer(x, positions, cos, sin, selection)
         if self.streams is not None:
             x = self.streams.head(x)
         self.position += ids.size
         self.tokens_processed += ids.size
-        h = rms_norm(x if all_logits else x[-1:], self.norm, self.args.rms_norm_eps)
-        logits = self.lm_head(h)
+        if self.io:
+            logits = self.io.logits(x, selection, all_logits)  # of the last position unless all_logits
+        else:
+            h = rms_norm(x if all_logits else x[-1:], self.norm, self.args.rms_norm_eps)
+            logits = self.lm_head(h)
         return logits if all_logits else logits[0]
 
     def checked_ids(self, ids: list[int] | np.ndarray) -> np.ndarray:

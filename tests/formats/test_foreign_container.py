@@ -117,12 +117,14 @@ def test_a_tensor_no_source_gives_a_shape_is_reported_never_guessed(tmp_path):
 
 
 def _known_family(p: Path) -> bool:
-    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
+    from colitools.formats.model_config import NATIVE_GEOMETRY, RUNNABLE_MODEL_TYPES
 
-    return json.loads((p / "config.json").read_text()).get("model_type") in RUNNABLE_MODEL_TYPES
+    mt = json.loads((p / "config.json").read_text()).get("model_type")
+    return mt in RUNNABLE_MODEL_TYPES and mt not in NATIVE_GEOMETRY
 
 
-# linear_shapes derives geometry only for the known families (RUNNABLE_MODEL_TYPES); the others get {}.
+# linear_shapes derives geometry only for the known families (RUNNABLE_MODEL_TYPES but NATIVE_GEOMETRY); the
+# others get {}.
 @pytest.mark.parametrize("fixture", sorted(p.name for p in ORACLES.iterdir()
                                            if (p / "config.json").exists() and _known_family(p)))  # fmt: skip
 def test_config_shapes_agree_with_every_fixture(fixture):

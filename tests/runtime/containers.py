@@ -63,6 +63,8 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
             a = np.asarray(a).astype(np.float32)
             if config["model_type"] == "gpt_oss" and ".experts." in name:
                 out.update(_gpt_oss_split(name, a))
+            elif name.endswith(_INKLING_STACKS):
+                out.update(_inkling_split(name, a))
             elif name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
                 base = name.rsplit(".", 1)[0]
                 for e in range(a.shape[0]):
@@ -133,6 +135,24 @@ def dequant_mxfp4_stack(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     out = np.ldexp(out, (np.asarray(scales).astype(np.int32) - 127)[..., None]).astype(np.float32)
     E, R = blocks.shape[:2]
     return np.ascontiguousarray(out.reshape(E, R, -1).transpose(0, 2, 1))
+
+
+# Inkling native stacks: routed experts.w13_weight [E, 2I, H] / w2_weight [E, H, I], shared
+# shared_experts.shared_w13_weight [n, 2I, H] / shared_w2_weight [n, H, I]; gate = even rows of w13, up = odd
+_INKLING_STACKS = (".experts.w13_weight", ".experts.w2_weight", ".shared_experts.shared_w13_weight",
+                   ".shared_experts.shared_w2_weight")  # fmt: skip
+
+
+def _inkling_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
+    base, leaf = name.rsplit(".", 1)
+    out = {}
+    for e in range(a.shape[0]):
+        if leaf.endswith("w13_weight"):
+            out[f"{base}.{e}.gate_proj.weight"] = a[e, 0::2].copy()
+            out[f"{base}.{e}.up_proj.weight"] = a[e, 1::2].copy()
+        else:
+            out[f"{base}.{e}.down_proj.weight"] = a[e]
+    return out
 
 
 def _gpt_oss_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:

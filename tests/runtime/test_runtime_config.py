@@ -141,6 +141,8 @@ def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
                "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}  # fmt: skip
         if mt in ("glm5_next", "glm5_next_text"):  # MLA without RoPE: a rope slice is refused
             cfg["qk_rope_head_dim"] = 0
+        if mt.startswith("inkling"):
+            cfg["num_key_value_heads"] = 2  # Inkling's default of 8 does not divide BASE's 4 heads
         a = ModelArgs.from_config(cfg)
         assert a.rms_norm_eps == module.DEFAULTS[mt]["rms_norm_eps"] and len(a.moe_layers) == 4
 

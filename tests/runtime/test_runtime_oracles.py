@@ -32,6 +32,8 @@ def test_every_family_has_a_fixture():
         "deepseek_v4",
         "kimi_linear",
         "glm5_next",
+        "inkling_mm_model",
+        "inkling2",
     }
     # the DSA indexer's selection really runs (index_topk < the sequence) for both indexer RoPE layouts
     assert {"glm_moe_dsa_sparse", "deepseek_v32_sparse"} <= set(FIXTURES)
