@@ -482,7 +482,7 @@ class V4Layer:
     def _site(self, hc: HyperConnection, streams: np.ndarray, block) -> np.ndarray:
         if not self.hc_enabled:
             return streams + block(np.mean(streams, axis=1))[:, None, :]
-        post, comb, collapsed = hc.weights(streams)
+        post, comb, collapsed = hc.collapse(streams)
         return hc.expand(streams, block(collapsed), post, comb)
 
     def __call__(self, streams: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:

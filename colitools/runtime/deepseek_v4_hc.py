@@ -11,14 +11,17 @@ flattened streams gives three weights::
 
 The block sees ``sum_i pre_i x_i``; afterwards ``x'_k = post_k * out + sum_j comb[j, k] x_j``. The hyper head
 collapses the streams once more before the final norm: ``sum_i (sigmoid(flat @ hc_fn.T * hc_scale + hc_base)
-+ hc_eps)_i x_i``.
++ hc_eps)_i x_i``. The per-block mixing is GLM-5.3's too: it lives in ``hyper.HyperConnection`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from colitools.runtime.ops import sigmoid, softmax
+from colitools.runtime.hyper import HyperConnection  # the same mixing as GLM-5.3's (one owner)
+from colitools.runtime.ops import sigmoid
+
+__all__ = ["HyperConnection", "HyperHead", "unweighted_rms_norm"]
 
 F32 = np.float32
 
@@ -27,41 +30,6 @@ def unweighted_rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     """``x * rsqrt(mean(x^2) + eps)`` over the last axis (transformers ``DeepseekV4UnweightedRMSNorm``)."""
     var = np.mean(np.square(x, dtype=F32), axis=-1, keepdims=True, dtype=F32)
     return x * (F32(1.0) / np.sqrt(var + F32(eps)))
-
-
-class HyperConnection:
-    """One mHC site (before attention or before the FFN): ``fn [(2 + n) n, n H]``, ``base [(2 + n) n]``,
-    ``scale [3]``. ``enabled`` False (a mutation-check switch) would make it a plain residual."""
-
-    def __init__(self, fn: np.ndarray, base: np.ndarray, scale: np.ndarray, n: int, iters: int,
-                 hc_eps: float, norm_eps: float):  # fmt: skip
-        self.fn, self.base, self.scale = fn.astype(F32), base.astype(F32), scale.astype(F32)
-        self.n, self.iters, self.hc_eps, self.norm_eps = n, iters, F32(hc_eps), norm_eps
-
-    @property
-    def nbytes(self) -> int:
-        return self.fn.nbytes + self.base.nbytes + self.scale.nbytes
-
-    def weights(self, streams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(post [N, n], comb [N, n, n], collapsed [N, H])`` for ``streams [N, n, H]``."""
-        N, n = streams.shape[0], self.n
-        flat = unweighted_rms_norm(streams.reshape(N, -1), self.norm_eps)
-        mixes = flat @ self.fn.T
-        s, b, eps = self.scale, self.base, self.hc_eps
-        pre = sigmoid(mixes[:, :n] * s[0] + b[:n]) + eps
-        post = F32(2.0) * sigmoid(mixes[:, n : 2 * n] * s[1] + b[n : 2 * n])
-        comb = softmax(mixes[:, 2 * n :].reshape(N, n, n) * s[2] + b[2 * n :].reshape(n, n)) + eps
-        comb = comb / (np.sum(comb, axis=-2, keepdims=True, dtype=F32) + eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (np.sum(comb, axis=-1, keepdims=True, dtype=F32) + eps)
-            comb = comb / (np.sum(comb, axis=-2, keepdims=True, dtype=F32) + eps)
-        collapsed = np.sum(pre[:, :, None] * streams, axis=1, dtype=F32)
-        return post.astype(F32), comb.astype(F32), collapsed.astype(F32)
-
-    @staticmethod
-    def expand(streams: np.ndarray, out: np.ndarray, post: np.ndarray, comb: np.ndarray) -> np.ndarray:
-        """``x'_k = post_k * out + sum_j comb[j, k] x_j`` (``comb`` consumed transposed, as transformers does)."""
-        return post[:, :, None] * out[:, None, :] + np.matmul(comb.transpose(0, 2, 1), streams)
 
 
 class HyperHead:

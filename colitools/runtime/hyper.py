@@ -55,11 +55,21 @@ class HyperConnection:
             comb = comb / (np.sum(comb, axis=-2, keepdims=True, dtype=F32) + self.eps)
         return pre.astype(F32), post.astype(F32), comb.astype(F32)
 
+    def collapse(self, streams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(post [N, hc], comb [N, hc, hc], block input [N, H] = sum_i pre_i stream_i)``."""
+        pre, post, comb = self.weights(streams)
+        return post, comb, np.sum(pre[:, :, None] * streams, axis=1, dtype=F32)
+
+    @staticmethod
+    def expand(streams: np.ndarray, out: np.ndarray, post: np.ndarray, comb: np.ndarray) -> np.ndarray:
+        """The new streams ``x'_k = post_k * out + sum_j comb[j, k] x_j`` (``comb`` used transposed, as
+        transformers does)."""
+        return post[:, :, None] * out[:, None, :] + comb.swapaxes(-1, -2) @ streams
+
     def __call__(self, streams: np.ndarray, block) -> np.ndarray:
         """New streams after ``block`` (a function of the collapsed ``[N, H]`` input)."""
-        pre, post, comb = self.weights(streams)
-        out = block(np.sum(pre[:, :, None] * streams, axis=1, dtype=F32))
-        return post[:, :, None] * out[:, None, :] + comb.swapaxes(-1, -2) @ streams
+        post, comb, x = self.collapse(streams)
+        return self.expand(streams, block(x), post, comb)
 
 
 class HyperStreams:

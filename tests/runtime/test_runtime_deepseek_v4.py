@@ -51,8 +51,8 @@ def test_hyper_connection_weights_by_hand():
     streams = np.array([[[1, 2, 3], [-1, 0, 2]]], F32)  # [N=1, n, H]
     fn = np.zeros(((2 + n) * n, n * H), F32)  # projection 0: pre / post / comb come from the biases alone
     base = np.array([0, 1, 0, -1, 2, 0, 0, 2], F32)
-    hc = HyperConnection(fn, base, np.ones(3, F32), n, iters=20, hc_eps=1e-6, norm_eps=1e-6)
-    post, comb, collapsed = hc.weights(streams)
+    hc = HyperConnection(fn, base, np.ones(3, F32), n, sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-6)
+    post, comb, collapsed = hc.collapse(streams)
     sig = lambda v: 1 / (1 + math.exp(-v))  # noqa: E731
     pre = [sig(0) + 1e-6, sig(1) + 1e-6]
     np.testing.assert_allclose(collapsed[0], pre[0] * streams[0, 0] + pre[1] * streams[0, 1], rtol=1e-6)
