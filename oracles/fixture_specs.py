@@ -375,8 +375,7 @@ FIXTURES: list[Fixture] = [
         seed=11000,
         indexer_check=True,
     ),
-    # ---- the current generation (issue 11; CURRENT_GENERATION): the families not in RUNNABLE_MODEL_TYPES get
-    # conversion-only checks in CI
+    # ---- the current generation (issue 11; CURRENT_GENERATION): made before their runtimes (issues 13-16), runnable now
     Fixture(
         "kimi_k25",
         "kimi_k25",

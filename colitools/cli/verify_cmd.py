@@ -74,7 +74,7 @@ def verify_oracle_command(
 
     names = recipe or fixture_recipes(fixture)
     mt = unsupported_model_type(fixture)
-    if mt is not None:  # one line, before any work (the conversion-only checks are in tests/test_oracle_fixtures.py)
+    if mt is not None:  # one line, before any work: a family the runtime does not run
         typer.echo(f"colitools: {not_runnable_message(fixture, mt)}", err=True)
         raise typer.Exit(EXIT_NOT_OK)
     results = []

@@ -18,8 +18,8 @@ LOGITS_ATOL = 1e-4
 
 
 def fixtures() -> list[str]:
-    """The fixtures the runtime can run (model_type in RUNNABLE_MODEL_TYPES); the others get conversion-only
-    checks in tests/test_oracle_fixtures.py."""
+    """The fixtures the runtime can run (model_type in RUNNABLE_MODEL_TYPES: every fixture today, which
+    tests/test_oracle_fixtures.py checks)."""
     names = sorted(p.parent.parent.name for p in ORACLES.glob("*/reference/f32.json"))
     return [n for n in names if json.loads((ORACLES / n / "config.json").read_text())["model_type"]
             in RUNNABLE_MODEL_TYPES]  # fmt: skip

@@ -14,7 +14,7 @@ from colitools.verify.oracle import fixture_recipes, unsupported_model_type, ver
 
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"
 ALL_FIXTURES = sorted(p.name for p in ORACLES.iterdir() if (p / "reference").is_dir())
-# The runtime cannot run every family yet; the others get conversion-only checks (tests/test_oracle_fixtures.py).
+# The fixtures of families the runtime runs (all of them today: tests/test_oracle_fixtures.py checks it).
 FIXTURES = [f for f in ALL_FIXTURES if unsupported_model_type(ORACLES / f) is None]
 CASES = [(f, r) for f in FIXTURES for r in fixture_recipes(ORACLES / f)]
 
