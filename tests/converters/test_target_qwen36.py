@@ -468,3 +468,15 @@ def test_readers_accept_a_container_written_as_convert_qwen36_writes_it(source, 
             part = q[offs : offs + 64 * 64].reshape(64, 64).astype(np.float32) * qs[soffs : soffs + 64, None]
             assert np.array_equal(ckpt.dense(f"{base}.{proj}.weight", 64, 64), part), (base, proj)
             offs, soffs = offs + 64 * 64, soffs + 64
+
+
+def test_a_qwen36_output_runs_token_identical_to_the_generic_container_of_the_same_formats(outputs):
+    """colitools' runtime reads the merged blobs back: 32 greedy tokens equal the generic container's with the same
+    formats (int4-row experts, float dense)."""
+    from colitools.runtime import generate, load_model
+
+    tokens = {}
+    for name in ("int4", "generic-int4"):
+        with load_model(outputs[name], record_usage=False) as model:
+            tokens[name] = generate(model, [1, 2, 3, 4], 32).generated_ids
+    assert len(tokens["int4"]) == 32 and tokens["int4"] == tokens["generic-int4"]
