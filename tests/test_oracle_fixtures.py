@@ -336,11 +336,8 @@ def test_mxfp4_fixture_follows_the_gpt_oss_convention() -> None:
         assert rest["model.layers.0.mlp.experts.gate_up_proj_bias"].shape == (E, 2 * I)
 
 
-@pytest.mark.parametrize("name", [f for f in ALL if FIXTURES[f]["storage"] == "mxfp4"])
-def test_native_conversion_of_an_mxfp4_fixture_keeps_its_bytes_and_values(name: str, tmp_path) -> None:
-    """``--experts native``: every expert's gate (even rows of gate_up_proj_blocks), up (odd rows) and down
-    become mxfp4 tensors holding the source's own nibbles and E8M0 bytes; decoded (by the test), each is bit for
-    bit the decode of those source rows."""
+def _native_output(name: str, tmp_path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of fixture ``name`` converted with ``--experts native``."""
     from colitools.converters.options import ConvertOptions
     from colitools.converters.runner import convert
 
@@ -349,6 +346,15 @@ def test_native_conversion_of_an_mxfp4_fixture_keeps_its_bytes_and_values(name: 
     out: dict[str, np.ndarray] = {}
     for f in sorted((tmp_path / "out").glob("*.safetensors")):
         out.update(read_safetensors(f)[0])
+    return out
+
+
+@pytest.mark.parametrize("name", [f for f in ALL if FIXTURES[f]["storage"] == "mxfp4"])
+def test_native_conversion_of_an_mxfp4_fixture_keeps_its_bytes_and_values(name: str, tmp_path) -> None:
+    """``--experts native``: every expert's gate (even rows of gate_up_proj_blocks), up (odd rows) and down
+    become mxfp4 tensors holding the source's own nibbles and E8M0 bytes; decoded (by the test), each is bit for
+    bit the decode of those source rows."""
+    out = _native_output(name, tmp_path)
     tensors, _ = fixture_tensors(name)
     cfg = text_config_of(name)
     n = 0
@@ -439,14 +445,7 @@ def test_native_conversion_of_an_int4_fixture_keeps_its_codes_and_values(name: s
     """``--experts native``: every pack-quantized expert becomes int4-grouped gs 32 whose code bytes are the
     source's int32 words' little-endian bytes (two codes ``q + 8`` per byte, low nibble first), whose F32 scales
     are the BF16 scales widened exactly, and which decodes (by the test) bit for bit to the source's values."""
-    from colitools.converters.options import ConvertOptions
-    from colitools.converters.runner import convert
-
-    convert(str(ORACLES / name), tmp_path / "out", ConvertOptions(experts="native", progress=False,
-                                                                 min_free_gb=0.0))  # fmt: skip
-    out: dict[str, np.ndarray] = {}
-    for f in sorted((tmp_path / "out").glob("*.safetensors")):
-        out.update(read_safetensors(f)[0])
+    out = _native_output(name, tmp_path)
     tensors, _ = fixture_tensors(name)
     cfg = text_config_of(name)
     n = 0

@@ -180,6 +180,14 @@ def attend_biased(q, k, v, allowed, scale, bias, sinks=None) -> np.ndarray:
     return np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(N, Hq * Dv)
 
 
+def head_geometry(args: ModelArgs, ink, layer: int) -> tuple[bool, int, int, int]:
+    """``(sliding, query heads, kv heads, head dim)`` of layer ``layer``: sliding layers (``hybrid_sliding``) have
+    their own heads (``swa_*``), the others the config's (Inkling and Inkling-2)."""
+    if ink.layer_types[layer] == "hybrid_sliding":
+        return True, ink.swa_heads, ink.swa_kv_heads, ink.swa_head_dim
+    return False, args.num_attention_heads, args.num_key_value_heads, args.head_dim
+
+
 class InklingAttention:
     """One Inkling attention layer with its KV cache and its k / v short-convolution states."""
 
@@ -187,11 +195,7 @@ class InklingAttention:
         ink: InklingArgs = args.inkling
         p = module_path(layer, "attn")
         H = args.hidden_size
-        self.sliding = ink.layer_types[layer] == "hybrid_sliding"
-        if self.sliding:
-            self.nq, self.nkv, self.D = ink.swa_heads, ink.swa_kv_heads, ink.swa_head_dim
-        else:
-            self.nq, self.nkv, self.D = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.sliding, self.nq, self.nkv, self.D = head_geometry(args, ink, layer)
         nq, nkv, D = self.nq, self.nkv, self.D
         self.q = Linear.load(ckpt, f"{p}.wq_du", nq * D, H)
         self.k = Linear.load(ckpt, f"{p}.wk_dv", nkv * D, H)

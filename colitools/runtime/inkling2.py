@@ -40,7 +40,14 @@ from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs
 from colitools.runtime.experts import Expert, ExpertStore
-from colitools.runtime.inkling import LAYER_TYPES, ShortConv, attend_biased, log_scale, relative_bias
+from colitools.runtime.inkling import (
+    LAYER_TYPES,
+    ShortConv,
+    attend_biased,
+    head_geometry,
+    log_scale,
+    relative_bias,
+)
 from colitools.runtime.model import LayerContext, expert_sources
 from colitools.runtime.moe import SparseMoE, noaux_tc
 from colitools.runtime.ops import Embedding, Linear, rms_norm, sigmoid, softmax
@@ -207,11 +214,7 @@ class Inkling2Attention:
         ink: Inkling2Args = args.inkling
         p = module_path(layer, "attn")
         H = args.hidden_size
-        self.sliding = ink.layer_types[layer] == "hybrid_sliding"
-        if self.sliding:
-            self.nq, self.nkv, self.D = ink.swa_heads, ink.swa_kv_heads, ink.swa_head_dim
-        else:
-            self.nq, self.nkv, self.D = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.sliding, self.nq, self.nkv, self.D = head_geometry(args, ink, layer)
         nq, nkv, D, K = self.nq, self.nkv, self.D, ink.conv_kernel
         self.q = Linear.load(ckpt, f"{p}.wq_du", nq * D, H)
         self.k = Linear.load(ckpt, f"{p}.wk_dv", nkv * D, H)

@@ -155,3 +155,28 @@ def listing(out: Path) -> list[str]:
     side = out / "experts-int4g64"
     inner = [f"{side.name}/{p.name}" for p in side.iterdir()] if side.is_dir() else []
     return sorted([p.name for p in out.iterdir()] + inner)
+
+
+def stored_tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
+    """Every tensor of a folder's shards as stored: name -> (dtype, shape, raw array)."""
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with SafetensorsFile(path) as f:
+            for name, info in f.tensors.items():
+                out[name] = (info.dtype, tuple(info.shape), f.read(name))
+    return out
+
+
+def stored_arrays(folder: Path) -> dict[str, np.ndarray]:
+    """name -> raw stored array of every tensor of a folder's shards."""
+    return {name: data for name, (_, _, data) in stored_tensors(folder).items()}
+
+
+def stored_headers(folder: Path) -> dict[str, tuple[str, str, tuple[int, ...], int, int]]:
+    """name -> (file, dtype, shape, absolute begin, absolute end) of every tensor of a folder's shards."""
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with SafetensorsFile(path) as f:
+            for name, info in f.tensors.items():
+                out[name] = (path.name, info.dtype, tuple(info.shape), info.begin, info.end)
+    return out

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from convcheck import stored_arrays as _read
+from convcheck import stored_headers as _headers
 from test_new_families import DATA, write_family
 
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
 from colitools.errors import ConvertError
-from colitools.formats.safetensors_io import SafetensorsFile
 
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"
 TEXT = DATA["glm5_next"]["config"]["text_config"]
@@ -45,23 +46,6 @@ def glm(tmp_path_factory):
         convert(str(root / "src"), root / name, ConvertOptions(progress=False, min_free_gb=0.0, **target, **kw))
         out[name] = root / name
     return root / "src", values, out
-
-
-def _headers(folder: Path):
-    out = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with SafetensorsFile(path) as f:
-            for name, info in f.tensors.items():
-                out[name] = (path.name, info.dtype, tuple(info.shape), info.begin, info.end)
-    return out
-
-
-def _read(folder: Path) -> dict[str, np.ndarray]:
-    out = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with SafetensorsFile(path) as f:
-            out.update({n: f.read(n) for n in f.tensors})
-    return out
 
 
 def _quantize_i4_grouped(w: np.ndarray, gs: int = 64) -> tuple[np.ndarray, np.ndarray]:

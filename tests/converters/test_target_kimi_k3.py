@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from convcheck import stored_arrays as _read
+from convcheck import stored_headers as _headers
 from k3tiny import DENSE_I, LATENT, MOE_I, E, H, make_k3
 
 from colitools.converters.options import ConvertOptions
@@ -45,24 +47,6 @@ def k3(tmp_path_factory):
         convert(str(root / "src"), root / name, opts)
         out[name] = root / name
     return root / "src", values, out
-
-
-def _headers(folder: Path) -> dict[str, tuple[str, str, tuple[int, ...], int, int]]:
-    """name -> (file, dtype, shape, absolute begin, absolute end)."""
-    out = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with SafetensorsFile(path) as f:
-            for name, info in f.tensors.items():
-                out[name] = (path.name, info.dtype, tuple(info.shape), info.begin, info.end)
-    return out
-
-
-def _read(folder: Path) -> dict[str, np.ndarray]:
-    out = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with SafetensorsFile(path) as f:
-            out.update({n: f.read(n) for n in f.tensors})
-    return out
 
 
 # ------------------------------------------------------------ the loader's decodes, transcribed (numpy)

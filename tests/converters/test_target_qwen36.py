@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from convcheck import stored_tensors as _tensors
 
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
@@ -40,15 +41,6 @@ RECIPES = {  # output folder -> --experts (the converter's --ebits / --gs)
 def _convert(dest: Path, **kw) -> Path:
     convert(str(FIXTURE), dest, ConvertOptions(progress=False, min_free_gb=0.0, **kw))
     return dest
-
-
-def _tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
-    out = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with SafetensorsFile(path) as f:
-            for name, info in f.tensors.items():
-                out[name] = (info.dtype, tuple(info.shape), f.read(name))
-    return out
 
 
 @pytest.fixture(scope="module")
