@@ -27,7 +27,7 @@ from functools import cached_property
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
 from colitools.errors import ConvertError, TargetRefused
-from colitools.formats import model_config, targets
+from colitools.formats import model_config, names, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
 from colitools.formats.errors import FormatError
@@ -112,6 +112,25 @@ def _entry_nbytes(entry: Entry) -> int:
 
 
 @dataclass(frozen=True)
+class StackOut:
+    """One stacked output tensor of a group (a target's fused stack, formats/targets.py ``FusedLayout``): the
+    weights of ``members`` (indices into the group's jobs), concatenated in that order, stored ``dtype`` with
+    ``shape``; their scales, concatenated the same way, as ``scale`` (F32, 1-D) when they have any."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    members: tuple[int, ...]
+    scale: str | None = None
+    n_scales: int = 0
+
+    @property
+    def entries(self) -> list[Entry]:
+        out = [(self.name, self.dtype, self.shape)]
+        return out + ([(self.scale, "F32", (self.n_scales,))] if self.scale else [])
+
+
+@dataclass(frozen=True)
 class OutputGroup:
     """Tensors written back to back: their weights, then their scales in the same order (one expert, or a
     single non-expert tensor). ``merged`` (a target's merged expert layout, formats/targets.py): the expert's
@@ -120,9 +139,12 @@ class OutputGroup:
     jobs: tuple[TensorJob, ...]
     merged: tuple[str, str] | None = None
     interleaved: bool = False  # each weight directly followed by its scale (a target's expert record)
+    stacks: tuple[StackOut, ...] = ()  # a target's fused stacks made of these jobs (formats/targets.py FusedLayout)
 
     @property
     def entries(self) -> list[Entry]:
+        if self.stacks:
+            return [e for st in self.stacks for e in st.entries]
         if self.interleaved:
             return [e for j in self.jobs for e in (j.weight_entry, j.scale_entry) if e is not None]
         if self.merged is not None:
@@ -323,7 +345,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     for name, src in inventory.tensors.items():
         # a natively quantized tensor is a float weight stored in codes (its data dtype is U8 / I32)
         role = rc.classify(name, len(src.shape), nhl, "F32" if src.quant is not None else src.dtype)
-        if role is rc.Role.TOWER and recipe.towers == "drop":
+        if (role is rc.Role.TOWER and recipe.towers == "drop") or (role is rc.Role.MTP and target.drop_mtp):
             dropped.append(name)
             continue
         layer = rc.layer_of(name)
@@ -346,6 +368,8 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             groups = _group(rest)
             if target.merged is not None:
                 groups = [_merge(g, target) for g in groups]
+            elif target.fused is not None:
+                groups = _fuse(groups, target)
             elif target.expert_formats is not None or target.expert_record is not None:
                 groups = [_expert_record(g, target) for g in groups]
             files.append((groups, _metadata(groups, planar=False), None))
@@ -380,7 +404,16 @@ def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
     """A job as the target's loader reads it (formats/targets.py): renamed (``rename``), a tensor the loader
     reads only as float kept in its source float dtype (``source_float_leaves``), a non-expert int4 tensor the
     loader cannot read written int8-row (``int4_group``, recorded as a fallback)."""
-    if target.rename:
+    if target.names is not None:  # a native -> text name table (formats/names.py)
+        out = target.out_name(job.out_name)
+        if out is None:
+            raise TargetRefused(
+                f"--target {target.name}: tensor {job.source.name} ({job.out_name}) has no name {target.loader} "
+                f"looks up (formats/names.py); convert it with --target generic"
+            )
+        base = parse_name(out).expert_base if job.expert_base is not None else None
+        job = replace(job, out_name=out, expert_base=base)
+    elif target.rename:
         base = target.out_name(job.expert_base) if job.expert_base is not None else None
         job = replace(job, out_name=target.out_name(job.out_name), expert_base=base)
     leaf = parse_name(job.source.name).leaf
@@ -573,6 +606,79 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
     return OutputGroup(group.jobs, layout.names(first.expert_base, first.expert))
 
 
+def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup]:
+    """A layer's groups as the target's fused stacks (formats/targets.py ``FusedLayout``): every routed expert of
+    one ``experts`` module in one group writing ``gate_up_proj`` (each expert's gate rows, then its up rows) and
+    ``down_proj``, U8 1-D codes + F32 1-D ``.qs``, all in one of ``FusedLayout.formats``; every stacked shared
+    expert's projection ``shared_experts.{k}.{p}_proj.weight`` in one float stack ``shared_experts.{p}_proj``
+    ``[n, O, I]`` (shared expert k's rows at index k). Anything else is refused before work starts, named."""
+    layout = target.fused
+    routed: dict[str, list[OutputGroup]] = defaultdict(list)
+    shared: dict[tuple[str, str], list[TensorJob]] = defaultdict(list)
+    rest: list[OutputGroup] = []
+    for g in groups:
+        first = g.jobs[0]
+        parsed = parse_name(first.out_name)
+        if first.expert is not None and first.role is rc.Role.EXPERT:
+            routed[first.expert_base].append(g)
+        elif len(g.jobs) == 1 and parsed.role is names.TensorRole.SHARED_EXPERT and parsed.projection in (
+            "gate", "up", "down"
+        ) and parsed.module.rpartition(".")[2].isdecimal():
+            shared[(first.out_name.rsplit(".", 3)[0], parsed.projection)].append(first)  # minus ".{k}.{p}.weight"
+        else:
+            rest.append(g)
+    out = list(rest)
+    for (base, proj), jobs in sorted(shared.items(), key=lambda kv: (natural_key(kv[0][0]), kv[0][1])):
+        jobs = sorted(jobs, key=lambda j: int(parse_name(j.out_name).module.rpartition(".")[2]))
+        ks = [int(parse_name(j.out_name).module.rpartition(".")[2]) for j in jobs]
+        dtypes = {j.weight_entry[1] for j in jobs}
+        if ks != list(range(len(jobs))) or len({(j.O, j.I) for j in jobs}) != 1 or len(dtypes) != 1 or not all(
+            j.target.is_float for j in jobs
+        ):
+            raise TargetRefused(
+                f"--target {target.name}: shared experts {', '.join(j.out_name for j in jobs)} are not one float "
+                f"stack {base}.{names.CANONICAL_PROJECTION[proj]} [n, O, I], which {target.loader} reads"
+            )
+        name = f"{base}.{names.CANONICAL_PROJECTION[proj]}"
+        out.append(OutputGroup(tuple(jobs), stacks=(StackOut(name, dtypes.pop(), (len(jobs), jobs[0].O, jobs[0].I),
+                                                            tuple(range(len(jobs)))),)))  # fmt: skip
+    for base, experts in sorted(routed.items(), key=lambda kv: natural_key(kv[0])):
+        jobs = [j for g in sorted(experts, key=lambda g: g.jobs[0].expert) for j in g.jobs]
+        E = len(experts)
+        by = {(j.expert, parse_name(j.out_name).projection): k for k, j in enumerate(jobs)}
+        gate = jobs[0]
+        H, I = gate.I, gate.O
+        labels = {j.target.label for j in jobs}
+        fmt = labels.pop() if len(labels) == 1 else None
+        if fmt not in layout.formats:
+            bad = next(j for j in jobs if j.target.label not in layout.formats or j.target.label != gate.target.label)
+            why = f" ({bad.target.fallback.reason})" if bad.target.fallback else ""
+            raise TargetRefused(
+                f"--target {target.name}: routed expert tensor {bad.out_name} [{bad.O}, {bad.I}] would be written as "
+                f"{bad.target.label}{why}; {target.loader} reads one fused stack per layer, all its experts in one "
+                f"of {', '.join(layout.formats)}"
+            )
+        shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
+        want = {(e, p) for e in range(E) for p in shapes}
+        if set(by) != want or len(jobs) != len(want) or any((jobs[k].O, jobs[k].I) != shapes[p] for (_, p), k in by.items()):
+            raise TargetRefused(
+                f"--target {target.name}: the routed experts of {base} are not experts 0..{E - 1} with gate [I, H], "
+                f"up [I, H], down [H, I] each, which {target.loader} reads as one fused stack"
+            )
+        if fmt != targets.INT8_ROW and (H % 2 or I % 2):
+            raise TargetRefused(
+                f"--target {target.name}: {base}: int4 fused stacks need an even hidden size and expert width "
+                f"(hidden {H}, width {I}); use --experts int8-row"
+            )
+        stacks = []
+        for (stack, scale), (leaf, projections) in zip(layout.names(base), layout.stacks, strict=True):
+            members = tuple(by[(e, p)] for e in range(E) for p in projections)
+            nbytes, n_scales = layout.sizes(leaf, H, I, E, fmt)
+            stacks.append(StackOut(stack, layout.dtype, (nbytes,), members, scale, n_scales))
+        out.append(OutputGroup(tuple(jobs), stacks=tuple(stacks)))
+    return out
+
+
 def merged_format(jobs: Iterable[TensorJob]) -> tuple[str, int | None]:
     """``(format, group size)`` of the merged blob of these parts (formats/targets.py ``MergedLayout``): int4-grouped
     with the largest group size when any part is (a narrower part written int4-row has one group per row, the
@@ -603,7 +709,7 @@ def _metadata(groups: list[OutputGroup], *, planar: bool) -> dict[str, str]:
     stamps: dict[str, str] = {}
     for g in groups:
         for j in g.jobs:
-            if j.target.is_float or g.merged is not None:  # a merged blob's geometry is the config's
+            if j.target.is_float or g.merged is not None or g.stacks:  # a merged blob's / stack's: the config's
                 continue
             wname, _ = j.target.tensor_names(j.out_name)
             shapes[wname] = [j.O, j.I]

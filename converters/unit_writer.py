@@ -230,6 +230,13 @@ def merged_codes(group, codes: list[np.ndarray]) -> np.ndarray:
     return flat.view(np.uint8) ^ np.uint8(targets.SIGNED_NIBBLE_XOR)
 
 
+def stack_codes(parts: list[np.ndarray]) -> np.ndarray:
+    """A fused stack (formats/targets.py ``FusedLayout``) from its members' weights, back to back in row order:
+    codes as U8 (int8-row codes keep their two's complement bytes), float weights in their stored dtype."""
+    flat = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+    return flat.view(np.uint8) if flat.dtype == np.int8 else flat
+
+
 def encode_job(
     job: TensorJob,
     values: np.ndarray,
@@ -564,7 +571,7 @@ def start_unit(
                     for job in group.jobs:
                         codes, scales = ahead.take()
                         wname, sname = job.target.tensor_names(job.out_name)
-                        if group.merged is not None:
+                        if group.merged is not None or group.stacks:
                             merged.append((codes, scales))
                         else:
                             sink.put(wname, codes)
@@ -579,6 +586,11 @@ def start_unit(
                             time.sleep(slow)
                     for sname, scales in scales_after:  # an expert's scales follow its codes (§4)
                         sink.put(sname, scales)
+                    for st in group.stacks:  # a target's fused stack: its members' codes, then their scales
+                        sink.put(st.name, stack_codes([merged[k][0] for k in st.members]))
+                        if st.scale is not None:
+                            sink.put(st.scale, np.concatenate(
+                                [np.asarray(merged[k][1], np.float32).reshape(-1) for k in st.members]))  # fmt: skip
                     if group.merged is not None:  # gate | up | down codes as one blob, then their scales
                         blob, sname = group.merged
                         sink.put(blob, merged_codes(group, [c for c, _ in merged]))

@@ -83,6 +83,89 @@ SHARED_EXPERT_STACKS: dict[str, str] = {
     "up_proj": "up",  # [n, I, H]
     "down_proj": "down",  # [n, H, I]
 }
+# Inkling's native names (``oracles/inkling``, ``inkling_mm_model``: ``model.llm.*``) -> the text names colibri's
+# Inkling engine looks up (``c/inkling.c`` ``model_init``), as ``c/tools/convert_inkling_int4.py`` (``RENAMES`` /
+# ``SUBS``) and transformers 5.24 (``conversion_mapping.py`` ``inkling_mm_model``, text model) rename them: one
+# table, read both ways (``inkling_text_name`` writes, ``inkling_native_name`` reads back). Whole names outside
+# the layers; inside ``model.llm.layers.{L}.`` (-> ``model.layers.{L}.``) the rest of the name.
+INKLING_GLOBAL_NAMES: dict[str, str] = {
+    "model.llm.embed.weight": "model.embed_tokens.weight",
+    # transformers 5.24 spells it model.language_model.embed_tokens.embed_norm.weight; the converter writes, and
+    # c/inkling.c model_init looks up (optional: skipped without a word when absent), model.embed_norm.weight
+    "model.llm.embed_norm.weight": "model.embed_norm.weight",
+    "model.llm.norm.weight": "model.norm.weight",
+    "model.llm.unembed.weight": "lm_head.weight",
+}
+INKLING_NATIVE_LAYERS, INKLING_TEXT_LAYERS = "model.llm.layers.", "model.layers."
+INKLING_LAYER_NAMES: dict[str, str] = {
+    "attn.wq_du.weight": "self_attn.q_proj.weight",
+    "attn.wk_dv.weight": "self_attn.k_proj.weight",
+    "attn.wv_dv.weight": "self_attn.v_proj.weight",
+    "attn.wr_du.weight": "self_attn.r_proj.weight",
+    "attn.wo_ud.weight": "self_attn.o_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "attn.rel_logits_proj.proj": "self_attn.rel_logits_proj.proj",
+    "attn.k_sconv.weight": "self_attn.k_sconv.conv1d.weight",
+    "attn.v_sconv.weight": "self_attn.v_sconv.conv1d.weight",
+    "attn_sconv.weight": "attn_sconv.conv1d.weight",
+    "mlp_sconv.weight": "mlp_sconv.conv1d.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.gate.weight": "mlp.gate.weight",  # the router [E + n_shared, H]
+    "mlp.gate.bias": "mlp.gate.e_score_correction_bias",
+    "mlp.gate.global_scale": "mlp.gate.global_scale",
+    "mlp.global_scale": "mlp.global_scale",  # a dense layer's
+    "mlp.w2_md.weight": "mlp.down_proj.weight",  # a dense layer's down projection
+}
+# Stacks, native -> text. Gate / up halves of an interleaved native stack are de-interleaved (transformers'
+# ``Interleave`` op, the converter's ``deinterleave``): the text stacks hold gate rows first (routed experts) or
+# are split into ``gate_proj`` / ``up_proj`` (shared experts); read back under their text names.
+INKLING_STACK_NAMES: dict[str, tuple[str, ...]] = {
+    "mlp.experts.w13_weight": ("mlp.experts.gate_up_proj",),  # [E, 2I, H]: the I gate rows, then the I up rows
+    "mlp.experts.w2_weight": ("mlp.experts.down_proj",),  # [E, H, I]
+    "mlp.shared_experts.shared_w13_weight": ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"),
+    "mlp.shared_experts.shared_w2_weight": ("mlp.shared_experts.down_proj",),  # [n, H, I]
+    "mlp.w13_dn.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),  # a dense layer's [2I, H]
+}
+# read back: a dense layer's down projection keeps its text name, like its gate_proj / up_proj (the runtime's dense
+# MLP reads the three by those names)
+_INKLING_NATIVE_OF = {v: k for k, v in INKLING_LAYER_NAMES.items() if k != "mlp.w2_md.weight"}
+_INKLING_NATIVE_GLOBAL_OF = {v: k for k, v in INKLING_GLOBAL_NAMES.items()}
+
+
+def inkling_text_name(native: str) -> str | None:
+    """The text name ``c/inkling.c`` looks up for native Inkling tensor ``native`` (:data:`INKLING_GLOBAL_NAMES`,
+    :data:`INKLING_LAYER_NAMES`), or None when it looks up none. A per-expert name of a split stack
+    (``model.llm.layers.{L}.mlp.experts.{E}.gate_proj.weight``, ``...shared_experts.{k}.up_proj.weight``) keeps
+    its tail under ``model.layers.{L}.``: its stack's text name is the writer's (formats/targets.py)."""
+    if native in INKLING_GLOBAL_NAMES:
+        return INKLING_GLOBAL_NAMES[native]
+    if not native.startswith(INKLING_NATIVE_LAYERS):
+        return None
+    layer, _, tail = native[len(INKLING_NATIVE_LAYERS) :].partition(".")
+    if not layer.isdecimal():
+        return None
+    parsed = parse_name(native)
+    split = parsed.projection in ("gate", "up", "down") and (
+        parsed.expert is not None or parsed.role is TensorRole.SHARED_EXPERT
+    )
+    text = tail if split else INKLING_LAYER_NAMES.get(tail)
+    return None if text is None else f"{INKLING_TEXT_LAYERS}{layer}.{text}"
+
+
+def inkling_native_name(text: str) -> str:
+    """The native spelling of an Inkling text name (the inverse of :func:`inkling_text_name`; the runtime reads
+    native names). Stacks keep their text names (their rows are not interleaved); anything else is unchanged."""
+    if text in _INKLING_NATIVE_GLOBAL_OF:
+        return _INKLING_NATIVE_GLOBAL_OF[text]
+    if text.startswith(INKLING_TEXT_LAYERS):
+        layer, _, tail = text[len(INKLING_TEXT_LAYERS) :].partition(".")
+        if layer.isdecimal() and tail in _INKLING_NATIVE_OF:
+            return f"{INKLING_NATIVE_LAYERS}{layer}.{_INKLING_NATIVE_OF[tail]}"
+    return text
+
+
 # Biases of an expert stack ``{...}.experts.{leaf}`` [E, out], split like their stack (stored F32).
 STACK_BIASES: dict[str, str] = {
     "gate_up_proj_bias": "gate_up",  # gpt-oss [E, 2I], gate / up interleaved like its stack's columns

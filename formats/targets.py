@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colitools.formats import model_config
+from colitools.formats import model_config, names
 from colitools.formats.errors import FormatError
 from colitools.formats.format_names import GROUP_SIZES
 
@@ -57,6 +57,7 @@ class MergedPart:
     fmt: str = INT8_ROW
     gs: int | None = None
     signed_nibbles: bool = False
+    expert: int | None = None  # the routed expert (a fused stack's part); None: the blob's own expert
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,71 @@ MERGED = MergedLayout()
 
 
 @dataclass(frozen=True)
+class FusedLayout:
+    """Routed experts as one fused stack per layer over all its experts (``c/inkling.c``: ``model_init``'s
+    container detection and ``slot_fill``; written by ``c/tools/convert_inkling_int4.py``
+    ``quantize_expert_tensor``). The one owner of these byte facts, used by the writer and every reader.
+
+    ``{base}.gate_up_proj`` (U8, 1-D) holds expert ``e``'s ``2I`` rows, the ``I`` gate rows then the ``I`` up rows,
+    at bytes ``[e * 2I * rowb, (e + 1) * 2I * rowb)`` with ``rowb`` bytes a row; ``{base}.down_proj`` its ``H`` rows
+    of ``rowb'`` bytes. ``rowb == H`` (``rowb' == I``): int8-row codes (two's complement bytes); ``rowb == H / 2``:
+    int4-row pairs codes (docs/FORMATS.md §2.2: low nibble = even column, value + 8). The engine tells them apart by
+    ``rowb = nbytes / (E * 2I)`` of the first MoE layer's ``gate_up_proj`` (any other row size stops it) and reads
+    ``down_proj`` in the same format. ``{stack}.qs`` (F32, 1-D): one scale per row, in row order (``E * 2I`` and
+    ``E * H``); a weight is ``q[o, i] * scale[o]`` (``matmul_q`` / ``matmul_q4``). Only byte counts are read,
+    never shapes (the converter writes both tensors 1-D)."""
+
+    stacks: tuple[tuple[str, tuple[str, ...]], ...] = (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",)))
+    scale_suffix: str = ".qs"
+    dtype: str = "U8"  # int8 codes too: the engine takes U8 (st dtype 3) as "container", anything else as float
+    scale_dtype: str = "F32"
+    formats: tuple[str, ...] = (INT8_ROW, INT4_ROW)
+
+    def leaf_of(self, projection: str) -> str:
+        """The stack holding ``projection`` (gate | up | down)."""
+        return next(leaf for leaf, projections in self.stacks if projection in projections)
+
+    def names(self, expert_base: str) -> tuple[tuple[str, str], ...]:
+        """``((stack name, scale name), ...)`` of a layer's stacks under ``expert_base``
+        (``model.layers.3.mlp.experts``), gate_up first."""
+        return tuple((f"{expert_base}.{leaf}", f"{expert_base}.{leaf}{self.scale_suffix}") for leaf, _ in self.stacks)
+
+    @staticmethod
+    def row_bytes(fmt: str, width: int) -> int:
+        return width if fmt == INT8_ROW else width // 2
+
+    def geometry(self, leaf: str, hidden: int, inter: int) -> tuple[tuple[str, ...], int, int]:
+        """``(projections, rows per expert, row width)`` of stack ``leaf``."""
+        projections = dict(self.stacks)[leaf]
+        return (projections, 2 * inter, hidden) if leaf == "gate_up_proj" else (projections, hidden, inter)
+
+    def sizes(self, leaf: str, hidden: int, inter: int, experts: int, fmt: str) -> tuple[int, int]:
+        """``(bytes, scales)`` of stack ``leaf`` over ``experts`` experts in ``fmt``."""
+        _, rows, width = self.geometry(leaf, hidden, inter)
+        return experts * rows * self.row_bytes(fmt, width), experts * rows
+
+    def identify(self, leaf: str, hidden: int, inter: int, experts: int, nbytes: int, n_scales: int) -> str | None:
+        """The format of stack ``leaf`` from its byte and scale counts (the engine's ``rowb``), or None."""
+        found = [f for f in self.formats if (f == INT8_ROW or (hidden % 2 == 0 and inter % 2 == 0))
+                 and self.sizes(leaf, hidden, inter, experts, f) == (nbytes, n_scales)]  # fmt: skip
+        return found[0] if len(found) == 1 else None
+
+    def parts(self, leaf: str, hidden: int, inter: int, experts: int, fmt: str) -> tuple[MergedPart, ...]:
+        """Every expert's projections in stack ``leaf``: bytes and scales relative to the stack and its scales."""
+        projections, rows, width = self.geometry(leaf, hidden, inter)
+        rb, out = self.row_bytes(fmt, width), []
+        O = rows // len(projections)
+        for e in range(experts):
+            for k, proj in enumerate(projections):
+                r0 = e * rows + k * O
+                out.append(MergedPart(proj, O, width, (r0 * rb, (r0 + O) * rb), (r0, r0 + O), fmt, expert=e))
+        return tuple(out)
+
+
+FUSED = FusedLayout()
+
+
+@dataclass(frozen=True)
 class Target:
     """One ``--target``: the colibri loader it follows and what that loader can read."""
 
@@ -134,6 +200,9 @@ class Target:
     loader: str  # the colibri function(s) that read this layout
     model_types: tuple[str, ...] | None = None  # None: any model type
     merged: MergedLayout | None = None  # routed experts as merged blobs
+    fused: FusedLayout | None = None  # routed experts as one fused stack per layer (shared experts stacked too)
+    names: str | None = None  # output names from a native -> text name table of formats/names.py (NAME_MAPS)
+    drop_mtp: bool = False  # the converter leaves MTP modules out (listed in the manifest like dropped towers)
     expert_options: tuple[str, ...] | None = None  # --experts values the loader reads (None: any)
     float_options: tuple[str, ...] | None = None  # --dense / --embed / --mtp values (None: any)
     defaults: tuple[tuple[str, str], ...] = ()  # option -> default for this target (else the recipe's)
@@ -156,8 +225,11 @@ class Target:
         if self.refused is not None:
             raise FormatError(f"--target {self.name} is refused: {self.refused}")
 
-    def out_name(self, name: str) -> str:
-        """The name this target writes for a source tensor name (``rename``)."""
+    def out_name(self, name: str) -> str | None:
+        """The name this target writes for a source tensor name (``names``: None when the loader looks up no
+        such tensor; else ``rename``)."""
+        if self.names is not None:
+            return NAME_MAPS[self.names](name)
         for old, new in self.rename:
             if name.startswith(old):
                 return new + name[len(old) :]
@@ -189,6 +261,8 @@ class Target:
                 f"the source is {model_type!r}"
             )
 
+
+NAME_MAPS = {INKLING: names.inkling_text_name}  # Target.names -> the formats/names.py table it writes by
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -258,14 +332,16 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             INKLING,
-            "c/inkling.c (model_init's container detection, expert_get)",
+            "c/inkling.c (load_cfg; model_init's load_w / load_t and container detection; slot_fill)",
             model_types=("inkling", "inkling_mm_model", "inkling_text"),
-            refused="c/inkling.c (model_init, expert_get) reads the transformers text names (model.layers.{L}."
-            "self_attn.q_proj.weight ...) and each layer's routed experts as one fused stack over all experts, "
-            "mlp.experts.gate_up_proj [E, 2I rows, gate first] / down_proj (U8 rows of int8 or int4 pairs codes, "
-            "+ .qs row scales), which colitools does not write (one record per expert, source names "
-            "kept): give the engine colibri's tools/convert_inkling_int4.py output or a float checkpoint with the "
-            "names it reads, which it quantizes at load (docs/FORMATS.md §4 Targets)",
+            fused=FUSED,
+            names=INKLING,
+            drop_mtp=True,
+            expert_options=(INT4_ROW, INT8_ROW),  # convert_inkling_int4.py --xbits 4 (default) / 8
+            float_options=("f32", "bf16"),
+            defaults=(("experts", INT4_ROW), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
+            layouts=("pairs",),
+            towers="drop",
         ),
     )
 }
