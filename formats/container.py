@@ -279,6 +279,10 @@ def resolve_container(
     resolved: dict[str, ResolvedTensor] = {}
     scale_owner: dict[str, str] = {}
     for name, (shard, info) in present.items():
+        if _is_fused_stack(name, info, infos):  # a target's fused expert stack (formats/targets.py), from config
+            resolved[name] = _resolve_fused(name, shard, info, infos, config, layouts, report_unresolved)
+            scale_owner[resolved[name].scale] = name
+            continue
         if is_merged_expert(name):  # a target's merged expert blob (formats/targets.py), geometry from config
             resolved[name] = _resolve_merged(
                 name, shard, info, infos, config, layouts, report_unresolved, merged_group_size
@@ -453,6 +457,70 @@ def _resolve_merged(
     return ResolvedTensor(
         name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)], fmt,
         None, None, scale, sinfo.nbytes, parts=layout.parts(H, I, fmt_name, gs),
+    )  # fmt: skip
+
+
+def _is_fused_stack(name: str, info: _TensorInfo, infos: Mapping[str, _TensorInfo]) -> bool:
+    """A quantized fused expert stack (``targets.FUSED``): ``...experts.gate_up_proj`` / ``down_proj`` in U8 with
+    a ``.qs`` (a float stack of that name is a transformers stack, read in its family's orientation)."""
+    parsed = parse_name(name)
+    layout = targets.FUSED
+    return (
+        parsed.expert_base is not None
+        and parsed.expert is None
+        and parsed.suffix == ""
+        and parsed.leaf in dict(layout.stacks)
+        and info.dtype == layout.dtype
+        and name + layout.scale_suffix in infos
+    )
+
+
+def _resolve_fused(
+    name: str,
+    shard: _Shard,
+    info: _TensorInfo,
+    infos: Mapping[str, _TensorInfo],
+    config: Mapping[str, Any] | None,
+    layouts: Mapping[int, str],
+    report_unresolved: bool,
+) -> ResolvedTensor:
+    """A fused expert stack ``...experts.gate_up_proj`` / ``down_proj`` with its ``.qs`` (``targets.FUSED``,
+    ``c/inkling.c`` ``model_init`` / ``slot_fill``): the row size ``nbytes / (E * rows)`` against config.json's
+    hidden size, expert width and routed expert count, as the engine takes it (int8-row or int4-row rows), the
+    scale count exactly one per row; ``parts`` gives every expert's projections."""
+    layout = targets.FUSED
+    where = str(shard.path)
+    leaf = parse_name(name).leaf
+    scale = name + layout.scale_suffix
+    sinfo = infos[scale]
+    if sinfo.dtype != layout.scale_dtype:
+        raise ResolveError(f"{where}: fused expert stack {name} has {sinfo.dtype} scales {scale}; expected F32")
+    facts = model_config.read_facts(config) if config else None
+    if facts is None or not facts.expert_width or not facts.routed_experts:
+        problem = (
+            f"{where}: fused expert stack {name} ({info.nbytes} bytes) needs config.json's hidden size, expert "
+            f"width and routed expert count for its rows, and {'there is none' if facts is None else 'it lacks one'}"
+        )
+        if not report_unresolved:
+            raise ResolveError(problem)
+        return ResolvedTensor(
+            name, where, info.dtype, info.shape, info.nbytes, "unresolved", layouts[id(shard)],
+            scale=scale, scale_nbytes=sinfo.nbytes, problem=problem,
+        )  # fmt: skip
+    H, I, E = facts.hidden_size, facts.expert_width, facts.routed_experts
+    n_scales = sinfo.nbytes // 4
+    fmt_name = layout.identify(leaf, H, I, E, info.nbytes, n_scales) if sinfo.nbytes % 4 == 0 else None
+    if fmt_name is None:
+        want_b, want_s = layout.sizes(leaf, H, I, E, targets.INT8_ROW)
+        raise ResolveError(
+            f"{where}: fused expert stack {name} is {info.nbytes} bytes with {n_scales} scales; config.json "
+            f"({E} experts, hidden {H}, expert width {I}) implies {want_b} bytes (int8-row) or {want_b // 2} "
+            f"(int4-row) with {want_s} row scales"
+        )
+    return ResolvedTensor(
+        name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)],
+        Resolved.of(by_name(fmt_name)), None, None, scale, sinfo.nbytes,
+        parts=layout.parts(leaf, H, I, E, fmt_name),
     )  # fmt: skip
 
 

@@ -258,10 +258,11 @@ def role_formats(
     for t in tensors:
         if t.kind == "scale":
             continue
-        if t.parts:  # a target's merged expert blob: one weight per projection (formats/targets.py)
+        if t.parts:  # a target's merged blob / fused stack: one weight per expert projection (formats/targets.py)
             p = names.parse_name(t.name)
             for part in t.parts:
-                part_name = names.expert_tensor_name(p.expert_base, p.expert, part.projection)
+                expert = p.expert if part.expert is None else part.expert
+                part_name = names.expert_tensor_name(p.expert_base, expert, part.projection)
                 counts[names.detail_role(part_name, 2, num_hidden_layers=num_hidden_layers)][
                     _total_label(t)
                 ] += 1

@@ -241,7 +241,8 @@ def _merged_part_labels(resolved) -> dict[str, str]:
     for name, t in resolved.items():
         for part in t.parts:
             p = parse_name(name)
-            out[expert_tensor_name(p.expert_base, p.expert, part.projection)] = t.format.label
+            expert = p.expert if part.expert is None else part.expert
+            out[expert_tensor_name(p.expert_base, expert, part.projection)] = t.format.label
     return out
 
 

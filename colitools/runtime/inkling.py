@@ -35,7 +35,13 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import RuntimeModelError
-from colitools.formats.names import expert_tensor_name, layer_path, module_path, stack_orientation
+from colitools.formats.names import (
+    CANONICAL_PROJECTION,
+    expert_tensor_name,
+    layer_path,
+    module_path,
+    stack_orientation,
+)
 from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs
 from colitools.runtime.experts import Expert, ExpertStore
@@ -303,6 +309,18 @@ def shared_experts(args: ModelArgs, ckpt: Checkpoint, layer: int, S: int, I: int
     p = module_path(layer, "mlp.shared_experts")
     if ckpt.has(expert_tensor_name(p, 0, "gate")):
         return [MLP(ckpt, f"{p}.{k}", H, I) for k in range(S)]
+    text = tuple(f"{p}.{CANONICAL_PROJECTION[proj]}" for proj in ("gate", "up", "down"))
+    if all(ckpt.has(n) for n in text):  # the text stacks [S, I, H] / [S, H, I] (--target inkling, colibri's converter)
+        whole = (0, 1, False)  # every row of shared expert k's slab
+        mlps = []
+        for k in range(S):
+            m = MLP.__new__(MLP)
+            m.gate, m.up, m.down = (
+                Linear(_resident(ckpt, ckpt.stack_expert(name, k, S, whole, O, In)))
+                for name, O, In in ((text[0], I, H), (text[1], I, H), (text[2], H, I))
+            )
+            mlps.append(m)
+        return mlps
     w13, w2 = f"{p}.shared_w13_weight", f"{p}.shared_w2_weight"
     if not (ckpt.has(w13) and ckpt.has(w2)):
         raise RuntimeModelError(f"{ckpt.dir}: missing tensor {expert_tensor_name(p, 0, 'gate')} (or {w13})")

@@ -113,6 +113,8 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
     )
     orientation = stack_orientation(args.model_type) or Orientation.ROWS
     picks = STACK_PICKS.get(orientation)
+    if ckpt.has(expert_tensor_name(p, 0, "gate")):  # per-expert tensors, or the parts of a target's fused stack
+        return _per_expert(ckpt, p, E, H, I)
     if ckpt.has(gate_up + blocks):  # native MXFP4 stacks: rows = outputs, gate / up rows interleaved
         if not picks:
             raise RuntimeModelError(
@@ -140,6 +142,10 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
              ckpt.fused_expert(down, e, E, slice(0, H), H, I))
             for e in range(E)
         ]  # fmt: skip
+    return _per_expert(ckpt, p, E, H, I)
+
+
+def _per_expert(ckpt: Checkpoint, p: str, E: int, H: int, I: int) -> list[tuple[Stored, Stored, Stored]]:
     return [
         (ckpt.stored(expert_tensor_name(p, e, "gate"), I, H), ckpt.stored(expert_tensor_name(p, e, "up"), I, H),
          ckpt.stored(expert_tensor_name(p, e, "down"), H, I))

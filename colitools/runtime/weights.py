@@ -25,20 +25,26 @@ from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.errors import ConfigError
 from colitools.formats.inspect import open_model
-from colitools.formats.names import canonical_name, expert_tensor_name, parse_name
+from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import Float, Fp8E4m3B128, block_grid, by_name
 from colitools.formats.safetensors_io import SafetensorsFile
-from colitools.formats.targets import SIGNED_NIBBLE_XOR
+from colitools.formats.targets import INKLING, SIGNED_NIBBLE_XOR, TARGETS
+
+INKLING_TYPES = TARGETS[INKLING].model_types  # families whose text names are read by their native spelling
 from colitools.runtime.kernels import QTensor
 
 F32 = np.float32
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 
 
-def sanitize(name: str) -> str:
+def sanitize(name: str, model_type: str | None = None) -> str:
     """Canonical name of a checkpoint tensor (suffixes ``.qs``, ``_scale_inv``, ``weight_packed`` kept): the
-    spellings of the tensor-name map (``formats/names.py``, mlx-lm's "sanitize") mapped onto the runtime's."""
+    spellings of the tensor-name map (``formats/names.py``, mlx-lm's "sanitize") mapped onto the runtime's. An
+    Inkling text name (``--target inkling``, colibri's ``convert_inkling_int4.py``) is read by its native spelling
+    (``names.inkling_native_name``), which the runtime's Inkling uses."""
+    if model_type in INKLING_TYPES:
+        name = inkling_native_name(name)
     return canonical_name(name)
 
 
@@ -156,9 +162,10 @@ class Checkpoint:
         except ColitoolsError as exc:
             raise RuntimeModelError(f"{self.dir}: {exc}") from None
         self.infos = {}  # canonical name -> (path, TensorInfo, ResolvedTensor)
+        family = self.family = model_config.model_type(config) if config else None
         for f in self.files:
             for name, info in f.tensors.items():
-                self.infos[sanitize(name)] = (str(f.path), info, resolved[name])
+                self.infos[sanitize(name, family)] = (str(f.path), info, resolved[name])
         # a merged expert blob (formats/targets.py) is read as its gate / up / down projections, by their names
         self.merged: dict[str, Stored] = {}
         for f in self.files:
@@ -167,9 +174,10 @@ class Checkpoint:
                 if not res.parts:
                     continue
                 parsed = parse_name(name)
-                sinfo = f.tensors.get(res.scale) or self.infos[sanitize(res.scale)][1]
-                for part in res.parts:
-                    vname = sanitize(expert_tensor_name(parsed.expert_base, parsed.expert, part.projection))
+                sinfo = f.tensors.get(res.scale) or self.infos[sanitize(res.scale, family)][1]
+                for part in res.parts:  # a merged blob's own expert, or each expert of a fused stack
+                    expert = parsed.expert if part.expert is None else part.expert
+                    vname = sanitize(expert_tensor_name(parsed.expert_base, expert, part.projection), family)
                     self.merged[vname] = Stored(
                         vname, part.fmt, part.O, part.I, str(f.path),
                         (info.begin + part.data[0], info.begin + part.data[1]), info.dtype,
@@ -201,7 +209,7 @@ class Checkpoint:
                 raise RuntimeModelError(
                     f"tensor {name} is {list(res.logical_shape)}, the model expects [{O}, {I}]"
                 )
-            _, sinfo, _ = self.infos[sanitize(res.scale)]
+            _, sinfo, _ = self.infos[sanitize(res.scale, self.family)]
             if by_name(res.format.name).matmul_kind is None:
                 raise RuntimeModelError(f"tensor {name}: {res.format.name} is not executable by the runtime")
             return Stored(
