@@ -40,7 +40,7 @@ def show_command(
     expert_bytes: dict[tuple[int, int], int] | None = None
     if model_dir is not None:
         expert_bytes = {}
-        for shard in discover_shards([model_dir]):
+        for shard in discover_shards([model_dir], None, geometry.n_experts if geometry else None):
             for key, n in shard.expert_bytes.items():
                 expert_bytes[key] = expert_bytes.get(key, 0) + n
     summary = summarize_usage(history, expert_bytes, top=top)

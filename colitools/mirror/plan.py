@@ -280,7 +280,7 @@ def plan_mirror(
         raise MirrorError(f"mirror path exists and is not a directory: {mirror_root}")
 
     warnings: list[str] = []
-    shards = discover_shards(directories, warnings)
+    shards = discover_shards(directories, warnings, model_geometry(model_root).n_experts)
     # A receipt names plain shard files only (no path separators): the planar sidecar's layer files
     # (experts-int4g64/, FORMATS §4) count as expert bytes of the model but cannot be mirrored; colibri's
     # qwen38 engine reads them from its own Q38_INT4_DIR.

@@ -9,6 +9,7 @@ map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale       (their E8M0 scales)
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale_inv   (FP8 block scales of a source)
     ...layers.{L}.mlp.experts.{E}.merged_weight  (+ ...experts.{E}.qs)          (--target olmoe / qwen36 blobs)
+    ...layers.{L}.mlp.experts.gate_up_proj / down_proj (+ .qs)                    (--target inkling fused stacks)
 
 With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g64/layer-NNN.safetensors``
 (docs/FORMATS.md §4): ``discover_shards`` scans those files too, named by their path relative to the model folder
@@ -17,7 +18,7 @@ With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g6
 Shared experts (``mlp.shared_experts.``, ``mlp.shared_expert.``) and routers are not routed experts. The
 engine assigns an expert to a drive by its *routed tensor*, the first one it reads: ``gate_proj.weight``
 (``gate_proj.weight_packed`` for mxfp4), ``w1`` / ``w1.weight``, ``w1.weight_packed``, or a merged blob
-``merged_weight`` (formats/targets.py).
+``merged_weight`` (formats/targets.py), or a fused stack's ``gate_up_proj`` (every expert of its layer).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.errors import MirrorError
-from colitools.formats import model_config, planar_sidecar
+from colitools.formats import model_config, planar_sidecar, targets
 from colitools.formats.errors import ConfigError
 from colitools.formats.filenames import shard_files
 from colitools.formats.names import (
@@ -113,15 +114,48 @@ class ShardExperts:
     layout: str = "pairs"  # "pairs" or the declared "planar64-v8"
 
 
-def scan_shard(path: str | os.PathLike, name: str | None = None) -> ShardExperts:
+def fused_stack_of(name: str) -> tuple[int, bool] | None:
+    """``(layer, routes)`` of a fused expert stack or its scales (formats/targets.py ``FusedLayout``:
+    ``...layers.{L}.mlp.experts.gate_up_proj`` / ``down_proj`` [+ ``.qs``]), or None. The stack holds every
+    expert of its layer; ``gate_up_proj`` is the tensor the engine reads an expert from first (``slot_fill``)."""
+    layout = targets.FUSED
+    base = name[: -len(layout.scale_suffix)] if name.endswith(layout.scale_suffix) else name
+    parsed = parse_name(base)
+    block, _, container = parsed.module.partition(".")
+    if (parsed.layer is None or parsed.expert is not None or parsed.suffix != "" or container != EXPERTS
+            or block not in MOE_BLOCKS or parsed.leaf not in dict(layout.stacks)):  # fmt: skip
+        return None
+    return parsed.layer, base == name and parsed.leaf == layout.stacks[0][0]
+
+
+def scan_shard(path: str | os.PathLike, name: str | None = None, n_experts: int | None = None) -> ShardExperts:
     """Parse one shard's header (strictly, docs/FORMATS.md §1) and sum its routed-expert bytes per expert.
-    ``name``: the shard's name in the plan (default the file name; a sidecar file's is its relative path)."""
+    ``name``: the shard's name in the plan (default the file name; a sidecar file's is its relative path).
+
+    A fused expert stack (``fused_stack_of``) counts ``nbytes / E`` for each of its ``E`` experts: every expert
+    has the same rows, expert ``e``'s are the ``e``-th ``1/E`` of the stack's bytes (and of its ``.qs``); ``E`` is
+    the stack's first dimension when it is 3-D, else ``n_experts`` (config.json's routed expert count: colibri's
+    converter writes the stacks 1-D)."""
     path = Path(path)
     shard_name = name or path.name
     with SafetensorsFile(path) as st:
         expert_bytes: dict[ExpertKey, int] = {}
         routed: set[ExpertKey] = set()
         for name, info in st.tensors.items():
+            stack = fused_stack_of(name)
+            if stack is not None:
+                layer, routes = stack
+                E = info.shape[0] if len(info.shape) == 3 else n_experts
+                if not E or info.nbytes % E:
+                    raise MirrorError(
+                        f"{path}: fused expert stack {name} ({info.nbytes} bytes) does not split into "
+                        f"{E or 'an unknown number of'} experts (config.json's routed expert count)"
+                    )
+                for e in range(E):
+                    expert_bytes[(layer, e)] = expert_bytes.get((layer, e), 0) + info.nbytes // E
+                    if routes:
+                        routed.add((layer, e))
+                continue
             tensor = classify_expert_tensor(name)
             if tensor is None:
                 continue
@@ -148,9 +182,10 @@ def sidecar_shard_files(directory: str | os.PathLike) -> list[tuple[str, Path]]:
 
 
 def discover_shards(
-    directories: Sequence[str | os.PathLike], warnings: list[str] | None = None
+    directories: Sequence[str | os.PathLike], warnings: list[str] | None = None, n_experts: int | None = None
 ) -> list[ShardExperts]:
-    """Scan every ``*.safetensors`` file (not hidden, not a symlink to a directory) of the directories.
+    """Scan every ``*.safetensors`` file (not hidden, not a symlink to a directory) of the directories
+    (``n_experts``: config.json's routed expert count, for 1-D fused stacks, ``scan_shard``).
 
     The first directory holding a name wins; a later duplicate is ignored with a warning. Sorted by name.
     """
@@ -164,7 +199,7 @@ def discover_shards(
                 if warnings is not None:
                     warnings.append(f"duplicate shard {name} in {directory} ignored (first copy is used)")
                 continue
-            found[name] = scan_shard(path, name)
+            found[name] = scan_shard(path, name, n_experts)
     if not found:
         where = ", ".join(str(Path(d)) for d in directories)
         raise MirrorError(f"no *.safetensors shards found in {where}")
