@@ -1,9 +1,8 @@
 """Targets colitools knows but does not write (formats/targets.py ``refused``): colibri's DeepSeek-V4 engine
 (``c/deepseek_v4.c`` ``coli_v4_layer_plan`` / ``coli_v4_layer_validate``) checks every tensor's dtype against the
-released checkpoint's (F8_E4M3 + F8_E8M0 ``.scale``, BF16 norms), and its Inkling engine (``c/inkling.c``
-``model_init`` / ``expert_get``) reads transformers-style names and one fused expert stack per layer. Both are
-refused in one line, exit code 2, before any work, on their own fixtures as on another family's, and say what the
-loader reads and what to do instead."""
+released checkpoint's (F8_E4M3 + F8_E8M0 ``.scale``, BF16 norms). It is refused in one line, exit code 2, before
+any work, on its own fixture as on another family's, and says what the loader reads and what to do instead.
+(``--target inkling`` is written since issue 10: tests/converters/test_target_inkling.py.)"""
 
 from __future__ import annotations
 
@@ -23,8 +22,6 @@ REFUSED = [
     # (target, its own fixture, loader function named, a fact of what the loader reads, what to do instead)
     ("deepseek_v4", "deepseek_v4", "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate)",
      "F8_E8M0 .scale [ceil(O/128), ceil(I/128)]", "point it at the source checkpoint"),
-    ("inkling", "inkling", "c/inkling.c (model_init, expert_get)",
-     "mlp.experts.gate_up_proj [E, 2I rows, gate first]", "tools/convert_inkling_int4.py"),
 ]  # fmt: skip
 
 
