@@ -138,16 +138,20 @@ class Inventory:
     def orientation_of(self, src: SourceTensor) -> names.Orientation | None:
         """The orientation of expert stack ``src``: the family's for a float / FP8 stack, and for a natively
         quantized one the family's orientation of that encoding (``names.NATIVE_STACK_ORIENTATION``: gpt-oss
-        MXFP4 blocks are by rows, gate / up rows interleaved, while its float stacks are transposed)."""
-        return family_orientation(self.config, src.quant.kind if src.quant is not None else None)
+        MXFP4 blocks are by rows, gate / up rows interleaved, while its float stacks are transposed); by its
+        spelling where the family has two (``names.SPELLED_STACK_ORIENTATION``: Inkling's text gate_up_proj)."""
+        leaf = names.parse_name(src.name).leaf
+        return family_orientation(self.config, src.quant.kind if src.quant is not None else None, leaf)
 
 
-def family_orientation(config: Mapping[str, Any], native: str | None = None) -> names.Orientation | None:
+def family_orientation(
+    config: Mapping[str, Any], native: str | None = None, leaf: str | None = None
+) -> names.Orientation | None:
     types = [t for t in (config.get("model_type"), model_config.text_config(config).get("model_type")) if t]
     if not types:
         return names.Orientation.ROWS
     for t in types:
-        found = names.stack_orientation(t, native)
+        found = names.stack_orientation(t, native, leaf)
         if found is not None:
             return found
     return None

@@ -650,13 +650,14 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
         H, I = gate.I, gate.O
         labels = {j.target.label for j in jobs}
         fmt = labels.pop() if len(labels) == 1 else None
-        if fmt not in layout.formats:
-            bad = next(j for j in jobs if j.target.label not in layout.formats or j.target.label != gate.target.label)
+        allowed = layout.formats + layout.float_formats
+        if fmt not in allowed:
+            bad = next(j for j in jobs if j.target.label not in allowed or j.target.label != gate.target.label)
             why = f" ({bad.target.fallback.reason})" if bad.target.fallback else ""
             raise TargetRefused(
                 f"--target {target.name}: routed expert tensor {bad.out_name} [{bad.O}, {bad.I}] would be written as "
                 f"{bad.target.label}{why}; {target.loader} reads one fused stack per layer, all its experts in one "
-                f"of {', '.join(layout.formats)}"
+                f"of {', '.join(allowed)}"
             )
         shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
         want = {(e, p) for e in range(E) for p in shapes}
@@ -665,7 +666,7 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
                 f"--target {target.name}: the routed experts of {base} are not experts 0..{E - 1} with gate [I, H], "
                 f"up [I, H], down [H, I] each, which {target.loader} reads as one fused stack"
             )
-        if fmt != targets.INT8_ROW and (H % 2 or I % 2):
+        if fmt == targets.INT4_ROW and (H % 2 or I % 2):
             raise TargetRefused(
                 f"--target {target.name}: {base}: int4 fused stacks need an even hidden size and expert width "
                 f"(hidden {H}, width {I}); use --experts int8-row"
@@ -673,6 +674,10 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
         stacks = []
         for (stack, scale), (leaf, projections) in zip(layout.names(base), layout.stacks, strict=True):
             members = tuple(by[(e, p)] for e in range(E) for p in projections)
+            if fmt in layout.float_formats:  # [E, rows, cols] in the jobs' float dtype, no scales
+                _, rows, width = layout.geometry(leaf, H, I)
+                stacks.append(StackOut(stack, gate.weight_entry[1], (E, rows, width), members))
+                continue
             nbytes, n_scales = layout.sizes(leaf, H, I, E, fmt)
             stacks.append(StackOut(stack, layout.dtype, (nbytes,), members, scale, n_scales))
         out.append(OutputGroup(tuple(jobs), stacks=tuple(stacks)))

@@ -211,6 +211,14 @@ STACK_ORIENTATION: dict[str, Orientation] = {
     "inkling2_text": Orientation.ROWS_INTERLEAVED,
 }
 
+# A family whose stacks come in two spellings with different orientations: (model_type, stack leaf) ->
+# orientation, before the family's own. Inkling's native w13_weight interleaves gate / up rows; its text stack
+# gate_up_proj (transformers' conversion_mapping.py Interleave op, c/tools/convert_inkling_int4.py deinterleave,
+# --target inkling) holds the gate rows first.
+SPELLED_STACK_ORIENTATION: dict[tuple[str, str], Orientation] = {
+    (t, "gate_up_proj"): Orientation.ROWS for t in ("inkling", "inkling_mm_model", "inkling_text")
+}
+
 # Natively quantized expert stacks (docs/FORMATS.md §5). Their codes are stored per output row (MXFP4 blocks
 # ``[E, O, I/32, 16]``), whatever the family's float orientation, so a family whose float stacks are transposed
 # says here how the rows of its quantized stacks hold gate / up: (model_type, source encoding) -> orientation. A
@@ -603,13 +611,19 @@ def detail_role(name: str, ndim: int, *, copied: bool = False, num_hidden_layers
     return "other"
 
 
-def stack_orientation(model_type: str | None, native: str | None = None) -> Orientation | None:
+def stack_orientation(
+    model_type: str | None, native: str | None = None, leaf: str | None = None
+) -> Orientation | None:
     """The family's expert-stack orientation (:data:`STACK_ORIENTATION`), None when the family does not fix it.
 
     ``native``: the encoding of a natively quantized stack (``mxfp4``, ...): :data:`NATIVE_STACK_ORIENTATION`,
-    else the family's own orientation when it is by rows (codes are stored per output row), else None."""
+    else the family's own orientation when it is by rows (codes are stored per output row), else None.
+    ``leaf``: the stack's spelling (``gate_up_proj``), where the family spells stacks two ways
+    (:data:`SPELLED_STACK_ORIENTATION`)."""
     if not model_type:
         return None
+    if native is None and (model_type, leaf) in SPELLED_STACK_ORIENTATION:
+        return SPELLED_STACK_ORIENTATION[(model_type, leaf)]
     if native is not None:
         found = NATIVE_STACK_ORIENTATION.get((model_type, native))
         if found is not None:

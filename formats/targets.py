@@ -140,13 +140,17 @@ class FusedLayout:
     ``rowb = nbytes / (E * 2I)`` of the first MoE layer's ``gate_up_proj`` (any other row size stops it) and reads
     ``down_proj`` in the same format. ``{stack}.qs`` (F32, 1-D): one scale per row, in row order (``E * 2I`` and
     ``E * H``); a weight is ``q[o, i] * scale[o]`` (``matmul_q`` / ``matmul_q4``). Only byte counts are read,
-    never shapes (the converter writes both tensors 1-D)."""
+    never shapes (the converter writes both tensors 1-D). A float stack (``float_formats``, no ``.qs``) is
+    ``[E, 2I, H]`` / ``[E, H, I]`` in the same row order."""
 
     stacks: tuple[tuple[str, tuple[str, ...]], ...] = (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",)))
     scale_suffix: str = ".qs"
     dtype: str = "U8"  # int8 codes too: the engine takes U8 (st dtype 3) as "container", anything else as float
     scale_dtype: str = "F32"
     formats: tuple[str, ...] = (INT8_ROW, INT4_ROW)
+    # float stacks [E, 2I, H] / [E, H, I] (the converter's --xbits 0: the de-interleaved source stack, its dtype):
+    # the engine reads an expert's rows with read_f32_slice and keeps them f32 or quantizes them at load
+    float_formats: tuple[str, ...] = ("f32", "bf16")
 
     def leaf_of(self, projection: str) -> str:
         """The stack holding ``projection`` (gate | up | down)."""
@@ -337,7 +341,7 @@ TARGETS: dict[str, Target] = {
             fused=FUSED,
             names=INKLING,
             drop_mtp=True,
-            expert_options=(INT4_ROW, INT8_ROW),  # convert_inkling_int4.py --xbits 4 (default) / 8
+            expert_options=(INT4_ROW, INT8_ROW, "f32", "bf16"),  # convert_inkling_int4.py --xbits 4 / 8 / 0
             float_options=("f32", "bf16"),
             defaults=(("experts", INT4_ROW), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
             layouts=("pairs",),

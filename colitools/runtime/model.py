@@ -111,7 +111,7 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
         next((n for n in stack_names(p, proj) if ckpt.has(n) or ckpt.has(n + blocks)), stack_name(p, proj))
         for proj in ("gate_up", "down")
     )
-    orientation = stack_orientation(args.model_type) or Orientation.ROWS
+    orientation = stack_orientation(args.model_type, leaf=gate_up.rpartition(".")[2]) or Orientation.ROWS
     picks = STACK_PICKS.get(orientation)
     if ckpt.has(expert_tensor_name(p, 0, "gate")):  # per-expert tensors, or the parts of a target's fused stack
         return _per_expert(ckpt, p, E, H, I)

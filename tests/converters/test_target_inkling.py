@@ -78,6 +78,9 @@ def _stacks(experts: str) -> dict[str, tuple[str, list[int]]]:
     out = {}
     for L in GEOMETRY:
         p = f"model.layers.{L}.mlp.experts."
+        if experts == "f32":  # --xbits 0: the float stacks, read with read_f32_slice
+            out[p + "gate_up_proj"], out[p + "down_proj"] = ("F32", [E, 2 * I, H]), ("F32", [E, H, I])
+            continue
         out[p + "gate_up_proj"] = ("U8", [E * 2 * I * rb13])
         out[p + "gate_up_proj.qs"] = ("F32", [E * 2 * I])
         out[p + "down_proj"] = ("U8", [E * H * rb2])
@@ -97,6 +100,7 @@ def outputs(tmp_path_factory):
         "int4": _convert(root / "int4", target="inkling"),  # the defaults: int4-row experts, bf16 dense
         "int4-f32": _convert(root / "int4-f32", target="inkling", dense="f32", embed="f32"),
         "int8-f32": _convert(root / "int8-f32", target="inkling", experts="int8-row", dense="f32", embed="f32"),
+        "f32": _convert(root / "f32", target="inkling", experts="f32", dense="f32", embed="f32"),
         "generic-int4": _convert(root / "generic-int4", experts="int4-row", dense="f32", embed="f32"),
         "generic-int8": _convert(root / "generic-int8", experts="int8-row", dense="f32", embed="f32"),
     }
@@ -145,7 +149,9 @@ def _decode(codes: np.ndarray, scales: np.ndarray, O: int, In: int, bits: int) -
 
 
 # ------------------------------------------------------------------------------------------------ tests
-@pytest.mark.parametrize(("name", "experts", "dense"), [("int4", "int4-row", "bf16"), ("int8-f32", "int8-row", "f32")])
+@pytest.mark.parametrize(
+    ("name", "experts", "dense"), [("int4", "int4-row", "bf16"), ("int8-f32", "int8-row", "f32"), ("f32", "f32", "f32")]
+)
 def test_names_dtypes_and_shapes_are_what_model_init_and_slot_fill_look_up(outputs, name, experts, dense):
     got = {n: (h[1], list(h[2])) for n, h in _headers(outputs[name]).items()}  # (file, dtype, shape, ...)
     assert got == {**_expected_headers(dense), **_stacks(experts)}
@@ -247,7 +253,11 @@ def _colibri_container(dest: Path, source: dict, bits: int) -> Path:
         base = renames.get(name, name.replace("model.llm.layers.", "model.layers."))
         for a, b in subs:
             base = base.replace(a, b)
-        if name.endswith(".mlp.experts.w13_weight"):
+        if name.endswith(".mlp.experts.w13_weight") and not bits:  # --xbits 0: the de-interleaved stack
+            out[base.replace(".w13_weight", ".gate_up_proj")] = _deinterleave(t)
+        elif name.endswith(".mlp.experts.w2_weight") and not bits:
+            out[base] = t
+        elif name.endswith(".mlp.experts.w13_weight"):
             out[base.replace(".w13_weight", ".gate_up_proj")], out[base.replace(".w13_weight", ".gate_up_proj.qs")] = (
                 _stack_codes(_deinterleave(t), bits))  # fmt: skip
         elif name.endswith(".mlp.experts.w2_weight"):
@@ -291,11 +301,40 @@ def test_an_inkling_output_runs_token_identical_to_the_generic_container_of_the_
     assert len(tokens[target]) == 32 and tokens[target] == tokens[generic]
 
 
+def test_an_f32_output_runs_token_exact_against_the_transformers_reference(outputs):
+    """``--target inkling --experts f32 --dense f32 --embed f32`` has the formats of the fixture's ``f32`` recipe:
+    every greedy token, every teacher-forced position and the logits equal transformers'
+    (oracles/inkling/reference/f32.json)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from oracle_refs import check_against_reference, reference
+
+    ref = reference("inkling", "f32")
+    assert ref["recipe_formats"] == {"experts": "f32", "dense": "f32", "embed": "f32", "layout": "pairs"}
+    check_against_reference(outputs["f32"], "inkling", ref)
+
+
+def test_a_float_container_written_as_convert_inkling_int4_xbits_0_writes_it_runs_token_exact(source, tmp_path):
+    """The converter's ``--xbits 0`` output (float stacks, the source's F32 passed through) read by colitools and
+    run: the transformers reference's tokens, teacher-forced positions and logits."""
+    from colitools.formats.inspect import inspect_path
+    from colitools.verify.container import verify_container
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from oracle_refs import check_against_reference, reference
+
+    folder = _colibri_container(tmp_path / "colibri-inkling-f32", source, 0)
+    report = verify_container(folder)
+    assert report.ok, report.problems
+    assert not inspect_path(folder).unresolved
+    check_against_reference(folder, "inkling", reference("inkling", "f32"))
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [
         (dict(experts="int4-g64"), "--experts int4-g64 is refused"),
-        (dict(experts="f32"), "--experts f32 is refused"),
+        (dict(experts="int3-g64"), "--experts int3-g64 is refused"),
+        (dict(experts="int2-row"), "--experts int2-row is refused"),
         (dict(experts="mxfp4"), "--experts mxfp4 is refused"),
         (dict(dense="int8-row"), "--dense int8-row is refused"),
         (dict(embed="int4-row"), "--embed int4-row is refused"),
