@@ -30,9 +30,9 @@ from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import Float, Fp8E4m3B128, block_grid, by_name
 from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.formats.targets import INKLING, SIGNED_NIBBLE_XOR, TARGETS
+from colitools.runtime.kernels import QTensor
 
 INKLING_TYPES = TARGETS[INKLING].model_types  # families whose text names are read by their native spelling
-from colitools.runtime.kernels import QTensor
 
 F32 = np.float32
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
