@@ -611,7 +611,8 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
     one ``experts`` module in one group writing ``gate_up_proj`` (each expert's gate rows, then its up rows) and
     ``down_proj``, U8 1-D codes + F32 1-D ``.qs``, all in one of ``FusedLayout.formats``; every stacked shared
     expert's projection ``shared_experts.{k}.{p}_proj.weight`` in one float stack ``shared_experts.{p}_proj``
-    ``[n, O, I]`` (shared expert k's rows at index k). Anything else is refused before work starts, named."""
+    ``[n, O, I]`` (shared expert k's rows at index k); float experts (``FusedLayout.float_formats``) as float
+    ``[E, rows, cols]`` stacks. Anything else is refused before work starts, named."""
     layout = target.fused
     routed: dict[str, list[OutputGroup]] = defaultdict(list)
     shared: dict[tuple[str, str], list[TensorJob]] = defaultdict(list)
@@ -643,7 +644,12 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
         out.append(OutputGroup(tuple(jobs), stacks=(StackOut(name, dtypes.pop(), (len(jobs), jobs[0].O, jobs[0].I),
                                                             tuple(range(len(jobs)))),)))  # fmt: skip
     for base, experts in sorted(routed.items(), key=lambda kv: natural_key(kv[0])):
-        jobs = [j for g in sorted(experts, key=lambda g: g.jobs[0].expert) for j in g.jobs]
+        # every expert's gate / up jobs first, then the down jobs: the writer writes gate_up_proj once its members
+        # are encoded, before the down projections (one stack's codes in memory at a time)
+        ordered = [j for g in sorted(experts, key=lambda g: g.jobs[0].expert) for j in g.jobs]
+        jobs = [j for j in ordered if not rc.expert_of(j.out_name).is_down] + [
+            j for j in ordered if rc.expert_of(j.out_name).is_down
+        ]
         E = len(experts)
         by = {(j.expert, parse_name(j.out_name).projection): k for k, j in enumerate(jobs)}
         gate = jobs[0]

@@ -237,6 +237,16 @@ def stack_codes(parts: list[np.ndarray]) -> np.ndarray:
     return flat.view(np.uint8) if flat.dtype == np.int8 else flat
 
 
+def _put_stack(sink: FileSink, st, members: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+    """A target's fused stack (planner ``StackOut``): its members' codes back to back, then their scales; the
+    members are dropped, so a layer holds at most one stack's codes (the planner orders gate/up jobs first)."""
+    sink.put(st.name, stack_codes([members[k][0] for k in st.members]))
+    if st.scale is not None:
+        sink.put(st.scale, np.concatenate([np.asarray(members[k][1], np.float32).reshape(-1) for k in st.members]))
+    for k in st.members:
+        del members[k]
+
+
 def encode_job(
     job: TensorJob,
     values: np.ndarray,
@@ -568,10 +578,16 @@ def start_unit(
                 for group in out.groups:
                     scales_after: list[tuple[str, np.ndarray]] = []
                     merged: list[tuple[np.ndarray, np.ndarray]] = []  # a target's merged blob (formats/targets.py)
-                    for job in group.jobs:
+                    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a target's fused stacks' members
+                    pending = list(group.stacks)
+                    for k, job in enumerate(group.jobs):
                         codes, scales = ahead.take()
                         wname, sname = job.target.tensor_names(job.out_name)
-                        if group.merged is not None or group.stacks:
+                        if group.stacks:
+                            members[k] = (codes, scales)
+                            while pending and all(m in members for m in pending[0].members):
+                                _put_stack(sink, pending.pop(0), members)  # written once complete, then freed
+                        elif group.merged is not None:
                             merged.append((codes, scales))
                         else:
                             sink.put(wname, codes)
@@ -586,11 +602,6 @@ def start_unit(
                             time.sleep(slow)
                     for sname, scales in scales_after:  # an expert's scales follow its codes (§4)
                         sink.put(sname, scales)
-                    for st in group.stacks:  # a target's fused stack: its members' codes, then their scales
-                        sink.put(st.name, stack_codes([merged[k][0] for k in st.members]))
-                        if st.scale is not None:
-                            sink.put(st.scale, np.concatenate(
-                                [np.asarray(merged[k][1], np.float32).reshape(-1) for k in st.members]))  # fmt: skip
                     if group.merged is not None:  # gate | up | down codes as one blob, then their scales
                         blob, sname = group.merged
                         sink.put(blob, merged_codes(group, [c for c, _ in merged]))
