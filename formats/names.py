@@ -132,31 +132,53 @@ INKLING_STACK_NAMES: dict[str, tuple[str, ...]] = {
 # MLP reads the three by those names)
 _INKLING_NATIVE_OF = {v: k for k, v in INKLING_LAYER_NAMES.items() if k != "mlp.w2_md.weight"}
 _INKLING_NATIVE_GLOBAL_OF = {v: k for k, v in INKLING_GLOBAL_NAMES.items()}
+_INKLING_TEXT_TAILS = {v: v for v in INKLING_LAYER_NAMES.values()}  # a text name inside a layer: itself
 
 
-def inkling_text_name(native: str) -> str | None:
-    """The text name ``c/inkling.c`` looks up for native Inkling tensor ``native`` (:data:`INKLING_GLOBAL_NAMES`,
-    :data:`INKLING_LAYER_NAMES`), or None when it looks up none. A per-expert name of a split stack
-    (``model.llm.layers.{L}.mlp.experts.{E}.gate_proj.weight``, ``...shared_experts.{k}.up_proj.weight``) keeps
-    its tail under ``model.layers.{L}.``: its stack's text name is the writer's (formats/targets.py)."""
-    if native in INKLING_GLOBAL_NAMES:
-        return INKLING_GLOBAL_NAMES[native]
-    if not native.startswith(INKLING_NATIVE_LAYERS):
-        return None
-    layer, _, tail = native[len(INKLING_NATIVE_LAYERS) :].partition(".")
-    if not layer.isdecimal():
-        return None
-    parsed = parse_name(native)
-    split = parsed.projection in ("gate", "up", "down") and (
-        parsed.expert is not None or parsed.role is TensorRole.SHARED_EXPERT
-    )
-    text = tail if split else INKLING_LAYER_NAMES.get(tail)
-    return None if text is None else f"{INKLING_TEXT_LAYERS}{layer}.{text}"
+# A transformers-saved Inkling (``save_pretrained`` of transformers 5.24) already has text names, under
+# ``model.language_model.`` for the multimodal model, and its embedding norm inside the embedding module.
+INKLING_TRANSFORMERS_ROOT = "model.language_model."
+INKLING_TRANSFORMERS_NAMES: dict[str, str] = {
+    "model.embed_tokens.embed_norm.weight": "model.embed_norm.weight",  # InklingTextModel's embed_tokens.embed_norm
+}
+
+
+def inkling_text_name(name: str) -> str | None:
+    """The text name ``c/inkling.c`` looks up for Inkling tensor ``name`` (:data:`INKLING_GLOBAL_NAMES`,
+    :data:`INKLING_LAYER_NAMES` for a native name; a text name, or a transformers one
+    (:data:`INKLING_TRANSFORMERS_NAMES`), as the engine spells it), or None when it looks up none. A per-expert
+    name of a split stack (``model.llm.layers.{L}.mlp.experts.{E}.gate_proj.weight``,
+    ``...shared_experts.{k}.up_proj.weight``) keeps its tail under ``model.layers.{L}.``: its stack's text name is
+    the writer's (formats/targets.py)."""
+    if name in INKLING_GLOBAL_NAMES:
+        return INKLING_GLOBAL_NAMES[name]
+    if name.startswith(INKLING_TRANSFORMERS_ROOT):
+        name = CANONICAL_ROOT + name[len(INKLING_TRANSFORMERS_ROOT) :]
+    name = INKLING_TRANSFORMERS_NAMES.get(name, name)
+    if name in _INKLING_NATIVE_GLOBAL_OF:  # a text name already
+        return name
+    for prefix, table in ((INKLING_NATIVE_LAYERS, INKLING_LAYER_NAMES), (INKLING_TEXT_LAYERS, _INKLING_TEXT_TAILS)):
+        if not name.startswith(prefix):
+            continue
+        layer, _, tail = name[len(prefix) :].partition(".")
+        if not layer.isdecimal():
+            return None
+        parsed = parse_name(name)
+        split = parsed.projection in ("gate", "up", "down") and (
+            parsed.expert is not None or parsed.role is TensorRole.SHARED_EXPERT
+        )
+        text = tail if split else table.get(tail)
+        return None if text is None else f"{INKLING_TEXT_LAYERS}{layer}.{text}"
+    return None
 
 
 def inkling_native_name(text: str) -> str:
     """The native spelling of an Inkling text name (the inverse of :func:`inkling_text_name`; the runtime reads
-    native names). Stacks keep their text names (their rows are not interleaved); anything else is unchanged."""
+    native names); a transformers spelling (``model.language_model.``, :data:`INKLING_TRANSFORMERS_NAMES`) too.
+    Stacks keep their text names (their rows are not interleaved); anything else is unchanged."""
+    if text.startswith(INKLING_TRANSFORMERS_ROOT):
+        text = CANONICAL_ROOT + text[len(INKLING_TRANSFORMERS_ROOT) :]
+    text = INKLING_TRANSFORMERS_NAMES.get(text, text)
     if text in _INKLING_NATIVE_GLOBAL_OF:
         return _INKLING_NATIVE_GLOBAL_OF[text]
     if text.startswith(INKLING_TEXT_LAYERS):

@@ -288,6 +288,31 @@ def test_readers_and_runtime_read_a_container_written_as_convert_inkling_int4_wr
     assert len(tokens["colibri"]) == 32 and tokens["colibri"] == tokens["target"]
 
 
+def test_a_transformers_named_checkpoint_converts_to_the_same_output(outputs, source, tmp_path):
+    """A text-named float checkpoint as transformers 5.24 saves the multimodal model (``model.language_model.``,
+    ``embed_tokens.embed_norm``, ``gate_up_proj`` stacks by rows, shared-expert stacks) is read by the runtime as
+    the reference runs it and converts with ``--target inkling`` to exactly the native fixture's output."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from oracle_refs import check_against_reference, reference
+
+    text = _read(_colibri_container(tmp_path / "text", source, 0))  # float stacks under the engine's names
+    hf = {}
+    for name, value in text.items():
+        name = "model.embed_tokens.embed_norm.weight" if name == "model.embed_norm.weight" else name
+        hf[name if name.startswith("lm_head.") else "model.language_model." + name[len("model.") :]] = value
+    folder = tmp_path / "transformers"
+    folder.mkdir()
+    write_safetensors(folder / "model.safetensors", hf)
+    shutil.copy(FIXTURE / "config.json", folder / "config.json")
+    check_against_reference(folder, "inkling", reference("inkling", "f32"))
+    convert(str(folder), tmp_path / "out", ConvertOptions(progress=False, min_free_gb=0.0, target="inkling",
+                                                          experts="f32", dense="f32", embed="f32"))  # fmt: skip
+    out = tmp_path / "out"
+    got, want = _read(out), _read(outputs["f32"])
+    assert got.keys() == want.keys()
+    assert all(got[n].dtype == want[n].dtype and np.array_equal(got[n], want[n]) for n in want)
+
+
 @pytest.mark.parametrize(("target", "generic"), [("int4-f32", "generic-int4"), ("int8-f32", "generic-int8")])
 def test_an_inkling_output_runs_token_identical_to_the_generic_container_of_the_same_formats(outputs, target, generic):
     """colitools' runtime reads the fused stacks back: 32 greedy tokens equal the generic container's with the same
