@@ -382,3 +382,34 @@ def test_cli_refuses_another_model_type_exit_2(tmp_path):
     r = run_cli("convert", ORACLES / "inkling2", tmp_path / "out", "--target", "inkling", "--min-free-gb", "0")
     one_line_error(r, "--target inkling is for model_type inkling, inkling_mm_model, inkling_text", "'inkling2'",
                    code=2)  # fmt: skip
+
+
+def test_the_name_table_maps_every_native_text_tensor_and_reads_it_back(source):
+    """formats/names.py's Inkling table: each native text-model tensor of the fixture has the name
+    convert_inkling_int4.py gives it, and the reader's inverse gives the native name back (stacks keep their text
+    names: their rows are de-interleaved)."""
+    from colitools.formats.names import inkling_native_name, inkling_text_name
+
+    stacks = {"mlp.experts.w13_weight", "mlp.experts.w2_weight", "mlp.shared_experts.shared_w13_weight",
+              "mlp.shared_experts.shared_w2_weight"}  # fmt: skip
+    for name in source:
+        if name.startswith(("model.audio.", "model.visual.")) or name.split(".", 4)[-1] in stacks:
+            continue
+        text = inkling_text_name(name)
+        assert text is not None and not text.startswith("model.llm."), name
+        assert inkling_native_name(text) == name
+    assert inkling_text_name("model.llm.layers.0.mlp.w13_dn.weight") is None  # a dense w13: not split (refused)
+    assert inkling_text_name("model.language_model.embed_tokens.embed_norm.weight") == "model.embed_norm.weight"
+
+
+def test_a_tensor_the_engine_looks_up_by_no_name_is_refused_in_one_line(source, tmp_path):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    extra = {**source, "model.llm.layers.0.mlp.w13_dn.weight": np.zeros((2 * 96, H), np.float32)}
+    write_safetensors(folder / "model.safetensors", extra)
+    shutil.copy(FIXTURE / "config.json", folder / "config.json")
+    with pytest.raises(ConvertError) as info:
+        convert(str(folder), tmp_path / "out", ConvertOptions(target="inkling", progress=False, min_free_gb=0.0))
+    message = str(info.value)
+    assert "model.llm.layers.0.mlp.w13_dn.weight" in message and "c/inkling.c" in message and "\n" not in message
+    assert info.value.exit_code == 2 and not (tmp_path / "out").exists()
