@@ -335,7 +335,32 @@ def resolve_container(
             resolved[name] = ResolvedTensor(name, where, info.dtype, info.shape, info.nbytes, "other", layout)
     if config:
         _check_config(resolved, config)
+    _check_fused_formats(resolved)
     return {name: resolved[name] for name in present}
+
+
+def _check_fused_formats(resolved: Mapping[str, ResolvedTensor]) -> None:
+    """``c/inkling.c`` takes the first MoE layer's ``gate_up_proj`` for every stack: U8 (``targets.FUSED``) means
+    every stack is read as U8 rows of that one row format. A container whose quantized stacks differ, or that
+    mixes them with float stacks, is one the engine misreads: a ResolveError naming two of them."""
+    layout = targets.FUSED
+    stacks = {
+        n: t
+        for n, t in resolved.items()
+        if parse_name(n).leaf in dict(layout.stacks) and parse_name(n).expert_base is not None
+        and parse_name(n).suffix == "" and t.kind in ("quantized", "float")
+    }  # fmt: skip
+    quantized = {n: t for n, t in stacks.items() if t.parts}
+    if not quantized:
+        return
+    first = next(iter(quantized.values()))
+    for name, t in stacks.items():
+        if t.format is None or first.format is None or t.format.name != first.format.name:
+            got = t.format.label if t.format is not None else t.dtype
+            raise ResolveError(
+                f"{t.file}: fused expert stack {name} is {got} but {first.name} is {first.format.label}; "
+                f"c/inkling.c reads every stack in one format (the first MoE layer's gate_up_proj row size)"
+            )
 
 
 def _resolve_weight(

@@ -413,3 +413,19 @@ def test_a_tensor_the_engine_looks_up_by_no_name_is_refused_in_one_line(source, 
     message = str(info.value)
     assert "model.llm.layers.0.mlp.w13_dn.weight" in message and "c/inkling.c" in message and "\n" not in message
     assert info.value.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+def test_stacks_of_different_formats_are_a_verify_problem(outputs, tmp_path):
+    """c/inkling.c decides int4 / int8 once, from the first MoE layer's gate_up_proj: a container whose layer 1
+    stacks are int8 next to int4 ones is reported, naming them."""
+    from colitools.verify.container import verify_container
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    int4, int8 = _read(outputs["int4-f32"]), _read(outputs["int8-f32"])
+    tensors = {n: (int8[n] if n.startswith("model.layers.1.mlp.experts.") else v) for n, v in int4.items()}
+    write_safetensors(mixed / "model.safetensors", tensors)
+    shutil.copy(FIXTURE / "config.json", mixed / "config.json")
+    report = verify_container(mixed)
+    assert not report.ok
+    assert any("model.layers.1.mlp.experts.gate_up_proj is int8-row" in p and "one format" in p for p in report.problems)
