@@ -325,12 +325,14 @@ def _as_bytes(array: np.ndarray) -> memoryview:
 
 
 class FileSink:
-    """Hashes and writes one output file on a background thread, so that disk writes, sha256 and the final
-    fsync overlap with the encoding of the next tensors (and of the next unit).
+    """Writes one output file on a background thread and hashes it on another, so that disk writes, sha256
+    and the final fsync overlap with each other and with the encoding of the next tensors (and of the next
+    unit): a tensor goes writer -> hasher, in order, so the digest sees the file's bytes in file order while
+    the writer is already on the next tensor (write and sha256 each take a core's worth at ~1-2 GB/s).
 
-    The queue holds at most ``QUEUE_BYTES`` of encoded tensors (or one tensor, if it is larger), so memory
-    stays bounded by the largest tensor. ``put`` re-raises a failure of the thread; ``result`` waits for
-    publication and returns the record."""
+    The queue holds at most ``QUEUE_BYTES`` of encoded tensors not yet hashed (or one tensor, if it is
+    larger), so memory stays bounded by the largest tensor. ``put`` re-raises a failure of the threads;
+    ``result`` waits for publication and returns the record."""
 
     QUEUE_BYTES = 32 << 20
     WRITEBACK_BYTES = 16 << 20  # start the disk writing every this many bytes (see ``_start_writeback``)
@@ -358,6 +360,9 @@ class FileSink:
         self._room = threading.Condition()
         self._error: BaseException | None = None
         self._record: FileRecord | None = None
+        self._hash_queue: queue.SimpleQueue = queue.SimpleQueue()  # written views, in order; None: done
+        self._hasher = threading.Thread(target=self._hash_run, name=f"sha256-{out.name}", daemon=True)
+        self._hasher.start()
         self._thread = threading.Thread(target=self._run, name=f"sink-{out.name}", daemon=True)
         self._thread.start()
 
@@ -413,6 +418,22 @@ class FileSink:
             self._drain_queue()
         finally:
             self._close_fd()
+            self._stop_hasher()
+
+    def _hash_run(self) -> None:
+        """The hasher thread: every written view, in file order (hashlib releases the GIL on large buffers)."""
+        while True:
+            view = self._hash_queue.get()
+            if view is None:
+                return
+            self._digest.update(view)
+            self._written(view.nbytes)
+
+    def _stop_hasher(self) -> None:
+        """Let the hasher finish what the writer handed it, and wait for it (idempotent)."""
+        if self._hasher.is_alive():
+            self._hash_queue.put(None)
+            self._hasher.join()
 
     def _drain_queue(self) -> None:
         failed = False
@@ -428,13 +449,13 @@ class FileSink:
                 if item is _CLOSE:
                     self._close_fd()  # before the rename (some systems cannot rename an open file)
                     self._writer.close()
+                    self._stop_hasher()
                     self._record = FileRecord(self.out.name, self.out.size, self._digest.hexdigest())
                     _after_publish()
                     return
                 name, view = item
                 self._writer.write(name, view)
-                self._digest.update(view)
-                self._written(view.nbytes)
+                self._hash_queue.put(view)  # the hasher releases its bytes (``_written``)
                 self._start_writeback(self._writer.tensors[name].end)
             except BaseException as exc:  # reported to the encoding thread by put() / result()
                 with self._room:

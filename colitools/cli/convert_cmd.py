@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -78,6 +79,10 @@ def convert_command(
     ),
 ) -> None:
     """Convert a BF16/FP8 checkpoint into quantized byte-addressable safetensors, resumably."""
+    # The converter multiplies no float matrices: OpenBLAS's thread pool would only cost start-up (~60 ms of
+    # numpy's import) and a core spinning beside the encoders. Set before numpy's first import (no command
+    # module imports it at module level); --workers processes inherit it.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from colitools.converters.options import ConvertOptions
     from colitools.converters.runner import convert
 
