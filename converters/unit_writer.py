@@ -251,7 +251,9 @@ def encode_job(
         return (encode_bf16(w) if t.is_bf16 else w), None
     fmt, gs = t.format_class, t.gs
     grid = _fp8_grid(job, scale, block) if scale is not None else None
-    if values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
+    if fmt.kernel_code is None:  # encoded by its numpy reference only (fp8-e4m3-e8m0): from float32
+        codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=False)
+    elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
     elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
         codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
@@ -437,7 +439,8 @@ def _checked(expected, name: str, array: np.ndarray) -> memoryview:
     want = numpy_dtype(dtype)
     a = np.asarray(array)
     if a.dtype != want:
-        if a.dtype.kind == want.kind and a.dtype.itemsize == want.itemsize:
+        # same-width kinds, or one-byte codes stored under a target's dtype (I8 / F8_E4M3 / F8_E8M0 bytes)
+        if a.dtype.itemsize == want.itemsize and (a.dtype.kind == want.kind or a.dtype == np.uint8):
             a = a.view(want)
         else:  # pragma: no cover - a planning/encoding mismatch is a bug, reported with the numbers
             raise ConvertError(f"tensor {name}: encoder produced {a.dtype}, planned {dtype}")
