@@ -1,9 +1,9 @@
-"""Targets colitools knows but does not write (formats/targets.py ``refused``): colibri's DeepSeek-V4 engine
-(``c/deepseek_v4.c`` ``coli_v4_layer_plan`` / ``coli_v4_layer_validate``) checks every tensor's dtype against the
-released checkpoint's (F8_E4M3 + F8_E8M0 ``.scale``, BF16 norms), and its Inkling engine (``c/inkling.c``
-``model_init`` / ``expert_get``) reads transformers-style names and one fused expert stack per layer. Both are
-refused in one line, exit code 2, before any work, on their own fixtures as on another family's, and say what the
-loader reads and what to do instead."""
+"""Targets colitools knows but does not write (formats/targets.py ``refused``): colibri's Inkling engine
+(``c/inkling.c`` ``model_init`` / ``expert_get``) reads transformers-style names and one fused expert stack per
+layer. It is refused in one line, exit code 2, before any work, on its own fixture as on another family's, and
+says what the loader reads and what to do instead. ``--target deepseek_v4`` is written now
+(tests/converters/test_target_deepseek_v4.py); what stays refused of it is another family's source, in one line
+with exit code 2 (``Target.check_model_type``)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ ORACLES = Path(__file__).resolve().parents[2] / "oracles"
 
 REFUSED = [
     # (target, its own fixture, loader function named, a fact of what the loader reads, what to do instead)
-    ("deepseek_v4", "deepseek_v4", "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate)",
-     "F8_E8M0 .scale [ceil(O/128), ceil(I/128)]", "point it at the source checkpoint"),
     ("inkling", "inkling", "c/inkling.c (model_init, expert_get)",
      "mlp.experts.gate_up_proj [E, 2I rows, gate first]", "tools/convert_inkling_int4.py"),
 ]  # fmt: skip
@@ -45,4 +43,5 @@ def test_cli_refusal_exit_2(tmp_path):
     from cli_helpers import one_line_error, run_cli
 
     r = run_cli("convert", ORACLES / "olmoe", tmp_path / "out", "--target", "deepseek_v4")
-    one_line_error(r, "--target deepseek_v4 is refused", "F8_E8M0", code=2)
+    one_line_error(r, "--target deepseek_v4 is for model_type deepseek_v4", "c/deepseek_v4.c", "'olmoe'", code=2)
+    assert not (tmp_path / "out").exists()
