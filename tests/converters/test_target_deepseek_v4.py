@@ -273,3 +273,37 @@ def test_cli_refused_option_exit_2(tmp_path):
 
     r = run_cli("convert", FIXTURE, tmp_path / "out", "--target", "deepseek_v4", "--dense", "int8-row")
     one_line_error(r, "--target deepseek_v4: --dense int8-row is refused", "reads fp8-e8m0 there", code=2)
+
+
+def test_fp8_source_with_power_of_two_scales_passes_through_bit_for_bit(tmp_path):
+    """A V3-style FP8 source (F8_E4M3 + F32 ``weight_scale_inv``, 128x128 blocks): where every block scale is a
+    power of two the e4m3 bytes are kept and the E8M0 byte is ``log2(scale) + 127``; elsewhere the tensor is
+    re-encoded from its dequantized values (docs/FORMATS.md §2.9)."""
+    from tinyckpt import Tiny, make_checkpoint, write_tensors
+
+    src = tmp_path / "src"
+    spec = Tiny(dtype="FP8", hidden=192, inter=160)
+    tensors = make_checkpoint(src, spec)
+    pow2 = "model.layers.0.self_attn.q_proj.weight"  # [192, 192]: a 2 x 2 grid with partial edge blocks
+    k = np.array([[-7, -9], [-8, 0]])
+    tensors[pow2 + "_scale_inv"] = np.ldexp(np.float32(1), k).astype(np.float32)
+    write_tensors(src, tensors, spec.shards)
+    convert(str(src), tmp_path / "out", ConvertOptions(dense="fp8-e8m0", progress=False, min_free_gb=0.0))
+    stored = stored_tensors(tmp_path / "out")
+    base = pow2[: -len(".weight")]
+    dtype, shape, codes = stored[pow2]
+    assert (dtype, shape) == ("F8_E4M3", (192, 192)) and stored[base + ".scale"][0] == "F8_E8M0"
+    assert codes.tobytes() == tensors[pow2].tobytes()  # the source's e4m3 bytes
+    assert stored[base + ".scale"][2].view(np.uint8).tolist() == (k + 127).tolist()
+    other = "model.layers.0.self_attn.k_proj.weight"  # random scales: re-encoded by the rule
+    w = tensors[other].astype(np.float32) * np.repeat(
+        np.repeat(tensors[other + "_scale_inv"], 128, 0), 128, 1)[:192, :192]  # fmt: skip
+    scale = stored[other[: -len(".weight")] + ".scale"][2].view(np.uint8).astype(int)
+    for bo in range(2):
+        for bi in range(2):
+            amax = np.float32(np.abs(w[bo * 128 : (bo + 1) * 128, bi * 128 : (bi + 1) * 128]).max())
+            assert scale[bo, bi] - 127 == int(np.ceil(np.log2(np.float64(amax * np.float32(1 / 448)))))
+    got = stored[other][2].view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    s = np.repeat(np.repeat(np.ldexp(1.0, scale - 127), 128, 0), 128, 1)[:192, :192]
+    assert np.all(np.abs(got * s - w) <= np.abs(w) / 16 + s * 2.0**-10)  # within half an e4m3 step
+    assert stored[other][2].tobytes() != tensors[other].tobytes()  # re-encoded, not the source bytes
