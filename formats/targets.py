@@ -196,7 +196,7 @@ class Target:
     refused: str | None = None  # a target colitools knows but does not write: why, and what to do instead
     option_values: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per option, the values it reads (else above)
     name_map: Callable[[str], str] | None = None  # the loader's tensor names (after ``rename``)
-    float_dtypes: dict[str, str] | None = None  # by leaf name (``leaf_key``): written as bf16 / f32, whatever role
+    float_dtypes: tuple[tuple[str, str], ...] = ()  # (leaf name (``leaf_key``), bf16 / f32): whatever the role
     expert_spelling: Spelling | None = None  # routed experts' tensor names and dtypes (their bytes: the format's)
     config_extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # config.json keys the loader reads
 
@@ -215,9 +215,9 @@ class Target:
 
     def float_dtype(self, written_name: str) -> str | None:
         """``bf16`` / ``f32`` for a tensor (by its written name) the loader reads as that float, else None."""
-        if self.float_dtypes is None:
+        if not self.float_dtypes:
             return None
-        return self.float_dtypes.get(leaf_key(written_name))
+        return dict(self.float_dtypes).get(leaf_key(written_name))
 
     def default(self, option: str) -> str | None:
         return dict(self.defaults).get(option)
@@ -314,7 +314,7 @@ TARGETS: dict[str, Target] = {
             layouts=("pairs",),
             expert_formats=("mxfp4",),
             name_map=names.deepseek_v4_released_name,
-            float_dtypes=V4_FLOAT_DTYPES,
+            float_dtypes=tuple(V4_FLOAT_DTYPES.items()),
             expert_spelling=V4_FP4_EXPERTS,
             config_extra=lambda config: deepseek_v4_config(config),
         ),
