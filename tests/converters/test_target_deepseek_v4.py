@@ -307,3 +307,27 @@ def test_fp8_source_with_power_of_two_scales_passes_through_bit_for_bit(tmp_path
     s = np.repeat(np.repeat(np.ldexp(1.0, scale - 127), 128, 0), 128, 1)[:192, :192]
     assert np.all(np.abs(got * s - w) <= np.abs(w) / 16 + s * 2.0**-10)  # within half an e4m3 step
     assert stored[other][2].tobytes() != tensors[other].tobytes()  # re-encoded, not the source bytes
+
+
+@pytest.mark.parametrize(
+    ("scale_shape", "weight_dtype", "says"),
+    [
+        ((1, 2), ml_dtypes.float8_e4m3fn, "needs weight bytes 3072 and scale bytes 1"),
+        ((1,), ml_dtypes.float8_e4m3fn, "is [1], expected [1, 1] (one E8M0 byte per 128x128 block)"),
+        ((48, 1), np.int8, "mxfp4 needs 1536 and 96"),  # I8 codes [48, 32] -> [48, 64]: 48 * 64 / 32 scale bytes
+    ],
+)
+def test_a_v4_pair_with_the_wrong_scale_grid_is_refused_in_one_line(tmp_path, scale_shape, weight_dtype, says):
+    from colitools.formats.container import resolve_container
+    from colitools.formats.errors import ResolveError
+    from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors
+
+    path = tmp_path / "model.safetensors"
+    shape = (48, 64) if weight_dtype is not np.int8 else (48, 32)
+    write_safetensors(path, {
+        "layers.0.attn.wq_a.weight": np.zeros(shape, np.uint8).view(weight_dtype),
+        "layers.0.attn.wq_a.scale": np.full(scale_shape, 127, np.uint8).view(ml_dtypes.float8_e8m0fnu),
+    })  # fmt: skip
+    with SafetensorsFile(path) as f, pytest.raises(ResolveError) as info:
+        resolve_container([f])
+    assert says in str(info.value) and "layers.0.attn.wq_a" in str(info.value) and "\n" not in str(info.value)
