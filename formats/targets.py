@@ -152,7 +152,8 @@ V4_FP4_EXPERTS = Spelling(".weight", "I8", ".scale", "F8_E8M0")
 # (``layers.{L}.`` stripped) or at the top; the globals the engine reads with ``coli_tensor_load_f32`` (BF16 or
 # F32) as the released checkpoint has them. The FP8 projections (``attn.wq_a`` / ``wq_b`` / ``wkv`` / ``wo_a`` /
 # ``wo_b``, ``attn.indexer.wq_b``, ``ffn.shared_experts.w1`` / ``w2`` / ``w3``) follow ``--dense`` / ``--mtp``,
-# the embedding and head ``--embed``, ``ffn.gate.tid2eid`` (I64) is copied.
+# the embedding and head ``--embed`` (``bf16`` only: the head cache's ``find_head`` refuses any other head dtype),
+# ``ffn.gate.tid2eid`` (I64) is copied.
 V4_FLOAT_DTYPES: dict[str, str] = {
     **dict.fromkeys((
         "attn_norm.weight", "ffn_norm.weight", "attn.q_norm.weight", "attn.kv_norm.weight",
@@ -306,10 +307,10 @@ TARGETS: dict[str, Target] = {
         Target(
             DEEPSEEK_V4,
             "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8, "
-            "coli_tensor_load_f32, expert_record_bytes)",
+            "coli_tensor_load_f32, coli_v4_head_cache_load, expert_record_bytes)",
             model_types=("deepseek_v4",),
             expert_options=("mxfp4",),
-            option_values=(("dense", (V4_FP8,)), ("mtp", (V4_FP8,)), ("embed", ("bf16", "f32"))),
+            option_values=(("dense", (V4_FP8,)), ("mtp", (V4_FP8,)), ("embed", ("bf16",))),  # find_head: BF16
             defaults=(("experts", "mxfp4"), ("dense", V4_FP8), ("embed", "bf16"), ("mtp", V4_FP8)),
             layouts=("pairs",),
             expert_formats=("mxfp4",),

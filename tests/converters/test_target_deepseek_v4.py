@@ -7,8 +7,9 @@ dtype, rank and shape ("missing tensor", "dtype/rank mismatch", "shape mismatch"
 ``coli_tensor_load_fp8`` decodes ``e4m3(code) * 2^(e8m0 - 127)`` per 128x128 block. The routed experts' store
 reads ``layers.{L}.ffn.experts.{E}.w{1,2,3}.weight`` / ``.scale`` (``expert_record_bytes``): FP4 E2M1 pairs as I8
 ``[O, I/2]`` with one F8_E8M0 byte per 32 inputs ``[O, I/32]`` (``expert_dtype: fp4``). The embedding, head and
-final norm go through ``coli_tensor_load_f32`` (BF16 or F32), the hyper head ``hc_head_fn`` / ``_base`` /
-``_scale`` F32.
+final norm go through ``coli_tensor_load_f32`` (BF16 or F32), the head cache's ``find_head``
+(``coli_v4_head_cache_load``) requires ``head.weight`` BF16 of rank 2, the hyper head ``hc_head_fn`` / ``_base``
+/ ``_scale`` F32.
 """
 
 # ruff: noqa: E741
@@ -110,7 +111,7 @@ def expert_tensors(c: dict, layer: int) -> dict[str, tuple[str, tuple[int, ...]]
     return out
 
 
-GLOBALS = {  # coli_tensor_load_f32 (BF16 or F32; the released checkpoint's BF16) and the hyper head (F32)
+GLOBALS = {  # coli_tensor_load_f32 (BF16 or F32; the released BF16), find_head (BF16), the hyper head (F32)
     "embed.weight": ("BF16", (CONFIG["vocab_size"], CONFIG["hidden_size"])),
     "head.weight": ("BF16", (CONFIG["vocab_size"], CONFIG["hidden_size"])),
     "norm.weight": ("BF16", (CONFIG["hidden_size"],)),
@@ -254,6 +255,7 @@ def test_cli_run_prints_the_oracles_tokens(v4):
         (dict(dense="int8-row"), "--dense int8-row is refused"),
         (dict(dense="bf16"), "--dense bf16 is refused"),
         (dict(embed="int8-row"), "--embed int8-row is refused"),
+        (dict(embed="f32"), "--embed f32 is refused"),  # find_head: "missing or invalid BF16 head.weight"
         (dict(mtp="int4-row"), "--mtp int4-row is refused"),
         (dict(layout="planar"), "--layout planar is refused"),
     ],
