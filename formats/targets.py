@@ -144,7 +144,8 @@ class Spelling:
 
 # DeepSeek-V4's released routed experts (what c/deepseek_v4.c's expert store reads, ``expert_record_bytes``:
 # ``layers.{L}.ffn.experts.{E}.w{1,2,3}.weight`` / ``.scale``): mxfp4 bytes (docs/FORMATS.md §2.7: E2M1 pairs,
-# low nibble first, one E8M0 byte per 32 inputs) as I8 ``[O, I/2]`` and F8_E8M0 ``[O, I/32]``.
+# low nibble = even input as native_quant.c ``coli_fp4_matvec_ref`` reads them, one E8M0 byte per 32 inputs) as
+# I8 ``[O, I/2]`` and F8_E8M0 ``[O, I/32]``.
 V4_FP4_EXPERTS = Spelling(".weight", "I8", ".scale", "F8_E8M0")
 
 # c/deepseek_v4.c ``coli_v4_layer_plan`` (each ``add_1d`` / ``add_2d`` dtype, checked by ``coli_v4_layer_validate``)
