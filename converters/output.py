@@ -56,11 +56,14 @@ def write_index(outdir: Path, plan: ConversionPlan) -> dict[str, Any]:
 def write_config(outdir: Path, config: dict[str, Any], target: targets.Target | None = None) -> None:
     """``config.json`` without ``quantization_config`` (the source's is recorded in the manifest). A target with
     ``flat_config`` (formats/targets.py) gets the text config flat in ``config.json`` and the source's config in
-    ``config.hf.json``, as its converter writes them."""
+    ``config.hf.json``, as its converter writes them; a target with ``config_extra`` adds the keys its loader
+    reads (``--target deepseek_v4``: the released checkpoint's, its ``quantization_config`` included)."""
     clean = {k: v for k, v in config.items() if k != "quantization_config"}
     if target is not None and target.flat_config:
         write_json_atomic(outdir / HF_CONFIG_FILE, clean)
         clean = {k: v for k, v in model_config.text_config(clean).items() if k != "quantization_config"}
+    if target is not None and target.config_extra is not None:  # the keys the target's loader reads
+        clean = {**clean, **target.config_extra(clean)}
     write_json_atomic(outdir / CONFIG_FILE, clean)
 
 

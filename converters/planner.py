@@ -65,7 +65,7 @@ class TensorJob:
             return (wname, self.source.dtype, self.shape)
         if self.target.is_float:
             return (wname, "BF16" if self.target.is_bf16 else "F32", self.shape)
-        return (wname, "U8", self.target.format_class.weight_shape(self.O, self.I, self.target.gs))
+        return (wname, self.target.weight_dtype, self.target.format_class.weight_shape(self.O, self.I, self.target.gs))
 
     @cached_property
     def scale_entry(self) -> Entry | None:
@@ -73,7 +73,7 @@ class TensorJob:
         if sname is None:
             return None
         fmt = self.target.format_class
-        return (sname, fmt.scale_dtype, fmt.scale_shape(self.O, self.I, self.target.gs))
+        return (sname, self.target.scale_dtype, fmt.scale_shape(self.O, self.I, self.target.gs))
 
     @cached_property
     def in_bytes(self) -> int:
@@ -403,19 +403,26 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
 def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
     """A job as the target's loader reads it (formats/targets.py): renamed (``rename``), a tensor the loader
     reads only as float kept in its source float dtype (``source_float_leaves``), a non-expert int4 tensor the
-    loader cannot read written int8-row (``int4_group``, recorded as a fallback)."""
-    if target.names is not None:  # a native -> text name table (formats/names.py)
+    loader cannot read written int8-row (``int4_group``, recorded as a fallback); with ``name_map`` /
+    ``float_dtypes`` / ``expert_spelling`` the loader's names (a tensor it looks up by no name is refused), its
+    float dtype per tensor and its routed experts' tensor names and dtypes."""
+    if target.rename or target.name_map is not None:
         out = target.out_name(job.out_name)
         if out is None:
             raise TargetRefused(
                 f"--target {target.name}: tensor {job.source.name} ({job.out_name}) has no name {target.loader} "
                 f"looks up (formats/names.py); convert it with --target generic"
             )
-        base = parse_name(out).expert_base if job.expert_base is not None else None
+        base = None
+        if job.expert_base is not None:  # a table of whole names (Inkling's) maps no prefix: the name's own base
+            base = target.out_name(job.expert_base) or parse_name(out).expert_base
         job = replace(job, out_name=out, expert_base=base)
-    elif target.rename:
-        base = target.out_name(job.expert_base) if job.expert_base is not None else None
-        job = replace(job, out_name=target.out_name(job.out_name), expert_base=base)
+    want = target.float_dtype(job.out_name)
+    if want is not None and job.target.fmt != rc.SOURCE:  # the loader's dtype check, whatever the recipe's role
+        return replace(job, target=rc.Target(rc.BF16 if want == "bf16" else "f32"))
+    if target.expert_spelling is not None and job.role is rc.Role.EXPERT and not job.target.is_float:
+        if job.target.label in (target.expert_formats or ()):
+            job = replace(job, target=replace(job.target, spelling=target.expert_spelling))
     leaf = parse_name(job.source.name).leaf
     if leaf in target.source_float_leaves and not job.target.is_float:  # quantized by the recipe: not here
         plain = job.source.quant is None and job.source.scale is None and job.fused_rows is None

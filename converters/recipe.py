@@ -409,6 +409,7 @@ class Target:
     stamp: str | None = None
     fallback: Fallback | None = None
     native: bool = False  # the source's own quantization copied losslessly (``native``, §6)
+    spelling: targets.Spelling | None = None  # a --target loader's names and dtypes for the format's tensors
 
     @property
     def format_class(self) -> type[Format]:
@@ -442,7 +443,18 @@ class Target:
 
     def tensor_names(self, out_name: str) -> tuple[str, str | None]:
         """``(weight tensor name, scale tensor name or None)`` for output tensor ``out_name``."""
+        if self.spelling is not None:
+            return self.spelling.tensor_names(out_name)
         return self.format_class.tensor_names(out_name)
+
+    @property
+    def weight_dtype(self) -> str:
+        """The safetensors dtype of the quantized weight (codes) tensor."""
+        return self.spelling.weight_dtype if self.spelling is not None else self.format_class.weight_dtype
+
+    @property
+    def scale_dtype(self) -> str:
+        return self.spelling.scale_dtype if self.spelling is not None else self.format_class.scale_dtype
 
 
 @dataclass(frozen=True)

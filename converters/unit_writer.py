@@ -46,6 +46,7 @@ from colitools.formats import kernels, planar_sidecar, targets
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
+from colitools.formats.registry import Fp8E4m3E8m0
 from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
 
 SLOW_TENSOR_ENV = "COLITOOLS_TEST_SLOW_TENSOR_SECONDS"
@@ -209,6 +210,27 @@ def _dequant(
     return to_float32(job.out_name, values, scale=scale, block=block)
 
 
+def _fp8_e8m0_passthrough(
+    job: TensorJob, values: np.ndarray, scale: np.ndarray | None, block: tuple[int, int] | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """fp8-e4m3-e8m0 from an FP8 source without re-encoding: a whole (not fused) tensor with 128x128 blocks whose
+    every ``weight_scale_inv`` is an exact power of two ``2^k`` (``-127 <= k <= 127``) keeps its e4m3 bytes and
+    gets the E8M0 bytes ``k + 127`` (the same values, docs/FORMATS.md §2.9). None otherwise (re-encoded from the
+    dequantized values)."""
+    if scale is None or block != (128, 128) or job.fused_rows is not None or job.fused_pick is not None:
+        return None
+    if np.dtype(values.dtype).itemsize != 1 or values.ndim != 2:
+        return None
+    s = np.asarray(scale).astype(np.float64)  # F32 / BF16 scales widen exactly
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        return None
+    m, e = np.frexp(s)
+    k = e.astype(np.int64) - 1
+    if not (np.all(m == 0.5) and np.all((k >= -127) & (k <= 127))):
+        return None
+    return np.ascontiguousarray(values).view(np.uint8), (k + 127).astype(np.uint8)
+
+
 def _fp8_grid(job: TensorJob, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray | None:
     """The scale grid of the rows ``job`` encodes, when the fused FP8 kernel can take them: the whole tensor's,
     or, for rows ``[r0, r1)`` of a fused expert slab starting on a scale-block boundary, that slab's grid rows
@@ -268,7 +290,12 @@ def encode_job(
         return (encode_bf16(w) if t.is_bf16 else w), None
     fmt, gs = t.format_class, t.gs
     grid = _fp8_grid(job, scale, block) if scale is not None else None
-    if values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
+    kept = _fp8_e8m0_passthrough(job, values, scale, block) if fmt is Fp8E4m3E8m0 else None
+    if kept is not None:  # a 128x128 FP8 source whose scales are powers of two: its bytes, bit for bit
+        codes, scales = kept
+    elif fmt.kernel_code is None:  # encoded by its numpy reference only (fp8-e4m3-e8m0): from float32
+        codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=False)
+    elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
     elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
         codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
@@ -475,7 +502,8 @@ def _checked(expected, name: str, array: np.ndarray) -> memoryview:
     want = numpy_dtype(dtype)
     a = np.asarray(array)
     if a.dtype != want:
-        if a.dtype.kind == want.kind and a.dtype.itemsize == want.itemsize:
+        # same-width kinds, or one-byte codes stored under a target's dtype (I8 / F8_E4M3 / F8_E8M0 bytes)
+        if a.dtype.itemsize == want.itemsize and (a.dtype.kind == want.kind or a.dtype == np.uint8):
             a = a.view(want)
         else:  # pragma: no cover - a planning/encoding mismatch is a bug, reported with the numbers
             raise ConvertError(f"tensor {name}: encoder produced {a.dtype}, planned {dtype}")

@@ -31,11 +31,14 @@ from colitools.formats.names import (
 )
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.registry import (
+    BLOCK_SCALE_SUFFIX,
     FORMATS,
     MX_SCALE_SUFFIX,
     PACKED_SUFFIX,
     QS_SUFFIX,
+    WEIGHT_SUFFIX,
     Float,
+    Fp8E4m3E8m0,
     Int8Row,
     Mxfp4,
     by_name,
@@ -48,6 +51,7 @@ from colitools.formats.resolver import (
     parse_shapes,
     parse_stamps,
     resolve_format,
+    resolve_fp8_e8m0,
     resolve_mxfp4,
 )
 
@@ -214,13 +218,25 @@ class ResolvedTensor:
     parts: tuple[targets.MergedPart, ...] = ()  # a merged expert blob's projections (formats/targets.py)
 
 
+# DeepSeek-V4's released spelling (``--target deepseek_v4``, docs/FORMATS.md §4 Targets): ``<base>.weight`` with
+# an F8_E8M0 ``<base>.scale``: F8_E4M3 codes are fp8-e4m3-e8m0 (128x128 blocks), I8 codes mxfp4 (1x32 blocks).
+V4_PAIR_FORMATS = {"F8_E4M3": Fp8E4m3E8m0, "I8": Mxfp4}
+
+
+def _v4_scale(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
+    if info.dtype not in V4_PAIR_FORMATS or not name.endswith(WEIGHT_SUFFIX):
+        return None
+    scale = name[: -len(WEIGHT_SUFFIX)] + BLOCK_SCALE_SUFFIX
+    return scale if scale in present and present[scale].dtype == "F8_E8M0" else None
+
+
 def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
     """The scale tensor that makes ``name`` a quantized weight, or None."""
     if name + QS_SUFFIX in present:
         return name + QS_SUFFIX
     if info.dtype == "U8" and name.endswith(PACKED_SUFFIX):
         return name[: -len(PACKED_SUFFIX)] + MX_SCALE_SUFFIX
-    return None
+    return _v4_scale(name, info, present)
 
 
 def resolve_container(
@@ -377,8 +393,24 @@ def _resolve_weight(
 ) -> ResolvedTensor:
     where, layout = str(shard.path), layouts[id(shard)]
     stamp = stamps.get(name)
-    mxfp4 = name + QS_SUFFIX not in infos
-    if mxfp4:
+    v4 = V4_PAIR_FORMATS.get(info.dtype) if _v4_scale(name, info, infos) == scale else None
+    mxfp4 = name + QS_SUFFIX not in infos and v4 is not Fp8E4m3E8m0
+    if v4 is Fp8E4m3E8m0:
+        if len(info.shape) != 2:
+            raise ResolveError(f"{where}: FP8 weight {name} is {list(info.shape)}, expected [O, I]")
+        O, I = info.shape  # F8_E4M3 codes store [O, I] exactly
+        if name in shapes and tuple(shapes[name]) != (O, I):
+            raise ResolveError(f"{where}: tensor {name}: {SHAPES_KEY} says {list(shapes[name])}, stored [{O}, {I}]")
+        if stamp is not None:
+            raise ResolveError(f"{where}: tensor {name} is an fp8-e4m3-e8m0 pair but is stamped {stamp!r}")
+        scale_info = infos[scale]
+        fmt = resolve_fp8_e8m0(name, info.nbytes, scale_info.nbytes, O, I)
+        if tuple(scale_info.shape) != Fp8E4m3E8m0.scale_shape(O, I):
+            raise ResolveError(
+                f"{where}: scale {scale} is {list(scale_info.shape)}, expected "
+                f"{list(Fp8E4m3E8m0.scale_shape(O, I))} (one E8M0 byte per 128x128 block)"
+            )
+    elif mxfp4:
         if scale not in infos:
             raise ResolveError(f"{where}: mxfp4 weight {name} has no scale tensor {scale}")
         scale_info = infos[scale]

@@ -405,6 +405,59 @@ _ROUTER_PARTS = tuple(tuple(s.split(".")) for s in ROUTERS)
 _SUFFIX_PARTS = sorted((tuple(s.split(".")) for s in SUFFIXES), key=len, reverse=True)
 
 
+# DeepSeek-V4: the released checkpoint's names (deepseek-ai's ``inference/model.py``; what ``c/deepseek_v4.c``
+# looks up: ``coli_v4_layer_plan``'s ``add_spec`` writes ``layers.{L}.{leaf}``, no ``model.`` prefix) against
+# the names transformers 5.24 saves a ``DeepseekV4ForCausalLM`` with (its ``conversion_mapping.py`` ``deepseek_v4``
+# renamings reversed on save: ``attn.`` / ``ffn.`` / ``wq_a`` ... come back, but under ``model.``, with
+# ``model.embed_tokens``, ``model.hc_head.hc_*`` and the attention's ``kv_norm`` saved as ``attn.norm``, as
+# the fixture ``oracles/deepseek_v4`` holds them). One table, both directions; every other leaf is spelled
+# the same in both (``attn.wq_a.weight``, ``ffn.experts.{E}.w1.weight``, ``hc_attn_fn``, ``attn.compressor.*``).
+DEEPSEEK_V4_GLOBALS: dict[str, str] = {  # transformers-saved -> released
+    "model.embed_tokens.weight": "embed.weight",
+    "head.weight": "head.weight",
+    "model.norm.weight": "norm.weight",
+    "model.hc_head.hc_fn": "hc_head_fn",
+    "model.hc_head.hc_base": "hc_head_base",
+    "model.hc_head.hc_scale": "hc_head_scale",
+}
+DEEPSEEK_V4_ROOTS: dict[str, str] = {"model.layers.": "layers.", "model.mtp.": "mtp."}  # saved -> released
+DEEPSEEK_V4_LEAVES: dict[str, str] = {"attn.norm.weight": "attn.kv_norm.weight"}  # inside a layer
+_V4_LAYER = re.compile(r"^(\d+)\.(.*)$")
+
+
+def _v4_rename(name: str, roots: dict[str, str], leaves: dict[str, str]) -> str | None:
+    for old, new in roots.items():
+        if name.startswith(old):
+            m = _V4_LAYER.match(name[len(old) :])
+            if m is None:
+                return None
+            return f"{new}{m.group(1)}.{leaves.get(m.group(2), m.group(2))}"
+    return None
+
+
+def deepseek_v4_released_name(name: str) -> str:
+    """The released DeepSeek-V4 checkpoint's name of a transformers-saved tensor name (``DEEPSEEK_V4_*``);
+    a name the table does not know is returned unchanged (a released name stays one)."""
+    if name in DEEPSEEK_V4_GLOBALS:
+        return DEEPSEEK_V4_GLOBALS[name]
+    return _v4_rename(name, DEEPSEEK_V4_ROOTS, DEEPSEEK_V4_LEAVES) or name
+
+
+_V4_SAVED_GLOBALS = {v: k for k, v in DEEPSEEK_V4_GLOBALS.items()}
+_V4_SAVED_ROOTS = {v: k for k, v in DEEPSEEK_V4_ROOTS.items()}
+_V4_SAVED_LEAVES = {v: k for k, v in DEEPSEEK_V4_LEAVES.items()}
+
+
+def deepseek_v4_saved_name(name: str) -> str | None:
+    """The transformers-saved name of a released DeepSeek-V4 name, or None when ``name`` is not one (it has
+    a text root, or is no released global): the inverse of :func:`deepseek_v4_released_name`."""
+    if name in _V4_SAVED_GLOBALS:
+        return _V4_SAVED_GLOBALS[name]
+    if name.startswith(("model.", "language_model.")):
+        return None
+    return _v4_rename(name, _V4_SAVED_ROOTS, _V4_SAVED_LEAVES)
+
+
 def _root(name: str) -> str:
     for root in _ROOTS_LONGEST_FIRST:
         if name.startswith(root) and len(name) > len(root):
@@ -672,7 +725,10 @@ def canonical_name(name: str) -> str:
     inner components, a per-expert projection spelled ``gate_proj``/``up_proj``/``down_proj``; suffixes kept.
     A name under another text root (:data:`TEXT_ROOTS`: ``model.language_model.``, ``language_model.model.``)
     is spelled under :data:`CANONICAL_ROOT`, an output head there (``language_model.lm_head.weight``) at the
-    top (``lm_head.weight``); towers (not under a text root) keep their names."""
+    top (``lm_head.weight``); towers (not under a text root) keep their names. A released DeepSeek-V4 name
+    (``layers.{L}.attn.kv_norm.weight``, ``embed.weight``, ``hc_head_fn``: ``--target deepseek_v4``) is first
+    spelled as transformers saves it (:func:`deepseek_v4_saved_name`)."""
+    name = deepseek_v4_saved_name(name) or name
     parts = name.split(".")
     for i in range(1, len(parts) - 1):
         parts[i] = MODULE_ALIASES.get(parts[i], parts[i])

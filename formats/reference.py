@@ -246,6 +246,58 @@ def decode_fp8_b128(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np
     return dequant_fp8_block(codes.reshape(O, I), scales, (FP8_BLOCK, FP8_BLOCK))
 
 
+# ------------------------------------------------------------------------------------- fp8-e4m3-e8m0 (9)
+# DeepSeek-V4's released FP8 (and what c/deepseek_v4.c coli_tensor_load_fp8 reads): e4m3fn codes ``[O, I]`` and
+# one E8M0 byte per 128x128 block ``[ceil(O/128), ceil(I/128)]``, ``w = e4m3(code) * 2^(byte - 127)``.
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+# DeepSeek's quantizer (inference/kernel.py ``act_quant`` with ``scale_fmt="ue8m0"``): amax is floored at 1e-4,
+# then ``s = fast_round_scale(amax, 1/448) = 2^ceil(log2(amax * f32(1/448)))``: the smallest power of two with
+# amax / s <= 448 (up to the one rounding of the product, which the clamp to +-448 below absorbs). An all-zero
+# block therefore gets 2^ceil(log2(1e-4/448)) = 2^-22 (byte 105) and codes 0, as DeepSeek's kernel gives it.
+FP8_AMAX_FLOOR = 1e-4
+_FP8_MAX_INV = F32(1.0 / E4M3_MAX)
+
+
+def e8m0_block_exponents(amax: np.ndarray) -> np.ndarray:
+    """``k`` (int32) of each block's scale ``2^k``: ``ceil(log2(max(amax, 1e-4) * f32(1/448)))`` in float32,
+    exactly as DeepSeek's ``fast_log2_ceil`` reads it off the float's bits (exponent, +1 unless the mantissa
+    is zero)."""
+    x = np.maximum(np.asarray(amax, dtype=F32), F32(FP8_AMAX_FLOOR)) * _FP8_MAX_INV
+    m, e = np.frexp(x)  # x = m * 2^e, 0.5 <= m < 1: a power of two has m == 0.5, log2 = e - 1 exactly
+    return np.where(m == 0.5, e - 1, e).astype(np.int32)
+
+
+def encode_fp8_e8m0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``w[O, I]`` -> ``(e4m3fn codes uint8 [O, I], E8M0 bytes uint8 [ceil(O/128), ceil(I/128)])``.
+
+    Per 128x128 block (edge blocks partial): ``k`` by ``e8m0_block_exponents``, byte ``k + 127``; codes are
+    ``w * 2^-k`` (exact: a power-of-two scaling) clamped to +-448 and rounded to e4m3fn to nearest, ties to
+    even (ml_dtypes' cast; subnormal codes included). Vectorised over blocks: the zero padding of partial edge
+    blocks changes no block's amax."""
+    O, I = w.shape
+    GO, GI = ceil_div(O, FP8_BLOCK), ceil_div(I, FP8_BLOCK)
+    padded = np.zeros((GO * FP8_BLOCK, GI * FP8_BLOCK), dtype=F32)
+    padded[:O, :I] = w
+    blocks = padded.reshape(GO, FP8_BLOCK, GI, FP8_BLOCK)
+    amax = np.abs(blocks).max(axis=(1, 3)) if O and I else np.zeros((GO, GI), F32)
+    k = e8m0_block_exponents(amax)
+    kk = np.repeat(np.repeat(k, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:O, :I]
+    r = np.clip(np.ldexp(np.asarray(w, dtype=F32), -kk).astype(F32), -E4M3_MAX, E4M3_MAX)
+    codes = r.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return np.ascontiguousarray(codes), (k + 127).astype(np.uint8)
+
+
+def e8m0_to_f32(scale: np.ndarray) -> np.ndarray:
+    """E8M0 bytes -> float32 ``2^(byte - 127)`` (the one table ``E8M0_TO_F32``)."""
+    return E8M0_TO_F32[np.asarray(scale, dtype=np.uint8)]
+
+
+def decode_fp8_e8m0(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
+    """``e4m3(code) * 2^(byte - 127)`` per 128x128 block, float32 ``[O, I]`` (one multiply per element)."""
+    grid = e8m0_to_f32(np.asarray(scales).reshape(-1)).reshape(ceil_div(O, FP8_BLOCK), ceil_div(I, FP8_BLOCK))
+    return dequant_fp8_block(np.asarray(codes).reshape(O, I), grid, (FP8_BLOCK, FP8_BLOCK))
+
+
 # ------------------------------------------------------------------------------------------ float tensors
 def encode_bf16(w: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16, round to nearest even (ml_dtypes' cast)."""

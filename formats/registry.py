@@ -53,6 +53,7 @@ BYTE_TABLE: dict[str, tuple[int, int]] = {
     "e8-iq3-lattice": (256, 98),
     "mxfp4": (2, 1),  # I % 32 == 0, so this is exactly I / 2
     "fp8-e4m3-b128": (1, 1),
+    "fp8-e4m3-e8m0": (1, 1),
 }
 
 
@@ -68,6 +69,7 @@ QS_SUFFIX = ".qs"
 WEIGHT_SUFFIX = ".weight"
 PACKED_SUFFIX = ".weight_packed"
 MX_SCALE_SUFFIX = ".weight_scale"
+BLOCK_SCALE_SUFFIX = ".scale"  # DeepSeek-V4's released spelling: ``<base>.weight`` + ``<base>.scale`` (E8M0)
 
 
 class MatmulKind(StrEnum):
@@ -98,6 +100,7 @@ class Format:
     ord: ClassVar[int]
     name: ClassVar[str]
     quantized: ClassVar[bool] = True  # False for float tensors kept as F32/BF16 (no scale tensor)
+    weight_dtype: ClassVar[str] = "U8"  # safetensors dtype of the weight (codes) tensor
     scale_dtype: ClassVar[str] = "F32"  # safetensors dtype of the scale tensor
     scale_numpy: ClassVar[type] = np.float32  # its numpy dtype
     grouped: ClassVar[bool] = False  # takes a group size (int4-grouped)
@@ -491,6 +494,59 @@ class Fp8E4m3B128(Format):
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
         return ref.decode_fp8_b128(codes, scales, O, I)
+
+
+class Fp8E4m3E8m0(Format):
+    """FP8 e4m3fn codes with one E8M0 power-of-two scale per 128x128 block, as DeepSeek-V4 releases its dense
+    projections and ``c/deepseek_v4.c`` (``coli_tensor_load_fp8``, ``coli_v4_layer_validate``) reads them:
+    ``<base>.weight`` F8_E4M3 ``[O, I]`` + ``<base>.scale`` F8_E8M0 ``[ceil(O/128), ceil(I/128)]``,
+    ``w = e4m3(code) * 2^(byte - 127)`` (docs/FORMATS.md §2.9). Encoded by the numpy reference only (no
+    numba kernel); the runtime runs it on the fp8 block kernel with the scales as float32 (exact)."""
+
+    ord = 9
+    name = "fp8-e4m3-e8m0"
+    weight_formula = "O * I"
+    scale_formula = "ceil(O/128) * ceil(I/128)"
+    scale_tensor_label = "<base>.scale F8_E8M0"
+    weight_dtype = "F8_E4M3"
+    scale_dtype = "F8_E8M0"
+    scale_numpy = np.uint8
+    writable = True
+    matmul_kind = MatmulKind.FP8_B128
+    block: ClassVar[tuple[int, int]] = (ref.FP8_BLOCK, ref.FP8_BLOCK)
+    row_align = ref.FP8_BLOCK
+
+    @classmethod
+    def tensor_names(cls, name):
+        base = name[: -len(WEIGHT_SUFFIX)] if name.endswith(WEIGHT_SUFFIX) else name
+        return base + WEIGHT_SUFFIX, base + BLOCK_SCALE_SUFFIX
+
+    @classmethod
+    def weight_shape(cls, O, I, gs=None):
+        return (O, I)
+
+    @classmethod
+    def scale_grid(cls, O, I, gs=None):
+        return block_grid(O, I, *cls.block)
+
+    @classmethod
+    def encode(cls, w, gs=None, *, name="", fast=True):
+        w = _as_f32_matrix(w, name)
+        _check_finite(w, name)  # no kernel: the numpy reference is the encoder (vectorised over blocks)
+        return cls._encode_reference(w, gs)
+
+    @classmethod
+    def _encode_reference(cls, w, gs):
+        return ref.encode_fp8_e8m0(w)
+
+    @classmethod
+    def decode(cls, codes, scales, O, I, gs=None):
+        return ref.decode_fp8_e8m0(codes, scales, O, I)
+
+    @classmethod
+    def kernel_scales(cls, scales: np.ndarray) -> np.ndarray:
+        """The float32 block scales the runtime's fp8 kernel multiplies by (exact powers of two)."""
+        return ref.e8m0_to_f32(scales)
 
 
 def _require_gs(gs: int | None) -> int:

@@ -32,6 +32,7 @@ from colitools.formats.registry import (
     Float,
     Format,
     Fp8E4m3B128,
+    Fp8E4m3E8m0,
     Int2Row,
     Int3G64,
     Int4Grouped,
@@ -57,6 +58,7 @@ __all__ = [
     "parse_shapes",
     "parse_stamps",
     "resolve_format",
+    "resolve_fp8_e8m0",
     "resolve_mxfp4",
     "stamp_for",
     "ue8m0_fp8_signature",
@@ -230,6 +232,21 @@ def resolve_mxfp4(tensor: str, packed_nbytes: int, scale_nbytes: int, O: int, I:
     return Resolved.of(Mxfp4)
 
 
+def resolve_fp8_e8m0(tensor: str, weight_nbytes: int, scale_nbytes: int, O: int, I: int) -> Resolved:
+    """Resolve a DeepSeek-V4 FP8 pair (``<base>.weight`` F8_E4M3, ``<base>.scale`` F8_E8M0, told apart from every
+    ``.qs`` format by its names and dtypes, never stamped): ``O*I`` and ``ceil(O/128)*ceil(I/128)`` bytes."""
+    _check_dims(tensor, O, I)
+    want = (Fp8E4m3E8m0.weight_nbytes(O, I), Fp8E4m3E8m0.scale_nbytes(O, I))
+    if (weight_nbytes, scale_nbytes) != want:
+        raise ResolveError.about(
+            tensor,
+            f"fp8-e4m3-e8m0 [{O}, {I}] needs weight bytes {want[0]} and scale bytes {want[1]} "
+            f"(ceil(O/128) x ceil(I/128) E8M0 blocks), got {weight_nbytes} and {scale_nbytes}",
+            ResolveReason.ROUNDTRIP,
+        )
+    return Resolved.of(Fp8E4m3E8m0)
+
+
 # ---------------------------------------------------------------------------------------- writer side
 def _writer_format(tensor: str, fmt_name: str, gs: int | None) -> type[Format]:
     try:
@@ -291,6 +308,9 @@ def stamp_for(
         return None
     if fmt is Mxfp4:  # recognised by its tensor pair, never stamped
         resolve_mxfp4(name, fmt.weight_nbytes(O, I), fmt.scale_nbytes(O, I), O, I)
+        return None
+    if fmt is Fp8E4m3E8m0:  # recognised by its tensor names and dtypes, never stamped
+        resolve_fp8_e8m0(name, fmt.weight_nbytes(O, I), fmt.scale_nbytes(O, I), O, I)
         return None
     nb, ns = fmt.weight_nbytes(O, I, gs), fmt.scale_nbytes(O, I, gs)
     want = Resolved.of(fmt, gs)
@@ -365,6 +385,10 @@ def check_roundtrip(
         if stamp not in (None, Mxfp4.name):
             raise ResolveError.about(tensor, f"mxfp4 weight stamped {stamp!r}", ResolveReason.STAMP_MISMATCH)
         return resolve_mxfp4(tensor, want_nb, want_ns, O, I)
+    if fmt is Fp8E4m3E8m0:
+        if stamp is not None:
+            raise ResolveError.about(tensor, f"fp8-e4m3-e8m0 weight stamped {stamp!r}", ResolveReason.STAMP_MISMATCH)
+        return resolve_fp8_e8m0(tensor, want_nb, want_ns, O, I)
     got = resolve_format(tensor, want_nb, want_ns, O, I, stamp)
     if got != Resolved.of(fmt, gs):
         raise ResolveError.about(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,48 @@ class FusedLayout:
 
 
 FUSED = FusedLayout()
+class Spelling:
+    """How a target's loader names and types one format's two tensors: ``<base>{weight_suffix}`` stored as
+    ``weight_dtype`` and ``<base>{scale_suffix}`` as ``scale_dtype`` (the bytes are the format's own)."""
+
+    weight_suffix: str
+    weight_dtype: str
+    scale_suffix: str
+    scale_dtype: str
+
+    def tensor_names(self, name: str) -> tuple[str, str]:
+        base = name[: -len(".weight")] if name.endswith(".weight") else name
+        return base + self.weight_suffix, base + self.scale_suffix
+
+
+# DeepSeek-V4's released routed experts (what c/deepseek_v4.c's expert store reads, ``expert_record_bytes``:
+# ``layers.{L}.ffn.experts.{E}.w{1,2,3}.weight`` / ``.scale``): mxfp4 bytes (docs/FORMATS.md §2.7: E2M1 pairs,
+# low nibble = even input as native_quant.c ``coli_fp4_matvec_ref`` reads them, one E8M0 byte per 32 inputs) as
+# I8 ``[O, I/2]`` and F8_E8M0 ``[O, I/32]``.
+V4_FP4_EXPERTS = Spelling(".weight", "I8", ".scale", "F8_E8M0")
+
+# c/deepseek_v4.c ``coli_v4_layer_plan`` (each ``add_1d`` / ``add_2d`` dtype, checked by ``coli_v4_layer_validate``)
+# for the tensors that are not FP8 projections (``add_fp8``), by their released name inside a layer
+# (``layers.{L}.`` stripped) or at the top; the globals the engine reads with ``coli_tensor_load_f32`` (BF16 or
+# F32) as the released checkpoint has them. The FP8 projections (``attn.wq_a`` / ``wq_b`` / ``wkv`` / ``wo_a`` /
+# ``wo_b``, ``attn.indexer.wq_b``, ``ffn.shared_experts.w1`` / ``w2`` / ``w3``) follow ``--dense`` / ``--mtp``,
+# the embedding and head ``--embed`` (``bf16`` only: the head cache's ``find_head`` refuses any other head dtype),
+# ``ffn.gate.tid2eid`` (I64) is copied.
+V4_FLOAT_DTYPES: dict[str, str] = {
+    **dict.fromkeys((
+        "attn_norm.weight", "ffn_norm.weight", "attn.q_norm.weight", "attn.kv_norm.weight",
+        "attn.compressor.norm.weight", "attn.compressor.wgate.weight", "attn.compressor.wkv.weight",
+        "attn.indexer.compressor.norm.weight", "attn.indexer.compressor.wgate.weight",
+        "attn.indexer.compressor.wkv.weight", "attn.indexer.weights_proj.weight", "ffn.gate.weight",
+        "norm.weight",
+    ), "bf16"),
+    **dict.fromkeys((
+        "attn.attn_sink", "attn.compressor.ape", "attn.indexer.compressor.ape", "ffn.gate.bias",
+        "hc_attn_base", "hc_attn_fn", "hc_attn_scale", "hc_ffn_base", "hc_ffn_fn", "hc_ffn_scale",
+        "hc_head_fn", "hc_head_base", "hc_head_scale",
+    ), "f32"),
+}  # fmt: skip
+V4_FP8 = "fp8-e8m0"  # the recipe option of registry format fp8-e4m3-e8m0 (docs/FORMATS.md §2.9)
 
 
 @dataclass(frozen=True)
@@ -205,7 +248,6 @@ class Target:
     model_types: tuple[str, ...] | None = None  # None: any model type
     merged: MergedLayout | None = None  # routed experts as merged blobs
     fused: FusedLayout | None = None  # routed experts as one fused stack per layer (shared experts stacked too)
-    names: str | None = None  # output names from a native -> text name table of formats/names.py (NAME_MAPS)
     drop_mtp: bool = False  # the converter leaves MTP modules out (listed in the manifest like dropped towers)
     expert_options: tuple[str, ...] | None = None  # --experts values the loader reads (None: any)
     float_options: tuple[str, ...] | None = None  # --dense / --embed / --mtp values (None: any)
@@ -223,6 +265,11 @@ class Target:
     # a routed expert's record: projections in this order, each weight directly followed by its scale
     expert_record: tuple[str, ...] | None = None
     refused: str | None = None  # a target colitools knows but does not write: why, and what to do instead
+    option_values: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per option, the values it reads (else above)
+    name_map: Callable[[str], str | None] | None = None  # the loader's tensor names (after ``rename``; None: none)
+    float_dtypes: tuple[tuple[str, str], ...] = ()  # (leaf name (``leaf_key``), bf16 / f32): whatever the role
+    expert_spelling: Spelling | None = None  # routed experts' tensor names and dtypes (their bytes: the format's)
+    config_extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # config.json keys the loader reads
 
     def check_writable(self) -> None:
         """FormatError (one line) for a target colitools does not write (``refused``)."""
@@ -230,14 +277,19 @@ class Target:
             raise FormatError(f"--target {self.name} is refused: {self.refused}")
 
     def out_name(self, name: str) -> str | None:
-        """The name this target writes for a source tensor name (``names``: None when the loader looks up no
-        such tensor; else ``rename``)."""
-        if self.names is not None:
-            return NAME_MAPS[self.names](name)
+        """The name this target writes for a source tensor name: ``rename`` (first match), then ``name_map``
+        (a formats/names.py table; None when the loader looks up no such tensor)."""
         for old, new in self.rename:
             if name.startswith(old):
-                return new + name[len(old) :]
-        return name
+                name = new + name[len(old) :]
+                break
+        return self.name_map(name) if self.name_map is not None else name
+
+    def float_dtype(self, written_name: str) -> str | None:
+        """``bf16`` / ``f32`` for a tensor (by its written name) the loader reads as that float, else None."""
+        if not self.float_dtypes:
+            return None
+        return dict(self.float_dtypes).get(leaf_key(written_name))
 
     def default(self, option: str) -> str | None:
         return dict(self.defaults).get(option)
@@ -245,6 +297,7 @@ class Target:
     def check_option(self, option: str, value: str) -> None:
         """FormatError (one line) when this target's loader cannot read ``--option value``."""
         allowed = self.expert_options if option == "experts" else self.float_options
+        allowed = dict(self.option_values).get(option, allowed)
         if allowed is not None and value not in allowed:
             raise FormatError(
                 f"--target {self.name}: --{option} {value} is refused: {self.loader} reads "
@@ -265,8 +318,6 @@ class Target:
                 f"the source is {model_type!r}"
             )
 
-
-NAME_MAPS = {INKLING: names.inkling_text_name}  # Target.names -> the formats/names.py table it writes by
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -326,20 +377,25 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             DEEPSEEK_V4,
-            "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8)",
+            "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8, "
+            "coli_tensor_load_f32, coli_v4_head_cache_load, expert_record_bytes)",
             model_types=("deepseek_v4",),
-            refused="c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate) requires every layer tensor by "
-            "the released checkpoint's name (layers.{L}.attn.wq_a.weight ..., no model. prefix), dtype, rank and shape: "
-            "F8_E4M3 weights with F8_E8M0 .scale [ceil(O/128), ceil(I/128)], BF16 norms, router and compressor, F32 "
-            "sinks and hc_*; colitools has no FP8 encoder with E8M0 block scales (fp8 is passthrough with F32 .qs) "
-            "and writes norms F32: point it at the source checkpoint (docs/FORMATS.md §4 Targets)",
+            expert_options=("mxfp4",),
+            option_values=(("dense", (V4_FP8,)), ("mtp", (V4_FP8,)), ("embed", ("bf16",))),  # find_head: BF16
+            defaults=(("experts", "mxfp4"), ("dense", V4_FP8), ("embed", "bf16"), ("mtp", V4_FP8)),
+            layouts=("pairs",),
+            expert_formats=("mxfp4",),
+            name_map=names.deepseek_v4_released_name,
+            float_dtypes=tuple(V4_FLOAT_DTYPES.items()),
+            expert_spelling=V4_FP4_EXPERTS,
+            config_extra=lambda config: deepseek_v4_config(config),
         ),
         Target(
             INKLING,
             "c/inkling.c (load_cfg; model_init's load_w / load_t and container detection; slot_fill)",
             model_types=("inkling", "inkling_mm_model", "inkling_text"),
             fused=FUSED,
-            names=INKLING,
+            name_map=names.inkling_text_name,
             drop_mtp=True,
             expert_options=(INT4_ROW, INT8_ROW, "f32", "bf16"),  # convert_inkling_int4.py --xbits 4 / 8 / 0
             float_options=("f32", "bf16"),
@@ -352,11 +408,56 @@ TARGETS: dict[str, Target] = {
 TARGET_NAMES = tuple(TARGETS)
 
 
+def leaf_key(name: str) -> str:
+    """A written name without its layer (``layers.{L}.`` / ``mtp.{K}.`` / a text root's ``...layers.{L}.``):
+    the key of ``Target.float_dtypes``."""
+    parsed = names.parse_name(name)
+    if parsed.layer_prefix is not None and parsed.layer is not None:
+        return name[len(f"{parsed.layer_prefix}.{parsed.layer}.") :]
+    head, _, rest = name.partition(".")
+    if head == "mtp" and rest.partition(".")[0].isdigit():
+        return rest.partition(".")[2]
+    return name
+
+
 def by_name(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
         raise FormatError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}") from None
+
+
+# ------------------------------------------------------------------------------- deepseek_v4 config.json
+V4_QUANTIZATION = {  # the released checkpoint's quantization_config: FP8 e4m3 with UE8M0 128x128 block scales
+    "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}  # fmt: skip
+
+
+def deepseek_v4_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The released checkpoint's ``config.json`` keys that c/deepseek_v4.c's ``coli_v4_config_parse`` reads and
+    a transformers 5.24 config spells otherwise, derived from it (the transformers keys stay, for colitools'
+    own readers): ``compress_ratios`` per layer (``layer_types`` through ``compress_rates``, 0 for a sliding
+    layer; one 0 per MTP layer after them, as the released list has), ``num_hash_layers`` (the leading
+    ``hash_moe`` layers of ``mlp_layer_types``), ``expert_dtype`` ``fp4``, ``topk_method`` ``noaux_tc`` and
+    ``quantization_config`` (``V4_QUANTIZATION``). Keys the source already has are kept as they are."""
+    mcfg = model_config.text_config(config)
+    extra: dict[str, Any] = {}
+    n = int(mcfg.get("num_hidden_layers") or 0)
+    kinds, rates = mcfg.get("layer_types"), mcfg.get("compress_rates") or {}
+    if "compress_ratios" not in mcfg and isinstance(kinds, list) and isinstance(rates, dict):
+        mtp = int(mcfg.get("num_nextn_predict_layers") or 0)
+        extra["compress_ratios"] = [int(rates.get(k, 0)) for k in kinds[:n]] + [0] * mtp
+    mlp = mcfg.get("mlp_layer_types")
+    if "num_hash_layers" not in mcfg and isinstance(mlp, list):
+        hashed = 0
+        while hashed < len(mlp) and mlp[hashed] == "hash_moe":
+            hashed += 1
+        extra["num_hash_layers"] = hashed
+    extra.setdefault("expert_dtype", mcfg.get("expert_dtype", "fp4"))
+    extra.setdefault("topk_method", mcfg.get("topk_method", "noaux_tc"))
+    extra["quantization_config"] = dict(V4_QUANTIZATION)
+    return extra
 
 
 # --------------------------------------------------------------------------------------- qwen36_meta.json

@@ -782,6 +782,7 @@ FIXTURES: list[Fixture] = [
         ),
         seed=17000,
         indexer_check=True,
+        extra_recipes=("target-deepseek_v4",),  # --target deepseek_v4 (c/deepseek_v4.c's names and dtypes)
     ),
     Fixture(
         "inkling",

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from colitools.formats import registry as reg
+from colitools.formats import targets
 
 FP8_BLOCK = 128
 FP8_MAX = 448.0
@@ -43,6 +44,14 @@ RECIPES[NATIVE] = {"experts": NATIVE, "dense": "int8-row", "embed": "int8-row", 
 RECIPE_OPTIONS[NATIVE] = "--experts native"
 REFERENCE_OF[NATIVE] = NATIVE
 NATIVE_DEFAULT = {"experts": "int4-g64"}  # what ``native`` writes for a tensor that is not natively quantized
+# ``--target deepseek_v4`` (formats/targets.py): c/deepseek_v4.c's dtypes per tensor (Target.float_dtype, by the
+# written, released name), fp8-e8m0 projections, mxfp4 experts, BF16 embedding and head: a target recipe's
+# formats are the target's defaults. Only the deepseek_v4 fixture has it (Fixture.extra_recipes).
+TARGET_V4 = "target-deepseek_v4"
+RECIPES[TARGET_V4] = {"experts": "mxfp4", "dense": "fp8-e8m0", "embed": "bf16", "mtp": "fp8-e8m0",
+                      "layout": "pairs", "target": "deepseek_v4"}  # fmt: skip
+RECIPE_OPTIONS[TARGET_V4] = "--target deepseek_v4"
+REFERENCE_OF[TARGET_V4] = TARGET_V4
 
 
 def layer_of(name: str) -> int | None:
@@ -215,8 +224,8 @@ def tensor_role(name: str, ndim: int, n_layers: int) -> str:
     layer = layer_of(name)
     if layer is not None and layer >= n_layers:
         return "mtp"
-    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
-        return "embed"
+    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight") or name == "head.weight":
+        return "embed"  # head.weight: DeepSeek-V4's output head (colitools' names.HEADS)
     if EXPERT_RE.search(name) or FUSED_RE.match(name):
         return "experts"
     return "dense"
@@ -276,6 +285,10 @@ def encode_decode(
         fmt = "mxfp4"
         if I % 32:
             fmt, fallback = "int8-row", f"mxfp4 needs I % 32 == 0 (I = {I})"
+    elif option == "fp8-e8m0":  # named by its .weight / .scale pair and dtypes: always resolves back
+        f = reg.by_name("fp8-e4m3-e8m0")
+        codes, scales = f.encode(w, None, name=name, fast=False)
+        return np.ascontiguousarray(f.decode(codes, scales, O, I), dtype=np.float32), option, None
     else:
         raise ValueError(option)
     if expert and fallback is None and not resolves_to(fmt, O, I, gs):
@@ -318,9 +331,16 @@ def apply_recipe(
     formats: dict[str, str] = {}
     fallbacks: list[dict[str, str]] = []
 
+    target = targets.by_name(r["target"]) if "target" in r else None
+
     def one(name: str, w: np.ndarray, role: str, kept: str | None = None) -> np.ndarray:
-        option = {"router_1d": "f32", "tower": "f32", "mtp": "int8-row", "embed": r["embed"], "experts": r["experts"],
-                  "dense": r["dense"]}[role]  # fmt: skip
+        option = {"router_1d": "f32", "tower": "f32", "mtp": r.get("mtp", "int8-row"), "embed": r["embed"],
+                  "experts": r["experts"], "dense": r["dense"]}[role]  # fmt: skip
+        if target is not None:  # the target's loader decides some dtypes, whatever the role
+            option = target.float_dtype(target.out_name(name)) or option
+        if option == "bf16":  # BF16 storage: float32 -> bfloat16 round to nearest even -> float32
+            formats[name] = "bf16"
+            return w.astype(ml_dtypes.bfloat16).astype(np.float32)
         if option == NATIVE and kept and w.ndim == 2:  # kept as they are (lossless): exactly the source's values
             formats[name] = kept
             return w

@@ -26,7 +26,19 @@ ORACLES = Path(__file__).resolve().parents[1] / "oracles"
 INDEX = json.loads((ORACLES / "index.json").read_text())
 FIXTURES: dict[str, dict] = INDEX["fixtures"]
 RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
-EXTRA_RECIPES = ("native",)  # natively quantized fixtures add ``native`` (docs/FORMATS.md §6)
+EXTRA_RECIPES = ("native", "target-deepseek_v4")  # natively quantized fixtures add ``native`` (docs/FORMATS.md
+# §6); the deepseek_v4 fixture adds ``--target deepseek_v4`` (formats/targets.py)
+TARGET_RECIPES = {"target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4")}  # recipe -> (fixture, options)
+# c/deepseek_v4.c coli_v4_layer_plan, restated: the dtype it checks per tensor (fixture spelling, layer stripped);
+# the add_fp8 projections are fp8-e8m0, the routed experts mxfp4 (the expert store), the embedding and head BF16
+# (coli_tensor_load_f32 takes BF16 or F32; the released checkpoint's BF16), the hyper head F32.
+V4_BF16 = ("attn_norm.weight", "ffn_norm.weight", "attn.q_norm.weight", "attn.norm.weight",
+           "attn.compressor.norm.weight", "attn.compressor.wgate.weight", "attn.compressor.wkv.weight",
+           "attn.indexer.compressor.norm.weight", "attn.indexer.compressor.wgate.weight",
+           "attn.indexer.compressor.wkv.weight", "attn.indexer.weights_proj.weight", "ffn.gate.weight")  # fmt: skip
+V4_FP8 = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
+          "attn.indexer.wq_b.weight", "ffn.shared_experts.w1.weight", "ffn.shared_experts.w2.weight",
+          "ffn.shared_experts.w3.weight")  # fmt: skip
 NEW_TOKENS = 32
 MIN_TOKEN_MARGIN = 2e-3
 MIN_ROUTER_MARGIN = 5e-4
@@ -569,6 +581,10 @@ def test_planar_shares_the_default_reference(name: str) -> None:
     recipes = FIXTURES[name]["recipes"]
     assert set(RECIPES) <= set(recipes) <= set(RECIPES + EXTRA_RECIPES)
     assert ("native" in recipes) == (FIXTURES[name]["storage"] in NATIVE_STORAGES)
+    for recipe, (fixture, options) in TARGET_RECIPES.items():
+        assert (recipe in recipes) == (name == fixture)
+        if recipe in recipes:
+            assert recipes[recipe]["options"] == options and recipes[recipe]["layout"] == "pairs"
     if "native" in recipes:
         assert recipes["native"]["options"] == "--experts native"
     assert recipes["planar"]["reference"] == recipes["default"]["reference"]
@@ -579,6 +595,10 @@ def test_planar_shares_the_default_reference(name: str) -> None:
 def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> None:
     ref = reference(name, recipe)
     formats = ref["tensor_formats"]
+    if recipe == "target-deepseek_v4":
+        _check_v4_target_formats(formats)
+        assert ref["fallbacks"] == []
+        return
     want_experts = {"f32": ("f32",), "default": ("int4-row", "int4-g"), "planar": ("int4-row", "int4-g"),
                     "int3": ("int3-g64",), "mxfp4": ("mxfp4",),
                     "native": NATIVE_EXPERTS.get(FIXTURES[name]["storage"])}[recipe]  # fmt: skip
@@ -601,6 +621,27 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
             assert fmt == "f32", (k, fmt)
         else:
             assert fmt == other, (k, fmt)
+
+
+def _check_v4_target_formats(formats: dict[str, str]) -> None:
+    """``--target deepseek_v4``'s reference formats are what coli_v4_layer_plan checks (V4_BF16 / V4_FP8 above)."""
+    seen = set()
+    for k, fmt in formats.items():
+        m = re.match(r"^model\.layers\.\d+\.(.*)$", k)
+        leaf = m.group(1) if m else k
+        if re.search(r"\.experts\.\d+\.w[123]\.weight$", k):
+            want = "mxfp4"
+        elif leaf in V4_BF16 or k in ("model.embed_tokens.weight", "head.weight", "model.norm.weight"):
+            want = "bf16"
+        elif leaf in V4_FP8:
+            want = "fp8-e8m0"
+        elif leaf == "ffn.gate.tid2eid":
+            want = "I64 (copied)"
+        else:  # attn_sink, compressor ape, gate.bias, hc_* (coli_v4_layer_plan's COLI_ST_F32), the hyper head
+            want = "f32"
+        assert fmt == want, (k, fmt, want)
+        seen.add(want)
+    assert seen == {"mxfp4", "bf16", "fp8-e8m0", "I64 (copied)", "f32"}
 
 
 # ------------------------------------------------------------------------ every fixture's family runs

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import VerifyError
-from colitools.formats.registry import WEIGHT_SUFFIX, Mxfp4
+from colitools.formats import targets
+from colitools.formats.registry import WEIGHT_SUFFIX, Mxfp4, by_name
 
 NEAR_TIE = 1e-4
 DEFAULT_ATOL = 1e-4
@@ -160,7 +161,9 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
         model_files.shards, config=model_files.config, merged_group_size=model_files.merged_group_size
     )
     parts = _merged_part_labels(resolved)
-    for name, expected in sorted((ref.get("tensor_formats") or {}).items()):
+    target = targets.by_name((ref.get("recipe_formats") or {}).get("target") or targets.GENERIC_NAME)
+    for source_name, expected in sorted((ref.get("tensor_formats") or {}).items()):
+        name = target.out_name(source_name)  # the reference names source tensors; a target may rename them
         if name not in resolved and name in parts:  # a projection inside a target's merged expert blob
             if parts[name] != expected:
                 result.format_mismatches.append(f"{name}: converted as {parts[name]}, oracle expects {expected}")
@@ -168,7 +171,11 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
         got = resolved.get(name)
         if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
             got = resolved.get(Mxfp4.tensor_names(name)[0])
-        label = got.format.label if got is not None and got.format is not None else None
+        label = (  # the user-facing label (format_names.format_label): a float by its stored dtype (bf16)
+            by_name(got.format.name).label(got.format.group_size, got.dtype)
+            if got is not None and got.format is not None
+            else None
+        )
         if got is not None and got.format is None and got.kind == "other":  # row 0: copied non-float (I64)
             label = f"{got.dtype} (copied)"
         if label != expected:

@@ -50,11 +50,13 @@ def convert_command(
         "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only. "
         "kimi_k3: mxfp4 experts in the engine's slot order, f32_load tensors kept float, int8-row or int4-g64 "
         "(I % 64 == 0) projections; model_type kimi_k3 only. glm53: int4-g64 experts in the engine's slot "
-        "order, float or int4-g64 projections; model_type glm5_next only. inkling: the text names c/inkling.c "
-        "looks up, one fused expert stack per layer (gate_up_proj / down_proj: int4-row or int8-row U8 rows + .qs, "
-        "or f32 / bf16), shared experts as float stacks, towers and MTP left out; model_type inkling_mm_model only. "
-        "deepseek_v4 (FP8 + E8M0 block scales under the released names) is refused in one line. "
-        "See docs/FORMATS.md §4 Targets.",
+        "order, float or int4-g64 projections; model_type glm5_next only. deepseek_v4: the released "
+        "checkpoint's names and dtypes (fp8-e8m0 projections: F8_E4M3 + F8_E8M0 .scale per 128x128 block, mxfp4 "
+        "experts as I8 .weight + F8_E8M0 .scale, BF16 norms / router / compressor, F32 sinks and hc_*), "
+        "config.json with compress_ratios / num_hash_layers; model_type deepseek_v4 only. inkling: the text "
+        "names c/inkling.c looks up, one fused expert stack per layer (gate_up_proj / down_proj: int4-row or "
+        "int8-row U8 rows + .qs, or f32 / bf16), shared experts as float stacks, towers and MTP left out; "
+        "model_type inkling_mm_model only. See docs/FORMATS.md §4 Targets.",
     ),
     min_free_gb: float = typer.Option(
         5.0, "--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."

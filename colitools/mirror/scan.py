@@ -10,6 +10,7 @@ map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the
     ...layers.{L}.{mlp,block_sparse_moe}.experts.{E}.{proj}.weight_scale_inv   (FP8 block scales of a source)
     ...layers.{L}.mlp.experts.{E}.merged_weight  (+ ...experts.{E}.qs)          (--target olmoe / qwen36 blobs)
     ...layers.{L}.mlp.experts.gate_up_proj / down_proj (+ .qs)                    (--target inkling fused stacks)
+    layers.{L}.ffn.experts.{E}.{w1,w2,w3}.weight / .scale                      (--target deepseek_v4, released)
 
 With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g64/layer-NNN.safetensors``
 (docs/FORMATS.md §4): ``discover_shards`` scans those files too, named by their path relative to the model folder
@@ -60,8 +61,9 @@ ExpertKey = tuple[int, int]  # (layer, expert)
 _ROUTED_SUFFIX = frozenset({"", "weight", "weight_packed"})
 # What may follow a routed expert's projection: weights, codes and every scale spelling.
 _EXPERT_SUFFIXES = frozenset(
-    {"", "weight", "weight.qs", "qs", "weight_packed", "weight_scale", "weight_scale_inv"}
-)
+    {"", "weight", "weight.qs", "qs", "weight_packed", "weight_scale", "weight_scale_inv",
+     "scale"}  # scale: DeepSeek-V4's released ``w1.scale`` (--target deepseek_v4)
+)  # fmt: skip
 
 PLANAR_LAYOUT = planar_sidecar.CODES  # "planar64-v8"
 

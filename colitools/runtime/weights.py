@@ -145,7 +145,10 @@ def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
     kind = fmt.matmul_kind_of(st.planar)
     if kind is None:
         raise RuntimeModelError(f"tensor {st.name}: no runtime kernel for format {st.form}")
-    return QTensor(kind, codes, np.frombuffer(scale, dtype=fmt.scale_numpy), st.O, st.I, st.gs)
+    scales = np.frombuffer(scale, dtype=fmt.scale_numpy)
+    if hasattr(fmt, "kernel_scales"):  # E8M0 block scales (fp8-e4m3-e8m0): the fp8 kernel's float32, exact
+        scales = fmt.kernel_scales(scales)
+    return QTensor(kind, codes, scales, st.O, st.I, st.gs)
 
 
 class Checkpoint:

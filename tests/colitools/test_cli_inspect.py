@@ -210,7 +210,13 @@ def test_formats_command_table_and_json():
     assert "ceil(O/128) * ceil(I/128) * 4" in lines["fp8-e4m3-b128"]
     assert "4.5" in lines["int4-grouped"] and "O * ceil(I/gs) * 4" in lines["int4-grouped"]
     rows = json.loads(run("formats", "--json").stdout)
-    assert [r["ord"] for r in rows] == list(range(9))
+    assert [r["ord"] for r in rows] == list(range(10))
+    assert rows[9] == {
+        "ord": 9, "name": "fp8-e4m3-e8m0", "bits_per_weight": rows[9]["bits_per_weight"], "weight_bytes": "O * I",
+        "scale_bytes": "ceil(O/128) * ceil(I/128)", "scale_tensor": "<base>.scale F8_E8M0", "group_sizes": None,
+        "written": True, "options": ["fp8-e8m0"],
+    }  # fmt: skip
+    assert abs(rows[9]["bits_per_weight"] - 8 * (1 + 1 / 128**2)) < 1e-3
     assert rows[7] == {
         "ord": 7, "name": "mxfp4", "bits_per_weight": 4.25, "weight_bytes": "O * I/2", "scale_bytes": "O * I/32",
         "scale_tensor": "<base>.weight_scale U8 (E8M0)", "group_sizes": None, "written": True,

@@ -36,6 +36,7 @@ VOCABULARY = {
     "e8-iq3-lattice": ("e8-iq3-lattice", ()),
     "mxfp4": ("mxfp4", ("mxfp4",)),
     "fp8-e4m3-b128": ("fp8", ("fp8",)),
+    "fp8-e4m3-e8m0": ("fp8-e8m0", ("fp8-e8m0",)),
 }
 
 

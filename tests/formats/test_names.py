@@ -316,3 +316,28 @@ def test_stacked_shared_experts_audio_tower_and_static_taps():
     assert names.is_tower("model.audio.encoder.weight") and not names.is_tower("model.llm.audio.weight")
     assert names.is_small_param("model.llm.layers.1.attn.k_sconv.static_w")
     assert not names.is_small_param("model.llm.layers.1.attn.k_sconv.weight_proj")
+
+
+def test_deepseek_v4_released_names_map_both_ways_and_leave_other_names_alone():
+    # transformers 5.24's saved spelling (oracles/deepseek_v4) -> the released checkpoint's (c/deepseek_v4.c
+    # coli_v4_layer_plan add_spec: "layers.%d.%s"; embed.weight, head.weight, norm.weight, hc_head_fn ...)
+    pairs = {
+        "model.embed_tokens.weight": "embed.weight",
+        "head.weight": "head.weight",
+        "model.norm.weight": "norm.weight",
+        "model.hc_head.hc_fn": "hc_head_fn",
+        "model.hc_head.hc_base": "hc_head_base",
+        "model.hc_head.hc_scale": "hc_head_scale",
+        "model.layers.0.attn.norm.weight": "layers.0.attn.kv_norm.weight",
+        "model.layers.0.attn.compressor.norm.weight": "layers.0.attn.compressor.norm.weight",
+        "model.layers.12.ffn.experts.3.w2.weight": "layers.12.ffn.experts.3.w2.weight",
+        "model.layers.1.hc_attn_fn": "layers.1.hc_attn_fn",
+        "model.mtp.0.attn.norm.weight": "mtp.0.attn.kv_norm.weight",
+    }
+    for saved, released in pairs.items():
+        assert names.deepseek_v4_released_name(saved) == released
+        assert names.deepseek_v4_saved_name(released) == saved
+        assert names.canonical_name(released) == names.canonical_name(saved)
+    for other in ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight", "model.language_model.norm.weight"):
+        assert names.deepseek_v4_saved_name(other) is None  # not a released name: canonical_name unchanged
+    assert names.canonical_name("model.layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn.q_proj.weight"

@@ -7,6 +7,8 @@ both reference logit rows agree within 1e-4.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from containers import build_container
 from oracle_refs import ORACLES, check_against_reference, fixtures, reference, runtime_reads_source
@@ -59,3 +61,27 @@ def test_quantized_container_matches_recipe_reference(fixture, recipe, tmp_path)
         ORACLES / fixture, ref, tmp_path / "c", layout="planar" if recipe == "planar" else "pairs"
     )
     check_against_reference(out, fixture, ref, cap=2)
+
+
+TARGET_RECIPES = [
+    (f, r)
+    for f in FIXTURES
+    for r in json.loads((ORACLES / "index.json").read_text())["fixtures"][f]["recipes"]
+    if reference(f, r)["recipe_formats"].get("target")
+]
+
+
+def test_target_recipes_are_listed():
+    assert ("deepseek_v4", "target-deepseek_v4") in TARGET_RECIPES
+
+
+@pytest.mark.parametrize(("fixture", "recipe"), TARGET_RECIPES)
+def test_target_conversion_matches_its_reference(fixture, recipe, tmp_path):
+    """A ``--target`` recipe (formats/targets.py): the converter's own output (the loader's names, dtypes and
+    layouts) read back by the runtime gives the reference computed on that conversion's decoded weights."""
+    from colitools.converters.runner import convert
+    from colitools.verify.oracle import convert_options
+
+    ref = reference(fixture, recipe)
+    convert(str(ORACLES / fixture), tmp_path / "c", convert_options(ref))
+    check_against_reference(tmp_path / "c", fixture, ref, cap=2)
