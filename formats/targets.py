@@ -195,6 +195,9 @@ class FusedLayout:
 
 
 FUSED = FusedLayout()
+
+
+@dataclass(frozen=True)
 class Spelling:
     """How a target's loader names and types one format's two tensors: ``<base>{weight_suffix}`` stored as
     ``weight_dtype`` and ``<base>{scale_suffix}`` as ``scale_dtype`` (the bytes are the format's own)."""
