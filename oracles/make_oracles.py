@@ -78,6 +78,7 @@ from oracle_recipes import (
     mxfp4_quantize,
     mxfp8_quantize,
     nvfp4_quantize,
+    target_recipes,
 )
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -680,7 +681,19 @@ def check(fx: Fixture, res: dict[str, Any], eos: list[int]) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ driver
-def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
+def recipes_of(fx: Fixture) -> tuple[str, ...]:
+    """The recipes beyond BASE_RECIPES a fixture has: its own extras, then its model_type's ``target-NAME`` (but
+    those in ``margin_failed``)."""
+    return fx.extra_recipes + tuple(r for r in target_recipes(fx.model_type) if r not in fx.margin_failed)
+
+
+def make_fixture(
+    fx: Fixture, tmp: Path, add: tuple[str, ...] = (), entry: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Make a fixture and all its references (seeds searched from ``fx.seed``), or with ``add`` compute only
+    those recipes at the seed ``entry`` (its index.json entry) records: the rebuilt files must be the committed
+    ones byte for byte, every other reference stays as it is, and a recipe failing the margin checks is reported
+    and left out (no other seed is tried)."""
     t0 = time.time()
     tokenizer = None
     vocab = None
@@ -689,8 +702,8 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         vocab = tokenizer.get_vocab_size()
     n_layers = text_of(fx.config)["num_hidden_layers"]
     last_reason = None
-    for attempt in range(MAX_SEED_TRIES):
-        seed = fx.seed + attempt
+    for attempt in range(1 if add else MAX_SEED_TRIES):
+        seed = entry["seed"] if add else fx.seed + attempt
         model = build_model(fx, seed, vocab)
         disk, saved_cfg, gen_cfg = disk_tensors(model, fx.fused, tmp)
         del model
@@ -711,7 +724,7 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         ok = True
         native = native_tensors(stored)
         decoded = decoded_tensors(stored)
-        for recipe in COMPUTED_RECIPES + fx.extra_recipes:
+        for recipe in add or COMPUTED_RECIPES + recipes_of(fx):
             weights, formats, fallbacks = apply_recipe(
                 source, recipe, n_layers, fx.expert_orientation, native, decoded
             )
@@ -721,6 +734,9 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
             res = run_reference(model, prompt)
             del model
             why = check(fx, res, eos)
+            if why and add:  # no re-seeding: the recipe is left out
+                log(f"  {fx.name}: {recipe} left out at seed {seed}: {why}")
+                continue
             if why:
                 last_reason = f"{recipe}: {why}"
                 ok = False
@@ -736,12 +752,18 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
         )
 
     out_dir = ORACLES_DIR / fx.name
-    file_hashes = write_fixture(fx, out_dir, config, gen_cfg, stored, tokenizer, n_layers)
+    if add:  # the fixture as committed: rebuilt elsewhere, and refused unless byte-identical
+        file_hashes = write_fixture(fx, tmp / "rebuilt", config, gen_cfg, stored, tokenizer, n_layers)
+        committed = json.loads((out_dir / "reference" / "f32.json").read_text())["fixture_files"]
+        if file_hashes != committed:
+            raise SystemExit(f"{fx.name}: rebuilt at seed {seed}, its files differ from the committed ones")
+    else:
+        file_hashes = write_fixture(fx, out_dir, config, gen_cfg, stored, tokenizer, n_layers)
     check_written(out_dir, source, fx.expert_orientation)
     if fx.storage == "mxfp4":
         check_transformers_reads_mxfp4(fx, out_dir, source)
     ref_dir = out_dir / "reference"
-    ref_dir.mkdir()
+    ref_dir.mkdir(exist_ok=bool(add))
     versions = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
@@ -798,6 +820,8 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
             "min_router_margin": round(res["min_router_margin"], 6),
             "min_indexer_margin": finite_or_none(res["min_indexer_margin"]),
         }
+    if add:  # the committed references' margins, then the added ones
+        summary = {**entry["margins"], **summary}
     size = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
     log(f"{fx.name}: seed {seed} ({attempt + 1} tries), {size / 1024:.0f} KiB, {time.time() - t0:.1f}s")
     for recipe, s in summary.items():
@@ -820,7 +844,8 @@ def make_fixture(fx: Fixture, tmp: Path) -> dict[str, Any]:
                 "options": RECIPE_OPTIONS[r],
                 "layout": RECIPES[r]["layout"],
             }
-            for r in BASE_RECIPES + fx.extra_recipes
+            for r in BASE_RECIPES + recipes_of(fx)
+            if r in summary or REFERENCE_OF[r] in summary  # with add: a recipe left out has no reference
         },
         "size_bytes": size,
         "margins": summary,
@@ -854,7 +879,13 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.set_verbosity_error()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", help="fixture names to regenerate (default: all)")
+    ap.add_argument("--add-recipes", nargs="+", metavar="RECIPE",
+                    help="with --only: compute only these recipes (those the fixture has) at the recorded seed, "
+                         "keeping its files and other references byte-identical; one failing the margin checks "
+                         "is reported and left out")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.add_recipes and not args.only:
+        raise SystemExit("--add-recipes needs --only FIXTURE ...")
     torch.set_num_threads(1)
     wanted = FIXTURES if not args.only else [f for f in FIXTURES if f.name in args.only]
     unknown = set(args.only or []) - {f.name for f in FIXTURES}
@@ -864,6 +895,12 @@ def main(argv: list[str] | None = None) -> int:
     index = json.loads(index_path.read_text()) if index_path.exists() else {"fixtures": {}}
     with tempfile.TemporaryDirectory(prefix="oracles-") as tmp:
         for fx in wanted:
+            if args.add_recipes:
+                add = tuple(r for r in args.add_recipes if r in recipes_of(fx))
+                if add:
+                    entry = index["fixtures"][fx.name]
+                    index["fixtures"][fx.name] = make_fixture(fx, Path(tmp) / fx.name, add, entry)
+                continue
             index["fixtures"][fx.name] = make_fixture(fx, Path(tmp) / fx.name)
     order = [f.name for f in FIXTURES]
     index = {

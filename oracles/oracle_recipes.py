@@ -44,15 +44,33 @@ RECIPES[NATIVE] = {"experts": NATIVE, "dense": "int8-row", "embed": "int8-row", 
 RECIPE_OPTIONS[NATIVE] = "--experts native"
 REFERENCE_OF[NATIVE] = NATIVE
 NATIVE_DEFAULT = {"experts": "int4-g64"}  # what ``native`` writes for a tensor that is not natively quantized
-# ``--target deepseek_v4`` (formats/targets.py): c/deepseek_v4.c's dtypes per tensor (Target.float_dtype, by the
-# written, released name), fp8-e8m0 projections, mxfp4 experts, BF16 embedding and head: a target recipe's
-# formats are the target's defaults. Only the deepseek_v4 fixture has it (Fixture.extra_recipes).
-TARGET_V4 = "target-deepseek_v4"
-RECIPES[TARGET_V4] = {"experts": "mxfp4", "dense": "fp8-e8m0", "embed": "bf16", "mtp": "fp8-e8m0",
-                      "layout": "pairs", "target": "deepseek_v4"}  # fmt: skip
-RECIPE_OPTIONS[TARGET_V4] = "--target deepseek_v4"
-REFERENCE_OF[TARGET_V4] = TARGET_V4
+# ``--target NAME`` (formats/targets.py): recipe ``target-NAME`` for every fixture whose ``model_type`` is one of
+# the target's ``model_types`` (``target_recipes``): the target's default formats (``Target.defaults``), its
+# layout, and in ``apply_recipe`` the target's own facts: the loader's float dtype per tensor (``float_dtype``, by
+# the written name), the towers and MTP modules it drops (no format recorded: the converter leaves them out).
+TARGET_PREFIX = "target-"
+TARGET_OPTIONS = ("experts", "dense", "embed", "mtp")
 
+
+def target_recipe(name: str) -> str:
+    return TARGET_PREFIX + name
+
+
+for _t in targets.TARGETS.values():
+    if _t.model_types is None:  # generic: the plain recipes above
+        continue
+    _r = target_recipe(_t.name)
+    RECIPES[_r] = {**{o: _t.default(o) for o in TARGET_OPTIONS}, "layout": (_t.layouts or ("pairs",))[0],
+                   "target": _t.name}  # fmt: skip
+    RECIPE_OPTIONS[_r] = f"--target {_t.name}"
+    REFERENCE_OF[_r] = _r
+
+
+def target_recipes(model_type: str) -> tuple[str, ...]:
+    """The ``target-NAME`` recipes of a fixture of ``model_type`` (formats/targets.py order)."""
+    return tuple(
+        target_recipe(t.name) for t in targets.TARGETS.values() if model_type in (t.model_types or ())
+    )
 
 def layer_of(name: str) -> int | None:
     m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
@@ -274,6 +292,8 @@ def encode_decode(
     fmt, gs = None, None
     if option == "int8-row":
         fmt = "int8-row"
+    elif option == "int4-row":  # a target's expert option (--target qwen36 / inkling)
+        fmt = "int4-row"
     elif option.startswith("int4-g"):
         gs = reg.writer_group_size(I, int(option[len("int4-g") :]))
         fmt = "int4-row" if gs is None else "int4-grouped"
@@ -333,10 +353,16 @@ def apply_recipe(
 
     target = targets.by_name(r["target"]) if "target" in r else None
 
+    def dropped(name: str, role: str) -> bool:
+        """A tensor the target's converter leaves out: towers (``Target.towers`` drop), MTP (``drop_mtp``)."""
+        return (role == "tower" and target.towers == "drop") or (role == "mtp" and target.drop_mtp)
+
     def one(name: str, w: np.ndarray, role: str, kept: str | None = None) -> np.ndarray:
         option = {"router_1d": "f32", "tower": "f32", "mtp": r.get("mtp", "int8-row"), "embed": r["embed"],
                   "experts": r["experts"], "dense": r["dense"]}[role]  # fmt: skip
         if target is not None:  # the target's loader decides some dtypes, whatever the role
+            if dropped(name, role):  # left out by the converter: the model still needs a value, no format
+                return w
             option = target.float_dtype(target.out_name(name)) or option
         if option == "bf16":  # BF16 storage: float32 -> bfloat16 round to nearest even -> float32
             formats[name] = "bf16"

@@ -26,9 +26,21 @@ ORACLES = Path(__file__).resolve().parents[1] / "oracles"
 INDEX = json.loads((ORACLES / "index.json").read_text())
 FIXTURES: dict[str, dict] = INDEX["fixtures"]
 RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
-EXTRA_RECIPES = ("native", "target-deepseek_v4")  # natively quantized fixtures add ``native`` (docs/FORMATS.md
-# §6); the deepseek_v4 fixture adds ``--target deepseek_v4`` (formats/targets.py)
-TARGET_RECIPES = {"target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4")}  # recipe -> (fixture, options)
+# natively quantized fixtures add ``native`` (docs/FORMATS.md §6); a fixture of a model type a ``--target`` is for
+# (formats/targets.py ``model_types``) adds ``target-NAME`` (oracles/README.md)
+EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling")
+TARGET_RECIPES = {  # recipe -> (fixture, options)
+    "target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4"),
+    "target-qwen36": ("qwen3_5_moe", "--target qwen36"),
+    "target-inkling": ("inkling", "--target inkling"),
+}
+# left out: at the fixture's committed seed the reference fails the margin checks (fixture_specs margin_failed)
+MARGIN_FAILED = {"target-olmoe": "olmoe", "target-glm53": "glm5_next"}
+# The other targets' formats, restated from their loaders: (routed experts, every other 2-D weight but routers,
+# norms and the small parameters, which stay F32; towers / MTP modules left out). c/qwen36.c: int4-row merged
+# blobs (convert_qwen36.py pack_int4), load_t_n reads F32; c/inkling.c: int4-row fused stacks
+# (convert_inkling_int4.py --xbits 4), load_w reads BF16.
+TARGET_FORMATS = {"target-qwen36": ("int4-row", "f32"), "target-inkling": ("int4-row", "bf16")}
 # c/deepseek_v4.c coli_v4_layer_plan, restated: the dtype it checks per tensor (fixture spelling, layer stripped);
 # the add_fp8 projections are fp8-e8m0, the routed experts mxfp4 (the expert store), the embedding and head BF16
 # (coli_tensor_load_f32 takes BF16 or F32; the released checkpoint's BF16), the hyper head F32.
@@ -585,6 +597,8 @@ def test_planar_shares_the_default_reference(name: str) -> None:
         assert (recipe in recipes) == (name == fixture)
         if recipe in recipes:
             assert recipes[recipe]["options"] == options and recipes[recipe]["layout"] == "pairs"
+    for recipe, fixture in MARGIN_FAILED.items():
+        assert recipe not in recipes, f"{recipe} has a reference now: move it to TARGET_RECIPES"
     if "native" in recipes:
         assert recipes["native"]["options"] == "--experts native"
     assert recipes["planar"]["reference"] == recipes["default"]["reference"]
@@ -599,10 +613,18 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
         _check_v4_target_formats(formats)
         assert ref["fallbacks"] == []
         return
+    if recipe in TARGET_FORMATS:
+        assert ref["fallbacks"] == []
+        tensors, _ = fixture_tensors(name)
+        n_layers = json.loads((ORACLES / name / "config.json").read_text())["text_config"]["num_hidden_layers"]
+        left_out = {k for k in tensors if TOWER.match(k) or _layer(k) >= n_layers}
+        assert left_out and not left_out & set(formats)  # towers (and MTP layers) dropped: no format
+        assert not any(TOWER.match(k) for k in formats)
     want_experts = {"f32": ("f32",), "default": ("int4-row", "int4-g"), "planar": ("int4-row", "int4-g"),
                     "int3": ("int3-g64",), "mxfp4": ("mxfp4",),
-                    "native": NATIVE_EXPERTS.get(FIXTURES[name]["storage"])}[recipe]  # fmt: skip
-    other = "f32" if recipe == "f32" else "int8-row"
+                    "native": NATIVE_EXPERTS.get(FIXTURES[name]["storage"]),
+                    **{r: (e,) for r, (e, _) in TARGET_FORMATS.items()}}[recipe]  # fmt: skip
+    other = "f32" if recipe == "f32" else TARGET_FORMATS[recipe][1] if recipe in TARGET_FORMATS else "int8-row"
     fallen = {f["tensor"] for f in ref["fallbacks"]}
     assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)
     tensors, _ = fixture_tensors(name)
@@ -621,6 +643,11 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
             assert fmt == "f32", (k, fmt)
         else:
             assert fmt == other, (k, fmt)
+
+
+def _layer(name: str) -> int:
+    m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else -1
 
 
 def _check_v4_target_formats(formats: dict[str, str]) -> None:

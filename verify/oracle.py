@@ -169,6 +169,8 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
                 result.format_mismatches.append(f"{name}: converted as {parts[name]}, oracle expects {expected}")
             continue
         got = resolved.get(name)
+        if got is None and target.fused is not None:  # a split shared expert inside the target's float stack
+            got = resolved.get(_shared_stack_name(name) or "")
         if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
             got = resolved.get(Mxfp4.tensor_names(name)[0])
         label = (  # the user-facing label (format_names.format_label): a float by its stored dtype (bf16)
@@ -238,6 +240,19 @@ def verify_recipe(
     if got_rows.shape == want.shape:
         result.logits_max_abs_diff = float(np.max(np.abs(got_rows - want)))
     return result
+
+
+def _shared_stack_name(name: str) -> str | None:
+    """The float stack ``{base}.{p}_proj`` a fused target writes shared expert ``{base}.{k}.{p}_proj.weight`` into
+    (formats/targets.py ``FusedLayout``: shared experts stacked too, expert k at index k), or None."""
+    from colitools.formats.names import CANONICAL_PROJECTION, TensorRole, parse_name
+
+    p = parse_name(name)
+    if p.role is not TensorRole.SHARED_EXPERT or p.projection not in CANONICAL_PROJECTION:
+        return None
+    if not p.module.rpartition(".")[2].isdecimal():
+        return None
+    return f"{name.rsplit('.', 3)[0]}.{CANONICAL_PROJECTION[p.projection]}"
 
 
 def _merged_part_labels(resolved) -> dict[str, str]:
