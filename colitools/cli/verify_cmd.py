@@ -55,7 +55,8 @@ def verify_oracle_command(
     fixture: Annotated[Path, typer.Argument(help="An oracle fixture folder, e.g. oracles/olmoe.")],
     recipe: Annotated[
         list[str] | None,
-        typer.Option("--recipe", "-r", help="Recipe to check (repeatable): f32, default, int3, mxfp4, planar. "
+        typer.Option("--recipe", "-r", help="Recipe to check (repeatable): f32, default, int3, mxfp4, planar; where the "
+                     "fixture has them native and target-NAME (--target NAME). "
                      "Default: every recipe the fixture has a reference for."),
     ] = None,
     cap: Annotated[int | None, typer.Option("--cap", min=1, help="Experts cached per layer while running (default all).")] = None,
