@@ -500,8 +500,9 @@ class Fp8E4m3E8m0(Format):
     """FP8 e4m3fn codes with one E8M0 power-of-two scale per 128x128 block, as DeepSeek-V4 releases its dense
     projections and ``c/deepseek_v4.c`` (``coli_tensor_load_fp8``, ``coli_v4_layer_validate``) reads them:
     ``<base>.weight`` F8_E4M3 ``[O, I]`` + ``<base>.scale`` F8_E8M0 ``[ceil(O/128), ceil(I/128)]``,
-    ``w = e4m3(code) * 2^(byte - 127)`` (docs/FORMATS.md §2.9). Encoded by the numpy reference only (no
-    numba kernel); the runtime runs it on the fp8 block kernel with the scales as float32 (exact)."""
+    ``w = e4m3(code) * 2^(byte - 127)`` (docs/FORMATS.md §2.9). ``fast`` encodes with its own block kernel
+    (``kernels.encode_fp8_e8m0``, byte-identical to the reference; no ``kernel_code``: the row codecs do not
+    know it); the runtime runs it on the fp8 block kernel with the scales as float32 (exact)."""
 
     ord = 9
     name = "fp8-e4m3-e8m0"
@@ -532,7 +533,11 @@ class Fp8E4m3E8m0(Format):
     @classmethod
     def encode(cls, w, gs=None, *, name="", fast=True):
         w = _as_f32_matrix(w, name)
-        _check_finite(w, name)  # no kernel: the numpy reference is the encoder (vectorised over blocks)
+        if fast:  # its own kernel (kernels.encode_fp8_e8m0), not the row codecs' kernel_code
+            from colitools.formats import kernels
+
+            return kernels.encode_fp8_e8m0(w, name)
+        _check_finite(w, name)
         return cls._encode_reference(w, gs)
 
     @classmethod

@@ -37,7 +37,7 @@ SMALL_ELEMS = 1 << 16
 # passthrough conversion (native experts, a few dense tensors) then never pays the start-up; a real model's
 # first large tensor does, as before. Same bytes either way.
 STARTUP_BUDGET_ELEMS = 32 << 20
-_REFERENCE_COST = {"mxfp4": 8}
+_REFERENCE_COST = {"mxfp4": 8, "fp8-e4m3-e8m0": 5}  # reference Mw/s: int8-row ~150, fp8-e4m3-e8m0 ~32
 _budget = {"spent": 0, "kernels": False}
 
 # Threads of the kernels' row pool (``set_threads``); None: ``numba.config.NUMBA_NUM_THREADS`` capped at the
@@ -208,6 +208,19 @@ def encode_from_fp8_block(
     from colitools.formats.kernels import encoders
 
     return encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name)
+
+
+def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """fp8-e4m3-e8m0 of float32 ``w[O, I]`` (``reference.encode_fp8_e8m0``, byte-identical): the numpy
+    reference below ``SMALL_ELEMS`` elements, else the kernel over block rows. NaN/inf: the registry's
+    EncodeError naming the tensor and the first bad ``[o, i]``."""
+    w = np.ascontiguousarray(w, dtype=F32)
+    registry._check_finite(w, name)
+    if _reference_encodes(registry.Fp8E4m3E8m0.name, w.size):
+        return ref.encode_fp8_e8m0(w)
+    from colitools.formats.kernels import encoders
+
+    return encoders.encode_fp8_e8m0(w, name)
 
 
 def decode_operands(fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None):

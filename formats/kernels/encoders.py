@@ -23,6 +23,7 @@ from colitools.formats.kernels._bits import (
     _bits_f32,
     _dequant_fp8_row,
     _e4m3,
+    _f32_bits,
     _q,
     _umax32,
     inline,
@@ -232,4 +233,79 @@ def encode_from_fp8_block(
         with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
             w = ref.dequant_fp8_block(q, s, (br, bc))
         _raise_nonfinite(w, name)
+    return codes, scales
+
+
+# ------------------------------------------------------------------------------------ fp8-e4m3-e8m0 (§2.9)
+# reference.encode_fp8_e8m0 restated per 128x128 block (``ref.FP8_BLOCK``): amax, the E8M0 exponent k read off the float bits of
+# max(amax, 1e-4) * f32(1/448) (as DeepSeek's fast_log2_ceil, = the reference's frexp rule), codes = e4m3fn
+# round-to-nearest-even of clamp(w * 2^-k, +-448) (2^-k is exact for every k the floor allows: -22 <= k <= 120).
+_FP8_B = ref.FP8_BLOCK  # 128
+_E8M0_FLOOR = F32(ref.FP8_AMAX_FLOOR)
+_E8M0_MAX_INV = ref._FP8_MAX_INV
+_E4M3_MAX_F32 = F32(ref.E4M3_MAX)
+_E4M3_MIN_NORMAL_BITS = np.uint32(0x3C800000)  # 2^-6, the smallest normal float8_e4m3fn
+_E4M3_REBIAS = np.uint32((127 - 7) << 3)  # float32 exponent bias 127 -> e4m3 bias 7, in (exponent | 3 bits) units
+_TWO9 = F32(512.0)  # 2^9: the e4m3 subnormal unit is 2^-9
+_RNE_MAGIC = F32(8388608.0)  # 2^23: (y + 2^23) - 2^23 rounds 0 <= y < 2^22 to an integer, ties to even
+
+
+@inline
+def _e4m3_rne(y):
+    """float32 ``y`` with ``|y| <= 448`` -> its float8_e4m3fn byte, rounded to nearest, ties to even (the
+    ml_dtypes cast): normals by rounding the float32 bits at bit 20 (a carry into the exponent is the right
+    next code), subnormals as ``rne(|y| * 2^9)`` units of 2^-9; the sign bit kept (-0.0 -> 0x80)."""
+    u = _f32_bits(y)
+    a = u & np.uint32(0x7FFFFFFF)
+    sign = np.uint8((u >> np.uint32(24)) & np.uint32(0x80))
+    if a >= _E4M3_MIN_NORMAL_BITS:
+        r = a + np.uint32(0x7FFFF) + ((a >> np.uint32(20)) & np.uint32(1))
+        return sign | np.uint8((r >> np.uint32(20)) - _E4M3_REBIAS)
+    t = (_bits_f32(a) * _TWO9 + _RNE_MAGIC) - _RNE_MAGIC
+    return sign | np.uint8(t)
+
+
+@njit
+def _fp8_e8m0_blocks(w, codes, scales, b0, b1):
+    """Block rows ``[b0, b1)`` of ``w[O, I]`` (finite float32): E8M0 bytes into ``scales``, e4m3 codes into
+    ``codes``. Returns -1 (the drivers' "no bad row")."""
+    O, I = w.shape
+    GI = scales.shape[1]
+    for bo in range(b0, b1):
+        o0 = bo * _FP8_B
+        o1 = min(O, o0 + _FP8_B)
+        for bi in range(GI):
+            i0 = bi * _FP8_B
+            i1 = min(I, i0 + _FP8_B)
+            amax = F32(0.0)
+            for o in range(o0, o1):
+                for i in range(i0, i1):
+                    v = abs(w[o, i])
+                    if v > amax:
+                        amax = v
+            x = max(amax, _E8M0_FLOOR) * _E8M0_MAX_INV
+            xb = _f32_bits(x)
+            k = np.int32(xb >> np.uint32(23)) - np.int32(127)
+            if xb & np.uint32(0x7FFFFF):
+                k += np.int32(1)
+            scales[bo, bi] = np.uint8(k + np.int32(127))
+            inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
+            for o in range(o0, o1):
+                for i in range(i0, i1):
+                    y = min(max(w[o, i] * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
+                    codes[o, i] = _e4m3_rne(y)
+    return -1
+
+
+def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``reference.encode_fp8_e8m0`` (byte-identical) for finite float32 ``w[O, I]``, block rows split over the
+    kernel threads. The caller checks finiteness (the registry's message)."""
+    w = np.ascontiguousarray(w, dtype=F32)
+    if w.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    O, I = w.shape
+    codes = np.empty((O, I), np.uint8)
+    scales = np.empty((-(-O // _FP8_B), -(-I // _FP8_B)), np.uint8)
+    if w.size:
+        _run_rows(_fp8_e8m0_blocks, (w, codes, scales), scales.shape[0], _FP8_B * I)
     return codes, scales

@@ -9,14 +9,23 @@ by hand from that rule (the comments show the arithmetic), never taken from the 
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
+import pytest
 
 from colitools.formats import registry
 from colitools.formats.registry import Fp8E4m3E8m0, by_name
 
 
 def _encode(w):
-    return Fp8E4m3E8m0.encode(np.asarray(w, np.float32))
+    """The numpy reference's bytes, after checking that the block kernel gives the very same bytes."""
+    from colitools.formats.kernels import encoders
+
+    w = np.asarray(w, np.float32)
+    codes, scale = Fp8E4m3E8m0.encode(w, fast=False)
+    kc, ks = encoders.encode_fp8_e8m0(w)
+    assert kc.tobytes() == codes.tobytes() and ks.tobytes() == scale.tobytes() and ks.shape == scale.shape
+    return codes, scale
 
 
 def test_single_block_bytes_and_scale_byte():
@@ -98,3 +107,51 @@ def test_round_trip_error_is_within_half_an_e4m3_step():
     v = np.abs(w) / s
     step = np.where(v >= 2.0**-6, np.ldexp(1.0, np.floor(np.log2(np.maximum(v, 2.0**-6))).astype(int) - 3), 2.0**-9)
     assert np.all(np.abs(d - w) <= step * s / 2 + 1e-12)
+
+
+def _every_e4m3_rounding_case() -> np.ndarray:
+    """float32 values of |x| <= 448 covering every case of rounding to e4m3fn: each exponent field 0..135
+    (zero, float32 subnormals, e4m3 subnormals 2^-9..2^-7, normals up to 2^8), each value of the 3 kept
+    mantissa bits and the round bit (bits 22..19), sticky bits 18..0 none / lowest / all / half, both signs."""
+    u = [(s << 31) | (e << 23) | (top << 19) | low
+         for e in range(136) for top in range(16) for low in (0, 1, 0x3FFFF, 0x7FFFF) for s in (0, 1)]  # fmt: skip
+    v = np.array(u, np.uint32).view(np.float32)
+    return v[np.abs(v) <= 448]
+
+
+def test_the_kernel_rounds_every_case_as_ml_dtypes():
+    """In blocks whose amax is 448 (k = 0: w * 2^0 exact) the codes are the e4m3fn cast itself: the kernel's
+    bit arithmetic against ml_dtypes' float32 -> float8_e4m3fn cast (round to nearest, ties to even)."""
+    from colitools.formats.kernels import encoders
+
+    v = _every_e4m3_rounding_case()
+    rows = -(-v.size // 127)
+    w = np.zeros((rows, 128), np.float32)
+    w[:, :127] = np.concatenate([v, np.zeros(rows * 127 - v.size, np.float32)]).reshape(rows, 127)
+    w[:, 127] = 448.0
+    codes, scales = encoders.encode_fp8_e8m0(w)
+    assert (scales == 127).all()
+    want = w.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    assert np.array_equal(codes, want), np.argwhere(codes != want)[:5]
+
+
+@pytest.mark.parametrize(
+    ("shape", "std"), [((300, 200), 1.0), ((1024, 2048), 0.02), ((129, 257), 1e-6), ((64, 48), 1e3), ((257, 130), 0.0)]
+)
+def test_the_kernel_equals_the_reference_on_partial_blocks_and_scales(shape, std):
+    from colitools.formats.kernels import encoders
+
+    w = (np.random.default_rng(sum(shape)).standard_normal(shape) * std).astype(np.float32)
+    codes, scales = encoders.encode_fp8_e8m0(w)
+    want_codes, want_scales = Fp8E4m3E8m0.encode(w, fast=False)
+    assert np.array_equal(codes, want_codes) and np.array_equal(scales, want_scales)
+
+
+def test_nonfinite_input_is_named_on_the_fast_path():
+    from colitools.formats import kernels
+    from colitools.formats.errors import EncodeError
+
+    w = np.zeros((300, 300), np.float32)
+    w[7, 9] = np.nan
+    with pytest.raises(EncodeError, match=r"tensor t: .*\[7, 9\]"):
+        kernels.encode_fp8_e8m0(w, "t")
