@@ -36,28 +36,70 @@ _JIT = {"fastmath": True, "cache": True, "nogil": True}
 
 
 # ------------------------------------------------------------------------------------------------------- int4
-# A byte b holds two codes, lo = b - 16 hi and hi = floor(b / 16), for inputs xa (lo) and xb (hi):
+# A byte b holds two codes, lo = b - 16 hi and hi = b >> 4, for inputs xa (lo) and xb (hi):
 #     lo * xa + hi * xb = b * xa + hi * (xb - 16 xa)
-# so the kernels take xa and xd = xb - 16 xa (per call) and need no lo. Pairs order: xa = x[2j], xb = x[2j+1];
-# planar64 order: byte k of 64-block m holds x[64m + k] (lo) and x[64m + 32 + k] (hi).
+# so the kernels take xa and xd = xb - 16 xa (``_int4_prep``, once per call) and need no lo. Pairs order:
+# xa = x[2j], xb = x[2j+1]; planar64 order: byte k of 64-block m holds x[64m + k] (lo) and x[64m + 32 + k] (hi).
+# The kernels take ROWS rows per pass over x (each x load feeds ROWS rows): the rows of a pass are the aligned
+# block 4q .. 4q+3 of the whole matrix, the last block repeating row O - 1, so a row's arithmetic depends on
+# its index only, never on how a call was split (split bounds are multiples of ROWS) or on N.
+INT4_ROWS = 4
+_U4 = np.uint32(4)
+
+
+@njit(**_JIT)
+def _int4_prep(x, rb, G, gbytes, planar, xa, xd, xs):  # pragma: no cover - compiled
+    # x[N, I] -> xa, xd [N, rb] and the group sums xs[N, G] (float64 accumulation) in one pass; columns past I
+    # (padding of the last byte / group) count as 0.
+    N, I = x.shape
+    for n in range(N):
+        for g in range(G):
+            s = 0.0
+            for k in range(g * gbytes, min(g * gbytes + gbytes, rb)):
+                if planar:
+                    lo = (k >> 5) * 64 + (k & 31)
+                    hi = lo + 32
+                else:
+                    lo = 2 * k
+                    hi = lo + 1
+                a = x[n, lo] if lo < I else F32(0.0)
+                b = x[n, hi] if hi < I else F32(0.0)
+                xa[n, k] = a
+                xd[n, k] = b - F32(16.0) * a
+                s += np.float64(a) + np.float64(b)
+            xs[n, g] = F32(s)
+
+
 @njit(**_JIT)
 def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - compiled
     rb = codes.shape[1]
     N = xa.shape[0]
     G = scales.shape[1]
-    # Unsigned indices spare numba's negative-index wraparound, which otherwise blocks vectorisation.
-    for o in range(o0, o1):
-        for n in range(N):
-            acc = F32(0.0)
+    last = codes.shape[0] - 1
+    # Unsigned indices spare numba's negative-index wraparound, which otherwise blocks vectorisation; the
+    # nibble shift on uint32 keeps 32-bit lanes (int64 lanes would halve the vector width).
+    for n in range(N):
+        for o in range(o0, o1, 4):
+            r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+            a0 = a1 = a2 = a3 = F32(0.0)
             for g in range(G):
                 j0 = uintp(g) * uintp(gbytes)
-                s = F32(0.0)
+                s0 = s1 = s2 = s3 = F32(0.0)
                 for j in range(min(gbytes, rb - g * gbytes)):
                     k = j0 + uintp(j)
-                    f = F32(codes[o, k])
-                    s += f * xa[n, k] + np.floor(f * F32(0.0625)) * xd[n, k]
-                acc += (s - F32(8.0) * xs[n, g]) * scales[o, g]
-            y[n, o] = acc
+                    p, q = xa[n, k], xd[n, k]
+                    b0, b1 = np.uint32(codes[o, k]), np.uint32(codes[r1, k])
+                    b2, b3 = np.uint32(codes[r2, k]), np.uint32(codes[r3, k])
+                    s0 += F32(b0) * p + F32(b0 >> _U4) * q
+                    s1 += F32(b1) * p + F32(b1 >> _U4) * q
+                    s2 += F32(b2) * p + F32(b2 >> _U4) * q
+                    s3 += F32(b3) * p + F32(b3 >> _U4) * q
+                x8 = F32(8.0) * xs[n, g]
+                a0 += (s0 - x8) * scales[o, g]
+                a1 += (s1 - x8) * scales[r1, g]
+                a2 += (s2 - x8) * scales[r2, g]
+                a3 += (s3 - x8) * scales[r3, g]
+            y[n, o], y[n, r1], y[n, r2], y[n, r3] = a0, a1, a2, a3
 
 
 @njit(**_JIT)
@@ -65,18 +107,29 @@ def _int4_g64(codes, scales, xa, xd, xs, y, o0, o1):  # pragma: no cover - compi
     # Group size 64 with whole groups: a fixed 32-byte inner loop that LLVM unrolls completely.
     N = xa.shape[0]
     G = scales.shape[1]
-    for o in range(o0, o1):
-        for n in range(N):
-            acc = F32(0.0)
+    last = codes.shape[0] - 1
+    for n in range(N):
+        for o in range(o0, o1, 4):
+            r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+            a0 = a1 = a2 = a3 = F32(0.0)
             for g in range(G):
                 j0 = uintp(g) * uintp(32)
-                s = F32(0.0)
+                s0 = s1 = s2 = s3 = F32(0.0)
                 for j in range(32):
                     k = j0 + uintp(j)
-                    f = F32(codes[o, k])
-                    s += f * xa[n, k] + np.floor(f * F32(0.0625)) * xd[n, k]
-                acc += (s - F32(8.0) * xs[n, g]) * scales[o, g]
-            y[n, o] = acc
+                    p, q = xa[n, k], xd[n, k]
+                    b0, b1 = np.uint32(codes[o, k]), np.uint32(codes[r1, k])
+                    b2, b3 = np.uint32(codes[r2, k]), np.uint32(codes[r3, k])
+                    s0 += F32(b0) * p + F32(b0 >> _U4) * q
+                    s1 += F32(b1) * p + F32(b1 >> _U4) * q
+                    s2 += F32(b2) * p + F32(b2 >> _U4) * q
+                    s3 += F32(b3) * p + F32(b3 >> _U4) * q
+                x8 = F32(8.0) * xs[n, g]
+                a0 += (s0 - x8) * scales[o, g]
+                a1 += (s1 - x8) * scales[r1, g]
+                a2 += (s2 - x8) * scales[r2, g]
+                a3 += (s3 - x8) * scales[r3, g]
+            y[n, o], y[n, r1], y[n, r2], y[n, r3] = a0, a1, a2, a3
 
 
 # ---------------------------------------------------------------------------------------------------- int3-g64
@@ -252,16 +305,9 @@ class QTensor:
         elif kind in (_K.INT4, _K.INT4_PLANAR):
             G = scales.shape[1]
             gbytes = rb // G if G == 1 or kind is _K.INT4_PLANAR else self.gs // 2  # one group = the whole row
-            if kind is _K.INT4:
-                xp = _pad(x, 2 * rb)
-                xa, xb = xp[:, 0::2], xp[:, 1::2]
-            else:
-                blocks = x.reshape(N, -1, 2, 32)
-                xa, xb = blocks[:, :, 0, :].reshape(N, -1), blocks[:, :, 1, :].reshape(N, -1)
-                xp = x
-            xa = np.ascontiguousarray(xa)
-            xd = np.ascontiguousarray(xb - F32(16.0) * xa)
-            xs = _group_sums(_pad(xp, G * 2 * gbytes), 2 * gbytes)
+            xa, xd = np.empty((N, rb), F32), np.empty((N, rb), F32)
+            xs = np.empty((N, G), F32)
+            _int4_prep(x, rb, G, gbytes, kind is _K.INT4_PLANAR, xa, xd, xs)
             if gbytes == 32 and rb == 32 * G:
                 kernel, args = _int4_g64, (codes, scales, xa, xd, xs, y)
             else:
@@ -280,7 +326,8 @@ class QTensor:
             xp = _pad(x, 4 * rb)
             kernel, args = _int2_row, (codes, scales, xp, xp.sum(axis=1, dtype=F32).reshape(N, 1), y)
         if N * O * self.I >= SPLIT_MACS and threads.n_workers() > 1 and not threads.in_worker():
-            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, self.row_align))
+            align = INT4_ROWS if kind in (_K.INT4, _K.INT4_PLANAR) else self.row_align
+            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, align))
         else:
             kernel(*args, 0, O)
         return y
