@@ -304,7 +304,8 @@ class QTensor:
             kernel, args = _f32_rows, (codes, x, y)
         elif kind in (_K.INT4, _K.INT4_PLANAR):
             G = scales.shape[1]
-            gbytes = rb // G if G == 1 or kind is _K.INT4_PLANAR else self.gs // 2  # one group = the whole row
+            # int4-row and planar: G groups of rb // G bytes (int4-row: one group, the whole row)
+            gbytes = rb // G if G == 1 or kind is _K.INT4_PLANAR else self.gs // 2
             xa, xd = np.empty((N, rb), F32), np.empty((N, rb), F32)
             xs = np.empty((N, G), F32)
             _int4_prep(x, rb, G, gbytes, kind is _K.INT4_PLANAR, xa, xd, xs)
