@@ -1,0 +1,107 @@
+"""The thread pool: results in item order from the caller and the helpers, exceptions reach the caller, work
+submitted inside a worker runs inline, and a helper that went to sleep (idle past its polling window) or a caller
+that blocked (a task longer than its window) still hands over every task."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from colitools.runtime import threads
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    monkeypatch.setenv("COLITOOLS_THREADS", "2")
+
+
+def test_results_in_order_and_both_threads_work(two_threads):
+    names = set()
+
+    def work(i):
+        names.add(threading.current_thread().name)
+        time.sleep(0.002)  # long enough that the helper takes items too
+        return i * i
+
+    for _ in range(3):
+        assert threads.parallel_map(work, list(range(20))) == [i * i for i in range(20)]
+    assert threading.main_thread().name in names and any(n.startswith("colitools-") for n in names)
+
+
+def test_helper_sleeps_and_wakes(two_threads):
+    seen = []
+    threads.parallel_map(lambda i: seen.append(i), [0, 1])
+    time.sleep(20 * threads.SPIN_SECONDS)  # every helper is past its polling window: asleep on its condition
+    for k in range(5):
+        assert threads.parallel_map(lambda i: (time.sleep(0.001), i)[1], [k, k + 1]) == [k, k + 1]
+
+
+def test_caller_blocks_for_a_long_helper_task(two_threads):
+    def work(i):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(50 * threads.SPIN_SECONDS)  # the caller outwaits its polling window and sleeps
+        return i
+
+    for _ in range(3):
+        assert threads.parallel_map(work, [0, 1]) == [0, 1]
+
+
+def test_exception_reaches_the_caller_and_pool_recovers(two_threads):
+    def work(i):
+        time.sleep(0.001)
+        if i == 3:
+            raise ValueError("item 3")
+        return i
+
+    for _ in range(2):
+        with pytest.raises(ValueError, match="item 3"):
+            threads.parallel_map(work, list(range(8)))
+    assert threads.parallel_map(work, [0, 1, 2]) == [0, 1, 2]
+
+
+def test_nested_work_runs_inline(two_threads):
+    def outer(i):
+        assert threads.in_worker()
+        return threads.parallel_map(lambda j: (threads.in_worker(), i + j), [10, 20])
+
+    out = threads.parallel_map(outer, [1, 2, 3])
+    assert out == [[(True, 11), (True, 21)], [(True, 12), (True, 22)], [(True, 13), (True, 23)]]
+    assert not threads.in_worker()
+
+
+def test_concurrent_callers_each_get_their_results(two_threads):
+    """Two user threads calling at once: one drives the helpers, the other runs its items inline."""
+    out = {}
+
+    def caller(c):
+        out[c] = [
+            threads.parallel_map(lambda i: (time.sleep(0.0005), c * 100 + i)[1], list(range(6)))
+            for _ in range(5)
+        ]
+
+    ts = [threading.Thread(target=caller, args=(c,)) for c in (1, 2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert out == {c: [[c * 100 + i for i in range(6)]] * 5 for c in (1, 2)}
+
+
+def test_flag_atomics():
+    cells = np.zeros(24, np.int64)
+    threads._set(cells, 8, 5)
+    assert cells[8] == 5 and threads._set_then_read(cells, 16, 1, 8) == 5 and cells[16] == 1
+    assert threads._poll(cells, 8, 5, 100) == 5  # unchanged: gives up after 100 reads
+    assert threads._poll(cells, 8, 4, 100) == 5  # differs: returns at once
+
+
+def test_row_chunks_bounds():
+    assert threads.row_chunks(10, 4) == [(0, 8), (8, 10)] or threads.n_workers() != 2
+    for O in (1, 5, 131, 2048):
+        chunks = threads.row_chunks(O, 4)
+        assert chunks[0][0] == 0 and chunks[-1][1] == O
+        assert all(a % 4 == 0 and a < b for a, b in chunks)
+        assert all(b == c for (_, b), (c, _) in zip(chunks, chunks[1:], strict=False))
