@@ -32,6 +32,9 @@ R = TypeVar("R")
 
 SPIN_SECONDS = 2e-4  # an idle helper polls this long for its next task before it sleeps
 CALLER_SPIN_DIVISOR = 10  # a caller waiting for a helper polls SPIN_SECONDS / this, then sleeps
+# A helper that sees a post waits this long before it takes the GIL: the caller holds it until it enters its
+# own compiled chunk a few microseconds later, and a thread that blocks on the GIL sleeps (a wake-up again).
+SETTLE_SECONDS = 4e-6
 
 _local = threading.local()
 _helpers: list[_Helper] = []
@@ -75,17 +78,31 @@ def _store(typingctx, flags, i, value):  # pragma: no cover - compiled
 
 
 _FLAGS = {"nogil": True, "cache": True}
+POSTED, FINISHED, CALLER_BLOCKED = 0, 8, 16  # a helper's flag cells, a cache line apart
 
 
 @njit(**_FLAGS)
-def _poll(flags, i, value, iters):  # pragma: no cover - compiled
-    """Read ``flags[i]`` until it differs from ``value`` (at most ``iters`` reads); the last value read."""
+def _poll(flags, i, value, iters, settle):  # pragma: no cover - compiled
+    """Read ``flags[i]`` until it differs from ``value`` (at most ``iters`` reads); the last value read. On a
+    change, ``settle`` more reads before returning (see ``SETTLE_SECONDS``)."""
     v = _load(flags, i)
     for _ in range(iters):
         if v != value:
+            for _ in range(settle):
+                _load(flags, i)
             break
         v = _load(flags, i)
     return v
+
+
+@njit(**_FLAGS)
+def _finish_and_poll(flags, n, iters, settle):  # pragma: no cover - compiled
+    """A helper's end of task ``n``: ``flags[FINISHED] = n``; -1 if the caller has gone to sleep (it needs a
+    notify), else ``_poll`` for the task after ``n``."""
+    _store(flags, FINISHED, n)
+    if _load(flags, CALLER_BLOCKED) != 0:
+        return -1
+    return _poll(flags, POSTED, n, iters, settle)
 
 
 @njit(**_FLAGS)
@@ -108,16 +125,15 @@ def _spin_reads() -> int:
     global _spin_iters
     if _spin_iters is None:
         cell = np.zeros(1, np.int64)
-        _poll(cell, 0, 0, 10)  # compile / load
+        _poll(cell, 0, 0, 10, 0)  # compile / load
         n = 1 << 20
         t0 = time.perf_counter()
-        _poll(cell, 0, 0, n)
+        _poll(cell, 0, 0, n, 0)
         _spin_iters = max(1000, int(n * SPIN_SECONDS / max(time.perf_counter() - t0, 1e-9)))
     return _spin_iters
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-POSTED, FINISHED, CALLER_BLOCKED = 0, 8, 16  # flag cells, a cache line apart
 
 
 class _Helper:
@@ -131,13 +147,15 @@ class _Helper:
         self.done = threading.Condition()  # the caller sleeps on it for a finish
         self.notified = 0  # the task number the helper last signalled on ``done``
         self.spin = _spin_reads()
+        self.settle = int(self.spin * SETTLE_SECONDS / SPIN_SECONDS)
         threading.Thread(target=self._run, name=f"colitools-{index}", daemon=True).start()
 
     def _run(self) -> None:
         _mark_worker()
         seen = 0
+        v = _poll(self.flags, POSTED, seen, self.spin, self.settle)
         while True:
-            if _poll(self.flags, POSTED, seen, self.spin) == seen:
+            if v == seen:
                 with self.work:
                     while self.flags[POSTED] == seen:
                         self.work.wait()
@@ -146,14 +164,17 @@ class _Helper:
                 self.task()
             except BaseException as e:  # handed to the caller in wait()
                 self.error = e
-            self.task = None
-            if _set_then_read(self.flags, FINISHED, seen, CALLER_BLOCKED):
+            self.task = None  # keeps nothing of the call (its arrays) alive; the next post sets it again
+            # finish and poll for the next task in one compiled call: the GIL is free once the caller sees it
+            v = _finish_and_poll(self.flags, seen, self.spin, self.settle)
+            if v < 0:  # the caller went to sleep before the finish: wake it
                 with self.done:
                     self.notified = seen
                     self.done.notify()
+                v = _poll(self.flags, POSTED, seen, self.spin, self.settle)
 
     def post(self, task: Callable[[], None]) -> int:
-        self.task = task
+        self.task = task  # read by the helper only after it sees the new POSTED value
         with self.work:
             n = int(self.flags[POSTED]) + 1
             _set(self.flags, POSTED, n)
@@ -162,7 +183,7 @@ class _Helper:
 
     def wait(self, n: int) -> BaseException | None:
         """Block until task ``n`` has finished; the exception it raised, if any."""
-        if _poll(self.flags, FINISHED, n - 1, self.spin // CALLER_SPIN_DIVISOR) != n:
+        if _poll(self.flags, FINISHED, n - 1, self.spin // CALLER_SPIN_DIVISOR, 0) != n:
             with self.done:
                 if _set_then_read(self.flags, CALLER_BLOCKED, 1, FINISHED) != n:
                     while self.notified != n:

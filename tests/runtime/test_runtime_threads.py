@@ -94,8 +94,11 @@ def test_flag_atomics():
     cells = np.zeros(24, np.int64)
     threads._set(cells, 8, 5)
     assert cells[8] == 5 and threads._set_then_read(cells, 16, 1, 8) == 5 and cells[16] == 1
-    assert threads._poll(cells, 8, 5, 100) == 5  # unchanged: gives up after 100 reads
-    assert threads._poll(cells, 8, 4, 100) == 5  # differs: returns at once
+    assert threads._poll(cells, 8, 5, 100, 0) == 5  # unchanged: gives up after 100 reads
+    assert threads._poll(cells, 8, 4, 100, 10) == 5  # differs: returns (after 10 settling reads)
+    assert threads._finish_and_poll(cells, 7, 100, 0) == -1 and cells[threads.FINISHED] == 7  # caller asleep
+    cells[16] = 0
+    assert threads._finish_and_poll(cells, 8, 100, 0) == 0 and cells[threads.FINISHED] == 8  # no post: 0
 
 
 def test_row_chunks_bounds():
