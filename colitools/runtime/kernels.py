@@ -237,6 +237,7 @@ def _f32_rows(w, x, y, o0, o1):  # pragma: no cover - compiled
 
 # ------------------------------------------------------------------------------------------------ the wrapper
 SPLIT_MACS = 1 << 21  # a call with at least this many multiply-adds is split by rows across the pool
+CHUNK_MACS = 1 << 19  # ... into chunks of at least this many (~40 us of int4 work), at most 8 per worker
 BLAS_MIN_ROWS = 16  # float32 weights: BLAS sgemm from this many input vectors on, the numba kernel below
 
 
@@ -328,7 +329,8 @@ class QTensor:
             kernel, args = _int2_row, (codes, scales, xp, xp.sum(axis=1, dtype=F32).reshape(N, 1), y)
         if N * O * self.I >= SPLIT_MACS and threads.n_workers() > 1 and not threads.in_worker():
             align = INT4_ROWS if kind in (_K.INT4, _K.INT4_PLANAR) else self.row_align
-            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, align))
+            parts = max(threads.n_workers(), min(8 * threads.n_workers(), N * O * self.I // CHUNK_MACS))
+            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, align, parts))
         else:
             kernel(*args, 0, O)
         return y

@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-SPIN_SECONDS = 2e-4  # an idle helper polls this long for its next task before it sleeps
+SPIN_SECONDS = 1e-4  # an idle helper polls this long for its next task before it sleeps
 CALLER_SPIN_DIVISOR = 10  # a caller waiting for a helper polls SPIN_SECONDS / this, then sleeps
 # A helper that sees a post waits this long before it takes the GIL: the caller holds it until it enters its
 # own compiled chunk a few microseconds later, and a thread that blocks on the GIL sleeps (a wake-up again).
@@ -77,32 +80,82 @@ def _store(typingctx, flags, i, value):  # pragma: no cover - compiled
     return types.void(flags, i, value), codegen
 
 
+@intrinsic
+def _swap_if(typingctx, flags, i, expected, value):  # pragma: no cover - compiled
+    """``flags[i] = value`` if it holds ``expected`` (one seq_cst compare-exchange); whether it did."""
+
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(a.data, [args[1]])
+        pair = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 1)
+
+    return types.boolean(flags, i, expected, value), codegen
+
+
+# The CPU's spin-wait hint (x86 ``pause``, as the LLVM intrinsic: numba's JIT takes no inline asm): a polling
+# loop then leaves the core's execution units to a sibling hardware thread (on a VM the other vCPU may be one).
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+@intrinsic
+def _spin_hint(typingctx):  # pragma: no cover - compiled
+    def codegen(context, builder, sig, args):
+        if _X86:
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse2.pause"), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
 _FLAGS = {"nogil": True, "cache": True}
-POSTED, FINISHED, CALLER_BLOCKED = 0, 8, 16  # a helper's flag cells, a cache line apart
+# A helper's flag cells, a cache line apart. TASK: n > 0 = task n posted, -n = task n taken (by the helper,
+# which runs it, or back by the caller, which ran every item itself); FINISHED: the last task run.
+TASK, FINISHED, CALLER_BLOCKED = 0, 8, 16
 
 
 @njit(**_FLAGS)
-def _poll(flags, i, value, iters, settle):  # pragma: no cover - compiled
-    """Read ``flags[i]`` until it differs from ``value`` (at most ``iters`` reads); the last value read. On a
-    change, ``settle`` more reads before returning (see ``SETTLE_SECONDS``)."""
+def _reach(flags, i, target, iters):  # pragma: no cover - compiled
+    """Read ``flags[i]`` until it is at least ``target`` (at most ``iters`` reads); the last value read."""
     v = _load(flags, i)
     for _ in range(iters):
-        if v != value:
-            for _ in range(settle):
-                _load(flags, i)
+        if v >= target:
             break
+        _spin_hint()
         v = _load(flags, i)
     return v
 
 
 @njit(**_FLAGS)
+def _next_post(flags, seen, iters, settle):  # pragma: no cover - compiled
+    """A helper's poll for a task posted after ``seen`` (``flags[TASK] > seen``, at most ``iters`` reads, then
+    ``settle`` reads); the last value of ``flags[TASK]`` read."""
+    v = _load(flags, TASK)
+    for _ in range(iters):
+        if v > seen:
+            for _ in range(settle):
+                _spin_hint()
+            break
+        _spin_hint()
+        v = _load(flags, TASK)
+    return v
+
+
+@njit(**_FLAGS)
+def _take(flags, n):  # pragma: no cover - compiled
+    """Mark posted task ``n`` taken; False if the other side took it first (helper and caller both call it)."""
+    return _swap_if(flags, TASK, n, -n)
+
+
+@njit(**_FLAGS)
 def _finish_and_poll(flags, n, iters, settle):  # pragma: no cover - compiled
     """A helper's end of task ``n``: ``flags[FINISHED] = n``; -1 if the caller has gone to sleep (it needs a
-    notify), else ``_poll`` for the task after ``n``."""
+    notify), else ``_next_post`` after ``n``."""
     _store(flags, FINISHED, n)
     if _load(flags, CALLER_BLOCKED) != 0:
         return -1
-    return _poll(flags, POSTED, n, iters, settle)
+    return _next_post(flags, n, iters, settle)
 
 
 @njit(**_FLAGS)
@@ -125,10 +178,10 @@ def _spin_reads() -> int:
     global _spin_iters
     if _spin_iters is None:
         cell = np.zeros(1, np.int64)
-        _poll(cell, 0, 0, 10, 0)  # compile / load
+        _reach(cell, 0, 1, 10)  # compile / load
         n = 1 << 20
         t0 = time.perf_counter()
-        _poll(cell, 0, 0, n, 0)
+        _reach(cell, 0, 1, n)
         _spin_iters = max(1000, int(n * SPIN_SECONDS / max(time.perf_counter() - t0, 1e-9)))
     return _spin_iters
 
@@ -146,6 +199,7 @@ class _Helper:
         self.work = threading.Condition()  # the helper sleeps on it for a post
         self.done = threading.Condition()  # the caller sleeps on it for a finish
         self.notified = 0  # the task number the helper last signalled on ``done``
+        self.posted = 0  # the last task number posted
         self.spin = _spin_reads()
         self.settle = int(self.spin * SETTLE_SECONDS / SPIN_SECONDS)
         threading.Thread(target=self._run, name=f"colitools-{index}", daemon=True).start()
@@ -153,13 +207,17 @@ class _Helper:
     def _run(self) -> None:
         _mark_worker()
         seen = 0
-        v = _poll(self.flags, POSTED, seen, self.spin, self.settle)
+        v = _next_post(self.flags, seen, self.spin, self.settle)
         while True:
-            if v == seen:
+            if v <= seen:  # nothing within the polling window: sleep until a post
                 with self.work:
-                    while self.flags[POSTED] == seen:
+                    while self.flags[TASK] <= seen:
                         self.work.wait()
-            seen += 1
+                v = int(self.flags[TASK])
+            seen = v
+            if not _take(self.flags, seen):  # the caller ran every item itself and took the task back
+                v = _next_post(self.flags, seen, self.spin, self.settle)
+                continue
             try:
                 self.task()
             except BaseException as e:  # handed to the caller in wait()
@@ -171,19 +229,23 @@ class _Helper:
                 with self.done:
                     self.notified = seen
                     self.done.notify()
-                v = _poll(self.flags, POSTED, seen, self.spin, self.settle)
+                v = _next_post(self.flags, seen, self.spin, self.settle)
 
     def post(self, task: Callable[[], None]) -> int:
-        self.task = task  # read by the helper only after it sees the new POSTED value
+        self.task = task  # read by the helper only once it has taken the new task number
         with self.work:
-            n = int(self.flags[POSTED]) + 1
-            _set(self.flags, POSTED, n)
+            n = self.posted = self.posted + 1
+            _set(self.flags, TASK, n)
             self.work.notify()
         return n
 
     def wait(self, n: int) -> BaseException | None:
-        """Block until task ``n`` has finished; the exception it raised, if any."""
-        if _poll(self.flags, FINISHED, n - 1, self.spin // CALLER_SPIN_DIVISOR, 0) != n:
+        """Called once the caller's own work is done: take task ``n`` back if the helper has not started it
+        (it was not needed: no wait for a wake-up), else wait for its finish. The exception it raised, if any."""
+        if _take(self.flags, n):
+            self.task = None
+            return None
+        if _reach(self.flags, FINISHED, n, self.spin // CALLER_SPIN_DIVISOR) != n:
             with self.done:
                 if _set_then_read(self.flags, CALLER_BLOCKED, 1, FINISHED) != n:
                     while self.notified != n:
@@ -234,9 +296,12 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         _dispatch.release()
 
 
-def row_chunks(O: int, align: int = 1) -> list[tuple[int, int]]:
-    """Split ``range(O)`` into one chunk per worker (bounds multiples of ``align``)."""
-    n = n_workers()
+def row_chunks(O: int, align: int = 1, parts: int | None = None) -> list[tuple[int, int]]:
+    """Split ``range(O)`` into ``parts`` chunks (default one per worker), bounds multiples of ``align``.
+
+    More chunks than workers balance the load: ``parallel_map``'s threads take chunks from a shared counter,
+    so a helper that starts late (a wake-up, a busy core) takes fewer and nobody waits for a fixed half."""
+    n = parts or n_workers()
     step = -(-O // n)
     step = -(-step // align) * align
     return [(o, min(o + step, O)) for o in range(0, O, step)]

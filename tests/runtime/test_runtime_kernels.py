@@ -81,7 +81,10 @@ def test_int4_split_calls_match_reference_and_single_rows(kind, fmt, O, I, gs, m
     calls, pool_map = [], threads.parallel_map
     monkeypatch.setattr(threads, "parallel_map", lambda fn, items: calls.append(items) or pool_map(fn, items))
     y = q.matmul(x)
-    assert len(calls) == 1 and len(calls[0]) == 2 and all(a % kernels.INT4_ROWS == 0 for a, _ in calls[0])
+    (chunks,) = calls  # several chunks, contiguous, starting on four-row block bounds
+    starts, ends = [a for a, _ in chunks], [b for _, b in chunks]
+    assert len(chunks) >= 2 and starts[0] == 0 and ends[-1] == O and starts[1:] == ends[:-1]
+    assert all(a % kernels.INT4_ROWS == 0 for a in starts)
     expect = x.astype(np.float64) @ dense.T
     np.testing.assert_allclose(y, expect, rtol=0, atol=2e-5 * np.abs(expect).max())
     for n in range(3):  # unsplit one-row calls: bit-identical rows

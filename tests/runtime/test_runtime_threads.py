@@ -90,15 +90,35 @@ def test_concurrent_callers_each_get_their_results(two_threads):
     assert out == {c: [[c * 100 + i for i in range(6)]] * 5 for c in (1, 2)}
 
 
-def test_flag_atomics():
+def test_flag_cells():
+    T, F, B = threads.TASK, threads.FINISHED, threads.CALLER_BLOCKED
     cells = np.zeros(24, np.int64)
-    threads._set(cells, 8, 5)
-    assert cells[8] == 5 and threads._set_then_read(cells, 16, 1, 8) == 5 and cells[16] == 1
-    assert threads._poll(cells, 8, 5, 100, 0) == 5  # unchanged: gives up after 100 reads
-    assert threads._poll(cells, 8, 4, 100, 10) == 5  # differs: returns (after 10 settling reads)
-    assert threads._finish_and_poll(cells, 7, 100, 0) == -1 and cells[threads.FINISHED] == 7  # caller asleep
-    cells[16] = 0
-    assert threads._finish_and_poll(cells, 8, 100, 0) == 0 and cells[threads.FINISHED] == 8  # no post: 0
+    threads._set(cells, F, 5)
+    assert cells[F] == 5 and threads._set_then_read(cells, B, 1, F) == 5 and cells[B] == 1
+    assert threads._reach(cells, F, 6, 100) == 5  # not reached: gives up after 100 reads
+    assert threads._reach(cells, F, 4, 100) == 5
+    assert threads._next_post(cells, 0, 100, 0) == 0  # nothing posted
+    threads._set(cells, T, 3)
+    assert threads._next_post(cells, 2, 100, 10) == 3 and threads._next_post(cells, 3, 100, 0) == 3
+    # task 3 is taken once: by the helper or by the caller, never both
+    assert threads._take(cells, 3) and cells[T] == -3 and not threads._take(cells, 3)
+    assert threads._next_post(cells, 0, 100, 0) == -3  # a taken task is no post
+    assert threads._finish_and_poll(cells, 3, 100, 0) == -1 and cells[F] == 3  # the caller sleeps: notify
+    cells[B] = 0
+    assert threads._finish_and_poll(cells, 3, 100, 0) == -3  # no later post within the window
+
+
+def test_a_task_the_caller_took_back_never_runs(two_threads):
+    """The caller runs every item when the helper is late, takes the posted task back and returns."""
+    (h,) = threads._get_helpers(1)
+    ran = []
+    with h.work:  # a helper asleep (or descheduled) cannot take anything while we hold its condition
+        time.sleep(20 * threads.SPIN_SECONDS)
+        n = h.post(lambda: ran.append(1))
+        assert h.wait(n) is None and h.task is None
+    time.sleep(20 * threads.SPIN_SECONDS)
+    assert ran == []
+    assert threads.parallel_map(lambda i: (time.sleep(0.002), i)[1], [0, 1, 2]) == [0, 1, 2]
 
 
 def test_row_chunks_bounds():
