@@ -7,10 +7,10 @@ while the row's codes are still in L1, and the arithmetic for one ``(n, o)`` is 
 token gets bit-identical expert outputs in a prefill batch and in a one-token decode step.
 
 Offset codes (int4 ``nib - 8``, int3 ``u - 4``) are folded out of the inner loop: a group computes
-``sum(u * x) - offset * sum(x)`` with the group sums of ``x`` precomputed once per call. int4 nibbles are split
-in float32 (``hi = floor(b / 16)``, ``lo = b - 16 hi``, exact for a byte): numba types integer ``&``/``>>`` as
-int64, which makes LLVM vectorise over 64-bit lanes; the float split keeps 32-bit lanes. Results differ from a
-float64 reference by float32 rounding only (~1e-6 relative), far inside the oracle margins.
+``sum(u * x) - offset * sum(x)`` with the group sums of ``x`` precomputed once per call. int4 kernels convert a
+byte and its high nibble (``b >> 4`` on uint32: numba types integer ops on small ints as int64, and 64-bit lanes
+would halve the vector width) and take four rows per pass over ``x``. Results differ from a float64 reference
+by float32 rounding only (~1e-6 relative), far inside the oracle margins.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - c
     last = codes.shape[0] - 1
     # Unsigned indices spare numba's negative-index wraparound, which otherwise blocks vectorisation; the
     # nibble shift on uint32 keeps 32-bit lanes (int64 lanes would halve the vector width).
-    for n in range(N):
-        for o in range(o0, o1, 4):
-            r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+    for o in range(o0, o1, INT4_ROWS):
+        r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+        for n in range(N):
             a0 = a1 = a2 = a3 = F32(0.0)
             for g in range(G):
                 j0 = uintp(g) * uintp(gbytes)
@@ -108,9 +108,9 @@ def _int4_g64(codes, scales, xa, xd, xs, y, o0, o1):  # pragma: no cover - compi
     N = xa.shape[0]
     G = scales.shape[1]
     last = codes.shape[0] - 1
-    for n in range(N):
-        for o in range(o0, o1, 4):
-            r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+    for o in range(o0, o1, INT4_ROWS):
+        r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+        for n in range(N):
             a0 = a1 = a2 = a3 = F32(0.0)
             for g in range(G):
                 j0 = uintp(g) * uintp(32)
