@@ -200,9 +200,11 @@ class _Helper:
         self.done = threading.Condition()  # the caller sleeps on it for a finish
         self.notified = 0  # the task number the helper last signalled on ``done``
         self.posted = 0  # the last task number posted
+        self.asleep = False  # waiting on ``work`` (past its polling window)
         self.spin = _spin_reads()
         self.settle = int(self.spin * SETTLE_SECONDS / SPIN_SECONDS)
-        threading.Thread(target=self._run, name=f"colitools-{index}", daemon=True).start()
+        self.name = f"colitools-{index}"
+        threading.Thread(target=self._run, name=self.name, daemon=True).start()
 
     def _run(self) -> None:
         _mark_worker()
@@ -211,8 +213,10 @@ class _Helper:
         while True:
             if v <= seen:  # nothing within the polling window: sleep until a post
                 with self.work:
+                    self.asleep = True
                     while self.flags[TASK] <= seen:
                         self.work.wait()
+                    self.asleep = False
                 v = int(self.flags[TASK])
             seen = v
             if not _take(self.flags, seen):  # the caller ran every item itself and took the task back

@@ -18,35 +18,54 @@ def two_threads(monkeypatch):
     monkeypatch.setenv("COLITOOLS_THREADS", "2")
 
 
-def test_results_in_order_and_both_threads_work(two_threads):
-    names = set()
-
+def test_results_in_item_order(two_threads):
     def work(i):
-        names.add(threading.current_thread().name)
-        time.sleep(0.002)  # long enough that the helper takes items too
+        time.sleep(0.0005 * (i % 3))  # uneven items: the threads finish out of order
         return i * i
 
     for _ in range(3):
         assert threads.parallel_map(work, list(range(20))) == [i * i for i in range(20)]
-    assert threading.main_thread().name in names and any(n.startswith("colitools-") for n in names)
+
+
+def _until_asleep(h) -> None:
+    deadline = time.monotonic() + 30
+    while not h.asleep and time.monotonic() < deadline:  # past its polling window (however busy the machine)
+        time.sleep(0.001)
+    assert h.asleep
 
 
 def test_helper_sleeps_and_wakes(two_threads):
-    seen = []
-    threads.parallel_map(lambda i: seen.append(i), [0, 1])
-    time.sleep(20 * threads.SPIN_SECONDS)  # every helper is past its polling window: asleep on its condition
-    for k in range(5):
-        assert threads.parallel_map(lambda i: (time.sleep(0.001), i)[1], [k, k + 1]) == [k, k + 1]
+    (h,) = threads._get_helpers(1)
+    for k in range(3):
+        _until_asleep(h)
+        helper_ran = threading.Event()
+
+        def work(i, helper_ran=helper_ran):
+            if threading.current_thread() is threading.main_thread():
+                helper_ran.wait(30)  # the caller holds its item until the woken helper has taken the other
+            else:
+                helper_ran.set()
+            return i
+
+        assert threads.parallel_map(work, [k, k + 1]) == [k, k + 1]
+        assert helper_ran.is_set()
 
 
 def test_caller_blocks_for_a_long_helper_task(two_threads):
-    def work(i):
-        if threading.current_thread() is not threading.main_thread():
-            time.sleep(50 * threads.SPIN_SECONDS)  # the caller outwaits its polling window and sleeps
-        return i
-
+    (h,) = threads._get_helpers(1)
     for _ in range(3):
+        started = threading.Event()
+
+        def work(i, started=started):
+            if threading.current_thread() is threading.main_thread():
+                started.wait(30)  # the helper has its item: the caller cannot take the task back
+            else:
+                started.set()
+                time.sleep(50 * threads.SPIN_SECONDS)  # the caller outwaits its polling window and sleeps
+            return i
+
         assert threads.parallel_map(work, [0, 1]) == [0, 1]
+        assert started.is_set() and h.notified == h.posted  # the helper woke the sleeping caller
 
 
 def test_exception_reaches_the_caller_and_pool_recovers(two_threads):
@@ -112,8 +131,9 @@ def test_a_task_the_caller_took_back_never_runs(two_threads):
     """The caller runs every item when the helper is late, takes the posted task back and returns."""
     (h,) = threads._get_helpers(1)
     ran = []
-    with h.work:  # a helper asleep (or descheduled) cannot take anything while we hold its condition
-        time.sleep(20 * threads.SPIN_SECONDS)
+    _until_asleep(h)
+    with h.work:  # an asleep helper cannot take anything while we hold its condition
+        assert h.asleep
         n = h.post(lambda: ran.append(1))
         assert h.wait(n) is None and h.task is None
     time.sleep(20 * threads.SPIN_SECONDS)
