@@ -259,7 +259,14 @@ class _Helper:
         return err
 
 
-os.register_at_fork(after_in_child=_helpers.clear)  # a forked child has none of the parent's threads
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads (and no thread holding a lock): start afresh."""
+    global _lock, _dispatch
+    _helpers.clear()
+    _lock, _dispatch = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _get_helpers(k: int) -> list[_Helper]:

@@ -4,6 +4,7 @@ that blocked (a task longer than its window) still hands over every task."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -148,3 +149,25 @@ def test_row_chunks_bounds():
         assert chunks[0][0] == 0 and chunks[-1][1] == O
         assert all(a % 4 == 0 and a < b for a, b in chunks)
         assert all(b == c for (_, b), (c, _) in zip(chunks, chunks[1:], strict=False))
+
+
+def test_forked_child_starts_its_own_helpers(two_threads):
+    threads.parallel_map(lambda i: i, [0, 1])  # the parent has a helper
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the parent's helper thread does not exist here
+        try:
+            ok = threads.parallel_map(lambda i: (time.sleep(0.001), i * 2)[1], list(range(6))) == [
+                0,
+                2,
+                4,
+                6,
+                8,
+                10,
+            ]
+            os.write(w, b"1" if ok and len(threads._helpers) == 1 else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
