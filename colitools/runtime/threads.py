@@ -6,16 +6,19 @@ from inside a worker runs inline, so nothing nests. ``COLITOOLS_THREADS`` overri
 count).
 
 Hand-off latency matters for the split matmuls: a futex wake-up of a sleeping thread costs 20-40 us on a busy
-2-core machine, a sixth of a 0.2 ms call. So each helper thread, after a task, polls its post flag for
+2-core VM, a sixth of a 0.2 ms call. So each helper thread, after a task, polls its flag cells for
 ``SPIN_SECONDS`` in compiled code with the GIL released (what OpenBLAS's own threads do) and takes the next task
-without a wake-up; only after that window does it sleep on a condition. The caller likewise polls for the
-helper's finish flag before it blocks. The flags are int64 cells read and written with sequentially consistent
-atomics (``_load`` / ``_store``), so a poll sees the other thread's store and neither side can miss the other's
-"about to sleep" mark.
+without a wake-up; only after that window does it sleep on a condition. Every poll read yields the CPU
+(``sched_yield``), so a polling thread never keeps a thread with work off a shared core. The caller polls for
+the helper's finish before it blocks, and a caller that ran every item itself takes its posted task back
+(compare-exchange on the task cell) rather than wait for a helper that has not started. The flags are int64
+cells read and written with sequentially consistent atomics (``_load`` / ``_store`` / ``_swap_if``), so a poll
+sees the other thread's store and neither side can miss the other's "about to sleep" mark.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import platform
@@ -25,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -93,15 +97,28 @@ def _swap_if(typingctx, flags, i, expected, value):  # pragma: no cover - compil
     return types.boolean(flags, i, expected, value), codegen
 
 
-# The CPU's spin-wait hint (x86 ``pause``, as the LLVM intrinsic: numba's JIT takes no inline asm): a polling
-# loop then leaves the core's execution units to a sibling hardware thread (on a VM the other vCPU may be one).
+# Each poll read offers the CPU to any other runnable thread (POSIX ``sched_yield``, what OpenBLAS's idle
+# threads do): on a machine with more runnable threads than cores, a polling helper would otherwise hold the
+# core the caller needs, and a split call would run slower than an unsplit one. The C function is registered
+# with LLVM under our own name, so the compiled (cached) code calls it by symbol. Without a POSIX libc
+# (Windows) the poll uses the x86 spin-wait hint ``pause`` (the LLVM intrinsic: numba's JIT takes no inline asm).
+_YIELD_SYMBOL = "colitools_sched_yield"
+try:
+    _libc = ctypes.CDLL(None)
+    llvm_binding.add_symbol(_YIELD_SYMBOL, ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value)
+    _HAS_YIELD = True
+except (OSError, AttributeError, TypeError):
+    _HAS_YIELD = False
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
 @intrinsic
-def _spin_hint(typingctx):  # pragma: no cover - compiled
+def _yield_cpu(typingctx):  # pragma: no cover - compiled
     def codegen(context, builder, sig, args):
-        if _X86:
+        if _HAS_YIELD:
+            fnty = ir.FunctionType(ir.IntType(32), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, _YIELD_SYMBOL), [])
+        elif _X86:
             fnty = ir.FunctionType(ir.VoidType(), [])
             builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse2.pause"), [])
         return context.get_dummy_value()
@@ -122,7 +139,7 @@ def _reach(flags, i, target, iters):  # pragma: no cover - compiled
     for _ in range(iters):
         if v >= target:
             break
-        _spin_hint()
+        _yield_cpu()
         v = _load(flags, i)
     return v
 
@@ -135,9 +152,9 @@ def _next_post(flags, seen, iters, settle):  # pragma: no cover - compiled
     for _ in range(iters):
         if v > seen:
             for _ in range(settle):
-                _spin_hint()
+                _yield_cpu()
             break
-        _spin_hint()
+        _yield_cpu()
         v = _load(flags, TASK)
     return v
 
@@ -179,7 +196,7 @@ def _spin_reads() -> int:
     if _spin_iters is None:
         cell = np.zeros(1, np.int64)
         _reach(cell, 0, 1, 10)  # compile / load
-        n = 1 << 14  # ~1 ms with the pause hint
+        n = 1 << 12
         t0 = time.perf_counter()
         _reach(cell, 0, 1, n)
         _spin_iters = max(100, int(n * SPIN_SECONDS / max(time.perf_counter() - t0, 1e-9)))
