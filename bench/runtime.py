@@ -5,7 +5,9 @@
    * ``stream``: a ring of distinct matrices larger than the last-level cache, each used once per pass —
      what an MoE decode step does with its experts.
    Best of ``--repeat``; ratio = BLAS time / int4 time; measured with 2 threads each and with 1 thread each
-   (OpenBLAS and the runtime's pool), each in its own subprocess.
+   (OpenBLAS and the runtime's pool), each in its own subprocess. Each timed loop starts after ``IDLE_S``
+   (0.5 s) of sleep: OpenBLAS's idle threads keep polling for 0.1-0.2 s after a call, and a loop timed while
+   the other engine's threads still poll shares the 2 cores with them. On a shared machine use ``--repeat 30``.
 2. **Decode tok/s** of a generated model with half the depth of OLMoE-1B-7B (8 layers, hidden 2048, 64
    experts, top-8, expert intermediate 1024, vocab 50304) stored as a colitools container with random codes:
    int4-g64 experts, int8-row attention / embeddings / head, F32 norms and routers. The runtime runs it in a
@@ -52,6 +54,11 @@ MODEL = dict(
     clip_qkv=None, attention_bias=False,
 )  # fmt: skip
 WEIGHT_STD = 0.02
+# Before each timed loop of part 1: long enough for the previous loop's idle threads to stop polling and sleep
+# (OpenBLAS's keep polling for 0.1-0.2 s after a call, measured: a 2-thread int4 matvec timed in that window took
+# 1.5-2.5x as long; the runtime's pool polls for 0.1 ms), so neither engine is timed while the other's threads
+# still take a core.
+IDLE_S = 0.5
 
 
 def peak_rss_mb() -> float:
@@ -59,7 +66,8 @@ def peak_rss_mb() -> float:
 
 
 # ------------------------------------------------------------------------------------------------- matvec
-def best(fn, repeat: int, number: int = 1) -> float:
+def best(fn, repeat: int, number: int = 1, idle: float = 0.0) -> float:
+    time.sleep(idle)
     fn()
     times = []
     for _ in range(repeat):
@@ -81,10 +89,10 @@ def bench_shape(O: int, I: int, rng: np.random.Generator, repeat: int, stream_mb
     qs = [QTensor("int4", rng.integers(0, 256, (O, I // 2), dtype=np.uint8), s, O, I, 64) for s in scales]
     x = rng.standard_normal(I, dtype=np.float32)
     x2 = x.reshape(1, I)
-    hot_blas = best(lambda: np.dot(ws[0], x), repeat, 10)
-    hot_q = best(lambda: qs[0].matmul(x2), repeat, 10)
-    stream_blas = best(lambda: [np.dot(w, x) for w in ws], repeat) / ring
-    stream_q = best(lambda: [q.matmul(x2) for q in qs], repeat) / ring
+    hot_blas = best(lambda: np.dot(ws[0], x), repeat, 10, idle=IDLE_S)
+    hot_q = best(lambda: qs[0].matmul(x2), repeat, 10, idle=IDLE_S)
+    stream_blas = best(lambda: [np.dot(w, x) for w in ws], repeat, idle=IDLE_S) / ring
+    stream_q = best(lambda: [q.matmul(x2) for q in qs], repeat, idle=IDLE_S) / ring
     return dict(shape=[O, I], ring=ring, hot_blas_us=hot_blas * 1e6, hot_int4_us=hot_q * 1e6,
                 hot_ratio=hot_blas / hot_q, stream_blas_us=stream_blas * 1e6, stream_int4_us=stream_q * 1e6,
                 stream_ratio=stream_blas / stream_q)  # fmt: skip

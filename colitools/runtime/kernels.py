@@ -7,16 +7,19 @@ while the row's codes are still in L1, and the arithmetic for one ``(n, o)`` is 
 token gets bit-identical expert outputs in a prefill batch and in a one-token decode step.
 
 Offset codes (int4 ``nib - 8``, int3 ``u - 4``) are folded out of the inner loop: a group computes
-``sum(u * x) - offset * sum(x)`` with the group sums of ``x`` precomputed once per call. int4 nibbles are split
-in float32 (``hi = floor(b / 16)``, ``lo = b - 16 hi``, exact for a byte): numba types integer ``&``/``>>`` as
-int64, which makes LLVM vectorise over 64-bit lanes; the float split keeps 32-bit lanes. Results differ from a
-float64 reference by float32 rounding only (~1e-6 relative), far inside the oracle margins.
+``sum(u * x) - offset * sum(x)`` with the group sums of ``x`` precomputed once per call. int4 kernels convert a
+byte and its high nibble (``b >> 4`` on uint32: numba types integer ops on small ints as int64, and 64-bit lanes
+would halve the vector width) and take four rows per pass over ``x``. Results differ from a float64 reference
+by float32 rounding only (~1e-6 relative), far inside the oracle margins.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, uintp
+from llvmlite import ir
+from numba import njit, types, uintp
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from colitools.errors import RuntimeModelError
 from colitools.formats import reference as ref
@@ -36,28 +39,107 @@ _JIT = {"fastmath": True, "cache": True, "nogil": True}
 
 
 # ------------------------------------------------------------------------------------------------------- int4
-# A byte b holds two codes, lo = b - 16 hi and hi = floor(b / 16), for inputs xa (lo) and xb (hi):
+# A byte b holds two codes, lo = b - 16 hi and hi = b >> 4, for inputs xa (lo) and xb (hi):
 #     lo * xa + hi * xb = b * xa + hi * (xb - 16 xa)
-# so the kernels take xa and xd = xb - 16 xa (per call) and need no lo. Pairs order: xa = x[2j], xb = x[2j+1];
-# planar64 order: byte k of 64-block m holds x[64m + k] (lo) and x[64m + 32 + k] (hi).
+# so the kernels take xa and xd = xb - 16 xa (``_int4_prep``, once per call) and need no lo. Pairs order:
+# xa = x[2j], xb = x[2j+1]; planar64 order: byte k of 64-block m holds x[64m + k] (lo) and x[64m + 32 + k] (hi).
+# The kernels take ROWS rows per pass over x (each x load feeds ROWS rows): the rows of a pass are the aligned
+# block 4q .. 4q+3 of the whole matrix, the last block repeating row O - 1, so a row's arithmetic depends on
+# its index only, never on how a call was split (split bounds are multiples of ROWS) or on N.
+INT4_ROWS = 4
+_U4 = np.uint32(4)
+# While a block runs, the codes and scales of the block this many blocks ahead are prefetched: an expert read
+# once per step (the streaming case) then waits less on memory; for a cache-resident matrix it costs one hint
+# per 64 bytes.
+PREFETCH_BLOCKS = 2
+
+
+@intrinsic
+def _prefetch(typingctx, a, offset):  # pragma: no cover - compiled
+    """Hint the CPU to fetch the cache line at byte ``offset`` of ``a``'s data (``llvm.prefetch``, read,
+    keep in all levels; never faults, a no-op on targets without one)."""
+
+    def codegen(context, builder, sig, args):
+        arr = context.make_array(sig.args[0])(context, builder, args[0])
+        i8p = ir.IntType(8).as_pointer()
+        ptr = builder.gep(builder.bitcast(arr.data, i8p), [args[1]])
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch"
+        )
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(a, offset), codegen
+
+
+@njit(inline="always", **_JIT)
+def _prefetch_block(codes, scales, o):  # pragma: no cover - compiled
+    # rows o .. o + INT4_ROWS - 1 (clipped to the matrix) of both C-contiguous arrays
+    O = codes.shape[0]
+    if o < O:
+        end = min(o + INT4_ROWS, O)
+        cb, sb = codes.shape[1], scales.shape[1] * 4
+        for b in range(o * cb, end * cb, 64):
+            _prefetch(codes, b)
+        for b in range(o * sb, end * sb, 64):
+            _prefetch(scales, b)
+
+
+@njit(**_JIT)
+def _int4_prep(x, rb, G, gbytes, planar, xa, xd, xs):  # pragma: no cover - compiled
+    # x[N, I] -> xa, xd [N, rb] and the group sums xs[N, G] (float64 accumulation) in one pass; columns past I
+    # (padding of the last byte / group) count as 0.
+    N, I = x.shape
+    for n in range(N):
+        for g in range(G):
+            s = 0.0
+            for k in range(g * gbytes, min(g * gbytes + gbytes, rb)):
+                if planar:
+                    lo = (k >> 5) * 64 + (k & 31)
+                    hi = lo + 32
+                else:
+                    lo = 2 * k
+                    hi = lo + 1
+                a = x[n, lo] if lo < I else F32(0.0)
+                b = x[n, hi] if hi < I else F32(0.0)
+                xa[n, k] = a
+                xd[n, k] = b - F32(16.0) * a
+                s += np.float64(a) + np.float64(b)
+            xs[n, g] = F32(s)
+
+
 @njit(**_JIT)
 def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - compiled
     rb = codes.shape[1]
     N = xa.shape[0]
     G = scales.shape[1]
-    # Unsigned indices spare numba's negative-index wraparound, which otherwise blocks vectorisation.
-    for o in range(o0, o1):
+    last = codes.shape[0] - 1
+    # Unsigned indices spare numba's negative-index wraparound, which otherwise blocks vectorisation; the
+    # nibble shift on uint32 keeps 32-bit lanes (int64 lanes would halve the vector width).
+    for o in range(o0, o1, INT4_ROWS):
+        r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+        _prefetch_block(codes, scales, o + PREFETCH_BLOCKS * INT4_ROWS)
         for n in range(N):
-            acc = F32(0.0)
+            a0 = a1 = a2 = a3 = F32(0.0)
             for g in range(G):
                 j0 = uintp(g) * uintp(gbytes)
-                s = F32(0.0)
+                s0 = s1 = s2 = s3 = F32(0.0)
                 for j in range(min(gbytes, rb - g * gbytes)):
                     k = j0 + uintp(j)
-                    f = F32(codes[o, k])
-                    s += f * xa[n, k] + np.floor(f * F32(0.0625)) * xd[n, k]
-                acc += (s - F32(8.0) * xs[n, g]) * scales[o, g]
-            y[n, o] = acc
+                    p, q = xa[n, k], xd[n, k]
+                    b0, b1 = np.uint32(codes[o, k]), np.uint32(codes[r1, k])
+                    b2, b3 = np.uint32(codes[r2, k]), np.uint32(codes[r3, k])
+                    s0 += F32(b0) * p + F32(b0 >> _U4) * q
+                    s1 += F32(b1) * p + F32(b1 >> _U4) * q
+                    s2 += F32(b2) * p + F32(b2 >> _U4) * q
+                    s3 += F32(b3) * p + F32(b3 >> _U4) * q
+                x8 = F32(8.0) * xs[n, g]
+                a0 += (s0 - x8) * scales[o, g]
+                a1 += (s1 - x8) * scales[r1, g]
+                a2 += (s2 - x8) * scales[r2, g]
+                a3 += (s3 - x8) * scales[r3, g]
+            y[n, o], y[n, r1], y[n, r2], y[n, r3] = a0, a1, a2, a3
 
 
 @njit(**_JIT)
@@ -65,18 +147,30 @@ def _int4_g64(codes, scales, xa, xd, xs, y, o0, o1):  # pragma: no cover - compi
     # Group size 64 with whole groups: a fixed 32-byte inner loop that LLVM unrolls completely.
     N = xa.shape[0]
     G = scales.shape[1]
-    for o in range(o0, o1):
+    last = codes.shape[0] - 1
+    for o in range(o0, o1, INT4_ROWS):
+        r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
+        _prefetch_block(codes, scales, o + PREFETCH_BLOCKS * INT4_ROWS)
         for n in range(N):
-            acc = F32(0.0)
+            a0 = a1 = a2 = a3 = F32(0.0)
             for g in range(G):
                 j0 = uintp(g) * uintp(32)
-                s = F32(0.0)
+                s0 = s1 = s2 = s3 = F32(0.0)
                 for j in range(32):
                     k = j0 + uintp(j)
-                    f = F32(codes[o, k])
-                    s += f * xa[n, k] + np.floor(f * F32(0.0625)) * xd[n, k]
-                acc += (s - F32(8.0) * xs[n, g]) * scales[o, g]
-            y[n, o] = acc
+                    p, q = xa[n, k], xd[n, k]
+                    b0, b1 = np.uint32(codes[o, k]), np.uint32(codes[r1, k])
+                    b2, b3 = np.uint32(codes[r2, k]), np.uint32(codes[r3, k])
+                    s0 += F32(b0) * p + F32(b0 >> _U4) * q
+                    s1 += F32(b1) * p + F32(b1 >> _U4) * q
+                    s2 += F32(b2) * p + F32(b2 >> _U4) * q
+                    s3 += F32(b3) * p + F32(b3 >> _U4) * q
+                x8 = F32(8.0) * xs[n, g]
+                a0 += (s0 - x8) * scales[o, g]
+                a1 += (s1 - x8) * scales[r1, g]
+                a2 += (s2 - x8) * scales[r2, g]
+                a3 += (s3 - x8) * scales[r3, g]
+            y[n, o], y[n, r1], y[n, r2], y[n, r3] = a0, a1, a2, a3
 
 
 # ---------------------------------------------------------------------------------------------------- int3-g64
@@ -184,6 +278,7 @@ def _f32_rows(w, x, y, o0, o1):  # pragma: no cover - compiled
 
 # ------------------------------------------------------------------------------------------------ the wrapper
 SPLIT_MACS = 1 << 21  # a call with at least this many multiply-adds is split by rows across the pool
+CHUNK_MACS = 1 << 19  # ... into chunks of at least this many (~40 us of int4 work), at most 8 per worker
 BLAS_MIN_ROWS = 16  # float32 weights: BLAS sgemm from this many input vectors on, the numba kernel below
 
 
@@ -251,17 +346,11 @@ class QTensor:
             kernel, args = _f32_rows, (codes, x, y)
         elif kind in (_K.INT4, _K.INT4_PLANAR):
             G = scales.shape[1]
-            gbytes = rb // G if G == 1 or kind is _K.INT4_PLANAR else self.gs // 2  # one group = the whole row
-            if kind is _K.INT4:
-                xp = _pad(x, 2 * rb)
-                xa, xb = xp[:, 0::2], xp[:, 1::2]
-            else:
-                blocks = x.reshape(N, -1, 2, 32)
-                xa, xb = blocks[:, :, 0, :].reshape(N, -1), blocks[:, :, 1, :].reshape(N, -1)
-                xp = x
-            xa = np.ascontiguousarray(xa)
-            xd = np.ascontiguousarray(xb - F32(16.0) * xa)
-            xs = _group_sums(_pad(xp, G * 2 * gbytes), 2 * gbytes)
+            # int4-row and planar: G groups of rb // G bytes (int4-row: one group, the whole row)
+            gbytes = rb // G if G == 1 or kind is _K.INT4_PLANAR else self.gs // 2
+            xa, xd = np.empty((N, rb), F32), np.empty((N, rb), F32)
+            xs = np.empty((N, G), F32)
+            _int4_prep(x, rb, G, gbytes, kind is _K.INT4_PLANAR, xa, xd, xs)
             if gbytes == 32 and rb == 32 * G:
                 kernel, args = _int4_g64, (codes, scales, xa, xd, xs, y)
             else:
@@ -280,7 +369,9 @@ class QTensor:
             xp = _pad(x, 4 * rb)
             kernel, args = _int2_row, (codes, scales, xp, xp.sum(axis=1, dtype=F32).reshape(N, 1), y)
         if N * O * self.I >= SPLIT_MACS and threads.n_workers() > 1 and not threads.in_worker():
-            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, self.row_align))
+            align = INT4_ROWS if kind in (_K.INT4, _K.INT4_PLANAR) else self.row_align
+            parts = max(threads.n_workers(), min(8 * threads.n_workers(), N * O * self.I // CHUNK_MACS))
+            threads.parallel_map(lambda r: kernel(*args, *r), threads.row_chunks(O, align, parts))
         else:
             kernel(*args, 0, O)
         return y

@@ -1,25 +1,52 @@
 """The runtime's one thread pool: serial, GIL-free numba kernels run side by side on it.
 
 Two uses: the routed experts of one MoE step run concurrently (one task per expert), and one big matmul
-(embedding head, dense projections of a large model) is split by rows. Work submitted from inside a worker runs
-inline, so nothing nests. ``COLITOOLS_THREADS`` overrides the size (default: the CPU count).
+(embedding head, dense projections, a cache-resident expert matvec of ~0.2 ms) is split by rows. Work submitted
+from inside a worker runs inline, so nothing nests. ``COLITOOLS_THREADS`` overrides the size (default: the CPU
+count).
+
+Hand-off latency matters for the split matmuls: a futex wake-up of a sleeping thread costs 20-40 us on a busy
+2-core VM, a sixth of a 0.2 ms call. So each helper thread, after a task, polls its flag cells for
+``SPIN_SECONDS`` in compiled code with the GIL released (what OpenBLAS's own threads do) and takes the next task
+without a wake-up; only after that window does it sleep on a condition. Every poll read yields the CPU
+(``sched_yield``), so a polling thread never keeps a thread with work off a shared core. The caller polls for
+the helper's finish before it blocks, and a caller that ran every item itself takes its posted task back
+(compare-exchange on the task cell) rather than wait for a helper that has not started. The flags are int64
+cells read and written with sequentially consistent atomics (``_load`` / ``_store`` / ``_swap_if``), so a poll
+sees the other thread's store and neither side can miss the other's "about to sleep" mark.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
+import platform
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+import numpy as np
+from llvmlite import binding as llvm_binding
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 T = TypeVar("T")
 R = TypeVar("R")
 
+SPIN_SECONDS = 1e-4  # an idle helper polls this long for its next task before it sleeps
+CALLER_SPIN_DIVISOR = 10  # a caller waiting for a helper polls SPIN_SECONDS / this, then sleeps
+# A helper that sees a post waits this long before it takes the GIL: the caller holds it until it enters its
+# own compiled chunk a few microseconds later, and a thread that blocks on the GIL sleeps (a wake-up again).
+SETTLE_SECONDS = 4e-6
+
 _local = threading.local()
-_pool: ThreadPoolExecutor | None = None
-_lock = threading.Lock()
+_helpers: list[_Helper] = []
+_lock = threading.Lock()  # guards _helpers
+_dispatch = threading.Lock()  # one caller at a time drives the helpers; a second runs its items inline
 
 
 def n_workers() -> int:
@@ -37,45 +64,272 @@ def in_worker() -> bool:
     return getattr(_local, "worker", False)
 
 
-def _get_pool() -> ThreadPoolExecutor:
-    global _pool
+# ------------------------------------------------------------------------------ atomics on int64 flag cells
+@intrinsic
+def _load(typingctx, flags, i):  # pragma: no cover - compiled
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.load_atomic(builder.gep(a.data, [args[1]]), "seq_cst", 8)
+
+    return types.int64(flags, i), codegen
+
+
+@intrinsic
+def _store(typingctx, flags, i, value):  # pragma: no cover - compiled
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        builder.store_atomic(args[2], builder.gep(a.data, [args[1]]), "seq_cst", 8)
+        return context.get_dummy_value()
+
+    return types.void(flags, i, value), codegen
+
+
+@intrinsic
+def _swap_if(typingctx, flags, i, expected, value):  # pragma: no cover - compiled
+    """``flags[i] = value`` if it holds ``expected`` (one seq_cst compare-exchange); whether it did."""
+
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(a.data, [args[1]])
+        pair = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 1)
+
+    return types.boolean(flags, i, expected, value), codegen
+
+
+# Each poll read offers the CPU to any other runnable thread (POSIX ``sched_yield``, what OpenBLAS's idle
+# threads do): on a machine with more runnable threads than cores, a polling helper would otherwise hold the
+# core the caller needs, and a split call would run slower than an unsplit one. The C function is registered
+# with LLVM under our own name, so the compiled (cached) code calls it by symbol. Without a POSIX libc
+# (Windows) the poll uses the x86 spin-wait hint ``pause`` (the LLVM intrinsic: numba's JIT takes no inline asm).
+_YIELD_SYMBOL = "colitools_sched_yield"
+try:
+    _libc = ctypes.CDLL(None)
+    llvm_binding.add_symbol(_YIELD_SYMBOL, ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value)
+    _HAS_YIELD = True
+except (OSError, AttributeError, TypeError):
+    _HAS_YIELD = False
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+@intrinsic
+def _yield_cpu(typingctx):  # pragma: no cover - compiled
+    def codegen(context, builder, sig, args):
+        if _HAS_YIELD:
+            fnty = ir.FunctionType(ir.IntType(32), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, _YIELD_SYMBOL), [])
+        elif _X86:
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse2.pause"), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+_FLAGS = {"nogil": True, "cache": True}
+# A helper's flag cells, a cache line apart. TASK: n > 0 = task n posted, -n = task n taken (by the helper,
+# which runs it, or back by the caller, which ran every item itself); FINISHED: the last task run.
+TASK, FINISHED, CALLER_BLOCKED = 0, 8, 16
+
+
+@njit(**_FLAGS)
+def _reach(flags, i, target, iters):  # pragma: no cover - compiled
+    """Read ``flags[i]`` until it is at least ``target`` (at most ``iters`` reads); the last value read."""
+    v = _load(flags, i)
+    for _ in range(iters):
+        if v >= target:
+            break
+        _yield_cpu()
+        v = _load(flags, i)
+    return v
+
+
+@njit(**_FLAGS)
+def _next_post(flags, seen, iters, settle):  # pragma: no cover - compiled
+    """A helper's poll for a task posted after ``seen`` (``flags[TASK] > seen``, at most ``iters`` reads, then
+    ``settle`` reads); the last value of ``flags[TASK]`` read."""
+    v = _load(flags, TASK)
+    for _ in range(iters):
+        if v > seen:
+            for _ in range(settle):
+                _yield_cpu()
+            break
+        _yield_cpu()
+        v = _load(flags, TASK)
+    return v
+
+
+@njit(**_FLAGS)
+def _take(flags, n):  # pragma: no cover - compiled
+    """Mark posted task ``n`` taken; False if the other side took it first (helper and caller both call it)."""
+    return _swap_if(flags, TASK, n, -n)
+
+
+@njit(**_FLAGS)
+def _finish_and_poll(flags, n, iters, settle):  # pragma: no cover - compiled
+    """A helper's end of task ``n``: ``flags[FINISHED] = n``; -1 if the caller has gone to sleep (it needs a
+    notify), else ``_next_post`` after ``n``."""
+    _store(flags, FINISHED, n)
+    if _load(flags, CALLER_BLOCKED) != 0:
+        return -1
+    return _next_post(flags, n, iters, settle)
+
+
+@njit(**_FLAGS)
+def _set(flags, i, value):  # pragma: no cover - compiled
+    _store(flags, i, value)
+
+
+@njit(**_FLAGS)
+def _set_then_read(flags, i, value, j):  # pragma: no cover - compiled
+    """``flags[i] = value``, then read ``flags[j]`` (both seq_cst: the store is visible before the read)."""
+    _store(flags, i, value)
+    return _load(flags, j)
+
+
+_spin_iters: int | None = None
+
+
+def _spin_reads() -> int:
+    """Poll reads in ``SPIN_SECONDS``, measured once (a poll that never ends early, timed)."""
+    global _spin_iters
+    if _spin_iters is None:
+        cell = np.zeros(1, np.int64)
+        _reach(cell, 0, 1, 10)  # compile / load
+        n = 1 << 12
+        t0 = time.perf_counter()
+        _reach(cell, 0, 1, n)
+        _spin_iters = max(100, int(n * SPIN_SECONDS / max(time.perf_counter() - t0, 1e-9)))
+    return _spin_iters
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+class _Helper:
+    """One pool thread running one task at a time: ``post(task) -> n``, then ``wait(n)``."""
+
+    def __init__(self, index: int):
+        self.flags = np.zeros(24, np.int64)
+        self.task: Callable[[], None] | None = None
+        self.error: BaseException | None = None
+        self.work = threading.Condition()  # the helper sleeps on it for a post
+        self.done = threading.Condition()  # the caller sleeps on it for a finish
+        self.notified = 0  # the task number the helper last signalled on ``done``
+        self.posted = 0  # the last task number posted
+        self.asleep = False  # waiting on ``work`` (past its polling window)
+        self.spin = _spin_reads()
+        self.settle = int(self.spin * SETTLE_SECONDS / SPIN_SECONDS)
+        self.name = f"colitools-{index}"
+        threading.Thread(target=self._run, name=self.name, daemon=True).start()
+
+    def _run(self) -> None:
+        _mark_worker()
+        seen = 0
+        v = _next_post(self.flags, seen, self.spin, self.settle)
+        while True:
+            if v <= seen:  # nothing within the polling window: sleep until a post
+                with self.work:
+                    self.asleep = True
+                    while self.flags[TASK] <= seen:
+                        self.work.wait()
+                    self.asleep = False
+                v = int(self.flags[TASK])
+            seen = v
+            if not _take(self.flags, seen):  # the caller ran every item itself and took the task back
+                v = _next_post(self.flags, seen, self.spin, self.settle)
+                continue
+            try:
+                self.task()
+            except BaseException as e:  # handed to the caller in wait()
+                self.error = e
+            self.task = None  # keeps nothing of the call (its arrays) alive; the next post sets it again
+            # finish and poll for the next task in one compiled call: the GIL is free once the caller sees it
+            v = _finish_and_poll(self.flags, seen, self.spin, self.settle)
+            if v < 0:  # the caller went to sleep before the finish: wake it
+                with self.done:
+                    self.notified = seen
+                    self.done.notify()
+                v = _next_post(self.flags, seen, self.spin, self.settle)
+
+    def post(self, task: Callable[[], None]) -> int:
+        self.task = task  # read by the helper only once it has taken the new task number
+        with self.work:
+            n = self.posted = self.posted + 1
+            _set(self.flags, TASK, n)
+            self.work.notify()
+        return n
+
+    def wait(self, n: int) -> BaseException | None:
+        """Called once the caller's own work is done: take task ``n`` back if the helper has not started it
+        (it was not needed: no wait for a wake-up), else wait for its finish. The exception it raised, if any."""
+        if _take(self.flags, n):
+            self.task = None
+            return None
+        if _reach(self.flags, FINISHED, n, self.spin // CALLER_SPIN_DIVISOR) != n:
+            with self.done:
+                if _set_then_read(self.flags, CALLER_BLOCKED, 1, FINISHED) != n:
+                    while self.notified != n:
+                        self.done.wait()
+            _set(self.flags, CALLER_BLOCKED, 0)
+        err, self.error = self.error, None
+        return err
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads (and no thread holding a lock): start afresh."""
+    global _lock, _dispatch
+    _helpers.clear()
+    _lock, _dispatch = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _get_helpers(k: int) -> list[_Helper]:
     with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(
-                n_workers() - 1, thread_name_prefix="colitools", initializer=_mark_worker
-            )
-        return _pool
+        while len(_helpers) < k:
+            _helpers.append(_Helper(len(_helpers)))
+        return _helpers[:k]
 
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(x) for x in items]``, concurrently when there is more than one item and more than one CPU.
 
-    The calling thread works too: it and ``n_workers() - 1`` pool threads take items from a shared counter
-    until none are left, so one wake-up per helper thread is the only hand-off cost."""
+    The calling thread works too: it and up to ``n_workers() - 1`` helper threads take items from a shared
+    counter until none are left."""
     n = len(items)
-    if n < 2 or n_workers() < 2 or in_worker():
+    if n < 2 or n_workers() < 2 or in_worker() or not _dispatch.acquire(blocking=False):
         return [fn(x) for x in items]
-    results: list = [None] * n
-    counter = itertools.count()  # next() is atomic under the GIL
-
-    def drain() -> None:
-        while (i := next(counter)) < n:
-            results[i] = fn(items[i])
-
-    helpers = [_get_pool().submit(drain) for _ in range(min(n_workers() - 1, n - 1))]
-    _local.worker = True
     try:
-        drain()
+        results: list = [None] * n
+        counter = itertools.count()  # next() is atomic under the GIL
+
+        def drain() -> None:
+            while (i := next(counter)) < n:
+                results[i] = fn(items[i])
+
+        posted = [(h, h.post(drain)) for h in _get_helpers(min(n_workers() - 1, n - 1))]
+        _local.worker = True
+        try:
+            drain()
+        finally:
+            _local.worker = False
+            errors = [h.wait(k) for h, k in posted]  # every helper is idle again before anything is raised
+        for err in errors:
+            if err is not None:
+                raise err
+        return results
     finally:
-        _local.worker = False
-        for h in helpers:
-            h.result()
-    return results
+        _dispatch.release()
 
 
-def row_chunks(O: int, align: int = 1) -> list[tuple[int, int]]:
-    """Split ``range(O)`` into one chunk per worker (bounds multiples of ``align``)."""
-    n = n_workers()
+def row_chunks(O: int, align: int = 1, parts: int | None = None) -> list[tuple[int, int]]:
+    """Split ``range(O)`` into ``parts`` chunks (default one per worker), bounds multiples of ``align``.
+
+    More chunks than workers balance the load: ``parallel_map``'s threads take chunks from a shared counter,
+    so a helper that starts late (a wake-up, a busy core) takes fewer and nobody waits for a fixed half."""
+    n = parts or n_workers()
     step = -(-O // n)
     step = -(-step // align) * align
     return [(o, min(o + step, O)) for o in range(0, O, step)]
