@@ -5,7 +5,7 @@ Plain data (no torch): read by make_oracles.py. Each fixture's ``config`` holds 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 PROMPT_LEN = 8
@@ -70,7 +70,8 @@ class Fixture:
     # gets the target-NAME recipes of its model_type (oracle_recipes.target_recipes)
     extra_recipes: tuple[str, ...] = ()
     # target-NAME recipes this fixture does not have: at its committed seed their references failed the margin
-    # checks (recipe -> the failing check), and the fixture is not re-seeded for them
+    # checks (recipe -> the failing check), and the fixture is not re-seeded for them (a copy of it at another seed
+    # has them: _target_copy)
     margin_failed: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -968,3 +969,24 @@ FIXTURES.append(
         seed=19500,
     )
 )
+
+
+def _target_copy(base: str, name: str, seed: int, what: str) -> Fixture:
+    """A copy of fixture ``base`` (same family, config and storage) at its own seed, for the ``target-NAME``
+    recipe ``base`` leaves out (its ``margin_failed``): seeds searched so every recipe, the target's included,
+    passes the margin checks. ``base`` itself is not re-seeded (its references stay byte-identical)."""
+    fx = next(f for f in FIXTURES if f.name == base)
+    return replace(
+        fx,
+        name=name,
+        description=f"{fx.description}. A copy of the {base} fixture at another seed, for the {what} recipe "
+        f"({base}'s seed fails its margin checks)",
+        seed=seed,
+        margin_failed={},
+    )
+
+
+FIXTURES += [
+    _target_copy("olmoe", "olmoe_target", 1100, "target-olmoe"),
+    _target_copy("glm5_next", "glm5_next_target", 17100, "target-glm53"),
+]

@@ -28,19 +28,26 @@ FIXTURES: dict[str, dict] = INDEX["fixtures"]
 RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
 # natively quantized fixtures add ``native`` (docs/FORMATS.md §6); a fixture of a model type a ``--target`` is for
 # (formats/targets.py ``model_types``) adds ``target-NAME`` (oracles/README.md)
-EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling")
+EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling", "target-olmoe",
+                 "target-glm53")
 TARGET_RECIPES = {  # recipe -> (fixture, options)
     "target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4"),
     "target-qwen36": ("qwen3_5_moe", "--target qwen36"),
     "target-inkling": ("inkling", "--target inkling"),
+    "target-olmoe": ("olmoe_target", "--target olmoe"),  # copies of olmoe / glm5_next at seeds that pass
+    "target-glm53": ("glm5_next_target", "--target glm53"),
 }
 # left out: at the fixture's committed seed the reference fails the margin checks (fixture_specs margin_failed)
 MARGIN_FAILED = {"target-olmoe": "olmoe", "target-glm53": "glm5_next"}
 # The other targets' formats, restated from their loaders: (routed experts, every other 2-D weight but routers,
 # norms and the small parameters, which stay F32; towers / MTP modules left out). c/qwen36.c: int4-row merged
 # blobs (convert_qwen36.py pack_int4), load_t_n reads F32; c/inkling.c: int4-row fused stacks
-# (convert_inkling_int4.py --xbits 4), load_w reads BF16.
-TARGET_FORMATS = {"target-qwen36": ("int4-row", "f32"), "target-inkling": ("int4-row", "bf16")}
+# (convert_inkling_int4.py --xbits 4), load_w reads BF16; c/olmoe.c: int8-row merged blobs
+# (convert_olmoe_merged.py), load_t reads F32; c/glm53.c: int4-g64 experts (int4-row at I = 64), load_mat reads
+# BF16 (towers kept: glm53 drops none).
+TARGET_FORMATS = {"target-qwen36": ("int4-row", "f32"), "target-inkling": ("int4-row", "bf16"),
+                  "target-olmoe": ("int8-row", "f32"), "target-glm53": ("int4-row", "bf16")}  # fmt: skip
+TOWERS_DROPPED = ("target-qwen36", "target-inkling")
 # c/deepseek_v4.c coli_v4_layer_plan, restated: the dtype it checks per tensor (fixture spelling, layer stripped);
 # the add_fp8 projections are fp8-e8m0, the routed experts mxfp4 (the expert store), the embedding and head BF16
 # (coli_tensor_load_f32 takes BF16 or F32; the released checkpoint's BF16), the hyper head F32.
@@ -621,6 +628,7 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
         return
     if recipe in TARGET_FORMATS:
         assert ref["fallbacks"] == []
+    if recipe in TOWERS_DROPPED:
         tensors, _ = fixture_tensors(name)
         n_layers = json.loads((ORACLES / name / "config.json").read_text())["text_config"]["num_hidden_layers"]
         left_out = {k for k in tensors if TOWER.match(k) or _layer(k) >= n_layers}

@@ -222,8 +222,9 @@ def test_readers_accept_flat_expert_codes_as_convert_glm53_writes_them(glm, tmp_
 
 def test_a_glm53_output_of_the_fixture_runs_token_identical_to_the_generic_container_of_the_same_formats(tmp_path):
     """The ``glm5_next`` oracle fixture has no ``target-glm53`` reference (at its seed two k-pool indexer scores tie
-    exactly at the selection boundary: oracles/README.md), so its ``--target glm53`` output (int4 experts, BF16
-    dense and embedding) is run against the generic container holding the same values: the same greedy tokens,
+    exactly at the selection boundary: oracles/README.md; its copy ``glm5_next_target`` has one, run by
+    tests/runtime/test_runtime_oracles.py), so its ``--target glm53`` output (int4 experts, BF16 dense and
+    embedding) is run against the generic container holding the same values: the same greedy tokens,
     teacher-forced argmax and logits."""
     from colitools.runtime import load_model
     from colitools.verify.oracle import load_reference
