@@ -231,10 +231,12 @@ class _Helper:
             if v <= seen:  # nothing within the polling window: sleep until a post
                 with self.work:
                     self.asleep = True
-                    while self.flags[TASK] <= seen:
+                    # v is the value the loop tested: a posted number (> seen >= 0). Read again after the loop,
+                    # it could already be -v (the caller ran every item and took the task back), and taking
+                    # "-v" would succeed and run a task that is gone (CI: 'NoneType' object is not callable)
+                    while (v := int(self.flags[TASK])) <= seen:
                         self.work.wait()
                     self.asleep = False
-                v = int(self.flags[TASK])
             seen = v
             if not _take(self.flags, seen):  # the caller ran every item itself and took the task back
                 v = _next_post(self.flags, seen, self.spin, self.settle)
