@@ -298,6 +298,25 @@ def rope_args(c: ConfigKeys, dim: int, *, partial: bool = True, interleaved: boo
     )
 
 
+def mla_args(c: ConfigKeys, base: dict[str, Any], rope_dim: int | None = None) -> dict[str, Any]:
+    """Multi-head latent attention's dimensions (DeepSeek-V3 and the families built on it): ``q_lora_rank``
+    (None: no query LoRA), ``kv_lora_rank``, the nope / rope / value head dims (``rope_dim`` when the family
+    fixes it, else ``qk_rope_head_dim``) and ``head_dim`` = nope + rope. MLA has a key / value head per query
+    head: another ``num_key_value_heads`` is refused in one line."""
+    if base["num_key_value_heads"] != base["num_attention_heads"]:
+        raise RuntimeModelError(f"{c.where}: MLA needs num_key_value_heads == num_attention_heads")
+    nope = int(c.need("qk_nope_head_dim"))
+    rope = int(c.need("qk_rope_head_dim")) if rope_dim is None else rope_dim
+    return dict(
+        q_lora_rank=int(c["q_lora_rank"]) if c.get("q_lora_rank") else None,
+        kv_lora_rank=int(c.need("kv_lora_rank")),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=int(c.need("v_head_dim")),
+        head_dim=nope + rope,
+    )
+
+
 def noaux_tc_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek-V3-style routing (DeepSeek-V3, GLM-4.5, GLM-5): dense ``first_k_dense_replace`` layers (or
     ``mlp_layer_types``), group-limited sigmoid routing (``noaux_tc``), ``n_shared_experts`` shared experts."""

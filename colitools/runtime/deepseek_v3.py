@@ -21,7 +21,7 @@ from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.runtime.attention import DSAIndexer, MLAAttention
-from colitools.runtime.config import ConfigKeys, noaux_tc_args, rope_args
+from colitools.runtime.config import ConfigKeys, mla_args, noaux_tc_args, rope_args
 from colitools.runtime.model import DecoderLayer, LayerContext
 from colitools.runtime.rope import Rope
 
@@ -53,20 +53,11 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek-style routing, the MLA dimensions, RoPE on the rope slice only (interleaved: always for the
     indexer families, by ``rope_interleave`` for DeepSeek-V3 and Kimi), the indexer, Kimi's tied head."""
     out = noaux_tc_args(c, base)
-    nope, rope_dim = int(c.need("qk_nope_head_dim")), int(c.need("qk_rope_head_dim"))
+    out.update(mla_args(c, base))
     dsa = c.model_type in INDEXER_ROPE_INTERLEAVED
     interleaved = dsa or bool(c.get("rope_interleave", True))
-    out.update(
-        q_lora_rank=int(c["q_lora_rank"]) if c.get("q_lora_rank") else None,
-        kv_lora_rank=int(c.need("kv_lora_rank")),
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope_dim,
-        v_head_dim=int(c.need("v_head_dim")),
-        head_dim=nope + rope_dim,
-        rope=rope_args(c, rope_dim, partial=False, interleaved=interleaved),
-    )
-    if base["num_key_value_heads"] != base["num_attention_heads"]:
-        raise RuntimeModelError(f"{c.where}: MLA needs num_key_value_heads == num_attention_heads")
+    rope_dim = out["qk_rope_head_dim"]
+    out["rope"] = rope_args(c, rope_dim, partial=False, interleaved=interleaved)
     if c.model_type == "kimi_k25":
         # transformers ties the head on the wrapper's config, not on text_config
         tie = base["raw"].get("tie_word_embeddings", DEFAULTS["kimi_k25"]["tie_word_embeddings"])

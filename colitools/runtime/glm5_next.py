@@ -24,7 +24,7 @@ import numpy as np
 from colitools.errors import RuntimeModelError
 from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import NEG_INF, KVBuffer, MLAAttention, causal_mask
-from colitools.runtime.config import ConfigKeys, KDAArgs, ModelArgs, RopeArgs, noaux_tc_args
+from colitools.runtime.config import ConfigKeys, KDAArgs, ModelArgs, RopeArgs, mla_args, noaux_tc_args
 from colitools.runtime.deepseek_v3 import _indexer_types
 from colitools.runtime.experts import Expert
 from colitools.runtime.hyper import HyperConnection, HyperDecoderLayer, HyperStreams
@@ -58,7 +58,7 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     if c.get("mlp_layer_types") is None:
         c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * (n - 3)
     out = noaux_tc_args(c, base)
-    nope, rope_dim = int(c.need("qk_nope_head_dim")), int(c.need("qk_rope_head_dim"))
+    rope_dim = int(c.need("qk_rope_head_dim"))
     if rope_dim:
         raise RuntimeModelError(f"{c.where}: glm5_next attention has no RoPE, got qk_rope_head_dim {rope_dim}")
     if not c.get("q_lora_rank"):
@@ -67,6 +67,7 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     if kpool < 1 or topk % kpool:
         raise RuntimeModelError(f"{c.where}: index_topk {topk} is not a multiple of index_kpool {kpool}")
     bound = c.get("linear_lower_bound")
+    out.update(mla_args(c, base, rope_dim=0))
     out.update(
         layer_types=types,
         kda=KDAArgs(
@@ -76,12 +77,7 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
             lower_bound=float(bound) if bound is not None else None,
             a_log_4d=False,
         ),
-        q_lora_rank=int(c["q_lora_rank"]),
-        kv_lora_rank=int(c.need("kv_lora_rank")),
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=0,
-        v_head_dim=int(c.need("v_head_dim")),
-        head_dim=nope,
+        q_lora_rank=int(c["q_lora_rank"]),  # required here (the indexer reads the query LoRA)
         mla_latent_norm_eps=base["rms_norm_eps"],
         rope=RopeArgs(dim=0),
         index_topk=topk,
@@ -97,8 +93,6 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     )
     if out["hc_mult"] < 1 or out["hc_sinkhorn_iters"] < 1:
         raise RuntimeModelError(f"{c.where}: hc_mult and hc_sinkhorn_iters must be >= 1")
-    if base["num_key_value_heads"] != base["num_attention_heads"]:
-        raise RuntimeModelError(f"{c.where}: MLA needs num_key_value_heads == num_attention_heads")
     return out
 
 

@@ -87,6 +87,37 @@ class InklingArgs:
     unpadded_vocab_size: int | None
 
 
+def optional(c: ConfigKeys, key: str, kind=int):
+    """``kind(c[key])``, or None when the config has no (or a null) ``key``."""
+    return kind(c[key]) if c.get(key) is not None else None
+
+
+def common_args(c: ConfigKeys, n: int, types: list[str]) -> dict[str, Any]:
+    """The config facts Inkling and Inkling-2 (``inkling2.family_args``) read alike, checked: ``n`` layer types
+    of ``LAYER_TYPES``, the sliding attention's geometry (its heads split into its kv heads), the relative
+    positions, the log scaling, the short convolutions' kernel and the unpadded vocabulary."""
+    if len(types) != n or any(t not in LAYER_TYPES for t in types):
+        raise RuntimeModelError(
+            f"{c.where}: layer_types must list {n} of {', '.join(LAYER_TYPES)}, got {types}"
+        )
+    heads, kv_heads = int(c["swa_num_attention_heads"]), int(c["swa_num_key_value_heads"])
+    if heads % kv_heads:
+        raise RuntimeModelError(f"{c.where}: {heads} sliding attention heads do not split into {kv_heads} kv heads")
+    return dict(
+        layer_types=tuple(types),
+        swa_heads=heads,
+        swa_kv_heads=kv_heads,
+        swa_head_dim=int(c["swa_head_dim"]),
+        window=int(c["sliding_window_size"]),
+        d_rel=int(c["d_rel"]),
+        rel_extent=int(c["rel_extent"]),
+        log_scaling_n_floor=optional(c, "log_scaling_n_floor"),
+        log_scaling_alpha=float(c["log_scaling_alpha"]),
+        conv_kernel=int(c.get("sconv_kernel_size") or c["conv_kernel_size"]),
+        unpadded_vocab_size=optional(c, "unpadded_vocab_size"),
+    )
+
+
 def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     n = base["num_hidden_layers"]
     types = c.get("layer_types")
@@ -94,37 +125,15 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
         local = set(c["local_layer_ids"]) if c.get("local_layer_ids") is not None else {
             i for i in range(n) if (i + 1) % 6}  # fmt: skip
         types = ["hybrid_sliding" if i in local else "hybrid" for i in range(n)]
-    if len(types) != n or any(t not in LAYER_TYPES for t in types):
-        raise RuntimeModelError(
-            f"{c.where}: layer_types must list {n} of {', '.join(LAYER_TYPES)}, got {types}"
-        )
     mlp_types = c.get("mlp_layer_types") or ["sparse"] * n
     if any(t not in ("dense", "sparse") for t in mlp_types):
         raise RuntimeModelError(f"{c.where}: mlp_layer_types must be dense / sparse, got {mlp_types}")
     ink = InklingArgs(
-        layer_types=tuple(types),
-        swa_heads=int(c["swa_num_attention_heads"]),
-        swa_kv_heads=int(c["swa_num_key_value_heads"]),
-        swa_head_dim=int(c["swa_head_dim"]),
-        window=int(c["sliding_window_size"]),
-        d_rel=int(c["d_rel"]),
-        rel_extent=int(c["rel_extent"]),
-        log_scaling_n_floor=int(c["log_scaling_n_floor"])
-        if c.get("log_scaling_n_floor") is not None
-        else None,
-        log_scaling_alpha=float(c["log_scaling_alpha"]),
-        conv_kernel=int(c.get("sconv_kernel_size") or c["conv_kernel_size"]),
+        **common_args(c, n, types),
         n_shared=int(c["n_shared_experts"]),
         route_scale=float(c["route_scale"]),
         mup=float(c["logits_mup_width_multiplier"]),
-        unpadded_vocab_size=int(c["unpadded_vocab_size"])
-        if c.get("unpadded_vocab_size") is not None
-        else None,
     )
-    if ink.swa_heads % ink.swa_kv_heads:
-        raise RuntimeModelError(
-            f"{c.where}: {ink.swa_heads} sliding attention heads do not split into {ink.swa_kv_heads} kv heads"
-        )
     return dict(
         moe_layers=[t == "sparse" for t in mlp_types],
         sliding_windows=[ink.window if t == "hybrid_sliding" else None for t in types],

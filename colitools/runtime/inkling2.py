@@ -41,11 +41,12 @@ from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs
 from colitools.runtime.experts import Expert, ExpertStore
 from colitools.runtime.inkling import (
-    LAYER_TYPES,
     ShortConv,
     attend_biased,
+    common_args,
     head_geometry,
     log_scale,
+    optional,
     relative_bias,
 )
 from colitools.runtime.model import LayerContext, expert_sources
@@ -93,43 +94,21 @@ class Inkling2Args:
     unpadded_vocab_size: int | None
 
 
-def _opt(c: ConfigKeys, key: str, kind=int):
-    return kind(c[key]) if c.get(key) is not None else None
-
-
 def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     n = base["num_hidden_layers"]
     types = c.get("layer_types") or ["hybrid" if (i + 1) % 6 == 0 else "hybrid_sliding" for i in range(n)]
-    if len(types) != n or any(t not in LAYER_TYPES for t in types):
-        raise RuntimeModelError(
-            f"{c.where}: layer_types must list {n} of {', '.join(LAYER_TYPES)}, got {types}"
-        )
     if c.get("scoring_func", "sigmoid") != "sigmoid":
         raise RuntimeModelError(f"{c.where}: scoring_func {c['scoring_func']!r} is not supported (sigmoid)")
     ink = Inkling2Args(
-        layer_types=tuple(types),
-        swa_heads=int(c["swa_num_attention_heads"]),
-        swa_kv_heads=int(c["swa_num_key_value_heads"]),
-        swa_head_dim=int(c["swa_head_dim"]),
-        window=int(c["sliding_window_size"]),
-        d_rel=int(c["d_rel"]),
-        rel_extent=int(c["rel_extent"]),
-        log_scaling_n_floor=_opt(c, "log_scaling_n_floor"),
-        log_scaling_alpha=float(c["log_scaling_alpha"]),
-        conv_kernel=int(c.get("sconv_kernel_size") or c["conv_kernel_size"]),
+        **common_args(c, n, types),
         route_scale=float(c.get("routed_scaling_factor") or c["route_scale"]),
         qk_clip=float(c["qk_l2_clip_threshold"]),
         rel_clip=float(c["rel_l2_clip_threshold"]),
         block=int(c["n_layers_per_attn_res_block"]),
         gate_cap=float(c["mlp_gate_softcap"]),
         up_cap=float(c["mlp_up_softcap"]),
-        logit_cap=_opt(c, "final_logit_softcapping", float),
-        unpadded_vocab_size=_opt(c, "unpadded_vocab_size"),
+        logit_cap=optional(c, "final_logit_softcapping", float),
     )
-    if ink.swa_heads % ink.swa_kv_heads:
-        raise RuntimeModelError(
-            f"{c.where}: {ink.swa_heads} sliding attention heads do not split into {ink.swa_kv_heads} kv heads"
-        )
     if ink.block < 1:
         raise RuntimeModelError(f"{c.where}: n_layers_per_attn_res_block must be >= 1, got {ink.block}")
     return dict(

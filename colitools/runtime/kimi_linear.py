@@ -20,7 +20,7 @@ from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.runtime.attention import MLAAttention
-from colitools.runtime.config import ConfigKeys, KDAArgs, RopeArgs, noaux_tc_args
+from colitools.runtime.config import ConfigKeys, KDAArgs, RopeArgs, mla_args, noaux_tc_args
 from colitools.runtime.kda import KimiDeltaAttention
 from colitools.runtime.model import DecoderLayer, LayerContext
 
@@ -49,7 +49,6 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     n_layers = base["num_hidden_layers"]
     default = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n_layers)]
     out = noaux_tc_args(c, base)
-    nope, rope_dim = int(c.need("qk_nope_head_dim")), int(c.need("qk_rope_head_dim"))
     out.update(
         layer_types=kda_layer_types(c, n_layers, LAYER_TYPES, default),
         kda=KDAArgs(
@@ -59,16 +58,9 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
             lower_bound=None,
             a_log_4d=True,
         ),
-        q_lora_rank=int(c["q_lora_rank"]) if c.get("q_lora_rank") else None,
-        kv_lora_rank=int(c.need("kv_lora_rank")),
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope_dim,
-        v_head_dim=int(c.need("v_head_dim")),
-        head_dim=nope + rope_dim,
+        **mla_args(c, base),
         rope=RopeArgs(dim=0),  # no RoPE: the "rope" key slice passes through unrotated
     )
-    if base["num_key_value_heads"] != base["num_attention_heads"]:
-        raise RuntimeModelError(f"{c.where}: MLA needs num_key_value_heads == num_attention_heads")
     return out
 
 
