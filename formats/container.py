@@ -441,12 +441,7 @@ def _resolve_weight(
                 f"{where}: quantized tensor {name} ({info.nbytes} weight bytes, {scale_info.nbytes} scale bytes) "
                 f"has no {SHAPES_KEY} entry and {source}, so its [O, I] is unknown"
             )
-            if not report_unresolved:
-                raise ResolveError(problem)
-            return ResolvedTensor(
-                name, where, info.dtype, info.shape, info.nbytes, "unresolved", layout, None, None, stamp,
-                scale, scale_info.nbytes, problem=problem,
-            )  # fmt: skip
+            return _unresolved(problem, report_unresolved, name, where, info, layout, scale, scale_info.nbytes, stamp)
         O, I = shapes[name]
         fmt = resolve_format(name, info.nbytes, scale_info.nbytes, O, I, stamp)
     if layout == PLANAR_LAYOUT and not FORMATS[fmt.fmt].planar_eligible(I, fmt.group_size):
@@ -492,12 +487,7 @@ def _resolve_merged(
             f"{where}: merged expert blob {name} ({info.nbytes} bytes) needs config.json's hidden size and expert "
             f"width for its gate/up/down geometry, and {'there is none' if facts is None else 'it gives none'}"
         )
-        if not report_unresolved:
-            raise ResolveError(problem)
-        return ResolvedTensor(
-            name, where, info.dtype, info.shape, info.nbytes, "unresolved", layouts[id(shard)],
-            scale=scale, scale_nbytes=sinfo.nbytes, problem=problem,
-        )  # fmt: skip
+        return _unresolved(problem, report_unresolved, name, where, info, layouts[id(shard)], scale, sinfo.nbytes)
     H, I = facts.hidden_size, facts.expert_width
     n_scales = sinfo.nbytes // 4
     found = layout.identify(H, I, info.nbytes, n_scales, group_size) if sinfo.nbytes % 4 == 0 else None
@@ -514,6 +504,20 @@ def _resolve_merged(
     return ResolvedTensor(
         name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)], fmt,
         None, None, scale, sinfo.nbytes, parts=layout.parts(H, I, fmt_name, gs),
+    )  # fmt: skip
+
+
+def _unresolved(
+    problem: str, report_unresolved: bool, name: str, where: str, info: _TensorInfo, layout: str, scale: str,
+    scale_nbytes: int, stamp: str | None = None,
+) -> ResolvedTensor:
+    """A quantized weight whose ``[O, I]`` cannot be known: ResolveError(``problem``), or with
+    ``report_unresolved`` the tensor marked ``unresolved`` with that problem."""
+    if not report_unresolved:
+        raise ResolveError(problem)
+    return ResolvedTensor(
+        name, where, info.dtype, info.shape, info.nbytes, "unresolved", layout, None, None, stamp, scale,
+        scale_nbytes, problem=problem,
     )  # fmt: skip
 
 
@@ -558,12 +562,7 @@ def _resolve_fused(
             f"{where}: fused expert stack {name} ({info.nbytes} bytes) needs config.json's hidden size, expert "
             f"width and routed expert count for its rows, and {'there is none' if facts is None else 'it lacks one'}"
         )
-        if not report_unresolved:
-            raise ResolveError(problem)
-        return ResolvedTensor(
-            name, where, info.dtype, info.shape, info.nbytes, "unresolved", layouts[id(shard)],
-            scale=scale, scale_nbytes=sinfo.nbytes, problem=problem,
-        )  # fmt: skip
+        return _unresolved(problem, report_unresolved, name, where, info, layouts[id(shard)], scale, sinfo.nbytes)
     H, I, E = facts.hidden_size, facts.expert_width, facts.routed_experts
     n_scales = sinfo.nbytes // 4
     fmt_name = layout.identify(leaf, H, I, E, info.nbytes, n_scales) if sinfo.nbytes % 4 == 0 else None
