@@ -219,3 +219,24 @@ def test_mirror_scan_counts_merged_blobs_as_expert_bytes(outputs):
     assert (blob.key, blob.routed, scale.key, scale.routed) == ((3, 17), True, (3, 17), False)
     assert classify_expert_tensor("model.layers.3.mlp.shared_experts.qs") is None
     assert classify_expert_tensor("model.layers.3.mlp.experts.17.merged_weight.qs") is None
+
+
+def test_a_merged_blob_without_config_is_named_or_reported_unresolved(outputs):
+    """Without config.json a merged blob's gate/up/down geometry is unknown: never guessed. A ResolveError
+    naming the blob, or with report_unresolved the blob marked unresolved (the rest still resolves)."""
+    from colitools.formats.container import resolve_container
+    from colitools.formats.errors import ResolveError
+    from colitools.formats.safetensors_io import SafetensorsFile
+
+    olmoe, _ = outputs
+    shards = [SafetensorsFile(p) for p in sorted(olmoe.glob("*.safetensors"))]
+    try:
+        with pytest.raises(ResolveError, match=r"merged expert blob \S+merged_weight .*needs config.json's hidden"):
+            resolve_container(shards)
+        got = resolve_container(shards, report_unresolved=True)
+    finally:
+        for s in shards:
+            s.close()
+    blobs = {n: t for n, t in got.items() if n.endswith(".merged_weight")}
+    assert blobs and all(t.kind == "unresolved" and "there is none" in t.problem for t in blobs.values())
+    assert got["model.norm.weight"].kind == "float"
