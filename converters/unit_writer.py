@@ -112,19 +112,9 @@ class ShardReader:
         f, _ = self._info(shard, name, dtype, shape)
         return f.read(name)
 
-    def read_rows(
-        self, shard: str, name: str, dtype: str, shape: tuple[int, ...], e: int, r0: int, r1: int
-    ) -> np.ndarray:
-        """Rows ``[r0, r1)`` of slab ``e`` of a 3-D tensor ``[E, rows, cols]`` (one positional read)."""
-        f, info = self._info(shard, name, dtype, shape)
-        _, rows, cols = shape
-        dt = numpy_dtype(dtype)
-        offset = info.begin + (e * rows + r0) * cols * dt.itemsize
-        n = (r1 - r0) * cols * dt.itemsize
-        return _pread(f.path, offset, n, name).view(dt).reshape(r1 - r0, cols)  # safetensors data is little-endian
-
     def read_slab_rows(self, part, e: int, r0: int, r1: int) -> np.ndarray:
-        """Rows ``[r0, r1)`` of slab ``e`` of companion ``part`` ``[E, rows, ...]`` (one positional read)."""
+        """Rows ``[r0, r1)`` of slab ``e`` of ``part`` ``[E, rows, ...]`` (a source tensor or a companion: anything
+        with ``shard``, ``name``, ``dtype``, ``shape``), in one positional read."""
         E, rows, *rest = part.shape
         cols = int(np.prod(rest, dtype=np.int64))
         f, info = self._info(part.shard, part.name, part.dtype, part.shape)
@@ -167,6 +157,8 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
         for role, part in src.quant.parts:
             if role == "scale_2" or (job.fused_rows is None and sl is None):
                 parts[role] = reader.read(part.shard, part.name, part.dtype, part.shape)
+            elif sl is not None and sl.step == 1:  # rows [row0, row1) of the expert's slab: only those are read
+                parts[role] = reader.read_slab_rows(part, sl.expert, sl.row0, sl.row1)
             elif sl is not None:  # rows row0::step of the expert's slab (gpt-oss MXFP4: gate / up interleaved)
                 slab = reader.read_slab_rows(part, sl.expert, 0, part.shape[1])
                 parts[role] = np.ascontiguousarray(slab[sl.row0 : sl.row1 : sl.step])
@@ -177,9 +169,10 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
         job.fused_pick is not None
     ):  # an interleaved / transposed stack slice or a stack-bias slice (float only)
         sl = job.fused_pick
+        if len(src.shape) == 3 and sl.contiguous:  # rows [row0, row1) of a non-interleaved stack: only those
+            return reader.read_slab_rows(src, sl.expert, sl.row0, sl.row1), None
         if len(src.shape) == 3:
-            E, rows, cols = src.shape
-            slab = reader.read_rows(src.shard, src.name, src.dtype, src.shape, sl.expert, 0, rows)
+            slab = reader.read_slab_rows(src, sl.expert, 0, src.shape[1])
         else:
             slab = reader.read(src.shard, src.name, src.dtype, src.shape)[sl.expert]
         return sl.pick(slab), None
@@ -189,7 +182,7 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
             scale = reader.read(src.scale.shard, src.scale.name, src.scale.dtype, src.scale.shape)
         return values, scale
     e, r0, r1 = job.fused_rows
-    values = reader.read_rows(src.shard, src.name, src.dtype, src.shape, e, r0, r1)
+    values = reader.read_slab_rows(src, e, r0, r1)
     if src.scale is not None:
         scale = reader.read(src.scale.shard, src.scale.name, src.scale.dtype, src.scale.shape)[e]
     return values, scale
