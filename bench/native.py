@@ -1,7 +1,9 @@
 """Benchmark of ``native`` passthrough of natively quantized experts (docs/FORMATS.md §5): MXFP4 (gpt-oss blocks ->
 mxfp4, nibbles and E8M0 bytes copied) and INT4 pack-quantized (-> int4-grouped gs 32, the int32 bytes are the
 pairs bytes, BF16 scales widened to F32). It should run at disk speed: the number printed next to the converter
-is a plain file copy (``shutil.copyfile``) of the same source bytes, measured in the same run, interleaved.
+is a plain file copy (``shutil.copyfile``) of the same source bytes, measured in the same run, interleaved, and
+the same copy with the sha256 of those bytes on a second thread (``copy + sha256``): the floor of any passthrough
+that records the digest of every byte it writes, as the manifest does (FORMATS-SPEC §7).
 
 GB/s are source bytes per second of the whole process (``python -m colitools convert --experts native``,
 startup, planning, hashing, fsync and manifest included) and of the copy (with an fsync, as the converter does).
@@ -117,6 +119,28 @@ def copy_once(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
+def copy_hash_once(src: Path, dst: Path) -> float:
+    """The floor of any passthrough that records the sha256 of what it writes (the manifest's, FORMATS-SPEC §7):
+    the same file copy, with the sha256 of the same bytes on a second thread (8 MB reads into one buffer;
+    hashlib releases the GIL), both cores busy. Wall seconds until both are done and the copy is fsynced."""
+    import hashlib
+    import threading
+
+    def digest() -> None:
+        h, buf = hashlib.sha256(), bytearray(8 << 20)
+        view = memoryview(buf)
+        with open(src, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                h.update(view[:n])
+
+    t0 = time.perf_counter()
+    hasher = threading.Thread(target=digest)
+    hasher.start()
+    copy_once(src, dst)
+    hasher.join()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", type=Path, default=Path(__file__).resolve().parents[1] / ".bench-tmp")
@@ -133,12 +157,13 @@ def main() -> None:
             make(tiny, 1)  # one layer
             size = (src / "model.safetensors").stat().st_size
             tiny_size = (tiny / "model.safetensors").stat().st_size
-            conv, cpu, cp, fixed = [], [], [], []
+            conv, cpu, cp, cph, fixed = [], [], [], [], []
             for _ in range(args.runs):  # interleaved
                 wall, used = convert_once(src, work / "out")
                 conv.append(wall)
                 cpu.append(used)
                 cp.append(copy_once(src / "model.safetensors", work / "copy.safetensors"))
+                cph.append(copy_hash_once(src / "model.safetensors", work / "copy.safetensors"))
                 fixed.append(convert_once(tiny, work / "out")[0])
             gb = size / 1e9
             # past the fixed start-up: the extra bytes over the extra time (what a 100+ GB source sees)
@@ -148,7 +173,8 @@ def main() -> None:
                   f"(cpu {min(cpu):.2f} s), start-up {min(fixed):.2f} s, past start-up {steady:.2f} GB/s; "
                   f"file copy best {gb / min(cp):.2f} GB/s (median {gb / statistics.median(cp):.2f}); "
                   f"ratio copy/convert {min(conv) / min(cp):.2f}x, past start-up "
-                  f"{gb / min(cp) / steady:.2f}x")  # fmt: skip
+                  f"{gb / min(cp) / max(steady, 1e-9):.2f}x; copy + sha256 on 2 threads best {gb / min(cph):.2f} GB/s, "
+                  f"past start-up convert / (copy + sha256) {steady / (gb / min(cph)):.2f}")  # fmt: skip
             shutil.rmtree(src)
             shutil.rmtree(tiny)
     finally:

@@ -49,8 +49,10 @@ class Manifest:
         return cls(data)
 
     def dump(self, path: str | os.PathLike[str]) -> None:
-        """Publish atomically (temporary file, fsync, rename, fsync of the folder), pretty-printed."""
-        write_json_atomic(path, self.data)
+        """Publish atomically (temporary file, fsync, rename, fsync of the folder): one line per section member
+        (a unit's record, a planned file, a shard) under each top-level section (``json_lines``, expand 2). The
+        ledger rewrites it after every unit, so it must stay cheap when it holds thousands."""
+        write_json_atomic(path, self.data, expand=2)
 
     @property
     def state(self) -> Any:

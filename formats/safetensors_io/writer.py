@@ -61,25 +61,27 @@ def _validated_entries(where: str, entries: Iterable[Entry]) -> list[tuple[str, 
         name, dtype, shape = entry
         if not isinstance(name, str):
             raise SafetensorsError(f"{where}: tensor name {name!r} is not a string")
-        at = f"{where}: tensor {name!r}"
         if name == METADATA_KEY:
-            raise SafetensorsError(f"{at}: the name is reserved for the metadata map")
+            raise SafetensorsError(f"{where}: tensor {name!r}: the name is reserved for the metadata map")
         if name in seen:
-            raise SafetensorsError(f"{at}: declared twice")
+            raise SafetensorsError(f"{where}: tensor {name!r}: declared twice")
         seen.add(name)
         if dtype not in SAFETENSORS_DTYPES:
-            raise SafetensorsError(f"{at}: unknown dtype {dtype!r}")
+            raise SafetensorsError(f"{where}: tensor {name!r}: unknown dtype {dtype!r}")
         dims = tuple(shape)
-        if not all(
-            isinstance(dim, int | np.integer) and not isinstance(dim, bool | np.bool_) for dim in dims
-        ):
-            raise SafetensorsError(f"{at}: shape {dims!r} is not a tuple of non-negative integers")
-        dims = tuple(int(dim) for dim in dims)
-        if any(dim < 0 for dim in dims):
-            raise SafetensorsError(f"{at}: shape {dims!r} is not a tuple of non-negative integers")
+        if not all(type(dim) is int and dim >= 0 for dim in dims):  # the planners' plain ints: one pass
+            if not all(
+                isinstance(dim, int | np.integer) and not isinstance(dim, bool | np.bool_) for dim in dims
+            ) or any(dim < 0 for dim in dims):
+                raise SafetensorsError(
+                    f"{where}: tensor {name!r}: shape {dims!r} is not a tuple of non-negative integers"
+                )
+            dims = tuple(int(dim) for dim in dims)
         nbytes = checked_nbytes(dims, dtype)
         if nbytes is None:
-            raise SafetensorsError(f"{at}: shape {dims!r} of {dtype} overflows (more than 2**63 - 1 bytes)")
+            raise SafetensorsError(
+                f"{where}: tensor {name!r}: shape {dims!r} of {dtype} overflows (more than 2**63 - 1 bytes)"
+            )
         checked.append((name, dtype, dims, nbytes))
     return checked
 
