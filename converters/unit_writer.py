@@ -45,6 +45,7 @@ from colitools.errors import ConvertError
 from colitools.formats import kernels, planar_sidecar, targets
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.errors import SafetensorsError
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.registry import Fp8E4m3E8m0
 from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
@@ -116,12 +117,14 @@ class ShardReader:
         """Rows ``[r0, r1)`` of slab ``e`` of ``part`` ``[E, rows, ...]`` (a source tensor or a companion: anything
         with ``shard``, ``name``, ``dtype``, ``shape``), in one positional read."""
         E, rows, *rest = part.shape
-        cols = int(np.prod(rest, dtype=np.int64))
         f, info = self._info(part.shard, part.name, part.dtype, part.shape)
         dt = numpy_dtype(part.dtype)
-        offset = info.begin + (e * rows + r0) * cols * dt.itemsize
-        n = (r1 - r0) * cols * dt.itemsize
-        return _pread(f.path, offset, n, part.name).view(dt).reshape(r1 - r0, *rest)
+        row_bytes = math.prod(rest) * dt.itemsize
+        try:  # one positional read on the shard's open descriptor
+            buf = f.read_range(info.begin + (e * rows + r0) * row_bytes, (r1 - r0) * row_bytes)
+        except SafetensorsError as exc:  # the file shrank behind the reader: name the tensor too
+            raise ConvertError(f"tensor {part.name}: {exc}") from None
+        return buf.view(dt).reshape(r1 - r0, *rest)  # safetensors data is little-endian
 
     def close(self) -> None:
         for f in self._open.values():
@@ -131,20 +134,6 @@ class ShardReader:
             while len(_KNOWN_HEADERS) > _KNOWN_MAX:
                 del _KNOWN_HEADERS[next(iter(_KNOWN_HEADERS))]
         self._open.clear()
-
-
-def _pread(path, offset: int, n: int, name: str) -> np.ndarray:
-    """``n`` bytes of ``path`` from ``offset`` in positional reads (a short read is an error naming ``name``)."""
-    buf = np.empty(n, np.uint8)  # not zero-filled: every byte is read into
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        got = 0
-        while got < n:
-            k = os.preadv(fh.fileno(), [view[got:]], offset + got)
-            if k <= 0:
-                raise ConvertError(f"tensor {name}: short read in {path} at byte {offset + got}")
-            got += k
-    return buf
 
 
 def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.ndarray | None]:

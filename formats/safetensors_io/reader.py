@@ -383,6 +383,12 @@ class SafetensorsFile:
         self._pread_into(memoryview(buf), info.begin)
         return self._as_array(buf, info)
 
+    def read_range(self, offset: int, size: int) -> np.ndarray:
+        """``size`` bytes at absolute file ``offset`` as a new uint8 array, read in place (a slab of a stack)."""
+        buf = np.empty(size, dtype=np.uint8)  # not zero-filled: every byte is read into
+        self._pread_into(memoryview(buf), offset)
+        return buf
+
     def read_many(self, names: Iterable[str]) -> dict[str, np.ndarray]:
         """Several tensors, keyed in the order asked; each run of adjacent byte ranges is one read.
 
