@@ -10,7 +10,10 @@ One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir D
      (sources read before timing), each tensor's rows split over both cores (``kernels.set_threads(2)``);
    * ``write+fsync``: the output's byte count written in 8 MB chunks to a new file on the output's filesystem,
      then fsynced (tmpfs and disk);
-   * ``sha256``: the output bytes hashed once (1 thread; the converter hashes every byte it writes).
+   * ``sha256``: the output bytes hashed once (1 thread; the converter hashes every byte it writes);
+   * ``blake3`` (when the ``blake3`` package of the bench extra is installed): the same bytes through a
+     one-thread BLAKE3, and below the table the floor recomputed with it in place of the sha256: what the
+     manifest's digest algorithm (FORMATS-SPEC §7) costs the floor.
 3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, numba load,
    publish, manifest included), output on a tmpfs (``--shm``, default /dev/shm) and on the disk; BF16 with
    every 2-D weight to int4-g64 (what gguf's Q4_0 does), FP8 with the default recipe. Interleaved with the
@@ -258,7 +261,8 @@ def limits(src: Path, recipe: tuple[str, ...], out_bytes: int, out_dirs: dict[st
     kernels.set_threads(2)
     spent_t = spent_c = 0.0
     hashed = hashlib.sha256()
-    sha_t = sha_c = 0.0
+    sha_t = sha_c = b3_t = b3_c = 0.0
+    b3 = _blake3()
     try:
         warmed: set = set()  # numba's cache load / first call of each kernel, untimed
         for unit in plan.units:
@@ -281,17 +285,24 @@ def limits(src: Path, recipe: tuple[str, ...], out_bytes: int, out_dirs: dict[st
             spent_t += time.perf_counter() - t
             spent_c += _cpu() - c
             del todo
+            views = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for pair in encoded for a in pair if a is not None]
             t, c = time.perf_counter(), _cpu()
-            for codes, scales in encoded:
-                hashed.update(np.ascontiguousarray(codes).reshape(-1).view(np.uint8))
-                if scales is not None:
-                    hashed.update(np.ascontiguousarray(scales).reshape(-1).view(np.uint8))
+            for v in views:
+                hashed.update(v)
             sha_t += time.perf_counter() - t
             sha_c += _cpu() - c
+            if b3 is not None:
+                t, c = time.perf_counter(), _cpu()
+                for v in views:
+                    b3.update(v)
+                b3_t += time.perf_counter() - t
+                b3_c += _cpu() - c
     finally:
         kernels.set_threads(None)
     res["kernels"] = (spent_t, spent_c)
     res["sha256"] = (sha_t, sha_c)
+    if b3 is not None:
+        res["blake3"] = (b3_t, b3_c)
     buf[:] = np.random.default_rng(0).integers(0, 256, CHUNK, dtype=np.uint8)
     for label, folder in out_dirs.items():
         folder.mkdir(parents=True, exist_ok=True)
@@ -308,6 +319,16 @@ def limits(src: Path, recipe: tuple[str, ...], out_bytes: int, out_dirs: dict[st
         res[f"write+fsync {label}"] = (time.perf_counter() - t, _cpu() - c)
         path.unlink()
     return res
+
+
+def _blake3():
+    """A one-thread BLAKE3 hasher when the ``blake3`` package is installed (the bench extra), else None: its
+    time on the same output bytes shows what the manifest's sha256 (FORMATS-SPEC §7) costs the floor."""
+    try:
+        import blake3
+    except ImportError:
+        return None
+    return blake3.blake3(max_threads=1)
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -370,9 +391,9 @@ def main() -> None:
                   f"{what}, output {first['out_bytes'] / GB:.3f} GB")  # fmt: skip
             print("machine limits on these bytes (wall s, CPU s):")
             for k, (t, c) in lim.items():
-                n = first["out_bytes"] if k.startswith(("write", "sha")) else size
+                n = first["out_bytes"] if k.startswith(("write", "sha", "blake3")) else size
                 print(f"  {k:<20} {t:6.2f} s {c:6.2f} CPU-s  {n / GB / t:6.2f} GB/s")
-            ours_shm, ours_disk, peer = [], [], []
+            ours_shm, ours_disk, peer, b3_notes = [], [], [], []
             for _ in range(args.runs):  # interleaved: a burst of load hits every side
                 ours_shm.append(run_convert(src, shm / "out", *recipe))
                 ours_disk.append(run_convert(src, work / "out", *recipe))
@@ -387,10 +408,15 @@ def main() -> None:
                 limit = max(read_t, kern_t, wr_t)
                 floor = max(limit, (cpu_work + wr_c) / cores)
                 print(_row(f"colitools convert -> {label}", runs, counted, limit, floor))
+                if "blake3" in lim:  # the same floor with a BLAKE3 digest in place of the sha256
+                    floor_b3 = max(limit, (cpu_work - lim["sha256"][1] + lim["blake3"][1] + wr_c) / cores)
+                    b3_notes.append(f"{dtype} -> {label}: floor {floor:.2f} s with sha256, {floor_b3:.2f} s with BLAKE3")
                 eff = limit / min(r["wall"] for r in runs)
                 if fs == "tmpfs":
                     at_scale[dtype] = (limit, floor, min(r["wall"] for r in runs))
                     _check(misses, f"{dtype} tmpfs efficiency {eff:.2f} >= 0.7", eff >= 0.7)
+            for note in b3_notes:
+                print(f"  (digest cost) {note}")
             if peer:
                 print(_row("gguf-py Q4_0 converter -> tmpfs", peer, counted, None, None))
                 ratio = min(p["wall"] for p in peer) / min(r["wall"] for r in ours_shm)
