@@ -4,7 +4,8 @@ A tensor of fewer than ``SMALL_ELEMS`` elements is encoded / decoded by the nump
 ``reference.py`` / ``planar.py``), which the kernels equal byte for byte by contract (property tests, and
 ``tests/formats/test_kernel_dispatch.py`` for this switch): a conversion of a tiny model then neither imports
 numba nor compiles or loads a kernel (about 1 CPU-s saved per process, 16 CPU-s on a first run). Larger
-tensors go to the numba drivers in ``encoders`` / ``decoders``, imported on first use. Validation (dtype,
+tensors go to the numba drivers in ``encoders`` / ``decoders``, imported on first use, unless the whole plan fits
+the start-up budget below (numba's load, or, before the encoders were ever compiled here, their compile). Validation (dtype,
 shape, group size, FP8 grid, writable format) and the NaN/inf error message are the same on both paths.
 
 This module and ``__init__`` import nothing of numba: keep it so (``--help`` and tiny conversions stay fast).
@@ -12,6 +13,8 @@ This module and ``__init__`` import nothing of numba: keep it so (``--help`` and
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import sys
 import threading
@@ -29,7 +32,7 @@ F32 = np.float32
 # kernels on small tensors set it to 0 (which also turns the start-up budget below off).
 SMALL_ELEMS = 1 << 16
 
-# Start-up budget ("ski rental"): the first use of the numba kernels in a process costs about 0.65 CPU-s
+# Start-up budget ("ski rental"): the first use of the numba kernels in a process costs about 0.5-0.65 CPU-s
 # (importing numba, initialising its CPU target, loading the cached drivers), as much as the numpy reference
 # needs for ~85M elements of int8-row. Until the kernels are in use, larger encodes still go to the reference
 # while their total weighted size stays within this budget (mxfp4's reference is ~8x slower per element); the
@@ -37,8 +40,63 @@ SMALL_ELEMS = 1 << 16
 # passthrough conversion (native experts, a few dense tensors) then never pays the start-up; a real model's
 # first large tensor does, as before. Same bytes either way.
 STARTUP_BUDGET_ELEMS = 32 << 20
+# Until the encoders have been compiled once into numba's cache (the first conversion after an install, every
+# conversion in a fresh CI environment), their first use costs ~12 CPU-s of compiling instead: the budget is
+# then this, ~2-5 CPU-s of reference work (int4-g64 ~110 Mw/s, int8-row ~230 Mw/s on one thread), so a model
+# of up to ~1 GB of BF16 converts in seconds on the reference and compiles nothing (`kernels_compiled`).
+COMPILE_BUDGET_ELEMS = 512 << 20
 _REFERENCE_COST = {"mxfp4": 8, "fp8-e4m3-e8m0": 5}  # reference Mw/s: int8-row ~150, fp8-e4m3-e8m0 ~32
 _budget = {"spent": 0, "kernels": False}
+
+# The encoders' sources: numba's cache entries are keyed on their size and mtime, and so is the marker.
+_ENCODER_SOURCES = ("_bits.py", "_row_encoders.py", "_threads.py", "encoders.py")
+_compiled: dict[str, bool] = {}  # memo of kernels_compiled()
+
+
+def _marker_path() -> str | None:
+    """The file that says the encoders were compiled into numba's cache, kept beside that cache so that both
+    live and go together: numba's own order (``NUMBA_CACHE_DIR``; the package's ``__pycache__`` when it is
+    writable; the user-wide ``$XDG_CACHE_HOME/numba`` or ``~/.cache/numba``), named by the size and mtime of
+    the encoder sources (an edit or a checkout makes numba recompile, and the marker is another one)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        stamps = [(n, os.stat(os.path.join(here, n))) for n in _ENCODER_SOURCES]
+    except OSError:
+        return None
+    key = hashlib.sha256(repr([(n, st.st_size, st.st_mtime_ns) for n, st in stamps]).encode()).hexdigest()[:16]
+    name = f"colitools-encoders-{key}.compiled"
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return os.path.join(os.environ["NUMBA_CACHE_DIR"], name)
+    tree = os.path.join(here, "__pycache__")
+    if os.access(tree if os.path.isdir(tree) else here, os.W_OK):
+        return os.path.join(tree, name)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "numba", name)
+
+
+def kernels_compiled() -> bool:
+    """Whether the encoders were compiled here before (their marker exists; read once per process)."""
+    if "yes" not in _compiled:
+        path = _marker_path()
+        _compiled["yes"] = path is not None and os.path.exists(path)
+    return _compiled["yes"]
+
+
+def _note_compiled() -> None:
+    """After an encode on the kernels: they are in numba's cache now; leave the marker (best effort)."""
+    if _compiled.get("yes"):
+        return
+    _compiled["yes"] = True
+    path = _marker_path()
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "a"):
+                pass
+
+
+def _startup_budget() -> int:
+    return STARTUP_BUDGET_ELEMS if kernels_compiled() else max(STARTUP_BUDGET_ELEMS, COMPILE_BUDGET_ELEMS)
 
 # Threads of the kernels' row pool (``set_threads``); None: ``numba.config.NUMBA_NUM_THREADS`` capped at the
 # CPU count. Read on every kernel call, so it is a plain value here, not ``numba.get_num_threads()`` (whose
@@ -85,7 +143,7 @@ def plan_encodes(work) -> bool:
     if SMALL_ELEMS <= 0 or _budget["kernels"]:
         return _budget["kernels"] or SMALL_ELEMS <= 0
     cost = sum(n * _REFERENCE_COST.get(fmt, 1) for fmt, n in work if n >= SMALL_ELEMS)
-    if _budget["spent"] + cost > STARTUP_BUDGET_ELEMS:
+    if _budget["spent"] + cost > _startup_budget():
         _budget["kernels"] = True
     return _budget["kernels"]
 
@@ -101,7 +159,7 @@ def _reference_encodes(fmt_name: str, n: int) -> bool:
     if _budget["kernels"] or SMALL_ELEMS <= 0 or "numba" in sys.modules:  # the start-up is paid already
         return False
     cost = n * _REFERENCE_COST.get(fmt_name, 1)
-    if _budget["spent"] + cost <= STARTUP_BUDGET_ELEMS:
+    if _budget["spent"] + cost <= _startup_budget():
         _budget["spent"] += cost
         return True
     _budget["kernels"] = True
@@ -157,6 +215,12 @@ def _reference_encode(fmt_name: str, w: np.ndarray, gs: int | None) -> tuple[np.
     return registry.by_name(fmt_name)._encode_reference(w, gs)
 
 
+def _compiled_now(result):
+    """``result`` of an encode on the kernels, after marking them compiled (``_note_compiled``)."""
+    _note_compiled()
+    return result
+
+
 def _reference_checked(fmt_name: str, w: np.ndarray, gs: int | None, name: str):
     """The numpy reference encode of float32 ``w`` after the kernels' checks (same errors, same bytes)."""
     _writable(fmt_name, *w.shape, gs, name)
@@ -176,7 +240,7 @@ def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> t
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
     from colitools.formats.kernels import encoders
 
-    return encoders.encode(fmt_name, w, gs, name=name)
+    return _compiled_now(encoders.encode(fmt_name, w, gs, name=name))
 
 
 def encode_from_bf16(
@@ -189,7 +253,7 @@ def encode_from_bf16(
         return _reference_checked(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs, name)
     from colitools.formats.kernels import encoders
 
-    return encoders.encode_from_bf16(fmt_name, wb, gs, name=name)
+    return _compiled_now(encoders.encode_from_bf16(fmt_name, wb, gs, name=name))
 
 
 def encode_from_fp8_block(
@@ -207,7 +271,7 @@ def encode_from_fp8_block(
         return _reference_checked(fmt_name, w, gs, name)
     from colitools.formats.kernels import encoders
 
-    return encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name)
+    return _compiled_now(encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name))
 
 
 def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -220,7 +284,7 @@ def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarr
         return ref.encode_fp8_e8m0(w)
     from colitools.formats.kernels import encoders
 
-    return encoders.encode_fp8_e8m0(w, name)
+    return _compiled_now(encoders.encode_fp8_e8m0(w, name))
 
 
 def decode_operands(fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None):

@@ -3,6 +3,7 @@ instead of a numba kernel, with the same bytes, the same errors, and without imp
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from colitools.formats import kernels
+from colitools.formats import kernels, reference
 from colitools.formats.errors import EncodeError
 from colitools.formats.kernels import _dispatch, decoders, encoders
 
@@ -104,6 +105,7 @@ def test_startup_budget_keeps_a_few_large_encodes_off_numba_with_the_same_bytes(
         "import sys, numpy as np\n"
         "from colitools.formats import kernels\n"
         "from colitools.formats.kernels import _dispatch\n"
+        "_dispatch._compiled['yes'] = True\n"  # the encoders are in numba's cache: the start-up budget applies
         "w = (np.random.default_rng(0).standard_normal((512, 1024)) * 0.02).astype(np.float32)\n"
         "assert w.size >= _dispatch.SMALL_ELEMS\n"
         "c, s = kernels.encode('int8-row', w, None)\n"
@@ -122,6 +124,7 @@ def test_a_plan_above_the_startup_budget_uses_the_kernels_from_its_first_large_t
         "import sys, numpy as np\n"
         "from colitools.formats import kernels\n"
         "from colitools.formats.kernels import _dispatch\n"
+        "_dispatch._compiled['yes'] = True\n"
         "w = (np.random.default_rng(0).standard_normal((512, 1024)) * 0.02).astype(np.float32)\n"
         "ref = kernels.encode('int8-row', w[:8], None)\n"  # small: the reference, no numba
         "assert not kernels.plan_encodes([('int8-row', 100), ('int8-row', w.size)])\n"  # within the budget
@@ -137,8 +140,9 @@ def test_a_plan_above_the_startup_budget_uses_the_kernels_from_its_first_large_t
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_plan_encodes_counts_only_tensors_the_reference_would_take_within_the_budget():
+def test_plan_encodes_counts_only_tensors_the_reference_would_take_within_the_budget(monkeypatch):
     n = _dispatch.STARTUP_BUDGET_ELEMS
+    monkeypatch.setitem(_dispatch._compiled, "yes", True)  # compiled before: the start-up budget
     before = dict(_dispatch._budget)
     try:
         _dispatch._budget.update(spent=0, kernels=False)
@@ -170,3 +174,45 @@ def test_set_threads_validates_and_is_per_thread_on_request():
         kernels.set_threads(None, this_thread=True)
         kernels.set_threads(None)
     assert _dispatch.kernel_threads() is None
+
+
+def test_before_the_encoders_were_ever_compiled_the_budget_is_their_compile_cost(monkeypatch, tmp_path):
+    """A fresh install / CI environment: numba would compile the encoders (~12 CPU-s), so a plan up to
+    COMPILE_BUDGET_ELEMS stays on the reference; once a kernel encode ran, the marker beside numba's cache
+    (here NUMBA_CACHE_DIR) says they are compiled, and the start-up budget applies again."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_dispatch, "_compiled", {})
+    monkeypatch.setattr(_dispatch, "_budget", {"spent": 0, "kernels": False})
+    assert not _dispatch.kernels_compiled()
+    mid = 4 * _dispatch.STARTUP_BUDGET_ELEMS  # over the start-up budget, within the compile budget
+    assert mid < _dispatch.COMPILE_BUDGET_ELEMS
+    assert not kernels.plan_encodes([("int4-grouped", mid)])
+    assert kernels.plan_encodes([("int4-grouped", _dispatch.COMPILE_BUDGET_ELEMS + 1)])
+    marker = _dispatch._marker_path()
+    assert marker is not None and marker.startswith(str(tmp_path)) and not os.path.exists(marker)
+    w = (np.random.default_rng(0).standard_normal((512, 256)) * 0.02).astype(np.float32)
+    codes, scales = kernels.encode("int4-grouped", w, 64)  # the plan above chose the kernels: this marks them
+    assert os.path.exists(marker)
+    want_codes, want_scales = reference.encode_int4_grouped(w, 64)
+    assert codes.tobytes() == want_codes.tobytes() and scales.tobytes() == want_scales.tobytes()
+    monkeypatch.setattr(_dispatch, "_compiled", {})  # a new process reads the marker
+    monkeypatch.setattr(_dispatch, "_budget", {"spent": 0, "kernels": False})
+    assert _dispatch.kernels_compiled()
+    assert kernels.plan_encodes([("int4-grouped", mid)])
+
+
+def test_the_marker_is_named_by_the_encoder_sources_and_lives_beside_numbas_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nb"))
+    a = _dispatch._marker_path()
+    assert os.path.dirname(a) == str(tmp_path / "nb") and os.path.basename(a).startswith("colitools-encoders-")
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    in_tree = _dispatch._marker_path()  # a writable checkout: the package's __pycache__, as numba's own cache
+    assert os.path.dirname(in_tree) == os.path.join(os.path.dirname(_dispatch.__file__), "__pycache__")
+    assert os.path.basename(in_tree) == os.path.basename(a)
+    src = os.path.join(os.path.dirname(_dispatch.__file__), "encoders.py")
+    st = os.stat(src)
+    try:
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # an edit: numba recompiles
+        assert os.path.basename(_dispatch._marker_path()) != os.path.basename(a)
+    finally:
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
