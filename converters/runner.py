@@ -228,7 +228,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
             _release(src, shard, options)
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
     _limit_malloc_arenas()
-    kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
+    on_kernels = kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
 
@@ -274,7 +274,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
             if options.workers == 1 or len(pending) <= 1:
                 _run_serial(pending, prepare, finished, out, block, bar, slow_unit, all_encoded)
             else:
-                _run_parallel(pending, prepare, finished, out, block, options.workers, bar)
+                _run_parallel(pending, prepare, finished, out, block, options.workers, bar, on_kernels)
         finally:
             bar.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
@@ -334,8 +334,10 @@ def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: fl
         recorder.shutdown(wait=True)  # what was handed over is published and recorded even on an error
 
 
-def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, bar) -> None:
+def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, bar, on_kernels: bool) -> None:
     """Convert ``pending`` units on ``workers`` processes; the main process prepares (downloads) and records.
+    ``on_kernels``: the whole plan's choice of the kernels over the numpy reference (``kernels.plan_encodes``),
+    which each worker takes (its own plan would see one unit).
 
     Units may finish out of order; each is recorded as soon as it is published (the ledger is a set)."""
     ctx = multiprocessing.get_context("spawn")
@@ -355,7 +357,7 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
             wait([fut])
             record(fut)
 
-    init_args = (threads, os.getpid())
+    init_args = (threads, os.getpid(), on_kernels)
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=init_args) as pool:
         try:
             while queue or inflight:
@@ -375,11 +377,13 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
             raise
 
 
-def _worker_init(threads: int, parent_pid: int) -> None:
+def _worker_init(threads: int, parent_pid: int, on_kernels: bool) -> None:
     _die_with_parent(parent_pid)
     from colitools.formats import kernels
 
     kernels.set_threads(threads)
+    if on_kernels:
+        kernels.use_kernels()
 
 
 def _check_sources_unchanged(src: Source, identities: dict[str, dict]) -> None:

@@ -54,6 +54,7 @@ from colitools.formats.kernels._dispatch import (
     plan_encodes,
     planar_to_pairs,
     set_threads,
+    use_kernels,
 )
 from colitools.formats.reference import E4M3_TO_F32  # the one table, = _bits.E4M3_TO_F32
 
@@ -70,5 +71,6 @@ __all__ = [
     "kernel_threads",
     "default_threads",
     "set_threads",
+    "use_kernels",
     "E4M3_TO_F32",
 ]

@@ -148,6 +148,12 @@ def plan_encodes(work) -> bool:
     return _budget["kernels"]
 
 
+def use_kernels() -> None:
+    """From now on every tensor of ``SMALL_ELEMS`` elements or more goes to the kernels: a ``--workers`` process
+    takes the decision of the parent that planned the whole conversion (its own plan is one unit)."""
+    _budget["kernels"] = True
+
+
 def _small(n: int) -> bool:
     return n < SMALL_ELEMS
 

@@ -216,3 +216,18 @@ def test_the_marker_is_named_by_the_encoder_sources_and_lives_beside_numbas_cach
         assert os.path.basename(_dispatch._marker_path()) != os.path.basename(a)
     finally:
         os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_worker_takes_the_parents_choice_of_the_kernels(monkeypatch):
+    """A ``--workers`` process plans one unit; the parent planned them all: ``_worker_init`` passes its choice."""
+    from colitools.converters import runner
+
+    monkeypatch.setattr(_dispatch, "_budget", {"spent": 0, "kernels": False})
+    monkeypatch.setattr(_dispatch, "_compiled", {"yes": False})  # a cold cache: a unit alone would stay off them
+    monkeypatch.setattr(runner, "_die_with_parent", lambda pid: None)
+    monkeypatch.setattr(_dispatch, "_threads", {"n": None})
+    assert not _dispatch.plan_encodes([("int4-grouped", 4 * _dispatch.STARTUP_BUDGET_ELEMS)])
+    runner._worker_init(1, os.getpid(), False)
+    assert not _dispatch.plan_encodes([("int4-grouped", 4 * _dispatch.STARTUP_BUDGET_ELEMS)])
+    runner._worker_init(1, os.getpid(), True)
+    assert _dispatch.plan_encodes([]) and _dispatch.plan_encodes([("int4-grouped", _dispatch.SMALL_ELEMS)])
