@@ -162,8 +162,8 @@ def _reference_encodes(fmt_name: str, n: int) -> bool:
     """Whether an encode of ``n`` elements runs on the numpy reference (same bytes as the kernels)."""
     if n < SMALL_ELEMS:
         return True
-    if _budget["kernels"] or SMALL_ELEMS <= 0 or "numba" in sys.modules:  # the start-up is paid already
-        return False
+    if _budget["kernels"] or SMALL_ELEMS <= 0 or ("numba" in sys.modules and kernels_compiled()):
+        return False  # the start-up is paid already (numba is loaded, the encoders are in its cache)
     cost = n * _REFERENCE_COST.get(fmt_name, 1)
     if _budget["spent"] + cost <= _startup_budget():
         _budget["spent"] += cost
