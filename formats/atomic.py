@@ -103,8 +103,8 @@ def json_lines(obj: Any, expand: int, indent: int = 2) -> str:
     deeper values are each on one line (``", "`` / ``": "`` separators): the same value as ``json.dumps``.
 
     Why by hand: with ``indent`` set, the standard library encodes in pure Python (its C encoder serves only
-    ``indent=None``), about 10x slower; a resume ledger rewritten after every unit of a 1,000-unit conversion
-    spent most of its time there. Here only the outer levels are Python; each line is the C encoder's."""
+    ``indent=None``), and the resume ledger rewrites the manifest after every unit: a 1,500-unit manifest took
+    46 ms per rewrite, 14 ms this way. Here only the outer levels are Python; each line is the C encoder's."""
     flat = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "), check_circular=False).encode
 
     def enc(value: Any, depth: int) -> str:
