@@ -185,6 +185,7 @@ def main() -> None:
                 wall, used = convert_once(src, work / "out")
                 conv.append(wall)
                 cpu.append(used)
+                written = sum(f.stat().st_size for f in (work / "out").glob("*.safetensors"))
                 cp.append(copy_once(src / "model.safetensors", work / "copy.safetensors"))
                 cph.append(copy_hash_once(src / "model.safetensors", work / "copy.safetensors"))
                 if _have_blake3():
@@ -200,6 +201,8 @@ def main() -> None:
                   f"ratio copy/convert {min(conv) / min(cp):.2f}x, past start-up "
                   f"{gb / min(cp) / max(steady, 1e-9):.2f}x; copy + sha256 (two halves at once) best "
                   f"{gb / min(cph):.2f} GB/s, past start-up convert / (copy + sha256) {steady / (gb / min(cph)):.2f}"
+                  f" (per byte written: {written / size:.3f} bytes out per byte in, "
+                  f"{steady * written / size / (gb / min(cph)):.2f})"
                   + (f"; copy + blake3 (the same) best {gb / min(cpb):.2f} GB/s" if cpb else ""))  # fmt: skip
             shutil.rmtree(src)
             shutil.rmtree(tiny)
