@@ -13,7 +13,7 @@ One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir D
    * ``sha256``: the output bytes hashed once (1 thread; the converter hashes every byte it writes);
    * ``blake3`` (when the ``blake3`` package of the bench extra is installed): the same bytes through a
      one-thread BLAKE3, and below the table the floor recomputed with it in place of the sha256: what the
-     manifest's digest algorithm (FORMATS-SPEC §7) costs the floor.
+     manifest's digest algorithm (docs/FORMATS.md §10) costs the floor.
 3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, numba load,
    publish, manifest included), output on a tmpfs (``--shm``, default /dev/shm) and on the disk; BF16 with
    every 2-D weight to int4-g64 (what gguf's Q4_0 does), FP8 with the default recipe. Interleaved with the
@@ -323,7 +323,7 @@ def limits(src: Path, recipe: tuple[str, ...], out_bytes: int, out_dirs: dict[st
 
 def _blake3():
     """A one-thread BLAKE3 hasher when the ``blake3`` package is installed (the bench extra), else None: its
-    time on the same output bytes shows what the manifest's sha256 (FORMATS-SPEC §7) costs the floor."""
+    time on the same output bytes shows what the manifest's sha256 (docs/FORMATS.md §10) costs the floor."""
     try:
         import blake3
     except ImportError:

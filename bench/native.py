@@ -3,7 +3,7 @@ mxfp4, nibbles and E8M0 bytes copied) and INT4 pack-quantized (-> int4-grouped g
 pairs bytes, BF16 scales widened to F32). It should run at disk speed: the number printed next to the converter
 is a plain file copy (``shutil.copyfile``) of the same source bytes, measured in the same run, interleaved, and
 the same copy with the sha256 of those bytes on two more threads, one half each (``copy + sha256``): the floor of
-any passthrough that records the digest of every byte it writes, as the manifest does (FORMATS-SPEC §7); with the
+any passthrough that records the digest of every byte it writes, as the manifest does (docs/FORMATS.md §10); with the
 bench extra's ``blake3`` installed, also the same with a BLAKE3 digest (what that spec choice costs).
 
 GB/s are source bytes per second of the whole process (``python -m colitools convert --experts native``,
@@ -121,8 +121,8 @@ def copy_once(src: Path, dst: Path) -> float:
 
 
 def copy_hash_once(src: Path, dst: Path, algorithm: str = "sha256") -> float:
-    """The floor of any passthrough that records a digest of what it writes (the manifest's sha256, FORMATS-SPEC
-    §7): the same file copy, with the digest of the same bytes on other threads, its two halves hashed at once
+    """The floor of any passthrough that records a digest of what it writes (the manifest's sha256, docs/FORMATS.md
+    §10): the same file copy, with the digest of the same bytes on other threads, its two halves hashed at once
     (as a conversion hashes two output files at once; 8 MB reads into one buffer per thread; hashlib and blake3
     release the GIL). Wall seconds until all are done and the copy is fsynced. ``algorithm="blake3"`` (the
     bench extra's ``blake3`` package): what the floor would be with that digest instead."""
