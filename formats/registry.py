@@ -85,6 +85,11 @@ class MatmulKind(StrEnum):
     INT2_ROW = "int2-row"
 
 
+def _weight_base(name: str) -> str:
+    """``name`` without its ``.weight`` suffix: the stem the formats with their own tensor names build on."""
+    return name[: -len(WEIGHT_SUFFIX)] if name.endswith(WEIGHT_SUFFIX) else name
+
+
 def block_grid(O: int, I: int, br: int, bc: int) -> tuple[int, int]:
     """The ``[ceil(O/br), ceil(I/bc)]`` grid of block scales (FP8 sources and fp8-e4m3-b128)."""
     return (ceil_div(O, br), ceil_div(I, bc))
@@ -444,7 +449,7 @@ class Mxfp4(Format):
 
     @classmethod
     def tensor_names(cls, name):
-        base = name[: -len(WEIGHT_SUFFIX)] if name.endswith(WEIGHT_SUFFIX) else name
+        base = _weight_base(name)
         return base + PACKED_SUFFIX, base + MX_SCALE_SUFFIX
 
     @classmethod
@@ -519,7 +524,7 @@ class Fp8E4m3E8m0(Format):
 
     @classmethod
     def tensor_names(cls, name):
-        base = name[: -len(WEIGHT_SUFFIX)] if name.endswith(WEIGHT_SUFFIX) else name
+        base = _weight_base(name)
         return base + WEIGHT_SUFFIX, base + BLOCK_SCALE_SUFFIX
 
     @classmethod
