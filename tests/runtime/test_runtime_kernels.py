@@ -31,16 +31,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind,fmt,O,I,gs", CASES)
-def test_kernel_matches_decoded_weight(kind, fmt, O, I, gs):
-    rng = np.random.default_rng(O * 1000 + I)
+def _encoded(kind, fmt, O, I, gs, rng):
+    """A random ``[O, I]`` weight in ``fmt`` (the numpy reference encoder) as the runtime's ``QTensor`` of
+    ``kind``, and its float64 decode by the registry (the independent reference)."""
     w = rng.standard_normal((O, I)).astype(np.float32)
     f = by_name(fmt)
     codes, scales = f.encode(w, gs, fast=False)
     dense = f.decode(codes, scales, O, I, gs).astype(np.float64)
     if kind == "int4-planar":
         codes = pairs_to_planar(codes)
-    q = QTensor(kind, codes, scales, O, I, gs)
+    return QTensor(kind, codes, scales, O, I, gs), dense
+
+
+@pytest.mark.parametrize("kind,fmt,O,I,gs", CASES)
+def test_kernel_matches_decoded_weight(kind, fmt, O, I, gs):
+    rng = np.random.default_rng(O * 1000 + I)
+    q, dense = _encoded(kind, fmt, O, I, gs, rng)
     x = rng.standard_normal((5, I)).astype(np.float32)
     y = q.matmul(x)
     assert y.shape == (5, O) and y.dtype == np.float32
@@ -70,13 +76,7 @@ def test_int4_split_calls_match_reference_and_single_rows(kind, fmt, O, I, gs, m
     monkeypatch.setenv("COLITOOLS_THREADS", "2")  # split even on a one-CPU machine
     assert 2 * O * I >= kernels.SPLIT_MACS > O * I  # N = 1 runs unsplit, N >= 2 split
     rng = np.random.default_rng(O + I)
-    w = rng.standard_normal((O, I)).astype(np.float32)
-    f = by_name(fmt)
-    codes, scales = f.encode(w, gs, fast=False)
-    dense = f.decode(codes, scales, O, I, gs).astype(np.float64)
-    if kind == "int4-planar":
-        codes = pairs_to_planar(codes)
-    q = QTensor(kind, codes, scales, O, I, gs)
+    q, dense = _encoded(kind, fmt, O, I, gs, rng)
     x = rng.standard_normal((3, I)).astype(np.float32)
     calls, pool_map = [], threads.parallel_map
     monkeypatch.setattr(threads, "parallel_map", lambda fn, items: calls.append(items) or pool_map(fn, items))
