@@ -109,8 +109,10 @@ def _int4_prep(x, rb, G, gbytes, planar, xa, xd, xs):  # pragma: no cover - comp
             xs[n, g] = F32(s)
 
 
-@njit(**_JIT)
-def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - compiled
+@njit(inline="always", **_JIT)
+def _int4_rows(codes, scales, xa, xd, xs, y, gbytes, whole, o0, o1):  # pragma: no cover - compiled
+    # The body of both int4 kernels; ``whole`` (every group full) with a constant ``gbytes`` lets LLVM unroll the
+    # inner loop completely (``_int4_g64``: 32 bytes).
     rb = codes.shape[1]
     N = xa.shape[0]
     G = scales.shape[1]
@@ -125,7 +127,7 @@ def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - c
             for g in range(G):
                 j0 = uintp(g) * uintp(gbytes)
                 s0 = s1 = s2 = s3 = F32(0.0)
-                for j in range(min(gbytes, rb - g * gbytes)):
+                for j in range(gbytes if whole else min(gbytes, rb - g * gbytes)):
                     k = j0 + uintp(j)
                     p, q = xa[n, k], xd[n, k]
                     b0, b1 = np.uint32(codes[o, k]), np.uint32(codes[r1, k])
@@ -143,34 +145,14 @@ def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - c
 
 
 @njit(**_JIT)
+def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - compiled
+    _int4_rows(codes, scales, xa, xd, xs, y, gbytes, False, o0, o1)
+
+
+@njit(**_JIT)
 def _int4_g64(codes, scales, xa, xd, xs, y, o0, o1):  # pragma: no cover - compiled
     # Group size 64 with whole groups: a fixed 32-byte inner loop that LLVM unrolls completely.
-    N = xa.shape[0]
-    G = scales.shape[1]
-    last = codes.shape[0] - 1
-    for o in range(o0, o1, INT4_ROWS):
-        r1, r2, r3 = min(o + 1, last), min(o + 2, last), min(o + 3, last)
-        _prefetch_block(codes, scales, o + PREFETCH_BLOCKS * INT4_ROWS)
-        for n in range(N):
-            a0 = a1 = a2 = a3 = F32(0.0)
-            for g in range(G):
-                j0 = uintp(g) * uintp(32)
-                s0 = s1 = s2 = s3 = F32(0.0)
-                for j in range(32):
-                    k = j0 + uintp(j)
-                    p, q = xa[n, k], xd[n, k]
-                    b0, b1 = np.uint32(codes[o, k]), np.uint32(codes[r1, k])
-                    b2, b3 = np.uint32(codes[r2, k]), np.uint32(codes[r3, k])
-                    s0 += F32(b0) * p + F32(b0 >> _U4) * q
-                    s1 += F32(b1) * p + F32(b1 >> _U4) * q
-                    s2 += F32(b2) * p + F32(b2 >> _U4) * q
-                    s3 += F32(b3) * p + F32(b3 >> _U4) * q
-                x8 = F32(8.0) * xs[n, g]
-                a0 += (s0 - x8) * scales[o, g]
-                a1 += (s1 - x8) * scales[r1, g]
-                a2 += (s2 - x8) * scales[r2, g]
-                a3 += (s3 - x8) * scales[r3, g]
-            y[n, o], y[n, r1], y[n, r2], y[n, r3] = a0, a1, a2, a3
+    _int4_rows(codes, scales, xa, xd, xs, y, 32, True, o0, o1)
 
 
 # ---------------------------------------------------------------------------------------------------- int3-g64
