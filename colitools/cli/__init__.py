@@ -18,6 +18,7 @@ from colitools.cli import (  # noqa: F401  (imported to register their commands)
     convert_cmd,
     formats_cmd,
     inspect_cmd,
+    kernels_cmd,
     mirror_cmd,
     run_cmd,
     usage_cmd,

@@ -96,7 +96,17 @@ def _note_compiled() -> None:
                 pass
 
 
+def ahead_of_time() -> bool:
+    """Whether the encode drivers compiled ahead of time load here (``aot``): their start-up is then under a
+    millisecond and the budget below is 0 (checked on the first large tensor, then memoised by ``aot``)."""
+    from colitools.formats.kernels import aot
+
+    return aot.load() is not None
+
+
 def _startup_budget() -> int:
+    if ahead_of_time():
+        return 0
     return STARTUP_BUDGET_ELEMS if kernels_compiled() else max(STARTUP_BUDGET_ELEMS, COMPILE_BUDGET_ELEMS)
 
 # Threads of the kernels' row pool (``set_threads``); None: ``numba.config.NUMBA_NUM_THREADS`` capped at the
@@ -165,6 +175,8 @@ def _reference_encodes(fmt_name: str, n: int) -> bool:
         return True
     if _budget["kernels"] or SMALL_ELEMS <= 0 or ("numba" in sys.modules and kernels_compiled()):
         return False  # the start-up is paid already (numba is loaded, the encoders are in its cache)
+    if ahead_of_time():
+        return False  # no start-up to pay
     cost = n * _REFERENCE_COST.get(fmt_name, 1)
     if _budget["spent"] + cost <= _startup_budget():
         _budget["spent"] += cost
@@ -223,8 +235,11 @@ def _reference_encode(fmt_name: str, w: np.ndarray, gs: int | None) -> tuple[np.
 
 
 def _compiled_now(result):
-    """``result`` of an encode on the kernels, after marking them compiled (``_note_compiled``)."""
-    _note_compiled()
+    """``result`` of an encode on the kernels, after marking the JIT ones compiled (``_note_compiled``)."""
+    from colitools.formats.kernels import _encode
+
+    if not _encode._drivers().ahead:
+        _note_compiled()
     return result
 
 
@@ -245,7 +260,7 @@ def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> t
     w = np.asarray(w)
     if w.ndim == 2 and _reference_encodes(fmt_name, w.size):
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
-    from colitools.formats.kernels import encoders
+    from colitools.formats.kernels import _encode as encoders
 
     return _compiled_now(encoders.encode(fmt_name, w, gs, name=name))
 
@@ -258,7 +273,7 @@ def encode_from_bf16(
     wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
     if _reference_encodes(fmt_name, wb.size):
         return _reference_checked(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs, name)
-    from colitools.formats.kernels import encoders
+    from colitools.formats.kernels import _encode as encoders
 
     return _compiled_now(encoders.encode_from_bf16(fmt_name, wb, gs, name=name))
 
@@ -276,7 +291,7 @@ def encode_from_fp8_block(
         with np.errstate(all="ignore"):  # inf * 0 and overflow are refused just below, naming the tensor
             w = ref.dequant_fp8_block(qb, s, (br, bc))
         return _reference_checked(fmt_name, w, gs, name)
-    from colitools.formats.kernels import encoders
+    from colitools.formats.kernels import _encode as encoders
 
     return _compiled_now(encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name))
 
@@ -289,7 +304,7 @@ def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarr
     registry._check_finite(w, name)
     if _reference_encodes(registry.Fp8E4m3E8m0.name, w.size):
         return ref.encode_fp8_e8m0(w)
-    from colitools.formats.kernels import encoders
+    from colitools.formats.kernels import _encode as encoders
 
     return _compiled_now(encoders.encode_fp8_e8m0(w, name))
 

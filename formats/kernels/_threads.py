@@ -1,13 +1,11 @@
-"""The kernels' row thread pool: ``_run_rows`` spreads row chunks of a serial, GIL-free kernel on threads."""
+"""The kernels' row thread pool: ``_run_rows`` spreads row chunks of a serial, GIL-free kernel on threads
+(numba-free: it also runs the drivers compiled ahead of time, ``aot``)."""
 
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-
-import numba
 
 from colitools.formats.kernels import _dispatch
 
@@ -25,12 +23,12 @@ def _pool() -> ThreadPoolExecutor:
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(
-                max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1), thread_name_prefix="colitools-kernel"
+                max_workers=max(1, _DEFAULT_THREADS - 1), thread_name_prefix="colitools-kernel"
             )
         return _POOL
 
 
-_DEFAULT_THREADS = max(1, min(numba.config.NUMBA_NUM_THREADS, os.cpu_count() or 1))
+_DEFAULT_THREADS = _dispatch.default_threads()  # NUMBA_NUM_THREADS when set, at most the CPU count
 
 
 def _run_rows(kernel, args: tuple, O: int, I: int) -> int:

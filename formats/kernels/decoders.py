@@ -20,9 +20,8 @@ from colitools.formats.kernels._bits import (
     _dequant_fp8_row,
     njit,
 )
-from colitools.formats.kernels._dispatch import decode_operands
+from colitools.formats.kernels._dispatch import _fp8_operands, decode_operands
 from colitools.formats.kernels._threads import _run_rows
-from colitools.formats.kernels.encoders import _fp8_operands
 
 
 # --------------------------------------------------------------------------------------------- decoders

@@ -1,16 +1,13 @@
-"""Encode drivers per source (float32, BF16 bits, FP8 e4m3 bytes + block scales) and the numba encoders
-``encode``, ``encode_from_bf16`` and ``encode_from_fp8_block`` (always the kernels; the package's entry points
-of the same names, in ``_dispatch``, send small tensors to the numpy reference instead)."""
+"""The numba encode drivers per source (float32, BF16 bits, FP8 e4m3 bytes + block scales) and the
+fp8-e4m3-e8m0 block encoder. ``_encode`` runs them (``encode``, ``encode_from_bf16``, ... always on the kernels:
+these, or the same functions compiled ahead of time, ``aot``); the package's entry points of the same names, in
+``_dispatch``, send small tensors to the numpy reference instead."""
 
 from __future__ import annotations
 
-import math
-
-import ml_dtypes
 import numpy as np
 
 from colitools.formats import reference as ref
-from colitools.formats.errors import EncodeError
 from colitools.formats.kernels._bits import (
     _FLOOR,
     _H4,
@@ -29,14 +26,20 @@ from colitools.formats.kernels._bits import (
     inline,
     njit,
 )
-from colitools.formats.kernels._dispatch import _fp8_operands, _matrix, _reference_encode, _writable
+
+# The public encoders live in _encode (numba-free); named here too.
+from colitools.formats.kernels._encode import (  # noqa: F401
+    encode,
+    encode_fp8_e8m0,
+    encode_from_bf16,
+    encode_from_fp8_block,
+)
 from colitools.formats.kernels._row_encoders import (
     _encode_row,
     _int4_blocks,
     _int4_blocks_bf16,
     _int4_row_bf16,
 )
-from colitools.formats.kernels._threads import _run_rows
 
 
 # --------------------------------------------------------------------------------- encode drivers (per source)
@@ -158,84 +161,6 @@ def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
     return -1
 
 
-# ------------------------------------------------------------------------------------------ public API
-def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
-    """Kernel code, effective group size, the output arrays the kernels fill (codes, f32 scales, u8
-    scales) and the scales as returned (a view shaped as the registry's ``scale_grid``). Resolved once per
-    call from the format class, outside the kernels."""
-    cls = _writable(fmt_name, O, I, gs, name)
-    codes = np.empty(cls.weight_shape(O, I, gs), np.uint8)
-    grid = cls.scale_grid(O, I, gs)  # [O] (one per row), [O, G] or mxfp4's [O, I/32] E8M0 bytes
-    per_row = math.prod(grid[1:])  # Python ints: np.prod costs ~5 us per tensor
-    if cls.scale_numpy == np.uint8:
-        sf, su = np.empty((O, 0), F32), np.empty((O, per_row), np.uint8)
-    else:
-        sf, su = np.empty((O, per_row), F32), np.empty((O, 0), np.uint8)
-    scales = (su if cls.scale_numpy == np.uint8 else sf).reshape(grid)
-    return cls.kernel_code, int(gs or 0), codes, sf, su, scales
-
-
-def _raise_nonfinite(w_f32: np.ndarray, name: str) -> None:
-    """Error path only: the registry's exact message (first bad [o, i] and the count)."""
-    from colitools.formats.registry import _check_finite
-
-    _check_finite(w_f32, name)
-    raise EncodeError(f"tensor {name or '?'}: non-finite value")  # pragma: no cover (kernel/ref disagree)
-
-
-def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """Encode float32 ``w[O, I]`` to ``(codes uint8 [O, row_bytes], scales)``, byte-identical to the reference.
-
-    ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
-    any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
-    Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
-    w = np.asarray(w)
-    if w.ndim != 2:
-        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
-    w = np.ascontiguousarray(w, dtype=F32)
-    O, I = w.shape
-    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
-    if w.size == 0:
-        return _reference_encode(fmt_name, w, gs)
-    if _run_rows(_encode_rows_f32, (w, fmt, g, codes, sf, su), O, I) >= 0:
-        _raise_nonfinite(w, name)
-    return codes, scales
-
-
-def encode_from_bf16(
-    fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
-) -> tuple[np.ndarray, np.ndarray]:
-    """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
-    (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
-    wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
-    O, I = wb.shape
-    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
-    if wb.size == 0:
-        return _reference_encode(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs)
-    if _run_rows(_encode_rows_bf16, (wb, fmt, g, codes, sf, su), O, I) >= 0:
-        _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
-    return codes, scales
-
-
-def encode_from_fp8_block(
-    fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
-) -> tuple[np.ndarray, np.ndarray]:
-    """``encode(fmt_name, reference.dequant_fp8_block(q, scale_inv, block), gs)`` with the dequant fused in.
-
-    ``q`` is ``[O, I]`` e4m3fn bytes (uint8 or ``ml_dtypes.float8_e4m3fn``), ``scale_inv`` F32/BF16
-    ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
-    q, s, br, bc = _fp8_operands(q, scale_inv, block, name)
-    O, I = q.shape
-    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
-    if q.size == 0:
-        return _reference_encode(fmt_name, ref.dequant_fp8_block(q, s, (br, bc)), gs)
-    if _run_rows(_encode_rows_fp8, (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
-        with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
-            w = ref.dequant_fp8_block(q, s, (br, bc))
-        _raise_nonfinite(w, name)
-    return codes, scales
-
-
 # ------------------------------------------------------------------------------------ fp8-e4m3-e8m0 (§2.9)
 # reference.encode_fp8_e8m0 restated per 128x128 block (``ref.FP8_BLOCK``): amax, the E8M0 exponent k read off the float bits of
 # max(amax, 1e-4) * f32(1/448) (as DeepSeek's fast_log2_ceil, = the reference's frexp rule), codes = e4m3fn
@@ -295,17 +220,3 @@ def _fp8_e8m0_blocks(w, codes, scales, b0, b1):
                     y = min(max(w[o, i] * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
                     codes[o, i] = _e4m3_rne(y)
     return -1
-
-
-def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """``reference.encode_fp8_e8m0`` (byte-identical) for finite float32 ``w[O, I]``, block rows split over the
-    kernel threads. The caller checks finiteness (the registry's message)."""
-    w = np.ascontiguousarray(w, dtype=F32)
-    if w.ndim != 2:
-        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
-    O, I = w.shape
-    codes = np.empty((O, I), np.uint8)
-    scales = np.empty((-(-O // _FP8_B), -(-I // _FP8_B)), np.uint8)
-    if w.size:
-        _run_rows(_fp8_e8m0_blocks, (w, codes, scales), scales.shape[0], _FP8_B * I)
-    return codes, scales

@@ -24,8 +24,9 @@ MAGNITUDES = [1.0, 0.02, 3e-3, 1e30, 3e38, 1e-30, 1e-40, 1e-44]  # huge, tiny an
 
 
 @pytest.fixture(autouse=True)
-def _always_the_kernels(monkeypatch):
-    """These tests are about the numba kernels: no small-tensor shortcut to the reference (test_kernel_dispatch)."""
+def _always_the_kernels(monkeypatch, kernel_drivers):
+    """These tests are about the numba kernels, compiled ahead of time and JIT (each test runs on both): no
+    small-tensor shortcut to the reference (test_kernel_dispatch)."""
     monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
 
 

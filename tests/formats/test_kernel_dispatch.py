@@ -115,7 +115,7 @@ def test_startup_budget_keeps_a_few_large_encodes_off_numba_with_the_same_bytes(
         "assert 'numba' in sys.modules and _dispatch._budget['kernels']\n"
         "assert c.tobytes() == c2.tobytes() and s.tobytes() == s2.tobytes()\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "COLITOOLS_AOT": "0"})
 
 
 def test_a_plan_above_the_startup_budget_uses_the_kernels_from_its_first_large_tensor():
@@ -137,10 +137,10 @@ def test_a_plan_above_the_startup_budget_uses_the_kernels_from_its_first_large_t
         "c2, s2 = reference.encode_int8_row(w)\n"
         "assert c.tobytes() == c2.tobytes() and s.tobytes() == s2.tobytes()\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "COLITOOLS_AOT": "0"})
 
 
-def test_plan_encodes_counts_only_tensors_the_reference_would_take_within_the_budget(monkeypatch):
+def test_plan_encodes_counts_only_tensors_the_reference_would_take_within_the_budget(monkeypatch, jit_only):
     n = _dispatch.STARTUP_BUDGET_ELEMS
     monkeypatch.setitem(_dispatch._compiled, "yes", True)  # compiled before: the start-up budget
     before = dict(_dispatch._budget)
@@ -176,7 +176,7 @@ def test_set_threads_validates_and_is_per_thread_on_request():
     assert _dispatch.kernel_threads() is None
 
 
-def test_before_the_encoders_were_ever_compiled_the_budget_is_their_compile_cost(monkeypatch, tmp_path):
+def test_before_the_encoders_were_ever_compiled_the_budget_is_their_compile_cost(monkeypatch, tmp_path, jit_only):
     """A fresh install / CI environment: numba would compile the encoders (~12 CPU-s), so a plan up to
     COMPILE_BUDGET_ELEMS stays on the reference; once a kernel encode ran, the marker beside numba's cache
     (here NUMBA_CACHE_DIR) says they are compiled, and the start-up budget applies again."""
@@ -218,7 +218,7 @@ def test_the_marker_is_named_by_the_encoder_sources_and_lives_beside_numbas_cach
         os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def test_a_worker_takes_the_parents_choice_of_the_kernels(monkeypatch):
+def test_a_worker_takes_the_parents_choice_of_the_kernels(monkeypatch, jit_only):
     """A ``--workers`` process plans one unit; the parent planned them all: ``_worker_init`` passes its choice."""
     from colitools.converters import runner
 

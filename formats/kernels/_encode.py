@@ -1,0 +1,156 @@
+"""The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_fp8_block``, ``encode_fp8_e8m0``),
+numba-free: the output arrays and the row split are planned here; the rows are encoded by the numba drivers of
+``encoders`` or by the same drivers compiled ahead of time (``aot``), whichever ``_drivers`` resolves once per
+process. Byte-identical to the numpy reference either way (the package's entry points, ``_dispatch``, send
+small tensors to that reference instead)."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from colitools.formats import reference as ref
+from colitools.formats.errors import EncodeError
+from colitools.formats.kernels import aot
+from colitools.formats.kernels._dispatch import _fp8_operands, _matrix, _reference_encode, _writable
+from colitools.formats.kernels._threads import _run_rows
+
+F32 = np.float32
+_FP8_B = ref.FP8_BLOCK  # fp8-e4m3-e8m0's block edge (128)
+
+_DRIVERS: dict[str, object] = {}
+
+
+class _Drivers:
+    """The four encode drivers (``aot.EXPORTS``' names) and whether they were compiled ahead of time."""
+
+    __slots__ = ("rows_f32", "rows_bf16", "rows_fp8", "fp8_e8m0", "ahead")
+
+    def __init__(self, source, names: dict[str, str], ahead: bool):
+        for export, attr in names.items():
+            setattr(self, export, getattr(source, attr))
+        self.ahead = ahead
+
+
+def jit_drivers() -> _Drivers:
+    """numba's JIT drivers (imports numba)."""
+    from colitools.formats.kernels import encoders
+
+    return _Drivers(encoders, {n: e.driver for n, e in aot.EXPORTS.items()}, False)
+
+
+def ahead_drivers(module) -> _Drivers:
+    """The drivers of a compiled-ahead module (``aot.load()``)."""
+    return _Drivers(module, {n: n for n in aot.EXPORTS}, True)
+
+
+def _drivers() -> _Drivers:
+    """The ahead-of-time drivers when ``aot.load()`` finds them built for these sources on this CPU, else the
+    numba JIT ones (numba imported here, on the first large tensor). Resolved once per process."""
+    d = _DRIVERS.get("d")
+    if d is None:
+        module = aot.load()
+        d = _DRIVERS["d"] = jit_drivers() if module is None else ahead_drivers(module)
+    return d
+
+
+def _run(export: str, args: tuple, O: int, I: int) -> int:
+    """``_run_rows`` of one driver. The compiled-ahead functions trust their arguments' types as a C function
+    does (numba's dispatcher would check them), so their arrays are checked here, once per tensor."""
+    d = _drivers()
+    if d.ahead:
+        args = aot.check_args(export, args)
+    return _run_rows(getattr(d, export), args, O, I)
+
+
+def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
+    """Kernel code, effective group size, the output arrays the kernels fill (codes, f32 scales, u8
+    scales) and the scales as returned (a view shaped as the registry's ``scale_grid``). Resolved once per
+    call from the format class, outside the kernels."""
+    cls = _writable(fmt_name, O, I, gs, name)
+    codes = np.empty(cls.weight_shape(O, I, gs), np.uint8)
+    grid = cls.scale_grid(O, I, gs)  # [O] (one per row), [O, G] or mxfp4's [O, I/32] E8M0 bytes
+    per_row = math.prod(grid[1:])  # Python ints: np.prod costs ~5 us per tensor
+    if cls.scale_numpy == np.uint8:
+        sf, su = np.empty((O, 0), F32), np.empty((O, per_row), np.uint8)
+    else:
+        sf, su = np.empty((O, per_row), F32), np.empty((O, 0), np.uint8)
+    scales = (su if cls.scale_numpy == np.uint8 else sf).reshape(grid)
+    return cls.kernel_code, int(gs or 0), codes, sf, su, scales
+
+
+def _raise_nonfinite(w_f32: np.ndarray, name: str) -> None:
+    """Error path only: the registry's exact message (first bad [o, i] and the count)."""
+    from colitools.formats.registry import _check_finite
+
+    _check_finite(w_f32, name)
+    raise EncodeError(f"tensor {name or '?'}: non-finite value")  # pragma: no cover (kernel/ref disagree)
+
+
+def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Encode float32 ``w[O, I]`` to ``(codes uint8 [O, row_bytes], scales)``, byte-identical to the reference.
+
+    ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
+    any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
+    Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    w = np.ascontiguousarray(w, dtype=F32)
+    O, I = w.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if w.size == 0:
+        return _reference_encode(fmt_name, w, gs)
+    if _run("rows_f32", (w, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(w, name)
+    return codes, scales
+
+
+def encode_from_bf16(
+    fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
+    (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
+    wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
+    O, I = wb.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if wb.size == 0:
+        return _reference_encode(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs)
+    if _run("rows_bf16", (wb, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
+    return codes, scales
+
+
+def encode_from_fp8_block(
+    fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, reference.dequant_fp8_block(q, scale_inv, block), gs)`` with the dequant fused in.
+
+    ``q`` is ``[O, I]`` e4m3fn bytes (uint8 or ``ml_dtypes.float8_e4m3fn``), ``scale_inv`` F32/BF16
+    ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
+    q, s, br, bc = _fp8_operands(q, scale_inv, block, name)
+    O, I = q.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if q.size == 0:
+        return _reference_encode(fmt_name, ref.dequant_fp8_block(q, s, (br, bc)), gs)
+    if _run("rows_fp8", (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
+        with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
+            w = ref.dequant_fp8_block(q, s, (br, bc))
+        _raise_nonfinite(w, name)
+    return codes, scales
+
+
+def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``reference.encode_fp8_e8m0`` (byte-identical) for finite float32 ``w[O, I]``, block rows split over the
+    kernel threads. The caller checks finiteness (the registry's message)."""
+    w = np.ascontiguousarray(w, dtype=F32)
+    if w.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    O, I = w.shape
+    codes = np.empty((O, I), np.uint8)
+    scales = np.empty((-(-O // _FP8_B), -(-I // _FP8_B)), np.uint8)
+    if w.size:
+        _run("fp8_e8m0", (w, codes, scales), scales.shape[0], _FP8_B * I)
+    return codes, scales
