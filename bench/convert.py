@@ -3,7 +3,8 @@
 One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir DIR] [--shm DIR]``):
 
 1. Generates a ~2 GB BF16 and a ~2 GB FP8 (DeepSeek-V3 block-scaled) MoE checkpoint under ``--workdir`` (on
-   the disk, page cache warm), fills the numba cache with an untimed tiny conversion of each.
+   the disk, page cache warm), fills the numba cache with an untimed tiny conversion of each (used only
+   when the encoders are not compiled ahead of time: the report says which ran, ``colitools kernels``).
 2. Per checkpoint, the machine's limits on exactly the conversion's bytes:
    * ``read``: every source shard read once with positional 8 MB reads into one reused buffer (1 thread);
    * ``kernels``: every job of the conversion's plan encoded by the converter's own ``encode_job`` from memory
@@ -14,7 +15,7 @@ One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir D
    * ``blake3`` (when the ``blake3`` package of the bench extra is installed): the same bytes through a
      one-thread BLAKE3, and below the table the floor recomputed with it in place of the sha256: what the
      manifest's digest algorithm (docs/FORMATS.md §10) costs the floor.
-3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, numba load,
+3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, kernel load,
    publish, manifest included), output on a tmpfs (``--shm``, default /dev/shm) and on the disk; BF16 with
    every 2-D weight to int4-g64 (what gguf's Q4_0 does), FP8 with the default recipe. Interleaved with the
    peer: gguf-py's Q4_0 converter, whole process (this file run with ``--gguf-peer``: reads the same
@@ -368,6 +369,11 @@ def main() -> None:
     cores = os.cpu_count() or 1
     misses: list[str] = []
     print(f"machine: {cores} CPUs; load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    from colitools.formats.kernels import aot
+
+    st = aot.status()  # what `colitools convert` runs: the encoders compiled ahead of time, or numba's JIT
+    print("encoders: " + (f"compiled ahead of time ({os.path.basename(st['file'])})" if st["loaded"]
+                          else f"numba JIT ({st['reason']})"))
     try:
         for dtype in ("BF16", "FP8"):  # numba's on-disk cache filled before anything is timed
             generate(work / "warm", layers=1, experts=1, dtype=dtype)
