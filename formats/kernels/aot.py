@@ -195,7 +195,12 @@ def build(dest: str = _HERE, *, verbose: bool = False) -> str:
         raise KernelBuildError(f"cannot build the compiled-ahead kernels: {dest} is not a writable directory")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pycc's pending-deprecation notice: it is still numba's AOT compiler
-        from numba.pycc import CC
+        try:
+            from numba.pycc import CC
+        except ImportError as e:  # a numba without pycc (announced for removal)
+            raise KernelBuildError(
+                f"cannot build the compiled-ahead kernels: {e}; conversions use numba's JIT kernels instead"
+            ) from e
 
     from colitools.formats.kernels import encoders
 
