@@ -372,7 +372,7 @@ def main() -> None:
     from colitools.formats.kernels import aot
 
     st = aot.status()  # what `colitools convert` runs: the encoders compiled ahead of time, or numba's JIT
-    print("encoders: " + (f"compiled ahead of time ({os.path.basename(st['file'])})" if st["loaded"]
+    print("kernels: " + (f"compiled ahead of time ({os.path.basename(st['file'])})" if st["loaded"]
                           else f"numba JIT ({st['reason']})"))
     try:
         for dtype in ("BF16", "FP8"):  # numba's on-disk cache filled before anything is timed

@@ -1,4 +1,4 @@
-"""`colitools kernels`: whether the encoders run compiled ahead of time here, and building them once."""
+"""`colitools kernels`: whether the codecs' kernels run compiled ahead of time here, and building them once."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from colitools.cli.app import app
 def kernels_command(
     build: Annotated[
         bool,
-        typer.Option("--build", help="Compile the encoders for this machine unless they are (~15 s; numba and a C compiler)."),
+        typer.Option("--build", help="Compile the kernels for this machine unless they are (~20 s; numba and a C compiler)."),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="With --build: compile even when they are current.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON for scripts.")] = False,
 ) -> None:
-    """Show whether conversions run the encoders compiled ahead of time (no numba start-up, ~0.5 s per
-    process) or numba's JIT (the same bytes). --build compiles them into the installed package, for these
-    sources on this CPU; ./dev does it after installing."""
+    """Show whether conversions run the encode / decode kernels compiled ahead of time (no numba start-up,
+    ~0.5 s per process) or numba's JIT (the same bytes). --build compiles them into the installed package,
+    for these sources on this CPU; ./dev does it after installing."""
     from colitools.formats.kernels import aot
 
     built = None
@@ -39,6 +39,6 @@ def kernels_command(
     if built is not None:
         typer.echo(f"built {built['file']} in {built['seconds']} s")
     if status["loaded"]:
-        typer.echo(f"encoders: compiled ahead of time ({status['file']})")
+        typer.echo(f"kernels: compiled ahead of time ({status['file']})")
     else:
-        typer.echo(f"encoders: numba JIT; compiled-ahead module {status['reason']}")
+        typer.echo(f"kernels: numba JIT; compiled-ahead module {status['reason']}")

@@ -25,17 +25,20 @@ thread pool, using ``set_threads(n)`` threads (process-wide; default ``NUMBA_NUM
 count; ``numba.set_num_threads`` does not apply: reading it costs a GIL round trip per call). Unlike a
 ``prange`` kernel this is safe to call from several Python threads at once.
 
-Start-up and compile time: importing this package does not import numba. The entry points (``_dispatch``)
+Start-up and compile time: importing this package does not import numba; with the kernels compiled ahead of
+time (``aot``, ``colitools kernels``) nothing ever does. The entry points (``_dispatch``)
 send tensors below ``_dispatch.SMALL_ELEMS`` elements to the numpy reference (the same bytes), so a tiny
 conversion never loads a kernel; the numba modules are imported on the first large tensor. Kernels are cached
 on disk (``cache=True``): in the package's ``__pycache__``, or, when that is read-only (a site-packages
 install), numba's user-wide cache (``$XDG_CACHE_HOME/numba`` / ``~/.cache/numba``); ``NUMBA_CACHE_DIR``
 overrides both.
 
-Modules: ``_dispatch`` (the public entry points and their checks, numba-free), ``_bits`` (JIT options, constants, bit intrinsics, shared inline helpers, e4m3 decode),
-``_threads`` (the row thread pool, ``_run_rows``), ``_row_encoders`` (float32 row encoders and the format
-dispatch), ``encoders`` (encode drivers per source and the public encoders), ``decoders`` (decoders, FP8
-dequant, planar64 reorder).
+Modules: ``_dispatch`` (the public entry points and their checks, numba-free), ``_encode`` / ``_decode`` (the
+always-kernel encoders and decoders, numba-free: they plan the outputs and run ``aot.run``), ``aot`` (the
+kernels compiled ahead of time, else numba's JIT ones), ``_threads`` (the row thread pool, ``_run_rows``), and
+the numba kernels: ``_bits`` (JIT options, constants, bit intrinsics, shared inline helpers, e4m3 decode),
+``_row_encoders`` (float32 row encoders and the format dispatch), ``encoders`` (encode drivers per source),
+``decoders`` (decoders, FP8 dequant, planar64 reorder), ``source_decoders`` (natively quantized sources).
 """
 
 from __future__ import annotations

@@ -236,9 +236,9 @@ def _reference_encode(fmt_name: str, w: np.ndarray, gs: int | None) -> tuple[np.
 
 def _compiled_now(result):
     """``result`` of an encode on the kernels, after marking the JIT ones compiled (``_note_compiled``)."""
-    from colitools.formats.kernels import _encode
+    from colitools.formats.kernels import aot
 
-    if not _encode._drivers().ahead:
+    if not aot.kernels().ahead:
         _note_compiled()
     return result
 
@@ -329,7 +329,7 @@ def decode(
         cls, c, s = decode_operands(fmt_name, codes, scales, O, I, gs)
         with np.errstate(all="ignore"):  # fp8: inf * 0 -> NaN without a warning, as the kernel
             return np.ascontiguousarray(cls.decode(c, s, O, I, gs), dtype=F32)
-    from colitools.formats.kernels import decoders
+    from colitools.formats.kernels import _decode as decoders
 
     return decoders.decode(fmt_name, codes, scales, O, I, gs)
 
@@ -340,7 +340,7 @@ def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block=(128, 128)) ->
     if _small(qb.size):
         with np.errstate(all="ignore"):  # as the kernel: inf * 0 -> NaN without a warning
             return np.ascontiguousarray(ref.dequant_fp8_block(qb, s, (br, bc)), dtype=F32)
-    from colitools.formats.kernels import decoders
+    from colitools.formats.kernels import _decode as decoders
 
     return decoders.dequant_fp8_block(qb, s, (br, bc))
 
@@ -349,7 +349,7 @@ def pairs_to_planar(codes: np.ndarray) -> np.ndarray:
     """Fast ``planar.pairs_to_planar`` (byte-identical)."""
     if _small(2 * np.size(codes)):
         return planar.pairs_to_planar(codes)
-    from colitools.formats.kernels import decoders
+    from colitools.formats.kernels import _decode as decoders
 
     return decoders.pairs_to_planar(codes)
 
@@ -358,6 +358,6 @@ def planar_to_pairs(codes: np.ndarray) -> np.ndarray:
     """Fast ``planar.planar_to_pairs`` (byte-identical)."""
     if _small(2 * np.size(codes)):
         return planar.planar_to_pairs(codes)
-    from colitools.formats.kernels import decoders
+    from colitools.formats.kernels import _decode as decoders
 
     return decoders.planar_to_pairs(codes)

@@ -1,7 +1,6 @@
 """The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_fp8_block``, ``encode_fp8_e8m0``),
-numba-free: the output arrays and the row split are planned here; the rows are encoded by the numba drivers of
-``encoders`` or by the same drivers compiled ahead of time (``aot``), whichever ``_drivers`` resolves once per
-process. Byte-identical to the numpy reference either way (the package's entry points, ``_dispatch``, send
+numba-free: the output arrays are planned here; the rows are encoded by the numba drivers of ``encoders`` or by
+the same drivers compiled ahead of time, whichever ``aot.kernels()`` resolves once per process. Byte-identical to the numpy reference either way (the package's entry points, ``_dispatch``, send
 small tensors to that reference instead)."""
 
 from __future__ import annotations
@@ -15,55 +14,9 @@ from colitools.formats import reference as ref
 from colitools.formats.errors import EncodeError
 from colitools.formats.kernels import aot
 from colitools.formats.kernels._dispatch import _fp8_operands, _matrix, _reference_encode, _writable
-from colitools.formats.kernels._threads import _run_rows
 
 F32 = np.float32
 _FP8_B = ref.FP8_BLOCK  # fp8-e4m3-e8m0's block edge (128)
-
-_DRIVERS: dict[str, object] = {}
-
-
-class _Drivers:
-    """The four encode drivers (``aot.EXPORTS``' names) and whether they were compiled ahead of time."""
-
-    __slots__ = ("rows_f32", "rows_bf16", "rows_fp8", "fp8_e8m0", "ahead")
-
-    def __init__(self, source, names: dict[str, str], ahead: bool):
-        for export, attr in names.items():
-            setattr(self, export, getattr(source, attr))
-        self.ahead = ahead
-
-
-def jit_drivers() -> _Drivers:
-    """numba's JIT drivers (imports numba)."""
-    from colitools.formats.kernels import encoders
-
-    return _Drivers(encoders, {n: e.driver for n, e in aot.EXPORTS.items()}, False)
-
-
-def ahead_drivers(module) -> _Drivers:
-    """The drivers of a compiled-ahead module (``aot.load()``)."""
-    return _Drivers(module, {n: n for n in aot.EXPORTS}, True)
-
-
-def _drivers() -> _Drivers:
-    """The ahead-of-time drivers when ``aot.load()`` finds them built for these sources on this CPU, else the
-    numba JIT ones (numba imported here, on the first large tensor). Resolved once per process."""
-    d = _DRIVERS.get("d")
-    if d is None:
-        module = aot.load()
-        d = _DRIVERS["d"] = jit_drivers() if module is None else ahead_drivers(module)
-    return d
-
-
-def _run(export: str, args: tuple, O: int, I: int) -> int:
-    """``_run_rows`` of one driver. The compiled-ahead functions trust their arguments' types as a C function
-    does (numba's dispatcher would check them), so their arrays are checked here, once per tensor."""
-    d = _drivers()
-    if d.ahead:
-        args = aot.check_args(export, args)
-    return _run_rows(getattr(d, export), args, O, I)
-
 
 def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
     """Kernel code, effective group size, the output arrays the kernels fill (codes, f32 scales, u8
@@ -103,7 +56,7 @@ def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> t
     fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
     if w.size == 0:
         return _reference_encode(fmt_name, w, gs)
-    if _run("rows_f32", (w, fmt, g, codes, sf, su), O, I) >= 0:
+    if aot.run("rows_f32", (w, fmt, g, codes, sf, su), O, I) >= 0:
         _raise_nonfinite(w, name)
     return codes, scales
 
@@ -118,7 +71,7 @@ def encode_from_bf16(
     fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
     if wb.size == 0:
         return _reference_encode(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs)
-    if _run("rows_bf16", (wb, fmt, g, codes, sf, su), O, I) >= 0:
+    if aot.run("rows_bf16", (wb, fmt, g, codes, sf, su), O, I) >= 0:
         _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
     return codes, scales
 
@@ -135,7 +88,7 @@ def encode_from_fp8_block(
     fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
     if q.size == 0:
         return _reference_encode(fmt_name, ref.dequant_fp8_block(q, s, (br, bc)), gs)
-    if _run("rows_fp8", (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
+    if aot.run("rows_fp8", (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
         with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
             w = ref.dequant_fp8_block(q, s, (br, bc))
         _raise_nonfinite(w, name)
@@ -152,5 +105,5 @@ def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarr
     codes = np.empty((O, I), np.uint8)
     scales = np.empty((-(-O // _FP8_B), -(-I // _FP8_B)), np.uint8)
     if w.size:
-        _run("fp8_e8m0", (w, codes, scales), scales.shape[0], _FP8_B * I)
+        aot.run("fp8_e8m0", (w, codes, scales), scales.shape[0], _FP8_B * I)
     return codes, scales

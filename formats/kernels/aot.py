@@ -1,18 +1,20 @@
-"""The encode drivers compiled ahead of time: the numba drivers of ``encoders``, compiled once (at install, or by
-``colitools kernels --build``) into an extension module of this package, so that a conversion neither imports
-numba nor loads its cache. numba's load is ~0.5-0.6 s of every process that encodes a large tensor; the module
-imports in under a millisecond (docs/INTERNALS.md, "Kernels compiled ahead of time").
+"""The codecs' kernels compiled ahead of time: the numba row kernels of ``encoders``, ``decoders`` and
+``source_decoders`` (``EXPORTS``), compiled once (``colitools kernels --build``, which ``./dev`` runs after
+installing) into an extension module of this package, so that a conversion neither imports numba nor loads its
+cache. numba's load is ~0.5-0.6 s of every process that encodes or decodes a large tensor (its first compile
+~12 CPU-s); the module imports in under a millisecond (docs/INTERNALS.md, "Kernels compiled ahead of time").
 
 The module is numba's ``pycc`` output for the same Python functions the JIT compiles (``.py_func`` of each
-driver, their callees compiled with their own options), with the JIT's flags (``nogil``: the GIL is released
+kernel, their callees compiled with their own options), with the JIT's flags (``nogil``: the GIL is released
 for the call; ``error_model="numpy"``; no fastmath) and for this machine's CPU (``target_cpu="host"``), so it
-gives the same bytes as the JIT and as the numpy reference (tests/formats/test_aot.py). Its name carries a
-stamp of everything its code depends on: the kernel sources, the registry and reference they read their
+gives the same bytes as the JIT and as the numpy reference (the property tests run on both). Its name carries
+a stamp of everything its code depends on: the kernel sources, the registry and reference they read their
 constants from, the CPU (vendor, family, model, feature flags), the Python ABI and numpy's major version. A
-module built for other sources or another CPU is simply not found: the JIT drivers serve (same bytes), and
-``status()`` says why. ``COLITOOLS_AOT=0`` turns the module off.
+module built for other sources or another CPU is simply not found: the JIT kernels serve (same bytes), and
+``status()`` says why. ``COLITOOLS_AOT=0`` turns the module off. ``kernels()`` is what the numba-free callers
+(``_encode``, ``_decode``) run, through ``run``.
 
-This module imports numba only to build.
+This module imports numba only to build, or when it falls back to the JIT.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import numpy as np
 from colitools.formats.errors import ColitoolsError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-PREFIX = "_aot_encoders_"
+PREFIX = "_aot_kernels_"
 # Everything the compiled code depends on, relative to this package: a change to any of them is another module.
-_SOURCES = ("_bits.py", "_row_encoders.py", "encoders.py", "aot.py", "../reference.py", "../registry.py")
+_SOURCES = ("_bits.py", "_row_encoders.py", "encoders.py", "decoders.py", "source_decoders.py", "aot.py",
+            "../reference.py", "../registry.py")  # fmt: skip
 
 
 class KernelBuildError(ColitoolsError):
@@ -45,42 +48,109 @@ class KernelBuildError(ColitoolsError):
 
 @dataclass(frozen=True)
 class Export:
-    """One exported driver: its function in ``encoders`` and its arguments before ``r0, r1``, each the numpy
-    dtype of a 2-D C-contiguous array or ``"i"`` for an int64."""
+    """One exported kernel: its module (``encoders``, ``decoders``, ``source_decoders``) and function there, and
+    its arguments before ``r0, r1``: the numpy dtype of a C-contiguous 2-D array (``"float32"``) or 1-D array
+    (``"float32[]"``, the decode tables), ``"i"`` an int64, ``"f"`` a float32, ``"b"`` a bool."""
 
-    driver: str
+    module: str
+    function: str
     args: tuple[str, ...]
 
     @property
     def signature(self) -> str:
         """numba's signature string (numba's type names are numpy's dtype names)."""
-        args = ["int64" if a == "i" else f"{a}[:, ::1]" for a in (*self.args, "i", "i")]
-        return f"int64({', '.join(args)})"
+        scalars = {"i": "int64", "f": "float32", "b": "boolean"}
+
+        def one(a: str) -> str:
+            if a in scalars:
+                return scalars[a]
+            return f"{a[:-2]}[::1]" if a.endswith("[]") else f"{a}[:, ::1]"
+
+        return f"int64({', '.join(one(a) for a in (*self.args, 'i', 'i'))})"
 
 
+_F, _U8 = "float32", "uint8"
 EXPORTS = {
-    "rows_f32": Export("_encode_rows_f32", ("float32", "i", "i", "uint8", "float32", "uint8")),
-    "rows_bf16": Export("_encode_rows_bf16", ("uint16", "i", "i", "uint8", "float32", "uint8")),
-    "rows_fp8": Export("_encode_rows_fp8", ("uint8", "float32", "i", "i", "i", "i", "uint8", "float32", "uint8")),
-    "fp8_e8m0": Export("_fp8_e8m0_blocks", ("float32", "uint8", "uint8")),
+    # encoders.py: the encode drivers per source
+    "rows_f32": Export("encoders", "_encode_rows_f32", (_F, "i", "i", _U8, _F, _U8)),
+    "rows_bf16": Export("encoders", "_encode_rows_bf16", ("uint16", "i", "i", _U8, _F, _U8)),
+    "rows_fp8": Export("encoders", "_encode_rows_fp8", (_U8, _F, "i", "i", "i", "i", _U8, _F, _U8)),
+    "fp8_e8m0": Export("encoders", "_fp8_e8m0_blocks", (_F, _U8, _U8)),
+    # decoders.py: the container formats back to float32, FP8 dequant, the planar64 reorder
+    "decode_int8": Export("decoders", "_decode_int8_rows", ("int8", "float32[]", _F)),
+    "decode_int4": Export("decoders", "_decode_int4_rows", (_U8, _F, _F, "i")),
+    "decode_int2": Export("decoders", "_decode_int2_rows", (_U8, "float32[]", _F)),
+    "decode_int3": Export("decoders", "_decode_int3_rows", (_U8, _F, _F)),
+    "decode_mxfp4": Export("decoders", "_decode_mxfp4_rows", (_U8, _U8, "float32[]", "float32[]", _F)),
+    "dequant_fp8": Export("decoders", "_dequant_fp8_rows", (_U8, _F, "i", "i", _F)),
+    "planar_reorder": Export("decoders", "_pairs_planar_rows", (_U8, _U8, "b")),
+    # source_decoders.py: natively quantized sources to float32
+    "src_nib_scaled": Export("source_decoders", "_nib_scaled_rows", (_U8, _U8, "float32[]", "float32[]", "i", _F)),
+    "src_int4": Export("source_decoders", "_int4_rows", (_U8, _F, "i", _F)),
+    "src_nvfp4": Export("source_decoders", "_nvfp4_rows", (_U8, _U8, "float32[]", "float32[]", "f", _F)),
+    "src_mxfp8": Export("source_decoders", "_mxfp8_rows", (_U8, _U8, "float32[]", "float32[]", _F)),
 }
 
 _LOADED: dict[str, object] = {}
+_KERNELS: dict[str, Kernels] = {}
+
+
+class Kernels:
+    """Every kernel of ``EXPORTS`` by its export name, from one source: the compiled-ahead module, or numba's JIT
+    functions (``ahead`` says which)."""
+
+    def __init__(self, source: dict[str, object], ahead: bool):
+        self.__dict__.update(source)
+        self.ahead = ahead
+
+
+def jit_kernels() -> Kernels:
+    """numba's JIT functions (imports numba and the three kernel modules; compiles nothing yet)."""
+    modules = {m: importlib.import_module(f"{__package__}.{m}") for m in {e.module for e in EXPORTS.values()}}
+    return Kernels({n: getattr(modules[e.module], e.function) for n, e in EXPORTS.items()}, False)
+
+
+def ahead_kernels(module) -> Kernels:
+    """The functions of a compiled-ahead module (``load()``)."""
+    return Kernels({n: getattr(module, n) for n in EXPORTS}, True)
+
+
+def kernels() -> Kernels:
+    """The compiled-ahead kernels when ``load()`` finds them built for these sources on this CPU, else numba's
+    JIT ones (numba imported here, on the first large tensor). Resolved once per process."""
+    k = _KERNELS.get("k")
+    if k is None:
+        module = load()
+        k = _KERNELS["k"] = jit_kernels() if module is None else ahead_kernels(module)
+    return k
+
+
+def run(export: str, args: tuple, O: int, I: int) -> int:
+    """``_threads._run_rows`` of one kernel over ``O`` rows of ``I`` elements: the smallest bad row or -1. The
+    compiled-ahead functions trust their arguments' types as C functions do (numba's dispatcher checks them),
+    so their arrays are checked first (``check_args``), once per tensor."""
+    from colitools.formats.kernels._threads import _run_rows
+
+    k = kernels()
+    if k.ahead:
+        args = check_args(export, args)
+    return _run_rows(getattr(k, export), args, O, I)
 
 
 def check_args(export: str, args: tuple) -> tuple:
     """``args`` as the compiled signature describes them, or TypeError: numba's dispatcher would pick or
-    compile another version; a compiled-ahead function reads the memory as its signature says. The encoders
+    compile another version; a compiled-ahead function reads the memory as its signature says. The callers
     pass C-contiguous arrays of the right dtypes; an unaligned input view (a safetensors shard at an odd
-    offset), which the JIT types differently, is copied (the outputs are the encoders' own ``np.empty``)."""
+    offset), which the JIT types differently, is copied (the outputs are the callers' own ``np.empty``)."""
     out = list(args)
     for k, (want, a) in enumerate(zip(EXPORTS[export].args, args, strict=False)):
-        if want == "i":
+        if want in ("i", "f", "b"):
             continue
-        if not (type(a) is np.ndarray and a.ndim == 2 and a.dtype.name == want and a.flags.c_contiguous):
+        ndim, dtype = (1, want[:-2]) if want.endswith("[]") else (2, want)
+        if not (type(a) is np.ndarray and a.ndim == ndim and a.dtype.name == dtype and a.flags.c_contiguous):
             raise TypeError(
-                f"compiled-ahead driver {export}: argument {k} is {getattr(a, 'dtype', type(a).__name__)} "
-                f"{list(getattr(a, 'shape', []))}, expected a 2-D C-contiguous {want} array"
+                f"compiled-ahead kernel {export}: argument {k} is {getattr(a, 'dtype', type(a).__name__)} "
+                f"{list(getattr(a, 'shape', []))}, expected a {ndim}-D C-contiguous {dtype} array"
             )
         if not a.flags.aligned:
             out[k] = a.copy()
@@ -156,7 +226,7 @@ def status() -> dict:
         "file": getattr(module, "__file__", None),
         "reason": _LOADED["reason"],
         "built": [os.path.basename(p) for p in built_files()],
-        "drivers": sorted(EXPORTS),
+        "kernels": sorted(EXPORTS),
     }
 
 
@@ -190,7 +260,7 @@ def current(dest: str = _HERE) -> str | None:
 def build(dest: str = _HERE, *, verbose: bool = False) -> str:
     """Compile the drivers for this machine into ``dest`` (default: this package) and return the module's path.
     Written under a temporary name and renamed, so a killed build leaves no module under a final name; older
-    modules of the same prefix are removed after. Needs numba and a C compiler (~30-60 s on 2 cores)."""
+    modules of the same prefix are removed after. Needs numba and a C compiler (~10-20 s on 2 cores)."""
     if not os.path.isdir(dest) or not os.access(dest, os.W_OK):
         raise KernelBuildError(f"cannot build the compiled-ahead kernels: {dest} is not a writable directory")
     with warnings.catch_warnings():
@@ -202,8 +272,6 @@ def build(dest: str = _HERE, *, verbose: bool = False) -> str:
                 f"cannot build the compiled-ahead kernels: {e}; conversions use numba's JIT kernels instead"
             ) from e
 
-    from colitools.formats.kernels import encoders
-
     name = module_name()
     tmp = tempfile.mkdtemp(prefix=".aot-build-", dir=dest)
     try:
@@ -212,7 +280,8 @@ def build(dest: str = _HERE, *, verbose: bool = False) -> str:
         cc.target_cpu = "host"
         cc.verbose = verbose
         for export, spec in EXPORTS.items():
-            cc.export(export, spec.signature)(getattr(encoders, spec.driver).py_func)
+            module = importlib.import_module(f"{__package__}.{spec.module}")
+            cc.export(export, spec.signature)(getattr(module, spec.function).py_func)
         try:
             with _jit_flags(), open(os.devnull, "w") as quiet, contextlib.redirect_stdout(sys.stderr if verbose else quiet):
                 cc.compile()
@@ -231,5 +300,6 @@ def build(dest: str = _HERE, *, verbose: bool = False) -> str:
             with contextlib.suppress(OSError):
                 os.unlink(old)
     _LOADED.clear()
+    _KERNELS.clear()
     importlib.invalidate_caches()
     return final

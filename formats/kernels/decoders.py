@@ -1,27 +1,21 @@
-"""Decoders (``decode``, ``dequant_fp8_block``) and the planar64 reorder (``pairs_to_planar`` /
-``planar_to_pairs``)."""
+"""The numba decode kernels (row loops) of the container formats, the FP8 block dequant and the planar64
+reorder. ``_decode`` runs them (``decode``, ``dequant_fp8_block``, ``pairs_to_planar`` / ``planar_to_pairs``,
+named here too), or the same kernels compiled ahead of time (``aot``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from colitools.formats import reference as ref
-from colitools.formats.errors import FormatError
 from colitools.formats.kernels._bits import (
-    _E2M1_F32,
-    _E8M0_F32,
-    _INT2_ROW,
-    _INT3_G64,
-    _INT4_GROUPED,
-    _INT4_ROW,
-    _INT8_ROW,
-    _MXFP4,
-    F32,
     _dequant_fp8_row,
     njit,
 )
-from colitools.formats.kernels._dispatch import _fp8_operands, decode_operands
-from colitools.formats.kernels._threads import _run_rows
+from colitools.formats.kernels._decode import (  # noqa: F401 (the public decoders, numba-free, named here too)
+    decode,
+    dequant_fp8_block,
+    pairs_to_planar,
+    planar_to_pairs,
+)
 
 
 # --------------------------------------------------------------------------------------------- decoders
@@ -130,63 +124,3 @@ def _pairs_planar_rows(src, dst, to_planar, r0, r1):
                         ((sb[b, (2 * k + 1) & 31] >> hs) & 15) << 4
                     )
     return -1
-
-
-def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block=(128, 128)) -> np.ndarray:
-    """Fast ``reference.dequant_fp8_block`` (bit-identical)."""
-    q, s, br, bc = _fp8_operands(q, scale_inv, block, "")
-    out = np.empty(q.shape, F32)
-    _run_rows(_dequant_fp8_rows, (q, s, br, bc, out), *q.shape)
-    return out
-
-
-def decode(
-    fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None = None
-) -> np.ndarray:
-    """Decode to float32 ``[O, I]``, bit-identical to the reference decoders (``fp8-e4m3-b128`` included)."""
-    out = np.empty((O, I), F32)
-    if O * I == 0:
-        return out
-    cls, c, s = decode_operands(fmt_name, codes, scales, O, I, gs)
-    code = cls.kernel_code
-    if code == _INT8_ROW:
-        kernel, args = _decode_int8_rows, (c.view(np.int8), s, out)
-    elif code == _INT4_ROW:  # one group of I
-        kernel, args = _decode_int4_rows, (c, s.reshape(O, 1), out, I)
-    elif code == _INT4_GROUPED:
-        kernel, args = _decode_int4_rows, (c, s, out, int(gs))
-    elif code == _INT2_ROW:
-        kernel, args = _decode_int2_rows, (c, s, out)
-    elif code == _INT3_G64:
-        kernel, args = _decode_int3_rows, (c, s, out)
-    elif code == _MXFP4:
-        kernel, args = _decode_mxfp4_rows, (c, s, _E2M1_F32, _E8M0_F32, out)
-    else:  # fp8-e4m3-b128: the FP8 block dequant with 128x128 blocks
-        return dequant_fp8_block(c, s, (ref.FP8_BLOCK, ref.FP8_BLOCK))
-    _run_rows(kernel, args, O, I)
-    return out
-
-
-def _f32(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=F32)
-
-
-def _planar(codes: np.ndarray, to_planar: bool) -> np.ndarray:
-    codes = np.ascontiguousarray(codes, dtype=np.uint8)
-    if codes.ndim != 2 or (2 * codes.shape[1]) % 64:
-        raise FormatError(
-            f"planar64-v8 needs int4 codes [O, I/2] with I % 64 == 0, got shape {list(codes.shape)}"
-        )
-    out = np.empty_like(codes)
-    _run_rows(_pairs_planar_rows, (codes, out, to_planar), codes.shape[0], 2 * codes.shape[1])
-    return out
-
-
-def pairs_to_planar(codes: np.ndarray) -> np.ndarray:
-    """Fast ``planar.pairs_to_planar`` (byte-identical)."""
-    return _planar(codes, True)
-
-
-def planar_to_pairs(codes: np.ndarray) -> np.ndarray:
-    """Fast ``planar.planar_to_pairs`` (byte-identical)."""
-    return _planar(codes, False)

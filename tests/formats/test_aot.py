@@ -38,7 +38,8 @@ def test_a_large_encode_runs_compiled_ahead_without_importing_numba():
         "assert w.size >= _dispatch.SMALL_ELEMS\n"
         "assert kernels.plan_encodes([('int4-grouped', w.size)])\n"  # no start-up to save: the kernels at once
         "c, s = kernels.encode_from_bf16('int4-grouped', w.astype(ml_dtypes.bfloat16), 64)\n"
-        "assert _encode._DRIVERS['d'].ahead, 'the JIT ran'\n"
+        "from colitools.formats.kernels import aot\n"
+        "assert aot._KERNELS['k'].ahead, 'the JIT ran'\n"
         "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules, 'numba imported'\n"
         "c2, s2 = reference.encode_int4_grouped(w.astype(ml_dtypes.bfloat16).astype(np.float32), 64)\n"
         "assert c.tobytes() == c2.tobytes() and s.tobytes() == s2.tobytes()\n"
@@ -97,7 +98,7 @@ def test_a_module_built_for_other_sources_or_turned_off_is_not_used(monkeypatch)
     monkeypatch.setattr(aot, "_LOADED", {})
     monkeypatch.setattr(aot, "stamp", lambda: "0123456789abcdef")  # an edited kernel, another CPU
     assert aot.load() is None
-    assert "not built for these sources on this CPU (_aot_encoders_0123456789abcdef" in aot.status()["reason"]
+    assert "not built for these sources on this CPU (_aot_kernels_0123456789abcdef" in aot.status()["reason"]
     monkeypatch.setattr(aot, "_LOADED", {})
     monkeypatch.undo()
     monkeypatch.setattr(aot, "_LOADED", {})
@@ -161,4 +162,4 @@ def test_cli_kernels_reports_the_module_as_json_and_text():
     assert status["loaded"] and status["module"] == aot.module_name()
     text = subprocess.run([sys.executable, "-m", "colitools", "kernels"], capture_output=True, text=True, check=True,
                           env={**env, "COLITOOLS_AOT": "0"})  # fmt: skip
-    assert text.stdout.strip() == "encoders: numba JIT; compiled-ahead module turned off (COLITOOLS_AOT=0)"
+    assert text.stdout.strip() == "kernels: numba JIT; compiled-ahead module turned off (COLITOOLS_AOT=0)"

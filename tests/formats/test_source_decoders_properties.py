@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from colitools.formats import reference as ref
 from colitools.formats.kernels import source_decoders as fast
+
+
+@pytest.fixture(autouse=True)
+def _on_both_kinds_of_kernel(kernel_drivers):
+    """Every case runs on the kernels compiled ahead of time and on numba's JIT (tests/formats/conftest.py)."""
+
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
