@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from colitools.errors import MirrorError
 from colitools.formats.atomic import parse_temp_name, write_json_atomic
-from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file
+from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
 from colitools.mirror.plan import (
     DEFAULT_RESERVE_GIB,
     GIB,
@@ -263,6 +263,18 @@ def _locked(update: Callable[[int], object]) -> Callable[[int], None]:
     return locked
 
 
+def _on_drive(target: Path, reported: int) -> int:
+    """Bytes of a copy in flight that already occupy the drive: what it reported, or more when its temporary
+    file (or, once renamed, the target) is already larger."""
+    sizes = [reported]
+    for path in (temp_path_for(target), target):
+        try:
+            sizes.append(os.stat(path).st_size)
+        except OSError:
+            pass
+    return max(sizes)
+
+
 class _Cancelled(Exception):
     """Raised in a copy when another one failed: stop early, the other copy's error is the one reported."""
 
@@ -305,7 +317,11 @@ def _copy_all(
                     raise _Cancelled
                 with lock:
                     written[f.name] = n
-                    still = total - sum(written.values())
+                    # a copy in flight reports its bytes only every guard_every, but they are on the drive
+                    # already: count them from its temporary (and, just renamed, final) file
+                    still = total - sum(
+                        size if name in copied else _on_drive(root / name, size) for name, size in written.items()
+                    )
                 free = shutil.disk_usage(root).free
                 if free - still < reserve:
                     raise MirrorReserveStop(

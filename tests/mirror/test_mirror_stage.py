@@ -323,3 +323,18 @@ def test_cli_stage_reread_from_device_gives_the_same_mirror(model, tmp_path):
         assert json.loads(r.stdout)["ready"]
     for name in ("a.safetensors", "b.safetensors"):
         assert (device / name).read_bytes() == (plain / name).read_bytes() == (model / name).read_bytes()
+
+
+def test_the_reserve_check_counts_the_bytes_a_copy_in_flight_already_wrote(tmp_path):
+    """Two copies at once on a nearly full drive: the second one's first check must count the bytes the first
+    has written so far (its temporary file), not only what it last reported (every 256 MiB)."""
+    from colitools.mirror.fileops import temp_path_for
+    from colitools.mirror.stage import _on_drive
+
+    target = tmp_path / "s0.safetensors"
+    assert _on_drive(target, 0) == 0
+    temp_path_for(target).write_bytes(b"x" * 413_696)  # written, not yet reported
+    assert _on_drive(target, 0) == 413_696
+    assert _on_drive(target, 500_000) == 500_000
+    temp_path_for(target).rename(target)  # published, not yet recorded
+    assert _on_drive(target, 0) == 413_696
