@@ -257,6 +257,18 @@ def current(dest: str = _HERE) -> str | None:
     return next((p for p in built_files(dest) if os.path.basename(p).split(".", 1)[0] == name), None)
 
 
+def _remove_dead_builds(dest: str) -> None:
+    """The temporary directories of builds whose process is gone (killed mid-build); a live one is left."""
+    for path in glob.glob(os.path.join(dest, ".aot-build-*")):
+        try:
+            pid = int(os.path.basename(path).split("-")[2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
 def build(dest: str = _HERE, *, verbose: bool = False) -> str:
     """Compile the drivers for this machine into ``dest`` (default: this package) and return the module's path.
     Written under a temporary name and renamed, so a killed build leaves no module under a final name; older
@@ -273,7 +285,8 @@ def build(dest: str = _HERE, *, verbose: bool = False) -> str:
             ) from e
 
     name = module_name()
-    tmp = tempfile.mkdtemp(prefix=".aot-build-", dir=dest)
+    _remove_dead_builds(dest)
+    tmp = tempfile.mkdtemp(prefix=f".aot-build-{os.getpid()}-", dir=dest)
     try:
         cc = CC(name)
         cc.output_dir = tmp

@@ -140,6 +140,31 @@ def test_build_is_atomic_removes_stale_modules_and_gives_the_reference_bytes(tmp
     assert codes.tobytes() == want[0].tobytes() and sf.tobytes() == want[1].tobytes()
 
 
+def test_a_damaged_module_is_not_loaded_and_says_why(monkeypatch):
+    """A truncated / foreign file under the current name: the JIT serves, and status() names the file."""
+    name = aot.PREFIX + "feedfacefeedface"
+    path = os.path.join(os.path.dirname(aot.__file__), name + ".cpython-311-x86_64-linux-gnu.so")
+    with open(path, "wb") as f:
+        f.write(b"\x7fELF not really")
+    try:
+        monkeypatch.setattr(aot, "_LOADED", {})
+        monkeypatch.setattr(aot, "module_name", lambda: name)
+        assert aot.load() is None
+        assert aot.status()["reason"].startswith(f"{name} does not load: ")
+    finally:
+        os.unlink(path)
+
+
+def test_a_killed_builds_leftovers_are_removed_by_the_next_build(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".aot-build-{int(dead.stdout)}-abc"  # that process is gone
+    live = tmp_path / f".aot-build-{os.getpid()}-def"  # a build in progress (this process)
+    left.mkdir()
+    live.mkdir()
+    aot._remove_dead_builds(str(tmp_path))
+    assert not left.exists() and live.exists()
+
+
 def test_a_build_that_cannot_compile_is_one_error_and_leaves_nothing(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "/nonexistent/cc")  # distutils' compiler: no C compiler on this machine
     with pytest.raises(aot.KernelBuildError, match="building the compiled-ahead kernels failed .*numba's JIT"):
