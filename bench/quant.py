@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cols", type=int, default=14336)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per case (best is reported)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kernels", choices=("default", "jit"), default="default",
+                    help="default: what conversions run (compiled ahead of time when built); jit: numba's JIT")
     args = ap.parse_args(argv)
 
     import gguf  # bench-only dependency: pip install -e .[bench]
@@ -112,12 +114,17 @@ def main(argv: list[str] | None = None) -> int:
             n,
         ),
     ]
+    from colitools.formats.kernels import aot
+
+    if args.kernels == "jit":
+        aot._KERNELS["k"] = aot.jit_kernels()
+    kind = "compiled ahead of time" if aot.kernels().ahead else "numba JIT"
     max_threads = numba.config.NUMBA_NUM_THREADS
     thread_counts = [t for t in (1, 2) if t <= max_threads]
 
     print(
         f"matrix [{O}, {I}] = {n / 1e6:.1f} M weights, seed {args.seed}, best of {args.repeat}, "
-        f"numba {numba.__version__}, gguf-py Q4_0 (numpy) as the peer"
+        f"numba {numba.__version__} (kernels: {kind}), gguf-py Q4_0 (numpy) as the peer"
     )
     print(
         "GB/s = input bytes per second (BF16: 2 B/weight, FP8: 1 B/weight, gguf Q4_0: 2 B/weight BF16-equivalent);"
