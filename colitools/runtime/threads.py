@@ -12,27 +12,24 @@ without a wake-up; only after that window does it sleep on a condition. Every po
 (``sched_yield``), so a polling thread never keeps a thread with work off a shared core. The caller polls for
 the helper's finish before it blocks, and a caller that ran every item itself takes its posted task back
 (compare-exchange on the task cell) rather than wait for a helper that has not started. The flags are int64
-cells read and written with sequentially consistent atomics (``_load`` / ``_store`` / ``_swap_if``), so a poll
-sees the other thread's store and neither side can miss the other's "about to sleep" mark.
+cells read and written with sequentially consistent atomics (``_load`` / ``_store`` / ``_swap_if`` in
+``_jit_threads.py``), so a poll sees the other thread's store and neither side can miss the other's "about to
+sleep" mark. This module is numba-free: it runs those compiled polls as ``aot.kernels()`` resolves them (compiled
+ahead of time, else numba's JIT).
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
-import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
-from llvmlite import binding as llvm_binding
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+
+from colitools.formats.kernels import aot
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -64,127 +61,14 @@ def in_worker() -> bool:
     return getattr(_local, "worker", False)
 
 
-# ------------------------------------------------------------------------------ atomics on int64 flag cells
-@intrinsic
-def _load(typingctx, flags, i):  # pragma: no cover - compiled
-    def codegen(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        return builder.load_atomic(builder.gep(a.data, [args[1]]), "seq_cst", 8)
-
-    return types.int64(flags, i), codegen
-
-
-@intrinsic
-def _store(typingctx, flags, i, value):  # pragma: no cover - compiled
-    def codegen(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        builder.store_atomic(args[2], builder.gep(a.data, [args[1]]), "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return types.void(flags, i, value), codegen
-
-
-@intrinsic
-def _swap_if(typingctx, flags, i, expected, value):  # pragma: no cover - compiled
-    """``flags[i] = value`` if it holds ``expected`` (one seq_cst compare-exchange); whether it did."""
-
-    def codegen(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = builder.gep(a.data, [args[1]])
-        pair = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
-        return builder.extract_value(pair, 1)
-
-    return types.boolean(flags, i, expected, value), codegen
-
-
-# Each poll read offers the CPU to any other runnable thread (POSIX ``sched_yield``, what OpenBLAS's idle
-# threads do): on a machine with more runnable threads than cores, a polling helper would otherwise hold the
-# core the caller needs, and a split call would run slower than an unsplit one. The C function is registered
-# with LLVM under our own name, so the compiled (cached) code calls it by symbol. Without a POSIX libc
-# (Windows) the poll uses the x86 spin-wait hint ``pause`` (the LLVM intrinsic: numba's JIT takes no inline asm).
-_YIELD_SYMBOL = "colitools_sched_yield"
-try:
-    _libc = ctypes.CDLL(None)
-    llvm_binding.add_symbol(_YIELD_SYMBOL, ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value)
-    _HAS_YIELD = True
-except (OSError, AttributeError, TypeError):
-    _HAS_YIELD = False
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
-@intrinsic
-def _yield_cpu(typingctx):  # pragma: no cover - compiled
-    def codegen(context, builder, sig, args):
-        if _HAS_YIELD:
-            fnty = ir.FunctionType(ir.IntType(32), [])
-            builder.call(cgutils.get_or_insert_function(builder.module, fnty, _YIELD_SYMBOL), [])
-        elif _X86:
-            fnty = ir.FunctionType(ir.VoidType(), [])
-            builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse2.pause"), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-_FLAGS = {"nogil": True, "cache": True}
 # A helper's flag cells, a cache line apart. TASK: n > 0 = task n posted, -n = task n taken (by the helper,
 # which runs it, or back by the caller, which ran every item itself); FINISHED: the last task run.
 TASK, FINISHED, CALLER_BLOCKED = 0, 8, 16
 
 
-@njit(**_FLAGS)
-def _reach(flags, i, target, iters):  # pragma: no cover - compiled
-    """Read ``flags[i]`` until it is at least ``target`` (at most ``iters`` reads); the last value read."""
-    v = _load(flags, i)
-    for _ in range(iters):
-        if v >= target:
-            break
-        _yield_cpu()
-        v = _load(flags, i)
-    return v
-
-
-@njit(**_FLAGS)
-def _next_post(flags, seen, iters, settle):  # pragma: no cover - compiled
-    """A helper's poll for a task posted after ``seen`` (``flags[TASK] > seen``, at most ``iters`` reads, then
-    ``settle`` reads); the last value of ``flags[TASK]`` read."""
-    v = _load(flags, TASK)
-    for _ in range(iters):
-        if v > seen:
-            for _ in range(settle):
-                _yield_cpu()
-            break
-        _yield_cpu()
-        v = _load(flags, TASK)
-    return v
-
-
-@njit(**_FLAGS)
-def _take(flags, n):  # pragma: no cover - compiled
-    """Mark posted task ``n`` taken; False if the other side took it first (helper and caller both call it)."""
-    return _swap_if(flags, TASK, n, -n)
-
-
-@njit(**_FLAGS)
-def _finish_and_poll(flags, n, iters, settle):  # pragma: no cover - compiled
-    """A helper's end of task ``n``: ``flags[FINISHED] = n``; -1 if the caller has gone to sleep (it needs a
-    notify), else ``_next_post`` after ``n``."""
-    _store(flags, FINISHED, n)
-    if _load(flags, CALLER_BLOCKED) != 0:
-        return -1
-    return _next_post(flags, n, iters, settle)
-
-
-@njit(**_FLAGS)
-def _set(flags, i, value):  # pragma: no cover - compiled
-    _store(flags, i, value)
-
-
-@njit(**_FLAGS)
-def _set_then_read(flags, i, value, j):  # pragma: no cover - compiled
-    """``flags[i] = value``, then read ``flags[j]`` (both seq_cst: the store is visible before the read)."""
-    _store(flags, i, value)
-    return _load(flags, j)
+def _k():
+    """The compiled polls: the ``th_*`` exports of ``aot.kernels()`` (from ``_jit_threads``)."""
+    return aot.kernels()
 
 
 _spin_iters: int | None = None
@@ -195,10 +79,10 @@ def _spin_reads() -> int:
     global _spin_iters
     if _spin_iters is None:
         cell = np.zeros(1, np.int64)
-        _reach(cell, 0, 1, 10)  # compile / load
+        _k().th_reach(cell, 0, 1, 10)  # compile / load
         n = 1 << 12
         t0 = time.perf_counter()
-        _reach(cell, 0, 1, n)
+        _k().th_reach(cell, 0, 1, n)
         _spin_iters = max(100, int(n * SPIN_SECONDS / max(time.perf_counter() - t0, 1e-9)))
     return _spin_iters
 
@@ -210,6 +94,7 @@ class _Helper:
     """One pool thread running one task at a time: ``post(task) -> n``, then ``wait(n)``."""
 
     def __init__(self, index: int):
+        self.k = _k()  # the compiled polls (ahead of time, else numba's JIT)
         self.flags = np.zeros(24, np.int64)
         self.task: Callable[[], None] | None = None
         self.error: BaseException | None = None
@@ -225,8 +110,9 @@ class _Helper:
 
     def _run(self) -> None:
         _mark_worker()
+        k = self.k
         seen = 0
-        v = _next_post(self.flags, seen, self.spin, self.settle)
+        v = k.th_next_post(self.flags, seen, self.spin, self.settle)
         while True:
             if v <= seen:  # nothing within the polling window: sleep until a post
                 with self.work:
@@ -238,8 +124,8 @@ class _Helper:
                         self.work.wait()
                     self.asleep = False
             seen = v
-            if not _take(self.flags, seen):  # the caller ran every item itself and took the task back
-                v = _next_post(self.flags, seen, self.spin, self.settle)
+            if not k.th_take(self.flags, seen):  # the caller ran every item itself and took the task back
+                v = k.th_next_post(self.flags, seen, self.spin, self.settle)
                 continue
             try:
                 self.task()
@@ -247,33 +133,34 @@ class _Helper:
                 self.error = e
             self.task = None  # keeps nothing of the call (its arrays) alive; the next post sets it again
             # finish and poll for the next task in one compiled call: the GIL is free once the caller sees it
-            v = _finish_and_poll(self.flags, seen, self.spin, self.settle)
+            v = k.th_finish_and_poll(self.flags, seen, self.spin, self.settle)
             if v < 0:  # the caller went to sleep before the finish: wake it
                 with self.done:
                     self.notified = seen
                     self.done.notify()
-                v = _next_post(self.flags, seen, self.spin, self.settle)
+                v = k.th_next_post(self.flags, seen, self.spin, self.settle)
 
     def post(self, task: Callable[[], None]) -> int:
         self.task = task  # read by the helper only once it has taken the new task number
         with self.work:
             n = self.posted = self.posted + 1
-            _set(self.flags, TASK, n)
+            self.k.th_set(self.flags, TASK, n)
             self.work.notify()
         return n
 
     def wait(self, n: int) -> BaseException | None:
         """Called once the caller's own work is done: take task ``n`` back if the helper has not started it
         (it was not needed: no wait for a wake-up), else wait for its finish. The exception it raised, if any."""
-        if _take(self.flags, n):
+        k = self.k
+        if k.th_take(self.flags, n):
             self.task = None
             return None
-        if _reach(self.flags, FINISHED, n, self.spin // CALLER_SPIN_DIVISOR) != n:
+        if k.th_reach(self.flags, FINISHED, n, self.spin // CALLER_SPIN_DIVISOR) != n:
             with self.done:
-                if _set_then_read(self.flags, CALLER_BLOCKED, 1, FINISHED) != n:
+                if k.th_set_then_read(self.flags, CALLER_BLOCKED, 1, FINISHED) != n:
                     while self.notified != n:
                         self.done.wait()
-            _set(self.flags, CALLER_BLOCKED, 0)
+            k.th_set(self.flags, CALLER_BLOCKED, 0)
         err, self.error = self.error, None
         return err
 

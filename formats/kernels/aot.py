@@ -38,8 +38,13 @@ from colitools.formats.errors import ColitoolsError
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PREFIX = "_aot_kernels_"
 # Everything the compiled code depends on, relative to this package: a change to any of them is another module.
-_SOURCES = ("_bits.py", "_row_encoders.py", "encoders.py", "decoders.py", "source_decoders.py", "aot.py",
-            "../reference.py", "../registry.py")  # fmt: skip
+# (package, file): found from the package's own directory (an editable checkout and a wheel lay them out apart).
+_SOURCES = (
+    *(("colitools.formats.kernels", f) for f in ("_bits.py", "_row_encoders.py", "encoders.py", "decoders.py",
+                                                  "source_decoders.py", "aot.py")),
+    ("colitools.formats", "reference.py"), ("colitools.formats", "registry.py"),
+    *(("colitools", f"runtime/{f}") for f in ("_jit_kernels.py", "_jit_threads.py", "kernels.py", "threads.py")),
+)  # fmt: skip
 
 
 class KernelBuildError(ColitoolsError):
@@ -48,13 +53,15 @@ class KernelBuildError(ColitoolsError):
 
 @dataclass(frozen=True)
 class Export:
-    """One exported kernel: its module (``encoders``, ``decoders``, ``source_decoders``) and function there, and
-    its arguments before ``r0, r1``: the numpy dtype of a C-contiguous 2-D array (``"float32"``) or 1-D array
-    (``"float32[]"``, the decode tables), ``"i"`` an int64, ``"f"`` a float32, ``"b"`` a bool."""
+    """One exported kernel: its module and function, its arguments, each the numpy dtype of a C-contiguous 2-D
+    array (``"float32"``) or 1-D array (``"float32[]"``: decode tables, flag cells), ``"i"`` an int64, ``"f"`` a
+    float32, ``"b"`` a bool; ``rows``: two int64 row bounds ``r0, r1`` follow; what it returns (numba's name)."""
 
     module: str
     function: str
     args: tuple[str, ...]
+    returns: str = "int64"
+    rows: bool = True
 
     @property
     def signature(self) -> str:
@@ -66,29 +73,49 @@ class Export:
                 return scalars[a]
             return f"{a[:-2]}[::1]" if a.endswith("[]") else f"{a}[:, ::1]"
 
-        return f"int64({', '.join(one(a) for a in (*self.args, 'i', 'i'))})"
+        args = (*self.args, "i", "i") if self.rows else self.args
+        return f"{self.returns}({', '.join(one(a) for a in args)})"
 
 
-_F, _U8 = "float32", "uint8"
+_F, _U8, _T = "float32", "uint8", "float32[]"
+_ENC, _DEC, _SRC = (f"colitools.formats.kernels.{m}" for m in ("encoders", "decoders", "source_decoders"))
+_RT, _TH = "colitools.runtime._jit_kernels", "colitools.runtime._jit_threads"
 EXPORTS = {
     # encoders.py: the encode drivers per source
-    "rows_f32": Export("encoders", "_encode_rows_f32", (_F, "i", "i", _U8, _F, _U8)),
-    "rows_bf16": Export("encoders", "_encode_rows_bf16", ("uint16", "i", "i", _U8, _F, _U8)),
-    "rows_fp8": Export("encoders", "_encode_rows_fp8", (_U8, _F, "i", "i", "i", "i", _U8, _F, _U8)),
-    "fp8_e8m0": Export("encoders", "_fp8_e8m0_blocks", (_F, _U8, _U8)),
+    "rows_f32": Export(_ENC, "_encode_rows_f32", (_F, "i", "i", _U8, _F, _U8)),
+    "rows_bf16": Export(_ENC, "_encode_rows_bf16", ("uint16", "i", "i", _U8, _F, _U8)),
+    "rows_fp8": Export(_ENC, "_encode_rows_fp8", (_U8, _F, "i", "i", "i", "i", _U8, _F, _U8)),
+    "fp8_e8m0": Export(_ENC, "_fp8_e8m0_blocks", (_F, _U8, _U8)),
     # decoders.py: the container formats back to float32, FP8 dequant, the planar64 reorder
-    "decode_int8": Export("decoders", "_decode_int8_rows", ("int8", "float32[]", _F)),
-    "decode_int4": Export("decoders", "_decode_int4_rows", (_U8, _F, _F, "i")),
-    "decode_int2": Export("decoders", "_decode_int2_rows", (_U8, "float32[]", _F)),
-    "decode_int3": Export("decoders", "_decode_int3_rows", (_U8, _F, _F)),
-    "decode_mxfp4": Export("decoders", "_decode_mxfp4_rows", (_U8, _U8, "float32[]", "float32[]", _F)),
-    "dequant_fp8": Export("decoders", "_dequant_fp8_rows", (_U8, _F, "i", "i", _F)),
-    "planar_reorder": Export("decoders", "_pairs_planar_rows", (_U8, _U8, "b")),
+    "decode_int8": Export(_DEC, "_decode_int8_rows", ("int8", _T, _F)),
+    "decode_int4": Export(_DEC, "_decode_int4_rows", (_U8, _F, _F, "i")),
+    "decode_int2": Export(_DEC, "_decode_int2_rows", (_U8, _T, _F)),
+    "decode_int3": Export(_DEC, "_decode_int3_rows", (_U8, _F, _F)),
+    "decode_mxfp4": Export(_DEC, "_decode_mxfp4_rows", (_U8, _U8, _T, _T, _F)),
+    "dequant_fp8": Export(_DEC, "_dequant_fp8_rows", (_U8, _F, "i", "i", _F)),
+    "planar_reorder": Export(_DEC, "_pairs_planar_rows", (_U8, _U8, "b")),
     # source_decoders.py: natively quantized sources to float32
-    "src_nib_scaled": Export("source_decoders", "_nib_scaled_rows", (_U8, _U8, "float32[]", "float32[]", "i", _F)),
-    "src_int4": Export("source_decoders", "_int4_rows", (_U8, _F, "i", _F)),
-    "src_nvfp4": Export("source_decoders", "_nvfp4_rows", (_U8, _U8, "float32[]", "float32[]", "f", _F)),
-    "src_mxfp8": Export("source_decoders", "_mxfp8_rows", (_U8, _U8, "float32[]", "float32[]", _F)),
+    "src_nib_scaled": Export(_SRC, "_nib_scaled_rows", (_U8, _U8, _T, _T, "i", _F)),
+    "src_int4": Export(_SRC, "_int4_rows", (_U8, _F, "i", _F)),
+    "src_nvfp4": Export(_SRC, "_nvfp4_rows", (_U8, _U8, _T, _T, "f", _F)),
+    "src_mxfp8": Export(_SRC, "_mxfp8_rows", (_U8, _U8, _T, _T, _F)),
+    # the runtime's matmul kernels (colitools/runtime/kernels.py runs them)
+    "rt_int4_prep": Export(_RT, "_int4_prep", (_F, "i", "i", "i", "b", _F, _F, _F), "void", rows=False),
+    "rt_int4": Export(_RT, "_int4", (_U8, _F, _F, _F, _F, _F, "i"), "void"),
+    "rt_int4_g64": Export(_RT, "_int4_g64", (_U8, _F, _F, _F, _F, _F), "void"),
+    "rt_int3_g64": Export(_RT, "_int3_g64", (_U8, _F, _F, _F, _F), "void"),
+    "rt_mxfp4": Export(_RT, "_mxfp4", (_U8, _U8, _F, _F, _F, _T, _T), "void"),
+    "rt_fp8_b128": Export(_RT, "_fp8_b128", (_U8, _F, _F, _F, _T), "void"),
+    "rt_int8_row": Export(_RT, "_int8_row", ("int8", _T, _F, _F), "void"),
+    "rt_int2_row": Export(_RT, "_int2_row", (_U8, _T, _F, _F, _F), "void"),
+    "rt_f32": Export(_RT, "_f32_rows", (_F, _F, _F), "void"),
+    # the runtime thread pool's polls on its int64 flag cells (colitools/runtime/threads.py)
+    "th_reach": Export(_TH, "_reach", ("int64[]", "i", "i", "i"), rows=False),
+    "th_next_post": Export(_TH, "_next_post", ("int64[]", "i", "i", "i"), rows=False),
+    "th_take": Export(_TH, "_take", ("int64[]", "i"), "boolean", rows=False),
+    "th_finish_and_poll": Export(_TH, "_finish_and_poll", ("int64[]", "i", "i", "i"), rows=False),
+    "th_set": Export(_TH, "_set", ("int64[]", "i", "i"), "void", rows=False),
+    "th_set_then_read": Export(_TH, "_set_then_read", ("int64[]", "i", "i", "i"), rows=False),
 }
 
 _LOADED: dict[str, object] = {}
@@ -105,8 +132,8 @@ class Kernels:
 
 
 def jit_kernels() -> Kernels:
-    """numba's JIT functions (imports numba and the three kernel modules; compiles nothing yet)."""
-    modules = {m: importlib.import_module(f"{__package__}.{m}") for m in {e.module for e in EXPORTS.values()}}
+    """numba's JIT functions (imports numba and the kernel modules; compiles nothing yet)."""
+    modules = {m: importlib.import_module(m) for m in {e.module for e in EXPORTS.values()}}
     return Kernels({n: getattr(modules[e.module], e.function) for n, e in EXPORTS.items()}, False)
 
 
@@ -177,11 +204,19 @@ def _cpu() -> str:
     return f"{platform.machine()} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
 
 
+def _package_dir(package: str) -> str:
+    """A package's directory (this one: ``_HERE``), without importing anything new (the packages named in
+    ``_SOURCES`` are imported before this module is)."""
+    if package == __package__:
+        return _HERE
+    return os.path.dirname(os.path.abspath(sys.modules[package].__file__))
+
+
 def stamp() -> str:
     """16 hex digits of sha256 over the sources, the CPU, the Python ABI and numpy's major version."""
     h = hashlib.sha256()
-    for rel in _SOURCES:
-        with open(os.path.join(_HERE, rel), "rb") as f:
+    for package, rel in _SOURCES:
+        with open(os.path.join(_package_dir(package), rel), "rb") as f:
             h.update(f.read())
     h.update(f"\0{_cpu()}\0{sys.implementation.cache_tag}\0{np.__version__.split('.')[0]}".encode())
     return h.hexdigest()[:16]
@@ -231,24 +266,25 @@ def status() -> dict:
 
 
 @contextlib.contextmanager
-def _jit_flags():
-    """pycc compiles the exported functions with ``Flags()`` of its own: give them the JIT's options
-    (``_bits._JIT``) that change generated code, as numba's ``cc.export`` has no way to say so."""
+def _jit_flags(options: dict):
+    """pycc compiles every exported function with one ``Flags()`` of its own: give each the options of its own
+    numba decorator instead (``options``: py_func -> the dispatcher's ``targetoptions``: ``nogil`` releases the
+    GIL, ``fastmath``, ``error_model`` ...), parsed as numba's JIT parses them, as ``cc.export`` has no way to."""
+    from numba.core.cpu import CPUTargetOptions
     from numba.pycc import compiler
 
-    base = compiler.Flags
+    base = compiler.compile_extra
 
-    class Flags(base):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.release_gil = True  # nogil=True
-            self.error_model = "numpy"
+    def compile_extra(typingctx, targetctx, func, args, return_type, flags, locals, **kwargs):
+        flags = flags.copy()
+        CPUTargetOptions.parse_as_flags(flags, options[func])
+        return base(typingctx, targetctx, func, args, return_type, flags, locals, **kwargs)
 
-    compiler.Flags = Flags
+    compiler.compile_extra = compile_extra
     try:
         yield
     finally:
-        compiler.Flags = base
+        compiler.compile_extra = base
 
 
 def current(dest: str = _HERE) -> str | None:
@@ -292,11 +328,14 @@ def build(dest: str = _HERE, *, verbose: bool = False) -> str:
         cc.output_dir = tmp
         cc.target_cpu = "host"
         cc.verbose = verbose
+        options = {}
         for export, spec in EXPORTS.items():
-            module = importlib.import_module(f"{__package__}.{spec.module}")
-            cc.export(export, spec.signature)(getattr(module, spec.function).py_func)
+            dispatcher = getattr(importlib.import_module(spec.module), spec.function)
+            options[dispatcher.py_func] = dispatcher.targetoptions
+            cc.export(export, spec.signature)(dispatcher.py_func)
         try:
-            with _jit_flags(), open(os.devnull, "w") as quiet, contextlib.redirect_stdout(sys.stderr if verbose else quiet):
+            with _jit_flags(options), open(os.devnull, "w") as quiet, \
+                    contextlib.redirect_stdout(sys.stderr if verbose else quiet):
                 cc.compile()
         except Exception as e:  # a missing C compiler / Python headers (distutils' errors), LLVM's
             raise KernelBuildError(

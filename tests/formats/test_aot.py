@@ -17,7 +17,7 @@ import pytest
 
 from colitools.formats import reference as ref
 from colitools.formats.kernels import _encode, aot
-from tests.formats.conftest import use_drivers
+from tests.conftest import use_drivers
 
 F32 = np.float32
 
@@ -107,18 +107,21 @@ def test_a_module_built_for_other_sources_or_turned_off_is_not_used(monkeypatch)
 
 
 def test_the_stamp_covers_the_sources_and_the_cpu(monkeypatch, tmp_path):
-    here = os.path.dirname(aot.__file__)
-    (tmp_path / "kernels").mkdir()
-    for rel in aot._SOURCES:  # a copy of the files the compiled code depends on
-        (tmp_path / "kernels" / rel).write_bytes(open(os.path.join(here, rel), "rb").read())
+    for package, rel in aot._SOURCES:  # a copy of the files the compiled code depends on
+        copy = tmp_path / package / rel
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(open(os.path.join(aot._package_dir(package), rel), "rb").read())
     base = aot.stamp()
-    monkeypatch.setattr(aot, "_HERE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(aot, "_package_dir", lambda package: str(tmp_path / package))
     assert aot.stamp() == base
-    with open(tmp_path / "registry.py", "a") as f:  # the kernels' format codes live there
+    with open(tmp_path / "colitools.formats" / "registry.py", "a") as f:  # the kernels' format codes live there
         f.write("\n")
     edited = aot.stamp()
+    with open(tmp_path / "colitools" / "runtime" / "_jit_threads.py", "a") as f:  # the runtime's polls
+        f.write("\n")
+    runtime = aot.stamp()
     monkeypatch.setattr(aot, "_cpu", lambda: "x86_64 AuthenticAMD | 25 | 1 | fpu sse2")
-    assert len({base, edited, aot.stamp()}) == 3
+    assert len({base, edited, runtime, aot.stamp()}) == 4
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from colitools.formats.kernels import source_decoders as fast
 
 @pytest.fixture(autouse=True)
 def _on_both_kinds_of_kernel(kernel_drivers):
-    """Every case runs on the kernels compiled ahead of time and on numba's JIT (tests/formats/conftest.py)."""
+    """Every case runs on the kernels compiled ahead of time and on numba's JIT (tests/conftest.py)."""
 
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -112,22 +112,26 @@ def test_concurrent_callers_each_get_their_results(two_threads):
     assert out == {c: [[c * 100 + i for i in range(6)]] * 5 for c in (1, 2)}
 
 
-def test_flag_cells():
+def test_flag_cells(kernel_drivers):
+    """The compiled polls, compiled ahead of time and JIT (the ``th_*`` kernels)."""
+    from colitools.formats.kernels import aot
+
+    k = aot.kernels()
     T, F, B = threads.TASK, threads.FINISHED, threads.CALLER_BLOCKED
     cells = np.zeros(24, np.int64)
-    threads._set(cells, F, 5)
-    assert cells[F] == 5 and threads._set_then_read(cells, B, 1, F) == 5 and cells[B] == 1
-    assert threads._reach(cells, F, 6, 100) == 5  # not reached: gives up after 100 reads
-    assert threads._reach(cells, F, 4, 100) == 5
-    assert threads._next_post(cells, 0, 100, 0) == 0  # nothing posted
-    threads._set(cells, T, 3)
-    assert threads._next_post(cells, 2, 100, 10) == 3 and threads._next_post(cells, 3, 100, 0) == 3
+    k.th_set(cells, F, 5)
+    assert cells[F] == 5 and k.th_set_then_read(cells, B, 1, F) == 5 and cells[B] == 1
+    assert k.th_reach(cells, F, 6, 100) == 5  # not reached: gives up after 100 reads
+    assert k.th_reach(cells, F, 4, 100) == 5
+    assert k.th_next_post(cells, 0, 100, 0) == 0  # nothing posted
+    k.th_set(cells, T, 3)
+    assert k.th_next_post(cells, 2, 100, 10) == 3 and k.th_next_post(cells, 3, 100, 0) == 3
     # task 3 is taken once: by the helper or by the caller, never both
-    assert threads._take(cells, 3) and cells[T] == -3 and not threads._take(cells, 3)
-    assert threads._next_post(cells, 0, 100, 0) == -3  # a taken task is no post
-    assert threads._finish_and_poll(cells, 3, 100, 0) == -1 and cells[F] == 3  # the caller sleeps: notify
+    assert k.th_take(cells, 3) and cells[T] == -3 and not k.th_take(cells, 3)
+    assert k.th_next_post(cells, 0, 100, 0) == -3  # a taken task is no post
+    assert k.th_finish_and_poll(cells, 3, 100, 0) == -1 and cells[F] == 3  # the caller sleeps: notify
     cells[B] = 0
-    assert threads._finish_and_poll(cells, 3, 100, 0) == -3  # no later post within the window
+    assert k.th_finish_and_poll(cells, 3, 100, 0) == -3  # no later post within the window
 
 
 def test_a_task_the_caller_took_back_never_runs(two_threads):

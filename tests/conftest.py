@@ -1,5 +1,6 @@
-"""Fixtures choosing which kernels run: the ones compiled ahead of time (``aot``, built for
-this machine by ``./dev``) or numba's JIT ones. Both must equal the numpy reference byte for byte."""
+"""Fixtures choosing which kernels run: the ones compiled ahead of time (``aot``, built for this machine by
+``./dev``) or numba's JIT ones. The codecs must equal the numpy reference byte for byte on both; the runtime's
+matmul kernels and thread-pool polls must pass the same tests on both."""
 
 from __future__ import annotations
 
