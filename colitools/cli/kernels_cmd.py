@@ -20,8 +20,8 @@ def kernels_command(
     force: Annotated[bool, typer.Option("--force", help="With --build: compile even when they are current.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON for scripts.")] = False,
 ) -> None:
-    """Show whether conversions run the encode / decode kernels compiled ahead of time (no numba start-up,
-    ~0.5 s per process) or numba's JIT (the same bytes). --build compiles them into the installed package,
+    """Show whether convert, verify and run use their kernels compiled ahead of time (no numba start-up,
+    ~0.5 s per process) or numba's JIT (the same code). --build compiles them into the installed package,
     for these sources on this CPU; ./dev does it after installing."""
     from colitools.formats.kernels import aot
 
