@@ -21,8 +21,9 @@ def kernels_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON for scripts.")] = False,
 ) -> None:
     """Show whether convert, verify and run use their kernels compiled ahead of time (no numba start-up,
-    ~0.5 s per process) or numba's JIT (the same code). --build compiles them into the installed package,
-    for these sources on this CPU; ./dev does it after installing."""
+    ~0.5 s per process) or numba's JIT (the same code). --build compiles them for these sources on this CPU
+    into the installed package (or, when it is read-only, ~/.cache/colitools/kernels); ./dev does it after
+    installing."""
     from colitools.formats.kernels import aot
 
     built = None

@@ -23,6 +23,8 @@ import contextlib
 import glob
 import hashlib
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shutil
@@ -226,6 +228,37 @@ def module_name() -> str:
     return PREFIX + stamp()
 
 
+def user_dir() -> str:
+    """Where the module is built when the package's directory is not writable (a system-wide install):
+    ``$XDG_CACHE_HOME/colitools/kernels``, else ``~/.cache/colitools/kernels``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "colitools", "kernels")
+
+
+def search_dirs() -> list[str]:
+    """Where ``load`` looks, in order: this package's directory, then ``user_dir()``."""
+    return [_HERE, user_dir()]
+
+
+def default_dest() -> str:
+    """Where ``build`` writes: this package's directory when it is writable, else ``user_dir()``."""
+    return _HERE if os.access(_HERE, os.W_OK) else user_dir()
+
+
+def built_files(dest: str | None = None) -> list[str]:
+    """The compiled-ahead modules present in ``dest`` (default: every ``search_dirs()``), current or stale."""
+    dirs = search_dirs() if dest is None else [dest]
+    return [p for d in dirs for p in sorted(glob.glob(os.path.join(d, PREFIX + "*")))]
+
+
+def current(dest: str | None = None) -> str | None:
+    """The module built for these sources on this CPU and this Python (its extension suffix) in ``dest``
+    (default: the first of ``search_dirs()`` that has one), or None."""
+    name = module_name()
+    wanted = {name + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES}
+    return next((p for p in built_files(dest) if os.path.basename(p) in wanted), None)
+
+
 def load():
     """The compiled-ahead module for these sources on this CPU, or None (``status()["reason"]`` says why).
     Once per process."""
@@ -233,34 +266,28 @@ def load():
         module, reason = None, ""
         if os.environ.get("COLITOOLS_AOT", "").strip() == "0":
             reason = "turned off (COLITOOLS_AOT=0)"
+        elif (path := current()) is None:
+            reason = f"not built for these sources on this CPU ({module_name()}; `colitools kernels --build`)"
         else:
-            name = module_name()
             try:
-                module = importlib.import_module(f"{__package__}.{name}")
-            except ModuleNotFoundError as e:
-                if e.name != f"{__package__}.{name}":
-                    raise
-                reason = f"not built for these sources on this CPU ({name}; `colitools kernels --build`)"
+                spec = importlib.util.spec_from_file_location(f"{__package__}.{module_name()}", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
             except ImportError as e:  # built, but does not load here (a damaged file, a missing library)
-                reason = f"{name} does not load: {e}"
+                module, reason = None, f"{path} does not load: {' '.join(str(e).split())}"
         _LOADED.update(module=module, reason=reason)
     return _LOADED["module"]
 
 
-def built_files(dest: str = _HERE) -> list[str]:
-    """The compiled-ahead modules present in ``dest``, current or stale."""
-    return sorted(glob.glob(os.path.join(dest, PREFIX + "*")))
-
-
 def status() -> dict:
-    """Whether the encoders run compiled ahead of time in this process, and from which file or why not."""
+    """Whether the kernels run compiled ahead of time in this process, and from which file or why not."""
     module = load()
     return {
         "loaded": module is not None,
         "module": module_name(),
         "file": getattr(module, "__file__", None),
         "reason": _LOADED["reason"],
-        "built": [os.path.basename(p) for p in built_files()],
+        "built": built_files(),
         "kernels": sorted(EXPORTS),
     }
 
@@ -287,12 +314,6 @@ def _jit_flags(options: dict):
         compiler.compile_extra = base
 
 
-def current(dest: str = _HERE) -> str | None:
-    """The path of the module built for these sources on this CPU in ``dest``, or None."""
-    name = module_name()
-    return next((p for p in built_files(dest) if os.path.basename(p).split(".", 1)[0] == name), None)
-
-
 def _remove_dead_builds(dest: str) -> None:
     """The temporary directories of builds whose process is gone (killed mid-build); a live one is left."""
     for path in glob.glob(os.path.join(dest, ".aot-build-*")):
@@ -305,10 +326,15 @@ def _remove_dead_builds(dest: str) -> None:
             continue
 
 
-def build(dest: str = _HERE, *, verbose: bool = False) -> str:
-    """Compile the drivers for this machine into ``dest`` (default: this package) and return the module's path.
+def build(dest: str | None = None, *, verbose: bool = False) -> str:
+    """Compile the kernels for this machine into ``dest`` (default: ``default_dest()``) and return the module's
+    path.
     Written under a temporary name and renamed, so a killed build leaves no module under a final name; older
     modules of the same prefix are removed after. Needs numba and a C compiler (~10-20 s on 2 cores)."""
+    if dest is None:
+        dest = default_dest()
+        with contextlib.suppress(OSError):
+            os.makedirs(dest, exist_ok=True)
     if not os.path.isdir(dest) or not os.access(dest, os.W_OK):
         raise KernelBuildError(f"cannot build the compiled-ahead kernels: {dest} is not a writable directory")
     with warnings.catch_warnings():

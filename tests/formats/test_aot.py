@@ -26,7 +26,7 @@ def test_the_compiled_ahead_module_is_built_for_this_checkout_and_this_cpu():
     status = aot.status()
     assert status["loaded"], status["reason"]
     assert os.path.basename(status["file"]).startswith(aot.module_name() + ".")
-    assert status["built"] == [os.path.basename(status["file"])]  # a rebuild removes the stale ones
+    assert status["built"] == [status["file"]]  # a rebuild removes the stale ones
 
 
 def test_a_large_encode_runs_compiled_ahead_without_importing_numba():
@@ -153,9 +153,28 @@ def test_a_damaged_module_is_not_loaded_and_says_why(monkeypatch):
         monkeypatch.setattr(aot, "_LOADED", {})
         monkeypatch.setattr(aot, "module_name", lambda: name)
         assert aot.load() is None
-        assert aot.status()["reason"].startswith(f"{name} does not load: ")
+        assert aot.status()["reason"].startswith(f"{path} does not load: ")
     finally:
         os.unlink(path)
+
+
+def test_a_read_only_install_builds_and_loads_from_the_users_cache(monkeypatch, tmp_path):
+    """A system-wide install: the package's directory is not writable, so the module goes to (and is found in)
+    $XDG_CACHE_HOME/colitools/kernels."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert aot.user_dir() == str(tmp_path / "cache" / "colitools" / "kernels")
+    installed = aot.current()
+    here = aot._HERE
+    monkeypatch.setattr(aot, "_HERE", str(tmp_path / "read-only"))  # os.access: not writable
+    assert aot.default_dest() == aot.user_dir()
+    monkeypatch.setattr(aot, "_HERE", here)
+    os.makedirs(aot.user_dir())
+    copy = os.path.join(aot.user_dir(), os.path.basename(installed))
+    with open(installed, "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read())
+    monkeypatch.setattr(aot, "search_dirs", lambda: [str(tmp_path / "empty"), aot.user_dir()])
+    monkeypatch.setattr(aot, "_LOADED", {})
+    assert aot.load() is not None and aot.status()["file"] == copy
 
 
 def test_a_killed_builds_leftovers_are_removed_by_the_next_build(tmp_path):
