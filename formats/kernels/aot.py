@@ -1,18 +1,20 @@
-"""The codecs' kernels compiled ahead of time: the numba row kernels of ``encoders``, ``decoders`` and
-``source_decoders`` (``EXPORTS``), compiled once (``colitools kernels --build``, which ``./dev`` runs after
-installing) into an extension module of this package, so that a conversion neither imports numba nor loads its
-cache. numba's load is ~0.5-0.6 s of every process that encodes or decodes a large tensor (its first compile
-~12 CPU-s); the module imports in under a millisecond (docs/INTERNALS.md, "Kernels compiled ahead of time").
+"""Kernels compiled ahead of time: every numba function the converter, ``verify`` and the runtime call
+(``EXPORTS``: the row kernels of ``encoders``, ``decoders`` and ``source_decoders``, the runtime's matmul kernels
+and its thread pool's polls), compiled once (``colitools kernels --build``, which ``./dev`` runs after
+installing) into one extension module, so that a process neither imports numba nor loads its cache. numba's
+load is ~0.5-0.6 s of every process that touches a kernel (its first compile ~12 CPU-s); the module loads in
+under a millisecond (docs/INTERNALS.md, "Kernels compiled ahead of time").
 
 The module is numba's ``pycc`` output for the same Python functions the JIT compiles (``.py_func`` of each
-kernel, their callees compiled with their own options), with the JIT's flags (``nogil``: the GIL is released
-for the call; ``error_model="numpy"``; no fastmath) and for this machine's CPU (``target_cpu="host"``), so it
-gives the same bytes as the JIT and as the numpy reference (the property tests run on both). Its name carries
-a stamp of everything its code depends on: the kernel sources, the registry and reference they read their
-constants from, the CPU (vendor, family, model, feature flags), the Python ABI and numpy's major version. A
-module built for other sources or another CPU is simply not found: the JIT kernels serve (same bytes), and
-``status()`` says why. ``COLITOOLS_AOT=0`` turns the module off. ``kernels()`` is what the numba-free callers
-(``_encode``, ``_decode``) run, through ``run``.
+kernel, their callees compiled with their own options), each with its own decorator's options (``nogil``: the
+GIL is released for the call; the codecs' ``error_model="numpy"`` without fastmath; the matmuls' fastmath) and
+for this machine's CPU (``target_cpu="host"``), so it runs the same code as the JIT (the property tests run on
+both). Its name carries a stamp of everything that code depends on: the kernel sources, the registry and
+reference the codecs read their constants from, the runtime modules that hold its constants, the CPU (vendor,
+family, model, feature flags), the Python ABI and numpy's major version. A module built for other sources or
+another CPU is simply not found: the JIT kernels serve, and ``status()`` says why. ``COLITOOLS_AOT=0`` turns
+the module off. ``kernels()`` is what the numba-free callers (``_encode``, ``_decode``, the runtime's
+``kernels`` and ``threads``) run.
 
 This module imports numba only to build, or when it falls back to the JIT.
 """
@@ -39,8 +41,8 @@ from colitools.formats.errors import ColitoolsError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PREFIX = "_aot_kernels_"
-# Everything the compiled code depends on, relative to this package: a change to any of them is another module.
-# (package, file): found from the package's own directory (an editable checkout and a wheel lay them out apart).
+# Everything the compiled code depends on: a change to any of them is another module. (package, file): found from
+# the package's own directory (an editable checkout and a wheel lay them out apart).
 _SOURCES = (
     *(("colitools.formats.kernels", f) for f in ("_bits.py", "_row_encoders.py", "encoders.py", "decoders.py",
                                                   "source_decoders.py", "aot.py")),
