@@ -2,8 +2,8 @@
 (``EXPORTS``: the row kernels of ``encoders``, ``decoders`` and ``source_decoders``, the runtime's matmul kernels
 and its thread pool's polls), compiled once (``colitools kernels --build``, which ``./dev`` runs after
 installing) into one extension module, so that a process neither imports numba nor loads its cache. numba's
-load is ~0.5-0.6 s of every process that touches a kernel (its first compile ~12 CPU-s); the module loads in
-under a millisecond (docs/INTERNALS.md, "Kernels compiled ahead of time").
+load is ~0.5-0.6 s of every process that touches a kernel (its first compile ~12 CPU-s); finding and importing
+the module takes 1-2 ms (docs/INTERNALS.md, "Kernels compiled ahead of time").
 
 The module is numba's ``pycc`` output for the same Python functions the JIT compiles (``.py_func`` of each
 kernel, their callees compiled with their own options), each with its own decorator's options (``nogil``: the
@@ -253,10 +253,10 @@ def built_files(dest: str | None = None) -> list[str]:
     return [p for d in dirs for p in sorted(glob.glob(os.path.join(d, PREFIX + "*")))]
 
 
-def current(dest: str | None = None) -> str | None:
+def current(dest: str | None = None, name: str | None = None) -> str | None:
     """The module built for these sources on this CPU and this Python (its extension suffix) in ``dest``
-    (default: the first of ``search_dirs()`` that has one), or None."""
-    name = module_name()
+    (default: the first of ``search_dirs()`` that has one), or None. ``name``: ``module_name()`` if known."""
+    name = name or module_name()
     wanted = {name + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES}
     return next((p for p in built_files(dest) if os.path.basename(p) in wanted), None)
 
@@ -268,11 +268,11 @@ def load():
         module, reason = None, ""
         if os.environ.get("COLITOOLS_AOT", "").strip() == "0":
             reason = "turned off (COLITOOLS_AOT=0)"
-        elif (path := current()) is None:
-            reason = f"not built for these sources on this CPU ({module_name()}; `colitools kernels --build`)"
+        elif (path := current(name=(name := module_name()))) is None:
+            reason = f"not built for these sources on this CPU ({name}; `colitools kernels --build`)"
         else:
             try:
-                spec = importlib.util.spec_from_file_location(f"{__package__}.{module_name()}", path)
+                spec = importlib.util.spec_from_file_location(f"{__package__}.{name}", path)
                 module = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(module)
             except ImportError as e:  # built, but does not load here (a damaged file, a missing library)
