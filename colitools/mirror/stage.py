@@ -351,8 +351,10 @@ def _copy_all(
                         errors.append(exc)
                 stop.set()
 
-        futures = [pool.submit(copy_one, f) for f in to_copy]
-        try:
+        futures = []
+        try:  # submitting too: an interrupt right after the first submit must stop that copy as well
+            for f in to_copy:
+                futures.append(pool.submit(copy_one, f))
             for future in futures:
                 future.result()
         except BaseException:  # e.g. KeyboardInterrupt here: copies in flight stop at their next check
