@@ -66,11 +66,6 @@ def in_worker() -> bool:
 TASK, FINISHED, CALLER_BLOCKED = 0, 8, 16
 
 
-def _k():
-    """The compiled polls: the ``th_*`` exports of ``aot.kernels()`` (from ``_jit_threads``)."""
-    return aot.kernels()
-
-
 _spin_iters: int | None = None
 
 
@@ -79,10 +74,10 @@ def _spin_reads() -> int:
     global _spin_iters
     if _spin_iters is None:
         cell = np.zeros(1, np.int64)
-        _k().th_reach(cell, 0, 1, 10)  # compile / load
+        aot.kernels().th_reach(cell, 0, 1, 10)  # compile / load
         n = 1 << 12
         t0 = time.perf_counter()
-        _k().th_reach(cell, 0, 1, n)
+        aot.kernels().th_reach(cell, 0, 1, n)
         _spin_iters = max(100, int(n * SPIN_SECONDS / max(time.perf_counter() - t0, 1e-9)))
     return _spin_iters
 
@@ -94,7 +89,7 @@ class _Helper:
     """One pool thread running one task at a time: ``post(task) -> n``, then ``wait(n)``."""
 
     def __init__(self, index: int):
-        self.k = _k()  # the compiled polls (ahead of time, else numba's JIT)
+        self.k = aot.kernels()  # the compiled polls (th_*: ahead of time, else numba's JIT)
         self.flags = np.zeros(24, np.int64)
         self.task: Callable[[], None] | None = None
         self.error: BaseException | None = None

@@ -50,7 +50,7 @@ _REFERENCE_COST = {"mxfp4": 8, "fp8-e4m3-e8m0": 5}  # reference Mw/s: int8-row ~
 _budget = {"spent": 0, "kernels": False}
 
 # The encoders' sources: numba's cache entries are keyed on their size and mtime, and so is the marker.
-_ENCODER_SOURCES = ("_bits.py", "_row_encoders.py", "_threads.py", "encoders.py")
+_ENCODER_SOURCES = ("_bits.py", "_row_encoders.py", "encoders.py")
 _compiled: dict[str, bool] = {}  # memo of kernels_compiled()
 
 

@@ -55,6 +55,9 @@ class KernelBuildError(ColitoolsError):
     """The compiled-ahead module could not be built (the JIT kernels still serve)."""
 
 
+_SCALARS = {"i": "int64", "f": "float32", "b": "boolean"}  # Export.args' scalar tokens, as numba types
+
+
 @dataclass(frozen=True)
 class Export:
     """One exported kernel: its module and function, its arguments, each the numpy dtype of a C-contiguous 2-D
@@ -70,11 +73,10 @@ class Export:
     @property
     def signature(self) -> str:
         """numba's signature string (numba's type names are numpy's dtype names)."""
-        scalars = {"i": "int64", "f": "float32", "b": "boolean"}
 
         def one(a: str) -> str:
-            if a in scalars:
-                return scalars[a]
+            if a in _SCALARS:
+                return _SCALARS[a]
             return f"{a[:-2]}[::1]" if a.endswith("[]") else f"{a}[:, ::1]"
 
         args = (*self.args, "i", "i") if self.rows else self.args
@@ -174,8 +176,8 @@ def check_args(export: str, args: tuple) -> tuple:
     pass C-contiguous arrays of the right dtypes; an unaligned input view (a safetensors shard at an odd
     offset), which the JIT types differently, is copied (the outputs are the callers' own ``np.empty``)."""
     out = list(args)
-    for k, (want, a) in enumerate(zip(EXPORTS[export].args, args, strict=False)):
-        if want in ("i", "f", "b"):
+    for k, (want, a) in enumerate(zip(EXPORTS[export].args, args, strict=True)):
+        if want in _SCALARS:
             continue
         ndim, dtype = (1, want[:-2]) if want.endswith("[]") else (2, want)
         if not (type(a) is np.ndarray and a.ndim == ndim and a.dtype.name == dtype and a.flags.c_contiguous):

@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors import safe_open
 
 from colitools.formats import container
+from colitools.formats.errors import ResolveError
 from colitools.formats.planar import pairs_to_planar
 from colitools.formats.planar_sidecar import open_sidecar
 from colitools.formats.registry import by_name
@@ -56,6 +58,19 @@ def open_output(out: Path) -> list[SafetensorsFile]:
     """The main shards the index names, then the planar sidecar's layer files (the routed experts' home)."""
     index = json.loads((out / "model.safetensors.index.json").read_text())
     return [SafetensorsFile(out / f) for f in sorted(set(index["weight_map"].values()))] + open_sidecar(out)
+
+
+def resolve_without_config(out: Path, refused: str) -> dict:
+    """``resolve_container`` of ``out``'s shards alone (no config.json): asserts the ResolveError matching
+    ``refused``, then returns what ``report_unresolved=True`` resolves."""
+    shards = [SafetensorsFile(p) for p in sorted(out.glob("*.safetensors"))]
+    try:
+        with pytest.raises(ResolveError, match=refused):
+            container.resolve_container(shards)
+        return container.resolve_container(shards, report_unresolved=True)
+    finally:
+        for s in shards:
+            s.close()
 
 
 def check_output(

@@ -29,6 +29,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from convcheck import resolve_without_config
 from convcheck import stored_arrays as _read
 from convcheck import stored_headers as _headers
 
@@ -434,17 +435,6 @@ def test_stacks_of_different_formats_are_a_verify_problem(outputs, tmp_path):
 def test_a_fused_stack_without_config_is_named_or_reported_unresolved(outputs):
     """Without config.json a fused stack's rows (hidden size, expert width, expert count) are unknown: never
     guessed. A ResolveError naming the stack, or with report_unresolved the stack marked unresolved."""
-    from colitools.formats.container import resolve_container
-    from colitools.formats.errors import ResolveError
-    from colitools.formats.safetensors_io import SafetensorsFile
-
-    shards = [SafetensorsFile(p) for p in sorted(outputs["int4"].glob("*.safetensors"))]
-    try:
-        with pytest.raises(ResolveError, match=r"fused expert stack \S+experts\.gate_up_proj .*needs config.json"):
-            resolve_container(shards)
-        got = resolve_container(shards, report_unresolved=True)
-    finally:
-        for s in shards:
-            s.close()
+    got = resolve_without_config(outputs["int4"], r"fused expert stack \S+experts\.gate_up_proj .*needs config.json")
     stacks = {n: t for n, t in got.items() if n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))}
     assert stacks and all(t.kind == "unresolved" and "there is none" in t.problem for t in stacks.values())

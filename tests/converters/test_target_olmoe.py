@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from convcheck import resolve_without_config
 from convcheck import stored_tensors as _tensors
 
 from colitools.converters.options import ConvertOptions
@@ -224,19 +225,8 @@ def test_mirror_scan_counts_merged_blobs_as_expert_bytes(outputs):
 def test_a_merged_blob_without_config_is_named_or_reported_unresolved(outputs):
     """Without config.json a merged blob's gate/up/down geometry is unknown: never guessed. A ResolveError
     naming the blob, or with report_unresolved the blob marked unresolved (the rest still resolves)."""
-    from colitools.formats.container import resolve_container
-    from colitools.formats.errors import ResolveError
-    from colitools.formats.safetensors_io import SafetensorsFile
-
     olmoe, _ = outputs
-    shards = [SafetensorsFile(p) for p in sorted(olmoe.glob("*.safetensors"))]
-    try:
-        with pytest.raises(ResolveError, match=r"merged expert blob \S+merged_weight .*needs config.json's hidden"):
-            resolve_container(shards)
-        got = resolve_container(shards, report_unresolved=True)
-    finally:
-        for s in shards:
-            s.close()
+    got = resolve_without_config(olmoe, r"merged expert blob \S+merged_weight .*needs config.json's hidden")
     blobs = {n: t for n, t in got.items() if n.endswith(".merged_weight")}
     assert blobs and all(t.kind == "unresolved" and "there is none" in t.problem for t in blobs.values())
     assert got["model.norm.weight"].kind == "float"

@@ -15,6 +15,7 @@ from colitools.formats.registry import by_name
 from colitools.runtime import kernels, threads
 from colitools.runtime.kernels import QTensor
 
+
 @pytest.fixture(autouse=True)
 def _on_both_kinds_of_kernel(kernel_drivers):
     """Every case runs on the kernels compiled ahead of time and on numba's JIT (tests/conftest.py)."""
