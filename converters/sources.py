@@ -10,7 +10,10 @@ A Hub source is pinned to the commit its revision resolves to when it is opened,
 conversion comes from the same commit. huggingface_hub provides auth (``token`` or ``HF_TOKEN`` / the stored
 login), the listing with sizes and LFS sha256 (``HfApi.model_info(files_metadata=True)``), URLs
 (``hf_hub_url``) and the cache lookup (``try_to_load_from_cache``); the bytes are fetched by
-``download.download_file`` (resumable, sha256-verified) into the conversion's work folder.
+``download.download_file`` (resumable, sha256-verified) into the conversion's work folder. A file taken from the
+Hugging Face cache is hashed once per conversion, before its data is first used, and must hash to what its blob
+is named by (LFS: the sha256; other files: the git blob sha1): a damaged blob is refused offline and fetched
+again online, never converted.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from colitools.errors import ConvertError, FormatError
 from colitools.formats.container import check_shard_name as check_container_shard_name
-from colitools.formats.digest import sha256_file
+from colitools.formats.digest import git_blob_sha1, sha256_file
 from colitools.formats.dtypes import itemsize
 from colitools.formats.filenames import INDEX_FILE, SINGLE_FILE
 
@@ -41,6 +44,8 @@ if TYPE_CHECKING:
 # The Hub's own repo id grammar (huggingface_hub.utils._validators.REPO_ID_REGEX), namespace required.
 _REPO_ID = re.compile(r"^(?![-.])[\w\-.]{1,96}/(?![-.])[\w\-.]{1,96}(?<![-.])$")
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_SHA256 = re.compile(r"[0-9a-f]{64}")  # the blob name of an LFS file in the Hugging Face cache
+_GIT_SHA1 = re.compile(r"[0-9a-f]{40}")  # the blob name of any other file (its ETag: the git blob sha1)
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +142,6 @@ class Source(ABC):
     def _where(self) -> str:
         """How to name this source in messages."""
 
-    @abstractmethod
-    def _tensor_names(self, shard: str) -> list[str]:
-        """Tensor names in the header of a single-file checkpoint."""
-
     def header(self, shard: str) -> dict[str, HeaderTensor]:
         """tensor name -> ``HeaderTensor`` of ``shard``'s header, without reading tensor data. A shard on disk
         is opened with the strict ``SafetensorsFile``; ``ConvertError`` names the shard at fault."""
@@ -176,7 +177,7 @@ class Source(ABC):
             if INDEX_FILE in files:
                 mapping = _weight_map_from_index(self.read_json(INDEX_FILE))
             elif SINGLE_FILE in files:
-                mapping = dict.fromkeys(self._tensor_names(SINGLE_FILE), SINGLE_FILE)
+                mapping = dict.fromkeys(self.header(SINGLE_FILE), SINGLE_FILE)
             else:
                 raise ConvertError(f"{self._where()}: has neither {INDEX_FILE} nor {SINGLE_FILE}")
             missing = sorted(set(mapping.values()) - files.keys())
@@ -239,9 +240,6 @@ class LocalFolderSource(Source):
     def _where(self) -> str:
         return str(self.root)
 
-    def _tensor_names(self, shard: str) -> list[str]:
-        return _read_tensor_names(self.ensure_local(shard))
-
 
 class HubSource(Source):
     """A Hugging Face model repo, pinned to the commit its revision resolved to when it was opened.
@@ -282,6 +280,10 @@ class HubSource(Source):
         self.backoff = _Backoff() if backoff is None else backoff
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
         self.offline = constants.is_offline_mode()
+        self._blob_checks: dict[
+            Path, str | None
+        ] = {}  # cache blob -> why its bytes are not its name (None: ok)
+        self._refetched: set[str] = set()  # files whose cached copy is damaged (online: downloaded instead)
         if self.offline:  # HF_HUB_OFFLINE: the commit and the listing come from the Hugging Face cache
             self.commit, self._files = self._cached_snapshot()
             return
@@ -365,7 +367,7 @@ class HubSource(Source):
         """Offline: the commit the requested revision names in the Hugging Face cache and that snapshot's files
         (``scan_cache_dir``). Only cached files are listed, so a needed file that is not cached is reported by
         name (``_require``, ``weight_map``) and nothing is ever downloaded. An LFS file's blob is named by its
-        sha256, which is checked as for a download when the file is used from the cache (size only)."""
+        sha256: the listing's, which its bytes must hash to when the file is used (``_check_blob``)."""
         from huggingface_hub import scan_cache_dir
         from huggingface_hub.errors import CacheNotFound
 
@@ -389,7 +391,7 @@ class HubSource(Source):
         files = {}
         for f in revision.files:
             name = f.file_path.relative_to(revision.snapshot_path).as_posix()
-            sha256 = f.blob_path.name if re.fullmatch(r"[0-9a-f]{64}", f.blob_path.name) else None
+            sha256 = f.blob_path.name if _SHA256.fullmatch(f.blob_path.name) else None
             files[name] = SourceFile(name, f.size_on_disk, sha256)
         return revision.commit_hash, files
 
@@ -426,7 +428,26 @@ class HubSource(Source):
         return False
 
     def _cached(self, entry: SourceFile) -> Path | None:
-        """The file in the Hugging Face cache for our commit, if it is there with the listed size."""
+        """The file in the Hugging Face cache for our commit, if it is there with the listed size and its bytes
+        hash to its blob's name (``_check_blob``). A damaged blob is a ConvertError offline; online it is
+        passed over with a warning (the file is downloaded into the work folder, the cache is left alone)."""
+        found = self._cached_unchecked(entry)
+        if found is None:
+            return None
+        problem = self._check_blob(entry, found)
+        if problem is None:
+            return found
+        if self.offline:
+            raise ConvertError(
+                f"{problem}; HF_HUB_OFFLINE is set: delete the damaged blob, or convert online to fetch the file again"
+            )
+        if entry.name not in self._refetched:
+            self._refetched.add(entry.name)
+            log.warning("%s; downloading the file again", problem)
+        return None
+
+    def _cached_unchecked(self, entry: SourceFile) -> Path | None:
+        """The cache's file for our commit with the listed size, its bytes not checked (headers for planning)."""
         from huggingface_hub import try_to_load_from_cache
 
         found = try_to_load_from_cache(
@@ -436,32 +457,41 @@ class HubSource(Source):
             return Path(found)
         return None
 
-    def _tensor_names(self, shard: str) -> list[str]:
-        local = self.local_copy(shard)
-        if local is not None:
-            return _read_tensor_names(local)
-        from huggingface_hub.errors import SafetensorsParsingError
+    def _check_blob(self, entry: SourceFile, path: Path) -> str | None:
+        """Why the cached ``path`` is not ``entry``'s bytes (None: it is), hashing each blob once per source.
 
-        # Only the header is needed to plan: two small range requests instead of the whole file.
-        try:
-            meta = self._call(
-                f"{shard} in {self._where()}",
-                lambda: self._api.parse_safetensors_file_metadata(
-                    self.repo_id, shard, revision=self.commit, token=self.token
-                ),
+        An LFS file must have the listed sha256 (offline: the one its blob is named by); any other file the git
+        blob sha1 its blob is named by (huggingface_hub names a blob by the file's ETag). A blob whose name is
+        neither (a cache without symlinks holds plain copies) has nothing to be checked against."""
+        blob = Path(os.path.realpath(path))
+        if blob not in self._blob_checks:
+            if entry.sha256 is not None:
+                kind, expected, actual = "sha256", entry.sha256, sha256_file(blob)
+            elif _GIT_SHA1.fullmatch(blob.name):
+                kind, expected, actual = "git blob sha1", blob.name, git_blob_sha1(blob)
+            else:
+                kind = expected = actual = ""
+            self._blob_checks[blob] = (
+                f"{entry.name}: the Hugging Face cache's copy ({blob}) is damaged: {kind} {actual}, "
+                f"expected {expected}"
+                if actual != expected
+                else None
             )
-        except SafetensorsParsingError as exc:
-            raise ConvertError(f"{shard} in {self._where()}: bad safetensors header: {exc}") from None
-        return list(meta.tensors)
+        return self._blob_checks[blob]
 
     def header(self, shard: str) -> dict[str, HeaderTensor]:
         """The header from a copy on disk (the Hugging Face cache, or an intact earlier download into the work
         folder), else with two HTTP range requests (``HfApi.parse_safetensors_file_metadata``). A remote header
         is checked again, strictly, once the shard is on disk (the unit writer compares every tensor's dtype
         and shape with the plan)."""
-        cached = self._cached(self._require(shard))
+        entry = self._require(shard)
+        cached = self._cached_unchecked(entry)  # the bytes are hashed once the shard's data is needed
         if cached is not None:
-            return _local_header(shard, cached)
+            try:
+                return _local_header(shard, cached)
+            except ConvertError:
+                if self._cached(entry) is not None:  # raises offline for a damaged blob, names it online
+                    raise
         if self.is_deletable(shard):  # downloaded by an earlier run into the work folder
             # verifies the stamp / sha256; no download when the copy is intact
             return _local_header(shard, self.ensure_local(shard))
@@ -476,7 +506,9 @@ class HubSource(Source):
             meta = self._call(f"{shard} header", fetch)
         except SafetensorsParsingError as exc:
             raise ConvertError(f"shard {shard}: bad safetensors header: {exc}") from None
-        return {n: HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape)) for n, t in meta.tensors.items()}
+        return {
+            n: HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape)) for n, t in meta.tensors.items()
+        }
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A Hub API call with the download retry policy, its errors turned into one-line ``ConvertError``s."""
@@ -612,13 +644,3 @@ def _local_header(shard: str, path: Path) -> dict[str, HeaderTensor]:
             return {n: HeaderTensor(t.dtype, tuple(t.shape)) for n, t in f.tensors.items()}
     except SafetensorsError as exc:
         raise ConvertError(f"shard {shard}: {exc}") from None
-
-
-def _read_tensor_names(path: Path) -> list[str]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as fh:
-            return list(fh.keys())
-    except (SafetensorError, OSError) as exc:
-        raise ConvertError(f"{path}: cannot read the safetensors header: {exc}") from None

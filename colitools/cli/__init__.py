@@ -9,6 +9,7 @@ option, an option value out of range) and, for ``mirror plan`` / ``stage``, a pl
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 
@@ -72,6 +73,20 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+class _WarningLines(logging.Handler):
+    """Warnings the library logs while it works (a download retried, a damaged cache file passed over), as
+    ``colitools: warning: ...`` lines on stderr (without a handler, logging prints the bare message)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"colitools: {record.levelname.lower()}: {_one_line(record.getMessage())}", file=sys.stderr)
+
+
+def _show_library_warnings() -> None:
+    logger = logging.getLogger("colitools")
+    if not any(isinstance(h, _WarningLines) for h in logger.handlers):
+        logger.addHandler(_WarningLines())
+
+
 def _interrupted(args: list[str]) -> None:
     words = tuple(a for a in args if not a.startswith("-"))
     hint = next((h for cmd, h in _RESUMABLE.items() if words[: len(cmd)] == cmd), None)
@@ -84,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     watch = _InterruptWatch()
     watch.install()
+    _show_library_warnings()
     try:
         code = app(args=args, prog_name="colitools", standalone_mode=False)
     except _click_errors.NoArgsIsHelpError as exc:  # `colitools mirror`: the group's help, as a usage error
