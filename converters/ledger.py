@@ -126,9 +126,7 @@ class Ledger:
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
         state = cls.examine(outdir, plan, source, identities)
-        for name in state.removed_temporaries:
-            with contextlib.suppress(FileNotFoundError):
-                (outdir / name).unlink()
+        _unlink(outdir, state.removed_temporaries)
         ledger = cls(outdir, cls._fresh(plan, source), identities)
         ledger.data["units"] = _ordered(state.kept, plan)
         ledger.save()
@@ -211,6 +209,22 @@ class Ledger:
 def _ordered(units: dict[str, Any], plan: ConversionPlan) -> dict[str, Any]:
     order = {u.key: i for i, u in enumerate(plan.units)}
     return {k: units[k] for k in sorted(units, key=lambda k: order.get(k, len(order)))}
+
+
+def remove_temporaries(outdir: Path) -> list[str]:
+    """Remove the temporaries of our writers in ``outdir`` (``_temporaries``); returns their names. For a holder
+    of the folder's lock only: the runner calls it when a conversion stops cleanly (an error, Ctrl-C, SIGTERM,
+    the disk floor), so the file of the unit in flight does not wait for the next run (``open`` removes what a
+    SIGKILL left)."""
+    names = _temporaries(outdir) if outdir.is_dir() else []
+    _unlink(outdir, names)
+    return names
+
+
+def _unlink(outdir: Path, names: Iterable[str]) -> None:
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            (outdir / name).unlink()
 
 
 def _temporaries(outdir: Path) -> list[str]:

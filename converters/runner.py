@@ -32,7 +32,7 @@ from pathlib import Path
 from colitools.converters import output
 from colitools.converters.diskfloor import DiskFloor
 from colitools.converters.inventory import build_inventory, read_source_headers
-from colitools.converters.ledger import Ledger
+from colitools.converters.ledger import Ledger, remove_temporaries
 from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
 from colitools.converters.recipe import Role
@@ -41,6 +41,7 @@ from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_un
 from colitools.errors import ConvertError
 from colitools.formats import kernels, targets
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.lockfile import held_lock
 from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
 
 WORKDIR = ".colitools-download"
@@ -112,7 +113,11 @@ def _convert(
         return summary
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
-        _run(src, plan, out, options, floor, summary, identities)
+        try:
+            _run(src, plan, out, options, floor, summary, identities)
+        except BaseException:  # a clean stop (error, Ctrl-C, SIGTERM, disk floor): every writer has ended
+            remove_temporaries(out)
+            raise
     summary.disk_waits = floor.waits
     summary.wall_seconds = time.monotonic() - started
     return summary
@@ -166,26 +171,12 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
     return summary
 
 
-@contextlib.contextmanager
-def _locked(out: Path):
-    """One conversion per output folder at a time (advisory lock, released by the kernel on any exit).
-
-    ``filelock`` (flock on Unix, msvcrt on Windows); ``timeout=0``: a second conversion fails at once rather
-    than waiting behind the first."""
-    from filelock import FileLock, Timeout
-
-    path = out / LOCKFILE
-    lock = FileLock(path, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise ConvertError(f"{out}: another colitools convert is working in this folder") from None
-    try:
-        yield
-    finally:
-        lock.release()
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+def _locked(out: Path) -> contextlib.AbstractContextManager[None]:
+    """One conversion per output folder at a time: ``.colitools.lock`` (``lockfile.held_lock``), removed when the
+    conversion ends, by an error or a clean stop too; a SIGKILL leaves the file, which the next run takes."""
+    return held_lock(
+        out / LOCKFILE, lambda: ConvertError(f"{out}: another colitools convert is working in this folder")
+    )
 
 
 def _bar(options: ConvertOptions, total: int, desc: str, leave: bool = True):

@@ -4,7 +4,8 @@ Every failure is one line on stderr, ``colitools: error: ...``, never a tracebac
 1 an error that stopped the command (``ColitoolsError``, OS errors); 2 a usage error (unknown command or
 option, an option value out of range) and, for ``mirror plan`` / ``stage``, a plan that was not admitted;
 3 ``convert --on-low-disk stop`` met the disk floor; 4 a check that ran and found problems; 130 interrupted
-(Ctrl-C / SIGINT), with the resume hint for ``convert`` and ``mirror stage``.
+(Ctrl-C / SIGINT) and 143 terminated (SIGTERM), both a clean stop, with the resume hint for ``convert`` and
+``mirror stage``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _ABORTS = tuple({typer.Abort, getattr(_click_errors, "Abort", typer.Abort)})
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by it
 
 _RESUMABLE = {
     ("convert",): "rerun the same command to resume (finished units are kept)",
@@ -44,23 +46,27 @@ _RESUMABLE = {
 
 
 class _InterruptWatch:
-    """SIGINT handler: remembers that the user interrupted, then raises KeyboardInterrupt as Python's own does.
+    """SIGINT and SIGTERM handler: remembers the signal, then raises KeyboardInterrupt as Python's own SIGINT
+    handler does, so a SIGTERM is the same clean stop as a Ctrl-C (locks and temporaries removed, finished work
+    kept).
 
     Typer turns a KeyboardInterrupt into a silent ``Exit(130)``, and an interrupt raised inside a finalizer is
-    dropped by Python; the flag survives both, so ``main`` always reports it. After the first interrupt the
-    default action is restored: a second Ctrl-C ends the process at once (while cleanup is still running)."""
+    dropped by Python; the flag survives both, so ``main`` always reports it. After the first signal its
+    default action is restored: a second one ends the process at once (while cleanup is still running)."""
 
     def __init__(self) -> None:
-        self.hit = False
+        self.hit: int | None = None  # the signal that stopped the command
 
     def install(self) -> None:
-        # not when the process was started with SIGINT ignored (nohup, `&` in a script)
+        # not when the process was started with a signal ignored (SIGINT: nohup, `&` in a script)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, self)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self)
 
     def __call__(self, signum, frame) -> None:
-        self.hit = True
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        self.hit = self.hit or signum
+        signal.signal(signum, signal.SIG_DFL)
         raise KeyboardInterrupt
 
 
@@ -87,11 +93,12 @@ def _show_library_warnings() -> None:
         logger.addHandler(_WarningLines())
 
 
-def _interrupted(args: list[str]) -> None:
+def _interrupted(args: list[str], signum: int | None) -> None:
     words = tuple(a for a in args if not a.startswith("-"))
     hint = next((h for cmd, h in _RESUMABLE.items() if words[: len(cmd)] == cmd), None)
-    print("colitools: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
-    sys.exit(EXIT_INTERRUPTED)
+    what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    print(f"colitools: {what}" + (f"; {hint}" if hint else ""), file=sys.stderr)
+    sys.exit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,9 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         _fail(exc.format_message().rstrip(".") + where, EXIT_USAGE)
     except _ABORTS:  # click's form of an interrupt (or EOF) at a prompt
-        _interrupted(args)
+        _interrupted(args, watch.hit)
     except KeyboardInterrupt:
-        _interrupted(args)
+        _interrupted(args, watch.hit)
     except ColitoolsError as exc:
         _fail(str(exc), exc.exit_code)
     except OSError as exc:  # disk full, permission denied, vanished file: one line naming the file
@@ -120,5 +127,5 @@ def main(argv: list[str] | None = None) -> None:
     except _click_errors.ClickException as exc:
         _fail(exc.format_message(), exc.exit_code)
     if watch.hit:
-        _interrupted(args)
+        _interrupted(args, watch.hit)
     sys.exit(code or 0)

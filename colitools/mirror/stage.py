@@ -17,19 +17,19 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 
-from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from colitools.errors import MirrorError
 from colitools.formats.atomic import parse_temp_name, write_json_atomic
+from colitools.formats.lockfile import held_lock
 from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
 from colitools.mirror.plan import (
     DEFAULT_RESERVE_GIB,
@@ -102,18 +102,13 @@ class StageResult:
         }
 
 
-@contextmanager
-def _mirror_lock(mirror: Path) -> Iterator[None]:
-    """One stage per mirror: ``filelock`` with ``timeout=0`` fails at once; a killed process releases it too."""
-    lock = FileLock(mirror / LOCK_FILE, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise MirrorError(f"another stage is running on {mirror} (lock {LOCK_FILE} is held)") from None
-    try:
-        yield
-    finally:
-        lock.release()
+def _mirror_lock(mirror: Path) -> AbstractContextManager[None]:
+    """One stage per mirror (``lockfile.held_lock``): a second one fails at once; the lock file is removed when
+    the stage ends (done, failed or stopped cleanly), a SIGKILL leaves it for the next stage to take."""
+    return held_lock(
+        mirror / LOCK_FILE,
+        lambda: MirrorError(f"another stage is running on {mirror} (lock {LOCK_FILE} is held)"),
+    )
 
 
 def _remove_stale_temporaries(mirror: Path) -> None:
@@ -129,8 +124,16 @@ def _remove_stale_temporaries(mirror: Path) -> None:
 
 
 def _progress_bar(total: int, desc: str, progress: bool | None) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
-                disable=None if progress is None else not progress, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        leave=False,
+        disable=None if progress is None else not progress,
+        dynamic_ncols=True,
+    )
 
 
 def stage_mirror(
@@ -157,8 +160,16 @@ def stage_mirror(
     CPUs, at most 4; each copy is CPU-bound by sha256).
     """
     clock = _PhaseClock()
-    plan = plan_mirror(model, mirror, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes, usage=usage,
-                       source_dirs=source_dirs, disk_weights=disk_weights, probe=probe)
+    plan = plan_mirror(
+        model,
+        mirror,
+        budget_bytes=budget_bytes,
+        reserve_bytes=reserve_bytes,
+        usage=usage,
+        source_dirs=source_dirs,
+        disk_weights=disk_weights,
+        probe=probe,
+    )
     result = StageResult(plan, timings=clock.times)
     clock.lap("plan")
     workers = workers if workers is not None else _default_workers()
@@ -175,11 +186,17 @@ def stage_mirror(
         _remove_stale_temporaries(root)
         kept: dict[str, str] = {}
         to_check = [f for f in plan.files if _same_size_file(root / f.name, f.size)]
-        with _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar, \
-                ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-hash") as pool:
+        with (
+            _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar,
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-hash") as pool,
+        ):
             update = _locked(bar.update)
-            digests = list(pool.map(lambda job: _hash_recording(job[0], trusted, update, from_device=job[1]),
-                                    [job for f in to_check for job in ((f.source, False), (root / f.name, True))]))
+            digests = list(
+                pool.map(
+                    lambda job: _hash_recording(job[0], trusted, update, from_device=job[1]),
+                    [job for f in to_check for job in ((f.source, False), (root / f.name, True))],
+                )
+            )
             for f, source_sha, target_sha in zip(to_check, digests[0::2], digests[1::2], strict=True):
                 if source_sha == target_sha:
                     kept[f.name] = source_sha
@@ -198,8 +215,15 @@ def stage_mirror(
                 raise
             raise _out_of_space(root / PLAN_FILE, root, to_copy_bytes) from None
 
-        copied = _copy_all(to_copy, root, plan.reserve_bytes, trusted, progress,
-                           reread_from_device=reread_from_device, workers=workers)
+        copied = _copy_all(
+            to_copy,
+            root,
+            plan.reserve_bytes,
+            trusted,
+            progress,
+            reread_from_device=reread_from_device,
+            workers=workers,
+        )
         clock.lap("copy")
 
         result.files = [
@@ -228,8 +252,13 @@ def stage_mirror(
         clock.lap("receipt")
 
     with _progress_bar(2 * plan.selected_bytes, "verifying", progress) as bar:
-        result.verification = verify_mirror(root, plan.model_root, source_dirs=plan.source_dirs[1:],
-                                            progress=bar.update, trusted_digests=trusted)
+        result.verification = verify_mirror(
+            root,
+            plan.model_root,
+            source_dirs=plan.source_dirs[1:],
+            progress=bar.update,
+            trusted_digests=trusted,
+        )
     clock.lap("verify")
     return result
 
@@ -304,8 +333,10 @@ def _copy_all(
     stop = threading.Event()
     errors: list[BaseException] = []
 
-    with _progress_bar(2 * total, "copying+verifying", progress) as bar, \
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-copy") as pool:
+    with (
+        _progress_bar(2 * total, "copying+verifying", progress) as bar,
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-copy") as pool,
+    ):
         advance = _locked(bar.update)
 
         def copy_one(f: PlannedFile) -> None:
@@ -320,7 +351,8 @@ def _copy_all(
                     # a copy in flight reports its bytes only every guard_every, but they are on the drive
                     # already: count them from its temporary (and, just renamed, final) file
                     still = total - sum(
-                        size if name in copied else _on_drive(root / name, size) for name, size in written.items()
+                        size if name in copied else _on_drive(root / name, size)
+                        for name, size in written.items()
                     )
                 free = shutil.disk_usage(root).free
                 if free - still < reserve:
@@ -331,8 +363,14 @@ def _copy_all(
 
             try:
                 before = stat_signature(f.source)
-                sha = copy_verified(f.source, root / f.name, f.size, progress=advance, guard=guard,
-                                    reread_from_device=reread_from_device)
+                sha = copy_verified(
+                    f.source,
+                    root / f.name,
+                    f.size,
+                    progress=advance,
+                    guard=guard,
+                    reread_from_device=reread_from_device,
+                )
                 with lock:
                     written[f.name] = f.size
                     copied[f.name] = sha
