@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import typer
 
@@ -20,10 +19,18 @@ _LAYOUTS = " | ".join(
 )
 
 
+def _output_folder(value: str) -> str:
+    if value == "":  # as a Path it would be ".": a conversion into the current folder
+        raise typer.BadParameter("an empty path; give the folder to convert into")
+    return value
+
+
 @app.command("convert")
 def convert_command(
     source: str = typer.Argument(..., help="A local model folder, or a Hugging Face repo id (org/name)."),
-    outdir: Path = typer.Argument(..., help="Output folder (created; a rerun resumes in it)."),
+    outdir: str = typer.Argument(
+        ..., help="Output folder (created; a rerun resumes in it).", callback=_output_folder
+    ),
     experts: str | None = typer.Option(
         None, "--experts", help=f"Routed experts format (default int4-g64): {_FMT}."
     ),
