@@ -40,12 +40,12 @@ from colitools.converters.sources import LocalFolderSource, Source, SourceFile, 
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.errors import ConvertError
 from colitools.formats import kernels, targets
-from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.filenames import CONFIG_FILE, DOWNLOAD_DIR, INDEX_FILE, LOCK_FILE
 from colitools.formats.lockfile import held_lock
 from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
 
-WORKDIR = ".colitools-download"
-LOCKFILE = ".colitools.lock"
+WORKDIR = DOWNLOAD_DIR
+LOCKFILE = LOCK_FILE
 SLOW_UNIT_ENV = "COLITOOLS_TEST_SLOW_UNIT_SECONDS"
 
 
@@ -53,8 +53,6 @@ def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     """Read the source's config, weight map and shard headers, validate them and plan the conversion."""
     recipe = options.recipe()
     config = source.read_json(CONFIG_FILE)
-    if not isinstance(config, dict):
-        raise ConvertError(f"{CONFIG_FILE}: not a JSON object")
     weight_map = source.weight_map()
     shards = sorted(set(weight_map.values()))
     headers = read_source_headers(source, shards)
@@ -76,6 +74,8 @@ def convert(
     if options.workers < 1:
         raise ConvertError(f"--workers {options.workers}: must be at least 1")
     options.recipe()  # bad options fail before anything is opened or fetched
+    if isinstance(outdir, str) and not outdir:  # Path("") is ".": it would convert into the current folder
+        raise ConvertError("outdir: an empty path; give the folder to convert into")
     out = Path(outdir).expanduser().resolve()
     output.check_output_path(out)
     spec = str(source) if not isinstance(source, Source) else None

@@ -34,6 +34,7 @@ from colitools.formats.container import check_shard_name as check_container_shar
 from colitools.formats.digest import git_blob_sha1, sha256_file
 from colitools.formats.dtypes import itemsize
 from colitools.formats.filenames import INDEX_FILE, SINGLE_FILE
+from colitools.formats.jsonfile import load_json_object
 
 if TYPE_CHECKING:
     from colitools.converters.download import Backoff, Progress
@@ -152,21 +153,11 @@ class Source(ABC):
         files that are not ``is_deletable`` are left alone."""
         return False
 
-    def read_json(self, name: str) -> Any:
-        """Parse the JSON file ``name`` (e.g. ``config.json``)."""
+    def read_json(self, name: str) -> dict[str, Any]:
+        """The JSON object in the file ``name`` (``config.json``, the index), read by the one reader of a model
+        folder's JSON (``formats.jsonfile.load_json_object``: FormatError naming the file and the fault)."""
         self._require(name)
-        path = self.ensure_local(name)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                return json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise ConvertError(
-                f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from None
-        except UnicodeDecodeError as exc:
-            raise ConvertError(f"{name}: not UTF-8 text (byte {exc.start})") from None
-        except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
-            raise ConvertError(f"{name}: not readable JSON ({exc})") from None
+        return load_json_object(self.ensure_local(name))
 
     def weight_map(self) -> dict[str, str]:
         """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.

@@ -19,7 +19,6 @@ Numpy-free (the CLI imports it for its help text).
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 from colitools.formats import model_config, names
 from colitools.formats.errors import FormatError
 from colitools.formats.format_names import GROUP_SIZES
+from colitools.formats.jsonfile import load_json_object
 
 GENERIC_NAME = "generic"
 QWEN36 = "qwen36"
@@ -542,12 +542,8 @@ def merged_group_size(folder: str | os.PathLike) -> int | None:
         path = Path(folder) / target.meta_file
         if not path.is_file():
             continue
-        try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise FormatError(f"{path}: not readable JSON ({exc})") from None
-        gs = meta.get(META_GROUP_SIZE) if isinstance(meta, dict) else None
-        if not isinstance(meta, dict) or (gs is not None and (type(gs) is not int or gs < 0)):
+        gs = load_json_object(path).get(META_GROUP_SIZE)
+        if gs is not None and (type(gs) is not int or gs < 0):
             raise FormatError(f"{path}: {META_GROUP_SIZE} must be a non-negative integer in a JSON object")
         return gs
     return None
