@@ -221,6 +221,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
     on_kernels = kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
+    after = {u.key: n.shards for u, n in zip(pending, pending[1:], strict=False)}  # the next unit's shards
 
     def prepare(unit: Unit, writing: int = 0, drain: Callable[[], None] | None = None) -> dict[str, Path]:
         # ``writing``: bytes of units still being written in the background, not yet visible as used space.
@@ -239,6 +240,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
                 continue
             with _bar(options, src.files()[shard].size, f"download {shard}", leave=False) as dbar:
                 paths[shard] = src.ensure_local(shard, progress=dbar)
+        src.check_ahead(after.get(unit.key, ()))  # the Hugging Face cache check, while this unit converts
         return paths
 
     def finished(unit: Unit, result: UnitResult) -> None:

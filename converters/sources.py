@@ -11,9 +11,9 @@ conversion comes from the same commit. huggingface_hub provides auth (``token`` 
 login), the listing with sizes and LFS sha256 (``HfApi.model_info(files_metadata=True)``), URLs
 (``hf_hub_url``) and the cache lookup (``try_to_load_from_cache``); the bytes are fetched by
 ``download.download_file`` (resumable, sha256-verified) into the conversion's work folder. A file taken from the
-Hugging Face cache is hashed once per conversion, before its data is first used, and must hash to what its blob
-is named by (LFS: the sha256; other files: the git blob sha1): a damaged blob is refused offline and fetched
-again online, never converted.
+Hugging Face cache is hashed once per conversion, before its data is first used (on a background thread while
+the unit before converts, ``check_ahead``), and must hash to what its blob is named by (LFS: the sha256; other
+files: the git blob sha1): a damaged blob is refused offline and fetched again online, never converted.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +156,11 @@ class Source(ABC):
         files that are not ``is_deletable`` are left alone."""
         return False
 
+    def check_ahead(self, names: Iterable[str]) -> None:
+        """The files ``names`` are needed next: a source that checks files before their use (the Hugging Face
+        cache's) may start on them now, in the background. Nothing to do for a local folder."""
+        return None
+
     def read_json(self, name: str) -> dict[str, Any]:
         """The JSON object in the file ``name`` (``config.json``, the index), read by the one reader of a model
         folder's JSON (``formats.jsonfile.load_json_object``: FormatError naming the file and the fault)."""
@@ -271,9 +279,7 @@ class HubSource(Source):
         self.backoff = _Backoff() if backoff is None else backoff
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
         self.offline = constants.is_offline_mode()
-        self._blob_checks: dict[
-            Path, str | None
-        ] = {}  # cache blob -> why its bytes are not its name (None: ok)
+        self._blobs = _BlobChecks()  # the cache check: each blob hashed once, ahead of its use when told
         self._refetched: set[str] = set()  # files whose cached copy is damaged (online: downloaded instead)
         if self.offline:  # HF_HUB_OFFLINE: the commit and the listing come from the Hugging Face cache
             self.commit, self._files = self._cached_snapshot()
@@ -449,26 +455,18 @@ class HubSource(Source):
         return None
 
     def _check_blob(self, entry: SourceFile, path: Path) -> str | None:
-        """Why the cached ``path`` is not ``entry``'s bytes (None: it is), hashing each blob once per source.
+        """Why the cached ``path`` is not ``entry``'s bytes (None: it is), hashing each blob once per source
+        (``_blob_problem``): here, unless ``check_ahead`` started it already."""
+        return self._blobs.problem(entry, Path(os.path.realpath(path)))
 
-        An LFS file must have the listed sha256 (offline: the one its blob is named by); any other file the git
-        blob sha1 its blob is named by (huggingface_hub names a blob by the file's ETag). A blob whose name is
-        neither (a cache without symlinks holds plain copies) has nothing to be checked against."""
-        blob = Path(os.path.realpath(path))
-        if blob not in self._blob_checks:
-            if entry.sha256 is not None:
-                kind, expected, actual = "sha256", entry.sha256, sha256_file(blob)
-            elif _GIT_SHA1.fullmatch(blob.name):
-                kind, expected, actual = "git blob sha1", blob.name, git_blob_sha1(blob)
-            else:
-                kind = expected = actual = ""
-            self._blob_checks[blob] = (
-                f"{entry.name}: the Hugging Face cache's copy ({blob}) is damaged: {kind} {actual}, "
-                f"expected {expected}"
-                if actual != expected
-                else None
-            )
-        return self._blob_checks[blob]
+    def check_ahead(self, names: Iterable[str]) -> None:
+        """Start hashing the cached copies of ``names`` on a background thread (the runner names the shards of
+        the next unit while this one converts), so the check overlaps the conversion instead of preceding it."""
+        for name in names:
+            entry = self._files.get(name)
+            found = self._cached_unchecked(entry) if entry is not None else None
+            if found is not None:
+                self._blobs.start(entry, Path(os.path.realpath(found)))
 
     def header(self, shard: str) -> dict[str, HeaderTensor]:
         """The header from a copy on disk (the Hugging Face cache, or an intact earlier download into the work
@@ -567,6 +565,70 @@ class HubSource(Source):
             wait = self.backoff.delay(failures)
             log.warning("%s: %s; retrying in %.2fs", what, reason, wait)
             time.sleep(wait)
+
+
+class _BlobChecks:
+    """The Hugging Face cache check of one source: blob -> the Future of its ``_blob_problem``. ``problem``
+    hashes a blob not started yet in the calling thread (never queued behind the files checked ahead);
+    ``start`` queues it for one daemon thread (a reader only: nothing to finish when the process ends)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._checks: dict[Path, Future] = {}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+
+    def problem(self, entry: SourceFile, blob: Path) -> str | None:
+        with self._lock:
+            future = self._checks.get(blob)
+            if future is None:
+                future = self._checks[blob] = Future()
+                future.set_running_or_notify_cancel()
+                inline = True
+            else:
+                inline = False
+        if inline:
+            _settle(future, entry, blob)
+        return future.result()
+
+    def start(self, entry: SourceFile, blob: Path) -> None:
+        with self._lock:
+            if blob in self._checks:
+                return
+            future = self._checks[blob] = Future()
+            self._queue.put((future, entry, blob))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="cache-check", daemon=True)
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            future, entry, blob = self._queue.get()
+            if future.set_running_or_notify_cancel():
+                _settle(future, entry, blob)
+
+
+def _settle(future: Future, entry: SourceFile, blob: Path) -> None:
+    try:
+        future.set_result(_blob_problem(entry, blob))
+    except BaseException as exc:  # an unreadable blob: raised where the file is used
+        future.set_exception(exc)
+
+
+def _blob_problem(entry: SourceFile, blob: Path) -> str | None:
+    """Why the cache's ``blob`` is not ``entry``'s bytes (None: it is). An LFS file must have the listed sha256
+    (offline: the one its blob is named by); any other file the git blob sha1 its blob is named by
+    (huggingface_hub names a blob by the file's ETag). A blob whose name is neither (a cache without symlinks
+    holds plain copies) has nothing to be checked against."""
+    if entry.sha256 is not None:
+        kind, expected, actual = "sha256", entry.sha256, sha256_file(blob)
+    elif _GIT_SHA1.fullmatch(blob.name):
+        kind, expected, actual = "git blob sha1", blob.name, git_blob_sha1(blob)
+    else:
+        return None
+    if actual == expected:
+        return None
+    return f"{entry.name}: the Hugging Face cache's copy ({blob}) is damaged: {kind} {actual}, expected {expected}"
 
 
 def open_source(

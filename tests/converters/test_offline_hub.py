@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -230,12 +231,15 @@ def test_a_cache_blob_is_hashed_once_per_conversion_however_many_units_read_it(t
     from colitools.converters.runner import convert
     from colitools.converters.sources import open_source
 
+    folder = tmp_path / "repo"  # units: globals (shards 1, 3), layer 0 (1, 2), layer 1 (2), layer 2 (3)
+    make_checkpoint(folder, Tiny(layers=3, experts=4, hidden=128, inter=64, shards=3))
     cache = tmp_path / "cache"
-    repo = write_hf_cache(cache, "org/name", ORACLE)
+    repo = write_hf_cache(cache, "org/name", folder)
     (snapshot_dir,) = (repo / "snapshots").iterdir()
-    used = [p.name for p in ORACLE.iterdir() if p.is_file()]  # config, index, 2 shards, generation config
-    blobs = {str((snapshot_dir / name).resolve()) for name in used}
+    used = [p for p in snapshot_dir.iterdir() if p.name != "README.md"]  # shards, config, index, copied files
+    blobs = {str(p.resolve()) for p in used}
     opened: list[str] = []
+    threads: dict[str, str] = {}  # path -> the thread that opened it last
     listening = [True]  # an audit hook cannot be removed: it stops listening after the conversion
 
     def audit(event: str, args: tuple) -> None:
@@ -246,6 +250,7 @@ def test_a_cache_blob_is_hashed_once_per_conversion_however_many_units_read_it(t
             and os.path.realpath(args[0]) in blobs
         ):
             opened.append(args[0])
+            threads[args[0]] = threading.current_thread().name
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     source = open_source("org/name", workdir=tmp_path / "work", cache_dir=cache)
@@ -254,8 +259,10 @@ def test_a_cache_blob_is_hashed_once_per_conversion_however_many_units_read_it(t
         summary = convert(source, tmp_path / "out", ConvertOptions(min_free_gb=0))
     finally:
         listening[0] = False
-    assert summary.units_converted == 3
+    assert summary.units_converted == 4
     # readers open a file by its snapshot path (a symlink); the check hashes the blob itself, by its own name
     hashed = [path for path in opened if path in blobs]
-    assert sorted(hashed) == sorted(blobs), hashed  # every file used, each hashed once (3 units, 2 shards)
+    assert sorted(hashed) == sorted(blobs), hashed  # every file used, each hashed once
     assert len(opened) > len(hashed)  # and the same files were read through the snapshot too
+    # the next unit's shard is hashed in the background while a unit converts (runner: Source.check_ahead)
+    assert "cache-check" in {threads[path] for path in hashed}, threads
