@@ -30,6 +30,9 @@ after N bytes of a response body, for the next k responses), ``corrupt`` (flip o
 that cover it), ``fail_next`` (the next k requests answer 5xx), ``throttle`` (bytes per second),
 ``ignore_range``. ``stats(filename)`` counts body responses, HEADs, redirects, bytes served and the byte range
 of every body response.
+
+``write_hf_cache(cache_dir, repo_id, folder)`` lays a folder out as huggingface_hub's cache holds a snapshot
+(refs, blobs named as the Hub's ETags name them, snapshot symlinks), by hand: a cache without a server.
 """
 
 from __future__ import annotations
