@@ -163,6 +163,8 @@ class SourceEncoding:
     group: ClassVar[int] = 0  # inputs per scale (INT4: from its config or scale grid)
     companion_suffixes: ClassVar[tuple[str, ...]] = ()  # refused without the data tensor
     paired: ClassVar[bool] = True  # recognised by ``pair`` into one logical weight
+    by_dtype: ClassVar[bool] = True  # its data tensor's dtype is part of its recognition (False: its suffix
+    # alone claims a tensor, and ``pair`` refuses one of another dtype)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -329,6 +331,7 @@ class PackQuantizedInt4(SourceEncoding):
         Part("shape", ".weight_shape", ("I64",), "[2]", required=False),
     )
     companion_suffixes = (".weight_shape", ".weight_zero_point", ".weight_g_idx")
+    by_dtype = False  # a .weight_packed of another dtype is refused, not passed over
 
     @classmethod
     def scheme(cls, qc, config):
@@ -576,9 +579,14 @@ def pair_tensors(
     its weight or has none, or a decoded name that is also a source tensor."""
     out: dict[str, Paired] = {}
     consumed: set[str] = set()
+    # (encoding, its scheme, the data tensor's suffix and dtypes): a cheap filter before ``pair`` (92k tensors)
+    tried = [(e, scheme.of(e), e.parts[0].suffix, e.parts[0].dtypes if e.by_dtype else None) for e in PAIRED]
     for n in sorted(tensors, key=names.natural_key) if order is None else order:
-        for encoding in PAIRED:
-            p = encoding.pair(n, tensors, scheme.of(encoding))
+        dtype = tensors[n].dtype
+        for encoding, its_scheme, suffix, dtypes in tried:
+            if not n.endswith(suffix) or (dtypes is not None and dtype not in dtypes):
+                continue
+            p = encoding.pair(n, tensors, its_scheme)
             if p is None:
                 continue
             if p.name in out or (p.name in tensors and p.name != n):
@@ -593,11 +601,11 @@ def pair_tensors(
 
 def _check_companions(tensors: Mapping[str, TensorLike], consumed: set[str]) -> None:
     """A companion tensor (``companion_suffixes``) whose data tensor is absent: FormatError naming both."""
+    pairs = [(suffix, e.parts[0].suffix) for e in PAIRED for suffix in e.companion_suffixes]
+    suffixes = tuple(suffix for suffix, _ in pairs)
     for n in tensors:
-        if n in consumed:
+        if n in consumed or not n.endswith(suffixes):
             continue
-        for encoding in PAIRED:
-            data = encoding.part("data").suffix
-            for suffix in encoding.companion_suffixes:
-                if n.endswith(suffix) and n[: -len(suffix)] + data not in tensors:
-                    raise _fail(f"tensor {n}: companion without its weight {n[: -len(suffix)] + data}")
+        for suffix, data in pairs:
+            if n.endswith(suffix) and n[: -len(suffix)] + data not in tensors:
+                raise _fail(f"tensor {n}: companion without its weight {n[: -len(suffix)] + data}")
