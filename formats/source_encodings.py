@@ -135,13 +135,9 @@ class NativeForm:
 ENCODINGS: dict[str, type[SourceEncoding]] = {}
 
 
-def _fail(message: str) -> FormatError:
-    return FormatError(message)
-
-
 def _need(tensors: Mapping[str, TensorLike], n: str, what: str, of: str) -> TensorLike:
     if n not in tensors:
-        raise _fail(f"tensor {of}: {what} without its {n}")
+        raise FormatError(f"tensor {of}: {what} without its {n}")
     return tensors[n]
 
 
@@ -290,7 +286,7 @@ class Mxfp4Blocks(SourceEncoding):
         s = _need(tensors, sname, "MXFP4 blocks", name)
         shape = tuple(h.shape)
         if len(shape) < 3 or shape[-1] != 16 or tuple(s.shape) != shape[:-1] or s.dtype not in scale.dtypes:
-            raise _fail(
+            raise FormatError(
                 f"tensor {sname}: MXFP4 scales {s.dtype} {list(s.shape)} do not fit blocks {name} {list(shape)} "
                 f"(expected {scale.dtypes[0]} {scale.shape} for blocks {data.shape})"
             )
@@ -346,22 +342,26 @@ class PackQuantizedInt4(SourceEncoding):
         _need(tensors, base + scale.suffix, "packed INT4 weight", name)
         shape = tuple(h.shape)
         if h.dtype not in data.dtypes or len(shape) != 2:
-            raise _fail(f"tensor {name}: packed INT4 weight {h.dtype} {list(shape)} (expected I32 [O, I/8])")
+            raise FormatError(
+                f"tensor {name}: packed INT4 weight {h.dtype} {list(shape)} (expected I32 [O, I/8])"
+            )
         sname = base + scale.suffix
         s = tensors[sname]
         O, I = shape[0], shape[1] * 8
         if len(s.shape) != 2 or s.shape[0] != O or not s.shape[1] or s.dtype not in scale.dtypes:
-            raise _fail(
+            raise FormatError(
                 f"tensor {sname}: INT4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)}"
             )
         ct = scheme or Int4Scheme()
         g = ct.group_size or -(-I // s.shape[1])
         if -(-I // g) != s.shape[1]:
-            raise _fail(
+            raise FormatError(
                 f"tensor {sname}: {s.shape[1]} scale groups per row do not fit I = {I} with group size {g}"
             )
         parts = [("data", name), ("scale", sname)]
-        parts += [(p.role, base + p.suffix) for p in cls.parts[2:] if base + p.suffix in tensors]
+        parts += [
+            (p.role, base + p.suffix) for p in cls.parts if not p.required and base + p.suffix in tensors
+        ]
         roles = dict(parts)
         exact = "zero_point" not in roles and "g_idx" not in roles and ct.symmetric and not ct.actorder
         return Paired(cls, base + ".weight", (O, I), tuple(parts), g, exact)
@@ -432,15 +432,17 @@ class Nvfp4(SourceEncoding):
         sname, s2name = name + scale.suffix, name + scale_2.suffix
         s, s2, shape = tensors[sname], tensors[s2name], tuple(h.shape)
         if len(shape) != 2:
-            raise _fail(f"tensor {name}: NVFP4 weight of shape {list(shape)} (expected [O, I/2])")
+            raise FormatError(f"tensor {name}: NVFP4 weight of shape {list(shape)} (expected [O, I/2])")
         O, I = shape[0], shape[1] * 2
         if s.dtype not in scale.dtypes or tuple(s.shape) != (O, -(-I // 16)):
-            raise _fail(
+            raise FormatError(
                 f"tensor {sname}: NVFP4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
                 f"(expected F8_E4M3 [{O}, {-(-I // 16)}])"
             )
         if s2.dtype not in scale_2.dtypes or _nbytes(s2) != 4:
-            raise _fail(f"tensor {s2name}: NVFP4 scale_2 {s2.dtype} {list(s2.shape)} (expected F32 scalar)")
+            raise FormatError(
+                f"tensor {s2name}: NVFP4 scale_2 {s2.dtype} {list(s2.shape)} (expected F32 scalar)"
+            )
         stem = name[: -len(".weight")] if name.endswith(".weight") else name
         dropped = tuple(x for x in (stem + cls.INPUT_SCALE,) if x in tensors)
         parts = (("data", name), ("scale", sname), ("scale_2", s2name))
@@ -473,7 +475,7 @@ class Mxfp8(SourceEncoding):
             return None
         s, shape = tensors[sname], tuple(h.shape)
         if len(shape) != 2 or tuple(s.shape) != (shape[0], -(-shape[1] // 32)):
-            raise _fail(
+            raise FormatError(
                 f"tensor {sname}: MXFP8 scale {list(s.shape)} does not fit {name} {list(shape)} "
                 f"(expected U8 [O, ceil(I/32)])"
             )
@@ -590,7 +592,7 @@ def pair_tensors(
             if p is None:
                 continue
             if p.name in out or (p.name in tensors and p.name != n):
-                raise _fail(f"tensor {n}: its decoded name {p.name} is also a tensor of the source")
+                raise FormatError(f"tensor {n}: its decoded name {p.name} is also a tensor of the source")
             out[p.name] = p
             consumed.update(name for _, name in p.parts)
             consumed.update(p.dropped)
@@ -608,4 +610,4 @@ def _check_companions(tensors: Mapping[str, TensorLike], consumed: set[str]) -> 
             continue
         for suffix, data in pairs:
             if n.endswith(suffix) and n[: -len(suffix)] + data not in tensors:
-                raise _fail(f"tensor {n}: companion without its weight {n[: -len(suffix)] + data}")
+                raise FormatError(f"tensor {n}: companion without its weight {n[: -len(suffix)] + data}")
