@@ -31,12 +31,12 @@ _RESUMABLE = {
 
 @dataclass
 class _Running:
-    """The command this process runs: its flags by parameter name, whether it prints JSON, and the fields its
-    JSON failure object starts with."""
+    """The command this process runs: its flags by parameter name, whether it prints JSON, and what its JSON
+    failure object starts with."""
 
     flags: dict[str, str] = field(default_factory=dict)
     as_json: bool = False
-    error_fields: dict[str, Any] = field(default_factory=dict)
+    failure_fields: Callable[[str], Mapping[str, Any]] | None = None
 
 
 _running = _Running()
@@ -82,10 +82,10 @@ def warn(message: str) -> None:
     echo(WARNING_PREFIX + message, err=True)
 
 
-def error_fields(fields: Mapping[str, Any]) -> None:
-    """Fields the ``--json`` failure object of this command starts with (before ``ok`` / ``error`` /
-    ``exit_code``), for a command whose scripts expect its report's keys also when it fails."""
-    _running.error_fields = dict(fields)
+def failure_fields(fields: Callable[[str], Mapping[str, Any]]) -> None:
+    """The fields, given the error message, that the ``--json`` failure object of this command starts with
+    (before ``ok`` / ``error`` / ``exit_code``): for a command whose scripts expect its report's keys always."""
+    _running.failure_fields = fields
 
 
 def fail(message: str, code: int, *, prefix: str = ERROR_PREFIX) -> int:
@@ -93,9 +93,8 @@ def fail(message: str, code: int, *, prefix: str = ERROR_PREFIX) -> int:
     with ``--json``, the failure object on stdout, on one line (the last line of stdout). Returns ``code``."""
     text = " ".join(with_flags(str(message)).split())
     if _running.as_json:
-        print(
-            json.dumps({**_running.error_fields, "ok": False, "error": text, "exit_code": code}), flush=True
-        )
+        fields = _running.failure_fields(text) if _running.failure_fields is not None else {}
+        print(json.dumps({**fields, "ok": False, "error": text, "exit_code": code}), flush=True)
     print(prefix + text, file=sys.stderr, flush=True)
     return code
 

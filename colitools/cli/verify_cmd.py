@@ -43,8 +43,8 @@ def verify_container_command(
     Exit 0 when sound, 4 when problems were found, 1 when the folder could not be read."""
     from colitools.verify.container import ContainerReport, verify_container
 
-    # nothing could be checked (exit 1, the one error line): the failure object still carries a report's keys
-    output.error_fields(ContainerReport(str(path)).to_json())
+    # nothing could be checked (exit 1, the one error line): the failure object is still a report
+    output.failure_fields(lambda error: ContainerReport(str(path), problems=[error]).to_json())
     report = verify_container(path, hashes=not no_hash, progress=not as_json and sys.stderr.isatty())
     output.emit(as_json, report.to_json, _container_lines(report))
     if not report.ok:

@@ -98,7 +98,7 @@ def test_fingerprint_changes_with_any_option_and_differences_name_it():
     a, b = Recipe.from_options(), Recipe.from_options(dense="int4-row")
     assert a.fingerprint() == Recipe.from_options().fingerprint()
     assert a.fingerprint() != b.fingerprint()
-    assert b.differences(a.as_dict()) == ["--dense int8-row (recorded) vs int4-row (now)"]
+    assert b.differences(a.as_dict()) == ["`dense=int8-row` (recorded) vs int4-row (now)"]
 
 
 def test_int4_group_size_follows_the_writer_rule():

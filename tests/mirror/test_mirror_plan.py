@@ -23,7 +23,7 @@ from mirror_builders import (
     write_shard,
 )
 
-from colitools.errors import MirrorError, UsageFileError
+from colitools.errors import MirrorError, ParameterError, UsageFileError
 from colitools.formats.usage import engine_id
 from colitools.mirror.plan import SCHEMA, plan_mirror
 
@@ -239,7 +239,7 @@ def test_mirror_equal_to_model_or_a_source_dir_is_an_error(ranked, tmp_path):
 
 @pytest.mark.parametrize("budget", [0, -1])
 def test_budget_must_be_positive(ranked, budget):
-    with pytest.raises(MirrorError, match="positive"):
+    with pytest.raises(ParameterError, match="`budget_bytes` must be positive"):
         plan(ranked, budget)
 
 
