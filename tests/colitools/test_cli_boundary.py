@@ -89,7 +89,9 @@ def test_option_values_outside_their_range_or_choices_exit_2_naming_the_flag(olm
     ],
 )  # fmt: skip
 def test_mirror_options_missing_or_out_of_range_exit_2(model, tmp_path, command, args, words):
-    line = one_line_error(run_cli("mirror", command, *(a.format(m=model, t=tmp_path) for a in args)), *words, code=2)
+    line = one_line_error(
+        run_cli("mirror", command, *(a.format(m=model, t=tmp_path) for a in args)), *words, code=2
+    )
     assert "bytes" not in line  # GiB as given, not the byte count it became
     assert not (tmp_path / "m").exists()
 
@@ -270,7 +272,10 @@ def test_inspect_json_summary_is_the_report_without_tensor_rows(olmoe):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert "tensors" not in summary and summary["tensor_count"] == len(full["tensors"]) > 0
-    assert summary == {**{k: v for k, v in full.items() if k != "tensors"}, "tensor_count": len(full["tensors"])}
+    assert summary == {
+        **{k: v for k, v in full.items() if k != "tensors"},
+        "tensor_count": len(full["tensors"]),
+    }
 
 
 def test_convert_help_names_every_kind_of_source():
