@@ -41,6 +41,8 @@ _LAYOUT_HELP = (
     "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
     "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there."
 )
+_TOWERS_HELP = "Multimodal towers: keep (source dtype, unchanged) or drop (listed in the manifest)."
+_KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
 _DRY_RUN_HELP = (
     "Print the plan (units, bytes, peak disk, formats per role: which format the routers, conv "
     "kernels, experts, attention ... get) and exit."
@@ -69,13 +71,7 @@ def convert_command(
         int | None, typer.Option("--group-size", help="Group size of int4-grouped choices.")
     ] = None,
     layout: Annotated[str, typer.Option("--layout", help=_LAYOUT_HELP)] = layouts.PAIRS.option,
-    towers: Annotated[
-        str,
-        typer.Option(
-            "--towers",
-            help="Multimodal towers: keep (source dtype, unchanged) or drop (listed in the manifest).",
-        ),
-    ] = "keep",
+    towers: Annotated[str, typer.Option("--towers", help=_TOWERS_HELP)] = "keep",
     target: Annotated[str, typer.Option("--target", help=_TARGET_HELP)] = "generic",
     min_free_gb: Annotated[
         float,
@@ -85,8 +81,7 @@ def convert_command(
         str, typer.Option("--on-low-disk", help="Below the floor: wait (poll) | stop (exit 3).")
     ] = "wait",
     keep_source: Annotated[
-        bool,
-        typer.Option("--keep-source/--no-keep-source", help="Keep downloaded source shards (a Hub source)."),
+        bool, typer.Option("--keep-source/--no-keep-source", help=_KEEP_SOURCE_HELP)
     ] = False,
     workers: Annotated[
         int, typer.Option("--workers", min=1, max=1024, help="Units converted in parallel processes.")

@@ -338,7 +338,7 @@ def test_progress_bars_count_bytes(tmp_path, capsys):
 def test_help_lists_every_option():
     from typer.testing import CliRunner
 
-    from colitools.cli.app import app
+    from colitools.cli.boundary import app
 
     text = CliRunner().invoke(app, ["convert", "--help"], terminal_width=200).output
     for option in ("--experts", "--dense", "--embed", "--mtp", "--group-size", "--layout", "--min-free-gb",
