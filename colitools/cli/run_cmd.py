@@ -71,7 +71,9 @@ def run_command(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Generate greedily; a progress / speed line goes to stderr (--json: the report on one line of stdout)."""
+    """Generate greedily; a progress / speed line goes to stderr.
+
+    With --json the report is one line on stdout."""
     from colitools.runtime.run import run_model
 
     ids = _parse_ids(prompt_ids) if prompt_ids is not None else None

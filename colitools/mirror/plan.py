@@ -39,6 +39,7 @@ __all__ = [
 SCHEMA = "colibri.partial-mirror.v1"  # shared with the engine's own mirror tool and its receipts
 PLAN_FILE = ".colibri-mirror-plan.json"
 GIB = 1 << 30
+MAX_BYTES = 1 << 63  # a GiB option's bound (8 EiB: beyond any drive, and int64 in the engines)
 DEFAULT_RESERVE_GIB = 10
 
 # `reason` values of a plan that is not admitted
@@ -197,7 +198,8 @@ class MirrorPlan:
 
 def gib_to_bytes(gib: float | str, parameter: str, *, positive: bool = False) -> int:
     """GiB (as given on the command line) to whole bytes, rounding down; exact for decimal input. ParameterError
-    naming ``parameter`` for anything but a finite number, a negative one, and with ``positive`` one below a byte."""
+    naming ``parameter`` for anything but a number, a negative one, one of 2**63 bytes or more (no drive holds
+    that; inf), and with ``positive`` one below a byte."""
     try:
         value = Fraction(str(gib))
     except (ValueError, ZeroDivisionError):
@@ -208,6 +210,8 @@ def gib_to_bytes(gib: float | str, parameter: str, *, positive: bool = False) ->
         raise ParameterError(f"`{parameter}` must be positive (got {shown} GiB)")
     if n < 0:
         raise ParameterError(f"`{parameter}` cannot be negative (got {shown} GiB)")
+    if n >= MAX_BYTES:
+        raise ParameterError(f"`{parameter}` must be less than {MAX_BYTES // GIB} GiB (got {shown} GiB)")
     return n
 
 

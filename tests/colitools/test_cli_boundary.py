@@ -83,6 +83,7 @@ def test_option_values_outside_their_range_or_choices_exit_2_naming_the_flag(olm
         (["--model", "{m}", "--mirror", "{t}/m", "--budget-gib", "-3"], ["--budget-gib must be positive (got -3 GiB)"]),
         (["--model", "{m}", "--mirror", "{t}/m", "--budget-gib", "1e-12"], ["--budget-gib must be positive"]),
         (["--model", "{m}", "--mirror", "{t}/m", "--budget-gib", "nan"], ["--budget-gib", "nan"]),
+        (["--model", "{m}", "--mirror", "{t}/m", "--budget-gib", "1e400"], ["--budget-gib must be less than"]),
         (["--model", "{m}", "--mirror", "{t}/m", "--budget-gib", "1", "--reserve-gib", "-5"],
          ["--reserve-gib cannot be negative (got -5 GiB)"]),
         (["--model", "{m}", "--mirror", "{t}/m", "--budget-gib", "1", "--disk-weights", "9"], ["--disk-weights", "'9'"]),
