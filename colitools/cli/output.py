@@ -2,9 +2,10 @@
 
 Library messages name parameters in backticks (`` `group_size` ``, `` `group_size=33` ``: formats/errors.py); every
 line printed here names a parameter of the command that ran as its flag instead (``--group-size 33``), so the flags
-are the command's own. With ``--json`` a failure is also one JSON object on stdout, ``{"ok": false, "error":
-<the message of the error line>, "exit_code": N}`` on one line (after a command's own fields, e.g. the empty report of ``verify
-container``); a ``--json`` result is the library's report as it is. Standard library only: the entry point reports an interrupt through here before typer is imported.
+are the command's own. With ``--json`` a failure is also one JSON object on stdout, on one line: ``{"ok": false,
+"error": <the message of the error line>, "exit_code": N}`` (after a command's own fields, e.g. the report keys of
+``verify container``); a ``--json`` result is the library's report as it is. Standard library only: the entry
+point reports an interrupt through here before typer is imported.
 """
 
 from __future__ import annotations
