@@ -206,11 +206,11 @@ def test_convert_json_at_the_disk_floor_prints_the_failure_object(tmp_path):
 
 
 def _interrupt(args: list[str], ready, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Start ``colitools ARGS``, send SIGINT once ``ready()`` holds, return what it printed."""
+    """Start ``colitools ARGS``, send SIGINT once ``ready(pid)`` holds, return what it printed."""
     proc = subprocess.Popen([*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cli_env(env))  # fmt: skip
     deadline = time.monotonic() + 120
-    while not ready():
+    while not ready(proc.pid):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the command never got going"
         time.sleep(0.01)
@@ -223,7 +223,7 @@ def test_convert_json_interrupted_prints_the_failure_object_with_the_resume_hint
     src, out = tmp_path / "src", tmp_path / "out"
     make_checkpoint(src, SPEC)
 
-    def mid_unit() -> bool:
+    def mid_unit(pid: int) -> bool:
         return out.is_dir() and any(p.name.startswith(".model-") for p in out.iterdir())
 
     result = _interrupt(["convert", str(src), str(out), "--min-free-gb", "0", "--json"], mid_unit,
@@ -232,10 +232,16 @@ def test_convert_json_interrupted_prints_the_failure_object_with_the_resume_hint
     assert data["error"] == "interrupted; rerun the same command to resume (finished units are kept)"
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_run_json_interrupted_prints_the_failure_object(olmoe, tmp_path):
-    started = time.monotonic()
+    # 2 CPU seconds: well past the imports (~0.3) and the load of the tiny model, into the generation
     result = _interrupt(["run", str(olmoe), "--prompt-ids", "1,2,3", "--max-new-tokens", "1000000", "--ignore-eos",
-                         "--no-usage", "--json"], lambda: time.monotonic() - started > 3)  # fmt: skip
+                         "--no-usage", "--json"], lambda pid: _cpu_seconds(pid) > 2)  # fmt: skip
     assert _failure(result, 130)["error"] == "interrupted"
 
 
