@@ -17,7 +17,6 @@ from __future__ import annotations
 import signal
 import sys
 
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
@@ -47,19 +46,18 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     watch = _InterruptWatch()
     watch.install()
-    started = False
     code: int | None = None
     try:
+        from colitools.cli import output
+
+        output.begin({}, as_json="--json" in args)  # until boundary.run_app knows the command's own flags
         from colitools.cli import boundary  # typer, click and every command: the imports a Ctrl-C may land in
 
-        started = True
         code = boundary.run_app(args)
     except KeyboardInterrupt:
         watch.hit = True
     if watch.hit or code == EXIT_INTERRUPTED:
         from colitools.cli import output
 
-        if not started:  # interrupted before the command was known: JSON when it was asked for
-            output.begin({}, as_json="--json" in args)
         code = output.interrupted(args, EXIT_INTERRUPTED)
     sys.exit(code or 0)
