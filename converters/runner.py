@@ -38,7 +38,7 @@ from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
 from colitools.converters.recipe import Role
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, ParameterError
 from colitools.formats import kernels, targets
 from colitools.formats.filenames import CONFIG_FILE, DOWNLOAD_DIR, INDEX_FILE, LOCK_FILE
 from colitools.formats.lockfile import held_lock
@@ -72,10 +72,10 @@ def convert(
     options = options or ConvertOptions()
     started = time.monotonic()
     if options.workers < 1:
-        raise ConvertError(f"--workers {options.workers}: must be at least 1")
+        raise ConvertError(f"`workers={options.workers}`: must be at least 1")
     options.recipe()  # bad options fail before anything is opened or fetched
     if isinstance(outdir, str) and not outdir:  # Path("") is ".": it would convert into the current folder
-        raise ConvertError("outdir: an empty path; give the folder to convert into")
+        raise ParameterError("`outdir`: an empty path; give the folder to convert into")
     out = Path(outdir).expanduser().resolve()
     output.check_output_path(out)
     spec = str(source) if not isinstance(source, Source) else None

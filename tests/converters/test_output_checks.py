@@ -190,9 +190,9 @@ def test_an_empty_output_path_is_a_usage_error_and_nothing_is_written(converted,
     assert "an empty path" in proc.stderr and "Traceback" not in proc.stderr
     assert list(here.iterdir()) == []
     from colitools.converters.runner import convert
-    from colitools.errors import ConvertError
+    from colitools.errors import ParameterError
 
-    with pytest.raises(ConvertError, match="^outdir: an empty path"):  # the library refuses it too
+    with pytest.raises(ParameterError, match="^`outdir`: an empty path"):  # the library's refusal, exit code 2
         convert(str(src), "")
     assert list(here.iterdir()) == []
 
