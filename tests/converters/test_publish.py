@@ -197,3 +197,15 @@ def test_an_upload_killed_mid_transfer_resumes_sending_only_what_is_missing(hub,
     assert hub.upload.stored == dict.fromkeys(shards, 1)  # the finished object was not sent again
     back = download("me/tiny-int4", tmp_path / "back")
     assert verify_container(back).ok
+
+
+def test_convert_with_upload_repo_uploads_the_finished_output(hub, converted, tmp_path):
+    out = tmp_path / "out2"
+    result = colitools("convert", "org/tiny", out, "--upload-repo", "me/tiny-cli", "--json", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["upload"]["repo_id"] == "me/tiny-cli" and report["units_total"] == 3
+    back = download("me/tiny-cli", tmp_path / "back")
+    for shard in out.glob("*.safetensors"):
+        assert (back / shard.name).read_bytes() == shard.read_bytes()
+    assert "base_model: org/tiny" in (back / "README.md").read_text()
