@@ -133,18 +133,16 @@ def test_upload_reads_each_shard_once_with_the_manifest_sha256(hub, converted, t
     shard.write_bytes(bytes(data))
     with pytest.raises(UploadError, match=rf"me/tiny-int4: Error while uploading '{shard.name}'.*400 sha256"):
         upload_output(converted, "me/tiny-int4")
-    assert (
-        hub.upload.bodies.get(sha256(shard), 0) == 0
-    )  # nothing was announced under the changed bytes' sha256
+    # nothing was announced under the changed bytes' sha256
+    assert hub.upload.bodies.get(sha256(shard), 0) == 0
 
 
 def test_upload_to_an_existing_repo_on_a_new_branch_and_as_a_pull_request(hub, converted, tmp_path):
     upload_output(converted, "me/tiny-int4")
     stored = dict(hub.upload.stored)
     upload_output(converted, "me/tiny-int4", revision="int4")
-    (converted / "README.md").write_text(
-        "# A card of my own\n"
-    )  # a change: an identical upload commits nothing
+    # a change: an identical upload commits nothing
+    (converted / "README.md").write_text("# A card of my own\n")
     pr = upload_output(converted, "me/tiny-int4", create_pr=True)
     assert hub.upload.created == ["me/tiny-int4"] and hub.upload.stored == stored  # no object sent twice
     assert pr.pr_url and pr.pr_url.endswith("/discussions/1")
