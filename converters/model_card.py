@@ -132,10 +132,12 @@ def _engine(target: Any, repo_id: str) -> Iterator[str]:
     yield f"Target `{name}`: read by colibri's {TARGETS[name].loader}."
     yield ""
     yield "```sh"
-    yield f"hf download {repo_id} --local-dir model"
-    yield 'colitools run model --prompt "Hello"'
-    yield "colitools verify container model"
+    yield f'model="$(hf download {repo_id})"   # the downloaded snapshot folder'
+    yield 'colitools verify container "$model"'
     yield "```"
+    yield ""
+    yield 'Then `colitools run "$model"` with a prompt (text or token ids; `colitools run` help lists them).'
+
     yield ""
 
 

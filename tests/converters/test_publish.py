@@ -105,7 +105,7 @@ def test_the_card_names_source_commit_version_recipe_formats_engine_and_sizes(hu
     for total in inspect_path(converted).totals:
         assert f"| {total.format} | {total.tensors} | {total.bytes:,} |" in card_text
     assert "None: every tensor got its role's format." in card_text
-    assert "c/colibri.c qt_from_disk" in card_text and 'colitools run model --prompt "Hello"' in card_text
+    assert "c/colibri.c qt_from_disk" in card_text and 'model="$(hf download me/tiny-int4)"' in card_text
     for p in converted.glob("*.safetensors"):
         assert f"| {p.name} | {p.stat().st_size:,} |" in card_text
     total = sum(p.stat().st_size for p in converted.iterdir() if p.is_file() and not p.name.startswith("."))
