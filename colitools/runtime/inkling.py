@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.families import stack_orientation
 from colitools.formats.names import (
     CANONICAL_PROJECTION,
     expert_tensor_name,
     layer_path,
     module_path,
-    stack_orientation,
 )
 from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs

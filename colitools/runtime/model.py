@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.families import stack_orientation
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.names import (
     MXFP4_STACK_SUFFIXES,
@@ -30,7 +31,6 @@ from colitools.formats.names import (
     module_path,
     stack_name,
     stack_names,
-    stack_orientation,
 )
 from colitools.runtime.config import ModelArgs, family_module
 from colitools.runtime.experts import Expert, ExpertStore, StoreStats

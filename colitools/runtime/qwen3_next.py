@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from colitools.errors import RuntimeModelError
-from colitools.formats.model_config import OUTPUT_GATED_ATTENTION
+from colitools.formats.families import family_of
 from colitools.runtime.attention import GQAAttention
 from colitools.runtime.config import ConfigKeys, LinearAttentionArgs
 from colitools.runtime.linear_attention import GatedDeltaNet
@@ -74,7 +74,7 @@ def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     return dict(
         layer_types=list(types),
         linear_attention=la,
-        attn_output_gate=c.model_type in OUTPUT_GATED_ATTENTION,
+        attn_output_gate=family_of(c.model_type).gated_attention,
         zero_centred_norms=True,
         use_qk_norm=True,
         moe_layers=moe_layers,

@@ -15,7 +15,7 @@ import pytest
 from convcheck import listing, snapshot
 from tinyckpt import BF16, Tiny, make_checkpoint
 
-from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
+from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.formats.safetensors_io import write_safetensors
 
 SPEC = Tiny(layers=2, experts=4, hidden=128, inter=64, shards=2)

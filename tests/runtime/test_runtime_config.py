@@ -127,7 +127,7 @@ def test_partial_rope_leaves_the_tail_untouched():
 def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
     """``FAMILY_MODULES`` is the one list of families: each module holds its defaults, ``family_args`` and
     ``build_layer``, and the defaults of a type are the ones its ModelArgs get."""
-    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
+    from colitools.formats.families import RUNNABLE_MODEL_TYPES
     from colitools.runtime.config import FAMILY_MODULES, family_module
 
     assert set(FAMILY_MODULES) == set(RUNNABLE_MODEL_TYPES)
