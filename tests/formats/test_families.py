@@ -33,7 +33,9 @@ def test_model_types_run_and_only_converted():
     """Every type the runtime runs has a family; colibri's ``inkling`` type is converted (its orientation is
     known) but not run."""
     assert families.RUNNABLE_MODEL_TYPES[:4] == ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
-    assert "inkling" not in families.RUNNABLE_MODEL_TYPES and families.family_of("inkling") is families.INKLING
+    assert (
+        "inkling" not in families.RUNNABLE_MODEL_TYPES and families.family_of("inkling") is families.INKLING
+    )
     assert families.known_model_types() == sorted([*families.RUNNABLE_MODEL_TYPES, "inkling"])
     assert families.family_of("llama") is None and families.family_of(None) is None
     assert families.family_of("kimi_k25") is families.family_of("deepseek_v3")
@@ -43,7 +45,9 @@ def test_a_family_claims_the_roles_of_its_blocks_only():
     """DeepSeek-V3 is MLA: no GQA projections, whatever else the config holds; a block whose keys are missing
     claims nothing (no guess)."""
     shapes = model_config.linear_shapes({"model_type": "deepseek_v3", **BASE, **MLA, "head_dim": 16})
-    assert shapes[("self_attn", "q_b_proj")] == (4 * 12, 16) and shapes[("self_attn", "kv_a_proj_with_mqa")] == (12, 64)
+    assert shapes[("self_attn", "q_b_proj")] == (4 * 12, 16) and shapes[
+        ("self_attn", "kv_a_proj_with_mqa")
+    ] == (12, 64)
     assert shapes[("self_attn", "o_proj")] == (64, 48) and ("self_attn", "k_proj") not in shapes
     no_latent = model_config.linear_shapes({"model_type": "deepseek_v3", **BASE})
     assert not any(module == "self_attn" for module, _ in no_latent) and no_latent[("mlp", "gate")] == (8, 64)
@@ -52,7 +56,9 @@ def test_a_family_claims_the_roles_of_its_blocks_only():
 
 
 def test_gated_attention_doubles_q_proj_and_kimi_spellings_are_read_as_the_common_keys():
-    q = model_config.linear_shapes({"model_type": "qwen3_next", **BASE, "head_dim": 8})[("self_attn", "q_proj")]
+    q = model_config.linear_shapes({"model_type": "qwen3_next", **BASE, "head_dim": 8})[
+        ("self_attn", "q_proj")
+    ]
     assert q == (2 * 4 * 8, 64) and families.family_of("qwen3_next").gated_attention
     kimi = {"model_type": "kimi_linear", **BASE, **MLA, "num_experts_per_token": 2,
             "linear_attn_config": {"num_heads": 2, "head_dim": 8, "kda_layers": [1], "full_attn_layers": [2]}}  # fmt: skip
