@@ -397,6 +397,7 @@ def check_config_shapes(inv: Inventory) -> None:
     The numbers are the config facts (``formats/model_config.py``: text model, expert count and width)."""
     try:
         facts = model_config.read_facts(inv.config)
+        model_config.check_decoder_layers(inv.config, inv.tensors)  # none past the decoder and its MTP layers
     except ConfigError as exc:
         raise ConvertError(str(exc)) from None
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
@@ -434,20 +435,7 @@ def check_config_shapes(inv: Inventory) -> None:
         if fused is not None and len(t.shape) == (2 if fused.bias else 3):
             orientation = inv.orientation_of(t)
             if orientation is None:
-                family = model_config.model_type(inv.config)
-                if t.quant is not None and inv.stack_orientation is not None:
-                    raise ConvertError(
-                        f"tensor {name}: a natively quantized ({t.quant.kind}) expert stack, but the family "
-                        f"{family!r} does not fix how "
-                        f"the rows of its {t.quant.kind} stacks hold gate / up (its float stacks are "
-                        f"{inv.stack_orientation}; known: "
-                        f"{', '.join(f'{m} {k}' for m, k in families.native_stack_orientations())})"
-                    )
-                raise ConvertError(
-                    f"tensor {name}: an expert stack, but the family {family!r} "
-                    "does not fix how its experts are laid out (known: "
-                    f"{', '.join(families.known_model_types())}); convert a per-expert export instead"
-                )
+                raise _unknown_orientation(inv, name, t)
             stack_shapes = transposed if orientation is names.Orientation.TRANSPOSED_INTERLEAVED else by_rows
             want, keys = (bias_shapes if fused.bias else stack_shapes)[fused.projection]
             expect(name, t.shape, want, keys)
@@ -470,6 +458,24 @@ def check_config_shapes(inv: Inventory) -> None:
             expect(name, t.shape, (moe_i, EH), f"moe_intermediate_size x {eh_key}")
         elif ex.is_down:
             expect(name, t.shape, (EH, moe_i), f"{eh_key} x moe_intermediate_size")
+
+
+def _unknown_orientation(inv: Inventory, name: str, t: SourceTensor) -> ConvertError:
+    """The refusal of expert stack ``name`` whose family does not fix its orientation (for its encoding)."""
+    family = model_config.model_type(inv.config)
+    if t.quant is not None and inv.stack_orientation is not None:
+        return ConvertError(
+            f"tensor {name}: a natively quantized ({t.quant.kind}) expert stack, but the family "
+            f"{family!r} does not fix how "
+            f"the rows of its {t.quant.kind} stacks hold gate / up (its float stacks are "
+            f"{inv.stack_orientation}; known: "
+            f"{', '.join(f'{m} {k}' for m, k in families.native_stack_orientations())})"
+        )
+    return ConvertError(
+        f"tensor {name}: an expert stack, but the family {family!r} "
+        "does not fix how its experts are laid out (known: "
+        f"{', '.join(families.known_model_types())}); convert a per-expert export instead"
+    )
 
 
 # ------------------------------------------------------------------------------------------ shard headers

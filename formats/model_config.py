@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from colitools.formats import families
+from colitools.formats import families, names
 from colitools.formats.errors import ConfigError
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "MTP_LAYER_KEYS",
     "ConfigFacts",
     "canonical_keys",
+    "check_decoder_layers",
     "layer_linear_shapes",
     "expert_width",
     "experts_per_token",
@@ -240,6 +241,33 @@ def mtp_layer_count(config: Mapping[str, Any], where: str = "config.json") -> in
         if n is not None:
             return n
     return 0
+
+
+def check_decoder_layers(config: Mapping[str, Any], tensor_names: Iterable[str], where: str = "config.json") -> None:
+    """ConfigError when a tensor sits in a decoder layer past the base decoder and its MTP layers: a
+    ``num_hidden_layers`` below the layers present would make the extra layer an MTP layer of a family that
+    declares none (``MTP_LAYER_KEYS``) and leave it out of ``run``. Layers of towers and other nested modules
+    do not count; an MTP layer the config declares (index ``num_hidden_layers + k``) is kept."""
+    n = num_hidden_layers(config, where)
+    if n is None:
+        return
+    mtp = mtp_layer_count(config, where)
+    found: tuple[int, str] | None = None
+    for name in tensor_names:
+        parsed = names.parse_name(name)
+        if parsed.layer is None or parsed.layer_prefix != parsed.root + names.LAYERS or names.is_tower(name):
+            continue
+        if parsed.layer >= n + mtp and (found is None or (parsed.layer, name) < found):
+            found = (parsed.layer, name)
+    if found is None:
+        return
+    layer, name = found
+    _, prefix = _text(config)
+    declared = f"plus {mtp} MTP layer(s)" if mtp else "and no MTP layers (num_nextn_predict_layers)"
+    raise ConfigError(
+        f"{where}: {prefix}num_hidden_layers is {n} {declared}, but tensor {name} is of layer {layer}: "
+        f"the config does not count every decoder layer of the checkpoint"
+    )
 
 
 def routed_expert_count(config: Mapping[str, Any], where: str = "config.json") -> int | None:

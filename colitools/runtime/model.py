@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import RuntimeModelError
-from colitools.formats.filenames import USAGE_FILE
+from colitools.formats import model_config
+from colitools.formats.errors import ConfigError
+from colitools.formats.filenames import CONFIG_FILE, USAGE_FILE
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore, StoreStats
 from colitools.runtime.family import Layer, LayerContext, ModelIO, family_for
@@ -175,6 +177,7 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
     family = family_for(args.model_type)
     ckpt = Checkpoint(model_dir, args.raw)
     try:
+        _check_decoder_layers(model_dir, args, ckpt)
         rope = Rope(args.rope)
         usage = np.zeros((args.num_hidden_layers, args.num_experts), dtype=np.int64) if record_usage else None
         ctx = LayerContext(args, ckpt, rope, usage)
@@ -194,3 +197,12 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
         store.cap = cap
     model.placement = Placement(cap, int(dense), int(expert), ram_gb)
     return model
+
+
+def _check_decoder_layers(model_dir: Path, args: ModelArgs, ckpt: Checkpoint) -> None:
+    """Refuse a checkpoint with decoder layers past ``num_hidden_layers`` and its MTP layers: they would be left
+    out of the run without a word (``model_config.check_decoder_layers``)."""
+    try:
+        model_config.check_decoder_layers(args.raw, ckpt.infos, str(model_dir / CONFIG_FILE))
+    except ConfigError as exc:
+        raise RuntimeModelError(str(exc)) from None
