@@ -23,7 +23,7 @@ logits = (RMSNorm_final(x) / logits_mup_width_multiplier) @ unembed.T
   extra rows normalised together (``exp(l - logsumexp(l))``), times ``route_scale * gate.global_scale``; the last
   n_shared weights scale the shared experts (``shared_experts.{k}.*`` as converted, or the native stacks
   ``shared_w13_weight [n, 2I, H]`` gate/up rows interleaved / ``shared_w2_weight [n, H, I]``). Routed stacks
-  ``experts.w13_weight`` / ``w2_weight`` are read in place (``names.STACK_ORIENTATION``: rows-interleaved).
+  ``experts.w13_weight`` / ``w2_weight`` are read in place (``formats/families.py``: rows-interleaved).
   Dense layers (``mlp_layer_types`` ``dense``): ``global_scale * down(silu(gate(x)) * up(x))``.
 """
 
