@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 
-from colitools.errors import ConvertError, FormatError, TargetRefused
+from colitools.errors import ConvertError, FormatError, ParameterError, TargetRefused
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
@@ -321,11 +321,11 @@ class Recipe:
         except FormatError as exc:
             raise TargetRefused(str(exc)) from None
         if group_size is not None and group_size not in GROUP_SIZES:
-            raise ConvertError(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
+            raise ParameterError(f"`group_size={group_size}` is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
-            raise ConvertError(f"--layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+            raise ParameterError(f"`layout={layout!r}`: choose one of {', '.join(LAYOUTS)}")
         if towers not in TOWERS:
-            raise ConvertError(f"--towers {towers!r}: choose one of {', '.join(TOWERS)}")
+            raise ParameterError(f"`towers={towers!r}`: choose one of {', '.join(TOWERS)}")
         given = {"experts": experts, "dense": dense, "embed": embed, "mtp": mtp}
         values: dict[str, str] = {}
         for option, value in given.items():
@@ -336,9 +336,9 @@ class Recipe:
             try:
                 choice = parse_format_option(value)
             except FormatError as exc:
-                raise ConvertError(f"--{option}: {exc}") from None
+                raise ParameterError(f"`{option}`: {exc}") from None
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
-                raise ConvertError(f"--{option} {value} contradicts --group-size {group_size}")
+                raise ConvertError(f"`{option}={value}` contradicts `group_size={group_size}`")
             try:
                 tgt.check_option(option, value)
             except FormatError as exc:
@@ -373,12 +373,13 @@ class Recipe:
         return hashlib.sha256(blob).hexdigest()
 
     def differences(self, recorded: dict[str, str]) -> list[str]:
-        """Human-readable ``--option recorded -> now`` for every option that differs from ``recorded``."""
+        """Human-readable `` `option=recorded` (recorded) vs now (now)`` for every option that differs from
+        ``recorded``."""
         out = []
         for key, now in self.as_dict().items():
             before = recorded.get(key)
             if before != now:
-                out.append(f"--{key} {before} (recorded) vs {now} (now)")
+                out.append(f"`{key}={before}` (recorded) vs {now} (now)")
         return out
 
 
