@@ -299,14 +299,16 @@ def test_a_resume_after_config_json_changed_is_refused_naming_the_file_and_the_k
     _kill(proc)
     config = json.loads((src / "config.json").read_text())
     assert config["num_hidden_layers"] == 3
-    config["num_hidden_layers"] = 2  # the third layer becomes an MTP layer: other formats, other file sizes
+    # the third layer becomes an MTP layer: other formats, other file sizes
+    config["num_hidden_layers"], config["num_nextn_predict_layers"] = 2, 1
     (src / "config.json").write_text(json.dumps(config))
     before = snapshot(out)
     done = subprocess.run(_cmd(src, out), capture_output=True, text=True)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"colitools: error: {out / 'colitools.json'}: config.json changed since "), line
-    assert "(num_hidden_layers: 3, now 2)" in line and "another colitools version" not in line, line
+    assert "(num_hidden_layers: 3, now 2; num_nextn_predict_layers: 0, now 1)" in line, line
+    assert "another colitools version" not in line, line
     assert snapshot(out) == before  # refused before anything is written
 
     # a ledger of an earlier colitools records no config: the refusal cannot name it, and says so
