@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from colitools.formats import model_config, targets
 from colitools.formats.errors import FormatError, ResolveError
+from colitools.formats.jsonfile import is_text
 from colitools.formats.names import (
     LAYERS,
     MODULE_ALIASES,
@@ -83,6 +84,8 @@ def shard_name_problem(shard: object) -> str | None:
         return "contains '..'"
     if "\0" in shard:
         return "contains a NUL character"
+    if not is_text(shard):
+        return "not Unicode text (a lone surrogate escape)"
     if not shard.endswith(".safetensors"):
         return "does not end in .safetensors"
     if shard == ".safetensors":
