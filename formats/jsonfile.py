@@ -50,7 +50,7 @@ def invalid_text(raw: bytes, value: Any) -> str | None:
         elif isinstance(item, dict):
             strings = item.keys()
             stack.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple):
             stack.extend(item)
         bad = next((s for s in strings if not is_text(s)), None)
         if bad is not None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from colitools.formats.errors import FormatError
-from colitools.formats.jsonfile import load_json_object
+from colitools.formats.jsonfile import invalid_text, load_json_object, shown_text
 from colitools.formats.names import parse_name
 from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
 from colitools.formats.safetensors_io import ALIGNMENT, SafetensorsFile
@@ -321,6 +321,9 @@ def _raw_header_problems(path: Path, layer: int) -> list[str]:
         return out + [f"{path}: header is not valid JSON ({exc})"]
     if not isinstance(pairs, list) or not pairs:
         return out + [f"{path}: header is not a JSON object with entries"]
+    bad = invalid_text(body, pairs)
+    if bad is not None:
+        return out + [f"{path}: the header string {shown_text(bad)} is not Unicode text (a lone surrogate escape)"]
     keys = [k for k, _ in pairs]
     if keys[-1] != "__metadata__" or keys.count("__metadata__") != 1:
         out.append(f"{path}: __metadata__ is not the last header entry")
