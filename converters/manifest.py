@@ -98,13 +98,14 @@ class Manifest:
 def _recorded_names(data: dict[str, Any]) -> list[tuple[str, Any]]:
     """``(where, name)`` of every file name the manifest records: ``plan.files``, each unit's ``files``,
     ``shards`` and ``copied_files`` (entries of another shape are left to the accessors' checks)."""
+
     def names(where: str, items: Any) -> list[tuple[str, Any]]:
         items = items if isinstance(items, list) else []
         return [(where, f.get("name") if isinstance(f, dict) else f) for f in items]
 
     plan, units = data.get("plan"), data.get("units")
     found = names("plan.files", plan.get("files")) if isinstance(plan, dict) else []
-    for key, unit in (units.items() if isinstance(units, dict) else ()):
+    for key, unit in units.items() if isinstance(units, dict) else ():
         found += names(f"units[{key!r}].files", unit.get("files") if isinstance(unit, dict) else None)
     return found + names("shards", data.get("shards")) + names("copied_files", data.get("copied_files"))
 

@@ -167,7 +167,8 @@ def incomplete_conversion(path: str | os.PathLike[str]) -> str | None:
     state = conversion_state(path)
     if state is None or state == "complete":
         return None
-    return f"{path}: the conversion is not complete ({MANIFEST_FILE} state {state!r}): rerun convert to finish"
+    why = f"{MANIFEST_FILE} state {state!r}"
+    return f"{path}: the conversion is not complete ({why}): rerun convert to finish"
 
 
 # ----------------------------------------------------------------------------------------- the report

@@ -36,7 +36,7 @@ from colitools.formats.errors import FormatError
 from colitools.formats.jsonfile import invalid_text, load_json_object, shown_text
 from colitools.formats.names import parse_name
 from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
-from colitools.formats.safetensors_io import ALIGNMENT, SafetensorsFile
+from colitools.formats.safetensors_io import ALIGNMENT, MAX_HEADER_BYTES, SafetensorsFile
 
 SIDECAR_DIR = "experts-int4g64"
 INDEX_NAME = "index.json"
@@ -306,7 +306,7 @@ def _raw_header_problems(path: Path, layer: int) -> list[str]:
         with open(path, "rb") as fh:
             head = fh.read(8)
             (n,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
-            if n is None or n > 100_000_000:
+            if n is None or n > MAX_HEADER_BYTES:
                 return [f"{path}: not a safetensors header"]
             raw = fh.read(n)
     except OSError as exc:
@@ -323,7 +323,8 @@ def _raw_header_problems(path: Path, layer: int) -> list[str]:
         return out + [f"{path}: header is not a JSON object with entries"]
     bad = invalid_text(body, pairs)
     if bad is not None:
-        return out + [f"{path}: the header string {shown_text(bad)} is not Unicode text (a lone surrogate escape)"]
+        shown = shown_text(bad)
+        return out + [f"{path}: the header string {shown} is not Unicode text (a lone surrogate escape)"]
     keys = [k for k, _ in pairs]
     if keys[-1] != "__metadata__" or keys.count("__metadata__") != 1:
         out.append(f"{path}: __metadata__ is not the last header entry")

@@ -41,9 +41,9 @@ VERSION_RECORD = -2
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
 MAX_EXPERT_SLOTS = 1 << 20
-"""Most experts (``n_layers * n_experts``) a usage history may describe (``read_usage`` refuses more, whether its
-header, the caller or a headerless file's records give the geometry): four times 128 layers x 2048 routed
-experts. Reports may then allocate per expert without a declared ``-1 1 4000000000`` taking all memory."""
+"""Most experts (``n_layers * n_experts``) a usage history may describe (``read_usage`` refuses more,
+whether its header, the caller or a headerless file's records give the geometry): four times 128 layers x
+2048 routed experts. Reports may then allocate per expert without ``-1 1 4000000000`` taking all memory."""
 _INT = re.compile(r"[+-]?[0-9]+")
 _MAX_DIGITS = 20  # 2**64 - 1 has 20 digits
 

@@ -53,7 +53,8 @@ class Stored:
     """Where and how one linear weight ``[O, I]`` is stored.
 
     ``form``: ``"float"`` (F32/BF16/F16 tensor), ``"fp8-source"`` (F8_E4M3 + ``weight_scale_inv``),
-    ``"mxfp8-source"`` (F8_E4M3 + ``weight_scale`` E8M0 per 32 inputs, decoded to float32), or a registry format name (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
+    ``"mxfp8-source"`` (F8_E4M3 + ``weight_scale`` E8M0 per 32 inputs, decoded to float32), or a registry
+    format name (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
     ``path``. ``row_offset`` selects rows of a fused ``[E, 2I, H]`` tensor (already folded into ``data``).
     ``pick`` ``(R, C, start, step, transposed)``: the bytes are one expert's whole slab ``[R, C]`` of a stack
     whose projections are interleaved or transposed; the weight is ``slab[start::step]`` (``transposed``:

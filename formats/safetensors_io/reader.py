@@ -148,8 +148,8 @@ def _parse_metadata(where: str, value: Any) -> dict[str, str]:
 
 
 def _check_text(where: str, raw: bytes, root: _JsonObject) -> None:
-    """Every tensor name and every ``__metadata__`` key and value is Unicode text: JSON's lone surrogate escapes
-    (``"e\\udfff"``) are refused, as the upstream reader refuses them (nothing could print or write the name)."""
+    """Every tensor name and every ``__metadata__`` key and value is Unicode text: JSON's lone surrogate
+    escapes (``"e\\udfff"``) are refused, as the upstream reader refuses them (nothing could print the name)."""
     strings: list[str] = []
     for name, entry in root.pairs:
         strings.append(name)
