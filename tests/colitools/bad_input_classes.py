@@ -95,12 +95,10 @@ def json_path_escape(data: bytes, rng: random.Random) -> bytes:
     return _escaped(_set(value, rng.choice(names), rng.choice(ESCAPES)))
 
 
-def json_huge_size(
-    data: bytes, rng: random.Random, keys: tuple[str, ...] = SIZE_KEYS, under: str = ""
-) -> bytes:
-    """An integer under one of ``keys`` (inside a section ``under`` of the path, when given) made huge."""
+def json_huge_size(data: bytes, rng: random.Random, keys: tuple[str, ...] = SIZE_KEYS, where=None) -> bytes:
+    """An integer under one of ``keys`` (at a path ``where(path)`` accepts, when given) made huge."""
     value = json.loads(data)
-    ints = [p for p, v in _walk(value) if p and type(v) is int and (not under or under in p)]
+    ints = [p for p, v in _walk(value) if p and type(v) is int and (where is None or where(p))]
     sized = [p for p in ints if isinstance(p[-1], str) and p[-1] in keys]
     if not sized:
         return _escaped({**value, keys[0]: rng.choice(HUGE_INTS)} if isinstance(value, dict) else value)

@@ -126,7 +126,7 @@ def mutate_json(data: bytes, rng: random.Random, kind: str) -> bytes | None:
     if kind == "huge-size":
         return classes.json_huge_size(data, rng)
     if kind == "huge-file-size":  # a manifest's recorded file sizes
-        return classes.json_huge_size(data, rng, keys=("size",), under="files")
+        return classes.json_huge_size(data, rng, keys=("size",), where=lambda p: p[0] == "units" and p[2] == "files")
     if kind == "huge-geometry":  # a sidecar index's geometry, which its layer files must match
         return classes.json_huge_size(data, rng, keys=("experts", "hidden_size", "moe_intermediate_size",
                                                        "record_bytes"))  # fmt: skip
