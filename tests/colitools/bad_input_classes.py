@@ -205,9 +205,11 @@ def st_role(data: bytes, rng: random.Random, kind: str) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------------- usage
-def usage_huge_geometry(data: bytes, rng: random.Random) -> bytes:
+def usage_huge_geometry(data: bytes, rng: random.Random, headerless: float = 0.3) -> bytes:
+    """A geometry header declaring too many experts or, with probability ``headerless``, a legacy file without
+    headers whose records imply them (only a reader without the model's geometry takes it)."""
     lines = [line for line in data.decode().splitlines() if not line.startswith("-1 ")]
-    if rng.random() < 0.3:  # a legacy headerless file whose records imply the geometry
+    if rng.random() < headerless:
         body = [line for line in lines if not line.startswith("-")]
         return ("\n".join([*body, rng.choice(HEADERLESS_RECORDS)]) + "\n").encode()
     return ("\n".join([rng.choice(GEOMETRY_HEADERS), *lines]) + "\n").encode()

@@ -196,6 +196,8 @@ def mutate_usage(data: bytes, rng: random.Random, kind: str) -> bytes | None:
         return None
     if kind == "huge-geometry":
         return classes.usage_huge_geometry(data, rng)
+    if kind == "huge-header":  # the model gives its geometry: only a header can contradict it
+        return classes.usage_huge_geometry(data, rng, headerless=0.0)
     raise AssertionError(kind)
 
 
@@ -283,8 +285,8 @@ FILE_PLAN = [
     FileRow("model", "colitools.json", "json", (VERIFY, VERIFY, RESUME), 14,
             (*JSON_KINDS, SURROGATE, ESCAPE, ESCAPE, "huge-file-size"),
             ((SURROGATE, ALL), (ESCAPE, ALL), ("huge-file-size", (VERIFY,)))),
-    FileRow("model", ".coli_usage", "usage", (USAGE, PLAN, STAGE), 14, (*USAGE_KINDS, "huge-geometry"),
-            (("huge-geometry", (USAGE,)),)),
+    FileRow("model", ".coli_usage", "usage", (USAGE, PLAN, STAGE), 14, (*USAGE_KINDS, "huge-header"),
+            (("huge-header", (USAGE,)),)),
     FileRow("hist", ".coli_usage", "usage", (USAGE_ALONE,), 8, (*USAGE_KINDS, "huge-geometry", "huge-geometry"),
             (("huge-geometry", ALL),)),
     FileRow("mirror", ".colibri-mirror.json", "json", (MVERIFY,), 10, (*JSON_KINDS, SURROGATE, ESCAPE, ESCAPE),
@@ -297,7 +299,7 @@ FILE_PLAN = [
             (*ST_KINDS, NAME_SURROGATE, NAME_TEXT), ((NAME_SURROGATE, ALL),)),
     FileRow("planar", SIDECAR_INDEX, "json", (P_INSPECT, P_VERIFY, P_RUN), 12,
             (*JSON_KINDS, SURROGATE, ESCAPE, "huge-geometry"),
-            ((SURROGATE, ALL), (ESCAPE, (P_VERIFY, P_RUN)), ("huge-geometry", (P_VERIFY, P_RUN)))),
+            ((SURROGATE, ALL), (ESCAPE, (P_VERIFY, P_RUN)), ("huge-geometry", (P_VERIFY,)))),
     FileRow("planar", SIDECAR_LAYER, "safetensors", (P_INSPECT, P_VERIFY, P_RUN, P_PLAN), 10,
             (*ST_KINDS, NAME_SURROGATE), ((NAME_SURROGATE, ALL),)),
     FileRow("planar", "colitools.json", "json", (P_VERIFY,), 4, (ESCAPE, SURROGATE), ((ESCAPE, ALL), (SURROGATE, ALL))),
