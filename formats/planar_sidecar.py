@@ -243,7 +243,8 @@ def check_sidecar(root: str | os.PathLike[str]) -> tuple[list[SidecarLayerFile],
         if not raw:
             problems += _record_problems(f, index)
         files.append(f)
-    listed = {n for n in (index.get("files") or []) if isinstance(n, str)}
+    names = index.get("files") if isinstance(index.get("files"), list) else []  # else _index_problems says so
+    listed = {n for n in names if isinstance(n, str)}
     for p in sorted(sidecar_dir(root).glob("layer-*.safetensors")):
         if p.name not in listed:
             problems.append(f"{p}: not listed in {INDEX_NAME} files")

@@ -159,8 +159,10 @@ ROLES = {
     "router": r"mlp\.gate\.weight$",
     "norm": r"norm\.weight$",
 }
-# the linear weights, in which an integer dtype is refused
-TWO_D_ROLES = ("expert", "attention", "shared", "embed", "head", "router")
+# docs/FORMATS.md §5: an integer dtype is refused in a routed expert only (rule 0 copies the others), a non-finite
+# value in the linear weights written by a recipe (quantized or passthrough), not in rule-2 tensors (F32 as they are)
+INT_REFUSED = ("expert",)
+NAN_REFUSED = ("expert", "expert-scale", "attention", "shared", "embed", "head")
 SAME_SIZE_INT = {"F32": ["I32", "U32"], "BF16": ["I16", "U16"], "F16": ["I16", "U16"], "F8_E4M3": ["I8"]}
 NAN_BYTES = {
     "F32": struct.pack("<f", float("nan")),

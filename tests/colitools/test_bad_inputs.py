@@ -256,7 +256,7 @@ ALL = "*"  # every command of the row
 @dataclass(frozen=True)
 class FileRow:
     """Cases damaging one file of one base, run with each of ``commands`` in turn; ``kinds`` defaults to the
-    mutator's list; ``refuse`` maps a kind (or "nan:" / "int:<role>" prefix) to the commands that must not
+    mutator's list; ``refuse`` maps a kind (or a prefix ending in ":") to the commands that must not
     accept it (``ALL``: every command of the row)."""
 
     base: str
@@ -268,8 +268,8 @@ class FileRow:
     refuse: tuple[tuple[str, object], ...] = ()
 
 
-INT_2D = tuple(f"int:{r}" for r in classes.TWO_D_ROLES)
-ROLE_REFUSE = (("nan:", ALL), *((k, ALL) for k in INT_2D))
+ROLE_REFUSE = tuple((f"{what}:{role}", ALL) for what, roles in (("int", classes.INT_REFUSED),
+                     ("nan", classes.NAN_REFUSED)) for role in roles)  # fmt: skip
 FILE_PLAN = [
     FileRow("model", "config.json", "json", (INSPECT, VERIFY, USAGE, PLAN, RUN), 16,
             (*JSON_KINDS, SURROGATE, SURROGATE, HUGE), ((SURROGATE, ALL),)),
