@@ -236,6 +236,9 @@ SPELLED_PAIRS: dict[str, Spelling] = {
 }
 
 
+SPELLED_FORMATS = frozenset({Fp8E4m3E8m0.name, Mxfp4.name})  # the formats whose spelled pairs are read here
+
+
 def _spelled_scale(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
     spelling = SPELLED_PAIRS.get(info.dtype)
     if spelling is None or not name.endswith(spelling.weight_suffix):
@@ -436,7 +439,7 @@ def _resolve_weight(
     spelled = SPELLED_PAIRS[info.dtype].fmt if _spelled_scale(name, info, infos) == scale else None
     if spelled == Fp8E4m3E8m0.name:
         (O, I), fmt = _fp8_e8m0_pair(name, where, info, infos[scale], scale, shapes, stamp)
-    elif name + QS_SUFFIX not in infos:  # mxfp4: a U8 weight_packed with its weight_scale, or a spelled pair
+    elif spelled == Mxfp4.name or name + QS_SUFFIX not in infos:  # spelled, or a weight_packed + weight_scale
         (O, I), fmt = _mxfp4_pair(name, where, info, infos.get(scale), scale, shapes, stamp)
     else:
         scale_info = infos[scale]
