@@ -29,8 +29,8 @@ class ConvertOptions:
     mtp: str | None = None
     group_size: int | None = None
     layout: str = PAIRS.option  # a --layout value (formats/layouts.py)
-    towers: str | None = None  # --towers keep | drop (docs/FORMATS.md §5 rule 1); None: the target's, else keep
-    target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads the output
+    towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
+    target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads it
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False

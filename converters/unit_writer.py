@@ -242,7 +242,8 @@ def _put_stack(sink: FileSink, st: Stack, members: dict[int, tuple[np.ndarray, n
     so a layer holds at most one stack's codes (a target puts the jobs of its first stack first)."""
     sink.put(st.name, stack_codes(st, [members[k][0] for k in st.members]))
     if st.scale is not None:
-        sink.put(st.scale, np.concatenate([np.asarray(members[k][1], np.float32).reshape(-1) for k in st.members]))
+        scales = [np.asarray(members[k][1], np.float32).reshape(-1) for k in st.members]
+        sink.put(st.scale, np.concatenate(scales))
     for k in st.members:
         del members[k]
 

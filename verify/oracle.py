@@ -170,7 +170,7 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
                 result.format_mismatches.append(f"{name}: converted as {parts[name]}, oracle expects {expected}")
             continue
         got = resolved.get(name)
-        if got is None and isinstance(target.experts, targets.FusedLayout):  # a split shared expert in a float stack
+        if got is None and isinstance(target.experts, targets.FusedLayout):  # a split shared expert, stacked
             got = resolved.get(_shared_stack_name(name) or "")
         if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
             got = resolved.get(Mxfp4.tensor_names(name)[0])
