@@ -415,8 +415,12 @@ def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
     """A job as the target writes it (``Target.rewrite``, formats/targets.py): its written name and expert base,
     and the loader's float dtype, its source float dtype (where its bytes can be kept, else f32), a format
     re-chosen from another option (recorded as a fallback) or the loader's expert spelling."""
-    with _refusals():
+    try:
         rw = target.rewrite(job)
+    except FormatError as exc:  # the target's refusal (as in _refusals), without a context manager per tensor
+        raise TargetRefused(str(exc)) from None
+    if rw is None:
+        return job
     if (rw.name, rw.expert_base) != (job.out_name, job.expert_base):
         job = replace(job, out_name=rw.name, expert_base=rw.expert_base)
     t = job.target

@@ -194,8 +194,10 @@ class ExpertRecord(ExpertLayout):
     spelling: Spelling | None = None
 
     def spelling_for(self, job: PlannedTensor) -> Spelling | None:
+        if self.spelling is None or not job.routed:
+            return None
         t = job.target
-        return self.spelling if job.routed and not t.is_float and t.label in (self.formats or ()) else None
+        return self.spelling if not t.is_float and t.label in (self.formats or ()) else None
 
     def group(self, groups: Sequence[Sequence[PlannedTensor]], target: Any) -> list[Grouped]:
         return [self._record(tuple(g), target) if _is_routed(g) else Grouped(tuple(g)) for g in groups]
@@ -328,14 +330,13 @@ class MergedLayout(ExpertLayout):
             )
         fmt, gs = self.blob_format(jobs)
         self._check_parts(jobs, fmt, gs, target)
-        gate = first
-        H, I = gate.I, gate.O
-        if self.identify(H, I, *self.sizes(H, I, fmt, gs), gs or 0) != (fmt, gs):  # pragma: no cover
+        H, I = first.I, first.O
+        n_codes, n_scales = self.sizes(H, I, fmt, gs)
+        if self.identify(H, I, n_codes, n_scales, gs or 0) != (fmt, gs):  # pragma: no cover
             raise FormatError(
-                f"internal: merged {gate.target.label} at hidden {H}, width {I} does not resolve back"
+                f"internal: merged {first.target.label} at hidden {H}, width {I} does not resolve back"
             )
         blob, scale = self.names(first.expert_base, first.expert)
-        n_codes, n_scales = self.sizes(H, I, fmt, gs)
         stack = Stack(blob, self.blob_dtype(fmt), (n_codes,), tuple(range(len(jobs))), scale, n_scales, fmt, gs,
                       signed_nibbles=fmt != INT8_ROW)  # fmt: skip
         return Grouped(jobs, stacks=(stack,))

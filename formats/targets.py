@@ -221,10 +221,10 @@ class Target:
         return dict(self.float_dtypes).get(leaf_key(written_name))
 
     # ------------------------------------------------------------------------------------------ writing
-    def rewrite(self, job: PlannedTensor) -> Rewrite:
+    def rewrite(self, job: PlannedTensor) -> Rewrite | None:
         """How this target writes planned tensor ``job`` (its recipe name and format): renamed, in the loader's
-        float dtype, kept float, re-chosen by the int4 rule, or in the loader's expert spelling; FormatError
-        (one line) for a tensor the loader looks up by no name."""
+        float dtype, kept float, re-chosen by the int4 rule, or in the loader's expert spelling; None when it
+        is written as planned. FormatError (one line) for a tensor the loader looks up by no name."""
         name, base = job.out_name, job.expert_base
         if self.rename or self.name_map is not None:
             out = self.out_name(name)
@@ -240,7 +240,8 @@ class Target:
         want = self.float_dtype(name)
         if want is not None and not t.is_source:  # the loader's dtype check, whatever the recipe's role
             return Rewrite(name, base, float_dtype=want)
-        if names.parse_name(job.source.name).leaf in self.source_float_leaves and not t.is_float:
+        leaves = self.source_float_leaves
+        if leaves and names.parse_name(job.source.name).leaf in leaves and not t.is_float:
             return Rewrite(name, base, keep_float=True)  # quantized by the recipe: not here
         g = self.int4_group
         if (
@@ -251,7 +252,10 @@ class Target:
         ):
             reason = f"{self.loader} reads int4 only as int4-g{g} with I % {g} == 0 (I = {job.I})"
             return Rewrite(name, base, instead=self.int4_fallback, reason=reason)
-        return Rewrite(name, base, spelling=self.experts.spelling_for(job))
+        spelling = self.experts.spelling_for(job)
+        if spelling is None and (name, base) == (job.out_name, job.expert_base):
+            return None
+        return Rewrite(name, base, spelling=spelling)
 
     def group(self, groups: Sequence[Sequence[PlannedTensor]]) -> list[Grouped]:
         """One output file's groups of planned tensors as this target writes them (``experts.group``)."""
