@@ -402,7 +402,7 @@ def _units(
                 continue
             if layer in layers:
                 raise ConvertError(
-                    f"--layout planar: units {layers[layer]} and {key} both have routed experts of layer {layer}; "
+                    f"`layout=planar`: units {layers[layer]} and {key} both have routed experts of layer {layer}; "
                     f"the sidecar holds one file per layer number"
                 )
             layers[layer] = key
@@ -521,7 +521,7 @@ def _check_planar(job: TensorJob) -> None:
     t = job.target
     if not t.format_class.planar_eligible(job.I, t.gs):
         raise ConvertError(
-            f"--layout planar: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
+            f"`layout=planar`: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
             f"{t.label}; {PLANAR_LAYOUT} needs int4-row or int4-g64 with I % 64 == 0"
         )
 
@@ -532,13 +532,13 @@ def _check_records(groups: list[OutputGroup], key: str) -> None:
     bases = {j.expert_base for g in groups for j in g.jobs}
     if any(len(g.jobs) != 3 or g.jobs[0].expert is None for g in groups) or len(bases) != 1:
         raise ConvertError(
-            f"--layout planar: unit {key}: routed experts are not one gate/up/down record each"
+            f"`layout=planar`: unit {key}: routed experts are not one gate/up/down record each"
         )
     for e, g in enumerate(groups):
         projections = tuple(parse_name(j.out_name).projection for j in g.jobs)
         if g.jobs[0].expert != e or projections != sidecar.PROJECTIONS:
             raise ConvertError(
-                f"--layout planar: unit {key}: expert {g.jobs[0].expert} ({', '.join(j.out_name for j in g.jobs)}) "
+                f"`layout=planar`: unit {key}: expert {g.jobs[0].expert} ({', '.join(j.out_name for j in g.jobs)}) "
                 f"is not the gate, up and down record of expert {e}"
             )
 

@@ -176,7 +176,7 @@ class Target:
     def check_writable(self) -> None:
         """FormatError (one line) for a target colitools does not write (``refused``)."""
         if self.refused is not None:
-            raise FormatError(f"--target {self.name} is refused: {self.refused}")
+            raise FormatError(f"`target={self.name}` is refused: {self.refused}")
 
     def allowed(self, option: str) -> tuple[str, ...] | None:
         """The values of ``option`` this target's loader reads (None: any)."""
@@ -194,13 +194,13 @@ class Target:
         allowed = self.allowed(option)
         if allowed is not None and value not in allowed:
             why = dict(self.why).get(option) or f"{self.loader} reads {' or '.join(allowed)} there"
-            raise FormatError(f"--target {self.name}: --{option} {value} is refused: {why}")
+            raise FormatError(f"`target={self.name}`: `{option}={value}` is refused: {why}")
 
     def check_model_type(self, model_type: str | None) -> None:
         """FormatError (one line) when the source's ``model_type`` is not one this target's engine runs."""
         if self.model_types is not None and model_type not in self.model_types:
             raise FormatError(
-                f"--target {self.name} is for model_type {', '.join(self.model_types)} ({self.loader}); "
+                f"`target={self.name}` is for model_type {', '.join(self.model_types)} ({self.loader}); "
                 f"the source is {model_type!r}"
             )
 
@@ -230,8 +230,8 @@ class Target:
             out = self.out_name(name)
             if out is None:
                 raise FormatError(
-                    f"--target {self.name}: tensor {job.source.name} ({name}) has no name {self.loader} looks up "
-                    f"(formats/names.py); convert it with --target generic"
+                    f"`target={self.name}`: tensor {job.source.name} ({name}) has no name {self.loader} looks up "
+                    f"(formats/names.py); convert it with `target=generic`"
                 )
             if base is not None:  # a table of whole names (Inkling's) maps no prefix: the name's own base
                 base = self.out_name(base) or names.parse_name(out).expert_base
@@ -408,7 +408,7 @@ def qwen36_meta(
 
 
 PAIRS_ONLY = (("layout", ("pairs",)),)  # every family engine reads pairs experts from the main container
-DROPPED_TOWERS = "its converter leaves the multimodal towers out (--towers drop)"  # qwen36: visual.*
+DROPPED_TOWERS = "its converter leaves the multimodal towers out (`towers=drop`)"  # qwen36: visual.*
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -545,7 +545,7 @@ def by_name(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
-        raise FormatError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}") from None
+        raise FormatError(f"`target={name!r}`: choose one of {', '.join(TARGET_NAMES)}") from None
 
 
 def help_text() -> str:

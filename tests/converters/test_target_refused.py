@@ -33,7 +33,7 @@ def test_another_familys_source_is_one_line_before_work(tmp_path, target):
     with pytest.raises(ConvertError) as info:
         convert(str(ORACLES / fixture), tmp_path / "out", ConvertOptions(target=target, progress=False))
     message = str(info.value)
-    assert message.startswith(f"--target {target} is for model_type ") and "\n" not in message
+    assert message.startswith(f"`target={target}` is for model_type ") and "\n" not in message
     assert TARGETS[target].loader in message and f"{fixture!r}" in message
     assert info.value.exit_code == 2 and not (tmp_path / "out").exists()
 
@@ -43,7 +43,7 @@ def test_a_refused_target_says_why_in_one_line():
     with pytest.raises(FormatError) as info:
         t.check_writable()
     assert (
-        str(info.value) == "--target x is refused: c/x.c (f) reads layout L, which colitools does not write"
+        str(info.value) == "`target=x` is refused: c/x.c (f) reads layout L, which colitools does not write"
     )
 
 
@@ -94,7 +94,7 @@ def test_an_option_the_target_cannot_honour_is_one_line_exit_2(target, option, v
     with pytest.raises(ConvertError) as info:
         ConvertOptions(target=target, **kwargs).recipe()
     message = str(info.value)
-    assert message.startswith(f"--target {target}: --{option} {value} is refused: ") and "\n" not in message
+    assert message.startswith(f"`target={target}`: `{option}={value}` is refused: ") and "\n" not in message
     assert info.value.exit_code == 2
 
 
