@@ -1,22 +1,72 @@
 """The reader of the small JSON objects of a model folder (``config.json``, the index, the planar sidecar's
 ``index.json``): one-line FormatErrors naming the file and where it is broken, never a traceback (deep nesting
 and 5000-digit numbers included). Every library reader of a model folder's JSON goes through it: the converter's
-sources, ``open_model`` (inspect, verify, the runtime's weights), the runtime's arguments, the mirror."""
+sources, ``open_model`` (inspect, verify, the runtime's weights), the runtime's arguments, the mirror.
+
+Python's ``json`` accepts a lone surrogate escape (``"e\\udfff"``), a string that is no Unicode text: nothing can
+print it to a UTF-8 terminal or write it to a UTF-8 file. ``invalid_text`` finds one; every reader of ours
+refuses it (docs/FORMATS.md §1), as the upstream safetensors reader does.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from colitools.formats.errors import FormatError
 
+__all__ = ["invalid_text", "is_text", "load_json_object", "shown_text"]
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a high or low surrogate, paired or not
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode text (no lone surrogate: it encodes as UTF-8)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_text(value: str, limit: int = 60) -> str:
+    """``value`` as an ASCII JSON string literal (surrogates escaped), cut to about ``limit`` characters."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 4] + '..."'
+
+
+def invalid_text(raw: bytes, value: Any) -> str | None:
+    """The first string of ``value`` (an object key or a value, at any depth), parsed from the JSON text ``raw``,
+    that is no Unicode text; None when there is none (at once when ``raw`` holds no surrogate escape)."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return None
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        strings: Iterable[str] = ()
+        if isinstance(item, str):
+            strings = (item,)
+        elif isinstance(item, dict):
+            strings = item.keys()
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        bad = next((s for s in strings if not is_text(s)), None)
+        if bad is not None:
+            return bad
+    return None
+
 
 def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON object in ``path``; FormatError when it cannot be read, is not JSON or is not an object."""
+    """The JSON object in ``path``; FormatError when it cannot be read, is not JSON, is not an object or holds
+    a string that is no Unicode text (``invalid_text``)."""
     try:
-        value = json.loads(Path(path).read_bytes())  # bytes: json detects UTF-8/16/32 as RFC 8259 allows
+        raw = Path(path).read_bytes()
+        value = json.loads(raw)  # bytes: json detects UTF-8/16/32 as RFC 8259 allows
     except json.JSONDecodeError as exc:
         raise FormatError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
@@ -29,4 +79,9 @@ def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(value, dict):
         raise FormatError(f"{path}: expected a JSON object")
+    bad = invalid_text(raw, value)
+    if bad is not None:
+        raise FormatError(
+            f"{path}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)"
+        )
     return value
