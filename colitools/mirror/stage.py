@@ -19,7 +19,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -333,6 +333,10 @@ def _copy_all(
         try:  # submitting too: an interrupt right after the first submit must stop that copy as well
             for f in to_copy:
                 futures.append(pool.submit(copies.copy_one, f))
+            pending = set(futures)
+            while pending:  # timed: a Ctrl-C the kernel delivered to a copy thread is handled here at once
+                # (CPython runs signal handlers in the main thread, which an untimed wait keeps asleep)
+                _, pending = wait(pending, timeout=0.1)
             for future in futures:
                 future.result()
         except BaseException:  # e.g. KeyboardInterrupt here: copies in flight stop at their next check

@@ -265,6 +265,33 @@ def test_a_signal_during_a_copy_stops_the_stage_cleanly_leaving_no_lock_and_no_t
     assert stage(model, mirror).ready
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc/<pid>/task")
+def test_a_ctrl_c_the_kernel_delivers_to_a_copy_thread_still_stops_the_stage(model, tmp_path):
+    """A process-directed signal may land in any thread; CPython runs its handler in the main thread, which an
+    untimed wait on the copies would keep asleep (with the stall knob: forever). ``kill`` of a thread id sends
+    the signal to the process, delivered to that thread first."""
+    mirror = tmp_path / "mirror"
+    child = run_cli_process("mirror", "stage", "--model", str(model), "--mirror", str(mirror), "--budget-gib", "1",
+                            "--reserve-gib", "0", "--no-progress", env={STALL_ENV: "1000"})  # fmt: skip
+    deadline = time.monotonic() + 120  # a hang guard only
+    try:
+        while not any(TEMP_SUFFIX in p for p in (os.listdir(mirror) if mirror.is_dir() else [])):
+            assert child.poll() is None, f"stage exited early: {child.communicate()}"
+            assert time.monotonic() < deadline, "stage never started a copy"
+            time.sleep(0.02)
+        others = [int(t) for t in os.listdir(f"/proc/{child.pid}/task") if int(t) != child.pid]
+        os.kill(others[0], signal.SIGINT)  # a thread of the stage that is not its main thread
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.communicate()
+    assert child.returncode == 130, err
+    assert err.splitlines() == [
+        "colitools: interrupted; rerun the same command to resume (verified copies are kept)"
+    ]
+    assert LOCK_FILE not in os.listdir(mirror)
+
+
 def test_cli_stage_exit_codes(model, tmp_path):
     mirror = str(tmp_path / "mirror")
     r = run_cli(
