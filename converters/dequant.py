@@ -24,7 +24,6 @@ import numpy as np
 from colitools.errors import ConvertError
 from colitools.formats import model_config
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.errors import ConfigError
 from colitools.formats.reference import ceil_div, dequant_fp8_block
 
 FLOAT_SOURCE_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -75,36 +74,31 @@ def quant_scheme(config: Mapping[str, Any]) -> QuantScheme:
     ``fp8`` (fmt e4m3), ``mxfp4``, ``compressed-tensors`` (format ``pack-quantized``, 4-bit int weights),
     ``modelopt`` (quant_algo NVFP4) and ``mxfp8`` are understood; any other ``quant_method`` (or an unsupported
     variant of these) is refused, naming it, before work starts."""
-    try:
-        qc = model_config.quantization_config(config)
-        if qc is None:
-            return QuantScheme(None)
-        method = qc.get("quant_method")
-        if method == "fp8":
-            fmt = qc.get("fmt", "e4m3")
-            if fmt != "e4m3":
-                raise ConvertError(
-                    f"config.json: quantization_config.fmt {fmt!r} is not supported (only 'e4m3')"
-                )
-            return QuantScheme("fp8", fp8=Fp8Scheme(model_config.fp8_block_size(config) or DEFAULT_FP8_BLOCK))
-        if method in ("mxfp4", "mxfp8"):
-            return QuantScheme(method)
-        if method == "modelopt":
-            algo = qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo")
-            if algo not in ("NVFP4", "MXFP8"):
-                raise ConvertError(
-                    f"config.json: quantization_config.quant_algo {algo!r} of quant_method 'modelopt' is not "
-                    "supported (only 'NVFP4', 'MXFP8')"
-                )
-            return QuantScheme(method)
-        if method == "compressed-tensors":
-            return QuantScheme(method, int4=_int4_scheme(qc))
-        raise ConvertError(
-            f"config.json: quantization_config.quant_method {method!r} is not supported "
-            f"(supported: {', '.join(KNOWN_QUANT_METHODS)})"
-        )
-    except ConfigError as exc:
-        raise ConvertError(str(exc)) from None
+    qc = model_config.quantization_config(config)
+    if qc is None:
+        return QuantScheme(None)
+    method = qc.get("quant_method")
+    if method == "fp8":
+        fmt = qc.get("fmt", "e4m3")
+        if fmt != "e4m3":
+            raise ConvertError(f"config.json: quantization_config.fmt {fmt!r} is not supported (only 'e4m3')")
+        return QuantScheme("fp8", fp8=Fp8Scheme(model_config.fp8_block_size(config) or DEFAULT_FP8_BLOCK))
+    if method in ("mxfp4", "mxfp8"):
+        return QuantScheme(method)
+    if method == "modelopt":
+        algo = qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo")
+        if algo not in ("NVFP4", "MXFP8"):
+            raise ConvertError(
+                f"config.json: quantization_config.quant_algo {algo!r} of quant_method 'modelopt' is not "
+                "supported (only 'NVFP4', 'MXFP8')"
+            )
+        return QuantScheme(method)
+    if method == "compressed-tensors":
+        return QuantScheme(method, int4=_int4_scheme(qc))
+    raise ConvertError(
+        f"config.json: quantization_config.quant_method {method!r} is not supported "
+        f"(supported: {', '.join(KNOWN_QUANT_METHODS)})"
+    )
 
 
 def _int4_scheme(qc: Mapping[str, Any]) -> Int4Scheme:

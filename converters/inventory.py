@@ -34,7 +34,6 @@ from colitools.converters.dequant import (
 from colitools.converters.sources import HeaderTensor, Source, check_shard_name
 from colitools.errors import ConvertError
 from colitools.formats import model_config, names
-from colitools.formats.errors import ConfigError
 from colitools.formats.names import natural_key  # the planner imports it from here too
 
 COPY_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")  # rule 0: copied unchanged
@@ -168,10 +167,7 @@ def build_inventory(
     ``headers``: shard -> tensor -> ``HeaderTensor`` for every shard named in ``weight_map`` (a shard absent
     from ``headers`` is a missing shard). ``shard_sizes`` defaults to the sum of each shard's tensor bytes.
     ``config`` is validated first (the config facts, ``formats/model_config.py``)."""
-    try:
-        model_config.validate_config(config)
-    except ConfigError as exc:
-        raise ConvertError(str(exc)) from None
+    model_config.validate_config(config)
     for name, shard in weight_map.items():
         check_shard_name(shard, tensor=name)
         if shard not in headers:
@@ -395,10 +391,7 @@ def check_config_shapes(inv: Inventory) -> None:
     """Shapes that ``config.json`` pins: a mismatch is an error naming the tensor, both shapes and the key.
 
     The numbers are the config facts (``formats/model_config.py``: text model, expert count and width)."""
-    try:
-        facts = model_config.read_facts(inv.config)
-    except ConfigError as exc:
-        raise ConvertError(str(exc)) from None
+    facts = model_config.read_facts(inv.config)
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
     # per-expert tensors run in routed_expert_hidden_size (Kimi K3's LatentMoE latent) where the config sets one
     EH, eh_key = (H, "hidden_size") if facts.expert_hidden in (None, H) else (facts.expert_hidden,

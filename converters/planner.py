@@ -30,7 +30,6 @@ from colitools.errors import ConvertError, TargetRefused
 from colitools.formats import model_config, names, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
-from colitools.formats.errors import FormatError
 from colitools.formats.filenames import shard_file_name
 from colitools.formats.format_names import copied_label
 from colitools.formats.layouts import PLANAR
@@ -334,10 +333,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     Raises ConvertError naming the tensor for anything unclassifiable, and for ``--layout planar`` with a
     routed expert that would not be int4-row / int4-grouped gs 64 with ``I % 64 == 0``."""
     target = targets.by_name(recipe.target)
-    try:
-        target.check_model_type(model_config.model_type(inventory.config))
-    except FormatError as exc:
-        raise TargetRefused(str(exc)) from None
+    target.check_model_type(model_config.model_type(inventory.config))
     nhl = inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)

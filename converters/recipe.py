@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 
-from colitools.errors import ConvertError, FormatError, TargetRefused
+from colitools.errors import ConvertError, FormatError
 from colitools.formats import layouts, names, registry, resolver, targets
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
@@ -313,12 +313,9 @@ class Recipe:
         ``int4-g{group_size}``, an option given as ``int4-g{group_size}`` is accepted, and an option naming a
         different ``int4-g*`` is refused as a contradiction. ``target`` (formats/targets.py) gives the defaults
         of its loader and refuses, in one line, an option or layout that loader cannot read."""
-        try:
-            tgt = targets.by_name(target)
-            tgt.check_writable()
-            tgt.check_layout(layout)
-        except FormatError as exc:
-            raise TargetRefused(str(exc)) from None
+        tgt = targets.by_name(target)
+        tgt.check_writable()
+        tgt.check_layout(layout)
         if group_size is not None and group_size not in GROUP_SIZES:
             raise ConvertError(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
@@ -338,10 +335,7 @@ class Recipe:
                 raise ConvertError(f"--{option}: {exc}") from None
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
                 raise ConvertError(f"--{option} {value} contradicts --group-size {group_size}")
-            try:
-                tgt.check_option(option, value)
-            except FormatError as exc:
-                raise TargetRefused(str(exc)) from None
+            tgt.check_option(option, value)
             values[option] = value
         towers = tgt.towers or towers  # a target whose converter drops the towers drops them
         return cls(layout=layout, towers=towers, target=target, **values)

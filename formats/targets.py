@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from colitools.formats import model_config, names
-from colitools.formats.errors import FormatError
+from colitools.formats.errors import FormatError, TargetRefused
 from colitools.formats.format_names import GROUP_SIZES
 
 GENERIC_NAME = "generic"
@@ -275,9 +275,9 @@ class Target:
     config_extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # config.json keys the loader reads
 
     def check_writable(self) -> None:
-        """FormatError (one line) for a target colitools does not write (``refused``)."""
+        """TargetRefused (one line) for a target colitools does not write (``refused``)."""
         if self.refused is not None:
-            raise FormatError(f"--target {self.name} is refused: {self.refused}")
+            raise TargetRefused(f"--target {self.name} is refused: {self.refused}")
 
     def out_name(self, name: str) -> str | None:
         """The name this target writes for a source tensor name: ``rename`` (first match), then ``name_map``
@@ -298,25 +298,25 @@ class Target:
         return dict(self.defaults).get(option)
 
     def check_option(self, option: str, value: str) -> None:
-        """FormatError (one line) when this target's loader cannot read ``--option value``."""
+        """TargetRefused (one line) when this target's loader cannot read ``--option value``."""
         allowed = self.expert_options if option == "experts" else self.float_options
         allowed = dict(self.option_values).get(option, allowed)
         if allowed is not None and value not in allowed:
-            raise FormatError(
+            raise TargetRefused(
                 f"--target {self.name}: --{option} {value} is refused: {self.loader} reads "
                 f"{' or '.join(allowed)} there"
             )
 
     def check_layout(self, layout: str) -> None:
         if self.layouts is not None and layout not in self.layouts:
-            raise FormatError(
+            raise TargetRefused(
                 f"--target {self.name}: --layout {layout} is refused: {self.loader} reads {', '.join(self.layouts)}"
             )
 
     def check_model_type(self, model_type: str | None) -> None:
-        """FormatError (one line) when the source's ``model_type`` is not one this target's engine runs."""
+        """TargetRefused (one line) when the source's ``model_type`` is not one this target's engine runs."""
         if self.model_types is not None and model_type not in self.model_types:
-            raise FormatError(
+            raise TargetRefused(
                 f"--target {self.name} is for model_type {', '.join(self.model_types)} ({self.loader}); "
                 f"the source is {model_type!r}"
             )
@@ -427,7 +427,7 @@ def by_name(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
-        raise FormatError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}") from None
+        raise TargetRefused(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}") from None
 
 
 # ------------------------------------------------------------------------------- deepseek_v4 config.json

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from colitools.errors import MirrorError
 from colitools.formats import model_config, planar_sidecar, targets
-from colitools.formats.errors import ConfigError
 from colitools.formats.filenames import shard_files
 from colitools.formats.names import (
     EXPERTS,
@@ -229,8 +228,5 @@ def model_geometry(model_dir: str | os.PathLike) -> ModelGeometry:
         raise MirrorError(f"cannot read {path}: {exc}") from None
     if not isinstance(config, dict):
         raise MirrorError(f"{path}: expected a JSON object")
-    try:
-        facts = model_config.read_facts(config, where=str(path))
-    except ConfigError as exc:
-        raise MirrorError(str(exc)) from None
+    facts = model_config.read_facts(config, where=str(path))
     return ModelGeometry(facts.model_type, facts.num_hidden_layers, facts.routed_experts or None)

@@ -20,7 +20,6 @@ from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.formats import model_config
-from colitools.formats.errors import ConfigError
 
 # The families the runtime executes: model_type -> its module in colitools.runtime. A family module defines
 # ``DEFAULTS`` (model_type -> defaults for omitted keys), ``family_args(c, base)`` (its ModelArgs fields
@@ -198,10 +197,7 @@ class ModelArgs:
     def from_config(cls, config: dict[str, Any], where: str = "config.json") -> ModelArgs:
         """Validate ``config`` (the config facts), parse the keys every family shares, then the family's own
         (``family_args`` of its module)."""
-        try:
-            facts = model_config.read_facts(config, where)
-        except ConfigError as exc:
-            raise RuntimeModelError(str(exc)) from None
+        facts = model_config.read_facts(config, where)
         mt = config.get("model_type")
         family = family_module(mt, where)
         text = model_config.canonical_keys(model_config.text_config(config), mt)

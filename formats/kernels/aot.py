@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from colitools.formats.errors import ColitoolsError
+from colitools.formats.errors import KernelBuildError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PREFIX = "_aot_kernels_"
@@ -49,10 +49,6 @@ _SOURCES = (
     ("colitools.formats", "reference.py"), ("colitools.formats", "registry.py"),
     *(("colitools", f"runtime/{f}") for f in ("_jit_kernels.py", "_jit_threads.py", "kernels.py", "threads.py")),
 )  # fmt: skip
-
-
-class KernelBuildError(ColitoolsError):
-    """The compiled-ahead module could not be built (the JIT kernels still serve)."""
 
 
 _SCALARS = {"i": "int64", "f": "float32", "b": "boolean"}  # Export.args' scalar tokens, as numba types
