@@ -1,9 +1,8 @@
-"""`colitools kernels`: whether the codecs' kernels run compiled ahead of time here, and building them once."""
+"""`colitools kernels`: whether the kernels (codecs, runtime) run compiled ahead of time here, and building them once."""
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Annotated
 
 import typer
@@ -15,7 +14,7 @@ from colitools.cli.app import app
 def kernels_command(
     build: Annotated[
         bool,
-        typer.Option("--build", help="Compile the kernels for this machine unless they are (~20 s; numba and a C compiler)."),
+        typer.Option("--build", help="Compile the kernels (codecs, runtime) for this machine unless they are (~30 s; numba and a C compiler)."),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="With --build: compile even when they are current.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON for scripts.")] = False,
@@ -25,21 +24,19 @@ def kernels_command(
     into the installed package (or, when it is read-only, ~/.cache/colitools/kernels); ./dev does it after
     installing."""
     from colitools.formats.kernels import aot
+    from colitools.runtime import kernels as _runtime  # noqa: F401  (declares the runtime's kernel set)
 
-    built = None
-    if build and (force or aot.current() is None):
-        started = time.monotonic()
-        path = aot.build()
-        built = {"file": path, "seconds": round(time.monotonic() - started, 1)}
+    built = aot.build_missing(force=force) if build else []
     status = aot.status()
-    if built is not None:
+    if built:
         status["built_now"] = built
     if as_json:
         typer.echo(json.dumps(status, indent=2))
         return
-    if built is not None:
-        typer.echo(f"built {built['file']} in {built['seconds']} s")
-    if status["loaded"]:
-        typer.echo(f"kernels: compiled ahead of time ({status['file']})")
-    else:
-        typer.echo(f"kernels: numba JIT; compiled-ahead module {status['reason']}")
+    for b in built:
+        typer.echo(f"built {b['file']} in {b['seconds']} s")
+    for s in status["sets"]:
+        if s["loaded"]:
+            typer.echo(f"kernels ({s['set']}): compiled ahead of time ({s['file']})")
+        else:
+            typer.echo(f"kernels ({s['set']}): numba JIT; compiled-ahead module {s['reason']}")

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import RuntimeModelError
-from colitools.runtime import threads
+from colitools.formats.kernels import threads
 from colitools.runtime.attention import KVBuffer, attend, causal_mask
 from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs, rope_args
 from colitools.runtime.deepseek_v4_hc import HyperConnection, HyperHead, unweighted_rms_norm

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.kernels import threads
 from colitools.formats.names import module_path
-from colitools.runtime import threads
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore
 from colitools.runtime.ops import MLP, Linear, sigmoid, softmax

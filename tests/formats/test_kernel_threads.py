@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from colitools.runtime import threads
+from colitools.formats.kernels import threads
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_flag_cells(kernel_drivers):
     """The compiled polls, compiled ahead of time and JIT (the ``th_*`` kernels)."""
     from colitools.formats.kernels import aot
 
-    k = aot.kernels()
+    k = aot.CODECS.kernels()
     T, F, B = threads.TASK, threads.FINISHED, threads.CALLER_BLOCKED
     cells = np.zeros(24, np.int64)
     k.th_set(cells, F, 5)
