@@ -85,7 +85,7 @@ def _name_imported(arg: ast.expr) -> str:
 
 
 def _package_of(module: str) -> str | None:
-    """Which of our packages ``module`` (a dotted name) is in, or None (a metadata key such as "colitools.shapes")."""
+    """Which of our packages ``module`` (a dotted name) is in, or None (a metadata key: "colitools.shapes")."""
     for pkg in sorted(PACKAGES, key=len, reverse=True):
         if module == pkg or module.startswith(pkg + "."):
             return pkg

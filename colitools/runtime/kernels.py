@@ -2,9 +2,9 @@
 
 Every kernel computes ``Y[n, o] = sum_i W[o, i] * X[n, i]`` for the rows ``o0 <= o < o1`` of a weight ``W[O, I]``
 held in one of the container formats (docs/FORMATS.md §2/§4). Kernels are serial and release the GIL; a big call is
-split by rows over the kernels' thread pool (``colitools.formats.kernels.threads``). For each row, every input vector ``n`` is processed
-while the row's codes are still in L1, and the arithmetic for one ``(n, o)`` is the same whatever ``N`` is, so a
-token gets bit-identical expert outputs in a prefill batch and in a one-token decode step.
+split by rows over the kernels' thread pool (``colitools.formats.kernels.threads``). For each row, every input
+vector ``n`` is processed while the row's codes are still in L1, and the arithmetic for one ``(n, o)`` is the same
+whatever ``N`` is, so a token gets bit-identical expert outputs in a prefill batch and in a one-token decode step.
 
 Offset codes (int4 ``nib - 8``, int3 ``u - 4``) are folded out of the inner loop: a group computes
 ``sum(u * x) - offset * sum(x)`` with the group sums of ``x`` precomputed once per call. int4 kernels convert a

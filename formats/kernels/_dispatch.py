@@ -5,8 +5,9 @@ A tensor of fewer than ``SMALL_ELEMS`` elements is encoded / decoded by the nump
 ``tests/formats/test_kernel_dispatch.py`` for this switch): a conversion of a tiny model then neither imports
 numba nor compiles or loads a kernel (about 1 CPU-s saved per process, 16 CPU-s on a first run). Larger
 tensors go to the kernels through ``encoders`` / ``decoders`` (numba-free; the numba drivers are ``_jit_*``),
-imported on first use, unless the whole plan fits the start-up budget below (numba's load, or, before the encoders were ever compiled here, their compile). Validation (dtype,
-shape, group size, FP8 grid, writable format) and the NaN/inf error message are the same on both paths.
+imported on first use, unless the whole plan fits the start-up budget below (numba's load, or, before the
+encoders were ever compiled here, their compile). Validation (dtype, shape, group size, FP8 grid, writable
+format) and the NaN/inf error message are the same on both paths.
 
 This module and ``__init__`` import nothing of numba: keep it so (``--help`` and tiny conversions stay fast).
 """

@@ -105,7 +105,8 @@ SETS: dict[str, KernelSet] = {}  # every set declared in this process, by name
 
 class KernelSet:
     """The exported numba functions of one package, compiled ahead of time into one module
-    ``_aot_<name>_<stamp>`` in the package's directory (``anchor``: a file of it; a read-only install: ``user_dir()``).
+    ``_aot_<name>_<stamp>`` in the package's directory (``anchor``: a file of it; a read-only install:
+    ``user_dir()``).
 
     ``jit_modules`` imports and returns the package's ``_jit_*`` modules (numba); ``constants`` names, relative to
     the package's directory, the numba-free files their compiled code reads constants from. The stamp hashes
@@ -337,7 +338,8 @@ def user_dir() -> str:
 
 
 def kernel_sets() -> list[KernelSet]:
-    """The sets declared in this process (``CODECS``; the runtime's once ``colitools.runtime.kernels`` is imported)."""
+    """The sets declared in this process (``CODECS``; the runtime's once ``colitools.runtime.kernels`` is
+    imported)."""
     return list(SETS.values())
 
 

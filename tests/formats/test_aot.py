@@ -246,8 +246,9 @@ def _imported_names(node: ast.AST) -> list[str]:
 
 def _set_loaders(tree: ast.AST) -> set[ast.AST]:
     """The import statements inside the functions passed to ``KernelSet(...)`` as ``jit_modules``."""
-    called = {a.id for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "KernelSet"
-              for a in n.args[2:3] if isinstance(a, ast.Name)}  # fmt: skip
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    sets = [n for n in calls if getattr(n.func, "attr", getattr(n.func, "id", "")) == "KernelSet"]
+    called = {a.id for n in sets for a in n.args[2:3] if isinstance(a, ast.Name)}
     return {i for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in called for i in ast.walk(f)
             if isinstance(i, ast.Import | ast.ImportFrom)}  # fmt: skip
 
