@@ -7,7 +7,7 @@
 
 * Natively quantized sources (MXFP4, INT4 ``pack-quantized``, NVFP4, MXFP8): ``quant_scheme`` reads
   ``quantization_config``; the inventory pairs the companion tensors; ``decode_native`` decodes them through the
-  fast kernels (``formats/kernels/_decode.py``), bit-identical to ``formats/reference.py``.
+  fast kernels (``formats/kernels/decoders.py``), bit-identical to ``formats/reference.py``.
 
 The scale grid is validated before any data is read (``check_scale_grid``); an FP8 weight without its scale is
 an error, never silently upcast without scaling.
@@ -217,7 +217,7 @@ def to_float32(
 def decode_native(kind: str, parts: Mapping[str, np.ndarray], O: int, I: int, group: int) -> np.ndarray:
     """Decode one ``[O, I]`` tensor (or expert slab) of natively quantized ``kind`` to float32 with the fast
     kernels. ``parts``: ``data`` and ``scale`` (and ``scale_2`` for NVFP4), already cut to the tensor's rows."""
-    from colitools.formats.kernels import _decode as dec
+    from colitools.formats.kernels import decoders as dec
 
     data, scale = parts["data"], parts["scale"]
     if kind == MXFP4:
