@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from colitools.errors import ConvertError, DiskFloorStop
+from colitools.errors import ConvertError, DiskFloorStop, ParameterError
 
 FAKE_FREE_ENV = "COLITOOLS_FAKE_FREE_BYTES_FILE"
 POLL_ENV = "COLITOOLS_DISK_POLL_SECONDS"
@@ -64,7 +64,7 @@ class DiskFloor:
         sleep: Callable[[float], None] = time.sleep,
     ):
         if mode not in MODES:
-            raise ConvertError(f"--on-low-disk {mode!r}: choose wait or stop")
+            raise ParameterError(f"`on_low_disk={mode!r}`: choose wait or stop")
         self.path = Path(path)
         self.min_free = int(min_free_bytes)
         self.mode = mode

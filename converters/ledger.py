@@ -170,7 +170,7 @@ class Ledger:
             before, now = old.get("source") or {}, fresh["source"]
             hint = "use another output folder"
             if before.get("kind") == now.get("kind") == "hf" and before.get("repo_id") == now.get("repo_id"):
-                hint = f"the repo moved on: resume with --revision {before.get('revision')}, or use another output folder"
+                hint = f"the repo moved on: resume with `revision={before.get('revision')}`, or use another output folder"
             raise ConvertError(
                 f"{path}: this folder holds a conversion of another source ({_show_source(before)}, "
                 f"now {_show_source(now)}); {hint}"

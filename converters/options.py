@@ -8,7 +8,7 @@ from typing import Any
 
 from colitools.converters.diskfloor import GB, gb
 from colitools.converters.recipe import Recipe
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, ParameterError
 from colitools.formats.format_names import role_formats_line
 from colitools.formats.layouts import PAIRS
 
@@ -38,9 +38,9 @@ class ConvertOptions:
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.min_free_gb) or self.min_free_gb < 0:
-            raise ConvertError(f"--min-free-gb {self.min_free_gb:g}: must be a number >= 0")
+            raise ParameterError(f"`min_free_gb={self.min_free_gb:g}`: must be a number >= 0")
         if self.workers < 1:
-            raise ConvertError(f"--workers {self.workers}: must be at least 1")
+            raise ParameterError(f"`workers={self.workers}`: must be at least 1")
 
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(
@@ -49,9 +49,9 @@ class ConvertOptions:
         if self.group_size is not None and not any(
             v.startswith("int4-g") for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)
         ):  # int3-g64 and the row formats have no group size to set: never ignore the option silently
-            chosen = ", ".join(f"--{k} {getattr(recipe, k)}" for k in ("experts", "dense", "embed", "mtp"))
+            chosen = ", ".join(f"`{k}={getattr(recipe, k)}`" for k in ("experts", "dense", "embed", "mtp"))
             raise ConvertError(
-                f"--group-size {self.group_size} applies to int4-g* formats, and no option uses one ({chosen})"
+                f"`group_size={self.group_size}` applies to int4-g* formats, and no option uses one ({chosen})"
             )
         return recipe
 

@@ -387,7 +387,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
                 continue
             if layer in layers:
                 raise ConvertError(
-                    f"--layout planar: units {layers[layer]} and {key} both have routed experts of layer {layer}; "
+                    f"`layout=planar`: units {layers[layer]} and {key} both have routed experts of layer {layer}; "
                     f"the sidecar holds one file per layer number"
                 )
             layers[layer] = key
@@ -406,8 +406,8 @@ def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
         out = target.out_name(job.out_name)
         if out is None:
             raise TargetRefused(
-                f"--target {target.name}: tensor {job.source.name} ({job.out_name}) has no name {target.loader} "
-                f"looks up (formats/names.py); convert it with --target generic"
+                f"`target={target.name}`: tensor {job.source.name} ({job.out_name}) has no name {target.loader} "
+                f"looks up (formats/names.py); convert it with `target=generic`"
             )
         base = None
         if job.expert_base is not None:  # a table of whole names (Inkling's) maps no prefix: the name's own base
@@ -451,9 +451,9 @@ def _expert_record(group: OutputGroup, target: targets.Target) -> OutputGroup:
         if target.expert_formats is not None and not _written_as(j.target, j.I, target.expert_formats):
             why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
             raise TargetRefused(
-                f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
+                f"`target={target.name}`: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
                 f"{j.target.label}{why}; {target.loader} reads routed experts as "
-                f"{' or '.join(target.expert_formats)} only (--experts {target.expert_formats[0]})"
+                f"{' or '.join(target.expert_formats)} only (`experts={target.expert_formats[0]}`)"
             )
     if target.expert_record is None:
         return group
@@ -542,7 +542,7 @@ def _check_planar(job: TensorJob) -> None:
     t = job.target
     if not t.format_class.planar_eligible(job.I, t.gs):
         raise ConvertError(
-            f"--layout planar: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
+            f"`layout=planar`: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
             f"{t.label}; {PLANAR_LAYOUT} needs int4-row or int4-g64 with I % 64 == 0"
         )
 
@@ -553,13 +553,13 @@ def _check_records(groups: list[OutputGroup], key: str) -> None:
     bases = {j.expert_base for g in groups for j in g.jobs}
     if any(len(g.jobs) != 3 or g.jobs[0].expert is None for g in groups) or len(bases) != 1:
         raise ConvertError(
-            f"--layout planar: unit {key}: routed experts are not one gate/up/down record each"
+            f"`layout=planar`: unit {key}: routed experts are not one gate/up/down record each"
         )
     for e, g in enumerate(groups):
         projections = tuple(parse_name(j.out_name).projection for j in g.jobs)
         if g.jobs[0].expert != e or projections != sidecar.PROJECTIONS:
             raise ConvertError(
-                f"--layout planar: unit {key}: expert {g.jobs[0].expert} ({', '.join(j.out_name for j in g.jobs)}) "
+                f"`layout=planar`: unit {key}: expert {g.jobs[0].expert} ({', '.join(j.out_name for j in g.jobs)}) "
                 f"is not the gate, up and down record of expert {e}"
             )
 
@@ -576,7 +576,7 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
     projections = tuple(parse_name(j.out_name).projection for j in group.jobs)
     if projections != layout.projections or len({j.expert_base for j in group.jobs}) != 1:
         raise TargetRefused(
-            f"--target {target.name}: expert {first.expert} of {first.expert_base} ({names_}) is not one "
+            f"`target={target.name}`: expert {first.expert} of {first.expert_base} ({names_}) is not one "
             f"{'/'.join(layout.projections)} record, which {target.loader} reads as one merged blob"
         )
     gate, up, down = group.jobs
@@ -589,19 +589,19 @@ def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
         if j.target.label not in wanted or not same:
             why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
             raise TargetRefused(
-                f"--target {target.name}: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
+                f"`target={target.name}`: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
                 f"{j.target.label}{why}; {target.loader} reads gate, up and down in one of "
                 f"{', '.join(wanted)} only"
             )
     if (gate.O, gate.I) != (up.O, up.I) or (down.O, down.I) != (gate.I, gate.O):
         raise TargetRefused(
-            f"--target {target.name}: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
+            f"`target={target.name}`: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
             f"up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], [I, H], [H, I]"
         )
     if fmt != targets.INT8_ROW and (gate.O % 2 or gate.I % 2):
         raise TargetRefused(
-            f"--target {target.name}: expert {first.expert} of {first.expert_base}: int4 merged blobs need an "
-            f"even hidden size and expert width (gate is {[gate.O, gate.I]}); use --experts int8-row"
+            f"`target={target.name}`: expert {first.expert} of {first.expert_base}: int4 merged blobs need an "
+            f"even hidden size and expert width (gate is {[gate.O, gate.I]}); use `experts=int8-row`"
         )
     H, I = gate.I, gate.O
     if layout.identify(H, I, *layout.sizes(H, I, fmt, gs), gs or 0) != (fmt, gs):  # pragma: no cover
@@ -640,7 +640,7 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
             j.target.is_float for j in jobs
         ):
             raise TargetRefused(
-                f"--target {target.name}: shared experts {', '.join(j.out_name for j in jobs)} are not one float "
+                f"`target={target.name}`: shared experts {', '.join(j.out_name for j in jobs)} are not one float "
                 f"stack {base}.{names.CANONICAL_PROJECTION[proj]} [n, O, I], which {target.loader} reads"
             )
         name = f"{base}.{names.CANONICAL_PROJECTION[proj]}"
@@ -664,7 +664,7 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
             bad = next(j for j in jobs if j.target.label not in allowed or j.target.label != gate.target.label)
             why = f" ({bad.target.fallback.reason})" if bad.target.fallback else ""
             raise TargetRefused(
-                f"--target {target.name}: routed expert tensor {bad.out_name} [{bad.O}, {bad.I}] would be written as "
+                f"`target={target.name}`: routed expert tensor {bad.out_name} [{bad.O}, {bad.I}] would be written as "
                 f"{bad.target.label}{why}; {target.loader} reads one fused stack per layer, all its experts in one "
                 f"of {', '.join(allowed)}"
             )
@@ -672,13 +672,13 @@ def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup
         want = {(e, p) for e in range(E) for p in shapes}
         if set(by) != want or len(jobs) != len(want) or any((jobs[k].O, jobs[k].I) != shapes[p] for (_, p), k in by.items()):
             raise TargetRefused(
-                f"--target {target.name}: the routed experts of {base} are not experts 0..{E - 1} with gate [I, H], "
+                f"`target={target.name}`: the routed experts of {base} are not experts 0..{E - 1} with gate [I, H], "
                 f"up [I, H], down [H, I] each, which {target.loader} reads as one fused stack"
             )
         if fmt == targets.INT4_ROW and (H % 2 or I % 2):
             raise TargetRefused(
-                f"--target {target.name}: {base}: int4 fused stacks need an even hidden size and expert width "
-                f"(hidden {H}, width {I}); use --experts int8-row"
+                f"`target={target.name}`: {base}: int4 fused stacks need an even hidden size and expert width "
+                f"(hidden {H}, width {I}); use `experts=int8-row`"
             )
         stacks = []
         for (stack, scale), (leaf, projections) in zip(layout.names(base), layout.stacks, strict=True):

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 
-from colitools.errors import ConvertError, FormatError
-from colitools.formats import layouts, names, registry, resolver, targets
+from colitools.errors import ConvertError, FormatError, ParameterError
+from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
     PROJECTION_ORDER,
@@ -49,6 +49,7 @@ from colitools.formats.registry import (
     parse_format_option,
     writer_group_size,
 )
+from colitools.formats.source_encodings import SourceEncoding
 
 LAYOUTS = layouts.OPTION_NAMES  # the --layout values (formats/layouts.py)
 DEFAULT_OPTIONS = {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "mtp": "int8-row"}
@@ -317,11 +318,11 @@ class Recipe:
         tgt.check_writable()
         tgt.check_layout(layout)
         if group_size is not None and group_size not in GROUP_SIZES:
-            raise ConvertError(f"--group-size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}")
+            raise ParameterError(f"`group_size={group_size}` is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
-            raise ConvertError(f"--layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+            raise ParameterError(f"`layout={layout!r}`: choose one of {', '.join(LAYOUTS)}")
         if towers not in TOWERS:
-            raise ConvertError(f"--towers {towers!r}: choose one of {', '.join(TOWERS)}")
+            raise ParameterError(f"`towers={towers!r}`: choose one of {', '.join(TOWERS)}")
         given = {"experts": experts, "dense": dense, "embed": embed, "mtp": mtp}
         values: dict[str, str] = {}
         for option, value in given.items():
@@ -332,9 +333,9 @@ class Recipe:
             try:
                 choice = parse_format_option(value)
             except FormatError as exc:
-                raise ConvertError(f"--{option}: {exc}") from None
+                raise ParameterError(f"`{option}`: {exc}") from None
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
-                raise ConvertError(f"--{option} {value} contradicts --group-size {group_size}")
+                raise ConvertError(f"`{option}={value}` contradicts `group_size={group_size}`")
             tgt.check_option(option, value)
             values[option] = value
         towers = tgt.towers or towers  # a target whose converter drops the towers drops them
@@ -366,12 +367,13 @@ class Recipe:
         return hashlib.sha256(blob).hexdigest()
 
     def differences(self, recorded: dict[str, str]) -> list[str]:
-        """Human-readable ``--option recorded -> now`` for every option that differs from ``recorded``."""
+        """Human-readable `` `option=recorded` (recorded) vs now (now)`` for every option that differs from
+        ``recorded``."""
         out = []
         for key, now in self.as_dict().items():
             before = recorded.get(key)
             if before != now:
-                out.append(f"--{key} {before} (recorded) vs {now} (now)")
+                out.append(f"`{key}={before}` (recorded) vs {now} (now)")
         return out
 
 
@@ -453,14 +455,23 @@ class Target:
 
 @dataclass(frozen=True)
 class SourceKind:
-    """What the source tensor is: ``fp8_block`` = (rows, cols) of its FP8 scale blocks, None for float."""
+    """What the source tensor is: ``fp8_block`` = (rows, cols) of its FP8 scale blocks, None for float;
+    ``native`` its natively quantized encoding (``formats/source_encodings.py``), with its inputs per scale and
+    whether a format holds it exactly."""
 
     dtype: str
     fp8_block: tuple[int, int] | None = None
     fused: bool = False
-    native: str | None = None  # natively quantized source kind (dequant.MXFP4 / INT4 / NVFP4 / MXFP8)
+    native: type[SourceEncoding] | None = None  # a paired encoding (MXFP4, INT4, NVFP4, MXFP8)
     native_group: int | None = None  # inputs per scale of that encoding
     native_exact: bool = True  # False: asymmetric / act-order INT4, NVFP4, MXFP8 (no format holds it exactly)
+
+    @property
+    def encoding(self) -> type[SourceEncoding] | None:
+        """The source encoding of the tensor: its native one, FP8 block-scaled, or None (a float tensor)."""
+        if self.native is not None:
+            return self.native
+        return source_encodings.FP8_BLOCK if self.fp8_block is not None else None
 
 
 def choose_target(name: str, role: Role, option: str, O: int, I: int, source: SourceKind) -> Target:
@@ -543,40 +554,27 @@ NATIVE_DECODED = "decoded"  # Fallback.reason prefix of a native tensor whose ow
 
 @lru_cache(maxsize=4096)
 def _choose_native(expert: bool, default: str, O: int, I: int, source: SourceKind) -> Target:
-    """``native`` (§6): keep the source's own quantization where a format holds it exactly — FP8 128x128 blocks
-    -> fp8, MXFP4 -> mxfp4 (nibbles and E8M0 bytes copied), symmetric INT4 group ``g`` -> int4-grouped gs ``g``
-    (int4-row when ``I <= g``; int8-row when gs ``g`` would not resolve back). Anything else gets the option's
-    ``default`` on its decoded values; a natively quantized source that is decoded so carries a Fallback."""
-
-    def decoded(what: str) -> Target:
-        t = _choose_target(expert, False, default, O, I, source)
-        if t.fallback is not None:  # the default itself fell back: that reason is the one to record
-            return t
-        reason = f"{NATIVE_DECODED}: {what}, no format holds it exactly; written as {t.label}"
-        return replace(t, fallback=Fallback("", NATIVE_OPTION, t.label, reason))
-
-    if source.native is None:
-        if source.fp8_block == (128, 128) and not source.fused:
-            return _choose_target(expert, False, "fp8", O, I, source)
+    """``native`` (§6): keep the source's own quantization where a format holds it exactly, as its encoding's
+    ``native_form`` says — FP8 128x128 blocks -> fp8, MXFP4 -> mxfp4 (nibbles and E8M0 bytes copied), symmetric
+    INT4 group ``g`` -> int4-grouped gs ``g`` (int4-row when ``I <= g``; int8-row when gs ``g`` would not resolve
+    back). Anything else gets the option's ``default`` on its decoded values; a natively quantized source that is
+    decoded so carries a Fallback."""
+    enc = source.encoding
+    if enc is None:  # a float source: the option's default
         return _choose_target(expert, False, default, O, I, source)
-    kind, g = source.native, source.native_group
-    if not source.native_exact:
-        what = {"int4": "asymmetric or act-order INT4"}.get(kind, kind.upper())
-        return decoded(f"{what} source")
-    if kind == "mxfp4":
-        t = _choose_target(expert, False, "mxfp4", O, I, source)
-        return t if t.fallback is not None else replace(t, native=True)
-    if kind == "int4":
-        if g is not None and I <= g:
-            t = _choose_target(expert, False, registry.Int4Row.name, O, I, source)
-        elif g in GROUP_SIZES and writer_group_size(I, g) == g:
-            t = _choose_target(expert, False, f"{GROUPED_OPTION_PREFIX}{g}", O, I, source)
-        else:
-            t = _choose_target(expert, False, FALLBACK_FORMAT, O, I, source)
-            reason = f"INT4 group size {g} at I = {I} would not resolve back as int4-grouped; decoded"
-            return replace(t, fallback=Fallback("", NATIVE_OPTION, FALLBACK_FORMAT, reason))
-        return t if t.fallback is not None else replace(t, native=True)
-    return decoded(f"{kind.upper()} source")  # pragma: no cover - nvfp4 / mxfp8 are never exact
+    form = enc.native_form(
+        O, I, group=source.native_group, exact=source.native_exact, block=source.fp8_block, fused=source.fused
+    )
+    if form.option is None:
+        t = _choose_target(expert, False, default, O, I, source)
+        if form.decoded is None or t.fallback is not None:  # FP8 blocks, or the default's own fallback
+            return t
+        reason = f"{NATIVE_DECODED}: {form.decoded}, no format holds it exactly; written as {t.label}"
+        return replace(t, fallback=Fallback("", NATIVE_OPTION, t.label, reason))
+    t = _choose_target(expert, False, form.option, O, I, source)
+    if form.fallback is not None:  # the encoding's own form would not resolve back: a recorded fallback
+        return replace(t, fallback=Fallback("", NATIVE_OPTION, form.option, form.fallback))
+    return t if t.fallback is not None or not form.copies else replace(t, native=True)
 
 
 def _reason(exc: FormatError) -> str:

@@ -73,7 +73,7 @@ def convert(
     options = options or ConvertOptions()
     started = time.monotonic()
     if options.workers < 1:
-        raise ConvertError(f"--workers {options.workers}: must be at least 1")
+        raise ConvertError(f"`workers={options.workers}`: must be at least 1")
     options.recipe()  # bad options fail before anything is opened or fetched
     out = Path(outdir).expanduser().resolve()
     output.check_output_path(out)

@@ -507,7 +507,7 @@ class HubSource(Source):
                 status = exc.response.status_code if exc.response is not None else "?"
                 raise ConvertError(
                     f"{what}: repository not found or not accessible (HTTP {status}); for a private repo "
-                    "pass --token or set HF_TOKEN"
+                    "pass `token` or set HF_TOKEN"
                 ) from None
             except RevisionNotFoundError:
                 raise ConvertError(f"{what}: revision {self.requested_revision!r} not found") from None
@@ -569,7 +569,7 @@ def open_source(
         if not path.is_dir():
             raise ConvertError(f"{spec}: a source must be a checkpoint folder or a Hub repo id, not a file")
         if revision is not None:
-            raise ConvertError(f"{spec}: --revision applies to Hugging Face repos, not to a local folder")
+            raise ConvertError(f"{spec}: `revision` applies to Hugging Face repos, not to a local folder")
         return LocalFolderSource(path.resolve())
     if not _REPO_ID.match(spec) or ".." in spec or "--" in spec:
         raise ConvertError(f"{spec}: no such folder, and not a Hugging Face repo id (org/name)")

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.converters import dequant as dq
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, TensorJob, Unit
+from colitools.converters.recipe import Role
 from colitools.errors import ConvertError
 from colitools.formats import kernels, planar_sidecar, targets
 from colitools.formats import reference as ref
@@ -48,7 +48,9 @@ from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.errors import SafetensorsError
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.registry import Fp8E4m3E8m0
+from colitools.formats.registry import _check_finite as check_finite  # the encoders' own message
 from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
+from colitools.formats.source_encodings import FP8_BLOCK
 
 SLOW_TENSOR_ENV = "COLITOOLS_TEST_SLOW_TENSOR_SECONDS"
 KILL_AT_ENV = "COLITOOLS_TEST_KILL_AT"
@@ -208,9 +210,43 @@ def _fp8_e8m0_passthrough(
         return None
     m, e = np.frexp(s)
     k = e.astype(np.int64) - 1
-    if not (np.all(m == 0.5) and np.all((k >= -127) & (k <= 127))):
-        return None
+    if not (np.all(m == 0.5) and np.all((k >= -127) & (k <= 127))) or _has_nan_codes(values):
+        return None  # (a NaN code: re-encoded, which refuses it as every encoder does)
     return np.ascontiguousarray(values).view(np.uint8), (k + 127).astype(np.uint8)
+
+
+def _check_float_finite(job: TensorJob, w: np.ndarray) -> None:
+    """A float tensor a recipe writes for a linear weight (``f32`` / ``bf16``, as stored) holds no NaN / inf:
+    EncodeError naming the first bad ``[o, i]``, the message of the quantized recipes' encoders."""
+    if not np.isfinite(w).all():
+        check_finite(np.asarray(w, np.float32).reshape(job.O, job.I), job.out_name)
+
+
+def _check_fp8_finite(name: str, codes: np.ndarray, scales: np.ndarray, block) -> None:
+    """fp8 passthrough: the values a reader decodes, ``e4m3(q) * s``, must be finite, as a quantized recipe
+    requires of its input. Cheap on the scale grid and the code bytes (``|e4m3| <= 448``); only when that check
+    fails are the values decoded, to name the first bad ``[o, i]`` as the encoders do."""
+    s = np.abs(scales, dtype=np.float64)
+    if np.isfinite(s).all() and s.max(initial=0.0) * ref.E4M3_MAX <= _F32_MAX and not _has_nan_codes(codes):
+        return
+    w = FP8_BLOCK.decode({"data": codes, "scale": scales}, *codes.shape, block=block, fast=True)
+    check_finite(w, name)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+_NAN_CHUNK = 1 << 20  # bytes checked per step: no tensor-sized temporary
+
+
+def _has_nan_codes(values: np.ndarray) -> bool:
+    """Whether e4m3fn bytes ``values`` hold a NaN (``0x7F`` / ``0xFF``: e4m3fn has no inf)."""
+    flat = np.ascontiguousarray(values).view(np.uint8).reshape(-1)
+    buf = np.empty(min(flat.size, _NAN_CHUNK), np.uint8)
+    for k in range(0, flat.size, _NAN_CHUNK):
+        part = buf[: min(_NAN_CHUNK, flat.size - k)]
+        np.bitwise_or(flat[k : k + part.size], 0x80, out=part)
+        if (part == 0xFF).any():
+            return True
+    return False
 
 
 def _fp8_grid(job: TensorJob, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray | None:
@@ -266,10 +302,15 @@ def encode_job(
         codes, scales = _encode_native(job, values)
         return (kernels.pairs_to_planar(codes) if planar and scales is not None else codes), scales
     if t.is_passthrough:  # fp8-e4m3-b128: bytes unchanged, .qs = weight_scale_inv as F32
-        return np.ascontiguousarray(values).view(np.uint8), np.asarray(scale).astype(np.float32)
+        codes, qs = np.ascontiguousarray(values).view(np.uint8), np.asarray(scale).astype(np.float32)
+        _check_fp8_finite(job.out_name, codes, qs, block)
+        return codes, qs
     if t.is_float:
         w = _dequant(job, values, scale, block).reshape(job.shape)
-        return (encode_bf16(w) if t.is_bf16 else w), None
+        w = encode_bf16(w) if t.is_bf16 else w
+        if job.role is not Role.FLOAT:  # a recipe's choice for a linear weight: finite, as its encoders require
+            _check_float_finite(job, w)
+        return w, None
     fmt, gs = t.format_class, t.gs
     grid = _fp8_grid(job, scale, block) if scale is not None else None
     kept = _fp8_e8m0_passthrough(job, values, scale, block) if fmt is Fp8E4m3E8m0 else None
@@ -289,35 +330,21 @@ def encode_job(
 
 
 def _encode_native(job: TensorJob, parts: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
-    """A natively quantized source tensor (§5, §6): its own bytes copied when the target keeps them
-    (``native``: MXFP4 nibbles and E8M0 bytes; INT4 codes repacked into pairs with scales widened exactly to
-    F32), else decoded to float32 by the fast kernels and encoded (or stored as a float tensor)."""
+    """A natively quantized source tensor (§5, §6): its encoding's own bytes kept when the target keeps them
+    (``native``: ``SourceEncoding.keep``, e.g. MXFP4 nibbles and E8M0 bytes copied, INT4 codes repacked into
+    pairs with scales widened exactly to F32), else decoded to float32 by its kernel and encoded (or stored as a
+    float tensor)."""
     t, q, O, I = job.target, job.source.quant, job.O, job.I
     name = job.out_name
-    if "shape" in parts:  # compressed-tensors weight_shape: the true [O, I] of the packed codes
-        got = [int(x) for x in np.asarray(parts["shape"]).reshape(-1)]
-        if got != list(job.source.shape):
-            raise ConvertError(
-                f"tensor {name}: weight_shape {got} does not match its packed codes {list(job.source.shape)}"
-            )
-    if t.native and q.kind == dq.MXFP4:
-        scale = np.ascontiguousarray(parts["scale"], dtype=np.uint8).reshape(O, I // 32)
-        if (scale == 0xFF).any():
-            raise ConvertError(
-                f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an MXFP4 source; cannot keep it"
-            )
-        return ref.mxfp4_blocks_to_packed(parts["data"].reshape(O, I // 32, 16)), scale
-    if t.native and q.kind == dq.INT4:
-        codes = ref.int32_nibbles_to_pairs(parts["data"].reshape(O, -1), I)
-        scales = np.asarray(parts["scale"]).astype(np.float32).reshape(O, -1)  # exact widening
-        return codes, (scales.reshape(O) if t.gs is None else np.ascontiguousarray(scales))
-    if q.kind == dq.INT4 and not q.exact:
-        w = ref.decode_pack_quantized_general(
-            parts["data"], parts["scale"], I, q.group, parts.get("zero_point"), parts.get("g_idx")
-        )
+    q.encoding.check_parts(name, parts, job.source.shape)  # compressed-tensors weight_shape, ...
+    if t.native:
+        codes, scales = q.encoding.keep(parts, O, I, t.gs, name=name)
+        if scales.dtype.kind != "f" or np.isfinite(scales).all():  # (E8M0 bytes: keep refuses 0xFF itself)
+            return codes, scales
+        w = None  # a NaN / inf scale: refused as the decoded path refuses it
     else:
-        w = dq.decode_native(q.kind, parts, O, I, q.group)
-    if not np.isfinite(w).all():
+        w = q.encoding.decode(parts, O, I, group=q.group, exact=q.exact)
+    if w is None or not np.isfinite(w).all():
         raise ConvertError(f"tensor {name}: the {q.kind} source decodes to NaN or inf (a NaN scale byte)")
     if t.is_float:
         w = w.reshape(job.shape)

@@ -3,8 +3,10 @@ every other package may import this module; ``colitools.errors`` re-exports it f
 
 Every error a user can cause (bad input file, wrong option, full disk) is a ``ColitoolsError``: the CLI prints
 its message as one line on stderr and exits with ``exit_code``, never a traceback. Messages name the file, the
-tensor and the numbers at fault. An error propagates as raised: a caller catches one only to change its message
-(add the file or tensor it knows) or to recover, never to give the same message another class.
+tensor and the numbers at fault, and a function's parameters in backticks: `` `group_size` ``, or with the value
+given, `` `group_size=33` `` (the CLI prints a parameter of the command that ran as its flag, ``--group-size 33``).
+An error propagates as raised: a caller catches one only to change its message (add the file or tensor it knows)
+or to recover, never to give the same message another class.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ class FormatError(ColitoolsError):
     def about(cls, tensor: str, detail: str, reason: ResolveReason | None = None, advice: str = "") -> Self:
         """The error ``tensor <tensor>: <detail><advice>`` carrying ``reason`` and ``detail``."""
         return cls(f"tensor {tensor}: {detail}{advice}", reason=reason, detail=detail)
+
+
+class ParameterError(ColitoolsError):
+    """A parameter value outside its range or choices (`` `group_size=33` ``, `` `layout='diagonal'` ``): a usage
+    error, exit code 2."""
+
+    exit_code = 2
 
 
 class SafetensorsError(FormatError):

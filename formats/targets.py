@@ -277,7 +277,7 @@ class Target:
     def check_writable(self) -> None:
         """TargetRefused (one line) for a target colitools does not write (``refused``)."""
         if self.refused is not None:
-            raise TargetRefused(f"--target {self.name} is refused: {self.refused}")
+            raise TargetRefused(f"`target={self.name}` is refused: {self.refused}")
 
     def out_name(self, name: str) -> str | None:
         """The name this target writes for a source tensor name: ``rename`` (first match), then ``name_map``
@@ -303,21 +303,21 @@ class Target:
         allowed = dict(self.option_values).get(option, allowed)
         if allowed is not None and value not in allowed:
             raise TargetRefused(
-                f"--target {self.name}: --{option} {value} is refused: {self.loader} reads "
+                f"`target={self.name}`: `{option}={value}` is refused: {self.loader} reads "
                 f"{' or '.join(allowed)} there"
             )
 
     def check_layout(self, layout: str) -> None:
         if self.layouts is not None and layout not in self.layouts:
             raise TargetRefused(
-                f"--target {self.name}: --layout {layout} is refused: {self.loader} reads {', '.join(self.layouts)}"
+                f"`target={self.name}`: `layout={layout}` is refused: {self.loader} reads {', '.join(self.layouts)}"
             )
 
     def check_model_type(self, model_type: str | None) -> None:
         """TargetRefused (one line) when the source's ``model_type`` is not one this target's engine runs."""
         if self.model_types is not None and model_type not in self.model_types:
             raise TargetRefused(
-                f"--target {self.name} is for model_type {', '.join(self.model_types)} ({self.loader}); "
+                f"`target={self.name}` is for model_type {', '.join(self.model_types)} ({self.loader}); "
                 f"the source is {model_type!r}"
             )
 
@@ -427,7 +427,7 @@ def by_name(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
-        raise TargetRefused(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}") from None
+        raise TargetRefused(f"`target={name!r}`: choose one of {', '.join(TARGET_NAMES)}") from None
 
 
 # ------------------------------------------------------------------------------- deepseek_v4 config.json

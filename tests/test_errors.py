@@ -102,8 +102,9 @@ def test_the_rename_check_sees_a_rename():
 
 
 def test_exit_codes_per_class_are_the_documented_ones():
-    """README "Exit codes": 1 an error that stopped the command; 2 a --target refusal and a mirror stage out of
-    space; 3 convert --on-low-disk stop at the disk floor."""
+    """README "Exit codes": 1 an error that stopped the command; 2 a usage error (an option value outside its range
+    or choices, a --target refusal) and a mirror stage out of space; 3 convert --on-low-disk stop at the disk
+    floor."""
     codes = {
         name: getattr(errors, name).exit_code
         for name in colitools.errors.__all__
@@ -111,6 +112,7 @@ def test_exit_codes_per_class_are_the_documented_ones():
         and issubclass(getattr(errors, name), errors.ColitoolsError)
     }
     assert {n: c for n, c in codes.items() if c != 1} == {
+        "ParameterError": 2,
         "TargetRefused": 2,
         "MirrorReserveStop": 2,
         "DiskFloorStop": 3,

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,11 +269,39 @@ def _merged_part_labels(resolved) -> dict[str, str]:
     return out
 
 
+@dataclass
+class OracleReport:
+    """``verify oracle``: one fixture checked recipe by recipe, or refused before any work (``not_runnable``:
+    the runtime has no family for its ``model_type``)."""
+
+    fixture: str
+    results: list[RecipeResult] = field(default_factory=list)
+    not_runnable: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.not_runnable is None and all(r.ok for r in self.results)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in self.results]
+
+
 def verify_oracle(
     fixture_dir: str | os.PathLike[str], recipes: list[str] | None = None, *, cap: int | None = None,
-    atol: float = DEFAULT_ATOL,
-) -> list[RecipeResult]:
-    """``verify_recipe`` for each recipe (all the fixture has references for when ``recipes`` is None)."""
+    atol: float = DEFAULT_ATOL, progress: Callable[[RecipeResult], None] | None = None,
+) -> OracleReport:
+    """``verify_recipe`` for each recipe (all the fixture has references for when ``recipes`` is None, f32
+    first), calling ``progress`` after each. A fixture whose family the runtime cannot run is reported
+    (``not_runnable``) before anything is converted."""
     fixture_dir = Path(fixture_dir)
     names = recipes or fixture_recipes(fixture_dir)
-    return [verify_recipe(fixture_dir, r, cap=cap, atol=atol) for r in names]
+    report = OracleReport(fixture_dir.name)
+    mt = unsupported_model_type(fixture_dir)
+    if mt is not None:
+        report.not_runnable = not_runnable_message(fixture_dir, mt)
+        return report
+    for name in names:
+        report.results.append(verify_recipe(fixture_dir, name, cap=cap, atol=atol))
+        if progress is not None:
+            progress(report.results[-1])
+    return report

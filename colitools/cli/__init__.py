@@ -1,10 +1,15 @@
-"""Command-line interface. Commands are thin: parse options, call one library function, print.
+"""Command-line interface. Commands are thin: parse options, call one library function, print (``output``).
 
-Every failure is one line on stderr, ``colitools: error: ...``, never a traceback. Exit codes: 0 success;
-1 an error that stopped the command (``ColitoolsError``, OS errors); 2 a usage error (unknown command or
-option, an option value out of range) and, for ``mirror plan`` / ``stage``, a plan that was not admitted;
-3 ``convert --on-low-disk stop`` met the disk floor; 4 a check that ran and found problems; 130 interrupted
-(Ctrl-C / SIGINT), with the resume hint for ``convert`` and ``mirror stage``.
+Every failure is one line on stderr, ``colitools: error: ...``, never a traceback; with ``--json`` also one JSON
+object on stdout (``output.fail``). Exit codes: 0 success; 1 an error that stopped the command
+(``ColitoolsError``, OS errors); 2 a usage error (unknown command or option, a missing required option, an option
+value outside its range or choices: ``ParameterError``) and, for ``mirror plan`` / ``stage``, a plan that was not
+admitted; 3 ``convert --on-low-disk stop`` met the disk floor; 4 a check that ran and found problems; 130
+interrupted (Ctrl-C / SIGINT), with the resume hint for ``convert`` and ``mirror stage``.
+
+This module is the console script's entry point and imports only the standard library: typer, click and the
+command modules (``boundary``) are imported after the interrupt handler is in place, so a Ctrl-C while they load
+is reported like any other.
 """
 
 from __future__ import annotations
@@ -12,34 +17,7 @@ from __future__ import annotations
 import signal
 import sys
 
-import typer
-
-from colitools.cli import (  # noqa: F401  (imported to register their commands)
-    convert_cmd,
-    formats_cmd,
-    inspect_cmd,
-    kernels_cmd,
-    mirror_cmd,
-    run_cmd,
-    usage_cmd,
-    verify_cmd,
-)
-from colitools.cli.app import app
-from colitools.errors import ColitoolsError
-
-try:  # typer >= 0.22 carries its own copy of click; older ones use click itself
-    from typer._click import exceptions as _click_errors
-except ImportError:  # pragma: no cover
-    from click import exceptions as _click_errors
-_ABORTS = tuple({typer.Abort, getattr(_click_errors, "Abort", typer.Abort)})
-
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-_RESUMABLE = {
-    ("convert",): "rerun the same command to resume (finished units are kept)",
-    ("mirror", "stage"): "rerun the same command to resume (verified copies are kept)",
-}
 
 
 class _InterruptWatch:
@@ -63,46 +41,23 @@ class _InterruptWatch:
         raise KeyboardInterrupt
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _fail(message: str, code: int) -> None:
-    print(f"colitools: error: {_one_line(message)}", file=sys.stderr)
-    sys.exit(code)
-
-
-def _interrupted(args: list[str]) -> None:
-    words = tuple(a for a in args if not a.startswith("-"))
-    hint = next((h for cmd, h in _RESUMABLE.items() if words[: len(cmd)] == cmd), None)
-    print("colitools: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
-    sys.exit(EXIT_INTERRUPTED)
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point: run the command named by ``argv`` (default ``sys.argv[1:]``) and exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     watch = _InterruptWatch()
     watch.install()
+    code: int | None = None
     try:
-        code = app(args=args, prog_name="colitools", standalone_mode=False)
-    except _click_errors.NoArgsIsHelpError as exc:  # `colitools mirror`: the group's help, as a usage error
-        exc.show()
-        sys.exit(EXIT_USAGE)
-    except _click_errors.UsageError as exc:
-        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-        _fail(exc.format_message().rstrip(".") + where, EXIT_USAGE)
-    except _ABORTS:  # click's form of an interrupt (or EOF) at a prompt
-        _interrupted(args)
+        from colitools.cli import output
+
+        output.begin({}, as_json="--json" in args)  # until boundary.run_app knows the command's own flags
+        from colitools.cli import boundary  # typer, click and every command: the imports a Ctrl-C may land in
+
+        code = boundary.run_app(args)
     except KeyboardInterrupt:
-        _interrupted(args)
-    except ColitoolsError as exc:
-        _fail(str(exc), exc.exit_code)
-    except OSError as exc:  # disk full, permission denied, vanished file: one line naming the file
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        _fail(f"{exc.strerror or exc}{where}", 1)
-    except _click_errors.ClickException as exc:
-        _fail(exc.format_message(), exc.exit_code)
-    if watch.hit:
-        _interrupted(args)
+        watch.hit = True
+    if watch.hit or code == EXIT_INTERRUPTED:
+        from colitools.cli import output
+
+        code = output.interrupted(args, EXIT_INTERRUPTED)
     sys.exit(code or 0)

@@ -6,7 +6,11 @@ usage errors reach ``colitools.cli.main``, which prints them as one line.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+from colitools.cli import output
 
 _PLAIN = {"rich_markup_mode": None, "add_completion": False, "pretty_exceptions_enable": False}
 
@@ -40,14 +44,15 @@ def package_version() -> str:
 
 def _print_version(value: bool) -> None:
     if value:
-        print(f"colitools {package_version()}")
+        output.echo(f"colitools {package_version()}")
         raise typer.Exit(0)
 
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
-    ),
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
 ) -> None:
     """Convert MoE checkpoints into byte-addressable quantized containers, run and verify them, plan mirrors."""

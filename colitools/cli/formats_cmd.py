@@ -3,13 +3,12 @@ bits/weight, byte formulas)."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Annotated
 
-import typer
-
+from colitools.cli import output
 from colitools.cli.app import app
+from colitools.cli.options import JsonOpt
 from colitools.cli.render import render_table
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, recipe_format_summary
 
@@ -23,18 +22,7 @@ def _options_text(options: tuple[str, ...]) -> str:
     return ", ".join(options) or "-"
 
 
-@app.command("formats")
-def formats_command(
-    as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON for scripts.")] = False,
-) -> None:
-    """List the weight formats: ordinal, name, the convert options that write it, bits per weight and the
-    weight/scale byte formulas for [O, I]."""
-    from colitools.formats.inspect import describe_formats
-
-    rows = describe_formats()
-    if as_json:
-        typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
-        return
+def _lines(rows) -> Iterator[str]:
     table = [
         [
             str(r.ord),
@@ -47,17 +35,23 @@ def formats_command(
         ]
         for r in rows
     ]
-    typer.echo(
-        render_table(
-            ["ord", "name", "convert options", "bits/weight", "weight bytes", "scale bytes", "scale tensor"],
-            table,
-        )
-    )
+    headers = ["ord", "name", "convert options", "bits/weight", "weight bytes", "scale bytes", "scale tensor"]
+    yield render_table(headers, table)
     grouped = next(r for r in rows if r.group_sizes)
-    typer.echo(
+    yield (
         f"\nint4-grouped group sizes: {', '.join(map(str, grouped.group_sizes or ()))}. "
         "Bits/weight include scales, at I = 4096. Formats are resolved from these byte counts "
         "(see docs/FORMATS.md).\nconvert --experts/--dense/--embed/--mtp take: "
         f"{recipe_format_summary()}; every command names formats by these options (floats by dtype: f32, bf16, "
         "f16)."
     )
+
+
+@app.command("formats")
+def formats_command(as_json: JsonOpt = False) -> None:
+    """List the weight formats: ordinal, name, the convert options that write it, bits per weight and the
+    weight/scale byte formulas for [O, I]."""
+    from colitools.formats.inspect import describe_formats
+
+    rows = describe_formats()
+    output.emit(as_json, lambda: [asdict(r) for r in rows], _lines(rows))

@@ -7,35 +7,30 @@ drive runs out of space (MirrorReserveStop, one line naming the file and the byt
 
 from __future__ import annotations
 
-import json
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from colitools.cli import output
 from colitools.cli.app import mirror_app
-from colitools.errors import MirrorError
+from colitools.cli.options import (
+    DEFAULT_RESERVE_GIB,
+    BudgetOpt,
+    JsonOpt,
+    MirrorOpt,
+    ModelOpt,
+    ProbeOpt,
+    ProgressOpt,
+    ReserveOpt,
+    SourceDirOpt,
+    UsageOpt,
+    WeightsOpt,
+)
 
 EXIT_NOT_ADMITTED = 2
 EXIT_NOT_READY = 4
-
-ModelOpt = Annotated[Path | None, typer.Option("--model", help="Primary model directory (the shards).")]
-MirrorOpt = Annotated[Path | None, typer.Option("--mirror", help="Mirror directory on the second drive.")]
-UsageOpt = Annotated[
-    Path | None, typer.Option("--usage", help="Routing history (default MODEL/.coli_usage); naming it accepts "
-                              "another engine's history.")
-]
-BudgetOpt = Annotated[float | None, typer.Option("--budget-gib", help="Most GiB to copy (> 0).")]
-ReserveOpt = Annotated[float, typer.Option("--reserve-gib", help="GiB to leave free on the mirror drive.")]
-SourceDirOpt = Annotated[
-    list[Path] | None, typer.Option("--source-dir", help="Extra shard directory of a split model (repeatable).")
-]
-WeightsOpt = Annotated[
-    str | None, typer.Option("--disk-weights", help="Read-bandwidth weights primary,mirror (e.g. 9,3).")
-]
-ProbeOpt = Annotated[bool, typer.Option("--probe", help="Measure both drives' sequential read bandwidth.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
 
 def _gib(n: int) -> str:
@@ -53,21 +48,14 @@ def _weights(weights, source: str) -> str:
     return ":".join(f"{w:g}" for w in weights)
 
 
-def _require(value, option: str):
-    if value is None:
-        raise MirrorError(f"missing option {option}")
-    return value
-
-
-def _plan_kwargs(model, mirror, usage, budget_gib, reserve_gib, source_dir, disk_weights, probe) -> dict:
-    from colitools.mirror.plan import gib_to_bytes
+def _plan_kwargs(model, mirror, usage, budget_bytes, reserve_bytes, source_dir, disk_weights, probe) -> dict:
     from colitools.mirror.routing import parse_disk_weights
 
     return {
-        "model": _require(model, "--model"),
-        "mirror": _require(mirror, "--mirror"),
-        "budget_bytes": gib_to_bytes(_require(budget_gib, "--budget-gib"), "--budget-gib"),
-        "reserve_bytes": gib_to_bytes(reserve_gib, "--reserve-gib"),
+        "model": model,
+        "mirror": mirror,
+        "budget_bytes": budget_bytes,
+        "reserve_bytes": reserve_bytes,
         "usage": usage,
         "source_dirs": list(source_dir or []),
         "disk_weights": parse_disk_weights(disk_weights) if disk_weights is not None else None,
@@ -75,120 +63,123 @@ def _plan_kwargs(model, mirror, usage, budget_gib, reserve_gib, source_dir, disk
     }
 
 
-def _print_plan(plan) -> None:
+def _plan_lines(plan) -> Iterator[str]:
     data = plan.to_json()
     shard_bytes = sum(s.size for s in plan.shards)
-    print(f"model    {data['model_root']}  ({len(plan.shards)} shards, {_gib(shard_bytes)})")
-    print(f"mirror   {data['mirror_root']}  (free {_gib(data['free_bytes'])}, reserve {_gib(data['reserve_bytes'])})")
+    yield f"model    {data['model_root']}  ({len(plan.shards)} shards, {_gib(shard_bytes)})"
+    yield f"mirror   {data['mirror_root']}  (free {_gib(data['free_bytes'])}, reserve {_gib(data['reserve_bytes'])})"
     usage = f"{data['usage_selections']} selections" if data["usage_history_present"] else "no usage history"
-    print(f"usage    {data['usage_file']}  ({usage})")
+    yield f"usage    {data['usage_file']}  ({usage})"
     limited = (f" (of {_gib(data['budget_bytes'])} requested: the rest does not fit above the reserve)"
-               if data["budget_limited_by_free_space"] else "")
-    print(
-        f"budget   {_gib(data['effective_budget_bytes'])}{limited}: {len(plan.files)} shard(s) selected, {_gib(data['selected_bytes'])}; "
-        f"to copy {_gib(data['remaining_copy_bytes'])}; projected free {_gib(data['projected_free_bytes'])}"
+               if data["budget_limited_by_free_space"] else "")  # fmt: skip
+    yield (
+        f"budget   {_gib(data['effective_budget_bytes'])}{limited}: {len(plan.files)} shard(s) selected, "
+        f"{_gib(data['selected_bytes'])}; to copy {_gib(data['remaining_copy_bytes'])}; "
+        f"projected free {_gib(data['projected_free_bytes'])}"
     )
     if plan.files:
         width = max(len(f.name) for f in plan.files)
-        print()
-        print(f"  {'#':>3}  {'shard':<{width}}  {'size':>11}  {'weighted expert bytes':>22}  {'activated experts':>17}")
+        yield ""
+        yield f"  {'#':>3}  {'shard':<{width}}  {'size':>11}  {'weighted expert bytes':>22}  {'activated experts':>17}"
         for i, f in enumerate(plan.files, 1):
-            print(f"  {i:>3}  {f.name:<{width}}  {_gib(f.size):>11}  {f.weighted_expert_bytes:>22}  "
-                  f"{f.activated_experts:>17}")
-        print()
-    p = plan.prediction
-    if p is not None:
-        print(
-            f"predicted expert reads: primary {p.primary_share:.1%}, mirror {p.mirror_share:.1%} "
-            f"(weights {_weights(p.weights, plan.disk_weights_source)} from {plan.disk_weights_source}, "
-            f"cuts {','.join(map(str, p.cuts))} of 256)"
-        )
-        if p.same_device:
-            print("predicted read bandwidth: x1.000 of the primary alone (the mirror is on the same device)")
-        else:
-            print(f"predicted read bandwidth: x{p.bandwidth_gain:.3f} of the primary alone "
-                  f"(a full mirror would give x{p.full_mirror_gain:.3f})")
+            yield (f"  {i:>3}  {f.name:<{width}}  {_gib(f.size):>11}  {f.weighted_expert_bytes:>22}  "
+                   f"{f.activated_experts:>17}")  # fmt: skip
+        yield ""
+    yield from _prediction_lines(plan)
     for probe in plan.probes:
         mode = "O_DIRECT" if probe.direct_io else "buffered"
-        print(f"probe    {probe.directory}: {probe.bytes_per_second / 1e6:.0f} MB/s ({mode}, "
-              f"{probe.bytes_read >> 20} MiB in {probe.seconds:.2f} s)")
+        yield (f"probe    {probe.directory}: {probe.bytes_per_second / 1e6:.0f} MB/s ({mode}, "
+               f"{probe.bytes_read >> 20} MiB in {probe.seconds:.2f} s)")  # fmt: skip
     for warning in plan.warnings:
-        print(f"warning: {warning}")
-    print(f"admitted: {'yes' if plan.admitted else 'no (' + str(plan.reason) + ')'}")
+        yield f"warning: {warning}"
+    yield f"admitted: {'yes' if plan.admitted else 'no (' + str(plan.reason) + ')'}"
+
+
+def _prediction_lines(plan) -> Iterator[str]:
+    p = plan.prediction
+    if p is None:
+        return
+    yield (
+        f"predicted expert reads: primary {p.primary_share:.1%}, mirror {p.mirror_share:.1%} "
+        f"(weights {_weights(p.weights, plan.disk_weights_source)} from {plan.disk_weights_source}, "
+        f"cuts {','.join(map(str, p.cuts))} of 256)"
+    )
+    if p.same_device:
+        yield "predicted read bandwidth: x1.000 of the primary alone (the mirror is on the same device)"
+    else:
+        yield (f"predicted read bandwidth: x{p.bandwidth_gain:.3f} of the primary alone "
+               f"(a full mirror would give x{p.full_mirror_gain:.3f})")  # fmt: skip
+
+
+def _verification_lines(v) -> Iterator[str]:
+    yield f"mirror   {v.mirror_root}  ({v.mode} mode)"
+    if v.files:
+        width = max(len(f.name) for f in v.files)
+        yield f"  {'file':<{width}}  {'status':<7}  {'engine accepts':<14}  problems"
+        for f in v.files:
+            accepts = {True: "yes", False: "no", None: "unknown"}[f.engine_accepts]
+            yield f"  {f.name:<{width}}  {'ok' if f.ok else 'FAILED':<7}  {accepts:<14}  {'; '.join(f.problems)}"
+    for problem in v.problems:
+        yield f"problem: {problem}"
+    yield f"ready: {'yes' if v.ready else 'no'}"
+
+
+def _stage_lines(result) -> Iterator[str]:
+    yield from _plan_lines(result.plan)
+    if result.staged:
+        copied = [f for f in result.files if f.action == "copied"]
+        yield f"staged: {len(copied)} copied, {len(result.files) - len(copied)} kept; receipt {result.receipt}"
+        yield from _verification_lines(result.verification)
 
 
 @mirror_app.command("plan")
 def plan_command(
-    model: ModelOpt = None,
-    mirror: MirrorOpt = None,
+    model: ModelOpt,
+    mirror: MirrorOpt,
+    budget_bytes: BudgetOpt,
     usage: UsageOpt = None,
-    budget_gib: BudgetOpt = None,
-    reserve_gib: ReserveOpt = 10.0,
+    reserve_bytes: ReserveOpt = DEFAULT_RESERVE_GIB,
     source_dir: SourceDirOpt = None,
     disk_weights: WeightsOpt = None,
     probe: ProbeOpt = False,
-    json_output: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Choose the shards to mirror from the routing history (greedy knapsack by benefit per byte)."""
     from colitools.mirror.plan import plan_mirror
 
-    plan = plan_mirror(**_plan_kwargs(model, mirror, usage, budget_gib, reserve_gib, source_dir, disk_weights,
-                                      probe))
-    if json_output:
-        print(json.dumps(plan.to_json(), indent=2))
-    else:
-        _print_plan(plan)
+    kwargs = _plan_kwargs(model, mirror, usage, budget_bytes, reserve_bytes, source_dir, disk_weights, probe)
+    plan = plan_mirror(**kwargs)
+    output.emit(as_json, plan.to_json, _plan_lines(plan))
     if not plan.admitted:
         raise typer.Exit(EXIT_NOT_ADMITTED)
 
 
-def _print_verification(v) -> None:
-    print(f"mirror   {v.mirror_root}  ({v.mode} mode)")
-    if v.files:
-        width = max(len(f.name) for f in v.files)
-        print(f"  {'file':<{width}}  {'status':<7}  {'engine accepts':<14}  problems")
-        for f in v.files:
-            accepts = {True: "yes", False: "no", None: "unknown"}[f.engine_accepts]
-            print(f"  {f.name:<{width}}  {'ok' if f.ok else 'FAILED':<7}  {accepts:<14}  {'; '.join(f.problems)}")
-    for problem in v.problems:
-        print(f"problem: {problem}")
-    print(f"ready: {'yes' if v.ready else 'no'}")
-
-
 @mirror_app.command("stage")
 def stage_command(
-    model: ModelOpt = None,
-    mirror: MirrorOpt = None,
+    model: ModelOpt,
+    mirror: MirrorOpt,
+    budget_bytes: BudgetOpt,
     usage: UsageOpt = None,
-    budget_gib: BudgetOpt = None,
-    reserve_gib: ReserveOpt = 10.0,
+    reserve_bytes: ReserveOpt = DEFAULT_RESERVE_GIB,
     source_dir: SourceDirOpt = None,
     disk_weights: WeightsOpt = None,
     probe: ProbeOpt = False,
-    json_output: JsonOpt = False,
-    progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
-                                                  help="Progress bars (default: on a terminal).")] = None,
+    as_json: JsonOpt = False,
+    progress: ProgressOpt = None,
     reread_from_device: Annotated[bool, typer.Option(
         "--reread-from-device",
         help="Re-hash each copy from the mirror drive (O_DIRECT) instead of the page cache: also catches "
              "corruption below the page cache; every byte crosses the mirror drive twice (slower).")] = False,
-) -> None:
+) -> None:  # fmt: skip
     """Copy the planned shards (verified, atomic, resumable), write the receipt, then verify the mirror."""
     from colitools.mirror.stage import stage_mirror
 
-    result = stage_mirror(**_plan_kwargs(model, mirror, usage, budget_gib, reserve_gib, source_dir, disk_weights,
-                                         probe), progress=progress, reread_from_device=reread_from_device)
-    if json_output:
-        print(json.dumps(result.to_json(), indent=2))
-    else:
-        _print_plan(result.plan)
-        if result.staged:
-            copied = [f for f in result.files if f.action == "copied"]
-            print(f"staged: {len(copied)} copied, {len(result.files) - len(copied)} kept; receipt {result.receipt}")
-            _print_verification(result.verification)
+    kwargs = _plan_kwargs(model, mirror, usage, budget_bytes, reserve_bytes, source_dir, disk_weights, probe)
+    result = stage_mirror(**kwargs, progress=progress, reread_from_device=reread_from_device)
+    output.emit(as_json, result.to_json, _stage_lines(result))
     if not result.staged:
-        if not json_output:
-            print(f"refused ({result.reason}): nothing copied", file=sys.stderr)
+        if not as_json:
+            output.echo(f"refused ({result.reason}): nothing copied", err=True)
         raise typer.Exit(EXIT_NOT_ADMITTED)
     if not result.ready:
         raise typer.Exit(EXIT_NOT_READY)
@@ -196,18 +187,21 @@ def stage_command(
 
 @mirror_app.command("verify")
 def verify_command(
-    mirror: MirrorOpt = None,
-    model: ModelOpt = None,
+    mirror: MirrorOpt,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="Primary model directory (without a receipt: check the mirror against the whole model).",
+        ),
+    ] = None,
     source_dir: SourceDirOpt = None,
-    json_output: JsonOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Check the mirror against its receipt (or, without one, against the whole model)."""
     from colitools.mirror.verify import verify_mirror
 
-    result = verify_mirror(_require(mirror, "--mirror"), model, source_dirs=list(source_dir or []))
-    if json_output:
-        print(json.dumps(result.to_json(), indent=2))
-    else:
-        _print_verification(result)
+    result = verify_mirror(mirror, model, source_dirs=list(source_dir or []))
+    output.emit(as_json, result.to_json, _verification_lines(result))
     if not result.ready:
         raise typer.Exit(EXIT_NOT_READY)

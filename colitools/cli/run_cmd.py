@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from colitools.cli import output
 from colitools.cli.app import app
+from colitools.cli.options import JsonOpt
 
 # A bound, not a model limit: a mistyped count is a usage error rather than a run that never ends.
 MAX_NEW_TOKENS = 1_000_000
@@ -35,6 +38,12 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
+def _lines(report) -> Iterator[str]:
+    yield "generated_ids " + ",".join(map(str, report.generated_ids))
+    if report.text is not None:
+        yield "text " + json.dumps(report.text, ensure_ascii=False)
+
+
 @app.command("run")
 def run_command(
     model_dir: Annotated[
@@ -52,7 +61,7 @@ def run_command(
     cap: Annotated[int | None, typer.Option("--cap", min=1, help="Experts cached per layer.")] = None,
     ram_gb: Annotated[
         float | None,
-        typer.Option("--ram-gb", help="Memory budget in GiB (sets the cap when --cap is not given)."),
+        typer.Option("--ram-gb", help="Memory budget in GiB (> 0; sets the cap when --cap is not given)."),
     ] = None,
     no_usage: Annotated[
         bool, typer.Option("--no-usage", help="Do not record routing usage in .coli_usage.")
@@ -60,9 +69,11 @@ def run_command(
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Do not stop at the end-of-sequence token.")
     ] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Generate greedily; a progress / speed line goes to stderr."""
+    """Generate greedily; a progress / speed line goes to stderr.
+
+    With --json the report is one line on stdout."""
     from colitools.runtime.run import run_model
 
     ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
@@ -70,12 +81,11 @@ def run_command(
 
     def progress(tok: int, res, stats: dict) -> None:
         if tty:
-            print(
+            output.echo(
                 f"\r{len(res.generated_ids)}/{max_new_tokens} tokens  {res.decode_tok_per_s:.2f} tok/s  "
                 f"expert cache hit {100 * stats['expert_cache_hit_rate']:.1f}%",
+                err=True,
                 end="",
-                file=sys.stderr,
-                flush=True,
             )
 
     report = run_model(
@@ -90,17 +100,12 @@ def run_command(
         progress=progress,
     )
     s = report.stats
-    print(
+    output.echo(
         ("\r" if tty else "") + f"{len(report.generated_ids)} tokens  {report.tok_per_s:.2f} tok/s decode  "
         f"prefill {report.prefill_seconds:.2f}s  expert cache hit {100 * s['expert_cache_hit_rate']:.1f}% "
         f"(cap {s['cap']}/layer)  peak RSS {report.peak_rss_bytes / 2**20:.0f} MiB",
-        file=sys.stderr,
+        err=True,
     )
     if report.usage_note:
-        print(f"colitools: warning: {report.usage_note}", file=sys.stderr)
-    if json_output:
-        print(json.dumps(report.to_json()))
-        return
-    print("generated_ids " + ",".join(map(str, report.generated_ids)))
-    if report.text is not None:
-        print("text " + json.dumps(report.text, ensure_ascii=False))
+        output.warn(report.usage_note)
+    output.emit(as_json, report.to_json, _lines(report), one_line=True)

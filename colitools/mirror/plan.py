@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from colitools.errors import MirrorError
+from colitools.errors import MirrorError, ParameterError
 from colitools.formats.container import shard_name_problem
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.usage import UsageHistory, engine_id, read_usage
@@ -39,6 +39,7 @@ __all__ = [
 SCHEMA = "colibri.partial-mirror.v1"  # shared with the engine's own mirror tool and its receipts
 PLAN_FILE = ".colibri-mirror-plan.json"
 GIB = 1 << 30
+MAX_BYTES = 1 << 63  # a GiB option's bound (8 EiB: beyond any drive, and int64 in the engines)
 DEFAULT_RESERVE_GIB = 10
 
 # `reason` values of a plan that is not admitted
@@ -195,13 +196,23 @@ class MirrorPlan:
         }
 
 
-def gib_to_bytes(gib: float | str, option: str) -> int:
-    """GiB (as given on the command line) to whole bytes, rounding down; exact for decimal input."""
+def gib_to_bytes(gib: float | str, parameter: str, *, positive: bool = False) -> int:
+    """GiB (as given on the command line) to whole bytes, rounding down; exact for decimal input. ParameterError
+    naming ``parameter`` for anything but a number, a negative one, one of 2**63 bytes or more (no drive holds
+    that; inf), and with ``positive`` one below a byte."""
     try:
         value = Fraction(str(gib))
     except (ValueError, ZeroDivisionError):
-        raise MirrorError(f"{option}: expected a number of GiB, got {gib!r}") from None
-    return math.floor(value * GIB)
+        raise ParameterError(f"`{parameter}`: expected a number of GiB, got {gib!r}") from None
+    n = math.floor(value * GIB)
+    shown = f"{gib:g}" if isinstance(gib, float) else str(gib).strip()
+    if positive and n <= 0:
+        raise ParameterError(f"`{parameter}` must be positive (got {shown} GiB)")
+    if n < 0:
+        raise ParameterError(f"`{parameter}` cannot be negative (got {shown} GiB)")
+    if n >= MAX_BYTES:
+        raise ParameterError(f"`{parameter}` must be less than {MAX_BYTES // GIB} GiB (got {shown} GiB)")
+    return n
 
 
 def _gib(n: int) -> str:
@@ -261,11 +272,11 @@ def plan_mirror(
     model_root = Path(os.path.abspath(model))
     mirror_root = Path(os.path.abspath(mirror))
     if budget_bytes <= 0:
-        raise MirrorError(f"--budget-gib must be positive (got {budget_bytes} bytes)")
+        raise ParameterError(f"`budget_bytes` must be positive (got {budget_bytes} bytes)")
     if reserve_bytes < 0:
-        raise MirrorError(f"--reserve-gib cannot be negative (got {reserve_bytes} bytes)")
+        raise ParameterError(f"`reserve_bytes` cannot be negative (got {reserve_bytes} bytes)")
     if disk_weights is not None and probe:
-        raise MirrorError("--disk-weights and --probe are mutually exclusive")
+        raise MirrorError("`disk_weights` and `probe` are mutually exclusive")
     if not model_root.is_dir():
         raise MirrorError(f"model directory does not exist: {model_root}")
     directories = [model_root]
@@ -331,7 +342,7 @@ def plan_mirror(
             warnings.append(
                 f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve_bytes)}: room for "
                 f"{_gib(room)}, and no selectable shard is that small (the smallest needs {_gib(smallest)}); "
-                "free space or lower --reserve-gib"
+                "free space or lower `reserve_bytes`"
             )
 
     if not counts:
@@ -348,7 +359,7 @@ def plan_mirror(
         probes = list(probe_drives(model_root, mirror_root, seconds=probe_seconds))
         weights: Sequence = [p.bytes_per_second for p in probes]
         if any(w <= 0 for w in weights):
-            raise MirrorError("the bandwidth probe read nothing; pass --disk-weights instead")
+            raise MirrorError("the bandwidth probe read nothing; pass `disk_weights` instead")
         weights_source = "probe"
         warnings.extend(p.note for p in probes if p.note)
     elif disk_weights is not None:

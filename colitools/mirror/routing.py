@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from colitools.errors import MirrorError
+from colitools.errors import MirrorError, ParameterError
 
 __all__ = [
     "ReadPrediction",
@@ -35,19 +35,20 @@ BUCKETS = 256
 MAX_WEIGHT_RATIO = 10**12  # largest / smallest drive weight accepted
 
 
-def parse_disk_weights(text: str, *, source: str = "--disk-weights") -> list[Fraction]:
-    """``"9,3"`` -> ``[9, 3]``: at least two positive finite numbers, primary first."""
+def parse_disk_weights(text: str, *, source: str = "`disk_weights`") -> list[Fraction]:
+    """``"9,3"`` -> ``[9, 3]``: at least two positive finite numbers, primary first (ParameterError naming
+    ``source``, the parameter or the environment variable the text came from)."""
     parts = [p.strip() for p in text.split(",")]
     try:
         weights = [Fraction(p) for p in parts]
     except (ValueError, ZeroDivisionError):
-        raise MirrorError(f"{source}: expected comma-separated positive numbers like 9,3, got {text!r}") from None
+        raise ParameterError(f"{source}: expected comma-separated positive numbers like 9,3, got {text!r}") from None
     if len(weights) < 2 or any(w <= 0 for w in weights):
-        raise MirrorError(
+        raise ParameterError(
             f"{source}: expected at least two positive weights (primary, mirror), got {text!r}"
         )
     if max(weights) / min(weights) > MAX_WEIGHT_RATIO:  # 1e400,1: the shares would overflow a float
-        raise MirrorError(f"{source}: weights {text!r} differ by more than a factor {MAX_WEIGHT_RATIO:.0e}")
+        raise ParameterError(f"{source}: weights {text!r} differ by more than a factor {MAX_WEIGHT_RATIO:.0e}")
     return weights
 
 

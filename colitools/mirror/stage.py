@@ -367,7 +367,7 @@ def _out_of_space(target: Path, root: Path, need: int) -> MirrorReserveStop:
         free = 0
     return MirrorReserveStop(
         f"{target}: no space left on the mirror drive ({need} bytes still to write, {free} bytes free); "
-        "free space or lower --budget-gib, then rerun (verified copies are kept)"
+        "free space or lower `budget_bytes`, then rerun (verified copies are kept)"
     )
 
 

@@ -7,12 +7,23 @@ X the selections of the experts that fit in X% of all routed-expert bytes are su
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from colitools.formats.usage import UsageHistory, engine_id
+from colitools.formats.usage import UsageHistory, engine_id, read_usage
+from colitools.mirror.scan import discover_shards, model_geometry
 
-__all__ = ["COVERAGE_POINTS", "KNOWN_ENGINES", "UsageSummary", "engine_name", "summarize_usage"]
+__all__ = [
+    "COVERAGE_POINTS",
+    "KNOWN_ENGINES",
+    "UsageReport",
+    "UsageSummary",
+    "engine_name",
+    "summarize_usage",
+    "usage_report",
+]
 
 COVERAGE_POINTS = (1, 2, 5, 10, 20, 25, 50, 75, 100)  # percent of routed-expert bytes
 
@@ -126,4 +137,60 @@ def summarize_usage(
         hottest=hottest,
         layer_totals=history.layer_totals(),
         coverage=coverage_curve(history, expert_bytes),
+    )
+
+
+@dataclass
+class UsageReport:
+    """``usage show``: the summary of one history file, read beside its model (``to_json`` is its ``--json``)."""
+
+    file: Path
+    model: Path | None  # the model directory giving the geometry and expert sizes (None: none found)
+    model_type: str | None  # the model's engine (config.json model_type), when it has one
+    geometry_from_model: bool  # the model's config.json gave the layer count
+    summary: UsageSummary
+
+    @property
+    def model_engine_id(self) -> int | None:
+        return engine_id(self.model_type) if self.model_type is not None else None
+
+    @property
+    def engine_matches_model(self) -> bool | None:
+        """Whether the history was recorded by the model's engine (None when either is unknown)."""
+        if self.model_engine_id is None or self.summary.engine_id is None:
+            return None
+        return self.summary.engine_id == self.model_engine_id
+
+    def to_json(self) -> dict:
+        data = self.summary.to_json()
+        data["file"] = str(self.file)
+        data["model"] = str(self.model) if self.model is not None else None
+        data["model_type"] = self.model_type
+        data["engine_matches_model"] = self.engine_matches_model
+        return data
+
+
+def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = None, top: int = 5) -> UsageReport:
+    """Read the history ``file`` whatever engine wrote it (the user named it) and summarize it with the geometry
+    and per-expert bytes of ``model`` (default: the file's own folder when it holds shards), ``top`` experts per
+    layer. MirrorError / UsageFileError on a model or history that cannot be read."""
+    file = Path(file)
+    model_dir = Path(model) if model is not None else None
+    if model_dir is None and any(p.is_file() for p in file.parent.glob("*.safetensors")):
+        model_dir = file.parent
+    geometry = model_geometry(model_dir) if model_dir is not None else None
+    n_experts = geometry.n_experts if geometry else None
+    history = read_usage(file, n_layers=geometry.n_layers if geometry else None, n_experts=n_experts, explicit=True)
+    expert_bytes: dict[tuple[int, int], int] | None = None
+    if model_dir is not None:  # an expert split over shards counts the bytes of every shard holding it
+        expert_bytes = {}
+        for shard in discover_shards([model_dir], None, n_experts):
+            for key, n in shard.expert_bytes.items():
+                expert_bytes[key] = expert_bytes.get(key, 0) + n
+    return UsageReport(
+        file=file,
+        model=model_dir,
+        model_type=geometry.engine if geometry else None,
+        geometry_from_model=bool(geometry and geometry.n_layers),
+        summary=summarize_usage(history, expert_bytes, top=top),
     )

@@ -234,7 +234,7 @@ def verify_mirror(
         return result
     if model_root is None:
         result = MirrorVerification("none", mirror_root, None)
-        result.problems.append(f"no receipt {RECEIPT} in {mirror_root}; pass --model for a full-mirror check")
+        result.problems.append(f"no receipt {RECEIPT} in {mirror_root}; pass `model` for a full-mirror check")
         return result
     result = MirrorVerification("full", mirror_root, model_root)
     _verify_full(result, primaries, hasher)

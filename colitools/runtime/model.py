@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
+from colitools.errors import ParameterError, RuntimeModelError
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.names import (
     MXFP4_STACK_SUFFIXES,
@@ -318,9 +318,9 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
     model_dir = Path(model_dir)
     args = ModelArgs.from_dir(model_dir)
     if cap is not None and cap < 1:
-        raise RuntimeModelError(f"--cap must be >= 1, got {cap}")
+        raise ParameterError(f"`cap` must be >= 1, got {cap}")
     if ram_gb is not None and not (0 < ram_gb < float("inf")):  # also refuses nan
-        raise RuntimeModelError(f"--ram-gb must be a finite number > 0, got {ram_gb}")
+        raise ParameterError(f"`ram_gb` must be a finite number > 0, got {ram_gb}")
     family = family_module(args.model_type)
     ckpt = Checkpoint(model_dir, args.raw)
     try:

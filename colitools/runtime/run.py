@@ -49,7 +49,7 @@ class RunReport:
 def load_tokenizer(model_dir: Path):
     path = model_dir / "tokenizer.json"
     if not path.exists():
-        raise RuntimeModelError(f"{model_dir}: no tokenizer.json (use --prompt-ids)")
+        raise RuntimeModelError(f"{model_dir}: no tokenizer.json (use `prompt_ids`)")
     from tokenizers import Tokenizer
 
     try:
@@ -89,7 +89,7 @@ def run_model(
     ``tokenizer.json``), record routing usage, and report tokens, text and speed."""
     model_dir = Path(model_dir)
     if (prompt_ids is None) == (prompt is None):
-        raise RuntimeModelError("give exactly one of --prompt-ids and --prompt")
+        raise RuntimeModelError("give exactly one of `prompt_ids` and `prompt`")
     tokenizer = None
     if prompt is not None or (model_dir / "tokenizer.json").exists():
         try:
@@ -133,7 +133,7 @@ def _check_prompt_ids(prompt_ids: list[int], vocab_size: int) -> None:
         if not 0 <= tok < vocab_size:
             shown = str(tok) if abs(tok) < 10**30 else f"{str(tok)[:12]}... ({len(str(abs(tok)))} digits)"
             raise RuntimeModelError(
-                f"--prompt-ids: id {shown} (position {i}) is outside the vocabulary: "
+                f"`prompt_ids`: id {shown} (position {i}) is outside the vocabulary: "
                 f"ids must be 0..{vocab_size - 1} (vocab_size {vocab_size})"
             )
 
@@ -145,7 +145,7 @@ def _check_ram_budget(model, ram_gb: float) -> None:
     need = p.dense_bytes + p.expert_bytes * max(len(model.stores), 1)
     if ram_gb * 2**30 < need:
         raise RuntimeModelError(
-            f"--ram-gb {ram_gb:g}: the resident weights take {p.dense_bytes / 2**30:.3g} GiB and one cached "
-            f"expert per layer {(need - p.dense_bytes) / 2**30:.3g} GiB more; give --ram-gb >= "
-            f"{need / 2**30:.3g} (or --cap N)"
+            f"`ram_gb={ram_gb:g}`: the resident weights take {p.dense_bytes / 2**30:.3g} GiB and one cached "
+            f"expert per layer {(need - p.dense_bytes) / 2**30:.3g} GiB more; give `ram_gb` >= "
+            f"{need / 2**30:.3g} (or `cap=N`)"
         )

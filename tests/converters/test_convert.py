@@ -169,7 +169,7 @@ def test_rerun_of_a_finished_conversion_does_nothing_and_another_recipe_is_refus
     assert (again.units_skipped, again.units_converted) == (3, 0)
     assert snapshot(tmp_path / "out") == before
     with pytest.raises(
-        ConvertError, match=r"another recipe \(--experts int4-g64 \(recorded\) vs int4-row \(now\)\)"
+        ConvertError, match=r"another recipe \(`experts=int4-g64` \(recorded\) vs int4-row \(now\)\)"
     ):
         convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(experts="int4-row"))
 
@@ -251,7 +251,7 @@ def test_bad_input_is_one_clear_error_before_any_output(tmp_path, mutate, messag
 def test_planar_refusal_happens_before_any_output(tmp_path):
     make_checkpoint(tmp_path / "src", Tiny(hidden=128, inter=96))
     with pytest.raises(
-        ConvertError, match=r"--layout planar: routed expert tensor model\.layers\.0\.mlp\.experts\.0\."
+        ConvertError, match=r"`layout=planar`: routed expert tensor model\.layers\.0\.mlp\.experts\.0\."
     ):
         convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(layout="planar"))
     assert not (tmp_path / "out").exists()
@@ -264,7 +264,7 @@ def test_cli_json_summary_and_one_line_errors(tmp_path):
     summary = json.loads(done.stdout)
     assert summary["units_converted"] == 3 and summary["bytes_in"] > 0 and "gb_per_s" in summary
     bad = subprocess.run([*run, "--experts", "int5"], capture_output=True, text=True)
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # a value outside the option's choices: a usage error
     assert bad.stderr.strip().splitlines() == ["colitools: error: --experts: unknown format 'int5'; choose one of: "
                                                + bad.stderr.split("choose one of: ")[1].strip()]  # fmt: skip
     dry = subprocess.run(
@@ -338,7 +338,7 @@ def test_progress_bars_count_bytes(tmp_path, capsys):
 def test_help_lists_every_option():
     from typer.testing import CliRunner
 
-    from colitools.cli import app
+    from colitools.cli.boundary import app
 
     text = CliRunner().invoke(app, ["convert", "--help"], terminal_width=200).output
     for option in ("--experts", "--dense", "--embed", "--mtp", "--group-size", "--layout", "--min-free-gb",

@@ -21,7 +21,7 @@ import pytest
 
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, ParameterError
 from colitools.formats.registry import writer_group_size
 from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
 from colitools.verify.container import verify_container
@@ -233,7 +233,7 @@ def test_towers_drop_leaves_them_out_and_lists_them(converted, tmp_path):
     assert not any(TOWER.match(n) for n in formats)
     assert json.loads((tmp_path / "o" / "colitools.json").read_text())["dropped_towers"] == towers
     assert verify_container(tmp_path / "o").problems == []
-    with pytest.raises(ConvertError, match="--towers 'sometimes'"):
+    with pytest.raises(ParameterError, match="`towers='sometimes'`"):
         ConvertOptions(towers="sometimes").recipe()
 
 

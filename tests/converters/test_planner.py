@@ -121,7 +121,7 @@ def test_planar_layer_writes_its_experts_to_the_sidecar():
 def test_planar_is_refused_before_work_naming_the_tensor():
     with pytest.raises(
         ConvertError,
-        match=r"planar: routed expert tensor model\.layers\.0\.mlp\.experts\.0\.down_proj\.weight \[128, 64\].*int4-g32",
+        match=r"`layout=planar`: routed expert tensor model\.layers\.0\.mlp\.experts\.0\.down_proj\.weight \[128, 64\].*int4-g32",
     ):
         plan_conversion(_inventory(), Recipe(layout="planar", experts="int4-g32"))
     cfg = {**CONFIG, "moe_intermediate_size": 96}

@@ -6,7 +6,7 @@ import pytest
 
 from colitools.converters import recipe as rc
 from colitools.converters.recipe import Recipe, Role, SourceKind, choose_target
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, ParameterError
 
 BF16 = SourceKind("BF16")
 FP8 = SourceKind("F8_E4M3", (128, 128))
@@ -84,13 +84,13 @@ def test_recipe_defaults_and_group_size():
     )
     assert Recipe.from_options(group_size=128).experts == "int4-g128"
     assert Recipe.from_options(experts="int4-g32", group_size=32).experts == "int4-g32"
-    with pytest.raises(ConvertError, match="--experts int4-g32 contradicts --group-size 64"):
+    with pytest.raises(ConvertError, match="`experts=int4-g32` contradicts `group_size=64`"):
         Recipe.from_options(experts="int4-g32", group_size=64)
-    with pytest.raises(ConvertError, match="--dense: unknown format 'int5'"):
+    with pytest.raises(ParameterError, match="`dense`: unknown format 'int5'"):
         Recipe.from_options(dense="int5")
-    with pytest.raises(ConvertError, match="--group-size 65"):
+    with pytest.raises(ParameterError, match="`group_size=65`"):
         Recipe.from_options(group_size=65)
-    with pytest.raises(ConvertError, match="--layout"):
+    with pytest.raises(ParameterError, match="`layout='interleaved'`"):
         Recipe.from_options(layout="interleaved")
 
 
@@ -98,7 +98,7 @@ def test_fingerprint_changes_with_any_option_and_differences_name_it():
     a, b = Recipe.from_options(), Recipe.from_options(dense="int4-row")
     assert a.fingerprint() == Recipe.from_options().fingerprint()
     assert a.fingerprint() != b.fingerprint()
-    assert b.differences(a.as_dict()) == ["--dense int8-row (recorded) vs int4-row (now)"]
+    assert b.differences(a.as_dict()) == ["`dense=int8-row` (recorded) vs int4-row (now)"]
 
 
 def test_int4_group_size_follows_the_writer_rule():

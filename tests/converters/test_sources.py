@@ -300,7 +300,7 @@ def test_spec_that_is_neither_folder_nor_repo_id_is_refused(tmp_path, spec):
 
 def test_revision_with_a_local_folder_and_a_file_as_source_are_refused(tmp_path):
     folder = make_checkpoint(tmp_path / "ckpt")
-    with pytest.raises(ConvertError, match="--revision applies to Hugging Face repos"):
+    with pytest.raises(ConvertError, match="`revision` applies to Hugging Face repos"):
         open_source(str(folder), revision="main", workdir=tmp_path)
     with pytest.raises(ConvertError, match="not a file"):
         open_source(str(folder / "config.json"), workdir=tmp_path)

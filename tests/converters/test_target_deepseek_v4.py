@@ -250,14 +250,14 @@ def test_cli_run_prints_the_oracles_tokens(v4):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (dict(experts="int4-g64"), "--experts int4-g64 is refused"),
-        (dict(experts="fp8"), "--experts fp8 is refused"),
-        (dict(dense="int8-row"), "--dense int8-row is refused"),
-        (dict(dense="bf16"), "--dense bf16 is refused"),
-        (dict(embed="int8-row"), "--embed int8-row is refused"),
-        (dict(embed="f32"), "--embed f32 is refused"),  # find_head: "missing or invalid BF16 head.weight"
-        (dict(mtp="int4-row"), "--mtp int4-row is refused"),
-        (dict(layout="planar"), "--layout planar is refused"),
+        (dict(experts="int4-g64"), "`experts=int4-g64` is refused"),
+        (dict(experts="fp8"), "`experts=fp8` is refused"),
+        (dict(dense="int8-row"), "`dense=int8-row` is refused"),
+        (dict(dense="bf16"), "`dense=bf16` is refused"),
+        (dict(embed="int8-row"), "`embed=int8-row` is refused"),
+        (dict(embed="f32"), "`embed=f32` is refused"),  # find_head: "missing or invalid BF16 head.weight"
+        (dict(mtp="int4-row"), "`mtp=int4-row` is refused"),
+        (dict(layout="planar"), "`layout=planar` is refused"),
     ],
 )
 def test_recipes_the_loader_cannot_read_are_refused_in_one_line(tmp_path, options, says):

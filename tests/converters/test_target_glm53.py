@@ -158,11 +158,11 @@ def test_readers_read_the_target_back(glm):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (dict(experts="int8-row"), "--experts int8-row is refused"),
-        (dict(experts="int4-g32"), "--experts int4-g32 is refused"),
-        (dict(dense="int8-row"), "--dense int8-row is refused"),
-        (dict(embed="int4-row"), "--embed int4-row is refused"),
-        (dict(layout="planar"), "--layout planar is refused"),
+        (dict(experts="int8-row"), "`experts=int8-row` is refused"),
+        (dict(experts="int4-g32"), "`experts=int4-g32` is refused"),
+        (dict(dense="int8-row"), "`dense=int8-row` is refused"),
+        (dict(embed="int4-row"), "`embed=int4-row` is refused"),
+        (dict(layout="planar"), "`layout=planar` is refused"),
     ],
 )
 def test_recipes_the_loader_cannot_read_are_refused_in_one_line(glm, tmp_path, options, says):

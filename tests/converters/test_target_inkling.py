@@ -358,13 +358,13 @@ def test_a_float_container_written_as_convert_inkling_int4_xbits_0_writes_it_run
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (dict(experts="int4-g64"), "--experts int4-g64 is refused"),
-        (dict(experts="int3-g64"), "--experts int3-g64 is refused"),
-        (dict(experts="int2-row"), "--experts int2-row is refused"),
-        (dict(experts="mxfp4"), "--experts mxfp4 is refused"),
-        (dict(dense="int8-row"), "--dense int8-row is refused"),
-        (dict(embed="int4-row"), "--embed int4-row is refused"),
-        (dict(layout="planar"), "--layout planar is refused"),
+        (dict(experts="int4-g64"), "`experts=int4-g64` is refused"),
+        (dict(experts="int3-g64"), "`experts=int3-g64` is refused"),
+        (dict(experts="int2-row"), "`experts=int2-row` is refused"),
+        (dict(experts="mxfp4"), "`experts=mxfp4` is refused"),
+        (dict(dense="int8-row"), "`dense=int8-row` is refused"),
+        (dict(embed="int4-row"), "`embed=int4-row` is refused"),
+        (dict(layout="planar"), "`layout=planar` is refused"),
     ],
 )
 def test_recipes_the_loader_cannot_read_are_refused_in_one_line(tmp_path, options, says):

@@ -164,11 +164,11 @@ def test_readers_read_the_target_back(k3):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (dict(experts="int4-g64"), "--experts int4-g64 is refused"),
+        (dict(experts="int4-g64"), "`experts=int4-g64` is refused"),
         (dict(experts="native"), "would be written as int4-row"),  # a BF16 source has no native MXFP4
-        (dict(dense="int2-row"), "--dense int2-row is refused"),
-        (dict(embed="int4-row"), "--embed int4-row is refused"),
-        (dict(layout="planar"), "--layout planar is refused"),
+        (dict(dense="int2-row"), "`dense=int2-row` is refused"),
+        (dict(embed="int4-row"), "`embed=int4-row` is refused"),
+        (dict(layout="planar"), "`layout=planar` is refused"),
     ],
 )
 def test_recipes_the_loader_cannot_read_are_refused_in_one_line(k3, tmp_path, options, says):

@@ -153,12 +153,12 @@ def test_bf16_dense_is_accepted_and_runs(tmp_path):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (dict(experts="int3-g64"), "--experts int3-g64 is refused"),
-        (dict(experts="mxfp4"), "--experts mxfp4 is refused"),
-        (dict(experts="int4-g64"), "--experts int4-g64 is refused"),
-        (dict(dense="int8-row"), "--dense int8-row is refused"),
-        (dict(embed="int8-row"), "--embed int8-row is refused"),
-        (dict(layout="planar"), "--layout planar is refused"),
+        (dict(experts="int3-g64"), "`experts=int3-g64` is refused"),
+        (dict(experts="mxfp4"), "`experts=mxfp4` is refused"),
+        (dict(experts="int4-g64"), "`experts=int4-g64` is refused"),
+        (dict(dense="int8-row"), "`dense=int8-row` is refused"),
+        (dict(embed="int8-row"), "`embed=int8-row` is refused"),
+        (dict(layout="planar"), "`layout=planar` is refused"),
     ],
 )
 def test_recipes_the_loader_cannot_read_are_refused_in_one_line(tmp_path, options, says):
@@ -170,10 +170,10 @@ def test_recipes_the_loader_cannot_read_are_refused_in_one_line(tmp_path, option
 
 
 def test_another_model_type_is_refused_before_work_starts(tmp_path):
-    with pytest.raises(ConvertError, match=r"--target olmoe is for model_type olmoe .* the source is 'qwen3_moe'"):
+    with pytest.raises(ConvertError, match=r"`target=olmoe` is for model_type olmoe .* the source is 'qwen3_moe'"):
         convert(str(ORACLES / "qwen3_moe"), tmp_path / "out", ConvertOptions(target="olmoe", progress=False))
     assert not any((tmp_path / "out").glob("*.safetensors"))
-    with pytest.raises(ConvertError, match="--target 'nope': choose one of generic, olmoe"):
+    with pytest.raises(ConvertError, match="`target='nope'`: choose one of generic, olmoe"):
         ConvertOptions(target="nope").recipe()
 
 

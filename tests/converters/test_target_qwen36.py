@@ -298,12 +298,12 @@ def test_mirror_scan_and_plan_count_merged_blobs_as_expert_bytes(outputs, tmp_pa
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (dict(experts="int3-g64"), "--experts int3-g64 is refused"),
-        (dict(experts="mxfp4"), "--experts mxfp4 is refused"),
-        (dict(experts="int2-row"), "--experts int2-row is refused"),
-        (dict(dense="int8-row"), "--dense int8-row is refused"),
-        (dict(embed="int4-row"), "--embed int4-row is refused"),
-        (dict(layout="planar"), "--layout planar is refused"),
+        (dict(experts="int3-g64"), "`experts=int3-g64` is refused"),
+        (dict(experts="mxfp4"), "`experts=mxfp4` is refused"),
+        (dict(experts="int2-row"), "`experts=int2-row` is refused"),
+        (dict(dense="int8-row"), "`dense=int8-row` is refused"),
+        (dict(embed="int4-row"), "`embed=int4-row` is refused"),
+        (dict(layout="planar"), "`layout=planar` is refused"),
     ],
 )
 def test_recipes_the_loader_cannot_read_are_refused_in_one_line(tmp_path, options, says):
@@ -315,7 +315,7 @@ def test_recipes_the_loader_cannot_read_are_refused_in_one_line(tmp_path, option
 
 
 def test_another_model_type_is_refused_before_work_starts(tmp_path):
-    with pytest.raises(ConvertError, match=r"--target qwen36 is for model_type qwen3_5_moe, qwen3_5_moe_text "):
+    with pytest.raises(ConvertError, match=r"`target=qwen36` is for model_type qwen3_5_moe, qwen3_5_moe_text "):
         convert(str(ORACLES / "qwen3_moe"), tmp_path / "out", ConvertOptions(target="qwen36", progress=False))
     assert not any((tmp_path / "out").glob("*.safetensors"))
 

@@ -31,7 +31,7 @@ def test_another_familys_source_is_one_line_before_work(tmp_path, target):
     with pytest.raises(ConvertError) as info:
         convert(str(ORACLES / fixture), tmp_path / "out", ConvertOptions(target=target, progress=False))
     message = str(info.value)
-    assert message.startswith(f"--target {target} is for model_type ") and "\n" not in message
+    assert message.startswith(f"`target={target}` is for model_type ") and "\n" not in message
     assert TARGETS[target].loader in message and f"{fixture!r}" in message
     assert info.value.exit_code == 2 and not (tmp_path / "out").exists()
 
@@ -40,7 +40,7 @@ def test_a_refused_target_says_why_in_one_line():
     t = Target("x", "c/x.c (f)", refused="c/x.c (f) reads layout L, which colitools does not write")
     with pytest.raises(TargetRefused) as info:
         t.check_writable()
-    assert str(info.value) == "--target x is refused: c/x.c (f) reads layout L, which colitools does not write"
+    assert str(info.value) == "`target=x` is refused: c/x.c (f) reads layout L, which colitools does not write"
 
 
 def test_cli_refusal_exit_2(tmp_path):

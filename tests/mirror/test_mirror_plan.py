@@ -23,7 +23,7 @@ from mirror_builders import (
     write_shard,
 )
 
-from colitools.errors import MirrorError, UsageFileError
+from colitools.errors import MirrorError, ParameterError, UsageFileError
 from colitools.formats.usage import engine_id
 from colitools.mirror.plan import SCHEMA, plan_mirror
 
@@ -239,7 +239,7 @@ def test_mirror_equal_to_model_or_a_source_dir_is_an_error(ranked, tmp_path):
 
 @pytest.mark.parametrize("budget", [0, -1])
 def test_budget_must_be_positive(ranked, budget):
-    with pytest.raises(MirrorError, match="positive"):
+    with pytest.raises(ParameterError, match="`budget_bytes` must be positive"):
         plan(ranked, budget)
 
 
@@ -322,9 +322,9 @@ def test_cli_plan_exit_codes_and_json(ranked):
     r = run_cli("mirror", "plan", "--model", str(ranked), "--mirror", str(ranked), "--budget-gib", "1")
     assert r.returncode == 1 and r.stderr.startswith("colitools: error:") and "Traceback" not in r.stderr
     r = run_cli("mirror", "plan", "--model", str(ranked), "--mirror", mirror, "--budget-gib", "0")
-    assert r.returncode == 1
+    assert r.returncode == 2  # a value outside the option's range, and a required option missing: usage errors
     r = run_cli("mirror", "plan", "--model", str(ranked), "--mirror", mirror)
-    assert r.returncode == 1 and "--budget-gib" in r.stderr
+    assert r.returncode == 2 and "--budget-gib" in r.stderr
     r = run_cli("mirror", "plan", "--model", str(ranked), "--mirror", mirror, "--budget-gib", "1",
                 "--disk-weights", "9,3", "--probe")
     assert r.returncode == 1 and "mutually exclusive" in r.stderr

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from colitools.errors import MirrorError
+from colitools.errors import ParameterError
 from colitools.mirror.routing import parse_disk_weights, predict_reads, replica_cuts, replica_for
 
 # h = (index * 2654435761) mod 2^32, bucket = (h >> 16) & 255, by hand:
@@ -53,7 +53,7 @@ def test_parse_disk_weights():
     assert parse_disk_weights("9,3") == [9, 3]
     assert parse_disk_weights(" 2.5 , 1 ") == [Fraction(5, 2), 1]
     for bad in ("9", "9,0", "9,-1", "a,b", "", "9,,3"):
-        with pytest.raises(MirrorError):
+        with pytest.raises(ParameterError, match="`disk_weights`"):
             parse_disk_weights(bad)
 
 

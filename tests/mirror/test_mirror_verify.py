@@ -202,7 +202,7 @@ def test_full_mirror_mode_without_a_receipt(staged, tmp_path):
 def test_no_receipt_and_no_model_is_not_ready(tmp_path):
     (tmp_path / "m").mkdir()
     v = verify_mirror(tmp_path / "m")
-    assert not v.ready and v.mode == "none" and "pass --model" in v.problems[0]
+    assert not v.ready and v.mode == "none" and "pass `model`" in v.problems[0]
     assert run_cli("mirror", "verify", "--mirror", str(tmp_path / "m")).returncode == 4
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tinymodels import write_gqa_model
 
-from colitools.errors import FormatError, RuntimeModelError
+from colitools.errors import FormatError, ParameterError, RuntimeModelError
 from colitools.formats import reference as ref
 from colitools.runtime import generate, load_model
 from colitools.runtime.attention import causal_mask
@@ -118,7 +118,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with load_model(d, record_usage=False) as m:
         with pytest.raises(RuntimeModelError, match="outside the vocabulary"):
             m.forward([0, 999])
-    with pytest.raises(RuntimeModelError, match="--cap must be >= 1"):
+    with pytest.raises(ParameterError, match="`cap` must be >= 1"):
         load_model(d, cap=0)
     (d / "model.safetensors").rename(d / "gone.bin")
     with pytest.raises(FormatError, match="no \\*.safetensors"):

@@ -1,0 +1,613 @@
+"""The registry of natively quantized source encodings (docs/FORMATS.md §5): one class per encoding, registered by
+its ``kind`` in ``__init_subclass__``, in definition order (the order recognition tries them), as
+``registry.Format`` classes are. gguf-py's ``__Quant`` classes and compressed-tensors' compressors (each declares
+its ``compression_param_names`` and their shapes beside its codec) are the models.
+
+Each class declares what a reader of a source checkpoint needs to know of one encoding:
+
+* ``kind`` (the code's name for it: ``QuantRef.kind``, ``names.NATIVE_STACK_ORIENTATION``) and ``label`` (messages);
+* ``declared_by``: the ``quantization_config`` ``(quant_method, quant_algo)`` pairs that declare it, and
+  ``scheme(qc, config)``, which reads and checks that config (FP8 blocks, INT4 group / symmetry) and refuses a
+  variant colitools cannot read (``ConfigError``);
+* ``parts``: its tensors by role (``data``, ``scale``, ``scale_2``, ...), each a name suffix with the dtypes and
+  shape producers write; ``pair(name, tensors, scheme)`` recognises one weight by its tensor pairs and checks its
+  companions (``FormatError`` naming both); ``companion_suffixes``: companions refused without their data tensor;
+* ``native_form(...)``: whether a registered output format holds it exactly (``native``, docs/FORMATS.md §6),
+  and which; ``keep`` repacks its bytes into that format;
+* ``decode``: float32 values, with the numpy reference (``reference.py``) or its kernel (``kernels/decoders.py``).
+
+FP8 block-scaled weights (``_scale_inv``) are registered too (their config, companions, native form and decoder),
+but not paired here (``paired = False``): the converter carries their scale as ``SourceTensor.scale``, because its
+FP8 kernels fuse the dequant into every encoder and cut scale grids for expert slabs.
+
+Adding an encoding touches this file and ``reference.py`` (its numpy decoder); a kernel for speed is optional.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from colitools.formats import model_config, names
+from colitools.formats import reference as ref
+from colitools.formats.dtypes import itemsize
+from colitools.formats.errors import ConfigError, FormatError
+from colitools.formats.format_names import GROUP_SIZES, format_label
+from colitools.formats.registry import writer_group_size
+
+DEFAULT_FP8_BLOCK = (128, 128)
+
+
+class TensorLike(Protocol):
+    """A header entry: what recognition reads of a tensor (``HeaderTensor``, ``safetensors_io.TensorInfo``)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor of an encoding: ``role``, the suffix that names it after the weight's stem, the dtypes and
+    shape producers write (``pair`` checks the required parts; optional ones are read as any integer)."""
+
+    role: str
+    suffix: str
+    dtypes: tuple[str, ...]
+    shape: str
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """The FP8 block scaling of a source (``quantization_config``): scale block ``(rows, cols)``."""
+
+    block: tuple[int, int] = DEFAULT_FP8_BLOCK
+
+
+@dataclass(frozen=True)
+class Int4Scheme:
+    """compressed-tensors ``pack-quantized`` weights: group size (None: from the scale grid), symmetric, act
+    order (``actorder`` set: the columns are permuted by ``weight_g_idx``)."""
+
+    group_size: int | None = None
+    symmetric: bool = True
+    actorder: bool = False
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """``quantization_config`` as colitools reads it: the method and each declared encoding's parsed scheme
+    (``schemes``: kind -> scheme, for the encodings that have one)."""
+
+    method: str | None
+    schemes: tuple[tuple[str, Any], ...] = ()
+
+    def of(self, encoding: type[SourceEncoding]) -> Any:
+        """The scheme the config declares for ``encoding`` (None when it declares none)."""
+        return dict(self.schemes).get(encoding.kind)
+
+    @property
+    def fp8(self) -> Fp8Scheme | None:
+        return self.of(Fp8Block)
+
+    @property
+    def int4(self) -> Int4Scheme | None:
+        return self.of(PackQuantizedInt4)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One natively quantized weight found in a source: its logical ``name`` and shape ``[..., O, I]`` (the float
+    weight it decodes to), its tensors by role, inputs per scale, whether a format holds it exactly, and the
+    companions left out of the conversion (NVFP4 ``input_scale``)."""
+
+    encoding: type[SourceEncoding]
+    name: str
+    shape: tuple[int, ...]
+    parts: tuple[tuple[str, str], ...]  # (role, source tensor name), data first
+    group: int
+    exact: bool = True
+    dropped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NativeForm:
+    """How ``native`` writes a tensor of an encoding: ``fmt`` / ``gs`` the registry format written (None: the
+    role's default on the decoded values), ``copies`` the source's own bytes kept (``keep``), ``decoded`` what
+    is recorded as a fallback when decoded (``"NVFP4 source"``), ``fallback`` the reason when ``fmt`` is a
+    fallback rather than the encoding's own form."""
+
+    fmt: str | None = None
+    gs: int | None = None
+    copies: bool = False
+    decoded: str | None = None
+    fallback: str | None = None
+
+    @property
+    def option(self) -> str | None:
+        """The recipe option that writes ``fmt`` (``mxfp4``, ``int4-g32``, ``int4-row``, ``fp8``)."""
+        return None if self.fmt is None else format_label(self.fmt, self.gs)
+
+
+ENCODINGS: dict[str, type[SourceEncoding]] = {}
+
+
+def _need(tensors: Mapping[str, TensorLike], n: str, what: str, of: str) -> TensorLike:
+    if n not in tensors:
+        raise FormatError(f"tensor {of}: {what} without its {n}")
+    return tensors[n]
+
+
+def _nbytes(t: TensorLike) -> int:
+    n = itemsize(t.dtype)
+    for d in t.shape:
+        n *= d
+    return n
+
+
+class SourceEncoding:
+    """A natively quantized source encoding. Subclasses set the class attributes below; they are registered on
+    definition."""
+
+    kind: ClassVar[str]
+    label: ClassVar[str]
+    declared_by: ClassVar[tuple[tuple[str, str | None], ...]] = ()  # (quant_method, quant_algo or None)
+    parts: ClassVar[tuple[Part, ...]]
+    group: ClassVar[int] = 0  # inputs per scale (INT4: from its config or scale grid)
+    companion_suffixes: ClassVar[tuple[str, ...]] = ()  # refused without the data tensor
+    paired: ClassVar[bool] = True  # recognised by ``pair`` into one logical weight
+    by_dtype: ClassVar[bool] = True  # its data tensor's dtype is part of its recognition (False: its suffix
+    # alone claims a tensor, and ``pair`` refuses one of another dtype)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind in ENCODINGS:
+            raise TypeError(f"source encoding {cls.kind!r} registered twice")
+        ENCODINGS[cls.kind] = cls
+
+    @classmethod
+    def part(cls, role: str) -> Part:
+        return next(p for p in cls.parts if p.role == role)
+
+    @classmethod
+    def scheme(cls, qc: Mapping[str, Any], config: Mapping[str, Any]) -> Any:
+        """This encoding's scheme read from ``quantization_config`` ``qc`` (None: it has none); ConfigError for a
+        variant colitools cannot read."""
+        return None
+
+    @classmethod
+    def pair(cls, name: str, tensors: Mapping[str, TensorLike], scheme: Any) -> Paired | None:
+        """The weight whose data tensor is ``name``, if ``name`` is this encoding's data tensor (its companions
+        checked against it, FormatError naming both); None otherwise."""
+        return None
+
+    @classmethod
+    def native_form(
+        cls, O: int, I: int, *, group: int | None = None, exact: bool = True, block=None, fused: bool = False
+    ) -> NativeForm:
+        """How ``native`` writes an ``[O, I]`` tensor (or expert slab) of this encoding."""
+        return NativeForm(decoded=f"{cls.label} source")
+
+    @classmethod
+    def check_parts(cls, name: str, parts: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> None:
+        """Checks of the companions' values, made when tensor ``name`` (logical ``shape``) is converted."""
+
+    @classmethod
+    def keep(
+        cls, parts: Mapping[str, np.ndarray], O: int, I: int, gs: int | None, *, name: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(codes, scales)`` of ``native_form``'s format holding the source's own bytes."""
+        raise FormatError(f"tensor {name}: a {cls.label} source cannot be kept as it is")  # pragma: no cover
+
+    @classmethod
+    def decode(
+        cls,
+        parts: Mapping[str, np.ndarray],
+        O: int,
+        I: int,
+        *,
+        group: int | None = None,
+        exact: bool = True,
+        block=None,
+        fast: bool = True,
+    ) -> np.ndarray:
+        """float32 ``[O, I]`` from ``parts`` cut to the tensor's rows: the kernel (``fast``) or the numpy
+        reference, bit-identical."""
+        raise NotImplementedError
+
+
+def _decoders(fast: bool):
+    """The module holding the source decoders: the kernels' (numba-free drivers) or the numpy reference; both
+    name them alike."""
+    if fast:
+        from colitools.formats.kernels import decoders
+
+        return decoders
+    return ref
+
+
+# ------------------------------------------------------------------------------------------- encodings
+class Fp8Block(SourceEncoding):
+    """FP8 block-scaled (DeepSeek-V3): ``<name>`` F8_E4M3 + ``<name>_scale_inv`` F32/BF16 on the ceil grid of
+    ``weight_block_size``; ``w = f32(e4m3(q)) * f32(s)``. Held exactly by fp8-e4m3-b128 with 128x128 blocks."""
+
+    kind = "fp8"
+    label = "FP8"
+    declared_by = (("fp8", None),)
+    parts = (
+        Part("data", "", ("F8_E4M3",), "[M, N]"),
+        Part("scale", "_scale_inv", ("F32", "BF16"), "[ceil(M/br), ceil(N/bc)]"),
+    )
+    paired = False
+
+    @classmethod
+    def scheme(cls, qc, config):
+        fmt = qc.get("fmt", "e4m3")
+        if fmt != "e4m3":
+            raise ConfigError(f"config.json: quantization_config.fmt {fmt!r} is not supported (only 'e4m3')")
+        return Fp8Scheme(model_config.fp8_block_size(config) or DEFAULT_FP8_BLOCK)
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        if block == (ref.FP8_BLOCK, ref.FP8_BLOCK) and not fused:
+            return NativeForm("fp8-e4m3-b128")  # a passthrough of the bytes: the format's own writer path
+        return NativeForm()  # other blocks: the role's default, not recorded (it is not a native encoding)
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        return _decoders(fast).dequant_fp8_block(parts["data"], parts["scale"], block or DEFAULT_FP8_BLOCK)
+
+
+class Mxfp4Blocks(SourceEncoding):
+    """gpt-oss MXFP4: ``<base>_blocks`` U8 ``[..., O, I/32, 16]`` + ``<base>_scales`` U8 (E8M0) ``[..., O, I/32]``;
+    ``e2m1(nib) * 2^(e - 127)``: mxfp4's own codes and scales, byte for byte."""
+
+    kind = "mxfp4"
+    label = "MXFP4"
+    declared_by = (("mxfp4", None),)
+    parts = (
+        Part("data", names.MXFP4_BLOCKS, ("U8",), "[..., O, I/32, 16]"),
+        Part("scale", names.MXFP4_SCALES, ("U8",), "[..., O, I/32]"),
+    )
+    group = ref.MXFP4_BLOCK
+    companion_suffixes = (names.MXFP4_SCALES,)
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        h = tensors[name]
+        if not name.endswith(data.suffix) or h.dtype not in data.dtypes:
+            return None
+        base = name[: -len(data.suffix)]
+        sname = base + scale.suffix
+        s = _need(tensors, sname, "MXFP4 blocks", name)
+        shape = tuple(h.shape)
+        if len(shape) < 3 or shape[-1] != 16 or tuple(s.shape) != shape[:-1] or s.dtype not in scale.dtypes:
+            raise FormatError(
+                f"tensor {sname}: MXFP4 scales {s.dtype} {list(s.shape)} do not fit blocks {name} {list(shape)} "
+                f"(expected {scale.dtypes[0]} {scale.shape} for blocks {data.shape})"
+            )
+        return Paired(cls, base, (*shape[:-2], shape[-2] * 32), (("data", name), ("scale", sname)), cls.group)
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        return NativeForm("mxfp4", copies=True)
+
+    @classmethod
+    def keep(cls, parts, O, I, gs, *, name):
+        scale = np.ascontiguousarray(parts["scale"], dtype=np.uint8).reshape(O, I // 32)
+        if (scale == 0xFF).any():
+            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an MXFP4 source; cannot keep it")
+        return ref.mxfp4_blocks_to_packed(parts["data"].reshape(O, I // 32, 16)), scale
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        blocks, scales = parts["data"].reshape(O, I // 32, 16), parts["scale"].reshape(O, I // 32)
+        return _decoders(fast).decode_mxfp4_blocks(blocks, scales)
+
+
+class PackQuantizedInt4(SourceEncoding):
+    """compressed-tensors ``pack-quantized`` INT4 (Kimi-K2-Thinking's experts): ``<base>.weight_packed`` I32
+    ``[O, I/8]`` (eight ``q + 8`` nibbles per int32, lowest bits first), ``.weight_scale`` ``[O, I/g]``,
+    ``.weight_shape`` I64 ``[2]``; ``q * s``. Symmetric without act order: int4-grouped gs ``g`` holds it exactly
+    (codes repacked, scales widened); asymmetric (``weight_zero_point``) or act order (``weight_g_idx``) is
+    decoded."""
+
+    kind = "int4"
+    label = "INT4"
+    declared_by = (("compressed-tensors", None),)
+    parts = (
+        Part("data", ".weight_packed", ("I32",), "[O, I/8]"),
+        Part("scale", ".weight_scale", ("BF16", "F16", "F32"), "[O, I/g]"),
+        Part("zero_point", ".weight_zero_point", ("I32",), "[ceil(O/8), I/g]", required=False),
+        Part("g_idx", ".weight_g_idx", ("I32",), "[I]", required=False),
+        Part("shape", ".weight_shape", ("I64",), "[2]", required=False),
+    )
+    companion_suffixes = (".weight_shape", ".weight_zero_point", ".weight_g_idx")
+    by_dtype = False  # a .weight_packed of another dtype is refused, not passed over
+
+    @classmethod
+    def scheme(cls, qc, config):
+        return _int4_scheme(qc)
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts[:2]
+        if not name.endswith(data.suffix):
+            return None
+        h, base = tensors[name], name[: -len(data.suffix)]
+        _need(tensors, base + scale.suffix, "packed INT4 weight", name)
+        shape = tuple(h.shape)
+        if h.dtype not in data.dtypes or len(shape) != 2:
+            raise FormatError(
+                f"tensor {name}: packed INT4 weight {h.dtype} {list(shape)} (expected I32 [O, I/8])"
+            )
+        sname = base + scale.suffix
+        s = tensors[sname]
+        O, I = shape[0], shape[1] * 8
+        if len(s.shape) != 2 or s.shape[0] != O or not s.shape[1] or s.dtype not in scale.dtypes:
+            raise FormatError(
+                f"tensor {sname}: INT4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)}"
+            )
+        ct = scheme or Int4Scheme()
+        g = ct.group_size or -(-I // s.shape[1])
+        if -(-I // g) != s.shape[1]:
+            raise FormatError(
+                f"tensor {sname}: {s.shape[1]} scale groups per row do not fit I = {I} with group size {g}"
+            )
+        parts = [("data", name), ("scale", sname)]
+        parts += [
+            (p.role, base + p.suffix) for p in cls.parts if not p.required and base + p.suffix in tensors
+        ]
+        roles = dict(parts)
+        exact = "zero_point" not in roles and "g_idx" not in roles and ct.symmetric and not ct.actorder
+        return Paired(cls, base + ".weight", (O, I), tuple(parts), g, exact)
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        if not exact:
+            return NativeForm(decoded="asymmetric or act-order INT4 source")
+        g = group
+        if g is not None and I <= g:
+            return NativeForm("int4-row", copies=True)
+        if g in GROUP_SIZES and writer_group_size(I, g) == g:
+            return NativeForm("int4-grouped", g, copies=True)
+        why = f"INT4 group size {g} at I = {I} would not resolve back as int4-grouped; decoded"
+        return NativeForm("int8-row", fallback=why)
+
+    @classmethod
+    def check_parts(cls, name, parts, shape):
+        if "shape" in parts:  # weight_shape: the true [O, I] of the packed codes
+            got = [int(x) for x in np.asarray(parts["shape"]).reshape(-1)]
+            if got != list(shape):
+                raise FormatError(
+                    f"tensor {name}: weight_shape {got} does not match its packed codes {list(shape)}"
+                )
+
+    @classmethod
+    def keep(cls, parts, O, I, gs, *, name):
+        codes = ref.int32_nibbles_to_pairs(parts["data"].reshape(O, -1), I)
+        scales = np.asarray(parts["scale"]).astype(np.float32).reshape(O, -1)  # exact widening
+        return codes, (scales.reshape(O) if gs is None else np.ascontiguousarray(scales))
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        if not exact:  # the general form (zero points, act order) has no kernel
+            return ref.decode_pack_quantized_general(
+                parts["data"], parts["scale"], I, group, parts.get("zero_point"), parts.get("g_idx")
+            )
+        return _decoders(fast).decode_pack_quantized(parts["data"].reshape(O, -1), parts["scale"].reshape(O, -1),
+                                                     I, group)  # fmt: skip
+
+
+class Nvfp4(SourceEncoding):
+    """modelopt NVFP4: ``<name>`` U8 ``[O, I/2]`` E2M1 + ``<name>_scale`` F8_E4M3 ``[O, I/16]`` + ``<name>_scale_2``
+    F32 scalar (``[]`` or ``[1]``); ``e2m1(nib) * e4m3(scale) * scale_2``. ``<base>.input_scale`` is dropped. No
+    format holds it exactly: decoded."""
+
+    kind = "nvfp4"
+    label = "NVFP4"
+    declared_by = (("modelopt", "NVFP4"),)
+    parts = (
+        Part("data", "", ("U8",), "[O, I/2]"),
+        Part("scale", "_scale", ("F8_E4M3",), "[O, I/16]"),
+        Part("scale_2", "_scale_2", ("F32",), "[] or [1]"),
+    )
+    group = ref.NVFP4_BLOCK
+    INPUT_SCALE = ".input_scale"  # on the stem without ".weight": activation scales, not converted
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale, scale_2 = cls.parts
+        h = tensors[name]
+        if (
+            h.dtype not in data.dtypes
+            or name + scale.suffix not in tensors
+            or name + scale_2.suffix not in tensors
+        ):
+            return None
+        sname, s2name = name + scale.suffix, name + scale_2.suffix
+        s, s2, shape = tensors[sname], tensors[s2name], tuple(h.shape)
+        if len(shape) != 2:
+            raise FormatError(f"tensor {name}: NVFP4 weight of shape {list(shape)} (expected [O, I/2])")
+        O, I = shape[0], shape[1] * 2
+        if s.dtype not in scale.dtypes or tuple(s.shape) != (O, -(-I // 16)):
+            raise FormatError(
+                f"tensor {sname}: NVFP4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
+                f"(expected F8_E4M3 [{O}, {-(-I // 16)}])"
+            )
+        if s2.dtype not in scale_2.dtypes or _nbytes(s2) != 4:
+            raise FormatError(
+                f"tensor {s2name}: NVFP4 scale_2 {s2.dtype} {list(s2.shape)} (expected F32 scalar)"
+            )
+        stem = name[: -len(".weight")] if name.endswith(".weight") else name
+        dropped = tuple(x for x in (stem + cls.INPUT_SCALE,) if x in tensors)
+        parts = (("data", name), ("scale", sname), ("scale_2", s2name))
+        return Paired(cls, name, (O, I), parts, cls.group, False, dropped)
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        data, scale = parts["data"].reshape(O, -1), parts["scale"].reshape(O, -1)
+        return _decoders(fast).decode_nvfp4(data, scale, parts["scale_2"], I)
+
+
+class Mxfp8(SourceEncoding):
+    """MXFP8: ``<name>`` F8_E4M3 ``[O, I]`` + ``<name>_scale`` U8 (E8M0) ``[O, ceil(I/32)]``, no ``_scale_inv``;
+    ``e4m3(b) * 2^(e - 127)``. Declared as ``mxfp8``, modelopt MXFP8, or transformers' ``fp8`` with ``[1, 32]``
+    blocks and ``scale_fmt: ue8m0`` (recognised by the tensor pair). No format holds it exactly: decoded."""
+
+    kind = "mxfp8"
+    label = "MXFP8"
+    declared_by = (("mxfp8", None), ("modelopt", "MXFP8"))
+    parts = (Part("data", "", ("F8_E4M3",), "[O, I]"), Part("scale", "_scale", ("U8",), "[O, ceil(I/32)]"))
+    group = ref.MXFP8_BLOCK
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        h, sname = tensors[name], name + scale.suffix
+        if h.dtype not in data.dtypes or sname not in tensors or tensors[sname].dtype not in scale.dtypes:
+            return None
+        if name + Fp8Block.part("scale").suffix in tensors:  # an FP8 block-scaled weight
+            return None
+        s, shape = tensors[sname], tuple(h.shape)
+        if len(shape) != 2 or tuple(s.shape) != (shape[0], -(-shape[1] // 32)):
+            raise FormatError(
+                f"tensor {sname}: MXFP8 scale {list(s.shape)} does not fit {name} {list(shape)} "
+                f"(expected U8 [O, ceil(I/32)])"
+            )
+        return Paired(cls, name, shape, (("data", name), ("scale", sname)), cls.group, False)
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        return _decoders(fast).decode_mxfp8(parts["data"].reshape(O, I), parts["scale"].reshape(O, -1), I)
+
+
+FP8_BLOCK = Fp8Block
+PAIRED: tuple[type[SourceEncoding], ...] = tuple(e for e in ENCODINGS.values() if e.paired)
+
+
+def by_kind(kind: str) -> type[SourceEncoding]:
+    """The encoding registered as ``kind`` (KeyError if none)."""
+    return ENCODINGS[kind]
+
+
+# --------------------------------------------------------------------------------- quantization_config
+def quant_methods() -> tuple[str, ...]:
+    """Every ``quant_method`` an encoding declares, in registration order."""
+    return tuple(dict.fromkeys(m for e in ENCODINGS.values() for m, _ in e.declared_by))
+
+
+def read_quant_config(config: Mapping[str, Any]) -> QuantScheme:
+    """The source quantization ``config.json`` declares (method None when there is none), each declaring
+    encoding's scheme read. ConfigError (one line) for a ``quant_method`` / ``quant_algo`` no encoding declares,
+    or a variant of one colitools cannot read."""
+    qc = model_config.quantization_config(config)
+    if qc is None:
+        return QuantScheme(None)
+    method = qc.get("quant_method")
+    claims = [(e, algo) for e in ENCODINGS.values() for m, algo in e.declared_by if m == method]
+    if not claims:
+        raise ConfigError(
+            f"config.json: quantization_config.quant_method {method!r} is not supported "
+            f"(supported: {', '.join(quant_methods())})"
+        )
+    algos = [algo for _, algo in claims if algo is not None]
+    if algos:
+        nested = qc.get("quantization")
+        algo = qc.get("quant_algo") or (nested.get("quant_algo") if isinstance(nested, Mapping) else None)
+        if algo not in algos:
+            raise ConfigError(
+                f"config.json: quantization_config.quant_algo {algo!r} of quant_method {method!r} is not "
+                f"supported (only {', '.join(repr(a) for a in algos)})"
+            )
+        claims = [(e, a) for e, a in claims if a == algo]
+    schemes = ((e.kind, e.scheme(qc, config)) for e, _ in claims)
+    return QuantScheme(method, tuple((k, s) for k, s in schemes if s is not None))
+
+
+def _int4_scheme(qc: Mapping[str, Any]) -> Int4Scheme:
+    """The INT4 weight scheme of a compressed-tensors config (one ``config_groups`` scheme for its weights)."""
+    fmt = qc.get("format")
+    groups = qc.get("config_groups") or {}
+    if not isinstance(groups, Mapping):
+        raise ConfigError(
+            f"config.json: quantization_config.config_groups is a {type(groups).__name__}, expected an object"
+        )
+    schemes = [g for g in groups.values() if isinstance(g, Mapping) and g.get("weights")]
+    for key, g in groups.items():
+        if isinstance(g, Mapping) and g.get("weights") and not isinstance(g["weights"], Mapping):
+            raise ConfigError(
+                f"config.json: quantization_config.config_groups.{key}.weights is a "
+                f"{type(g['weights']).__name__}, expected an object"
+            )
+    formats = {fmt, *(g.get("format") for g in schemes)} - {None}
+    if formats - {"pack-quantized"}:
+        raise ConfigError(
+            "config.json: quantization_config.format "
+            f"{sorted(formats - {'pack-quantized'}, key=str)[0]!r} of quant_method 'compressed-tensors' is not "
+            "supported (only 'pack-quantized')"
+        )
+    if not schemes:
+        return Int4Scheme()
+    weights = [g["weights"] for g in schemes]
+    for w in weights:
+        if w.get("num_bits") != 4 or w.get("type", "int") != "int":
+            raise ConfigError(
+                "config.json: compressed-tensors weights with num_bits "
+                f"{w.get('num_bits')!r} type {w.get('type', 'int')!r} are not supported (only 4-bit int)"
+            )
+    sizes = {w.get("group_size") for w in weights}
+    gs = sizes.pop() if len(sizes) == 1 else None
+    return Int4Scheme(
+        gs if isinstance(gs, int) and gs > 0 else None,
+        symmetric=all(w.get("symmetric", True) for w in weights),
+        actorder=any(w.get("actorder") not in (None, False, "static") for w in weights),
+    )
+
+
+# ------------------------------------------------------------------------------------------ recognition
+def pair_tensors(
+    tensors: Mapping[str, TensorLike], scheme: QuantScheme, order: Iterable[str] | None = None
+) -> tuple[dict[str, Paired], set[str]]:
+    """Recognise every natively quantized weight of a source (``tensors``: name -> header entry), each by the first
+    registered encoding whose ``pair`` claims its data tensor, in ``order`` (default: natural name order).
+
+    Returns ``(logical name -> Paired, every source name consumed)``: their parts and dropped companions, which
+    are not tensors of their own. FormatError (one line, naming the tensors) for a companion that does not fit
+    its weight or has none, or a decoded name that is also a source tensor."""
+    out: dict[str, Paired] = {}
+    consumed: set[str] = set()
+    # (encoding, its scheme, the data tensor's suffix and dtypes): a cheap filter before ``pair`` (92k tensors)
+    tried = [(e, scheme.of(e), e.parts[0].suffix, e.parts[0].dtypes if e.by_dtype else None) for e in PAIRED]
+    for n in sorted(tensors, key=names.natural_key) if order is None else order:
+        dtype = tensors[n].dtype
+        for encoding, its_scheme, suffix, dtypes in tried:
+            if not n.endswith(suffix) or (dtypes is not None and dtype not in dtypes):
+                continue
+            p = encoding.pair(n, tensors, its_scheme)
+            if p is None:
+                continue
+            if p.name in out or (p.name in tensors and p.name != n):
+                raise FormatError(f"tensor {n}: its decoded name {p.name} is also a tensor of the source")
+            out[p.name] = p
+            consumed.update(name for _, name in p.parts)
+            consumed.update(p.dropped)
+            break
+    _check_companions(tensors, consumed)
+    return out, consumed
+
+
+def _check_companions(tensors: Mapping[str, TensorLike], consumed: set[str]) -> None:
+    """A companion tensor (``companion_suffixes``) whose data tensor is absent: FormatError naming both."""
+    pairs = [(suffix, e.parts[0].suffix) for e in PAIRED for suffix in e.companion_suffixes]
+    suffixes = tuple(suffix for suffix, _ in pairs)
+    for n in tensors:
+        if n in consumed or not n.endswith(suffixes):
+            continue
+        for suffix, data in pairs:
+            if n.endswith(suffix) and n[: -len(suffix)] + data not in tensors:
+                raise FormatError(f"tensor {n}: companion without its weight {n[: -len(suffix)] + data}")

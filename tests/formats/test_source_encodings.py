@@ -1,0 +1,246 @@
+"""The registry of natively quantized source encodings (``formats/source_encodings.py``, docs/FORMATS.md §5):
+what each class declares, how it reads ``quantization_config`` and recognises its tensors from header entries
+alone (as any reader of a source can), which format ``native`` keeps it in (§6), and that its decoder on the
+kernels is its numpy reference, bit for bit, and its ``keep`` loses nothing.
+
+Expected values are the spec's (§5, §6) or computed here from the codes and scales the test drew."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from colitools.formats import source_encodings as se
+from colitools.formats.errors import ConfigError, FormatError
+from colitools.formats.registry import Int4Grouped, Int4Row, Mxfp4
+
+
+@dataclass(frozen=True)
+class H:
+    """A header entry (dtype, shape): all recognition reads."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def test_the_registry_holds_the_spec_encodings_in_recognition_order():
+    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "int4", "nvfp4", "mxfp8"]
+    assert se.PAIRED == (se.Mxfp4Blocks, se.PackQuantizedInt4, se.Nvfp4, se.Mxfp8)  # FP8 rides on .scale
+    for enc in se.ENCODINGS.values():
+        assert enc.parts[0].role == "data" and len({p.role for p in enc.parts}) == len(enc.parts)
+        assert se.by_kind(enc.kind) is enc and enc.declared_by
+    assert se.quant_methods() == ("fp8", "mxfp4", "compressed-tensors", "modelopt", "mxfp8")
+    with pytest.raises(TypeError, match="registered twice"):
+
+        class Again(se.SourceEncoding):  # noqa: F841
+            kind, label, parts = "mxfp4", "X", ()
+
+
+# ------------------------------------------------------------------------------- quantization_config
+@pytest.mark.parametrize(
+    ("qc", "want"),
+    [
+        ({"quant_method": "fp8", "weight_block_size": [1, 32]}, se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((1, 32))),))),
+        ({"quant_method": "fp8"}, se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((128, 128))),))),
+        ({"quant_method": "mxfp4"}, se.QuantScheme("mxfp4")),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, se.QuantScheme("modelopt")),
+        ({"quant_method": "modelopt", "quantization": {"quant_algo": "MXFP8"}}, se.QuantScheme("modelopt")),
+        (
+            {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"weights": {
+                "num_bits": 4, "type": "int", "group_size": 32, "symmetric": False, "actorder": "group"}}}},
+            se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme(32, False, True)),)),
+        ),
+    ],
+)  # fmt: skip
+def test_each_encoding_reads_its_own_quantization_config(qc, want):
+    got = se.read_quant_config({"quantization_config": qc})
+    assert got == want
+    assert got.fp8 == dict(want.schemes).get("fp8") and got.int4 == dict(want.schemes).get("int4")
+
+
+@pytest.mark.parametrize(
+    ("qc", "words"),
+    [
+        ({"quant_method": "awq"}, "quant_method 'awq' is not supported (supported: fp8, mxfp4, compressed-tensors, "
+                                  "modelopt, mxfp8)"),
+        ({"quant_method": "modelopt", "quant_algo": "W4A8"}, "quant_algo 'W4A8' of quant_method 'modelopt' is not "
+                                                             "supported (only 'NVFP4', 'MXFP8')"),
+        ({"quant_method": "modelopt", "quantization": "NVFP4"}, "quant_algo None of quant_method 'modelopt'"),
+        ({"quant_method": "fp8", "fmt": "e5m2"}, "quantization_config.fmt 'e5m2' is not supported (only 'e4m3')"),
+        ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "format 'marlin-24' of quant_method"),
+        ({"quant_method": "compressed-tensors", "config_groups": ["g"]}, "config_groups is a list, expected an object"),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": 4}}},
+         "config_groups.g.weights is a int, expected an object"),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8}}}},
+         "num_bits 8 type 'int' are not supported"),
+    ],
+)  # fmt: skip
+def test_an_unreadable_quantization_config_is_one_config_error(qc, words):
+    with pytest.raises(ConfigError) as exc:
+        se.read_quant_config({"quantization_config": qc})
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+# ------------------------------------------------------------------------------------------ recognition
+def pair(tensors: dict[str, H], scheme: se.QuantScheme = se.QuantScheme(None)):
+    return se.pair_tensors(tensors, scheme)
+
+
+def test_each_encoding_is_recognised_from_header_entries_alone():
+    tensors = {
+        "a.experts.gate_up_proj_blocks": H("U8", (2, 8, 2, 16)),
+        "a.experts.gate_up_proj_scales": H("U8", (2, 8, 2)),
+        "b.weight_packed": H("I32", (4, 12)),  # I = 96, scales [4, 3]: g = 32
+        "b.weight_scale": H("BF16", (4, 3)),
+        "b.weight_shape": H("I64", (2,)),
+        "c.weight": H("U8", (4, 16)),
+        "c.weight_scale": H("F8_E4M3", (4, 2)),
+        "c.weight_scale_2": H("F32", ()),
+        "c.input_scale": H("F32", ()),
+        "d.weight": H("F8_E4M3", (4, 40)),
+        "d.weight_scale": H("U8", (4, 2)),
+        "e.weight": H("F8_E4M3", (4, 40)),  # FP8 block-scaled: not paired
+        "e.weight_scale_inv": H("F32", (1, 1)),
+        "f.weight": H("BF16", (4, 4)),
+    }
+    paired, consumed = pair(tensors)
+    got = {n: (p.encoding, p.shape, p.group, p.exact, p.dropped) for n, p in paired.items()}
+    assert got == {
+        "a.experts.gate_up_proj": (se.Mxfp4Blocks, (2, 8, 64), 32, True, ()),
+        "b.weight": (se.PackQuantizedInt4, (4, 96), 32, True, ()),
+        "c.weight": (se.Nvfp4, (4, 32), 16, False, ("c.input_scale",)),
+        "d.weight": (se.Mxfp8, (4, 40), 32, False, ()),
+    }
+    assert dict(paired["b.weight"].parts) == {"data": "b.weight_packed", "scale": "b.weight_scale",
+                                              "shape": "b.weight_shape"}  # fmt: skip
+    assert consumed == set(tensors) - {"e.weight", "e.weight_scale_inv", "f.weight"}
+
+
+def test_int4_group_size_and_exactness_come_from_the_config_and_the_companions():
+    tensors = {"b.weight_packed": H("I32", (4, 8)), "b.weight_scale": H("F16", (4, 4))}
+    assert pair(tensors)[0]["b.weight"].group == 16  # ceil(64 / 4): from the scale grid
+    asym = se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme(16, symmetric=False)),))
+    assert not pair(tensors, asym)[0]["b.weight"].exact
+    zp = {**tensors, "b.weight_zero_point": H("I32", (1, 4))}
+    assert not pair(zp)[0]["b.weight"].exact
+    with pytest.raises(FormatError, match="4 scale groups per row do not fit I = 64 with group size 32"):
+        pair(tensors, se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme(32)),)))
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        ({"x_blocks": H("U8", (4, 2, 16))}, "tensor x_blocks: MXFP4 blocks without its x_scales"),
+        ({"x_blocks": H("U8", (4, 2, 16)), "x_scales": H("U8", (4, 3))},
+         "tensor x_scales: MXFP4 scales U8 [4, 3] do not fit blocks x_blocks [4, 2, 16] (expected U8 [..., O, I/32] "
+         "for blocks [..., O, I/32, 16])"),
+        ({"x_scales": H("U8", (4, 2))}, "tensor x_scales: companion without its weight x_blocks"),
+        ({"x.weight_shape": H("I64", (2,))}, "tensor x.weight_shape: companion without its weight x.weight_packed"),
+        ({"x.weight_packed": H("I32", (4, 2))}, "tensor x.weight_packed: packed INT4 weight without its "
+                                                "x.weight_scale"),
+        ({"x.weight_packed": H("I8", (4, 2)), "x.weight_scale": H("BF16", (4, 1))},
+         "tensor x.weight_packed: packed INT4 weight I8 [4, 2] (expected I32 [O, I/8])"),
+        ({"x": H("U8", (4, 16)), "x_scale": H("F8_E4M3", (4, 3)), "x_scale_2": H("F32", ())},
+         "tensor x_scale: NVFP4 scale F8_E4M3 [4, 3] does not fit x [4, 16] (expected F8_E4M3 [4, 2])"),
+        ({"x": H("U8", (4, 16)), "x_scale": H("F8_E4M3", (4, 2)), "x_scale_2": H("F32", (2,))},
+         "tensor x_scale_2: NVFP4 scale_2 F32 [2] (expected F32 scalar)"),
+        ({"x": H("F8_E4M3", (4, 40)), "x_scale": H("U8", (4, 1))},
+         "tensor x_scale: MXFP8 scale [4, 1] does not fit x [4, 40] (expected U8 [O, ceil(I/32)])"),
+        ({"x_blocks": H("U8", (4, 2, 16)), "x_scales": H("U8", (4, 2)), "x": H("BF16", (4, 64))},
+         "tensor x_blocks: its decoded name x is also a tensor of the source"),
+    ],
+)  # fmt: skip
+def test_companions_that_do_not_fit_are_one_line_naming_both(tensors, message):
+    with pytest.raises(FormatError) as exc:
+        pair(tensors)
+    assert str(exc.value) == message
+
+
+# ------------------------------------------------------------------------------------------ native forms
+@pytest.mark.parametrize(
+    ("enc", "O", "I", "kw", "want"),
+    [
+        (se.Mxfp4Blocks, 8, 64, {}, se.NativeForm("mxfp4", copies=True)),
+        (se.PackQuantizedInt4, 8, 64, {"group": 32}, se.NativeForm("int4-grouped", 32, copies=True)),
+        (se.PackQuantizedInt4, 8, 64, {"group": 128}, se.NativeForm("int4-row", copies=True)),  # I <= g
+        (se.PackQuantizedInt4, 8, 96, {"group": 64}, se.NativeForm(
+            "int8-row", fallback="INT4 group size 64 at I = 96 would not resolve back as int4-grouped; decoded")),
+        (se.PackQuantizedInt4, 8, 64, {"group": 32, "exact": False},
+         se.NativeForm(decoded="asymmetric or act-order INT4 source")),
+        (se.Nvfp4, 8, 64, {}, se.NativeForm(decoded="NVFP4 source")),
+        (se.Mxfp8, 8, 64, {}, se.NativeForm(decoded="MXFP8 source")),
+        (se.Fp8Block, 256, 256, {"block": (128, 128)}, se.NativeForm("fp8-e4m3-b128")),
+        (se.Fp8Block, 256, 256, {"block": (128, 128), "fused": True}, se.NativeForm()),
+        (se.Fp8Block, 256, 256, {"block": (1, 32)}, se.NativeForm()),
+    ],
+)  # fmt: skip
+def test_native_keeps_what_a_registered_format_holds_exactly(enc, O, I, kw, want):
+    form = enc.native_form(O, I, **kw)
+    assert form == want
+    assert form.option == {"mxfp4": "mxfp4", "int4-grouped": f"int4-g{kw.get('group')}", "int4-row": "int4-row",
+                           "int8-row": "int8-row", "fp8-e4m3-b128": "fp8", None: None}[want.fmt]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------- decoders and keep
+E4M3 = ml_dtypes.float8_e4m3fn
+
+
+def parts_of(enc: type[se.SourceEncoding], rng, O: int, I: int) -> dict[str, np.ndarray]:
+    u8 = lambda *shape: rng.integers(0, 256, shape, dtype=np.uint8)  # noqa: E731
+    if enc is se.Mxfp4Blocks:
+        return {"data": u8(O, I // 32, 16), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
+    if enc is se.PackQuantizedInt4:
+        data = rng.integers(-(2**31), 2**31, (O, I // 8), dtype=np.int64).astype(np.int32)
+        return {"data": data, "scale": rng.random((O, I // 32)).astype(ml_dtypes.bfloat16)}
+    if enc is se.Nvfp4:
+        return {
+            "data": u8(O, I // 2),
+            "scale": u8(O, I // 16).view(E4M3),
+            "scale_2": np.array(0.25, np.float32),
+        }
+    if enc is se.Mxfp8:
+        return {"data": u8(O, I).view(E4M3), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
+    return {"data": u8(O, I).view(E4M3), "scale": rng.random((-(-O // 128), -(-I // 128))).astype(np.float32)}
+
+
+@pytest.mark.parametrize("enc", list(se.ENCODINGS.values()), ids=list(se.ENCODINGS))
+def test_every_decoder_on_the_kernels_is_its_reference(enc):
+    rng = np.random.default_rng(7)
+    O, I = 130, 256
+    parts = parts_of(enc, rng, O, I)
+    kw = {"group": 32, "block": (128, 128)}
+    fast = enc.decode(parts, O, I, fast=True, **kw)
+    slow = enc.decode(parts, O, I, fast=False, **kw)
+    assert fast.dtype == slow.dtype == np.float32 and fast.shape == (O, I)
+    assert fast.tobytes() == slow.tobytes()
+
+
+def test_keep_loses_nothing():
+    rng = np.random.default_rng(3)
+    O, I = 6, 64
+    mx = parts_of(se.Mxfp4Blocks, rng, O, I)
+    codes, scales = se.Mxfp4Blocks.keep(mx, O, I, None, name="w")
+    want = se.Mxfp4Blocks.decode(mx, O, I, fast=False)
+    assert Mxfp4.decode(codes, scales, O, I).tobytes() == want.tobytes()
+    q = parts_of(se.PackQuantizedInt4, rng, O, I)
+    codes, scales = se.PackQuantizedInt4.keep(q, O, I, 32, name="w")
+    want = se.PackQuantizedInt4.decode(q, O, I, group=32, fast=False)
+    assert Int4Grouped.decode(codes, scales, O, I, 32).tobytes() == want.tobytes()
+    one = {"data": q["data"][:, :1], "scale": q["scale"][:, :1]}  # I = 8 in one group: int4-row
+    codes, scales = se.PackQuantizedInt4.keep(one, O, 8, None, name="w")
+    want = se.PackQuantizedInt4.decode(one, O, 8, group=8, fast=False)
+    assert scales.shape == (O,) and Int4Row.decode(codes, scales, O, 8).tobytes() == want.tobytes()
+    mx["scale"][2, 1] = 0xFF
+    with pytest.raises(FormatError, match=r"tensor w: E8M0 scale byte 0xFF \(NaN\) in an MXFP4 source"):
+        se.Mxfp4Blocks.keep(mx, O, I, None, name="w")
+
+
+def test_int4_weight_shape_is_checked_against_the_codes():
+    se.PackQuantizedInt4.check_parts("w", {"shape": np.array([4, 64])}, (4, 64))
+    with pytest.raises(
+        FormatError, match=r"tensor w: weight_shape \[4, 60\] does not match its packed codes"
+    ):
+        se.PackQuantizedInt4.check_parts("w", {"shape": np.array([4, 60])}, (4, 64))
