@@ -304,7 +304,7 @@ def family_fixtures() -> list[str]:
     sys.path.insert(0, str(ORACLES))
     from fixture_specs import CURRENT_GENERATION
 
-    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
+    from colitools.formats.families import RUNNABLE_MODEL_TYPES
 
     chosen: dict[str, str] = {}
     for name, fx in json.loads((ORACLES / "index.json").read_text())["fixtures"].items():

@@ -20,6 +20,7 @@ from colitools.formats.errors import (
     RuntimeModelError,
     SafetensorsError,
     TargetRefused,
+    UploadError,
     UsageFileError,
     VerifyError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "RuntimeModelError",
     "SafetensorsError",
     "TargetRefused",
+    "UploadError",
     "UsageFileError",
     "VerifyError",
 ]

@@ -8,7 +8,7 @@ Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
   source, a tensor present in a shard header but absent from ``weight_map``);
 * dtypes (float or FP8; integer / bool tensors are copied unchanged, rule 0), FP8 weights without
   ``_scale_inv``, scales without their weight, scale grids that do not match ``weight_block_size`` (ceil grid);
-* expert stacks: the family (``model_type``) must fix their orientation (``names.STACK_ORIENTATION``);
+* expert stacks: the family (``model_type``) must fix their orientation (``families.stack_orientation``);
 * shapes against ``config.json`` (embeddings / head ``[vocab_size, hidden_size]``, routed experts
   ``[moe_intermediate_size, hidden_size]`` / ``[hidden_size, moe_intermediate_size]``, fused expert tensors,
   the expert count).
@@ -32,7 +32,7 @@ from colitools.converters.dequant import (
 )
 from colitools.converters.sources import HeaderTensor, Source, check_shard_name
 from colitools.errors import ConvertError
-from colitools.formats import model_config, names, source_encodings
+from colitools.formats import families, model_config, names, source_encodings
 from colitools.formats.names import natural_key  # the planner imports it from here too
 from colitools.formats.source_encodings import SourceEncoding
 
@@ -134,16 +134,16 @@ class Inventory:
 
     @property
     def stack_orientation(self) -> names.Orientation | None:
-        """How this family lays out expert stacks (``names.STACK_ORIENTATION`` by the checkpoint's
+        """How this family lays out expert stacks (``families.stack_orientation`` by the checkpoint's
         ``model_type``, else its text model's); transformers' layout when the config names no type at all;
         None when the type is one the table does not know."""
         return family_orientation(self.config)
 
     def orientation_of(self, src: SourceTensor) -> names.Orientation | None:
         """The orientation of expert stack ``src``: the family's for a float / FP8 stack, and for a natively
-        quantized one the family's orientation of that encoding (``names.NATIVE_STACK_ORIENTATION``: gpt-oss
+        quantized one the family's orientation of that encoding (``Family.native_orientation``: gpt-oss
         MXFP4 blocks are by rows, gate / up rows interleaved, while its float stacks are transposed); by its
-        spelling where the family has two (``names.SPELLED_STACK_ORIENTATION``: Inkling's text gate_up_proj)."""
+        spelling where the family has two (``Family.spelled_orientation``: Inkling's text gate_up_proj)."""
         leaf = names.parse_name(src.name).leaf
         return family_orientation(self.config, src.quant.kind if src.quant is not None else None, leaf)
 
@@ -155,7 +155,7 @@ def family_orientation(
     if not types:
         return names.Orientation.ROWS
     for t in types:
-        found = names.stack_orientation(t, native, leaf)
+        found = families.stack_orientation(t, native, leaf)
         if found is not None:
             return found
     return None
@@ -308,6 +308,7 @@ def check_config_shapes(inv: Inventory) -> None:
 
     The numbers are the config facts (``formats/model_config.py``: text model, expert count and width)."""
     facts = model_config.read_facts(inv.config)
+    model_config.check_decoder_layers(inv.config, inv.tensors)  # none past the decoder and its MTP layers
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
     # per-expert tensors run in routed_expert_hidden_size (Kimi K3's LatentMoE latent) where the config sets one
     EH, eh_key = (
@@ -346,7 +347,7 @@ def check_config_shapes(inv: Inventory) -> None:
                 raise ConvertError(
                     f"tensor {name}: a stacked shared gate/up expert, but the family "
                     f"{model_config.model_type(inv.config)!r} does not fix how its rows are laid out (known: "
-                    f"{', '.join(sorted(names.STACK_ORIENTATION))})"
+                    f"{', '.join(families.known_model_types())})"
                 )
             continue
         ex = rc.expert_of(name)
@@ -380,12 +381,12 @@ def _stack_orientation(inv: Inventory, name: str, t: SourceTensor) -> names.Orie
             f"{family!r} does not fix how "
             f"the rows of its {t.quant.kind} stacks hold gate / up (its float stacks are "
             f"{inv.stack_orientation}; known: "
-            f"{', '.join(f'{m} {k}' for m, k in sorted(names.NATIVE_STACK_ORIENTATION))})"
+            f"{', '.join(f'{m} {k}' for m, k in families.native_stack_orientations())})"
         )
     raise ConvertError(
         f"tensor {name}: an expert stack, but the family {family!r} "
         "does not fix how its experts are laid out (known: "
-        f"{', '.join(sorted(names.STACK_ORIENTATION))}); convert a per-expert export instead"
+        f"{', '.join(families.known_model_types())}); convert a per-expert export instead"
     )
 
 

@@ -11,7 +11,7 @@ Rules apply in order, the first match decides (docs/FORMATS.md §5, rows 0-6):
 3. MTP layers (layer index ``>= num_hidden_layers``, or an ``mtp.`` module): ``--mtp``;
 4. embeddings and heads (``embed_tokens``, ``lm_head``, ``head``, ``embed``, ``unembed``): ``--embed``;
 5. routed experts (``.experts.{E}.`` names and expert stacks, split per expert in the family's orientation,
-   ``names.STACK_ORIENTATION``): ``--experts``;
+   ``families.stack_orientation``): ``--experts``;
 6. every other 2-D weight: ``--dense``.
 
 ``choose_target`` then decides what is actually written for one ``[O, I]`` tensor, with the fallbacks of §6

@@ -40,8 +40,9 @@ from colitools.converters.sources import LocalFolderSource, Source, SourceFile, 
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.errors import ConvertError
 from colitools.formats import kernels, targets
+from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
-from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
+from colitools.formats.model_config import model_type
 
 WORKDIR = ".colitools-download"
 LOCKFILE = ".colitools.lock"

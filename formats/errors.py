@@ -113,6 +113,10 @@ class ManifestError(ColitoolsError):
     (callers name the file)."""
 
 
+class UploadError(ColitoolsError):
+    """An upload that cannot start (incomplete output, no token) or that the Hub refused (``colitools upload``)."""
+
+
 # ------------------------------------------------------------------------------- runtime, mirror, verify
 class RuntimeModelError(ColitoolsError):
     """A model the reference runtime cannot execute (unknown family, missing tensor, bad shape)."""

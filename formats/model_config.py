@@ -29,21 +29,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from colitools.formats import families, names
 from colitools.formats.errors import ConfigError
 
 __all__ = [
     "EXPERT_COUNT_KEYS",
     "MTP_LAYER_KEYS",
-    "NATIVE_GEOMETRY",
-    "OUTPUT_GATED_ATTENTION",
-    "RUNNABLE_MODEL_TYPES",
-    "KEY_ALIASES",
     "ConfigFacts",
     "canonical_keys",
+    "check_decoder_layers",
     "layer_linear_shapes",
     "expert_width",
     "experts_per_token",
@@ -63,42 +61,6 @@ __all__ = [
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")  # in precedence order
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # in precedence order
-
-# The model types ``colitools run`` executes: the keys of the runtime's family registry
-# (``colitools.runtime.config.FAMILY_MODULES``; a test keeps the two equal). Here so that ``convert`` can warn
-# about a checkpoint the runtime will not run without importing the runtime.
-RUNNABLE_MODEL_TYPES = (
-    "olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
-    "kimi_k25", "deepseek_v32", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
-    "deepseek_v4", "kimi_linear", "glm5_next", "glm5_next_text",
-    "inkling_mm_model", "inkling_text", "inkling2", "inkling2_text",
-)  # fmt: skip
-
-# Config spellings of one family for keys every other family spells the common way (transformers'
-# ``attribute_map``, e.g. ``KimiLinearConfig``): model_type -> {its spelling: the common key}.
-KEY_ALIASES: dict[str, dict[str, str]] = {
-    "kimi_linear": {
-        "num_experts_per_token": "num_experts_per_tok", "moe_renormalize": "norm_topk_prob",
-        "num_expert_group": "n_group", "num_shared_experts": "n_shared_experts",
-        "model_max_length": "max_position_embeddings",
-    },
-}  # fmt: skip
-NESTED_KEY_ALIASES: dict[str, dict[str, dict[str, str]]] = {
-    "kimi_linear": {
-        "linear_attn_config": {
-            "head_dim": "linear_head_dim", "num_heads": "linear_num_heads",
-            "short_conv_kernel_size": "linear_conv_kernel_dim",
-        },
-    },
-}  # fmt: skip
-
-# Runnable families whose weights keep their native names and shapes (Inkling: ``attn.wq_du``, a router with
-# extra rows for the shared experts, per-expert shared stacks): ``linear_shapes`` claims nothing for them.
-NATIVE_GEOMETRY = frozenset({"inkling_mm_model", "inkling_text", "inkling2", "inkling2_text"})
-
-# Families whose full-attention ``q_proj`` holds ``[query | gate]`` per head (twice as wide; the attention output
-# is multiplied by ``sigmoid(gate)``): Qwen3-Next, Qwen3.5/3.6-MoE.
-OUTPUT_GATED_ATTENTION = frozenset({"qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
 
 _MAX_INT = 2**31 - 1  # no dimension or count of a real model comes near; bigger is a corrupt config
 _MAX_LAYERS = 1 << 16
@@ -196,34 +158,42 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def canonical_keys(text: Mapping[str, Any], model_type: str | None) -> dict[str, Any]:
-    """The text model's keys with the family's own spellings (:data:`KEY_ALIASES`) read as the common ones (a
-    key already spelled the common way wins). Kimi-Linear hub configs nest the KDA geometry in
+    """The text model's keys with the family's own spellings (``families.Family.key_aliases``) read as the common
+    ones (a key already spelled the common way wins). Kimi-Linear hub configs nest the KDA geometry in
     ``linear_attn_config`` (``head_dim``, ``num_heads``, ``short_conv_kernel_size``, 1-based ``kda_layers`` /
     ``full_attn_layers``): read as ``linear_head_dim``, ``linear_num_heads``, ``linear_conv_kernel_dim`` and
-    ``layer_types`` (:data:`NESTED_KEY_ALIASES`; as ``KimiLinearConfig``: the nested geometry wins over
+    ``layer_types`` (``Family.nested_key_aliases``; as ``KimiLinearConfig``: the nested geometry wins over
     top-level keys, an explicit ``layer_types`` over the nested layer lists)."""
     out = dict(text)
-    for alias, key in KEY_ALIASES.get(model_type or "", {}).items():
+    family = families.family_of(model_type)
+    if family is None:
+        return out
+    for alias, key in family.key_aliases.items():
         if alias in text and key not in text:
             out[key] = text[alias]
-    for section, aliases in NESTED_KEY_ALIASES.get(model_type or "", {}).items():
+    for section, aliases in family.nested_key_aliases.items():
         nested = text.get(section)
-        if not isinstance(nested, Mapping):
-            continue
-        for alias, key in aliases.items():
-            if alias in nested:  # transformers: the nested value wins over the top-level key
-                out[key] = nested[alias]
-        full, kda = nested.get("full_attn_layers"), nested.get("kda_layers")
-        n = text.get("num_hidden_layers")
-        if out.get("layer_types") is None and isinstance(full, list) and isinstance(kda, list) and _is_int(n):
-            types: list[Any] = [None] * n
-            for numbers, kind in ((full, "full_attention"), (kda, "linear_attention")):
-                for i in numbers:
-                    if not (_is_int(i) and 1 <= i <= n):
-                        raise ConfigError(f"{section}: layer {i!r} is not one of 1..{n}")
-                    types[i - 1] = kind
-            out["layer_types"] = types
+        if isinstance(nested, Mapping):
+            for alias, key in aliases.items():
+                if alias in nested:  # transformers: the nested value wins over the top-level key
+                    out[key] = nested[alias]
+            if out.get("layer_types") is None:
+                _nested_layer_types(out, nested, text.get("num_hidden_layers"), section)
     return out
+
+
+def _nested_layer_types(out: dict[str, Any], nested: Mapping[str, Any], n: Any, section: str) -> None:
+    """``layer_types`` from the 1-based ``full_attn_layers`` / ``kda_layers`` of a nested section (Kimi-Linear)."""
+    full, kda = nested.get("full_attn_layers"), nested.get("kda_layers")
+    if not (isinstance(full, list) and isinstance(kda, list) and _is_int(n)):
+        return
+    types: list[Any] = [None] * n
+    for numbers, kind in ((full, "full_attention"), (kda, "linear_attention")):
+        for i in numbers:
+            if not (_is_int(i) and 1 <= i <= n):
+                raise ConfigError(f"{section}: layer {i!r} is not one of 1..{n}")
+            types[i - 1] = kind
+    out["layer_types"] = types
 
 
 def model_type(config: Mapping[str, Any]) -> str | None:
@@ -271,6 +241,33 @@ def mtp_layer_count(config: Mapping[str, Any], where: str = "config.json") -> in
         if n is not None:
             return n
     return 0
+
+
+def check_decoder_layers(config: Mapping[str, Any], tensor_names: Iterable[str], where: str = "config.json") -> None:
+    """ConfigError when a tensor sits in a decoder layer past the base decoder and its MTP layers: a
+    ``num_hidden_layers`` below the layers present would make the extra layer an MTP layer of a family that
+    declares none (``MTP_LAYER_KEYS``) and leave it out of ``run``. Layers of towers and other nested modules
+    do not count; an MTP layer the config declares (index ``num_hidden_layers + k``) is kept."""
+    n = num_hidden_layers(config, where)
+    if n is None:
+        return
+    mtp = mtp_layer_count(config, where)
+    found: tuple[int, str] | None = None
+    for name in tensor_names:
+        parsed = names.parse_name(name)
+        if parsed.layer is None or parsed.layer_prefix != parsed.root + names.LAYERS or names.is_tower(name):
+            continue
+        if parsed.layer >= n + mtp and (found is None or (parsed.layer, name) < found):
+            found = (parsed.layer, name)
+    if found is None:
+        return
+    layer, name = found
+    _, prefix = _text(config)
+    declared = f"plus {mtp} MTP layer(s)" if mtp else "and no MTP layers (num_nextn_predict_layers)"
+    raise ConfigError(
+        f"{where}: {prefix}num_hidden_layers is {n} {declared}, but tensor {name} is of layer {layer}: "
+        f"the config does not count every decoder layer of the checkpoint"
+    )
 
 
 def routed_expert_count(config: Mapping[str, Any], where: str = "config.json") -> int | None:
@@ -418,148 +415,37 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
     the router, ``("mlp.shared_experts", "down_proj")``); what colibri's engines compute from ``config.json``
     for a container without logical shapes (issue 10). Only what the config gives: a dimension it does not
     give leaves the role out. Routed experts, embeddings and the head are ``read_facts``' expert width and
-    sizes (``formats/container.py`` ``config_shapes``). Only for the model types whose geometry is known here
-    (``RUNNABLE_MODEL_TYPES``); any other type gets ``{}``.
-
-    * attention, MLA (``kv_lora_rank`` set: DeepSeek-V3, GLM-4.7/5 style): ``q_a_proj [q_lora_rank, H]``,
-      ``q_b_proj [heads*(qk_nope+qk_rope), q_lora_rank]`` (or ``q_proj [heads*(qk_nope+qk_rope), H]`` without
-      ``q_lora_rank``), ``kv_a_proj_with_mqa [kv_lora_rank+qk_rope, H]``,
-      ``kv_b_proj [heads*(qk_nope+v_head), kv_lora_rank]``, ``o_proj [H, heads*v_head]``;
-    * attention, plain (``head_dim``, else ``H / heads``): ``q_proj [heads*head_dim, H]`` (twice that for
-      ``OUTPUT_GATED_ATTENTION``), ``k_proj``/``v_proj [kv_heads*head_dim, H]`` (``num_key_value_heads``, else
-      ``heads``), ``o_proj [H, heads*head_dim]``;
-    * Gated DeltaNet (``linear_num_key_heads`` ``nk``, ``linear_num_value_heads`` ``nv``, ``linear_key_head_dim``
-      ``dk``, ``linear_value_head_dim`` ``dv`` all given): ``linear_attn.in_proj_qkvz [2*nk*dk + 2*nv*dv, H]``,
-      ``in_proj_ba [2*nv, H]`` (Qwen3-Next) or ``in_proj_qkv [2*nk*dk + nv*dv, H]``, ``in_proj_z [nv*dv, H]``,
-      ``in_proj_a``/``in_proj_b [nv, H]`` (Qwen3.5), ``out_proj [H, nv*dv]``;
-    * KDA layers: :func:`layer_linear_shapes`;
-    * dense MLP (``mlp.gate_proj``/``up_proj [intermediate_size, H]``, ``down_proj [H, intermediate_size]``);
-    * shared experts, width ``shared_expert_intermediate_size``, else ``n_shared_experts *
-      moe_intermediate_size``; the router ``[experts, H]`` and Qwen2-MoE's ``shared_expert_gate [1, H]``;
-    * DeepSeek-V4 (``o_groups`` + ``o_lora_rank`` given): its native names instead (``_v4_linear_shapes``).
-    """
+    sizes (``formats/container.py`` ``config_shapes``). The roles and their shapes are the family's
+    (``formats/families.py``: ``Family.blocks``, the same block geometries the runtime's layers are built with);
+    a model type the runtime does not run, or a family with native geometry (Inkling), gets ``{}``."""
     validate_config(config, where)
-    if model_type(config) not in RUNNABLE_MODEL_TYPES or model_type(config) in NATIVE_GEOMETRY:
-        # the geometry below is the previous generation's; the current one (output-gated q_proj, linear
-        # attention, hyper-connections, ...) is not derived here yet: no claim rather than a wrong one
+    mt = model_type(config)
+    if mt not in families.RUNNABLE_MODEL_TYPES:
         return {}
-    text = canonical_keys(text_config(config), model_type(config))
-    hidden = text.get("hidden_size")
-    if not hidden:
-        return {}
-    shapes: dict[tuple[str, str], tuple[int, int]] = {}
-    heads = text.get("num_attention_heads")
-    kv_lora = text.get("kv_lora_rank")
-    if heads and text.get("o_groups") and text.get("o_lora_rank"):
-        return _v4_linear_shapes(text, hidden, heads, routed_expert_count(config, where))
-    if heads and kv_lora:
-        nope, rope, v_head = (text.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
-        q_lora = text.get("q_lora_rank")
-        if nope is not None and rope is not None:
-            q_out = heads * (nope + rope)
-            if q_lora:
-                shapes[("self_attn", "q_a_proj")] = (q_lora, hidden)
-                shapes[("self_attn", "q_b_proj")] = (q_out, q_lora)
-            else:
-                shapes[("self_attn", "q_proj")] = (q_out, hidden)
-            shapes[("self_attn", "kv_a_proj_with_mqa")] = (kv_lora + rope, hidden)
-            if v_head:
-                shapes[("self_attn", "kv_b_proj")] = (heads * (nope + v_head), kv_lora)
-        if v_head:
-            shapes[("self_attn", "o_proj")] = (hidden, heads * v_head)
-    elif heads:
-        head_dim = text.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
-        if head_dim:
-            kv_heads = text.get("num_key_value_heads") or heads
-            gated = 2 if model_type(config) in OUTPUT_GATED_ATTENTION else 1
-            shapes[("self_attn", "q_proj")] = (gated * heads * head_dim, hidden)
-            shapes[("self_attn", "k_proj")] = (kv_heads * head_dim, hidden)
-            shapes[("self_attn", "v_proj")] = (kv_heads * head_dim, hidden)
-            shapes[("self_attn", "o_proj")] = (hidden, heads * head_dim)
-    nk, nv, dk, dv = (text.get(f"linear_{k}") for k in ("num_key_heads", "num_value_heads", "key_head_dim",
-                                                         "value_head_dim"))  # fmt: skip
-    if nk and nv and dk and dv:
-        kd, vd = nk * dk, nv * dv
-        for leaf, rows in (("in_proj_qkvz", 2 * kd + 2 * vd), ("in_proj_ba", 2 * nv), ("in_proj_qkv", 2 * kd + vd),
-                           ("in_proj_z", vd), ("in_proj_a", nv), ("in_proj_b", nv)):  # fmt: skip
-            shapes[("linear_attn", leaf)] = (rows, hidden)
-        shapes[("linear_attn", "out_proj")] = (hidden, vd)
-    dense = text.get("intermediate_size")
-    if dense:
-        shapes[("mlp", "gate_proj")] = shapes[("mlp", "up_proj")] = (dense, hidden)
-        shapes[("mlp", "down_proj")] = (hidden, dense)
-    shared = text.get("shared_expert_intermediate_size")
-    if not shared and text.get("n_shared_experts") and text.get("moe_intermediate_size"):
-        shared = text["n_shared_experts"] * text["moe_intermediate_size"]
-    if shared:
-        shapes[("mlp.shared_experts", "gate_proj")] = (shared, hidden)
-        shapes[("mlp.shared_experts", "up_proj")] = (shared, hidden)
-        shapes[("mlp.shared_experts", "down_proj")] = (hidden, shared)
-        shapes[("mlp", "shared_expert_gate")] = (1, hidden)
-    experts = routed_expert_count(config, where)
-    if experts:
-        shapes[("mlp", "gate")] = (experts, hidden)
-    return shapes
+    text = canonical_keys(text_config(config), mt)
+    return families.family_of(mt).linear_shapes(text, routed_expert_count(config, where))
 
 
-def _v4_linear_shapes(text: Mapping[str, Any], hidden: int, heads: int, experts: int | None
-                      ) -> dict[tuple[str, str], tuple[int, int]]:  # fmt: skip
-    """DeepSeek-V4 (native names; transformers 5.24 ``DeepseekV4Attention`` / ``Indexer`` / ``SparseMoeBlock``):
-    ``attn.wq_a [q_lora_rank, H]``, ``attn.wq_b [heads*head_dim, q_lora_rank]``, ``attn.wkv [head_dim, H]`` (one
-    K = V head), ``attn.wo_a [o_groups*o_lora_rank, heads*head_dim/o_groups]``, ``attn.wo_b [H, o_groups*o_lora_rank]``,
-    the CSA indexer's ``wq_b [index_n_heads*index_head_dim, q_lora_rank]``, ``weights_proj [index_n_heads, H]``
-    and compressor ``wkv`` / ``wgate [2*index_head_dim, H]``, ``ffn.gate [experts, H]``, ``ffn.shared_experts.w1/w3
-    [n_shared*moe_intermediate, H]`` / ``w2``. The layer compressors' ``wkv`` / ``wgate`` are ``2*head_dim`` (CSA)
-    or ``head_dim`` (HCA) wide by layer type: not derived."""
-    D = text.get("head_dim") or 512
-    q_lora, groups, rank = text.get("q_lora_rank") or 1024, text["o_groups"], text["o_lora_rank"]
-    shapes: dict[tuple[str, str], tuple[int, int]] = {
-        ("attn", "wq_a"): (q_lora, hidden),
-        ("attn", "wq_b"): (heads * D, q_lora),
-        ("attn", "wkv"): (D, hidden),
-        ("attn", "wo_b"): (hidden, groups * rank),
-    }
-    if (heads * D) % groups == 0:
-        shapes[("attn", "wo_a")] = (groups * rank, heads * D // groups)
-    ih, idim = text.get("index_n_heads") or 64, text.get("index_head_dim") or 128
-    shapes[("attn.indexer", "wq_b")] = (ih * idim, q_lora)
-    shapes[("attn.indexer", "weights_proj")] = (ih, hidden)
-    shapes[("attn.indexer.compressor", "wkv")] = shapes[("attn.indexer.compressor", "wgate")] = (2 * idim, hidden)
-    shared = (text.get("n_shared_experts") or 0) * (text.get("moe_intermediate_size") or 0)
-    if shared:
-        shapes[("ffn.shared_experts", "w1")] = shapes[("ffn.shared_experts", "w3")] = (shared, hidden)
-        shapes[("ffn.shared_experts", "w2")] = (hidden, shared)
-    if experts:
-        shapes[("ffn", "gate")] = (experts, hidden)
-    return shapes
 def layer_linear_shapes(config: Any, where: str = "config.json") -> dict[int, dict[tuple[str, str], tuple[int, int]]]:
     """Per layer, the ``[O, I]`` that replace :func:`linear_shapes`' for that layer: the KDA layers
-    (``layer_types`` ``linear_attention`` of a family with ``linear_num_heads`` ``nh`` and ``linear_head_dim``
-    ``d``, ``C = nh*d``; Kimi-Linear, GLM-5.3) have ``self_attn.q_proj``/``k_proj``/``v_proj [C, H]``,
-    ``o_proj [H, C]``, ``f_a_proj``/``g_a_proj [d, H]``, ``f_b_proj``/``g_b_proj [C, d]``, ``b_proj [nh, H]``."""
+    (``layer_types`` ``linear_attention`` of Kimi-Linear and GLM-5.3, ``families.kda_layers``)."""
     validate_config(config, where)
-    if model_type(config) not in RUNNABLE_MODEL_TYPES:
+    mt = model_type(config)
+    if mt not in families.RUNNABLE_MODEL_TYPES:
         return {}
     text, _ = _text(config)
-    hidden, nh, d = text.get("hidden_size"), text.get("linear_num_heads"), text.get("linear_head_dim")
-    types = text.get("layer_types")
-    if not (hidden and nh and d and isinstance(types, list)):
-        return {}
-    c = nh * d
-    kda = {"q_proj": (c, hidden), "k_proj": (c, hidden), "v_proj": (c, hidden), "o_proj": (hidden, c),
-           "f_a_proj": (d, hidden), "f_b_proj": (c, d), "g_a_proj": (d, hidden), "g_b_proj": (c, d),
-           "b_proj": (nh, hidden)}  # fmt: skip
-    shapes = {("self_attn", leaf): dims for leaf, dims in kda.items()}
-    return {i: shapes for i, t in enumerate(types) if t == "linear_attention"}
+    return families.family_of(mt).layer_linear_shapes(text)
 
 
 # --------------------------------------------------------------------------------------------- helpers
 def _text(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
-    """The text model's keys, a family's own spellings read as the common keys (:data:`KEY_ALIASES`)."""
+    """The text model's keys, a family's own spellings read as the common keys (``Family.key_aliases``)."""
     text = text_config(config)
     prefix = "text_config." if text is not config else ""
     mt = model_type(config) if isinstance(config.get("model_type", ""), str) else None
-    return (canonical_keys(text, mt) if mt in KEY_ALIASES else text), prefix
+    family = families.family_of(mt)
+    aliased = family is not None and (family.key_aliases or family.nested_key_aliases)
+    return (canonical_keys(text, mt) if aliased else text), prefix
 
 
 def _is_int(value: Any) -> bool:

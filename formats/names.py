@@ -63,8 +63,8 @@ MERGED_EXPERTS: dict[str, str] = {
 MERGED_SCALES = frozenset({"qs"})  # a merged blob's scales ``{...}.experts.{E}.qs``
 
 # Fused expert stacks ``{...}.experts.{leaf}[.weight]`` [E, rows, cols] -> the projections they hold. How the
-# rows / columns of a stack map onto gate / up / down is a fact of the family (STACK_ORIENTATION), never a guess
-# from shapes.
+# rows / columns of a stack map onto gate / up / down is a fact of the family (``families.stack_orientation``),
+# never a guess from shapes.
 EXPERT_STACKS: dict[str, str] = {
     "gate_up_proj": "gate_up",  # transformers fused experts (Qwen3-MoE); gpt-oss [E, H, 2I] (transposed)
     "down_proj": "down",  # transformers fused experts: [E, H, I]; gpt-oss [E, I, H] (transposed)
@@ -75,7 +75,7 @@ EXPERT_STACKS: dict[str, str] = {
 }
 # Stacked shared experts ``{...}.shared_experts.{leaf}`` [n_shared, rows, cols] (no ``.weight`` suffix) -> the
 # projections they hold; split along the first axis into ``{...}.shared_experts.{k}.{gate,up,down}_proj.weight``
-# (docs/FORMATS.md "Stacked shared experts"), a gate/up stack in the family's STACK_ORIENTATION.
+# (docs/FORMATS.md "Stacked shared experts"), a gate/up stack in the family's orientation (formats/families.py).
 SHARED_EXPERT_STACKS: dict[str, str] = {
     "shared_w13_weight": "gate_up",  # Inkling native names: [n, 2I, H], gate and up rows interleaved
     "shared_w2_weight": "down",  # Inkling native names: [n, H, I]
@@ -196,7 +196,8 @@ STACK_BIASES: dict[str, str] = {
 
 
 class Orientation(StrEnum):
-    """How a family lays out its expert stacks (docs/FORMATS.md §5 "Expert stacks")."""
+    """How a family lays out its expert stacks (docs/FORMATS.md §5 "Expert stacks"); which one a family uses is
+    a fact of the family (``formats/families.py``, ``stack_orientation``), never a guess from shapes."""
 
     ROWS = "rows"  # gate_up [E, 2I, H] gate rows first, down [E, H, I] (transformers, Qwen3)
     ROWS_INTERLEAVED = (
@@ -206,52 +207,6 @@ class Orientation(StrEnum):
     # down [E, I, H] (gpt-oss float stacks)
 
 
-# Family facts: the expert-stack orientation per ``model_type`` (the checkpoint's top-level type; text types of
-# multimodal wrappers listed too). An expert stack in a checkpoint whose type is not here is refused.
-STACK_ORIENTATION: dict[str, Orientation] = {
-    "olmoe": Orientation.ROWS,
-    "qwen2_moe": Orientation.ROWS,
-    "qwen3_moe": Orientation.ROWS,
-    "mixtral": Orientation.ROWS,
-    "deepseek_v3": Orientation.ROWS,
-    "glm4_moe": Orientation.ROWS,
-    "glm_moe_dsa": Orientation.ROWS,
-    "deepseek_v32": Orientation.ROWS,  # transformers DeepseekV32NaiveMoe
-    "kimi_k25": Orientation.ROWS,  # text model deepseek_v3
-    "kimi_linear": Orientation.ROWS,
-    "qwen3_next": Orientation.ROWS,
-    "qwen3_5_moe": Orientation.ROWS,
-    "qwen3_5_moe_text": Orientation.ROWS,
-    "glm5_next": Orientation.ROWS,
-    "glm5_next_text": Orientation.ROWS,
-    "deepseek_v4": Orientation.ROWS,
-    "gpt_oss": Orientation.TRANSPOSED_INTERLEAVED,
-    "inkling": Orientation.ROWS_INTERLEAVED,
-    "inkling_mm_model": Orientation.ROWS_INTERLEAVED,
-    "inkling_text": Orientation.ROWS_INTERLEAVED,
-    "inkling2": Orientation.ROWS_INTERLEAVED,
-    "inkling2_text": Orientation.ROWS_INTERLEAVED,
-}
-
-# A family whose stacks come in two spellings with different orientations: (model_type, stack leaf) ->
-# orientation, before the family's own. Inkling's native w13_weight interleaves gate / up rows; its text stack
-# gate_up_proj (transformers' conversion_mapping.py Interleave op, c/tools/convert_inkling_int4.py deinterleave,
-# --target inkling) holds the gate rows first.
-SPELLED_STACK_ORIENTATION: dict[tuple[str, str], Orientation] = {
-    (t, "gate_up_proj"): Orientation.ROWS for t in ("inkling", "inkling_mm_model", "inkling_text")
-}
-
-# Natively quantized expert stacks (docs/FORMATS.md §5). Their codes are stored per output row (MXFP4 blocks
-# ``[E, O, I/32, 16]``), whatever the family's float orientation, so a family whose float stacks are transposed
-# says here how the rows of its quantized stacks hold gate / up: (model_type, source encoding) -> orientation. A
-# family not listed keeps its float orientation when that one is by rows; a transposed family not listed is
-# refused for quantized stacks.
-NATIVE_STACK_ORIENTATION: dict[tuple[str, str], Orientation] = {
-    # transformers 5.24 integrations/mxfp4.py (_convert_moe_packed_tensors: decode [E, R, H] then transpose(1, 2)
-    # to the float [E, H, R]; GptOssExperts takes gate = gate_up[..., ::2]): gate_up_proj_blocks [E, 2I, H/32, 16]
-    # with gate = even rows, up = odd rows; down_proj_blocks [E, H, I/32, 16] by rows.
-    ("gpt_oss", "mxfp4"): Orientation.ROWS_INTERLEAVED,
-}
 # MXFP4 source spellings (gpt-oss, docs/FORMATS.md §5): ``<base>_blocks`` U8 ``[..., O, I/32, 16]`` and
 # ``<base>_scales`` U8 ``[..., O, I/32]`` (E8M0) for the float weight ``<base>`` (``...experts.gate_up_proj``);
 # two E2M1 codes a byte, low nibble first; never transposed (blocks run along the input).
@@ -684,29 +639,6 @@ def detail_role(name: str, ndim: int, *, copied: bool = False, num_hidden_layers
     if any(m in DENSE_MLP_MODULES for m in module):
         return "dense mlp"
     return "other"
-
-
-def stack_orientation(
-    model_type: str | None, native: str | None = None, leaf: str | None = None
-) -> Orientation | None:
-    """The family's expert-stack orientation (:data:`STACK_ORIENTATION`), None when the family does not fix it.
-
-    ``native``: the encoding of a natively quantized stack (``mxfp4``, ...): :data:`NATIVE_STACK_ORIENTATION`,
-    else the family's own orientation when it is by rows (codes are stored per output row), else None.
-    ``leaf``: the stack's spelling (``gate_up_proj``), where the family spells stacks two ways
-    (:data:`SPELLED_STACK_ORIENTATION`)."""
-    if not model_type:
-        return None
-    if native is None and (model_type, leaf) in SPELLED_STACK_ORIENTATION:
-        return SPELLED_STACK_ORIENTATION[(model_type, leaf)]
-    if native is not None:
-        found = NATIVE_STACK_ORIENTATION.get((model_type, native))
-        if found is not None:
-            return found
-    found = STACK_ORIENTATION.get(model_type)
-    if native is not None and found is Orientation.TRANSPOSED_INTERLEAVED:
-        return None
-    return found
 
 
 def stack_name(expert_base: str, projection: str) -> str:

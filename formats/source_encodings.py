@@ -5,7 +5,7 @@ its ``compression_param_names`` and their shapes beside its codec) are the model
 
 Each class declares what a reader of a source checkpoint needs to know of one encoding:
 
-* ``kind`` (the code's name for it: ``QuantRef.kind``, ``names.NATIVE_STACK_ORIENTATION``) and ``label`` (messages);
+* ``kind`` (the code's name for it: ``QuantRef.kind``, ``families.Family.native_orientation``) and ``label`` (messages);
 * ``declared_by``: the ``quantization_config`` ``(quant_method, quant_algo)`` pairs that declare it, and
   ``scheme(qc, config)``, which reads and checks that config (FP8 blocks, INT4 group / symmetry) and refuses a
   variant colitools cannot read (``ConfigError``);

@@ -687,7 +687,7 @@ def _check_v4_target_formats(formats: dict[str, str]) -> None:
 
 # ------------------------------------------------------------------------ every fixture's family runs
 def _runnable(name: str) -> bool:
-    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
+    from colitools.formats.families import RUNNABLE_MODEL_TYPES
 
     return FIXTURES[name]["model_type"] in RUNNABLE_MODEL_TYPES
 

@@ -137,7 +137,8 @@ def convert_options(ref: dict[str, Any]):
 def unsupported_model_type(fixture_dir: str | os.PathLike[str]) -> str | None:
     """The fixture's ``model_type`` when the reference runtime cannot run it yet (not in
     ``RUNNABLE_MODEL_TYPES``), else None."""
-    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES, model_type
+    from colitools.formats.families import RUNNABLE_MODEL_TYPES
+    from colitools.formats.model_config import model_type
 
     config = _read_json(Path(fixture_dir) / "config.json")
     mt = model_type(config)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.families import gqa_shapes, mla_shapes
 from colitools.formats.names import module_path
 from colitools.runtime.config import ModelArgs, mla_softmax_scale
 from colitools.runtime.ops import Linear, layer_norm, norm_weight, rms_norm, sigmoid, softmax
@@ -91,24 +92,34 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, sca
     return np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(N, Hq * Dv)
 
 
-class GQAAttention:
-    """Grouped-query attention with the per-family options.
+class TokenMixer:
+    """A decoder layer's token mixer (attention, linear attention): ``mix`` returns its output and what the layer
+    hands the next one (``carry``; only MLA sets it, to its DSA key selection), ``reset()`` empties its cache."""
+
+    def mix(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, carry):
+        return self(x, positions, cos, sin), carry
+
+
+class GQAAttention(TokenMixer):
+    """Grouped-query attention with the per-family options (``args.attention``, ``config.AttentionArgs``).
 
     ``qk_norm``: ``None``, ``"full"`` (OLMoE: RMSNorm over the whole q / k projection before the head split) or
     ``"head"`` (Qwen3 / GLM: per-head RMSNorm of weight ``[head_dim]``). Biases are used when present; with
-    ``args.attention_sinks`` the per-head logits ``self_attn.sinks [heads]`` join the softmax (gpt-oss).
-    ``args.attn_output_gate`` (Qwen3-Next, Qwen3.5): ``q_proj`` gives ``[query | gate]`` per head (twice as
-    wide) and the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj``."""
+    ``sinks`` the per-head logits ``self_attn.sinks [heads]`` join the softmax (gpt-oss). ``output_gate``
+    (Qwen3-Next, Qwen3.5): ``q_proj`` gives ``[query | gate]`` per head (twice as wide) and the attention output
+    is multiplied by ``sigmoid(gate)`` before ``o_proj``. Shapes: ``formats/families.gqa_shapes``."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, qk_norm: str | None, rope: Rope):
-        p = module_path(layer, "self_attn")
+    def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, rope: Rope):
+        p, opts = module_path(layer, "self_attn"), args.attention
         H, D = args.hidden_size, args.head_dim
         self.nq, self.nkv, self.D = args.num_attention_heads, args.num_key_value_heads, D
-        self.gated = args.attn_output_gate
-        self.q = Linear.load(ckpt, f"{p}.q_proj", self.nq * D * (2 if self.gated else 1), H, bias=None)
-        self.k = Linear.load(ckpt, f"{p}.k_proj", self.nkv * D, H, bias=None)
-        self.v = Linear.load(ckpt, f"{p}.v_proj", self.nkv * D, H, bias=None)
-        self.o = Linear.load(ckpt, f"{p}.o_proj", H, self.nq * D, bias=None)
+        self.gated = opts.output_gate
+        shapes = gqa_shapes(H, self.nq, self.nkv, D, self.gated)
+        self.q, self.k, self.v, self.o = (
+            Linear.load(ckpt, f"{p}.{leaf}", *shapes[leaf], bias=None)
+            for leaf in ("q_proj", "k_proj", "v_proj", "o_proj")
+        )
+        qk_norm = opts.qk_norm
         self.qk_norm, self.eps = qk_norm, args.rms_norm_eps
         if qk_norm == "full":
             # transformers sizes OLMoE's k_norm as (hidden // heads) * kv_heads
@@ -117,9 +128,9 @@ class GQAAttention:
         elif qk_norm == "head":
             self.q_norm = norm_weight(ckpt, f"{p}.q_norm.weight", D, args.zero_centred_norms)
             self.k_norm = norm_weight(ckpt, f"{p}.k_norm.weight", D, args.zero_centred_norms)
-        self.clip = args.clip_qkv
-        self.sinks = ckpt.vector(f"{p}.sinks", self.nq) if args.attention_sinks else None
-        self.window = args.sliding_windows[layer]
+        self.clip = opts.clip_qkv
+        self.sinks = ckpt.vector(f"{p}.sinks", self.nq) if opts.sinks else None
+        self.window = opts.sliding_windows[layer]
         self.rope, self.scale = rope, D**-0.5
         self.kc, self.vc = KVBuffer(), KVBuffer()
         self.first = 0  # absolute position of the first cached key (a sliding layer drops older ones)
@@ -176,9 +187,9 @@ class DSAIndexer:
     tied selections can differ from it. The oracles are seed-checked to have no tie at the boundary."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, rope: Rope):
-        p = module_path(layer, "self_attn.indexer")
-        self.nh, self.D, self.topk = args.index_n_heads, args.index_head_dim, args.index_topk
-        self.wq_b = Linear.load(ckpt, f"{p}.wq_b", self.nh * self.D, args.q_lora_rank)
+        p, ix = module_path(layer, "self_attn.indexer"), args.indexer
+        self.nh, self.D, self.topk = ix.n_heads, ix.head_dim, ix.topk
+        self.wq_b = Linear.load(ckpt, f"{p}.wq_b", self.nh * self.D, args.mla.q_lora_rank)
         self.wk = Linear.load(ckpt, f"{p}.wk", self.D, args.hidden_size)
         self.k_norm_w = ckpt.vector(f"{p}.k_norm.weight", self.D)
         self.k_norm_b = ckpt.vector(f"{p}.k_norm.bias", self.D)
@@ -214,36 +225,31 @@ class DSAIndexer:
         return selected
 
 
-class MLAAttention:
-    """DeepSeek multi-head latent attention (optionally with GLM-5's DSA indexer).
+class MLAAttention(TokenMixer):
+    """DeepSeek multi-head latent attention (optionally with GLM-5's DSA indexer); ``args.mla``
+    (``config.MLAArgs``), shapes ``formats/families.mla_shapes``.
 
     The cache holds expanded per-head keys ``[T, H, nope + rope]`` and values ``[T, H, v]``: ``kv_b_proj`` is
     per position, so expanding once per token equals transformers' re-expansion of the cached latents."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, rope: Rope, indexer: DSAIndexer | None):
-        p = module_path(layer, "self_attn")
+        p, mla = module_path(layer, "self_attn"), args.mla
         H, nh = args.hidden_size, args.num_attention_heads
-        self.nh, self.nope, self.rd, self.vd = (
-            nh,
-            args.qk_nope_head_dim,
-            args.qk_rope_head_dim,
-            args.v_head_dim,
-        )
-        qk = self.nope + self.rd
-        self.q_lora = args.q_lora_rank
+        self.nh, self.nope, self.rd, self.vd = nh, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        self.q_lora, self.r = mla.q_lora_rank, mla.kv_lora_rank
+        shapes = mla_shapes(H, nh, self.r, self.q_lora, self.nope, self.rd, self.vd)
         if self.q_lora:
-            self.q_a = Linear.load(ckpt, f"{p}.q_a_proj", self.q_lora, H, bias=None)
+            self.q_a = Linear.load(ckpt, f"{p}.q_a_proj", *shapes["q_a_proj"], bias=None)
             self.q_a_norm = ckpt.vector(f"{p}.q_a_layernorm.weight", self.q_lora)
-            self.q_b = Linear.load(ckpt, f"{p}.q_b_proj", nh * qk, self.q_lora)
+            self.q_b = Linear.load(ckpt, f"{p}.q_b_proj", *shapes["q_b_proj"])
         else:
-            self.q_proj = Linear.load(ckpt, f"{p}.q_proj", nh * qk, H)
-        self.r = args.kv_lora_rank
-        self.kv_a = Linear.load(ckpt, f"{p}.kv_a_proj_with_mqa", self.r + self.rd, H, bias=None)
+            self.q_proj = Linear.load(ckpt, f"{p}.q_proj", *shapes["q_proj"])
+        self.kv_a = Linear.load(ckpt, f"{p}.kv_a_proj_with_mqa", *shapes["kv_a_proj_with_mqa"], bias=None)
         self.kv_a_norm = ckpt.vector(f"{p}.kv_a_layernorm.weight", self.r)
-        self.kv_b = Linear.load(ckpt, f"{p}.kv_b_proj", nh * (self.nope + self.vd), self.r)
-        self.o = Linear.load(ckpt, f"{p}.o_proj", H, nh * self.vd, bias=None)
-        self.rope, self.scale = rope, mla_softmax_scale(args)
-        self.latent_eps = args.mla_latent_norm_eps
+        self.kv_b = Linear.load(ckpt, f"{p}.kv_b_proj", *shapes["kv_b_proj"])
+        self.o = Linear.load(ckpt, f"{p}.o_proj", *shapes["o_proj"], bias=None)
+        self.rope, self.scale = rope, mla_softmax_scale(mla, args.rope)
+        self.latent_eps = mla.latent_norm_eps
         self.indexer = indexer
         self.kc, self.vc = KVBuffer(), KVBuffer()
 
@@ -257,6 +263,9 @@ class MLAAttention:
         self.vc.reset()
         if self.indexer:
             self.indexer.reset()
+
+    def mix(self, x, positions, cos, sin, carry):
+        return self(x, positions, cos, sin, carry)
 
     def __call__(self, x, positions, cos, sin, shared_selection=None):
         """Returns ``(output, selection)``; ``selection`` is the DSA key selection (or None)."""

@@ -1,61 +1,26 @@
 """``ModelArgs``: the model geometry and options the runtime needs, parsed from ``config.json``.
 
 transformers 5.x configs and hub checkpoints spell the same things differently: ``rope_parameters`` vs
-top-level ``rope_theta`` + ``rope_scaling {type|rope_type}``, ``head_dim`` missing or null. The keys every family shares are parsed here, once, through the config facts
-(``formats/model_config.py``: validation, text model, expert count and width); what only one family has (its
-defaults, layer schedule, routing, MLA, sliding windows, RoPE layout) is parsed by ``family_args`` in the
-family's own file, found through ``FAMILY_MODULES``. Defaults for keys a config omits are the transformers 5.24
-class defaults of the family (``DEFAULTS`` in each family file).
+top-level ``rope_theta`` + ``rope_scaling {type|rope_type}``, ``head_dim`` missing or null. The keys every family
+shares are parsed here, once, through the config facts (``formats/model_config.py``: validation, text model, expert
+count and width) into the fields of ``ModelArgs``; the family then parses its own arguments dataclass (a
+``ModelArgs`` subclass: its layer schedule, routing, MLA, sliding windows, RoPE layout, ...) in its own file
+(``Family.args``, ``family.py``), from its defaults for keys a config omits (``Family.defaults``: the transformers
+5.24 class defaults). The option groups of the shared blocks (``RoutingArgs``, ``AttentionArgs``, ``MLAArgs``,
+``IndexerArgs``, ``LinearAttentionArgs``, ``KDAArgs``, ``HyperArgs``) and the parsing helpers the families share
+(``rope_args``, ``routing_args``, ``mla_args``, ``noaux_tc_args``) live here.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.formats import model_config
-
-# The families the runtime executes: model_type -> its module in colitools.runtime. A family module defines
-# ``DEFAULTS`` (model_type -> defaults for omitted keys), ``family_args(c, base)`` (its ModelArgs fields
-# beyond the common ones) and ``build_layer(ctx, layer)`` (its decoder layer).
-FAMILY_MODULES: dict[str, str] = {
-    "olmoe": "olmoe",
-    "qwen2_moe": "qwen_moe",
-    "qwen3_moe": "qwen_moe",
-    "mixtral": "mixtral",
-    "deepseek_v3": "deepseek_v3",
-    "glm4_moe": "glm4_moe",
-    "glm_moe_dsa": "deepseek_v3",
-    "kimi_k25": "deepseek_v3",
-    "deepseek_v32": "deepseek_v3",
-    "qwen3_next": "qwen3_next",
-    "qwen3_5_moe": "qwen3_next",
-    "qwen3_5_moe_text": "qwen3_next",
-    "gpt_oss": "gpt_oss",
-    "deepseek_v4": "deepseek_v4",
-    "kimi_linear": "kimi_linear",
-    "glm5_next": "glm5_next",
-    "glm5_next_text": "glm5_next",
-    "inkling_mm_model": "inkling",
-    "inkling_text": "inkling",
-    "inkling2": "inkling2",
-    "inkling2_text": "inkling2",
-}
-
-
-def family_module(model_type: str | None, where: str = "config.json") -> ModuleType:
-    """The runtime module of a family (``FAMILY_MODULES``); RuntimeModelError for an unsupported type."""
-    if model_type not in FAMILY_MODULES:
-        raise RuntimeModelError(
-            f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(FAMILY_MODULES)})"
-        )
-    return importlib.import_module(f"colitools.runtime.{FAMILY_MODULES[model_type]}")
 
 
 @dataclass(frozen=True)
@@ -114,9 +79,70 @@ class ConfigKeys(dict):
         return self[key]
 
 
-@dataclass
+@dataclass(frozen=True)
+class RoutingArgs:
+    """How ``moe.SparseMoE`` routes and what it adds: ``router`` ``"softmax"`` (``moe.softmax_topk``, renormalised
+    with ``norm_topk_prob``), ``"noaux_tc"`` (DeepSeek's group-limited sigmoid) or ``"topk_softmax"`` (gpt-oss);
+    a shared expert of ``shared_expert_intermediate_size`` (0: none), sigmoid-gated with ``shared_expert_gated``."""
+
+    router: str = "softmax"
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gated: bool = False  # Qwen2 / Qwen3-Next: sigmoid(x . shared_expert_gate) * shared(x)
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    """The options of ``attention.GQAAttention``: ``qk_norm`` ``None`` | ``"full"`` (OLMoE) | ``"head"``, a
+    sliding window per layer (None: full attention), gpt-oss's sinks, OLMoE's ``clip_qkv``, the output gate of
+    Qwen3-Next / Qwen3.5 (``q_proj`` is ``[query | gate]`` per head)."""
+
+    sliding_windows: list[int | None]
+    qk_norm: str | None = None
+    sinks: bool = False
+    clip_qkv: float | None = None
+    output_gate: bool = False
+
+
+@dataclass(frozen=True)
+class MLAArgs:
+    """Multi-head latent attention's dimensions (``attention.MLAAttention``; ``mla_args``)."""
+
+    q_lora_rank: int | None  # None: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    latent_norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm (GLM-5.3: rms_norm_eps)
+
+
+@dataclass(frozen=True)
+class IndexerArgs:
+    """A DSA lightning indexer (DeepSeek-V3.2, GLM-5, GLM-5.3's k-pool one, DeepSeek-V4's CSA one)."""
+
+    topk: int
+    head_dim: int
+    n_heads: int
+    full: list[bool] = field(default_factory=list)  # per layer: own indexer (True) or the previous one's (False)
+    kpool: int = 0  # GLM-5.3: the indexer scores pools of this many keys (0: per key)
+    kpool_tail: bool = False  # index_kpool_always_select_tail: the incomplete pool is always attended
+
+
+@dataclass(frozen=True)
+class HyperArgs:
+    """Hyper-connections (``hyper.py``): ``mult`` residual streams."""
+
+    mult: int
+    eps: float
+    sinkhorn_iters: int
+
+
+@dataclass(kw_only=True)
 class ModelArgs:
-    """The model geometry and options the runtime needs, in one normalised form."""
+    """What every family has, in one normalised form; a family's own arguments are a subclass (``Family.args``)."""
 
     model_type: str
     vocab_size: int
@@ -131,53 +157,12 @@ class ModelArgs:
     num_experts_per_tok: int
     rms_norm_eps: float
     rope: RopeArgs
-    norm_topk_prob: bool = False
+    moe_layers: list[bool]  # per layer: routed experts or a dense MLP
+    routing: RoutingArgs = field(default_factory=RoutingArgs)
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
-    # attention options
-    clip_qkv: float | None = None
-    use_qk_norm: bool = False
-    sliding_windows: list[int | None] = field(default_factory=list)  # per layer, None = full attention
-    attention_sinks: bool = False  # gpt-oss: a learned per-head logit ``self_attn.sinks`` in every softmax
-    # layer schedule
-    moe_layers: list[bool] = field(default_factory=list)  # per layer: routed experts or a dense MLP
-    # routing
-    router: str = "softmax"  # "softmax" | "noaux_tc" | "topk_softmax" (gpt-oss: softmax over the top-k logits)
-    # | "sqrtsoftplus" (DeepSeek-V4: hash or biased top-k, routed by deepseek_v4.V4MoE)
-    routed_scaling_factor: float = 1.0
-    n_group: int = 1
-    topk_group: int = 1
-    shared_expert_intermediate_size: int = 0  # 0 = no shared expert
-    shared_expert_gated: bool = False  # Qwen2: sigmoid(x . shared_expert_gate) * shared(x)
-    # routed experts: down(silu(gate) * up), or gpt-oss's clamped SwiGLU with biases when swiglu_limit is set
-    swiglu_limit: float | None = None
-    swiglu_alpha: float = 1.702
-    # MLA (DeepSeek-V3 / GLM-5)
-    q_lora_rank: int | None = None
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    mla_latent_norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm (GLM-5.3: rms_norm_eps)
-    # DSA indexer (GLM-5)
-    index_topk: int = 0
-    index_head_dim: int = 0
-    index_n_heads: int = 0
-    indexer_full: list[bool] = field(default_factory=list)  # per layer: own indexer (True) or shared (False)
-    index_kpool: int = 0  # GLM-5.3: the indexer scores pools of this many keys (0: per key, DSAIndexer)
-    index_kpool_tail: bool = False  # index_kpool_always_select_tail: the incomplete pool is always attended
-    # hyper-connections (GLM-5.3; hyper.py): hc_mult residual streams, 0 = one plain residual
-    hc_mult: int = 0
-    hc_eps: float = 1e-6
-    hc_sinkhorn_iters: int = 20
-    # hybrid linear attention (Qwen3-Next / Qwen3.5-MoE)
-    layer_types: list[str] = field(default_factory=list)  # per layer "linear_attention" | "full_attention"
-    linear_attention: LinearAttentionArgs | None = None
-    kda: KDAArgs | None = None  # Kimi Delta Attention (layer_types "linear_attention" of Kimi-Linear, GLM-5.3)
-    attn_output_gate: bool = False  # q_proj is [query | gate] per head; output * sigmoid(gate) before o_proj
-    zero_centred_norms: bool = False  # every RMSNorm but the gated one scales by (1 + weight)
+    zero_centred_norms: bool = False  # every RMSNorm but a gated one scales by (1 + weight)
     eos_token_ids: list[int] = field(default_factory=list)
-    inkling: Any = None  # inkling.InklingArgs / inkling2.Inkling2Args
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -196,52 +181,17 @@ class ModelArgs:
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "config.json") -> ModelArgs:
         """Validate ``config`` (the config facts), parse the keys every family shares, then the family's own
-        (``family_args`` of its module)."""
+        arguments (``Family.args``): an instance of the family's ``ModelArgs`` subclass."""
+        from colitools.runtime.family import family_for  # the family modules import this module
+
         facts = model_config.read_facts(config, where)
         mt = config.get("model_type")
-        family = family_module(mt, where)
+        family = family_for(mt, where)
         text = model_config.canonical_keys(model_config.text_config(config), mt)
-        c = ConfigKeys(mt, {**family.DEFAULTS[mt], **{k: v for k, v in text.items() if v is not None}}, where)
-
-        hidden = int(c.need("hidden_size"))
-        heads = int(c.need("num_attention_heads"))
-        n_layers = int(c.need("num_hidden_layers"))
-        kv_heads = int(c.get("num_key_value_heads") or heads)
-        act = c.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise RuntimeModelError(f"{where}: hidden_act {act!r} is not supported (silu)")
-        n_experts = facts.routed_experts or 0
-        if n_experts <= 0:
-            raise RuntimeModelError(
-                f"{where}: no expert count (num_experts / num_local_experts / n_routed_experts)"
-            )
-        inter = int(c.get("intermediate_size", 0))
-        base: dict[str, Any] = dict(
-            model_type=mt,
-            vocab_size=int(c.need("vocab_size")),
-            hidden_size=hidden,
-            num_hidden_layers=n_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=int(c.get("head_dim") or hidden // heads),
-            intermediate_size=inter,
-            moe_intermediate_size=int(facts.expert_width or 0),
-            num_experts=n_experts,
-            num_experts_per_tok=int(c.need("num_experts_per_tok")),
-            rms_norm_eps=float(c.need("rms_norm_eps")),
-            norm_topk_prob=bool(c.get("norm_topk_prob", False)),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
-            clip_qkv=float(c["clip_qkv"]) if c.get("clip_qkv") is not None else None,
-            use_qk_norm=bool(c.get("use_qk_norm", False)),
-            sliding_windows=[None] * n_layers,
-            eos_token_ids=_int_list(c.get("eos_token_id")),
-            raw=dict(config),
-        )
-        fields = {**base, **family.family_args(c, base)}
-        if "rope" not in fields:  # the families' default: half-layout RoPE over head_dim x partial factor
-            fields["rope"] = rope_args(c, base["head_dim"])
-        args = cls(**fields)
+        c = ConfigKeys(mt, {**family.defaults[mt], **{k: v for k, v in text.items() if v is not None}}, where)
+        base = _common_args(c, facts, config)
+        args = family.args(c, base)
+        n_layers, heads, kv_heads = args.num_hidden_layers, args.num_attention_heads, args.num_key_value_heads
         if len(args.moe_layers) != n_layers:
             raise RuntimeModelError(
                 f"{where}: mlp_layer_types has {len(args.moe_layers)} entries for {n_layers} layers"
@@ -249,6 +199,47 @@ class ModelArgs:
         if heads % kv_heads:
             raise RuntimeModelError(f"{where}: {heads} attention heads do not split into {kv_heads} kv heads")
         return args
+
+
+@dataclass(kw_only=True)
+class GQAArgs(ModelArgs):
+    """The arguments of a family built on ``attention.GQAAttention`` (OLMoE, Qwen2/3-MoE, Mixtral, GLM-4.5, ...)."""
+
+    attention: AttentionArgs
+
+
+def _common_args(c: ConfigKeys, facts: model_config.ConfigFacts, config: dict[str, Any]) -> dict[str, Any]:
+    """The ``ModelArgs`` fields every family reads alike (``rope`` is the family's: ``rope_args``)."""
+    where = c.where
+    hidden = int(c.need("hidden_size"))
+    heads = int(c.need("num_attention_heads"))
+    n_layers = int(c.need("num_hidden_layers"))
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    act = c.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise RuntimeModelError(f"{where}: hidden_act {act!r} is not supported (silu)")
+    n_experts = facts.routed_experts or 0
+    if n_experts <= 0:
+        raise RuntimeModelError(f"{where}: no expert count (num_experts / num_local_experts / n_routed_experts)")
+    return dict(
+        model_type=c.model_type,
+        vocab_size=int(c.need("vocab_size")),
+        hidden_size=hidden,
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=int(c.get("head_dim") or hidden // heads),
+        intermediate_size=int(c.get("intermediate_size", 0)),
+        moe_intermediate_size=int(facts.expert_width or 0),
+        num_experts=n_experts,
+        num_experts_per_tok=int(c.need("num_experts_per_tok")),
+        rms_norm_eps=float(c.need("rms_norm_eps")),
+        moe_layers=[True] * n_layers,
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
+        eos_token_ids=_int_list(c.get("eos_token_id")),
+        raw=dict(config),
+    )
 
 
 def _int_list(value: Any) -> list[int]:
@@ -294,28 +285,45 @@ def rope_args(c: ConfigKeys, dim: int, *, partial: bool = True, interleaved: boo
     )
 
 
-def mla_args(c: ConfigKeys, base: dict[str, Any], rope_dim: int | None = None) -> dict[str, Any]:
+def routing_args(c: ConfigKeys, **options: Any) -> RoutingArgs:
+    """``RoutingArgs`` renormalising by the config's ``norm_topk_prob`` (default false) unless ``options`` say."""
+    return RoutingArgs(**{"norm_topk_prob": bool(c.get("norm_topk_prob", False)), **options})
+
+
+def attention_args(c: ConfigKeys, n_layers: int, **options: Any) -> AttentionArgs:
+    """``AttentionArgs`` with no sliding window (unless ``options`` give ``sliding_windows``) and the config's
+    ``clip_qkv``."""
+    clip = float(c["clip_qkv"]) if c.get("clip_qkv") is not None else None
+    return AttentionArgs(**{"sliding_windows": [None] * n_layers, "clip_qkv": clip, **options})
+
+
+def mla_args(c: ConfigKeys, base: dict[str, Any], rope_dim: int | None = None) -> MLAArgs:
     """Multi-head latent attention's dimensions (DeepSeek-V3 and the families built on it): ``q_lora_rank``
     (None: no query LoRA), ``kv_lora_rank``, the nope / rope / value head dims (``rope_dim`` when the family
-    fixes it, else ``qk_rope_head_dim``) and ``head_dim`` = nope + rope. MLA has a key / value head per query
-    head: another ``num_key_value_heads`` is refused in one line."""
+    fixes it, else ``qk_rope_head_dim``); the family's ``head_dim`` is nope + rope (``mla_head_dim``). MLA has a
+    key / value head per query head: another ``num_key_value_heads`` is refused in one line."""
     if base["num_key_value_heads"] != base["num_attention_heads"]:
         raise RuntimeModelError(f"{c.where}: MLA needs num_key_value_heads == num_attention_heads")
     nope = int(c.need("qk_nope_head_dim"))
     rope = int(c.need("qk_rope_head_dim")) if rope_dim is None else rope_dim
-    return dict(
+    return MLAArgs(
         q_lora_rank=int(c["q_lora_rank"]) if c.get("q_lora_rank") else None,
         kv_lora_rank=int(c.need("kv_lora_rank")),
         qk_nope_head_dim=nope,
         qk_rope_head_dim=rope,
         v_head_dim=int(c.need("v_head_dim")),
-        head_dim=nope + rope,
     )
 
 
-def noaux_tc_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """DeepSeek-V3-style routing (DeepSeek-V3, GLM-4.5, GLM-5): dense ``first_k_dense_replace`` layers (or
-    ``mlp_layer_types``), group-limited sigmoid routing (``noaux_tc``), ``n_shared_experts`` shared experts."""
+def mla_head_dim(mla: MLAArgs) -> int:
+    """The query / key head width of MLA: nope + rope."""
+    return mla.qk_nope_head_dim + mla.qk_rope_head_dim
+
+
+def noaux_tc_args(c: ConfigKeys, base: dict[str, Any]) -> tuple[list[bool], RoutingArgs]:
+    """DeepSeek-V3-style routing (DeepSeek-V3, GLM-4.5, GLM-5): the MoE layers (dense ``first_k_dense_replace``
+    layers, or ``mlp_layer_types``) and group-limited sigmoid routing (``noaux_tc``) with ``n_shared_experts``
+    shared experts."""
     types = c.get("mlp_layer_types")
     if types:
         moe_layers = [t == "sparse" for t in types]
@@ -327,8 +335,8 @@ def noaux_tc_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeModelError(
             f"{c.where}: {base['num_experts']} experts do not split into n_group = {n_group}"
         )
-    return dict(
-        moe_layers=moe_layers,
+    return moe_layers, routing_args(
+        c,
         router="noaux_tc",
         routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
         n_group=n_group,
@@ -337,13 +345,12 @@ def noaux_tc_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def mla_softmax_scale(args: ModelArgs) -> float:
+def mla_softmax_scale(mla: MLAArgs, rope: RopeArgs) -> float:
     """DeepSeek's attention scale: ``(nope+rope)^-0.5``, times ``mscale^2`` for a scaled RoPE with
     ``mscale_all_dim`` (transformers ``yarn_apply_mscale``)."""
-    scale = (args.qk_nope_head_dim + args.qk_rope_head_dim) ** -0.5
-    r = args.rope
-    if r.rope_type != "default" and r.mscale_all_dim:
-        factor = r.factor or 1.0
-        m = 0.1 * float(r.mscale_all_dim) * math.log(factor) + 1.0 if factor > 1 else 1.0
+    scale = mla_head_dim(mla) ** -0.5
+    if rope.rope_type != "default" and rope.mscale_all_dim:
+        factor = rope.factor or 1.0
+        m = 0.1 * float(rope.mscale_all_dim) * math.log(factor) + 1.0 if factor > 1 else 1.0
         scale = scale * m * m
     return scale

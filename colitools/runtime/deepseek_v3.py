@@ -16,31 +16,27 @@ sigmoid routing (``noaux_tc``) with a shared expert, the first ``first_k_dense_r
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.runtime.attention import DSAIndexer, MLAAttention
-from colitools.runtime.config import ConfigKeys, mla_args, noaux_tc_args, rope_args
-from colitools.runtime.model import DecoderLayer, LayerContext
+from colitools.runtime.config import (
+    ConfigKeys,
+    IndexerArgs,
+    MLAArgs,
+    ModelArgs,
+    mla_args,
+    mla_head_dim,
+    noaux_tc_args,
+    rope_args,
+)
+from colitools.runtime.family import DecoderLayer, Family, LayerContext
 from colitools.runtime.rope import Rope
 
 _DEEPSEEK_V3 = {  # transformers 5.24 DeepseekV3Config
     "rms_norm_eps": 1e-6, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8,
     "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1,
-}  # fmt: skip
-DEFAULTS = {  # transformers 5.24 DeepseekV3Config / Kimi_K25Config / DeepseekV32Config / GlmMoeDsaConfig
-    "deepseek_v3": _DEEPSEEK_V3,
-    "kimi_k25": {**_DEEPSEEK_V3, "tie_word_embeddings": True},  # its text_config is DeepseekV3Config; the tie
-    # default is the wrapper's (Kimi_K25Config), read from the top level by family_args
-    "deepseek_v32": {
-        **_DEEPSEEK_V3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
-    },
-    "glm_moe_dsa": {
-        "rms_norm_eps": 1e-5, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1,
-        "topk_group": 1, "first_k_dense_replace": 3, "n_shared_experts": 1, "index_topk": 2048,
-        "index_head_dim": 128, "index_n_heads": 32,
-    },
 }  # fmt: skip
 
 # The families with a DSA lightning indexer -> whether the indexer's RoPE rotates interleaved pairs (2i, 2i+1)
@@ -49,38 +45,77 @@ DEFAULTS = {  # transformers 5.24 DeepseekV3Config / Kimi_K25Config / DeepseekV3
 INDEXER_ROPE_INTERLEAVED = {"glm_moe_dsa": True, "deepseek_v32": False}
 
 
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """DeepSeek-style routing, the MLA dimensions, RoPE on the rope slice only (interleaved: always for the
-    indexer families, by ``rope_interleave`` for DeepSeek-V3 and Kimi), the indexer, Kimi's tied head."""
-    out = noaux_tc_args(c, base)
-    out.update(mla_args(c, base))
-    dsa = c.model_type in INDEXER_ROPE_INTERLEAVED
-    interleaved = dsa or bool(c.get("rope_interleave", True))
-    rope_dim = out["qk_rope_head_dim"]
-    out["rope"] = rope_args(c, rope_dim, partial=False, interleaved=interleaved)
-    if c.model_type == "kimi_k25":
-        # transformers ties the head on the wrapper's config, not on text_config
-        tie = base["raw"].get("tie_word_embeddings", DEFAULTS["kimi_k25"]["tie_word_embeddings"])
-        out["tie_word_embeddings"] = bool(tie)
-    if dsa:
-        if out["q_lora_rank"] is None:
-            raise RuntimeModelError(f"{c.where}: {c.model_type} needs q_lora_rank")
-        n_layers = base["num_hidden_layers"]
-        out.update(
-            index_topk=int(c.need("index_topk")),
-            index_head_dim=int(c.need("index_head_dim")),
-            index_n_heads=int(c.need("index_n_heads")),
-            # DeepSeek-V3.2 runs its own indexer in every layer
-            indexer_full=_indexer_types(c, n_layers) if c.model_type == "glm_moe_dsa" else [True] * n_layers,
+@dataclass(kw_only=True)
+class DeepseekV3Args(ModelArgs):
+    """MLA and, for DeepSeek-V3.2 / GLM-5, the DSA indexer."""
+
+    mla: MLAArgs
+    indexer: IndexerArgs | None = None
+
+
+class DeepseekV3(Family):
+    defaults = {  # transformers 5.24 DeepseekV3Config / Kimi_K25Config / DeepseekV32Config / GlmMoeDsaConfig
+        "deepseek_v3": _DEEPSEEK_V3,
+        "kimi_k25": {**_DEEPSEEK_V3, "tie_word_embeddings": True},  # its text_config is DeepseekV3Config; the
+        # tie default is the wrapper's (Kimi_K25Config), read from the top level by args
+        "deepseek_v32": {
+            **_DEEPSEEK_V3, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
+        },
+        "glm_moe_dsa": {
+            "rms_norm_eps": 1e-5, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1,
+            "topk_group": 1, "first_k_dense_replace": 3, "n_shared_experts": 1, "index_topk": 2048,
+            "index_head_dim": 128, "index_n_heads": 32,
+        },
+    }  # fmt: skip
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> DeepseekV3Args:
+        """DeepSeek-style routing, the MLA dimensions, RoPE on the rope slice only (interleaved: always for the
+        indexer families, by ``rope_interleave`` for DeepSeek-V3 and Kimi), the indexer, Kimi's tied head."""
+        moe_layers, routing = noaux_tc_args(c, base)
+        mla = mla_args(c, base)
+        dsa = c.model_type in INDEXER_ROPE_INTERLEAVED
+        interleaved = dsa or bool(c.get("rope_interleave", True))
+        rope = rope_args(c, mla.qk_rope_head_dim, partial=False, interleaved=interleaved)
+        fields = {**base, "moe_layers": moe_layers, "head_dim": mla_head_dim(mla)}
+        if c.model_type == "kimi_k25":
+            # transformers ties the head on the wrapper's config, not on text_config
+            tie = base["raw"].get("tie_word_embeddings", self.defaults["kimi_k25"]["tie_word_embeddings"])
+            fields["tie_word_embeddings"] = bool(tie)
+        indexer = _indexer_args(c, mla, base["num_hidden_layers"]) if dsa else None
+        return DeepseekV3Args(**fields, mla=mla, indexer=indexer, routing=routing, rope=rope)
+
+    def layer(self, ctx: LayerContext, layer: int) -> DecoderLayer:
+        args = ctx.args
+        indexer = None
+        if args.indexer is not None and args.indexer.full[layer]:
+            rope = ctx.rope  # the same frequencies and cos/sin; only the pairing may differ
+            if INDEXER_ROPE_INTERLEAVED[args.model_type] != args.rope.interleaved:
+                rope = Rope(replace(args.rope, interleaved=INDEXER_ROPE_INTERLEAVED[args.model_type]))
+            indexer = DSAIndexer(args, ctx.ckpt, layer, rope)
+        attn = MLAAttention(args, ctx.ckpt, layer, ctx.rope, indexer)
+        ffn = ctx.sparse_moe(layer) if args.moe_layers[layer] else ctx.dense_mlp(layer)
+        return ctx.decoder_layer(layer, attn, ffn)
+
+
+def _indexer_args(c: ConfigKeys, mla: MLAArgs, n_layers: int) -> IndexerArgs:
+    """The DSA indexer: ``index_topk`` / ``index_head_dim`` / ``index_n_heads``, own or shared per layer (DeepSeek-V3.2
+    runs its own indexer in every layer), ``q_lora_rank`` required (the indexer reads the query LoRA)."""
+    if mla.q_lora_rank is None:
+        raise RuntimeModelError(f"{c.where}: {c.model_type} needs q_lora_rank")
+    ix = IndexerArgs(
+        topk=int(c.need("index_topk")),
+        head_dim=int(c.need("index_head_dim")),
+        n_heads=int(c.need("index_n_heads")),
+        full=indexer_types(c, n_layers) if c.model_type == "glm_moe_dsa" else [True] * n_layers,
+    )
+    if ix.head_dim < mla.qk_rope_head_dim:
+        raise RuntimeModelError(
+            f"{c.where}: index_head_dim {ix.head_dim} < qk_rope_head_dim {mla.qk_rope_head_dim}"
         )
-        if out["index_head_dim"] < rope_dim:
-            raise RuntimeModelError(
-                f"{c.where}: index_head_dim {out['index_head_dim']} < qk_rope_head_dim {rope_dim}"
-            )
-    return out
+    return ix
 
 
-def _indexer_types(c: ConfigKeys, n_layers: int) -> list[bool]:
+def indexer_types(c: ConfigKeys, n_layers: int) -> list[bool]:
     """Per layer, whether it has its own indexer (``full``) or reuses the previous one's selection
     (``shared``): ``indexer_types``, else ``index_topk_pattern``, else ``index_topk_freq`` from
     ``index_skip_topk_offset``."""
@@ -102,14 +137,4 @@ def _indexer_types(c: ConfigKeys, n_layers: int) -> list[bool]:
     return [t == "full" for t in types]
 
 
-def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:
-    args = ctx.args
-    indexer = None
-    if args.model_type in INDEXER_ROPE_INTERLEAVED and args.indexer_full[layer]:
-        rope = ctx.rope  # the same frequencies and cos/sin; only the pairing may differ
-        if INDEXER_ROPE_INTERLEAVED[args.model_type] != args.rope.interleaved:
-            rope = Rope(replace(args.rope, interleaved=INDEXER_ROPE_INTERLEAVED[args.model_type]))
-        indexer = DSAIndexer(args, ctx.ckpt, layer, rope)
-    attn = MLAAttention(args, ctx.ckpt, layer, ctx.rope, indexer)
-    ffn = ctx.sparse_moe(layer) if args.moe_layers[layer] else ctx.dense_mlp(layer)
-    return ctx.decoder_layer(layer, attn, ffn)
+FAMILY = DeepseekV3()

@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.families import v4_shapes
 from colitools.formats.kernels import threads
 from colitools.runtime.attention import KVBuffer, attend, causal_mask
-from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs, rope_args
+from colitools.runtime.config import ConfigKeys, IndexerArgs, ModelArgs, RopeArgs, rope_args, routing_args
 from colitools.runtime.deepseek_v4_hc import HyperConnection, HyperHead, unweighted_rms_norm
 from colitools.runtime.experts import Expert, ExpertStore
-from colitools.runtime.model import LayerContext, Model
+from colitools.runtime.family import Family, LayerContext, ModelIO
 from colitools.runtime.ops import Linear, rms_norm, silu
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint, sanitize
@@ -45,14 +46,12 @@ NEG_INF = F32(-np.inf)
 CSA, HCA, SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 
 DEFAULTS = {  # transformers 5.24 DeepseekV4Config
-    "deepseek_v4": {
-        "rms_norm_eps": 1e-6, "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1024,
-        "num_experts_per_tok": 6, "n_shared_experts": 1, "scoring_func": "sqrtsoftplus", "norm_topk_prob": True,
-        "routed_scaling_factor": 1.5, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
-        "compress_rates": {CSA: 4, HCA: 128}, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-        "swiglu_limit": 10.0, "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024,
-        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "tie_word_embeddings": False,
-    },
+    "rms_norm_eps": 1e-6, "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1024,
+    "num_experts_per_tok": 6, "n_shared_experts": 1, "scoring_func": "sqrtsoftplus", "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+    "compress_rates": {CSA: 4, HCA: 128}, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+    "swiglu_limit": 10.0, "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024,
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "tie_word_embeddings": False,
 }  # fmt: skip
 DEFAULT_HASH_LAYERS = 3  # DeepseekV4Config.default_num_hash_layers
 DEFAULT_PARTIAL_ROTARY = 64 / 512  # DeepseekV4Config.default_partial_rotary_factor (qk_rope_head_dim / head_dim)
@@ -60,9 +59,9 @@ DEFAULT_PARTIAL_ROTARY = 64 / 512  # DeepseekV4Config.default_partial_rotary_fac
 COMPRESS_RATIO_TO_LAYER_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
 
-@dataclass(frozen=True)
-class V4Args:
-    """What only DeepSeek-V4 has, parsed from the config (``v4_args``)."""
+@dataclass(kw_only=True)
+class V4Args(ModelArgs):
+    """What only DeepSeek-V4 has, parsed from the config (``v4_fields``): ``rope`` is the ``main`` one."""
 
     layer_types: tuple[str, ...]
     hash_layers: tuple[bool, ...]
@@ -75,9 +74,13 @@ class V4Args:
     o_groups: int
     o_lora_rank: int
     sliding_window: int
+    q_lora_rank: int
+    indexer: IndexerArgs  # the CSA layers' (every entry is an own indexer: ``full`` unused)
+    swiglu_limit: float
 
 
-def v4_args(c: ConfigKeys, n_layers: int, head_dim: int) -> V4Args:
+def v4_fields(c: ConfigKeys, n_layers: int, head_dim: int) -> dict[str, Any]:
+    """The ``V4Args`` fields only DeepSeek-V4 has: layer and MLP types, compress rates, the two ropes, hc, o_groups."""
     where = c.where
     if c.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
         raise RuntimeModelError(f"{where}: scoring_func {c.get('scoring_func')!r} is not supported (sqrtsoftplus)")
@@ -97,7 +100,7 @@ def v4_args(c: ConfigKeys, n_layers: int, head_dim: int) -> V4Args:
     mlp = c.get("mlp_layer_types") or (["hash_moe"] * min(n_layers, n_hash) + ["moe"] * max(0, n_layers - n_hash))
     if len(mlp) != n_layers or set(mlp) - {"hash_moe", "moe"}:
         raise RuntimeModelError(f"{where}: mlp_layer_types must list hash_moe / moe for {n_layers} layers")
-    rates = {**DEFAULTS["deepseek_v4"]["compress_rates"], **(c.get("compress_rates") or {})}
+    rates = {**DEFAULTS["compress_rates"], **(c.get("compress_rates") or {})}
     for key, kind in (("compress_rate_csa", CSA), ("compress_rate_hca", HCA)):
         if c.get(key) is not None:
             rates[kind] = c[key]
@@ -124,43 +127,12 @@ def v4_args(c: ConfigKeys, n_layers: int, head_dim: int) -> V4Args:
     heads = int(c.need("num_attention_heads"))
     if (heads * head_dim) % groups:
         raise RuntimeModelError(f"{where}: {heads} heads x {head_dim} do not split into o_groups = {groups}")
-    return V4Args(
+    return dict(
         layer_types=tuple(types), hash_layers=tuple(t == "hash_moe" for t in mlp), compress_rates=rates,
         main_rope=ropes["main"], compress_rope=ropes["compress"], hc_mult=int(c["hc_mult"]),
         hc_iters=int(c["hc_sinkhorn_iters"]), hc_eps=float(c["hc_eps"]), o_groups=groups, o_lora_rank=rank,
         sliding_window=int(c["sliding_window"]),
     )  # fmt: skip
-
-
-def _keys(args: ModelArgs) -> ConfigKeys:
-    mt = args.model_type
-    raw = {k: v for k, v in args.raw.items() if v is not None}
-    return ConfigKeys(mt, {**DEFAULTS[mt], **raw}, "config.json")
-
-
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """Every layer is MoE (sqrtsoftplus, hash or biased top-k) with ``n_shared_experts`` clamped shared experts;
-    one K = V head; the low-rank query; the indexer sizes; the sliding window; the ``main`` rope."""
-    n, D = base["num_hidden_layers"], base["head_dim"]
-    v4 = v4_args(c, n, D)
-    if base["num_key_value_heads"] != 1:
-        raise RuntimeModelError(f"{c.where}: deepseek_v4 has one shared K = V head (num_key_value_heads 1)")
-    return dict(
-        moe_layers=[True] * n,
-        router="sqrtsoftplus",
-        routed_scaling_factor=float(c["routed_scaling_factor"]),
-        shared_expert_intermediate_size=base["moe_intermediate_size"] * int(c.get("n_shared_experts") or 0),
-        swiglu_limit=float(c["swiglu_limit"]),
-        attention_sinks=True,
-        sliding_windows=[v4.sliding_window] * n,
-        layer_types=list(v4.layer_types),
-        q_lora_rank=int(c.need("q_lora_rank")),
-        index_topk=int(c["index_topk"]),
-        index_head_dim=int(c["index_head_dim"]),
-        index_n_heads=int(c["index_n_heads"]),
-        qk_rope_head_dim=v4.main_rope.dim,
-        rope=v4.main_rope,
-    )
 
 
 def _linear(ckpt: Checkpoint, prefix: str, O: int, I: int) -> Linear:
@@ -268,10 +240,11 @@ class Indexer:
     query position (compress rope), score ``sum_h (w_h / sqrt(Hi)) relu(q_h . k) / sqrt(d)``, top
     ``index_topk`` of the visible entries (ties: the earliest entry; the oracle has no tie at the boundary)."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, prefix: str, rate: int, rope: TailRope):
-        self.nh, self.d, self.topk, self.rate = args.index_n_heads, args.index_head_dim, args.index_topk, rate
-        self.wq_b = _linear(ckpt, f"{prefix}.wq_b", self.nh * self.d, args.q_lora_rank)
-        self.weights_proj = _linear(ckpt, f"{prefix}.weights_proj", self.nh, args.hidden_size)
+    def __init__(self, args: V4Args, ckpt: Checkpoint, prefix: str, rate: int, rope: TailRope):
+        ix, shapes = args.indexer, _attention_shapes(args)
+        self.nh, self.d, self.topk, self.rate = ix.n_heads, ix.head_dim, ix.topk, rate
+        self.wq_b = _linear(ckpt, f"{prefix}.wq_b", *shapes[("attn.indexer", "wq_b")])
+        self.weights_proj = _linear(ckpt, f"{prefix}.weights_proj", *shapes[("attn.indexer", "weights_proj")])
         self.compressor = Compressor(ckpt, f"{prefix}.compressor", args.hidden_size, self.d, rate, True, rope,
                                      args.rms_norm_eps)  # fmt: skip
         self.rope = rope
@@ -303,22 +276,28 @@ class Indexer:
 
 
 # ---------------------------------------------------------------------------------------------- attention
+def _attention_shapes(args: V4Args) -> dict[tuple[str, str], tuple[int, int]]:
+    """``formats/families.v4_shapes`` of these arguments."""
+    ix = args.indexer
+    return v4_shapes(args.hidden_size, args.num_attention_heads, args.head_dim, args.q_lora_rank, args.o_groups,
+                     args.o_lora_rank, ix.n_heads, ix.head_dim)  # fmt: skip
+
+
 class V4Attention:
-    def __init__(self, args: ModelArgs, v4: V4Args, ckpt: Checkpoint, layer: int):
-        p = f"model.layers.{layer}.attn"
+    def __init__(self, args: V4Args, ckpt: Checkpoint, layer: int):
+        p, v4, shapes = f"model.layers.{layer}.attn", args, _attention_shapes(args)
         H, D, nh, ql = args.hidden_size, args.head_dim, args.num_attention_heads, args.q_lora_rank
         self.nh, self.D, self.eps, self.groups = nh, D, args.rms_norm_eps, v4.o_groups
         self.type = v4.layer_types[layer]
         self.rope = TailRope(v4.main_rope if self.type == SLIDING else v4.compress_rope)
-        self.wq_a = _linear(ckpt, f"{p}.wq_a", ql, H)
+        self.wq_a = _linear(ckpt, f"{p}.wq_a", *shapes[("attn", "wq_a")])
         self.q_norm = ckpt.vector(sanitize(f"{p}.q_norm.weight"), ql)
-        self.wq_b = _linear(ckpt, f"{p}.wq_b", nh * D, ql)
-        self.wkv = _linear(ckpt, f"{p}.wkv", D, H)
+        self.wq_b = _linear(ckpt, f"{p}.wq_b", *shapes[("attn", "wq_b")])
+        self.wkv = _linear(ckpt, f"{p}.wkv", *shapes[("attn", "wkv")])
         self.kv_norm = ckpt.vector(sanitize(f"{p}.norm.weight"), D)
-        gr = v4.o_groups * v4.o_lora_rank
         self.rank = v4.o_lora_rank
-        self.wo_a = _linear(ckpt, f"{p}.wo_a", gr, nh * D // v4.o_groups)
-        self.wo_b = _linear(ckpt, f"{p}.wo_b", H, gr)
+        self.wo_a = _linear(ckpt, f"{p}.wo_a", *shapes[("attn", "wo_a")])
+        self.wo_b = _linear(ckpt, f"{p}.wo_b", *shapes[("attn", "wo_b")])
         self.sinks = ckpt.vector(sanitize(f"{p}.attn_sink"), nh)
         self.window = v4.sliding_window
         self.compressor = self.indexer = None
@@ -396,14 +375,14 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 
 class V4MoE:
-    def __init__(self, args: ModelArgs, v4: V4Args, ckpt: Checkpoint, layer: int, usage: np.ndarray | None,
-                 ctx: LayerContext):  # fmt: skip
+    def __init__(self, args: V4Args, ckpt: Checkpoint, layer: int, ctx: LayerContext):
         p = f"model.layers.{layer}.ffn"
         H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
-        self.k, self.scaling, self.usage = args.num_experts_per_tok, F32(args.routed_scaling_factor), usage
+        self.k, self.usage = args.num_experts_per_tok, ctx.layer_usage(layer)
+        self.scaling = F32(args.routing.routed_scaling_factor)
         self.limit = F32(args.swiglu_limit)
         self.router = _linear(ckpt, f"{p}.gate", E, H)
-        self.hash = v4.hash_layers[layer]
+        self.hash = args.hash_layers[layer]
         self.tid2eid = self.bias = None
         if self.hash:
             self.tid2eid = ckpt.int_array(sanitize(f"{p}.gate.tid2eid"), (args.vocab_size, self.k))
@@ -420,7 +399,7 @@ class V4MoE:
         limit = args.swiglu_limit
         self.store = ExpertStore(ckpt, layer, sources, E, None, lambda g, u, d: ClampedExpert(g, u, d, limit))
         ctx.stores[layer] = self.store
-        S = args.shared_expert_intermediate_size
+        S = args.routing.shared_expert_intermediate_size
         self.shared = None
         if S:
             self.shared = tuple(_linear(ckpt, f"{p}.shared_experts.{w}", O, In)
@@ -485,63 +464,85 @@ class V4Layer:
         post, comb, collapsed = hc.collapse(streams)
         return hc.expand(streams, block(collapsed), post, comb)
 
-    def __call__(self, streams: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    def reset(self) -> None:
+        self.attn.reset()
+
+    def __call__(self, streams, positions, cos, sin, ids):
+        """``streams [N, hc, H]``; the carry is the token ids (hash routing)."""
         streams = self._site(self.attn_hc, streams, lambda h: self.attn(rms_norm(h, self.norm_in, self.eps), positions))
-        return self._site(self.ffn_hc, streams, lambda h: self.ffn(rms_norm(h, self.norm_post, self.eps), ids))
+        return self._site(self.ffn_hc, streams, lambda h: self.ffn(rms_norm(h, self.norm_post, self.eps), ids)), ids
 
 
-def build_layer(ctx: LayerContext, layer: int) -> V4Layer:
-    args, ckpt = ctx.args, ctx.ckpt
-    v4 = v4_args(_keys(args), args.num_hidden_layers, args.head_dim)
-    p, H, n = f"model.layers.{layer}", args.hidden_size, v4.hc_mult
-    width = (2 + n) * n
-
-    def hc(site: str) -> HyperConnection:
-        return HyperConnection(
-            ckpt.array(sanitize(f"{p}.hc_{site}_fn"), (width, n * H)),
-            ckpt.vector(sanitize(f"{p}.hc_{site}_base"), width),
-            ckpt.vector(sanitize(f"{p}.hc_{site}_scale"), 3),
-            n, v4.hc_iters, v4.hc_eps, args.rms_norm_eps,
-        )  # fmt: skip
-
-    usage = None if ctx.usage is None else ctx.usage[layer]
-    return V4Layer(
-        V4Attention(args, v4, ckpt, layer), V4MoE(args, v4, ckpt, layer, usage, ctx), hc("attn"), hc("ffn"),
-        ckpt.vector(sanitize(f"{p}.attn_norm.weight"), H), ckpt.vector(sanitize(f"{p}.ffn_norm.weight"), H),
-        args.rms_norm_eps,
-    )  # fmt: skip
-
-
-class V4Model(Model):
-    """The model with hyper-connection streams: the embedding is copied into ``hc_mult`` streams, the layers
-    get the token ids (hash routing), the hyper head collapses the streams before ``model.norm``."""
+class V4IO(ModelIO):
+    """The embedding copied into ``hc_mult`` streams, the token ids carried to every layer (hash routing), the
+    hyper head collapsing the streams before ``model.norm``, the head ``head.weight``."""
 
     head_name = "head"
 
-    def __init__(self, model_dir, args, ckpt, layers, stores, rope, usage):
-        super().__init__(model_dir, args, ckpt, layers, stores, rope, usage)
-        v4 = v4_args(_keys(args), args.num_hidden_layers, args.head_dim)
-        n, H = v4.hc_mult, args.hidden_size
+    def __init__(self, args: V4Args, ckpt: Checkpoint):
+        super().__init__(args, ckpt)
+        n, H = args.hc_mult, args.hidden_size
         self.hc_mult = n
         self.hyper_head = HyperHead(
             ckpt.array(sanitize("model.hc_head.hc_fn"), (n, n * H)),
             ckpt.vector(sanitize("model.hc_head.hc_base"), n),
             ckpt.vector(sanitize("model.hc_head.hc_scale"), 1),
-            v4.hc_eps, args.rms_norm_eps,
+            args.hc_eps, args.rms_norm_eps,
         )  # fmt: skip
 
-    def forward(self, ids, *, all_logits: bool = False) -> np.ndarray:
-        ids = self.checked_ids(ids)
-        positions = self.position + np.arange(ids.size)
-        x = self.embed(ids)
-        streams = np.repeat(x[:, None, :], self.hc_mult, axis=1)
-        for layer in self.layers:
-            streams = layer(streams, positions, ids)
-        self.position += ids.size
-        self.tokens_processed += ids.size
-        h = self.hyper_head(streams if all_logits else streams[-1:])
-        logits = self.lm_head(rms_norm(h, self.norm, self.args.rms_norm_eps))
-        return logits if all_logits else logits[0]
+    def tokens(self, ids: np.ndarray) -> np.ndarray:
+        return np.repeat(self.embed(ids)[:, None, :], self.hc_mult, axis=1)
+
+    def carry(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return ids
+
+    def logits(self, x: np.ndarray, carry, all_logits: bool) -> np.ndarray:
+        h = self.hyper_head(x if all_logits else x[-1:])
+        return self.lm_head(rms_norm(h, self.norm, self.eps))
 
 
-MODEL_CLASS = V4Model
+class DeepseekV4(Family):
+    defaults = {"deepseek_v4": DEFAULTS}
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> V4Args:
+        """Every layer is MoE (sqrtsoftplus, hash or biased top-k) with ``n_shared_experts`` clamped shared
+        experts; one K = V head; the low-rank query; the indexer sizes; the sliding window; the ``main`` rope."""
+        n, D = base["num_hidden_layers"], base["head_dim"]
+        v4 = v4_fields(c, n, D)
+        if base["num_key_value_heads"] != 1:
+            raise RuntimeModelError(f"{c.where}: deepseek_v4 has one shared K = V head (num_key_value_heads 1)")
+        routing = routing_args(c, router="sqrtsoftplus", routed_scaling_factor=float(c["routed_scaling_factor"]),
+                               shared_expert_intermediate_size=base["moe_intermediate_size"]
+                               * int(c.get("n_shared_experts") or 0))  # fmt: skip
+        return V4Args(
+            **base, **v4, routing=routing, swiglu_limit=float(c["swiglu_limit"]),
+            q_lora_rank=int(c.need("q_lora_rank")),
+            indexer=IndexerArgs(topk=int(c["index_topk"]), head_dim=int(c["index_head_dim"]),
+                                n_heads=int(c["index_n_heads"])),
+            rope=v4["main_rope"],
+        )  # fmt: skip
+
+    def layer(self, ctx: LayerContext, layer: int) -> V4Layer:
+        args, ckpt = ctx.args, ctx.ckpt
+        p, H, n = f"model.layers.{layer}", args.hidden_size, args.hc_mult
+        width = (2 + n) * n
+
+        def hc(site: str) -> HyperConnection:
+            return HyperConnection(
+                ckpt.array(sanitize(f"{p}.hc_{site}_fn"), (width, n * H)),
+                ckpt.vector(sanitize(f"{p}.hc_{site}_base"), width),
+                ckpt.vector(sanitize(f"{p}.hc_{site}_scale"), 3),
+                n, args.hc_iters, args.hc_eps, args.rms_norm_eps,
+            )  # fmt: skip
+
+        return V4Layer(
+            V4Attention(args, ckpt, layer), V4MoE(args, ckpt, layer, ctx), hc("attn"), hc("ffn"),
+            ckpt.vector(sanitize(f"{p}.attn_norm.weight"), H), ckpt.vector(sanitize(f"{p}.ffn_norm.weight"), H),
+            args.rms_norm_eps,
+        )  # fmt: skip
+
+    def io(self, args: V4Args, ckpt: Checkpoint) -> V4IO:
+        return V4IO(args, ckpt)
+
+
+FAMILY = DeepseekV4()

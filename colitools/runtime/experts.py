@@ -5,6 +5,8 @@ file: in the "pairs" and planar layouts an expert's codes and scales are one con
 one ``pread``. The cached expert keeps the stored codes and runs the kernels on them (``QTensor``); only float
 sources are held as float32. Per-expert biases (gpt-oss, F32 vectors in the container) are read with their
 expert and cached with it. What is cached never changes what is computed, so the cap cannot change a token.
+``expert_sources`` describes a layer's experts however the checkpoint stores them (per expert, fused or
+interleaved stacks in the family's orientation, native MXFP4 stacks).
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.families import stack_orientation
+from colitools.formats.names import (
+    MXFP4_STACK_SUFFIXES,
+    Orientation,
+    expert_tensor_name,
+    module_path,
+    stack_name,
+    stack_names,
+)
+from colitools.runtime.config import ModelArgs
 from colitools.runtime.kernels import QTensor
 from colitools.runtime.ops import silu
 from colitools.runtime.weights import Checkpoint, Stored, decode_stored, qtensor
@@ -130,3 +142,66 @@ def _coalesce(ranges: list[tuple[str, int, int]]):
         else:
             runs.append((path, b, e, [(b, e)]))
     return runs
+
+
+# How (gate, up, down) sit in an interleaved or transposed expert stack: (start, step, transposed) per
+# projection, for Checkpoint.stack_expert (orientation: ``families.stack_orientation``, a fact of the family).
+STACK_PICKS: dict[Orientation, tuple[tuple[int, int, bool], ...]] = {
+    Orientation.ROWS_INTERLEAVED: ((0, 2, False), (1, 2, False), (0, 1, False)),
+    Orientation.TRANSPOSED_INTERLEAVED: ((0, 2, True), (1, 2, True), (0, 1, True)),
+}
+
+
+def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stored, Stored]]:
+    """Stored (gate, up, down) of every routed expert of a layer: per-expert tensors, or slices of the fused
+    ``experts.gate_up_proj [E, 2I, H]`` (gate rows first) and ``experts.down_proj [E, H, I]``, or of a stack in
+    the family's interleaved / transposed orientation (gpt-oss ``[E, H, 2I]`` gate = even columns, ``[E, I, H]``)."""
+    p = module_path(layer, "mlp.experts")
+    H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
+    blocks, scales = MXFP4_STACK_SUFFIXES
+    gate_up, down = (  # the spelling present (Inkling's native w13_weight / w2_weight), else transformers'
+        next((n for n in stack_names(p, proj) if ckpt.has(n) or ckpt.has(n + blocks)), stack_name(p, proj))
+        for proj in ("gate_up", "down")
+    )
+    orientation = stack_orientation(args.model_type, leaf=gate_up.rpartition(".")[2]) or Orientation.ROWS
+    picks = STACK_PICKS.get(orientation)
+    if ckpt.has(
+        expert_tensor_name(p, 0, "gate")
+    ):  # per-expert tensors, or the parts of a target's fused stack
+        return _per_expert(ckpt, p, E, H, I)
+    if ckpt.has(gate_up + blocks):  # native MXFP4 stacks: rows = outputs, gate / up rows interleaved
+        if not picks:
+            raise RuntimeModelError(
+                f"{ckpt.dir}: native MXFP4 expert stacks of a {orientation} family ({args.model_type}) are not "
+                "supported (only interleaved gate / up rows, gpt-oss)"
+            )
+        g, u = (0, 2), (1, 2)
+        return [
+            (ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, g, I, H),
+             ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, u, I, H),
+             ckpt.mxfp4_stack_expert(down + blocks, down + scales, e, E, (0, 1), H, I))
+            for e in range(E)
+        ]  # fmt: skip
+    if ckpt.has(gate_up) and picks:
+        g, u, d = picks
+        return [
+            (ckpt.stack_expert(gate_up, e, E, g, I, H), ckpt.stack_expert(gate_up, e, E, u, I, H),
+             ckpt.stack_expert(down, e, E, d, H, I))
+            for e in range(E)
+        ]  # fmt: skip
+    if ckpt.has(gate_up):
+        return [
+            (ckpt.fused_expert(gate_up, e, E, slice(0, I), I, H),
+             ckpt.fused_expert(gate_up, e, E, slice(I, 2 * I), I, H),
+             ckpt.fused_expert(down, e, E, slice(0, H), H, I))
+            for e in range(E)
+        ]  # fmt: skip
+    return _per_expert(ckpt, p, E, H, I)
+
+
+def _per_expert(ckpt: Checkpoint, p: str, E: int, H: int, I: int) -> list[tuple[Stored, Stored, Stored]]:
+    return [
+        (ckpt.stored(expert_tensor_name(p, e, "gate"), I, H), ckpt.stored(expert_tensor_name(p, e, "up"), I, H),
+         ckpt.stored(expert_tensor_name(p, e, "down"), H, I))
+        for e in range(E)
+    ]  # fmt: skip

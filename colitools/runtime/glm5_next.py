@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,23 @@ import numpy as np
 from colitools.errors import RuntimeModelError
 from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import NEG_INF, KVBuffer, MLAAttention, causal_mask
-from colitools.runtime.config import ConfigKeys, KDAArgs, ModelArgs, RopeArgs, mla_args, noaux_tc_args
-from colitools.runtime.deepseek_v3 import _indexer_types
+from colitools.runtime.config import (
+    ConfigKeys,
+    HyperArgs,
+    IndexerArgs,
+    KDAArgs,
+    MLAArgs,
+    ModelArgs,
+    RopeArgs,
+    mla_args,
+    mla_head_dim,
+    noaux_tc_args,
+)
+from colitools.runtime.deepseek_v3 import indexer_types
 from colitools.runtime.experts import Expert
+from colitools.runtime.family import Family, LayerContext, ModelIO
 from colitools.runtime.hyper import HyperConnection, HyperDecoderLayer, HyperStreams
 from colitools.runtime.kda import KimiDeltaAttention
-from colitools.runtime.model import LayerContext
 from colitools.runtime.ops import MLP, Linear, layer_norm, norm_weight, silu, softmax
 from colitools.runtime.weights import Checkpoint
 
@@ -44,56 +56,35 @@ _TEXT = {  # transformers 5.24 Glm5NextTextConfig
     "hc_sinkhorn_iters": 20, "index_kpool": 16, "index_kpool_always_select_tail": True,
     "max_position_embeddings": 1048576,
 }  # fmt: skip
-DEFAULTS = {"glm5_next": _TEXT, "glm5_next_text": _TEXT}
 LAYER_TYPES = ("linear_attention", "indexed_attention")
 
 
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """Layer schedule, KDA geometry, MLA (no RoPE) + k-pool indexer, hyper-connections, clamped SwiGLU."""
-    n = base["num_hidden_layers"]
+@dataclass(kw_only=True)
+class Glm5NextArgs(ModelArgs):
+    """KDA / indexed-attention layers, MLA with the k-pool indexer, hyper-connections, clamped SwiGLU."""
+
+    layer_types: list[str]  # per layer "linear_attention" | "indexed_attention"
+    kda: KDAArgs
+    mla: MLAArgs
+    indexer: IndexerArgs
+    hyper: HyperArgs
+    swiglu_limit: float
+
+
+def _layer_types(c: ConfigKeys, n: int) -> list[str]:
     types = c.get("layer_types") or ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(n)]
     types = ["indexed_attention" if t == "full_attention" else t for t in types]
     if len(types) != n or any(t not in LAYER_TYPES for t in types):
         raise RuntimeModelError(f"{c.where}: layer_types must list {n} of {', '.join(LAYER_TYPES)}, got {types}")
-    if c.get("mlp_layer_types") is None:
-        c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * (n - 3)
-    out = noaux_tc_args(c, base)
-    rope_dim = int(c.need("qk_rope_head_dim"))
-    if rope_dim:
-        raise RuntimeModelError(f"{c.where}: glm5_next attention has no RoPE, got qk_rope_head_dim {rope_dim}")
-    if not c.get("q_lora_rank"):
-        raise RuntimeModelError(f"{c.where}: {c.model_type} needs q_lora_rank")
+    return types
+
+
+def _kpool(c: ConfigKeys) -> tuple[int, int]:
+    """``(index_topk, index_kpool)``: the selected keys are whole pools."""
     topk, kpool = int(c.need("index_topk")), int(c.need("index_kpool"))
     if kpool < 1 or topk % kpool:
         raise RuntimeModelError(f"{c.where}: index_topk {topk} is not a multiple of index_kpool {kpool}")
-    bound = c.get("linear_lower_bound")
-    out.update(mla_args(c, base, rope_dim=0))
-    out.update(
-        layer_types=types,
-        kda=KDAArgs(
-            conv_kernel=int(c["linear_conv_kernel_dim"]),
-            num_heads=int(c["linear_num_heads"]),
-            head_dim=int(c["linear_head_dim"]),
-            lower_bound=float(bound) if bound is not None else None,
-            a_log_4d=False,
-        ),
-        q_lora_rank=int(c["q_lora_rank"]),  # required here (the indexer reads the query LoRA)
-        mla_latent_norm_eps=base["rms_norm_eps"],
-        rope=RopeArgs(dim=0),
-        index_topk=topk,
-        index_head_dim=int(c.need("index_head_dim")),
-        index_n_heads=int(c.need("index_n_heads")),
-        indexer_full=_indexer_types(c, n),
-        index_kpool=kpool,
-        index_kpool_tail=bool(c.get("index_kpool_always_select_tail", True)),
-        hc_mult=int(c["hc_mult"]),
-        hc_eps=float(c["hc_eps"]),
-        hc_sinkhorn_iters=int(c["hc_sinkhorn_iters"]),
-        swiglu_limit=float(c["swiglu_limit"]),
-    )
-    if out["hc_mult"] < 1 or out["hc_sinkhorn_iters"] < 1:
-        raise RuntimeModelError(f"{c.where}: hc_mult and hc_sinkhorn_iters must be >= 1")
-    return out
+    return topk, kpool
 
 
 class KPoolIndexer:
@@ -106,13 +97,13 @@ class KPoolIndexer:
     fewer) and, with ``index_kpool_always_select_tail``, the keys of its incomplete pool. Ties: lower pool
     first (the oracles are seed-checked to have none at the boundary)."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int):
-        p = module_path(layer, "self_attn.indexer")
+    def __init__(self, args: Glm5NextArgs, ckpt: Checkpoint, layer: int):
+        p, ix = module_path(layer, "self_attn.indexer"), args.indexer
         H = args.hidden_size
-        self.nh, self.D, self.P = args.index_n_heads, args.index_head_dim, args.index_kpool
-        self.select = args.index_topk // self.P
-        self.tail = args.index_kpool_tail
-        self.wq_b = Linear.load(ckpt, f"{p}.wq_b", self.nh * self.D, args.q_lora_rank)
+        self.nh, self.D, self.P = ix.n_heads, ix.head_dim, ix.kpool
+        self.select = ix.topk // self.P
+        self.tail = ix.kpool_tail
+        self.wq_b = Linear.load(ckpt, f"{p}.wq_b", self.nh * self.D, args.mla.q_lora_rank)
         self.wk = Linear.load(ckpt, f"{p}.wk", self.D, H)
         self.k_norm_w = ckpt.vector(f"{p}.k_norm.weight", self.D)
         self.k_norm_b = ckpt.vector(f"{p}.k_norm.bias", self.D)
@@ -195,25 +186,22 @@ class ClampedMLP(MLP):
         return self.down(silu(gate) * up)
 
 
-def _hyper_connection(args: ModelArgs, ckpt: Checkpoint, layer: int, block: str) -> HyperConnection:
-    p, hc, H = f"{layer_path(layer)}.hc_{block}", args.hc_mult, args.hidden_size
+def _hyper_connection(args: Glm5NextArgs, ckpt: Checkpoint, layer: int, block: str) -> HyperConnection:
+    p, hc, H = f"{layer_path(layer)}.hc_{block}", args.hyper.mult, args.hidden_size
     n = (2 + hc) * hc
     return HyperConnection(
         ckpt.array(f"{p}_fn", (n, hc * H)), ckpt.vector(f"{p}_base", n), ckpt.vector(f"{p}_scale", 3),
-        hc, args.hc_sinkhorn_iters, args.hc_eps, args.rms_norm_eps,
+        hc, args.hyper.sinkhorn_iters, args.hyper.eps, args.rms_norm_eps,
     )  # fmt: skip
 
 
-def build_streams(ctx: LayerContext) -> HyperStreams:
-    return HyperStreams(ctx.args.hc_mult)
-
-
-def build_layer(ctx: LayerContext, layer: int) -> HyperDecoderLayer:
+def hyper_layer(ctx: LayerContext, layer: int) -> HyperDecoderLayer:
+    """KDA or indexed attention, then clamped routed experts (plus shared) or a clamped dense MLP, on streams."""
     args, ckpt = ctx.args, ctx.ckpt
     if args.layer_types[layer] == "linear_attention":
         attn = KimiDeltaAttention(args, ckpt, layer)
     else:
-        indexer = KPoolIndexer(args, ckpt, layer) if args.indexer_full[layer] else None
+        indexer = KPoolIndexer(args, ckpt, layer) if args.indexer.full[layer] else None
         attn = MLAAttention(args, ckpt, layer, ctx.rope, indexer)
     limit, H = args.swiglu_limit, args.hidden_size
     if args.moe_layers[layer]:
@@ -223,7 +211,7 @@ def build_layer(ctx: LayerContext, layer: int) -> HyperDecoderLayer:
 
         ffn = ctx.sparse_moe(layer, make=make)
         ffn.shared = ClampedMLP(ckpt, module_path(layer, "mlp.shared_experts"), H,
-                                args.shared_expert_intermediate_size, limit)  # fmt: skip
+                                args.routing.shared_expert_intermediate_size, limit)  # fmt: skip
     else:
         ffn = ClampedMLP(ckpt, module_path(layer, "mlp"), H, args.intermediate_size, limit)
     p = layer_path(layer)
@@ -232,3 +220,63 @@ def build_layer(ctx: LayerContext, layer: int) -> HyperDecoderLayer:
         norm_weight(ckpt, f"{p}.post_attention_layernorm.weight", H), args.rms_norm_eps,
         _hyper_connection(args, ckpt, layer, "attn"), _hyper_connection(args, ckpt, layer, "ffn"),
     )  # fmt: skip
+
+
+class Glm5Next(Family):
+    defaults = {"glm5_next": _TEXT, "glm5_next_text": _TEXT}
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> Glm5NextArgs:
+        """Layer schedule, KDA geometry, MLA (no RoPE) + k-pool indexer, hyper-connections, clamped SwiGLU."""
+        n = base["num_hidden_layers"]
+        types = _layer_types(c, n)
+        if c.get("mlp_layer_types") is None:
+            c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * (n - 3)
+        moe_layers, routing = noaux_tc_args(c, base)
+        rope_dim = int(c.need("qk_rope_head_dim"))
+        if rope_dim:
+            raise RuntimeModelError(f"{c.where}: glm5_next attention has no RoPE, got qk_rope_head_dim {rope_dim}")
+        if not c.get("q_lora_rank"):
+            raise RuntimeModelError(f"{c.where}: {c.model_type} needs q_lora_rank")
+        topk, kpool = _kpool(c)
+        bound = c.get("linear_lower_bound")
+        # q_lora_rank is required here (the indexer reads the query LoRA); q_a / kv_a norms take rms_norm_eps
+        mla = replace(mla_args(c, base, rope_dim=0), q_lora_rank=int(c["q_lora_rank"]),
+                      latent_norm_eps=base["rms_norm_eps"])  # fmt: skip
+        kda = KDAArgs(conv_kernel=int(c["linear_conv_kernel_dim"]), num_heads=int(c["linear_num_heads"]),
+                      head_dim=int(c["linear_head_dim"]), lower_bound=float(bound) if bound is not None else None,
+                      a_log_4d=False)  # fmt: skip
+        indexer = IndexerArgs(topk=topk, head_dim=int(c.need("index_head_dim")), n_heads=int(c.need("index_n_heads")),
+                              full=indexer_types(c, n), kpool=kpool,
+                              kpool_tail=bool(c.get("index_kpool_always_select_tail", True)))  # fmt: skip
+        hyper = HyperArgs(mult=int(c["hc_mult"]), eps=float(c["hc_eps"]), sinkhorn_iters=int(c["hc_sinkhorn_iters"]))
+        swiglu_limit = float(c["swiglu_limit"])
+        if hyper.mult < 1 or hyper.sinkhorn_iters < 1:
+            raise RuntimeModelError(f"{c.where}: hc_mult and hc_sinkhorn_iters must be >= 1")
+        return Glm5NextArgs(
+            **{**base, "moe_layers": moe_layers, "head_dim": mla_head_dim(mla)},
+            layer_types=types, kda=kda, mla=mla, indexer=indexer, hyper=hyper, swiglu_limit=swiglu_limit,
+            routing=routing, rope=RopeArgs(dim=0),
+        )  # fmt: skip
+
+    def layer(self, ctx: LayerContext, layer: int) -> HyperDecoderLayer:
+        return hyper_layer(ctx, layer)
+
+    def io(self, args: Glm5NextArgs, ckpt: Checkpoint) -> ModelIO:
+        return HyperIO(args, ckpt)
+
+
+class HyperIO(ModelIO):
+    """``embed_tokens`` into ``hc_mult`` streams; their mean (the hyper head) before ``model.norm``."""
+
+    def __init__(self, args: Glm5NextArgs, ckpt: Checkpoint):
+        super().__init__(args, ckpt)
+        self.streams = HyperStreams(args.hyper.mult)
+
+    def tokens(self, ids: np.ndarray) -> np.ndarray:
+        return self.streams.expand(self.embed(ids))
+
+    def logits(self, x: np.ndarray, carry, all_logits: bool) -> np.ndarray:
+        return super().logits(self.streams.head(x), carry, all_logits)
+
+
+FAMILY = Glm5Next()

@@ -10,7 +10,7 @@
   ``out = ((up + 1) * gate * sigmoid(alpha * gate)) Wd + bd`` (``swiglu_alpha`` 1.702, ``swiglu_limit`` 7).
   The checkpoint's stacks ``experts.gate_up_proj [E, H, 2I]`` (gate = even columns, up = odd) and
   ``down_proj [E, I, H]`` with ``gate_up_proj_bias [E, 2I]`` / ``down_proj_bias [E, H]`` are read in place
-  (``names.STACK_ORIENTATION``), and so are openai's native MXFP4 stacks ``gate_up_proj_blocks`` / ``_scales``
+  (``formats/families.py``: transposed-interleaved), and so are openai's native MXFP4 stacks ``gate_up_proj_blocks`` / ``_scales``
   (gate = even rows; kept as mxfp4 codes); a converted container has per-expert
   ``experts.{E}.{gate,up,down}_proj.weight`` in any format plus F32 ``.bias`` vectors, read and cached with
   their expert.
@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,9 @@ import numpy as np
 from colitools.errors import RuntimeModelError
 from colitools.formats.names import STACK_BIASES, expert_tensor_name, module_path
 from colitools.runtime.attention import GQAAttention
-from colitools.runtime.config import ConfigKeys, rope_args
+from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
 from colitools.runtime.experts import Expert
-from colitools.runtime.model import DecoderLayer, LayerContext
+from colitools.runtime.family import DecoderLayer, Family, LayerContext
 from colitools.runtime.ops import sigmoid
 from colitools.runtime.weights import Checkpoint, Stored
 
@@ -38,39 +39,14 @@ DEFAULT_ROPE = {
     "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
     "original_max_position_embeddings": 4096,
 }  # fmt: skip
-DEFAULTS = {
-    "gpt_oss": {
-        "rms_norm_eps": 1e-5, "head_dim": 64, "sliding_window": 128, "rope_theta": 150000.0,
-        "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "max_position_embeddings": 131072,
-    },
-}  # fmt: skip
 
 
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """Every layer is MoE with experts of ``intermediate_size``; sliding windows from ``layer_types`` (default:
-    even layers sliding); sinks; the top-k-then-softmax router; clamped SwiGLU; RoPE (YaRN by default)."""
-    n_layers = base["num_hidden_layers"]
-    types = c.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)
-    ]
-    if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise RuntimeModelError(
-            f"{c.where}: layer_types must list sliding_attention / full_attention for each of {n_layers} layers"
-        )
-    window = c.get("sliding_window")
-    windows = [int(window) if t == "sliding_attention" and window else None for t in types]
-    if not (c.get("rope_parameters") or c.get("rope_scaling")):
-        c = ConfigKeys(c.model_type, {**c, "rope_parameters": DEFAULT_ROPE}, c.where)
-    return dict(
-        moe_layers=[True] * n_layers,
-        moe_intermediate_size=base["intermediate_size"],
-        sliding_windows=windows,
-        attention_sinks=True,
-        router="topk_softmax",
-        swiglu_limit=float(c["swiglu_limit"]),
-        swiglu_alpha=float(c["swiglu_alpha"]),
-        rope=rope_args(c, base["head_dim"]),
-    )
+@dataclass(kw_only=True)
+class GptOssArgs(GQAArgs):
+    """gpt-oss's clamped SwiGLU experts."""
+
+    swiglu_limit: float
+    swiglu_alpha: float
 
 
 class ClampedSwiGLUExpert(Expert):
@@ -114,12 +90,49 @@ def expert_biases(args, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stor
     ]  # fmt: skip
 
 
-def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:
-    args = ctx.args
-    attn = GQAAttention(args, ctx.ckpt, layer, qk_norm=None, rope=ctx.rope)
-    alpha, limit = args.swiglu_alpha, args.swiglu_limit
+class GptOss(Family):
+    defaults = {
+        "gpt_oss": {
+            "rms_norm_eps": 1e-5, "head_dim": 64, "sliding_window": 128, "rope_theta": 150000.0,
+            "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "max_position_embeddings": 131072,
+        },
+    }  # fmt: skip
 
-    def make(gate, up, down, biases):
-        return ClampedSwiGLUExpert(gate, up, down, biases, alpha, limit)
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> GptOssArgs:
+        """Every layer is MoE with experts of ``intermediate_size``; sliding windows from ``layer_types`` (default:
+        even layers sliding); sinks; the top-k-then-softmax router; clamped SwiGLU; RoPE (YaRN by default)."""
+        n_layers = base["num_hidden_layers"]
+        types = c.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)
+        ]
+        if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
+            raise RuntimeModelError(
+                f"{c.where}: layer_types must list sliding_attention / full_attention for each of {n_layers} layers"
+            )
+        window = c.get("sliding_window")
+        windows = [int(window) if t == "sliding_attention" and window else None for t in types]
+        if not (c.get("rope_parameters") or c.get("rope_scaling")):
+            c = ConfigKeys(c.model_type, {**c, "rope_parameters": DEFAULT_ROPE}, c.where)
+        return GptOssArgs(
+            **{**base, "moe_intermediate_size": base["intermediate_size"]},
+            attention=attention_args(c, n_layers, sliding_windows=windows, sinks=True),
+            routing=routing_args(c, router="topk_softmax"),
+            swiglu_limit=float(c["swiglu_limit"]),
+            swiglu_alpha=float(c["swiglu_alpha"]),
+            rope=rope_args(c, base["head_dim"]),
+        )
 
-    return ctx.decoder_layer(layer, attn, ctx.sparse_moe(layer, expert_biases(args, ctx.ckpt, layer), make))
+    def layer(self, ctx: LayerContext, layer: int) -> DecoderLayer:
+        args = ctx.args
+        attn = GQAAttention(args, ctx.ckpt, layer, rope=ctx.rope)
+        alpha, limit = args.swiglu_alpha, args.swiglu_limit
+
+        def make(gate, up, down, biases):
+            return ClampedSwiGLUExpert(gate, up, down, biases, alpha, limit)
+
+        return ctx.decoder_layer(
+            layer, attn, ctx.sparse_moe(layer, expert_biases(args, ctx.ckpt, layer), make)
+        )
+
+
+FAMILY = GptOss()

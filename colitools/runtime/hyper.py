@@ -87,7 +87,7 @@ class HyperStreams:
 
 class HyperDecoderLayer:
     """A decoder layer on streams: ``S = attn_hc(S, norm_in -> attn)`` then ``S = ffn_hc(S, norm_post -> ffn)``;
-    same call as ``model.DecoderLayer`` (``(streams, selection)`` out)."""
+    the call of ``family.DecoderLayer`` (``(streams, carry)`` out; the token mixer's ``mix`` sets the carry)."""
 
     def __init__(self, attn, ffn, norm_in, norm_post, eps: float, attn_hc: HyperConnection,
                  ffn_hc: HyperConnection):  # fmt: skip
@@ -95,20 +95,21 @@ class HyperDecoderLayer:
         self.attn_hc, self.ffn_hc = attn_hc, ffn_hc
 
     @property
-    def extra_nbytes(self) -> int:
-        return self.attn_hc.nbytes + self.ffn_hc.nbytes
+    def nbytes(self) -> int:
+        n = self.norm_in.nbytes + self.norm_post.nbytes + self.attn.nbytes + self.ffn.nbytes
+        return n + self.attn_hc.nbytes + self.ffn_hc.nbytes
 
-    def __call__(self, x, positions, cos, sin, selection):
-        out_selection = selection
+    def reset(self) -> None:
+        self.attn.reset()
+
+    def __call__(self, x, positions, cos, sin, carry):
+        out_carry = carry
 
         def attn(h):
-            nonlocal out_selection
-            h = rms_norm(h, self.norm_in, self.eps)
-            if hasattr(self.attn, "indexer"):  # MLA: returns the DSA key selection for the next shared layer
-                a, out_selection = self.attn(h, positions, cos, sin, selection)
-                return a
-            return self.attn(h, positions, cos, sin)
+            nonlocal out_carry
+            a, out_carry = self.attn.mix(rms_norm(h, self.norm_in, self.eps), positions, cos, sin, carry)
+            return a
 
         x = self.attn_hc(x, attn)
         x = self.ffn_hc(x, lambda h: self.ffn(rms_norm(h, self.norm_post, self.eps)))
-        return x, out_selection
+        return x, out_carry

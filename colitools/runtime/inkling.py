@@ -23,7 +23,7 @@ logits = (RMSNorm_final(x) / logits_mup_width_multiplier) @ unembed.T
   extra rows normalised together (``exp(l - logsumexp(l))``), times ``route_scale * gate.global_scale``; the last
   n_shared weights scale the shared experts (``shared_experts.{k}.*`` as converted, or the native stacks
   ``shared_w13_weight [n, 2I, H]`` gate/up rows interleaved / ``shared_w2_weight [n, H, I]``). Routed stacks
-  ``experts.w13_weight`` / ``w2_weight`` are read in place (``names.STACK_ORIENTATION``: rows-interleaved).
+  ``experts.w13_weight`` / ``w2_weight`` are read in place (``formats/families.py``: rows-interleaved).
   Dense layers (``mlp_layer_types`` ``dense``): ``global_scale * down(silu(gate(x)) * up(x))``.
 """
 
@@ -35,19 +35,19 @@ from typing import Any
 import numpy as np
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.families import stack_orientation
 from colitools.formats.names import (
     CANONICAL_PROJECTION,
     expert_tensor_name,
     layer_path,
     module_path,
-    stack_orientation,
 )
 from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs
-from colitools.runtime.experts import Expert, ExpertStore
+from colitools.runtime.experts import STACK_PICKS
+from colitools.runtime.family import Family, LayerContext, ModelIO
 from colitools.runtime.kernels import QTensor
 from colitools.runtime.linear_attention import ConvState
-from colitools.runtime.model import STACK_PICKS, LayerContext, expert_sources
 from colitools.runtime.moe import SparseMoE, _topk
 from colitools.runtime.ops import MLP, Embedding, Linear, rms_norm, sigmoid, silu, softmax
 from colitools.runtime.weights import Checkpoint, Stored, qtensor
@@ -63,13 +63,12 @@ _TEXT = {  # transformers 5.24 InklingTextConfig
     "moe_intermediate_size": 3072, "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 2,
     "route_scale": 8.0, "logits_mup_width_multiplier": 24.0,
 }  # fmt: skip
-DEFAULTS = {"inkling_mm_model": dict(_TEXT), "inkling_text": dict(_TEXT)}
 LAYER_TYPES = ("hybrid_sliding", "hybrid")
 
 
-@dataclass(frozen=True)
-class InklingArgs:
-    """The Inkling facts beyond ``ModelArgs``' common ones (``ModelArgs.inkling``)."""
+@dataclass(kw_only=True)
+class HybridArgs(ModelArgs):
+    """What Inkling and Inkling-2 read alike (``common_args``)."""
 
     layer_types: tuple[str, ...]  # per layer "hybrid_sliding" | "hybrid"
     swa_heads: int
@@ -81,10 +80,16 @@ class InklingArgs:
     log_scaling_n_floor: int | None
     log_scaling_alpha: float
     conv_kernel: int
+    unpadded_vocab_size: int | None
+
+
+@dataclass(kw_only=True)
+class InklingArgs(HybridArgs):
+    """Inkling's shared experts (weighted by the router's extra rows) and its logit divisor."""
+
     n_shared: int
     route_scale: float
     mup: float  # logits_mup_width_multiplier
-    unpadded_vocab_size: int | None
 
 
 def optional(c: ConfigKeys, key: str, kind=int):
@@ -93,7 +98,7 @@ def optional(c: ConfigKeys, key: str, kind=int):
 
 
 def common_args(c: ConfigKeys, n: int, types: list[str]) -> dict[str, Any]:
-    """The config facts Inkling and Inkling-2 (``inkling2.family_args``) read alike, checked: ``n`` layer types
+    """The config facts Inkling and Inkling-2 (``HybridArgs``) read alike, checked: ``n`` layer types
     of ``LAYER_TYPES``, the sliding attention's geometry (its heads split into its kv heads), the relative
     positions, the log scaling, the short convolutions' kernel and the unpadded vocabulary."""
     if len(types) != n or any(t not in LAYER_TYPES for t in types):
@@ -115,31 +120,6 @@ def common_args(c: ConfigKeys, n: int, types: list[str]) -> dict[str, Any]:
         log_scaling_alpha=float(c["log_scaling_alpha"]),
         conv_kernel=int(c.get("sconv_kernel_size") or c["conv_kernel_size"]),
         unpadded_vocab_size=optional(c, "unpadded_vocab_size"),
-    )
-
-
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    n = base["num_hidden_layers"]
-    types = c.get("layer_types")
-    if types is None:
-        local = set(c["local_layer_ids"]) if c.get("local_layer_ids") is not None else {
-            i for i in range(n) if (i + 1) % 6}  # fmt: skip
-        types = ["hybrid_sliding" if i in local else "hybrid" for i in range(n)]
-    mlp_types = c.get("mlp_layer_types") or ["sparse"] * n
-    if any(t not in ("dense", "sparse") for t in mlp_types):
-        raise RuntimeModelError(f"{c.where}: mlp_layer_types must be dense / sparse, got {mlp_types}")
-    ink = InklingArgs(
-        **common_args(c, n, types),
-        n_shared=int(c["n_shared_experts"]),
-        route_scale=float(c["route_scale"]),
-        mup=float(c["logits_mup_width_multiplier"]),
-    )
-    return dict(
-        moe_layers=[t == "sparse" for t in mlp_types],
-        sliding_windows=[ink.window if t == "hybrid_sliding" else None for t in types],
-        use_qk_norm=True,
-        rope=RopeArgs(dim=0),  # no RoPE: relative-position logits
-        inkling=ink,
     )
 
 
@@ -195,22 +175,22 @@ def attend_biased(q, k, v, allowed, scale, bias, sinks=None) -> np.ndarray:
     return np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(N, Hq * Dv)
 
 
-def head_geometry(args: ModelArgs, ink, layer: int) -> tuple[bool, int, int, int]:
+def head_geometry(args: HybridArgs, layer: int) -> tuple[bool, int, int, int]:
     """``(sliding, query heads, kv heads, head dim)`` of layer ``layer``: sliding layers (``hybrid_sliding``) have
     their own heads (``swa_*``), the others the config's (Inkling and Inkling-2)."""
-    if ink.layer_types[layer] == "hybrid_sliding":
-        return True, ink.swa_heads, ink.swa_kv_heads, ink.swa_head_dim
+    if args.layer_types[layer] == "hybrid_sliding":
+        return True, args.swa_heads, args.swa_kv_heads, args.swa_head_dim
     return False, args.num_attention_heads, args.num_key_value_heads, args.head_dim
 
 
 class InklingAttention:
     """One Inkling attention layer with its KV cache and its k / v short-convolution states."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int):
-        ink: InklingArgs = args.inkling
+    def __init__(self, args: InklingArgs, ckpt: Checkpoint, layer: int):
+        ink = args
         p = module_path(layer, "attn")
         H = args.hidden_size
-        self.sliding, self.nq, self.nkv, self.D = head_geometry(args, ink, layer)
+        self.sliding, self.nq, self.nkv, self.D = head_geometry(args, layer)
         nq, nkv, D = self.nq, self.nkv, self.D
         self.q = Linear.load(ckpt, f"{p}.wq_du", nq * D, H)
         self.k = Linear.load(ckpt, f"{p}.wk_dv", nkv * D, H)
@@ -266,13 +246,12 @@ class InklingAttention:
 class InklingMoE(SparseMoE):
     """Routed experts weighted by the extra-row router, plus the shared experts weighted by its last rows."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, ctx: LayerContext):
-        ink: InklingArgs = args.inkling
+    def __init__(self, args: InklingArgs, ckpt: Checkpoint, layer: int, ctx: LayerContext):
+        ink = args
         p = module_path(layer, "mlp")
         H, E, I, S = args.hidden_size, args.num_experts, args.moe_intermediate_size, ink.n_shared
-        self.store = ExpertStore(ckpt, layer, expert_sources(args, ckpt, layer), E, None, Expert)
-        ctx.stores[layer] = self.store
-        self.args, self.layer, self.usage = args, layer, None if ctx.usage is None else ctx.usage[layer]
+        self.store = ctx.expert_store(layer)
+        self.args, self.layer, self.usage = args, layer, ctx.layer_usage(layer)
         self.router = Linear(ckpt.resident(f"{p}.gate.weight", E + S, H))
         self.bias = ckpt.vector(f"{p}.gate.bias", E)
         self.global_scale = float(ckpt.vector(f"{p}.gate.global_scale", 1)[0])
@@ -370,12 +349,16 @@ class InklingLayer:
 
     def __init__(self, ctx: LayerContext, layer: int, attn, ffn):
         args, ckpt, p = ctx.args, ctx.ckpt, layer_path(layer)
-        H, K = args.hidden_size, args.inkling.conv_kernel
+        H, K = args.hidden_size, args.conv_kernel
         self.attn, self.ffn, self.eps = attn, ffn, args.rms_norm_eps
         self.norm_in = ckpt.vector(f"{p}.attn_norm.weight", H)
         self.norm_post = ckpt.vector(f"{p}.mlp_norm.weight", H)
         self.attn_conv = short_conv(ckpt, f"{p}.attn_sconv.weight", H, K)
         self.mlp_conv = short_conv(ckpt, f"{p}.mlp_sconv.weight", H, K)
+
+    @property
+    def nbytes(self) -> int:
+        return self.norm_in.nbytes + self.norm_post.nbytes + self.attn.nbytes + self.ffn.nbytes
 
     def reset(self) -> None:
         self.attn.reset()
@@ -387,31 +370,57 @@ class InklingLayer:
         return x + self.mlp_conv(self.ffn(rms_norm(x, self.norm_post, self.eps))), carry
 
 
-def build_layer(ctx: LayerContext, layer: int) -> InklingLayer:
-    args = ctx.args
-    ffn = InklingMoE(args, ctx.ckpt, layer, ctx) if args.moe_layers[layer] else InklingDense(ctx, layer)
-    return InklingLayer(ctx, layer, InklingAttention(args, ctx.ckpt, layer), ffn)
-
-
-class ModelIO:
+class InklingIO(ModelIO):
     """Embedding with ``embed_norm``, final norm, ``/ logits_mup_width_multiplier``, ``unembed`` (native names)."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint):
+    def __init__(self, args: InklingArgs, ckpt: Checkpoint):
         H, V = args.hidden_size, args.vocab_size
         self.embed = Embedding(ckpt, "model.embed.weight", V, H)
         self.embed_norm = ckpt.vector("model.embed_norm.weight", H)
         self.norm = ckpt.vector("model.norm.weight", H)
         self.lm_head = Linear.load(ckpt, "unembed", V, H)
-        self.eps, self.mup = args.rms_norm_eps, F32(args.inkling.mup)
-        self.unpadded = args.inkling.unpadded_vocab_size
+        self.eps, self.mup = args.rms_norm_eps, F32(args.mup)
+        self.unpadded = args.unpadded_vocab_size
 
     def tokens(self, ids: np.ndarray) -> np.ndarray:
         return rms_norm(self.embed(ids), self.embed_norm, self.eps)
-
-    def carry(self, x: np.ndarray):
-        return None
 
     def logits(self, x: np.ndarray, carry, all_logits: bool) -> np.ndarray:
         x = x if all_logits else x[-1:]
         logits = self.lm_head(rms_norm(x, self.norm, self.eps) / self.mup)
         return logits[:, : self.unpadded] if self.unpadded is not None else logits
+
+
+class Inkling(Family):
+    defaults = {"inkling_mm_model": dict(_TEXT), "inkling_text": dict(_TEXT)}
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> InklingArgs:
+        """Layer types (default: every 6th layer global), dense / sparse MLPs, the shared experts, no RoPE."""
+        n = base["num_hidden_layers"]
+        types = c.get("layer_types")
+        if types is None:
+            local = set(c["local_layer_ids"]) if c.get("local_layer_ids") is not None else {
+                i for i in range(n) if (i + 1) % 6}  # fmt: skip
+            types = ["hybrid_sliding" if i in local else "hybrid" for i in range(n)]
+        mlp_types = c.get("mlp_layer_types") or ["sparse"] * n
+        if any(t not in ("dense", "sparse") for t in mlp_types):
+            raise RuntimeModelError(f"{c.where}: mlp_layer_types must be dense / sparse, got {mlp_types}")
+        return InklingArgs(
+            **{**base, "moe_layers": [t == "sparse" for t in mlp_types]},
+            **common_args(c, n, types),
+            n_shared=int(c["n_shared_experts"]),
+            route_scale=float(c["route_scale"]),
+            mup=float(c["logits_mup_width_multiplier"]),
+            rope=RopeArgs(dim=0),  # no RoPE: relative-position logits
+        )
+
+    def layer(self, ctx: LayerContext, layer: int) -> InklingLayer:
+        args = ctx.args
+        ffn = InklingMoE(args, ctx.ckpt, layer, ctx) if args.moe_layers[layer] else InklingDense(ctx, layer)
+        return InklingLayer(ctx, layer, InklingAttention(args, ctx.ckpt, layer), ffn)
+
+    def io(self, args: InklingArgs, ckpt: Checkpoint) -> InklingIO:
+        return InklingIO(args, ckpt)
+
+
+FAMILY = Inkling()

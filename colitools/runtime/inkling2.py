@@ -38,9 +38,11 @@ import numpy as np
 from colitools.errors import RuntimeModelError
 from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import KVBuffer, causal_mask
-from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs
-from colitools.runtime.experts import Expert, ExpertStore
+from colitools.runtime.config import ConfigKeys, RopeArgs, routing_args
+from colitools.runtime.experts import Expert
+from colitools.runtime.family import Family, LayerContext, ModelIO
 from colitools.runtime.inkling import (
+    HybridArgs,
     ShortConv,
     attend_biased,
     common_args,
@@ -49,7 +51,6 @@ from colitools.runtime.inkling import (
     optional,
     relative_bias,
 )
-from colitools.runtime.model import LayerContext, expert_sources
 from colitools.runtime.moe import SparseMoE, noaux_tc
 from colitools.runtime.ops import Embedding, Linear, rms_norm, sigmoid, softmax
 from colitools.runtime.weights import Checkpoint
@@ -66,24 +67,13 @@ _TEXT = {  # transformers 5.24 Inkling2TextConfig
     "rel_l2_clip_threshold": 8.0, "n_layers_per_attn_res_block": 6, "mlp_gate_softcap": 4.0,
     "mlp_up_softcap": 25.0, "final_logit_softcapping": 30.0, "scoring_func": "sigmoid", "eos_token_id": 200006,
 }  # fmt: skip
-DEFAULTS = {"inkling2": dict(_TEXT), "inkling2_text": dict(_TEXT)}
 RES_EPS = 1e-6  # Inkling2BlockAttentionResidual's Inkling2UnweightedRMSNorm() default
 
 
-@dataclass(frozen=True)
-class Inkling2Args:
-    """The Inkling-2 facts beyond ``ModelArgs``' common ones (``ModelArgs.inkling``)."""
+@dataclass(kw_only=True)
+class Inkling2Args(HybridArgs):
+    """The Inkling-2 facts beyond what it reads like Inkling (``HybridArgs``)."""
 
-    layer_types: tuple[str, ...]
-    swa_heads: int
-    swa_kv_heads: int
-    swa_head_dim: int
-    window: int
-    d_rel: int
-    rel_extent: int
-    log_scaling_n_floor: int | None
-    log_scaling_alpha: float
-    conv_kernel: int
     route_scale: float
     qk_clip: float
     rel_clip: float
@@ -91,35 +81,31 @@ class Inkling2Args:
     gate_cap: float
     up_cap: float
     logit_cap: float | None
-    unpadded_vocab_size: int | None
 
 
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
+def _inkling2_args(c: ConfigKeys, base: dict[str, Any]) -> Inkling2Args:
     n = base["num_hidden_layers"]
     types = c.get("layer_types") or ["hybrid" if (i + 1) % 6 == 0 else "hybrid_sliding" for i in range(n)]
     if c.get("scoring_func", "sigmoid") != "sigmoid":
         raise RuntimeModelError(f"{c.where}: scoring_func {c['scoring_func']!r} is not supported (sigmoid)")
-    ink = Inkling2Args(
-        **common_args(c, n, types),
-        route_scale=float(c.get("routed_scaling_factor") or c["route_scale"]),
+    common = common_args(c, n, types)
+    route_scale = float(c.get("routed_scaling_factor") or c["route_scale"])
+    args = Inkling2Args(
+        **base,
+        **common,
+        route_scale=route_scale,
         qk_clip=float(c["qk_l2_clip_threshold"]),
         rel_clip=float(c["rel_l2_clip_threshold"]),
         block=int(c["n_layers_per_attn_res_block"]),
         gate_cap=float(c["mlp_gate_softcap"]),
         up_cap=float(c["mlp_up_softcap"]),
         logit_cap=optional(c, "final_logit_softcapping", float),
-    )
-    if ink.block < 1:
-        raise RuntimeModelError(f"{c.where}: n_layers_per_attn_res_block must be >= 1, got {ink.block}")
-    return dict(
-        moe_layers=[True] * n,
-        sliding_windows=[ink.window if t == "hybrid_sliding" else None for t in types],
-        router="noaux_tc",
-        norm_topk_prob=True,
-        routed_scaling_factor=ink.route_scale,
+        routing=routing_args(c, router="noaux_tc", norm_topk_prob=True, routed_scaling_factor=route_scale),
         rope=RopeArgs(dim=0),  # no RoPE: relative-position logits
-        inkling=ink,
     )
+    if args.block < 1:
+        raise RuntimeModelError(f"{c.where}: n_layers_per_attn_res_block must be >= 1, got {args.block}")
+    return args
 
 
 # ------------------------------------------------------------------------------------------- pieces
@@ -189,11 +175,11 @@ def block_residual(states: np.ndarray, x: np.ndarray, queries: np.ndarray) -> li
 class Inkling2Attention:
     """One Inkling-2 attention layer (sliding or full) with its KV cache and k / v convolution states."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int):
-        ink: Inkling2Args = args.inkling
+    def __init__(self, args: Inkling2Args, ckpt: Checkpoint, layer: int):
+        ink = args
         p = module_path(layer, "attn")
         H = args.hidden_size
-        self.sliding, self.nq, self.nkv, self.D = head_geometry(args, ink, layer)
+        self.sliding, self.nq, self.nkv, self.D = head_geometry(args, layer)
         nq, nkv, D, K = self.nq, self.nkv, self.D, ink.conv_kernel
         self.q = Linear.load(ckpt, f"{p}.wq_du", nq * D, H)
         self.k = Linear.load(ckpt, f"{p}.wk_dv", nkv * D, H)
@@ -277,24 +263,24 @@ class SoftcappedSwiGLUExpert(Expert):
 class Inkling2MoE(SparseMoE):
     """Sigmoid top-k with the correction bias ``mlp.gate.bias`` (not a logit bias), softcapped SwiGLU experts."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int, ctx: LayerContext):
-        ink: Inkling2Args = args.inkling
+    def __init__(self, args: Inkling2Args, ckpt: Checkpoint, layer: int, ctx: LayerContext):
         p = module_path(layer, "mlp")
         E, H = args.num_experts, args.hidden_size
 
         def make(gate, up, down, biases=None):
-            return SoftcappedSwiGLUExpert(gate, up, down, biases, ink.gate_cap, ink.up_cap)
+            return SoftcappedSwiGLUExpert(gate, up, down, biases, args.gate_cap, args.up_cap)
 
-        self.store = ExpertStore(ckpt, layer, expert_sources(args, ckpt, layer), E, None, make)
-        ctx.stores[layer] = self.store
-        self.args, self.layer, self.usage = args, layer, None if ctx.usage is None else ctx.usage[layer]
+        self.store = ctx.expert_store(layer, make=make)
+        self.args, self.layer, self.usage = args, layer, ctx.layer_usage(layer)
         self.router = Linear(ckpt.resident(f"{p}.gate.weight", E, H))
         self.bias = ckpt.vector(f"{p}.gate.bias", E)
         self.shared = self.shared_gate = None
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = self.args
-        return noaux_tc(self.router(x), self.bias, a.num_experts_per_tok, 1, 1, True, a.routed_scaling_factor)
+        return noaux_tc(
+            self.router(x), self.bias, a.num_experts_per_tok, 1, 1, True, a.routing.routed_scaling_factor
+        )
 
 
 # ------------------------------------------------------------------------------------------- layers
@@ -303,7 +289,7 @@ class Inkling2Layer:
 
     def __init__(self, ctx: LayerContext, layer: int):
         args, ckpt, p = ctx.args, ctx.ckpt, layer_path(layer)
-        ink: Inkling2Args = args.inkling
+        ink = args
         H, K = args.hidden_size, ink.conv_kernel
         self.attn = Inkling2Attention(args, ckpt, layer)
         self.ffn = Inkling2MoE(args, ckpt, layer, ctx)
@@ -325,6 +311,10 @@ class Inkling2Layer:
         self.attn_conv = ScaledShortConv(ckpt.array(f"{p}.attn_sconv.weight", (H, 1, K)))
         self.mlp_conv = ScaledShortConv(ckpt.array(f"{p}.mlp_sconv.weight", (H, 1, K)))
 
+    @property
+    def nbytes(self) -> int:
+        return self.norm_in.nbytes + self.norm_post.nbytes + self.attn.nbytes + self.ffn.nbytes
+
     def reset(self) -> None:
         self.attn.reset()
         self.attn_conv.reset()
@@ -344,28 +334,23 @@ class Inkling2Layer:
         return r + self.mlp_conv(self.ffn(rms_norm(h, self.norm_post, self.eps))), blocks
 
 
-def build_layer(ctx: LayerContext, layer: int) -> Inkling2Layer:
-    return Inkling2Layer(ctx, layer)
-
-
-class ModelIO:
+class Inkling2IO(ModelIO):
     """``embed_norm``; empty block states to start; the output query's block residual, the final norm,
     ``unembed`` and the final logit softcap."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint):
+    def __init__(self, args: Inkling2Args, ckpt: Checkpoint):
         H, V = args.hidden_size, args.vocab_size
-        ink: Inkling2Args = args.inkling
         self.embed = Embedding(ckpt, "model.embed.weight", V, H)
         self.embed_norm = ckpt.vector("model.embed_norm.weight", H)
         self.norm = ckpt.vector("model.norm.weight", H)
         self.output_query = ckpt.vector("model.attn_res.output_query", H)[None]
         self.lm_head = Linear.load(ckpt, "unembed", V, H)
-        self.eps, self.cap, self.unpadded = args.rms_norm_eps, ink.logit_cap, ink.unpadded_vocab_size
+        self.eps, self.cap, self.unpadded = args.rms_norm_eps, args.logit_cap, args.unpadded_vocab_size
 
     def tokens(self, ids: np.ndarray) -> np.ndarray:
         return rms_norm(self.embed(ids), self.embed_norm, self.eps)
 
-    def carry(self, x: np.ndarray) -> np.ndarray:
+    def carry(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
         return np.zeros((x.shape[0], 0, x.shape[1]), dtype=F32)
 
     def logits(self, x: np.ndarray, blocks: np.ndarray, all_logits: bool) -> np.ndarray:
@@ -376,3 +361,19 @@ class ModelIO:
         if self.unpadded is not None:
             logits = logits[:, : self.unpadded]
         return softcap(logits, self.cap) if self.cap is not None else logits
+
+
+class Inkling2(Family):
+    defaults = {"inkling2": dict(_TEXT), "inkling2_text": dict(_TEXT)}
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> Inkling2Args:
+        return _inkling2_args(c, base)
+
+    def layer(self, ctx: LayerContext, layer: int) -> Inkling2Layer:
+        return Inkling2Layer(ctx, layer)
+
+    def io(self, args: Inkling2Args, ckpt: Checkpoint) -> Inkling2IO:
+        return Inkling2IO(args, ckpt)
+
+
+FAMILY = Inkling2()

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.families import kda_shapes
 from colitools.formats.names import module_path
+from colitools.runtime.attention import TokenMixer
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.linear_attention import CHUNK, ConvState, _unit_lower_solve, l2norm
 from colitools.runtime.ops import Linear, rms_norm, sigmoid, silu
@@ -88,8 +90,9 @@ def chunked_kda(q, k, v, g, beta, state, chunk: int = CHUNK):
     return out.reshape(H, T, dv)[:, :N].transpose(1, 0, 2), S
 
 
-class KimiDeltaAttention:
-    """One KDA ``self_attn`` layer with its conv and recurrent state."""
+class KimiDeltaAttention(TokenMixer):
+    """One KDA ``self_attn`` layer with its conv and recurrent state (``args.kda``; shapes
+    ``formats/families.kda_shapes``)."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int):
         kda = args.kda
@@ -98,24 +101,24 @@ class KimiDeltaAttention:
         self.nh, self.d = kda.num_heads, kda.head_dim
         C = self.nh * self.d
         self.C = C
-        self.q = Linear.load(ckpt, f"{p}.q_proj", C, H)
-        self.k = Linear.load(ckpt, f"{p}.k_proj", C, H)
-        self.v = Linear.load(ckpt, f"{p}.v_proj", C, H)
+        shapes = kda_shapes(H, self.nh, self.d)
+
+        def load(leaf: str) -> Linear:
+            return Linear.load(ckpt, f"{p}.{leaf}", *shapes[leaf])
+
+        self.q, self.k, self.v = load("q_proj"), load("k_proj"), load("v_proj")
         K = kda.conv_kernel
         self.conv = ConvState(
             np.concatenate([ckpt.array(f"{p}.{n}_conv1d.weight", (C, 1, K)) for n in ("q", "k", "v")], axis=0)
         )
-        self.f_a = Linear.load(ckpt, f"{p}.f_a_proj", self.d, H)
-        self.f_b = Linear.load(ckpt, f"{p}.f_b_proj", C, self.d)
+        self.f_a, self.f_b = load("f_a_proj"), load("f_b_proj")
         self.dt_bias = ckpt.vector(f"{p}.dt_bias", C)
         a_shape = (1, 1, self.nh, 1) if kda.a_log_4d else (self.nh,)
         self.decay_rate = np.exp(ckpt.array(f"{p}.A_log", a_shape).reshape(self.nh, 1))  # [H, 1]
         self.lower_bound = kda.lower_bound
-        self.b = Linear.load(ckpt, f"{p}.b_proj", self.nh, H)
-        self.g_a = Linear.load(ckpt, f"{p}.g_a_proj", self.d, H)
-        self.g_b = Linear.load(ckpt, f"{p}.g_b_proj", C, self.d)
+        self.b, self.g_a, self.g_b = load("b_proj"), load("g_a_proj"), load("g_b_proj")
         self.o_norm = ckpt.vector(f"{p}.o_norm.weight", self.d)
-        self.o = Linear.load(ckpt, f"{p}.o_proj", H, C)
+        self.o = load("o_proj")
         self.projections = [self.q, self.k, self.v, self.f_a, self.f_b, self.b, self.g_a, self.g_b, self.o]
         self.eps = args.rms_norm_eps
         self.chunk = CHUNK  # transformers' chunk size; any size gives the same function (tests use a small one)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.families import gated_deltanet_shapes
 from colitools.formats.names import module_path
+from colitools.runtime.attention import TokenMixer
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.ops import Linear, rms_norm, sigmoid, silu
 from colitools.runtime.weights import Checkpoint
@@ -122,8 +124,9 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk: int = CHUNK):
     return out.reshape(Hv, T, dv)[:, :N].transpose(1, 0, 2), S
 
 
-class GatedDeltaNet:
-    """One ``linear_attn`` layer with its conv and recurrent state."""
+class GatedDeltaNet(TokenMixer):
+    """One ``linear_attn`` layer with its conv and recurrent state (``args.linear_attention``; shapes
+    ``formats/families.gated_deltanet_shapes``)."""
 
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, layer: int):
         la = args.linear_attention
@@ -135,21 +138,24 @@ class GatedDeltaNet:
         self.kd, self.vd = self.nk * self.dk, self.nv * self.dv
         C = 2 * self.kd + self.vd
         self.fused = la.fused_projections
+        shapes = gated_deltanet_shapes(H, self.nk, self.nv, self.dk, self.dv)
+
+        def load(leaf: str) -> Linear:
+            return Linear.load(ckpt, f"{p}.{leaf}", *shapes[leaf])
+
         if self.fused:
-            self.in_qkvz = Linear.load(ckpt, f"{p}.in_proj_qkvz", 2 * self.kd + 2 * self.vd, H)
-            self.in_ba = Linear.load(ckpt, f"{p}.in_proj_ba", 2 * self.nv, H)
+            self.in_qkvz, self.in_ba = load("in_proj_qkvz"), load("in_proj_ba")
             self.projections = [self.in_qkvz, self.in_ba]
         else:
-            self.in_qkv = Linear.load(ckpt, f"{p}.in_proj_qkv", C, H)
-            self.in_z = Linear.load(ckpt, f"{p}.in_proj_z", self.vd, H)
-            self.in_b = Linear.load(ckpt, f"{p}.in_proj_b", self.nv, H)
-            self.in_a = Linear.load(ckpt, f"{p}.in_proj_a", self.nv, H)
+            self.in_qkv, self.in_z, self.in_b, self.in_a = (
+                load(f"in_proj_{k}") for k in ("qkv", "z", "b", "a")
+            )
             self.projections = [self.in_qkv, self.in_z, self.in_b, self.in_a]
         self.conv = ConvState(ckpt.array(f"{p}.conv1d.weight", (C, 1, la.conv_kernel)))
         self.A = -np.exp(ckpt.vector(f"{p}.A_log", self.nv))  # float32, as transformers' -A_log.float().exp()
         self.dt_bias = ckpt.vector(f"{p}.dt_bias", self.nv)
         self.norm = ckpt.vector(f"{p}.norm.weight", self.dv)  # the gated norm scales by w itself
-        self.out = Linear.load(ckpt, f"{p}.out_proj", H, self.vd)
+        self.out = load("out_proj")
         self.projections.append(self.out)
         self.eps = args.rms_norm_eps
         self.state: np.ndarray | None = None

@@ -6,25 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from colitools.runtime.attention import GQAAttention
-from colitools.runtime.config import ConfigKeys
-from colitools.runtime.model import DecoderLayer, LayerContext
-
-DEFAULTS = {"mixtral": {"rms_norm_eps": 1e-5, "norm_topk_prob": True, "rope_theta": 1e6}}  # MixtralConfig
+from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
+from colitools.runtime.family import Family
 
 
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """Every layer is MoE, experts sized by ``intermediate_size``; the router always renormalises; one
-    ``sliding_window`` (or none) for every layer."""
-    n_layers, window = base["num_hidden_layers"], c.get("sliding_window")
-    return dict(
-        moe_layers=[True] * n_layers,
-        moe_intermediate_size=base["intermediate_size"],
-        norm_topk_prob=True,
-        sliding_windows=[int(window) if window else None] * n_layers,
-    )
+class Mixtral(Family):
+    defaults = {"mixtral": {"rms_norm_eps": 1e-5, "norm_topk_prob": True, "rope_theta": 1e6}}  # MixtralConfig
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> GQAArgs:
+        """Every layer is MoE, experts sized by ``intermediate_size``; the router always renormalises; one
+        ``sliding_window`` (or none) for every layer."""
+        n_layers, window = base["num_hidden_layers"], c.get("sliding_window")
+        return GQAArgs(
+            **{**base, "moe_intermediate_size": base["intermediate_size"]},
+            attention=attention_args(
+                c, n_layers, sliding_windows=[int(window) if window else None] * n_layers
+            ),
+            routing=routing_args(c, norm_topk_prob=True),
+            rope=rope_args(c, base["head_dim"]),
+        )
 
 
-def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:
-    attn = GQAAttention(ctx.args, ctx.ckpt, layer, qk_norm=None, rope=ctx.rope)
-    return ctx.decoder_layer(layer, attn, ctx.sparse_moe(layer))
+FAMILY = Mixtral()

@@ -1,15 +1,11 @@
-"""The model skeleton shared by every family, expert placement (``--cap`` / ``--ram-gb``) and ``load_model``.
+"""The model: ``Model`` (forward, the generation API, statistics), expert placement (``--cap`` / ``--ram-gb``) and
+``load_model``.
 
-```
-x = embed[ids]
-for each layer: x = x + Attn(RMSNorm_in(x)); x = x + FFN(RMSNorm_post(x))
-logits = RMSNorm_final(x) @ lm_head.T
-```
-Each family file (``olmoe.py``, ``qwen_moe.py``, ``mixtral.py``, ``deepseek_v3.py``, ``glm4_moe.py``,
-``qwen3_next.py``, found by ``model_type`` through ``config.FAMILY_MODULES``) parses its own config keys
-(``family_args``) and says which token mixer ("Attn": attention or, in the hybrids, Gated DeltaNet linear
-attention) and feed-forward a layer has (``build_layer``); ``LayerContext`` hands out the shared pieces. Each
-token mixer owns its part of the cache (KV buffers, conv and delta-rule state); ``Model.reset`` empties them.
+``load_model`` finds the family of the config's ``model_type`` (``family.family_for``), parses its arguments
+(``ModelArgs.from_config``: the family's ``args``), builds every decoder layer with the family's ``layer`` and the
+model's two ends with its ``io`` (``family.ModelIO``); ``Model.forward`` runs ``io.tokens`` -> the layers ->
+``io.logits``, whatever the family. Each layer owns its part of the cache (KV buffers, conv and delta-rule state);
+``Model.reset`` empties them.
 """
 
 from __future__ import annotations
@@ -21,136 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import ParameterError, RuntimeModelError
-from colitools.formats.filenames import USAGE_FILE
-from colitools.formats.names import (
-    MXFP4_STACK_SUFFIXES,
-    Orientation,
-    expert_tensor_name,
-    layer_path,
-    module_path,
-    stack_name,
-    stack_names,
-    stack_orientation,
-)
-from colitools.runtime.config import ModelArgs, family_module
-from colitools.runtime.experts import Expert, ExpertStore, StoreStats
-from colitools.runtime.moe import SparseMoE
-from colitools.runtime.ops import MLP, Embedding, Linear, norm_weight, rms_norm
+from colitools.formats import model_config
+from colitools.formats.filenames import CONFIG_FILE, USAGE_FILE
+from colitools.runtime.config import ModelArgs
+from colitools.runtime.experts import ExpertStore, StoreStats
+from colitools.runtime.family import Layer, LayerContext, ModelIO, family_for
 from colitools.runtime.rope import Rope
-from colitools.runtime.weights import Checkpoint, Stored
-
-F32 = np.float32
-
-
-
-class DecoderLayer:
-    """``x + Attn(norm_in(x))`` then ``x + FFN(norm_post(x))``."""
-
-    def __init__(self, attn, ffn, norm_in: np.ndarray, norm_post: np.ndarray, eps: float):
-        self.attn, self.ffn, self.norm_in, self.norm_post, self.eps = attn, ffn, norm_in, norm_post, eps
-
-    def __call__(self, x, positions, cos, sin, selection):
-        h = rms_norm(x, self.norm_in, self.eps)
-        if hasattr(self.attn, "indexer"):  # MLA: returns the DSA key selection for the next shared layer
-            a, selection = self.attn(h, positions, cos, sin, selection)
-        else:
-            a = self.attn(h, positions, cos, sin)
-        x = x + a
-        return x + self.ffn(rms_norm(x, self.norm_post, self.eps)), selection
-
-
-class LayerContext:
-    """What a family's ``build_layer`` needs: args, checkpoint, RoPE, and factories for the shared blocks."""
-
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, rope: Rope, usage: np.ndarray | None):
-        self.args, self.ckpt, self.rope, self.usage = args, ckpt, rope, usage
-        self.stores: dict[int, ExpertStore] = {}
-
-    def decoder_layer(self, layer: int, attn, ffn) -> DecoderLayer:
-        p, H, zc = layer_path(layer), self.args.hidden_size, self.args.zero_centred_norms
-        return DecoderLayer(
-            attn,
-            ffn,
-            norm_weight(self.ckpt, f"{p}.input_layernorm.weight", H, zc),
-            norm_weight(self.ckpt, f"{p}.post_attention_layernorm.weight", H, zc),
-            self.args.rms_norm_eps,
-        )
-
-    def dense_mlp(self, layer: int) -> MLP:
-        return MLP(self.ckpt, module_path(layer, "mlp"), self.args.hidden_size, self.args.intermediate_size)
-
-    def sparse_moe(self, layer: int, biases: list[tuple[Stored, Stored, Stored]] | None = None,
-                   make: type[Expert] | None = None) -> SparseMoE:  # fmt: skip
-        """The layer's MoE block; ``biases`` / ``make``: per-expert biases and the family's expert class."""
-        store = ExpertStore(
-            self.ckpt, layer, expert_sources(self.args, self.ckpt, layer), self.args.num_experts,
-            biases, make or Expert,
-        )  # fmt: skip
-        self.stores[layer] = store
-        return SparseMoE(
-            self.args, self.ckpt, layer, store, None if self.usage is None else self.usage[layer]
-        )
-
-
-# How (gate, up, down) sit in an interleaved or transposed expert stack: (start, step, transposed) per
-# projection, for Checkpoint.stack_expert (orientation: names.stack_orientation, a fact of the family).
-STACK_PICKS: dict[Orientation, tuple[tuple[int, int, bool], ...]] = {
-    Orientation.ROWS_INTERLEAVED: ((0, 2, False), (1, 2, False), (0, 1, False)),
-    Orientation.TRANSPOSED_INTERLEAVED: ((0, 2, True), (1, 2, True), (0, 1, True)),
-}
-
-
-def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stored, Stored]]:
-    """Stored (gate, up, down) of every routed expert of a layer: per-expert tensors, or slices of the fused
-    ``experts.gate_up_proj [E, 2I, H]`` (gate rows first) and ``experts.down_proj [E, H, I]``, or of a stack in
-    the family's interleaved / transposed orientation (gpt-oss ``[E, H, 2I]`` gate = even columns, ``[E, I, H]``)."""
-    p = module_path(layer, "mlp.experts")
-    H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
-    blocks, scales = MXFP4_STACK_SUFFIXES
-    gate_up, down = (  # the spelling present (Inkling's native w13_weight / w2_weight), else transformers'
-        next((n for n in stack_names(p, proj) if ckpt.has(n) or ckpt.has(n + blocks)), stack_name(p, proj))
-        for proj in ("gate_up", "down")
-    )
-    orientation = stack_orientation(args.model_type, leaf=gate_up.rpartition(".")[2]) or Orientation.ROWS
-    picks = STACK_PICKS.get(orientation)
-    if ckpt.has(expert_tensor_name(p, 0, "gate")):  # per-expert tensors, or the parts of a target's fused stack
-        return _per_expert(ckpt, p, E, H, I)
-    if ckpt.has(gate_up + blocks):  # native MXFP4 stacks: rows = outputs, gate / up rows interleaved
-        if not picks:
-            raise RuntimeModelError(
-                f"{ckpt.dir}: native MXFP4 expert stacks of a {orientation} family ({args.model_type}) are not "
-                "supported (only interleaved gate / up rows, gpt-oss)"
-            )
-        g, u = (0, 2), (1, 2)
-        return [
-            (ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, g, I, H),
-             ckpt.mxfp4_stack_expert(gate_up + blocks, gate_up + scales, e, E, u, I, H),
-             ckpt.mxfp4_stack_expert(down + blocks, down + scales, e, E, (0, 1), H, I))
-            for e in range(E)
-        ]  # fmt: skip
-    if ckpt.has(gate_up) and picks:
-        g, u, d = picks
-        return [
-            (ckpt.stack_expert(gate_up, e, E, g, I, H), ckpt.stack_expert(gate_up, e, E, u, I, H),
-             ckpt.stack_expert(down, e, E, d, H, I))
-            for e in range(E)
-        ]  # fmt: skip
-    if ckpt.has(gate_up):
-        return [
-            (ckpt.fused_expert(gate_up, e, E, slice(0, I), I, H),
-             ckpt.fused_expert(gate_up, e, E, slice(I, 2 * I), I, H),
-             ckpt.fused_expert(down, e, E, slice(0, H), H, I))
-            for e in range(E)
-        ]  # fmt: skip
-    return _per_expert(ckpt, p, E, H, I)
-
-
-def _per_expert(ckpt: Checkpoint, p: str, E: int, H: int, I: int) -> list[tuple[Stored, Stored, Stored]]:
-    return [
-        (ckpt.stored(expert_tensor_name(p, e, "gate"), I, H), ckpt.stored(expert_tensor_name(p, e, "up"), I, H),
-         ckpt.stored(expert_tensor_name(p, e, "down"), H, I))
-        for e in range(E)
-    ]  # fmt: skip
+from colitools.runtime.weights import Checkpoint
 
 
 @dataclass
@@ -162,46 +35,33 @@ class Placement:
 
 
 class Model:
-    """A loaded model: ``forward`` plus the generation API (see ``generate.py``) and statistics. A family whose
-    model differs (DeepSeek-V4's hyper-connection streams) names a subclass as ``MODEL_CLASS`` in its module."""
+    """A loaded model: ``forward`` plus the generation API (see ``generate.py``) and statistics."""
 
-    head_name = "lm_head"  # the output head's weight prefix (DeepSeek-V4 native names: ``head``)
-
-    def __init__(self, model_dir: Path, args: ModelArgs, ckpt: Checkpoint, layers: list[DecoderLayer],
-                 stores: dict[int, ExpertStore], rope: Rope, usage: np.ndarray | None):  # fmt: skip
+    def __init__(self, model_dir: Path, args: ModelArgs, ckpt: Checkpoint, layers: list[Layer],
+                 stores: dict[int, ExpertStore], rope: Rope, usage: np.ndarray | None, io: ModelIO):  # fmt: skip
         self.dir, self.args, self.ckpt, self.rope = model_dir, args, ckpt, rope
-        self.layers, self.stores = layers, stores
-        H, V = args.hidden_size, args.vocab_size
-        # a family with its own embedding / output head (Inkling's embed_norm and mup divisor) has a ModelIO
-        io = getattr(family_module(args.model_type), "ModelIO", None)
-        self.io = io(args, ckpt) if io else None
-        if self.io:
-            self.embed, self.lm_head = self.io.embed, self.io.lm_head
-        else:
-            self.embed = Embedding(ckpt, "model.embed_tokens.weight", V, H)
-            self.norm = norm_weight(ckpt, "model.norm.weight", H, args.zero_centred_norms)
-            if ckpt.has(f"{self.head_name}.weight"):
-                self.lm_head = Linear.load(ckpt, self.head_name, V, H)
-            elif args.tie_word_embeddings:
-                self.lm_head = Linear(self.embed.q)
-            else:
-                raise RuntimeModelError(
-                    f"{model_dir}: missing tensor {self.head_name}.weight (and tie_word_embeddings is false)"
-                )
+        self.layers, self.stores, self.io = layers, stores, io
         self.usage = usage
-        self.streams = None  # hyper-connection streams (hyper.HyperStreams) of a family with build_streams
         self.usage_note: str | None = None
         self.position = 0  # tokens in the KV cache
         self.tokens_processed = 0
         self.placement: Placement | None = None
         self.closed = False
 
+    @property
+    def embed(self):
+        return self.io.embed
+
+    @property
+    def lm_head(self):
+        return self.io.lm_head
+
     # ------------------------------------------------------------------------------------------- forward
     def reset(self) -> None:
         """Empty every KV cache and linear-attention state (the expert cache is kept: it never changes
         results)."""
         for layer in self.layers:
-            getattr(layer, "reset", layer.attn.reset)()  # a family's layer may hold more state than its attn
+            layer.reset()
         self.position = 0
 
     def forward(self, ids: list[int] | np.ndarray, *, all_logits: bool = False) -> np.ndarray:
@@ -210,21 +70,13 @@ class Model:
         ids = self.checked_ids(ids)
         positions = self.position + np.arange(ids.size)
         cos, sin = self.rope.cos_sin(positions)
-        x = self.io.tokens(ids) if self.io else self.embed(ids)
-        if self.streams is not None:
-            x = self.streams.expand(x)
-        selection = self.io.carry(x) if self.io else None  # what a layer hands the next (DSA selection, ...)
+        x = self.io.tokens(ids)
+        carry = self.io.carry(ids, x)  # what a layer hands the next (DSA selection, block states, token ids)
         for layer in self.layers:
-            x, selection = layer(x, positions, cos, sin, selection)
-        if self.streams is not None:
-            x = self.streams.head(x)
+            x, carry = layer(x, positions, cos, sin, carry)
         self.position += ids.size
         self.tokens_processed += ids.size
-        if self.io:
-            logits = self.io.logits(x, selection, all_logits)  # of the last position unless all_logits
-        else:
-            h = rms_norm(x if all_logits else x[-1:], self.norm, self.args.rms_norm_eps)
-            logits = self.lm_head(h)
+        logits = self.io.logits(x, carry, all_logits)  # of the last position unless all_logits
         return logits if all_logits else logits[0]
 
     def checked_ids(self, ids: list[int] | np.ndarray) -> np.ndarray:
@@ -321,25 +173,19 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
         raise ParameterError(f"`cap` must be >= 1, got {cap}")
     if ram_gb is not None and not (0 < ram_gb < float("inf")):  # also refuses nan
         raise ParameterError(f"`ram_gb` must be a finite number > 0, got {ram_gb}")
-    family = family_module(args.model_type)
+    family = family_for(args.model_type)
     ckpt = Checkpoint(model_dir, args.raw)
     try:
+        _check_decoder_layers(model_dir, args, ckpt)
         rope = Rope(args.rope)
         usage = np.zeros((args.num_hidden_layers, args.num_experts), dtype=np.int64) if record_usage else None
         ctx = LayerContext(args, ckpt, rope, usage)
-        layers = [family.build_layer(ctx, i) for i in range(args.num_hidden_layers)]
-        model_class = getattr(family, "MODEL_CLASS", Model)
-        model = model_class(model_dir, args, ckpt, layers, ctx.stores, rope, usage)
-        if hasattr(family, "build_streams"):  # hyper-connections (hyper.py): streams in, head out
-            model.streams = family.build_streams(ctx)
+        layers = [family.layer(ctx, i) for i in range(args.num_hidden_layers)]
+        model = Model(model_dir, args, ckpt, layers, ctx.stores, rope, usage, family.io(args, ckpt))
     except BaseException:
         ckpt.close()
         raise
-    dense = (
-        model.embed.nbytes
-        + (model.lm_head.nbytes if model.lm_head.weight is not model.embed.q else 0)
-        + sum(_layer_nbytes(layer) for layer in layers)
-    )
+    dense = model.io.nbytes + sum(layer.nbytes for layer in layers)
     expert = max((s.expert_nbytes(0) for s in ctx.stores.values()), default=0)
     if cap is None:
         budget = (ram_gb * 2**30 if ram_gb is not None else 0.8 * _available_ram_bytes()) - dense
@@ -352,8 +198,7 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
     return model
 
 
-def _layer_nbytes(layer: DecoderLayer) -> int:
-    if hasattr(layer, "nbytes"):  # a family's own layer (DeepSeek-V4) counts itself
-        return layer.nbytes
-    n = layer.norm_in.nbytes + layer.norm_post.nbytes + layer.attn.nbytes
-    return n + layer.ffn.nbytes + getattr(layer, "extra_nbytes", 0)
+def _check_decoder_layers(model_dir: Path, args: ModelArgs, ckpt: Checkpoint) -> None:
+    """Refuse a checkpoint with decoder layers past ``num_hidden_layers`` and its MTP layers: they would be left
+    out of the run without a word (``model_config.check_decoder_layers``)."""
+    model_config.check_decoder_layers(args.raw, ckpt.infos, str(model_dir / CONFIG_FILE))

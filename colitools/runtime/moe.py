@@ -70,7 +70,8 @@ def noaux_tc(
 
 
 class SparseMoE:
-    """Router + routed experts (from an ``ExpertStore``) + optional shared expert (optionally sigmoid-gated)."""
+    """Router + routed experts (from an ``ExpertStore``) + optional shared expert (optionally sigmoid-gated), as
+    ``args.routing`` (``config.RoutingArgs``) says."""
 
     def __init__(
         self, args: ModelArgs, ckpt: Checkpoint, layer: int, store: ExpertStore, usage: np.ndarray | None
@@ -80,12 +81,15 @@ class SparseMoE:
         self.args, self.layer, self.store, self.usage = args, layer, store, usage
         router_bias = ckpt.vector(f"{p}.gate.bias", E) if ckpt.has(f"{p}.gate.bias") else None  # gpt-oss
         self.router = Linear(ckpt.resident(f"{p}.gate.weight", E, H), router_bias)
-        self.bias = ckpt.vector(f"{p}.gate.e_score_correction_bias", E) if args.router == "noaux_tc" else None
+        routing = args.routing
+        self.bias = (
+            ckpt.vector(f"{p}.gate.e_score_correction_bias", E) if routing.router == "noaux_tc" else None
+        )
         self.shared = None
         self.shared_gate = None
-        if args.shared_expert_intermediate_size:
-            self.shared = MLP(ckpt, f"{p}.shared_experts", H, args.shared_expert_intermediate_size)
-            if args.shared_expert_gated:
+        if routing.shared_expert_intermediate_size:
+            self.shared = MLP(ckpt, f"{p}.shared_experts", H, routing.shared_expert_intermediate_size)
+            if routing.shared_expert_gated:
                 self.shared_gate = Linear(ckpt.resident(f"{p}.shared_expert_gate.weight", 1, H))
 
     @property
@@ -94,14 +98,15 @@ class SparseMoE:
         return n + (self.shared_gate.nbytes if self.shared_gate else 0)
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        a = self.args
+        r, k = self.args.routing, self.args.num_experts_per_tok
         logits = self.router(x)
-        if a.router == "noaux_tc":
-            return noaux_tc(logits, self.bias, a.num_experts_per_tok, a.n_group, a.topk_group,
-                            a.norm_topk_prob, a.routed_scaling_factor)  # fmt: skip
-        if a.router == "topk_softmax":
-            return topk_softmax(logits, a.num_experts_per_tok)
-        return softmax_topk(logits, a.num_experts_per_tok, a.norm_topk_prob)
+        if r.router == "noaux_tc":
+            return noaux_tc(
+                logits, self.bias, k, r.n_group, r.topk_group, r.norm_topk_prob, r.routed_scaling_factor
+            )
+        if r.router == "topk_softmax":
+            return topk_softmax(logits, k)
+        return softmax_topk(logits, k, r.norm_topk_prob)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         idx, w = self.route(x)

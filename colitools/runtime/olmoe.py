@@ -5,20 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from colitools.runtime.attention import GQAAttention
-from colitools.runtime.config import ConfigKeys
-from colitools.runtime.model import DecoderLayer, LayerContext
-
-DEFAULTS = {"olmoe": {"rms_norm_eps": 1e-5, "norm_topk_prob": False}}  # transformers 5.24 OlmoeConfig
+from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
+from colitools.runtime.family import Family
 
 
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """Every layer is MoE; experts are sized by ``intermediate_size``."""
-    return dict(
-        moe_layers=[True] * base["num_hidden_layers"], moe_intermediate_size=base["intermediate_size"]
-    )
+class Olmoe(Family):
+    defaults = {"olmoe": {"rms_norm_eps": 1e-5, "norm_topk_prob": False}}  # transformers 5.24 OlmoeConfig
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> GQAArgs:
+        """Every layer is MoE; experts are sized by ``intermediate_size``."""
+        return GQAArgs(
+            **{**base, "moe_intermediate_size": base["intermediate_size"]},
+            attention=attention_args(c, base["num_hidden_layers"], qk_norm="full"),
+            routing=routing_args(c),
+            rope=rope_args(c, base["head_dim"]),
+        )
 
 
-def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:
-    attn = GQAAttention(ctx.args, ctx.ckpt, layer, qk_norm="full", rope=ctx.rope)
-    return ctx.decoder_layer(layer, attn, ctx.sparse_moe(layer))
+FAMILY = Olmoe()

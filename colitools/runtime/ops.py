@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.families import mlp_shapes
 from colitools.formats.registry import Float, lookup
 from colitools.runtime.kernels import QTensor
 from colitools.runtime.weights import Checkpoint, decode_stored, qtensor
@@ -111,12 +112,15 @@ class Embedding:
 
 
 class MLP:
-    """``down(silu(gate(x)) * up(x))`` with resident weights (dense layers, shared experts)."""
+    """``down(silu(gate(x)) * up(x))`` with resident weights (dense layers, shared experts; shapes
+    ``formats/families.mlp_shapes``)."""
 
     def __init__(self, ckpt: Checkpoint, prefix: str, hidden: int, inter: int):
-        self.gate = Linear.load(ckpt, f"{prefix}.gate_proj", inter, hidden)
-        self.up = Linear.load(ckpt, f"{prefix}.up_proj", inter, hidden)
-        self.down = Linear.load(ckpt, f"{prefix}.down_proj", hidden, inter)
+        shapes = mlp_shapes(hidden, inter)
+        self.gate, self.up, self.down = (
+            Linear.load(ckpt, f"{prefix}.{leaf}", *shapes[leaf])
+            for leaf in ("gate_proj", "up_proj", "down_proj")
+        )
 
     @property
     def nbytes(self) -> int:

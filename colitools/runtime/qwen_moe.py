@@ -10,31 +10,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from colitools.runtime.attention import GQAAttention
-from colitools.runtime.config import ConfigKeys
-from colitools.runtime.model import DecoderLayer, LayerContext
-
-DEFAULTS = {  # transformers 5.24 Qwen2MoeConfig / Qwen3MoeConfig
-    "qwen2_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
-    "qwen3_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
-}
+from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
+from colitools.runtime.family import Family
 
 
-def family_args(c: ConfigKeys, base: dict[str, Any]) -> dict[str, Any]:
-    """The MoE layer schedule, Qwen2's gated shared expert, and the sliding windows."""
-    n_layers = base["num_hidden_layers"]
-    step = int(c.get("decoder_sparse_step") or 1)
-    only = set(c.get("mlp_only_layers") or [])
-    out: dict[str, Any] = dict(
-        moe_layers=[(i not in only) and (i + 1) % step == 0 for i in range(n_layers)],
-        sliding_windows=_sliding_windows(c, n_layers),
-    )
-    if c.model_type == "qwen2_moe":
-        out.update(
-            shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size", 0)),
-            shared_expert_gated=True,
+class QwenMoe(Family):
+    defaults = {  # transformers 5.24 Qwen2MoeConfig / Qwen3MoeConfig
+        "qwen2_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
+        "qwen3_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
+    }
+
+    def args(self, c: ConfigKeys, base: dict[str, Any]) -> GQAArgs:
+        """The MoE layer schedule, Qwen2's gated shared expert, Qwen3's per-head q/k norm, the sliding windows."""
+        n_layers = base["num_hidden_layers"]
+        step = int(c.get("decoder_sparse_step") or 1)
+        only = set(c.get("mlp_only_layers") or [])
+        qwen2 = c.model_type == "qwen2_moe"
+        shared = dict(shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size", 0)),
+                      shared_expert_gated=True) if qwen2 else {}  # fmt: skip
+        return GQAArgs(
+            **{**base, "moe_layers": [(i not in only) and (i + 1) % step == 0 for i in range(n_layers)]},
+            attention=attention_args(
+                c, n_layers, qk_norm=None if qwen2 else "head", sliding_windows=_sliding_windows(c, n_layers)
+            ),  # fmt: skip
+            routing=routing_args(c, **shared),
+            rope=rope_args(c, base["head_dim"]),
         )
-    return out
 
 
 def _sliding_windows(c: ConfigKeys, n_layers: int) -> list[int | None]:
@@ -55,8 +56,4 @@ def _sliding_windows(c: ConfigKeys, n_layers: int) -> list[int | None]:
     return [None] * n_layers
 
 
-def build_layer(ctx: LayerContext, layer: int) -> DecoderLayer:
-    qk_norm = "head" if ctx.args.model_type == "qwen3_moe" else None
-    attn = GQAAttention(ctx.args, ctx.ckpt, layer, qk_norm=qk_norm, rope=ctx.rope)
-    ffn = ctx.sparse_moe(layer) if ctx.args.moe_layers[layer] else ctx.dense_mlp(layer)
-    return ctx.decoder_layer(layer, attn, ffn)
+FAMILY = QwenMoe()

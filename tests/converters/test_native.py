@@ -435,10 +435,13 @@ def test_gpt_oss_mxfp4_other_recipes_decode_the_same_rows(tmp_path, experts):
 
 
 def test_mxfp4_stack_of_a_transposed_family_without_a_native_orientation_is_refused(tmp_path, monkeypatch):
-    from colitools.formats import names
+    import dataclasses
+
+    from colitools.formats import families
 
     make_gpt_oss_mxfp4(tmp_path / "src")
-    monkeypatch.setattr(names, "NATIVE_STACK_ORIENTATION", {})
+    no_native = dataclasses.replace(families.GPT_OSS, native_orientation={})
+    monkeypatch.setattr(families, "MODEL_TYPES", {**families.MODEL_TYPES, "gpt_oss": no_native})
     with pytest.raises(ConvertError, match=r"experts\.down_proj: a natively quantized \(mxfp4\) expert stack, but "
                                            r"the family 'gpt_oss' does not fix how the rows of its mxfp4 stacks") as exc:
         convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(dry_run=True))

@@ -175,7 +175,7 @@ def test_fused_experts_are_split_per_expert():
 
 
 def test_mtp_layer_gets_the_mtp_format():
-    inv = _inventory(layers=(0, 1, 2), config={**CONFIG, "num_hidden_layers": 2})
+    inv = _inventory(layers=(0, 1, 2), config={**CONFIG, "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
     plan = plan_conversion(inv, Recipe.from_options(mtp="int4-row"))
     jobs = {j.out_name: j for j in plan.units[3].jobs}
     assert jobs["model.layers.2.mlp.experts.0.gate_proj.weight"].target.fmt == "int4-row"

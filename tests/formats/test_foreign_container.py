@@ -117,14 +117,14 @@ def test_a_tensor_no_source_gives_a_shape_is_reported_never_guessed(tmp_path):
 
 
 def _known_family(p: Path) -> bool:
-    from colitools.formats.model_config import NATIVE_GEOMETRY, RUNNABLE_MODEL_TYPES
+    from colitools.formats.families import RUNNABLE_MODEL_TYPES, family_of
 
     mt = json.loads((p / "config.json").read_text()).get("model_type")
-    return mt in RUNNABLE_MODEL_TYPES and mt not in NATIVE_GEOMETRY
+    return mt in RUNNABLE_MODEL_TYPES and not family_of(mt).native_names
 
 
-# linear_shapes derives geometry only for the known families (RUNNABLE_MODEL_TYPES but NATIVE_GEOMETRY); the
-# others get {}.
+# linear_shapes derives geometry only for the known families (RUNNABLE_MODEL_TYPES but those with native names);
+# the others get {}.
 @pytest.mark.parametrize("fixture", sorted(p.name for p in ORACLES.iterdir()
                                            if (p / "config.json").exists() and _known_family(p)))  # fmt: skip
 def test_config_shapes_agree_with_every_fixture(fixture):
@@ -143,7 +143,7 @@ def test_config_shapes_agree_with_every_fixture(fixture):
     linear = [n for n, s in shapes.items() if len(s) == 2 and n.endswith(".weight") and ".indexer." not in n
               and not is_tower(n) and ".attn.compressor." not in n and n not in packed]  # fmt: skip
     # towers have their own geometry (their own config section); DeepSeek-V4's layer compressors are as wide as
-    # their layer type makes them (model_config._v4_linear_shapes)
+    # their layer type makes them (families.v4_shapes)
     n_layers = text_config(config)["num_hidden_layers"]
     layer = f"model.layers.{n_layers}."  # MTP layers' extra projections (eh_proj) are not derived
     assert [n for n in linear if n not in implied and not n.startswith(layer)] == []

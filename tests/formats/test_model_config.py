@@ -120,3 +120,19 @@ def test_every_oracle_config_is_valid_and_reads_its_own_expert_key():
         text = mc.text_config(config)  # multimodal fixtures (kimi_k25) nest the text model's config
         (key,) = keys & {k for k, v in text.items() if v is not None}
         assert facts.routed_experts == text[key] and facts.num_hidden_layers == text["num_hidden_layers"]
+
+
+def test_decoder_layers_past_the_base_decoder_and_its_mtp_layers_are_refused():
+    """Issue 24 item 17: only the declared MTP layers may follow ``num_hidden_layers``; a tower's own layers and
+    nested ``layers`` do not count."""
+    names = ["model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight",
+             "model.visual.blocks.7.attn.qkv.weight", "vision_tower.encoder.layers.9.mlp.fc1.weight"]  # fmt: skip
+    mc.check_decoder_layers({"num_hidden_layers": 2}, names)
+    mc.check_decoder_layers({"num_hidden_layers": 1, "num_nextn_predict_layers": 1}, names)
+    mc.check_decoder_layers({"num_hidden_layers": 1, "mtp_num_hidden_layers": 1}, names)
+    with pytest.raises(ConfigError, match=r"^config.json: text_config.num_hidden_layers is 1 and no MTP layers .*"
+                                          r"model.layers.1.mlp.gate.weight is of layer 1"):  # fmt: skip
+        mc.check_decoder_layers({"text_config": {"num_hidden_layers": 1, "hidden_size": 8}}, names)
+    with pytest.raises(ConfigError, match="num_hidden_layers is 1 plus 1 MTP layer"):
+        mc.check_decoder_layers({"num_hidden_layers": 1, "num_nextn_predict_layers": 1},
+                                          [*names, "layers.2.attn.wq_a.weight"])  # fmt: skip

@@ -251,7 +251,7 @@ def test_natural_key_compares_numbers_as_numbers():
         "model.layers.2.a", "model.layers.10.a"]  # fmt: skip
 
 
-def test_towers_mtp_modules_small_params_and_family_orientation():
+def test_towers_mtp_modules_and_small_params():
     assert names.is_tower("model.visual.blocks.0.attn.qkv.weight")
     assert names.is_tower("vision_tower.encoder.patch_embed.proj.weight")
     assert names.is_tower("model.mm_projector.in_proj.weight") and names.is_tower("mm_projector.proj.0.weight")
@@ -264,17 +264,6 @@ def test_towers_mtp_modules_small_params_and_family_orientation():
               "model.language_model.layers.3.self_attn.indexer.index_kpool_compress_ape"):  # fmt: skip
         assert names.is_small_param(n), n
     assert not names.is_small_param("model.layers.0.self_attn.q_proj.weight")
-    O = names.Orientation
-    assert names.stack_orientation("gpt_oss") is O.TRANSPOSED_INTERLEAVED
-    assert names.stack_orientation("inkling2") is O.ROWS_INTERLEAVED
-    assert names.stack_orientation("qwen3_5_moe") is O.ROWS
-    assert names.stack_orientation("llama4") is None and names.stack_orientation(None) is None
-    # natively quantized stacks: codes by rows; gpt-oss MXFP4 blocks interleave gate / up rows (transformers'
-    # Mxfp4GptOssExperts), other encodings of a transposed family are not fixed; row families keep theirs
-    assert names.stack_orientation("gpt_oss", "mxfp4") is O.ROWS_INTERLEAVED
-    assert names.stack_orientation("gpt_oss", "int4") is None
-    assert names.stack_orientation("qwen3_moe", "mxfp4") is O.ROWS
-    assert names.stack_orientation("inkling2", "mxfp4") is O.ROWS_INTERLEAVED
 
 
 def test_detail_role_of_written_names():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
+from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.runtime import generate, load_model
 
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"

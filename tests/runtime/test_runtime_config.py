@@ -41,7 +41,7 @@ def test_hub_rope_scaling_equals_rope_parameters():
     )
     # mscale_all_dim scales the softmax scale by mscale^2
     m = 0.1 * math.log(4.0) + 1
-    assert mla_softmax_scale(hub) == pytest.approx(16**-0.5 * m * m)
+    assert mla_softmax_scale(hub.mla, hub.rope) == pytest.approx(16**-0.5 * m * m)
 
 
 def test_partial_rotary_and_layer_schedules():
@@ -56,29 +56,29 @@ def test_partial_rotary_and_layer_schedules():
             "first_k_dense_replace": 2,
         }
     )
-    assert g.rope.dim == 12 and g.moe_layers == [False, False, True, True] and g.router == "noaux_tc"
+    assert g.rope.dim == 12 and g.moe_layers == [False, False, True, True] and g.routing.router == "noaux_tc"
     q = ModelArgs.from_config({"model_type": "qwen2_moe", "num_experts": 8, **BASE, "intermediate_size": 32,
                                "moe_intermediate_size": 16, "decoder_sparse_step": 2, "mlp_only_layers": [3],
                                "shared_expert_intermediate_size": 24})  # fmt: skip
-    assert q.moe_layers == [False, True, False, False] and q.shared_expert_gated
+    assert q.moe_layers == [False, True, False, False] and q.routing.shared_expert_gated
     m = ModelArgs.from_config(
         {"model_type": "mixtral", "num_local_experts": 4, **BASE, "intermediate_size": 32}
     )
-    assert m.norm_topk_prob and m.rope.theta == 1e6 and m.moe_intermediate_size == 32
+    assert m.routing.norm_topk_prob and m.rope.theta == 1e6 and m.moe_intermediate_size == 32
 
 
 def test_glm5_indexer_types_from_pattern_or_frequency():
     common = {"model_type": "glm_moe_dsa", "n_routed_experts": 8, **BASE, **MLA, "intermediate_size": 32,
               "moe_intermediate_size": 16, "index_topk": 4, "index_head_dim": 16, "index_n_heads": 2}  # fmt: skip
-    assert ModelArgs.from_config({**common, "index_topk_pattern": "FSSF"}).indexer_full == [
+    assert ModelArgs.from_config({**common, "index_topk_pattern": "FSSF"}).indexer.full == [
         True,
         False,
         False,
         True,
     ]
     a = ModelArgs.from_config({**common, "index_topk_freq": 2, "index_skip_topk_offset": 1})
-    assert a.indexer_full == [True, False, True, False]
-    assert ModelArgs.from_config(common).indexer_full == [True] * 4
+    assert a.indexer.full == [True, False, True, False]
+    assert ModelArgs.from_config(common).indexer.full == [True] * 4
 
 
 def test_unsupported_model_type_is_a_clear_error():
@@ -124,19 +124,19 @@ def test_partial_rope_leaves_the_tail_untouched():
     assert np.array_equal(y[..., 12:], x[..., 12:]) and np.array_equal(y[0], x[0])  # position 0 = identity
 
 
-def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
-    """``FAMILY_MODULES`` is the one list of families: each module holds its defaults, ``family_args`` and
-    ``build_layer``, and the defaults of a type are the ones its ModelArgs get."""
-    from colitools.formats.model_config import RUNNABLE_MODEL_TYPES
-    from colitools.runtime.config import FAMILY_MODULES, family_module
+def test_every_runnable_type_has_a_family_that_parses_its_own_arguments():
+    """``formats/families.py`` names the runtime module of every runnable type; the module's ``FAMILY`` is a
+    ``Family`` whose defaults cover the type, and those defaults are what its own ``ModelArgs`` subclass gets."""
+    from colitools.formats.families import RUNNABLE_MODEL_TYPES, family_of
+    from colitools.runtime.family import Family, family_for
 
-    assert set(FAMILY_MODULES) == set(RUNNABLE_MODEL_TYPES)
-    assert set(FAMILY_MODULES) >= {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
-                                   "glm_moe_dsa", "kimi_k25", "deepseek_v32", "gpt_oss", "qwen3_next",
-                                   "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v4"}  # fmt: skip
-    for mt in FAMILY_MODULES:
-        module = family_module(mt)
-        assert mt in module.DEFAULTS and callable(module.family_args) and callable(module.build_layer)
+    assert set(RUNNABLE_MODEL_TYPES) >= {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
+                                         "glm_moe_dsa", "kimi_k25", "deepseek_v32", "gpt_oss", "qwen3_next",
+                                         "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v4"}  # fmt: skip
+    for mt in RUNNABLE_MODEL_TYPES:
+        family = family_for(mt)
+        assert isinstance(family, Family) and type(family).__module__ == f"colitools.runtime.{family_of(mt).name}"
+        assert mt in family.defaults
         cfg = {"model_type": mt, "num_experts": 8, **BASE, **MLA, "intermediate_size": 32,
                "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}  # fmt: skip
         if mt in ("glm5_next", "glm5_next_text"):  # MLA without RoPE: a rope slice is refused
@@ -144,7 +144,24 @@ def test_every_registered_family_parses_its_own_defaults_and_builds_layers():
         if mt.startswith("inkling"):
             cfg["num_key_value_heads"] = 2  # Inkling's default of 8 does not divide BASE's 4 heads
         a = ModelArgs.from_config(cfg)
-        assert a.rms_norm_eps == module.DEFAULTS[mt]["rms_norm_eps"] and len(a.moe_layers) == 4
+        assert isinstance(a, ModelArgs) and a.model_type == mt
+        assert a.rms_norm_eps == family.defaults[mt]["rms_norm_eps"] and len(a.moe_layers) == 4
+
+
+def test_the_model_asks_its_family_through_the_protocol_only():
+    """``model.py`` and ``family.py`` probe nothing (no ``hasattr`` / ``getattr`` on a family, a layer or a mixer):
+    what a family provides is ``Family``'s methods, what a layer provides is ``Layer``'s."""
+    import ast
+    from pathlib import Path
+
+    import colitools.runtime.family as family_module
+    import colitools.runtime.model as model_module
+
+    for module in (model_module, family_module):
+        tree = ast.parse(Path(module.__file__).read_text())
+        probes = [n.lineno for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("hasattr", "getattr")]  # fmt: skip
+        assert probes == [], f"{module.__name__} probes at lines {probes}"
 
 
 def test_mla_rope_uses_the_rope_slice_and_olmoe_mixtral_size_experts_by_intermediate_size():
@@ -152,7 +169,7 @@ def test_mla_rope_uses_the_rope_slice_and_olmoe_mixtral_size_experts_by_intermed
                                 "intermediate_size": 32, "moe_intermediate_size": 16, "n_group": 1,
                                 "topk_group": 1, "rope_interleave": False})  # fmt: skip
     assert ds.rope.dim == 8 and not ds.rope.interleaved and ds.head_dim == 16
-    assert ds.shared_expert_intermediate_size == 16 and ds.moe_layers == [False, False, False, True]
+    assert ds.routing.shared_expert_intermediate_size == 16 and ds.moe_layers == [False, False, False, True]
     for mt in ("olmoe", "mixtral"):
         a = ModelArgs.from_config({"model_type": mt, "num_experts": 4, **BASE, "intermediate_size": 32,
                                    "moe_intermediate_size": 16})  # fmt: skip
@@ -186,13 +203,13 @@ def test_gpt_oss_defaults_are_transformers_config_defaults():
     a = ModelArgs.from_config(GPT_OSS)  # no rope_parameters, layer_types, sliding_window, swiglu_*
     assert a.rope.rope_type == "yarn" and a.rope.theta == 150000.0 and a.rope.factor == 32.0
     assert a.rope.original_max_position_embeddings == 4096 and a.rope.truncate is False and a.rope.dim == 16
-    assert a.sliding_windows == [128, None, 128, None]  # even layers slide (GptOssConfig layer_types)
-    assert a.attention_sinks and a.router == "topk_softmax" and (a.swiglu_alpha, a.swiglu_limit) == (1.702, 7.0)
+    assert a.attention.sliding_windows == [128, None, 128, None]  # even layers slide (GptOssConfig layer_types)
+    assert a.attention.sinks and a.routing.router == "topk_softmax" and (a.swiglu_alpha, a.swiglu_limit) == (1.702, 7.0)
     assert a.moe_intermediate_size == 32 and a.moe_layers == [True] * 4
     assert ModelArgs.from_config({**GPT_OSS, "head_dim": None}).head_dim == 64  # GptOssConfig.head_dim = 64
     types = ["full_attention", "sliding_attention", "full_attention", "full_attention"]
     b = ModelArgs.from_config({**GPT_OSS, "layer_types": types, "sliding_window": 8, "swiglu_limit": 5.0})
-    assert b.sliding_windows == [None, 8, None, None] and b.swiglu_limit == 5.0
+    assert b.attention.sliding_windows == [None, 8, None, None] and b.swiglu_limit == 5.0
     with pytest.raises(RuntimeModelError, match="layer_types"):
         ModelArgs.from_config({**GPT_OSS, "layer_types": ["sliding_attention"]})
 

@@ -48,7 +48,7 @@ def test_sliding_window_mask_by_hand():
 def test_sliding_layer_keeps_window_minus_one_keys_and_full_layer_keeps_all():
     ref = reference("gpt_oss", "f32")
     with load_model(FIXTURE, record_usage=False) as m:
-        assert m.args.sliding_windows == [4, None]
+        assert m.args.attention.sliding_windows == [4, None]
         generate(m, ref["prompt_ids"], 32)  # prompt 8 + 31 tokens fed back = positions 0..38
         sliding, full = m.layers[0].attn, m.layers[1].attn
         assert (sliding.kc.length, sliding.vc.length, sliding.first) == (3, 3, 36)

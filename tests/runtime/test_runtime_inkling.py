@@ -75,10 +75,9 @@ def _config(**changes) -> dict:
 
 def test_default_layer_schedule_is_five_sliding_then_one_global():
     a = ModelArgs.from_config(_config(num_hidden_layers=12, layer_types=None, mlp_layer_types=None))
-    assert a.inkling.layer_types == (("hybrid_sliding",) * 5 + ("hybrid",)) * 2
-    assert a.sliding_windows == ([8] * 5 + [None]) * 2
+    assert a.layer_types == (("hybrid_sliding",) * 5 + ("hybrid",)) * 2 and a.window == 8
     assert a.moe_layers == [True] * 12
-    assert (a.inkling.d_rel, a.inkling.rel_extent, a.inkling.n_shared, a.inkling.mup) == (4, 16, 2, 2.0)
+    assert (a.d_rel, a.rel_extent, a.n_shared, a.mup) == (4, 16, 2, 2.0)
 
 
 @pytest.mark.parametrize(
@@ -104,9 +103,13 @@ def _config2(**changes) -> dict:
 
 def test_inkling2_defaults_and_schedule():
     a = ModelArgs.from_config(_config2(num_hidden_layers=12, layer_types=None))
-    assert a.inkling.layer_types == (("hybrid_sliding",) * 5 + ("hybrid",)) * 2
-    assert a.router == "noaux_tc" and a.routed_scaling_factor == 8.0 and a.moe_layers == [True] * 12
-    i = a.inkling
+    assert a.layer_types == (("hybrid_sliding",) * 5 + ("hybrid",)) * 2
+    assert (
+        a.routing.router == "noaux_tc"
+        and a.routing.routed_scaling_factor == 8.0
+        and a.moe_layers == [True] * 12
+    )
+    i = a
     assert (i.qk_clip, i.rel_clip, i.gate_cap, i.up_cap, i.logit_cap, i.block) == (6.0, 3.0, 2.0, 4.0, 5.0, 1)
 
 

@@ -87,12 +87,13 @@ def test_kimi_linear_reads_its_own_config_spellings():
     """KimiLinearConfig.attribute_map: num_experts_per_token, moe_renormalize, num_expert_group,
     num_shared_experts, model_max_length are the common keys."""
     a = ModelArgs.from_config(_kimi())
-    assert (a.num_experts_per_tok, a.norm_topk_prob, a.n_group, a.topk_group) == (2, True, 4, 2)
-    assert a.shared_expert_intermediate_size == 64 and a.max_position_embeddings == 512
-    assert a.router == "noaux_tc" and a.routed_scaling_factor == pytest.approx(2.446)
+    r = a.routing
+    assert (a.num_experts_per_tok, r.norm_topk_prob, r.n_group, r.topk_group) == (2, True, 4, 2)
+    assert r.shared_expert_intermediate_size == 64 and a.max_position_embeddings == 512
+    assert r.router == "noaux_tc" and r.routed_scaling_factor == pytest.approx(2.446)
     assert a.moe_layers == [False, True] and a.rope.dim == 0 and a.head_dim == 24
     b = ModelArgs.from_config(_kimi(moe_renormalize=False))
-    assert not b.norm_topk_prob
+    assert not b.routing.norm_topk_prob
 
 
 def test_kimi_linear_layer_schedule_from_a_hub_linear_attn_config():
@@ -151,8 +152,8 @@ def _glm(**changes) -> dict:
 def test_glm5_next_config():
     a = ModelArgs.from_config(_glm())
     assert a.layer_types == ["linear_attention", "indexed_attention"] and a.moe_layers == [False, True]
-    assert (a.hc_mult, a.hc_sinkhorn_iters, a.index_kpool, a.index_kpool_tail) == (2, 20, 4, True)
-    assert a.kda.lower_bound == -5.0 and not a.kda.a_log_4d and a.mla_latent_norm_eps == 1e-5
+    assert (a.hyper.mult, a.hyper.sinkhorn_iters, a.indexer.kpool, a.indexer.kpool_tail) == (2, 20, 4, True)
+    assert a.kda.lower_bound == -5.0 and not a.kda.a_log_4d and a.mla.latent_norm_eps == 1e-5
     assert a.swiglu_limit == 2.0 and a.head_dim == 16 and a.rope.dim == 0
     b = ModelArgs.from_config(_glm(num_hidden_layers=4, layer_types=None, mlp_layer_types=None,
                                    indexer_types=None))  # fmt: skip

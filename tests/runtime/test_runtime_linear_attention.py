@@ -96,14 +96,16 @@ def test_layer_schedule_defaults_to_full_attention_every_fourth_layer():
     la = b.linear_attention
     assert (la.conv_kernel, la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim) == (
         4, 2, 4, 16, 16)  # fmt: skip
-    assert la.fused_projections and b.attn_output_gate and b.zero_centred_norms and b.rope.dim == 4
+    assert la.fused_projections and b.attention.output_gate and b.zero_centred_norms and b.rope.dim == 4
 
 
 def test_qwen3_5_always_renormalises_and_has_no_dense_layers():
     c = json.loads((ORACLES / "qwen3_5_moe" / "config.json").read_text())
     c["text_config"]["norm_topk_prob"] = False  # not a Qwen3.5 option: its router always renormalises
     a = ModelArgs.from_config(c)
-    assert a.norm_topk_prob and a.moe_layers == [True, True] and not a.linear_attention.fused_projections
+    assert (
+        a.routing.norm_topk_prob and a.moe_layers == [True, True] and not a.linear_attention.fused_projections
+    )
 
 
 @pytest.mark.parametrize(

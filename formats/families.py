@@ -1,0 +1,361 @@
+"""The model families: for each, the model types it covers, its geometry, how its expert stacks are laid out and
+its own config spellings. The one owner of these facts (mlx-lm keeps them in one file per architecture; here the
+bytes side keeps them so that the converter, which may not import the runtime, reads the same ones):
+
+* the runtime's layer constructors take the ``[O, I]`` of their projections from the block geometries below
+  (``gqa_shapes``, ``mla_shapes``, ...), and its family registry is :data:`MODEL_TYPES` (the family's ``name`` is
+  its module, ``colitools/runtime/<name>.py``);
+* the converter's shape checks read the same geometries from ``config.json`` (``Family.linear_shapes``, through
+  ``model_config.linear_shapes`` and ``container.config_shapes``) and the stack orientation
+  (``stack_orientation``, the inventory's stack checks and splits);
+* the config facts read a family's own key spellings (``Family.key_aliases``, ``model_config.canonical_keys``).
+
+A block geometry gives ``{leaf: (O, I)}`` of one module from its dimensions, leaving out a role whose dimensions
+are not given (``None``): a config that does not say claims nothing. Adding a family is one ``Family`` here and
+its lines in :data:`MODEL_TYPES` (docs/INTERNALS.md "How to add ... a model family").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from colitools.formats.names import Orientation
+
+__all__ = [
+    "MODEL_TYPES",
+    "RUNNABLE_MODEL_TYPES",
+    "Family",
+    "family_of",
+    "gated_deltanet_shapes",
+    "gqa_shapes",
+    "kda_layers",
+    "known_model_types",
+    "kda_shapes",
+    "mla_shapes",
+    "mlp_shapes",
+    "native_stack_orientations",
+    "stack_orientation",
+    "v4_shapes",
+]
+
+Shapes = dict[str, tuple[int, int]]  # leaf -> [O, I] inside one module
+# (module, leaf) -> [O, I], in the runtime's canonical spelling
+RoleShapes = dict[tuple[str, str], tuple[int, int]]
+
+
+# ------------------------------------------------------------------------------------------ block geometry
+def gqa_shapes(hidden: int, heads: int, kv_heads: int, head_dim: int, gated: bool = False) -> Shapes:
+    """Grouped-query attention: ``q_proj [heads*head_dim, H]`` (twice as wide when ``gated``: ``[query | gate]``
+    per head, Qwen3-Next / Qwen3.5), ``k_proj`` / ``v_proj [kv_heads*head_dim, H]``, ``o_proj [H, heads*head_dim]``."""
+    kv = kv_heads * head_dim
+    return {"q_proj": ((2 if gated else 1) * heads * head_dim, hidden), "k_proj": (kv, hidden),
+            "v_proj": (kv, hidden), "o_proj": (hidden, heads * head_dim)}  # fmt: skip
+
+
+def mla_shapes(hidden: int, heads: int, kv_lora: int, q_lora: int | None, nope: int | None, rope: int | None,
+               v_head: int | None) -> Shapes:  # fmt: skip
+    """Multi-head latent attention (DeepSeek-V3, GLM-5, Kimi-Linear): ``q_a_proj [q_lora, H]`` and ``q_b_proj
+    [heads*(nope+rope), q_lora]`` (or ``q_proj [heads*(nope+rope), H]`` without a query LoRA),
+    ``kv_a_proj_with_mqa [kv_lora+rope, H]``, ``kv_b_proj [heads*(nope+v_head), kv_lora]``, ``o_proj
+    [H, heads*v_head]``; the query and latent roles need ``nope`` and ``rope``, the value roles ``v_head``."""
+    out: Shapes = {}
+    if nope is not None and rope is not None:
+        q = heads * (nope + rope)
+        if q_lora:
+            out["q_a_proj"], out["q_b_proj"] = (q_lora, hidden), (q, q_lora)
+        else:
+            out["q_proj"] = (q, hidden)
+        out["kv_a_proj_with_mqa"] = (kv_lora + rope, hidden)
+        if v_head:
+            out["kv_b_proj"] = (heads * (nope + v_head), kv_lora)
+    if v_head:
+        out["o_proj"] = (hidden, heads * v_head)
+    return out
+
+
+def gated_deltanet_shapes(hidden: int, nk: int, nv: int, dk: int, dv: int) -> Shapes:
+    """Gated DeltaNet (``nk`` / ``nv`` key / value heads of ``dk`` / ``dv``): Qwen3-Next's fused ``in_proj_qkvz
+    [2*nk*dk + 2*nv*dv, H]`` / ``in_proj_ba [2*nv, H]``, Qwen3.5's ``in_proj_qkv [2*nk*dk + nv*dv, H]``,
+    ``in_proj_z [nv*dv, H]``, ``in_proj_a`` / ``in_proj_b [nv, H]``; ``out_proj [H, nv*dv]``."""
+    kd, vd = nk * dk, nv * dv
+    rows = {"in_proj_qkvz": 2 * kd + 2 * vd, "in_proj_ba": 2 * nv, "in_proj_qkv": 2 * kd + vd, "in_proj_z": vd,
+            "in_proj_a": nv, "in_proj_b": nv}  # fmt: skip
+    return {**{leaf: (n, hidden) for leaf, n in rows.items()}, "out_proj": (hidden, vd)}
+
+
+def kda_shapes(hidden: int, heads: int, head_dim: int) -> Shapes:
+    """Kimi Delta Attention (``C = heads*head_dim``): ``q_proj`` / ``k_proj`` / ``v_proj [C, H]``, ``o_proj
+    [H, C]``, ``f_a_proj`` / ``g_a_proj [head_dim, H]``, ``f_b_proj`` / ``g_b_proj [C, head_dim]``, ``b_proj
+    [heads, H]``."""
+    c, d = heads * head_dim, head_dim
+    return {"q_proj": (c, hidden), "k_proj": (c, hidden), "v_proj": (c, hidden), "o_proj": (hidden, c),
+            "f_a_proj": (d, hidden), "f_b_proj": (c, d), "g_a_proj": (d, hidden), "g_b_proj": (c, d),
+            "b_proj": (heads, hidden)}  # fmt: skip
+
+
+def mlp_shapes(hidden: int, inter: int) -> Shapes:
+    """A SwiGLU MLP (dense layers, shared experts): ``gate_proj`` / ``up_proj [inter, H]``, ``down_proj [H, inter]``."""
+    return {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+
+
+def v4_shapes(hidden: int, heads: int, head_dim: int, q_lora: int, o_groups: int, o_lora: int, index_heads: int,
+              index_dim: int) -> RoleShapes:  # fmt: skip
+    """DeepSeek-V4's attention on its native names (transformers 5.24 ``DeepseekV4Attention`` / ``Indexer``):
+    ``attn.wq_a [q_lora, H]``, ``attn.wq_b [heads*head_dim, q_lora]``, ``attn.wkv [head_dim, H]`` (one K = V
+    head), ``attn.wo_a [o_groups*o_lora, heads*head_dim/o_groups]`` (when the groups divide),
+    ``attn.wo_b [H, o_groups*o_lora]``, the CSA indexer's ``wq_b [index_heads*index_dim, q_lora]``,
+    ``weights_proj [index_heads, H]`` and compressor ``wkv`` / ``wgate [2*index_dim, H]``. The layer compressors'
+    ``wkv`` / ``wgate`` are ``2*head_dim`` (CSA) or ``head_dim`` (HCA) wide by layer type: not here."""
+    out: RoleShapes = {("attn", "wq_a"): (q_lora, hidden), ("attn", "wq_b"): (heads * head_dim, q_lora),
+                       ("attn", "wkv"): (head_dim, hidden), ("attn", "wo_b"): (hidden, o_groups * o_lora)}  # fmt: skip
+    if (heads * head_dim) % o_groups == 0:
+        out[("attn", "wo_a")] = (o_groups * o_lora, heads * head_dim // o_groups)
+    out[("attn.indexer", "wq_b")] = (index_heads * index_dim, q_lora)
+    out[("attn.indexer", "weights_proj")] = (index_heads, hidden)
+    compressor = (2 * index_dim, hidden)
+    out[("attn.indexer.compressor", "wkv")] = out[("attn.indexer.compressor", "wgate")] = compressor
+    return out
+
+
+# --------------------------------------------------------------------------- blocks of config.json's geometry
+# A block reads the text model's keys (``model_config.canonical_keys``; validated, never the runtime's defaults)
+# and the routed-expert count, and claims the ``(module, leaf)`` roles those keys determine.
+Block = Callable[[Mapping[str, Any], "int | None"], RoleShapes]
+LayerBlock = Callable[[Mapping[str, Any]], dict[int, RoleShapes]]
+
+
+def _in(module: str, shapes: Shapes) -> RoleShapes:
+    return {(module, leaf): dims for leaf, dims in shapes.items()}
+
+
+def gqa_block(text: Mapping[str, Any], experts: int | None, gated: bool = False) -> RoleShapes:
+    """``self_attn`` by :func:`gqa_shapes`: ``head_dim``, else ``hidden_size / heads`` (when it divides);
+    ``num_key_value_heads``, else the heads."""
+    hidden, heads = text["hidden_size"], text.get("num_attention_heads")
+    head_dim = heads and (text.get("head_dim") or (hidden // heads if hidden % heads == 0 else None))
+    if not head_dim:
+        return {}
+    kv_heads = text.get("num_key_value_heads") or heads
+    return _in("self_attn", gqa_shapes(hidden, heads, kv_heads, head_dim, gated))
+
+
+def gated_gqa_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """:func:`gqa_block` with the output gate (``q_proj`` twice as wide)."""
+    return gqa_block(text, experts, gated=True)
+
+
+def mla_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """``self_attn`` by :func:`mla_shapes` when ``kv_lora_rank`` is given."""
+    heads, kv_lora = text.get("num_attention_heads"), text.get("kv_lora_rank")
+    if not (heads and kv_lora):
+        return {}
+    dims = (text.get(k) for k in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    return _in("self_attn", mla_shapes(text["hidden_size"], heads, kv_lora, *dims))
+
+
+def gated_deltanet_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """``linear_attn`` by :func:`gated_deltanet_shapes` when ``linear_num_key_heads``, ``linear_num_value_heads``,
+    ``linear_key_head_dim`` and ``linear_value_head_dim`` are all given."""
+    keys = ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim")
+    dims = [text.get(f"linear_{k}") for k in keys]
+    return _in("linear_attn", gated_deltanet_shapes(text["hidden_size"], *dims)) if all(dims) else {}
+
+
+def dense_mlp_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """The dense layers' ``mlp`` by :func:`mlp_shapes` of ``intermediate_size``."""
+    inter = text.get("intermediate_size")
+    return _in("mlp", mlp_shapes(text["hidden_size"], inter)) if inter else {}
+
+
+def shared_experts_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """``mlp.shared_experts`` by :func:`mlp_shapes` of ``shared_expert_intermediate_size``, else ``n_shared_experts
+    * moe_intermediate_size``, and Qwen2-MoE's sigmoid gate ``mlp.shared_expert_gate [1, H]``."""
+    hidden, width = text["hidden_size"], text.get("shared_expert_intermediate_size")
+    if not width and text.get("n_shared_experts") and text.get("moe_intermediate_size"):
+        width = text["n_shared_experts"] * text["moe_intermediate_size"]
+    if not width:
+        return {}
+    gate = {("mlp", "shared_expert_gate"): (1, hidden)}
+    return {**_in("mlp.shared_experts", mlp_shapes(hidden, width)), **gate}
+
+
+def router_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """The router ``mlp.gate [experts, H]``."""
+    return {("mlp", "gate"): (experts, text["hidden_size"])} if experts else {}
+
+
+def deepseek_v4_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """DeepSeek-V4's native names when ``o_groups`` and ``o_lora_rank`` are given: :func:`v4_shapes` (``head_dim``
+    512, ``q_lora_rank`` 1024, ``index_n_heads`` 64, ``index_head_dim`` 128 unless given), ``ffn.gate [experts,
+    H]`` and ``ffn.shared_experts.w1`` / ``w3 [n_shared*moe_intermediate, H]`` / ``w2``."""
+    hidden, heads = text["hidden_size"], text.get("num_attention_heads")
+    if not (heads and text.get("o_groups") and text.get("o_lora_rank")):
+        return {}
+    out = v4_shapes(hidden, heads, text.get("head_dim") or 512, text.get("q_lora_rank") or 1024, text["o_groups"],
+                    text["o_lora_rank"], text.get("index_n_heads") or 64, text.get("index_head_dim") or 128)  # fmt: skip
+    shared = (text.get("n_shared_experts") or 0) * (text.get("moe_intermediate_size") or 0)
+    if shared:
+        mlp = mlp_shapes(hidden, shared)
+        out.update({("ffn.shared_experts", w): mlp[leaf]
+                    for w, leaf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))})  # fmt: skip
+    if experts:
+        out[("ffn", "gate")] = (experts, hidden)
+    return out
+
+
+def kda_layers(text: Mapping[str, Any]) -> dict[int, RoleShapes]:
+    """Per ``linear_attention`` layer of ``layer_types``, its ``self_attn`` by :func:`kda_shapes`
+    (``linear_num_heads``, ``linear_head_dim``)."""
+    hidden, heads, d, types = (text.get(k) for k in ("hidden_size", "linear_num_heads", "linear_head_dim",
+                                                      "layer_types"))  # fmt: skip
+    if not (hidden and heads and d and isinstance(types, list)):
+        return {}
+    shapes = _in("self_attn", kda_shapes(hidden, heads, d))
+    return {i: shapes for i, t in enumerate(types) if t == "linear_attention"}
+
+
+# ------------------------------------------------------------------------------------------------ families
+@dataclass(frozen=True)
+class Family:
+    """One model family's facts. ``name`` is also its runtime module (``colitools/runtime/<name>.py``)."""
+
+    name: str
+    blocks: tuple[Block, ...] = ()  # the per-layer linear roles config.json determines (``linear_shapes``)
+    layer_blocks: tuple[LayerBlock, ...] = ()  # the roles of single layers (``layer_linear_shapes``)
+    orientation: Orientation = Orientation.ROWS  # expert stacks (float / FP8 sources)
+    # natively quantized stacks (codes by rows, docs/FORMATS.md §5): encoding -> how their rows hold gate / up
+    native_orientation: Mapping[str, Orientation] = field(default_factory=dict)
+    # a stack spelling laid out unlike the family's own: stack leaf -> orientation (before the family's)
+    spelled_orientation: Mapping[str, Orientation] = field(default_factory=dict)
+    # config spellings of keys every other family spells the common way (transformers' ``attribute_map``):
+    # its spelling -> the common key; and keys nested in a section of the config: section -> {key: common key}
+    key_aliases: Mapping[str, str] = field(default_factory=dict)
+    nested_key_aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    gated_attention: bool = False  # full attention's q_proj is [query | gate] per head (Qwen3-Next, Qwen3.5)
+    native_names: bool = False  # weights keep their own names and shapes (Inkling): no geometry claimed
+
+    def linear_shapes(self, text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+        """``[O, I]`` by ``(module, leaf)`` of every per-layer linear role the text model's keys determine."""
+        out: RoleShapes = {}
+        if self.native_names or not text.get("hidden_size"):
+            return out
+        for block in self.blocks:
+            out.update(block(text, experts))
+        return out
+
+    def layer_linear_shapes(self, text: Mapping[str, Any]) -> dict[int, RoleShapes]:
+        """Per layer, the roles that replace :meth:`linear_shapes`' for that layer (KDA layers)."""
+        out: dict[int, RoleShapes] = {}
+        for block in self.layer_blocks:
+            out.update(block(text))
+        return out
+
+
+# the feed-forward roles of a MoE layer (or a dense one)
+_MOE = (dense_mlp_block, shared_experts_block, router_block)
+
+OLMOE = Family("olmoe", (gqa_block, router_block))
+QWEN_MOE = Family("qwen_moe", (gqa_block, *_MOE))
+MIXTRAL = Family("mixtral", (gqa_block, router_block))
+DEEPSEEK_V3 = Family("deepseek_v3", (mla_block, *_MOE))
+GLM4_MOE = Family("glm4_moe", (gqa_block, *_MOE))
+QWEN3_NEXT = Family("qwen3_next", (gated_gqa_block, gated_deltanet_block, *_MOE), gated_attention=True)
+GPT_OSS = Family(
+    "gpt_oss", (gqa_block, router_block), orientation=Orientation.TRANSPOSED_INTERLEAVED,
+    # transformers 5.24 integrations/mxfp4.py (_convert_moe_packed_tensors: decode [E, R, H] then transpose(1, 2)
+    # to the float [E, H, R]; GptOssExperts takes gate = gate_up[..., ::2]): gate_up_proj_blocks [E, 2I, H/32, 16]
+    # with gate = even rows, up = odd rows; down_proj_blocks [E, H, I/32, 16] by rows.
+    native_orientation=MappingProxyType({"mxfp4": Orientation.ROWS_INTERLEAVED}),
+)  # fmt: skip
+DEEPSEEK_V4 = Family("deepseek_v4", (deepseek_v4_block,))
+KIMI_LINEAR = Family(
+    "kimi_linear", (mla_block, *_MOE), (kda_layers,),
+    key_aliases=MappingProxyType({  # transformers KimiLinearConfig.attribute_map
+        "num_experts_per_token": "num_experts_per_tok", "moe_renormalize": "norm_topk_prob",
+        "num_expert_group": "n_group", "num_shared_experts": "n_shared_experts",
+        "model_max_length": "max_position_embeddings",
+    }),
+    nested_key_aliases=MappingProxyType({  # hub configs: the KDA geometry in linear_attn_config
+        "linear_attn_config": {
+            "head_dim": "linear_head_dim", "num_heads": "linear_num_heads",
+            "short_conv_kernel_size": "linear_conv_kernel_dim",
+        },
+    }),
+)  # fmt: skip
+GLM5_NEXT = Family("glm5_next", (mla_block, *_MOE), (kda_layers,))
+# Inkling: native names (attn.wq_du, a router with extra rows for the shared experts, per-expert shared stacks);
+# its native w13_weight interleaves gate / up rows, its text gate_up_proj (transformers' conversion_mapping.py
+# Interleave op, c/tools/convert_inkling_int4.py deinterleave, --target inkling) holds the gate rows first
+INKLING = Family("inkling", orientation=Orientation.ROWS_INTERLEAVED, native_names=True,
+                 spelled_orientation=MappingProxyType({"gate_up_proj": Orientation.ROWS}))  # fmt: skip
+INKLING2 = Family("inkling2", orientation=Orientation.ROWS_INTERLEAVED, native_names=True)
+
+# The model types ``colitools run`` executes -> their family (the checkpoint's top-level type; text types of
+# multimodal wrappers listed too), in the order messages list them.
+MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
+    "olmoe": OLMOE,
+    "qwen2_moe": QWEN_MOE,
+    "qwen3_moe": QWEN_MOE,
+    "mixtral": MIXTRAL,
+    "deepseek_v3": DEEPSEEK_V3,
+    "glm4_moe": GLM4_MOE,
+    "glm_moe_dsa": DEEPSEEK_V3,  # GLM-5
+    "kimi_k25": DEEPSEEK_V3,  # text model deepseek_v3
+    "deepseek_v32": DEEPSEEK_V3,  # transformers DeepseekV32NaiveMoe
+    "qwen3_next": QWEN3_NEXT,
+    "qwen3_5_moe": QWEN3_NEXT,
+    "qwen3_5_moe_text": QWEN3_NEXT,
+    "gpt_oss": GPT_OSS,
+    "deepseek_v4": DEEPSEEK_V4,
+    "kimi_linear": KIMI_LINEAR,
+    "glm5_next": GLM5_NEXT,
+    "glm5_next_text": GLM5_NEXT,
+    "inkling_mm_model": INKLING,
+    "inkling_text": INKLING,
+    "inkling2": INKLING2,
+    "inkling2_text": INKLING2,
+})  # fmt: skip
+RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
+# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
+_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING})
+
+
+def family_of(model_type: str | None) -> Family | None:
+    """The family of ``model_type`` (run or only converted), None for a type none covers."""
+    if not isinstance(model_type, str):
+        return None
+    return MODEL_TYPES.get(model_type) or _CONVERTED_ONLY.get(model_type)
+
+
+def known_model_types() -> list[str]:
+    """Every model type a family covers (run or only converted), sorted: what a refusal lists."""
+    return sorted({*MODEL_TYPES, *_CONVERTED_ONLY})
+
+
+def stack_orientation(model_type: str | None, native: str | None = None, leaf: str | None = None
+                      ) -> Orientation | None:  # fmt: skip
+    """The family's expert-stack orientation, None when no family covers ``model_type`` (a stack is then refused).
+
+    ``native``: the encoding of a natively quantized stack (``mxfp4``, ...): the family's ``native_orientation``,
+    else its own orientation when that is by rows (codes are stored per output row), else None. ``leaf``: the
+    stack's spelling (``gate_up_proj``), where the family spells stacks two ways (``spelled_orientation``)."""
+    family = family_of(model_type)
+    if family is None:
+        return None
+    if native is None and leaf in family.spelled_orientation:
+        return family.spelled_orientation[leaf]
+    if native is not None:
+        if native in family.native_orientation:
+            return family.native_orientation[native]
+        if family.orientation is Orientation.TRANSPOSED_INTERLEAVED:
+            return None
+    return family.orientation
+
+
+def native_stack_orientations() -> list[tuple[str, str]]:
+    """The sorted ``(model_type, encoding)`` pairs whose natively quantized stacks have an orientation of their own."""
+    types = {*MODEL_TYPES, *_CONVERTED_ONLY}
+    return sorted((t, enc) for t in types for enc in family_of(t).native_orientation)

@@ -1,0 +1,68 @@
+"""The model families (formats/families.py): model types, stack orientation, config spellings, geometry."""
+
+from __future__ import annotations
+
+from colitools.formats import families, model_config
+from colitools.formats.names import Orientation as O
+
+BASE = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10, "num_experts": 8,
+        "num_experts_per_tok": 2}  # fmt: skip
+MLA = {"q_lora_rank": 16, "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12}
+
+
+def test_stack_orientation_is_a_fact_of_the_family():
+    assert families.stack_orientation("gpt_oss") is O.TRANSPOSED_INTERLEAVED
+    assert families.stack_orientation("inkling2") is O.ROWS_INTERLEAVED
+    assert families.stack_orientation("qwen3_5_moe") is O.ROWS
+    assert families.stack_orientation("llama4") is None and families.stack_orientation(None) is None
+    # natively quantized stacks: codes by rows; gpt-oss MXFP4 blocks interleave gate / up rows (transformers'
+    # Mxfp4GptOssExperts), other encodings of a transposed family are not fixed; row families keep theirs
+    assert families.stack_orientation("gpt_oss", "mxfp4") is O.ROWS_INTERLEAVED
+    assert families.stack_orientation("gpt_oss", "int4") is None
+    assert families.stack_orientation("qwen3_moe", "mxfp4") is O.ROWS
+    assert families.stack_orientation("inkling2", "mxfp4") is O.ROWS_INTERLEAVED
+    # Inkling's text stack gate_up_proj holds the gate rows first; its native w13_weight interleaves them
+    for t in ("inkling", "inkling_mm_model", "inkling_text"):
+        assert families.stack_orientation(t, leaf="gate_up_proj") is O.ROWS
+        assert families.stack_orientation(t, leaf="w13_weight") is O.ROWS_INTERLEAVED
+    assert families.stack_orientation("inkling2", leaf="gate_up_proj") is O.ROWS_INTERLEAVED
+    assert families.native_stack_orientations() == [("gpt_oss", "mxfp4")]
+
+
+def test_model_types_run_and_only_converted():
+    """Every type the runtime runs has a family; colibri's ``inkling`` type is converted (its orientation is
+    known) but not run."""
+    assert families.RUNNABLE_MODEL_TYPES[:4] == ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
+    assert (
+        "inkling" not in families.RUNNABLE_MODEL_TYPES and families.family_of("inkling") is families.INKLING
+    )
+    assert families.known_model_types() == sorted([*families.RUNNABLE_MODEL_TYPES, "inkling"])
+    assert families.family_of("llama") is None and families.family_of(None) is None
+    assert families.family_of("kimi_k25") is families.family_of("deepseek_v3")
+
+
+def test_a_family_claims_the_roles_of_its_blocks_only():
+    """DeepSeek-V3 is MLA: no GQA projections, whatever else the config holds; a block whose keys are missing
+    claims nothing (no guess)."""
+    shapes = model_config.linear_shapes({"model_type": "deepseek_v3", **BASE, **MLA, "head_dim": 16})
+    assert shapes[("self_attn", "q_b_proj")] == (4 * 12, 16) and shapes[
+        ("self_attn", "kv_a_proj_with_mqa")
+    ] == (12, 64)
+    assert shapes[("self_attn", "o_proj")] == (64, 48) and ("self_attn", "k_proj") not in shapes
+    no_latent = model_config.linear_shapes({"model_type": "deepseek_v3", **BASE})
+    assert not any(module == "self_attn" for module, _ in no_latent) and no_latent[("mlp", "gate")] == (8, 64)
+    assert model_config.linear_shapes({"model_type": "inkling_mm_model", **BASE}) == {}  # native geometry
+    assert model_config.linear_shapes({"model_type": "llama", **BASE}) == {}
+
+
+def test_gated_attention_doubles_q_proj_and_kimi_spellings_are_read_as_the_common_keys():
+    q = model_config.linear_shapes({"model_type": "qwen3_next", **BASE, "head_dim": 8})[
+        ("self_attn", "q_proj")
+    ]
+    assert q == (2 * 4 * 8, 64) and families.family_of("qwen3_next").gated_attention
+    kimi = {"model_type": "kimi_linear", **BASE, **MLA, "num_experts_per_token": 2,
+            "linear_attn_config": {"num_heads": 2, "head_dim": 8, "kda_layers": [1], "full_attn_layers": [2]}}  # fmt: skip
+    keys = model_config.canonical_keys(kimi, "kimi_linear")
+    assert keys["num_experts_per_tok"] == 2 and keys["layer_types"] == ["linear_attention", "full_attention"]
+    per_layer = model_config.layer_linear_shapes(kimi)
+    assert list(per_layer) == [0] and per_layer[0][("self_attn", "f_b_proj")] == (16, 8)
