@@ -99,6 +99,7 @@ class _Helper:
         self.notified = 0  # the task number the helper last signalled on ``done``
         self.posted = 0  # the last task number posted
         self.asleep = False  # waiting on ``work`` (past its polling window)
+        self.spins = True  # the posted task: poll for the next after it (``post(spin=)``), else sleep at once
         self.spin = _spin_reads()
         self.settle = int(self.spin * SETTLE_SECONDS / SPIN_SECONDS)
         self.name = f"colitools-{index}"
@@ -120,8 +121,9 @@ class _Helper:
                         self.work.wait()
                     self.asleep = False
             seen = v
+            spin, settle = (self.spin, self.settle) if self.spins else (0, 0)  # read before the finish
             if not k.th_take(self.flags, seen):  # the caller ran every item itself and took the task back
-                v = k.th_next_post(self.flags, seen, self.spin, self.settle)
+                v = k.th_next_post(self.flags, seen, spin, settle)
                 continue
             try:
                 self.task()
@@ -129,15 +131,17 @@ class _Helper:
                 self.error = e
             self.task = None  # keeps nothing of the call (its arrays) alive; the next post sets it again
             # finish and poll for the next task in one compiled call: the GIL is free once the caller sees it
-            v = k.th_finish_and_poll(self.flags, seen, self.spin, self.settle)
+            v = k.th_finish_and_poll(self.flags, seen, spin, settle)
             if v < 0:  # the caller went to sleep before the finish: wake it
                 with self.done:
                     self.notified = seen
                     self.done.notify()
-                v = k.th_next_post(self.flags, seen, self.spin, self.settle)
+                v = k.th_next_post(self.flags, seen, spin, settle)
 
-    def post(self, task: Callable[[], None]) -> int:
-        self.task = task  # read by the helper only once it has taken the new task number
+    def post(self, task: Callable[[], None], spin: bool = True) -> int:
+        """Post ``task``; ``spin``: after it, the helper polls for the next one (and the caller for its finish)
+        before sleeping, else both sleep at once (a wake-up per call, as a plain thread pool)."""
+        self.task, self.spins = task, spin  # read by the helper only once it has taken the new task number
         with self.work:
             n = self.posted = self.posted + 1
             self.k.th_set(self.flags, TASK, n)
@@ -151,7 +155,8 @@ class _Helper:
         if k.th_take(self.flags, n):
             self.task = None
             return None
-        if k.th_reach(self.flags, FINISHED, n, self.spin // CALLER_SPIN_DIVISOR) != n:
+        reads = self.spin // CALLER_SPIN_DIVISOR if self.spins else 0
+        if k.th_reach(self.flags, FINISHED, n, reads) != n:
             with self.done:
                 if k.th_set_then_read(self.flags, CALLER_BLOCKED, 1, FINISHED) != n:
                     while self.notified != n:
@@ -178,12 +183,15 @@ def _get_helpers(k: int) -> list[_Helper]:
         return _helpers[:k]
 
 
-def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int | None = None) -> list[R]:
+def parallel_map(
+    fn: Callable[[T], R], items: Sequence[T], workers: int | None = None, *, spin: bool = True
+) -> list[R]:
     """``[fn(x) for x in items]``, concurrently when there is more than one item and ``workers`` (default
     ``n_workers()``) is more than one.
 
     The calling thread works too: it and up to ``workers - 1`` helper threads take items from a shared counter
-    until none are left."""
+    until none are left. ``spin``: the helpers poll for the next call before they sleep (``SPIN_SECONDS``), for
+    calls a wake-up would slow (the runtime's ~0.2 ms matvecs); ``spin=False`` for calls of milliseconds."""
     n = len(items)
     workers = n_workers() if workers is None else workers
     if n < 2 or workers < 2 or in_worker() or not _driving.acquire(blocking=False):
@@ -196,7 +204,7 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int | None =
             while (i := next(counter)) < n:
                 results[i] = fn(items[i])
 
-        posted = [(h, h.post(drain)) for h in _get_helpers(min(workers - 1, n - 1))]
+        posted = [(h, h.post(drain, spin)) for h in _get_helpers(min(workers - 1, n - 1))]
         _local.worker = True
         try:
             drain()
@@ -237,5 +245,8 @@ def run_rows(kernel: Callable[..., int], args: tuple, O: int, I: int) -> int:
         return int(kernel(*args, 0, O))
     rows = max(1, min(_CHUNK_ELEMS // max(I, 1), -(-O // (4 * threads))))
     chunks = [(r0, min(O, r0 + rows)) for r0 in range(0, O, rows)]
-    bad = [r for r in parallel_map(lambda c: int(kernel(*args, *c)), chunks, threads) if r >= 0]
+    # No polling between calls: a codec call's chunks take >= 0.1 ms, and on a machine with more runnable threads
+    # than cores a polling helper (sched_yield per read) reacts a time slice late: measured on 2 shared cores at
+    # load 7, [2048, 2048] BF16 -> int4-g64, the helper ran 1-6 % of the chunks polling, 52 % sleeping.
+    bad = [r for r in parallel_map(lambda c: int(kernel(*args, *c)), chunks, threads, spin=False) if r >= 0]
     return min(bad) if bad else -1
