@@ -39,7 +39,7 @@ from colitools.converters.recipe import Role
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.errors import ConvertError
-from colitools.formats import kernels, targets
+from colitools.formats import kernels
 from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.model_config import model_type
@@ -439,10 +439,8 @@ def _release(src: Source, shard: str, options: ConvertOptions) -> None:
 def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
     """Index, config and the generation/tokenizer files; returns the names of the copied files."""
     config = src.read_json(CONFIG_FILE)
-    target = targets.by_name(plan.recipe.target)
     output.write_index(out, plan)
-    output.write_config(out, config, target)
-    output.write_target_meta(out, plan, config, target)
+    output.write_target_files(out, plan, config)
     copied = []
     for name in output.copied_files(list(src.files())):
         output.copy_file(src.ensure_local(name), out / name)
