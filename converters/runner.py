@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -367,7 +368,8 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
                 while queue and len(inflight) < workers:
                     unit = queue[0]
                     paths = prepare(unit, sum(u.out_bytes for u in inflight.values()), drain)
-                    inflight[pool.submit(convert_unit, unit, paths, out, block)] = queue.pop(0)
+                    with _sigint_blocked():  # a submit may spawn a worker: it starts with SIGINT blocked
+                        inflight[pool.submit(convert_unit, unit, paths, out, block)] = queue.pop(0)
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                 for fut in sorted(done, key=lambda f: pending.index(inflight[f])):
                     record(fut)
@@ -380,7 +382,28 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
             raise
 
 
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread meanwhile: a process spawned now inherits the blocked mask (across exec), so
+    a Ctrl-C to the process group while a worker is still importing stays pending there until ``_worker_init``
+    ignores it (multiprocessing's resource tracker starts the same way); this process takes its own SIGINT when
+    the block ends (or at once, in another of its threads)."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _worker_init(threads: int, parent_pid: int, on_kernels: bool) -> None:
+    """A worker ignores SIGINT (a Ctrl-C reaches the whole process group): the parent stops the conversion,
+    lets the units in flight finish and prints the one ``colitools: interrupted`` line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a SIGINT pending since the spawn is discarded
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent_pid)
     from colitools.formats import kernels
 
@@ -413,7 +436,6 @@ def _die_with_parent(parent_pid: int) -> None:
     parent watcher thread does the same, polling."""
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         PR_SET_PDEATHSIG = 1
         with contextlib.suppress(OSError, AttributeError):

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from colitools.formats import model_config, targets
 from colitools.formats.errors import FormatError, ResolveError
 from colitools.formats.expert_layouts import MergedPart, Spelling
+from colitools.formats.jsonfile import is_text
 from colitools.formats.names import (
     LAYERS,
     MODULE_ALIASES,
@@ -82,6 +83,8 @@ def shard_name_problem(shard: object) -> str | None:
         return "contains '..'"
     if "\0" in shard:
         return "contains a NUL character"
+    if not is_text(shard):
+        return "not Unicode text (a lone surrogate escape)"
     if not shard.endswith(".safetensors"):
         return "does not end in .safetensors"
     if shard == ".safetensors":
@@ -256,6 +259,28 @@ def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]
     return _spelled_scale(name, info, present)
 
 
+MXFP8_SCALE_SUFFIX = "_scale"  # a source's MXFP8 pair: <name> F8_E4M3 + <name>_scale E8M0 (FORMATS-SPEC §5)
+MXFP8_BLOCK = 32
+
+
+def _is_mxfp8_scale(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo], where: str) -> bool:
+    """Whether ``name`` is the E8M0 scale (U8 or F8_E8M0) of an F8_E4M3 tensor ``<name minus _scale>``: an
+    MXFP8 source pair, one scale per 32 values along the last axis (a partial last block allowed) on a 2-D
+    weight or a 3-D expert stack. ResolveError when its shape does not fit its weight's."""
+    if info.dtype not in MX_SCALE_DTYPES or not name.endswith(MXFP8_SCALE_SUFFIX):
+        return False
+    weight = present.get(name[: -len(MXFP8_SCALE_SUFFIX)])
+    if weight is None or weight.dtype != "F8_E4M3" or not weight.shape:
+        return False
+    want = (*weight.shape[:-1], -(-weight.shape[-1] // MXFP8_BLOCK))
+    if tuple(info.shape) != want:
+        raise ResolveError(
+            f"{where}: MXFP8 scale {name} is {list(info.shape)}, expected {list(want)} for its weight "
+            f"{list(weight.shape)} (one E8M0 byte per {MXFP8_BLOCK} values of the last axis)"
+        )
+    return True
+
+
 def resolve_container(
     files: Sequence[_Shard],
     shapes: Mapping[str, tuple[int, int]] | None = None,
@@ -395,6 +420,8 @@ def _resolve_unpaired(
         )
     if name.endswith(QS_SUFFIX):
         raise ResolveError(f"{where}: scale tensor {name} has no weight {name[: -len(QS_SUFFIX)]}")
+    if _is_mxfp8_scale(name, info, c.infos, where):  # a source's MXFP8 pair: both "other", as FP8 sources
+        return ResolvedTensor(name, where, info.dtype, info.shape, info.nbytes, "other", layout)
     if name.endswith(MX_SCALE_SUFFIX) and info.dtype in MX_SCALE_DTYPES:
         packed = name[: -len(MX_SCALE_SUFFIX)] + PACKED_SUFFIX
         why = f"is {c.infos[packed].dtype}, not U8" if packed in c.infos else "is missing"

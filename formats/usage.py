@@ -25,6 +25,7 @@ from colitools.formats.errors import UsageFileError
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_EXPERT_SLOTS",
     "UsageFileError",
     "UsageHistory",
     "engine_id",
@@ -39,6 +40,10 @@ VERSION_RECORD = -2
 
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
+MAX_EXPERT_SLOTS = 1 << 20
+"""Most experts (``n_layers * n_experts``) a usage history may describe (``read_usage`` refuses more,
+whether its header, the caller or a headerless file's records give the geometry): four times 128 layers x
+2048 routed experts. Reports may then allocate per expert without ``-1 1 4000000000`` taking all memory."""
 _INT = re.compile(r"[+-]?[0-9]+")
 _MAX_DIGITS = 20  # 2**64 - 1 has 20 digits
 
@@ -121,7 +126,9 @@ def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
                 f"{path}:{number}: expected exactly three integers per record, got {len(fields)} field(s): {shown!r}"
             )
         long = next((f for f in fields if len(f.lstrip("+-")) > _MAX_DIGITS), None)
-        if long is not None:  # before int(): Python refuses to convert > 4300 digits, and no count is that big
+        if (
+            long is not None
+        ):  # before int(): Python refuses to convert > 4300 digits, and no count is that big
             raise UsageFileError(
                 f"{path}:{number}: a {len(long.lstrip('+-'))}-digit number (at most {_MAX_DIGITS} digits: "
                 "counts are 64-bit)"
@@ -129,6 +136,16 @@ def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
         a, b, c = (int(f) for f in fields)
         records.append((number, a, b, c))
     return records
+
+
+@dataclass(frozen=True)
+class _Headers:
+    """What the two header records of a file say (None: the record is absent), and its counting records."""
+
+    geometry: tuple[int, int] | None
+    version: int | None
+    engine_id: int | None
+    body: list[tuple[int, int, int, int]]
 
 
 def read_usage(
@@ -145,9 +162,37 @@ def read_usage(
     refused; a legacy headerless file takes them as its geometry. ``engine`` is the model's engine name (or
     its id): a file recorded by another engine is refused unless ``explicit`` (the user named the file).
     Records with a negative layer other than the two headers are skipped; records outside the geometry or
-    with a non-positive count are never counted (``skipped_records``). Repeated records add up.
+    with a non-positive count are never counted (``skipped_records``). Repeated records add up. A geometry
+    (the header's, the caller's, or that of a headerless file's records) of more than ``MAX_EXPERT_SLOTS``
+    experts in all is refused: whatever a consumer allocates per expert stays bounded.
     """
     path = Path(path)
+    headers = _headers(path, _parse_records(path, _read_text(path)))
+    layers, experts = _geometry(path, headers, n_layers, n_experts)
+    wanted_engine = _engine_id_of(engine)
+    file_engine = headers.engine_id
+    if (
+        file_engine is not None
+        and wanted_engine is not None
+        and file_engine != wanted_engine
+        and not explicit
+    ):
+        name = f" ({engine!r})" if isinstance(engine, str) else ""
+        raise UsageFileError(
+            f"{path}: usage history was recorded by engine id {file_engine}, not this model's engine id "
+            f"{wanted_engine}{name}; pass the file explicitly to use it anyway"
+        )
+    headerless = headers.geometry is None and headers.version is None
+    history = UsageHistory(n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=headerless)
+    for _, layer, expert, n in headers.body:
+        if n <= 0 or not (0 <= layer < layers and 0 <= expert < experts):
+            history.skipped_records += 1
+            continue
+        history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
+    return history
+
+
+def _read_text(path: Path) -> str:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -155,15 +200,19 @@ def read_usage(
     except IsADirectoryError:
         raise UsageFileError(f"usage history is a directory, not a file: {path}") from None
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UsageFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
 
+
+def _headers(path: Path, records: list[tuple[int, int, int, int]]) -> _Headers:
+    """The geometry and version/engine headers (each at most once, or repeated unchanged) and the other
+    records with a layer >= 0; reserved negative kinds are skipped."""
     geometry: tuple[int, int] | None = None
     version: int | None = None
     file_engine: int | None = None
     body: list[tuple[int, int, int, int]] = []
-    for number, a, b, c in _parse_records(path, text):
+    for number, a, b, c in records:
         if a == GEOMETRY_RECORD:
             if b <= 0 or c <= 0:
                 raise UsageFileError(f"{path}:{number}: geometry header needs positive sizes, got {b} x {c}")
@@ -183,45 +232,44 @@ def read_usage(
             if file_engine is not None and file_engine != c:
                 raise UsageFileError(f"{path}:{number}: second engine id {c} contradicts {file_engine}")
             version, file_engine = b, c
-        elif a < 0:
-            continue  # reserved header kinds: skipped after the two known headers are used
-        else:
+        elif a >= 0:
             body.append((number, a, b, c))
+    return _Headers(geometry, version, file_engine, body)
 
+
+def _geometry(path: Path, headers: _Headers, n_layers: int | None, n_experts: int | None) -> tuple[int, int]:
+    """``(layers, experts)``: the header's (which must agree with what the caller knows), else the caller's,
+    else one past the largest layer and expert of the records; at most ``MAX_EXPERT_SLOTS`` experts."""
+    geometry = headers.geometry
     if geometry is not None:
-        caller = (n_layers, n_experts)
         if (n_layers is not None and n_layers != geometry[0]) or (
             n_experts is not None and n_experts != geometry[1]
         ):
-            want = f"{caller[0] if caller[0] is not None else '?'} x {caller[1] if caller[1] is not None else '?'}"
+            want = (
+                f"{n_layers if n_layers is not None else '?'} x {n_experts if n_experts is not None else '?'}"
+            )
             raise UsageFileError(
                 f"{path}: usage geometry {geometry[0]} layers x {geometry[1]} experts does not match the model's "
                 f"{want}"
             )
-        layers, experts = geometry
-    else:
-        layers = n_layers if n_layers is not None else 1 + max((r[1] for r in body), default=-1)
-        experts = n_experts if n_experts is not None else 1 + max((r[2] for r in body), default=-1)
-
-    wanted_engine = _engine_id_of(engine)
-    if file_engine is not None and wanted_engine is not None and file_engine != wanted_engine and not explicit:
-        name = f" ({engine!r})" if isinstance(engine, str) else ""
-        raise UsageFileError(
-            f"{path}: usage history was recorded by engine id {file_engine}, not this model's engine id "
-            f"{wanted_engine}{name}; pass the file explicitly to use it anyway"
-        )
-
-    history = UsageHistory(
-        n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=geometry is None and version is None
+        _check_slots(path, *geometry, "its geometry header declares")
+        return geometry
+    body = headers.body
+    layers = n_layers if n_layers is not None else 1 + max((r[1] for r in body), default=-1)
+    experts = n_experts if n_experts is not None else 1 + max((r[2] for r in body), default=-1)
+    given = (
+        "the model's geometry is" if n_layers is not None and n_experts is not None else "its records imply"
     )
-    for _, layer, expert, n in body:
-        if n <= 0 or not (0 <= layer < layers and 0 <= expert < experts):
-            history.skipped_records += 1
-            continue
-        history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
-    return history
+    _check_slots(path, layers, experts, given)
+    return layers, experts
 
 
+def _check_slots(path: Path, layers: int, experts: int, source: str) -> None:
+    if layers * experts > MAX_EXPERT_SLOTS:
+        raise UsageFileError(
+            f"{path}: {source} {layers} layers x {experts} experts = {layers * experts} experts, more than "
+            f"the {MAX_EXPERT_SLOTS} a usage history may describe"
+        )
 
 
 def format_usage(history: UsageHistory) -> bytes:

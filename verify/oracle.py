@@ -28,6 +28,7 @@ import numpy as np
 
 from colitools.errors import VerifyError
 from colitools.formats import targets
+from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.registry import WEIGHT_SUFFIX, Mxfp4, by_name
 
 NEAR_TIE = 1e-4
@@ -108,11 +109,15 @@ def load_reference(fixture_dir: Path, recipe: str) -> dict[str, Any]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        value = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise VerifyError(f"{path}: unreadable reference ({exc})") from None
     if not isinstance(value, dict):
         raise VerifyError(f"{path}: a reference must be a JSON object")
+    bad = invalid_text(raw, value)
+    if bad is not None:
+        raise VerifyError(f"{path}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
     return value
 
 
