@@ -10,23 +10,32 @@ sparse (non-zero counts only)::
 
 ``engine_id`` is the FNV-1a 32-bit hash of the engine name (colitools uses ``config.json`` ``model_type``).
 A history with no counts is a zero-byte file.
+
+Besides that text layout the reader takes colibri's Inkling engine's older dense binary history, ``IKU1``
+(``c/route_trace.h`` ``rt_read_ex``: uint32 little-endian ``{0x31554B49, n_layers, n_experts}`` then
+``uint32[n_layers][n_experts]``, layer and expert given by the position). Only an Inkling model's read takes it
+(colibri's ``inkling.c`` now saves the text layout through ``rt_save``, so nothing here writes IKU1).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import struct
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.formats.atomic import write_bytes_atomic
-from colitools.formats.errors import UsageFileError
+from colitools.formats.errors import ParameterError, UsageFileError
+from colitools.formats.families import family_of, known_model_types
 
 __all__ = [
     "FORMAT_VERSION",
     "UsageFileError",
+    "IKU1_MAGIC",
     "UsageHistory",
+    "decay_usage",
     "engine_id",
     "format_usage",
     "read_usage",
@@ -36,6 +45,9 @@ __all__ = [
 FORMAT_VERSION = 1
 GEOMETRY_RECORD = -1
 VERSION_RECORD = -2
+IKU1_MAGIC = 0x31554B49  # b"IKU1" little-endian: route_trace.h RT_IKU1_MAGIC
+_IKU1_HEADER = struct.Struct("<3I")
+INKLING_FAMILY = "inkling"  # the family whose engine (colibri's inkling.c) reads IKU1
 
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
@@ -59,6 +71,7 @@ class UsageHistory:
     (``0 <= layer < n_layers``, ``0 <= expert < n_experts``). ``skipped_records`` counts the records of the
     file that were not counted (out of range or non-positive). ``headerless`` marks a legacy file without the
     two header records, whose geometry came from the caller or, failing that, from the records themselves.
+    ``iku1`` marks a history read from Inkling's dense binary layout.
     """
 
     n_layers: int
@@ -67,6 +80,7 @@ class UsageHistory:
     counts: dict[tuple[int, int], int] = field(default_factory=dict)
     skipped_records: int = 0
     headerless: bool = False
+    iku1: bool = False  # read from Inkling's dense binary layout (no engine id in it)
 
     @property
     def total(self) -> int:
@@ -109,7 +123,8 @@ def _engine_id_of(engine: str | int | None) -> int | None:
 
 
 def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
-    """``(line_number, a, b, c)`` for every non-blank line; anything but three integers is an error."""
+    """``(line_number, a, b, c)`` for every non-blank line; anything but three integers is an error. LF, CRLF
+    and CR endings read alike (colibri's reader opens ``rb`` and ``fscanf`` skips the ``\\r``)."""
     records = []
     for number, line in enumerate(text.splitlines(), start=1):  # splitlines: LF, CRLF and CR alike
         fields = line.split()
@@ -121,7 +136,9 @@ def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
                 f"{path}:{number}: expected exactly three integers per record, got {len(fields)} field(s): {shown!r}"
             )
         long = next((f for f in fields if len(f.lstrip("+-")) > _MAX_DIGITS), None)
-        if long is not None:  # before int(): Python refuses to convert > 4300 digits, and no count is that big
+        if (
+            long is not None
+        ):  # before int(): Python refuses to convert > 4300 digits, and no count is that big
             raise UsageFileError(
                 f"{path}:{number}: a {len(long.lstrip('+-'))}-digit number (at most {_MAX_DIGITS} digits: "
                 "counts are 64-bit)"
@@ -138,14 +155,19 @@ def read_usage(
     n_experts: int | None = None,
     engine: str | int | None = None,
     explicit: bool = False,
+    routed_layers: Collection[int] | None = None,
 ) -> UsageHistory:
-    """Read a ``.coli_usage`` file.
+    """Read a ``.coli_usage`` file (text, legacy headerless text, or Inkling's binary ``IKU1``).
 
     ``n_layers``/``n_experts`` are the model's geometry when known: a file whose geometry header differs is
     refused; a legacy headerless file takes them as its geometry. ``engine`` is the model's engine name (or
-    its id): a file recorded by another engine is refused unless ``explicit`` (the user named the file).
-    Records with a negative layer other than the two headers are skipped; records outside the geometry or
-    with a non-positive count are never counted (``skipped_records``). Repeated records add up.
+    its id): a file recorded by another engine (an IKU1 file: by a model not of the Inkling family) is refused
+    unless ``explicit`` (the user named the file, colibri's trusted read). Trust relaxes that identity check
+    only: a wrong geometry or a newer format version is refused whatever the caller says.
+    ``routed_layers``: the layers that route (colibri's ``rt_drop_row`` rule): a record of any other layer is
+    not counted. Records with a negative layer other than the two headers are skipped; records outside the
+    geometry, of a non-routing layer or with a non-positive count are never counted (``skipped_records``,
+    never in ``total``). Repeated records add up.
     """
     path = Path(path)
     try:
@@ -154,15 +176,73 @@ def read_usage(
         raise UsageFileError(f"usage history not found: {path}") from None
     except IsADirectoryError:
         raise UsageFileError(f"usage history is a directory, not a file: {path}") from None
+    if raw[:4] == IKU1_MAGIC.to_bytes(4, "little"):  # text starts with a digit or a sign: no false positive
+        history, body = _read_iku1(path, raw, n_layers, n_experts, engine, explicit)
+    else:
+        history, body = _read_text(path, raw, n_layers, n_experts, engine, explicit)
+    for layer, expert, n in body:
+        if (n <= 0 or not (0 <= layer < history.n_layers and 0 <= expert < history.n_experts)
+                or (routed_layers is not None and layer not in routed_layers)):  # fmt: skip
+            history.skipped_records += 1
+            continue
+        history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
+    return history
+
+
+def _is_inkling(engine: str | int | None) -> bool:
+    """Whether ``engine`` (a model type or its id) is a model of the Inkling family, the one IKU1 reader."""
+    if isinstance(engine, str):
+        family = family_of(engine)
+        return family is not None and family.name == INKLING_FAMILY
+    return any(engine == engine_id(t) and _is_inkling(t) for t in known_model_types())
+
+
+def _read_iku1(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None, engine: str | int | None,
+               explicit: bool) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
+    """The dense binary layout: refused by name for a non-Inkling model unless trusted (``rt_read_ex``); its
+    geometry is the parse geometry (a record's place gives its layer and expert), so it must match, always."""
+    if engine is not None and not _is_inkling(engine) and not explicit:
+        name = f"{engine!r}" if isinstance(engine, str) else f"engine id {engine}"
+        raise UsageFileError(
+            f"{path}: IKU1 usage history (written by colibri's inkling engine), this model's engine is {name}: "
+            "refusing; pass the file explicitly to use it anyway"
+        )
+    if len(raw) < _IKU1_HEADER.size:
+        raise UsageFileError(
+            f"{path}: IKU1 usage history is {len(raw)} bytes, shorter than its 12-byte header"
+        )
+    _, layers, experts = _IKU1_HEADER.unpack_from(raw)
+    if (n_layers is not None and layers != n_layers) or (n_experts is not None and experts != n_experts):
+        raise UsageFileError(
+            f"{path}: IKU1 usage history is {layers} layers x {experts} experts, the model is "
+            f"{n_layers if n_layers is not None else '?'} x {n_experts if n_experts is not None else '?'}: "
+            "refusing rather than misreading it"
+        )
+    if layers <= 0 or experts <= 0:
+        raise UsageFileError(f"{path}: IKU1 geometry header needs positive sizes, got {layers} x {experts}")
+    want = _IKU1_HEADER.size + 4 * layers * experts
+    if len(raw) != want:
+        raise UsageFileError(
+            f"{path}: IKU1 usage history of {layers} x {experts} is {want} bytes, the file is {len(raw)}"
+        )
+    import numpy as np  # a dense block: one view instead of a Python loop over every cell
+
+    block = np.frombuffer(raw, dtype="<u4", offset=_IKU1_HEADER.size).reshape(layers, experts)
+    body = [(int(layer), int(e), int(block[layer, e])) for layer, e in zip(*np.nonzero(block), strict=True)]
+    return UsageHistory(n_layers=layers, n_experts=experts, iku1=True), body
+
+
+def _read_text(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None, engine: str | int | None,
+               explicit: bool) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
+    """The text layout: its headers checked against the caller's geometry and engine, and its data records."""
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UsageFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
-
     geometry: tuple[int, int] | None = None
     version: int | None = None
     file_engine: int | None = None
-    body: list[tuple[int, int, int, int]] = []
+    body: list[tuple[int, int, int]] = []
     for number, a, b, c in _parse_records(path, text):
         if a == GEOMETRY_RECORD:
             if b <= 0 or c <= 0:
@@ -173,55 +253,75 @@ def read_usage(
                 )
             geometry = (b, c)
         elif a == VERSION_RECORD:
-            if b != FORMAT_VERSION:
-                raise UsageFileError(
-                    f"{path}:{number}: usage format version {b} is not supported (this reader knows version "
-                    f"{FORMAT_VERSION})"
-                )
-            if not 0 <= c <= 0xFFFFFFFF:
-                raise UsageFileError(f"{path}:{number}: engine id {c} is not a 32-bit unsigned integer")
-            if file_engine is not None and file_engine != c:
-                raise UsageFileError(f"{path}:{number}: second engine id {c} contradicts {file_engine}")
-            version, file_engine = b, c
-        elif a < 0:
-            continue  # reserved header kinds: skipped after the two known headers are used
-        else:
-            body.append((number, a, b, c))
-
+            version, file_engine = _version_record(path, number, b, c, file_engine)
+        elif a >= 0:
+            body.append((a, b, c))  # a negative layer: a reserved header kind, skipped
     if geometry is not None:
-        caller = (n_layers, n_experts)
-        if (n_layers is not None and n_layers != geometry[0]) or (
-            n_experts is not None and n_experts != geometry[1]
-        ):
-            want = f"{caller[0] if caller[0] is not None else '?'} x {caller[1] if caller[1] is not None else '?'}"
-            raise UsageFileError(
-                f"{path}: usage geometry {geometry[0]} layers x {geometry[1]} experts does not match the model's "
-                f"{want}"
-            )
+        _check_geometry(path, geometry, n_layers, n_experts)
         layers, experts = geometry
     else:
-        layers = n_layers if n_layers is not None else 1 + max((r[1] for r in body), default=-1)
-        experts = n_experts if n_experts is not None else 1 + max((r[2] for r in body), default=-1)
-
+        layers = n_layers if n_layers is not None else 1 + max((r[0] for r in body), default=-1)
+        experts = n_experts if n_experts is not None else 1 + max((r[1] for r in body), default=-1)
     wanted_engine = _engine_id_of(engine)
-    if file_engine is not None and wanted_engine is not None and file_engine != wanted_engine and not explicit:
+    if (
+        file_engine is not None
+        and wanted_engine is not None
+        and file_engine != wanted_engine
+        and not explicit
+    ):
         name = f" ({engine!r})" if isinstance(engine, str) else ""
         raise UsageFileError(
             f"{path}: usage history was recorded by engine id {file_engine}, not this model's engine id "
             f"{wanted_engine}{name}; pass the file explicitly to use it anyway"
         )
-
-    history = UsageHistory(
-        n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=geometry is None and version is None
-    )
-    for _, layer, expert, n in body:
-        if n <= 0 or not (0 <= layer < layers and 0 <= expert < experts):
-            history.skipped_records += 1
-            continue
-        history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
-    return history
+    headerless = geometry is None and version is None
+    return UsageHistory(
+        n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=headerless
+    ), body
 
 
+def _version_record(path: Path, number: int, version: int, eid: int, seen: int | None) -> tuple[int, int]:
+    """The ``-2 <version> <engine_id>`` record: a newer version or a contradiction is refused, always."""
+    if version != FORMAT_VERSION:
+        raise UsageFileError(
+            f"{path}:{number}: usage format version {version} is not supported (this reader knows version "
+            f"{FORMAT_VERSION})"
+        )
+    if not 0 <= eid <= 0xFFFFFFFF:
+        raise UsageFileError(f"{path}:{number}: engine id {eid} is not a 32-bit unsigned integer")
+    if seen is not None and seen != eid:
+        raise UsageFileError(f"{path}:{number}: second engine id {eid} contradicts {seen}")
+    return version, eid
+
+
+def _check_geometry(
+    path: Path, geometry: tuple[int, int], n_layers: int | None, n_experts: int | None
+) -> None:
+    if (n_layers is not None and n_layers != geometry[0]) or (
+        n_experts is not None and n_experts != geometry[1]
+    ):
+        want = f"{n_layers if n_layers is not None else '?'} x {n_experts if n_experts is not None else '?'}"
+        raise UsageFileError(
+            f"{path}: usage geometry {geometry[0]} layers x {geometry[1]} experts does not match the model's "
+            f"{want}"
+        )
+
+
+def decay_usage(history: UsageHistory, factor: float) -> None:
+    """Multiply every count by ``factor`` in ``(0, 1]``, as colibri's engines do before each save
+    (``route_trace.h`` ``rt_decay``, ``COLI_USAGE_DECAY``): ``floor(count * factor + 0.5)`` in double precision,
+    so a count of 1 survives any factor >= 0.5 and 1.0 leaves the bytes unchanged; a count that rounds to 0 is
+    dropped."""
+    if not 0.0 < factor <= 1.0:  # also refuses nan
+        raise ParameterError(f"`usage_decay` must be in (0, 1], got {factor}")
+    if factor == 1.0:
+        return
+    for key, n in list(history.counts.items()):
+        kept = int(n * factor + 0.5)
+        if kept:
+            history.counts[key] = kept
+        else:
+            del history.counts[key]
 
 
 def format_usage(history: UsageHistory) -> bytes:
