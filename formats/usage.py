@@ -35,6 +35,7 @@ __all__ = [
     "UsageFileError",
     "IKU1_MAGIC",
     "UsageHistory",
+    "check_usage_decay",
     "decay_usage",
     "engine_id",
     "format_usage",
@@ -307,13 +308,18 @@ def _check_geometry(
         )
 
 
+def check_usage_decay(factor: float) -> None:
+    """Refuse a decay factor outside ``(0, 1]`` (colibri's engines ignore one; a typed value is refused here)."""
+    if not 0.0 < factor <= 1.0:  # also refuses nan
+        raise ParameterError(f"`usage_decay` must be in (0, 1], got {factor}")
+
+
 def decay_usage(history: UsageHistory, factor: float) -> None:
     """Multiply every count by ``factor`` in ``(0, 1]``, as colibri's engines do before each save
     (``route_trace.h`` ``rt_decay``, ``COLI_USAGE_DECAY``): ``floor(count * factor + 0.5)`` in double precision,
     so a count of 1 survives any factor >= 0.5 and 1.0 leaves the bytes unchanged; a count that rounds to 0 is
     dropped."""
-    if not 0.0 < factor <= 1.0:  # also refuses nan
-        raise ParameterError(f"`usage_decay` must be in (0, 1], got {factor}")
+    check_usage_decay(factor)
     if factor == 1.0:
         return
     for key, n in list(history.counts.items()):

@@ -64,8 +64,30 @@ def run_command(
         typer.Option("--ram-gb", help="Memory budget in GiB (> 0; sets the cap when --cap is not given)."),
     ] = None,
     no_usage: Annotated[
-        bool, typer.Option("--no-usage", help="Do not record routing usage in .coli_usage.")
+        bool,
+        typer.Option(
+            "--no-usage",
+            help="Do not record routing usage: .coli_usage is left untouched (colibri's USAGE_SAVE=0).",
+        ),
     ] = False,
+    usage_decay: Annotated[
+        float,
+        typer.Option(
+            "--usage-decay",
+            metavar="F",
+            help="Multiply the whole usage history by F in (0, 1] at the save (colibri's COLI_USAGE_DECAY; "
+            "1 = no decay).",
+        ),
+    ] = 1.0,
+    route_trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--route-trace",
+            metavar="FILE",
+            help="Write colibri's ROUTE_TRACE stream to FILE: one line per MoE call and batch row, "
+            "'call row layer expert:gate ...'.",
+        ),
+    ] = None,
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Do not stop at the end-of-sequence token.")
     ] = False,
@@ -98,6 +120,8 @@ def run_command(
         record_usage=not no_usage,
         stop_at_eos=not ignore_eos,
         progress=progress,
+        route_trace=route_trace,
+        usage_decay=usage_decay,
     )
     s = report.stats
     output.echo(

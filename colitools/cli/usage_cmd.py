@@ -1,4 +1,5 @@
-"""``colitools usage show FILE``: what a ``.coli_usage`` routing history holds (docs/FORMATS.md §6)."""
+"""``colitools usage show FILE``: what a ``.coli_usage`` routing history holds; ``colitools usage pairs TRACE...``:
+colibri's ``.coli_pairs`` co-activation table from ``ROUTE_TRACE`` streams (docs/FORMATS.md §6)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,28 @@ def show_command(
 
     report = usage_report(file, model=model, top=top)
     output.emit(as_json, report.to_json, _lines(report, top))
+
+
+def _pairs_lines(table) -> Iterator[str]:
+    for trace, n in table.positions.items():
+        yield f"{trace}: {n} positions"
+    yield f"wrote {table.out}: {len(table.entries)} conditioning entries"
+
+
+@usage_app.command("pairs")
+def pairs_command(
+    traces: Annotated[list[Path], typer.Argument(help="ROUTE_TRACE files (colitools run --route-trace).")],
+    out: Annotated[Path, typer.Option("--out", help="The .coli_pairs table to write.")],
+    top: Annotated[
+        int, typer.Option("--top", min=1, help="Co-activated experts kept per entry (route_pairs.py's M).")
+    ] = 16,
+    depth: Annotated[
+        int, typer.Option("--depth", min=1, help="Layers ahead paired with each layer (route_pairs.py: 2).")
+    ] = 2,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build the cross-layer co-activation table colibri's COUPLE= prefetcher reads, as route_pairs.py does."""
+    from colitools.formats.route_trace import write_route_pairs
+
+    table = write_route_pairs(traces, out, top=top, depth=depth)
+    output.emit(as_json, table.to_json, _pairs_lines(table))
