@@ -162,9 +162,9 @@ def read_usage(
 
     ``n_layers``/``n_experts`` are the model's geometry when known: a file whose geometry header differs is
     refused; a legacy headerless file takes them as its geometry. ``engine`` is the model's engine name (or
-    its id): a file recorded by another engine (an IKU1 file: by a model not of the Inkling family) is refused
-    unless ``explicit`` (the user named the file, colibri's trusted read). Trust relaxes that identity check
-    only: a wrong geometry or a newer format version is refused whatever the caller says.
+    its id): a text file recorded by another engine is refused unless ``explicit`` (the user named the file,
+    colibri's trusted read); trust relaxes that identity check only: a wrong geometry, a newer format version,
+    or an IKU1 file for a model not of the Inkling family is refused whatever the caller says.
     ``routed_layers``: the layers that route (colibri's ``rt_drop_row`` rule): a record of any other layer is
     not counted. Records with a negative layer other than the two headers are skipped; records outside the
     geometry, of a non-routing layer or with a non-positive count are never counted (``skipped_records``,
@@ -178,7 +178,7 @@ def read_usage(
     except IsADirectoryError:
         raise UsageFileError(f"usage history is a directory, not a file: {path}") from None
     if raw[:4] == IKU1_MAGIC.to_bytes(4, "little"):  # text starts with a digit or a sign: no false positive
-        history, body = _read_iku1(path, raw, n_layers, n_experts, engine, explicit)
+        history, body = _read_iku1(path, raw, n_layers, n_experts, engine)
     else:
         history, body = _read_text(path, raw, n_layers, n_experts, engine, explicit)
     for layer, expert, n in body:
@@ -198,15 +198,17 @@ def _is_inkling(engine: str | int | None) -> bool:
     return any(engine == engine_id(t) and _is_inkling(t) for t in known_model_types())
 
 
-def _read_iku1(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None, engine: str | int | None,
-               explicit: bool) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
-    """The dense binary layout: refused by name for a non-Inkling model unless trusted (``rt_read_ex``); its
-    geometry is the parse geometry (a record's place gives its layer and expert), so it must match, always."""
-    if engine is not None and not _is_inkling(engine) and not explicit:
+def _read_iku1(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None,
+               engine: str | int | None) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
+    """The dense binary layout: refused by name for a model not of the Inkling family, even when the user named
+    the file (colibri's trusted read would take it: here it is a layout only Inkling's engine writes, not an
+    identity to override); its geometry is the parse geometry (a record's place gives its layer and expert), so
+    it must match, always."""
+    if engine is not None and not _is_inkling(engine):
         name = f"{engine!r}" if isinstance(engine, str) else f"engine id {engine}"
         raise UsageFileError(
-            f"{path}: IKU1 usage history (written by colibri's inkling engine), this model's engine is {name}: "
-            "refusing; pass the file explicitly to use it anyway"
+            f"{path}: an IKU1 usage history (the dense binary layout of colibri's inkling engine) is read only "
+            f"for an Inkling model, not for this model's engine {name}"
         )
     if len(raw) < _IKU1_HEADER.size:
         raise UsageFileError(

@@ -19,8 +19,12 @@ def _lines(report, top: int) -> Iterator[str]:
     yield f"file       {report.file}"
     origin = "the model" if report.geometry_from_model else "its records"
     kind = f"legacy headerless file, geometry from {origin}" if summary.headerless else "header"
+    if summary.iku1:
+        kind = "IKU1 dense binary header"
     yield f"geometry   {summary.n_layers} layers x {summary.n_experts} experts ({kind})"
-    if summary.engine_id is None:
+    if summary.iku1:
+        yield "engine     colibri's inkling engine (IKU1 layout, no engine id)"
+    elif summary.engine_id is None:
         yield "engine     unknown (no version header)"
     else:
         name = f" = {summary.engine!r}" if summary.engine else ""

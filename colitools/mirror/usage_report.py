@@ -55,6 +55,7 @@ class UsageSummary:
     layers_with_records: int
     sizes_known: bool
     hottest: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # layer -> [(expert, count)]
+    iku1: bool = False  # read from Inkling's dense binary layout
     layer_totals: dict[int, int] = field(default_factory=dict)
     coverage: list[tuple[int, float]] = field(default_factory=list)  # (percent of bytes, share of selections)
 
@@ -65,6 +66,7 @@ class UsageSummary:
             "engine_id": self.engine_id,
             "engine": self.engine,
             "headerless": self.headerless,
+            "iku1": self.iku1,
             "total_selections": self.total_selections,
             "records": self.records,
             "skipped_records": self.skipped_records,
@@ -129,6 +131,7 @@ def summarize_usage(
         engine_id=history.engine_id,
         engine=engine_name(history.engine_id),
         headerless=history.headerless,
+        iku1=history.iku1,
         total_selections=history.total,
         records=len(history.counts),
         skipped_records=history.skipped_records,
@@ -180,7 +183,13 @@ def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = N
         model_dir = file.parent
     geometry = model_geometry(model_dir) if model_dir is not None else None
     n_experts = geometry.n_experts if geometry else None
-    history = read_usage(file, n_layers=geometry.n_layers if geometry else None, n_experts=n_experts, explicit=True)
+    history = read_usage(
+        file,
+        n_layers=geometry.n_layers if geometry else None,
+        n_experts=n_experts,
+        engine=geometry.engine if geometry else None,  # an IKU1 file is read for an Inkling model only
+        explicit=True,
+    )
     expert_bytes: dict[tuple[int, int], int] | None = None
     if model_dir is not None:  # an expert split over shards counts the bytes of every shard holding it
         expert_bytes = {}
