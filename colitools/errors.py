@@ -23,6 +23,7 @@ __all__ = [
     "RuntimeModelError",
     "SafetensorsError",
     "TargetRefused",
+    "UploadError",
     "UsageFileError",
     "VerifyError",
 ]
@@ -43,6 +44,10 @@ class DiskFloorStop(ConvertError):
     """Free disk space fell below the floor with ``--on-low-disk stop``; the run can be resumed."""
 
     exit_code = 3
+
+
+class UploadError(ColitoolsError):
+    """An upload that cannot start (incomplete output, no token) or that the Hub refused (``colitools upload``)."""
 
 
 class MirrorError(ColitoolsError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +44,10 @@ _LAYOUT_HELP = (
 )
 _TOWERS_HELP = "Multimodal towers: keep (source dtype, unchanged) or drop (listed in the manifest)."
 _KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
+_UPLOAD_HELP = (
+    "Once the output is complete, upload it to this Hugging Face model repo (org/name) with a model card, as "
+    "`colitools upload OUTDIR REPO_ID` does (the same --token)."
+)
 _DRY_RUN_HELP = (
     "Print the plan (units, bytes, peak disk, formats per role: which format the routers, conv "
     "kernels, experts, attention ... get) and exit."
@@ -93,6 +98,7 @@ def convert_command(
         str | None, typer.Option("--revision", help="Hub branch, tag or commit (default main).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=_DRY_RUN_HELP)] = False,
+    upload_repo: Annotated[str | None, typer.Option("--upload-repo", help=_UPLOAD_HELP)] = None,
     as_json: JsonOpt = False,
     progress: ProgressOpt = None,
 ) -> None:
@@ -114,4 +120,14 @@ def convert_command(
     summary = convert(source, outdir, options)
     for warning in summary.warnings:
         output.warn(warning)
-    output.emit(as_json, summary.to_dict, summary.text().splitlines())
+    if upload_repo is None or dry_run:
+        output.emit(as_json, summary.to_dict, summary.text().splitlines())
+        return
+    from colitools.converters.publish import upload_output
+
+    bars = progress if progress is not None else (not as_json and sys.stderr.isatty())
+    report = upload_output(outdir, upload_repo, token=token, progress=bars)
+    output.emit(
+        as_json, lambda: {**summary.to_dict(), "upload": report.to_json()},
+        [*summary.text().splitlines(), report.text()],
+    )  # fmt: skip

@@ -35,6 +35,14 @@ ProgressOpt = Annotated[
     ),
 ]
 
+# upload | convert --upload-repo
+RepoIdArg = Annotated[
+    str, typer.Argument(help="Hugging Face model repo id (org/name); created when missing.")
+]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", help="Hugging Face token (default: HF_TOKEN / hf auth login).")
+]
+
 # mirror plan | stage | verify
 ModelOpt = Annotated[Path, typer.Option("--model", help="Primary model directory (the shards).")]
 MirrorOpt = Annotated[Path, typer.Option("--mirror", help="Mirror directory on the second drive.")]

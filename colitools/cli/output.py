@@ -27,6 +27,7 @@ _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)(?:=([^`]*))?`")
 _RESUMABLE = {
     ("convert",): "rerun the same command to resume (finished units are kept)",
     ("mirror", "stage"): "rerun the same command to resume (verified copies are kept)",
+    ("upload",): "rerun the same command to resume (files the Hub holds are not sent again)",
 }
 
 

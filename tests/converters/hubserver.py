@@ -25,6 +25,11 @@ Repos: ``{repo_id: {revision: folder}}``. A 40-hex revision key is a commit; any
 commit is derived from the repo id, the branch and the files. Files are read from the folder at request time
 (metadata is computed when the repo is added).
 
+Uploads (``hubupload.py``: the endpoints huggingface_hub's ``create_repo`` / ``create_branch`` /
+``create_commit`` call, with the checks the real Hub makes: a write token, an existing repo and revision, LFS
+objects whose sha256 and size are their oid, a commit naming only stored objects; ``reject_push`` answers a
+repo's commits with 403 / 412, ``throttle_uploads`` slows LFS bodies down).
+
 Fault injection (per server, keyed by the file name inside the repo): ``drop_after`` (close the connection
 after N bytes of a response body, for the next k responses), ``corrupt`` (flip one byte of the next k bodies
 that cover it), ``fail_next`` (the next k requests answer 5xx), ``throttle`` (bytes per second),
@@ -46,6 +51,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+try:  # tests/ folders are not packages (see conftest.py)
+    from hubupload import UploadState, dispatch_upload
+except ImportError:  # pragma: no cover
+    from .hubupload import UploadState, dispatch_upload
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx", ".zst")
 CHUNK = 64 * 1024
@@ -104,6 +114,7 @@ class HubServer:
         self._throttle: dict[str | None, float] = {}  # filename (None: every file) -> bytes/s
         self._failures = [0, 503, None]  # remaining, status, path substring
         self._secret = os.urandom(16)
+        self.upload = UploadState()  # hubupload.py: created repos, stored LFS objects, rejected pushes
         self._hub = _Listener(self, "hub")
         self._cdn = _Listener(self, "cdn")
         self._threads: list[threading.Thread] = []
@@ -134,6 +145,7 @@ class HubServer:
             listener.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.upload.close()
 
     def __enter__(self) -> HubServer:
         return self.start()
@@ -259,6 +271,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_HEAD(self):
         self._dispatch(head=True)
+
+    def do_POST(self):
+        dispatch_upload(self, "POST")
+
+    def do_PUT(self):
+        dispatch_upload(self, "PUT")
 
     # -- routing ---------------------------------------------------------------------------------------------
     def _dispatch(self, head: bool) -> None:
