@@ -49,6 +49,9 @@ def _lines(report, top: int) -> Iterator[str]:
     yield f"coverage (share of selections served by the hottest X% of routed-expert bytes; {basis})"
     for percent, share in summary.coverage:
         yield f"  {percent:>3}%  {share:7.1%}"
+    if report.plot is not None:
+        yield ""
+        yield f"heatmap    {report.plot}"
 
 
 @usage_app.command("show")
@@ -63,12 +66,21 @@ def show_command(
         ),
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Hottest experts listed per layer.")] = 5,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="OUT.png",
+            help="Also draw the history as a layer x expert heatmap (needs the extra: pip install "
+            "'colitools[plot]').",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Geometry, engine, totals, the hottest experts per layer and the coverage curve."""
     from colitools.mirror.usage_report import usage_report
 
-    report = usage_report(file, model=model, top=top)
+    report = usage_report(file, model=model, top=top, plot=plot)
     output.emit(as_json, report.to_json, _lines(report, top))
 
 

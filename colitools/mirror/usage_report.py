@@ -152,6 +152,7 @@ class UsageReport:
     model_type: str | None  # the model's engine (config.json model_type), when it has one
     geometry_from_model: bool  # the model's config.json gave the layer count
     summary: UsageSummary
+    plot: Path | None = None  # the heatmap written (usage show --plot)
 
     @property
     def model_engine_id(self) -> int | None:
@@ -170,13 +171,17 @@ class UsageReport:
         data["model"] = str(self.model) if self.model is not None else None
         data["model_type"] = self.model_type
         data["engine_matches_model"] = self.engine_matches_model
+        if self.plot is not None:
+            data["plot"] = str(self.plot)
         return data
 
 
-def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = None, top: int = 5) -> UsageReport:
+def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = None, top: int = 5,
+                 plot: str | os.PathLike | None = None) -> UsageReport:  # fmt: skip
     """Read the history ``file`` whatever engine wrote it (the user named it) and summarize it with the geometry
     and per-expert bytes of ``model`` (default: the file's own folder when it holds shards), ``top`` experts per
-    layer. MirrorError / UsageFileError on a model or history that cannot be read."""
+    layer; ``plot``: also draw it as a layer x expert heatmap into that PNG (``usage_plot``, matplotlib).
+    MirrorError / UsageFileError on a model or history that cannot be read."""
     file = Path(file)
     model_dir = Path(model) if model is not None else None
     if model_dir is None and any(p.is_file() for p in file.parent.glob("*.safetensors")):
@@ -196,10 +201,16 @@ def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = N
         for shard in discover_shards([model_dir], None, n_experts):
             for key, n in shard.expert_bytes.items():
                 expert_bytes[key] = expert_bytes.get(key, 0) + n
-    return UsageReport(
+    report = UsageReport(
         file=file,
         model=model_dir,
         model_type=geometry.engine if geometry else None,
         geometry_from_model=bool(geometry and geometry.n_layers),
         summary=summarize_usage(history, expert_bytes, top=top),
     )
+    if plot is not None:
+        from colitools.mirror.usage_plot import plot_usage
+
+        title = f"{file} - {history.total} selections, {history.n_layers} layers x {history.n_experts} experts"
+        report.plot = plot_usage(history, plot, title=title)
+    return report
