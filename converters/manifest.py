@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from colitools.formats.atomic import write_json_atomic
-from colitools.formats.filenames import MANIFEST_FILE
+from colitools.formats.filenames import MANIFEST_FILE, inside_name_problem
+from colitools.formats.jsonfile import invalid_text, shown_text
 
 __all__ = ["MANIFEST_FILE", "MANIFEST_VERSION", "Manifest", "ManifestError"]
 
@@ -39,13 +40,19 @@ class Manifest:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Manifest:
         """Parse ``path``. ``OSError`` when it cannot be read; ``ManifestError`` when it is not UTF-8 JSON
-        holding an object."""
+        holding an object, holds a string that is no Unicode text, or records a file name that is absolute or
+        leaves the folder (``filenames.inside_name_problem``)."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            raw = Path(path).read_bytes()
+            data = json.loads(raw.decode("utf-8"))
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nested too deeply
             raise ManifestError(str(exc)) from None
         if not isinstance(data, dict):
             raise ManifestError("not an object")
+        bad = invalid_text(raw, data)
+        if bad is not None:
+            raise ManifestError(f"the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
+        _check_file_names(data)
         return cls(data)
 
     def dump(self, path: str | os.PathLike[str]) -> None:
@@ -86,3 +93,27 @@ class Manifest:
             ):  # fmt: skip
                 raise ManifestError(f"a file record is not {{name, size, sha256}}: {str(f)[:80]}")
         return records
+
+
+def _recorded_names(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(where, name)`` of every file name the manifest records: ``plan.files``, each unit's ``files``,
+    ``shards`` and ``copied_files`` (entries of another shape are left to the accessors' checks)."""
+
+    def names(where: str, items: Any) -> list[tuple[str, Any]]:
+        items = items if isinstance(items, list) else []
+        return [(where, f.get("name") if isinstance(f, dict) else f) for f in items]
+
+    plan, units = data.get("plan"), data.get("units")
+    found = names("plan.files", plan.get("files")) if isinstance(plan, dict) else []
+    for key, unit in units.items() if isinstance(units, dict) else ():
+        found += names(f"units[{key!r}].files", unit.get("files") if isinstance(unit, dict) else None)
+    return found + names("shards", data.get("shards")) + names("copied_files", data.get("copied_files"))
+
+
+def _check_file_names(data: dict[str, Any]) -> None:
+    """A recorded file name that is a string must stay inside the output folder: verify and the resume ledger
+    stat, hash and compare the files they name."""
+    for where, name in _recorded_names(data):
+        why = inside_name_problem(name) if isinstance(name, str) else None
+        if why is not None:
+            raise ManifestError(f"{where}: file name {shown_text(name)} is refused: {why}")

@@ -8,7 +8,9 @@ from typing import Any
 
 from colitools.converters.diskfloor import GB, gb
 from colitools.converters.recipe import Recipe
-from colitools.errors import ConvertError, ParameterError
+from colitools.errors import ConvertError, ParameterError, TargetRefused
+from colitools.formats import targets
+from colitools.formats.errors import FormatError
 from colitools.formats.format_names import role_formats_line
 from colitools.formats.layouts import PAIRS
 
@@ -17,7 +19,9 @@ DEFAULT_MIN_FREE_GB = 5.0
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """Everything ``convert`` can be told. Format options are recipe names (docs/FORMATS.md §5); None = default."""
+    """Everything ``convert`` can be told. Format options are recipe names (docs/FORMATS.md §5); None = default
+    (the target's, else the recipe's). ``target`` is given by name or as the object; it is resolved here, once
+    (an unknown name is a TargetRefused), and travels as the ``Target`` (formats/targets.py)."""
 
     experts: str | None = None
     dense: str | None = None
@@ -25,8 +29,8 @@ class ConvertOptions:
     mtp: str | None = None
     group_size: int | None = None
     layout: str = PAIRS.option  # a --layout value (formats/layouts.py)
-    towers: str = "keep"  # --towers keep | drop (docs/FORMATS.md §5 rule 1)
-    target: str = "generic"  # --target (formats/targets.py): whose loader reads the output
+    towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
+    target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads it
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False
@@ -41,6 +45,11 @@ class ConvertOptions:
             raise ParameterError(f"`min_free_gb={self.min_free_gb:g}`: must be a number >= 0")
         if self.workers < 1:
             raise ParameterError(f"`workers={self.workers}`: must be at least 1")
+        if isinstance(self.target, str):
+            try:
+                object.__setattr__(self, "target", targets.by_name(self.target))
+            except FormatError as exc:
+                raise TargetRefused(str(exc)) from None
 
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(

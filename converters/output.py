@@ -17,15 +17,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from colitools.converters.planner import ConversionPlan, merged_format
+from colitools.converters.planner import ConversionPlan
 from colitools.errors import ConvertError
-from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
-from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.filenames import INDEX_FILE
 from colitools.formats.names import parse_name
-
-HF_CONFIG_FILE = "config.hf.json"  # the source's config.json next to a flat one (targets.Target.flat_config)
 
 # Files copied unchanged from the source root: generation config and everything a tokenizer needs.
 _COPIED = re.compile(
@@ -53,28 +50,19 @@ def write_index(outdir: Path, plan: ConversionPlan) -> dict[str, Any]:
     return index
 
 
-def write_config(outdir: Path, config: dict[str, Any], target: targets.Target | None = None) -> None:
-    """``config.json`` without ``quantization_config`` (the source's is recorded in the manifest). A target with
-    ``flat_config`` (formats/targets.py) gets the text config flat in ``config.json`` and the source's config in
-    ``config.hf.json``, as its converter writes them; a target with ``config_extra`` adds the keys its loader
-    reads (``--target deepseek_v4``: the released checkpoint's, its ``quantization_config`` included)."""
-    clean = {k: v for k, v in config.items() if k != "quantization_config"}
-    if target is not None and target.flat_config:
-        write_json_atomic(outdir / HF_CONFIG_FILE, clean)
-        clean = {k: v for k, v in model_config.text_config(clean).items() if k != "quantization_config"}
-    if target is not None and target.config_extra is not None:  # the keys the target's loader reads
-        clean = {**clean, **target.config_extra(clean)}
-    write_json_atomic(outdir / CONFIG_FILE, clean)
-
-
-def write_target_meta(outdir: Path, plan: ConversionPlan, config: dict[str, Any], target: targets.Target) -> None:
-    """The target's own metadata file (``qwen36_meta.json``, formats/targets.py ``qwen36_meta``), if any."""
-    if target.meta_file is None:
-        return
+def write_target_files(outdir: Path, plan: ConversionPlan, config: dict[str, Any]) -> None:
+    """The files the plan's target writes beside the shards (formats/targets.py): its config files
+    (``Target.config_files``: ``config.json`` without ``quantization_config``, the source's being recorded in
+    the manifest; a flat one with ``config.hf.json``; the keys its loader reads) and its engine's metadata file
+    (``Target.meta_files``: ``qwen36_meta.json``), from the source's ``config.json``."""
+    target = plan.recipe.target
     shapes = {target.out_name(name): tuple(t.shape) for name, t in plan.inventory.tensors.items()}
-    blob = next((g for u in plan.units for f in u.files for g in f.groups if g.merged), None)
-    experts, gs = merged_format(blob.jobs) if blob is not None else (plan.recipe.experts, None)
-    write_json_atomic(outdir / target.meta_file, targets.qwen36_meta(config, shapes, experts, gs))
+    stacks = (st for u in plan.units for f in u.files for g in f.groups for st in g.stacks if st.fmt)
+    first = next(stacks, None)  # the routed experts' format as written (a merged blob's, a fused stack's)
+    experts, gs = (first.fmt, first.gs) if first is not None else (plan.recipe.experts, None)
+    files = {**target.config_files(config), **target.meta_files(config, shapes, experts, gs)}
+    for name, obj in files.items():
+        write_json_atomic(outdir / name, obj)
 
 
 def copy_file(src: Path, dest: Path) -> None:
@@ -138,6 +126,8 @@ def _entry_bytes(entry) -> int:
     for d in entry[2]:
         n *= d
     return n
+
+
 def check_output_path(out: Path) -> None:
     """Refuse, before anything is written, an output path that exists but is not a folder (or whose parent is
     a file): ``ConvertError`` in one line instead of the OS's "File exists"."""

@@ -20,17 +20,19 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
 from colitools.errors import ConvertError, TargetRefused
-from colitools.formats import model_config, names, targets
+from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
 from colitools.formats.errors import FormatError
+from colitools.formats.expert_layouts import Stack
 from colitools.formats.filenames import shard_file_name
 from colitools.formats.format_names import copied_label
 from colitools.formats.layouts import PLANAR
@@ -58,6 +60,11 @@ class TensorJob:
     fused_rows: tuple[int, int, int] | None = None  # (expert, row0, row1) of a fused [E, rows, cols] tensor
     fused_pick: rc.ExpertSlice | None = None  # an interleaved / transposed stack slice, or a stack-bias slice
 
+    @property
+    def routed(self) -> bool:
+        """A routed expert's tensor (role ``experts``): what a target's expert layout groups."""
+        return self.role is rc.Role.EXPERT
+
     @cached_property
     def weight_entry(self) -> Entry:
         wname, _ = self.target.tensor_names(self.out_name)
@@ -65,7 +72,11 @@ class TensorJob:
             return (wname, self.source.dtype, self.shape)
         if self.target.is_float:
             return (wname, "BF16" if self.target.is_bf16 else "F32", self.shape)
-        return (wname, self.target.weight_dtype, self.target.format_class.weight_shape(self.O, self.I, self.target.gs))
+        return (
+            wname,
+            self.target.weight_dtype,
+            self.target.format_class.weight_shape(self.O, self.I, self.target.gs),
+        )
 
     @cached_property
     def scale_entry(self) -> Entry | None:
@@ -112,34 +123,15 @@ def _entry_nbytes(entry: Entry) -> int:
 
 
 @dataclass(frozen=True)
-class StackOut:
-    """One stacked output tensor of a group (a target's fused stack, formats/targets.py ``FusedLayout``): the
-    weights of ``members`` (indices into the group's jobs), concatenated in that order, stored ``dtype`` with
-    ``shape``; their scales, concatenated the same way, as ``scale`` (F32, 1-D) when they have any."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    members: tuple[int, ...]
-    scale: str | None = None
-    n_scales: int = 0
-
-    @property
-    def entries(self) -> list[Entry]:
-        out = [(self.name, self.dtype, self.shape)]
-        return out + ([(self.scale, "F32", (self.n_scales,))] if self.scale else [])
-
-
-@dataclass(frozen=True)
 class OutputGroup:
     """Tensors written back to back: their weights, then their scales in the same order (one expert, or a
-    single non-expert tensor). ``merged`` (a target's merged expert layout, formats/targets.py): the expert's
-    codes are written as one blob and its scales as one tensor, ``(blob name, scale name)``."""
+    single non-expert tensor), as a target groups them (formats/expert_layouts.py ``Grouped``): ``stacks`` are
+    tensors made of several jobs' codes (a merged expert blob, a fused stack: ``Stack``), written instead of
+    the jobs' own; ``interleaved``: each weight directly followed by its scale (a loader's expert record)."""
 
     jobs: tuple[TensorJob, ...]
-    merged: tuple[str, str] | None = None
-    interleaved: bool = False  # each weight directly followed by its scale (a target's expert record)
-    stacks: tuple[StackOut, ...] = ()  # a target's fused stacks made of these jobs (formats/targets.py FusedLayout)
+    stacks: tuple[Stack, ...] = ()
+    interleaved: bool = False
 
     @property
     def entries(self) -> list[Entry]:
@@ -147,12 +139,6 @@ class OutputGroup:
             return [e for st in self.stacks for e in st.entries]
         if self.interleaved:
             return [e for j in self.jobs for e in (j.weight_entry, j.scale_entry) if e is not None]
-        if self.merged is not None:
-            blob, scale = self.merged
-            layout, first = targets.MERGED, self.jobs[0]
-            fmt, gs = merged_format(self.jobs)
-            n_codes, n_scales = layout.sizes(first.I, first.O, fmt, gs)  # gate is [I, H]
-            return [(blob, layout.blob_dtype(fmt), (n_codes,)), (scale, layout.scale_dtype, (n_scales,))]
         return [j.weight_entry for j in self.jobs] + [j.scale_entry for j in self.jobs if j.scale_entry]
 
     @property
@@ -272,7 +258,8 @@ class ConversionPlan:
         for job in (j for u in self.units for j in u.jobs):
             label = copied_label(job.source.dtype) if job.target.is_source else written_label(job.target)
             copied = job.role is rc.Role.COPY
-            counts[detail_role(job.out_name, len(job.shape), copied=copied, num_hidden_layers=nhl)][label] += 1
+            role = detail_role(job.out_name, len(job.shape), copied=copied, num_hidden_layers=nhl)
+            counts[role][label] += 1
         return order_role_formats(counts)
 
     def peak_disk(self, transient: Iterable[str] = (), kept: Iterable[str] = (), workers: int = 1) -> int:
@@ -332,13 +319,35 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     """Classify every tensor, choose its format, group tensors into units and files, name the files.
 
     Raises ConvertError naming the tensor for anything unclassifiable, and for ``--layout planar`` with a
-    routed expert that would not be int4-row / int4-grouped gs 64 with ``I % 64 == 0``."""
-    target = targets.by_name(recipe.target)
+    routed expert that would not be int4-row / int4-grouped gs 64 with ``I % 64 == 0``; TargetRefused for
+    whatever the recipe's target (``recipe.target``, formats/targets.py) cannot write."""
+    with _refusals():
+        recipe.target.check_model_type(model_config.model_type(inventory.config))
+    by_unit, dropped = _unit_jobs(inventory, recipe)
+    fallbacks = [j.target.fallback for ukey in sorted(by_unit) for j in by_unit[ukey] if j.target.fallback]
+    drafts = []
+    for ukey in sorted(by_unit):
+        key = GLOBALS if ukey[0] == 0 else f"{ukey[1]}.{ukey[2]}"
+        drafts.append((key, _unit_files(key, ukey[2], by_unit[ukey], recipe)))
+    _say_native_decoded(fallbacks)
+    return ConversionPlan(_units(drafts), recipe, inventory, fallbacks, dropped)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """A target's FormatError (formats/targets.py: a source, tensor or layout its loader cannot read) as the
+    TargetRefused it is (exit code 2)."""
     try:
-        target.check_model_type(model_config.model_type(inventory.config))
+        yield
     except FormatError as exc:
         raise TargetRefused(str(exc)) from None
-    nhl = inventory.num_hidden_layers
+
+
+def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, list[TensorJob]], list[str]]:
+    """Every tensor's jobs as the target writes them, by unit key (``(0, "", 0)`` for the globals, ``(1,
+    prefix, layer)``), and the tensors left out (towers with ``--towers drop``, MTP modules of a target that
+    drops them)."""
+    target, nhl = recipe.target, inventory.num_hidden_layers
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
     dropped: list[str] = []
@@ -352,34 +361,36 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
         jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of(src))
         by_unit[ukey].extend(_for_target(j, target) for j in jobs)
+    return by_unit, dropped
 
-    fallbacks: list[rc.Fallback] = []
-    drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]] = []
-    for ukey in sorted(by_unit):
-        jobs = by_unit[ukey]
-        key = GLOBALS if ukey[0] == 0 else f"{ukey[1]}.{ukey[2]}"
-        fallbacks.extend(j.target.fallback for j in jobs if j.target.fallback)
-        planar_jobs = [j for j in jobs if recipe.layout == PLANAR.option and j.role is rc.Role.EXPERT]
-        for j in planar_jobs:
-            _check_planar(j)
-        rest = [j for j in jobs if j not in planar_jobs] if planar_jobs else jobs
-        files = []
-        if rest:
-            groups = _group(rest)
-            if target.merged is not None:
-                groups = [_merge(g, target) for g in groups]
-            elif target.fused is not None:
-                groups = _fuse(groups, target)
-            elif target.expert_formats is not None or target.expert_record is not None:
-                groups = [_expert_record(g, target) for g in groups]
-            files.append((groups, _metadata(groups, planar=False), None))
-        if planar_jobs:
-            groups = _group(planar_jobs)
-            _check_records(groups, key)
-            files.append((groups, sidecar.layer_metadata(ukey[2]), ukey[2]))
-        drafts.append((key, files))
 
-    _say_native_decoded(fallbacks)
+def _unit_files(
+    key: str, layer: int, jobs: list[TensorJob], recipe: rc.Recipe
+) -> list[tuple[list[OutputGroup], dict[str, str], int | None]]:
+    """A unit's files before numbering: ``(groups, metadata, sidecar layer or None)``; the main file's groups
+    as the target writes them, then (``--layout planar``) the sidecar layer file of its routed experts."""
+    planar_jobs = [j for j in jobs if recipe.layout == PLANAR.option and j.role is rc.Role.EXPERT]
+    for j in planar_jobs:
+        _check_planar(j)
+    rest = [j for j in jobs if j not in planar_jobs] if planar_jobs else jobs
+    files = []
+    if rest:
+        with _refusals():
+            grouped = recipe.target.group(_group(rest))
+        groups = [OutputGroup(g.jobs, g.stacks, g.interleaved) for g in grouped]
+        files.append((groups, _metadata(groups, planar=False), None))
+    if planar_jobs:
+        groups = [OutputGroup(g) for g in _group(planar_jobs)]
+        _check_records(groups, key)
+        files.append((groups, sidecar.layer_metadata(layer), layer))
+    return files
+
+
+def _units(
+    drafts: list[tuple[str, list[tuple[list[OutputGroup], dict[str, str], int | None]]]],
+) -> list[Unit]:
+    """The units with their files named: main shards ``model-k-of-n`` in processing order, sidecar layer files
+    by layer number (one per layer)."""
     total = sum(1 for _, f in drafts for *_, layer in f if layer is None)
     units, k, layers = [], 0, {}
     for key, files in drafts:
@@ -397,73 +408,37 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
             layers[layer] = key
             out.append(OutputFile(sidecar.layer_file_path(layer), tuple(groups), meta, True, layer))
         units.append(Unit(key, tuple(out)))
-    return ConversionPlan(units, recipe, inventory, fallbacks, dropped)
+    return units
 
 
 def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
-    """A job as the target's loader reads it (formats/targets.py): renamed (``rename``), a tensor the loader
-    reads only as float kept in its source float dtype (``source_float_leaves``), a non-expert int4 tensor the
-    loader cannot read written int8-row (``int4_group``, recorded as a fallback); with ``name_map`` /
-    ``float_dtypes`` / ``expert_spelling`` the loader's names (a tensor it looks up by no name is refused), its
-    float dtype per tensor and its routed experts' tensor names and dtypes."""
-    if target.rename or target.name_map is not None:
-        out = target.out_name(job.out_name)
-        if out is None:
-            raise TargetRefused(
-                f"`target={target.name}`: tensor {job.source.name} ({job.out_name}) has no name {target.loader} "
-                f"looks up (formats/names.py); convert it with `target=generic`"
-            )
-        base = None
-        if job.expert_base is not None:  # a table of whole names (Inkling's) maps no prefix: the name's own base
-            base = target.out_name(job.expert_base) or parse_name(out).expert_base
-        job = replace(job, out_name=out, expert_base=base)
-    want = target.float_dtype(job.out_name)
-    if want is not None and job.target.fmt != rc.SOURCE:  # the loader's dtype check, whatever the recipe's role
-        return replace(job, target=rc.Target(rc.BF16 if want == "bf16" else "f32"))
-    if target.expert_spelling is not None and job.role is rc.Role.EXPERT and not job.target.is_float:
-        if job.target.label in (target.expert_formats or ()):
-            job = replace(job, target=replace(job.target, spelling=target.expert_spelling))
-    leaf = parse_name(job.source.name).leaf
-    if leaf in target.source_float_leaves and not job.target.is_float:  # quantized by the recipe: not here
+    """A job as the target writes it (``Target.rewrite``, formats/targets.py): its written name and expert base,
+    and the loader's float dtype, its source float dtype (where its bytes can be kept, else f32), a format
+    re-chosen from another option (recorded as a fallback) or the loader's expert spelling."""
+    try:
+        rw = target.rewrite(job)
+    except FormatError as exc:  # the target's refusal (as in _refusals), without a context manager per tensor
+        raise TargetRefused(str(exc)) from None
+    if rw is None:
+        return job
+    if (rw.name, rw.expert_base) != (job.out_name, job.expert_base):
+        job = replace(job, out_name=rw.name, expert_base=rw.expert_base)
+    t = job.target
+    if rw.float_dtype is not None:
+        return replace(job, target=rc.Target(rc.BF16 if rw.float_dtype == "bf16" else "f32"))
+    if rw.keep_float:
         plain = job.source.quant is None and job.source.scale is None and job.fused_rows is None
         keep = plain and job.fused_pick is None and job.source.dtype in ("BF16", "F16", "F32")
         return replace(job, target=rc.Target(rc.SOURCE if keep else "f32"))
-    t, g = job.target, target.int4_group
-    if g and job.role is not rc.Role.EXPERT and t.fmt in (targets.INT4_ROW, targets.INT4_GROUPED):
-        if not _written_as(t, job.I, (f"int4-g{g}",)):
-            reason = f"{target.loader} reads int4 only as int4-g{g} with I % {g} == 0 (I = {job.I})"
-            kind = source_kind(job.source, None)
-            instead = rc.choose_target(job.out_name, job.role, target.int4_fallback, job.O, job.I, kind)
-            fb = rc.Fallback(job.out_name, t.label, instead.label, reason)
-            return replace(job, target=replace(instead, fallback=fb))
+    if rw.instead is not None:
+        instead = rc.choose_target(
+            job.out_name, job.role, rw.instead, job.O, job.I, source_kind(job.source, None)
+        )
+        fb = rc.Fallback(job.out_name, t.label, instead.label, rw.reason or "")
+        return replace(job, target=replace(instead, fallback=fb))
+    if rw.spelling is not None:
+        return replace(job, target=replace(t, spelling=rw.spelling))
     return job
-
-
-def _written_as(t: rc.Target, I: int, labels: tuple[str, ...]) -> bool:
-    """``t`` writes one of ``labels``; int4-row at ``I`` counts as ``int4-g{I}`` (the same bytes and scales)."""
-    return t.label in labels or (t.fmt == targets.INT4_ROW and f"int4-g{I}" in labels)
-
-
-def _expert_record(group: OutputGroup, target: targets.Target) -> OutputGroup:
-    """A routed expert's group as the target's loader reads it: every tensor in one of ``expert_formats``
-    (else refused before work starts, naming the tensor) and, with ``expert_record``, its projections in that
-    order, each weight followed by its scale. Other groups are returned unchanged."""
-    first = group.jobs[0]
-    if first.expert is None or first.role is not rc.Role.EXPERT:
-        return group
-    for j in group.jobs:
-        if target.expert_formats is not None and not _written_as(j.target, j.I, target.expert_formats):
-            why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
-            raise TargetRefused(
-                f"`target={target.name}`: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
-                f"{j.target.label}{why}; {target.loader} reads routed experts as "
-                f"{' or '.join(target.expert_formats)} only (`experts={target.expert_formats[0]}`)"
-            )
-    if target.expert_record is None:
-        return group
-    order = {p: k for k, p in enumerate(target.expert_record)}
-    jobs = tuple(sorted(group.jobs, key=lambda j: order.get(parse_name(j.out_name).projection or "", len(order))))
-    return OutputGroup(jobs, interleaved=True)
 
 
 def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
@@ -568,155 +543,16 @@ def _check_records(groups: list[OutputGroup], key: str) -> None:
             )
 
 
-def _merge(group: OutputGroup, target: targets.Target) -> OutputGroup:
-    """A routed expert's group as the target's merged blob (formats/targets.py ``MergedLayout``): exactly its
-    gate, up and down projections, each int8-row, ``[I, H]``, ``[I, H]``, ``[H, I]``; anything else is refused
-    before work starts, naming the tensor. Other groups are returned unchanged."""
-    layout = target.merged
-    first = group.jobs[0]
-    if first.expert is None or first.role is not rc.Role.EXPERT:
-        return group
-    names_ = ", ".join(j.out_name for j in group.jobs)
-    projections = tuple(parse_name(j.out_name).projection for j in group.jobs)
-    if projections != layout.projections or len({j.expert_base for j in group.jobs}) != 1:
-        raise TargetRefused(
-            f"`target={target.name}`: expert {first.expert} of {first.expert_base} ({names_}) is not one "
-            f"{'/'.join(layout.projections)} record, which {target.loader} reads as one merged blob"
-        )
-    gate, up, down = group.jobs
-    wanted = target.expert_options or (layout.fmt,)
-    fmt, gs = merged_format(group.jobs)
-    for j in group.jobs:
-        same = (j.target.fmt, j.target.gs) == (fmt, gs) or (
-            fmt == targets.INT4_GROUPED and j.target.fmt == targets.INT4_ROW and j.I <= gs
-        )  # one group per row is a row scale: the same bytes and scales
-        if j.target.label not in wanted or not same:
-            why = f" ({j.target.fallback.reason})" if j.target.fallback else ""
-            raise TargetRefused(
-                f"`target={target.name}`: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
-                f"{j.target.label}{why}; {target.loader} reads gate, up and down in one of "
-                f"{', '.join(wanted)} only"
-            )
-    if (gate.O, gate.I) != (up.O, up.I) or (down.O, down.I) != (gate.I, gate.O):
-        raise TargetRefused(
-            f"`target={target.name}`: expert {first.expert} of {first.expert_base}: gate {[gate.O, gate.I]}, "
-            f"up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], [I, H], [H, I]"
-        )
-    if fmt != targets.INT8_ROW and (gate.O % 2 or gate.I % 2):
-        raise TargetRefused(
-            f"`target={target.name}`: expert {first.expert} of {first.expert_base}: int4 merged blobs need an "
-            f"even hidden size and expert width (gate is {[gate.O, gate.I]}); use `experts=int8-row`"
-        )
-    H, I = gate.I, gate.O
-    if layout.identify(H, I, *layout.sizes(H, I, fmt, gs), gs or 0) != (fmt, gs):  # pragma: no cover
-        raise ConvertError(f"internal: merged {gate.target.label} at hidden {H}, width {I} does not resolve back")
-    return OutputGroup(group.jobs, layout.names(first.expert_base, first.expert))
-
-
-def _fuse(groups: list[OutputGroup], target: targets.Target) -> list[OutputGroup]:
-    """A layer's groups as the target's fused stacks (formats/targets.py ``FusedLayout``): every routed expert of
-    one ``experts`` module in one group writing ``gate_up_proj`` (each expert's gate rows, then its up rows) and
-    ``down_proj``, U8 1-D codes + F32 1-D ``.qs``, all in one of ``FusedLayout.formats``; every stacked shared
-    expert's projection ``shared_experts.{k}.{p}_proj.weight`` in one float stack ``shared_experts.{p}_proj``
-    ``[n, O, I]`` (shared expert k's rows at index k); float experts (``FusedLayout.float_formats``) as float
-    ``[E, rows, cols]`` stacks. Anything else is refused before work starts, named."""
-    layout = target.fused
-    routed: dict[str, list[OutputGroup]] = defaultdict(list)
-    shared: dict[tuple[str, str], list[TensorJob]] = defaultdict(list)
-    rest: list[OutputGroup] = []
-    for g in groups:
-        first = g.jobs[0]
-        parsed = parse_name(first.out_name)
-        if first.expert is not None and first.role is rc.Role.EXPERT:
-            routed[first.expert_base].append(g)
-        elif len(g.jobs) == 1 and parsed.role is names.TensorRole.SHARED_EXPERT and parsed.projection in (
-            "gate", "up", "down"
-        ) and parsed.module.rpartition(".")[2].isdecimal():
-            shared[(first.out_name.rsplit(".", 3)[0], parsed.projection)].append(first)  # minus ".{k}.{p}.weight"
-        else:
-            rest.append(g)
-    out = list(rest)
-    for (base, proj), jobs in sorted(shared.items(), key=lambda kv: (natural_key(kv[0][0]), kv[0][1])):
-        jobs = sorted(jobs, key=lambda j: int(parse_name(j.out_name).module.rpartition(".")[2]))
-        ks = [int(parse_name(j.out_name).module.rpartition(".")[2]) for j in jobs]
-        dtypes = {j.weight_entry[1] for j in jobs}
-        if ks != list(range(len(jobs))) or len({(j.O, j.I) for j in jobs}) != 1 or len(dtypes) != 1 or not all(
-            j.target.is_float for j in jobs
-        ):
-            raise TargetRefused(
-                f"`target={target.name}`: shared experts {', '.join(j.out_name for j in jobs)} are not one float "
-                f"stack {base}.{names.CANONICAL_PROJECTION[proj]} [n, O, I], which {target.loader} reads"
-            )
-        name = f"{base}.{names.CANONICAL_PROJECTION[proj]}"
-        out.append(OutputGroup(tuple(jobs), stacks=(StackOut(name, dtypes.pop(), (len(jobs), jobs[0].O, jobs[0].I),
-                                                            tuple(range(len(jobs)))),)))  # fmt: skip
-    for base, experts in sorted(routed.items(), key=lambda kv: natural_key(kv[0])):
-        # every expert's gate / up jobs first, then the down jobs: the writer writes gate_up_proj once its members
-        # are encoded, before the down projections (one stack's codes in memory at a time)
-        ordered = [j for g in sorted(experts, key=lambda g: g.jobs[0].expert) for j in g.jobs]
-        jobs = [j for j in ordered if not rc.expert_of(j.out_name).is_down] + [
-            j for j in ordered if rc.expert_of(j.out_name).is_down
-        ]
-        E = len(experts)
-        by = {(j.expert, parse_name(j.out_name).projection): k for k, j in enumerate(jobs)}
-        gate = jobs[0]
-        H, I = gate.I, gate.O
-        labels = {j.target.label for j in jobs}
-        fmt = labels.pop() if len(labels) == 1 else None
-        allowed = layout.formats + layout.float_formats
-        if fmt not in allowed:
-            bad = next(j for j in jobs if j.target.label not in allowed or j.target.label != gate.target.label)
-            why = f" ({bad.target.fallback.reason})" if bad.target.fallback else ""
-            raise TargetRefused(
-                f"`target={target.name}`: routed expert tensor {bad.out_name} [{bad.O}, {bad.I}] would be written as "
-                f"{bad.target.label}{why}; {target.loader} reads one fused stack per layer, all its experts in one "
-                f"of {', '.join(allowed)}"
-            )
-        shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
-        want = {(e, p) for e in range(E) for p in shapes}
-        if set(by) != want or len(jobs) != len(want) or any((jobs[k].O, jobs[k].I) != shapes[p] for (_, p), k in by.items()):
-            raise TargetRefused(
-                f"`target={target.name}`: the routed experts of {base} are not experts 0..{E - 1} with gate [I, H], "
-                f"up [I, H], down [H, I] each, which {target.loader} reads as one fused stack"
-            )
-        if fmt == targets.INT4_ROW and (H % 2 or I % 2):
-            raise TargetRefused(
-                f"`target={target.name}`: {base}: int4 fused stacks need an even hidden size and expert width "
-                f"(hidden {H}, width {I}); use `experts=int8-row`"
-            )
-        stacks = []
-        for (stack, scale), (leaf, projections) in zip(layout.names(base), layout.stacks, strict=True):
-            members = tuple(by[(e, p)] for e in range(E) for p in projections)
-            if fmt in layout.float_formats:  # [E, rows, cols] in the jobs' float dtype, no scales
-                _, rows, width = layout.geometry(leaf, H, I)
-                stacks.append(StackOut(stack, gate.weight_entry[1], (E, rows, width), members))
-                continue
-            nbytes, n_scales = layout.sizes(leaf, H, I, E, fmt)
-            stacks.append(StackOut(stack, layout.dtype, (nbytes,), members, scale, n_scales))
-        out.append(OutputGroup(tuple(jobs), stacks=tuple(stacks)))
-    return out
-
-
-def merged_format(jobs: Iterable[TensorJob]) -> tuple[str, int | None]:
-    """``(format, group size)`` of the merged blob of these parts (formats/targets.py ``MergedLayout``): int4-grouped
-    with the largest group size when any part is (a narrower part written int4-row has one group per row, the
-    same bytes and scales), else the parts' format, group size None."""
-    jobs = list(jobs)
-    grouped = [j.target.gs for j in jobs if j.target.fmt == targets.INT4_GROUPED]
-    return (targets.INT4_GROUPED, max(grouped)) if grouped else (jobs[0].target.fmt, None)
-
-
-def _group(jobs: list[TensorJob]) -> list[OutputGroup]:
+def _group(jobs: list[TensorJob]) -> list[tuple[TensorJob, ...]]:
     """Non-expert tensors first (natural name order), then experts by (base, index), gate/up/down inside."""
     singles = sorted((j for j in jobs if j.expert is None), key=lambda j: natural_key(j.out_name))
     experts: dict[tuple[str, int], list[TensorJob]] = defaultdict(list)
     for j in jobs:
         if j.expert is not None:
             experts[(j.expert_base or "", j.expert)].append(j)
-    groups = [OutputGroup((j,)) for j in singles]
+    groups = [(j,) for j in singles]
     for key in sorted(experts, key=lambda k: (natural_key(k[0]), k[1])):
-        members = sorted(experts[key], key=lambda j: rc.expert_of(j.out_name).order)
-        groups.append(OutputGroup(tuple(members)))
+        groups.append(tuple(sorted(experts[key], key=lambda j: rc.expert_of(j.out_name).order)))
     return groups
 
 
@@ -727,7 +563,7 @@ def _metadata(groups: list[OutputGroup], *, planar: bool) -> dict[str, str]:
     stamps: dict[str, str] = {}
     for g in groups:
         for j in g.jobs:
-            if j.target.is_float or g.merged is not None or g.stacks:  # a merged blob's / stack's: the config's
+            if j.target.is_float or g.stacks:  # a merged blob's / a fused stack's geometry is the config's
                 continue
             wname, _ = j.target.tensor_names(j.out_name)
             shapes[wname] = [j.O, j.I]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from functools import lru_cache
 
@@ -294,7 +294,7 @@ class Recipe:
     mtp: str = DEFAULT_OPTIONS["mtp"]
     layout: str = layouts.PAIRS.option
     towers: str = "keep"  # rule 1: keep | drop
-    target: str = targets.GENERIC_NAME  # --target (formats/targets.py): names and layout of the output
+    target: targets.Target = targets.GENERIC  # --target (formats/targets.py): recorded by name
 
     @classmethod
     def from_options(
@@ -305,25 +305,27 @@ class Recipe:
         mtp: str | None = None,
         group_size: int | None = None,
         layout: str = layouts.PAIRS.option,
-        towers: str = "keep",
-        target: str = targets.GENERIC_NAME,
+        towers: str | None = None,
+        target: targets.Target = targets.GENERIC,
     ) -> Recipe:
         """Build and validate a recipe from CLI-style options.
 
         ``group_size`` is the group size of every int4-grouped choice: the default ``--experts`` becomes
         ``int4-g{group_size}``, an option given as ``int4-g{group_size}`` is accepted, and an option naming a
         different ``int4-g*`` is refused as a contradiction. ``target`` (formats/targets.py) gives the defaults
-        of its loader and refuses, in one line, an option or layout that loader cannot read."""
+        of its loader (``towers`` None: the target's, else ``keep``) and refuses, in one line, an option, layout
+        or towers value that loader cannot read."""
+        tgt = target
         try:
-            tgt = targets.by_name(target)
             tgt.check_writable()
-            tgt.check_layout(layout)
+            tgt.check_option("layout", layout)
         except FormatError as exc:
             raise TargetRefused(str(exc)) from None
         if group_size is not None and group_size not in GROUP_SIZES:
             raise ParameterError(f"`group_size={group_size}` is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
             raise ParameterError(f"`layout={layout!r}`: choose one of {', '.join(LAYOUTS)}")
+        towers = towers if towers is not None else tgt.default("towers") or "keep"
         if towers not in TOWERS:
             raise ParameterError(f"`towers={towers!r}`: choose one of {', '.join(TOWERS)}")
         given = {"experts": experts, "dense": dense, "embed": embed, "mtp": mtp}
@@ -344,7 +346,10 @@ class Recipe:
             except FormatError as exc:
                 raise TargetRefused(str(exc)) from None
             values[option] = value
-        towers = tgt.towers or towers  # a target whose converter drops the towers drops them
+        try:
+            tgt.check_option("towers", towers)
+        except FormatError as exc:
+            raise TargetRefused(str(exc)) from None
         return cls(layout=layout, towers=towers, target=target, **values)
 
     def option_for(self, role: Role) -> str:
@@ -360,7 +365,8 @@ class Recipe:
     def as_dict(self) -> dict[str, str]:
         """The options as recorded; ``towers`` only when it is not the default ``keep`` and ``target`` only when
         it is not ``generic`` (so the fingerprint of every such recipe is what it was before the option existed)."""
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["target"] = self.target.name
         if d["towers"] == "keep":
             del d["towers"]
         if d["target"] == targets.GENERIC_NAME:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ from colitools.converters.recipe import Role
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.errors import ConvertError
-from colitools.formats import kernels, targets
+from colitools.formats import kernels
 from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.model_config import model_type
@@ -367,7 +368,8 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
                 while queue and len(inflight) < workers:
                     unit = queue[0]
                     paths = prepare(unit, sum(u.out_bytes for u in inflight.values()), drain)
-                    inflight[pool.submit(convert_unit, unit, paths, out, block)] = queue.pop(0)
+                    with _sigint_blocked():  # a submit may spawn a worker: it starts with SIGINT blocked
+                        inflight[pool.submit(convert_unit, unit, paths, out, block)] = queue.pop(0)
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                 for fut in sorted(done, key=lambda f: pending.index(inflight[f])):
                     record(fut)
@@ -380,7 +382,28 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
             raise
 
 
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread meanwhile: a process spawned now inherits the blocked mask (across exec), so
+    a Ctrl-C to the process group while a worker is still importing stays pending there until ``_worker_init``
+    ignores it (multiprocessing's resource tracker starts the same way); this process takes its own SIGINT when
+    the block ends (or at once, in another of its threads)."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _worker_init(threads: int, parent_pid: int, on_kernels: bool) -> None:
+    """A worker ignores SIGINT (a Ctrl-C reaches the whole process group): the parent stops the conversion,
+    lets the units in flight finish and prints the one ``colitools: interrupted`` line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a SIGINT pending since the spawn is discarded
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent_pid)
     from colitools.formats import kernels
 
@@ -413,7 +436,6 @@ def _die_with_parent(parent_pid: int) -> None:
     parent watcher thread does the same, polling."""
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         PR_SET_PDEATHSIG = 1
         with contextlib.suppress(OSError, AttributeError):
@@ -439,10 +461,8 @@ def _release(src: Source, shard: str, options: ConvertOptions) -> None:
 def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
     """Index, config and the generation/tokenizer files; returns the names of the copied files."""
     config = src.read_json(CONFIG_FILE)
-    target = targets.by_name(plan.recipe.target)
     output.write_index(out, plan)
-    output.write_config(out, config, target)
-    output.write_target_meta(out, plan, config, target)
+    output.write_target_files(out, plan, config)
     copied = []
     for name in output.copied_files(list(src.files())):
         output.copy_file(src.ensure_local(name), out / name)

@@ -31,6 +31,7 @@ from colitools.formats.container import check_shard_name as check_container_shar
 from colitools.formats.digest import sha256_file
 from colitools.formats.dtypes import itemsize
 from colitools.formats.filenames import INDEX_FILE, SINGLE_FILE
+from colitools.formats.jsonfile import invalid_text, shown_text
 
 if TYPE_CHECKING:
     from colitools.converters.download import Backoff, Progress
@@ -156,8 +157,8 @@ class Source(ABC):
         self._require(name)
         path = self.ensure_local(name)
         try:
-            with open(path, encoding="utf-8") as fh:
-                return json.load(fh)
+            raw = Path(path).read_bytes()
+            value = json.loads(raw.decode("utf-8"))
         except json.JSONDecodeError as exc:
             raise ConvertError(
                 f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
@@ -166,6 +167,10 @@ class Source(ABC):
             raise ConvertError(f"{name}: not UTF-8 text (byte {exc.start})") from None
         except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
             raise ConvertError(f"{name}: not readable JSON ({exc})") from None
+        bad = invalid_text(raw, value)
+        if bad is not None:  # the output copies it: no UTF-8 file could hold it
+            raise ConvertError(f"{name}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
+        return value
 
     def weight_map(self) -> dict[str, str]:
         """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.

@@ -39,13 +39,14 @@ from pathlib import Path
 import numpy as np
 
 from colitools.converters.dequant import to_float32
-from colitools.converters.planner import OutputFile, TensorJob, Unit
+from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Unit
 from colitools.converters.recipe import Role
 from colitools.errors import ConvertError
-from colitools.formats import kernels, planar_sidecar, targets
+from colitools.formats import kernels, planar_sidecar
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.errors import SafetensorsError
+from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, Stack
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.registry import Fp8E4m3E8m0
 from colitools.formats.registry import _check_finite as check_finite  # the encoders' own message
@@ -261,28 +262,24 @@ def _fp8_grid(job: TensorJob, scale: np.ndarray, block: tuple[int, int] | None) 
     return np.asarray(scale)[r0 // block[0] : -(-r1 // block[0])]
 
 
-def merged_codes(group, codes: list[np.ndarray]) -> np.ndarray:
-    """A merged expert blob (formats/targets.py ``MergedLayout``) from its parts' codes: int8-row codes as I8;
-    int4 pairs codes (even widths) as ``pack_int4``'s signed nibbles, pairs bytes XOR ``SIGNED_NIBBLE_XOR``."""
-    flat = np.concatenate([c.reshape(-1) for c in codes])
-    if group.jobs[0].target.fmt == targets.INT8_ROW:
-        return flat.view(np.int8)
-    return flat.view(np.uint8) ^ np.uint8(targets.SIGNED_NIBBLE_XOR)
-
-
-def stack_codes(parts: list[np.ndarray]) -> np.ndarray:
-    """A fused stack (formats/targets.py ``FusedLayout``) from its members' weights, back to back in row order:
-    codes as U8 (int8-row codes keep their two's complement bytes), float weights in their stored dtype."""
+def stack_codes(stack: Stack, parts: list[np.ndarray]) -> np.ndarray:
+    """A target's stacked tensor (formats/expert_layouts.py ``Stack``: a merged expert blob, a fused stack) from
+    its members' weights, back to back in member order: one-byte codes as U8 (int8-row codes keep their two's
+    complement bytes; the sink stores them under the stack's dtype), int4 pairs bytes XOR ``SIGNED_NIBBLE_XOR``
+    where the loader reads signed nibbles (``pack_int4``), float weights in their stored dtype."""
     flat = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+    if stack.signed_nibbles:
+        return flat.view(np.uint8) ^ np.uint8(SIGNED_NIBBLE_XOR)
     return flat.view(np.uint8) if flat.dtype == np.int8 else flat
 
 
-def _put_stack(sink: FileSink, st, members: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-    """A target's fused stack (planner ``StackOut``): its members' codes back to back, then their scales; the
-    members are dropped, so a layer holds at most one stack's codes (the planner orders gate/up jobs first)."""
-    sink.put(st.name, stack_codes([members[k][0] for k in st.members]))
+def _put_stack(sink: FileSink, st: Stack, members: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+    """A target's stacked tensor: its members' codes back to back, then their scales; the members are dropped,
+    so a layer holds at most one stack's codes (a target puts the jobs of its first stack first)."""
+    sink.put(st.name, stack_codes(st, [members[k][0] for k in st.members]))
     if st.scale is not None:
-        sink.put(st.scale, np.concatenate([np.asarray(members[k][1], np.float32).reshape(-1) for k in st.members]))
+        scales = [np.asarray(members[k][1], np.float32).reshape(-1) for k in st.members]
+        sink.put(st.scale, np.concatenate(scales))
     for k in st.members:
         del members[k]
 
@@ -613,6 +610,35 @@ def _read_encode(job: TensorJob, out: OutputFile, reader: ShardReader, block: tu
     return codes, scales
 
 
+def _write_group(sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, slow: float) -> None:
+    """One group's encoded jobs (taken from ``ahead`` in job order) into ``sink``: each weight, its scale
+    right after it (an interleaved record) or after the group's weights (§4: an expert's scales follow its
+    codes); a target's stacks (formats/expert_layouts.py ``Stack``) instead, each once its members are encoded."""
+    scales_after: list[tuple[str, np.ndarray]] = []
+    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a target's stacks' members
+    pending = list(group.stacks)
+    for k, job in enumerate(group.jobs):
+        codes, scales = ahead.take()
+        wname, sname = job.target.tensor_names(job.out_name)
+        if group.stacks:
+            members[k] = (codes, scales)
+            while pending and all(m in members for m in pending[0].members):
+                _put_stack(sink, pending.pop(0), members)  # written once complete, then freed
+        else:
+            sink.put(wname, codes)
+            if sname is not None and group.interleaved:  # a target's record: scale next
+                sink.put(sname, scales)
+            elif sname is not None:
+                scales_after.append((sname, scales))
+        del codes, scales
+        if on_tensor is not None:
+            on_tensor(job.in_bytes)
+        if slow:
+            time.sleep(slow)
+    for sname, scales in scales_after:  # an expert's scales follow its codes (§4)
+        sink.put(sname, scales)
+
+
 def start_unit(
     unit: Unit,
     shard_paths: Mapping[str, Path],
@@ -634,37 +660,7 @@ def start_unit(
                 sink = FileSink(out, Path(outdir))
                 sinks.append(sink)
                 for group in out.groups:
-                    scales_after: list[tuple[str, np.ndarray]] = []
-                    merged: list[tuple[np.ndarray, np.ndarray]] = []  # a target's merged blob (formats/targets.py)
-                    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a target's fused stacks' members
-                    pending = list(group.stacks)
-                    for k, job in enumerate(group.jobs):
-                        codes, scales = ahead.take()
-                        wname, sname = job.target.tensor_names(job.out_name)
-                        if group.stacks:
-                            members[k] = (codes, scales)
-                            while pending and all(m in members for m in pending[0].members):
-                                _put_stack(sink, pending.pop(0), members)  # written once complete, then freed
-                        elif group.merged is not None:
-                            merged.append((codes, scales))
-                        else:
-                            sink.put(wname, codes)
-                            if sname is not None and group.interleaved:  # a target's record: scale next
-                                sink.put(sname, scales)
-                            elif sname is not None:
-                                scales_after.append((sname, scales))
-                        del codes, scales
-                        if on_tensor is not None:
-                            on_tensor(job.in_bytes)
-                        if slow:
-                            time.sleep(slow)
-                    for sname, scales in scales_after:  # an expert's scales follow its codes (§4)
-                        sink.put(sname, scales)
-                    if group.merged is not None:  # gate | up | down codes as one blob, then their scales
-                        blob, sname = group.merged
-                        sink.put(blob, merged_codes(group, [c for c, _ in merged]))
-                        sink.put(sname, np.concatenate([np.asarray(q, np.float32).reshape(-1) for _, q in merged]))
-                        del merged
+                    _write_group(sink, group, ahead, on_tensor, slow)
                 sink.finish()
         except BaseException:
             ahead.cancel()

@@ -20,12 +20,13 @@ from typing import Any, Protocol
 
 from colitools.formats import model_config, targets
 from colitools.formats.errors import FormatError, ResolveError
+from colitools.formats.expert_layouts import MergedPart, Spelling
+from colitools.formats.jsonfile import is_text
 from colitools.formats.names import (
     LAYERS,
     MODULE_ALIASES,
     WEIGHT_SUFFIXES,
     TensorRole,
-    is_merged_expert,
     is_tower,
     parse_name,
 )
@@ -39,7 +40,6 @@ from colitools.formats.registry import (
     WEIGHT_SUFFIX,
     Float,
     Fp8E4m3E8m0,
-    Int8Row,
     Mxfp4,
     by_name,
 )
@@ -83,6 +83,8 @@ def shard_name_problem(shard: object) -> str | None:
         return "contains '..'"
     if "\0" in shard:
         return "contains a NUL character"
+    if not is_text(shard):
+        return "not Unicode text (a lone surrogate escape)"
     if not shard.endswith(".safetensors"):
         return "does not end in .safetensors"
     if shard == ".safetensors":
@@ -215,19 +217,37 @@ class ResolvedTensor:
     scale_nbytes: int = 0
     scale_of: str | None = None
     problem: str | None = None  # kind "unresolved": why its [O, I] (hence its format) is unknown
-    parts: tuple[targets.MergedPart, ...] = ()  # a merged expert blob's projections (formats/targets.py)
+    parts: tuple[MergedPart, ...] = ()  # a merged blob's / fused stack's projections (expert_layouts.py)
 
 
-# DeepSeek-V4's released spelling (``--target deepseek_v4``, docs/FORMATS.md §4 Targets): ``<base>.weight`` with
-# an F8_E8M0 ``<base>.scale``: F8_E4M3 codes are fp8-e4m3-e8m0 (128x128 blocks), I8 codes mxfp4 (1x32 blocks).
-V4_PAIR_FORMATS = {"F8_E4M3": Fp8E4m3E8m0, "I8": Mxfp4}
+# ``<base>.weight`` with a ``<base>.scale`` of another dtype: fp8-e4m3-e8m0's own names (F8_E4M3 codes, F8_E8M0
+# scales per 128x128 block) and every target's spelling of a format's bytes (formats/targets.py ``SPELLINGS``:
+# DeepSeek-V4's released mxfp4 experts, I8 codes with F8_E8M0 scales per 1x32 block), told apart by the codes'
+# dtype (``--target deepseek_v4``, docs/FORMATS.md §4 Targets).
+SPELLED_PAIRS: dict[str, Spelling] = {
+    s.weight_dtype: s
+    for s in (
+        Spelling(
+            WEIGHT_SUFFIX,
+            Fp8E4m3E8m0.weight_dtype,
+            BLOCK_SCALE_SUFFIX,
+            Fp8E4m3E8m0.scale_dtype,
+            Fp8E4m3E8m0.name,
+        ),
+        *targets.SPELLINGS,
+    )
+}
 
 
-def _v4_scale(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
-    if info.dtype not in V4_PAIR_FORMATS or not name.endswith(WEIGHT_SUFFIX):
+SPELLED_FORMATS = frozenset({Fp8E4m3E8m0.name, Mxfp4.name})  # the formats whose spelled pairs are read here
+
+
+def _spelled_scale(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
+    spelling = SPELLED_PAIRS.get(info.dtype)
+    if spelling is None or not name.endswith(spelling.weight_suffix):
         return None
-    scale = name[: -len(WEIGHT_SUFFIX)] + BLOCK_SCALE_SUFFIX
-    return scale if scale in present and present[scale].dtype == "F8_E8M0" else None
+    scale = name[: -len(spelling.weight_suffix)] + spelling.scale_suffix
+    return scale if scale in present and present[scale].dtype == spelling.scale_dtype else None
 
 
 def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
@@ -236,7 +256,29 @@ def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]
         return name + QS_SUFFIX
     if info.dtype == "U8" and name.endswith(PACKED_SUFFIX):
         return name[: -len(PACKED_SUFFIX)] + MX_SCALE_SUFFIX
-    return _v4_scale(name, info, present)
+    return _spelled_scale(name, info, present)
+
+
+MXFP8_SCALE_SUFFIX = "_scale"  # a source's MXFP8 pair: <name> F8_E4M3 + <name>_scale E8M0 (FORMATS-SPEC §5)
+MXFP8_BLOCK = 32
+
+
+def _is_mxfp8_scale(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo], where: str) -> bool:
+    """Whether ``name`` is the E8M0 scale (U8 or F8_E8M0) of an F8_E4M3 tensor ``<name minus _scale>``: an
+    MXFP8 source pair, one scale per 32 values along the last axis (a partial last block allowed) on a 2-D
+    weight or a 3-D expert stack. ResolveError when its shape does not fit its weight's."""
+    if info.dtype not in MX_SCALE_DTYPES or not name.endswith(MXFP8_SCALE_SUFFIX):
+        return False
+    weight = present.get(name[: -len(MXFP8_SCALE_SUFFIX)])
+    if weight is None or weight.dtype != "F8_E4M3" or not weight.shape:
+        return False
+    want = (*weight.shape[:-1], -(-weight.shape[-1] // MXFP8_BLOCK))
+    if tuple(info.shape) != want:
+        raise ResolveError(
+            f"{where}: MXFP8 scale {name} is {list(info.shape)}, expected {list(want)} for its weight "
+            f"{list(weight.shape)} (one E8M0 byte per {MXFP8_BLOCK} values of the last axis)"
+        )
+    return True
 
 
 def resolve_container(
@@ -253,6 +295,8 @@ def resolve_container(
     ``<base>.weight_scale``; takes ``[O, I]`` from the shards' merged ``colitools.shapes`` (plus ``shapes``,
     which must agree); applies the merged ``colibri.fmt`` stamps; checks logical shapes against ``config`` (a
     parsed ``config.json``) where it implies them; checks planar shards hold only planar-capable int4 tensors.
+    A target's expert layout (formats/expert_layouts.py: merged blobs, fused stacks) resolves the tensors it
+    claims, their geometry from ``config`` (``merged_group_size``: a container's ``expert_gs``).
     Any inconsistency is a ResolveError naming the file and tensor.
 
     Foreign containers (docs/FORMATS.md §3, "Foreign containers": colibri's converter writes 1-D codes and
@@ -261,122 +305,148 @@ def resolve_container(
     guessed: a ResolveError naming it, or with ``report_unresolved`` a ``ResolvedTensor`` of kind
     ``unresolved`` (the rest of the container still resolves).
     """
-    present: dict[str, tuple[_Shard, _TensorInfo]] = {}
-    for shard in files:
-        for name, info in shard.tensors.items():
-            if name in present:
-                raise ResolveError(
-                    f"tensor {name} is stored twice: in {present[name][0].path} and {shard.path}"
-                )
-            present[name] = (shard, info)
-    layouts = {id(shard): parse_layout(shard.metadata, where=str(shard.path)) for shard in files}
-    stamps = merge_entries(
-        STAMP_KEY, ((str(s.path), parse_stamps(s.metadata, where=str(s.path))) for s in files)
-    )
-    all_shapes = merge_entries(
-        SHAPES_KEY,
-        [(str(s.path), parse_shapes(s.metadata, where=str(s.path))) for s in files]
-        + [("the given shapes", dict(shapes or {}))],
-    )
-    infos = {name: info for name, (_, info) in present.items()}
-    for table, key in ((stamps, STAMP_KEY), (all_shapes, SHAPES_KEY)):
-        for name in table:
-            if name not in present:
-                raise ResolveError(f"{key} names tensor {name}, which is not in the container")
-
-    from_config: dict[str, tuple[int, int]] = {}
-    if config:
-        unshaped = [n for n, (_, i) in present.items() if n not in all_shapes and _scale_name(n, i, infos)]
-        from_config = {
-            n: (O, I)
-            for n, (O, I) in config_shapes(config, unshaped).items()
-            if O is not None and I is not None
-        }
+    c = _Container.of(files, shapes, config, report_unresolved, merged_group_size)
     resolved: dict[str, ResolvedTensor] = {}
     scale_owner: dict[str, str] = {}
-    for name, (shard, info) in present.items():
-        if _is_fused_stack(name, info, infos):  # a target's fused expert stack (formats/targets.py), from config
-            resolved[name] = _resolve_fused(name, shard, info, infos, config, layouts, report_unresolved)
-            scale_owner[resolved[name].scale] = name
-            continue
-        if is_merged_expert(name):  # a target's merged expert blob (formats/targets.py), geometry from config
-            resolved[name] = _resolve_merged(
-                name, shard, info, infos, config, layouts, report_unresolved, merged_group_size
-            )
-            scale_owner[resolved[name].scale] = name
-            continue
-        scale = _scale_name(name, info, infos)
-        if scale is not None:
-            resolved[name] = _resolve_weight(
-                name, shard, info, scale, infos, {**from_config, **all_shapes}, stamps, layouts,
-                report_unresolved, config is not None,
-            )  # fmt: skip
-            scale_owner[scale] = name
-    for name, (shard, info) in present.items():
-        where, layout = str(shard.path), layouts[id(shard)]
-        if name in resolved:
-            continue
-        if name in scale_owner:
-            resolved[name] = ResolvedTensor(
-                name, where, info.dtype, info.shape, info.nbytes, "scale", layout, scale_of=scale_owner[name]
-            )
-        elif name.endswith(QS_SUFFIX):
-            raise ResolveError(f"{where}: scale tensor {name} has no weight {name[: -len(QS_SUFFIX)]}")
-        elif name.endswith(MX_SCALE_SUFFIX) and info.dtype in MX_SCALE_DTYPES:
-            packed = name[: -len(MX_SCALE_SUFFIX)] + PACKED_SUFFIX
-            why = f"is {infos[packed].dtype}, not U8" if packed in infos else "is missing"
-            raise ResolveError(f"{where}: mxfp4 scale {name}: its weight {packed} {why}")
-        elif info.dtype in FLOAT_WEIGHT_DTYPES:
-            stamp = stamps.get(name)
-            if stamp not in (None, Float.name):
-                raise ResolveError(
-                    f"{where}: tensor {name} is a plain {info.dtype} tensor but is stamped {stamp!r}"
-                )
-            logical = info.shape if len(info.shape) == 2 else None
-            if name in all_shapes and all_shapes[name] != logical:
-                raise ResolveError(
-                    f"{where}: tensor {name}: {SHAPES_KEY} says {_show(all_shapes[name])} "
-                    f"but the {info.dtype} tensor is {list(info.shape)}"
-                )
-            resolved[name] = ResolvedTensor(
-                name, where, info.dtype, info.shape, info.nbytes, "float", layout,
-                Resolved.of(Float), logical, stamp,
-            )  # fmt: skip
-        else:
-            if name in stamps or name in all_shapes:
-                raise ResolveError(
-                    f"{where}: tensor {name} ({info.dtype}, no scale tensor) is named in "
-                    f"{STAMP_KEY if name in stamps else SHAPES_KEY} but is not a weight"
-                )
-            resolved[name] = ResolvedTensor(name, where, info.dtype, info.shape, info.nbytes, "other", layout)
+    for name, (shard, info) in c.present.items():
+        tensor = _resolve_claimed(c, name, shard, info)
+        if tensor is not None:
+            resolved[name] = tensor
+            scale_owner[tensor.scale] = name
+    for name, (shard, info) in c.present.items():
+        if name not in resolved:
+            resolved[name] = _resolve_unpaired(c, name, shard, info, scale_owner)
     if config:
         _check_config(resolved, config)
-    _check_fused_formats(resolved)
-    return {name: resolved[name] for name in present}
+    for layout in targets.EXPERT_READERS:
+        layout.check_resolved(resolved)
+    return {name: resolved[name] for name in c.present}
 
 
-def _check_fused_formats(resolved: Mapping[str, ResolvedTensor]) -> None:
-    """``c/inkling.c`` takes the first MoE layer's ``gate_up_proj`` for every stack: U8 (``targets.FUSED``) means
-    every stack is read as U8 rows of that one row format. A container whose quantized stacks differ, or that
-    mixes them with float stacks, is one the engine misreads: a ResolveError naming two of them."""
-    layout = targets.FUSED
-    stacks = {
-        n: t
-        for n, t in resolved.items()
-        if parse_name(n).leaf in dict(layout.stacks) and parse_name(n).expert_base is not None
-        and parse_name(n).suffix == "" and t.kind in ("quantized", "float")
-    }  # fmt: skip
-    quantized = {n: t for n, t in stacks.items() if t.parts}
-    if not quantized:
-        return
-    first = next(iter(quantized.values()))
-    for name, t in stacks.items():
-        if t.format is None or first.format is None or t.format.name != first.format.name:
-            got = t.format.label if t.format is not None else t.dtype
+@dataclass(frozen=True)
+class _Container:
+    """What every tensor of one ``resolve_container`` call is resolved against."""
+
+    present: dict[str, tuple[_Shard, _TensorInfo]]  # every tensor by name, with its shard
+    infos: dict[str, _TensorInfo]
+    layouts: dict[int, str]  # id(shard) -> its layout
+    stamps: dict[str, str]
+    shapes: dict[str, tuple[int, int]]  # the shards' colitools.shapes and the given ones
+    from_config: dict[str, tuple[int, int]]  # [O, I] config.json implies for quantized weights without shapes
+    config: Mapping[str, Any] | None
+    report_unresolved: bool
+    merged_group_size: int | None
+
+    @classmethod
+    def of(
+        cls, files: Sequence[_Shard], shapes, config, report_unresolved: bool, merged_group_size
+    ) -> _Container:
+        present: dict[str, tuple[_Shard, _TensorInfo]] = {}
+        for shard in files:
+            for name, info in shard.tensors.items():
+                if name in present:
+                    raise ResolveError(
+                        f"tensor {name} is stored twice: in {present[name][0].path} and {shard.path}"
+                    )
+                present[name] = (shard, info)
+        layouts = {id(shard): parse_layout(shard.metadata, where=str(shard.path)) for shard in files}
+        stamps = merge_entries(
+            STAMP_KEY, ((str(s.path), parse_stamps(s.metadata, where=str(s.path))) for s in files)
+        )
+        all_shapes = merge_entries(
+            SHAPES_KEY,
+            [(str(s.path), parse_shapes(s.metadata, where=str(s.path))) for s in files]
+            + [("the given shapes", dict(shapes or {}))],
+        )
+        infos = {name: info for name, (_, info) in present.items()}
+        for table, key in ((stamps, STAMP_KEY), (all_shapes, SHAPES_KEY)):
+            for name in table:
+                if name not in present:
+                    raise ResolveError(f"{key} names tensor {name}, which is not in the container")
+        from_config: dict[str, tuple[int, int]] = {}
+        if config:
+            unshaped = [
+                n for n, (_, i) in present.items() if n not in all_shapes and _scale_name(n, i, infos)
+            ]
+            from_config = {
+                n: (O, I)
+                for n, (O, I) in config_shapes(config, unshaped).items()
+                if O is not None and I is not None
+            }
+        return cls(present, infos, layouts, stamps, all_shapes, from_config, config, report_unresolved,
+                   merged_group_size)  # fmt: skip
+
+
+def _resolve_claimed(c: _Container, name: str, shard: _Shard, info: _TensorInfo) -> ResolvedTensor | None:
+    """``name`` as a weight with a scale tensor: claimed by a target's expert layout (formats/targets.py
+    ``EXPERT_READERS``), or paired with its scale by name (``_scale_name``); None for any other tensor."""
+    for layout in targets.EXPERT_READERS:
+        if layout.scale_of(name, info, c.infos) is not None:
+            return _resolve_layout(c, layout, name, shard, info)
+    scale = _scale_name(name, info, c.infos)
+    if scale is None:
+        return None
+    return _resolve_weight(
+        name, shard, info, scale, c.infos, {**c.from_config, **c.shapes}, c.stamps, c.layouts, c.report_unresolved,
+        c.config is not None,
+    )  # fmt: skip
+
+
+def _resolve_layout(c: _Container, layout, name: str, shard: _Shard, info: _TensorInfo) -> ResolvedTensor:
+    """A tensor of a target's expert layout (a merged blob, a fused stack), resolved by the layout from
+    ``config.json`` (kind ``quantized``, ``parts`` its projections, ``logical_shape`` None)."""
+    where, shard_layout = str(shard.path), c.layouts[id(shard)]
+    got = layout.read(name, info, c.infos, c.config, where, c.merged_group_size)
+    scale_nbytes = c.infos[got.scale].nbytes
+    if got.problem is not None:
+        return _unresolved(
+            got.problem, c.report_unresolved, name, where, info, shard_layout, got.scale, scale_nbytes
+        )
+    return ResolvedTensor(
+        name, where, info.dtype, info.shape, info.nbytes, "quantized", shard_layout, Resolved.of(by_name(got.fmt), got.gs),
+        None, None, got.scale, scale_nbytes, parts=got.parts,
+    )  # fmt: skip
+
+
+def _resolve_unpaired(
+    c: _Container, name: str, shard: _Shard, info: _TensorInfo, scale_owner: Mapping[str, str]
+) -> ResolvedTensor:
+    """A tensor that is not a paired weight: a scale of one, a float tensor, or kind ``other``; a scale-named
+    tensor without its weight and a stamp or shape on a tensor that is no weight are ResolveErrors."""
+    where, layout = str(shard.path), c.layouts[id(shard)]
+    if name in scale_owner:
+        return ResolvedTensor(
+            name, where, info.dtype, info.shape, info.nbytes, "scale", layout, scale_of=scale_owner[name]
+        )
+    if name.endswith(QS_SUFFIX):
+        raise ResolveError(f"{where}: scale tensor {name} has no weight {name[: -len(QS_SUFFIX)]}")
+    if _is_mxfp8_scale(name, info, c.infos, where):  # a source's MXFP8 pair: both "other", as FP8 sources
+        return ResolvedTensor(name, where, info.dtype, info.shape, info.nbytes, "other", layout)
+    if name.endswith(MX_SCALE_SUFFIX) and info.dtype in MX_SCALE_DTYPES:
+        packed = name[: -len(MX_SCALE_SUFFIX)] + PACKED_SUFFIX
+        why = f"is {c.infos[packed].dtype}, not U8" if packed in c.infos else "is missing"
+        raise ResolveError(f"{where}: mxfp4 scale {name}: its weight {packed} {why}")
+    if info.dtype in FLOAT_WEIGHT_DTYPES:
+        stamp = c.stamps.get(name)
+        if stamp not in (None, Float.name):
             raise ResolveError(
-                f"{t.file}: fused expert stack {name} is {got} but {first.name} is {first.format.label}; "
-                f"c/inkling.c reads every stack in one format (the first MoE layer's gate_up_proj row size)"
+                f"{where}: tensor {name} is a plain {info.dtype} tensor but is stamped {stamp!r}"
             )
+        logical = info.shape if len(info.shape) == 2 else None
+        if name in c.shapes and c.shapes[name] != logical:
+            raise ResolveError(
+                f"{where}: tensor {name}: {SHAPES_KEY} says {_show(c.shapes[name])} "
+                f"but the {info.dtype} tensor is {list(info.shape)}"
+            )
+        return ResolvedTensor(
+            name, where, info.dtype, info.shape, info.nbytes, "float", layout, Resolved.of(Float), logical, stamp,
+        )  # fmt: skip
+    if name in c.stamps or name in c.shapes:
+        raise ResolveError(
+            f"{where}: tensor {name} ({info.dtype}, no scale tensor) is named in "
+            f"{STAMP_KEY if name in c.stamps else SHAPES_KEY} but is not a weight"
+        )
+    return ResolvedTensor(name, where, info.dtype, info.shape, info.nbytes, "other", layout)
 
 
 def _resolve_weight(
@@ -393,40 +463,11 @@ def _resolve_weight(
 ) -> ResolvedTensor:
     where, layout = str(shard.path), layouts[id(shard)]
     stamp = stamps.get(name)
-    v4 = V4_PAIR_FORMATS.get(info.dtype) if _v4_scale(name, info, infos) == scale else None
-    mxfp4 = name + QS_SUFFIX not in infos and v4 is not Fp8E4m3E8m0
-    if v4 is Fp8E4m3E8m0:
-        if len(info.shape) != 2:
-            raise ResolveError(f"{where}: FP8 weight {name} is {list(info.shape)}, expected [O, I]")
-        O, I = info.shape  # F8_E4M3 codes store [O, I] exactly
-        if name in shapes and tuple(shapes[name]) != (O, I):
-            raise ResolveError(f"{where}: tensor {name}: {SHAPES_KEY} says {list(shapes[name])}, stored [{O}, {I}]")
-        if stamp is not None:
-            raise ResolveError(f"{where}: tensor {name} is an fp8-e4m3-e8m0 pair but is stamped {stamp!r}")
-        scale_info = infos[scale]
-        fmt = resolve_fp8_e8m0(name, info.nbytes, scale_info.nbytes, O, I)
-        if tuple(scale_info.shape) != Fp8E4m3E8m0.scale_shape(O, I):
-            raise ResolveError(
-                f"{where}: scale {scale} is {list(scale_info.shape)}, expected "
-                f"{list(Fp8E4m3E8m0.scale_shape(O, I))} (one E8M0 byte per 128x128 block)"
-            )
-    elif mxfp4:
-        if scale not in infos:
-            raise ResolveError(f"{where}: mxfp4 weight {name} has no scale tensor {scale}")
-        scale_info = infos[scale]
-        if scale_info.dtype not in MX_SCALE_DTYPES:
-            raise ResolveError(f"{where}: mxfp4 scale {scale} is {scale_info.dtype}, expected U8 (E8M0)")
-        if name in shapes:
-            O, I = shapes[name]
-        elif len(info.shape) == 2:  # [O, I/2] stores I exactly (I is even for mxfp4)
-            O, I = info.shape[0], 2 * info.shape[1]
-        else:
-            raise ResolveError(
-                f"{where}: mxfp4 weight {name} is {list(info.shape)} and has no {SHAPES_KEY} entry"
-            )
-        if stamp not in (None, Mxfp4.name):
-            raise ResolveError(f"{where}: tensor {name} is an mxfp4 pair but is stamped {stamp!r}")
-        fmt = resolve_mxfp4(name, info.nbytes, scale_info.nbytes, O, I)
+    spelled = SPELLED_PAIRS[info.dtype].fmt if _spelled_scale(name, info, infos) == scale else None
+    if spelled == Fp8E4m3E8m0.name:
+        (O, I), fmt = _fp8_e8m0_pair(name, where, info, infos[scale], scale, shapes, stamp)
+    elif spelled == Mxfp4.name or name + QS_SUFFIX not in infos:  # spelled, or a weight_packed + weight_scale
+        (O, I), fmt = _mxfp4_pair(name, where, info, infos.get(scale), scale, shapes, stamp)
     else:
         scale_info = infos[scale]
         if info.dtype != "U8":
@@ -441,7 +482,9 @@ def _resolve_weight(
                 f"{where}: quantized tensor {name} ({info.nbytes} weight bytes, {scale_info.nbytes} scale bytes) "
                 f"has no {SHAPES_KEY} entry and {source}, so its [O, I] is unknown"
             )
-            return _unresolved(problem, report_unresolved, name, where, info, layout, scale, scale_info.nbytes, stamp)
+            return _unresolved(
+                problem, report_unresolved, name, where, info, layout, scale, scale_info.nbytes, stamp
+            )
         O, I = shapes[name]
         fmt = resolve_format(name, info.nbytes, scale_info.nbytes, O, I, stamp)
     if layout == PLANAR_LAYOUT and not FORMATS[fmt.fmt].planar_eligible(I, fmt.group_size):
@@ -451,65 +494,70 @@ def _resolve_weight(
         )
     return ResolvedTensor(
         name, where, info.dtype, info.shape, info.nbytes, "quantized", layout, fmt, (O, I), stamp,
-        scale, scale_info.nbytes,
+        scale, infos[scale].nbytes,
     )  # fmt: skip
 
 
-def _resolve_merged(
+def _fp8_e8m0_pair(
+    name: str, where: str, info: _TensorInfo, scale_info: _TensorInfo, scale: str, shapes, stamp: str | None
+) -> tuple[tuple[int, int], Resolved]:
+    """``([O, I], format)`` of an fp8-e4m3-e8m0 ``<base>.weight`` (F8_E4M3 ``[O, I]``) with its ``.scale``."""
+    if len(info.shape) != 2:
+        raise ResolveError(f"{where}: FP8 weight {name} is {list(info.shape)}, expected [O, I]")
+    O, I = info.shape  # F8_E4M3 codes store [O, I] exactly
+    if name in shapes and tuple(shapes[name]) != (O, I):
+        raise ResolveError(
+            f"{where}: tensor {name}: {SHAPES_KEY} says {list(shapes[name])}, stored [{O}, {I}]"
+        )
+    if stamp is not None:
+        raise ResolveError(f"{where}: tensor {name} is an fp8-e4m3-e8m0 pair but is stamped {stamp!r}")
+    fmt = resolve_fp8_e8m0(name, info.nbytes, scale_info.nbytes, O, I)
+    if tuple(scale_info.shape) != Fp8E4m3E8m0.scale_shape(O, I):
+        raise ResolveError(
+            f"{where}: scale {scale} is {list(scale_info.shape)}, expected "
+            f"{list(Fp8E4m3E8m0.scale_shape(O, I))} (one E8M0 byte per 128x128 block)"
+        )
+    return (O, I), fmt
+
+
+def _mxfp4_pair(
     name: str,
-    shard: _Shard,
+    where: str,
     info: _TensorInfo,
-    infos: Mapping[str, _TensorInfo],
-    config: Mapping[str, Any] | None,
-    layouts: Mapping[int, str],
-    report_unresolved: bool,
-    group_size: int | None = None,
-) -> ResolvedTensor:
-    """A merged expert blob ``...experts.{E}.merged_weight`` with its ``...experts.{E}.qs`` (``targets.MERGED``,
-    ``c/olmoe.c`` / ``c/qwen36.c`` ``load_expert_merged``): byte counts checked exactly against ``config.json``'s
-    hidden size and expert width, as those loaders do; they tell int8-row parts from (signed-nibble) int4-row /
-    int4-grouped parts (``MergedLayout.identify``)."""
-    layout = targets.MERGED
-    where = str(shard.path)
-    parsed = parse_name(name)
-    _, scale = layout.names(parsed.expert_base, parsed.expert)
-    if scale not in infos:
-        raise ResolveError(f"{where}: merged expert blob {name} has no scale tensor {scale}")
-    sinfo = infos[scale]
-    if info.dtype not in layout.dtypes or sinfo.dtype != layout.scale_dtype:
+    scale_info: _TensorInfo | None,
+    scale: str,
+    shapes,
+    stamp: str | None,
+) -> tuple[tuple[int, int], Resolved]:
+    """``([O, I], format)`` of an mxfp4 weight (``[O, I/2]`` codes, or 1-D with a ``colitools.shapes`` entry)
+    with its E8M0 scales."""
+    if scale_info is None:
+        raise ResolveError(f"{where}: mxfp4 weight {name} has no scale tensor {scale}")
+    if scale_info.dtype not in MX_SCALE_DTYPES:
+        raise ResolveError(f"{where}: mxfp4 scale {scale} is {scale_info.dtype}, expected U8 (E8M0)")
+    if name in shapes:
+        O, I = shapes[name]
+    elif len(info.shape) == 2:  # [O, I/2] stores I exactly (I is even for mxfp4)
+        O, I = info.shape[0], 2 * info.shape[1]
+    else:
         raise ResolveError(
-            f"{where}: merged expert blob {name} is {info.dtype} with {sinfo.dtype} scales {scale}; expected "
-            f"{' or '.join(layout.dtypes)} with {layout.scale_dtype}"
+            f"{where}: mxfp4 weight {name} is {list(info.shape)} and has no {SHAPES_KEY} entry"
         )
-    facts = model_config.read_facts(config) if config else None
-    if facts is None or not facts.expert_width:
-        problem = (
-            f"{where}: merged expert blob {name} ({info.nbytes} bytes) needs config.json's hidden size and expert "
-            f"width for its gate/up/down geometry, and {'there is none' if facts is None else 'it gives none'}"
-        )
-        return _unresolved(problem, report_unresolved, name, where, info, layouts[id(shard)], scale, sinfo.nbytes)
-    H, I = facts.hidden_size, facts.expert_width
-    n_scales = sinfo.nbytes // 4
-    found = layout.identify(H, I, info.nbytes, n_scales, group_size) if sinfo.nbytes % 4 == 0 else None
-    if found is None:
-        want_w, want_s = layout.sizes(H, I)
-        gs = "" if group_size is None else f", expert_gs {group_size}"
-        raise ResolveError(
-            f"{where}: merged expert blob {name} is {info.nbytes} bytes with {n_scales} scales; config.json "
-            f"(hidden {H}, expert width {I}{gs}) implies {want_w} bytes and {want_s} scales (int8-row) or "
-            f"{want_w // 2} bytes (int4) with scales per row or per group of qwen36_meta.json's expert_gs"
-        )
-    fmt_name, gs = found
-    fmt = Resolved.of(Int8Row) if fmt_name == targets.INT8_ROW else Resolved.of(by_name(fmt_name), gs)
-    return ResolvedTensor(
-        name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)], fmt,
-        None, None, scale, sinfo.nbytes, parts=layout.parts(H, I, fmt_name, gs),
-    )  # fmt: skip
+    if stamp not in (None, Mxfp4.name):
+        raise ResolveError(f"{where}: tensor {name} is an mxfp4 pair but is stamped {stamp!r}")
+    return (O, I), resolve_mxfp4(name, info.nbytes, scale_info.nbytes, O, I)
 
 
 def _unresolved(
-    problem: str, report_unresolved: bool, name: str, where: str, info: _TensorInfo, layout: str, scale: str,
-    scale_nbytes: int, stamp: str | None = None,
+    problem: str,
+    report_unresolved: bool,
+    name: str,
+    where: str,
+    info: _TensorInfo,
+    layout: str,
+    scale: str,
+    scale_nbytes: int,
+    stamp: str | None = None,
 ) -> ResolvedTensor:
     """A quantized weight whose ``[O, I]`` cannot be known: ResolveError(``problem``), or with
     ``report_unresolved`` the tensor marked ``unresolved`` with that problem."""
@@ -518,65 +566,6 @@ def _unresolved(
     return ResolvedTensor(
         name, where, info.dtype, info.shape, info.nbytes, "unresolved", layout, None, None, stamp, scale,
         scale_nbytes, problem=problem,
-    )  # fmt: skip
-
-
-def _is_fused_stack(name: str, info: _TensorInfo, infos: Mapping[str, _TensorInfo]) -> bool:
-    """A quantized fused expert stack (``targets.FUSED``): ``...experts.gate_up_proj`` / ``down_proj`` in U8 with
-    a ``.qs`` (a float stack of that name is a transformers stack, read in its family's orientation)."""
-    parsed = parse_name(name)
-    layout = targets.FUSED
-    return (
-        parsed.expert_base is not None
-        and parsed.expert is None
-        and parsed.suffix == ""
-        and parsed.leaf in dict(layout.stacks)
-        and info.dtype == layout.dtype
-        and name + layout.scale_suffix in infos
-    )
-
-
-def _resolve_fused(
-    name: str,
-    shard: _Shard,
-    info: _TensorInfo,
-    infos: Mapping[str, _TensorInfo],
-    config: Mapping[str, Any] | None,
-    layouts: Mapping[int, str],
-    report_unresolved: bool,
-) -> ResolvedTensor:
-    """A fused expert stack ``...experts.gate_up_proj`` / ``down_proj`` with its ``.qs`` (``targets.FUSED``,
-    ``c/inkling.c`` ``model_init`` / ``slot_fill``): the row size ``nbytes / (E * rows)`` against config.json's
-    hidden size, expert width and routed expert count, as the engine takes it (int8-row or int4-row rows), the
-    scale count exactly one per row; ``parts`` gives every expert's projections."""
-    layout = targets.FUSED
-    where = str(shard.path)
-    leaf = parse_name(name).leaf
-    scale = name + layout.scale_suffix
-    sinfo = infos[scale]
-    if sinfo.dtype != layout.scale_dtype:
-        raise ResolveError(f"{where}: fused expert stack {name} has {sinfo.dtype} scales {scale}; expected F32")
-    facts = model_config.read_facts(config) if config else None
-    if facts is None or not facts.expert_width or not facts.routed_experts:
-        problem = (
-            f"{where}: fused expert stack {name} ({info.nbytes} bytes) needs config.json's hidden size, expert "
-            f"width and routed expert count for its rows, and {'there is none' if facts is None else 'it lacks one'}"
-        )
-        return _unresolved(problem, report_unresolved, name, where, info, layouts[id(shard)], scale, sinfo.nbytes)
-    H, I, E = facts.hidden_size, facts.expert_width, facts.routed_experts
-    n_scales = sinfo.nbytes // 4
-    fmt_name = layout.identify(leaf, H, I, E, info.nbytes, n_scales) if sinfo.nbytes % 4 == 0 else None
-    if fmt_name is None:
-        want_b, want_s = layout.sizes(leaf, H, I, E, targets.INT8_ROW)
-        raise ResolveError(
-            f"{where}: fused expert stack {name} is {info.nbytes} bytes with {n_scales} scales; config.json "
-            f"({E} experts, hidden {H}, expert width {I}) implies {want_b} bytes (int8-row) or {want_b // 2} "
-            f"(int4-row) with {want_s} row scales"
-        )
-    return ResolvedTensor(
-        name, where, info.dtype, info.shape, info.nbytes, "quantized", layouts[id(shard)],
-        Resolved.of(by_name(fmt_name)), None, None, scale, sinfo.nbytes,
-        parts=layout.parts(leaf, H, I, E, fmt_name),
     )  # fmt: skip
 
 

@@ -8,7 +8,10 @@ temporary-name convention is ``atomic.temp_name`` / ``atomic.parse_temp_name``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from colitools.formats.jsonfile import is_text
 
 __all__ = [
     "CONFIG_FILE",
@@ -17,6 +20,7 @@ __all__ = [
     "SHARD_SUFFIX",
     "SINGLE_FILE",
     "USAGE_FILE",
+    "inside_name_problem",
     "shard_file_name",
     "shard_files",
 ]
@@ -40,3 +44,25 @@ def shard_files(directory: str | os.PathLike[str]) -> list[Path]:
     return [
         p for p in sorted(Path(directory).glob(f"*{SHARD_SUFFIX}")) if not p.name.startswith(".") and p.is_file()
     ]
+
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def inside_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a file name recorded inside a folder (the manifest's ``plan.files``, its units'
+    files, ``shards`` and ``copied_files``: ``model-00001-of-00003.safetensors``,
+    ``experts-int4g64/layer-003.safetensors``), or None. Refused: a name that is empty or no string, absolute
+    (``/``, ``\\``, ``C:``), with a backslash, a NUL, an empty, ``.`` or ``..`` component, or that is no Unicode
+    text: it could name a file outside the folder, or none."""
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    if name.startswith("/") or _DRIVE.match(name) or os.path.isabs(name):
+        return "absolute path"
+    if "\\" in name or "\0" in name:
+        return "contains a backslash or a NUL character"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "leaves the folder (an empty, '.' or '..' component)"
+    if not is_text(name):
+        return "not Unicode text (a lone surrogate escape)"
+    return None

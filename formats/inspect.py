@@ -19,7 +19,7 @@ from typing import Any
 from colitools.formats import model_config, names, planar_sidecar, targets
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import ConfigError, FormatError
-from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE
 from colitools.formats.format_names import copied_label, format_label
 from colitools.formats.jsonfile import load_json_object
 from colitools.formats.registry import (
@@ -36,7 +36,9 @@ __all__ = [
     "InspectReport",
     "ModelFiles",
     "ShardSummary",
+    "conversion_state",
     "describe_formats",
+    "incomplete_conversion",
     "inspect_path",
     "open_model",
     "tensor_label",
@@ -143,6 +145,30 @@ def open_model(path: str | os.PathLike[str], *, sidecar: bool = True) -> ModelFi
         model.sidecar = list(planar_sidecar.open_sidecar(root))
         model.shards += model.sidecar
     return model
+
+
+def conversion_state(path: str | os.PathLike[str]) -> str | None:
+    """The ``state`` a model folder's ``colitools.json`` records (``converting`` until the conversion
+    finished, then ``complete``; docs/FORMATS.md §8), or None: no manifest (a foreign container, a source
+    checkpoint, a single file), or one that cannot be read (``verify container`` reports that)."""
+    manifest = Path(path) / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    try:
+        state = load_json_object(manifest).get("state")
+    except FormatError:
+        return None
+    return state if isinstance(state, str) else None
+
+
+def incomplete_conversion(path: str | os.PathLike[str]) -> str | None:
+    """``<path>: the conversion is not complete (...): rerun convert ...`` when the folder's manifest says it
+    is still converting (an interrupted ``colitools convert``), else None."""
+    state = conversion_state(path)
+    if state is None or state == "complete":
+        return None
+    why = f"{MANIFEST_FILE} state {state!r}"
+    return f"{path}: the conversion is not complete ({why}): rerun convert to finish"
 
 
 # ----------------------------------------------------------------------------------------- the report
@@ -325,11 +351,16 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
         totals=[FormatTotal(label, n, b) for label, (n, b) in sorted(totals.items())],
         config_checked=model.config is not None,
         index=model.index is not None,
-        warnings=model.warnings + [f"unresolved: {t.problem}" for t in unresolved],
+        warnings=model.warnings + _incomplete(model.path) + [f"unresolved: {t.problem}" for t in unresolved],
         sidecar=[str(s.path) for s in model.sidecar],
         unresolved=[t.name for t in unresolved],
         formats_per_role=role_formats(list(resolved.values()), _num_hidden_layers(model.config)),
     )
+
+
+def _incomplete(path: Path) -> list[str]:
+    why = incomplete_conversion(path) if path.is_dir() else None
+    return [why] if why else []
 
 
 # ------------------------------------------------------------------------------------ the format table

@@ -1,23 +1,78 @@
 """The reader of the small JSON objects of a model folder (``config.json``, the index, the planar sidecar's
-``index.json``): one-line FormatErrors naming the file, never a traceback (deep nesting included)."""
+``index.json``): one-line FormatErrors naming the file, never a traceback (deep nesting included).
+
+Python's ``json`` accepts a lone surrogate escape (``"e\\udfff"``), a string that is no Unicode text: nothing can
+print it to a UTF-8 terminal or write it to a UTF-8 file. ``invalid_text`` finds one; every reader of ours
+refuses it (docs/FORMATS.md §1), as the upstream safetensors reader does.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from colitools.formats.errors import FormatError
 
+__all__ = ["invalid_text", "is_text", "load_json_object", "shown_text"]
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a high or low surrogate, paired or not
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode text (no lone surrogate: it encodes as UTF-8)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_text(value: str, limit: int = 60) -> str:
+    """``value`` as an ASCII JSON string literal (surrogates escaped), cut to about ``limit`` characters."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 4] + '..."'
+
+
+def invalid_text(raw: bytes, value: Any) -> str | None:
+    """The first string of ``value`` (an object key or a value, at any depth), parsed from the JSON text ``raw``,
+    that is no Unicode text; None when there is none (at once when ``raw`` holds no surrogate escape)."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return None
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        strings: Iterable[str] = ()
+        if isinstance(item, str):
+            strings = (item,)
+        elif isinstance(item, dict):
+            strings = item.keys()
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        bad = next((s for s in strings if not is_text(s)), None)
+        if bad is not None:
+            return bad
+    return None
+
 
 def load_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; FormatError when it cannot be read, is not JSON or is not an object."""
+    """The JSON object in ``path``; FormatError when it cannot be read, is not JSON, is not an object or holds
+    a string that is no Unicode text (``invalid_text``)."""
     try:
-        value = json.loads(path.read_bytes())
+        raw = path.read_bytes()
+        value = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(value, dict):
         raise FormatError(f"{path}: expected a JSON object")
+    bad = invalid_text(raw, value)
+    if bad is not None:
+        raise FormatError(
+            f"{path}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)"
+        )
     return value

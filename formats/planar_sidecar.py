@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from colitools.formats.errors import FormatError
-from colitools.formats.jsonfile import load_json_object
+from colitools.formats.jsonfile import invalid_text, load_json_object, shown_text
 from colitools.formats.names import parse_name
 from colitools.formats.planar import PLANAR_BLOCK, PLANAR_LAYOUT
-from colitools.formats.safetensors_io import ALIGNMENT, SafetensorsFile
+from colitools.formats.safetensors_io import ALIGNMENT, MAX_HEADER_BYTES, SafetensorsFile
 
 SIDECAR_DIR = "experts-int4g64"
 INDEX_NAME = "index.json"
@@ -243,7 +243,8 @@ def check_sidecar(root: str | os.PathLike[str]) -> tuple[list[SidecarLayerFile],
         if not raw:
             problems += _record_problems(f, index)
         files.append(f)
-    listed = {n for n in (index.get("files") or []) if isinstance(n, str)}
+    names = index.get("files") if isinstance(index.get("files"), list) else []  # else _index_problems says so
+    listed = {n for n in names if isinstance(n, str)}
     for p in sorted(sidecar_dir(root).glob("layer-*.safetensors")):
         if p.name not in listed:
             problems.append(f"{p}: not listed in {INDEX_NAME} files")
@@ -306,7 +307,7 @@ def _raw_header_problems(path: Path, layer: int) -> list[str]:
         with open(path, "rb") as fh:
             head = fh.read(8)
             (n,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
-            if n is None or n > 100_000_000:
+            if n is None or n > MAX_HEADER_BYTES:
                 return [f"{path}: not a safetensors header"]
             raw = fh.read(n)
     except OSError as exc:
@@ -321,6 +322,10 @@ def _raw_header_problems(path: Path, layer: int) -> list[str]:
         return out + [f"{path}: header is not valid JSON ({exc})"]
     if not isinstance(pairs, list) or not pairs:
         return out + [f"{path}: header is not a JSON object with entries"]
+    bad = invalid_text(body, pairs)
+    if bad is not None:
+        shown = shown_text(bad)
+        return out + [f"{path}: the header string {shown} is not Unicode text (a lone surrogate escape)"]
     keys = [k for k, _ in pairs]
     if keys[-1] != "__metadata__" or keys.count("__metadata__") != 1:
         out.append(f"{path}: __metadata__ is not the last header entry")

@@ -1,9 +1,17 @@
-"""Output targets (``colitools convert --target NAME``, docs/FORMATS.md "Targets"): the one owner of target facts.
+"""Output targets (``colitools convert --target NAME``, docs/FORMATS.md §4 "Targets"): one object per target.
 
-A target says which colibri loader reads the container, which model types it applies to, which recipe options
-that loader can read, and how routed experts are named and laid out. ``generic`` is the Hugging Face-named
-``.qs`` container that ``c/colibri.c`` reads (``qt_from_disk`` / ``qt_resolve_fmt``); ``olmoe`` is the layout of
-colibri's OLMoE engine (``c/olmoe.c``), as its converter ``c/tools/convert_olmoe_merged.py`` writes it:
+A ``Target`` is everything the converter and the readers need of one colibri loader: which model types it runs,
+which values of each recipe option it reads (anything else is refused before work starts, in one line naming the
+option and the target: its own declaration, ``reads`` / ``why``), how its routed experts are laid out and read
+back (an ``ExpertLayout`` of ``formats/expert_layouts.py``: per-projection records, merged blobs, fused stacks),
+the names and float dtypes it writes (``rewrite``), the files it adds beside the shards (``config_files``,
+``meta_files``) and its ``--help`` prose. ``--target NAME`` is resolved once (``by_name``, from the options);
+the object travels: the recipe asks it for defaults and refusals, the planner for every tensor's ``rewrite`` and
+every file's ``group``, the output writer for its files, ``resolve_container`` for the layouts to read.
+
+``generic`` is the Hugging Face-named ``.qs`` container that ``c/colibri.c`` reads (``qt_from_disk`` /
+``qt_resolve_fmt``); ``olmoe`` is the layout of colibri's OLMoE engine (``c/olmoe.c``), as its converter
+``c/tools/convert_olmoe_merged.py`` writes it:
 
 * dense tensors by their Hugging Face names, read by ``load_t`` through ``st_read_f32``, which accepts BF16, F16
   and F32 only (a U8 ``.qs`` weight is refused: "not a float tensor");
@@ -21,14 +29,39 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from colitools.formats import model_config, names
 from colitools.formats.errors import FormatError
+from colitools.formats.expert_layouts import (  # re-exported: the layouts' facts, read by the runtime and mirror
+    FUSED,
+    INT4_GROUPED,
+    INT4_ROW,
+    INT8_ROW,
+    MERGED,
+    PAIRS,
+    SIGNED_NIBBLE_XOR,
+    ExpertLayout,
+    ExpertRecord,
+    FusedLayout,
+    Grouped,
+    MergedLayout,
+    MergedPart,
+    PlannedTensor,
+    Spelling,
+    written_as,
+)
+from colitools.formats.filenames import CONFIG_FILE
 from colitools.formats.format_names import GROUP_SIZES
+
+__all__ = [
+    "DEEPSEEK_V4", "FUSED", "GENERIC", "GENERIC_NAME", "GLM53", "INKLING", "INT4_GROUPED", "INT4_ROW", "INT8_ROW",
+    "KIMI_K3", "MERGED", "QWEN36", "SIGNED_NIBBLE_XOR", "TARGETS", "TARGET_NAMES", "FusedLayout", "MergedLayout",
+    "MergedPart", "MetaFile", "Rewrite", "Spelling", "Target", "by_name", "help_text", "merged_group_size",
+]  # fmt: skip
 
 GENERIC_NAME = "generic"
 QWEN36 = "qwen36"
@@ -37,186 +70,21 @@ GLM53 = "glm53"
 DEEPSEEK_V4 = "deepseek_v4"
 INKLING = "inkling"
 META_GROUP_SIZE = "expert_gs"  # qwen36_meta.json: the int4 experts' group size, 0 = row scales
+HF_CONFIG_FILE = "config.hf.json"  # the source's config.json next to a flat one (``Target.flat_config``)
+FORMAT_OPTIONS = ("experts", "dense", "embed", "mtp")  # the recipe's format options (docs/FORMATS.md §5)
+FLOAT_OPTIONS = ("dense", "embed", "mtp")
 
 
-INT8_ROW, INT4_ROW, INT4_GROUPED = "int8-row", "int4-row", "int4-grouped"  # registry names of merged parts
-SIGNED_NIBBLE_XOR = 0x88  # a byte of pairs codes (v + 8 per nibble) XOR this = two signed nibbles (v & 0xF)
-
-
-@dataclass(frozen=True)
-class MergedPart:
-    """One projection inside a merged expert blob: ``[O, I]`` in format ``fmt`` (group size ``gs``), its codes
-    at bytes ``data`` of the blob and its scales at elements ``scales`` of the scale tensor (both half-open,
-    relative to the tensor). ``signed_nibbles``: int4 codes as two's complement nibbles (low nibble = element
-    2k), i.e. the pairs codes of docs/FORMATS.md §2.2 XOR ``SIGNED_NIBBLE_XOR``."""
-
-    projection: str  # gate | up | down
-    O: int
-    I: int
-    data: tuple[int, int]
-    scales: tuple[int, int]
-    fmt: str = INT8_ROW
-    gs: int | None = None
-    signed_nibbles: bool = False
-    expert: int | None = None  # the routed expert (a fused stack's part); None: the blob's own expert
-
-
-@dataclass(frozen=True)
-class MergedLayout:
-    """Routed experts as one blob per expert (``c/olmoe.c`` and ``c/qwen36.c`` ``load_expert_merged``).
-
-    A blob holds gate ``[I, H]``, up ``[I, H]`` and down ``[H, I]`` back to back, all in one format: int8-row
-    (I8, ``O*I`` bytes each; both engines) or int4 (U8, the whole blob's ``3*I*H`` values flattened and packed two
-    per byte as signed nibbles, ``convert_qwen36.py`` ``pack_int4``; qwen36 only) with row scales (int4-row) or
-    group scales along the input (int4-grouped, ``expert_gs`` of ``qwen36_meta.json``). The scale tensor holds
-    gate, up and down scales in that order. Which of these a target writes is its ``expert_options``; readers
-    accept every one, telling them apart by byte and scale counts as ``load_expert_merged`` does."""
-
-    leaf: str = "merged_weight"  # ...experts.{E}.merged_weight (names.MERGED_EXPERTS)
-    scale_leaf: str = "qs"  # ...experts.{E}.qs (names.MERGED_SCALES)
-    projections: tuple[str, ...] = ("gate", "up", "down")
-    fmt: str = INT8_ROW  # the format of a blob whose target does not choose another
-    dtype: str = "I8"  # int8 codes as the converters store them (torch.int8); st.h reads U8 and I8 alike
-    int4_dtype: str = "U8"  # packed int4 codes (pack_int4 returns uint8)
-    dtypes: tuple[str, ...] = ("I8", "U8")  # what a reader accepts
-    scale_dtype: str = "F32"
-    formats: tuple[str, ...] = (INT8_ROW, INT4_ROW, INT4_GROUPED)  # what a reader accepts
-
-    def names(self, expert_base: str, expert: int) -> tuple[str, str]:
-        """``(blob name, scale name)`` of expert ``expert`` under ``expert_base`` (``model.layers.3.mlp.experts``)."""
-        return f"{expert_base}.{expert}.{self.leaf}", f"{expert_base}.{expert}.{self.scale_leaf}"
-
-    def blob_dtype(self, fmt: str) -> str:
-        return self.dtype if fmt == INT8_ROW else self.int4_dtype
-
-    def parts(self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None) -> tuple[MergedPart, ...]:
-        """The parts of one blob of an expert of width ``inter`` in a model of hidden size ``hidden``."""
-        out, d, s = [], 0, 0
-        int4 = fmt != INT8_ROW
-        for proj in self.projections:
-            O, I = (hidden, inter) if proj == "down" else (inter, hidden)
-            nb = O * I // 2 if int4 else O * I
-            ns = O * -(-I // gs) if fmt == INT4_GROUPED and gs else O
-            out.append(MergedPart(proj, O, I, (d, d + nb), (s, s + ns), fmt, gs if fmt == INT4_GROUPED else None,
-                                  int4))  # fmt: skip
-            d, s = d + nb, s + ns
-        return tuple(out)
-
-    def sizes(self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None) -> tuple[int, int]:
-        """``(blob bytes, scale elements)``: ``want_w`` / ``want_s`` of ``load_expert_merged``."""
-        last = self.parts(hidden, inter, fmt, gs)[-1]
-        return last.data[1], last.scales[1]
-
-    def identify(
-        self, hidden: int, inter: int, nbytes: int, n_scales: int, group_size: int | None = None
-    ) -> tuple[str, int | None] | None:
-        """``(format, group size)`` of a blob of ``nbytes`` bytes with ``n_scales`` scales, or None when no layout
-        has those counts. ``group_size`` is the container's ``expert_gs`` (``qwen36_meta.json``; 0: row scales),
-        which decides between layouts with equal counts (int4-g32 and int4-g48 at width 64, int4-row and
-        int4-g64 at width 64), as it does in ``load_expert_merged``; without it such counts are None."""
-        found = []
-        if self.sizes(hidden, inter) == (nbytes, n_scales) and not group_size:
-            found.append((INT8_ROW, None))
-        if hidden % 2 == 0 and inter % 2 == 0:
-            if self.sizes(hidden, inter, INT4_ROW) == (nbytes, n_scales) and not group_size:
-                found.append((INT4_ROW, None))
-            found += [(INT4_GROUPED, g) for g in GROUP_SIZES if group_size in (None, g)
-                      and self.sizes(hidden, inter, INT4_GROUPED, g) == (nbytes, n_scales)]  # fmt: skip
-        return found[0] if len(found) == 1 else None
-
-
-MERGED = MergedLayout()
-
-
-@dataclass(frozen=True)
-class FusedLayout:
-    """Routed experts as one fused stack per layer over all its experts (``c/inkling.c``: ``model_init``'s
-    container detection and ``slot_fill``; written by ``c/tools/convert_inkling_int4.py``
-    ``quantize_expert_tensor``). The one owner of these byte facts, used by the writer and every reader.
-
-    ``{base}.gate_up_proj`` (U8, 1-D) holds expert ``e``'s ``2I`` rows, the ``I`` gate rows then the ``I`` up rows,
-    at bytes ``[e * 2I * rowb, (e + 1) * 2I * rowb)`` with ``rowb`` bytes a row; ``{base}.down_proj`` its ``H`` rows
-    of ``rowb'`` bytes. ``rowb == H`` (``rowb' == I``): int8-row codes (two's complement bytes); ``rowb == H / 2``:
-    int4-row pairs codes (docs/FORMATS.md §2.2: low nibble = even column, value + 8). The engine tells them apart by
-    ``rowb = nbytes / (E * 2I)`` of the first MoE layer's ``gate_up_proj`` (any other row size stops it) and reads
-    ``down_proj`` in the same format. ``{stack}.qs`` (F32, 1-D): one scale per row, in row order (``E * 2I`` and
-    ``E * H``); a weight is ``q[o, i] * scale[o]`` (``matmul_q`` / ``matmul_q4``). Only byte counts are read,
-    never shapes (the converter writes both tensors 1-D). A float stack (``float_formats``, no ``.qs``) is
-    ``[E, 2I, H]`` / ``[E, H, I]`` in the same row order."""
-
-    stacks: tuple[tuple[str, tuple[str, ...]], ...] = (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",)))
-    scale_suffix: str = ".qs"
-    dtype: str = "U8"  # int8 codes too: the engine takes U8 (st dtype 3) as "container", anything else as float
-    scale_dtype: str = "F32"
-    formats: tuple[str, ...] = (INT8_ROW, INT4_ROW)
-    # float stacks [E, 2I, H] / [E, H, I] (the converter's --xbits 0: the de-interleaved source stack, its dtype):
-    # the engine reads an expert's rows with read_f32_slice and keeps them f32 or quantizes them at load
-    float_formats: tuple[str, ...] = ("f32", "bf16")
-
-    def leaf_of(self, projection: str) -> str:
-        """The stack holding ``projection`` (gate | up | down)."""
-        return next(leaf for leaf, projections in self.stacks if projection in projections)
-
-    def names(self, expert_base: str) -> tuple[tuple[str, str], ...]:
-        """``((stack name, scale name), ...)`` of a layer's stacks under ``expert_base``
-        (``model.layers.3.mlp.experts``), gate_up first."""
-        return tuple((f"{expert_base}.{leaf}", f"{expert_base}.{leaf}{self.scale_suffix}") for leaf, _ in self.stacks)
-
-    @staticmethod
-    def row_bytes(fmt: str, width: int) -> int:
-        return width if fmt == INT8_ROW else width // 2
-
-    def geometry(self, leaf: str, hidden: int, inter: int) -> tuple[tuple[str, ...], int, int]:
-        """``(projections, rows per expert, row width)`` of stack ``leaf``."""
-        projections = dict(self.stacks)[leaf]
-        return (projections, 2 * inter, hidden) if leaf == "gate_up_proj" else (projections, hidden, inter)
-
-    def sizes(self, leaf: str, hidden: int, inter: int, experts: int, fmt: str) -> tuple[int, int]:
-        """``(bytes, scales)`` of stack ``leaf`` over ``experts`` experts in ``fmt``."""
-        _, rows, width = self.geometry(leaf, hidden, inter)
-        return experts * rows * self.row_bytes(fmt, width), experts * rows
-
-    def identify(self, leaf: str, hidden: int, inter: int, experts: int, nbytes: int, n_scales: int) -> str | None:
-        """The format of stack ``leaf`` from its byte and scale counts (the engine's ``rowb``), or None."""
-        found = [f for f in self.formats if (f == INT8_ROW or (hidden % 2 == 0 and inter % 2 == 0))
-                 and self.sizes(leaf, hidden, inter, experts, f) == (nbytes, n_scales)]  # fmt: skip
-        return found[0] if len(found) == 1 else None
-
-    def parts(self, leaf: str, hidden: int, inter: int, experts: int, fmt: str) -> tuple[MergedPart, ...]:
-        """Every expert's projections in stack ``leaf``: bytes and scales relative to the stack and its scales."""
-        projections, rows, width = self.geometry(leaf, hidden, inter)
-        rb, out = self.row_bytes(fmt, width), []
-        O = rows // len(projections)
-        for e in range(experts):
-            for k, proj in enumerate(projections):
-                r0 = e * rows + k * O
-                out.append(MergedPart(proj, O, width, (r0 * rb, (r0 + O) * rb), (r0, r0 + O), fmt, expert=e))
-        return tuple(out)
-
-
-FUSED = FusedLayout()
-
-
-@dataclass(frozen=True)
-class Spelling:
-    """How a target's loader names and types one format's two tensors: ``<base>{weight_suffix}`` stored as
-    ``weight_dtype`` and ``<base>{scale_suffix}`` as ``scale_dtype`` (the bytes are the format's own)."""
-
-    weight_suffix: str
-    weight_dtype: str
-    scale_suffix: str
-    scale_dtype: str
-
-    def tensor_names(self, name: str) -> tuple[str, str]:
-        base = name[: -len(".weight")] if name.endswith(".weight") else name
-        return base + self.weight_suffix, base + self.scale_suffix
+def _floats(*values: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``reads`` entries giving ``--dense`` / ``--embed`` / ``--mtp`` the same values."""
+    return tuple((option, values) for option in FLOAT_OPTIONS)
 
 
 # DeepSeek-V4's released routed experts (what c/deepseek_v4.c's expert store reads, ``expert_record_bytes``:
 # ``layers.{L}.ffn.experts.{E}.w{1,2,3}.weight`` / ``.scale``): mxfp4 bytes (docs/FORMATS.md §2.7: E2M1 pairs,
 # low nibble = even input as native_quant.c ``coli_fp4_matvec_ref`` reads them, one E8M0 byte per 32 inputs) as
 # I8 ``[O, I/2]`` and F8_E8M0 ``[O, I/32]``.
-V4_FP4_EXPERTS = Spelling(".weight", "I8", ".scale", "F8_E8M0")
+V4_FP4_EXPERTS = Spelling(".weight", "I8", ".scale", "F8_E8M0", "mxfp4")
 
 # c/deepseek_v4.c ``coli_v4_layer_plan`` (each ``add_1d`` / ``add_2d`` dtype, checked by ``coli_v4_layer_validate``)
 # for the tensors that are not FP8 projections (``add_fp8``), by their released name inside a layer
@@ -243,45 +111,103 @@ V4_FP8 = "fp8-e8m0"  # the recipe option of registry format fp8-e4m3-e8m0 (docs/
 
 
 @dataclass(frozen=True)
+class Rewrite:
+    """How a target writes one planned tensor (``Target.rewrite``): its written name and expert base, and at
+    most one change of what the recipe chose: ``float_dtype`` (``bf16`` / ``f32``: the loader's float dtype for
+    it), ``keep_float`` (the loader reads it only as float: its source float dtype where its bytes can be kept,
+    else f32), ``instead`` (a recipe option it is written as, recorded as a fallback with ``reason``) or
+    ``spelling`` (the loader's tensor names and dtypes for its format's bytes)."""
+
+    name: str
+    expert_base: str | None
+    float_dtype: str | None = None
+    keep_float: bool = False
+    instead: str | None = None
+    reason: str | None = None
+    spelling: Spelling | None = None
+
+
+@dataclass(frozen=True)
+class MetaFile:
+    """An engine's own metadata file beside the shards: ``name`` and ``build(config, shapes, experts,
+    group_size)`` -> its JSON object (``shapes``: the source tensors' shapes by their written names;
+    ``experts`` / ``group_size``: the format of the written routed experts)."""
+
+    name: str
+    build: Callable[[dict[str, Any], dict[str, tuple[int, ...]], str, int | None], dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Target:
-    """One ``--target``: the colibri loader it follows and what that loader can read."""
+    """One ``--target``: the colibri loader it follows, what that loader can read, and how it is written.
+
+    ``reads``: per recipe option (``experts``, ``dense``, ``embed``, ``mtp``, ``layout``, ``towers``) the values
+    the loader reads (an option not listed: any), ``why`` the reason given when another is refused (default
+    "``loader`` reads ... there"); ``defaults``: this target's defaults (an option with one value read defaults
+    to it). ``experts``: the routed experts' layout. Renames (``rename``: source prefixes, first match, then
+    ``name_map``: a formats/names.py table, None for a tensor the loader looks up by no name), the loader's float
+    dtype per written leaf (``float_dtypes``, whatever the role), leaves it reads only as float
+    (``source_float_leaves``), its int4 rule for non-expert tensors (``int4_group``: only int4-g{n} at
+    ``I % n == 0``, else ``int4_fallback``, recorded) and ``drop_mtp`` are applied by ``rewrite`` and the planner;
+    ``flat_config`` / ``config_extra`` / ``meta`` by ``config_files`` / ``meta_files``. ``refused``: a target
+    colitools knows but does not write (why, and what to do instead)."""
 
     name: str
     loader: str  # the colibri function(s) that read this layout
+    help: str = ""  # the --help prose after "NAME: "
     model_types: tuple[str, ...] | None = None  # None: any model type
-    merged: MergedLayout | None = None  # routed experts as merged blobs
-    fused: FusedLayout | None = None  # routed experts as one fused stack per layer (shared experts stacked too)
-    drop_mtp: bool = False  # the converter leaves MTP modules out (listed in the manifest like dropped towers)
-    expert_options: tuple[str, ...] | None = None  # --experts values the loader reads (None: any)
-    float_options: tuple[str, ...] | None = None  # --dense / --embed / --mtp values (None: any)
-    defaults: tuple[tuple[str, str], ...] = ()  # option -> default for this target (else the recipe's)
-    layouts: tuple[str, ...] | None = None  # --layout values (None: any)
-    rename: tuple[tuple[str, str], ...] = ()  # output name prefixes: (source prefix, written prefix), first match
-    flat_config: bool = False  # config.json is the text config, flat (the source's goes to config.hf.json)
-    meta_file: str | None = None  # the engine's own metadata file (``meta_for``)
-    towers: str | None = None  # forced --towers value (the converter drops them), None: the user's
-    # tensors (by leaf) the loader reads only with its float reader: written in the source's float dtype, unchanged
+    reads: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    why: tuple[tuple[str, str], ...] = ()
+    defaults: tuple[tuple[str, str], ...] = ()
+    experts: ExpertLayout = PAIRS
+    drop_mtp: bool = False  # the converter leaves MTP modules out (listed like dropped towers)
+    rename: tuple[tuple[str, str], ...] = ()
+    name_map: Callable[[str], str | None] | None = None
+    float_dtypes: tuple[tuple[str, str], ...] = ()  # (leaf name (``leaf_key``), bf16 / f32)
     source_float_leaves: tuple[str, ...] = ()
-    int4_group: int | None = None  # non-expert int4: only int4-g{n} at I % n == 0 (else int4_fallback, recorded)
-    int4_fallback: str = INT8_ROW  # what such a tensor is written as instead (a recipe option)
-    expert_formats: tuple[str, ...] | None = None  # labels every routed expert tensor must be written as
-    # a routed expert's record: projections in this order, each weight directly followed by its scale
-    expert_record: tuple[str, ...] | None = None
-    refused: str | None = None  # a target colitools knows but does not write: why, and what to do instead
-    option_values: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per option, the values it reads (else above)
-    name_map: Callable[[str], str | None] | None = None  # the loader's tensor names (after ``rename``; None: none)
-    float_dtypes: tuple[tuple[str, str], ...] = ()  # (leaf name (``leaf_key``), bf16 / f32): whatever the role
-    expert_spelling: Spelling | None = None  # routed experts' tensor names and dtypes (their bytes: the format's)
-    config_extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # config.json keys the loader reads
+    int4_group: int | None = None
+    int4_fallback: str = INT8_ROW  # a recipe option
+    flat_config: bool = False  # config.json is the text config, flat (the source's goes to config.hf.json)
+    config_extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # config.json keys it reads
+    meta: MetaFile | None = None
+    refused: str | None = None
 
+    # ------------------------------------------------------------------------------------ options, sources
     def check_writable(self) -> None:
         """FormatError (one line) for a target colitools does not write (``refused``)."""
         if self.refused is not None:
             raise FormatError(f"`target={self.name}` is refused: {self.refused}")
 
+    def allowed(self, option: str) -> tuple[str, ...] | None:
+        """The values of ``option`` this target's loader reads (None: any)."""
+        return dict(self.reads).get(option)
+
+    def default(self, option: str) -> str | None:
+        """This target's default for ``option``: declared, else the one value its loader reads, else None (the
+        recipe's own default)."""
+        value, allowed = dict(self.defaults).get(option), self.allowed(option)
+        return value if value is not None or allowed is None or len(allowed) != 1 else allowed[0]
+
+    def check_option(self, option: str, value: str) -> None:
+        """FormatError (one line naming the option and the target) when this target cannot honour
+        ``--option value``."""
+        allowed = self.allowed(option)
+        if allowed is not None and value not in allowed:
+            why = dict(self.why).get(option) or f"{self.loader} reads {' or '.join(allowed)} there"
+            raise FormatError(f"`target={self.name}`: `{option}={value}` is refused: {why}")
+
+    def check_model_type(self, model_type: str | None) -> None:
+        """FormatError (one line) when the source's ``model_type`` is not one this target's engine runs."""
+        if self.model_types is not None and model_type not in self.model_types:
+            raise FormatError(
+                f"`target={self.name}` is for model_type {', '.join(self.model_types)} ({self.loader}); "
+                f"the source is {model_type!r}"
+            )
+
+    # ------------------------------------------------------------------------------------------ names
     def out_name(self, name: str) -> str | None:
         """The name this target writes for a source tensor name: ``rename`` (first match), then ``name_map``
-        (a formats/names.py table; None when the loader looks up no such tensor)."""
+        (None when the loader looks up no such tensor)."""
         for old, new in self.rename:
             if name.startswith(old):
                 name = new + name[len(old) :]
@@ -294,121 +220,73 @@ class Target:
             return None
         return dict(self.float_dtypes).get(leaf_key(written_name))
 
-    def default(self, option: str) -> str | None:
-        return dict(self.defaults).get(option)
+    # ------------------------------------------------------------------------------------------ writing
+    def rewrite(self, job: PlannedTensor) -> Rewrite | None:
+        """How this target writes planned tensor ``job`` (its recipe name and format): renamed, in the loader's
+        float dtype, kept float, re-chosen by the int4 rule, or in the loader's expert spelling; None when it
+        is written as planned. FormatError (one line) for a tensor the loader looks up by no name."""
+        name, base = job.out_name, job.expert_base
+        if self.rename or self.name_map is not None:
+            out = self.out_name(name)
+            if out is None:
+                raise FormatError(
+                    f"`target={self.name}`: tensor {job.source.name} ({name}) has no name {self.loader} looks up "
+                    f"(formats/names.py); convert it with `target=generic`"
+                )
+            if base is not None:  # a table of whole names (Inkling's) maps no prefix: the name's own base
+                base = self.out_name(base) or names.parse_name(out).expert_base
+            name = out
+        t = job.target
+        want = self.float_dtype(name)
+        if want is not None and not t.is_source:  # the loader's dtype check, whatever the recipe's role
+            return Rewrite(name, base, float_dtype=want)
+        leaves = self.source_float_leaves
+        if leaves and names.parse_name(job.source.name).leaf in leaves and not t.is_float:
+            return Rewrite(name, base, keep_float=True)  # quantized by the recipe: not here
+        g = self.int4_group
+        if (
+            g
+            and not job.routed
+            and t.fmt in (INT4_ROW, INT4_GROUPED)
+            and not written_as(t, job.I, (f"int4-g{g}",))
+        ):
+            reason = f"{self.loader} reads int4 only as int4-g{g} with I % {g} == 0 (I = {job.I})"
+            return Rewrite(name, base, instead=self.int4_fallback, reason=reason)
+        spelling = self.experts.spelling_for(job)
+        if spelling is None and (name, base) == (job.out_name, job.expert_base):
+            return None
+        return Rewrite(name, base, spelling=spelling)
 
-    def check_option(self, option: str, value: str) -> None:
-        """FormatError (one line) when this target's loader cannot read ``--option value``."""
-        allowed = self.expert_options if option == "experts" else self.float_options
-        allowed = dict(self.option_values).get(option, allowed)
-        if allowed is not None and value not in allowed:
-            raise FormatError(
-                f"`target={self.name}`: `{option}={value}` is refused: {self.loader} reads "
-                f"{' or '.join(allowed)} there"
-            )
+    def group(self, groups: Sequence[Sequence[PlannedTensor]]) -> list[Grouped]:
+        """One output file's groups of planned tensors as this target writes them (``experts.group``)."""
+        return self.experts.group(groups, self)
 
-    def check_layout(self, layout: str) -> None:
-        if self.layouts is not None and layout not in self.layouts:
-            raise FormatError(
-                f"`target={self.name}`: `layout={layout}` is refused: {self.loader} reads {', '.join(self.layouts)}"
-            )
+    def config_files(self, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The config files written beside the shards, by file name, in writing order: ``config.json`` without
+        ``quantization_config`` (the source's is recorded in the manifest); with ``flat_config`` the text config
+        flat there and the source's as ``config.hf.json``, as its converter writes them; with ``config_extra``
+        the keys its loader reads added (``deepseek_v4``: the released checkpoint's, its
+        ``quantization_config`` included)."""
+        clean = {k: v for k, v in config.items() if k != "quantization_config"}
+        files: dict[str, dict[str, Any]] = {}
+        if self.flat_config:
+            files[HF_CONFIG_FILE] = clean
+            clean = {k: v for k, v in model_config.text_config(clean).items() if k != "quantization_config"}
+        if self.config_extra is not None:
+            clean = {**clean, **self.config_extra(clean)}
+        files[CONFIG_FILE] = clean
+        return files
 
-    def check_model_type(self, model_type: str | None) -> None:
-        """FormatError (one line) when the source's ``model_type`` is not one this target's engine runs."""
-        if self.model_types is not None and model_type not in self.model_types:
-            raise FormatError(
-                f"`target={self.name}` is for model_type {', '.join(self.model_types)} ({self.loader}); "
-                f"the source is {model_type!r}"
-            )
+    def meta_files(
+        self, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None
+    ) -> dict[str, dict[str, Any]]:
+        """The engine's own metadata file(s) by file name (``meta``; none for most targets)."""
+        if self.meta is None:
+            return {}
+        return {self.meta.name: self.meta.build(config, shapes, experts, group_size)}
 
-
-TARGETS: dict[str, Target] = {
-    t.name: t
-    for t in (
-        Target(GENERIC_NAME, "c/colibri.c qt_from_disk / qt_resolve_fmt"),
-        Target(
-            "olmoe",
-            "c/olmoe.c (model_init's load_t, load_expert_merged)",
-            model_types=("olmoe",),
-            merged=MERGED,
-            expert_options=("int8-row",),
-            float_options=("f32", "bf16"),
-            defaults=(("experts", "int8-row"), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
-            layouts=("pairs",),
-        ),
-        Target(
-            QWEN36,
-            "c/qwen36.c (load_cfg, load_meta, model_init's load_t_n, load_expert_merged)",
-            model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
-            merged=MERGED,
-            expert_options=(INT8_ROW, INT4_ROW, *(f"int4-g{g}" for g in GROUP_SIZES)),
-            float_options=("f32", "bf16"),
-            defaults=(("experts", INT4_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
-            layouts=("pairs",),
-            rename=(("model.language_model.", "model."),),
-            flat_config=True,
-            meta_file="qwen36_meta.json",
-            towers="drop",
-        ),
-        Target(
-            KIMI_K3,
-            "c/kimi_k3.c (w_load, f32_load, expert_table_init)",
-            model_types=("kimi_k3",),
-            expert_options=("mxfp4", "native"),
-            float_options=("f32", "bf16", INT8_ROW, "int4-g64"),
-            defaults=(("experts", "mxfp4"), ("dense", INT8_ROW), ("embed", INT8_ROW), ("mtp", INT8_ROW)),
-            layouts=("pairs",),
-            source_float_leaves=("embed_tokens", "f_a_proj", "f_b_proj", "b_proj", "self_attention_res_proj",
-                                 "mlp_res_proj", "output_attn_res_proj"),  # fmt: skip
-            int4_group=64,
-            expert_formats=("mxfp4",),
-            expert_record=("gate", "down", "up"),  # w1p w1s w2p w2s w3p w3s (w2 is down, w3 up)
-        ),
-        Target(
-            GLM53,
-            "c/glm53.c (load_f32, load_mat, absorb_kvb, expert_geometry / expert_table_init)",
-            model_types=("glm5_next", "glm5_next_text"),
-            expert_options=("int4-g64",),
-            float_options=("f32", "bf16", "int4-g64"),
-            defaults=(("experts", "int4-g64"), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
-            layouts=("pairs",),
-            source_float_leaves=("embed_tokens", "kv_b_proj"),
-            int4_group=64,
-            int4_fallback="bf16",
-            expert_formats=("int4-g64",),
-            expert_record=("gate", "up", "down"),  # gate.w gate.qs up.w up.qs down.w down.qs
-        ),
-        Target(
-            DEEPSEEK_V4,
-            "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8, "
-            "coli_tensor_load_f32, coli_v4_head_cache_load, expert_record_bytes)",
-            model_types=("deepseek_v4",),
-            expert_options=("mxfp4",),
-            option_values=(("dense", (V4_FP8,)), ("mtp", (V4_FP8,)), ("embed", ("bf16",))),  # find_head: BF16
-            defaults=(("experts", "mxfp4"), ("dense", V4_FP8), ("embed", "bf16"), ("mtp", V4_FP8)),
-            layouts=("pairs",),
-            expert_formats=("mxfp4",),
-            name_map=names.deepseek_v4_released_name,
-            float_dtypes=tuple(V4_FLOAT_DTYPES.items()),
-            expert_spelling=V4_FP4_EXPERTS,
-            config_extra=lambda config: deepseek_v4_config(config),
-        ),
-        Target(
-            INKLING,
-            "c/inkling.c (load_cfg; model_init's load_w / load_t and container detection; slot_fill)",
-            model_types=("inkling", "inkling_mm_model", "inkling_text"),
-            fused=FUSED,
-            name_map=names.inkling_text_name,
-            drop_mtp=True,
-            expert_options=(INT4_ROW, INT8_ROW, "f32", "bf16"),  # convert_inkling_int4.py --xbits 4 / 8 / 0
-            float_options=("f32", "bf16"),
-            defaults=(("experts", INT4_ROW), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
-            layouts=("pairs",),
-            towers="drop",
-        ),
-    )
-}
-TARGET_NAMES = tuple(TARGETS)
+    def help_line(self) -> str:
+        return f"{self.name}: {self.help}" if self.help else ""
 
 
 def leaf_key(name: str) -> str:
@@ -421,13 +299,6 @@ def leaf_key(name: str) -> str:
     if head == "mtp" and rest.partition(".")[0].isdigit():
         return rest.partition(".")[2]
     return name
-
-
-def by_name(name: str) -> Target:
-    try:
-        return TARGETS[name]
-    except KeyError:
-        raise FormatError(f"`target={name!r}`: choose one of {', '.join(TARGET_NAMES)}") from None
 
 
 # ------------------------------------------------------------------------------- deepseek_v4 config.json
@@ -491,7 +362,9 @@ def qwen36_meta(
         "num_experts": int(mcfg["num_experts"]),
         "topk": int(mcfg["num_experts_per_tok"]),
         "moe_inter": int(mcfg.get("moe_intermediate_size", mcfg.get("intermediate_size", 0) // 2)),
-        "shared_inter": int(mcfg.get("shared_expert_intermediate_size", mcfg.get("moe_intermediate_size", 0))),
+        "shared_inter": int(
+            mcfg.get("shared_expert_intermediate_size", mcfg.get("moe_intermediate_size", 0))
+        ),
         "rms_eps": float(mcfg.get("rms_norm_eps", 1e-6)),
         "ebits": 8 if experts == INT8_ROW else 4,
         "scoring_func": mcfg.get("scoring_func", "softmax"),
@@ -501,7 +374,9 @@ def qwen36_meta(
         "attn_output_gate": bool(mcfg.get("attn_output_gate", True)),
         "rope_theta": float(rope.get("rope_theta", mcfg.get("rope_theta", 10000000.0))),
         "mrope_section": rope.get("mrope_section", [16, 16, 16]),
-        "partial_rotary_factor": float(rope.get("partial_rotary_factor", mcfg.get("partial_rotary_factor", 0.25))),
+        "partial_rotary_factor": float(
+            rope.get("partial_rotary_factor", mcfg.get("partial_rotary_factor", 0.25))
+        ),
     }
     full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
     if full:
@@ -532,14 +407,162 @@ def qwen36_meta(
     return meta
 
 
+PAIRS_ONLY = (("layout", ("pairs",)),)  # every family engine reads pairs experts from the main container
+DROPPED_TOWERS = "its converter leaves the multimodal towers out (`towers=drop`)"  # qwen36: visual.*
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(GENERIC_NAME, "c/colibri.c qt_from_disk / qt_resolve_fmt"),
+        Target(
+            "olmoe",
+            "c/olmoe.c (model_init's load_t, load_expert_merged)",
+            help="merged int8 experts (...experts.{E}.merged_weight + .qs), dense tensors f32 or bf16; model_type "
+            "olmoe only.",
+            model_types=("olmoe",),
+            reads=(("experts", (INT8_ROW,)), *_floats("f32", "bf16"), *PAIRS_ONLY),
+            defaults=(("experts", INT8_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
+            experts=MERGED,
+        ),
+        Target(
+            QWEN36,
+            "c/qwen36.c (load_cfg, load_meta, model_init's load_t_n, load_expert_merged)",
+            help="merged int8-row / int4-row / int4-g{gs} experts (signed nibbles), float dense tensors renamed "
+            "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only.",
+            model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
+            reads=(
+                ("experts", (INT8_ROW, INT4_ROW, *(f"int4-g{g}" for g in GROUP_SIZES))),
+                *_floats("f32", "bf16"),
+                *PAIRS_ONLY,
+                ("towers", ("drop",)),
+            ),
+            why=(("towers", f"c/qwen36.c runs the text model only: {DROPPED_TOWERS}"),),
+            defaults=(("experts", INT4_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
+            experts=MERGED,
+            rename=(("model.language_model.", "model."),),
+            flat_config=True,
+            meta=MetaFile("qwen36_meta.json", qwen36_meta),
+        ),
+        Target(
+            KIMI_K3,
+            "c/kimi_k3.c (w_load, f32_load, expert_table_init)",
+            help="mxfp4 experts in the engine's slot order, f32_load tensors kept float, int8-row or int4-g64 "
+            "(I % 64 == 0) projections; model_type kimi_k3 only.",
+            model_types=("kimi_k3",),
+            reads=(
+                ("experts", ("mxfp4", "native")),
+                *_floats("f32", "bf16", INT8_ROW, "int4-g64"),
+                *PAIRS_ONLY,
+            ),
+            defaults=(("experts", "mxfp4"), ("dense", INT8_ROW), ("embed", INT8_ROW), ("mtp", INT8_ROW)),
+            # w1p w1s w2p w2s w3p w3s (w2 is down, w3 up)
+            experts=ExpertRecord(formats=("mxfp4",), order=("gate", "down", "up")),
+            source_float_leaves=(
+                "embed_tokens",
+                "f_a_proj",
+                "f_b_proj",
+                "b_proj",
+                "self_attention_res_proj",
+                "mlp_res_proj",
+                "output_attn_res_proj",
+            ),
+            int4_group=64,
+        ),
+        Target(
+            GLM53,
+            "c/glm53.c (load_f32, load_mat, absorb_kvb, expert_geometry / expert_table_init)",
+            help="int4-g64 experts in the engine's slot order, float or int4-g64 projections; model_type "
+            "glm5_next only.",
+            model_types=("glm5_next", "glm5_next_text"),
+            reads=(("experts", ("int4-g64",)), *_floats("f32", "bf16", "int4-g64"), *PAIRS_ONLY),
+            defaults=(("experts", "int4-g64"), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
+            # gate.w gate.qs up.w up.qs down.w down.qs
+            experts=ExpertRecord(formats=("int4-g64",), order=("gate", "up", "down")),
+            source_float_leaves=("embed_tokens", "kv_b_proj"),
+            int4_group=64,
+            int4_fallback="bf16",
+        ),
+        Target(
+            DEEPSEEK_V4,
+            "c/deepseek_v4.c (coli_v4_layer_plan / coli_v4_layer_validate, coli_tensor_load_fp8, "
+            "coli_tensor_load_f32, coli_v4_head_cache_load, expert_record_bytes)",
+            help="the released checkpoint's names and dtypes (fp8-e8m0 projections: F8_E4M3 + F8_E8M0 .scale per "
+            "128x128 block, mxfp4 experts as I8 .weight + F8_E8M0 .scale, BF16 norms / router / compressor, F32 "
+            "sinks and hc_*), config.json with compress_ratios / num_hash_layers; model_type deepseek_v4 only.",
+            model_types=("deepseek_v4",),
+            reads=(
+                ("experts", ("mxfp4",)),
+                ("dense", (V4_FP8,)),
+                ("mtp", (V4_FP8,)),
+                ("embed", ("bf16",)),
+                *PAIRS_ONLY,
+            ),  # embed: find_head takes a BF16 head only
+            defaults=(("experts", "mxfp4"), ("dense", V4_FP8), ("embed", "bf16"), ("mtp", V4_FP8)),
+            experts=ExpertRecord(formats=("mxfp4",), spelling=V4_FP4_EXPERTS),
+            name_map=names.deepseek_v4_released_name,
+            float_dtypes=tuple(V4_FLOAT_DTYPES.items()),
+            config_extra=deepseek_v4_config,
+        ),
+        Target(
+            INKLING,
+            "c/inkling.c (load_cfg; model_init's load_w / load_t and container detection; slot_fill)",
+            help="the text names c/inkling.c looks up, one fused expert stack per layer (gate_up_proj / down_proj: "
+            "int4-row or int8-row U8 rows + .qs, or f32 / bf16), shared experts as float stacks, towers and MTP "
+            "left out; model_type inkling_mm_model only.",
+            model_types=("inkling", "inkling_mm_model", "inkling_text"),
+            # convert_inkling_int4.py --xbits 4 / 8 / 0; MTP modules are left out whatever the recipe says, so
+            # --mtp takes only the value recorded for them
+            reads=(
+                ("experts", (INT4_ROW, INT8_ROW, "f32", "bf16")),
+                ("dense", ("f32", "bf16")),
+                ("embed", ("f32", "bf16")),
+                ("mtp", ("bf16",)),
+                *PAIRS_ONLY,
+                ("towers", ("drop",)),
+            ),
+            why=(
+                ("towers", f"c/inkling.c reads no tower from the container: {DROPPED_TOWERS}"),
+                ("mtp", "c/inkling.c reads no MTP modules: its converter leaves them out (model.mtp.)"),
+            ),
+            defaults=(("experts", INT4_ROW), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
+            experts=FUSED,
+            name_map=names.inkling_text_name,
+            drop_mtp=True,
+        ),
+    )
+}
+TARGET_NAMES = tuple(TARGETS)
+GENERIC = TARGETS[GENERIC_NAME]
+EXPERT_READERS: tuple[ExpertLayout, ...] = (FUSED, MERGED)  # the layouts resolve_container claims tensors for
+# the targets' spellings of a format's two tensors, which resolve_container pairs by name and dtype
+SPELLINGS: tuple[Spelling, ...] = tuple(
+    dict.fromkeys(t.experts.spelling for t in TARGETS.values() if t.experts.spelling)
+)
+
+
+def by_name(name: str) -> Target:
+    """The target called ``name`` (``--target NAME``); FormatError (one line) naming the choices."""
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise FormatError(f"`target={name!r}`: choose one of {', '.join(TARGET_NAMES)}") from None
+
+
+def help_text() -> str:
+    """``convert --target``'s help: every target's loader, then each written target's prose."""
+    loaders = "; ".join(f"{t.name} ({t.loader})" for t in TARGETS.values())
+    prose = " ".join(line for line in (t.help_line() for t in TARGETS.values()) if line)
+    return f"Whose loader reads the output: {loaders}. {prose} See docs/FORMATS.md §4 Targets."
+
+
 def merged_group_size(folder: str | os.PathLike) -> int | None:
     """``expert_gs`` of a container's target metadata file (``qwen36_meta.json``), or None without one: what
     ``MergedLayout.identify`` needs to tell group sizes with equal counts apart. FormatError (one line) for a
     file that is not a JSON object or an ``expert_gs`` that is not a non-negative integer."""
     for target in TARGETS.values():
-        if target.meta_file is None:
+        if target.meta is None:
             continue
-        path = Path(folder) / target.meta_file
+        path = Path(folder) / target.meta.name
         if not path.is_file():
             continue
         try:

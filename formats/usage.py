@@ -32,8 +32,9 @@ from colitools.formats.families import family_of, known_model_types
 
 __all__ = [
     "FORMAT_VERSION",
-    "UsageFileError",
     "IKU1_MAGIC",
+    "MAX_EXPERT_SLOTS",
+    "UsageFileError",
     "UsageHistory",
     "check_usage_decay",
     "decay_usage",
@@ -52,6 +53,10 @@ INKLING_FAMILY = "inkling"  # the family whose engine (colibri's inkling.c) read
 
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
+MAX_EXPERT_SLOTS = 1 << 20
+"""Most experts (``n_layers * n_experts``) a usage history may describe (``read_usage`` refuses more,
+whether its header, the caller or a headerless file's records give the geometry): four times 128 layers x
+2048 routed experts. Reports may then allocate per expert without ``-1 1 4000000000`` taking all memory."""
 _INT = re.compile(r"[+-]?[0-9]+")
 _MAX_DIGITS = 20  # 2**64 - 1 has 20 digits
 
@@ -149,6 +154,16 @@ def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
     return records
 
 
+@dataclass(frozen=True)
+class _Headers:
+    """What the two header records of a file say (None: the record is absent), and its counting records."""
+
+    geometry: tuple[int, int] | None
+    version: int | None
+    engine_id: int | None
+    body: list[tuple[int, int, int, int]]
+
+
 def read_usage(
     path: str | os.PathLike,
     *,
@@ -168,19 +183,16 @@ def read_usage(
     ``routed_layers``: the layers that route (colibri's ``rt_drop_row`` rule): a record of any other layer is
     not counted. Records with a negative layer other than the two headers are skipped; records outside the
     geometry, of a non-routing layer or with a non-positive count are never counted (``skipped_records``,
-    never in ``total``). Repeated records add up.
+    never in ``total``). Repeated records add up. A geometry (the header's, the caller's, or that of a
+    headerless file's records) of more than ``MAX_EXPERT_SLOTS`` experts in all is refused: whatever a consumer
+    allocates per expert stays bounded.
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageFileError(f"usage history not found: {path}") from None
-    except IsADirectoryError:
-        raise UsageFileError(f"usage history is a directory, not a file: {path}") from None
+    raw = _read_bytes(path)
     if raw[:4] == IKU1_MAGIC.to_bytes(4, "little"):  # text starts with a digit or a sign: no false positive
         history, body = _read_iku1(path, raw, n_layers, n_experts, engine)
     else:
-        history, body = _read_text(path, raw, n_layers, n_experts, engine, explicit)
+        history, body = _read_text_history(path, raw, n_layers, n_experts, engine, explicit)
     for layer, expert, n in body:
         if (n <= 0 or not (0 <= layer < history.n_layers and 0 <= expert < history.n_experts)
                 or (routed_layers is not None and layer not in routed_layers)):  # fmt: skip
@@ -188,6 +200,112 @@ def read_usage(
             continue
         history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
     return history
+
+
+def _read_text_history(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None,
+                       engine: str | int | None, explicit: bool) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
+    """The text layout: its headers checked against the caller's geometry and engine, and its data records."""
+    headers = _headers(path, _parse_records(path, _decode(path, raw)))
+    layers, experts = _geometry(path, headers, n_layers, n_experts)
+    wanted_engine = _engine_id_of(engine)
+    file_engine = headers.engine_id
+    if (
+        file_engine is not None
+        and wanted_engine is not None
+        and file_engine != wanted_engine
+        and not explicit
+    ):
+        name = f" ({engine!r})" if isinstance(engine, str) else ""
+        raise UsageFileError(
+            f"{path}: usage history was recorded by engine id {file_engine}, not this model's engine id "
+            f"{wanted_engine}{name}; pass the file explicitly to use it anyway"
+        )
+    headerless = headers.geometry is None and headers.version is None
+    history = UsageHistory(n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=headerless)
+    return history, [(layer, expert, n) for _, layer, expert, n in headers.body]
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UsageFileError(f"usage history not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageFileError(f"usage history is a directory, not a file: {path}") from None
+
+
+def _decode(path: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
+
+
+def _headers(path: Path, records: list[tuple[int, int, int, int]]) -> _Headers:
+    """The geometry and version/engine headers (each at most once, or repeated unchanged) and the other
+    records with a layer >= 0; reserved negative kinds are skipped."""
+    geometry: tuple[int, int] | None = None
+    version: int | None = None
+    file_engine: int | None = None
+    body: list[tuple[int, int, int, int]] = []
+    for number, a, b, c in records:
+        if a == GEOMETRY_RECORD:
+            if b <= 0 or c <= 0:
+                raise UsageFileError(f"{path}:{number}: geometry header needs positive sizes, got {b} x {c}")
+            if geometry is not None and geometry != (b, c):
+                raise UsageFileError(
+                    f"{path}:{number}: second geometry header {b} x {c} contradicts {geometry[0]} x {geometry[1]}"
+                )
+            geometry = (b, c)
+        elif a == VERSION_RECORD:
+            if b != FORMAT_VERSION:
+                raise UsageFileError(
+                    f"{path}:{number}: usage format version {b} is not supported (this reader knows version "
+                    f"{FORMAT_VERSION})"
+                )
+            if not 0 <= c <= 0xFFFFFFFF:
+                raise UsageFileError(f"{path}:{number}: engine id {c} is not a 32-bit unsigned integer")
+            if file_engine is not None and file_engine != c:
+                raise UsageFileError(f"{path}:{number}: second engine id {c} contradicts {file_engine}")
+            version, file_engine = b, c
+        elif a >= 0:
+            body.append((number, a, b, c))
+    return _Headers(geometry, version, file_engine, body)
+
+
+def _geometry(path: Path, headers: _Headers, n_layers: int | None, n_experts: int | None) -> tuple[int, int]:
+    """``(layers, experts)``: the header's (which must agree with what the caller knows), else the caller's,
+    else one past the largest layer and expert of the records; at most ``MAX_EXPERT_SLOTS`` experts."""
+    geometry = headers.geometry
+    if geometry is not None:
+        if (n_layers is not None and n_layers != geometry[0]) or (
+            n_experts is not None and n_experts != geometry[1]
+        ):
+            want = (
+                f"{n_layers if n_layers is not None else '?'} x {n_experts if n_experts is not None else '?'}"
+            )
+            raise UsageFileError(
+                f"{path}: usage geometry {geometry[0]} layers x {geometry[1]} experts does not match the model's "
+                f"{want}"
+            )
+        _check_slots(path, *geometry, "its geometry header declares")
+        return geometry
+    body = headers.body
+    layers = n_layers if n_layers is not None else 1 + max((r[1] for r in body), default=-1)
+    experts = n_experts if n_experts is not None else 1 + max((r[2] for r in body), default=-1)
+    given = (
+        "the model's geometry is" if n_layers is not None and n_experts is not None else "its records imply"
+    )
+    _check_slots(path, layers, experts, given)
+    return layers, experts
+
+
+def _check_slots(path: Path, layers: int, experts: int, source: str) -> None:
+    if layers * experts > MAX_EXPERT_SLOTS:
+        raise UsageFileError(
+            f"{path}: {source} {layers} layers x {experts} experts = {layers * experts} experts, more than "
+            f"the {MAX_EXPERT_SLOTS} a usage history may describe"
+        )
 
 
 def _is_inkling(engine: str | int | None) -> bool:
@@ -223,6 +341,7 @@ def _read_iku1(path: Path, raw: bytes, n_layers: int | None, n_experts: int | No
         )
     if layers <= 0 or experts <= 0:
         raise UsageFileError(f"{path}: IKU1 geometry header needs positive sizes, got {layers} x {experts}")
+    _check_slots(path, layers, experts, "its IKU1 header declares")
     want = _IKU1_HEADER.size + 4 * layers * experts
     if len(raw) != want:
         raise UsageFileError(
@@ -233,81 +352,6 @@ def _read_iku1(path: Path, raw: bytes, n_layers: int | None, n_experts: int | No
     block = np.frombuffer(raw, dtype="<u4", offset=_IKU1_HEADER.size).reshape(layers, experts)
     body = [(int(layer), int(e), int(block[layer, e])) for layer, e in zip(*np.nonzero(block), strict=True)]
     return UsageHistory(n_layers=layers, n_experts=experts, iku1=True), body
-
-
-def _read_text(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None, engine: str | int | None,
-               explicit: bool) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
-    """The text layout: its headers checked against the caller's geometry and engine, and its data records."""
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
-    geometry: tuple[int, int] | None = None
-    version: int | None = None
-    file_engine: int | None = None
-    body: list[tuple[int, int, int]] = []
-    for number, a, b, c in _parse_records(path, text):
-        if a == GEOMETRY_RECORD:
-            if b <= 0 or c <= 0:
-                raise UsageFileError(f"{path}:{number}: geometry header needs positive sizes, got {b} x {c}")
-            if geometry is not None and geometry != (b, c):
-                raise UsageFileError(
-                    f"{path}:{number}: second geometry header {b} x {c} contradicts {geometry[0]} x {geometry[1]}"
-                )
-            geometry = (b, c)
-        elif a == VERSION_RECORD:
-            version, file_engine = _version_record(path, number, b, c, file_engine)
-        elif a >= 0:
-            body.append((a, b, c))  # a negative layer: a reserved header kind, skipped
-    if geometry is not None:
-        _check_geometry(path, geometry, n_layers, n_experts)
-        layers, experts = geometry
-    else:
-        layers = n_layers if n_layers is not None else 1 + max((r[0] for r in body), default=-1)
-        experts = n_experts if n_experts is not None else 1 + max((r[1] for r in body), default=-1)
-    wanted_engine = _engine_id_of(engine)
-    if (
-        file_engine is not None
-        and wanted_engine is not None
-        and file_engine != wanted_engine
-        and not explicit
-    ):
-        name = f" ({engine!r})" if isinstance(engine, str) else ""
-        raise UsageFileError(
-            f"{path}: usage history was recorded by engine id {file_engine}, not this model's engine id "
-            f"{wanted_engine}{name}; pass the file explicitly to use it anyway"
-        )
-    headerless = geometry is None and version is None
-    return UsageHistory(
-        n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=headerless
-    ), body
-
-
-def _version_record(path: Path, number: int, version: int, eid: int, seen: int | None) -> tuple[int, int]:
-    """The ``-2 <version> <engine_id>`` record: a newer version or a contradiction is refused, always."""
-    if version != FORMAT_VERSION:
-        raise UsageFileError(
-            f"{path}:{number}: usage format version {version} is not supported (this reader knows version "
-            f"{FORMAT_VERSION})"
-        )
-    if not 0 <= eid <= 0xFFFFFFFF:
-        raise UsageFileError(f"{path}:{number}: engine id {eid} is not a 32-bit unsigned integer")
-    if seen is not None and seen != eid:
-        raise UsageFileError(f"{path}:{number}: second engine id {eid} contradicts {seen}")
-    return version, eid
-
-
-def _check_geometry(
-    path: Path, geometry: tuple[int, int], n_layers: int | None, n_experts: int | None
-) -> None:
-    if (n_layers is not None and n_layers != geometry[0]) or (
-        n_experts is not None and n_experts != geometry[1]
-    ):
-        want = f"{n_layers if n_layers is not None else '?'} x {n_experts if n_experts is not None else '?'}"
-        raise UsageFileError(
-            f"{path}: usage geometry {geometry[0]} layers x {geometry[1]} experts does not match the model's "
-            f"{want}"
-        )
 
 
 def check_usage_decay(factor: float) -> None:

@@ -60,7 +60,7 @@ for _t in targets.TARGETS.values():
     if _t.model_types is None:  # generic: the plain recipes above
         continue
     _r = target_recipe(_t.name)
-    RECIPES[_r] = {**{o: _t.default(o) for o in TARGET_OPTIONS}, "layout": (_t.layouts or ("pairs",))[0],
+    RECIPES[_r] = {**{o: _t.default(o) for o in TARGET_OPTIONS}, "layout": _t.default("layout") or "pairs",
                    "target": _t.name}  # fmt: skip
     RECIPE_OPTIONS[_r] = f"--target {_t.name}"
     REFERENCE_OF[_r] = _r
@@ -354,8 +354,8 @@ def apply_recipe(
     target = targets.by_name(r["target"]) if "target" in r else None
 
     def dropped(name: str, role: str) -> bool:
-        """A tensor the target's converter leaves out: towers (``Target.towers`` drop), MTP (``drop_mtp``)."""
-        return (role == "tower" and target.towers == "drop") or (role == "mtp" and target.drop_mtp)
+        """A tensor the target's converter leaves out: towers (its ``--towers`` default drop), MTP (``drop_mtp``)."""
+        return (role == "tower" and target.default("towers") == "drop") or (role == "mtp" and target.drop_mtp)
 
     def one(name: str, w: np.ndarray, role: str, kept: str | None = None) -> np.ndarray:
         option = {"router_1d": "f32", "tower": "f32", "mtp": r.get("mtp", "int8-row"), "embed": r["embed"],

@@ -29,6 +29,7 @@ from colitools.formats.errors import ColitoolsError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.format_names import format_label
 from colitools.formats.inspect import ModelFiles, open_model
+from colitools.formats.jsonfile import is_text
 from colitools.formats.planar_sidecar import check_sidecar
 from colitools.formats.safetensors_io import read_header
 
@@ -105,7 +106,15 @@ def verify_container(
             report.problems.append(t.problem or f"tensor {t.name}: [O, I] unknown")
     if root.is_dir():
         _check_manifest(root, report, broken, hashes=hashes, progress=progress)
+    report.problems = [_printable(p) for p in report.problems]
+    report.warnings = [_printable(w) for w in report.warnings]
     return report
+
+
+def _printable(line: str) -> str:
+    """``line`` with anything that is no Unicode text (a lone surrogate some file held) escaped: the report is
+    printed and written as UTF-8."""
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _check_sidecar(root: Path, report: ContainerReport) -> list:
@@ -141,7 +150,7 @@ def _open_each_shard(root: Path, report: ContainerReport, broken: set[str], fail
     shards = []
     for name in names:
         f = root / name
-        if "/" in name or name.startswith("."):
+        if "/" in name or name.startswith(".") or not is_text(name):
             continue  # not a shard name (FORMATS §8): the index is the problem, reported below
         if not f.is_file():
             report.problems.append(f"{f}: missing (named by {INDEX_FILE})")

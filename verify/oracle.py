@@ -28,6 +28,7 @@ import numpy as np
 
 from colitools.errors import VerifyError
 from colitools.formats import targets
+from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.registry import WEIGHT_SUFFIX, Mxfp4, by_name
 
 NEAR_TIE = 1e-4
@@ -108,11 +109,15 @@ def load_reference(fixture_dir: Path, recipe: str) -> dict[str, Any]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        value = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise VerifyError(f"{path}: unreadable reference ({exc})") from None
     if not isinstance(value, dict):
         raise VerifyError(f"{path}: a reference must be a JSON object")
+    bad = invalid_text(raw, value)
+    if bad is not None:
+        raise VerifyError(f"{path}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
     return value
 
 
@@ -156,14 +161,15 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
     from colitools.formats.inspect import open_model
     from colitools.verify.container import verify_container
 
-    convert(str(fixture_dir), out, convert_options(ref))
+    options = convert_options(ref)
+    convert(str(fixture_dir), out, options)
     result.container_problems = verify_container(out).problems
     model_files = open_model(out)
     resolved = resolve_container(
         model_files.shards, config=model_files.config, merged_group_size=model_files.merged_group_size
     )
     parts = _merged_part_labels(resolved)
-    target = targets.by_name((ref.get("recipe_formats") or {}).get("target") or targets.GENERIC_NAME)
+    target = options.target  # the reference's recorded --target, resolved by ConvertOptions
     for source_name, expected in sorted((ref.get("tensor_formats") or {}).items()):
         name = target.out_name(source_name)  # the reference names source tensors; a target may rename them
         if name not in resolved and name in parts:  # a projection inside a target's merged expert blob
@@ -171,7 +177,7 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
                 result.format_mismatches.append(f"{name}: converted as {parts[name]}, oracle expects {expected}")
             continue
         got = resolved.get(name)
-        if got is None and target.fused is not None:  # a split shared expert inside the target's float stack
+        if got is None and isinstance(target.experts, targets.FusedLayout):  # a split shared expert, stacked
             got = resolved.get(_shared_stack_name(name) or "")
         if got is None and name.endswith(WEIGHT_SUFFIX):  # mxfp4: <base>.weight as <base>.weight_packed
             got = resolved.get(Mxfp4.tensor_names(name)[0])

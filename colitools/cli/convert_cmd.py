@@ -14,35 +14,23 @@ from colitools.cli.app import app
 from colitools.cli.options import JsonOpt, ProgressOpt
 from colitools.formats import layouts
 from colitools.formats.format_names import recipe_format_summary
-from colitools.formats.targets import TARGETS
+from colitools.formats.targets import help_text as targets_help
 
 _FMT = recipe_format_summary()
-_TARGETS = "; ".join(f"{t.name} ({t.loader})" for t in TARGETS.values())
 _LAYOUTS = " | ".join(
     layout.option + (f" ({layout.stored})" if layout.stored != layout.option else "")
     for layout in layouts.LAYOUTS
 )
-_TARGET_HELP = (
-    f"Whose loader reads the output: {_TARGETS}. olmoe: merged int8 experts "
-    "(...experts.{E}.merged_weight + .qs), dense tensors f32 or bf16; model_type olmoe only. qwen36: merged "
-    "int8-row / int4-row / int4-g{gs} experts (signed nibbles), float dense tensors renamed "
-    "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only. "
-    "kimi_k3: mxfp4 experts in the engine's slot order, f32_load tensors kept float, int8-row or int4-g64 "
-    "(I % 64 == 0) projections; model_type kimi_k3 only. glm53: int4-g64 experts in the engine's slot "
-    "order, float or int4-g64 projections; model_type glm5_next only. deepseek_v4: the released "
-    "checkpoint's names and dtypes (fp8-e8m0 projections: F8_E4M3 + F8_E8M0 .scale per 128x128 block, mxfp4 "
-    "experts as I8 .weight + F8_E8M0 .scale, BF16 norms / router / compressor, F32 sinks and hc_*), "
-    "config.json with compress_ratios / num_hash_layers; model_type deepseek_v4 only. inkling: the text "
-    "names c/inkling.c looks up, one fused expert stack per layer (gate_up_proj / down_proj: int4-row or "
-    "int8-row U8 rows + .qs, or f32 / bf16), shared experts as float stacks, towers and MTP left out; "
-    "model_type inkling_mm_model only. See docs/FORMATS.md §4 Targets."
-)
+_TARGET_HELP = targets_help()
 _LAYOUT_HELP = (
     f"Expert layout: {_LAYOUTS}. planar writes the routed experts only to the experts-int4g64/ sidecar "
     "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
     "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there."
 )
-_TOWERS_HELP = "Multimodal towers: keep (source dtype, unchanged) or drop (listed in the manifest)."
+_TOWERS_HELP = (
+    "Multimodal towers: keep (source dtype, unchanged; the default unless the target drops them) or drop (listed "
+    "in the manifest)."
+)
 _KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
 _UPLOAD_HELP = (
     "Once the output is complete, upload it to this Hugging Face model repo (org/name) with a model card, as "
@@ -76,7 +64,7 @@ def convert_command(
         int | None, typer.Option("--group-size", help="Group size of int4-grouped choices.")
     ] = None,
     layout: Annotated[str, typer.Option("--layout", help=_LAYOUT_HELP)] = layouts.PAIRS.option,
-    towers: Annotated[str, typer.Option("--towers", help=_TOWERS_HELP)] = "keep",
+    towers: Annotated[str | None, typer.Option("--towers", help=_TOWERS_HELP)] = None,
     target: Annotated[str, typer.Option("--target", help=_TARGET_HELP)] = "generic",
     min_free_gb: Annotated[
         float,
@@ -123,10 +111,15 @@ def convert_command(
     if upload_repo is None or dry_run:
         output.emit(as_json, summary.to_dict, summary.text().splitlines())
         return
+    _upload_after(summary, outdir, upload_repo, token=token, as_json=as_json, progress=progress)
+
+
+def _upload_after(summary, outdir: Path, repo_id: str, *, token, as_json: bool, progress: bool | None) -> None:
+    """``--upload-repo``: the finished output goes to the Hub; one report holds both results."""
     from colitools.converters.publish import upload_output
 
     bars = progress if progress is not None else (not as_json and sys.stderr.isatty())
-    report = upload_output(outdir, upload_repo, token=token, progress=bars)
+    report = upload_output(outdir, repo_id, token=token, progress=bars)
     output.emit(
         as_json, lambda: {**summary.to_dict(), "upload": report.to_json()},
         [*summary.text().splitlines(), report.text()],

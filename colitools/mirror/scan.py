@@ -34,6 +34,7 @@ from colitools.errors import MirrorError
 from colitools.formats import model_config, planar_sidecar, targets
 from colitools.formats.errors import ConfigError
 from colitools.formats.filenames import shard_files
+from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.names import (
     EXPERTS,
     MERGED,
@@ -229,6 +230,9 @@ def model_geometry(model_dir: str | os.PathLike) -> ModelGeometry:
         raise MirrorError(f"cannot read {path}: {exc}") from None
     if not isinstance(config, dict):
         raise MirrorError(f"{path}: expected a JSON object")
+    bad = invalid_text(path.read_bytes(), config)
+    if bad is not None:
+        raise MirrorError(f"{path}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
     try:
         facts = model_config.read_facts(config, where=str(path))
     except ConfigError as exc:

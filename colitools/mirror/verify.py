@@ -24,6 +24,7 @@ from pathlib import Path
 from colitools.errors import MirrorError, SafetensorsError
 from colitools.formats.container import shard_name_problem
 from colitools.formats.filenames import shard_files
+from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.safetensors_io import MAX_HEADER_BYTES, SafetensorsFile
 from colitools.mirror.fileops import Progress, sha256_file
 from colitools.mirror.plan import SCHEMA
@@ -188,6 +189,10 @@ def _load_receipt(path: Path, result: MirrorVerification) -> list | None:
         return None
     if not isinstance(receipt, dict):
         result.problems.append(f"receipt {path.name} is not a JSON object")
+        return None
+    bad = invalid_text(path.read_bytes(), receipt)
+    if bad is not None:
+        result.problems.append(f"receipt {path.name}: the string {shown_text(bad)} is not Unicode text")
         return None
     if receipt.get("schema") != SCHEMA:
         result.problems.append(f"receipt schema is {receipt.get('schema')!r}, expected {SCHEMA!r}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.errors import RuntimeModelError
+from colitools.formats.inspect import incomplete_conversion
 from colitools.runtime.generate import GenerationResult, generate
 from colitools.runtime.model import load_model
 
@@ -94,6 +95,9 @@ def run_model(
     model_dir = Path(model_dir)
     if (prompt_ids is None) == (prompt is None):
         raise RuntimeModelError("give exactly one of `prompt_ids` and `prompt`")
+    not_complete = incomplete_conversion(model_dir)
+    if not_complete:  # an interrupted conversion: no config.json yet, and units missing
+        raise RuntimeModelError(not_complete)
     tokenizer = None
     if prompt is not None or (model_dir / "tokenizer.json").exists():
         try:

@@ -52,8 +52,9 @@ def sanitize(name: str, model_type: str | None = None) -> str:
 class Stored:
     """Where and how one linear weight ``[O, I]`` is stored.
 
-    ``form``: ``"float"`` (F32/BF16/F16 tensor), ``"fp8-source"`` (F8_E4M3 + ``weight_scale_inv``), or a
-    registry format name (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
+    ``form``: ``"float"`` (F32/BF16/F16 tensor), ``"fp8-source"`` (F8_E4M3 + ``weight_scale_inv``),
+    ``"mxfp8-source"`` (F8_E4M3 + ``weight_scale`` E8M0 per 32 inputs, decoded to float32), or a registry
+    format name (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
     ``path``. ``row_offset`` selects rows of a fused ``[E, 2I, H]`` tensor (already folded into ``data``).
     ``pick`` ``(R, C, start, step, transposed)``: the bytes are one expert's whole slab ``[R, C]`` of a stack
     whose projections are interleaved or transposed; the weight is ``slab[start::step]`` (``transposed``:
@@ -81,7 +82,7 @@ class Stored:
     @property
     def resident_nbytes(self) -> int:
         """Bytes this weight takes once read for a kernel (float sources become float32)."""
-        if self.form == "float" or (self.form == "fp8-source" and self.fp8_block != _FP8_B128_BLOCK):
+        if _decoded(self):
             return Float.weight_nbytes(self.O, self.I)
         if self.pick:  # the picked rows of a quantized stack slab (codes and scales alike)
             R, _, start, step, _ = self.pick
@@ -104,6 +105,9 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
         q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
         return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
+    if st.form == MXFP8_SOURCE:
+        q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
+        return ref.decode_mxfp8(q, np.frombuffer(scale, dtype=np.uint8), st.I)
     if st.pick:  # rows of a quantized stack slab
         codes = _picked(_codes(st, data), st)
         scale = _picked(np.frombuffer(scale, dtype=np.uint8), st).tobytes()
@@ -128,11 +132,18 @@ def _picked(slab: np.ndarray, st: Stored) -> np.ndarray:
 
 
 _FP8_B128_BLOCK = Fp8E4m3B128.block  # (128, 128): an FP8 source with these blocks runs the fp8 kernel as is
+MXFP8_SOURCE = "mxfp8-source"
+
+
+def _decoded(st: Stored) -> bool:
+    """Whether the kernels take ``st`` as float32 (decoded once when read): float sources, FP8 sources with
+    other blocks than 128x128, MXFP8 sources."""
+    return st.form in ("float", MXFP8_SOURCE) or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK)
 
 
 def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
     """The kernel-ready form of one stored projection (codes kept as stored; float sources as float32)."""
-    if st.form == "float" or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK):
+    if _decoded(st):
         return QTensor(Float.matmul_kind, decode_stored(st, data, scale), None, st.O, st.I, None)
     codes = _codes(st, data)
     if st.pick:  # rows of a quantized stack slab: codes and scales hold the same rows
@@ -242,6 +253,14 @@ class Checkpoint:
                 sinfo.dtype,
                 fp8_block=self.fp8_block,
             )
+        mx_scale = self.infos.get(name + "_scale")  # MXFP8: resolve_container checked the scale's shape
+        if info.dtype == "F8_E4M3" and mx_scale is not None:
+            _check_shape(name, info.shape, O, I)
+            _, sinfo, _ = mx_scale
+            return Stored(
+                name, MXFP8_SOURCE, O, I, path, (info.begin, info.end), info.dtype, (sinfo.begin, sinfo.end),
+                sinfo.dtype,
+            )  # fmt: skip
         if info.dtype in FLOAT_DTYPES:
             _check_shape(name, info.shape, O, I)
             return Stored(name, "float", O, I, path, (info.begin, info.end), info.dtype)

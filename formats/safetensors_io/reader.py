@@ -18,6 +18,7 @@ import numpy as np
 
 from colitools.formats.dtypes import SAFETENSORS_DTYPES, numpy_dtype
 from colitools.formats.errors import SafetensorsError
+from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.safetensors_io.header import (
     LENGTH,
     MAX_HEADER_BYTES,
@@ -144,6 +145,21 @@ def _parse_metadata(where: str, value: Any) -> dict[str, str]:
             )
         metadata[key] = item
     return metadata
+
+
+def _check_text(where: str, raw: bytes, root: _JsonObject) -> None:
+    """Every tensor name and every ``__metadata__`` key and value is Unicode text: JSON's lone surrogate
+    escapes (``"e\\udfff"``) are refused, as the upstream reader refuses them (nothing could print the name)."""
+    strings: list[str] = []
+    for name, entry in root.pairs:
+        strings.append(name)
+        if name == METADATA_KEY and isinstance(entry, _JsonObject):
+            strings += [s for pair in entry.pairs for s in pair if isinstance(s, str)]
+    bad = invalid_text(raw, strings)
+    if bad is not None:
+        raise SafetensorsError(
+            f"{where}: the header string {shown_text(bad)} is not Unicode text (a lone surrogate escape)"
+        )
 
 
 def _check_layout(where: str, infos: list[TensorInfo], data_start: int, file_size: int) -> None:
@@ -294,6 +310,7 @@ class SafetensorsFile:
             raise SafetensorsError(f"{where}: header is not valid JSON ({exc})") from exc
         if not isinstance(root, _JsonObject):
             raise SafetensorsError(f"{where}: header is a JSON {_json_type(root)}, expected an object")
+        _check_text(where, raw, root)
 
         data_start = 8 + n
         seen: set[str] = set()

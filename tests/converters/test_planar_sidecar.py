@@ -206,6 +206,28 @@ def test_verify_container_checks_the_sidecar(planar, tmp_path):
     assert any("layer-002.safetensors" in p and "missing" in p for p in verify_container(bad).problems)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("files", 3, "files is 3, expected a list"),
+        ("done", "all", 'done is "all", expected a list'),
+        ("files", ["../layer-000.safetensors"], "expected a list of layer-NNN.safetensors names"),
+        ("prefix", "model\udfff", "is not Unicode text"),
+    ],
+)
+def test_a_malformed_sidecar_index_is_a_problem_never_a_traceback(planar, tmp_path, key, value, words):
+    import shutil
+
+    _, out, _ = planar
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    index_path = bad / "experts-int4g64" / "index.json"
+    index = json.loads(index_path.read_text())
+    index_path.write_text(json.dumps({**index, key: value}, indent=1))  # ensure_ascii: "\udfff" stays an escape
+    problems = verify_container(bad).problems
+    assert any(words in p for p in problems), problems
+
+
 def test_mirror_scan_counts_sidecar_files_as_expert_bytes(planar):
     _, out, _ = planar
     shards = {s.name: s for s in discover_shards([out])}

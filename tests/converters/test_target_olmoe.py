@@ -24,6 +24,7 @@ from colitools.converters.recipe import Recipe
 from colitools.converters.runner import convert
 from colitools.errors import ColitoolsError, ConvertError
 from colitools.formats.safetensors_io import SafetensorsFile
+from colitools.formats.targets import TARGETS
 
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"
 FIXTURE = ORACLES / "olmoe"
@@ -180,8 +181,8 @@ def test_another_model_type_is_refused_before_work_starts(tmp_path):
 def test_generic_recipe_fingerprint_is_unchanged():
     assert "target" not in Recipe.from_options().as_dict()
     assert Recipe.from_options().fingerprint() == Recipe().fingerprint()
-    assert Recipe.from_options(target="olmoe").as_dict()["target"] == "olmoe"
-    assert Recipe.from_options(target="olmoe").experts == "int8-row"
+    assert Recipe.from_options(target=TARGETS["olmoe"]).as_dict()["target"] == "olmoe"
+    assert Recipe.from_options(target=TARGETS["olmoe"]).experts == "int8-row"
 
 
 def test_a_merged_blob_of_the_wrong_size_is_refused(outputs, tmp_path):

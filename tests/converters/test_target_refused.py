@@ -1,6 +1,7 @@
 """Refusals every written target makes before any work (formats/targets.py): a source of another family
-(``Target.check_model_type``) is one line naming the loader, the target's model types and the source's, exit
-code 2, and nothing is written. Since issue 10 every colibri engine the project knows has a written target
+(``Target.check_model_type``) is one line naming the loader, the target's model types and the source's, and an
+option value the target cannot honour (its ``reads`` declaration: ``--towers keep`` for a target whose converter
+drops the towers, issue 24 item 12) one line naming the option and the target; exit code 2, nothing written. Since issue 10 every colibri engine the project knows has a written target
 (``--target deepseek_v4``: tests/converters/test_target_deepseek_v4.py, ``--target inkling``:
 tests/converters/test_target_inkling.py); ``Target.refused`` stays for an engine that could not be followed."""
 
@@ -41,7 +42,9 @@ def test_a_refused_target_says_why_in_one_line():
     t = Target("x", "c/x.c (f)", refused="c/x.c (f) reads layout L, which colitools does not write")
     with pytest.raises(FormatError) as info:
         t.check_writable()
-    assert str(info.value) == "`target=x` is refused: c/x.c (f) reads layout L, which colitools does not write"
+    assert (
+        str(info.value) == "`target=x` is refused: c/x.c (f) reads layout L, which colitools does not write"
+    )
 
 
 def test_cli_refusal_exit_2(tmp_path):
@@ -49,5 +52,67 @@ def test_cli_refusal_exit_2(tmp_path):
     from cli_helpers import one_line_error, run_cli
 
     r = run_cli("convert", ORACLES / "olmoe", tmp_path / "out", "--target", "deepseek_v4")
-    one_line_error(r, "--target deepseek_v4 is for model_type deepseek_v4", "c/deepseek_v4.c", "'olmoe'", code=2)
+    one_line_error(
+        r, "--target deepseek_v4 is for model_type deepseek_v4", "c/deepseek_v4.c", "'olmoe'", code=2
+    )
+    assert not (tmp_path / "out").exists()
+
+
+# issue 24 item 12: an option a target cannot honour is refused before work starts (its own declaration,
+# ``Target.reads``), never silently replaced: ``--target qwen36 --towers keep`` dropped the towers.
+CANDIDATES = {
+    "towers": ("keep", "drop"),
+    "layout": ("pairs", "planar"),
+    **dict.fromkeys(
+        ("experts", "dense", "embed", "mtp"),
+        ("f32", "bf16", "int8-row", "int4-row", "int4-g64", "int4-g32", "int3-g64", "mxfp4", "fp8-e8m0"),
+    ),
+}
+
+
+def _narrowed() -> list[tuple[str, str, str]]:
+    """(target, option, value) for every option a target narrows and every candidate value it does not read."""
+    out = []
+    for name, t in TARGETS.items():
+        for option, allowed in t.reads:
+            out += [(name, option, v) for v in CANDIDATES[option] if v not in allowed]
+    return out
+
+
+def test_every_target_declares_what_it_cannot_honour():
+    narrowed = _narrowed()
+    assert ("qwen36", "towers", "keep") in narrowed and ("inkling", "towers", "keep") in narrowed
+    # inkling leaves MTP modules out: --mtp f32 cannot be honoured
+    assert ("inkling", "mtp", "f32") in narrowed
+    assert {n for n, _, _ in narrowed} == set(FAMILY_TARGETS)  # every family engine narrows something
+
+
+@pytest.mark.parametrize(("target", "option", "value"), _narrowed())
+def test_an_option_the_target_cannot_honour_is_one_line_exit_2(target, option, value):
+    kwargs = {option.replace("-", "_"): value}
+    ConvertOptions(**kwargs).recipe()  # the generic target takes it: the refusal below is the target's own
+    with pytest.raises(ConvertError) as info:
+        ConvertOptions(target=target, **kwargs).recipe()
+    message = str(info.value)
+    assert message.startswith(f"`target={target}`: `{option}={value}` is refused: ") and "\n" not in message
+    assert info.value.exit_code == 2
+
+
+def test_the_value_a_target_forces_is_its_default_and_accepted():
+    for name in ("qwen36", "inkling"):
+        assert ConvertOptions(target=name).recipe().towers == "drop"
+        assert ConvertOptions(target=name, towers="drop").recipe().towers == "drop"
+    # c/glm53.c reads the vision tower
+    assert ConvertOptions(target="glm53", towers="keep").recipe().towers == "keep"
+    assert ConvertOptions().recipe().towers == "keep"
+
+
+def test_cli_towers_keep_with_qwen36_is_refused_before_work(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+    from cli_helpers import one_line_error, run_cli
+
+    r = run_cli(
+        "convert", ORACLES / "qwen3_5_moe", tmp_path / "out", "--target", "qwen36", "--towers", "keep"
+    )
+    one_line_error(r, "--target qwen36: --towers keep is refused", "c/qwen36.c", "--towers drop", code=2)
     assert not (tmp_path / "out").exists()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors import deserialize, safe_open
+from safetensors import SafetensorError, deserialize, safe_open
 from safetensors.numpy import save_file
 
 from colitools.formats.dtypes import SAFETENSORS_DTYPES, numpy_dtype
@@ -745,3 +745,25 @@ def test_known_header_is_reused_only_while_the_file_is_unchanged(tmp_path):
     fresh = SafetensorsFile(path, known=first)
     assert list(fresh.tensors) == ["y"] and fresh.read("y").tolist() == [0, 1, 2, 3, 4, 5]
     fresh.close()
+
+
+# a lone surrogate escape (issue 24 item 7): JSON text Python's json accepts, which no UTF-8 output can hold
+@pytest.mark.parametrize(
+    "header",
+    [
+        '{"e\\udfff":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+        '{"__metadata__":{"k\\uD800":"v"},"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+        '{"__metadata__":{"k":"v\\udc80"},"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+    ],
+)
+def test_rejects_a_lone_surrogate_escape_in_a_name_or_metadata(tmp_path, header):
+    message = rejected(craft(tmp_path, header, b"\0"), "is not Unicode text", "lone surrogate")
+    assert message.encode("ascii")  # the message itself shows the escape, printable anywhere
+    with pytest.raises(SafetensorError, match="surrogate|hex escape"):  # the upstream reader refuses it too
+        deserialize((tmp_path / "crafted.safetensors").read_bytes())
+
+
+def test_a_surrogate_pair_escape_is_text_and_reads_as_its_character(tmp_path):
+    path = craft(tmp_path, '{"w\\ud83d\\ude00":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0")
+    assert list(SafetensorsFile(path).tensors) == ["w\U0001f600"]
+    assert [name for name, _ in deserialize(path.read_bytes())] == ["w\U0001f600"]

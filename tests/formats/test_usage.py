@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from colitools.errors import UsageFileError
-from colitools.formats.usage import UsageHistory, engine_id, format_usage, read_usage, write_usage
+from colitools.formats.usage import (
+    MAX_EXPERT_SLOTS,
+    UsageHistory,
+    engine_id,
+    format_usage,
+    read_usage,
+    write_usage,
+)
 
 GLM = 3815245270
 
@@ -187,3 +195,24 @@ def test_writer_refuses_counts_outside_the_geometry(tmp_path):
     with pytest.raises(UsageFileError, match="outside the geometry"):
         write_usage(tmp_path / "u", h)
     assert not (tmp_path / "u").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "geometry", "words"),
+    [
+        ("-1 1 4000000000\n", {}, "its geometry header declares 1 layers x 4000000000 experts"),
+        ("-1 1048577 1\n", {}, "its geometry header declares 1048577 layers x 1 experts"),
+        ("0 1048576 1\n", {"n_layers": 2}, "its records imply 2 layers x 1048577 experts"),
+        ("0 1 1\n", {"n_layers": 100_000, "n_experts": 100_000}, "the model's geometry is 100000 layers"),
+    ],
+)
+def test_a_geometry_of_more_than_max_expert_slots_is_refused(tmp_path, text, geometry, words):
+    path = write(tmp_path, text.encode())
+    with pytest.raises(UsageFileError, match=f"{re.escape(words)}.*more than the {MAX_EXPERT_SLOTS}"):
+        read_usage(path, **geometry)
+
+
+def test_the_largest_geometry_is_read_and_its_records_counted(tmp_path):
+    assert MAX_EXPERT_SLOTS == 1 << 20  # four times 128 layers x 2048 experts (docs/FORMATS.md §6)
+    h = read_usage(write(tmp_path, b"-1 1 1048576\n0 1048575 3\n"))
+    assert (h.n_layers, h.n_experts, h.count(0, 1048575)) == (1, 1048576, 3)
