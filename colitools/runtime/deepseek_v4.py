@@ -426,7 +426,7 @@ class V4MoE:
     def __call__(self, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
         idx, w = self.route(x, ids)
         if self.usage is not None:
-            np.add.at(self.usage, idx.ravel(), 1)
+            self.usage.record(idx, w)
         hit = [int(e) for e in np.unique(idx)]  # ascending, like transformers' expert loop
         experts = [self.store.get(e) for e in hit]
 
