@@ -144,10 +144,11 @@ def download_file(
                 fsync_dir(dest.parent)
                 return dest
             if from_scratch:
+                size = part.size  # of the bytes that failed, before the part is discarded
                 part.discard()
                 raise ConvertError(
                     f"{dest.name}: sha256 {digest} does not match the expected {want_sha} "
-                    f"({part.size} bytes), also after downloading it again from scratch"
+                    f"({size} bytes), also after downloading it again from scratch"
                 )
             log.warning(
                 "%s: sha256 mismatch (got %s, expected %s); downloading again", dest.name, digest, want_sha

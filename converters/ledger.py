@@ -16,6 +16,7 @@ deterministic, so two runs of the same conversion produce the same ``colitools.j
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
 from colitools.errors import ConvertError
 from colitools.formats.atomic import parse_temp_name
+from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, SHARD_SUFFIX
 from colitools.formats.planar_sidecar import sidecar_dir
 
 
@@ -72,19 +74,14 @@ class Ledger:
         lets a rerun on a complete output do nothing, not even take the lock).
 
         Raises ConvertError for a folder holding another conversion (recipe, source or plan differ),
-        an unreadable ledger, or safetensors files without a ledger."""
+        an unreadable ledger, or files of its own but no ledger (``_check_foreign``)."""
         outdir = Path(outdir)
         if not outdir.is_dir():
             return ResumeState()
         path = outdir / MANIFEST_FILE
         temporaries = _temporaries(outdir)
         if not path.exists():
-            stray = sorted(p.name for p in outdir.glob("*.safetensors"))
-            if stray:
-                raise ConvertError(
-                    f"{outdir}: holds {stray[0]} (and {len(stray) - 1} more) but no {MANIFEST_FILE}; "
-                    "refusing to mix with another conversion (use an empty output folder)"
-                )
+            _check_foreign(outdir, temporaries)
             return ResumeState(removed_temporaries=temporaries)
         try:
             old = Manifest.load(path)
@@ -126,9 +123,7 @@ class Ledger:
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
         state = cls.examine(outdir, plan, source, identities)
-        for name in state.removed_temporaries:
-            with contextlib.suppress(FileNotFoundError):
-                (outdir / name).unlink()
+        _unlink(outdir, state.removed_temporaries)
         ledger = cls(outdir, cls._fresh(plan, source), identities)
         ledger.data["units"] = _ordered(state.kept, plan)
         ledger.save()
@@ -143,6 +138,8 @@ class Ledger:
             "tool": {"name": "colitools", "version": colitools.__version__},
             "state": "converting",
             "source": dict(source),
+            # the source's config.json (its quantization_config beside it): what a rerun names when it changed
+            "source_config": {k: v for k, v in plan.inventory.config.items() if k != "quantization_config"},
             "source_quantization_config": qc,
             "recipe": plan.recipe.as_dict(),
             "recipe_fingerprint": plan.recipe.fingerprint(),
@@ -176,6 +173,12 @@ class Ledger:
                 f"now {_show_source(now)}); {hint}"
             )
         if (old.get("plan") or {}).get("files") != fresh["plan"]["files"]:
+            changed = _config_changes(old, fresh)
+            if changed:
+                raise ConvertError(
+                    f"{path}: config.json changed since this folder's conversion started ({changed}), and with it "
+                    "the files of the plan; convert with the recorded config.json or use another output folder"
+                )
             raise ConvertError(
                 f"{path}: the recorded plan's files differ from this run's plan (another colitools version?); "
                 "use another output folder"
@@ -213,12 +216,49 @@ def _ordered(units: dict[str, Any], plan: ConversionPlan) -> dict[str, Any]:
     return {k: units[k] for k in sorted(units, key=lambda k: order.get(k, len(order)))}
 
 
+def remove_temporaries(outdir: Path) -> list[str]:
+    """Remove the temporaries of our writers in ``outdir`` (``_temporaries``); returns their names. For a holder
+    of the folder's lock only: the runner calls it when a conversion stops cleanly (an error, Ctrl-C, SIGTERM,
+    the disk floor), so the file of the unit in flight does not wait for the next run (``open`` removes what a
+    SIGKILL left)."""
+    names = _temporaries(outdir) if outdir.is_dir() else []
+    _unlink(outdir, names)
+    return names
+
+
+def _unlink(outdir: Path, names: Iterable[str]) -> None:
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            (outdir / name).unlink()
+
+
 def _temporaries(outdir: Path) -> list[str]:
     """Temporaries of our writers (SafetensorsWriter, the atomic rewrites of the index, config, ledger), also
     those the planar sidecar's writers leave in experts-int4g64/; paths relative to ``outdir``."""
     folder = sidecar_dir(outdir)
     found = sorted(outdir.iterdir()) + (sorted(folder.iterdir()) if folder.is_dir() else [])
     return [str(p.relative_to(outdir)) for p in found if parse_temp_name(p.name) is not None and p.is_file()]
+
+
+def _check_foreign(outdir: Path, temporaries: list[str]) -> None:
+    """Refuse an output folder without a ledger that holds anything but what a conversion leaves before its
+    ledger exists (the lock file, the download folder, writer temporaries): a conversion would write its
+    ``config.json``, index and tokenizer files over the user's."""
+    ours = {LOCK_FILE, DOWNLOAD_DIR, *temporaries}
+    foreign = sorted(p.name for p in outdir.iterdir() if p.name not in ours)
+    if not foreign:
+        return
+    shards = [n for n in foreign if n.endswith(SHARD_SUFFIX)]
+    more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+    if shards:
+        raise ConvertError(
+            f"{outdir}: holds {shards[0]} (and {len(shards) - 1} more) but no {MANIFEST_FILE}; "
+            "refusing to mix with another conversion (use an empty output folder)"
+        )
+    raise ConvertError(
+        f"{outdir}: not empty ({foreign[0]}{more}) and not a colitools output (no {MANIFEST_FILE}); refusing to "
+        "write into it (use an empty or new output folder)"
+    )
 
 
 def _files_damaged(outdir: Path, unit: Unit, rec: Any) -> str | None:
@@ -247,6 +287,43 @@ def _sources_changed(unit: Unit, rec: dict[str, Any], identities: dict[str, dict
             changed = [k for k in keys if (before or {}).get(k) != (now or {}).get(k)]
             return f"source shard {shard} changed since it was converted ({', '.join(changed)})"
     return None
+
+
+def _config_changes(old: dict[str, Any], fresh: dict[str, Any], shown: int = 3) -> str:
+    """The keys of the source ``config.json`` whose values differ between the recorded conversion and this run
+    (``"num_hidden_layers": 2, now 3``), at most ``shown`` of them; "" when the ledger recorded no config (an
+    earlier colitools) or it is the same."""
+    if not isinstance(old.get("source_config"), dict):
+        return ""
+
+    def whole(record: dict[str, Any]) -> dict[str, Any]:
+        return {**record["source_config"], "quantization_config": record.get("source_quantization_config")}
+
+    diffs = _differences(whole(old), whole(fresh), "")
+    more = f"; and {len(diffs) - shown} more" if len(diffs) > shown else ""
+    return "; ".join(diffs[:shown]) + more
+
+
+def _differences(before: Any, now: Any, where: str) -> list[str]:
+    """``key.path: old value, now new value`` of every leaf that differs (objects compared key by key)."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        keys = list(before) + [k for k in now if k not in before]
+        return [
+            d for k in keys for d in _differences(before.get(k, _ABSENT), now.get(k, _ABSENT), f"{where}{k}.")
+        ]
+    if before == now:
+        return []
+    return [f"{where.rstrip('.')}: {_shown(before)}, now {_shown(now)}"]
+
+
+_ABSENT = object()
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    if value is _ABSENT:
+        return "absent"
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _show_source(src: Any) -> str:

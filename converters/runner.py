@@ -33,20 +33,21 @@ from pathlib import Path
 from colitools.converters import output
 from colitools.converters.diskfloor import DiskFloor
 from colitools.converters.inventory import build_inventory, read_source_headers
-from colitools.converters.ledger import Ledger
+from colitools.converters.ledger import Ledger, remove_temporaries
 from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
 from colitools.converters.recipe import Role
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, ParameterError
 from colitools.formats import kernels
 from colitools.formats.families import RUNNABLE_MODEL_TYPES
-from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
+from colitools.formats.filenames import CONFIG_FILE, DOWNLOAD_DIR, INDEX_FILE, LOCK_FILE
+from colitools.formats.lockfile import held_lock
 from colitools.formats.model_config import model_type
 
-WORKDIR = ".colitools-download"
-LOCKFILE = ".colitools.lock"
+WORKDIR = DOWNLOAD_DIR
+LOCKFILE = LOCK_FILE
 SLOW_UNIT_ENV = "COLITOOLS_TEST_SLOW_UNIT_SECONDS"
 
 
@@ -54,8 +55,6 @@ def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     """Read the source's config, weight map and shard headers, validate them and plan the conversion."""
     recipe = options.recipe()
     config = source.read_json(CONFIG_FILE)
-    if not isinstance(config, dict):
-        raise ConvertError(f"{CONFIG_FILE}: not a JSON object")
     weight_map = source.weight_map()
     shards = sorted(set(weight_map.values()))
     headers = read_source_headers(source, shards)
@@ -77,6 +76,8 @@ def convert(
     if options.workers < 1:
         raise ConvertError(f"`workers={options.workers}`: must be at least 1")
     options.recipe()  # bad options fail before anything is opened or fetched
+    if isinstance(outdir, str) and not outdir:  # Path("") is ".": it would convert into the current folder
+        raise ParameterError("`outdir`: an empty path; give the folder to convert into")
     out = Path(outdir).expanduser().resolve()
     output.check_output_path(out)
     spec = str(source) if not isinstance(source, Source) else None
@@ -114,7 +115,11 @@ def _convert(
         return summary
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
-        _run(src, plan, out, options, floor, summary, identities)
+        try:
+            _run(src, plan, out, options, floor, summary, identities)
+        except BaseException:  # a clean stop (error, Ctrl-C, SIGTERM, disk floor): every writer has ended
+            remove_temporaries(out)
+            raise
     summary.disk_waits = floor.waits
     summary.wall_seconds = time.monotonic() - started
     return summary
@@ -168,26 +173,12 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
     return summary
 
 
-@contextlib.contextmanager
-def _locked(out: Path):
-    """One conversion per output folder at a time (advisory lock, released by the kernel on any exit).
-
-    ``filelock`` (flock on Unix, msvcrt on Windows); ``timeout=0``: a second conversion fails at once rather
-    than waiting behind the first."""
-    from filelock import FileLock, Timeout
-
-    path = out / LOCKFILE
-    lock = FileLock(path, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise ConvertError(f"{out}: another colitools convert is working in this folder") from None
-    try:
-        yield
-    finally:
-        lock.release()
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+def _locked(out: Path) -> contextlib.AbstractContextManager[None]:
+    """One conversion per output folder at a time: ``.colitools.lock`` (``lockfile.held_lock``), removed when the
+    conversion ends, by an error or a clean stop too; a SIGKILL leaves the file, which the next run takes."""
+    return held_lock(
+        out / LOCKFILE, lambda: ConvertError(f"{out}: another colitools convert is working in this folder")
+    )
 
 
 def _bar(options: ConvertOptions, total: int, desc: str, leave: bool = True):
@@ -232,6 +223,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
     on_kernels = kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
+    after = {u.key: n.shards for u, n in zip(pending, pending[1:], strict=False)}  # the next unit's shards
 
     def prepare(unit: Unit, writing: int = 0, drain: Callable[[], None] | None = None) -> dict[str, Path]:
         # ``writing``: bytes of units still being written in the background, not yet visible as used space.
@@ -250,6 +242,7 @@ def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, 
                 continue
             with _bar(options, src.files()[shard].size, f"download {shard}", leave=False) as dbar:
                 paths[shard] = src.ensure_local(shard, progress=dbar)
+        src.check_ahead(after.get(unit.key, ()))  # the Hugging Face cache check, while this unit converts
         return paths
 
     def finished(unit: Unit, result: UnitResult) -> None:

@@ -10,7 +10,10 @@ A Hub source is pinned to the commit its revision resolves to when it is opened,
 conversion comes from the same commit. huggingface_hub provides auth (``token`` or ``HF_TOKEN`` / the stored
 login), the listing with sizes and LFS sha256 (``HfApi.model_info(files_metadata=True)``), URLs
 (``hf_hub_url``) and the cache lookup (``try_to_load_from_cache``); the bytes are fetched by
-``download.download_file`` (resumable, sha256-verified) into the conversion's work folder.
+``download.download_file`` (resumable, sha256-verified) into the conversion's work folder. A file taken from the
+Hugging Face cache is hashed once per conversion, before its data is first used (on a background thread while
+the unit before converts, ``check_ahead``), and must hash to what its blob is named by (LFS: the sha256; other
+files: the git blob sha1): a damaged blob is refused offline and fetched again online, never converted.
 """
 
 from __future__ import annotations
@@ -18,20 +21,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from colitools.errors import ConvertError
 from colitools.formats.container import check_shard_name as check_container_shard_name
-from colitools.formats.digest import sha256_file
+from colitools.formats.digest import git_blob_sha1, sha256_file
 from colitools.formats.dtypes import itemsize
 from colitools.formats.filenames import INDEX_FILE, SINGLE_FILE
-from colitools.formats.jsonfile import invalid_text, shown_text
+from colitools.formats.jsonfile import load_json_object
 
 if TYPE_CHECKING:
     from colitools.converters.download import Backoff, Progress
@@ -42,6 +48,8 @@ if TYPE_CHECKING:
 # The Hub's own repo id grammar (huggingface_hub.utils._validators.REPO_ID_REGEX), namespace required.
 _REPO_ID = re.compile(r"^(?![-.])[\w\-.]{1,96}/(?![-.])[\w\-.]{1,96}(?<![-.])$")
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_SHA256 = re.compile(r"[0-9a-f]{64}")  # the blob name of an LFS file in the Hugging Face cache
+_GIT_SHA1 = re.compile(r"[0-9a-f]{40}")  # the blob name of any other file (its ETag: the git blob sha1)
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +143,6 @@ class Source(ABC):
     def _where(self) -> str:
         """How to name this source in messages."""
 
-    @abstractmethod
-    def _tensor_names(self, shard: str) -> list[str]:
-        """Tensor names in the header of a single-file checkpoint."""
-
     def header(self, shard: str) -> dict[str, HeaderTensor]:
         """tensor name -> ``HeaderTensor`` of ``shard``'s header, without reading tensor data. A shard on disk
         is opened with the strict ``SafetensorsFile``; ``ConvertError`` names the shard at fault."""
@@ -149,25 +153,16 @@ class Source(ABC):
         files that are not ``is_deletable`` are left alone."""
         return False
 
-    def read_json(self, name: str) -> Any:
-        """Parse the JSON file ``name`` (e.g. ``config.json``)."""
+    def check_ahead(self, names: Iterable[str]) -> None:
+        """The files ``names`` are needed next: a source that checks files before their use (the Hugging Face
+        cache's) may start on them now, in the background. Nothing to do for a local folder."""
+        return None
+
+    def read_json(self, name: str) -> dict[str, Any]:
+        """The JSON object in the file ``name`` (``config.json``, the index), read by the one reader of a model
+        folder's JSON (``formats.jsonfile.load_json_object``: FormatError naming the file and the fault)."""
         self._require(name)
-        path = self.ensure_local(name)
-        try:
-            raw = Path(path).read_bytes()
-            value = json.loads(raw.decode("utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConvertError(
-                f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from None
-        except UnicodeDecodeError as exc:
-            raise ConvertError(f"{name}: not UTF-8 text (byte {exc.start})") from None
-        except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
-            raise ConvertError(f"{name}: not readable JSON ({exc})") from None
-        bad = invalid_text(raw, value)
-        if bad is not None:  # the output copies it: no UTF-8 file could hold it
-            raise ConvertError(f"{name}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
-        return value
+        return load_json_object(self.ensure_local(name))
 
     def weight_map(self) -> dict[str, str]:
         """tensor name -> shard file, from ``model.safetensors.index.json`` or a single ``model.safetensors``.
@@ -178,7 +173,7 @@ class Source(ABC):
             if INDEX_FILE in files:
                 mapping = _weight_map_from_index(self.read_json(INDEX_FILE))
             elif SINGLE_FILE in files:
-                mapping = dict.fromkeys(self._tensor_names(SINGLE_FILE), SINGLE_FILE)
+                mapping = dict.fromkeys(self.header(SINGLE_FILE), SINGLE_FILE)
             else:
                 raise ConvertError(f"{self._where()}: has neither {INDEX_FILE} nor {SINGLE_FILE}")
             missing = sorted(set(mapping.values()) - files.keys())
@@ -241,9 +236,6 @@ class LocalFolderSource(Source):
     def _where(self) -> str:
         return str(self.root)
 
-    def _tensor_names(self, shard: str) -> list[str]:
-        return _read_tensor_names(self.ensure_local(shard))
-
 
 class HubSource(Source):
     """A Hugging Face model repo, pinned to the commit its revision resolved to when it was opened.
@@ -284,6 +276,8 @@ class HubSource(Source):
         self.backoff = _Backoff() if backoff is None else backoff
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
         self.offline = constants.is_offline_mode()
+        self._blobs = _BlobChecks()  # the cache check: each blob hashed once, ahead of its use when told
+        self._refetched: set[str] = set()  # files whose cached copy is damaged (online: downloaded instead)
         if self.offline:  # HF_HUB_OFFLINE: the commit and the listing come from the Hugging Face cache
             self.commit, self._files = self._cached_snapshot()
             return
@@ -367,7 +361,7 @@ class HubSource(Source):
         """Offline: the commit the requested revision names in the Hugging Face cache and that snapshot's files
         (``scan_cache_dir``). Only cached files are listed, so a needed file that is not cached is reported by
         name (``_require``, ``weight_map``) and nothing is ever downloaded. An LFS file's blob is named by its
-        sha256, which is checked as for a download when the file is used from the cache (size only)."""
+        sha256: the listing's, which its bytes must hash to when the file is used (``_check_blob``)."""
         from huggingface_hub import scan_cache_dir
         from huggingface_hub.errors import CacheNotFound
 
@@ -391,7 +385,7 @@ class HubSource(Source):
         files = {}
         for f in revision.files:
             name = f.file_path.relative_to(revision.snapshot_path).as_posix()
-            sha256 = f.blob_path.name if re.fullmatch(r"[0-9a-f]{64}", f.blob_path.name) else None
+            sha256 = f.blob_path.name if _SHA256.fullmatch(f.blob_path.name) else None
             files[name] = SourceFile(name, f.size_on_disk, sha256)
         return revision.commit_hash, files
 
@@ -428,7 +422,26 @@ class HubSource(Source):
         return False
 
     def _cached(self, entry: SourceFile) -> Path | None:
-        """The file in the Hugging Face cache for our commit, if it is there with the listed size."""
+        """The file in the Hugging Face cache for our commit, if it is there with the listed size and its bytes
+        hash to its blob's name (``_check_blob``). A damaged blob is a ConvertError offline; online it is
+        passed over with a warning (the file is downloaded into the work folder, the cache is left alone)."""
+        found = self._cached_unchecked(entry)
+        if found is None:
+            return None
+        problem = self._check_blob(entry, found)
+        if problem is None:
+            return found
+        if self.offline:
+            raise ConvertError(
+                f"{problem}; HF_HUB_OFFLINE is set: delete the damaged blob, or convert online to fetch the file again"
+            )
+        if entry.name not in self._refetched:
+            self._refetched.add(entry.name)
+            log.warning("%s; downloading the file again", problem)
+        return None
+
+    def _cached_unchecked(self, entry: SourceFile) -> Path | None:
+        """The cache's file for our commit with the listed size, its bytes not checked (headers for planning)."""
         from huggingface_hub import try_to_load_from_cache
 
         found = try_to_load_from_cache(
@@ -438,32 +451,33 @@ class HubSource(Source):
             return Path(found)
         return None
 
-    def _tensor_names(self, shard: str) -> list[str]:
-        local = self.local_copy(shard)
-        if local is not None:
-            return _read_tensor_names(local)
-        from huggingface_hub.errors import SafetensorsParsingError
+    def _check_blob(self, entry: SourceFile, path: Path) -> str | None:
+        """Why the cached ``path`` is not ``entry``'s bytes (None: it is), hashing each blob once per source
+        (``_blob_problem``): here, unless ``check_ahead`` started it already."""
+        return self._blobs.problem(entry, Path(os.path.realpath(path)))
 
-        # Only the header is needed to plan: two small range requests instead of the whole file.
-        try:
-            meta = self._call(
-                f"{shard} in {self._where()}",
-                lambda: self._api.parse_safetensors_file_metadata(
-                    self.repo_id, shard, revision=self.commit, token=self.token
-                ),
-            )
-        except SafetensorsParsingError as exc:
-            raise ConvertError(f"{shard} in {self._where()}: bad safetensors header: {exc}") from None
-        return list(meta.tensors)
+    def check_ahead(self, names: Iterable[str]) -> None:
+        """Start hashing the cached copies of ``names`` on a background thread (the runner names the shards of
+        the next unit while this one converts), so the check overlaps the conversion instead of preceding it."""
+        for name in names:
+            entry = self._files.get(name)
+            found = self._cached_unchecked(entry) if entry is not None else None
+            if found is not None:
+                self._blobs.start(entry, Path(os.path.realpath(found)))
 
     def header(self, shard: str) -> dict[str, HeaderTensor]:
         """The header from a copy on disk (the Hugging Face cache, or an intact earlier download into the work
         folder), else with two HTTP range requests (``HfApi.parse_safetensors_file_metadata``). A remote header
         is checked again, strictly, once the shard is on disk (the unit writer compares every tensor's dtype
         and shape with the plan)."""
-        cached = self._cached(self._require(shard))
+        entry = self._require(shard)
+        cached = self._cached_unchecked(entry)  # the bytes are hashed once the shard's data is needed
         if cached is not None:
-            return _local_header(shard, cached)
+            try:
+                return _local_header(shard, cached)
+            except ConvertError:
+                if self._cached(entry) is not None:  # raises offline for a damaged blob, names it online
+                    raise
         if self.is_deletable(shard):  # downloaded by an earlier run into the work folder
             # verifies the stamp / sha256; no download when the copy is intact
             return _local_header(shard, self.ensure_local(shard))
@@ -478,7 +492,9 @@ class HubSource(Source):
             meta = self._call(f"{shard} header", fetch)
         except SafetensorsParsingError as exc:
             raise ConvertError(f"shard {shard}: bad safetensors header: {exc}") from None
-        return {n: HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape)) for n, t in meta.tensors.items()}
+        return {
+            n: HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape)) for n, t in meta.tensors.items()
+        }
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A Hub API call with the download retry policy, its errors turned into one-line ``ConvertError``s."""
@@ -548,6 +564,70 @@ class HubSource(Source):
             time.sleep(wait)
 
 
+class _BlobChecks:
+    """The Hugging Face cache check of one source: blob -> the Future of its ``_blob_problem``. ``problem``
+    hashes a blob not started yet in the calling thread (never queued behind the files checked ahead);
+    ``start`` queues it for one daemon thread (a reader only: nothing to finish when the process ends)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._checks: dict[Path, Future] = {}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+
+    def problem(self, entry: SourceFile, blob: Path) -> str | None:
+        with self._lock:
+            future = self._checks.get(blob)
+            if future is None:
+                future = self._checks[blob] = Future()
+                future.set_running_or_notify_cancel()
+                inline = True
+            else:
+                inline = False
+        if inline:
+            _settle(future, entry, blob)
+        return future.result()
+
+    def start(self, entry: SourceFile, blob: Path) -> None:
+        with self._lock:
+            if blob in self._checks:
+                return
+            future = self._checks[blob] = Future()
+            self._queue.put((future, entry, blob))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="cache-check", daemon=True)
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            future, entry, blob = self._queue.get()
+            if future.set_running_or_notify_cancel():
+                _settle(future, entry, blob)
+
+
+def _settle(future: Future, entry: SourceFile, blob: Path) -> None:
+    try:
+        future.set_result(_blob_problem(entry, blob))
+    except BaseException as exc:  # an unreadable blob: raised where the file is used
+        future.set_exception(exc)
+
+
+def _blob_problem(entry: SourceFile, blob: Path) -> str | None:
+    """Why the cache's ``blob`` is not ``entry``'s bytes (None: it is). An LFS file must have the listed sha256
+    (offline: the one its blob is named by); any other file the git blob sha1 its blob is named by
+    (huggingface_hub names a blob by the file's ETag). A blob whose name is neither (a cache without symlinks
+    holds plain copies) has nothing to be checked against."""
+    if entry.sha256 is not None:
+        kind, expected, actual = "sha256", entry.sha256, sha256_file(blob)
+    elif _GIT_SHA1.fullmatch(blob.name):
+        kind, expected, actual = "git blob sha1", blob.name, git_blob_sha1(blob)
+    else:
+        return None
+    if actual == expected:
+        return None
+    return f"{entry.name}: the Hugging Face cache's copy ({blob}) is damaged: {kind} {actual}, expected {expected}"
+
+
 def open_source(
     spec: str,
     revision: str | None = None,
@@ -614,13 +694,3 @@ def _local_header(shard: str, path: Path) -> dict[str, HeaderTensor]:
             return {n: HeaderTensor(t.dtype, tuple(t.shape)) for n, t in f.tensors.items()}
     except SafetensorsError as exc:
         raise ConvertError(f"shard {shard}: {exc}") from None
-
-
-def _read_tensor_names(path: Path) -> list[str]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as fh:
-            return list(fh.keys())
-    except (SafetensorError, OSError) as exc:
-        raise ConvertError(f"{path}: cannot read the safetensors header: {exc}") from None

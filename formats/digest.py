@@ -1,4 +1,5 @@
-"""sha256 of whole files, read in 8 MiB chunks (the manifest, download and verify checks share it).
+"""sha256 (and git blob ids) of whole files, read in 8 MiB chunks (the manifest, download, cache and verify
+checks share it).
 
 The mirror copier has its own pipelined hasher (``colitools.mirror.fileops.sha256_file``) because it overlaps
 reads with hashing and can bypass the page cache; everything else uses this plain one.
@@ -22,4 +23,14 @@ def sha256_file(path: str | os.PathLike[str], progress: Callable[[int], Any] | N
             digest.update(chunk)
             if progress is not None:
                 progress(len(chunk))
+    return digest.hexdigest()
+
+
+def git_blob_sha1(path: str | os.PathLike[str]) -> str:
+    """Hex git blob id of the file at ``path``: sha1 of ``b"blob <size>\\0"`` and the bytes (what the Hugging Face
+    Hub gives as the ETag of a file that is not stored in LFS, and what its cache names that file's blob by)."""
+    digest = hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
     return digest.hexdigest()

@@ -15,7 +15,9 @@ from colitools.formats.jsonfile import is_text
 
 __all__ = [
     "CONFIG_FILE",
+    "DOWNLOAD_DIR",
     "INDEX_FILE",
+    "LOCK_FILE",
     "MANIFEST_FILE",
     "SHARD_SUFFIX",
     "SINGLE_FILE",
@@ -31,6 +33,8 @@ SINGLE_FILE = "model.safetensors"  # a checkpoint without an index is this one f
 SHARD_SUFFIX = ".safetensors"  # every shard file name ends so (check_shard_name)
 MANIFEST_FILE = "colitools.json"  # a conversion's resume ledger and manifest
 USAGE_FILE = ".coli_usage"  # routing usage history, written by the runtime, read by the mirror
+LOCK_FILE = ".colitools.lock"  # held in an output folder while a conversion works in it
+DOWNLOAD_DIR = ".colitools-download"  # a conversion's downloads from the Hub, inside its output folder
 
 
 def shard_file_name(k: int, n: int) -> str:
@@ -42,7 +46,9 @@ def shard_files(directory: str | os.PathLike[str]) -> list[Path]:
     """The shard files of a folder without an index: every regular ``*.safetensors`` file that is not hidden
     (hidden names are temporaries and copies in progress), sorted by name."""
     return [
-        p for p in sorted(Path(directory).glob(f"*{SHARD_SUFFIX}")) if not p.name.startswith(".") and p.is_file()
+        p
+        for p in sorted(Path(directory).glob(f"*{SHARD_SUFFIX}"))
+        if not p.name.startswith(".") and p.is_file()
     ]
 
 

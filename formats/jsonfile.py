@@ -1,5 +1,7 @@
 """The reader of the small JSON objects of a model folder (``config.json``, the index, the planar sidecar's
-``index.json``): one-line FormatErrors naming the file, never a traceback (deep nesting included).
+``index.json``): one-line FormatErrors naming the file and where it is broken, never a traceback (deep nesting
+and 5000-digit numbers included). Every library reader of a model folder's JSON goes through it: the converter's
+sources, ``open_model`` (inspect, verify, the runtime's weights), the runtime's arguments, the mirror.
 
 Python's ``json`` accepts a lone surrogate escape (``"e\\udfff"``), a string that is no Unicode text: nothing can
 print it to a UTF-8 terminal or write it to a UTF-8 file. ``invalid_text`` finds one; every reader of ours
@@ -9,6 +11,7 @@ refuses it (docs/FORMATS.md §1), as the upstream safetensors reader does.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -58,13 +61,19 @@ def invalid_text(raw: bytes, value: Any) -> str | None:
     return None
 
 
-def load_json_object(path: Path) -> dict[str, Any]:
+def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON object in ``path``; FormatError when it cannot be read, is not JSON, is not an object or holds
     a string that is no Unicode text (``invalid_text``)."""
     try:
-        raw = path.read_bytes()
-        value = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+        raw = Path(path).read_bytes()
+        value = json.loads(raw)  # bytes: json detects UTF-8/16/32 as RFC 8259 allows
+    except json.JSONDecodeError as exc:
+        raise FormatError(
+            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -27,7 +27,6 @@ Numpy-free (the CLI imports it for its help text).
 # ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from colitools.formats.expert_layouts import (  # re-exported: the layouts' fact
 )
 from colitools.formats.filenames import CONFIG_FILE
 from colitools.formats.format_names import GROUP_SIZES
+from colitools.formats.jsonfile import load_json_object
 
 __all__ = [
     "DEEPSEEK_V4", "FUSED", "GENERIC", "GENERIC_NAME", "GLM53", "INKLING", "INT4_GROUPED", "INT4_ROW", "INT8_ROW",
@@ -565,12 +565,8 @@ def merged_group_size(folder: str | os.PathLike) -> int | None:
         path = Path(folder) / target.meta.name
         if not path.is_file():
             continue
-        try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise FormatError(f"{path}: not readable JSON ({exc})") from None
-        gs = meta.get(META_GROUP_SIZE) if isinstance(meta, dict) else None
-        if not isinstance(meta, dict) or (gs is not None and (type(gs) is not int or gs < 0)):
+        gs = load_json_object(path).get(META_GROUP_SIZE)
+        if gs is not None and (type(gs) is not int or gs < 0):
             raise FormatError(f"{path}: {META_GROUP_SIZE} must be a non-negative integer in a JSON object")
         return gs
     return None

@@ -14,7 +14,6 @@ as the home of the routed experts.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +24,11 @@ import numpy as np
 from colitools.converters.manifest import MANIFEST_FILE, Manifest, ManifestError
 from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
-from colitools.formats.errors import ColitoolsError
+from colitools.formats.errors import ColitoolsError, FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.format_names import format_label
 from colitools.formats.inspect import ModelFiles, open_model
-from colitools.formats.jsonfile import is_text
+from colitools.formats.jsonfile import is_text, load_json_object
 from colitools.formats.planar_sidecar import check_sidecar
 from colitools.formats.safetensors_io import read_header
 
@@ -131,18 +130,15 @@ def _open_each_shard(root: Path, report: ContainerReport, broken: set[str], fail
     ``*.safetensors`` file. FormatError (``failure``) when there is no shard to check at all."""
     names: list[str] = []
     config = None
-    with contextlib.suppress(OSError, ValueError, RecursionError):
-        loaded = json.loads((root / CONFIG_FILE).read_bytes())
-        config = loaded if isinstance(loaded, dict) else None
-    try:
-        index = json.loads((root / INDEX_FILE).read_bytes())
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if isinstance(weight_map, dict):
-            names = sorted({v for v in weight_map.values() if isinstance(v, str)})
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, RecursionError) as exc:
-        report.problems.append(f"{root / INDEX_FILE}: unreadable ({exc})")
+    with contextlib.suppress(FormatError):
+        config = load_json_object(root / CONFIG_FILE)
+    if (root / INDEX_FILE).exists():
+        try:
+            weight_map = load_json_object(root / INDEX_FILE).get("weight_map")
+            if isinstance(weight_map, dict):
+                names = sorted({v for v in weight_map.values() if isinstance(v, str)})
+        except FormatError as exc:  # names the file
+            report.problems.append(str(exc))
     if not names:
         names = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
     if not names:
@@ -161,7 +157,7 @@ def _open_each_shard(root: Path, report: ContainerReport, broken: set[str], fail
         except (ColitoolsError, OSError) as exc:
             report.problems.append(str(exc) if str(f) in str(exc) else f"{f}: {exc}")
             broken.add(name)
-    if not broken:
+    if not broken and str(failure) not in report.problems:
         report.problems.append(str(failure))  # every shard opens: the failure was elsewhere (index coverage...)
     return ModelFiles(root, shards, config=config)
 

@@ -183,9 +183,11 @@ def unsupported_model_type(fixture_dir: str | os.PathLike[str]) -> str | None:
     """The fixture's ``model_type`` when the reference runtime cannot run it yet (not in
     ``RUNNABLE_MODEL_TYPES``), else None."""
     from colitools.formats.families import RUNNABLE_MODEL_TYPES
+    from colitools.formats.filenames import CONFIG_FILE
+    from colitools.formats.jsonfile import load_json_object
     from colitools.formats.model_config import model_type
 
-    config = _read_json(Path(fixture_dir) / "config.json")
+    config = load_json_object(Path(fixture_dir) / CONFIG_FILE)
     mt = model_type(config)
     return None if mt in RUNNABLE_MODEL_TYPES else str(mt)
 

@@ -5,7 +5,8 @@ object on stdout (``output.fail``). Exit codes: 0 success; 1 an error that stopp
 (``ColitoolsError``, OS errors); 2 a usage error (unknown command or option, a missing required option, an option
 value outside its range or choices: ``ParameterError``) and, for ``mirror plan`` / ``stage``, a plan that was not
 admitted; 3 ``convert --on-low-disk stop`` met the disk floor; 4 a check that ran and found problems; 130
-interrupted (Ctrl-C / SIGINT), with the resume hint for ``convert`` and ``mirror stage``.
+interrupted (Ctrl-C / SIGINT) and 143 terminated (SIGTERM), both a clean stop, with the resume hint for
+``convert`` and ``mirror stage``.
 
 This module is the console script's entry point and imports only the standard library: typer, click and the
 command modules (``boundary``) are imported after the interrupt handler is in place, so a Ctrl-C while they load
@@ -18,26 +19,31 @@ import signal
 import sys
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by it
 
 
 class _InterruptWatch:
-    """SIGINT handler: remembers that the user interrupted, then raises KeyboardInterrupt as Python's own does.
+    """SIGINT and SIGTERM handler: remembers the signal, then raises KeyboardInterrupt as Python's own SIGINT
+    handler does, so a SIGTERM is the same clean stop as a Ctrl-C (locks and temporaries removed, finished work
+    kept).
 
     Typer turns a KeyboardInterrupt into a silent ``Exit(130)``, and an interrupt raised inside a finalizer is
-    dropped by Python; the flag survives both, so ``main`` always reports it. After the first interrupt the
-    default action is restored: a second Ctrl-C ends the process at once (while cleanup is still running)."""
+    dropped by Python; the flag survives both, so ``main`` always reports it. After the first signal its
+    default action is restored: a second one ends the process at once (while cleanup is still running)."""
 
     def __init__(self) -> None:
-        self.hit = False
+        self.hit: int | None = None  # the signal that stopped the command
 
     def install(self) -> None:
-        # not when the process was started with SIGINT ignored (nohup, `&` in a script)
+        # not when the process was started with a signal ignored (SIGINT: nohup, `&` in a script)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, self)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self)
 
     def __call__(self, signum, frame) -> None:
-        self.hit = True
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        self.hit = self.hit or signum
+        signal.signal(signum, signal.SIG_DFL)
         raise KeyboardInterrupt
 
 
@@ -55,9 +61,12 @@ def main(argv: list[str] | None = None) -> None:
 
         code = boundary.run_app(args)
     except KeyboardInterrupt:
-        watch.hit = True
+        watch.hit = watch.hit or signal.SIGINT
     if watch.hit or code == EXIT_INTERRUPTED:
         from colitools.cli import output
 
-        code = output.interrupted(args, EXIT_INTERRUPTED)
+        if watch.hit == signal.SIGTERM:
+            code = output.interrupted(args, EXIT_TERMINATED, what="terminated (SIGTERM)")
+        else:
+            code = output.interrupted(args, EXIT_INTERRUPTED)
     sys.exit(code or 0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,7 +46,8 @@ def convert_command(
     source: Annotated[
         str, typer.Argument(help="A local model folder, or a Hugging Face repo id (org/name).")
     ],
-    outdir: Annotated[Path, typer.Argument(help="Output folder (created; a rerun resumes in it).")],
+    # a str, not a Path: Path("") is ".", and an empty path is a usage error of `convert`, not the current folder
+    outdir: Annotated[str, typer.Argument(help="Output folder (created; a rerun resumes in it).")],
     experts: Annotated[
         str | None, typer.Option("--experts", help=f"Routed experts format (default int4-g64): {_FMT}.")
     ] = None,

@@ -11,6 +11,7 @@ point reports an interrupt through here before typer is imported.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -48,6 +49,17 @@ def begin(flags: Mapping[str, str], *, as_json: bool) -> None:
     """Set up the printing for the command about to run (``colitools.cli.boundary``)."""
     global _running
     _running = _Running(dict(flags), as_json)
+    logger = logging.getLogger("colitools")
+    if not any(isinstance(h, _WarningLines) for h in logger.handlers):
+        logger.addHandler(_WarningLines())
+
+
+class _WarningLines(logging.Handler):
+    """What the library logs at warning level while it works (a download retried, a damaged Hugging Face cache
+    file passed over), as ``warn`` lines (without a handler, logging would print the bare message)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(" ".join(record.getMessage().split()))
 
 
 def with_flags(message: str) -> str:
@@ -101,8 +113,9 @@ def fail(message: str, code: int, *, prefix: str = ERROR_PREFIX) -> int:
     return code
 
 
-def interrupted(args: Iterable[str], code: int) -> int:
-    """Report an interrupt (``colitools: interrupted``, with the resume hint of a resumable command)."""
+def interrupted(args: Iterable[str], code: int, *, what: str = "interrupted") -> int:
+    """Report an interrupt (``colitools: interrupted``, or ``what``: ``terminated (SIGTERM)``, with the resume
+    hint of a resumable command)."""
     words = tuple(a for a in args if not a.startswith("-"))
     hint = next((h for command, h in _RESUMABLE.items() if words[: len(command)] == command), None)
-    return fail("interrupted" + (f"; {hint}" if hint else ""), code, prefix="colitools: ")
+    return fail(what + (f"; {hint}" if hint else ""), code, prefix="colitools: ")

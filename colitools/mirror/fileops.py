@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from colitools.errors import MirrorError
 from colitools.formats.atomic import fsync_dir
@@ -87,7 +88,9 @@ def _read_full(fd: int, view: memoryview, offset: int) -> int:
 
 
 _pool_lock = threading.Lock()
-_pool: list[mmap.mmap] = []  # CHUNK-sized buffers of finished pipelines, reused (fresh pages cost page faults)
+_pool: list[
+    mmap.mmap
+] = []  # CHUNK-sized buffers of finished pipelines, reused (fresh pages cost page faults)
 POOL_MAX = 4 * DEPTH
 
 
@@ -171,7 +174,9 @@ def _open_read(path: Path, direct: bool) -> tuple[int, bool]:
     return fd, False
 
 
-def sha256_file(path: str | os.PathLike, *, progress: Progress | None = None, from_device: bool = False) -> str:
+def sha256_file(
+    path: str | os.PathLike, *, progress: Progress | None = None, from_device: bool = False
+) -> str:
     """sha256 hex digest of a file. ``from_device`` bypasses the page cache where the system allows it."""
     path = Path(path)
     fd, direct = _open_read(path, from_device)
@@ -302,47 +307,15 @@ def copy_to_temp(
         target.parent.mkdir(parents=True, exist_ok=True)
         fsync_dir(target.parent.parent)
     digest = hashlib.sha256()
-    stall = _stall_after()
     src = os.open(source, os.O_RDONLY | _O_CLOEXEC)
     try:
         writer = _Writer(temp, direct=reread_from_device)
     except BaseException:
         os.close(src)
         raise
-    chunk = CHUNK if writer.direct else COPY_CHUNK
-    written = 0
-    next_guard = guard_every
-    flushed = 0
     try:
         try:
-            _advise(src, 0, 0, "POSIX_FADV_SEQUENTIAL")
-            if guard is not None:
-                guard(0)
-            with memoryview(_copy_buffer(chunk)) as view:
-                while True:
-                    n = _read_full(src, view, written)
-                    if n == 0:
-                        break
-                    with view[:n] as part:
-                        digest.update(part)
-                        if guard is not None and written >= next_guard:
-                            guard(written)
-                            next_guard = written + guard_every
-                        writer.write(part)
-                    written += n
-                    if not writer.direct and written - flushed >= WRITEBACK_EVERY:
-                        # dirty pages only: this starts their writeback and drops nothing the re-hash needs
-                        _advise(writer.fd, flushed, written - flushed, "POSIX_FADV_DONTNEED")
-                        flushed = written
-                    if progress is not None:
-                        progress(n)
-                    if stall is not None and written >= stall:
-                        while True:  # test knob: wait here to be killed mid-copy (or stopped by Ctrl-C)
-                            if guard is not None:
-                                guard(written)  # raises once the stage is told to stop
-                            time.sleep(0.05)
-                    if n < chunk:
-                        break
+            written = _copy_hashing(src, writer, digest, progress, guard, guard_every)
             if written != size:
                 raise MirrorError(f"{source} is {written} bytes now, the plan saw {size}: source changed")
         finally:
@@ -352,6 +325,50 @@ def copy_to_temp(
         temp.unlink(missing_ok=True)
         raise
     return PendingCopy(source, target, temp, digest.hexdigest(), reread_from_device)
+
+
+def _copy_hashing(
+    src: int,
+    writer: _Writer,
+    digest: Any,  # a hashlib.sha256()
+    progress: Progress | None,
+    guard: Callable[[int], None] | None,
+    guard_every: int,
+) -> int:
+    """The loop of ``copy_to_temp``: read, hash, write every buffer of ``src``; returns the bytes written."""
+    stall = _stall_after()
+    chunk = CHUNK if writer.direct else COPY_CHUNK
+    written = flushed = 0
+    next_guard = guard_every
+    _advise(src, 0, 0, "POSIX_FADV_SEQUENTIAL")
+    if guard is not None:
+        guard(0)
+    with memoryview(_copy_buffer(chunk)) as view:
+        while True:
+            n = _read_full(src, view, written)
+            if n == 0:
+                break
+            with view[:n] as part:
+                digest.update(part)
+                if guard is not None and written >= next_guard:
+                    guard(written)
+                    next_guard = written + guard_every
+                writer.write(part)
+            written += n
+            if not writer.direct and written - flushed >= WRITEBACK_EVERY:
+                # dirty pages only: this starts their writeback and drops nothing the re-hash needs
+                _advise(writer.fd, flushed, written - flushed, "POSIX_FADV_DONTNEED")
+                flushed = written
+            if progress is not None:
+                progress(n)
+            if stall is not None and written >= stall:
+                while True:  # test knob: wait here to be killed mid-copy (or stopped by Ctrl-C)
+                    if guard is not None:
+                        guard(written)  # raises once the stage is told to stop
+                    time.sleep(0.05)
+            if n < chunk:
+                break
+    return written
 
 
 def _sha256_fd(fd: int, progress: Progress | None) -> str:
@@ -421,6 +438,13 @@ def copy_verified(
     fsynced, re-hashed and compared, renamed over the target, directory fsynced. Runs in the calling thread
     (one core); ``stage`` runs several at once.
     """
-    pending = copy_to_temp(source, target, size, progress=progress, guard=guard, guard_every=guard_every,
-                           reread_from_device=reread_from_device)
+    pending = copy_to_temp(
+        source,
+        target,
+        size,
+        progress=progress,
+        guard=guard,
+        guard_every=guard_every,
+        reread_from_device=reread_from_device,
+    )
     return publish_copy(pending, progress=progress)

@@ -238,7 +238,11 @@ def _plan_usage(
         return path, None
     geometry = model_geometry(model)
     history = read_usage(
-        path, n_layers=geometry.n_layers, n_experts=geometry.n_experts, engine=geometry.engine, explicit=explicit
+        path,
+        n_layers=geometry.n_layers,
+        n_experts=geometry.n_experts,
+        engine=geometry.engine,
+        explicit=explicit,
     )
     if geometry.engine and history.engine_id is not None and history.engine_id != engine_id(geometry.engine):
         warnings.append(
@@ -246,7 +250,9 @@ def _plan_usage(
             f"({engine_id(geometry.engine)}); used because it was named explicitly"
         )
     if history.skipped_records:
-        warnings.append(f"{history.skipped_records} usage record(s) outside the model geometry were not counted")
+        warnings.append(
+            f"{history.skipped_records} usage record(s) outside the model geometry were not counted"
+        )
     return path, history
 
 
@@ -277,6 +283,54 @@ def plan_mirror(
         raise ParameterError(f"`reserve_bytes` cannot be negative (got {reserve_bytes} bytes)")
     if disk_weights is not None and probe:
         raise MirrorError("`disk_weights` and `probe` are mutually exclusive")
+    directories = _shard_directories(model_root, mirror_root, source_dirs)
+
+    warnings: list[str] = []
+    shards = discover_shards(directories, warnings, model_geometry(model_root).n_experts)
+    selectable = _selectable(shards, warnings)
+    usage_path, history = _plan_usage(model_root, Path(usage) if usage is not None else None, warnings)
+    counts = history.counts if history is not None else {}
+
+    free, shared = _mirror_drive(mirror_root, directories, warnings)
+    # a same-size regular file is presumed good here; `stage` hashes it before deciding
+    present = frozenset(s.name for s in shards if _same_size_file(mirror_root / s.name, s.size))
+    room = _Room(free, reserve_bytes, present)
+    files, effective_budget = _select(selectable, counts, budget_bytes, room, warnings)
+    remaining = room.to_copy(files)
+    weights, weights_source, probes = _read_weights(model_root, mirror_root, disk_weights, probe, probe_seconds,
+                                                    warnings)  # fmt: skip
+    prediction = None
+    if history is not None:
+        prediction = _predict(shards, files, history, weights, same_device=shared)
+
+    return MirrorPlan(
+        model_root=model_root,
+        mirror_root=mirror_root,
+        source_dirs=directories,
+        usage_file=Path(os.path.abspath(usage_path)),
+        usage_history_present=bool(counts),
+        usage_selections=history.total if history is not None else 0,
+        budget_bytes=budget_bytes,
+        reserve_bytes=reserve_bytes,
+        free_bytes=free,
+        files=files,
+        remaining_copy_bytes=remaining,
+        reason=_reason(counts, files, room.fits(remaining)),
+        warnings=warnings,
+        prediction=prediction,
+        disk_weights_source=weights_source,
+        probes=probes,
+        effective_budget_bytes=effective_budget,
+        usage=history,
+        shards=shards,
+    )
+
+
+def _shard_directories(
+    model_root: Path, mirror_root: Path, source_dirs: Sequence[str | os.PathLike]
+) -> list[Path]:
+    """The model's shard directories (the model first, then the distinct ``source_dirs``), checked against the
+    mirror: it must be another directory, and a directory if it exists."""
     if not model_root.is_dir():
         raise MirrorError(f"model directory does not exist: {model_root}")
     directories = [model_root]
@@ -289,22 +343,12 @@ def plan_mirror(
             raise MirrorError(f"the mirror directory must differ from the model's shard directories: {d}")
     if mirror_root.exists() and not mirror_root.is_dir():
         raise MirrorError(f"mirror path exists and is not a directory: {mirror_root}")
+    return directories
 
-    warnings: list[str] = []
-    shards = discover_shards(directories, warnings, model_geometry(model_root).n_experts)
-    # A receipt names plain shard files only (no path separators): the planar sidecar's layer files
-    # (experts-int4g64/, FORMATS §4) count as expert bytes of the model but cannot be mirrored; colibri's
-    # qwen38 engine reads them from its own Q38_INT4_DIR.
-    sidecar = [s for s in shards if shard_name_problem(s.name) is not None]
-    if sidecar:
-        warnings.append(
-            f"the planar sidecar ({len(sidecar)} file(s), {_gib(sum(s.size for s in sidecar))} of routed experts) "
-            "is not mirrored: a mirror receipt names plain shard files only"
-        )
-    selectable = [s for s in shards if shard_name_problem(s.name) is None]
-    usage_path, history = _plan_usage(model_root, Path(usage) if usage is not None else None, warnings)
-    counts = history.counts if history is not None else {}
 
+def _mirror_drive(mirror_root: Path, directories: list[Path], warnings: list[str]) -> tuple[int, bool]:
+    """Free bytes of the mirror's drive (of its nearest existing folder), and whether it is the filesystem
+    device of a shard directory (then it adds no read bandwidth: warned)."""
     probe_at = nearest_existing(mirror_root)
     mirror_dev = probe_at.stat().st_dev
     shared = [d for d in directories if d.stat().st_dev == mirror_dev]
@@ -313,47 +357,82 @@ def plan_mirror(
             f"the mirror ({mirror_root}) is on the same filesystem device as {shared[0]}: "
             "it adds no read bandwidth"
         )
-    free = shutil.disk_usage(probe_at).free
-    # a same-size regular file is presumed good here; `stage` hashes it before deciding
-    present = frozenset(
-        s.name for s in shards if _same_size_file(mirror_root / s.name, s.size)
-    )
+    return shutil.disk_usage(probe_at).free, bool(shared)
 
-    def to_copy(chosen: list[PlannedFile]) -> int:
-        return sum(f.size for f in chosen if f.name not in present)
 
+def _selectable(shards: list[ShardExperts], warnings: list[str]) -> list[ShardExperts]:
+    """The shards a receipt can name: plain shard files only (no path separators). The planar sidecar's layer
+    files (experts-int4g64/, FORMATS §4) count as expert bytes of the model but cannot be mirrored; colibri's
+    qwen38 engine reads them from its own Q38_INT4_DIR."""
+    sidecar = [s for s in shards if shard_name_problem(s.name) is not None]
+    if sidecar:
+        warnings.append(
+            f"the planar sidecar ({len(sidecar)} file(s), {_gib(sum(s.size for s in sidecar))} of routed experts) "
+            "is not mirrored: a mirror receipt names plain shard files only"
+        )
+    return [s for s in shards if shard_name_problem(s.name) is None]
+
+
+@dataclass(frozen=True)
+class _Room:
+    """The mirror drive's free space, the reserve to keep, and the shards already there (which cost no room)."""
+
+    free: int
+    reserve: int
+    present: frozenset[str]
+
+    def to_copy(self, chosen: list[PlannedFile]) -> int:
+        return sum(f.size for f in chosen if f.name not in self.present)
+
+    def fits(self, to_copy: int) -> bool:
+        return self.free - to_copy >= self.reserve
+
+
+def _select(
+    selectable: list[ShardExperts], counts: dict, budget_bytes: int, room: _Room, warnings: list[str]
+) -> tuple[list[PlannedFile], int | None]:
+    """The shards chosen within the budget and, when those do not fit above the reserve, within what fits
+    (``effective_budget`` then says how much: the plan fills what fits instead of refusing it all)."""
     files = select_shards(selectable, counts, budget_bytes) if counts else []
-    remaining = to_copy(files)
-    effective_budget = None
-    if files and free - remaining < reserve_bytes:
-        # The requested budget does not fit above the reserve: fill what fits instead of refusing it all.
-        room = max(0, free - reserve_bytes)
-        fitted = select_shards(selectable, counts, budget_bytes, room_bytes=room, present=present)
-        if fitted:
-            effective_budget = min(budget_bytes, room + sum(f.size for f in fitted if f.name in present))
-            warnings.append(
-                f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve_bytes)}: "
-                f"the requested budget ({_gib(budget_bytes)}, {len(files)} shard(s)) does not fit, so the plan "
-                f"fills what fits ({len(fitted)} shard(s), {_gib(sum(f.size for f in fitted))})"
-            )
-            files, remaining = fitted, to_copy(fitted)
-        else:
-            smallest = min((s.size for s in selectable if s.name not in present), default=0)
-            warnings.append(
-                f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve_bytes)}: room for "
-                f"{_gib(room)}, and no selectable shard is that small (the smallest needs {_gib(smallest)}); "
-                "free space or lower `reserve_bytes`"
-            )
+    if not files or room.fits(room.to_copy(files)):
+        return files, None
+    free, reserve = room.free, room.reserve
+    space = max(0, free - reserve)
+    fitted = select_shards(selectable, counts, budget_bytes, room_bytes=space, present=room.present)
+    if not fitted:
+        smallest = min((s.size for s in selectable if s.name not in room.present), default=0)
+        warnings.append(
+            f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve)}: room for "
+            f"{_gib(space)}, and no selectable shard is that small (the smallest needs {_gib(smallest)}); "
+            "free space or lower `reserve_bytes`"
+        )
+        return files, None
+    warnings.append(
+        f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve)}: "
+        f"the requested budget ({_gib(budget_bytes)}, {len(files)} shard(s)) does not fit, so the plan "
+        f"fills what fits ({len(fitted)} shard(s), {_gib(sum(f.size for f in fitted))})"
+    )
+    return fitted, min(budget_bytes, space + sum(f.size for f in fitted if f.name in room.present))
 
+
+def _reason(counts: dict, files: list[PlannedFile], fits: bool) -> str | None:
+    """Why the plan is not admitted (None: admitted)."""
     if not counts:
-        reason = REASON_NO_USAGE
-    elif not files:
-        reason = REASON_NOTHING_FITS
-    elif free - remaining < reserve_bytes:
-        reason = REASON_RESERVE
-    else:
-        reason = None
+        return REASON_NO_USAGE
+    if not files:
+        return REASON_NOTHING_FITS
+    return None if fits else REASON_RESERVE
 
+
+def _read_weights(
+    model_root: Path,
+    mirror_root: Path,
+    disk_weights: Sequence[float | int | Fraction] | None,
+    probe: bool,
+    probe_seconds: float,
+    warnings: list[str],
+) -> tuple[Sequence, str, list[ProbeResult]]:
+    """The read-prediction weights (primary, mirror, ...), where they came from, and the probes if measured."""
     probes: list[ProbeResult] = []
     if probe:
         probes = list(probe_drives(model_root, mirror_root, seconds=probe_seconds))
@@ -370,32 +449,7 @@ def plan_mirror(
         weights, weights_source = [1, 1], "default (equal)"
     if len(weights) < 2:
         raise MirrorError(f"need at least two disk weights (primary, mirror), got {list(weights)}")
-
-    prediction = None
-    if history is not None:
-        prediction = _predict(shards, files, history, weights, same_device=bool(shared))
-
-    return MirrorPlan(
-        model_root=model_root,
-        mirror_root=mirror_root,
-        source_dirs=directories,
-        usage_file=Path(os.path.abspath(usage_path)),
-        usage_history_present=bool(counts),
-        usage_selections=history.total if history is not None else 0,
-        budget_bytes=budget_bytes,
-        reserve_bytes=reserve_bytes,
-        free_bytes=free,
-        files=files,
-        remaining_copy_bytes=remaining,
-        reason=reason,
-        warnings=warnings,
-        prediction=prediction,
-        disk_weights_source=weights_source,
-        probes=probes,
-        effective_budget_bytes=effective_budget,
-        usage=history,
-        shards=shards,
-    )
+    return weights, weights_source, probes
 
 
 def _predict(
@@ -423,4 +477,6 @@ def _predict(
     n_experts = history.n_experts
     if history.headerless:
         n_experts = max(n_experts, 1 + max((key[1] for key in expert_bytes), default=0))
-    return predict_reads(history.counts, n_experts, expert_bytes, mirrored, routed, weights, same_device=same_device)
+    return predict_reads(
+        history.counts, n_experts, expert_bytes, mirrored, routed, weights, same_device=same_device
+    )

@@ -24,7 +24,6 @@ engine assigns an expert to a drive by its *routed tensor*, the first one it rea
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,8 +31,8 @@ from pathlib import Path
 
 from colitools.errors import MirrorError
 from colitools.formats import model_config, planar_sidecar, targets
-from colitools.formats.filenames import shard_files
-from colitools.formats.jsonfile import invalid_text, shown_text
+from colitools.formats.filenames import CONFIG_FILE, shard_files
+from colitools.formats.jsonfile import load_json_object
 from colitools.formats.names import (
     EXPERTS,
     MERGED,
@@ -86,8 +85,15 @@ def classify_expert_tensor(name: str) -> ExpertTensor | None:
     parsed = parse_name(name)
     block, _, container = parsed.module.partition(".")
     merged_blob = parsed.projection == MERGED and parsed.suffix == ""
-    if parsed.layer is not None and container == EXPERTS and block in MOE_BLOCKS and parsed.expert is not None:
-        if merged_blob or is_merged_scale(name):  # a target's merged blob routes the expert (formats/targets.py)
+    if (
+        parsed.layer is not None
+        and container == EXPERTS
+        and block in MOE_BLOCKS
+        and parsed.expert is not None
+    ):
+        if merged_blob or is_merged_scale(
+            name
+        ):  # a target's merged blob routes the expert (formats/targets.py)
             return ExpertTensor(parsed.layer, parsed.expert, merged_blob)
     if (
         parsed.layer is None
@@ -130,7 +136,9 @@ def fused_stack_of(name: str) -> tuple[int, bool] | None:
     return parsed.layer, base == name and parsed.leaf == layout.stacks[0][0]
 
 
-def scan_shard(path: str | os.PathLike, name: str | None = None, n_experts: int | None = None) -> ShardExperts:
+def scan_shard(
+    path: str | os.PathLike, name: str | None = None, n_experts: int | None = None
+) -> ShardExperts:
     """Parse one shard's header (strictly, docs/FORMATS.md §1) and sum its routed-expert bytes per expert.
     ``name``: the shard's name in the plan (default the file name; a sidecar file's is its relative path).
 
@@ -220,17 +228,8 @@ class ModelGeometry:
 def model_geometry(model_dir: str | os.PathLike) -> ModelGeometry:
     """Read ``config.json`` of a model directory (all fields None when absent): the config facts
     (``formats/model_config.py``, which validate it and unwrap ``text_config``); a count of 0 is None."""
-    path = Path(model_dir) / "config.json"
+    path = Path(model_dir) / CONFIG_FILE
     if not path.is_file():
         return ModelGeometry()
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: also a 5000-digit number
-        raise MirrorError(f"cannot read {path}: {exc}") from None
-    if not isinstance(config, dict):
-        raise MirrorError(f"{path}: expected a JSON object")
-    bad = invalid_text(path.read_bytes(), config)
-    if bad is not None:
-        raise MirrorError(f"{path}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
-    facts = model_config.read_facts(config, where=str(path))
+    facts = model_config.read_facts(load_json_object(path), where=str(path))  # FormatError: one line
     return ModelGeometry(facts.model_type, facts.num_hidden_layers, facts.routed_experts or None)

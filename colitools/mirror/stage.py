@@ -12,24 +12,25 @@ never touched.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 
-from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from colitools.errors import MirrorError, MirrorReserveStop
 from colitools.formats.atomic import parse_temp_name, write_json_atomic
+from colitools.formats.lockfile import held_lock
 from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
 from colitools.mirror.plan import (
     DEFAULT_RESERVE_GIB,
@@ -96,18 +97,13 @@ class StageResult:
         }
 
 
-@contextmanager
-def _mirror_lock(mirror: Path) -> Iterator[None]:
-    """One stage per mirror: ``filelock`` with ``timeout=0`` fails at once; a killed process releases it too."""
-    lock = FileLock(mirror / LOCK_FILE, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise MirrorError(f"another stage is running on {mirror} (lock {LOCK_FILE} is held)") from None
-    try:
-        yield
-    finally:
-        lock.release()
+def _mirror_lock(mirror: Path) -> AbstractContextManager[None]:
+    """One stage per mirror (``lockfile.held_lock``): a second one fails at once; the lock file is removed when
+    the stage ends (done, failed or stopped cleanly), a SIGKILL leaves it for the next stage to take."""
+    return held_lock(
+        mirror / LOCK_FILE,
+        lambda: MirrorError(f"another stage is running on {mirror} (lock {LOCK_FILE} is held)"),
+    )
 
 
 def _remove_stale_temporaries(mirror: Path) -> None:
@@ -123,8 +119,16 @@ def _remove_stale_temporaries(mirror: Path) -> None:
 
 
 def _progress_bar(total: int, desc: str, progress: bool | None) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
-                disable=None if progress is None else not progress, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        leave=False,
+        disable=None if progress is None else not progress,
+        dynamic_ncols=True,
+    )
 
 
 def stage_mirror(
@@ -152,7 +156,7 @@ def stage_mirror(
     """
     clock = _PhaseClock()
     plan = plan_mirror(model, mirror, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes, usage=usage,
-                       source_dirs=source_dirs, disk_weights=disk_weights, probe=probe)
+                       source_dirs=source_dirs, disk_weights=disk_weights, probe=probe)  # fmt: skip
     result = StageResult(plan, timings=clock.times)
     clock.lap("plan")
     workers = workers if workers is not None else _default_workers()
@@ -167,16 +171,7 @@ def stage_mirror(
 
     with _mirror_lock(root):
         _remove_stale_temporaries(root)
-        kept: dict[str, str] = {}
-        to_check = [f for f in plan.files if _same_size_file(root / f.name, f.size)]
-        with _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar, \
-                ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-hash") as pool:
-            update = _locked(bar.update)
-            digests = list(pool.map(lambda job: _hash_recording(job[0], trusted, update, from_device=job[1]),
-                                    [job for f in to_check for job in ((f.source, False), (root / f.name, True))]))
-            for f, source_sha, target_sha in zip(to_check, digests[0::2], digests[1::2], strict=True):
-                if source_sha == target_sha:
-                    kept[f.name] = source_sha
+        kept = _kept_targets(plan, root, trusted, progress, workers)
         clock.lap("check")
         to_copy = [f for f in plan.files if f.name not in kept]
         to_copy_bytes = sum(f.size for f in to_copy)
@@ -185,47 +180,78 @@ def stage_mirror(
         if free - to_copy_bytes < plan.reserve_bytes:
             plan.reason = result.reason = REASON_RESERVE
             return result
-        try:
-            write_json_atomic(root / PLAN_FILE, plan.to_json())
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            raise _out_of_space(root / PLAN_FILE, root, to_copy_bytes) from None
+        _write_on_mirror(root / PLAN_FILE, plan.to_json(), root, to_copy_bytes)
 
         copied = _copy_all(to_copy, root, plan.reserve_bytes, trusted, progress,
-                           reread_from_device=reread_from_device, workers=workers)
+                           reread_from_device=reread_from_device, workers=workers)  # fmt: skip
         clock.lap("copy")
 
         result.files = [
             StagedFile(f, kept[f.name], "kept") if f.name in kept else StagedFile(f, copied[f.name], "copied")
             for f in plan.files
         ]
-        receipt = {
-            "schema": SCHEMA,
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "model_root": str(plan.model_root),
-            "source_dirs": [str(d) for d in plan.source_dirs],
-            "mirror_root": str(root),
-            "usage_file": str(plan.usage_file),
-            "budget_bytes": plan.budget_bytes,
-            "reserve_bytes": plan.reserve_bytes,
-            "files": [f.receipt_entry() for f in result.files],
-        }
+        receipt = _receipt(plan, root, result.files)
         result.receipt = root / RECEIPT
-        try:
-            write_json_atomic(result.receipt, receipt)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            raise _out_of_space(result.receipt, root, len(json.dumps(receipt))) from None
+        _write_on_mirror(result.receipt, receipt, root, len(json.dumps(receipt)))
         result.staged = True
         clock.lap("receipt")
 
     with _progress_bar(2 * plan.selected_bytes, "verifying", progress) as bar:
         result.verification = verify_mirror(root, plan.model_root, source_dirs=plan.source_dirs[1:],
-                                            progress=bar.update, trusted_digests=trusted)
+                                            progress=bar.update, trusted_digests=trusted)  # fmt: skip
     clock.lap("verify")
     return result
+
+
+def _kept_targets(
+    plan: MirrorPlan,
+    root: Path,
+    trusted: dict[str, tuple[StatSignature, str]],
+    progress: bool | None,
+    workers: int,
+) -> dict[str, str]:
+    """Planned files whose target on the mirror already has the source's sha256 (name -> sha256): the targets
+    of the right size are hashed, with their sources, ``workers`` files at once."""
+    kept: dict[str, str] = {}
+    to_check = [f for f in plan.files if _same_size_file(root / f.name, f.size)]
+    jobs = [job for f in to_check for job in ((f.source, False), (root / f.name, True))]
+    with (
+        _progress_bar(2 * sum(f.size for f in to_check), "hashing", progress) as bar,
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-hash") as pool,
+    ):
+        update = _locked(bar.update)
+        digests = list(
+            pool.map(lambda job: _hash_recording(job[0], trusted, update, from_device=job[1]), jobs)
+        )
+    for f, source_sha, target_sha in zip(to_check, digests[0::2], digests[1::2], strict=True):
+        if source_sha == target_sha:
+            kept[f.name] = source_sha
+    return kept
+
+
+def _receipt(plan: MirrorPlan, root: Path, files: list[StagedFile]) -> dict:
+    """The receipt ``.colibri-mirror.json`` of a finished stage (schema ``SCHEMA``)."""
+    return {
+        "schema": SCHEMA,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "model_root": str(plan.model_root),
+        "source_dirs": [str(d) for d in plan.source_dirs],
+        "mirror_root": str(root),
+        "usage_file": str(plan.usage_file),
+        "budget_bytes": plan.budget_bytes,
+        "reserve_bytes": plan.reserve_bytes,
+        "files": [f.receipt_entry() for f in files],
+    }
+
+
+def _write_on_mirror(path: Path, obj: dict, root: Path, need: int) -> None:
+    """``write_json_atomic`` on the mirror drive; a full drive is ``_out_of_space`` (``need`` bytes to write)."""
+    try:
+        write_json_atomic(path, obj)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise _out_of_space(path, root, need) from None
 
 
 class _PhaseClock:
@@ -291,72 +317,84 @@ def _copy_all(
     failure no new copy starts, copies in flight stop at their next check, and the first error is raised;
     files already published stay (a rerun keeps them).
     """
-    total = sum(f.size for f in to_copy)
-    copied: dict[str, str] = {}
-    lock = threading.Lock()
-    written: dict[str, int] = {}  # name -> bytes written so far (the size once published)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    with _progress_bar(2 * total, "copying+verifying", progress) as bar, \
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-copy") as pool:
-        advance = _locked(bar.update)
-
-        def copy_one(f: PlannedFile) -> None:
-            if stop.is_set():
-                return
-
-            def guard(n: int) -> None:
-                if stop.is_set():
-                    raise _Cancelled
-                with lock:
-                    written[f.name] = n
-                    # a copy in flight reports its bytes only every guard_every, but they are on the drive
-                    # already: count them from its temporary (and, just renamed, final) file
-                    still = total - sum(
-                        size if name in copied else _on_drive(root / name, size) for name, size in written.items()
-                    )
-                free = shutil.disk_usage(root).free
-                if free - still < reserve:
-                    raise MirrorReserveStop(
-                        f"free space on the mirror drive fell to {free} bytes with {still} still to copy "
-                        f"(reserve {reserve}); stopped, rerun when there is room"
-                    )
-
-            try:
-                before = stat_signature(f.source)
-                sha = copy_verified(f.source, root / f.name, f.size, progress=advance, guard=guard,
-                                    reread_from_device=reread_from_device)
-                with lock:
-                    written[f.name] = f.size
-                    copied[f.name] = sha
-                    if before is not None and before == stat_signature(f.source):
-                        trusted[str(f.source)] = (before, sha)
-                    after = stat_signature(root / f.name)
-                    if after is not None:
-                        trusted[str(root / f.name)] = (after, sha)
-            except BaseException as exc:
-                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                    with lock:
-                        still = total - sum(written.values())
-                    exc = _out_of_space(root / f.name, root, still)
-                with lock:
-                    if not isinstance(exc, _Cancelled):
-                        errors.append(exc)
-                stop.set()
-
+    copies = _Copies(root, reserve, trusted, sum(f.size for f in to_copy), reread_from_device)
+    with (
+        _progress_bar(2 * copies.total, "copying+verifying", progress) as bar,
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colitools-copy") as pool,
+    ):
+        copies.advance = _locked(bar.update)
         futures = []
         try:  # submitting too: an interrupt right after the first submit must stop that copy as well
             for f in to_copy:
-                futures.append(pool.submit(copy_one, f))
+                futures.append(pool.submit(copies.copy_one, f))
             for future in futures:
                 future.result()
         except BaseException:  # e.g. KeyboardInterrupt here: copies in flight stop at their next check
-            stop.set()
+            copies.stop.set()
             raise
-    if errors:
-        raise errors[0]
-    return copied
+    if copies.errors:
+        raise copies.errors[0]
+    return copies.copied
+
+
+class _Copies:
+    """The state the copies of one stage share (under ``lock``): bytes written per file, what is published,
+    the first errors, and ``stop``, which every copy checks at its next guard."""
+
+    def __init__(self, root: Path, reserve: int, trusted: dict, total: int, reread_from_device: bool):
+        self.root, self.reserve, self.trusted, self.total = root, reserve, trusted, total
+        self.reread_from_device = reread_from_device
+        self.advance: Callable[[int], None] | None = None  # the progress bar, thread-safe
+        self.copied: dict[str, str] = {}
+        self.written: dict[str, int] = {}  # name -> bytes written so far (the size once published)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+
+    def copy_one(self, f: PlannedFile) -> None:
+        if self.stop.is_set():
+            return
+        try:
+            before = stat_signature(f.source)
+            guard = functools.partial(self.guard, f.name)
+            sha = copy_verified(f.source, self.root / f.name, f.size, progress=self.advance, guard=guard,
+                                reread_from_device=self.reread_from_device)  # fmt: skip
+            with self.lock:
+                self.written[f.name] = f.size
+                self.copied[f.name] = sha
+                if before is not None and before == stat_signature(f.source):
+                    self.trusted[str(f.source)] = (before, sha)
+                after = stat_signature(self.root / f.name)
+                if after is not None:
+                    self.trusted[str(self.root / f.name)] = (after, sha)
+        except BaseException as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                with self.lock:
+                    still = self.total - sum(self.written.values())
+                exc = _out_of_space(self.root / f.name, self.root, still)
+            with self.lock:
+                if not isinstance(exc, _Cancelled):
+                    self.errors.append(exc)
+            self.stop.set()
+
+    def guard(self, name: str, n: int) -> None:
+        """Called by a copy every ``guard_every`` bytes: stop when told to, or when the reserve is reached."""
+        if self.stop.is_set():
+            raise _Cancelled
+        with self.lock:
+            self.written[name] = n
+            # a copy in flight reports its bytes only every guard_every, but they are on the drive
+            # already: count them from its temporary (and, just renamed, final) file
+            still = self.total - sum(
+                size if other in self.copied else _on_drive(self.root / other, size)
+                for other, size in self.written.items()
+            )
+        free = shutil.disk_usage(self.root).free
+        if free - still < self.reserve:
+            raise MirrorReserveStop(
+                f"free space on the mirror drive fell to {free} bytes with {still} still to copy "
+                f"(reserve {self.reserve}); stopped, rerun when there is room"
+            )
 
 
 def _out_of_space(target: Path, root: Path, need: int) -> MirrorReserveStop:

@@ -13,7 +13,6 @@ count and width) into the fields of ``ModelArgs``; the family then parses its ow
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.formats import model_config
+from colitools.formats.filenames import CONFIG_FILE
+from colitools.formats.jsonfile import load_json_object
 
 
 @dataclass(frozen=True)
@@ -167,16 +168,10 @@ class ModelArgs:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelArgs:
-        path = Path(model_dir) / "config.json"
-        try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise RuntimeModelError(f"{model_dir}: no config.json") from None
-        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-            raise RuntimeModelError(f"{path}: cannot read the model config ({exc})") from None
-        if not isinstance(config, dict):
-            raise RuntimeModelError(f"{path}: the model config is not a JSON object")
-        return cls.from_config(config, where=str(path))
+        path = Path(model_dir) / CONFIG_FILE
+        if not path.is_file():
+            raise RuntimeModelError(f"{model_dir}: no config.json")
+        return cls.from_config(load_json_object(path), where=str(path))  # the model folder's one JSON reader
 
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "config.json") -> ModelArgs:

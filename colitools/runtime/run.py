@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys
@@ -11,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.errors import RuntimeModelError
+from colitools.errors import FormatError, RuntimeModelError
 from colitools.formats.inspect import incomplete_conversion
+from colitools.formats.jsonfile import load_json_object
 from colitools.runtime.generate import GenerationResult, generate
 from colitools.runtime.model import load_model
 
@@ -65,8 +65,8 @@ def _stop_ids(model_dir: Path, eos: list[int]) -> tuple[int, ...]:
     gen = model_dir / "generation_config.json"
     if gen.exists():
         try:
-            value = json.loads(gen.read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError, RecursionError):
+            value = load_json_object(gen).get("eos_token_id")
+        except FormatError:  # unreadable, not JSON or not an object: no extra stop ids
             value = None
         if isinstance(value, int):
             ids.add(value)

@@ -35,6 +35,9 @@ after N bytes of a response body, for the next k responses), ``corrupt`` (flip o
 that cover it), ``fail_next`` (the next k requests answer 5xx), ``throttle`` (bytes per second),
 ``ignore_range``. ``stats(filename)`` counts body responses, HEADs, redirects, bytes served and the byte range
 of every body response.
+
+``write_hf_cache(cache_dir, repo_id, folder)`` lays a folder out as huggingface_hub's cache holds a snapshot
+(refs, blobs named as the Hub's ETags name them, snapshot symlinks), by hand: a cache without a server.
 """
 
 from __future__ import annotations
@@ -506,6 +509,32 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | str | None:
     if first >= size:
         return "unsatisfiable"
     return first, min(last, size - 1) + 1
+
+
+def write_hf_cache(
+    cache_dir: str | os.PathLike,
+    repo_id: str,
+    folder: str | os.PathLike,
+    *,
+    commit: str = "c0ffee" * 6 + "c0ff",
+    ref: str = "main",
+) -> Path:
+    """Lay ``folder`` out in ``cache_dir`` as huggingface_hub's cache holds a snapshot of ``repo_id``, by hand:
+    ``models--<org>--<name>/refs/<ref>`` holding ``commit``, ``blobs/<name>`` (an LFS file's named by its
+    sha256, any other file's by its git blob sha1, as the Hub's ETags name them), and
+    ``snapshots/<commit>/<file>`` relative symlinks to the blobs. Returns the repo's folder in the cache."""
+    base = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = base / "snapshots" / commit
+    for sub in (base / "blobs", base / "refs", snapshot):
+        sub.mkdir(parents=True, exist_ok=True)
+    (base / "refs" / ref).write_text(commit)
+    for f in _scan(Path(folder)).values():
+        blob = base / "blobs" / (f.sha256 if f.lfs else f.blob_id)
+        blob.write_bytes(f.path.read_bytes())
+        link = snapshot.joinpath(*f.name.split("/"))
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return base
 
 
 def _scan(folder: Path) -> dict[str, RepoFile]:

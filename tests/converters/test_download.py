@@ -241,3 +241,36 @@ def test_small_regular_file_is_served_without_redirect(hub, remote, tmp_path):
     out = download_file(url, tmp_path / "config.json", None, None, build_hf_headers())
     assert out.read_text() == '{"model_type": "toy"}'
     assert hub.stats("config.json").redirects == 0
+
+
+def test_cli_shard_failing_its_sha256_twice_names_its_size_after_one_prefixed_warning(hub, tmp_path):
+    from tinyckpt import Tiny, make_checkpoint
+
+    folder = tmp_path / "repo"
+    make_checkpoint(folder, Tiny(layers=1, experts=2, hidden=64, inter=64, shards=1))
+    shard = folder / "model.safetensors"
+    size = shard.stat().st_size
+    hub.add_repo("org/tiny", {"main": folder})
+    hub.corrupt(shard.name, offset=size - 100, times=2)  # in the data, past the header the plan reads
+    command = [
+        sys.executable,
+        "-m",
+        "colitools",
+        "convert",
+        "org/tiny",
+        str(tmp_path / "out"),
+        "--min-free-gb",
+        "0",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)  # inherits HF_ENDPOINT & co
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"colitools: warning: {shard.name}: sha256 mismatch (got "), lines[0]
+    assert lines[0].endswith("); downloading again"), lines[0]
+    expected = hashlib.sha256(shard.read_bytes()).hexdigest()
+    assert lines[1].startswith(f"colitools: error: {shard.name}: sha256 "), lines[1]
+    assert f"does not match the expected {expected} ({size} bytes), also after downloading" in lines[1], (
+        lines[1]
+    )
+    assert hub.stats(shard.name).corrupted == 2

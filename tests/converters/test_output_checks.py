@@ -116,8 +116,14 @@ def test_rerun_on_a_complete_output_on_a_read_only_filesystem(converted, tmp_pat
               f'&& exit 96; exec "{EXE}" convert "{src}" "{mnt}/out" --min-free-gb 0')  # fmt: skip
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True)  # fmt: skip
-    if proc.returncode in (97, 96) or "unshare failed" in proc.stderr or "Operation not permitted" in proc.stderr:
-        pytest.skip(f"cannot make a read-only tmpfs mount here (unshare/mount refused: {proc.stderr.strip()[:200]})")
+    if (
+        proc.returncode in (97, 96)
+        or "unshare failed" in proc.stderr
+        or "Operation not permitted" in proc.stderr
+    ):
+        pytest.skip(
+            f"cannot make a read-only tmpfs mount here (unshare/mount refused: {proc.stderr.strip()[:200]})"
+        )
     assert proc.returncode == 0, proc.stderr
     assert "already done" in proc.stdout and "Traceback" not in proc.stderr
 
@@ -140,6 +146,55 @@ def test_output_path_that_is_a_file_is_one_line(converted, tmp_path):
     for out in (target, target / "below"):
         line = _one_error_line(_convert(str(src), str(out)))
         assert "is a file, not a folder" in line and "File exists" not in line
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["convert", "dry-run"])
+def test_a_folder_that_holds_a_users_files_but_no_ledger_is_refused_and_left_as_it_was(
+    converted, tmp_path, dry_run
+):
+    src, _ = converted
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}')
+    (out / "tokenizer.json").write_text("{}")
+    before = _state(out)
+    line = _one_error_line(_convert(str(src), str(out), *(["--dry-run"] if dry_run else [])))
+    assert (
+        f"{out}: not empty (config.json and 1 more) and not a colitools output (no colitools.json)" in line
+    ), line
+    assert _state(out) == before  # nothing written, not even a lock file created and removed
+    assert (out / "config.json").read_text() == '{"mine": true}'
+
+
+def test_a_folder_holding_only_what_a_killed_conversion_leaves_before_its_ledger_is_converted_into(
+    converted, tmp_path
+):
+    src, ref = converted
+    out = tmp_path / "out"
+    (out / ".colitools-download").mkdir(parents=True)
+    (out / ".colitools.lock").write_text("")
+    (out / ".config.json.tmp-4242").write_text("{")
+    done = _convert(str(src), str(out))
+    assert done.returncode == 0, done.stderr
+    assert snapshot(out) == snapshot(ref) and listing(out) == listing(ref)
+
+
+def test_an_empty_output_path_is_a_usage_error_and_nothing_is_written(converted, tmp_path):
+    src, _ = converted
+    here = tmp_path / "cwd"
+    here.mkdir()
+    proc = subprocess.run([EXE, "convert", str(src), "", "--min-free-gb", "0"], capture_output=True, text=True,
+                          cwd=here)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("colitools: error: "), proc.stderr
+    assert "an empty path" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(here.iterdir()) == []
+    from colitools.converters.runner import convert
+    from colitools.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="^`outdir`: an empty path"):  # the library's refusal, exit code 2
+        convert(str(src), "")
+    assert list(here.iterdir()) == []
 
 
 # -- 14: models `colitools run` will not execute ---------------------------------------------------------------------

@@ -174,7 +174,9 @@ def _flip_bf16_signs(shard: Path) -> None:
             start, end = info["data_offsets"]
             fh.seek(base + start)
             values = bytearray(fh.read(end - start))
-            values[1::2] = bytes(b ^ 0x80 for b in values[1::2])  # little-endian: the sign is in the high byte
+            values[1::2] = bytes(
+                b ^ 0x80 for b in values[1::2]
+            )  # little-endian: the sign is in the high byte
             fh.seek(base + start)
             fh.write(values)
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -272,7 +274,9 @@ def test_sigkill_of_a_parallel_conversion_leaves_no_process_behind(reference, tm
     )  # fmt: skip
     try:
         # both workers started and at work: the unit temporaries are growing
-        _wait_for(proc, lambda: len(_marked_pids(marker)) >= 3 and any(".tmp-" in p.name for p in out.iterdir()))
+        _wait_for(
+            proc, lambda: len(_marked_pids(marker)) >= 3 and any(".tmp-" in p.name for p in out.iterdir())
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         end = time.monotonic() + 20
@@ -285,3 +289,31 @@ def test_sigkill_of_a_parallel_conversion_leaves_no_process_behind(reference, tm
         for pid in _marked_pids(marker):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_resume_after_config_json_changed_is_refused_naming_the_file_and_the_key(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_checkpoint(src, SPEC)
+    proc = _start(src, out, {"COLITOOLS_TEST_SLOW_UNIT_SECONDS": "1.5"})
+    _wait_for(proc, lambda: _finished_units(out) >= 1)
+    _kill(proc)
+    config = json.loads((src / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3
+    # the third layer becomes an MTP layer: other formats, other file sizes
+    config["num_hidden_layers"], config["num_nextn_predict_layers"] = 2, 1
+    (src / "config.json").write_text(json.dumps(config))
+    before = snapshot(out)
+    done = subprocess.run(_cmd(src, out), capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"colitools: error: {out / 'colitools.json'}: config.json changed since "), line
+    assert "(num_hidden_layers: 3, now 2; num_nextn_predict_layers: 0, now 1)" in line, line
+    assert "another colitools version" not in line, line
+    assert snapshot(out) == before  # refused before anything is written
+
+    # a ledger of an earlier colitools records no config: the refusal cannot name it, and says so
+    ledger = json.loads((out / "colitools.json").read_text())
+    del ledger["source_config"]
+    (out / "colitools.json").write_text(json.dumps(ledger))
+    done = subprocess.run(_cmd(src, out), capture_output=True, text=True)
+    assert done.returncode == 1 and "the recorded plan's files differ" in done.stderr, done.stderr

@@ -280,7 +280,12 @@ def test_index_without_weight_map_and_invalid_json_are_convert_errors(tmp_path):
     with pytest.raises(ConvertError, match="no 'weight_map' object"):
         open_source(str(folder), workdir=tmp_path).weight_map()
     (folder / "config.json").write_text('{"a": ')
-    with pytest.raises(ConvertError, match=r"config.json: invalid JSON at line 1 column 7"):
+    with pytest.raises(
+        FormatError, match=r"/config.json: invalid JSON at line 1 column 7"
+    ):  # the one reader's
+        open_source(str(folder), workdir=tmp_path).read_json("config.json")
+    (folder / "config.json").write_text("[1]")
+    with pytest.raises(FormatError, match=r"/config.json: expected a JSON object$"):
         open_source(str(folder), workdir=tmp_path).read_json("config.json")
     with pytest.raises(ConvertError, match=r"generation_config.json: not found in"):
         open_source(str(folder), workdir=tmp_path).read_json("generation_config.json")
@@ -335,3 +340,20 @@ def test_a_corrupt_local_shard_header_is_a_convert_error_naming_the_shard(tmp_pa
     source = open_source(str(folder), workdir=tmp_path / "work")
     with pytest.raises(ConvertError, match=rf"^shard {SHARD2}: "):
         source.header(SHARD2)
+
+
+def test_a_single_file_checkpoint_is_listed_by_the_strict_reader(tmp_path):
+    import struct
+
+    from safetensors import safe_open
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "toy"}')
+    entry = '{"dtype":"U8","shape":[2],"data_offsets":[%d,%d]}'
+    header = ('{"dup.w":' + entry % (0, 2) + ',"dup.w":' + entry % (0, 2) + "}").encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(2))
+    with safe_open(str(folder / "model.safetensors"), framework="numpy") as fh:  # the upstream reader is lax
+        assert list(fh.keys()) == ["dup.w"]
+    with pytest.raises(ConvertError, match=r"^shard model.safetensors: .*duplicate tensor name 'dup.w'"):
+        open_source(str(folder), workdir=tmp_path).weight_map()

@@ -64,21 +64,32 @@ def test_stage_copies_the_selection_writes_receipt_and_plan_and_verifies(model, 
     mirror = tmp_path / "mirror"
     result = stage(model, mirror)
     assert result.staged and result.ready
-    assert [(f.file.name, f.action) for f in result.files] == [("a.safetensors", "copied"), ("b.safetensors", "copied")]
+    assert [(f.file.name, f.action) for f in result.files] == [
+        ("a.safetensors", "copied"),
+        ("b.safetensors", "copied"),
+    ]
     for name in ("a.safetensors", "b.safetensors"):
         assert (mirror / name).read_bytes() == (model / name).read_bytes()
     assert not (mirror / "c.safetensors").exists()
     receipt = json.loads((mirror / RECEIPT).read_text())
     assert receipt["schema"] == SCHEMA and receipt["model_root"] == str(model)
-    assert receipt["created_at"].endswith("Z") and receipt["budget_bytes"] == 10**12 and receipt["reserve_bytes"] == 0
+    assert (
+        receipt["created_at"].endswith("Z")
+        and receipt["budget_bytes"] == 10**12
+        and receipt["reserve_bytes"] == 0
+    )
     assert receipt["usage_file"] == str(model / ".coli_usage")
     assert [(f["name"], f["size"], f["sha256"], f["activated_experts"]) for f in receipt["files"]] == [
         (n, (model / n).stat().st_size, sha(model / n), 1) for n in ("a.safetensors", "b.safetensors")
     ]
     assert receipt["files"][0]["weighted_expert_bytes"] == 100 * 3120
     plan = json.loads((mirror / PLAN_FILE).read_text())
-    assert plan["schema"] == SCHEMA and [f["name"] for f in plan["files"]] == ["a.safetensors", "b.safetensors"]
+    assert plan["schema"] == SCHEMA and [f["name"] for f in plan["files"]] == [
+        "a.safetensors",
+        "b.safetensors",
+    ]
     assert not [p for p in os.listdir(mirror) if TEMP_SUFFIX in p or ".tmp-" in p]
+    assert LOCK_FILE not in os.listdir(mirror)  # held while staging, removed when done
 
 
 def test_rerun_keeps_matching_targets_as_they_are(model, tmp_path):
@@ -158,7 +169,9 @@ def test_a_guard_that_stops_the_copy_leaves_no_temporary_file_and_the_target_unt
 def test_a_source_that_changed_size_since_planning_is_an_error(model, tmp_path):
     with pytest.raises(MirrorError, match="source changed"):
         copy_verified(model / "a.safetensors", tmp_path / "a.safetensors", 123)
-    assert not (tmp_path / "a.safetensors").exists() and not temp_path_for(tmp_path / "a.safetensors").exists()
+    assert (
+        not (tmp_path / "a.safetensors").exists() and not temp_path_for(tmp_path / "a.safetensors").exists()
+    )
 
 
 def test_stage_killed_during_a_copy_is_finished_by_a_rerun(model, tmp_path):
@@ -169,8 +182,20 @@ def test_stage_killed_during_a_copy_is_finished_by_a_rerun(model, tmp_path):
     # whatever the machine's speed.
     write_history(model / ".coli_usage", {(0, 0): 100, (0, 1): 10, (0, 2): 1}, n_layers=2, n_experts=4)
     mirror = tmp_path / "mirror"
-    child = run_cli_process("mirror", "stage", "--model", str(model), "--mirror", str(mirror), "--budget-gib", "1",
-                            "--reserve-gib", "0", "--no-progress", env={STALL_ENV: str(8 << 20)})
+    child = run_cli_process(
+        "mirror",
+        "stage",
+        "--model",
+        str(model),
+        "--mirror",
+        str(mirror),
+        "--budget-gib",
+        "1",
+        "--reserve-gib",
+        "0",
+        "--no-progress",
+        env={STALL_ENV: str(8 << 20)},
+    )
     temp = temp_path_for(mirror / "big.safetensors")
     published = [mirror / "a.safetensors", mirror / "b.safetensors"]  # published by a second thread
     deadline = time.monotonic() + 120  # a hang guard only; nothing here measures time
@@ -194,27 +219,96 @@ def test_stage_killed_during_a_copy_is_finished_by_a_rerun(model, tmp_path):
     result = stage(model, mirror)
     assert result.ready
     assert [(f.file.name, f.action) for f in result.files] == [
-        ("a.safetensors", "kept"), ("b.safetensors", "kept"), ("big.safetensors", "copied")]
+        ("a.safetensors", "kept"),
+        ("b.safetensors", "kept"),
+        ("big.safetensors", "copied"),
+    ]
     assert (mirror / "a.safetensors").stat().st_ino == inode_a
     assert sha(mirror / "big.safetensors") == sha(big)
     assert not temp.exists()
     assert [f["name"] for f in json.loads((mirror / RECEIPT).read_text())["files"]] == [
-        "a.safetensors", "b.safetensors", "big.safetensors"]
+        "a.safetensors",
+        "b.safetensors",
+        "big.safetensors",
+    ]
+
+
+@pytest.mark.parametrize(
+    "signum, code, said",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_during_a_copy_stops_the_stage_cleanly_leaving_no_lock_and_no_temporary(
+    model, tmp_path, signum, code, said
+):
+    mirror = tmp_path / "mirror"
+    child = run_cli_process("mirror", "stage", "--model", str(model), "--mirror", str(mirror), "--budget-gib", "1",
+                            "--reserve-gib", "0", "--no-progress", env={STALL_ENV: "1000"})  # fmt: skip
+    deadline = time.monotonic() + 120  # a hang guard only
+    try:
+        while not any(TEMP_SUFFIX in p for p in (os.listdir(mirror) if mirror.is_dir() else [])):
+            assert child.poll() is None, f"stage exited early: {child.communicate()}"
+            assert time.monotonic() < deadline, "stage never started a copy"
+            time.sleep(0.02)
+        assert LOCK_FILE in os.listdir(mirror)  # held while it works
+        child.send_signal(signum)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.communicate()
+    assert child.returncode == code, err
+    assert err.splitlines() == [
+        f"colitools: {said}; rerun the same command to resume (verified copies are kept)"
+    ]
+    left = os.listdir(mirror)
+    assert LOCK_FILE not in left and not [p for p in left if TEMP_SUFFIX in p or ".tmp-" in p], left
+    assert stage(model, mirror).ready
 
 
 def test_cli_stage_exit_codes(model, tmp_path):
     mirror = str(tmp_path / "mirror")
-    r = run_cli("mirror", "stage", "--model", str(model), "--mirror", mirror, "--budget-gib", "1",
-                "--reserve-gib", "0", "--json")
+    r = run_cli(
+        "mirror",
+        "stage",
+        "--model",
+        str(model),
+        "--mirror",
+        mirror,
+        "--budget-gib",
+        "1",
+        "--reserve-gib",
+        "0",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["staged"] and data["ready"] and data["copied"] == ["a.safetensors", "b.safetensors"]
     assert data["verify"]["ready"] and data["plan"]["admitted"]
-    r = run_cli("mirror", "stage", "--model", str(model), "--mirror", mirror, "--budget-gib", "1",
-                "--reserve-gib", "0")
+    r = run_cli(
+        "mirror",
+        "stage",
+        "--model",
+        str(model),
+        "--mirror",
+        mirror,
+        "--budget-gib",
+        "1",
+        "--reserve-gib",
+        "0",
+    )
     assert r.returncode == 0 and "0 copied, 2 kept" in r.stdout and "ready: yes" in r.stdout
-    r = run_cli("mirror", "stage", "--model", str(model), "--mirror", mirror, "--budget-gib", "1",
-                "--reserve-gib", "100000000")
+    r = run_cli(
+        "mirror",
+        "stage",
+        "--model",
+        str(model),
+        "--mirror",
+        mirror,
+        "--budget-gib",
+        "1",
+        "--reserve-gib",
+        "100000000",
+    )
     assert r.returncode == 2 and "nothing copied" in r.stderr
 
 
@@ -230,8 +324,12 @@ def test_a_second_stage_on_the_same_mirror_is_refused_while_one_runs(model, tmp_
 
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("reread_from_device", [False, True])
-def test_every_worker_count_and_rehash_mode_stages_the_same_mirror(model, tmp_path, workers, reread_from_device):
-    write_shard(model / "big.safetensors", [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG + 123)], fill=7)
+def test_every_worker_count_and_rehash_mode_stages_the_same_mirror(
+    model, tmp_path, workers, reread_from_device
+):
+    write_shard(
+        model / "big.safetensors", [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG + 123)], fill=7
+    )
     write_history(model / ".coli_usage", {(0, 0): 100, (0, 1): 10, (0, 2): 1}, n_layers=2, n_experts=4)
     mirror = tmp_path / "mirror"
     result = stage(model, mirror, workers=workers, reread_from_device=reread_from_device)
@@ -252,7 +350,9 @@ def test_a_temporary_file_that_changed_before_publishing_is_refused(model, tmp_p
     target.write_bytes(b"old")
     pending = copy_to_temp(big, target, big.stat().st_size, reread_from_device=reread_from_device)
     assert pending.sha256 == sha(big) and pending.temp == temp_path_for(target)
-    with open(pending.temp, "r+b") as f:  # what a bad write, a buffer reused too early or a stray writer leaves
+    with open(
+        pending.temp, "r+b"
+    ) as f:  # what a bad write, a buffer reused too early or a stray writer leaves
         f.seek(BIG - 5)
         byte = f.read(1)
         f.seek(BIG - 5)
@@ -288,7 +388,8 @@ def test_publish_fsyncs_then_rehashes_then_renames_then_fsyncs_the_directory(mod
 
 
 def test_free_space_falling_below_the_reserve_during_the_stage_stops_it_and_a_rerun_finishes(
-        model, tmp_path, monkeypatch):
+    model, tmp_path, monkeypatch
+):
     write_shard(model / "big.safetensors", [("model.layers.0.mlp.experts.2.gate_proj.weight", BIG)], fill=7)
     write_history(model / ".coli_usage", {(0, 0): 100, (0, 1): 10, (0, 2): 1}, n_layers=2, n_experts=4)
     mirror = tmp_path / "mirror"
@@ -311,14 +412,28 @@ def test_free_space_falling_below_the_reserve_during_the_stage_stops_it_and_a_re
     monkeypatch.setattr(shutil, "disk_usage", real_usage)
     result = stage(model, mirror)
     assert result.ready and [f.file.name for f in result.files if f.action == "kept"] == published
-    assert result.files[2].action == "copied" and sha(mirror / "big.safetensors") == sha(model / "big.safetensors")
+    assert result.files[2].action == "copied" and sha(mirror / "big.safetensors") == sha(
+        model / "big.safetensors"
+    )
 
 
 def test_cli_stage_reread_from_device_gives_the_same_mirror(model, tmp_path):
     plain, device = tmp_path / "plain", tmp_path / "device"
     for mirror, extra in ((plain, ()), (device, ("--reread-from-device",))):
-        r = run_cli("mirror", "stage", "--model", str(model), "--mirror", str(mirror), "--budget-gib", "1",
-                    "--reserve-gib", "0", "--json", *extra)
+        r = run_cli(
+            "mirror",
+            "stage",
+            "--model",
+            str(model),
+            "--mirror",
+            str(mirror),
+            "--budget-gib",
+            "1",
+            "--reserve-gib",
+            "0",
+            "--json",
+            *extra,
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["ready"]
     for name in ("a.safetensors", "b.safetensors"):
