@@ -371,7 +371,7 @@ def main() -> None:
     print(f"machine: {cores} CPUs; load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     from colitools.formats.kernels import aot
 
-    st = aot.status()  # what `colitools convert` runs: the encoders compiled ahead of time, or numba's JIT
+    st = aot.CODECS.status()  # what `colitools convert` runs: the encoders compiled ahead of time, or numba's JIT
     print("kernels: " + (f"compiled ahead of time ({os.path.basename(st['file'])})" if st["loaded"]
                           else f"numba JIT ({st['reason']})"))
     try:

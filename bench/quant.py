@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     from colitools.formats.kernels import aot
 
     if args.kernels == "jit":
-        aot._KERNELS["k"] = aot.jit_kernels()
-    kind = "compiled ahead of time" if aot.kernels().ahead else "numba JIT"
+        aot.CODECS._kernels = aot.CODECS.jit_kernels()
+    kind = "compiled ahead of time" if aot.CODECS.kernels().ahead else "numba JIT"
     max_threads = numba.config.NUMBA_NUM_THREADS
     thread_counts = [t for t in (1, 2) if t <= max_threads]
 

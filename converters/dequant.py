@@ -22,7 +22,6 @@ import numpy as np
 
 from colitools.errors import ConvertError
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.errors import ConfigError
 from colitools.formats.reference import ceil_div
 from colitools.formats.source_encodings import (  # noqa: F401 (their home is the registry; named here too)
     DEFAULT_FP8_BLOCK,
@@ -43,10 +42,7 @@ def quant_scheme(config: Mapping[str, Any]) -> QuantScheme:
     """The source quantization declared by ``config.json`` (method None when there is none): each registered
     source encoding reads its own ``quant_method`` (``formats.source_encodings.read_quant_config``); any other
     ``quant_method`` (or an unsupported variant of one) is refused, naming it, before work starts."""
-    try:
-        return read_quant_config(config)
-    except ConfigError as exc:
-        raise ConvertError(str(exc)) from None
+    return read_quant_config(config)
 
 
 def fp8_scheme(config: Mapping[str, Any]) -> Fp8Scheme | None:

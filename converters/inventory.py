@@ -33,7 +33,6 @@ from colitools.converters.dequant import (
 from colitools.converters.sources import HeaderTensor, Source, check_shard_name
 from colitools.errors import ConvertError
 from colitools.formats import families, model_config, names, source_encodings
-from colitools.formats.errors import ConfigError, FormatError
 from colitools.formats.names import natural_key  # the planner imports it from here too
 from colitools.formats.source_encodings import SourceEncoding
 
@@ -173,10 +172,7 @@ def build_inventory(
     ``headers``: shard -> tensor -> ``HeaderTensor`` for every shard named in ``weight_map`` (a shard absent
     from ``headers`` is a missing shard). ``shard_sizes`` defaults to the sum of each shard's tensor bytes.
     ``config`` is validated first (the config facts, ``formats/model_config.py``)."""
-    try:
-        model_config.validate_config(config)
-    except ConfigError as exc:
-        raise ConvertError(str(exc)) from None
+    model_config.validate_config(config)
     check_weight_map(headers, weight_map)
     qscheme = quant_scheme(config)  # an unknown quant_method is refused here, before any work
     scheme = qscheme.fp8
@@ -281,12 +277,9 @@ def pair_native(
     blocks, scales, packed codes, ``weight_shape`` and ``input_scale`` are not converted as tensors of their
     own: each registered source encoding (``formats/source_encodings.py``) recognises its own tensor pairs.
     Returns ``(logical name -> SourceTensor, every consumed source name)``. A companion without its weight, or
-    a scale grid that does not fit, is a ConvertError naming both."""
+    a scale grid that does not fit, is the registry's FormatError naming both."""
     tensors = {n: headers[s][n] for n, s in weight_map.items()}
-    try:
-        paired, consumed = source_encodings.pair_tensors(tensors, scheme)
-    except FormatError as exc:  # the inventory's errors are ConvertErrors (the message unchanged)
-        raise ConvertError(str(exc)) from None
+    paired, consumed = source_encodings.pair_tensors(tensors, scheme)
 
     def ref(n: str) -> ScaleRef:
         return ScaleRef(n, weight_map[n], tensors[n].dtype, tuple(tensors[n].shape))
@@ -314,11 +307,8 @@ def check_config_shapes(inv: Inventory) -> None:
     """Shapes that ``config.json`` pins: a mismatch is an error naming the tensor, both shapes and the key.
 
     The numbers are the config facts (``formats/model_config.py``: text model, expert count and width)."""
-    try:
-        facts = model_config.read_facts(inv.config)
-        model_config.check_decoder_layers(inv.config, inv.tensors)  # none past the decoder and its MTP layers
-    except ConfigError as exc:
-        raise ConvertError(str(exc)) from None
+    facts = model_config.read_facts(inv.config)
+    model_config.check_decoder_layers(inv.config, inv.tensors)  # none past the decoder and its MTP layers
     H, V, E, moe_i = facts.hidden_size, facts.vocab_size, facts.routed_experts, facts.expert_width
     # per-expert tensors run in routed_expert_hidden_size (Kimi K3's LatentMoE latent) where the config sets one
     EH, eh_key = (

@@ -19,16 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from colitools.formats.atomic import write_json_atomic
+from colitools.formats.errors import ManifestError
 from colitools.formats.filenames import MANIFEST_FILE, inside_name_problem
 from colitools.formats.jsonfile import invalid_text, shown_text
 
 __all__ = ["MANIFEST_FILE", "MANIFEST_VERSION", "Manifest", "ManifestError"]
 
 MANIFEST_VERSION = 1
-
-
-class ManifestError(ValueError):
-    """A ``colitools.json`` that is not a manifest; the message is the reason only (callers name the file)."""
 
 
 @dataclass

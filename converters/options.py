@@ -8,9 +8,8 @@ from typing import Any
 
 from colitools.converters.diskfloor import GB, gb
 from colitools.converters.recipe import Recipe
-from colitools.errors import ConvertError, ParameterError, TargetRefused
+from colitools.errors import ConvertError, ParameterError
 from colitools.formats import targets
-from colitools.formats.errors import FormatError
 from colitools.formats.format_names import role_formats_line
 from colitools.formats.layouts import PAIRS
 
@@ -46,10 +45,7 @@ class ConvertOptions:
         if self.workers < 1:
             raise ParameterError(f"`workers={self.workers}`: must be at least 1")
         if isinstance(self.target, str):
-            try:
-                object.__setattr__(self, "target", targets.by_name(self.target))
-            except FormatError as exc:
-                raise TargetRefused(str(exc)) from None
+            object.__setattr__(self, "target", targets.by_name(self.target))  # TargetRefused for an unknown name
 
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(

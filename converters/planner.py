@@ -20,18 +20,16 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
-from colitools.errors import ConvertError, TargetRefused
+from colitools.errors import ConvertError
 from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
-from colitools.formats.errors import FormatError
 from colitools.formats.expert_layouts import Stack
 from colitools.formats.filenames import shard_file_name
 from colitools.formats.format_names import copied_label
@@ -321,8 +319,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     Raises ConvertError naming the tensor for anything unclassifiable, and for ``--layout planar`` with a
     routed expert that would not be int4-row / int4-grouped gs 64 with ``I % 64 == 0``; TargetRefused for
     whatever the recipe's target (``recipe.target``, formats/targets.py) cannot write."""
-    with _refusals():
-        recipe.target.check_model_type(model_config.model_type(inventory.config))
+    recipe.target.check_model_type(model_config.model_type(inventory.config))
     by_unit, dropped = _unit_jobs(inventory, recipe)
     fallbacks = [j.target.fallback for ukey in sorted(by_unit) for j in by_unit[ukey] if j.target.fallback]
     drafts = []
@@ -331,16 +328,6 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
         drafts.append((key, _unit_files(key, ukey[2], by_unit[ukey], recipe)))
     _say_native_decoded(fallbacks)
     return ConversionPlan(_units(drafts), recipe, inventory, fallbacks, dropped)
-
-
-@contextmanager
-def _refusals() -> Iterator[None]:
-    """A target's FormatError (formats/targets.py: a source, tensor or layout its loader cannot read) as the
-    TargetRefused it is (exit code 2)."""
-    try:
-        yield
-    except FormatError as exc:
-        raise TargetRefused(str(exc)) from None
 
 
 def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, list[TensorJob]], list[str]]:
@@ -375,8 +362,7 @@ def _unit_files(
     rest = [j for j in jobs if j not in planar_jobs] if planar_jobs else jobs
     files = []
     if rest:
-        with _refusals():
-            grouped = recipe.target.group(_group(rest))
+        grouped = recipe.target.group(_group(rest))
         groups = [OutputGroup(g.jobs, g.stacks, g.interleaved) for g in grouped]
         files.append((groups, _metadata(groups, planar=False), None))
     if planar_jobs:
@@ -415,10 +401,7 @@ def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
     """A job as the target writes it (``Target.rewrite``, formats/targets.py): its written name and expert base,
     and the loader's float dtype, its source float dtype (where its bytes can be kept, else f32), a format
     re-chosen from another option (recorded as a fallback) or the loader's expert spelling."""
-    try:
-        rw = target.rewrite(job)
-    except FormatError as exc:  # the target's refusal (as in _refusals), without a context manager per tensor
-        raise TargetRefused(str(exc)) from None
+    rw = target.rewrite(job)  # TargetRefused (formats/targets.py) for a tensor its loader cannot read
     if rw is None:
         return job
     if (rw.name, rw.expert_base) != (job.out_name, job.expert_base):

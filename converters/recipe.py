@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from functools import lru_cache
 
-from colitools.errors import ConvertError, FormatError, ParameterError, TargetRefused
+from colitools.errors import ConvertError, FormatError, ParameterError
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
@@ -316,11 +316,8 @@ class Recipe:
         of its loader (``towers`` None: the target's, else ``keep``) and refuses, in one line, an option, layout
         or towers value that loader cannot read."""
         tgt = target
-        try:
-            tgt.check_writable()
-            tgt.check_option("layout", layout)
-        except FormatError as exc:
-            raise TargetRefused(str(exc)) from None
+        tgt.check_writable()
+        tgt.check_option("layout", layout)
         if group_size is not None and group_size not in GROUP_SIZES:
             raise ParameterError(f"`group_size={group_size}` is not one of {', '.join(map(str, GROUP_SIZES))}")
         if layout not in LAYOUTS:
@@ -341,15 +338,9 @@ class Recipe:
                 raise ParameterError(f"`{option}`: {exc}") from None
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
                 raise ConvertError(f"`{option}={value}` contradicts `group_size={group_size}`")
-            try:
-                tgt.check_option(option, value)
-            except FormatError as exc:
-                raise TargetRefused(str(exc)) from None
+            tgt.check_option(option, value)
             values[option] = value
-        try:
-            tgt.check_option("towers", towers)
-        except FormatError as exc:
-            raise TargetRefused(str(exc)) from None
+        tgt.check_option("towers", towers)
         return cls(layout=layout, towers=towers, target=target, **values)
 
     def option_for(self, role: Role) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from colitools.errors import ConvertError, FormatError
+from colitools.errors import ConvertError
 from colitools.formats.container import check_shard_name as check_container_shard_name
 from colitools.formats.digest import git_blob_sha1, sha256_file
 from colitools.formats.dtypes import itemsize
@@ -106,11 +106,8 @@ class HeaderTensor:
 def check_shard_name(shard: str, index_name: str = INDEX_FILE, tensor: str | None = None) -> None:
     """Refuse a shard file name that could leave the source folder or is not a safetensors file (docs/FORMATS.md §8 ("Model directories")).
 
-    The rule is ``formats.container.check_shard_name``; a refusal is a ``ConvertError`` with its message."""
-    try:
-        check_container_shard_name(shard, index_name, tensor)
-    except FormatError as exc:
-        raise ConvertError(str(exc)) from None
+    The rule is ``formats.container.check_shard_name`` (its ``FormatError``), with the index as ``where``."""
+    check_container_shard_name(shard, index_name, tensor)
 
 
 class Source(ABC):

@@ -1,11 +1,12 @@
-"""Error types of colitools.
+"""Every error type of colitools, at the bottom of the dependency graph (``formats`` imports nothing of ours, and
+every other package may import this module; ``colitools.errors`` re-exports it for the layers above).
 
 Every error a user can cause (bad input file, wrong option, full disk) is a ``ColitoolsError``: the CLI prints
 its message as one line on stderr and exits with ``exit_code``, never a traceback. Messages name the file, the
 tensor and the numbers at fault, and a function's parameters in backticks: `` `group_size` ``, or with the value
 given, `` `group_size=33` `` (the CLI prints a parameter of the command that ran as its flag, ``--group-size 33``).
-``formats`` imports nothing of ours, so the base class lives here and the
-other packages import it from ``colitools.formats.errors`` (re-exported by ``colitools.errors``).
+An error propagates as raised: a caller catches one only to change its message (add the file or tensor it knows)
+or to recover, never to give the same message another class.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class ColitoolsError(Exception):
     exit_code: int = 1
 
 
+# ---------------------------------------------------------------------------------------- formats: the bytes
 class FormatError(ColitoolsError):
     """Bytes that do not follow the format specification.
 
@@ -76,9 +78,59 @@ class EncodeError(FormatError):
     """A tensor that cannot be encoded (NaN/inf input, unsupported shape for the format)."""
 
 
+class ConfigError(FormatError):
+    """A ``config.json`` whose keys have the wrong type or range (``formats.model_config``)."""
+
+
 class UsageFileError(ColitoolsError):
     """A malformed or incompatible ``.coli_usage`` routing history."""
 
 
-class ConfigError(FormatError):
-    """A ``config.json`` whose keys have the wrong type or range (``formats.model_config``)."""
+class KernelBuildError(ColitoolsError):
+    """The compiled-ahead kernels could not be built (``formats/kernels/aot.py``; the JIT kernels still serve)."""
+
+
+# ----------------------------------------------------------------------------------- converters: the pipeline
+class ConvertError(ColitoolsError):
+    """A conversion that cannot start or continue (bad source, recipe mismatch, missing shard)."""
+
+
+class TargetRefused(ConvertError):
+    """A ``--target`` (formats/targets.py) refusing the source or the recipe before work starts (wrong model
+    type, a format or layout its loader cannot read): a usage error, exit code 2."""
+
+    exit_code = 2
+
+
+class DiskFloorStop(ConvertError):
+    """Free disk space fell below the floor with ``--on-low-disk stop``; the run can be resumed."""
+
+    exit_code = 3
+
+
+class ManifestError(ColitoolsError):
+    """A ``colitools.json`` that is not a manifest (``converters/manifest.py``); the message is the reason only
+    (callers name the file)."""
+
+
+class UploadError(ColitoolsError):
+    """An upload that cannot start (incomplete output, no token) or that the Hub refused (``colitools upload``)."""
+
+
+# ------------------------------------------------------------------------------- runtime, mirror, verify
+class RuntimeModelError(ColitoolsError):
+    """A model the reference runtime cannot execute (unknown family, missing tensor, bad shape)."""
+
+
+class MirrorError(ColitoolsError):
+    """A mirror plan/stage/verify failure caused by input or environment."""
+
+
+class MirrorReserveStop(MirrorError):
+    """Free space on the mirror drive fell below the reserve during the copy; rerun once there is room."""
+
+    exit_code = 2
+
+
+class VerifyError(ColitoolsError):
+    """A verification that could not be carried out (as opposed to one that ran and found mismatches)."""

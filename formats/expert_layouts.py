@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from colitools.formats import model_config
-from colitools.formats.errors import FormatError, ResolveError
+from colitools.formats.errors import FormatError, ResolveError, TargetRefused
 from colitools.formats.format_names import GROUP_SIZES
 from colitools.formats.names import (
     CANONICAL_PROJECTION,
@@ -205,7 +205,7 @@ class ExpertRecord(ExpertLayout):
     def _record(self, jobs: tuple[PlannedTensor, ...], target: Any) -> Grouped:
         for j in jobs:
             if self.formats is not None and not written_as(j.target, j.I, self.formats):
-                raise FormatError(
+                raise TargetRefused(
                     f"`target={target.name}`: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
                     f"{j.target.label}{_why(j)}; {target.loader} reads routed experts as "
                     f"{' or '.join(self.formats)} only (`experts={self.formats[0]}`)"
@@ -323,7 +323,7 @@ class MergedLayout(ExpertLayout):
         first = jobs[0]
         projections = tuple(parse_name(j.out_name).projection for j in jobs)
         if projections != self.projections or len({j.expert_base for j in jobs}) != 1:
-            raise FormatError(
+            raise TargetRefused(
                 f"`target={target.name}`: expert {first.expert} of {first.expert_base} "
                 f"({', '.join(j.out_name for j in jobs)}) is not one {'/'.join(self.projections)} record, which "
                 f"{target.loader} reads as one merged blob"
@@ -348,7 +348,7 @@ class MergedLayout(ExpertLayout):
                 fmt == INT4_GROUPED and j.target.fmt == INT4_ROW and j.I <= gs
             )  # one group per row is a row scale: the same bytes and scales
             if j.target.label not in wanted or not same:
-                raise FormatError(
+                raise TargetRefused(
                     f"`target={target.name}`: routed expert tensor {j.out_name} [{j.O}, {j.I}] would be written as "
                     f"{j.target.label}{_why(j)}; {target.loader} reads gate, up and down in one of "
                     f"{', '.join(wanted)} only"
@@ -356,12 +356,12 @@ class MergedLayout(ExpertLayout):
         gate, up, down = jobs
         where = f"`target={target.name}`: expert {gate.expert} of {gate.expert_base}"
         if (gate.O, gate.I) != (up.O, up.I) or (down.O, down.I) != (gate.I, gate.O):
-            raise FormatError(
+            raise TargetRefused(
                 f"{where}: gate {[gate.O, gate.I]}, up {[up.O, up.I]}, down {[down.O, down.I]} are not [I, H], "
                 f"[I, H], [H, I]"
             )
         if fmt != INT8_ROW and (gate.O % 2 or gate.I % 2):
-            raise FormatError(
+            raise TargetRefused(
                 f"{where}: int4 merged blobs need an even hidden size and expert width (gate is "
                 f"{[gate.O, gate.I]}); use `experts=int8-row`"
             )
@@ -525,7 +525,7 @@ class FusedLayout(ExpertLayout):
         if [k_of(j) for j in jobs] != list(range(len(jobs))) or len({(j.O, j.I) for j in jobs}) != 1 or len(
             dtypes
         ) != 1 or not all(j.target.is_float for j in jobs):  # fmt: skip
-            raise FormatError(
+            raise TargetRefused(
                 f"`target={target.name}`: shared experts {', '.join(j.out_name for j in jobs)} are not one float "
                 f"stack {name} [n, O, I], which {target.loader} reads"
             )
@@ -564,7 +564,7 @@ class FusedLayout(ExpertLayout):
             bad = next(
                 j for j in jobs if j.target.label not in allowed or j.target.label != gate.target.label
             )
-            raise FormatError(
+            raise TargetRefused(
                 f"`target={target.name}`: routed expert tensor {bad.out_name} [{bad.O}, {bad.I}] would be written as "
                 f"{bad.target.label}{_why(bad)}; {target.loader} reads one fused stack per layer, all its experts in "
                 f"one of {', '.join(allowed)}"
@@ -577,12 +577,12 @@ class FusedLayout(ExpertLayout):
             or len(jobs) != len(want)
             or any((j.O, j.I) != shapes[p] for (_, p), j in by.items())
         ):
-            raise FormatError(
+            raise TargetRefused(
                 f"`target={target.name}`: the routed experts of {base} are not experts 0..{E - 1} with gate [I, H], "
                 f"up [I, H], down [H, I] each, which {target.loader} reads as one fused stack"
             )
         if fmt == INT4_ROW and (H % 2 or I % 2):
-            raise FormatError(
+            raise TargetRefused(
                 f"`target={target.name}`: {base}: int4 fused stacks need an even hidden size and expert width "
                 f"(hidden {H}, width {I}); use `experts=int8-row`"
             )

@@ -14,7 +14,7 @@ Each class declares what a reader of a source checkpoint needs to know of one en
   companions (``FormatError`` naming both); ``companion_suffixes``: companions refused without their data tensor;
 * ``native_form(...)``: whether a registered output format holds it exactly (``native``, docs/FORMATS.md §6),
   and which; ``keep`` repacks its bytes into that format;
-* ``decode``: float32 values, with the numpy reference (``reference.py``) or its kernel (``kernels/_decode.py``).
+* ``decode``: float32 values, with the numpy reference (``reference.py``) or its kernel (``kernels/decoders.py``).
 
 FP8 block-scaled weights (``_scale_inv``) are registered too (their config, companions, native form and decoder),
 but not paired here (``paired = False``): the converter carries their scale as ``SourceTensor.scale``, because its
@@ -223,9 +223,9 @@ def _decoders(fast: bool):
     """The module holding the source decoders: the kernels' (numba-free drivers) or the numpy reference; both
     name them alike."""
     if fast:
-        from colitools.formats.kernels import _decode
+        from colitools.formats.kernels import decoders
 
-        return _decode
+        return decoders
     return ref
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from colitools.formats import model_config, names
-from colitools.formats.errors import FormatError
+from colitools.formats.errors import FormatError, TargetRefused
 from colitools.formats.expert_layouts import (  # re-exported: the layouts' facts, read by the runtime and mirror
     FUSED,
     INT4_GROUPED,
@@ -174,9 +174,9 @@ class Target:
 
     # ------------------------------------------------------------------------------------ options, sources
     def check_writable(self) -> None:
-        """FormatError (one line) for a target colitools does not write (``refused``)."""
+        """TargetRefused (one line) for a target colitools does not write (``refused``)."""
         if self.refused is not None:
-            raise FormatError(f"`target={self.name}` is refused: {self.refused}")
+            raise TargetRefused(f"`target={self.name}` is refused: {self.refused}")
 
     def allowed(self, option: str) -> tuple[str, ...] | None:
         """The values of ``option`` this target's loader reads (None: any)."""
@@ -189,17 +189,17 @@ class Target:
         return value if value is not None or allowed is None or len(allowed) != 1 else allowed[0]
 
     def check_option(self, option: str, value: str) -> None:
-        """FormatError (one line naming the option and the target) when this target cannot honour
+        """TargetRefused (one line naming the option and the target) when this target cannot honour
         ``--option value``."""
         allowed = self.allowed(option)
         if allowed is not None and value not in allowed:
             why = dict(self.why).get(option) or f"{self.loader} reads {' or '.join(allowed)} there"
-            raise FormatError(f"`target={self.name}`: `{option}={value}` is refused: {why}")
+            raise TargetRefused(f"`target={self.name}`: `{option}={value}` is refused: {why}")
 
     def check_model_type(self, model_type: str | None) -> None:
-        """FormatError (one line) when the source's ``model_type`` is not one this target's engine runs."""
+        """TargetRefused (one line) when the source's ``model_type`` is not one this target's engine runs."""
         if self.model_types is not None and model_type not in self.model_types:
-            raise FormatError(
+            raise TargetRefused(
                 f"`target={self.name}` is for model_type {', '.join(self.model_types)} ({self.loader}); "
                 f"the source is {model_type!r}"
             )
@@ -224,12 +224,12 @@ class Target:
     def rewrite(self, job: PlannedTensor) -> Rewrite | None:
         """How this target writes planned tensor ``job`` (its recipe name and format): renamed, in the loader's
         float dtype, kept float, re-chosen by the int4 rule, or in the loader's expert spelling; None when it
-        is written as planned. FormatError (one line) for a tensor the loader looks up by no name."""
+        is written as planned. TargetRefused (one line) for a tensor the loader looks up by no name."""
         name, base = job.out_name, job.expert_base
         if self.rename or self.name_map is not None:
             out = self.out_name(name)
             if out is None:
-                raise FormatError(
+                raise TargetRefused(
                     f"`target={self.name}`: tensor {job.source.name} ({name}) has no name {self.loader} looks up "
                     f"(formats/names.py); convert it with `target=generic`"
                 )
@@ -541,11 +541,11 @@ SPELLINGS: tuple[Spelling, ...] = tuple(
 
 
 def by_name(name: str) -> Target:
-    """The target called ``name`` (``--target NAME``); FormatError (one line) naming the choices."""
+    """The target called ``name`` (``--target NAME``); TargetRefused (one line) naming the choices."""
     try:
         return TARGETS[name]
     except KeyError:
-        raise FormatError(f"`target={name!r}`: choose one of {', '.join(TARGET_NAMES)}") from None
+        raise TargetRefused(f"`target={name!r}`: choose one of {', '.join(TARGET_NAMES)}") from None
 
 
 def help_text() -> str:

@@ -10,24 +10,34 @@ sparse (non-zero counts only)::
 
 ``engine_id`` is the FNV-1a 32-bit hash of the engine name (colitools uses ``config.json`` ``model_type``).
 A history with no counts is a zero-byte file.
+
+Besides that text layout the reader takes colibri's Inkling engine's older dense binary history, ``IKU1``
+(``c/route_trace.h`` ``rt_read_ex``: uint32 little-endian ``{0x31554B49, n_layers, n_experts}`` then
+``uint32[n_layers][n_experts]``, layer and expert given by the position). Only an Inkling model's read takes it
+(colibri's ``inkling.c`` now saves the text layout through ``rt_save``, so nothing here writes IKU1).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import struct
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.formats.atomic import write_bytes_atomic
-from colitools.formats.errors import UsageFileError
+from colitools.formats.errors import ParameterError, UsageFileError
+from colitools.formats.families import family_of, known_model_types
 
 __all__ = [
     "FORMAT_VERSION",
+    "IKU1_MAGIC",
     "MAX_EXPERT_SLOTS",
     "UsageFileError",
     "UsageHistory",
+    "check_usage_decay",
+    "decay_usage",
     "engine_id",
     "format_usage",
     "read_usage",
@@ -37,6 +47,9 @@ __all__ = [
 FORMAT_VERSION = 1
 GEOMETRY_RECORD = -1
 VERSION_RECORD = -2
+IKU1_MAGIC = 0x31554B49  # b"IKU1" little-endian: route_trace.h RT_IKU1_MAGIC
+_IKU1_HEADER = struct.Struct("<3I")
+INKLING_FAMILY = "inkling"  # the family whose engine (colibri's inkling.c) reads IKU1
 
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
@@ -64,6 +77,7 @@ class UsageHistory:
     (``0 <= layer < n_layers``, ``0 <= expert < n_experts``). ``skipped_records`` counts the records of the
     file that were not counted (out of range or non-positive). ``headerless`` marks a legacy file without the
     two header records, whose geometry came from the caller or, failing that, from the records themselves.
+    ``iku1`` marks a history read from Inkling's dense binary layout.
     """
 
     n_layers: int
@@ -72,6 +86,7 @@ class UsageHistory:
     counts: dict[tuple[int, int], int] = field(default_factory=dict)
     skipped_records: int = 0
     headerless: bool = False
+    iku1: bool = False  # read from Inkling's dense binary layout (no engine id in it)
 
     @property
     def total(self) -> int:
@@ -114,7 +129,8 @@ def _engine_id_of(engine: str | int | None) -> int | None:
 
 
 def _parse_records(path: Path, text: str) -> list[tuple[int, int, int, int]]:
-    """``(line_number, a, b, c)`` for every non-blank line; anything but three integers is an error."""
+    """``(line_number, a, b, c)`` for every non-blank line; anything but three integers is an error. LF, CRLF
+    and CR endings read alike (colibri's reader opens ``rb`` and ``fscanf`` skips the ``\\r``)."""
     records = []
     for number, line in enumerate(text.splitlines(), start=1):  # splitlines: LF, CRLF and CR alike
         fields = line.split()
@@ -155,19 +171,41 @@ def read_usage(
     n_experts: int | None = None,
     engine: str | int | None = None,
     explicit: bool = False,
+    routed_layers: Collection[int] | None = None,
 ) -> UsageHistory:
-    """Read a ``.coli_usage`` file.
+    """Read a ``.coli_usage`` file (text, legacy headerless text, or Inkling's binary ``IKU1``).
 
     ``n_layers``/``n_experts`` are the model's geometry when known: a file whose geometry header differs is
     refused; a legacy headerless file takes them as its geometry. ``engine`` is the model's engine name (or
-    its id): a file recorded by another engine is refused unless ``explicit`` (the user named the file).
-    Records with a negative layer other than the two headers are skipped; records outside the geometry or
-    with a non-positive count are never counted (``skipped_records``). Repeated records add up. A geometry
-    (the header's, the caller's, or that of a headerless file's records) of more than ``MAX_EXPERT_SLOTS``
-    experts in all is refused: whatever a consumer allocates per expert stays bounded.
+    its id): a text file recorded by another engine is refused unless ``explicit`` (the user named the file,
+    colibri's trusted read); trust relaxes that identity check only: a wrong geometry, a newer format version,
+    or an IKU1 file for a model not of the Inkling family is refused whatever the caller says.
+    ``routed_layers``: the layers that route (colibri's ``rt_drop_row`` rule): a record of any other layer is
+    not counted. Records with a negative layer other than the two headers are skipped; records outside the
+    geometry, of a non-routing layer or with a non-positive count are never counted (``skipped_records``,
+    never in ``total``). Repeated records add up. A geometry (the header's, the caller's, or that of a
+    headerless file's records) of more than ``MAX_EXPERT_SLOTS`` experts in all is refused: whatever a consumer
+    allocates per expert stays bounded.
     """
     path = Path(path)
-    headers = _headers(path, _parse_records(path, _read_text(path)))
+    raw = _read_bytes(path)
+    if raw[:4] == IKU1_MAGIC.to_bytes(4, "little"):  # text starts with a digit or a sign: no false positive
+        history, body = _read_iku1(path, raw, n_layers, n_experts, engine)
+    else:
+        history, body = _read_text_history(path, raw, n_layers, n_experts, engine, explicit)
+    for layer, expert, n in body:
+        if (n <= 0 or not (0 <= layer < history.n_layers and 0 <= expert < history.n_experts)
+                or (routed_layers is not None and layer not in routed_layers)):  # fmt: skip
+            history.skipped_records += 1
+            continue
+        history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
+    return history
+
+
+def _read_text_history(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None,
+                       engine: str | int | None, explicit: bool) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
+    """The text layout: its headers checked against the caller's geometry and engine, and its data records."""
+    headers = _headers(path, _parse_records(path, _decode(path, raw)))
     layers, experts = _geometry(path, headers, n_layers, n_experts)
     wanted_engine = _engine_id_of(engine)
     file_engine = headers.engine_id
@@ -184,21 +222,19 @@ def read_usage(
         )
     headerless = headers.geometry is None and headers.version is None
     history = UsageHistory(n_layers=layers, n_experts=experts, engine_id=file_engine, headerless=headerless)
-    for _, layer, expert, n in headers.body:
-        if n <= 0 or not (0 <= layer < layers and 0 <= expert < experts):
-            history.skipped_records += 1
-            continue
-        history.counts[(layer, expert)] = history.counts.get((layer, expert), 0) + n
-    return history
+    return history, [(layer, expert, n) for _, layer, expert, n in headers.body]
 
 
-def _read_text(path: Path) -> str:
+def _read_bytes(path: Path) -> bytes:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise UsageFileError(f"usage history not found: {path}") from None
     except IsADirectoryError:
         raise UsageFileError(f"usage history is a directory, not a file: {path}") from None
+
+
+def _decode(path: Path, raw: bytes) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -270,6 +306,74 @@ def _check_slots(path: Path, layers: int, experts: int, source: str) -> None:
             f"{path}: {source} {layers} layers x {experts} experts = {layers * experts} experts, more than "
             f"the {MAX_EXPERT_SLOTS} a usage history may describe"
         )
+
+
+def _is_inkling(engine: str | int | None) -> bool:
+    """Whether ``engine`` (a model type or its id) is a model of the Inkling family, the one IKU1 reader."""
+    if isinstance(engine, str):
+        family = family_of(engine)
+        return family is not None and family.name == INKLING_FAMILY
+    return any(engine == engine_id(t) and _is_inkling(t) for t in known_model_types())
+
+
+def _read_iku1(path: Path, raw: bytes, n_layers: int | None, n_experts: int | None,
+               engine: str | int | None) -> tuple[UsageHistory, list[tuple[int, int, int]]]:  # fmt: skip
+    """The dense binary layout: refused by name for a model not of the Inkling family, even when the user named
+    the file (colibri's trusted read would take it: here it is a layout only Inkling's engine writes, not an
+    identity to override); its geometry is the parse geometry (a record's place gives its layer and expert), so
+    it must match, always."""
+    if engine is not None and not _is_inkling(engine):
+        name = f"{engine!r}" if isinstance(engine, str) else f"engine id {engine}"
+        raise UsageFileError(
+            f"{path}: an IKU1 usage history (the dense binary layout of colibri's inkling engine) is read only "
+            f"for an Inkling model, not for this model's engine {name}"
+        )
+    if len(raw) < _IKU1_HEADER.size:
+        raise UsageFileError(
+            f"{path}: IKU1 usage history is {len(raw)} bytes, shorter than its 12-byte header"
+        )
+    _, layers, experts = _IKU1_HEADER.unpack_from(raw)
+    if (n_layers is not None and layers != n_layers) or (n_experts is not None and experts != n_experts):
+        raise UsageFileError(
+            f"{path}: IKU1 usage history is {layers} layers x {experts} experts, the model is "
+            f"{n_layers if n_layers is not None else '?'} x {n_experts if n_experts is not None else '?'}: "
+            "refusing rather than misreading it"
+        )
+    if layers <= 0 or experts <= 0:
+        raise UsageFileError(f"{path}: IKU1 geometry header needs positive sizes, got {layers} x {experts}")
+    _check_slots(path, layers, experts, "its IKU1 header declares")
+    want = _IKU1_HEADER.size + 4 * layers * experts
+    if len(raw) != want:
+        raise UsageFileError(
+            f"{path}: IKU1 usage history of {layers} x {experts} is {want} bytes, the file is {len(raw)}"
+        )
+    import numpy as np  # a dense block: one view instead of a Python loop over every cell
+
+    block = np.frombuffer(raw, dtype="<u4", offset=_IKU1_HEADER.size).reshape(layers, experts)
+    body = [(int(layer), int(e), int(block[layer, e])) for layer, e in zip(*np.nonzero(block), strict=True)]
+    return UsageHistory(n_layers=layers, n_experts=experts, iku1=True), body
+
+
+def check_usage_decay(factor: float) -> None:
+    """Refuse a decay factor outside ``(0, 1]`` (colibri's engines ignore one; a typed value is refused here)."""
+    if not 0.0 < factor <= 1.0:  # also refuses nan
+        raise ParameterError(f"`usage_decay` must be in (0, 1], got {factor}")
+
+
+def decay_usage(history: UsageHistory, factor: float) -> None:
+    """Multiply every count by ``factor`` in ``(0, 1]``, as colibri's engines do before each save
+    (``route_trace.h`` ``rt_decay``, ``COLI_USAGE_DECAY``): ``floor(count * factor + 0.5)`` in double precision,
+    so a count of 1 survives any factor >= 0.5 and 1.0 leaves the bytes unchanged; a count that rounds to 0 is
+    dropped."""
+    check_usage_decay(factor)
+    if factor == 1.0:
+        return
+    for key, n in list(history.counts.items()):
+        kept = int(n * factor + 0.5)
+        if kept:
+            history.counts[key] = kept
+        else:
+            del history.counts[key]
 
 
 def format_usage(history: UsageHistory) -> bytes:

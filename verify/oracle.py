@@ -101,6 +101,7 @@ def load_reference(fixture_dir: Path, recipe: str) -> dict[str, Any]:
             have = ", ".join(fixture_recipes(fixture_dir)) or "none"
             raise VerifyError(f"{fixture_dir}: no reference for recipe {recipe!r} (have: {have})")
     ref = _read_json(path)
+    _check_reference(path, ref)
     if recipe == "planar":
         ref["recipe_formats"] = {**(ref.get("recipe_formats") or {}), "layout": "planar"}
     ref["recipe"] = recipe
@@ -121,13 +122,52 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _check_reference(path: Path, ref: dict[str, Any]) -> None:
+    """The keys a run reads, with their types: a damaged reference is one VerifyError naming the key."""
+    forced = ref.get("teacher_forced")
+    logits = ref.get("logits")
+    problems = [
+        (key, "a list of token ids")
+        for key, value in (("prompt_ids", ref.get("prompt_ids")), ("generated_ids", ref.get("generated_ids")))
+        if not _int_list(value)
+    ]
+    if not isinstance(forced, dict):
+        problems.append(("teacher_forced", "an object"))
+    else:
+        problems += [
+            (f"teacher_forced.{key}", "a list of token ids")
+            for key in ("input_ids", "argmax")
+            if not _int_list(forced.get(key))
+        ]
+        margins = forced.get("margins")
+        if margins is not None and not (
+            isinstance(margins, list)
+            and all(isinstance(m, int | float) and not isinstance(m, bool) for m in margins)
+            and len(margins) >= len(forced.get("argmax") or [])
+        ):
+            problems.append(("teacher_forced.margins", "a list of numbers, one per argmax position"))
+    if not (isinstance(logits, dict) and isinstance(logits.get("file"), str) and logits["file"]
+            and Path(logits["file"]).name == logits["file"]):  # fmt: skip
+        problems.append(("logits.file", "a file name in the reference folder"))
+    if problems:
+        key, want = problems[0]
+        raise VerifyError(f"{path}: {key} must be {want}")
+
+
 def reference_logits(fixture_dir: Path, ref: dict[str, Any]) -> np.ndarray:
     """The reference logits rows ``[2, V]``: greedy last step, teacher-forced last position."""
     import zstandard
 
     path = fixture_dir / REFERENCE_DIR / ref["logits"]["file"]
-    raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
-    return np.load(io.BytesIO(raw), allow_pickle=False)
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (OSError, ValueError, EOFError, zstandard.ZstdError) as exc:
+        raise VerifyError(f"{path}: unreadable reference logits ({exc})") from None
 
 
 def convert_options(ref: dict[str, Any]):

@@ -111,10 +111,15 @@ def convert_command(
     if upload_repo is None or dry_run:
         output.emit(as_json, summary.to_dict, summary.text().splitlines())
         return
+    _upload_after(summary, outdir, upload_repo, token=token, as_json=as_json, progress=progress)
+
+
+def _upload_after(summary, outdir: Path, repo_id: str, *, token, as_json: bool, progress: bool | None) -> None:
+    """``--upload-repo``: the finished output goes to the Hub; one report holds both results."""
     from colitools.converters.publish import upload_output
 
     bars = progress if progress is not None else (not as_json and sys.stderr.isatty())
-    report = upload_output(outdir, upload_repo, token=token, progress=bars)
+    report = upload_output(outdir, repo_id, token=token, progress=bars)
     output.emit(
         as_json, lambda: {**summary.to_dict(), "upload": report.to_json()},
         [*summary.text().splitlines(), report.text()],

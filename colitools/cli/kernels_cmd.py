@@ -1,8 +1,8 @@
-"""`colitools kernels`: whether the codecs' kernels run compiled ahead of time here, and building them once."""
+"""`colitools kernels`: whether the kernels (codecs, runtime) run compiled ahead of time here, and building them
+once."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -14,13 +14,13 @@ from colitools.cli.options import JsonOpt
 
 
 def _lines(status: dict) -> Iterator[str]:
-    built = status.get("built_now")
-    if built is not None:
+    for built in status.get("built_now", ()):
         yield f"built {built['file']} in {built['seconds']} s"
-    if status["loaded"]:
-        yield f"kernels: compiled ahead of time ({status['file']})"
-    else:
-        yield f"kernels: numba JIT; compiled-ahead module {status['reason']}"
+    for s in status["sets"]:
+        if s["loaded"]:
+            yield f"kernels ({s['set']}): compiled ahead of time ({s['file']})"
+        else:
+            yield f"kernels ({s['set']}): numba JIT; compiled-ahead module {s['reason']}"
 
 
 @app.command("kernels")
@@ -29,7 +29,8 @@ def kernels_command(
         bool,
         typer.Option(
             "--build",
-            help="Compile the kernels for this machine unless they are (~20 s; numba and a C compiler).",
+            help="Compile the kernels (codecs, runtime) for this machine unless they are (~30 s; numba and a C "
+            "compiler).",
         ),
     ] = False,
     force: Annotated[
@@ -46,13 +47,10 @@ def kernels_command(
             "only with --build (it compiles even when the kernels are current)", param_hint="'--force'"
         )
     from colitools.formats.kernels import aot
+    from colitools.runtime import kernels as _runtime  # noqa: F401  (declares the runtime's kernel set)
 
-    built = None
-    if build and (force or aot.current() is None):
-        started = time.monotonic()
-        path = aot.build()
-        built = {"file": path, "seconds": round(time.monotonic() - started, 1)}
+    built = aot.build_missing(force=force) if build else []
     status = aot.status()
-    if built is not None:
+    if built:
         status["built_now"] = built
     output.emit(as_json, lambda: status, _lines(status))

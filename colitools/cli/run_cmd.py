@@ -44,6 +44,50 @@ def _lines(report) -> Iterator[str]:
         yield "text " + json.dumps(report.text, ensure_ascii=False)
 
 
+UsageDecayOpt = Annotated[
+    float,
+    typer.Option(
+        "--usage-decay",
+        metavar="F",
+        help="Multiply the whole usage history by F in (0, 1] at the save (colibri's COLI_USAGE_DECAY; "
+        "1 = no decay).",
+    ),
+]
+RouteTraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--route-trace",
+        metavar="FILE",
+        help="Write colibri's ROUTE_TRACE stream to FILE: one line per MoE call and batch row, "
+        "'call row layer expert:gate ...'.",
+    ),
+]
+
+
+def _progress(max_new_tokens: int, tty: bool):
+    """The per-token progress line on a terminal's stderr."""
+
+    def progress(tok: int, res, stats: dict) -> None:
+        if tty:
+            output.echo(
+                f"\r{len(res.generated_ids)}/{max_new_tokens} tokens  {res.decode_tok_per_s:.2f} tok/s  "
+                f"expert cache hit {100 * stats['expert_cache_hit_rate']:.1f}%",
+                err=True,
+                end="",
+            )
+
+    return progress
+
+
+def _summary(report, tty: bool) -> str:
+    s = report.stats
+    return (
+        ("\r" if tty else "") + f"{len(report.generated_ids)} tokens  {report.tok_per_s:.2f} tok/s decode  "
+        f"prefill {report.prefill_seconds:.2f}s  expert cache hit {100 * s['expert_cache_hit_rate']:.1f}% "
+        f"(cap {s['cap']}/layer)  peak RSS {report.peak_rss_bytes / 2**20:.0f} MiB"
+    )
+
+
 @app.command("run")
 def run_command(
     model_dir: Annotated[
@@ -64,8 +108,14 @@ def run_command(
         typer.Option("--ram-gb", help="Memory budget in GiB (> 0; sets the cap when --cap is not given)."),
     ] = None,
     no_usage: Annotated[
-        bool, typer.Option("--no-usage", help="Do not record routing usage in .coli_usage.")
+        bool,
+        typer.Option(
+            "--no-usage",
+            help="Do not record routing usage: .coli_usage is left untouched (colibri's USAGE_SAVE=0).",
+        ),
     ] = False,
+    usage_decay: UsageDecayOpt = 1.0,
+    route_trace: RouteTraceOpt = None,
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Do not stop at the end-of-sequence token.")
     ] = False,
@@ -78,16 +128,6 @@ def run_command(
 
     ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
     tty = sys.stderr.isatty()
-
-    def progress(tok: int, res, stats: dict) -> None:
-        if tty:
-            output.echo(
-                f"\r{len(res.generated_ids)}/{max_new_tokens} tokens  {res.decode_tok_per_s:.2f} tok/s  "
-                f"expert cache hit {100 * stats['expert_cache_hit_rate']:.1f}%",
-                err=True,
-                end="",
-            )
-
     report = run_model(
         model_dir,
         prompt_ids=ids,
@@ -97,15 +137,11 @@ def run_command(
         ram_gb=ram_gb,
         record_usage=not no_usage,
         stop_at_eos=not ignore_eos,
-        progress=progress,
+        progress=_progress(max_new_tokens, tty),
+        route_trace=route_trace,
+        usage_decay=usage_decay,
     )
-    s = report.stats
-    output.echo(
-        ("\r" if tty else "") + f"{len(report.generated_ids)} tokens  {report.tok_per_s:.2f} tok/s decode  "
-        f"prefill {report.prefill_seconds:.2f}s  expert cache hit {100 * s['expert_cache_hit_rate']:.1f}% "
-        f"(cap {s['cap']}/layer)  peak RSS {report.peak_rss_bytes / 2**20:.0f} MiB",
-        err=True,
-    )
+    output.echo(_summary(report, tty), err=True)
     if report.usage_note:
         output.warn(report.usage_note)
     output.emit(as_json, report.to_json, _lines(report), one_line=True)

@@ -1,4 +1,5 @@
-"""``colitools usage show FILE``: what a ``.coli_usage`` routing history holds (docs/FORMATS.md §6)."""
+"""``colitools usage show FILE``: what a ``.coli_usage`` routing history holds; ``colitools usage pairs TRACE...``:
+colibri's ``.coli_pairs`` co-activation table from ``ROUTE_TRACE`` streams (docs/FORMATS.md §6)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ def _lines(report, top: int) -> Iterator[str]:
     yield f"file       {report.file}"
     origin = "the model" if report.geometry_from_model else "its records"
     kind = f"legacy headerless file, geometry from {origin}" if summary.headerless else "header"
+    if summary.iku1:
+        kind = "IKU1 dense binary header"
     yield f"geometry   {summary.n_layers} layers x {summary.n_experts} experts ({kind})"
-    if summary.engine_id is None:
+    if summary.iku1:
+        yield "engine     colibri's inkling engine (IKU1 layout, no engine id)"
+    elif summary.engine_id is None:
         yield "engine     unknown (no version header)"
     else:
         name = f" = {summary.engine!r}" if summary.engine else ""
@@ -44,6 +49,9 @@ def _lines(report, top: int) -> Iterator[str]:
     yield f"coverage (share of selections served by the hottest X% of routed-expert bytes; {basis})"
     for percent, share in summary.coverage:
         yield f"  {percent:>3}%  {share:7.1%}"
+    if report.plot is not None:
+        yield ""
+        yield f"heatmap    {report.plot}"
 
 
 @usage_app.command("show")
@@ -58,10 +66,44 @@ def show_command(
         ),
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Hottest experts listed per layer.")] = 5,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="OUT.png",
+            help="Also draw the history as a layer x expert heatmap (needs the extra: pip install "
+            "'colitools[plot]').",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Geometry, engine, totals, the hottest experts per layer and the coverage curve."""
     from colitools.mirror.usage_report import usage_report
 
-    report = usage_report(file, model=model, top=top)
+    report = usage_report(file, model=model, top=top, plot=plot)
     output.emit(as_json, report.to_json, _lines(report, top))
+
+
+def _pairs_lines(table) -> Iterator[str]:
+    for trace, n in table.positions.items():
+        yield f"{trace}: {n} positions"
+    yield f"wrote {table.out}: {len(table.entries)} conditioning entries"
+
+
+@usage_app.command("pairs")
+def pairs_command(
+    traces: Annotated[list[Path], typer.Argument(help="ROUTE_TRACE files (colitools run --route-trace).")],
+    out: Annotated[Path, typer.Option("--out", help="The .coli_pairs table to write.")],
+    top: Annotated[
+        int, typer.Option("--top", min=1, help="Co-activated experts kept per entry (route_pairs.py's M).")
+    ] = 16,
+    depth: Annotated[
+        int, typer.Option("--depth", min=1, help="Layers ahead paired with each layer (route_pairs.py: 2).")
+    ] = 2,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build the cross-layer co-activation table colibri's COUPLE= prefetcher reads, as route_pairs.py does."""
+    from colitools.formats.route_trace import write_route_pairs
+
+    table = write_route_pairs(traces, out, top=top, depth=depth)
+    output.emit(as_json, table.to_json, _pairs_lines(table))

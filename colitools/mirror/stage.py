@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from colitools.errors import MirrorError
+from colitools.errors import MirrorError, MirrorReserveStop
 from colitools.formats.atomic import parse_temp_name, write_json_atomic
 from colitools.formats.lockfile import held_lock
 from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
@@ -50,12 +50,6 @@ __all__ = ["LOCK_FILE", "MirrorReserveStop", "StageResult", "StagedFile", "stage
 
 LOCK_FILE = ".colibri-mirror.lock"
 MAX_WORKERS = 4  # concurrent copies at most (each is one thread: read -> sha256 -> write, then re-hash)
-
-
-class MirrorReserveStop(MirrorError):
-    """Free space on the mirror drive fell below the reserve during the copy; rerun once there is room."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class UsageSummary:
     layers_with_records: int
     sizes_known: bool
     hottest: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # layer -> [(expert, count)]
+    iku1: bool = False  # read from Inkling's dense binary layout
     layer_totals: dict[int, int] = field(default_factory=dict)
     coverage: list[tuple[int, float]] = field(default_factory=list)  # (percent of bytes, share of selections)
 
@@ -65,6 +66,7 @@ class UsageSummary:
             "engine_id": self.engine_id,
             "engine": self.engine,
             "headerless": self.headerless,
+            "iku1": self.iku1,
             "total_selections": self.total_selections,
             "records": self.records,
             "skipped_records": self.skipped_records,
@@ -129,6 +131,7 @@ def summarize_usage(
         engine_id=history.engine_id,
         engine=engine_name(history.engine_id),
         headerless=history.headerless,
+        iku1=history.iku1,
         total_selections=history.total,
         records=len(history.counts),
         skipped_records=history.skipped_records,
@@ -149,6 +152,7 @@ class UsageReport:
     model_type: str | None  # the model's engine (config.json model_type), when it has one
     geometry_from_model: bool  # the model's config.json gave the layer count
     summary: UsageSummary
+    plot: Path | None = None  # the heatmap written (usage show --plot)
 
     @property
     def model_engine_id(self) -> int | None:
@@ -167,30 +171,46 @@ class UsageReport:
         data["model"] = str(self.model) if self.model is not None else None
         data["model_type"] = self.model_type
         data["engine_matches_model"] = self.engine_matches_model
+        if self.plot is not None:
+            data["plot"] = str(self.plot)
         return data
 
 
-def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = None, top: int = 5) -> UsageReport:
+def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = None, top: int = 5,
+                 plot: str | os.PathLike | None = None) -> UsageReport:  # fmt: skip
     """Read the history ``file`` whatever engine wrote it (the user named it) and summarize it with the geometry
     and per-expert bytes of ``model`` (default: the file's own folder when it holds shards), ``top`` experts per
-    layer. MirrorError / UsageFileError on a model or history that cannot be read."""
+    layer; ``plot``: also draw it as a layer x expert heatmap into that PNG (``usage_plot``, matplotlib).
+    MirrorError / UsageFileError on a model or history that cannot be read."""
     file = Path(file)
     model_dir = Path(model) if model is not None else None
     if model_dir is None and any(p.is_file() for p in file.parent.glob("*.safetensors")):
         model_dir = file.parent
     geometry = model_geometry(model_dir) if model_dir is not None else None
     n_experts = geometry.n_experts if geometry else None
-    history = read_usage(file, n_layers=geometry.n_layers if geometry else None, n_experts=n_experts, explicit=True)
+    history = read_usage(
+        file,
+        n_layers=geometry.n_layers if geometry else None,
+        n_experts=n_experts,
+        engine=geometry.engine if geometry else None,  # an IKU1 file is read for an Inkling model only
+        explicit=True,
+    )
     expert_bytes: dict[tuple[int, int], int] | None = None
     if model_dir is not None:  # an expert split over shards counts the bytes of every shard holding it
         expert_bytes = {}
         for shard in discover_shards([model_dir], None, n_experts):
             for key, n in shard.expert_bytes.items():
                 expert_bytes[key] = expert_bytes.get(key, 0) + n
-    return UsageReport(
+    report = UsageReport(
         file=file,
         model=model_dir,
         model_type=geometry.engine if geometry else None,
         geometry_from_model=bool(geometry and geometry.n_layers),
         summary=summarize_usage(history, expert_bytes, top=top),
     )
+    if plot is not None:
+        from colitools.mirror.usage_plot import plot_usage
+
+        title = f"{file} - {history.total} selections, {history.n_layers} layers x {history.n_experts} experts"
+        report.plot = plot_usage(history, plot, title=title)
+    return report

@@ -1,6 +1,7 @@
 """The runtime's numba matmul kernels (``kernels.py`` describes them): serial, GIL-free row loops that read the
-packed codes directly. ``kernels.QTensor.matmul`` runs them, or the same functions compiled ahead of time
-(``colitools.formats.kernels.aot``, which compiles them with these options)."""
+packed codes directly, each registered beside its definition with its compiled-ahead arguments (``aot.export``).
+``kernels.QTensor.matmul`` runs them, or the same functions compiled ahead of time (the set ``kernels.KERNELS``,
+compiled with these options)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from numba import njit, types, uintp
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from colitools.formats.kernels.aot import export
 from colitools.runtime.kernels import INT4_ROWS, PREFETCH_BLOCKS
 
 F32 = np.float32
@@ -59,6 +61,7 @@ def _prefetch_block(codes, scales, o):  # pragma: no cover - compiled
             _prefetch(scales, b)
 
 
+@export("rt_int4_prep", ("float32", "i", "i", "i", "b", "float32", "float32", "float32"), "void", rows=False)
 @njit(**_JIT)
 def _int4_prep(x, rb, G, gbytes, planar, xa, xd, xs):  # pragma: no cover - compiled
     # x[N, I] -> xa, xd [N, rb] and the group sums xs[N, G] (float64 accumulation) in one pass; columns past I
@@ -117,11 +120,13 @@ def _int4_rows(codes, scales, xa, xd, xs, y, gbytes, whole, o0, o1):  # pragma: 
             y[n, o], y[n, r1], y[n, r2], y[n, r3] = a0, a1, a2, a3
 
 
+@export("rt_int4", ("uint8", "float32", "float32", "float32", "float32", "float32", "i"), "void")
 @njit(**_JIT)
 def _int4(codes, scales, xa, xd, xs, y, gbytes, o0, o1):  # pragma: no cover - compiled
     _int4_rows(codes, scales, xa, xd, xs, y, gbytes, False, o0, o1)
 
 
+@export("rt_int4_g64", ("uint8", "float32", "float32", "float32", "float32", "float32"), "void")
 @njit(**_JIT)
 def _int4_g64(codes, scales, xa, xd, xs, y, o0, o1):  # pragma: no cover - compiled
     # Group size 64 with whole groups: a fixed 32-byte inner loop that LLVM unrolls completely.
@@ -129,6 +134,7 @@ def _int4_g64(codes, scales, xa, xd, xs, y, o0, o1):  # pragma: no cover - compi
 
 
 # ---------------------------------------------------------------------------------------------------- int3-g64
+@export("rt_int3_g64", ("uint8", "float32", "float32", "float32", "float32"), "void")
 @njit(**_JIT)
 def _int3_g64(codes, scales, x, xs, y, o0, o1):  # pragma: no cover - compiled
     # Group of 64 values in 24 bytes: bits 0-1 of u at byte k >> 2, shift 2 * (k & 3); bit 2 at byte
@@ -154,6 +160,7 @@ def _int3_g64(codes, scales, x, xs, y, o0, o1):  # pragma: no cover - compiled
 
 
 # ------------------------------------------------------------------------------------------------------- mxfp4
+@export("rt_mxfp4", ("uint8", "uint8", "float32", "float32", "float32", "float32[]", "float32[]"), "void")
 @njit(**_JIT)
 def _mxfp4(codes, scale_bytes, xe, xo, y, lut, e8m0, o0, o1):  # pragma: no cover - compiled
     # 32-element blocks (16 bytes) with one E8M0 scale byte; low nibble = even column.
@@ -174,6 +181,7 @@ def _mxfp4(codes, scale_bytes, xe, xo, y, lut, e8m0, o0, o1):  # pragma: no cove
 
 
 # --------------------------------------------------------------------------------------------- fp8-e4m3-b128
+@export("rt_fp8_b128", ("uint8", "float32", "float32", "float32", "float32[]"), "void")
 @njit(**_JIT)
 def _fp8_b128(codes, scales, x, y, lut, o0, o1):  # pragma: no cover - compiled
     I = codes.shape[1]
@@ -192,6 +200,7 @@ def _fp8_b128(codes, scales, x, y, lut, o0, o1):  # pragma: no cover - compiled
 
 
 # ----------------------------------------------------------------------------------------------- int8 / int2
+@export("rt_int8_row", ("int8", "float32[]", "float32", "float32"), "void")
 @njit(**_JIT)
 def _int8_row(codes, scales, x, y, o0, o1):  # pragma: no cover - compiled
     I = codes.shape[1]
@@ -204,6 +213,7 @@ def _int8_row(codes, scales, x, y, o0, o1):  # pragma: no cover - compiled
             y[n, o] = s * scales[o]
 
 
+@export("rt_int2_row", ("uint8", "float32[]", "float32", "float32", "float32"), "void")
 @njit(**_JIT)
 def _int2_row(codes, scales, x, xs, y, o0, o1):  # pragma: no cover - compiled
     rb = codes.shape[1]
@@ -219,6 +229,7 @@ def _int2_row(codes, scales, x, xs, y, o0, o1):  # pragma: no cover - compiled
 
 
 # ----------------------------------------------------------------------------------------------------- float32
+@export("rt_f32", ("float32", "float32", "float32"), "void")
 @njit(**_JIT)
 def _f32_rows(w, x, y, o0, o1):  # pragma: no cover - compiled
     I = w.shape[1]
@@ -229,5 +240,3 @@ def _f32_rows(w, x, y, o0, o1):  # pragma: no cover - compiled
             for i in range(I):
                 s += w[o, i] * x[n, i]
             y[n, o] = s
-
-

@@ -20,7 +20,6 @@ from typing import Any
 
 from colitools.errors import RuntimeModelError
 from colitools.formats import model_config
-from colitools.formats.errors import ConfigError
 from colitools.formats.filenames import CONFIG_FILE
 from colitools.formats.jsonfile import load_json_object
 
@@ -180,10 +179,7 @@ class ModelArgs:
         arguments (``Family.args``): an instance of the family's ``ModelArgs`` subclass."""
         from colitools.runtime.family import family_for  # the family modules import this module
 
-        try:
-            facts = model_config.read_facts(config, where)
-        except ConfigError as exc:
-            raise RuntimeModelError(str(exc)) from None
+        facts = model_config.read_facts(config, where)
         mt = config.get("model_type")
         family = family_for(mt, where)
         text = model_config.canonical_keys(model_config.text_config(config), mt)

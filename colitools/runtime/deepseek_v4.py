@@ -31,7 +31,7 @@ import numpy as np
 
 from colitools.errors import RuntimeModelError
 from colitools.formats.families import v4_shapes
-from colitools.runtime import threads
+from colitools.formats.kernels import threads
 from colitools.runtime.attention import KVBuffer, attend, causal_mask
 from colitools.runtime.config import ConfigKeys, IndexerArgs, ModelArgs, RopeArgs, rope_args, routing_args
 from colitools.runtime.deepseek_v4_hc import HyperConnection, HyperHead, unweighted_rms_norm
@@ -426,7 +426,7 @@ class V4MoE:
     def __call__(self, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
         idx, w = self.route(x, ids)
         if self.usage is not None:
-            np.add.at(self.usage, idx.ravel(), 1)
+            self.usage.record(idx, w)
         hit = [int(e) for e in np.unique(idx)]  # ascending, like transformers' expert loop
         experts = [self.store.get(e) for e in hit]
 

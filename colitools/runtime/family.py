@@ -34,7 +34,7 @@ from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import GQAAttention, TokenMixer
 from colitools.runtime.config import ConfigKeys, GQAArgs, ModelArgs, attention_args, rope_args, routing_args
 from colitools.runtime.experts import Expert, ExpertStore, expert_sources
-from colitools.runtime.moe import SparseMoE
+from colitools.runtime.moe import LayerRoutes, RouteRecord, SparseMoE
 from colitools.runtime.ops import MLP, Embedding, Linear, norm_weight, rms_norm
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint, Stored
@@ -73,8 +73,8 @@ class DecoderLayer:
 class LayerContext:
     """What a family's ``layer`` needs: args, checkpoint, RoPE, and factories for the shared blocks."""
 
-    def __init__(self, args: ModelArgs, ckpt: Checkpoint, rope: Rope, usage: np.ndarray | None):
-        self.args, self.ckpt, self.rope, self.usage = args, ckpt, rope, usage
+    def __init__(self, args: ModelArgs, ckpt: Checkpoint, rope: Rope, routes: RouteRecord | None):
+        self.args, self.ckpt, self.rope, self.routes = args, ckpt, rope, routes
         self.stores: dict[int, ExpertStore] = {}
 
     def decoder_layer(self, layer: int, attn: TokenMixer, ffn) -> DecoderLayer:
@@ -103,9 +103,9 @@ class LayerContext:
         self.stores[layer] = store
         return store
 
-    def layer_usage(self, layer: int) -> np.ndarray | None:
-        """The router-selection counts of ``layer`` when recording usage."""
-        return None if self.usage is None else self.usage[layer]
+    def layer_usage(self, layer: int) -> LayerRoutes | None:
+        """Where ``layer``'s MoE block reports its routing (usage counts, route trace); None when not recording."""
+        return None if self.routes is None else self.routes.layer(layer)
 
 
 class ModelIO:

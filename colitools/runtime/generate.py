@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from colitools.errors import UsageFileError
-from colitools.formats.usage import UsageHistory, engine_id, read_usage, write_usage
+from colitools.formats.usage import UsageHistory, decay_usage, engine_id, read_usage, write_usage
 from colitools.runtime.config import ModelArgs
 
 
@@ -74,22 +74,33 @@ def score(model, ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
     return [int(a) for a in np.argmax(logits, axis=-1)], logits[-1]
 
 
-def record_usage(path: Path, args: ModelArgs, counts: np.ndarray) -> str | None:
+def record_usage(path: Path, args: ModelArgs, counts: np.ndarray, *, routed_layers: Sequence[int] | None = None,
+                 decay: float = 1.0) -> str | None:  # fmt: skip
     """Add this run's router selections to ``path`` (docs/FORMATS.md §6, engine = ``model_type``), atomically.
 
     An existing history of the same engine and geometry is extended; one that cannot be extended (another
-    engine or geometry, malformed) is left untouched. Returns a note for the user when nothing was written."""
+    engine or geometry, malformed) is left untouched. ``routed_layers``: the layers that route; a record of
+    any other layer in the old history is neither counted nor written back (colibri's ``rt_drop_row``).
+    ``decay`` multiplies the whole history before the write (``decay_usage``). Returns a note for the user
+    when nothing was written."""
     n_layers, n_experts = counts.shape
     engine = engine_id(args.model_type)
     history = UsageHistory(n_layers, n_experts, engine)
     if path.exists():
         try:
-            history = read_usage(path, n_layers=n_layers, n_experts=n_experts, engine=args.model_type)
+            history = read_usage(
+                path,
+                n_layers=n_layers,
+                n_experts=n_experts,
+                engine=args.model_type,
+                routed_layers=routed_layers,
+            )
             history.engine_id = engine
         except UsageFileError as exc:
             return f"usage history not updated: {exc}"
     for layer, expert in zip(*np.nonzero(counts), strict=True):
         history.add(int(layer), int(expert), int(counts[layer, expert]))
+    decay_usage(history, decay)
     try:
         write_usage(path, history)
     except (OSError, UsageFileError) as exc:

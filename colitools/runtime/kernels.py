@@ -2,9 +2,9 @@
 
 Every kernel computes ``Y[n, o] = sum_i W[o, i] * X[n, i]`` for the rows ``o0 <= o < o1`` of a weight ``W[O, I]``
 held in one of the container formats (docs/FORMATS.md §2/§4). Kernels are serial and release the GIL; a big call is
-split by rows over the runtime's thread pool (``threads.py``). For each row, every input vector ``n`` is processed
-while the row's codes are still in L1, and the arithmetic for one ``(n, o)`` is the same whatever ``N`` is, so a
-token gets bit-identical expert outputs in a prefill batch and in a one-token decode step.
+split by rows over the kernels' thread pool (``colitools.formats.kernels.threads``). For each row, every input
+vector ``n`` is processed while the row's codes are still in L1, and the arithmetic for one ``(n, o)`` is the same
+whatever ``N`` is, so a token gets bit-identical expert outputs in a prefill batch and in a one-token decode step.
 
 Offset codes (int4 ``nib - 8``, int3 ``u - 4``) are folded out of the inner loop: a group computes
 ``sum(u * x) - offset * sum(x)`` with the group sums of ``x`` precomputed once per call. int4 kernels convert a
@@ -12,9 +12,10 @@ byte and its high nibble (``b >> 4`` on uint32: numba types integer ops on small
 would halve the vector width) and take four rows per pass over ``x``. Results differ from a float64 reference
 by float32 rounding only (~1e-6 relative), far inside the oracle margins.
 
-The kernels are numba functions (``_jit_kernels.py``); this module is numba-free and runs them, or the same
-functions compiled ahead of time (``colitools.formats.kernels.aot``), whichever ``aot.kernels()`` resolves:
-``colitools run`` then starts without numba.
+The kernels are numba functions (``_jit_kernels.py``, each registered with its compiled-ahead arguments beside
+it); this module is numba-free, declares them as the kernel set ``KERNELS`` (``colitools.formats.kernels.aot``:
+the runtime registers its set downward, nothing in ``formats`` names it) and runs them, or the same functions
+compiled ahead of time, whichever ``KERNELS.kernels()`` resolves: ``colitools run`` then starts without numba.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import numpy as np
 
 from colitools.errors import RuntimeModelError
 from colitools.formats import reference as ref
-from colitools.formats.kernels import aot
+from colitools.formats.kernels import aot, threads
 from colitools.formats.registry import MatmulKind, matmul_format
-from colitools.runtime import threads
 
 F32 = np.float32
 
@@ -43,6 +43,17 @@ INT4_ROWS = 4
 # once per step (the streaming case) then waits less on memory; for a cache-resident matrix it costs one hint
 # per 64 bytes.
 PREFETCH_BLOCKS = 2
+
+
+def _jit_modules():
+    from colitools.runtime import _jit_kernels
+
+    return (_jit_kernels,)
+
+
+# The matmul kernels, compiled ahead of time into colitools/runtime/_aot_runtime_<stamp>; their code reads
+# INT4_ROWS and PREFETCH_BLOCKS of this file.
+KERNELS = aot.KernelSet("runtime", __file__, _jit_modules, constants=("kernels.py",))
 
 
 # ------------------------------------------------------------------------------------------------ the wrapper
@@ -117,7 +128,7 @@ class QTensor:
         kind, codes, scales = self.kind, self.codes, self.scales
         if kind is _K.F32 and N >= BLAS_MIN_ROWS:
             return x @ codes.T
-        k = aot.kernels()  # compiled ahead of time, else numba's JIT (resolved once per process)
+        k = KERNELS.kernels()  # compiled ahead of time, else numba's JIT (resolved once per process)
         y = np.empty((N, O), dtype=F32)
         rb = codes.shape[1]
         if kind is _K.F32:

@@ -18,11 +18,13 @@ import numpy as np
 
 from colitools.errors import ParameterError, RuntimeModelError
 from colitools.formats import model_config
-from colitools.formats.errors import ConfigError
 from colitools.formats.filenames import CONFIG_FILE, USAGE_FILE
+from colitools.formats.route_trace import RouteTraceWriter
+from colitools.formats.usage import check_usage_decay
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore, StoreStats
 from colitools.runtime.family import Layer, LayerContext, ModelIO, family_for
+from colitools.runtime.moe import RouteRecord
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint
 
@@ -39,10 +41,12 @@ class Model:
     """A loaded model: ``forward`` plus the generation API (see ``generate.py``) and statistics."""
 
     def __init__(self, model_dir: Path, args: ModelArgs, ckpt: Checkpoint, layers: list[Layer],
-                 stores: dict[int, ExpertStore], rope: Rope, usage: np.ndarray | None, io: ModelIO):  # fmt: skip
+                 stores: dict[int, ExpertStore], rope: Rope, routes: RouteRecord, io: ModelIO):  # fmt: skip
         self.dir, self.args, self.ckpt, self.rope = model_dir, args, ckpt, rope
         self.layers, self.stores, self.io = layers, stores, io
-        self.usage = usage
+        # the selection counts [layers, experts] (None: not recording) and the ROUTE_TRACE stream (None: off)
+        self.usage, self.trace = routes.counts, routes.trace
+        self.usage_decay = 1.0  # COLI_USAGE_DECAY: the multiplier of the whole history at the save
         self.usage_note: str | None = None
         self.position = 0  # tokens in the KV cache
         self.tokens_processed = 0
@@ -131,15 +135,20 @@ class Model:
         }
 
     def close(self) -> None:
-        """Write the routing usage (``.coli_usage``) when recording, and release the files."""
+        """Write the routing usage (``.coli_usage``) when recording, close the route trace, release the files."""
         if self.closed:
             return
         self.closed = True
         try:
+            if self.trace is not None:
+                self.trace.close()
             if self.usage is not None and self.usage.any():
                 from colitools.runtime.generate import record_usage
 
-                self.usage_note = record_usage(self.dir / USAGE_FILE, self.args, self.usage)
+                self.usage_note = record_usage(
+                    self.dir / USAGE_FILE, self.args, self.usage, routed_layers=sorted(self.stores),
+                    decay=self.usage_decay,
+                )  # fmt: skip
         finally:
             self.ckpt.close()
 
@@ -161,29 +170,38 @@ def _available_ram_bytes() -> int:
 
 
 def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | None = None, *,
-               record_usage: bool = True) -> Model:  # fmt: skip
+               record_usage: bool = True, route_trace: str | os.PathLike | None = None,
+               usage_decay: float = 1.0) -> Model:  # fmt: skip
     """Load a converted container or a float / FP8 checkpoint for execution.
 
     Dense weights are decoded into memory; routed experts are read on demand into a per-layer LRU cache of
     ``cap`` experts. Without ``cap``, the cap is the number of experts per layer that fits ``ram_gb`` GiB
     (default: 80% of the available memory) after the dense weights. ``record_usage`` counts router selections
-    and writes them to ``<model_dir>/.coli_usage`` on ``close()``."""
+    and writes them to ``<model_dir>/.coli_usage`` on ``close()``, the whole history times ``usage_decay`` (colibri's
+    ``COLI_USAGE_DECAY``, in ``(0, 1]``); ``route_trace`` names a file for the ``ROUTE_TRACE`` stream."""
     model_dir = Path(model_dir)
     args = ModelArgs.from_dir(model_dir)
     if cap is not None and cap < 1:
         raise ParameterError(f"`cap` must be >= 1, got {cap}")
     if ram_gb is not None and not (0 < ram_gb < float("inf")):  # also refuses nan
         raise ParameterError(f"`ram_gb` must be a finite number > 0, got {ram_gb}")
+    check_usage_decay(usage_decay)
     family = family_for(args.model_type)
     ckpt = Checkpoint(model_dir, args.raw)
+    trace = None
     try:
         _check_decoder_layers(model_dir, args, ckpt)
         rope = Rope(args.rope)
         usage = np.zeros((args.num_hidden_layers, args.num_experts), dtype=np.int64) if record_usage else None
-        ctx = LayerContext(args, ckpt, rope, usage)
+        trace = RouteTraceWriter(route_trace) if route_trace is not None else None
+        routes = RouteRecord(usage, trace)
+        ctx = LayerContext(args, ckpt, rope, routes)
         layers = [family.layer(ctx, i) for i in range(args.num_hidden_layers)]
-        model = Model(model_dir, args, ckpt, layers, ctx.stores, rope, usage, family.io(args, ckpt))
+        model = Model(model_dir, args, ckpt, layers, ctx.stores, rope, routes, family.io(args, ckpt))
+        model.usage_decay = usage_decay
     except BaseException:
+        if trace is not None:
+            trace.close()
         ckpt.close()
         raise
     dense = model.io.nbytes + sum(layer.nbytes for layer in layers)
@@ -202,7 +220,4 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
 def _check_decoder_layers(model_dir: Path, args: ModelArgs, ckpt: Checkpoint) -> None:
     """Refuse a checkpoint with decoder layers past ``num_hidden_layers`` and its MTP layers: they would be left
     out of the run without a word (``model_config.check_decoder_layers``)."""
-    try:
-        model_config.check_decoder_layers(args.raw, ckpt.infos, str(model_dir / CONFIG_FILE))
-    except ConfigError as exc:
-        raise RuntimeModelError(str(exc)) from None
+    model_config.check_decoder_layers(args.raw, ckpt.infos, str(model_dir / CONFIG_FILE))

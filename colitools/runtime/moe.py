@@ -1,5 +1,6 @@
 """Routers (softmax top-k, DeepSeek's group-limited ``noaux_tc`` sigmoid, gpt-oss's softmax over the top-k
-logits) and the sparse MoE block.
+logits), the one routing record every MoE block reports its choice to (usage counts, ``ROUTE_TRACE``), and the
+sparse MoE block.
 
 The block sums expert outputs per token in ascending expert order, as transformers' expert loop does
 (``index_add_`` over the experts that were hit, lowest index first), then adds the shared expert.
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from colitools.formats.kernels import threads
 from colitools.formats.names import module_path
-from colitools.runtime import threads
+from colitools.formats.route_trace import RouteTraceWriter
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore
 from colitools.runtime.ops import MLP, Linear, sigmoid, softmax
@@ -69,12 +71,41 @@ def noaux_tc(
     return idx, (w * F32(scaling)).astype(F32)
 
 
+class RouteRecord:
+    """What the runtime records of routing: per-expert selection counts ``[layers, experts]`` (``.coli_usage``)
+    and the ``ROUTE_TRACE`` stream, either optional. Every MoE block calls ``layer(L).record(ids, gates)`` once
+    per call with the selected ids ``[rows, k]`` and the gates it applies (colibri's ``rt_route``)."""
+
+    def __init__(self, counts: np.ndarray | None, trace: RouteTraceWriter | None):
+        self.counts, self.trace = counts, trace
+
+    def layer(self, layer: int) -> LayerRoutes | None:
+        """The record of one layer, None when nothing is recorded."""
+        if self.counts is None and self.trace is None:
+            return None
+        return LayerRoutes(self, layer)
+
+
+class LayerRoutes:
+    """One layer's view of the ``RouteRecord``."""
+
+    def __init__(self, record: RouteRecord, layer: int):
+        self.counts = record.counts[layer] if record.counts is not None else None
+        self.trace, self.layer = record.trace, layer
+
+    def record(self, ids: np.ndarray, gates: np.ndarray) -> None:
+        if self.counts is not None:
+            np.add.at(self.counts, ids.ravel(), 1)
+        if self.trace is not None:
+            self.trace.record(self.layer, ids, gates)
+
+
 class SparseMoE:
     """Router + routed experts (from an ``ExpertStore``) + optional shared expert (optionally sigmoid-gated), as
     ``args.routing`` (``config.RoutingArgs``) says."""
 
     def __init__(
-        self, args: ModelArgs, ckpt: Checkpoint, layer: int, store: ExpertStore, usage: np.ndarray | None
+        self, args: ModelArgs, ckpt: Checkpoint, layer: int, store: ExpertStore, usage: LayerRoutes | None
     ):
         p = module_path(layer, "mlp")
         H, E = args.hidden_size, args.num_experts
@@ -111,7 +142,7 @@ class SparseMoE:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         idx, w = self.route(x)
         if self.usage is not None:
-            np.add.at(self.usage, idx.ravel(), 1)
+            self.usage.record(idx, w)
         hit = [int(e) for e in np.unique(idx)]  # ascending, like transformers' expert loop
         experts = [self.store.get(e) for e in hit]  # reads and LRU bookkeeping stay on this thread
 

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import ColitoolsError, FormatError, RuntimeModelError, SafetensorsError
+from colitools.errors import ColitoolsError, RuntimeModelError
 from colitools.formats import model_config
 from colitools.formats import reference as ref
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.errors import ConfigError
 from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
@@ -433,13 +432,8 @@ def _open_shards(model_dir: Path) -> tuple[list[SafetensorsFile], int | None]:
     """The model folder's shards, headers validated, as ``colitools inspect`` finds them (``open_model``: the
     index's shards, names checked by ``check_shard_name`` and coverage both ways, or every ``*.safetensors``),
     and the ``expert_gs`` of a target's metadata file (formats/targets.py ``merged_group_size``)."""
-    try:
-        model = open_model(model_dir)
-        return model.shards, model.merged_group_size
-    except SafetensorsError:
-        raise  # a bad shard header: the reader's own error names the file
-    except FormatError as exc:
-        raise RuntimeModelError(str(exc)) from None
+    model = open_model(model_dir)
+    return model.shards, model.merged_group_size
 
 
 def _base(name: str) -> str:
@@ -452,7 +446,4 @@ def _check_shape(name: str, shape: tuple[int, ...], O: int, I: int) -> None:
 
 
 def _fp8_block(config: dict) -> tuple[int, int]:
-    try:
-        return model_config.fp8_block_size(config) or (128, 128)
-    except ConfigError as exc:
-        raise RuntimeModelError(str(exc)) from None
+    return model_config.fp8_block_size(config) or (128, 128)

@@ -20,10 +20,11 @@ Two tricks keep the kernels vectorised without changing a bit of output:
   each value is upcast / dequantised again in registers where it is quantised (~1.7x faster).
 * Index and refcount hygiene: see "shared pieces" below.
 
-Parallelism: the kernels are serial and release the GIL (``nogil``); ``_run_rows`` spreads row chunks over a
-thread pool, using ``set_threads(n)`` threads (process-wide; default ``NUMBA_NUM_THREADS``, at most the CPU
-count; ``numba.set_num_threads`` does not apply: reading it costs a GIL round trip per call). Unlike a
-``prange`` kernel this is safe to call from several Python threads at once.
+Parallelism: the kernels are serial and release the GIL (``nogil``); ``threads.run_rows`` spreads row chunks over
+the kernels' one thread pool (``threads``, which the runtime's matmuls use too), using ``set_threads(n)``
+threads (process-wide; default ``NUMBA_NUM_THREADS``, at most the CPU count; ``numba.set_num_threads`` does not
+apply: reading it costs a GIL round trip per call). Unlike a ``prange`` kernel this is safe to call from several
+Python threads at once.
 
 Start-up and compile time: importing this package does not import numba; with the kernels compiled ahead of
 time (``aot``, ``colitools kernels``) nothing ever does. The entry points (``_dispatch``)
@@ -33,12 +34,15 @@ on disk (``cache=True``): in the package's ``__pycache__``, or, when that is rea
 install), numba's user-wide cache (``$XDG_CACHE_HOME/numba`` / ``~/.cache/numba``); ``NUMBA_CACHE_DIR``
 overrides both.
 
-Modules: ``_dispatch`` (the public entry points and their checks, numba-free), ``_encode`` / ``_decode`` (the
-always-kernel encoders and decoders, numba-free: they plan the outputs and run ``aot.run``), ``aot`` (the
-kernels compiled ahead of time, else numba's JIT ones), ``_threads`` (the row thread pool, ``_run_rows``), and
-the numba kernels: ``_bits`` (JIT options, constants, bit intrinsics, shared inline helpers, e4m3 decode),
-``_row_encoders`` (float32 row encoders and the format dispatch), ``encoders`` (encode drivers per source),
-``decoders`` (decoders, FP8 dequant, planar64 reorder), ``source_decoders`` (natively quantized sources).
+Modules, one naming rule (here and in ``colitools/runtime``): a module that imports numba is ``_jit_<name>.py``
+and registers its kernels beside their ``@njit`` (``aot.export``); every other module is numba-free and calls
+them only through ``aot`` (compiled ahead of time, else the JIT). Numba-free: ``_dispatch`` (the public entry
+points and their checks), ``encoders`` / ``decoders`` (the always-kernel encoders and decoders: they plan the
+outputs and run ``aot.CODECS.run``), ``aot`` (the kernel sets, their modules compiled ahead of time, else numba's
+JIT functions), ``threads`` (the one thread pool, ``run_rows``). numba: ``_jit_bits`` (JIT options, constants,
+bit intrinsics, shared inline helpers, e4m3 decode), ``_jit_row_encoders`` (float32 row encoders and the format
+dispatch), ``_jit_encoders`` (encode drivers per source), ``_jit_decoders`` (decoders, FP8 dequant, planar64
+reorder, natively quantized sources), ``_jit_threads`` (the pool's atomics and polls).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from colitools.formats.kernels._dispatch import (
     set_threads,
     use_kernels,
 )
-from colitools.formats.reference import E4M3_TO_F32  # the one table, = _bits.E4M3_TO_F32
+from colitools.formats.reference import E4M3_TO_F32  # the one table, = _jit_bits.E4M3_TO_F32
 
 __all__ = [
     "encode",

@@ -4,9 +4,10 @@ A tensor of fewer than ``SMALL_ELEMS`` elements is encoded / decoded by the nump
 ``reference.py`` / ``planar.py``), which the kernels equal byte for byte by contract (property tests, and
 ``tests/formats/test_kernel_dispatch.py`` for this switch): a conversion of a tiny model then neither imports
 numba nor compiles or loads a kernel (about 1 CPU-s saved per process, 16 CPU-s on a first run). Larger
-tensors go to the numba drivers in ``encoders`` / ``decoders``, imported on first use, unless the whole plan fits
-the start-up budget below (numba's load, or, before the encoders were ever compiled here, their compile). Validation (dtype,
-shape, group size, FP8 grid, writable format) and the NaN/inf error message are the same on both paths.
+tensors go to the kernels through ``encoders`` / ``decoders`` (numba-free; the numba drivers are ``_jit_*``),
+imported on first use, unless the whole plan fits the start-up budget below (numba's load, or, before the
+encoders were ever compiled here, their compile). Validation (dtype, shape, group size, FP8 grid, writable
+format) and the NaN/inf error message are the same on both paths.
 
 This module and ``__init__`` import nothing of numba: keep it so (``--help`` and tiny conversions stay fast).
 """
@@ -50,7 +51,7 @@ _REFERENCE_COST = {"mxfp4": 8, "fp8-e4m3-e8m0": 5}  # reference Mw/s: int8-row ~
 _budget = {"spent": 0, "kernels": False}
 
 # The encoders' sources: numba's cache entries are keyed on their size and mtime, and so is the marker.
-_ENCODER_SOURCES = ("_bits.py", "_row_encoders.py", "encoders.py")
+_ENCODER_SOURCES = ("_jit_bits.py", "_jit_row_encoders.py", "_jit_encoders.py")
 _compiled: dict[str, bool] = {}  # memo of kernels_compiled()
 
 
@@ -64,7 +65,9 @@ def _marker_path() -> str | None:
         stamps = [(n, os.stat(os.path.join(here, n))) for n in _ENCODER_SOURCES]
     except OSError:
         return None
-    key = hashlib.sha256(repr([(n, st.st_size, st.st_mtime_ns) for n, st in stamps]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr([(n, st.st_size, st.st_mtime_ns) for n, st in stamps]).encode()).hexdigest()[
+        :16
+    ]
     name = f"colitools-encoders-{key}.compiled"
     if os.environ.get("NUMBA_CACHE_DIR"):
         return os.path.join(os.environ["NUMBA_CACHE_DIR"], name)
@@ -101,13 +104,14 @@ def ahead_of_time() -> bool:
     millisecond and the budget below is 0 (checked on the first large tensor, then memoised by ``aot``)."""
     from colitools.formats.kernels import aot
 
-    return aot.load() is not None
+    return aot.CODECS.load() is not None
 
 
 def _startup_budget() -> int:
     if ahead_of_time():
         return 0
     return STARTUP_BUDGET_ELEMS if kernels_compiled() else max(STARTUP_BUDGET_ELEMS, COMPILE_BUDGET_ELEMS)
+
 
 # Threads of the kernels' row pool (``set_threads``); None: ``numba.config.NUMBA_NUM_THREADS`` capped at the
 # CPU count. Read on every kernel call, so it is a plain value here, not ``numba.get_num_threads()`` (whose
@@ -238,7 +242,7 @@ def _compiled_now(result):
     """``result`` of an encode on the kernels, after marking the JIT ones compiled (``_note_compiled``)."""
     from colitools.formats.kernels import aot
 
-    if not aot.kernels().ahead:
+    if not aot.CODECS.kernels().ahead:
         _note_compiled()
     return result
 
@@ -260,7 +264,7 @@ def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> t
     w = np.asarray(w)
     if w.ndim == 2 and _reference_encodes(fmt_name, w.size):
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
-    from colitools.formats.kernels import _encode as encoders
+    from colitools.formats.kernels import encoders
 
     return _compiled_now(encoders.encode(fmt_name, w, gs, name=name))
 
@@ -273,7 +277,7 @@ def encode_from_bf16(
     wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
     if _reference_encodes(fmt_name, wb.size):
         return _reference_checked(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs, name)
-    from colitools.formats.kernels import _encode as encoders
+    from colitools.formats.kernels import encoders
 
     return _compiled_now(encoders.encode_from_bf16(fmt_name, wb, gs, name=name))
 
@@ -291,7 +295,7 @@ def encode_from_fp8_block(
         with np.errstate(all="ignore"):  # inf * 0 and overflow are refused just below, naming the tensor
             w = ref.dequant_fp8_block(qb, s, (br, bc))
         return _reference_checked(fmt_name, w, gs, name)
-    from colitools.formats.kernels import _encode as encoders
+    from colitools.formats.kernels import encoders
 
     return _compiled_now(encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name))
 
@@ -304,7 +308,7 @@ def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarr
     registry._check_finite(w, name)
     if _reference_encodes(registry.Fp8E4m3E8m0.name, w.size):
         return ref.encode_fp8_e8m0(w)
-    from colitools.formats.kernels import _encode as encoders
+    from colitools.formats.kernels import encoders
 
     return _compiled_now(encoders.encode_fp8_e8m0(w, name))
 
@@ -329,7 +333,7 @@ def decode(
         cls, c, s = decode_operands(fmt_name, codes, scales, O, I, gs)
         with np.errstate(all="ignore"):  # fp8: inf * 0 -> NaN without a warning, as the kernel
             return np.ascontiguousarray(cls.decode(c, s, O, I, gs), dtype=F32)
-    from colitools.formats.kernels import _decode as decoders
+    from colitools.formats.kernels import decoders
 
     return decoders.decode(fmt_name, codes, scales, O, I, gs)
 
@@ -340,7 +344,7 @@ def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block=(128, 128)) ->
     if _small(qb.size):
         with np.errstate(all="ignore"):  # as the kernel: inf * 0 -> NaN without a warning
             return np.ascontiguousarray(ref.dequant_fp8_block(qb, s, (br, bc)), dtype=F32)
-    from colitools.formats.kernels import _decode as decoders
+    from colitools.formats.kernels import decoders
 
     return decoders.dequant_fp8_block(qb, s, (br, bc))
 
@@ -349,7 +353,7 @@ def pairs_to_planar(codes: np.ndarray) -> np.ndarray:
     """Fast ``planar.pairs_to_planar`` (byte-identical)."""
     if _small(2 * np.size(codes)):
         return planar.pairs_to_planar(codes)
-    from colitools.formats.kernels import _decode as decoders
+    from colitools.formats.kernels import decoders
 
     return decoders.pairs_to_planar(codes)
 
@@ -358,6 +362,6 @@ def planar_to_pairs(codes: np.ndarray) -> np.ndarray:
     """Fast ``planar.planar_to_pairs`` (byte-identical)."""
     if _small(2 * np.size(codes)):
         return planar.planar_to_pairs(codes)
-    from colitools.formats.kernels import _decode as decoders
+    from colitools.formats.kernels import decoders
 
     return decoders.planar_to_pairs(codes)

@@ -1,22 +1,24 @@
-"""Kernels compiled ahead of time: every numba function the converter, ``verify`` and the runtime call
-(``EXPORTS``: the row kernels of ``encoders``, ``decoders`` and ``source_decoders``, the runtime's matmul kernels
-and its thread pool's polls), compiled once (``colitools kernels --build``, which ``./dev`` runs after
-installing) into one extension module, so that a process neither imports numba nor loads its cache. numba's
-load is ~0.5-0.6 s of every process that touches a kernel (its first compile ~12 CPU-s); finding and importing
-the module takes 1-2 ms (docs/INTERNALS.md, "Kernels compiled ahead of time").
+"""Kernels compiled ahead of time. Every numba function a numba-free module calls is registered beside its
+``@njit`` with the arguments it is compiled for (``@export(name, args)``, in a ``_jit_*`` module); the functions
+of one package form a ``KernelSet`` (``CODECS`` below: the codecs and the thread pool's polls of
+``formats/kernels``; the runtime declares its matmul kernels as its own set, ``colitools/runtime/kernels.py``,
+registering downward: nothing here names it). ``colitools kernels --build`` (run by ``./dev`` after installing)
+compiles each set once into one extension module, so that a process neither imports numba nor loads its cache:
+numba's load is ~0.5-0.6 s of every process that touches a kernel (its first compile ~12 CPU-s); finding and
+importing a module takes 1-2 ms (docs/INTERNALS.md, "Kernels compiled ahead of time").
 
-The module is numba's ``pycc`` output for the same Python functions the JIT compiles (``.py_func`` of each
+A module is numba's ``pycc`` output for the same Python functions the JIT compiles (``.py_func`` of each
 kernel, their callees compiled with their own options), each with its own decorator's options (``nogil``: the
 GIL is released for the call; the codecs' ``error_model="numpy"`` without fastmath; the matmuls' fastmath) and
 for this machine's CPU (``target_cpu="host"``), so it runs the same code as the JIT (the property tests run on
-both). Its name carries a stamp of everything that code depends on: the kernel sources, the registry and
-reference the codecs read their constants from, the runtime modules that hold its constants, the CPU (vendor,
-family, model, feature flags), the Python ABI and numpy's major version. A module built for other sources or
-another CPU is simply not found: the JIT kernels serve, and ``status()`` says why. ``COLITOOLS_AOT=0`` turns
-the module off. ``kernels()`` is what the numba-free callers (``_encode``, ``_decode``, the runtime's
-``kernels`` and ``threads``) run.
+both). It carries its own export table (``_export_table``), so a process that loads it knows every signature
+without importing the ``_jit_*`` modules. Its name carries a stamp of everything that code depends on: the
+set's ``_jit_*`` sources, the numba-free modules they read constants from, this file, the CPU (vendor, family,
+model, feature flags), the Python ABI and numpy's major version. A module built for other sources or another
+CPU is simply not found: the JIT kernels serve, and ``status()`` says why. ``COLITOOLS_AOT=0`` turns the
+modules off.
 
-This module imports numba only to build, or when it falls back to the JIT.
+This module imports numba only to build, or when a set falls back to the JIT.
 """
 
 from __future__ import annotations
@@ -27,45 +29,33 @@ import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import platform
 import shutil
 import sys
 import tempfile
+import time
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
-from colitools.formats.errors import ColitoolsError
+from colitools.formats.errors import KernelBuildError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-PREFIX = "_aot_kernels_"
-# Everything the compiled code depends on: a change to any of them is another module. (package, file): found from
-# the package's own directory (an editable checkout and a wheel lay them out apart).
-_SOURCES = (
-    *(("colitools.formats.kernels", f) for f in ("_bits.py", "_row_encoders.py", "encoders.py", "decoders.py",
-                                                  "source_decoders.py", "aot.py")),
-    ("colitools.formats", "reference.py"), ("colitools.formats", "registry.py"),
-    *(("colitools", f"runtime/{f}") for f in ("_jit_kernels.py", "_jit_threads.py", "kernels.py", "threads.py")),
-)  # fmt: skip
-
-
-class KernelBuildError(ColitoolsError):
-    """The compiled-ahead module could not be built (the JIT kernels still serve)."""
-
-
 _SCALARS = {"i": "int64", "f": "float32", "b": "boolean"}  # Export.args' scalar tokens, as numba types
+_TABLE_FUNCTION = "_export_table"  # a compiled module's own export table (JSON bytes)
 
 
 @dataclass(frozen=True)
 class Export:
-    """One exported kernel: its module and function, its arguments, each the numpy dtype of a C-contiguous 2-D
-    array (``"float32"``) or 1-D array (``"float32[]"``: decode tables, flag cells), ``"i"`` an int64, ``"f"`` a
-    float32, ``"b"`` a bool; ``rows``: two int64 row bounds ``r0, r1`` follow; what it returns (numba's name)."""
+    """One exported kernel: its arguments, each the numpy dtype of a C-contiguous 2-D array (``"float32"``) or
+    1-D array (``"float32[]"``: decode tables, flag cells), ``"i"`` an int64, ``"f"`` a float32, ``"b"`` a
+    bool; ``rows``: two int64 row bounds ``r0, r1`` follow; what it returns (numba's name)."""
 
-    module: str
-    function: str
     args: tuple[str, ...]
     returns: str = "int64"
     rows: bool = True
@@ -83,53 +73,26 @@ class Export:
         return f"{self.returns}({', '.join(one(a) for a in args)})"
 
 
-_F, _U8, _T = "float32", "uint8", "float32[]"
-_ENC, _DEC, _SRC = (f"colitools.formats.kernels.{m}" for m in ("encoders", "decoders", "source_decoders"))
-_RT, _TH = "colitools.runtime._jit_kernels", "colitools.runtime._jit_threads"
-EXPORTS = {
-    # encoders.py: the encode drivers per source
-    "rows_f32": Export(_ENC, "_encode_rows_f32", (_F, "i", "i", _U8, _F, _U8)),
-    "rows_bf16": Export(_ENC, "_encode_rows_bf16", ("uint16", "i", "i", _U8, _F, _U8)),
-    "rows_fp8": Export(_ENC, "_encode_rows_fp8", (_U8, _F, "i", "i", "i", "i", _U8, _F, _U8)),
-    "fp8_e8m0": Export(_ENC, "_fp8_e8m0_blocks", (_F, _U8, _U8)),
-    # decoders.py: the container formats back to float32, FP8 dequant, the planar64 reorder
-    "decode_int8": Export(_DEC, "_decode_int8_rows", ("int8", _T, _F)),
-    "decode_int4": Export(_DEC, "_decode_int4_rows", (_U8, _F, _F, "i")),
-    "decode_int2": Export(_DEC, "_decode_int2_rows", (_U8, _T, _F)),
-    "decode_int3": Export(_DEC, "_decode_int3_rows", (_U8, _F, _F)),
-    "decode_mxfp4": Export(_DEC, "_decode_mxfp4_rows", (_U8, _U8, _T, _T, _F)),
-    "dequant_fp8": Export(_DEC, "_dequant_fp8_rows", (_U8, _F, "i", "i", _F)),
-    "planar_reorder": Export(_DEC, "_pairs_planar_rows", (_U8, _U8, "b")),
-    # source_decoders.py: natively quantized sources to float32
-    "src_nib_scaled": Export(_SRC, "_nib_scaled_rows", (_U8, _U8, _T, _T, "i", _F)),
-    "src_int4": Export(_SRC, "_int4_rows", (_U8, _F, "i", _F)),
-    "src_nvfp4": Export(_SRC, "_nvfp4_rows", (_U8, _U8, _T, _T, "f", _F)),
-    "src_mxfp8": Export(_SRC, "_mxfp8_rows", (_U8, _U8, _T, _T, _F)),
-    # the runtime's matmul kernels (colitools/runtime/kernels.py runs them)
-    "rt_int4_prep": Export(_RT, "_int4_prep", (_F, "i", "i", "i", "b", _F, _F, _F), "void", rows=False),
-    "rt_int4": Export(_RT, "_int4", (_U8, _F, _F, _F, _F, _F, "i"), "void"),
-    "rt_int4_g64": Export(_RT, "_int4_g64", (_U8, _F, _F, _F, _F, _F), "void"),
-    "rt_int3_g64": Export(_RT, "_int3_g64", (_U8, _F, _F, _F, _F), "void"),
-    "rt_mxfp4": Export(_RT, "_mxfp4", (_U8, _U8, _F, _F, _F, _T, _T), "void"),
-    "rt_fp8_b128": Export(_RT, "_fp8_b128", (_U8, _F, _F, _F, _T), "void"),
-    "rt_int8_row": Export(_RT, "_int8_row", ("int8", _T, _F, _F), "void"),
-    "rt_int2_row": Export(_RT, "_int2_row", (_U8, _T, _F, _F, _F), "void"),
-    "rt_f32": Export(_RT, "_f32_rows", (_F, _F, _F), "void"),
-    # the runtime thread pool's polls on its int64 flag cells (colitools/runtime/threads.py)
-    "th_reach": Export(_TH, "_reach", ("int64[]", "i", "i", "i"), rows=False),
-    "th_next_post": Export(_TH, "_next_post", ("int64[]", "i", "i", "i"), rows=False),
-    "th_take": Export(_TH, "_take", ("int64[]", "i"), "boolean", rows=False),
-    "th_finish_and_poll": Export(_TH, "_finish_and_poll", ("int64[]", "i", "i", "i"), rows=False),
-    "th_set": Export(_TH, "_set", ("int64[]", "i", "i"), "void", rows=False),
-    "th_set_then_read": Export(_TH, "_set_then_read", ("int64[]", "i", "i", "i"), rows=False),
-}
+_REGISTERED: dict[str, dict[str, tuple[Export, object]]] = {}  # module -> export name -> (Export, dispatcher)
 
-_LOADED: dict[str, object] = {}
-_KERNELS: dict[str, Kernels] = {}
+
+def export(name: str, args: Iterable[str], returns: str = "int64", *, rows: bool = True):
+    """Decorator over a numba dispatcher (``@export(...)`` above ``@njit``): compile it ahead of time as ``name``
+    with these arguments (``Export``). The kernel set of its package finds it when it imports the module."""
+    spec = Export(tuple(args), returns, rows)
+
+    def register(dispatcher):
+        table = _REGISTERED.setdefault(dispatcher.py_func.__module__, {})
+        if name in table:
+            raise ValueError(f"kernel export {name!r} registered twice in {dispatcher.py_func.__module__}")
+        table[name] = (spec, dispatcher)
+        return dispatcher
+
+    return register
 
 
 class Kernels:
-    """Every kernel of ``EXPORTS`` by its export name, from one source: the compiled-ahead module, or numba's JIT
+    """Every kernel of a set by its export name, from one source: the compiled-ahead module, or numba's JIT
     functions (``ahead`` says which)."""
 
     def __init__(self, source: dict[str, object], ahead: bool):
@@ -137,46 +100,178 @@ class Kernels:
         self.ahead = ahead
 
 
-def jit_kernels() -> Kernels:
-    """numba's JIT functions (imports numba and the kernel modules; compiles nothing yet)."""
-    modules = {m: importlib.import_module(m) for m in {e.module for e in EXPORTS.values()}}
-    return Kernels({n: getattr(modules[e.module], e.function) for n, e in EXPORTS.items()}, False)
+SETS: dict[str, KernelSet] = {}  # every set declared in this process, by name
 
 
-def ahead_kernels(module) -> Kernels:
-    """The functions of a compiled-ahead module (``load()``)."""
-    return Kernels({n: getattr(module, n) for n in EXPORTS}, True)
+class KernelSet:
+    """The exported numba functions of one package, compiled ahead of time into one module
+    ``_aot_<name>_<stamp>`` in the package's directory (``anchor``: a file of it; a read-only install:
+    ``user_dir()``).
+
+    ``jit_modules`` imports and returns the package's ``_jit_*`` modules (numba); ``constants`` names, relative to
+    the package's directory, the numba-free files their compiled code reads constants from. The stamp hashes
+    every ``_jit_*.py`` of the directory, ``constants`` and this file: an edit to any of them is another module."""
+
+    def __init__(self, name: str, anchor: str, jit_modules: Callable[[], Iterable[ModuleType]], constants=()):
+        self.name, self.home = name, os.path.dirname(os.path.abspath(anchor))
+        self.prefix = f"_aot_{name}_"
+        self._jit_modules, self.constants = jit_modules, tuple(constants)
+        self._loaded: dict[str, object] = {}  # "module", "reason", "table"
+        self._kernels: Kernels | None = None
+        SETS[name] = self
+
+    # ------------------------------------------------------------------------------------------- the kernels
+    def exports(self) -> dict[str, tuple[Export, object]]:
+        """export name -> (``Export``, numba dispatcher) of every registered function (imports numba)."""
+        found: dict[str, tuple[Export, object]] = {}
+        for module in self._jit_modules():
+            for name, entry in _REGISTERED.get(module.__name__, {}).items():
+                if name in found:
+                    raise ValueError(f"kernel export {name!r} registered twice in set {self.name}")
+                found[name] = entry
+        return found
+
+    def jit_kernels(self) -> Kernels:
+        """numba's JIT functions (imports numba and the kernel modules; compiles nothing yet)."""
+        return Kernels({n: d for n, (_, d) in self.exports().items()}, False)
+
+    def ahead_kernels(self, module: ModuleType) -> Kernels:
+        """The functions of a compiled-ahead module (``load()``), by its own export table."""
+        return Kernels({n: getattr(module, n) for n in export_table(module)}, True)
+
+    def kernels(self) -> Kernels:
+        """The compiled-ahead kernels when ``load()`` finds them built for these sources on this CPU, else numba's
+        JIT ones (numba imported here, on the first use). Resolved once per process."""
+        if self._kernels is None:
+            module = self.load()
+            self._kernels = self.jit_kernels() if module is None else self.ahead_kernels(module)
+        return self._kernels
+
+    def run(self, export: str, args: tuple, O: int, I: int) -> int:
+        """``threads.run_rows`` of one kernel over ``O`` rows of ``I`` elements: the smallest bad row or -1. The
+        compiled-ahead functions trust their arguments' types as C functions do (numba's dispatcher checks
+        them), so their arrays are checked first (``check_args``), once per call."""
+        from colitools.formats.kernels.threads import run_rows  # the pool itself runs on CODECS' polls
+
+        k = self.kernels()
+        if k.ahead:
+            args = self.check_args(export, args)
+        return run_rows(getattr(k, export), args, O, I)
+
+    def check_args(self, export: str, args: tuple) -> tuple:
+        """``args`` as the compiled signature describes them, or TypeError: numba's dispatcher would pick or
+        compile another version; a compiled-ahead function reads the memory as its signature says. The callers
+        pass C-contiguous arrays of the right dtypes; an unaligned input view (a safetensors shard at an odd
+        offset), which the JIT types differently, is copied (the outputs are the callers' own ``np.empty``)."""
+        module = self.load()
+        wanted = export_table(module)[export].args if module is not None else self.exports()[export][0].args
+        return check_args(export, wanted, args)
+
+    # ------------------------------------------------------------------------------------- finding a module
+    def sources(self) -> list[str]:
+        """The files the compiled code depends on: the set's ``_jit_*.py``, its ``constants``, this file."""
+        jit = sorted(glob.glob(os.path.join(self.home, "_jit_*.py")))
+        return [*jit, *(os.path.normpath(os.path.join(self.home, c)) for c in self.constants), __file__]
+
+    def stamp(self) -> str:
+        """16 hex digits of sha256 over the sources, the CPU, the Python ABI and numpy's major version."""
+        h = hashlib.sha256()
+        for path in self.sources():
+            with open(path, "rb") as f:
+                h.update(f.read())
+        h.update(f"\0{_cpu()}\0{sys.implementation.cache_tag}\0{np.__version__.split('.')[0]}".encode())
+        return h.hexdigest()[:16]
+
+    def module_name(self) -> str:
+        return self.prefix + self.stamp()
+
+    def search_dirs(self) -> list[str]:
+        """Where ``load`` looks, in order: the package's directory, then ``user_dir()``."""
+        return [self.home, user_dir()]
+
+    def default_dest(self) -> str:
+        """Where ``build`` writes: the package's directory when it is writable, else ``user_dir()``."""
+        return self.home if os.access(self.home, os.W_OK) else user_dir()
+
+    def built_files(self, dest: str | None = None) -> list[str]:
+        """This set's compiled modules in ``dest`` (default: every ``search_dirs()``), current or stale."""
+        dirs = self.search_dirs() if dest is None else [dest]
+        return [p for d in dirs for p in sorted(glob.glob(os.path.join(d, self.prefix + "*")))]
+
+    def current(self, dest: str | None = None, name: str | None = None) -> str | None:
+        """The module built for these sources on this CPU and this Python (its extension suffix) in ``dest``
+        (default: the first of ``search_dirs()`` that has one), or None. ``name``: ``module_name()`` if known."""
+        name = name or self.module_name()
+        wanted = {name + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES}
+        return next((p for p in self.built_files(dest) if os.path.basename(p) in wanted), None)
+
+    def load(self) -> ModuleType | None:
+        """The compiled-ahead module for these sources on this CPU, or None (``status()["reason"]`` says why).
+        Once per process."""
+        if "module" not in self._loaded:
+            module, reason = None, ""
+            if os.environ.get("COLITOOLS_AOT", "").strip() == "0":
+                reason = "turned off (COLITOOLS_AOT=0)"
+            elif (path := self.current(name=(name := self.module_name()))) is None:
+                reason = f"not built for these sources on this CPU ({name}; `colitools kernels --build`)"
+            else:
+                module, reason = _import_module(name, path)
+            self._loaded.update(module=module, reason=reason)
+        return self._loaded["module"]
+
+    def status(self) -> dict:
+        """Whether this set runs compiled ahead of time in this process, and from which file or why not."""
+        module = self.load()
+        return {
+            "set": self.name,
+            "loaded": module is not None,
+            "module": self.module_name(),
+            "file": getattr(module, "__file__", None),
+            "reason": self._loaded["reason"],
+            "built": self.built_files(),
+            "kernels": sorted(export_table(module) if module is not None else self.exports()),
+        }
+
+    def forget(self) -> None:
+        """Resolve the module and the kernels again on next use (after a build)."""
+        self._loaded.clear()
+        self._kernels = None
+
+    # ------------------------------------------------------------------------------------------------ build
+    def build(self, dest: str | None = None, *, verbose: bool = False) -> str:
+        """Compile the set's kernels for this machine into ``dest`` (default: ``default_dest()``) and return the
+        module's path. Written under a temporary name and renamed, so a killed build leaves no module under a
+        final name; older modules of this set are removed after. Needs numba and a C compiler (~10-20 s)."""
+        if dest is None:
+            dest = self.default_dest()
+            with contextlib.suppress(OSError):
+                os.makedirs(dest, exist_ok=True)
+        if not os.path.isdir(dest) or not os.access(dest, os.W_OK):
+            raise KernelBuildError(
+                f"cannot build the compiled-ahead kernels: {dest} is not a writable directory"
+            )
+        name = self.module_name()
+        _remove_dead_builds(dest)
+        tmp = tempfile.mkdtemp(prefix=f".aot-build-{os.getpid()}-", dir=dest)
+        try:
+            built = _compile(name, self.exports(), tmp, verbose)
+            final = os.path.join(dest, os.path.basename(built))
+            os.replace(built, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in self.built_files(dest):
+            if os.path.basename(old) != os.path.basename(final):
+                with contextlib.suppress(OSError):
+                    os.unlink(old)
+        self.forget()
+        importlib.invalidate_caches()
+        return final
 
 
-def kernels() -> Kernels:
-    """The compiled-ahead kernels when ``load()`` finds them built for these sources on this CPU, else numba's
-    JIT ones (numba imported here, on the first large tensor). Resolved once per process."""
-    k = _KERNELS.get("k")
-    if k is None:
-        module = load()
-        k = _KERNELS["k"] = jit_kernels() if module is None else ahead_kernels(module)
-    return k
-
-
-def run(export: str, args: tuple, O: int, I: int) -> int:
-    """``_threads._run_rows`` of one kernel over ``O`` rows of ``I`` elements: the smallest bad row or -1. The
-    compiled-ahead functions trust their arguments' types as C functions do (numba's dispatcher checks them),
-    so their arrays are checked first (``check_args``), once per tensor."""
-    from colitools.formats.kernels._threads import _run_rows
-
-    k = kernels()
-    if k.ahead:
-        args = check_args(export, args)
-    return _run_rows(getattr(k, export), args, O, I)
-
-
-def check_args(export: str, args: tuple) -> tuple:
-    """``args`` as the compiled signature describes them, or TypeError: numba's dispatcher would pick or
-    compile another version; a compiled-ahead function reads the memory as its signature says. The callers
-    pass C-contiguous arrays of the right dtypes; an unaligned input view (a safetensors shard at an odd
-    offset), which the JIT types differently, is copied (the outputs are the callers' own ``np.empty``)."""
+def check_args(export: str, wanted: tuple[str, ...], args: tuple) -> tuple:
+    """``KernelSet.check_args`` against the argument tokens ``wanted`` (``Export.args``)."""
     out = list(args)
-    for k, (want, a) in enumerate(zip(EXPORTS[export].args, args, strict=True)):
+    for k, (want, a) in enumerate(zip(wanted, args, strict=True)):
         if want in _SCALARS:
             continue
         ndim, dtype = (1, want[:-2]) if want.endswith("[]") else (2, want)
@@ -188,6 +283,31 @@ def check_args(export: str, args: tuple) -> tuple:
         if not a.flags.aligned:
             out[k] = a.copy()
     return tuple(out)
+
+
+def export_table(module: ModuleType) -> dict[str, Export]:
+    """A compiled module's exports as it was built (its ``_export_table`` function: JSON bytes), read once."""
+    table = getattr(module, "__colitools_exports__", None)
+    if table is None:
+        read = getattr(module, _TABLE_FUNCTION)
+        buf = np.empty(read(np.empty(0, np.uint8)), np.uint8)
+        read(buf)
+        raw = json.loads(buf.tobytes())
+        table = {n: Export(tuple(e["args"]), e["returns"], e["rows"]) for n, e in raw.items()}
+        module.__colitools_exports__ = table
+    return table
+
+
+def _import_module(name: str, path: str) -> tuple[ModuleType | None, str]:
+    """The extension module at ``path`` with its export table, or None and why it does not load."""
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        export_table(module)
+        return module, ""
+    except (ImportError, AttributeError, ValueError) as e:  # damaged, foreign, a missing library, no table
+        return None, f"{path} does not load: {' '.join(str(e).split())}"
 
 
 def _cpu() -> str:
@@ -210,92 +330,38 @@ def _cpu() -> str:
     return f"{platform.machine()} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
 
 
-def _package_dir(package: str) -> str:
-    """A package's directory (this one: ``_HERE``), without importing anything new (the packages named in
-    ``_SOURCES`` are imported before this module is)."""
-    if package == __package__:
-        return _HERE
-    return os.path.dirname(os.path.abspath(sys.modules[package].__file__))
-
-
-def stamp() -> str:
-    """16 hex digits of sha256 over the sources, the CPU, the Python ABI and numpy's major version."""
-    h = hashlib.sha256()
-    for package, rel in _SOURCES:
-        with open(os.path.join(_package_dir(package), rel), "rb") as f:
-            h.update(f.read())
-    h.update(f"\0{_cpu()}\0{sys.implementation.cache_tag}\0{np.__version__.split('.')[0]}".encode())
-    return h.hexdigest()[:16]
-
-
-def module_name() -> str:
-    return PREFIX + stamp()
-
-
 def user_dir() -> str:
-    """Where the module is built when the package's directory is not writable (a system-wide install):
+    """Where a module is built when its package's directory is not writable (a system-wide install):
     ``$XDG_CACHE_HOME/colitools/kernels``, else ``~/.cache/colitools/kernels``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "colitools", "kernels")
 
 
-def search_dirs() -> list[str]:
-    """Where ``load`` looks, in order: this package's directory, then ``user_dir()``."""
-    return [_HERE, user_dir()]
-
-
-def default_dest() -> str:
-    """Where ``build`` writes: this package's directory when it is writable, else ``user_dir()``."""
-    return _HERE if os.access(_HERE, os.W_OK) else user_dir()
-
-
-def built_files(dest: str | None = None) -> list[str]:
-    """The compiled-ahead modules present in ``dest`` (default: every ``search_dirs()``), current or stale."""
-    dirs = search_dirs() if dest is None else [dest]
-    return [p for d in dirs for p in sorted(glob.glob(os.path.join(d, PREFIX + "*")))]
-
-
-def current(dest: str | None = None, name: str | None = None) -> str | None:
-    """The module built for these sources on this CPU and this Python (its extension suffix) in ``dest``
-    (default: the first of ``search_dirs()`` that has one), or None. ``name``: ``module_name()`` if known."""
-    name = name or module_name()
-    wanted = {name + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES}
-    return next((p for p in built_files(dest) if os.path.basename(p) in wanted), None)
-
-
-def load():
-    """The compiled-ahead module for these sources on this CPU, or None (``status()["reason"]`` says why).
-    Once per process."""
-    if "module" not in _LOADED:
-        module, reason = None, ""
-        if os.environ.get("COLITOOLS_AOT", "").strip() == "0":
-            reason = "turned off (COLITOOLS_AOT=0)"
-        elif (path := current(name=(name := module_name()))) is None:
-            reason = f"not built for these sources on this CPU ({name}; `colitools kernels --build`)"
-        else:
-            try:
-                spec = importlib.util.spec_from_file_location(f"{__package__}.{name}", path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-            except ImportError as e:  # built, but does not load here (a damaged file, a missing library)
-                module, reason = None, f"{path} does not load: {' '.join(str(e).split())}"
-        _LOADED.update(module=module, reason=reason)
-    return _LOADED["module"]
+def kernel_sets() -> list[KernelSet]:
+    """The sets declared in this process (``CODECS``; the runtime's once ``colitools.runtime.kernels`` is
+    imported)."""
+    return list(SETS.values())
 
 
 def status() -> dict:
-    """Whether the kernels run compiled ahead of time in this process, and from which file or why not."""
-    module = load()
-    return {
-        "loaded": module is not None,
-        "module": module_name(),
-        "file": getattr(module, "__file__", None),
-        "reason": _LOADED["reason"],
-        "built": built_files(),
-        "kernels": sorted(EXPORTS),
-    }
+    """``{"loaded": every set loaded, "sets": [KernelSet.status() of each]}``."""
+    sets = [s.status() for s in kernel_sets()]
+    return {"loaded": all(s["loaded"] for s in sets), "sets": sets}
 
 
+def build_missing(*, force: bool = False) -> list[dict]:
+    """Build every declared set that has no module for these sources on this CPU (every set with ``force``):
+    ``[{"set", "file", "seconds"}]`` of those built."""
+    built = []
+    for kset in kernel_sets():
+        if force or kset.current() is None:
+            started = time.monotonic()
+            path = kset.build()
+            built.append({"set": kset.name, "file": path, "seconds": round(time.monotonic() - started, 1)})
+    return built
+
+
+# --------------------------------------------------------------------------------------------- building
 @contextlib.contextmanager
 def _jit_flags(options: dict):
     """pycc compiles every exported function with one ``Flags()`` of its own: give each the options of its own
@@ -308,7 +374,7 @@ def _jit_flags(options: dict):
 
     def compile_extra(typingctx, targetctx, func, args, return_type, flags, locals, **kwargs):
         flags = flags.copy()
-        CPUTargetOptions.parse_as_flags(flags, options[func])
+        CPUTargetOptions.parse_as_flags(flags, options.get(func, {}))
         return base(typingctx, targetctx, func, args, return_type, flags, locals, **kwargs)
 
     compiler.compile_extra = compile_extra
@@ -316,6 +382,53 @@ def _jit_flags(options: dict):
         yield
     finally:
         compiler.compile_extra = base
+
+
+def _table_function(exports: dict[str, tuple[Export, object]]):
+    """The module's ``_export_table(out: uint8[::1]) -> int64``: the JSON of every export's ``Export``, written
+    into ``out`` when it is large enough; the byte count (a read with an empty ``out`` asks for the size)."""
+    raw = {n: {"args": list(e.args), "returns": e.returns, "rows": e.rows} for n, (e, _) in exports.items()}
+    table = np.frombuffer(
+        json.dumps(raw, sort_keys=True).encode(), np.uint8
+    ).copy()  # a constant of the module
+
+    def _export_table(out):
+        n = table.size
+        if out.size >= n:
+            out[:n] = table
+        return n
+
+    return _export_table
+
+
+def _compile(name: str, exports: dict[str, tuple[Export, object]], tmp: str, verbose: bool) -> str:
+    """numba's ``pycc`` over ``exports`` (and the export table) into ``tmp``; the built file's path."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pycc's pending-deprecation notice: it is still numba's AOT compiler
+        try:
+            from numba.pycc import CC
+        except ImportError as e:  # a numba without pycc (announced for removal)
+            raise KernelBuildError(
+                f"cannot build the compiled-ahead kernels: {e}; conversions use numba's JIT kernels instead"
+            ) from e
+    cc = CC(name)
+    cc.output_dir, cc.target_cpu, cc.verbose = tmp, "host", verbose
+    options = {}
+    for export_name, (spec, dispatcher) in exports.items():
+        options[dispatcher.py_func] = dispatcher.targetoptions
+        cc.export(export_name, spec.signature)(dispatcher.py_func)
+    cc.export(_TABLE_FUNCTION, "int64(uint8[::1])")(_table_function(exports))
+    try:
+        with _jit_flags(options), open(os.devnull, "w") as quiet, \
+                contextlib.redirect_stdout(sys.stderr if verbose else quiet):  # fmt: skip
+            cc.compile()
+    except Exception as e:  # a missing C compiler / Python headers (distutils' errors), LLVM's
+        raise KernelBuildError(
+            f"building the compiled-ahead kernels failed ({type(e).__name__}: {' '.join(str(e).split())}); "
+            "conversions use numba's JIT kernels instead (the same bytes)"
+        ) from e
+    (built,) = glob.glob(os.path.join(tmp, name + "*"))
+    return built
 
 
 def _remove_dead_builds(dest: str) -> None:
@@ -330,58 +443,16 @@ def _remove_dead_builds(dest: str) -> None:
             continue
 
 
-def build(dest: str | None = None, *, verbose: bool = False) -> str:
-    """Compile the kernels for this machine into ``dest`` (default: ``default_dest()``) and return the module's
-    path.
-    Written under a temporary name and renamed, so a killed build leaves no module under a final name; older
-    modules of the same prefix are removed after. Needs numba and a C compiler (~10-20 s on 2 cores)."""
-    if dest is None:
-        dest = default_dest()
-        with contextlib.suppress(OSError):
-            os.makedirs(dest, exist_ok=True)
-    if not os.path.isdir(dest) or not os.access(dest, os.W_OK):
-        raise KernelBuildError(f"cannot build the compiled-ahead kernels: {dest} is not a writable directory")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pycc's pending-deprecation notice: it is still numba's AOT compiler
-        try:
-            from numba.pycc import CC
-        except ImportError as e:  # a numba without pycc (announced for removal)
-            raise KernelBuildError(
-                f"cannot build the compiled-ahead kernels: {e}; conversions use numba's JIT kernels instead"
-            ) from e
+# ------------------------------------------------------------------------------------- formats' own set
+def _codec_modules() -> tuple[ModuleType, ...]:
+    from colitools.formats.kernels import _jit_decoders, _jit_encoders, _jit_threads
 
-    name = module_name()
-    _remove_dead_builds(dest)
-    tmp = tempfile.mkdtemp(prefix=f".aot-build-{os.getpid()}-", dir=dest)
-    try:
-        cc = CC(name)
-        cc.output_dir = tmp
-        cc.target_cpu = "host"
-        cc.verbose = verbose
-        options = {}
-        for export, spec in EXPORTS.items():
-            dispatcher = getattr(importlib.import_module(spec.module), spec.function)
-            options[dispatcher.py_func] = dispatcher.targetoptions
-            cc.export(export, spec.signature)(dispatcher.py_func)
-        try:
-            with _jit_flags(options), open(os.devnull, "w") as quiet, \
-                    contextlib.redirect_stdout(sys.stderr if verbose else quiet):
-                cc.compile()
-        except Exception as e:  # a missing C compiler / Python headers (distutils' errors), LLVM's
-            raise KernelBuildError(
-                f"building the compiled-ahead kernels failed ({type(e).__name__}: {' '.join(str(e).split())}); "
-                "conversions use numba's JIT kernels instead (the same bytes)"
-            ) from e
-        (built,) = glob.glob(os.path.join(tmp, name + "*"))
-        final = os.path.join(dest, os.path.basename(built))
-        os.replace(built, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for old in built_files(dest):
-        if os.path.basename(old) != os.path.basename(final):
-            with contextlib.suppress(OSError):
-                os.unlink(old)
-    _LOADED.clear()
-    _KERNELS.clear()
-    importlib.invalidate_caches()
-    return final
+    return _jit_encoders, _jit_decoders, _jit_threads
+
+
+# The codecs (encode drivers, container and source decoders, FP8 dequant, planar64 reorder) and the thread pool's
+# polls. Their compiled code reads the format codes and decode tables of registry / reference, and the pool's
+# flag-cell indices of threads.
+CODECS = KernelSet(
+    "codecs", __file__, _codec_modules, constants=("threads.py", "../reference.py", "../registry.py")
+)

@@ -1,126 +1,133 @@
-"""The numba decode kernels (row loops) of the container formats, the FP8 block dequant and the planar64
-reorder. ``_decode`` runs them (``decode``, ``dequant_fp8_block``, ``pairs_to_planar`` / ``planar_to_pairs``,
-named here too), or the same kernels compiled ahead of time (``aot``)."""
+"""The decoders on the kernels, numba-free: the container formats back to float32 (``decode``), the FP8 block
+dequant, the planar64 reorder, and the natively quantized sources (``decode_mxfp4_blocks``,
+``decode_pack_quantized``, ``decode_nvfp4``, ``decode_mxfp8``; docs/FORMATS.md §9). Outputs are planned here;
+the rows run on the kernels of ``_jit_decoders`` or the same ones compiled ahead of time, whichever
+``aot.CODECS`` resolves. Bit-identical to the reference decoders (property tests).
+
+Each source decoder performs the reference's float32 operations in the same order (a table lookup, then one
+float32 multiply per factor, left to right), using the one decode tables of ``reference.py``; inputs are any
+leading shape, flattened to rows."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from colitools.formats.kernels._bits import (
-    _dequant_fp8_row,
-    njit,
-)
-from colitools.formats.kernels._decode import (  # noqa: F401 (the public decoders, numba-free, named here too)
-    decode,
-    dequant_fp8_block,
-    pairs_to_planar,
-    planar_to_pairs,
-)
+from colitools.formats import reference as ref
+from colitools.formats import registry
+from colitools.formats.errors import FormatError
+from colitools.formats.kernels import aot
+from colitools.formats.kernels._dispatch import _fp8_operands, decode_operands
+
+F32 = np.float32
+# The one decode tables of the code base (reference.py), not copies (= _jit_bits' names for them).
+_E2M1_F32 = ref.E2M1_SIGNED
+_E8M0_F32 = ref.E8M0_TO_F32
+E4M3_TO_F32 = ref.E4M3_TO_F32
 
 
-# --------------------------------------------------------------------------------------------- decoders
-@njit
-def _decode_int8_rows(q, s, out, r0, r1):
-    for o in range(r0, r1):
-        sv = s[o]
-        qo = q[o]
-        oo = out[o]
-        for i in range(oo.size):
-            oo[i] = np.float32(qo[i]) * sv
-    return -1
+# --------------------------------------------------------------------------------------------- containers
+def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block=(128, 128)) -> np.ndarray:
+    """Fast ``reference.dequant_fp8_block`` (bit-identical)."""
+    q, s, br, bc = _fp8_operands(q, scale_inv, block, "")
+    out = np.empty(q.shape, F32)
+    aot.CODECS.run("dequant_fp8", (q, s, br, bc, out), *q.shape)
+    return out
 
 
-@njit
-def _decode_int4_rows(codes, s, out, gs, r0, r1):
-    """int4 pairs, one scale per ``gs`` inputs (``gs`` >= I for int4-row)."""
-    n = out.shape[1]
-    full = n // gs if gs % 2 == 0 else 0  # whole even groups as 2-D views (vectorises), the rest per element
-    half = gs >> 1
-    for o in range(r0, r1):
-        so = s[o]
-        cg = codes[o, : full * half].reshape((full, half))
-        og = out[o, : full * gs].reshape((full, gs))
-        for g in range(full):
-            sv = so[g]
-            for j in range(half):
-                b = cg[g, j]
-                og[g, 2 * j] = np.float32(np.int32(b & 15) - 8) * sv
-                og[g, 2 * j + 1] = np.float32(np.int32(b >> 4) - 8) * sv
-        co = codes[o]
-        oo = out[o]
-        for i in range(full * gs, n):
-            nib = (co[i >> 1] >> ((i & 1) << 2)) & 15
-            oo[i] = np.float32(np.int32(nib) - 8) * so[i // gs]
-    return -1
+def decode(
+    fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None = None
+) -> np.ndarray:
+    """Decode to float32 ``[O, I]``, bit-identical to the reference decoders (``fp8-e4m3-b128`` included)."""
+    out = np.empty((O, I), F32)
+    if O * I == 0:
+        return out
+    cls, c, s = decode_operands(fmt_name, codes, scales, O, I, gs)
+    if cls is registry.Int8Row:
+        kernel, args = "decode_int8", (c.view(np.int8), s, out)
+    elif cls is registry.Int4Row:  # one group of I
+        kernel, args = "decode_int4", (c, s.reshape(O, 1), out, I)
+    elif cls is registry.Int4Grouped:
+        kernel, args = "decode_int4", (c, s, out, int(gs))
+    elif cls is registry.Int2Row:
+        kernel, args = "decode_int2", (c, s, out)
+    elif cls is registry.Int3G64:
+        kernel, args = "decode_int3", (c, s, out)
+    elif cls is registry.Mxfp4:
+        kernel, args = "decode_mxfp4", (c, s, _E2M1_F32, _E8M0_F32, out)
+    else:  # fp8-e4m3-b128: the FP8 block dequant with 128x128 blocks
+        return dequant_fp8_block(c, s, (ref.FP8_BLOCK, ref.FP8_BLOCK))
+    aot.CODECS.run(kernel, args, O, I)
+    return out
 
 
-@njit
-def _decode_int2_rows(codes, s, out, r0, r1):
-    for o in range(r0, r1):
-        sv = s[o]
-        co = codes[o]
-        oo = out[o]
-        for i in range(oo.size):
-            c = (co[i >> 2] >> ((i & 3) << 1)) & 3
-            oo[i] = np.float32(np.int32(c) - 2) * sv
-    return -1
+def _planar(codes: np.ndarray, to_planar: bool) -> np.ndarray:
+    codes = np.ascontiguousarray(codes, dtype=np.uint8)
+    if codes.ndim != 2 or (2 * codes.shape[1]) % 64:
+        raise FormatError(
+            f"planar64-v8 needs int4 codes [O, I/2] with I % 64 == 0, got shape {list(codes.shape)}"
+        )
+    out = np.empty_like(codes)
+    aot.CODECS.run("planar_reorder", (codes, out, to_planar), codes.shape[0], 2 * codes.shape[1])
+    return out
 
 
-@njit
-def _decode_int3_rows(codes, s, out, r0, r1):
-    n = out.shape[1]
-    G = s.shape[1]
-    for o in range(r0, r1):
-        cg = codes[o].reshape((G, 24))
-        og = np.empty((G, 64), np.float32)  # whole groups, then trimmed to I
-        for g in range(G):
-            sv = s[o, g]
-            for k in range(64):
-                lo = (cg[g, k >> 2] >> ((k & 3) << 1)) & 3
-                hi = (cg[g, 16 + (k >> 3)] >> (k & 7)) & 1
-                og[g, k] = np.float32(np.int32(lo | (hi << 2)) - 4) * sv
-        flat = og.reshape(G * 64)
-        oo = out[o]
-        for i in range(n):
-            oo[i] = flat[i]
-    return -1
+def pairs_to_planar(codes: np.ndarray) -> np.ndarray:
+    """Fast ``planar.pairs_to_planar`` (byte-identical)."""
+    return _planar(codes, True)
 
 
-@njit
-def _decode_mxfp4_rows(packed, e8, vals, etab, out, r0, r1):
-    for o in range(r0, r1):
-        po = packed[o]
-        eo = e8[o]
-        oo = out[o]
-        for i in range(oo.size):
-            nib = (po[i >> 1] >> ((i & 1) << 2)) & 15
-            oo[i] = vals[nib] * etab[eo[i >> 5]]
-    return -1
+def planar_to_pairs(codes: np.ndarray) -> np.ndarray:
+    """Fast ``planar.planar_to_pairs`` (byte-identical)."""
+    return _planar(codes, False)
 
 
-@njit
-def _dequant_fp8_rows(q, s, br, bc, out, r0, r1):
-    for o in range(r0, r1):
-        _dequant_fp8_row(q[o], s[o // br], bc, out[o])
-    return -1
+# --------------------------------------------------------------------------------------------- sources
+def _rows(a: np.ndarray, cols: int) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8).reshape(-1, cols)
 
 
-@njit
-def _pairs_planar_rows(src, dst, to_planar, r0, r1):
-    # planar64: byte k of a 32-byte block = element k (low nibble) | element k + 32 (high nibble).
-    # pairs: element e at byte e >> 1, nibble e & 1.
-    nb = src.shape[1] >> 5
-    for o in range(r0, r1):
-        sb = src[o].reshape((nb, 32))
-        db = dst[o].reshape((nb, 32))
-        for b in range(nb):
-            for k in range(32):
-                sh = (k & 1) << 2
-                if to_planar:  # elements k and k + 32 sit in pairs bytes k >> 1 and 16 + (k >> 1)
-                    db[b, k] = ((sb[b, k >> 1] >> sh) & 15) | (((sb[b, 16 + (k >> 1)] >> sh) & 15) << 4)
-                else:  # elements 2k, 2k + 1 sit in planar bytes (2k) & 31, (2k + 1) & 31, nibble k >> 4
-                    hs = (k >> 4) << 2
-                    db[b, k] = ((sb[b, (2 * k) & 31] >> hs) & 15) | (
-                        ((sb[b, (2 * k + 1) & 31] >> hs) & 15) << 4
-                    )
-    return -1
+def decode_mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Fast ``reference.decode_mxfp4_blocks``: ``[..., O, I/32, 16]`` + ``[..., O, I/32]`` -> ``[..., O, I]``."""
+    *lead, O, B, K = blocks.shape
+    I = B * 32
+    out = np.empty((*lead, O, I), F32)
+    rows = out.reshape(-1, I)
+    if rows.size:
+        p, s = _rows(blocks, B * K), _rows(scales, B)
+        aot.CODECS.run(
+            "src_nib_scaled", (p, s, _E2M1_F32, _E8M0_F32, ref.MXFP4_BLOCK, rows), rows.shape[0], I
+        )
+    return out
+
+
+def decode_pack_quantized(packed: np.ndarray, scale: np.ndarray, I: int, g: int) -> np.ndarray:
+    """Fast ``reference.decode_pack_quantized`` (I32 ``[O, ceil(I/8)]``, scales ``[O, ceil(I/g)]``)."""
+    O = packed.shape[0]
+    out = np.empty((O, I), F32)
+    if O * I:
+        p = np.ascontiguousarray(packed).astype("<i4", copy=False).view(np.uint8).reshape(O, -1)
+        s = np.ascontiguousarray(np.asarray(scale).astype(F32).reshape(O, -1))
+        aot.CODECS.run("src_int4", (p, s, int(g), out), O, I)
+    return out
+
+
+def decode_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray, I: int) -> np.ndarray:
+    """Fast ``reference.decode_nvfp4``."""
+    O = packed.shape[0]
+    out = np.empty((O, I), F32)
+    if O * I:
+        s2 = F32(np.asarray(scale_2, dtype=F32).reshape(()))
+        p, s = _rows(packed, packed.size // O), _rows(scale, scale.size // O)
+        aot.CODECS.run("src_nvfp4", (p, s, _E2M1_F32, E4M3_TO_F32, s2, out), O, I)
+    return out
+
+
+def decode_mxfp8(q: np.ndarray, scale: np.ndarray, I: int) -> np.ndarray:
+    """Fast ``reference.decode_mxfp8``."""
+    O = q.shape[0]
+    out = np.empty((O, I), F32)
+    if O * I:
+        aot.CODECS.run(
+            "src_mxfp8", (_rows(q, I), _rows(scale, scale.size // O), E4M3_TO_F32, _E8M0_F32, out), O, I
+        )
+    return out

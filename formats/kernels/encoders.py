@@ -1,222 +1,111 @@
-"""The numba encode drivers per source (float32, BF16 bits, FP8 e4m3 bytes + block scales) and the
-fp8-e4m3-e8m0 block encoder. ``_encode`` runs them (``encode``, ``encode_from_bf16``, ... always on the kernels:
-these, or the same functions compiled ahead of time, ``aot``); the package's entry points of the same names, in
-``_dispatch``, send small tensors to the numpy reference instead."""
+"""The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_fp8_block``, ``encode_fp8_e8m0``),
+numba-free: the output arrays are planned here; the rows are encoded by the numba drivers of ``_jit_encoders`` or
+by the same drivers compiled ahead of time, whichever ``aot.CODECS`` resolves once per process. Byte-identical to
+the numpy reference either way (the package's entry points, ``_dispatch``, send small tensors to that reference
+instead)."""
 
 from __future__ import annotations
 
+import math
+
+import ml_dtypes
 import numpy as np
 
 from colitools.formats import reference as ref
-from colitools.formats.kernels._bits import (
-    _FLOOR,
-    _H4,
-    _INT4_GROUPED,
-    _L4,
-    _NONFINITE_BITS,
-    _Q7,
-    F32,
-    _abs_bits,
-    _bits_f32,
-    _dequant_fp8_row,
-    _e4m3,
-    _f32_bits,
-    _q,
-    _umax32,
-    inline,
-    njit,
-)
+from colitools.formats.errors import EncodeError
+from colitools.formats.kernels import aot
+from colitools.formats.kernels._dispatch import _fp8_operands, _matrix, _reference_encode, _writable
 
-# The public encoders live in _encode (numba-free); named here too.
-from colitools.formats.kernels._encode import (  # noqa: F401
-    encode,
-    encode_fp8_e8m0,
-    encode_from_bf16,
-    encode_from_fp8_block,
-)
-from colitools.formats.kernels._row_encoders import (
-    _encode_row,
-    _int4_blocks,
-    _int4_blocks_bf16,
-    _int4_row_bf16,
-)
+F32 = np.float32
+_FP8_B = ref.FP8_BLOCK  # fp8-e4m3-e8m0's block edge (128)
 
 
-# --------------------------------------------------------------------------------- encode drivers (per source)
-# Each encodes rows [r0, r1) and returns the first row holding a non-finite value, or -1. The BF16 and FP8
-# drivers materialise one row at a time in a float32 buffer (L2-resident) and encode it.
-@njit
-def _scratch(n, gs):
-    """Per-thread buffers: quantised codes of a row/group (+ padding, a multiple of 8 for the uint16/32/64
-    views), and a zero-padded float32 copy of a partial last group with room for its codes."""
-    m = max(n, gs, 64) + 2
-    return np.empty(((m + 72) >> 3) << 3, np.uint8), np.empty(m, np.float32), np.empty(m, np.uint8)
+def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
+    """Kernel code, effective group size, the output arrays the kernels fill (codes, f32 scales, u8
+    scales) and the scales as returned (a view shaped as the registry's ``scale_grid``). Resolved once per
+    call from the format class, outside the kernels."""
+    cls = _writable(fmt_name, O, I, gs, name)
+    codes = np.empty(cls.weight_shape(O, I, gs), np.uint8)
+    grid = cls.scale_grid(O, I, gs)  # [O] (one per row), [O, G] or mxfp4's [O, I/32] E8M0 bytes
+    per_row = math.prod(grid[1:])  # Python ints: np.prod costs ~5 us per tensor
+    if cls.scale_numpy == np.uint8:
+        sf, su = np.empty((O, 0), F32), np.empty((O, per_row), np.uint8)
+    else:
+        sf, su = np.empty((O, per_row), F32), np.empty((O, 0), np.uint8)
+    scales = (su if cls.scale_numpy == np.uint8 else sf).reshape(grid)
+    return cls.kernel_code, int(gs or 0), codes, sf, su, scales
 
 
-@njit
-def _encode_rows_f32(w, fmt, gs, codes, sf, su, r0, r1):
-    scratch, xt, ct = _scratch(w.shape[1], gs)
-    for o in range(r0, r1):
-        if not _encode_row(fmt, w[o], codes[o], sf[o], su[o], gs, scratch, xt, ct):
-            return o
-    return -1
+def _raise_nonfinite(w_f32: np.ndarray, name: str) -> None:
+    """Error path only: the registry's exact message (first bad [o, i] and the count)."""
+    from colitools.formats.registry import _check_finite
+
+    _check_finite(w_f32, name)
+    raise EncodeError(f"tensor {name or '?'}: non-finite value")  # pragma: no cover (kernel/ref disagree)
 
 
-@njit
-def _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r0, r1):
-    n = wb.shape[1]
-    buf = np.empty(n, np.float32)
-    scratch, xt, ct = _scratch(n, gs)
-    direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0
-    for o in range(r0, r1):
-        row = wb[o]
-        if direct:
-            if n % gs == 0:
-                G = n // gs
-                if not _int4_blocks_bf16(row.reshape((G, gs)), codes[o].reshape((G, gs >> 1)), sf[o]):
-                    return o
-            elif not _int4_row_bf16(row, codes[o], sf[o], gs, xt, ct):
-                return o
-            continue
-        for i in range(n):
-            buf[i] = _bits_f32(np.uint32(row[i]) << 16)  # exact BF16 -> F32
-        if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
-            return o
-    return -1
+def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Encode float32 ``w[O, I]`` to ``(codes uint8 [O, row_bytes], scales)``, byte-identical to the reference.
 
-
-@njit
-def _int4_blocks_fp8(qg, srow, bc, cg, scales):
-    """``_int4_blocks`` straight from e4m3 bytes ``qg [G, gs]`` (even gs, ``bc % gs == 0``: a group lies in one
-    scale block), without a float32 row buffer. The amax is taken on the bytes: ``byte & 0x7F`` orders e4m3fn
-    magnitudes (0x7F is NaN), and float32 multiplication by ``|sv|`` is monotone and sign-symmetric, so
-    ``max |f32(e4m3(q)) * sv| == f32(e4m3(max(q & 0x7F))) * |sv|`` bit for bit, NaN/inf included."""
-    G, gs = qg.shape
-    bad = np.uint32(0)
-    for g in range(G):
-        m = np.uint32(0)
-        for k in range(gs):
-            m = _umax32(m, np.uint32(qg[g, k] & np.uint8(0x7F)))
-        sv = srow[(g * gs) // bc]
-        mb = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(sv)))
-        scales[g] = _bits_f32(mb)
-        bad = _umax32(bad, mb)
-    if bad >= _NONFINITE_BITS:
-        return False
-    for g in range(G):
-        s = scales[g] / _Q7  # _sym_scale
-        scales[g] = s if s > _FLOOR else _FLOOR
-    for g in range(G):
-        s = scales[g]
-        sv = srow[(g * gs) // bc]
-        for k in range(gs >> 1):
-            lo = _q(_e4m3(qg[g, 2 * k]) * sv, s, _L4, _H4) + 8
-            hi = _q(_e4m3(qg[g, 2 * k + 1]) * sv, s, _L4, _H4) + 8
-            cg[g, k] = np.uint8(lo | (hi << 4))
-    return True
-
-
-@inline
-def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct):
-    """One FP8 row to int4 groups of even ``gs`` with ``bc % gs == 0`` (a group lies in one scale block): whole
-    groups from the bytes, a partial last group dequantised into the zero-padded ``xt`` (as ``_enc_groups``)."""
-    n = qrow.size
-    full = n // gs
-    half = gs >> 1
-    qg = qrow[: full * gs].reshape((full, gs))
-    if not _int4_blocks_fp8(qg, srow, bc, codes[: full * half].reshape((full, half)), scales):
-        return False
-    rem = n - full * gs
-    if rem:
-        sv = srow[(full * gs) // bc]
-        xt[:gs] = 0
-        for i in range(rem):
-            xt[i] = _e4m3(qrow[full * gs + i]) * sv
-        if not _int4_blocks(xt[:gs].reshape((1, gs)), ct[:half].reshape((1, half)), scales[full:], ct):
-            return False
-        tail = codes[full * half :]
-        tail[:] = ct[: tail.size]
-    return True
-
-
-@njit
-def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
-    n = q.shape[1]
-    buf = np.empty(n, np.float32)
-    scratch, xt, ct = _scratch(n, gs)
-    direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0 and bc % gs == 0
-    for o in range(r0, r1):
-        if direct:
-            if n % gs == 0:
-                G = n // gs
-                cg = codes[o].reshape((G, gs >> 1))
-                if not _int4_blocks_fp8(q[o].reshape((G, gs)), s[o // br], bc, cg, sf[o]):
-                    return o
-            elif not _int4_row_fp8(q[o], s[o // br], bc, codes[o], sf[o], gs, xt, ct):
-                return o
-            continue
-        _dequant_fp8_row(q[o], s[o // br], bc, buf)
-        if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
-            return o
-    return -1
-
-
-# ------------------------------------------------------------------------------------ fp8-e4m3-e8m0 (§2.9)
-# reference.encode_fp8_e8m0 restated per 128x128 block (``ref.FP8_BLOCK``): amax, the E8M0 exponent k read off the float bits of
-# max(amax, 1e-4) * f32(1/448) (as DeepSeek's fast_log2_ceil, = the reference's frexp rule), codes = e4m3fn
-# round-to-nearest-even of clamp(w * 2^-k, +-448) (2^-k is exact for every k the floor allows: -22 <= k <= 120).
-_FP8_B = ref.FP8_BLOCK  # 128
-_E8M0_FLOOR = F32(ref.FP8_AMAX_FLOOR)
-_E8M0_MAX_INV = ref._FP8_MAX_INV
-_E4M3_MAX_F32 = F32(ref.E4M3_MAX)
-_E4M3_MIN_NORMAL_BITS = np.uint32(0x3C800000)  # 2^-6, the smallest normal float8_e4m3fn
-_E4M3_REBIAS = np.uint32((127 - 7) << 3)  # float32 exponent bias 127 -> e4m3 bias 7, in (exponent | 3 bits) units
-_TWO9 = F32(512.0)  # 2^9: the e4m3 subnormal unit is 2^-9
-_RNE_MAGIC = F32(8388608.0)  # 2^23: (y + 2^23) - 2^23 rounds 0 <= y < 2^22 to an integer, ties to even
-
-
-@inline
-def _e4m3_rne(y):
-    """float32 ``y`` with ``|y| <= 448`` -> its float8_e4m3fn byte, rounded to nearest, ties to even (the
-    ml_dtypes cast): normals by rounding the float32 bits at bit 20 (a carry into the exponent is the right
-    next code), subnormals as ``rne(|y| * 2^9)`` units of 2^-9; the sign bit kept (-0.0 -> 0x80)."""
-    u = _f32_bits(y)
-    a = u & np.uint32(0x7FFFFFFF)
-    sign = np.uint8((u >> np.uint32(24)) & np.uint32(0x80))
-    if a >= _E4M3_MIN_NORMAL_BITS:
-        r = a + np.uint32(0x7FFFF) + ((a >> np.uint32(20)) & np.uint32(1))
-        return sign | np.uint8((r >> np.uint32(20)) - _E4M3_REBIAS)
-    t = (_bits_f32(a) * _TWO9 + _RNE_MAGIC) - _RNE_MAGIC
-    return sign | np.uint8(t)
-
-
-@njit
-def _fp8_e8m0_blocks(w, codes, scales, b0, b1):
-    """Block rows ``[b0, b1)`` of ``w[O, I]`` (finite float32): E8M0 bytes into ``scales``, e4m3 codes into
-    ``codes``. Returns -1 (the drivers' "no bad row")."""
+    ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
+    any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
+    Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    w = np.ascontiguousarray(w, dtype=F32)
     O, I = w.shape
-    GI = scales.shape[1]
-    for bo in range(b0, b1):
-        o0 = bo * _FP8_B
-        o1 = min(O, o0 + _FP8_B)
-        for bi in range(GI):
-            i0 = bi * _FP8_B
-            i1 = min(I, i0 + _FP8_B)
-            amax = F32(0.0)
-            for o in range(o0, o1):
-                for i in range(i0, i1):
-                    v = abs(w[o, i])
-                    if v > amax:
-                        amax = v
-            x = max(amax, _E8M0_FLOOR) * _E8M0_MAX_INV
-            xb = _f32_bits(x)
-            k = np.int32(xb >> np.uint32(23)) - np.int32(127)
-            if xb & np.uint32(0x7FFFFF):
-                k += np.int32(1)
-            scales[bo, bi] = np.uint8(k + np.int32(127))
-            inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
-            for o in range(o0, o1):
-                for i in range(i0, i1):
-                    y = min(max(w[o, i] * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
-                    codes[o, i] = _e4m3_rne(y)
-    return -1
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if w.size == 0:
+        return _reference_encode(fmt_name, w, gs)
+    if aot.CODECS.run("rows_f32", (w, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(w, name)
+    return codes, scales
+
+
+def encode_from_bf16(
+    fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
+    (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
+    wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
+    O, I = wb.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if wb.size == 0:
+        return _reference_encode(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs)
+    if aot.CODECS.run("rows_bf16", (wb, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
+    return codes, scales
+
+
+def encode_from_fp8_block(
+    fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, reference.dequant_fp8_block(q, scale_inv, block), gs)`` with the dequant fused in.
+
+    ``q`` is ``[O, I]`` e4m3fn bytes (uint8 or ``ml_dtypes.float8_e4m3fn``), ``scale_inv`` F32/BF16
+    ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
+    q, s, br, bc = _fp8_operands(q, scale_inv, block, name)
+    O, I = q.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if q.size == 0:
+        return _reference_encode(fmt_name, ref.dequant_fp8_block(q, s, (br, bc)), gs)
+    if aot.CODECS.run("rows_fp8", (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
+        with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
+            w = ref.dequant_fp8_block(q, s, (br, bc))
+        _raise_nonfinite(w, name)
+    return codes, scales
+
+
+def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``reference.encode_fp8_e8m0`` (byte-identical) for finite float32 ``w[O, I]``, block rows split over the
+    kernel threads. The caller checks finiteness (the registry's message)."""
+    w = np.ascontiguousarray(w, dtype=F32)
+    if w.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    O, I = w.shape
+    codes = np.empty((O, I), np.uint8)
+    scales = np.empty((-(-O // _FP8_B), -(-I // _FP8_B)), np.uint8)
+    if w.size:
+        aot.CODECS.run("fp8_e8m0", (w, codes, scales), scales.shape[0], _FP8_B * I)
+    return codes, scales

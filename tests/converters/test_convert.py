@@ -14,7 +14,7 @@ from tinyckpt import Tiny, make_checkpoint, write_tensors
 
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
-from colitools.errors import ConvertError
+from colitools.errors import ColitoolsError, ConvertError
 
 
 def _expected(
@@ -243,7 +243,7 @@ def _wrong_grid(folder, tensors):
 )
 def test_bad_input_is_one_clear_error_before_any_output(tmp_path, mutate, message):
     src = _bad_source(tmp_path, mutate)
-    with pytest.raises(ConvertError, match=message):
+    with pytest.raises(ColitoolsError, match=message):  # ConvertError; FormatError for the shard name
         convert(str(src), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from colitools.converters import dequant as dq
-from colitools.errors import ConvertError
+from colitools.errors import ConfigError, ConvertError
 
 
 def test_float_sources_upcast_exactly():
@@ -82,7 +82,7 @@ def test_fp8_scheme_from_config():
     cfg = {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 128]}}
     assert dq.fp8_scheme(cfg).block == (64, 128)
     assert dq.fp8_scheme({"quantization_config": {"quant_method": "fp8"}}).block == (128, 128)
-    with pytest.raises(ConvertError, match="quant_method 'awq'"):
+    with pytest.raises(ConfigError, match="quant_method 'awq'"):
         dq.fp8_scheme({"quantization_config": {"quant_method": "awq"}})
-    with pytest.raises(ConvertError, match="weight_block_size"):
+    with pytest.raises(ConfigError, match="weight_block_size"):
         dq.fp8_scheme({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}})

@@ -19,7 +19,7 @@ from tinyckpt import write_tensors
 
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
-from colitools.errors import ConvertError
+from colitools.errors import ConfigError, ConvertError, FormatError
 from colitools.formats import container
 from colitools.formats.registry import by_name
 
@@ -312,7 +312,7 @@ def test_unknown_quant_method_is_refused_before_work(tmp_path):
     cfg = json.loads((tmp_path / "src/config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
     (tmp_path / "src/config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConvertError, match=r"quant_method 'awq' is not supported") as exc:
+    with pytest.raises(ConfigError, match=r"quant_method 'awq' is not supported") as exc:
         convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(experts="native"))
     assert "\n" not in str(exc.value)
     assert not (tmp_path / "out").exists()
@@ -326,7 +326,7 @@ def test_companion_without_weight_is_refused(tmp_path):
     t = {n: f.read(n) for n in f.tensors if not n.endswith("down_proj_blocks")}
     f.close()
     write_safetensors(tmp_path / "src/model.safetensors", t)
-    with pytest.raises(ConvertError, match="down_proj_scales: companion without its weight"):
+    with pytest.raises(FormatError, match="down_proj_scales: companion without its weight"):
         convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(dry_run=True))
 
 

@@ -9,7 +9,7 @@ import pytest
 from colitools.converters.inventory import HeaderTensor, build_inventory
 from colitools.converters.planner import plan_conversion
 from colitools.converters.recipe import Recipe, Role
-from colitools.errors import ConvertError
+from colitools.errors import ConvertError, FormatError
 from colitools.formats.safetensors_io import SafetensorsWriter
 
 H, I, E, V = 128, 64, 3, 32
@@ -204,7 +204,7 @@ def test_missing_shard_and_missing_tensor_are_errors():
 
 @pytest.mark.parametrize("shard", ["../x.safetensors", "/abs.safetensors", "sub/x.safetensors", "x.bin"])
 def test_shard_names_that_leave_the_folder_are_refused(shard):
-    with pytest.raises(ConvertError, match="refused"):
+    with pytest.raises(FormatError, match="refused"):
         _bad({shard: {"model.norm.weight": HeaderTensor("BF16", (H,))}})
 
 

@@ -252,7 +252,7 @@ def test_bad_shard_names_in_the_index_are_refused(tmp_path, shard, reason):
     folder = make_checkpoint(tmp_path / "ckpt", weight_map={"embed.weight": SHARD1, "evil.weight": shard})
     source = open_source(str(folder), workdir=tmp_path / "work")
     with pytest.raises(
-        ConvertError, match=r"model\.safetensors\.index\.json: shard file name .*'evil\.weight'.*" + reason
+        FormatError, match=r"model\.safetensors\.index\.json: shard file name .*'evil\.weight'.*" + reason
     ):
         source.weight_map()
 
@@ -260,7 +260,7 @@ def test_bad_shard_names_in_the_index_are_refused(tmp_path, shard, reason):
 def test_bad_shard_name_on_the_hub_is_refused_before_any_download(hub, tmp_path):
     folder = make_checkpoint(tmp_path / "repo", weight_map={"x": "../../outside.safetensors"})
     hub.add_repo("org/evil", {"main": folder})
-    with pytest.raises(ConvertError, match=r"'../../outside.safetensors' \(tensor 'x'\) is refused"):
+    with pytest.raises(FormatError, match=r"'../../outside.safetensors' \(tensor 'x'\) is refused"):
         open_hub("org/evil", tmp_path).weight_map()
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").glob("*.safetensors"))
 

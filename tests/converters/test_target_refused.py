@@ -14,8 +14,7 @@ import pytest
 
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
-from colitools.errors import ConvertError
-from colitools.formats.errors import FormatError
+from colitools.errors import ConvertError, TargetRefused
 from colitools.formats.targets import TARGETS, Target
 
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"
@@ -40,7 +39,7 @@ def test_another_familys_source_is_one_line_before_work(tmp_path, target):
 
 def test_a_refused_target_says_why_in_one_line():
     t = Target("x", "c/x.c (f)", refused="c/x.c (f) reads layout L, which colitools does not write")
-    with pytest.raises(FormatError) as info:
+    with pytest.raises(TargetRefused) as info:
         t.check_writable()
     assert (
         str(info.value) == "`target=x` is refused: c/x.c (f) reads layout L, which colitools does not write"

@@ -11,7 +11,7 @@ import pytest
 
 from colitools.formats import kernels, layouts, planar, reference, registry, resolver
 from colitools.formats.errors import EncodeError, ResolveError, ResolveReason
-from colitools.formats.kernels import _bits
+from colitools.formats.kernels import _jit_bits as _bits
 from colitools.formats.registry import (
     FORMATS,
     E8Iq3Lattice,

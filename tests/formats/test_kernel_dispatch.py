@@ -209,7 +209,7 @@ def test_the_marker_is_named_by_the_encoder_sources_and_lives_beside_numbas_cach
     in_tree = _dispatch._marker_path()  # a writable checkout: the package's __pycache__, as numba's own cache
     assert os.path.dirname(in_tree) == os.path.join(os.path.dirname(_dispatch.__file__), "__pycache__")
     assert os.path.basename(in_tree) == os.path.basename(a)
-    src = os.path.join(os.path.dirname(_dispatch.__file__), "encoders.py")
+    src = os.path.join(os.path.dirname(_dispatch.__file__), "_jit_encoders.py")
     st = os.stat(src)
     try:
         os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # an edit: numba recompiles

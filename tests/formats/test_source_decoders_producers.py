@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from colitools.formats import reference as ref
-from colitools.formats.kernels import source_decoders as fast
+from colitools.formats.kernels import decoders as fast
 from colitools.formats.safetensors_io import SafetensorsFile
 
 VECTORS = Path(__file__).resolve().parents[2] / "oracles" / "quant_vectors"

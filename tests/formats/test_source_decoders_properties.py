@@ -1,4 +1,4 @@
-"""Property tests: the fast source decoders (``kernels/source_decoders.py``) are bit-identical to the numpy
+"""Property tests: the fast source decoders (``kernels/decoders.py`` on ``_jit_decoders.py``) are bit-identical to the numpy
 reference decoders of the natively quantized sources (``reference.decode_*``), for arbitrary bytes (every
 nibble, every E8M0 / e4m3 byte including NaN and 0xFF), and the lossless native repackings keep every value."""
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from colitools.formats import reference as ref
-from colitools.formats.kernels import source_decoders as fast
+from colitools.formats.kernels import decoders as fast
 
 
 @pytest.fixture(autouse=True)

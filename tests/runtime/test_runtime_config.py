@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from colitools.errors import RuntimeModelError
+from colitools.errors import ConfigError, RuntimeModelError
 from colitools.runtime.config import ModelArgs, RopeArgs, mla_softmax_scale
 from colitools.runtime.rope import Rope, inv_freq_and_scaling
 
@@ -180,7 +180,7 @@ def test_malformed_values_are_one_runtime_error_naming_the_key():
     for bad, shown in (({"num_hidden_layers": "two"}, 'num_hidden_layers is "two"'),
                        ({"num_attention_heads": 0}, "num_attention_heads is 0"),
                        ({"num_experts_per_tok": 9}, "more than the 8 routed experts")):  # fmt: skip
-        with pytest.raises(RuntimeModelError, match=shown):
+        with pytest.raises(ConfigError, match=shown):
             ModelArgs.from_config({"model_type": "olmoe", "num_experts": 8, **BASE, "intermediate_size": 32,
                                    **bad})  # fmt: skip
     with pytest.raises(RuntimeModelError, match="qk_rope_head_dim"):  # was a KeyError

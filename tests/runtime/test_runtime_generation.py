@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tinymodels import write_gqa_model
 
-from colitools.errors import ParameterError, RuntimeModelError
+from colitools.errors import FormatError, ParameterError, RuntimeModelError
 from colitools.formats import reference as ref
 from colitools.runtime import generate, load_model
 from colitools.runtime.attention import causal_mask
@@ -121,7 +121,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(ParameterError, match="`cap` must be >= 1"):
         load_model(d, cap=0)
     (d / "model.safetensors").rename(d / "gone.bin")
-    with pytest.raises(RuntimeModelError, match="no \\*.safetensors"):
+    with pytest.raises(FormatError, match="no \\*.safetensors"):
         load_model(d)
     untied = write_gqa_model(tmp_path / "n", tie=True)
     cfg = json.loads((untied / "config.json").read_text())

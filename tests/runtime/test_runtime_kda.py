@@ -12,7 +12,7 @@ import pytest
 from containers import build_container
 from oracle_refs import LOGITS_ATOL, ORACLES, check_against_reference, reference, reference_logits
 
-from colitools.errors import RuntimeModelError
+from colitools.errors import ColitoolsError, RuntimeModelError
 from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors
 from colitools.runtime import generate, load_model
 from colitools.runtime.config import ModelArgs
@@ -121,7 +121,7 @@ def test_kimi_linear_layer_schedule_from_a_hub_linear_attn_config():
     ],
 )
 def test_bad_kimi_linear_configs_are_refused_in_one_line(changes, message):
-    with pytest.raises(RuntimeModelError, match=message):
+    with pytest.raises(ColitoolsError, match=message):  # RuntimeModelError; ConfigError of the config facts
         ModelArgs.from_config(_kimi(**changes))
 
 

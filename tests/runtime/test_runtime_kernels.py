@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from colitools.formats import reference as ref
-from colitools.formats.kernels import aot
+from colitools.formats.kernels import threads
 from colitools.formats.planar import pairs_to_planar
 from colitools.formats.registry import by_name
-from colitools.runtime import kernels, threads
+from colitools.runtime import kernels
 from colitools.runtime.kernels import QTensor
 
 
@@ -119,7 +119,7 @@ def test_int4_prep_orders_and_padding():
             np.empty((2, rb), np.float32),
             np.empty((2, G), np.float32),
         )
-        aot.kernels().rt_int4_prep(x, rb, G, gbytes, planar, xa, xd, xs)
+        kernels.KERNELS.kernels().rt_int4_prep(x, rb, G, gbytes, planar, xa, xd, xs)
         assert np.array_equal(xa, lo) and np.array_equal(xd, hi - np.float32(16) * lo)
         sums = xp.astype(np.float64).reshape(2, G, 2 * gbytes).sum(axis=2)
         np.testing.assert_allclose(xs, sums, rtol=1e-6, atol=1e-6)

@@ -12,7 +12,7 @@ import pytest
 from containers import build_container
 from oracle_refs import LOGITS_ATOL, ORACLES, check_against_reference, reference, reference_logits
 
-from colitools.errors import RuntimeModelError
+from colitools.errors import ColitoolsError
 from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors
 from colitools.runtime import generate, load_model
 from colitools.runtime.config import ModelArgs
@@ -118,6 +118,6 @@ def test_qwen3_5_always_renormalises_and_has_no_dense_layers():
     ],
 )
 def test_bad_hybrid_configs_are_refused_in_one_line(changes, message):
-    with pytest.raises(RuntimeModelError, match=message) as exc:
+    with pytest.raises(ColitoolsError, match=message) as exc:  # RuntimeModelError; ConfigError of the config facts
         ModelArgs.from_config(_config(**changes))
     assert "\n" not in str(exc.value)

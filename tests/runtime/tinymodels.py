@@ -15,8 +15,9 @@ H, V, L, NH, NKV, D, E, I = 32, 50, 2, 4, 2, 8, 4, 16
 
 
 def write_gqa_model(out: Path, model_type: str = "olmoe", *, seed: int = 0, tie: bool = False,
-                    dtype: str = "F32", fp8_block: tuple[int, int] | None = None, **config) -> Path:  # fmt: skip
-    """An OLMoE- or Mixtral-style model (every layer MoE) with random weights (std 0.3)."""
+                    dtype: str = "F32", fp8_block: tuple[int, int] | None = None, n_layers: int = L,
+                    **config) -> Path:  # fmt: skip
+    """An OLMoE- or Mixtral-style model (every layer MoE, ``n_layers`` of them) with random weights (std 0.3)."""
     rng = np.random.default_rng(seed)
 
     def w(*shape):
@@ -25,7 +26,7 @@ def write_gqa_model(out: Path, model_type: str = "olmoe", *, seed: int = 0, tie:
     t: dict[str, np.ndarray] = {"model.embed_tokens.weight": w(V, H), "model.norm.weight": 1 + w(H)}
     if not tie:
         t["lm_head.weight"] = w(V, H)
-    for layer in range(L):
+    for layer in range(n_layers):
         p = f"model.layers.{layer}"
         t[f"{p}.input_layernorm.weight"] = 1 + w(H)
         t[f"{p}.post_attention_layernorm.weight"] = 1 + w(H)
@@ -39,7 +40,7 @@ def write_gqa_model(out: Path, model_type: str = "olmoe", *, seed: int = 0, tie:
         for e in range(E):
             for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
                 t[f"{p}.mlp.experts.{e}.{name}.weight"] = w(*shape)
-    cfg = {"model_type": model_type, "vocab_size": V, "hidden_size": H, "num_hidden_layers": L,
+    cfg = {"model_type": model_type, "vocab_size": V, "hidden_size": H, "num_hidden_layers": n_layers,
            "num_attention_heads": NH, "num_key_value_heads": NKV, "intermediate_size": I, "num_experts": E,
            "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "tie_word_embeddings": tie,
            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **config}  # fmt: skip

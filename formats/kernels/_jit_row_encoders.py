@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colitools.formats.kernels._bits import (
+from colitools.formats.kernels._jit_bits import (
     _E2M1_SIGNED_F64,
     _FLOOR,
     _GATHER8,

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from colitools.runtime import threads
+from colitools.formats.kernels import threads
 
 
 @pytest.fixture
@@ -19,13 +19,14 @@ def two_threads(monkeypatch):
     monkeypatch.setenv("COLITOOLS_THREADS", "2")
 
 
-def test_results_in_item_order(two_threads):
+@pytest.mark.parametrize("spin", [True, False])
+def test_results_in_item_order(two_threads, spin):
     def work(i):
         time.sleep(0.0005 * (i % 3))  # uneven items: the threads finish out of order
         return i * i
 
     for _ in range(3):
-        assert threads.parallel_map(work, list(range(20))) == [i * i for i in range(20)]
+        assert threads.parallel_map(work, list(range(20)), spin=spin) == [i * i for i in range(20)]
 
 
 def _until_asleep(h) -> None:
@@ -35,7 +36,8 @@ def _until_asleep(h) -> None:
     assert h.asleep
 
 
-def test_helper_sleeps_and_wakes(two_threads):
+@pytest.mark.parametrize("spin", [True, False])
+def test_helper_sleeps_and_wakes(two_threads, spin):
     (h,) = threads._get_helpers(1)
     for k in range(3):
         _until_asleep(h)
@@ -48,11 +50,12 @@ def test_helper_sleeps_and_wakes(two_threads):
                 helper_ran.set()
             return i
 
-        assert threads.parallel_map(work, [k, k + 1]) == [k, k + 1]
+        assert threads.parallel_map(work, [k, k + 1], spin=spin) == [k, k + 1]
         assert helper_ran.is_set()
 
 
-def test_caller_blocks_for_a_long_helper_task(two_threads):
+@pytest.mark.parametrize("spin", [True, False])
+def test_caller_blocks_for_a_long_helper_task(two_threads, spin):
     (h,) = threads._get_helpers(1)
     for _ in range(2):
         started = threading.Event()
@@ -62,16 +65,16 @@ def test_caller_blocks_for_a_long_helper_task(two_threads):
                 started.wait(30)  # the helper has its item: the caller cannot take the task back
             else:
                 started.set()
-                time.sleep(
-                    0.5
-                )  # the caller outwaits its polling window (however busy the machine) and sleeps
+                # the caller outwaits its polling window (however busy the machine) and sleeps
+                time.sleep(0.5)
             return i
 
-        assert threads.parallel_map(work, [0, 1]) == [0, 1]
+        assert threads.parallel_map(work, [0, 1], spin=spin) == [0, 1]
         assert started.is_set() and h.notified == h.posted  # the helper woke the sleeping caller
 
 
-def test_exception_reaches_the_caller_and_pool_recovers(two_threads):
+@pytest.mark.parametrize("spin", [True, False])
+def test_exception_reaches_the_caller_and_pool_recovers(two_threads, spin):
     def work(i):
         time.sleep(0.001)
         if i == 3:
@@ -80,8 +83,8 @@ def test_exception_reaches_the_caller_and_pool_recovers(two_threads):
 
     for _ in range(2):
         with pytest.raises(ValueError, match="item 3"):
-            threads.parallel_map(work, list(range(8)))
-    assert threads.parallel_map(work, [0, 1, 2]) == [0, 1, 2]
+            threads.parallel_map(work, list(range(8)), spin=spin)
+    assert threads.parallel_map(work, [0, 1, 2], spin=spin) == [0, 1, 2]
 
 
 def test_nested_work_runs_inline(two_threads):
@@ -116,7 +119,7 @@ def test_flag_cells(kernel_drivers):
     """The compiled polls, compiled ahead of time and JIT (the ``th_*`` kernels)."""
     from colitools.formats.kernels import aot
 
-    k = aot.kernels()
+    k = aot.CODECS.kernels()
     T, F, B = threads.TASK, threads.FINISHED, threads.CALLER_BLOCKED
     cells = np.zeros(24, np.int64)
     k.th_set(cells, F, 5)
@@ -177,3 +180,29 @@ def test_forked_child_starts_its_own_helpers(two_threads):
     os.close(w)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
+
+
+def test_run_rows_covers_every_row_once_on_both_threads_and_gives_the_first_bad_row(monkeypatch):
+    """A codec call's row chunks on the pool (no polling between calls): every row in exactly one chunk, the
+    helper takes part, and the smallest bad row any chunk reports is the result."""
+    from colitools.formats.kernels import _dispatch
+
+    monkeypatch.setattr(_dispatch, "_threads", {"n": 2})
+    O, I = 64, 1 << 14  # 1 M elements: split (>= 2^18), 8 chunks of 8 rows for 2 threads
+    seen, helper_took = [], threading.Event()
+
+    def kernel(r0, r1):
+        if threading.current_thread() is threading.main_thread():
+            helper_took.wait(30)  # the caller holds its first chunk until the woken helper has one
+        else:
+            helper_took.set()
+        seen.append((r0, r1, threading.current_thread() is threading.main_thread()))
+        return min((r for r in (45, 20) if r0 <= r < r1), default=-1)  # rows 20 and 45 are "bad": the first
+
+    assert threads.run_rows(kernel, (), O, I) == 20
+    rows = sorted(r for r0, r1, _ in seen for r in range(r0, r1))
+    assert rows == list(range(O)) and helper_took.is_set() and {main for *_, main in seen} == {True, False}
+    monkeypatch.setattr(_dispatch, "_threads", {"n": 1})
+    seen.clear()
+    helper_took.set()
+    assert threads.run_rows(kernel, (), O, I) == 20 and [(a, b) for a, b, _ in seen] == [(0, O)]  # one thread

@@ -1,9 +1,10 @@
-"""The runtime's one thread pool: serial, GIL-free numba kernels run side by side on it.
+"""The one thread pool of the kernels: serial, GIL-free numba kernels run side by side on it.
 
-Two uses: the routed experts of one MoE step run concurrently (one task per expert), and one big matmul
-(embedding head, dense projections, a cache-resident expert matvec of ~0.2 ms) is split by rows. Work submitted
-from inside a worker runs inline, so nothing nests. ``COLITOOLS_THREADS`` overrides the size (default: the CPU
-count).
+Three uses: a codec call's row chunks (``run_rows``: ``kernels.set_threads`` threads, default
+``NUMBA_NUM_THREADS`` at most the CPU count), the runtime's routed experts of one MoE step (one task per expert)
+and its big matmuls (embedding head, dense projections, a cache-resident expert matvec of ~0.2 ms) split by rows
+(``COLITOOLS_THREADS`` threads, default the CPU count). Work submitted from inside a worker runs inline, so
+nothing nests; while one caller drives the helpers, a second caller runs its items itself.
 
 Hand-off latency matters for the split matmuls: a futex wake-up of a sleeping thread costs 20-40 us on a busy
 2-core VM, a sixth of a 0.2 ms call. So each helper thread, after a task, polls its flag cells for
@@ -14,8 +15,8 @@ the helper's finish before it blocks, and a caller that ran every item itself ta
 (compare-exchange on the task cell) rather than wait for a helper that has not started. The flags are int64
 cells read and written with sequentially consistent atomics (``_load`` / ``_store`` / ``_swap_if`` in
 ``_jit_threads.py``), so a poll sees the other thread's store and neither side can miss the other's "about to
-sleep" mark. This module is numba-free: it runs those compiled polls as ``aot.kernels()`` resolves them (compiled
-ahead of time, else numba's JIT).
+sleep" mark. This module is numba-free: it runs those compiled polls as ``aot.CODECS.kernels()`` resolves them
+(compiled ahead of time, else numba's JIT).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from colitools.formats.kernels import aot
+from colitools.formats.kernels import _dispatch, aot
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -43,7 +44,7 @@ SETTLE_SECONDS = 4e-6
 _local = threading.local()
 _helpers: list[_Helper] = []
 _lock = threading.Lock()  # guards _helpers
-_dispatch = threading.Lock()  # one caller at a time drives the helpers; a second runs its items inline
+_driving = threading.Lock()  # one caller at a time drives the helpers; a second runs its items inline
 
 
 def n_workers() -> int:
@@ -74,10 +75,10 @@ def _spin_reads() -> int:
     global _spin_iters
     if _spin_iters is None:
         cell = np.zeros(1, np.int64)
-        aot.kernels().th_reach(cell, 0, 1, 10)  # compile / load
+        aot.CODECS.kernels().th_reach(cell, 0, 1, 10)  # compile / load
         n = 1 << 12
         t0 = time.perf_counter()
-        aot.kernels().th_reach(cell, 0, 1, n)
+        aot.CODECS.kernels().th_reach(cell, 0, 1, n)
         _spin_iters = max(100, int(n * SPIN_SECONDS / max(time.perf_counter() - t0, 1e-9)))
     return _spin_iters
 
@@ -89,7 +90,7 @@ class _Helper:
     """One pool thread running one task at a time: ``post(task) -> n``, then ``wait(n)``."""
 
     def __init__(self, index: int):
-        self.k = aot.kernels()  # the compiled polls (th_*: ahead of time, else numba's JIT)
+        self.k = aot.CODECS.kernels()  # the compiled polls (th_*: ahead of time, else numba's JIT)
         self.flags = np.zeros(24, np.int64)
         self.task: Callable[[], None] | None = None
         self.error: BaseException | None = None
@@ -98,6 +99,7 @@ class _Helper:
         self.notified = 0  # the task number the helper last signalled on ``done``
         self.posted = 0  # the last task number posted
         self.asleep = False  # waiting on ``work`` (past its polling window)
+        self.spins = True  # the posted task: poll for the next after it (``post(spin=)``), else sleep at once
         self.spin = _spin_reads()
         self.settle = int(self.spin * SETTLE_SECONDS / SPIN_SECONDS)
         self.name = f"colitools-{index}"
@@ -119,8 +121,9 @@ class _Helper:
                         self.work.wait()
                     self.asleep = False
             seen = v
+            spin, settle = (self.spin, self.settle) if self.spins else (0, 0)  # read before the finish
             if not k.th_take(self.flags, seen):  # the caller ran every item itself and took the task back
-                v = k.th_next_post(self.flags, seen, self.spin, self.settle)
+                v = k.th_next_post(self.flags, seen, spin, settle)
                 continue
             try:
                 self.task()
@@ -128,15 +131,17 @@ class _Helper:
                 self.error = e
             self.task = None  # keeps nothing of the call (its arrays) alive; the next post sets it again
             # finish and poll for the next task in one compiled call: the GIL is free once the caller sees it
-            v = k.th_finish_and_poll(self.flags, seen, self.spin, self.settle)
+            v = k.th_finish_and_poll(self.flags, seen, spin, settle)
             if v < 0:  # the caller went to sleep before the finish: wake it
                 with self.done:
                     self.notified = seen
                     self.done.notify()
-                v = k.th_next_post(self.flags, seen, self.spin, self.settle)
+                v = k.th_next_post(self.flags, seen, spin, settle)
 
-    def post(self, task: Callable[[], None]) -> int:
-        self.task = task  # read by the helper only once it has taken the new task number
+    def post(self, task: Callable[[], None], spin: bool = True) -> int:
+        """Post ``task``; ``spin``: after it, the helper polls for the next one (and the caller for its finish)
+        before sleeping, else both sleep at once (a wake-up per call, as a plain thread pool)."""
+        self.task, self.spins = task, spin  # read by the helper only once it has taken the new task number
         with self.work:
             n = self.posted = self.posted + 1
             self.k.th_set(self.flags, TASK, n)
@@ -150,7 +155,8 @@ class _Helper:
         if k.th_take(self.flags, n):
             self.task = None
             return None
-        if k.th_reach(self.flags, FINISHED, n, self.spin // CALLER_SPIN_DIVISOR) != n:
+        reads = self.spin // CALLER_SPIN_DIVISOR if self.spins else 0
+        if k.th_reach(self.flags, FINISHED, n, reads) != n:
             with self.done:
                 if k.th_set_then_read(self.flags, CALLER_BLOCKED, 1, FINISHED) != n:
                     while self.notified != n:
@@ -162,9 +168,9 @@ class _Helper:
 
 def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads (and no thread holding a lock): start afresh."""
-    global _lock, _dispatch
+    global _lock, _driving
     _helpers.clear()
-    _lock, _dispatch = threading.Lock(), threading.Lock()
+    _lock, _driving = threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -177,13 +183,18 @@ def _get_helpers(k: int) -> list[_Helper]:
         return _helpers[:k]
 
 
-def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """``[fn(x) for x in items]``, concurrently when there is more than one item and more than one CPU.
+def parallel_map(
+    fn: Callable[[T], R], items: Sequence[T], workers: int | None = None, *, spin: bool = True
+) -> list[R]:
+    """``[fn(x) for x in items]``, concurrently when there is more than one item and ``workers`` (default
+    ``n_workers()``) is more than one.
 
-    The calling thread works too: it and up to ``n_workers() - 1`` helper threads take items from a shared
-    counter until none are left."""
+    The calling thread works too: it and up to ``workers - 1`` helper threads take items from a shared counter
+    until none are left. ``spin``: the helpers poll for the next call before they sleep (``SPIN_SECONDS``), for
+    calls a wake-up would slow (the runtime's ~0.2 ms matvecs); ``spin=False`` for calls of milliseconds."""
     n = len(items)
-    if n < 2 or n_workers() < 2 or in_worker() or not _dispatch.acquire(blocking=False):
+    workers = n_workers() if workers is None else workers
+    if n < 2 or workers < 2 or in_worker() or not _driving.acquire(blocking=False):
         return [fn(x) for x in items]
     try:
         results: list = [None] * n
@@ -193,7 +204,7 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
             while (i := next(counter)) < n:
                 results[i] = fn(items[i])
 
-        posted = [(h, h.post(drain)) for h in _get_helpers(min(n_workers() - 1, n - 1))]
+        posted = [(h, h.post(drain, spin)) for h in _get_helpers(min(workers - 1, n - 1))]
         _local.worker = True
         try:
             drain()
@@ -205,7 +216,7 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
                 raise err
         return results
     finally:
-        _dispatch.release()
+        _driving.release()
 
 
 def row_chunks(O: int, align: int = 1, parts: int | None = None) -> list[tuple[int, int]]:
@@ -217,3 +228,25 @@ def row_chunks(O: int, align: int = 1, parts: int | None = None) -> list[tuple[i
     step = -(-O // n)
     step = -(-step // align) * align
     return [(o, min(o + step, O)) for o in range(0, O, step)]
+
+
+# ------------------------------------------------------------------------------------------- codec rows
+_MIN_PARALLEL_ELEMS = 1 << 18  # below this, threads cost more than they save
+_CHUNK_ELEMS = 1 << 20  # rows per work item ~ this many elements (cache-friendly, few dispatches)
+_CODEC_THREADS = _dispatch.default_threads()  # NUMBA_NUM_THREADS when set, at most the CPU count
+
+
+def run_rows(kernel: Callable[..., int], args: tuple, O: int, I: int) -> int:
+    """Run ``kernel(*args, r0, r1)`` over row chunks of ``O`` rows of ``I`` elements on ``kernels.set_threads``
+    threads (default ``NUMBA_NUM_THREADS``, at most the CPU count; the calling thread included); return the
+    smallest non-negative result (first bad row) or -1."""
+    threads = min(_dispatch.kernel_threads() or _CODEC_THREADS, O)
+    if threads <= 1 or O * I < _MIN_PARALLEL_ELEMS:
+        return int(kernel(*args, 0, O))
+    rows = max(1, min(_CHUNK_ELEMS // max(I, 1), -(-O // (4 * threads))))
+    chunks = [(r0, min(O, r0 + rows)) for r0 in range(0, O, rows)]
+    # No polling between calls: a codec call's chunks take >= 0.1 ms, and on a machine with more runnable threads
+    # than cores a polling helper (sched_yield per read) reacts a time slice late: measured on 2 shared cores at
+    # load 7, [2048, 2048] BF16 -> int4-g64, the helper ran 1-6 % of the chunks polling, 52 % sleeping.
+    bad = [r for r in parallel_map(lambda c: int(kernel(*args, *c)), chunks, threads, spin=False) if r >= 0]
+    return min(bad) if bad else -1

@@ -1,6 +1,7 @@
-"""The runtime thread pool's compiled pieces (``threads.py`` describes the protocol): sequentially consistent
-atomics on int64 flag cells and the polls built on them, serial and GIL-free. ``threads`` runs them, or the same
-functions compiled ahead of time (``colitools.formats.kernels.aot``)."""
+"""The compiled pieces of the kernels' thread pool (``threads.py`` describes the protocol): sequentially
+consistent atomics on int64 flag cells and the polls built on them, serial and GIL-free, each registered with its
+compiled-ahead arguments (``aot.export``). ``threads`` runs them as ``aot.CODECS`` resolves them (compiled ahead
+of time, else numba's JIT)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from colitools.runtime.threads import CALLER_BLOCKED, FINISHED, TASK
+from colitools.formats.kernels.aot import export
+from colitools.formats.kernels.threads import CALLER_BLOCKED, FINISHED, TASK
 
 _FLAGS = {"nogil": True, "cache": True}
 
@@ -77,6 +79,7 @@ def _yield_cpu(typingctx):  # pragma: no cover - compiled
     return types.void(), codegen
 
 
+@export("th_reach", ("int64[]", "i", "i", "i"), rows=False)
 @njit(**_FLAGS)
 def _reach(flags, i, target, iters):  # pragma: no cover - compiled
     """Read ``flags[i]`` until it is at least ``target`` (at most ``iters`` reads); the last value read."""
@@ -89,6 +92,7 @@ def _reach(flags, i, target, iters):  # pragma: no cover - compiled
     return v
 
 
+@export("th_next_post", ("int64[]", "i", "i", "i"), rows=False)
 @njit(**_FLAGS)
 def _next_post(flags, seen, iters, settle):  # pragma: no cover - compiled
     """A helper's poll for a task posted after ``seen`` (``flags[TASK] > seen``, at most ``iters`` reads, then
@@ -104,12 +108,14 @@ def _next_post(flags, seen, iters, settle):  # pragma: no cover - compiled
     return v
 
 
+@export("th_take", ("int64[]", "i"), "boolean", rows=False)
 @njit(**_FLAGS)
 def _take(flags, n):  # pragma: no cover - compiled
     """Mark posted task ``n`` taken; False if the other side took it first (helper and caller both call it)."""
     return _swap_if(flags, TASK, n, -n)
 
 
+@export("th_finish_and_poll", ("int64[]", "i", "i", "i"), rows=False)
 @njit(**_FLAGS)
 def _finish_and_poll(flags, n, iters, settle):  # pragma: no cover - compiled
     """A helper's end of task ``n``: ``flags[FINISHED] = n``; -1 if the caller has gone to sleep (it needs a
@@ -120,15 +126,15 @@ def _finish_and_poll(flags, n, iters, settle):  # pragma: no cover - compiled
     return _next_post(flags, n, iters, settle)
 
 
+@export("th_set", ("int64[]", "i", "i"), "void", rows=False)
 @njit(**_FLAGS)
 def _set(flags, i, value):  # pragma: no cover - compiled
     _store(flags, i, value)
 
 
+@export("th_set_then_read", ("int64[]", "i", "i", "i"), rows=False)
 @njit(**_FLAGS)
 def _set_then_read(flags, i, value, j):  # pragma: no cover - compiled
     """``flags[i] = value``, then read ``flags[j]`` (both seq_cst: the store is visible before the read)."""
     _store(flags, i, value)
     return _load(flags, j)
-
-
