@@ -114,7 +114,7 @@ def convert_command(
     _upload_after(summary, outdir, upload_repo, token=token, as_json=as_json, progress=progress)
 
 
-def _upload_after(summary, outdir: Path, repo_id: str, *, token, as_json: bool, progress: bool | None) -> None:
+def _upload_after(summary, outdir: str, repo_id: str, *, token, as_json: bool, progress: bool | None) -> None:
     """``--upload-repo``: the finished output goes to the Hub; one report holds both results."""
     from colitools.converters.publish import upload_output
 
