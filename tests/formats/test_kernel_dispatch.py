@@ -4,6 +4,7 @@ instead of a numba kernel, with the same bytes, the same errors, and without imp
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -226,8 +227,14 @@ def test_a_worker_takes_the_parents_choice_of_the_kernels(monkeypatch, jit_only)
     monkeypatch.setattr(_dispatch, "_compiled", {"yes": False})  # a cold cache: a unit alone would stay off them
     monkeypatch.setattr(runner, "_die_with_parent", lambda pid: None)
     monkeypatch.setattr(_dispatch, "_threads", {"n": None})
-    assert not _dispatch.plan_encodes([("int4-grouped", 4 * _dispatch.STARTUP_BUDGET_ELEMS)])
-    runner._worker_init(1, os.getpid(), False)
-    assert not _dispatch.plan_encodes([("int4-grouped", 4 * _dispatch.STARTUP_BUDGET_ELEMS)])
-    runner._worker_init(1, os.getpid(), True)
-    assert _dispatch.plan_encodes([]) and _dispatch.plan_encodes([("int4-grouped", _dispatch.SMALL_ELEMS)])
+    # _worker_init makes its process ignore SIGINT: restored here, or every process this test run starts later
+    # inherits SIG_IGN (the mirror stage's Ctrl-C tests then hang)
+    old_handler = signal.getsignal(signal.SIGINT)
+    try:
+        assert not _dispatch.plan_encodes([("int4-grouped", 4 * _dispatch.STARTUP_BUDGET_ELEMS)])
+        runner._worker_init(1, os.getpid(), False)
+        assert not _dispatch.plan_encodes([("int4-grouped", 4 * _dispatch.STARTUP_BUDGET_ELEMS)])
+        runner._worker_init(1, os.getpid(), True)
+        assert _dispatch.plan_encodes([]) and _dispatch.plan_encodes([("int4-grouped", _dispatch.SMALL_ELEMS)])
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
