@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from colitools.formats import model_config, targets
+from colitools.formats import model_config, source_encodings, targets
 from colitools.formats.errors import FormatError, ResolveError
 from colitools.formats.expert_layouts import MergedPart, Spelling
 from colitools.formats.jsonfile import is_text
@@ -259,7 +259,8 @@ def _scale_name(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]
     return _spelled_scale(name, info, present)
 
 
-MXFP8_SCALE_SUFFIX = "_scale"  # a source's MXFP8 pair: <name> F8_E4M3 + <name>_scale E8M0 (FORMATS-SPEC §5)
+# a source's MXFP8 pair: <name> F8_E4M3 + <name>_scale E8M0 (docs/FORMATS.md §5); the suffix is the registry's
+MXFP8_SCALE_SUFFIX = source_encodings.Mxfp8.part("scale").suffix
 MXFP8_BLOCK = 32
 
 
