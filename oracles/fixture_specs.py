@@ -605,6 +605,68 @@ FIXTURES: list[Fixture] = [
         prompt_len=72,
     ),
     Fixture(
+        "qwen38",
+        "qwen4_exp",
+        "Qwen3.8 (transformers 5.24 qwen4_exp, Qwen4ExpForConditionalGeneration as released: text model under "
+        "model.language_model., vision tower model.visual.* kept): hyper-connections (hc_count 4 streams of 64, "
+        "low-rank 8 input mixers with block injection per block, a final mixer instead of a final norm, RMSNorms "
+        "1 + w); layer 0 gated DeltaNet (sigmoid output gate) with PLE: hashed 2/3-gram embedding heads (2 per "
+        "order, prime vocabularies 31/37/41/43, the table in 2 row shards ngram_embedding.shard_{0,1} [76, 8], "
+        "I64 hash buffers copied) gating every stream, dilated depthwise conv (kernel 4, dilation 3); layer 1 "
+        "QSA attention (gated GQA 4:2, head_dim 16, partial RoPE 0.5, per-head q/k norm) whose indexer (2 heads "
+        "x 16, one key head) keeps the top 2 mean-pooled key blocks of 2 tokens plus the incomplete tail; "
+        "softmax top-2 of 4 renormalised plus sigmoid-gated shared expert in both layers",
+        dict(
+            text_config=dict(
+                COMMON,
+                eos_token_id=1,  # PLE needs one: it resets the n-gram history after it (and pads with it)
+                num_key_value_heads=2,
+                head_dim=16,
+                **GATED_DELTANET,
+                moe_intermediate_size=64,
+                shared_expert_intermediate_size=64,
+                num_experts=4,
+                num_experts_per_tok=2,
+                layer_types=["linear_attention", "full_attention"],  # the release's spelling of QSA layers
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                output_gate_type="sigmoid",
+                hc_count=4,
+                hc_lowrank=8,
+                ple_layer_ids=[1],
+                ple_embed_dim=32,
+                ple_conv_kernel_size=4,
+                ngram_size=3,
+                heads_per_ngram=2,
+                ngram_vocab_size_base=31,
+                make_ngram_vocab_size_divisible_by=4,
+                split_ngram_parts=2,
+                indexer_n_heads=2,
+                indexer_kv_heads=1,
+                indexer_head_dim=16,
+                indexer_budget=4,
+                indexer_compress_ratio=2,
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=32,
+                intermediate_size=64,
+                num_heads=2,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=64,
+                num_position_embeddings=16,
+            ),
+            tie_word_embeddings=False,
+        ),
+        storage="bf16",
+        model_class="Qwen4ExpForConditionalGeneration",
+        seed=38000,
+        indexer_check=True,
+        # zeros in transformers (_init_weights): a runtime skipping PLE's dilated convolution would still match
+        param_noise={r"\.ple\.conv1d\.weight$": ("set", 0.2)},
+    ),
+    Fixture(
         "gpt_oss",
         "gpt_oss",
         "gpt-oss (gpt_oss): fused experts stored transposed with gate/up columns interleaved (gate_up_proj "

@@ -508,6 +508,8 @@ class RouterProbe:
                 self.handles.append(module.register_forward_hook(self._scored_router_hook))  # DeepSeek-V4
             elif cls.endswith(("TopKRouter", "TopkRouter")):
                 self.handles.append(module.register_forward_hook(self._router_hook))
+            elif cls.endswith("QSAIndexer"):  # Qwen3.8 (Qwen4ExpTextQSAIndexer): mean-pooled key blocks
+                self.handles.append(module.register_forward_hook(self._qsa_indexer_hook))
             elif cls.endswith("Indexer") and hasattr(module, "index_kpool"):  # GLM-5.3: pooled keys
                 self.handles.append(module.register_forward_hook(self._kpool_indexer_hook, with_kwargs=True))
             elif cls == "DeepseekV4Indexer":  # its scorer's output is the index score; positions from here
@@ -672,6 +674,44 @@ class RouterProbe:
                 chosen = output[0, s, : select * pool].tolist()
                 assert {t // pool for t in chosen if t >= 0} == set(order[:select].tolist()), (
                     "k-pool indexer recomputation differs"
+                )
+
+    def _qsa_indexer_hook(self, module, args, output) -> None:
+        # Qwen3.8 QSA (Qwen4ExpTextQSAIndexer): one key head; the keys of each complete block of compress_ratio
+        # visible tokens are averaged, k_layernorm-ed and rotated at the block's first position; a query scores
+        # block b as sum_h relu(q_h . k_b) / sqrt(d) and keeps the top indexer_budget / compress_ratio blocks
+        # (the incomplete tail always). Recomputed here independently; only the block boundary matters.
+        hs, (cos, sin) = args[0], args[1]
+        B, S, _ = hs.shape
+        assert B == 1, "one prompt"
+        nh, d = module.index_n_heads, module.index_head_dim
+        ratio, select = module.compress_ratio, module.block_topk
+        # the module's own RoPE, looked up now: a patched one (mutation_check.py) is followed
+        rope = sys.modules[type(module).__module__].apply_rotary_pos_emb
+        qk = module.index_qk_proj(hs)[0].float()
+        q = module.q_layernorm(qk[:, : nh * d].view(S, nh, d))
+        q = rope(q.unsqueeze(0), cos=cos[:, -S:], sin=sin[:, -S:], unsqueeze_dim=2)[0]  # [S, nh, d]
+        k = qk[:, nh * d :]  # [S, d], raw (pooled before the norm)
+        if self._kcache is not None:
+            layer_keys = self._kcache.setdefault(module.layer_idx, [])
+            layer_keys.append(k)
+            k = torch.cat(layer_keys)
+        T = k.shape[0]
+        for s in range(S):
+            blocks = (T - S + s + 1) // ratio  # complete blocks among the causally visible tokens
+            if blocks <= select:
+                continue
+            pooled = module.k_layernorm(k[: blocks * ratio].view(blocks, ratio, d).mean(dim=1))
+            starts = torch.arange(blocks) * ratio
+            kb = rope(pooled.unsqueeze(1), cos=cos[0, starts], sin=sin[0, starts]).squeeze(1)  # [blocks, d]
+            scores = torch.relu(q[s] @ kb.T).sum(dim=0) / math.sqrt(d)
+            srt, order = scores.sort(descending=True)
+            self.indexer_selections += 1
+            self.min_indexer = min(self.min_indexer, (srt[select - 1] - srt[select]).item())
+            if srt[select - 1] - srt[select] > 1e-5:
+                kept = output[0, 0, s].nonzero().flatten().tolist()
+                assert {t // ratio for t in kept if t < blocks * ratio} == set(order[:select].tolist()), (
+                    "QSA indexer recomputation differs"
                 )
 
     _kcache: dict[int, Any] | None = None
