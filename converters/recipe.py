@@ -9,7 +9,8 @@ Rules apply in order, the first match decides (docs/FORMATS.md §5, rows 0-6):
    ``[C, 1, K]``, ``A_log`` of any rank), 2-D parameters that are not linear weights (``hc_*``, sinks, ``*ape``,
    ``dt_bias``, ... :func:`colitools.formats.names.is_small_param`), stack biases: F32 always;
 3. MTP layers (layer index ``>= num_hidden_layers``, or an ``mtp.`` module): ``--mtp``;
-4. embeddings and heads (``embed_tokens``, ``lm_head``, ``head``, ``embed``, ``unembed``): ``--embed``;
+4. embeddings and heads (``embed_tokens``, ``lm_head``, ``head``, ``embed``, ``unembed``) and other lookup tables
+   (Qwen3.8's PLE ``ngram_embedding`` row shards, :func:`colitools.formats.names.is_lookup_table`): ``--embed``;
 5. routed experts (``.experts.{E}.`` names and expert stacks, split per expert in the family's orientation,
    ``families.stack_orientation``): ``--experts``;
 6. every other 2-D weight: ``--dense``.
@@ -252,7 +253,7 @@ def classify(name: str, ndim: int, num_hidden_layers: int | None, dtype: str | N
         return Role.MTP
     if is_mtp_module(name):
         return Role.MTP
-    if is_embedding(name):
+    if is_embedding(name) or names.is_lookup_table(name):  # Qwen3.8's PLE n-gram tables too
         return Role.EMBED
     if stack or expert_of(name) is not None:
         return Role.EXPERT

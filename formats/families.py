@@ -17,6 +17,7 @@ its lines in :data:`MODEL_TYPES` (docs/INTERNALS.md "How to add ... a model fami
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -217,6 +218,71 @@ def kda_layers(text: Mapping[str, Any]) -> dict[int, RoleShapes]:
     return {i: shapes for i, t in enumerate(types) if t == "linear_attention"}
 
 
+def qsa_indexer_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """Qwen3.8's QSA indexer ``self_attn.indexer.index_qk_proj [(indexer_n_heads + indexer_kv_heads) *
+    indexer_head_dim, H]`` (the queries, then the one key head) when the three are given."""
+    n, kv, d = (text.get(f"indexer_{k}") for k in ("n_heads", "kv_heads", "head_dim"))
+    if not (n and kv and d):
+        return {}
+    return {("self_attn.indexer", "index_qk_proj"): ((n + kv) * d, text["hidden_size"])}
+
+
+def gated_residual_shapes(hidden: int, streams: int, rank: int) -> Shapes:
+    """Qwen3.8's gated residual over ``streams`` hyper-connection streams of ``hidden``: the low-rank input mixer
+    ``input_mix_weight_down [rank, streams*H]`` / ``input_mix_weight_up [streams*H, rank]`` and the block
+    injection ``block_inject_weight [streams, streams*H]`` (the final mixer has none)."""
+    wide = streams * hidden
+    return {"input_mix_weight_down": (rank, wide), "input_mix_weight_up": (wide, rank),
+            "block_inject_weight": (streams, wide)}  # fmt: skip
+
+
+def gated_residual_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """``attn_hyper_connection`` / ``mlp_hyper_connection`` by :func:`gated_residual_shapes` of ``hc_count`` and
+    ``hc_lowrank``, and the PLE projections ``ple.key_proj [hc_count*H, ple_embed_dim]`` / ``ple.value_proj
+    [H, ple_embed_dim]`` (``ple_embed_dim`` defaults to ``hidden_size``, as transformers' Qwen4ExpTextConfig)."""
+    hidden, streams, rank = text["hidden_size"], text.get("hc_count"), text.get("hc_lowrank")
+    if not (streams and rank):
+        return {}
+    shapes = gated_residual_shapes(hidden, streams, rank)
+    out = {**_in("attn_hyper_connection", shapes), **_in("mlp_hyper_connection", shapes)}
+    if text.get("ple_layer_ids"):
+        ple = text.get("ple_embed_dim") or hidden
+        out.update({("ple", "key_proj"): (streams * hidden, ple), ("ple", "value_proj"): (hidden, ple)})
+    return out
+
+
+def ngram_head_vocab_sizes(base: int, heads: int, ple_index: int) -> list[int]:
+    """The hash moduli of the ``heads`` n-gram heads of the ``ple_index``-th PLE layer (transformers'
+    ``Qwen4ExpTextNGramEmbedding``): global head ``g = ple_index * heads + h`` hashes modulo the ``(g+1)``-th
+    prime ``>= base``."""
+    primes: list[int] = []
+    p = max(base, 2)
+    while len(primes) < (ple_index + 1) * heads:
+        if all(p % d for d in range(2, math.isqrt(p) + 1)):
+            primes.append(p)
+        p += 1
+    return primes[ple_index * heads :]
+
+
+def ple_table_layers(text: Mapping[str, Any]) -> dict[int, RoleShapes]:
+    """Per PLE layer (1-based ``ple_layer_ids``), its n-gram table's row shards ``ple.ple_embedding.ngram_embedding.
+    shard_{k} [rows / split_ngram_parts, ple_embed_dim / heads]``: ``heads = (ngram_size - 1) * heads_per_ngram``,
+    ``rows`` the heads' prime vocabularies summed and rounded up to ``make_ngram_vocab_size_divisible_by``."""
+    ids, order, per, base = (text.get(k) for k in ("ple_layer_ids", "ngram_size", "heads_per_ngram",
+                                                    "ngram_vocab_size_base"))  # fmt: skip
+    parts, pad = text.get("split_ngram_parts"), text.get("make_ngram_vocab_size_divisible_by")
+    if not (isinstance(ids, list) and order and per and base and parts and pad):
+        return {}
+    heads = (order - 1) * per
+    width = (text.get("ple_embed_dim") or text["hidden_size"]) // heads
+    out: dict[int, RoleShapes] = {}
+    for index, layer_id in enumerate(sorted(set(ids))):
+        rows = -(-sum(ngram_head_vocab_sizes(base, heads, index)) // pad) * pad
+        shard = (rows // parts, width)
+        out[layer_id - 1] = {("ple.ple_embedding.ngram_embedding", f"shard_{k}"): shard for k in range(parts)}
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ families
 @dataclass(frozen=True)
 class Family:
@@ -292,6 +358,10 @@ GLM5_NEXT = Family("glm5_next", (mla_block, *_MOE), (kda_layers,))
 INKLING = Family("inkling", orientation=Orientation.ROWS_INTERLEAVED, native_names=True,
                  spelled_orientation=MappingProxyType({"gate_up_proj": Orientation.ROWS}))  # fmt: skip
 INKLING2 = Family("inkling2", orientation=Orientation.ROWS_INTERLEAVED, native_names=True)
+# Qwen3.8 (transformers 5.24 qwen4_exp; colibri c/qwen38.c): Qwen3.5's gated attention and Gated DeltaNet, QSA,
+# hyper-connection gated residuals, PLE n-gram tables; converted only until its runtime exists (issue 29)
+QWEN38 = Family("qwen38", (gated_gqa_block, gated_deltanet_block, qsa_indexer_block, gated_residual_block, *_MOE),
+                (ple_table_layers,), gated_attention=True)  # fmt: skip
 
 # The model types ``colitools run`` executes -> their family (the checkpoint's top-level type; text types of
 # multimodal wrappers listed too), in the order messages list them.
@@ -319,8 +389,13 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "inkling2_text": INKLING2,
 })  # fmt: skip
 RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
-# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
-_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING})
+# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``; Qwen3.8 until
+# colitools/runtime/qwen38.py exists (its geometry above is then read by both).
+_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({
+    "inkling": INKLING,
+    "qwen4_exp": QWEN38,  # Qwen3.8 (Qwen4ExpForConditionalGeneration), text model qwen4_exp_text
+    "qwen4_exp_text": QWEN38,
+})  # fmt: skip
 
 
 def family_of(model_type: str | None) -> Family | None:

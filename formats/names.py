@@ -252,6 +252,14 @@ HEADS = frozenset({
     "head",  # DeepSeek-V4 (head.weight)
     "unembed",  # unembed.weight (native exports)
 })  # fmt: skip
+# Row-addressable lookup tables besides the token embedding (docs/FORMATS.md §5 rule 4: ``--embed``), matched on
+# the leaf or, for a table stored in row shards (``{table}.shard_{k}.weight``), on the module's last component.
+# Not ``[vocab_size, hidden_size]``: no config shape is implied for them.
+LOOKUP_TABLES: dict[str, str] = {
+    "ngram_embedding": "Qwen3.8 (qwen4_exp) PLE hashed n-gram table, in split_ngram_parts row shards "
+    "ple.ple_embedding.ngram_embedding.shard_{k}.weight",
+}
+TABLE_SHARD_PREFIX = "shard_"
 NORM_ENDINGS = ("norm",)  # input_layernorm, post_attention_layernorm, q_norm, kv_a_layernorm, model.norm
 
 # Multimodal towers (docs/FORMATS.md §5 rule 1): a name whose first component (after an optional ``model.``) is
@@ -522,6 +530,16 @@ def is_tower(name: str) -> bool:
     return first in TOWER_MODULES
 
 
+def is_lookup_table(name: str) -> bool:
+    """A weight of a :data:`LOOKUP_TABLES` table (or one of its row shards): rule 4 like an embedding."""
+    parsed = parse_name(name)
+    if parsed.suffix != "weight":
+        return False
+    if parsed.leaf in LOOKUP_TABLES:
+        return True
+    return parsed.leaf.startswith(TABLE_SHARD_PREFIX) and parsed.module.rpartition(".")[2] in LOOKUP_TABLES
+
+
 def is_mtp_module(name: str) -> bool:
     """A tensor of a native ``mtp.`` module (rule 3), wherever it sits under the root."""
     return any(p in MTP_MODULES for p in name.split(".")[:-1])
@@ -629,6 +647,8 @@ def detail_role(name: str, ndim: int, *, copied: bool = False, num_hidden_layers
         return "mtp"
     if parsed.role in (TensorRole.EMBED, TensorRole.HEAD) and parsed.suffix in WEIGHT_SUFFIXES:
         return "head" if parsed.role is TensorRole.HEAD else "embed"
+    if is_lookup_table(name):
+        return "embed"
     if parsed.expert is not None:
         return "routed experts"
     if parsed.role is TensorRole.SHARED_EXPERT:

@@ -231,6 +231,10 @@ SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn
                          r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
 
+# Qwen3.8's PLE n-gram tables (row shards): like an embedding
+LOOKUP_TABLE_RE = re.compile(r"\.ngram_embedding\.(shard_\d+\.)?weight$")
+
+
 def tensor_role(name: str, ndim: int, n_layers: int) -> str:
     """docs/FORMATS.md §5, first matching rule."""
     if TOWER_RE.match(name):
@@ -242,7 +246,8 @@ def tensor_role(name: str, ndim: int, n_layers: int) -> str:
     layer = layer_of(name)
     if layer is not None and layer >= n_layers:
         return "mtp"
-    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight") or name == "head.weight":
+    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight") or name == "head.weight" or \
+            LOOKUP_TABLE_RE.search(name):  # fmt: skip
         return "embed"  # head.weight: DeepSeek-V4's output head (colitools' names.HEADS)
     if EXPERT_RE.search(name) or FUSED_RE.match(name):
         return "experts"

@@ -36,7 +36,8 @@ def test_model_types_run_and_only_converted():
     assert (
         "inkling" not in families.RUNNABLE_MODEL_TYPES and families.family_of("inkling") is families.INKLING
     )
-    assert families.known_model_types() == sorted([*families.RUNNABLE_MODEL_TYPES, "inkling"])
+    assert families.known_model_types() == sorted([*families.RUNNABLE_MODEL_TYPES, "inkling", "qwen4_exp",
+                                                   "qwen4_exp_text"])  # fmt: skip
     assert families.family_of("llama") is None and families.family_of(None) is None
     assert families.family_of("kimi_k25") is families.family_of("deepseek_v3")
 
@@ -66,3 +67,41 @@ def test_gated_attention_doubles_q_proj_and_kimi_spellings_are_read_as_the_commo
     assert keys["num_experts_per_tok"] == 2 and keys["layer_types"] == ["linear_attention", "full_attention"]
     per_layer = model_config.layer_linear_shapes(kimi)
     assert list(per_layer) == [0] and per_layer[0][("self_attn", "f_b_proj")] == (16, 8)
+
+
+def test_qwen38_geometry_claims_every_linear_shape_transformers_wrote():
+    """The Qwen3.8 family's blocks (gated attention, Gated DeltaNet, QSA indexer, gated residuals, PLE projections
+    and n-gram table shards) against the shapes transformers' own save_pretrained wrote (oracles/qwen38)."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from colitools.formats.names import MODULE_ALIASES, parse_name
+
+    fixture = Path(__file__).resolve().parents[2] / "oracles" / "qwen38"
+    config = json.loads((fixture / "config.json").read_text())
+    family = families.family_of(config["model_type"])
+    assert family is families.family_of("qwen4_exp_text") is families.QWEN38
+    assert "qwen4_exp" not in families.RUNNABLE_MODEL_TYPES  # converted only until its runtime exists
+    text = model_config.canonical_keys(config["text_config"], "qwen4_exp")
+    shapes = family.linear_shapes(text, text["num_experts"])
+    per_layer = family.layer_linear_shapes(text)
+    assert set(per_layer) == {0}  # ple_layer_ids [1] is one-based
+    claimed = set()
+    with safe_open(str(fixture / "model.safetensors"), framework="np") as f:
+        for name in f.keys():
+            p = parse_name(name)
+            shape = tuple(f.get_slice(name).get_shape())
+            if p.layer is None or p.expert is not None or p.suffix != "weight" or len(shape) != 2:
+                continue
+            key = (".".join(MODULE_ALIASES.get(m, m) for m in p.module.split(".")), p.leaf)
+            want = per_layer.get(p.layer, {}).get(key) or shapes.get(key)
+            assert want == shape, (name, want, shape)
+            claimed.add(key)
+    # the Gated DeltaNet block claims Qwen3-Next's fused spelling too
+    qwen3_next_spelling = {("linear_attn", "in_proj_qkvz"), ("linear_attn", "in_proj_ba")}
+    assert claimed == (set(shapes) | set(per_layer[0])) - qwen3_next_spelling
+    # the n-gram moduli: primes from ngram_vocab_size_base on, as the fixture's own hash buffers hold them
+    assert families.ngram_head_vocab_sizes(31, 4, 0) == [31, 37, 41, 43]
+    assert families.ngram_head_vocab_sizes(31, 4, 1) == [47, 53, 59, 61]
