@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from colitools.errors import MirrorError
+from colitools.formats.errors import MirrorError
 from colitools.formats.jsonfile import load_json_object
 from colitools.mirror.plan import PLAN_FILE, SCHEMA
 from colitools.mirror.scan import ExpertKey, discover_shards
