@@ -359,7 +359,7 @@ INKLING = Family("inkling", orientation=Orientation.ROWS_INTERLEAVED, native_nam
                  spelled_orientation=MappingProxyType({"gate_up_proj": Orientation.ROWS}))  # fmt: skip
 INKLING2 = Family("inkling2", orientation=Orientation.ROWS_INTERLEAVED, native_names=True)
 # Qwen3.8 (transformers 5.24 qwen4_exp; colibri c/qwen38.c): Qwen3.5's gated attention and Gated DeltaNet, QSA,
-# hyper-connection gated residuals, PLE n-gram tables; converted only until its runtime exists (issue 29)
+# hyper-connection gated residuals, PLE n-gram tables (issue 29)
 QWEN38 = Family("qwen38", (gated_gqa_block, gated_deltanet_block, qsa_indexer_block, gated_residual_block, *_MOE),
                 (ple_table_layers,), gated_attention=True)  # fmt: skip
 
@@ -387,15 +387,12 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "inkling_text": INKLING,
     "inkling2": INKLING2,
     "inkling2_text": INKLING2,
-})  # fmt: skip
-RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
-# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``; Qwen3.8 until
-# colitools/runtime/qwen38.py exists (its geometry above is then read by both).
-_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({
-    "inkling": INKLING,
-    "qwen4_exp": QWEN38,  # Qwen3.8 (Qwen4ExpForConditionalGeneration), text model qwen4_exp_text
+    "qwen4_exp": QWEN38,  # Qwen3.8 (Qwen4ExpForConditionalGeneration)
     "qwen4_exp_text": QWEN38,
 })  # fmt: skip
+RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
+# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
+_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING})
 
 
 def family_of(model_type: str | None) -> Family | None:

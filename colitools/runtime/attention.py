@@ -145,6 +145,11 @@ class GQAAttention(TokenMixer):
         self.vc.reset()
         self.first = 0
 
+    def visible(self, positions: np.ndarray, T: int) -> np.ndarray:
+        """Boolean ``[N, T]``: the cached keys each query attends (causal, sliding window; Qwen3.8's QSA
+        narrows it to its indexer's selection)."""
+        return causal_mask(positions, T, self.window, self.first)
+
     def __call__(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         N = x.shape[0]
         q, k, v = self.q(x), self.k(x), self.v(x)
@@ -163,7 +168,7 @@ class GQAAttention(TokenMixer):
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         K = self.kc.append(k)
         V = self.vc.append(v.reshape(N, self.nkv, self.D))
-        allowed = causal_mask(positions, K.shape[0], self.window, self.first)
+        allowed = self.visible(positions, K.shape[0])
         out = attend(q, K, V, allowed, self.scale, self.sinks)
         if gate is not None:
             out = out * sigmoid(gate)

@@ -158,6 +158,7 @@ class GatedDeltaNet(TokenMixer):
         self.out = load("out_proj")
         self.projections.append(self.out)
         self.eps = args.rms_norm_eps
+        self.gate = silu  # the gated norm's activation of z (Qwen3.8's output_gate_type may make it sigmoid)
         self.state: np.ndarray | None = None
 
     @property
@@ -199,5 +200,5 @@ class GatedDeltaNet(TokenMixer):
         else:
             state = self.state if self.state is not None else np.zeros((self.nv, self.dk, self.dv), F32)
             o, self.state = chunked_delta_rule(q * F32(self.dk**-0.5), k, v, g, beta, state)
-        o = rms_norm(o, self.norm, self.eps) * silu(z)
+        o = rms_norm(o, self.norm, self.eps) * self.gate(z)
         return self.out(o.reshape(N, self.vd))
