@@ -302,7 +302,9 @@ class PLE:
             if ckpt.has(f"{p}.{leaf}") and not np.array_equal(
                 ckpt.int_array(f"{p}.{leaf}", want.shape), want
             ):
-                raise RuntimeModelError(f"{ckpt.dir}: {p}.{leaf} differs from the hash config.json implies")
+                raise RuntimeModelError(
+                    f"{ckpt.dir}: {p}.{leaf} differs from the n-gram hash config.json implies (vocab_size, ngram_*, seed)"
+                )
 
     @property
     def nbytes(self) -> int:
