@@ -11,7 +11,6 @@ from colitools.converters.recipe import Recipe
 from colitools.formats import targets
 from colitools.formats.errors import ConvertError, ParameterError
 from colitools.formats.format_names import role_formats_line
-from colitools.formats.layouts import PAIRS
 
 DEFAULT_MIN_FREE_GB = 5.0
 
@@ -27,7 +26,7 @@ class ConvertOptions:
     embed: str | None = None
     mtp: str | None = None
     group_size: int | None = None
-    layout: str = PAIRS.option  # a --layout value (formats/layouts.py)
+    layout: str | None = None  # a --layout value (formats/layouts.py); None: the target's, else pairs
     towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
     target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads it
     min_free_gb: float = DEFAULT_MIN_FREE_GB

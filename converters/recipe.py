@@ -305,7 +305,7 @@ class Recipe:
         embed: str | None = None,
         mtp: str | None = None,
         group_size: int | None = None,
-        layout: str = layouts.PAIRS.option,
+        layout: str | None = None,
         towers: str | None = None,
         target: targets.Target = targets.GENERIC,
     ) -> Recipe:
@@ -314,10 +314,11 @@ class Recipe:
         ``group_size`` is the group size of every int4-grouped choice: the default ``--experts`` becomes
         ``int4-g{group_size}``, an option given as ``int4-g{group_size}`` is accepted, and an option naming a
         different ``int4-g*`` is refused as a contradiction. ``target`` (formats/targets.py) gives the defaults
-        of its loader (``towers`` None: the target's, else ``keep``) and refuses, in one line, an option, layout
+        of its loader (``layout`` / ``towers`` None: the target's, else ``pairs`` / ``keep``) and refuses, in one line, an option, layout
         or towers value that loader cannot read."""
         tgt = target
         tgt.check_writable()
+        layout = layout if layout is not None else tgt.default("layout") or layouts.PAIRS.option
         tgt.check_option("layout", layout)
         if group_size is not None and group_size not in GROUP_SIZES:
             raise ParameterError(f"`group_size={group_size}` is not one of {', '.join(map(str, GROUP_SIZES))}")

@@ -59,7 +59,7 @@ from colitools.formats.jsonfile import load_json_object
 
 __all__ = [
     "DEEPSEEK_V4", "FUSED", "GENERIC", "GENERIC_NAME", "GLM53", "INKLING", "INT4_GROUPED", "INT4_ROW", "INT8_ROW",
-    "KIMI_K3", "MERGED", "QWEN36", "SIGNED_NIBBLE_XOR", "TARGETS", "TARGET_NAMES", "FusedLayout", "MergedLayout",
+    "KIMI_K3", "MERGED", "QWEN36", "QWEN38", "SIGNED_NIBBLE_XOR", "TARGETS", "TARGET_NAMES", "FusedLayout", "MergedLayout",
     "MergedPart", "MetaFile", "Rewrite", "Spelling", "Target", "by_name", "help_text", "merged_group_size",
 ]  # fmt: skip
 
@@ -69,6 +69,7 @@ KIMI_K3 = "kimi_k3"
 GLM53 = "glm53"
 DEEPSEEK_V4 = "deepseek_v4"
 INKLING = "inkling"
+QWEN38 = "qwen38"
 META_GROUP_SIZE = "expert_gs"  # qwen36_meta.json: the int4 experts' group size, 0 = row scales
 HF_CONFIG_FILE = "config.hf.json"  # the source's config.json next to a flat one (``Target.flat_config``)
 FORMAT_OPTIONS = ("experts", "dense", "embed", "mtp")  # the recipe's format options (docs/FORMATS.md §5)
@@ -407,6 +408,19 @@ def qwen36_meta(
     return meta
 
 
+# ------------------------------------------------------------------------------------ qwen38 config.json
+def qwen38_config(config: dict[str, Any]) -> dict[str, Any]:
+    """c/qwen38_core.h ``q38_load_cfg`` takes ``layer_types`` entries ``linear_attention`` / ``full_attention`` /
+    ``qwen_sparse_attention`` only: transformers 5.24 saves the QSA layers as ``indexed_attention``, written back
+    as the release's ``full_attention`` (transformers and colitools read that as indexed attention too)."""
+    text = model_config.text_config(config)
+    types = text.get("layer_types")
+    if not isinstance(types, list) or "indexed_attention" not in types:
+        return {}
+    spelled = {**text, "layer_types": ["full_attention" if t == "indexed_attention" else t for t in types]}
+    return {"text_config": spelled} if text is not config else spelled
+
+
 PAIRS_ONLY = (("layout", ("pairs",)),)  # every family engine reads pairs experts from the main container
 DROPPED_TOWERS = "its converter leaves the multimodal towers out (`towers=drop`)"  # qwen36: visual.*
 
@@ -528,6 +542,19 @@ TARGETS: dict[str, Target] = {
             experts=FUSED,
             name_map=names.inkling_text_name,
             drop_mtp=True,
+        ),
+        Target(
+            QWEN38,
+            "c/qwen38.c (qwen38_core.h q38_load_cfg, q38_load_weight / q38_load_tensor, q38_load_ple, "
+            "q38_expert_int4_attach)",
+            help="the release's names with float resident weights (bf16 / f32: q38_load_weight reads no codes), "
+            "PLE n-gram shards float, I64 PLE hash buffers, routed experts int4-g64 only in the experts-int4g64/ "
+            "sidecar (Q38_INT4_DIR), layer_types spelled full_attention; model_type qwen4_exp only.",
+            model_types=("qwen4_exp", "qwen4_exp_text"),
+            reads=(("experts", ("int4-g64",)), *_floats("bf16", "f32"), ("layout", ("planar",))),
+            why=(("layout", "c/qwen38.c reads int4 routed experts from the experts-int4g64/ sidecar only"),),
+            defaults=(("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
+            config_extra=qwen38_config,
         ),
     )
 }

@@ -29,14 +29,16 @@ RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
 # natively quantized fixtures add ``native`` (docs/FORMATS.md §6); a fixture of a model type a ``--target`` is for
 # (formats/targets.py ``model_types``) adds ``target-NAME`` (oracles/README.md)
 EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling", "target-olmoe",
-                 "target-glm53")
+                 "target-glm53", "target-qwen38")
 TARGET_RECIPES = {  # recipe -> (fixture, options)
     "target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4"),
     "target-qwen36": ("qwen3_5_moe", "--target qwen36"),
     "target-inkling": ("inkling", "--target inkling"),
     "target-olmoe": ("olmoe_target", "--target olmoe"),  # copies of olmoe / glm5_next at seeds that pass
     "target-glm53": ("glm5_next_target", "--target glm53"),
+    "target-qwen38": ("qwen38", "--target qwen38"),
 }
+TARGET_LAYOUTS = {"target-qwen38": "planar"}  # c/qwen38.c reads int4 experts from the experts-int4g64/ sidecar
 # left out: at the fixture's committed seed the reference fails the margin checks (fixture_specs margin_failed)
 MARGIN_FAILED = {"target-olmoe": "olmoe", "target-glm53": "glm5_next"}
 # The other targets' formats, restated from their loaders: (routed experts, every other 2-D weight but routers,
@@ -44,9 +46,11 @@ MARGIN_FAILED = {"target-olmoe": "olmoe", "target-glm53": "glm5_next"}
 # blobs (convert_qwen36.py pack_int4), load_t_n reads F32; c/inkling.c: int4-row fused stacks
 # (convert_inkling_int4.py --xbits 4), load_w reads BF16; c/olmoe.c: int8-row merged blobs
 # (convert_olmoe_merged.py), load_t reads F32; c/glm53.c: int4-g64 experts (int4-row at I = 64), load_mat reads
-# BF16 (towers kept: glm53 drops none).
+# BF16 (towers kept: glm53 drops none); c/qwen38.c: int4-g64 sidecar records (int4-row at I = 64),
+# q38_load_weight reads BF16 natively (towers kept, never read).
 TARGET_FORMATS = {"target-qwen36": ("int4-row", "f32"), "target-inkling": ("int4-row", "bf16"),
-                  "target-olmoe": ("int8-row", "f32"), "target-glm53": ("int4-row", "bf16")}  # fmt: skip
+                  "target-olmoe": ("int8-row", "f32"), "target-glm53": ("int4-row", "bf16"),
+                  "target-qwen38": ("int4-row", "bf16")}  # fmt: skip
 TOWERS_DROPPED = ("target-qwen36", "target-inkling")
 # c/deepseek_v4.c coli_v4_layer_plan, restated: the dtype it checks per tensor (fixture spelling, layer stripped);
 # the add_fp8 projections are fp8-e8m0, the routed experts mxfp4 (the expert store), the embedding and head BF16
@@ -628,7 +632,8 @@ def test_planar_shares_the_default_reference(name: str) -> None:
     for recipe, (fixture, options) in TARGET_RECIPES.items():
         assert (recipe in recipes) == (name == fixture)
         if recipe in recipes:
-            assert recipes[recipe]["options"] == options and recipes[recipe]["layout"] == "pairs"
+            assert recipes[recipe]["options"] == options
+            assert recipes[recipe]["layout"] == TARGET_LAYOUTS.get(recipe, "pairs")
     from colitools.formats import targets
 
     # every --target of the fixture's model type has its recipe (but those failing the margin checks)

@@ -24,7 +24,8 @@ _TARGET_HELP = targets_help()
 _LAYOUT_HELP = (
     f"Expert layout: {_LAYOUTS}. planar writes the routed experts only to the experts-int4g64/ sidecar "
     "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
-    "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there."
+    "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there. "
+    f"Default {layouts.PAIRS.option} (--target qwen38: planar)."
 )
 _TOWERS_HELP = (
     "Multimodal towers: keep (source dtype, unchanged; the default unless the target drops them) or drop (listed "
@@ -63,7 +64,7 @@ def convert_command(
     group_size: Annotated[
         int | None, typer.Option("--group-size", help="Group size of int4-grouped choices.")
     ] = None,
-    layout: Annotated[str, typer.Option("--layout", help=_LAYOUT_HELP)] = layouts.PAIRS.option,
+    layout: Annotated[str | None, typer.Option("--layout", help=_LAYOUT_HELP)] = None,
     towers: Annotated[str | None, typer.Option("--towers", help=_TOWERS_HELP)] = None,
     target: Annotated[str, typer.Option("--target", help=_TARGET_HELP)] = "generic",
     min_free_gb: Annotated[
