@@ -681,6 +681,8 @@ class RouterProbe:
         # visible tokens are averaged, k_layernorm-ed and rotated at the block's first position; a query scores
         # block b as sum_h relu(q_h . k_b) / sqrt(d) and keeps the top indexer_budget / compress_ratio blocks
         # (the incomplete tail always). Recomputed here independently; only the block boundary matters.
+        if getattr(module, "select_all", False):  # mutation_check.py's "QSA indexer selection off"
+            return
         hs, (cos, sin) = args[0], args[1]
         B, S, _ = hs.shape
         assert B == 1, "one prompt"

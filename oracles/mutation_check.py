@@ -168,8 +168,11 @@ def flip_rope_layout(model) -> bool:
         return False
     interleave = transformers.models.deepseek_v3.modeling_deepseek_v3.apply_rotary_pos_emb_interleave
 
-    def interleaved(q, k, cos, sin, unsqueeze_dim=1):
+    def interleaved(q, k=None, cos=None, sin=None, unsqueeze_dim=1):
         rot = cos.shape[-1]
+        if k is None:  # Qwen3.8 (qwen4_exp) rotates its indexer's queries and pooled keys alone
+            qr, _ = interleave(q[..., :rot], q[..., :rot], cos, sin, unsqueeze_dim=unsqueeze_dim)
+            return torch.cat([qr, q[..., rot:]], -1)
         qr, kr = interleave(q[..., :rot], k[..., :rot], cos, sin, unsqueeze_dim=unsqueeze_dim)
         return torch.cat([qr, q[..., rot:]], -1), torch.cat([kr, k[..., rot:]], -1)
 
@@ -268,7 +271,7 @@ def no_indexer(model) -> bool:
     """DSA: attending to every key (ignoring the indexer's top-k)."""
     hit = False
     for a in _attn_modules(model):
-        if getattr(a, "indexer", None) is not None:
+        if hasattr(getattr(a, "indexer", None), "index_topk"):  # DSA's (Qwen3.8's QSA: its own mutation)
             # the k-pool indexer pads its selection to index_topk: a bound above any fixture's sequence
             a.indexer.index_topk = 4096 * a.indexer.index_kpool if hasattr(a.indexer, "index_kpool") else 10**9
             hit = True
@@ -909,6 +912,73 @@ def final_softcap_off(model) -> bool:
     return _identity_forward([model.logit_softcap])
 
 
+def _qsa_indexers(model):
+    return _of_class(model, "QSAIndexer")
+
+
+def qsa_indexer_off(model) -> bool:
+    """Qwen3.8 QSA: every causal key attended (the block selection off; its key cache still grows, and the
+    oracle's selection check, ``select_all``, stands aside)."""
+    for ix in _qsa_indexers(model):
+        forward = ix.forward
+
+        def everything(hidden_states, position_embeddings, attention_mask, cache, _f=forward):
+            _f(hidden_states, position_embeddings, attention_mask, cache)
+            return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+
+        ix.forward, ix.select_all = everything, True
+    return bool(_qsa_indexers(model))
+
+
+def qsa_pooled_key_norm_dropped(model) -> bool:
+    """Qwen3.8 QSA: the mean-pooled block keys scored without their k_layernorm."""
+    return _identity_forward([ix.k_layernorm for ix in _qsa_indexers(model)])
+
+
+def _ple_layers(model):
+    return [layer for layer in _text_model(model).layers if getattr(layer, "ple", None) is not None]
+
+
+def ple_dropped(model) -> bool:
+    """Qwen3.8: no PLE n-gram injection into the streams."""
+    layers = _ple_layers(model)
+    for layer in layers:
+        layer.ple = None
+    return bool(layers)
+
+
+def ple_conv_dropped(model) -> bool:
+    """Qwen3.8 PLE: the dilated depthwise convolution left out (taps zero: silu(0) = 0 added)."""
+    for layer in _ple_layers(model):
+        layer.ple.conv1d.weight.zero_()
+    return bool(_ple_layers(model))
+
+
+def _gated_residuals(model):
+    return _of_class(model, "GatedResidual")
+
+
+def gated_residual_injection_uniform(model) -> bool:
+    """Qwen3.8 hyper-connections: the block output added to every stream with weight 1 (block_inject_weight off)."""
+    mods = [m for m in _gated_residuals(model) if m.block_inject_weight is not None]
+    for m in mods:
+        forward = m.forward
+
+        def uniform(hyper_input, _f=forward):
+            mixed, streams, injection = _f(hyper_input)
+            return mixed, streams, torch.ones_like(injection)
+
+        m.forward = uniform
+    return bool(mods)
+
+
+def gated_residual_mixer_uniform(model) -> bool:
+    """Qwen3.8 hyper-connections: the low-rank input mixer off (every stream weighted sigmoid(0) = 1/2)."""
+    for m in _gated_residuals(model):
+        m.input_mix_weight_up.weight.zero_()
+    return bool(_gated_residuals(model))
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -981,6 +1051,12 @@ MUTATIONS: dict[str, Mutation] = {
     "expert SwiGLU softcaps off": expert_softcaps_off,
     "attention-residual queries zeroed": attn_res_uniform,
     "final logit softcap off": final_softcap_off,
+    "QSA indexer selection off": qsa_indexer_off,
+    "QSA pooled-key norm dropped": qsa_pooled_key_norm_dropped,
+    "PLE dropped": ple_dropped,
+    "PLE dilated conv dropped": ple_conv_dropped,
+    "gated-residual injection uniform": gated_residual_injection_uniform,
+    "gated-residual input mixer uniform": gated_residual_mixer_uniform,
 }
 # module globals the mutations above may replace, restored after each run
 _PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "causal_conv1d_update", "l2norm", "torch")
@@ -1000,8 +1076,8 @@ def load_f32(fx: Fixture) -> torch.nn.Module:
         if v.dtype == torch.float8_e4m3fn:
             q = v.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
             disk[k] = fp8_block_dequant(q, raw[k + "_scale_inv"].numpy())
-        else:
-            disk[k] = v.to(torch.float32).numpy()
+        else:  # non-float tensors (Qwen3.8's I64 hash multipliers ~2^62) as they are
+            disk[k] = v.to(torch.float32).numpy() if v.is_floating_point() else v.numpy()
     cfg = json.loads((d / "config.json").read_text())
     weights, _, _ = apply_recipe(disk, "f32", text_of(cfg)["num_hidden_layers"], fx.expert_orientation)
     return load_reference_model(cfg, weights, Path(_TMP.name), fx.fused, fx.model_class)
