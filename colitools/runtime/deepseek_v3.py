@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.names import module_path
 from colitools.runtime.attention import DSAIndexer, MLAAttention
 from colitools.runtime.config import (
