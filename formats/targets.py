@@ -224,7 +224,7 @@ class Target:
         raise TargetRefused(
             f"`target={self.name}`: tensor {job.source.name} would be written as {fmt}, which {self.loader} "
             f"does not read (it reads {', '.join(self.engine_formats)}); choose another format, or convert "
-            f"without `--target` for colitools' own readers"
+            f"without a target for colitools' own readers"
         )
 
     def engine_files(self, copied: Sequence[str], config: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -512,9 +512,8 @@ TARGETS: dict[str, Target] = {
         Target(
             GENERIC_NAME,
             "c/colibri.c qt_from_disk / qt_resolve_fmt",
-            help="Hugging Face names, every format c/colibri.c reads (given as --target generic: mxfp4 and "
-            "fp8-e8m0, which it lacks, are refused; without --target colitools writes them for its own "
-            "readers).",
+            help="Hugging Face names, every format c/colibri.c reads: named explicitly it refuses mxfp4 and "
+            "fp8-e8m0, which c/colibri.c lacks (the default, no target, writes them for colitools' readers).",
             engine_formats=COLIBRI_C_FORMATS,
         ),
         Target(
