@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from colitools.errors import RuntimeModelError
-from colitools.formats.families import stack_orientation
+from colitools.formats.families import shaped_orientation, stack_orientation
 from colitools.formats.names import (
     MXFP4_STACK_SUFFIXES,
     Orientation,
@@ -164,7 +164,15 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
         for proj in ("gate_up", "down")
     )
     orientation = stack_orientation(args.model_type, leaf=gate_up.rpartition(".")[2]) or Orientation.ROWS
+    stacks = {proj: tuple(ckpt.infos[n][1].shape) for proj, n in (("gate_up", gate_up), ("down", down))
+              if n in ckpt.infos}  # fmt: skip
+    orientation = shaped_orientation(args.model_type, stacks, H, I) or orientation
     picks = STACK_PICKS.get(orientation)
+    if ckpt.has(gate_up) and orientation is Orientation.TRANSPOSED:
+        raise RuntimeModelError(
+            f"{ckpt.dir}: expert stack {gate_up} is laid out [E, H, 2I] with gate = the first I columns "
+            f"({args.model_type}): `colitools convert` splits it; run the converted folder"
+        )
     if ckpt.has(
         expert_tensor_name(p, 0, "gate")
     ):  # per-expert tensors, or the parts of a target's fused stack
