@@ -38,7 +38,10 @@ CONVERTED_STACK_FAMILIES = ("qwen3_vl_moe", "llama4")
 def runtime_reads_source(fixture: str) -> bool:
     config = json.loads((ORACLES / fixture / "config.json").read_text())
     qc = config.get("quantization_config") or {}
-    return qc.get("quant_method") not in DECODED_SOURCE_METHODS and config["model_type"] not in CONVERTED_STACK_FAMILIES
+    return (
+        qc.get("quant_method") not in DECODED_SOURCE_METHODS
+        and config["model_type"] not in CONVERTED_STACK_FAMILIES
+    )
 
 
 def native_fixtures() -> list[str]:
