@@ -1051,9 +1051,9 @@ FIXTURES += [
         "llama4",
         "Llama-4 (llama4, Llama4ForConditionalGeneration): vision tower vision_model.* and multi_modal_projector.* "
         "kept, text model under language_model.model.; layer 0 dense (interleave_moe_layer_step 2, "
-        "intermediate_size_mlp 96) with RoPE (interleaved pairs), chunked attention (attention_chunk_size 8 < the "
+        "intermediate_size_mlp 96) with llama3 RoPE (interleaved pairs), chunked attention (attention_chunk_size 8 < the "
         "40-token sequence) and L2 q/k norm; layer 1 MoE with NoPE (no_rope_layers [1, 0]), full attention and "
-        "attention temperature tuning (floor_scale 4, attn_scale 0.1); sigmoid top-1 router of 4 scaling the "
+        "attention temperature tuning (floor_scale 4, attn_scale 0.5); sigmoid top-1 router of 4 scaling the "
         "expert's input, shared expert; stacks feed_forward.experts.gate_up_proj [E, H, 2I] (gate = the first I "
         "columns) / down_proj [E, I, H]",
         dict(
@@ -1070,10 +1070,13 @@ FIXTURES += [
                 attention_chunk_size=8,
                 attn_temperature_tuning=True,
                 floor_scale=4,  # 8192 in the real model: no position here would reach it
-                attn_scale=0.1,
+                attn_scale=0.5,  # 0.1 in the real model: tuning off then moved only the logits (0.37), no token
                 use_qk_norm=True,
                 rms_norm_eps=1e-5,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                # Llama-4 Scout's llama3 frequency scaling; original length 16 (8192 in the real model) puts every
+                # wavelength of head_dim 16 in the scaled or the interpolated band
+                rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16},  # fmt: skip
             ),
             vision_config=dict(
                 hidden_size=32,

@@ -938,6 +938,16 @@ def _llama4(model) -> bool:
     return _cfg(model).model_type == "llama4_text"
 
 
+def llama3_as_default(model) -> bool:
+    """llama3 RoPE (Llama-4 Scout) read as the default frequencies."""
+    cfg = _cfg(model)
+    if not _has_rope(model) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") != "llama3":
+        return False
+    dim, base = cfg.head_dim, cfg.rope_parameters["rope_theta"]
+    _text_model(model).rotary_emb.inv_freq.copy_(1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)))
+    return True
+
+
 def chunked_attention_off(model) -> bool:
     """Llama-4: the RoPE layers' chunked mask as a plain causal one."""
     if not _llama4(model):
@@ -1092,6 +1102,7 @@ MUTATIONS: dict[str, Mutation] = {
     "final logit softcap off": final_softcap_off,
     "gate/up halves swapped": gate_up_halves_swapped,
     "gate/up read interleaved": gate_up_read_interleaved,
+    "llama3 RoPE read as default": llama3_as_default,
     "chunked attention off": chunked_attention_off,
     "NoPE layers rotated": nope_layers_rotated,
     "attention temperature tuning off": temperature_tuning_off,

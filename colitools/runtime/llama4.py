@@ -14,7 +14,7 @@ Layer schedules from config.json: ``moe_layers`` (else every ``interleave_moe_la
 (``chunked_attention`` | ``full_attention``; else the RoPE layers are chunked when ``attention_chunk_size`` is set).
 Checkpoint names ``feed_forward.{router, experts, shared_expert}`` are read as ``mlp.{gate, experts,
 shared_experts}`` (``formats/names.py``); the stacks ``[E, H, 2I]`` are split by the converter. The vision tower
-is never run. ``rope_type: llama3`` (the published Scout's frequency scaling) is not supported (``rope_args``).
+is never run. RoPE frequencies: ``rope_args`` (the published Scout's ``llama3`` scaling, ``rope.py``).
 """
 
 from __future__ import annotations
