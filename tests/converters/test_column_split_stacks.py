@@ -19,7 +19,6 @@ from safetensors.numpy import load_file, save_file
 
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
-from colitools.errors import RuntimeModelError
 from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.runtime import load_model
 
@@ -150,11 +149,14 @@ def test_llama4_router_is_f32_and_its_shared_expert_dense(tmp_path):
     assert p + "shared_expert.gate_proj.weight.qs" in infos
 
 
-def test_the_runtime_refuses_unconverted_column_split_stacks_naming_convert():
-    with pytest.raises(RuntimeModelError) as err:
-        load_model(ORACLES / "llama4")
-    assert (
-        "colitools convert" in str(err.value)
-        and "gate_up_proj" in str(err.value)
-        and "\n" not in str(err.value)
-    )
+@pytest.mark.parametrize("rows", [False, True], ids=["published", "saved-by-rows"])
+def test_the_runtime_runs_the_source_stacks_in_either_layout(rows, tmp_path):
+    """The f32 reference's 32 greedy tokens from the source folder itself (no conversion), in the published layout
+    and in transformers' [E, 2I, H] one."""
+    src = ORACLES / "qwen3_vl_moe"
+    if rows:
+        _rows_copy(src, tmp_path / "rows")
+        src = tmp_path / "rows"
+    ref = json.loads((ORACLES / "qwen3_vl_moe" / "reference" / "f32.json").read_text())
+    with load_model(src, record_usage=False) as model:
+        assert model.generate(ref["prompt_ids"], 32) == ref["generated_ids"]

@@ -30,18 +30,9 @@ def fixtures() -> list[str]:
 DECODED_SOURCE_METHODS = ("compressed-tensors", "modelopt")
 
 
-# Families whose source stacks the runtime reads only converted: gate_up [E, H, 2I] with gate = the first I
-# columns (Qwen3-VL-MoE as published, Llama-4; the runtime refuses them unconverted, naming `colitools convert`).
-CONVERTED_STACK_FAMILIES = ("qwen3_vl_moe", "llama4")
-
-
 def runtime_reads_source(fixture: str) -> bool:
-    config = json.loads((ORACLES / fixture / "config.json").read_text())
-    qc = config.get("quantization_config") or {}
-    return (
-        qc.get("quant_method") not in DECODED_SOURCE_METHODS
-        and config["model_type"] not in CONVERTED_STACK_FAMILIES
-    )
+    qc = json.loads((ORACLES / fixture / "config.json").read_text()).get("quantization_config") or {}
+    return qc.get("quant_method") not in DECODED_SOURCE_METHODS
 
 
 def native_fixtures() -> list[str]:
