@@ -162,6 +162,9 @@ def config_shapes(
             if parsed.projection is not None:
                 eh = facts.expert_hidden or hidden  # Kimi K3's latent experts: routed_expert_hidden_size
                 implied[name] = (eh, expert_i) if parsed.projection == "down" else (expert_i, eh)
+        elif parsed.layer is None:  # a global module a family claims (Qwen3.8's final hyper_connection_mixer)
+            if (parsed.module, parsed.leaf) in linear:
+                implied[name] = linear[(parsed.module, parsed.leaf)]
         elif parsed.layer is not None:
             module = ".".join(MODULE_ALIASES.get(p, p) for p in parsed.module.split("."))
             leaf = MODULE_ALIASES.get(parsed.leaf, parsed.leaf)  # gpt-oss mlp.router = the router mlp.gate

@@ -239,13 +239,16 @@ def gated_residual_shapes(hidden: int, streams: int, rank: int) -> Shapes:
 
 def gated_residual_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
     """``attn_hyper_connection`` / ``mlp_hyper_connection`` by :func:`gated_residual_shapes` of ``hc_count`` and
-    ``hc_lowrank``, and the PLE projections ``ple.key_proj [hc_count*H, ple_embed_dim]`` / ``ple.value_proj
+    ``hc_lowrank`` (the final ``hyper_connection_mixer``'s mixer too), and the PLE projections ``ple.key_proj [hc_count*H, ple_embed_dim]`` / ``ple.value_proj
     [H, ple_embed_dim]`` (``ple_embed_dim`` defaults to ``hidden_size``, as transformers' Qwen4ExpTextConfig)."""
     hidden, streams, rank = text["hidden_size"], text.get("hc_count"), text.get("hc_lowrank")
     if not (streams and rank):
         return {}
     shapes = gated_residual_shapes(hidden, streams, rank)
     out = {**_in("attn_hyper_connection", shapes), **_in("mlp_hyper_connection", shapes)}
+    # the final mixer (no layer, no injection): container.config_shapes matches it by module and leaf too
+    final = ("input_mix_weight_down", "input_mix_weight_up")
+    out.update(_in("hyper_connection_mixer", {k: shapes[k] for k in final}))
     if text.get("ple_layer_ids"):
         ple = text.get("ple_embed_dim") or hidden
         out.update({("ple", "key_proj"): (streams * hidden, ple), ("ple", "value_proj"): (hidden, ple)})

@@ -977,6 +977,8 @@ def gated_residual_mixer_uniform(model) -> bool:
     for m in _gated_residuals(model):
         m.input_mix_weight_up.weight.zero_()
     return bool(_gated_residuals(model))
+
+
 # ---- column-split expert stacks (Qwen3-VL-MoE, Llama-4: gate = the first I columns of gate_up [E, H, 2I])
 def _split_stacks(model) -> list[tuple[torch.nn.Parameter, int]]:
     """Each gate_up stack and the axis its gate / up halves lie along (Qwen3-VL-MoE holds [E, 2I, H])."""
