@@ -16,6 +16,7 @@ Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,8 +183,13 @@ def build_inventory(
         # FP8 tensors without quantization_config: the DeepSeek default, grid-checked below
         scheme = Fp8Scheme()
     block = scheme.block if scheme else None
+    # one string object per shard name (the index's JSON gives each tensor its own copy): a recorded plan
+    # (plan_record) pickles each once
+    shard_names = {s: s for s in weight_map.values()}
+    weight_map = {n: shard_names[s] for n, s in weight_map.items()}
     tensors: dict[str, SourceTensor] = dict(natives)
-    for name in sorted(weight_map, key=natural_key):
+    keys = {n: natural_key(n) for n in weight_map}  # once per name: both sorts below use them (92k names)
+    for name in sorted(weight_map, key=keys.__getitem__):
         if name not in consumed and not name.endswith(SCALE_SUFFIX):
             tensors[name] = _source_tensor(name, headers, weight_map, block)
         elif name not in consumed and name[: -len(SCALE_SUFFIX)] not in weight_map:
@@ -193,7 +199,7 @@ def build_inventory(
         if shard_sizes is not None
         else {s: sum(t.nbytes for t in h.values()) for s, h in headers.items()}
     )
-    tensors = {n: tensors[n] for n in sorted(tensors, key=natural_key)}
+    tensors = {n: tensors[n] for n in sorted(tensors, key=lambda n: keys.get(n) or natural_key(n))}
     dropped = sorted((d for t in natives.values() for d in t.quant.dropped), key=natural_key)
     inv = Inventory(
         tensors,
@@ -211,8 +217,11 @@ def check_weight_map(
     headers: Mapping[str, Mapping[str, HeaderTensor]], weight_map: Mapping[str, str]
 ) -> None:
     """``weight_map`` against the shard headers, both ways, and its shard names (ConvertError naming both)."""
+    named: set[str] = set()
     for name, shard in weight_map.items():
-        check_shard_name(shard, tensor=name)
+        if shard not in named:  # each shard name once, with the first tensor that names it
+            check_shard_name(shard, tensor=name)
+            named.add(shard)
         if shard not in headers:
             raise ConvertError(f"tensor {name}: its shard {shard} is missing from the source")
         if name not in headers[shard]:
@@ -248,8 +257,8 @@ def _source_tensor(
         if len(info.shape) < 2:
             raise ConvertError(f"tensor {name}: FP8 weight of shape {list(info.shape)} (needs 2 dims)")
         check_scale_grid(name, info.shape, sname, sinfo.dtype, sinfo.shape, block)
-        scale = ScaleRef(sname, weight_map[sname], sinfo.dtype, sinfo.shape)
-    return SourceTensor(name, shard, info.dtype, tuple(info.shape), scale)
+        scale = ScaleRef(sname, weight_map[sname], sys.intern(sinfo.dtype), sinfo.shape)
+    return SourceTensor(name, shard, sys.intern(info.dtype), tuple(info.shape), scale)
 
 
 def check_copied(name: str, info: HeaderTensor) -> None:
