@@ -373,7 +373,7 @@ def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, lis
             continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of(src))
+        jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of)
         by_unit[ukey].extend(_shared_target(_for_target(j, target), chosen) for j in jobs)
     return by_unit, dropped
 
@@ -476,12 +476,20 @@ def say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
 
 
 def _jobs_for(
-    src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block, orientation=None
+    src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block, orientation_of=None
 ) -> list[TensorJob]:
+    """``src``'s jobs; ``orientation_of(src)`` (``Inventory.orientation_of``) is asked for a stack only."""
+    orientation = None
     option = recipe.option_for(role)
     block = fp8_block if src.scale is not None else None
     fused = rc.fused_of(src.name) if role not in (rc.Role.COPY, rc.Role.TOWER) else None
-    if fused is not None and len(src.shape) == (2 if fused.bias else 3):  # expert stacks, split per expert
+    stacked = fused is not None and len(src.shape) == (2 if fused.bias else 3)
+    shared = (
+        role in (rc.Role.DENSE, rc.Role.MTP) and len(src.shape) == 3 and rc.shared_stack(src.name) is not None
+    )
+    if (stacked or shared) and orientation_of is not None:
+        orientation = orientation_of(src)
+    if stacked:  # expert stacks, split per expert
         jobs = []
         kind = source_kind(src, block, fused=True)
         for sl in rc.split_fused(src.name, src.shape, orientation or rc.Orientation.ROWS):
@@ -501,7 +509,7 @@ def _jobs_for(
             jobs.append(TensorJob(sl.out_name, src, role, target, O, I, shape, sl.expert, ex.base if ex else None,
                                   rows, pick))  # fmt: skip
         return jobs
-    if role in (rc.Role.DENSE, rc.Role.MTP) and len(src.shape) == 3 and rc.shared_stack(src.name) is not None:
+    if shared:
         return _shared_stack_jobs(src, role, option, block, orientation)
     if len(src.shape) == 2:
         O, I = src.shape
