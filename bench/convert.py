@@ -2,7 +2,8 @@
 
 One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir DIR] [--shm DIR]``):
 
-1. Generates a ~2 GB BF16 and a ~2 GB FP8 (DeepSeek-V3 block-scaled) MoE checkpoint under ``--workdir`` (on
+1. Generates a ~2 GB BF16, the same weights as F16, and a ~2 GB FP8 (DeepSeek-V3 block-scaled) MoE checkpoint
+   under ``--workdir`` (on
    the disk, page cache warm), fills the numba cache with an untimed tiny conversion of each (used only
    when the encoders are not compiled ahead of time: the report says which ran, ``colitools kernels``).
 2. Per checkpoint, the machine's limits on exactly the conversion's bytes:
@@ -17,7 +18,8 @@ One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir D
      manifest's digest algorithm (docs/FORMATS.md §10) costs the floor.
 3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, kernel load,
    publish, manifest included), output on a tmpfs (``--shm``, default /dev/shm) and on the disk; BF16 with
-   every 2-D weight to int4-g64 (what gguf's Q4_0 does), FP8 with the default recipe. Interleaved with the
+   every 2-D weight to int4-g64 (what gguf's Q4_0 does), F16 the same (its best wall against BF16's: the F16
+   encoders upcast a row at a time, as BF16's), FP8 with the default recipe. Interleaved with the
    peer: gguf-py's Q4_0 converter, whole process (this file run with ``--gguf-peer``: reads the same
    safetensors, quantizes every 2-D weight with ``gguf.quants.quantize(..., Q4_0)``, streams a GGUF file with
    ``gguf.GGUFWriter``, to the same tmpfs).
@@ -81,7 +83,7 @@ def generate(folder: Path, layers: int, experts: int, dtype: str, seed: int = 0)
                     grid = (-(-shape[0] // 128), -(-shape[1] // 128))
                     arrays[name + "_scale_inv"] = np.full(grid, s, np.float32)
                 else:
-                    arrays[name] = w.astype(ml_dtypes.bfloat16)
+                    arrays[name] = w.astype(np.float16 if dtype == "F16" else ml_dtypes.bfloat16)
             made[key] = arrays
         return made[key]
 
@@ -375,21 +377,22 @@ def main() -> None:
     print("kernels: " + (f"compiled ahead of time ({os.path.basename(st['file'])})" if st["loaded"]
                           else f"numba JIT ({st['reason']})"))
     try:
-        for dtype in ("BF16", "FP8"):  # numba's on-disk cache filled before anything is timed
+        for dtype in ("BF16", "F16", "FP8"):  # numba's on-disk cache filled before anything is timed
             generate(work / "warm", layers=1, experts=1, dtype=dtype)
             run_convert(work / "warm", work / "out", *BF16_RECIPE)
             run_convert(work / "warm", work / "out")
             shutil.rmtree(work / "warm")
-        cases = [("BF16", 6, 24, BF16_RECIPE), ("FP8", 12, 24, ())]
+        # F16: the BF16 checkpoint's weights (same seed) stored as F16, the same recipe
+        cases = [("BF16", 6, 24, BF16_RECIPE), ("F16", 6, 24, BF16_RECIPE), ("FP8", 12, 24, ())]
         if args.small:
-            cases = [("BF16", 1, 4, BF16_RECIPE), ("FP8", 1, 4, ())]
+            cases = [("BF16", 1, 4, BF16_RECIPE), ("F16", 1, 4, BF16_RECIPE), ("FP8", 1, 4, ())]
         rss: dict[str, float] = {}
         at_scale: dict[str, tuple[float, float, float]] = {}  # tmpfs: limit, floor, best wall of the 1x source
         for dtype, layers, experts, recipe in cases:
             src = work / dtype.lower()
             size = generate(src, layers=layers, experts=experts, dtype=dtype)
             os.sync()  # its writeback would otherwise run (and take CPU) during the timed conversions
-            counted = size if dtype == "BF16" else dtype_bytes(src, "F8_E4M3")
+            counted = dtype_bytes(src, "F8_E4M3") if dtype == "FP8" else size
             first = run_convert(src, shm / "out", *recipe)  # page cache warm; output size
             lim = limits(src, recipe, first["out_bytes"], {"tmpfs": shm, "disk": work})
             what = "all 2-D -> int4-g64" if recipe else "default recipe"
@@ -429,6 +432,10 @@ def main() -> None:
                 med = statistics.median(p["wall"] for p in peer) / statistics.median(r["wall"] for r in ours_shm)
                 _check(misses, f"BF16 -> int4 vs gguf-py Q4_0 converter: {ratio:.1f}x best, {med:.1f}x median "
                        ">= 8x", ratio >= 8)  # fmt: skip
+            if dtype == "F16":
+                ratio = min(r["wall"] for r in ours_shm) / at_scale["BF16"][2]
+                text = f"F16 -> int4 to tmpfs {ratio:.2f}x BF16's time on the same weights <= 1.25"
+                _check(misses, text, ratio <= 1.25)
             if dtype == "FP8":
                 rate = counted / GB / min(r["wall"] for r in ours_shm)
                 _check(misses, f"FP8 default recipe to tmpfs {rate:.2f} GB/s of FP8 input >= 1.5", rate >= 1.5)

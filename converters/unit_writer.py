@@ -9,7 +9,8 @@ form, not by the model's size. An expert's scale tensors wait for its codes (doc
 small.
 
 Encoding goes straight from the source bits whenever the kernels can (``kernels.encode_from_bf16`` /
-``encode_from_fp8_block``, fused expert slabs included): no float32 copy of a tensor is made on that path.
+``encode_from_f16`` / ``encode_from_fp8_block``, fused expert slabs included): no float32 copy of a tensor is
+made on that path.
 
 Every output file goes through ``SafetensorsWriter`` (temporary name, fsync, atomic rename). The file's sha256 is
 computed from the very bytes handed to the writer, so the ledger never has to re-read what was written.
@@ -317,6 +318,8 @@ def encode_job(
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
+    elif values.dtype == np.float16:  # the same, upcast a row at a time: no float32 copy of the tensor
+        codes, scales = kernels.encode_from_f16(t.fmt, values, gs, name=job.out_name)
     elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
         codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
     else:

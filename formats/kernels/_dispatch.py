@@ -282,6 +282,19 @@ def encode_from_bf16(
     return _compiled_now(encoders.encode_from_bf16(fmt_name, wb, gs, name=name))
 
 
+def encode_from_f16(
+    fmt_name: str, w_f16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, f16 -> f32, gs)`` with the exact upcast fused in. ``w_f16`` is ``[O, I]`` float16 or
+    uint16 (the raw half bits)."""
+    wh = _matrix(w_f16, np.uint16, np.float16, name)
+    if _reference_encodes(fmt_name, wh.size):
+        return _reference_checked(fmt_name, wh.view(np.float16).astype(F32), gs, name)
+    from colitools.formats.kernels import encoders
+
+    return _compiled_now(encoders.encode_from_f16(fmt_name, wh, gs, name=name))
+
+
 def encode_from_fp8_block(
     fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:

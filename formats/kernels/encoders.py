@@ -1,4 +1,5 @@
-"""The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_fp8_block``, ``encode_fp8_e8m0``),
+"""The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_f16``, ``encode_from_fp8_block``,
+``encode_fp8_e8m0``),
 numba-free: the output arrays are planned here; the rows are encoded by the numba drivers of ``_jit_encoders`` or
 by the same drivers compiled ahead of time, whichever ``aot.CODECS`` resolves once per process. Byte-identical to
 the numpy reference either way (the package's entry points, ``_dispatch``, send small tensors to that reference
@@ -75,6 +76,21 @@ def encode_from_bf16(
         return _reference_encode(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs)
     if aot.CODECS.run("rows_bf16", (wb, fmt, g, codes, sf, su), O, I) >= 0:
         _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
+    return codes, scales
+
+
+def encode_from_f16(
+    fmt_name: str, w_f16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, f16 -> f32, gs)`` with the exact upcast fused in (a row at a time). ``w_f16`` is
+    ``[O, I]`` float16 or uint16 (the raw half bits)."""
+    wh = _matrix(w_f16, np.uint16, np.float16, name)
+    O, I = wh.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if wh.size == 0:
+        return _reference_encode(fmt_name, wh.view(np.float16).astype(F32), gs)
+    if aot.CODECS.run("rows_f16", (wh, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(wh.view(np.float16).astype(F32), name)
     return codes, scales
 
 

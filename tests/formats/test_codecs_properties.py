@@ -1,4 +1,4 @@
-"""Property tests: the numba kernels are byte-identical to the numpy reference, the fused BF16/FP8 paths equal
+"""Property tests: the numba kernels are byte-identical to the numpy reference, the fused BF16/F16/FP8 paths equal
 dequant-then-encode, round trips stay within each format's error bound, NaN/inf input is refused naming the
 tensor, and every encoder's output has exactly the registry's byte counts."""
 
@@ -120,6 +120,53 @@ def test_bf16_fused_path_equals_upcast_then_reference(fmt, gs, data):
     expected = reference_encode(fmt, w, gs)
     assert_same(kernels.encode_from_bf16(fmt, b, gs), expected)
     assert_same(kernels.encode_from_bf16(fmt, b.view(ml_dtypes.bfloat16), gs), expected)
+
+
+@st.composite
+def f16_bits(draw, multiple: int = 1) -> np.ndarray:
+    O = draw(st.integers(1, 4))
+    I = draw(st.integers(1, 160 // multiple)) * multiple
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):  # arbitrary finite half bit patterns: subnormals (exponent 0), -0.0, 65504
+        h = rng.integers(0, 2**16, size=(O, I), dtype=np.uint32).astype(np.uint16)
+        h[(h & 0x7C00) == 0x7C00] = 0x8000  # exponent all ones (inf / NaN) -> -0.0
+    else:
+        h = (rng.standard_normal((O, I)) * draw(st.sampled_from([1.0, 0.02, 3e-3, 1e-6]))).astype(np.float16)
+        h = h.view(np.uint16)
+    return np.ascontiguousarray(h)
+
+
+@pytest.mark.parametrize(("fmt", "gs"), FUSED_FORMATS, ids=[f"{f}-{g}" for f, g in FUSED_FORMATS])
+@SETTINGS
+@given(data=st.data())
+def test_f16_fused_path_equals_upcast_then_reference(fmt, gs, data):
+    h = data.draw(f16_bits(multiple=32 if fmt == "mxfp4" else 1))
+    expected = reference_encode(fmt, h.view(np.float16).astype(F32), gs)  # numpy's exact upcast
+    assert_same(kernels.encode_from_f16(fmt, h, gs), expected)
+    assert_same(kernels.encode_from_f16(fmt, h.view(np.float16), gs), expected)
+
+
+def test_f16_upcast_equals_numpy_for_all_half_bit_patterns():
+    from colitools.formats.kernels._jit_encoders import _f16_f32
+
+    @numba.njit
+    def upcast(h, out):
+        for i in range(h.size):
+            out[i] = _f16_f32(h[i])
+
+    h = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(h.size, F32)
+    upcast(h, out)
+    want = h.view(np.float16).astype(F32)  # numpy's cast: subnormals, -0.0, inf and NaN payloads
+    assert out.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("bits", [0x7E00, 0xFC00, 0x7C00, 0x7C01], ids=["nan", "-inf", "inf", "snan"])
+def test_f16_fused_path_refuses_non_finite(bits):
+    h = np.full((3, 70), 0x3C00, np.uint16)  # 1.0
+    h[2, 65] = bits
+    with pytest.raises(EncodeError, match=r"tensor experts\.7\.up_proj: non-finite value .* at \[2, 65\]"):
+        kernels.encode_from_f16("int4-grouped", h, 64, name="experts.7.up_proj")
 
 
 @st.composite
