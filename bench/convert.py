@@ -324,6 +324,57 @@ def limits(src: Path, recipe: tuple[str, ...], out_bytes: int, out_dirs: dict[st
     return res
 
 
+HUGE_VOCAB = 262144  # the embedding and head of the peak-RSS case: [262144, 7168] BF16, 3.76 GB each
+
+
+def huge_skeleton(folder: Path) -> None:
+    """A checkpoint with a ``[262144, 7168]`` BF16 embedding and head and one small MoE layer, as header-only
+    sparse shards (``bench/plan.write_shard``: the tensors read as zeros, which still get encoded)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from plan import write_shard
+
+    H, E, I = 7168, 2, 256
+    glob = [("model.embed_tokens.weight", "BF16", (HUGE_VOCAB, H)), ("lm_head.weight", "BF16", (HUGE_VOCAB, H)),
+            ("model.norm.weight", "BF16", (H,))]  # fmt: skip
+    p = "model.layers.0"
+    layer = [(f"{p}.input_layernorm.weight", "BF16", (H,)), (f"{p}.self_attn.q_proj.weight", "BF16", (H, H)),
+             (f"{p}.mlp.gate.weight", "BF16", (E, H))]  # fmt: skip
+    for e in range(E):
+        layer += [(f"{p}.mlp.experts.{e}.{k}_proj.weight", "BF16", (I, H) if k != "down" else (H, I))
+                  for k in ("gate", "up", "down")]  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for k, tensors in enumerate((glob, layer), 1):
+        name = f"model-{k:05d}-of-00002.safetensors"
+        write_shard(folder / name, tensors)
+        weight_map.update(dict.fromkeys((n for n, _, _ in tensors), name))
+    config = {"model_type": "deepseek_v3", "hidden_size": H, "vocab_size": HUGE_VOCAB, "num_hidden_layers": 1,
+              "moe_intermediate_size": I, "n_routed_experts": E}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def huge_rss(work: Path, shm: Path, whole_too: bool, misses: list[str]) -> None:
+    """Peak RSS of converting the ``huge_skeleton`` (default recipe: int8-row embedding and head) to the tmpfs;
+    with ``whole_too`` also with every tensor encoded whole (``unit_writer.SLAB_BYTES`` set past any tensor
+    in the child: the converter before row slabs, ~6 GB)."""
+    src = work / "huge"
+    huge_skeleton(src)
+    res = run_convert(src, shm / "out")
+    print(f"\n[{HUGE_VOCAB}, 7168] BF16 embedding + head (sparse skeleton, default recipe) -> tmpfs: "
+          f"{res['wall']:.2f} s, peak RSS {res['rss_mb']:.0f} MB, load {res['load']:.1f}")  # fmt: skip
+    if whole_too:
+        code = ("import sys; from colitools.converters import unit_writer; unit_writer.SLAB_BYTES = 1 << 60; "
+                "from colitools.cli import main; sys.argv[0] = 'colitools'; main()")  # fmt: skip
+        shutil.rmtree(shm / "out", ignore_errors=True)
+        cmd = [sys.executable, "-c", code, "convert", str(src), str(shm / "out"), "--min-free-gb", "0", "--json"]
+        whole = run_process(cmd)
+        shutil.rmtree(shm / "out", ignore_errors=True)
+        print(f"  the same, tensors encoded whole: {whole['wall']:.2f} s, peak RSS {whole['rss_mb']:.0f} MB")
+    _check(misses, f"peak RSS with [{HUGE_VOCAB}, 7168] tensors {res['rss_mb']:.0f} MB <= 400", res["rss_mb"] <= 400)
+    shutil.rmtree(src)
+
+
 def _blake3():
     """A one-thread BLAKE3 hasher when the ``blake3`` package is installed (the bench extra), else None: its
     time on the same output bytes shows what the manifest's sha256 (docs/FORMATS.md §10) costs the floor."""
@@ -360,6 +411,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs of each case (best and median)")
     ap.add_argument("--skip-4x", action="store_true", help="skip the 4x checkpoint (peak RSS flatness)")
     ap.add_argument("--small", action="store_true", help="tiny checkpoints: a smoke test of the script itself")
+    ap.add_argument("--skip-huge", action="store_true", help="skip the [262144, 7168] embedding's peak RSS")
+    ap.add_argument("--huge-only", action="store_true", help="only the [262144, 7168] embedding's peak RSS")
+    ap.add_argument("--whole-too", action="store_true", help="that case also with tensors encoded whole (~6 GB)")
     ap.add_argument("--gguf-peer", nargs=2, type=Path, metavar=("SRC", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.gguf_peer:
@@ -377,6 +431,9 @@ def main() -> None:
     print("kernels: " + (f"compiled ahead of time ({os.path.basename(st['file'])})" if st["loaded"]
                           else f"numba JIT ({st['reason']})"))
     try:
+        if args.huge_only:
+            huge_rss(work, shm, args.whole_too, misses)
+            return
         for dtype in ("BF16", "F16", "FP8"):  # numba's on-disk cache filled before anything is timed
             generate(work / "warm", layers=1, experts=1, dtype=dtype)
             run_convert(work / "warm", work / "out", *BF16_RECIPE)
@@ -461,9 +518,13 @@ def main() -> None:
                       f"(the 1x best wall minus a third of the 4x - 1x time)")  # fmt: skip
             _check(misses, f"peak RSS {rss['BF16']:.0f} MB (1x) -> {res4['rss_mb']:.0f} MB (4x) = {ratio:.2f}x <= 1.3",
                    ratio <= 1.3)  # fmt: skip
+        if not args.skip_huge:
+            huge_rss(work, shm, args.whole_too, misses)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
+        if misses and args.huge_only:
+            sys.exit(1)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if misses:
         sys.exit(1)
