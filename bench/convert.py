@@ -371,7 +371,8 @@ def huge_rss(work: Path, shm: Path, whole_too: bool, misses: list[str]) -> None:
         whole = run_process(cmd)
         shutil.rmtree(shm / "out", ignore_errors=True)
         print(f"  the same, tensors encoded whole: {whole['wall']:.2f} s, peak RSS {whole['rss_mb']:.0f} MB")
-    _check(misses, f"peak RSS with [{HUGE_VOCAB}, 7168] tensors {res['rss_mb']:.0f} MB <= 400", res["rss_mb"] <= 400)
+    text = f"peak RSS with [{HUGE_VOCAB}, 7168] tensors {res['rss_mb']:.0f} MB <= 400"
+    _check(misses, text, res["rss_mb"] <= 400)
     shutil.rmtree(src)
 
 
@@ -413,7 +414,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny checkpoints: a smoke test of the script itself")
     ap.add_argument("--skip-huge", action="store_true", help="skip the [262144, 7168] embedding's peak RSS")
     ap.add_argument("--huge-only", action="store_true", help="only the [262144, 7168] embedding's peak RSS")
-    ap.add_argument("--whole-too", action="store_true", help="that case also with tensors encoded whole (~6 GB)")
+    ap.add_argument("--whole-too", action="store_true", help="that case with tensors encoded whole too (~6 GB)")
     ap.add_argument("--gguf-peer", nargs=2, type=Path, metavar=("SRC", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.gguf_peer:

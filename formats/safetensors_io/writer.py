@@ -168,7 +168,7 @@ class SafetensorsWriter:
         self._fd: int | None = None
         self._state = "aborted"  # until our temporary file exists, there is nothing to clean up
         self._next = 0
-        self._part = 0  # bytes written so far of tensor ``_next``, when it is written in pieces (``write_part``)
+        self._part = 0  # bytes written of tensor ``_next`` when it is written in pieces (``write_part``)
         layout = _plan_layout(self._where, entries, metadata, metadata_last)
         self.tensors: dict[str, TensorInfo] = layout.tensors
         """The planned tensors in write order (absolute offsets)."""
