@@ -414,7 +414,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny checkpoints: a smoke test of the script itself")
     ap.add_argument("--skip-huge", action="store_true", help="skip the [262144, 7168] embedding's peak RSS")
     ap.add_argument("--huge-only", action="store_true", help="only the [262144, 7168] embedding's peak RSS")
-    ap.add_argument("--whole-too", action="store_true", help="that case with tensors encoded whole too (~6 GB)")
+    ap.add_argument("--whole-too", action="store_true", help="that case, tensors encoded whole too (~6 GB)")
     ap.add_argument("--gguf-peer", nargs=2, type=Path, metavar=("SRC", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.gguf_peer:
