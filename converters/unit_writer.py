@@ -320,6 +320,8 @@ def encode_job(
     kept = _fp8_e8m0_passthrough(job, values, scale, block) if fmt is Fp8E4m3E8m0 else None
     if kept is not None:  # a 128x128 FP8 source whose scales are powers of two: its bytes, bit for bit
         codes, scales = kept
+    elif fmt is Fp8E4m3E8m0 and grid is not None:  # the FP8 dequant fused into its block encoder
+        codes, scales = kernels.encode_from_fp8_e8m0(values, grid, block, name=job.out_name)
     elif fmt.kernel_code is None:  # not a row codec (fp8-e4m3-e8m0, its own block kernel): from float32
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one

@@ -326,6 +326,23 @@ def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarr
     return _compiled_now(encoders.encode_fp8_e8m0(w, name))
 
 
+def encode_from_fp8_e8m0(
+    q: np.ndarray, scale_inv: np.ndarray, block, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_fp8_e8m0(reference.dequant_fp8_block(q, scale_inv, block))``, byte-identical, with the errors
+    of that path; the dequant fused into the block kernel when the source blocks' sides are multiples of 128
+    (DeepSeek's 128x128: each output block has one source scale), else dequantised first."""
+    qb, s, br, bc = _fp8_operands(q, scale_inv, block, name)
+    B = ref.FP8_BLOCK
+    if br % B or bc % B or _reference_encodes(registry.Fp8E4m3E8m0.name, qb.size):
+        with np.errstate(all="ignore"):  # inf * 0 and overflow are refused just below, naming the tensor
+            w = ref.dequant_fp8_block(qb, s, (br, bc))
+        return encode_fp8_e8m0(w, name)
+    from colitools.formats.kernels import encoders
+
+    return _compiled_now(encoders.encode_from_fp8_e8m0(qb, s, br, bc, name))
+
+
 def decode_operands(fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None):
     """``(format class, codes, scales)`` checked and shaped for a decoder (the reference's and the kernels')."""
     cls = registry.lookup(fmt_name)

@@ -228,6 +228,53 @@ def _e4m3_rne(y):
     return sign | np.uint8(t)
 
 
+@inline
+def _e8m0_exponent(amax):
+    """The E8M0 exponent ``k`` of a block of ``amax`` (``max(amax, 1e-4) * f32(1/448)``, rounded up to a power of
+    two on its float bits)."""
+    x = max(amax, _E8M0_FLOOR) * _E8M0_MAX_INV
+    xb = _f32_bits(x)
+    k = np.int32(xb >> np.uint32(23)) - np.int32(127)
+    if xb & np.uint32(0x7FFFFF):
+        k += np.int32(1)
+    return k
+
+
+@export("fp8_e8m0_fp8", ("uint8", "float32", "i", "i", "uint8", "uint8"))
+@njit
+def _fp8_e8m0_from_fp8(q, s, br, bc, codes, scales, b0, b1):
+    """Block rows ``[b0, b1)`` of fp8-e4m3-e8m0 from FP8 ``q`` with source blocks ``br x bc`` that are multiples
+    of 128 (each output block lies in one source block, of scale ``sv``): the values ``w = e4m3(q) * sv``
+    (``reference.dequant_fp8_block``) made in registers, never stored. The block amax is taken on the bytes
+    (``max(q & 0x7F)``: e4m3fn magnitudes order as their bytes, and multiplying by ``|sv|`` is monotone, so
+    ``f32(e4m3(m)) * |sv|`` is ``max |w|`` bit for bit, NaN / inf included, as in ``_int4_blocks_fp8``). Returns
+    the first block row holding a non-finite value, or -1."""
+    O, I = q.shape
+    GI = scales.shape[1]
+    for bo in range(b0, b1):
+        o0 = bo * _FP8_B
+        o1 = min(O, o0 + _FP8_B)
+        for bi in range(GI):
+            i0 = bi * _FP8_B
+            i1 = min(I, i0 + _FP8_B)
+            sv = s[o0 // br, i0 // bc]
+            m = np.uint32(0)
+            for o in range(o0, o1):
+                for i in range(i0, i1):
+                    m = _umax32(m, np.uint32(q[o, i] & np.uint8(0x7F)))
+            amax_bits = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(sv)))
+            if amax_bits >= _NONFINITE_BITS:
+                return bo
+            k = _e8m0_exponent(_bits_f32(amax_bits))
+            scales[bo, bi] = np.uint8(k + np.int32(127))
+            inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
+            for o in range(o0, o1):
+                for i in range(i0, i1):
+                    y = min(max((_e4m3(q[o, i]) * sv) * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
+                    codes[o, i] = _e4m3_rne(y)
+    return -1
+
+
 @export("fp8_e8m0", ("float32", "uint8", "uint8"))
 @njit
 def _fp8_e8m0_blocks(w, codes, scales, b0, b1):
@@ -247,11 +294,7 @@ def _fp8_e8m0_blocks(w, codes, scales, b0, b1):
                     v = abs(w[o, i])
                     if v > amax:
                         amax = v
-            x = max(amax, _E8M0_FLOOR) * _E8M0_MAX_INV
-            xb = _f32_bits(x)
-            k = np.int32(xb >> np.uint32(23)) - np.int32(127)
-            if xb & np.uint32(0x7FFFFF):
-                k += np.int32(1)
+            k = _e8m0_exponent(amax)
             scales[bo, bi] = np.uint8(k + np.int32(127))
             inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
             for o in range(o0, o1):

@@ -196,6 +196,62 @@ def test_fp8_fused_path_equals_dequant_then_reference(fmt, gs, data):
     assert_same(kernels.encode_from_fp8_block(fmt, q.view(ml_dtypes.float8_e4m3fn), s, block, gs), expected)
 
 
+@st.composite
+def fp8_e8m0_sources(draw):
+    """FP8 codes (every byte but NaN) and a scale grid of 128-multiple blocks, over several output blocks."""
+    O, I = draw(st.integers(1, 300)), draw(st.integers(1, 300))
+    block = draw(st.sampled_from([(128, 128), (256, 128), (128, 256), (2, 3)]))  # (2, 3): the unfused path
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    q = rng.integers(0, 256, size=(O, I), dtype=np.uint16).astype(np.uint8)
+    q[(q & 0x7F) == 0x7F] = 0xB8  # no NaN codes here (below)
+    if draw(st.booleans()):
+        q[rng.random((O, I)) < 0.7] = 0  # zero and near-zero blocks (the 1e-4 amax floor)
+    grid = (ref.ceil_div(O, block[0]), ref.ceil_div(I, block[1]))
+    s = rng.random(grid) * draw(st.sampled_from([1.0, 1e-3, 1e-30, 1e-42, 1e30, 2.0**-9]))
+    s[rng.random(grid) < 0.2] *= -1
+    s[rng.random(grid) < 0.1] = 0
+    return q, s.astype(F32), block
+
+
+@SETTINGS
+@given(src=fp8_e8m0_sources())
+def test_fp8_e8m0_fused_path_equals_dequant_then_reference(src):
+    q, s, block = src
+    with np.errstate(over="ignore"):  # 448 * 1e30 overflows: refused by both paths (below)
+        w = ref.dequant_fp8_block(q, s, block)
+    if not np.isfinite(w).all():
+        with pytest.raises(EncodeError, match="non-finite value"):
+            kernels.encode_from_fp8_e8m0(q, s, block, name="t")
+        return
+    assert_same(kernels.encode_from_fp8_e8m0(q, s, block), ref.encode_fp8_e8m0(w))
+    assert_same(
+        kernels.encode_from_fp8_e8m0(q.view(ml_dtypes.float8_e4m3fn), s, block), ref.encode_fp8_e8m0(w)
+    )
+
+
+@pytest.mark.parametrize("case", ["nan-byte", "inf-scale", "nan-scale", "overflow"])
+def test_fp8_e8m0_fused_path_refuses_non_finite_as_the_unfused_one(case):
+    q = np.full((300, 260), 0x38, np.uint8)  # 1.0
+    s = np.ones((3, 3), F32)
+    if case == "nan-byte":
+        q[290, 150] = 0xFF
+    elif case == "inf-scale":
+        s[2, 1] = np.inf
+    elif case == "nan-scale":
+        s[2, 1] = np.nan
+    else:
+        q[290, 150], s[2, 1] = 0x7E, 1e38  # 448 * 1e38 overflows float32
+    with np.errstate(all="ignore"):
+        w = ref.dequant_fp8_block(q, s, (128, 128))
+    with pytest.raises(EncodeError) as unfused:
+        kernels.encode_fp8_e8m0(w, name="experts.7.up_proj")
+    with pytest.raises(EncodeError) as fused:
+        kernels.encode_from_fp8_e8m0(q, s, 128, name="experts.7.up_proj")
+    assert str(fused.value) == str(unfused.value) and "tensor experts.7.up_proj: non-finite" in str(
+        fused.value
+    )
+
+
 def test_e4m3_arithmetic_decode_equals_ml_dtypes_table_for_all_bytes():
     q = np.arange(256, dtype=np.uint8).reshape(1, 256)
     out = kernels.dequant_fp8_block(q, np.ones((1, 1), F32), (1, 256))[0]
