@@ -28,8 +28,8 @@ from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manif
 from colitools.converters.plan_record import PLAN_FILE
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
-from colitools.errors import ConvertError
 from colitools.formats.atomic import parse_temp_name
+from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, SHARD_SUFFIX
 from colitools.formats.planar_sidecar import sidecar_dir
 
