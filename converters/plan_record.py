@@ -11,7 +11,8 @@ plans (sha256 of every ``.py`` of ``converters/`` and ``formats/``). So an edite
 and the ledger's own checks then apply as before. Written by the runner once the ledger is open (never by
 ``--dry-run``), removed before the manifest is marked complete (a finished output holds no leftover).
 
-Unpickling runs only classes of ``colitools`` itself (``_PlanUnpickler``): the record is a file of the user's
+Unpickling runs only classes of ``colitools`` itself and the pure functions a target holds (``_PlanUnpickler``):
+the record is a file of the user's
 own output folder, beside the ledger that already steers the resume, and anything else in it is refused as
 unreadable (the conversion then plans afresh).
 """
@@ -23,6 +24,7 @@ import hashlib
 import io
 import json
 import pickle
+import types
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -79,14 +81,21 @@ def remove(outdir: Path) -> None:
         (Path(outdir) / PLAN_FILE).unlink()
 
 
+# modules whose functions a plan may hold (a target's name mapping, its metadata file): pure, no I/O
+_FUNCTION_MODULES = ("colitools.formats.names", "colitools.formats.targets")
+
+
 class _PlanUnpickler(pickle.Unpickler):
     """Unpickles only what a plan holds: classes (dataclasses, enums, format and encoding classes) defined in
-    ``colitools`` and the builtin containers; never a function, nor anything of another package."""
+    ``colitools``, the functions of ``_FUNCTION_MODULES`` and the builtin containers; nothing of another
+    package, no other function."""
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "colitools" or module.startswith("colitools."):
             found = super().find_class(module, name)
-            if isinstance(found, type):
+            if isinstance(found, type) or (
+                module in _FUNCTION_MODULES and isinstance(found, types.FunctionType)
+            ):
                 return found
         raise pickle.UnpicklingError(f"a recorded plan refers to {module}.{name}")
 

@@ -93,3 +93,27 @@ def test_a_resume_from_the_record_is_byte_identical_and_leaves_no_record(started
     subprocess.run(cmd, check=True, capture_output=True)
     assert snapshot(out) == snapshot(ref) and listing(out) == listing(ref)
     assert plan_record.PLAN_FILE not in listing(out)
+
+
+def test_every_targets_plan_reloads_from_its_record():
+    """A target's plan holds its spellings and name functions: each loads back (else its resumes plan afresh)."""
+    import io
+    import json
+
+    from colitools.converters.runner import load_plan
+    from colitools.formats import targets
+
+    oracles = Path(__file__).parents[2] / "oracles"
+    by_type = {}
+    for d in sorted(p for p in oracles.iterdir() if (p / "config.json").is_file()):
+        by_type.setdefault(json.loads((d / "config.json").read_text()).get("model_type"), d)
+    tried = 0
+    for target in targets.TARGETS.values():
+        folder = next((by_type[t] for t in target.model_types or () if t in by_type), None)
+        if folder is None:
+            continue
+        plan = load_plan(LocalFolderSource(folder), ConvertOptions(target=target.name))
+        again = plan_record._PlanUnpickler(io.BytesIO(pickle.dumps(plan))).load()
+        assert _plan_facts(again) == _plan_facts(plan), target.name
+        tried += 1
+    assert tried >= 3
