@@ -102,18 +102,20 @@ def test_every_targets_plan_reloads_from_its_record():
 
     from colitools.converters.runner import load_plan
     from colitools.formats import targets
+    from colitools.formats.errors import TargetRefused
 
     oracles = Path(__file__).parents[2] / "oracles"
-    by_type = {}
-    for d in sorted(p for p in oracles.iterdir() if (p / "config.json").is_file()):
-        by_type.setdefault(json.loads((d / "config.json").read_text()).get("model_type"), d)
+    folders = [p for p in sorted(oracles.iterdir()) if (p / "config.json").is_file()]
+    kinds = {p: json.loads((p / "config.json").read_text()).get("model_type") for p in folders}
     tried = 0
     for target in targets.TARGETS.values():
-        folder = next((by_type[t] for t in target.model_types or () if t in by_type), None)
-        if folder is None:
-            continue
-        plan = load_plan(LocalFolderSource(folder), ConvertOptions(target=target.name))
-        again = plan_record._PlanUnpickler(io.BytesIO(pickle.dumps(plan))).load()
-        assert _plan_facts(again) == _plan_facts(plan), target.name
-        tried += 1
+        for folder in (p for p in folders if kinds[p] in (target.model_types or ())):
+            try:
+                plan = load_plan(LocalFolderSource(folder), ConvertOptions(target=target.name))
+            except TargetRefused:  # a fixture this target's engine cannot run (the next one may)
+                continue
+            again = plan_record._PlanUnpickler(io.BytesIO(pickle.dumps(plan))).load()
+            assert _plan_facts(again) == _plan_facts(plan), target.name
+            tried += 1
+            break
     assert tried >= 3
