@@ -43,7 +43,9 @@ def glm(tmp_path_factory):
     out = {}
     for name, kw in {"t": {}, "t-int4": {"dense": "int4-g64"}, "generic": {}}.items():
         target = {} if name == "generic" else {"target": "glm53"}
-        convert(str(root / "src"), root / name, ConvertOptions(progress=False, min_free_gb=0.0, **target, **kw))
+        convert(
+            str(root / "src"), root / name, ConvertOptions(progress=False, min_free_gb=0.0, **target, **kw)
+        )
         out[name] = root / name
     return root / "src", values, out
 
@@ -68,7 +70,9 @@ def _quantize_i4_grouped(w: np.ndarray, gs: int = 64) -> tuple[np.ndarray, np.nd
 def _glm53_int4(codes: np.ndarray, steps: np.ndarray, rows: int, columns: int) -> np.ndarray:
     """matmul_i4_grouped's weights: (nibble - 8) * step of its 64-column group."""
     b = codes.reshape(rows, columns // 2)
-    v = np.stack([(b & 0xF).astype(np.int32) - 8, (b >> 4).astype(np.int32) - 8], axis=2).reshape(rows, columns)
+    v = np.stack([(b & 0xF).astype(np.int32) - 8, (b >> 4).astype(np.int32) - 8], axis=2).reshape(
+        rows, columns
+    )
     return v.astype(np.float32) * np.repeat(steps.reshape(rows, columns // 64), 64, axis=1)
 
 
@@ -127,6 +131,41 @@ def test_other_tensors_are_what_load_f32_and_load_mat_read(glm):
     written, reason = reasons[f"{P}layers.0.mlp.down_proj.weight"]
     assert written == "bf16" and "c/glm53.c" in reason and "(I = 96)" in reason
     assert manifest["recipe"]["target"] == "glm53"
+
+
+# c/glm53.c load_cfg, restated: text_config.linear_attn_config's keys (req_num: a number, or the engine exits
+# "config.json: missing linear_attn_config") and the flat transformers 5.24 key each comes from
+KDA_KEYS = {"num_heads": "linear_num_heads", "head_dim": "linear_head_dim",
+            "short_conv_kernel_size": "linear_conv_kernel_dim"}  # fmt: skip
+
+
+def test_config_has_the_linear_attn_config_load_cfg_requires(glm, tmp_path):
+    src, _, out = glm
+    source = json.loads((src / "config.json").read_text())
+    for folder, want in (("t", True), ("t-int4", True), ("generic", False)):
+        config = json.loads((out[folder] / "config.json").read_text())
+        text = config["text_config"]
+        assert ("linear_attn_config" in text) is want, folder
+        assert {k: v for k, v in text.items() if k != "linear_attn_config"} == source["text_config"], folder
+        if want:
+            kda = text["linear_attn_config"]
+            for key, flat in KDA_KEYS.items():
+                assert type(kda[key]) in (int, float) and kda[key] == source["text_config"][flat], key
+            assert kda.get("gate_lower_bound", -5.0) == source["text_config"].get("linear_lower_bound", -5.0)
+            assert "full_attn_layers" not in kda  # optional; load_layer_kinds takes layer_types
+    # a source that already has one (a hub config) keeps it as it is
+    hub = {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4, "kda_layers": [1]}
+    source["text_config"]["linear_attn_config"] = hub
+    (tmp_path / "src").mkdir()
+    for f in src.iterdir():
+        (tmp_path / "src" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "src" / "config.json").write_text(json.dumps(source))
+    convert(
+        str(tmp_path / "src"),
+        tmp_path / "out",
+        ConvertOptions(target="glm53", progress=False, min_free_gb=0.0),
+    )
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["text_config"] == source["text_config"]
 
 
 def test_readers_read_the_target_back(glm):
@@ -220,7 +259,9 @@ def test_readers_accept_flat_expert_codes_as_convert_glm53_writes_them(glm, tmp_
     assert np.array_equal(ckpt.dense(sanitize(name), MOE_I, H), _glm53_int4(codes, steps, MOE_I, H))
 
 
-def test_a_glm53_output_of_the_fixture_runs_token_identical_to_the_generic_container_of_the_same_formats(tmp_path):
+def test_a_glm53_output_of_the_fixture_runs_token_identical_to_the_generic_container_of_the_same_formats(
+    tmp_path,
+):
     """The ``glm5_next`` oracle fixture has no ``target-glm53`` reference (at its seed two k-pool indexer scores tie
     exactly at the selection boundary: oracles/README.md; its copy ``glm5_next_target`` has one, run by
     tests/runtime/test_runtime_oracles.py), so its ``--target glm53`` output (int4 experts, BF16 dense and
