@@ -598,8 +598,8 @@ TARGETS: dict[str, Target] = {
         Target(
             GLM53,
             "c/glm53.c (load_f32, load_mat, absorb_kvb, expert_geometry / expert_table_init)",
-            help="int4-g64 experts in the engine's slot order, float or int4-g64 projections; model_type "
-            "glm5_next only.",
+            help="int4-g64 experts in the engine's slot order, float or int4-g64 projections, "
+            "text_config.linear_attn_config added; model_type glm5_next only.",
             model_types=("glm5_next", "glm5_next_text"),
             reads=(("experts", ("int4-g64",)), *_floats("f32", "bf16", "int4-g64"), *PAIRS_ONLY),
             defaults=(("experts", "int4-g64"), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
