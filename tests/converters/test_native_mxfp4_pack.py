@@ -44,7 +44,8 @@ def make_native_k3(folder: Path, seed: int = 28) -> dict[str, tuple[np.ndarray, 
         codes = rng.integers(0, 16, (O, I), dtype=np.uint8)
         scale = rng.integers(118, 126, (O, I // 32), dtype=np.uint8)
         packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
-        value = (E2M1[codes] * np.exp2(np.repeat(scale.astype(np.float64) - 127, 32, axis=1))).astype(np.float32)
+        unit = np.exp2(np.repeat(scale.astype(np.float64) - 127, 32, axis=1))
+        value = (E2M1[codes] * unit).astype(np.float32)  # exact: <= 3 significant bits times 2^k
         base = name[: -len(".weight")]
         tensors[base + ".weight_packed"], tensors[base + ".weight_scale"] = packed, scale
         experts[name] = (packed, scale, value)
