@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
+from colitools.formats import names, targets
 from colitools.formats import registry as reg
-from colitools.formats import targets
 
 FP8_BLOCK = 128
 FP8_MAX = 448.0
@@ -327,7 +327,7 @@ FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
 def apply_recipe(
     source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows",
     native: Mapping[str, str] | frozenset[str] = frozenset(),
-    decoded: Mapping[str, str] | None = None,
+    decoded: Mapping[str, str] | None = None, source_float: str = "f32",
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
     as the converter writes them), and the fallbacks taken.
@@ -342,7 +342,9 @@ def apply_recipe(
     the ``native`` recipe they keep exactly the source's values. A plain set means every name is MXFP4.
     ``decoded``: natively quantized tensors no format holds exactly, name -> kind (``NVFP4``, ``MXFP8``): under
     ``native`` they get the default on their decoded values, listed as fallbacks (reason ``decoded: <kind>
-    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5)."""
+    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5). ``source_float``: the label of
+    the source's float dtype (``f32``, ``bf16``), what a target's ``source_float_leaves`` keep when the recipe
+    would quantize them (their values are the source's)."""
     decoded = decoded or {}
     if not isinstance(native, Mapping):
         native = dict.fromkeys(native, "mxfp4")
@@ -364,6 +366,10 @@ def apply_recipe(
             if dropped(name, role):  # left out by the converter: the model still needs a value, no format
                 return w
             option = target.float_dtype(target.out_name(name)) or option
+            kept_float = names.parse_name(name).leaf in target.source_float_leaves
+            if kept_float and w.ndim == 2 and option not in ("f32", "bf16"):  # Target.rewrite's keep_float
+                formats[name] = source_float
+                return w
         if option == "bf16":  # BF16 storage: float32 -> bfloat16 round to nearest even -> float32
             formats[name] = "bf16"
             return w.astype(ml_dtypes.bfloat16).astype(np.float32)
