@@ -94,9 +94,7 @@ def _k3_args(c: ConfigKeys, base: dict[str, Any]) -> KimiK3Args:
         latent=int(c.need("routed_expert_hidden_size")),
         shared_inter=routing.shared_expert_intermediate_size,
     )  # fmt: skip
-    if args.res_block < 1:
-        raise RuntimeModelError(f"{c.where}: attn_res_block_size must be >= 1, got {args.res_block}")
-    return args
+    return args  # attn_res_block_size >= 1: validated with the config facts (formats/model_config.py)
 
 
 # ------------------------------------------------------------------------------------------- pieces
