@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import ColitoolsError, RuntimeModelError
 from colitools.formats import model_config
 from colitools.formats import reference as ref
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.errors import ColitoolsError, RuntimeModelError
 from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
