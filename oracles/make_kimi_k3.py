@@ -223,7 +223,10 @@ def why_not(res: dict) -> str | None:
 def recipes(source: dict[str, np.ndarray]):
     native = {n: "mxfp4" for n in source if ".experts." in n}
     for recipe in COMPUTED:
-        yield recipe, apply_recipe(source, recipe, LAYERS, "rows", native, source_float="bf16")
+        yield (
+            recipe,
+            apply_recipe(source, recipe, LAYERS, "rows", native, bf16_stored=frozenset(source) - set(native)),
+        )
 
 
 def write(seed, stored, prompt, results) -> dict:

@@ -327,7 +327,8 @@ FUSED_BIAS_RE = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_bias$")
 def apply_recipe(
     source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows",
     native: Mapping[str, str] | frozenset[str] = frozenset(),
-    decoded: Mapping[str, str] | None = None, source_float: str = "f32",
+    decoded: Mapping[str, str] | None = None,
+    bf16_stored: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
     as the converter writes them), and the fallbacks taken.
@@ -342,9 +343,9 @@ def apply_recipe(
     the ``native`` recipe they keep exactly the source's values. A plain set means every name is MXFP4.
     ``decoded``: natively quantized tensors no format holds exactly, name -> kind (``NVFP4``, ``MXFP8``): under
     ``native`` they get the default on their decoded values, listed as fallbacks (reason ``decoded: <kind>
-    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5). ``source_float``: the label of
-    the source's float dtype (``f32``, ``bf16``), what a target's ``source_float_leaves`` keep when the recipe
-    would quantize them (their values are the source's)."""
+    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5). ``bf16_stored``: the source
+    tensors stored BF16; a tower among them keeps that dtype (rule 1) and is labelled ``bf16``, as is one of a
+    target's ``source_float_leaves`` the recipe would quantize (kept in the source's dtype, its values)."""
     decoded = decoded or {}
     if not isinstance(native, Mapping):
         native = dict.fromkeys(native, "mxfp4")
@@ -359,7 +360,7 @@ def apply_recipe(
         """A tensor the target's converter leaves out: towers (its ``--towers`` default drop), MTP (``drop_mtp``)."""
         return (role == "tower" and target.default("towers") == "drop") or (role == "mtp" and target.drop_mtp)
 
-    def one(name: str, w: np.ndarray, role: str, kept: str | None = None) -> np.ndarray:
+    def one(name: str, w: np.ndarray, role: str, kept: str | None = None, stack: str | None = None) -> np.ndarray:  # fmt: skip
         option = {"router_1d": "f32", "tower": "f32", "mtp": r.get("mtp", "int8-row"), "embed": r["embed"],
                   "experts": r["experts"], "dense": r["dense"]}[role]  # fmt: skip
         if target is not None:  # the target's loader decides some dtypes, whatever the role
@@ -368,7 +369,7 @@ def apply_recipe(
             option = target.float_dtype(target.out_name(name)) or option
             kept_float = names.parse_name(name).leaf in target.source_float_leaves
             if kept_float and w.ndim == 2 and option not in ("f32", "bf16"):  # Target.rewrite's keep_float
-                formats[name] = source_float
+                formats[name] = "bf16" if name in bf16_stored else "f32"
                 return w
         if option == "bf16":  # BF16 storage: float32 -> bfloat16 round to nearest even -> float32
             formats[name] = "bf16"
@@ -380,14 +381,14 @@ def apply_recipe(
         if option == NATIVE:
             option = NATIVE_DEFAULT[role]
         if w.ndim < 2 or option == "f32":
-            formats[name] = "f32"
+            formats[name] = "bf16" if role == "tower" and name in bf16_stored else "f32"
             return w
         deq, label, why = encode_decode(w, option, expert=(role == "experts"), name=name)
         formats[name] = label
         if why:
             fallbacks.append({"tensor": name, "requested": option, "written": label, "reason": why})
-        elif requested == NATIVE and name in decoded:
-            why = f"decoded: {decoded[name]} source, no format holds it exactly; written as {label}"
+        elif requested == NATIVE and (stack or name) in decoded:  # a stack's experts: the stack's encoding
+            why = f"decoded: {decoded[stack or name]} source, no format holds it exactly; written as {label}"
             fallbacks.append({"tensor": name, "requested": NATIVE, "written": label, "reason": why})
         return deq
 
@@ -435,8 +436,8 @@ def apply_recipe(
                 if kind == "gate_up_proj":
                     half = w.shape[1] // 2
                     gw, uw = (w[e, 0::2], w[e, 1::2]) if inter else (w[e, :half], w[e, half:])
-                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(gw), role, kept)
-                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(uw), role, kept)
+                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(gw), role, kept, name)
+                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(uw), role, kept, name)
                     slab = np.empty_like(w[e])
                     if inter:
                         slab[0::2], slab[1::2] = g, u
@@ -444,7 +445,7 @@ def apply_recipe(
                         slab[:half], slab[half:] = g, u
                     parts.append(slab)
                 else:
-                    parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role, kept))
+                    parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role, kept, name))
             out[name] = np.stack(parts)
         else:
             out[name] = one(name, w, role, native.get(name))
