@@ -37,6 +37,7 @@ __all__ = [
     "mla_shapes",
     "mlp_shapes",
     "native_stack_orientations",
+    "shaped_orientation",
     "stack_orientation",
     "v4_shapes",
 ]
@@ -262,6 +263,9 @@ class Family:
     native_orientation: Mapping[str, Orientation] = field(default_factory=dict)
     # a stack spelling laid out unlike the family's own: stack leaf -> orientation (before the family's)
     spelled_orientation: Mapping[str, Orientation] = field(default_factory=dict)
+    # the orientation another writer saves the family's float stacks in, told from ``orientation`` by their shapes
+    # against config.json (``shaped_orientation``): Qwen3-VL-MoE's transformers 5.24 save_pretrained, [E, 2I, H]
+    saved_orientation: Orientation | None = None
     # config spellings of keys every other family spells the common way (transformers' ``attribute_map``):
     # its spelling -> the common key; and keys nested in a section of the config: section -> {key: common key}
     key_aliases: Mapping[str, str] = field(default_factory=dict)
@@ -287,6 +291,21 @@ class Family:
         for block in self.layer_blocks:
             out.update(block(text))
         return out
+
+
+def llama4_ffn_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """Llama-4's feed-forward roles (``feed_forward`` spelled ``mlp``): the dense layers' MLP of
+    ``intermediate_size_mlp``, the MoE layers' shared expert of ``intermediate_size`` (the expert width) and
+    the router ``mlp.gate [experts, H]`` (``feed_forward.router``)."""
+    hidden, dense, width = (
+        text["hidden_size"],
+        text.get("intermediate_size_mlp"),
+        text.get("intermediate_size"),
+    )
+    out = _in("mlp", mlp_shapes(hidden, dense)) if dense else {}
+    if width:
+        out.update(_in("mlp.shared_experts", mlp_shapes(hidden, width)))
+    return {**out, **router_block(text, experts)}
 
 
 # the feed-forward roles of a MoE layer (or a dense one)
@@ -338,6 +357,13 @@ KIMI_K3 = Family(
 INKLING = Family("inkling", orientation=Orientation.ROWS_INTERLEAVED, native_names=True,
                  spelled_orientation=MappingProxyType({"gate_up_proj": Orientation.ROWS}))  # fmt: skip
 INKLING2 = Family("inkling2", orientation=Orientation.ROWS_INTERLEAVED, native_names=True)
+# Qwen3-VL-MoE as published (Qwen3-VL-30B-A3B, 235B-A22B): gate_up_proj [E, H, 2I] with gate = the first I columns,
+# down_proj [E, I, H]; transformers 5.24 transposes them on load (conversion_mapping.py ``qwen3_vl_moe``
+# Transpose(1, 2)) and its save_pretrained writes them as it holds them, by rows [E, 2I, H] / [E, H, I]
+QWEN3_VL_MOE = Family("qwen3_vl_moe", (gqa_block, *_MOE), orientation=Orientation.TRANSPOSED,
+                      saved_orientation=Orientation.ROWS)  # fmt: skip
+# Llama-4 (Scout, Maverick): Llama4TextExperts holds and saves gate_up_proj [E, H, 2I] (bmm, chunk(2, dim=-1))
+LLAMA4 = Family("llama4", (gqa_block, llama4_ffn_block), orientation=Orientation.TRANSPOSED)
 
 # The model types ``colitools run`` executes -> their family (the checkpoint's top-level type; text types of
 # multimodal wrappers listed too), in the order messages list them.
@@ -364,6 +390,10 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "inkling_text": INKLING,
     "inkling2": INKLING2,
     "inkling2_text": INKLING2,
+    "qwen3_vl_moe": QWEN3_VL_MOE,
+    "qwen3_vl_moe_text": QWEN3_VL_MOE,
+    "llama4": LLAMA4,
+    "llama4_text": LLAMA4,
 })  # fmt: skip
 RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
 # Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
@@ -397,7 +427,7 @@ def stack_orientation(model_type: str | None, native: str | None = None, leaf: s
     if native is not None:
         if native in family.native_orientation:
             return family.native_orientation[native]
-        if family.orientation is Orientation.TRANSPOSED_INTERLEAVED:
+        if family.orientation.transposed:
             return None
     return family.orientation
 
@@ -406,3 +436,27 @@ def native_stack_orientations() -> list[tuple[str, str]]:
     """The sorted ``(model_type, encoding)`` pairs whose natively quantized stacks have an orientation of their own."""
     types = {*MODEL_TYPES, *_CONVERTED_ONLY}
     return sorted((t, enc) for t in types for enc in family_of(t).native_orientation)
+
+
+def _stack_dims(orientation: Orientation, projection: str, hidden: int, width: int) -> tuple[int, int]:
+    """The ``[rows, cols]`` of one expert's slab of a ``gate_up`` / ``down`` stack laid out as ``orientation``."""
+    rows = {"gate_up": (2 * width, hidden), "down": (hidden, width)}[projection]
+    return rows[::-1] if orientation.transposed else rows
+
+
+def shaped_orientation(model_type: str | None, stacks: Mapping[str, tuple[int, ...]], hidden: int | None,
+                       width: int | None) -> Orientation | None:  # fmt: skip
+    """The orientation of one module's float expert stacks (``stacks``: projection ``gate_up`` / ``down`` -> the
+    shape of each present), for a family whose stacks two writers lay out two ways (``saved_orientation``); None
+    for any other family (its :func:`stack_orientation` holds) or without ``hidden`` and ``width``.
+
+    The layout whose ``[rows, cols]`` every given stack matches against ``hidden_size`` and the expert width wins.
+    Where both match (a square ambiguity: ``H == 2I`` leaves ``gate_up`` square, ``H == I`` leaves ``down``
+    square; the module's other stack then decides, since both cannot be square at once) or neither does, the
+    family's own (published) orientation is taken (the shape check then names what it expected)."""
+    family = family_of(model_type)
+    if family is None or family.saved_orientation is None or not (hidden and width):
+        return None
+    fits = [o for o in (family.orientation, family.saved_orientation)
+            if all(tuple(shape[1:]) == _stack_dims(o, proj, hidden, width) for proj, shape in stacks.items())]  # fmt: skip
+    return fits[0] if len(fits) == 1 else family.orientation

@@ -225,8 +225,10 @@ INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 
 # The current generation (docs/FORMATS.md §5 rows 1-2): multimodal towers keep their source values;
 # small 2-D parameters (hyper-connections, sinks, A_log, dt_bias, ...) and every router spelling stay F32.
-TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
-ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
+TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|multi_modal_projector|audio_tower|"
+                      r"audio)\.")  # fmt: skip
+ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate|feed_forward\.router)\."
+                       r"(weight|bias)$")  # fmt: skip
 SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
                          r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
@@ -412,6 +414,18 @@ def apply_recipe(
                 else:
                     one(f"{base}.{e}.down_proj.bias", w[e], "router_1d")
             out[name] = w
+        elif m and orientation == "transposed":  # Qwen3-VL-MoE as published, Llama-4
+            base, kind = m.groups()
+            parts = []
+            for e in range(w.shape[0]):
+                if kind == "gate_up_proj":  # [H, 2I]: gate = the first I columns, up = the last I (chunk(2, -1))
+                    half = w.shape[2] // 2
+                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(w[e][:, :half].T), role)
+                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(w[e][:, half:].T), role)
+                    parts.append(np.concatenate([g.T, u.T], axis=1))
+                else:  # [I, H]
+                    parts.append(one(f"{base}.{e}.down_proj.weight", np.ascontiguousarray(w[e].T), role).T)
+            out[name] = np.ascontiguousarray(np.stack(parts))
         elif m and orientation == "transposed-interleaved":
             base, kind = m.groups()
             parts = []

@@ -71,14 +71,18 @@ ROUTERS = (
 
 # docs/FORMATS.md §5 rows 1-2 for the current generation: towers keep their source values, every router
 # spelling and the small 2-D parameters stay F32.
-TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
-ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
+TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|multi_modal_projector|audio_tower|"
+                   r"audio)\.")  # fmt: skip
+ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate|feed_forward\.router)\."
+                       r"(weight|bias)$")  # fmt: skip
 SMALL_2D = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
                       r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
 SUFFIXLESS_LINEAR = ("sconv.weight_proj",)  # Inkling-2 dynamic-conv tap projection: a linear weight (rule 6)
 COPIED = {"<i8": "I64", "|u1": "U8"}  # numpy dtype -> safetensors dtype of row-0 tensors
-TRANSPOSED_STACKS = {"gpt_oss"}  # gate_up [E, H, 2I] (columns interleaved), down [E, I, H]
+# gate_up [E, H, 2I] (gpt-oss: columns interleaved; Qwen3-VL-MoE as published, Llama-4: gate = the first I
+# columns), down [E, I, H]
+TRANSPOSED_STACKS = {"gpt_oss", "qwen3_vl_moe", "llama4"}
 
 DTYPES = {
     "F32": np.dtype("<f4"),
@@ -150,7 +154,7 @@ TEXT_ROOTS = ("model.language_model.", "language_model.model.", "model.llm.", "m
 
 EMBEDS = ("embed_tokens.weight", "embed.weight")  # transformers; Inkling-2 native (model.llm.embed)
 HEADS = ("lm_head.weight", "head.weight", "model.llm.unembed.weight",  # + DeepSeek-V4, Inkling-2 native
-         "language_model.lm_head.weight")  # Kimi K3: every tensor under language_model.
+         "language_model.lm_head.weight")  # Llama-4 (language_model.model. wrappers), Kimi K3  # fmt: skip
 
 
 def embed_name(tensors: dict) -> str:

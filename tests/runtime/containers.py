@@ -66,9 +66,11 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
             a = np.asarray(a).astype(np.float32)
             if config["model_type"] == "gpt_oss" and ".experts." in name:
                 out.update(_gpt_oss_split(name, a))
+            elif config["model_type"] in COLUMN_SPLIT_STACKS and name.endswith(_STACKS):
+                out.update(_column_split(name, a))
             elif name.endswith(_INKLING_STACKS):
                 out.update(_inkling_split(name, a))
-            elif name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            elif name.endswith(_STACKS):
                 base = name.rsplit(".", 1)[0]
                 for e in range(a.shape[0]):
                     if name.endswith("gate_up_proj"):
@@ -166,6 +168,25 @@ def _inkling_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
             out[f"{base}.{e}.up_proj.weight"] = a[e, 1::2].copy()
         else:
             out[f"{base}.{e}.down_proj.weight"] = a[e]
+    return out
+
+
+_STACKS = (".experts.gate_up_proj", ".experts.down_proj")
+# Qwen3-VL-MoE as published and Llama-4: gate_up_proj [E, H, 2I] (x @ W, then chunk(2, dim=-1): gate = the first
+# I columns), down_proj [E, I, H]
+COLUMN_SPLIT_STACKS = ("qwen3_vl_moe", "llama4")
+
+
+def _column_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
+    base, leaf = name.rsplit(".", 1)
+    out = {}
+    for e in range(a.shape[0]):
+        if leaf == "gate_up_proj":
+            half = a.shape[2] // 2
+            out[f"{base}.{e}.gate_proj.weight"] = a[e][:, :half].T.copy()
+            out[f"{base}.{e}.up_proj.weight"] = a[e][:, half:].T.copy()
+        else:
+            out[f"{base}.{e}.down_proj.weight"] = a[e].T.copy()
     return out
 
 

@@ -36,6 +36,8 @@ def test_every_family_has_a_fixture():
         "glm5_next",
         "inkling_mm_model",
         "inkling2",
+        "qwen3_vl_moe",
+        "llama4",
     }
     # the DSA indexer's selection really runs (index_topk < the sequence) for both indexer RoPE layouts
     assert {"glm_moe_dsa_sparse", "deepseek_v32_sparse"} <= set(FIXTURES)
