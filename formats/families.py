@@ -292,6 +292,17 @@ GLM5_NEXT = Family("glm5_next", (mla_block, *_MOE), (kda_layers,))
 INKLING = Family("inkling", orientation=Orientation.ROWS_INTERLEAVED, native_names=True,
                  spelled_orientation=MappingProxyType({"gate_up_proj": Orientation.ROWS}))  # fmt: skip
 INKLING2 = Family("inkling2", orientation=Orientation.ROWS_INTERLEAVED, native_names=True)
+# DeepSeek-V4.1 Flash (colibri c/tools/make_dsv41_tiny.py, c/deepseek_v41.c; no transformers class): V4's native
+# attention / MoE names and geometry, the text model under ``text_config`` in colibri's short names with the
+# released long ones beside them (the long ones win); converted, not run
+DEEPSEEK_V41 = Family(
+    "deepseek_v41", (deepseek_v4_block,),
+    key_aliases=MappingProxyType({
+        "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+        "moe_inter_dim": "moe_intermediate_size", "n_activated_experts": "num_experts_per_tok",
+        "window_size": "sliding_window", "norm_eps": "rms_norm_eps",
+    }),
+)  # fmt: skip
 
 # The model types ``colitools run`` executes -> their family (the checkpoint's top-level type; text types of
 # multimodal wrappers listed too), in the order messages list them.
@@ -319,8 +330,8 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "inkling2_text": INKLING2,
 })  # fmt: skip
 RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
-# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
-_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING})
+# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``, DeepSeek-V4.1.
+_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING, "deepseek_v41": DEEPSEEK_V41})
 
 
 def family_of(model_type: str | None) -> Family | None:
