@@ -291,6 +291,8 @@ SMALL_PARAMS: dict[str, str] = {
     "dt_bias": "Gated DeltaNet / KDA: Qwen3.5/3-Next, Kimi-Linear, GLM-5.3-Flash",
     "A_log": "Gated DeltaNet / KDA decay (any rank; Kimi-Linear 4-D)",
     "global_scale": "NVFP4 global scales",
+    "q_weight": "DeepSeek-V4.1 engram.q_weight [hc_mult, H]: per-stream gate weights, F32 like hc_*",
+    "k_weight": "DeepSeek-V4.1 engram.k_weight [hc_mult, H]: per-stream gate weights, F32 like hc_*",
     "rel_pos": "relative-position tables (Inkling)",
     "rel_bias": "relative-position tables (Inkling)",
     "scale": "per-head L2-clip scales: Inkling-2 attn.q_l2_clip.scale / rel_l2_clip.scale [heads, d]",

@@ -37,7 +37,7 @@ E2M1_LEVELS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=F32)
 def config_text() -> dict:
     """The text model's keys (colibri's short names): toy shapes, every quantized dimension a multiple of 32."""
     return dict(
-        vocab_size=128, dim=64, moe_inter_dim=32, n_layers=4, n_heads=2, head_dim=64, rope_head_dim=16,
+        vocab_size=128, dim=64, moe_inter_dim=64, n_layers=4, n_heads=2, head_dim=64, rope_head_dim=16,
         q_lora_rank=64, o_lora_rank=32, o_groups=2, norm_eps=1e-6, n_routed_experts=4, n_shared_experts=1,
         n_activated_experts=2, score_func="sqrtsoftplus", route_scale=1.5, swiglu_limit=10.0, window_size=8,
         compress_ratios=[0, 2, 1, 0], kv_source_layers=[1, 2], index_source_layers=[1, 2],
