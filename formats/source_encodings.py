@@ -564,6 +564,7 @@ class Ue8m0Fp4(SourceEncoding):
 
     kind = "fp4-ue8m0"
     label = "FP4 UE8M0"
+    declared_by = (("fp8", None),)  # (DeepSeek-V4.1: quant_method fp8 with expert_dtype fp4; no scheme)
     parts = (
         Part("data", ".weight", ("I8",), "[O, I/2]"),
         Part("scale", ".scale", ("U8", "F8_E8M0"), "[O, I/32]"),

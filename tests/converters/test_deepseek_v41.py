@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -209,3 +210,22 @@ def test_a_scale_that_fits_no_grid_is_refused_naming_both(source, tmp_path):
     (bad / "config.json").write_text(json.dumps(tiny.config()))
     with pytest.raises(FormatError, match=r"layers\.0\.attn\.wkv\.scale.*layers\.0\.attn\.wkv\.weight"):
         convert(str(bad), tmp_path / "out", ConvertOptions(progress=False, dry_run=True))
+
+
+def test_an_fp4_scale_that_does_not_fit_is_one_line_exit_1(source, tmp_path):
+    """Through the command line: ``colitools: error:`` in one line naming both tensors, exit 1, nothing written."""
+    _, tensors = source
+    broken = dict(tensors)
+    e = "layers.0.ffn.experts.1.w3"
+    broken[e + ".scale"] = tensors[e + ".scale"][:, :1]
+    (tmp_path / "src").mkdir()
+    write_safetensors(tmp_path / "src" / "model.safetensors", broken)
+    (tmp_path / "src" / "config.json").write_text(json.dumps(tiny.config()))
+    argv = [sys.executable, "-m", "colitools", "convert", str(tmp_path / "src"), str(tmp_path / "out")]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"colitools: error: tensor {e}.scale: E8M0 scale [64, 1] does not fit FP4 weight {e}.weight [64, 32] "
+        "(expected [O, I/32] for I8 pairs [O, I/2], I a multiple of 32)"
+    ]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.safetensors"))
