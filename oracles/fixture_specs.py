@@ -995,22 +995,26 @@ FIXTURES.append(
 )
 
 
-def _target_copy(base: str, name: str, seed: int, what: str) -> Fixture:
+def _target_copy(base: str, name: str, seed: int, what: str, **config: object) -> Fixture:
     """A copy of fixture ``base`` (same family, config and storage) at its own seed, for the ``target-NAME``
     recipe ``base`` leaves out (its ``margin_failed``): seeds searched so every recipe, the target's included,
-    passes the margin checks. ``base`` itself is not re-seeded (its references stay byte-identical)."""
+    passes the margin checks. ``base`` itself is not re-seeded (its references stay byte-identical). ``config``:
+    keys the target's engine needs otherwise (said in the description)."""
     fx = next(f for f in FIXTURES if f.name == base)
+    changed = "".join(f", {k} {v}" for k, v in config.items())
     return replace(
         fx,
         name=name,
-        description=f"{fx.description}. A copy of the {base} fixture at another seed, for the {what} recipe "
-        f"({base}'s seed fails its margin checks)",
+        description=f"{fx.description}. A copy of the {base} fixture at another seed{changed}, for the {what} "
+        f"recipe ({base}'s seed fails its margin checks)",
+        config={**fx.config, **config},
         seed=seed,
         margin_failed={},
     )
 
 
 FIXTURES += [
-    _target_copy("olmoe", "olmoe_target", 1100, "target-olmoe"),
+    # c/olmoe.c multiplies k_proj / v_proj as [hidden, hidden]: --target olmoe refuses grouped-query configs
+    _target_copy("olmoe", "olmoe_target", 1100, "target-olmoe", num_key_value_heads=4),
     _target_copy("glm5_next", "glm5_next_target", 17100, "target-glm53"),
 ]
