@@ -205,6 +205,18 @@ class Orientation(StrEnum):
     )
     TRANSPOSED_INTERLEAVED = "transposed-interleaved"  # gate_up [E, H, 2I] gate / up columns interleaved,
     # down [E, I, H] (gpt-oss float stacks)
+    TRANSPOSED = "transposed"  # gate_up [E, H, 2I] gate = the first I columns, up = the last I (transformers'
+    # ``chunk(2, dim=-1)``), down [E, I, H] (Qwen3-VL-MoE as published, Llama-4)
+
+    @property
+    def transposed(self) -> bool:
+        """Stacks hold an expert's projections as ``[in, out]`` (``gate_up [E, H, 2I]``, ``down [E, I, H]``)."""
+        return self in (Orientation.TRANSPOSED_INTERLEAVED, Orientation.TRANSPOSED)
+
+    @property
+    def interleaved(self) -> bool:
+        """Gate and up alternate (rows or columns ``0, 2, ...`` / ``1, 3, ...``) instead of gate first."""
+        return self in (Orientation.ROWS_INTERLEAVED, Orientation.TRANSPOSED_INTERLEAVED)
 
 
 # MXFP4 source spellings (gpt-oss, docs/FORMATS.md §5): ``<base>_blocks`` U8 ``[..., O, I/32, 16]`` and
@@ -219,6 +231,7 @@ MOE_BLOCKS = frozenset({
     "mlp",  # Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE, gpt-oss, Qwen3.5/3-Next, GLM-5.3-Flash
     "block_sparse_moe",  # Mixtral, Kimi-Linear
     "ffn",  # DeepSeek-V4 native names (ffn.experts.{E}.w1, ffn.gate.weight)
+    "feed_forward",  # Llama-4 (feed_forward.experts.gate_up_proj, feed_forward.router.weight)
 })  # fmt: skip
 SHARED_EXPERT_MODULES = frozenset({
     "shared_experts",  # DeepSeek-V3, GLM-4 MoE
@@ -228,7 +241,8 @@ SHARED_EXPERT_MODULES = frozenset({
 MODULE_ALIASES: dict[str, str] = {
     "block_sparse_moe": "mlp",  # Mixtral (its router block_sparse_moe.gate too)
     "shared_expert": "shared_experts",  # Qwen2-MoE
-    "router": "gate",  # gpt-oss (mlp.router.weight / mlp.router.bias)
+    "router": "gate",  # gpt-oss (mlp.router.weight / mlp.router.bias), Llama-4 (feed_forward.router.weight)
+    "feed_forward": "mlp",  # Llama-4 (its shared expert feed_forward.shared_expert, dense feed_forward.gate_proj)
 }
 
 # Routers and routing parameters, matched as the last components of a name.
@@ -242,11 +256,17 @@ ROUTERS: dict[str, str] = {
     "mlp.router.bias": "gpt-oss (router bias)",
     "ffn.gate.weight": "DeepSeek-V4 native names",
     "ffn.gate.bias": "DeepSeek-V4 (score bias)",
+    "feed_forward.router.weight": "Llama-4 (sigmoid of its top-1 logit scales the expert's input)",
 }
 EMBEDDINGS = frozenset({
     "embed_tokens",  # transformers (every family)
     "embed",  # DeepSeek-V4 native names (embed.weight)
 })  # fmt: skip
+# Modules whose ``embed`` / ``head`` leaves are tables of their own, not the model's token embedding / head: weights
+OWN_TABLE_MODULES = (
+    "engram",  # DeepSeek-V4.1 ``layers.{L}.engram.embed``: an n-gram hash table [rows, engram_head_dim]
+    "markov_head",  # DeepSeek-V4.1 DSpark ``mtp.{S}.markov_head.embed`` / ``.head`` [vocab, dspark_markov_rank]
+)
 HEADS = frozenset({
     "lm_head",  # transformers (every family)
     "head",  # DeepSeek-V4 (head.weight)
@@ -268,6 +288,8 @@ TOWER_MODULES: dict[str, str] = {
     "multi_modal_projector": "LLaVA-style projectors",
     "vision_projector": "vision projectors",
     "audio_projector": "audio projectors",
+    "vision": "DeepSeek-V4.1 Flash vision tower (vision.patch_embed, vision.blocks.N)",
+    "aligner": "DeepSeek-V4.1 Flash vision aligner into the text width (aligner.w1 / w2)",
 }
 MTP_MODULES = frozenset({"mtp"})  # DeepSeek-V4 / GLM-5 native ``mtp.{k}.*`` next-token-prediction modules
 
@@ -284,6 +306,8 @@ SMALL_PARAMS: dict[str, str] = {
     "dt_bias": "Gated DeltaNet / KDA: Qwen3.5/3-Next, Kimi-Linear, GLM-5.3-Flash",
     "A_log": "Gated DeltaNet / KDA decay (any rank; Kimi-Linear 4-D)",
     "global_scale": "NVFP4 global scales",
+    "q_weight": "DeepSeek-V4.1 engram.q_weight [hc_mult, H]: per-stream gate weights, F32 like hc_*",
+    "k_weight": "DeepSeek-V4.1 engram.k_weight [hc_mult, H]: per-stream gate weights, F32 like hc_*",
     "rel_pos": "relative-position tables (Inkling)",
     "rel_bias": "relative-position tables (Inkling)",
     "scale": "per-head L2-clip scales: Inkling-2 attn.q_l2_clip.scale / rel_l2_clip.scale [heads, d]",
@@ -467,9 +491,10 @@ def _role(
 ) -> TensorRole:
     if any(len(parts) >= len(r) and tuple(parts[-len(r) :]) == r for r in _ROUTER_PARTS):
         return TensorRole.ROUTER
-    if leaf in EMBEDDINGS:
+    own_table = module.endswith(OWN_TABLE_MODULES)  # an engram / Markov table is not the model's embed / head
+    if leaf in EMBEDDINGS and not own_table:
         return TensorRole.EMBED
-    if leaf in HEADS:
+    if leaf in HEADS and not own_table:
         return TensorRole.HEAD
     if expert is not None:
         return TensorRole.EXPERT
