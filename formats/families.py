@@ -287,6 +287,38 @@ def ple_table_layers(text: Mapping[str, Any]) -> dict[int, RoleShapes]:
     return out
 
 
+def gated_mla_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """:func:`mla_block` with Kimi K3's full-rank sigmoid output gate ``self_attn.g_proj [heads*v_head, H]``."""
+    out = mla_block(text, experts)
+    heads, v_head = text.get("num_attention_heads"), text.get("v_head_dim")
+    if out and heads and v_head:
+        out[("self_attn", "g_proj")] = (heads * v_head, text["hidden_size"])
+    return out
+
+
+def latent_moe_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """Kimi K3's LatentMoE: ``mlp.routed_expert_down_proj [latent, H]`` into the routed experts' width
+    ``routed_expert_hidden_size`` and ``mlp.routed_expert_up_proj [H, latent]`` back."""
+    hidden, latent = text["hidden_size"], text.get("routed_expert_hidden_size")
+    if not latent:
+        return {}
+    return {
+        ("mlp", "routed_expert_down_proj"): (latent, hidden),
+        ("mlp", "routed_expert_up_proj"): (hidden, latent),
+    }
+
+
+def k3_kda_layers(text: Mapping[str, Any]) -> dict[int, RoleShapes]:
+    """:func:`kda_layers` with Kimi K3's full-rank output gate ``self_attn.g_proj [C, H]`` in place of the
+    ``g_a_proj`` / ``g_b_proj`` pair (``c/kimi_k3.c`` ``model_init``)."""
+    out: dict[int, RoleShapes] = {}
+    for i, shapes in kda_layers(text).items():
+        roles = {r: dims for r, dims in shapes.items() if r[1] not in ("g_a_proj", "g_b_proj")}
+        roles[("self_attn", "g_proj")] = shapes[("self_attn", "q_proj")]
+        out[i] = roles
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ families
 @dataclass(frozen=True)
 class Family:
@@ -307,6 +339,9 @@ class Family:
     # its spelling -> the common key; and keys nested in a section of the config: section -> {key: common key}
     key_aliases: Mapping[str, str] = field(default_factory=dict)
     nested_key_aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # the layer type of a layer a nested section's 1-based layer lists leave out (Kimi K3 lists only its
+    # ``kda_layers``: the others are MLA); None: both lists must be given (Kimi-Linear, as transformers reads it)
+    unlisted_layer_type: str | None = None
     gated_attention: bool = False  # full attention's q_proj is [query | gate] per head (Qwen3-Next, Qwen3.5)
     native_names: bool = False  # weights keep their own names and shapes (Inkling): no geometry claimed
 
@@ -374,6 +409,17 @@ KIMI_LINEAR = Family(
     }),
 )  # fmt: skip
 GLM5_NEXT = Family("glm5_next", (mla_block, *_MOE), (kda_layers,))
+# Kimi K3 (c/kimi_k3.c load_cfg, c/tools/k3_ref.py; no transformers model): Kimi-Linear's spellings, the KDA
+# geometry and gate lower bound in linear_attn_config, MLA and KDA with full-rank g_proj gates, LatentMoE
+KIMI_K3 = Family(
+    "kimi_k3", (gated_mla_block, *_MOE, latent_moe_block), (k3_kda_layers,),
+    key_aliases=KIMI_LINEAR.key_aliases,
+    nested_key_aliases=MappingProxyType({
+        "linear_attn_config": {**KIMI_LINEAR.nested_key_aliases["linear_attn_config"],
+                               "gate_lower_bound": "linear_lower_bound"},
+    }),
+    unlisted_layer_type="full_attention",
+)  # fmt: skip
 # Inkling: native names (attn.wq_du, a router with extra rows for the shared experts, per-expert shared stacks);
 # its native w13_weight interleaves gate / up rows, its text gate_up_proj (transformers' conversion_mapping.py
 # Interleave op, c/tools/convert_inkling_int4.py deinterleave, --target inkling) holds the gate rows first
@@ -391,6 +437,17 @@ QWEN3_VL_MOE = Family("qwen3_vl_moe", (gqa_block, *_MOE), orientation=Orientatio
                       saved_orientation=Orientation.ROWS)  # fmt: skip
 # Llama-4 (Scout, Maverick): Llama4TextExperts holds and saves gate_up_proj [E, H, 2I] (bmm, chunk(2, dim=-1))
 LLAMA4 = Family("llama4", (gqa_block, llama4_ffn_block), orientation=Orientation.TRANSPOSED)
+# DeepSeek-V4.1 Flash (colibri c/tools/make_dsv41_tiny.py, c/deepseek_v41.c; no transformers class): V4's native
+# attention / MoE names and geometry, the text model under ``text_config`` in colibri's short names with the
+# released long ones beside them (the long ones win); converted, not run
+DEEPSEEK_V41 = Family(
+    "deepseek_v41", (deepseek_v4_block,),
+    key_aliases=MappingProxyType({
+        "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+        "moe_inter_dim": "moe_intermediate_size", "n_activated_experts": "num_experts_per_tok",
+        "window_size": "sliding_window", "norm_eps": "rms_norm_eps",
+    }),
+)  # fmt: skip
 
 # The model types ``colitools run`` executes -> their family (the checkpoint's top-level type; text types of
 # multimodal wrappers listed too), in the order messages list them.
@@ -410,6 +467,7 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "gpt_oss": GPT_OSS,
     "deepseek_v4": DEEPSEEK_V4,
     "kimi_linear": KIMI_LINEAR,
+    "kimi_k3": KIMI_K3,
     "glm5_next": GLM5_NEXT,
     "glm5_next_text": GLM5_NEXT,
     "inkling_mm_model": INKLING,
@@ -424,8 +482,8 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "llama4_text": LLAMA4,
 })  # fmt: skip
 RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
-# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
-_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING})
+# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``, DeepSeek-V4.1.
+_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING, "deepseek_v41": DEEPSEEK_V41})
 
 
 def family_of(model_type: str | None) -> Family | None:

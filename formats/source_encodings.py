@@ -309,6 +309,65 @@ class Mxfp4Blocks(SourceEncoding):
         return _decoders(fast).decode_mxfp4_blocks(blocks, scales)
 
 
+class Mxfp4PackQuantized(SourceEncoding):
+    """compressed-tensors ``mxfp4-pack-quantized`` (Kimi K3's routed experts): ``<base>.weight_packed`` U8
+    ``[O, I/2]`` (E2M1, low nibble = even element) + ``<base>.weight_scale`` U8 E8M0 ``[O, I/32]``;
+    ``e2m1(nib) * 2^(e - 127)``. These are the registered mxfp4 format's own tensors, byte for byte (same
+    suffixes, dtypes, shapes and nibble order): ``native`` keeps them unchanged. Defined before
+    :class:`PackQuantizedInt4`, which claims every other ``.weight_packed``."""
+
+    kind = "mxfp4-pack"
+    label = "MXFP4"
+    declared_by = (("compressed-tensors", None),)
+    parts = (
+        Part("data", ".weight_packed", ("U8",), "[O, I/2]"),
+        Part("scale", ".weight_scale", ("U8",), "[O, I/32]"),
+    )
+    group = ref.MXFP4_BLOCK
+
+    @classmethod
+    def scheme(cls, qc, config):
+        return _ct_scheme(qc, MXFP4_PACK_QUANTIZED)
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        h, base = tensors[name], name[: -len(data.suffix)]
+        sname = base + scale.suffix
+        if not name.endswith(data.suffix) or h.dtype not in data.dtypes or sname not in tensors:
+            return None
+        s, shape = tensors[sname], tuple(h.shape)
+        if len(shape) != 2 or s.dtype not in scale.dtypes:
+            return None  # an INT4 weight_packed of another dtype: PackQuantizedInt4 refuses it
+        O, I = shape[0], shape[1] * 2
+        if I % cls.group:
+            raise FormatError(
+                f"tensor {name}: MXFP4 weight {list(shape)} holds I = {I}, not a multiple of 32"
+            )
+        if tuple(s.shape) != (O, I // cls.group):
+            raise FormatError(
+                f"tensor {sname}: MXFP4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
+                f"(expected U8 [{O}, {I // cls.group}])"
+            )
+        return Paired(cls, base + ".weight", (O, I), (("data", name), ("scale", sname)), cls.group)
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        return NativeForm("mxfp4", copies=True)
+
+    @classmethod
+    def keep(cls, parts, O, I, gs, *, name):
+        scale = np.ascontiguousarray(parts["scale"], dtype=np.uint8).reshape(O, I // 32)
+        if (scale == 0xFF).any():
+            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an MXFP4 source; cannot keep it")
+        return np.ascontiguousarray(parts["data"], dtype=np.uint8).reshape(O, I // 2), scale
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        blocks = np.ascontiguousarray(parts["data"], dtype=np.uint8).reshape(O, I // 32, 16)  # the same bytes
+        return _decoders(fast).decode_mxfp4_blocks(blocks, parts["scale"].reshape(O, I // 32))
+
+
 class PackQuantizedInt4(SourceEncoding):
     """compressed-tensors ``pack-quantized`` INT4 (Kimi-K2-Thinking's experts): ``<base>.weight_packed`` I32
     ``[O, I/8]`` (eight ``q + 8`` nibbles per int32, lowest bits first), ``.weight_scale`` ``[O, I/g]``,
@@ -331,7 +390,7 @@ class PackQuantizedInt4(SourceEncoding):
 
     @classmethod
     def scheme(cls, qc, config):
-        return _int4_scheme(qc)
+        return _ct_scheme(qc, PACK_QUANTIZED)
 
     @classmethod
     def pair(cls, name, tensors, scheme):
@@ -507,6 +566,102 @@ class Mxfp8(SourceEncoding):
         return _decoders(fast).decode_mxfp8(parts["data"].reshape(O, I), scale, I)
 
 
+class Ue8m0Fp8(SourceEncoding):
+    """DeepSeek-V4.1 Flash's FP8 (colibri ``c/tools/dsv41_ref.py`` ``fp8_quant_blocked`` / ``fp8_quant_rowgroups``):
+    ``<b>.weight`` F8_E4M3 ``[O, I]`` + ``<b>.scale`` F8_E8M0 (or U8) holding one exponent byte per tile,
+    ``w = e4m3(q) * 2^(e - 127)``. Two grids, told apart by the scale's rows: square ``weight_block_size`` tiles
+    ``[ceil(O/b), ceil(I/b)]`` (the dense projections, b = 32) or row groups of 32 ``[O, ceil(I/32)]`` (the
+    engram tables). Fp8Block's math with power-of-two scales, under other names and dtypes: recognised by the
+    tensor pair. No format holds 32x32 tiles exactly (fp8-e4m3-e8m0's are 128x128): decoded."""
+
+    kind = "fp8-ue8m0"
+    label = "FP8 UE8M0"
+    declared_by = (("fp8", None),)
+    parts = (
+        Part("data", ".weight", ("F8_E4M3",), "[O, I]"),
+        Part("scale", ".scale", ("U8", "F8_E8M0"), "[ceil(O/b), ceil(I/b)] or [O, ceil(I/32)]"),
+    )
+    ROW_GROUP = 32
+
+    @classmethod
+    def scheme(cls, qc, config):
+        """The square tile side ``b`` when ``scale_fmt: ue8m0`` declares E8M0 tiles (None otherwise)."""
+        block = model_config.fp8_block_size(config)
+        if qc.get("scale_fmt") != "ue8m0" or block is None or block[0] != block[1]:
+            return None
+        return Fp8Scheme(block)
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        sname = name[: -len(data.suffix)] + scale.suffix
+        if sname not in tensors or tensors[sname].dtype not in scale.dtypes or len(tensors[name].shape) != 2:
+            return None
+        (O, I), got = tuple(tensors[name].shape), tuple(tensors[sname].shape)
+        b = (scheme or Fp8Scheme()).block[0]
+        if got == (-(-O // b), -(-I // b)):
+            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), b, False)
+        if got == (O, -(-I // cls.ROW_GROUP)):
+            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), cls.ROW_GROUP, False)
+        raise FormatError(
+            f"tensor {sname}: E8M0 scale {list(got)} does not fit FP8 weight {name} [{O}, {I}] (expected "
+            f"[{-(-O // b)}, {-(-I // b)}] for {b}x{b} tiles or [{O}, {-(-I // cls.ROW_GROUP)}] for row groups)"
+        )
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        e = np.asarray(parts["scale"]).view(np.uint8)
+        rows = 1 if e.shape[0] == O else group  # row groups have one scale row per weight row
+        s = np.ldexp(np.float32(1), e.astype(np.int32) - 127).astype(np.float32)
+        return _decoders(fast).dequant_fp8_block(parts["data"].reshape(O, I), s, (rows, group))
+
+
+class Ue8m0Fp4(SourceEncoding):
+    """DeepSeek-V4(.1)'s FP4 routed experts (colibri ``dsv41_ref.py`` ``fp4_quant_rowgroups``): ``<b>.weight`` I8
+    ``[O, I/2]`` e2m1 pairs (low nibble = even input, bit 3 the sign) + ``<b>.scale`` F8_E8M0 (or U8) ``[O, I/32]``;
+    ``e2m1(nib) * 2^(e - 127)``: mxfp4's own codes and scales, byte for byte (``native`` keeps them)."""
+
+    kind = "fp4-ue8m0"
+    label = "FP4 UE8M0"
+    declared_by = (("fp8", None),)  # (DeepSeek-V4.1: quant_method fp8 with expert_dtype fp4; no scheme)
+    parts = (
+        Part("data", ".weight", ("I8",), "[O, I/2]"),
+        Part("scale", ".scale", ("U8", "F8_E8M0"), "[O, I/32]"),
+    )
+    group = ref.MXFP4_BLOCK
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        sname = name[: -len(data.suffix)] + scale.suffix
+        if sname not in tensors or tensors[sname].dtype not in scale.dtypes:
+            return None
+        shape, got = tuple(tensors[name].shape), tuple(tensors[sname].shape)
+        if len(shape) != 2 or (2 * shape[1]) % cls.group or got != (shape[0], 2 * shape[1] // cls.group):
+            raise FormatError(
+                f"tensor {sname}: E8M0 scale {list(got)} does not fit FP4 weight {name} {list(shape)} "
+                f"(expected [O, I/32] for I8 pairs [O, I/2], I a multiple of 32)"
+            )
+        return Paired(cls, name, (shape[0], 2 * shape[1]), (("data", name), ("scale", sname)), cls.group)
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        return NativeForm("mxfp4", copies=True)
+
+    @classmethod
+    def keep(cls, parts, O, I, gs, *, name):
+        scale = np.ascontiguousarray(parts["scale"]).view(np.uint8).reshape(O, I // cls.group)
+        if (scale == 0xFF).any():
+            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an FP4 source; cannot keep it")
+        return np.ascontiguousarray(parts["data"]).view(np.uint8).reshape(O, I // 2), scale
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        blocks = np.ascontiguousarray(parts["data"]).view(np.uint8).reshape(O, I // 32, 16)
+        scales = np.ascontiguousarray(parts["scale"]).view(np.uint8).reshape(O, I // 32)
+        return _decoders(fast).decode_mxfp4_blocks(blocks, scales)
+
+
 FP8_BLOCK = Fp8Block
 PAIRED: tuple[type[SourceEncoding], ...] = tuple(e for e in ENCODINGS.values() if e.paired)
 
@@ -550,8 +705,13 @@ def read_quant_config(config: Mapping[str, Any]) -> QuantScheme:
     return QuantScheme(method, tuple((k, s) for k, s in schemes if s is not None))
 
 
-def _int4_scheme(qc: Mapping[str, Any]) -> Int4Scheme:
-    """The INT4 weight scheme of a compressed-tensors config (one ``config_groups`` scheme for its weights)."""
+PACK_QUANTIZED, MXFP4_PACK_QUANTIZED = "pack-quantized", "mxfp4-pack-quantized"  # compressed-tensors formats
+
+
+def _ct_weights(qc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(format, weights)`` of every ``config_groups`` scheme of a compressed-tensors config that quantizes
+    weights (a group's own ``format``, else the top level's, else pack-quantized); ConfigError for a malformed
+    group or a format no encoding reads."""
     fmt = qc.get("format")
     groups = qc.get("config_groups") or {}
     if not isinstance(groups, Mapping):
@@ -565,16 +725,33 @@ def _int4_scheme(qc: Mapping[str, Any]) -> Int4Scheme:
                 f"config.json: quantization_config.config_groups.{key}.weights is a "
                 f"{type(g['weights']).__name__}, expected an object"
             )
+    known = {PACK_QUANTIZED, MXFP4_PACK_QUANTIZED}
     formats = {fmt, *(g.get("format") for g in schemes)} - {None}
-    if formats - {"pack-quantized"}:
+    if formats - known:
         raise ConfigError(
             "config.json: quantization_config.format "
-            f"{sorted(formats - {'pack-quantized'}, key=str)[0]!r} of quant_method 'compressed-tensors' is not "
-            "supported (only 'pack-quantized')"
+            f"{sorted(formats - known, key=str)[0]!r} of quant_method 'compressed-tensors' is not "
+            f"supported (only {PACK_QUANTIZED!r}, {MXFP4_PACK_QUANTIZED!r})"
         )
-    if not schemes:
+    return [(g.get("format") or fmt or PACK_QUANTIZED, g["weights"]) for g in schemes]
+
+
+def _ct_scheme(qc: Mapping[str, Any], fmt: str) -> Int4Scheme | None:
+    """The weight scheme of format ``fmt`` in a compressed-tensors config: pack-quantized INT4 (one scheme for its
+    weights: group size, symmetry, act order), or mxfp4-pack-quantized (checked: 4-bit float, groups of 32;
+    it has no scheme of its own: None)."""
+    weights = [w for f, w in _ct_weights(qc) if f == fmt]
+    if fmt == MXFP4_PACK_QUANTIZED:
+        for w in weights:
+            if (w.get("num_bits"), w.get("type"), w.get("group_size")) != (4, "float", 32):
+                raise ConfigError(
+                    f"config.json: compressed-tensors {MXFP4_PACK_QUANTIZED} weights with num_bits "
+                    f"{w.get('num_bits')!r} type {w.get('type')!r} group_size {w.get('group_size')!r} are not "
+                    "supported (only 4-bit float in groups of 32)"
+                )
+        return None
+    if not weights:
         return Int4Scheme()
-    weights = [g["weights"] for g in schemes]
     for w in weights:
         if w.get("num_bits") != 4 or w.get("type", "int") != "int":
             raise ConfigError(

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
+from colitools.formats import names, targets
 from colitools.formats import registry as reg
-from colitools.formats import targets
 
 FP8_BLOCK = 128
 FP8_MAX = 448.0
@@ -351,7 +351,8 @@ def apply_recipe(
     ``decoded``: natively quantized tensors no format holds exactly, name -> kind (``NVFP4``, ``MXFP8``): under
     ``native`` they get the default on their decoded values, listed as fallbacks (reason ``decoded: <kind>
     source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5). ``bf16_stored``: the source
-    tensors stored BF16; a tower among them keeps that dtype (rule 1) and is labelled ``bf16``."""
+    tensors stored BF16; a tower among them keeps that dtype (rule 1) and is labelled ``bf16``, as is one of a
+    target's ``source_float_leaves`` the recipe would quantize (kept in the source's dtype, its values)."""
     decoded = decoded or {}
     if not isinstance(native, Mapping):
         native = dict.fromkeys(native, "mxfp4")
@@ -373,6 +374,10 @@ def apply_recipe(
             if dropped(name, role):  # left out by the converter: the model still needs a value, no format
                 return w
             option = target.float_dtype(target.out_name(name)) or option
+            kept_float = names.parse_name(name).leaf in target.source_float_leaves
+            if kept_float and w.ndim == 2 and option not in ("f32", "bf16"):  # Target.rewrite's keep_float
+                formats[name] = "bf16" if name in bf16_stored else "f32"
+                return w
         if option == "bf16":  # BF16 storage: float32 -> bfloat16 round to nearest even -> float32
             formats[name] = "bf16"
             return w.astype(ml_dtypes.bfloat16).astype(np.float32)

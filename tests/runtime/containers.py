@@ -44,7 +44,10 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
             if name.endswith(("experts.gate_up_proj_blocks", "experts.down_proj_blocks")):  # native MXFP4
                 name = name[: -len("_blocks")]
                 a = dequant_mxfp4_stack(a, f.read(name + "_scales"))
-            if name.endswith(".weight_packed"):  # INT4 compressed-tensors pack-quantized
+            if name.endswith(".weight_packed") and info.dtype == "U8":  # compressed-tensors mxfp4-pack-quantized
+                base = name[: -len("_packed")]
+                a, name = dequant_mxfp4_rows(a, f.read(base + "_scale")), base
+            elif name.endswith(".weight_packed"):  # INT4 compressed-tensors pack-quantized
                 base = name[: -len("_packed")]
                 a = dequant_pack_quantized(
                     a, f.read(base + "_scale"), [int(x) for x in f.read(base + "_shape")]
@@ -124,6 +127,16 @@ def dequant_mxfp8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 # transformers 5.24 integrations/mxfp4.py FP4_VALUES (E2M1, index = nibble)
 FP4_VALUES = [+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def dequant_mxfp4_rows(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """compressed-tensors mxfp4-pack-quantized (Kimi K3): E2M1 ``[O, I/2]`` (low nibble = even element) times
+    ``2^(e - 127)`` per 32 inputs."""
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    packed = np.asarray(packed, dtype=np.uint8)
+    v = np.empty((packed.shape[0], 2 * packed.shape[1]), np.float32)
+    v[:, 0::2], v[:, 1::2] = lut[packed & 0x0F], lut[packed >> 4]
+    return np.ldexp(v, np.repeat(np.asarray(scales).astype(np.int32) - 127, 32, axis=1)).astype(np.float32)
 
 
 def dequant_mxfp4_stack(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
