@@ -165,7 +165,8 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
         fallbacks=[f.as_dict() for f in plan.fallbacks], warnings=run_warnings(plan),
         dropped_towers=list(plan.dropped),
     )  # fmt: skip
-    if options.dry_run:  # what this run would read and write: the pending units' figures, as a real run counts
+    if options.dry_run:
+        # what this run would read and write: the pending units' figures, as a real run counts them
         summary.bytes_in, summary.bytes_out = remaining.in_bytes, remaining.out_bytes
         summary.plan = plan.summary(transient, kept, options.workers)
         summary.plan["peak_disk_bytes"] = summary.peak_disk_bytes
