@@ -104,12 +104,17 @@ class ExpertName:
     expert: int
     proj: str
     projection: str | None = None
+    bias: str | None = None  # the projection of a per-expert bias (``...experts.{E}.gate_proj.bias``)
 
     @property
-    def order(self) -> tuple[int, str]:
-        """Sort key inside one expert: gate, up, down first (pairs layout, §4), anything else after, by name."""
-        rank = PROJECTION_ORDER.index(self.projection) if self.projection else len(PROJECTION_ORDER)
-        return (rank, self.proj)
+    def order(self) -> tuple[int, int, str]:
+        """Sort key inside one expert (pairs layout, §4): its weights gate, up, down, then its biases gate, up,
+        down (written after the scales, ``expert_layouts.Grouped.trailing``), anything else after, by name."""
+        if self.projection:
+            return (0, PROJECTION_ORDER.index(self.projection), self.proj)
+        if self.bias:
+            return (1, PROJECTION_ORDER.index(self.bias), self.proj)
+        return (2, 0, self.proj)
 
     @property
     def is_down(self) -> bool:
@@ -122,7 +127,8 @@ def expert_of(name: str) -> ExpertName | None:
     if parsed.expert is None:
         return None
     projection = parsed.projection if parsed.suffix == "weight" else None
-    return ExpertName(parsed.expert_base, parsed.expert, parsed.expert_tensor, projection)
+    bias = parsed.projection if parsed.suffix == "bias" and parsed.projection in PROJECTION_ORDER else None
+    return ExpertName(parsed.expert_base, parsed.expert, parsed.expert_tensor, projection, bias)
 
 
 @dataclass(frozen=True)
