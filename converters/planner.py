@@ -219,6 +219,7 @@ class ConversionPlan:
     inventory: Inventory
     fallbacks: list[rc.Fallback] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # tower tensors left out (--towers drop)
+    experts_choice: object = None  # recipe.ExpertsChoice: how `experts` was chosen (runner.load_plan)
 
     @property
     def files(self) -> list[OutputFile]:

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
 from colitools.errors import ConvertError, FormatError, ParameterError
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
@@ -591,3 +593,78 @@ def _reason(exc: FormatError) -> str:
     error of the registry's and resolver's writer checks) gives its ``detail``, the message without the
     leading ``tensor <name>:`` and the writer advice; anything else its whole message."""
     return exc.detail if exc.reason is not None and exc.detail is not None else str(exc)
+
+
+# ------------------------------------------------------------------------- experts of a natively quantized source
+@dataclass(frozen=True)
+class ExpertsChoice:
+    """How a conversion's ``experts`` option was chosen (the summary and the manifest's ``experts_choice``).
+
+    ``option``: the value used; ``by``: ``given`` (the caller's ``experts`` or ``group_size``), ``target`` (its
+    loader's default), ``native`` (the default for a source whose routed experts a registered format holds
+    exactly, §6 ``native``) or ``default``; ``sources``: the routed experts' natively quantized encodings (their
+    labels), empty for a float or FP8 source; ``kept``: the formats that hold them exactly (``mxfp4``,
+    ``int4-g32``), empty when none does."""
+
+    option: str
+    by: str
+    sources: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"experts": self.option, "by": self.by, "sources": list(self.sources), "kept": list(self.kept)}
+
+    @property
+    def line(self) -> str | None:
+        """One line for the human summary; None for a source without natively quantized routed experts."""
+        if not self.sources:
+            return None
+        src = f"{'/'.join(self.sources)} routed experts"
+        why = {
+            "given": "as given",
+            "target": "the target's default",
+            "native": f"the default for {src}: kept byte for byte as {'/'.join(self.kept)}",
+            "default": "the default",
+        }[self.by]
+        return f"experts: {self.option} ({why})"
+
+
+NativeExperts = Iterable[tuple[type[SourceEncoding], source_encodings.NativeForm]]
+
+
+def choose_experts(recipe: Recipe, *, given: bool, natives: NativeExperts) -> tuple[Recipe, ExpertsChoice]:
+    """The recipe with its ``experts`` default chosen for this source: ``native`` when the caller chose no
+    ``experts`` (nor ``group_size``), the target has no default of its own and reads ``native``, and a registered
+    format holds some routed expert's source encoding exactly (``natives``: each natively quantized routed
+    expert's encoding and ``native_form``); otherwise the recipe as it is. ``native`` decodes what no format holds
+    into the default (int4-g64) as before, so it never writes less than the default would."""
+    natives = list(natives)
+    sources = tuple(dict.fromkeys(enc.label for enc, _ in natives))
+    kept = tuple(dict.fromkeys(f.option for _, f in natives if f.copies and f.fallback is None and f.option))
+    target = recipe.target
+    if given:
+        return recipe, ExpertsChoice(recipe.experts, "given", sources, kept)
+    if target.default("experts") is not None:
+        return recipe, ExpertsChoice(recipe.experts, "target", sources, kept)
+    allowed = target.allowed("experts")
+    if kept and (allowed is None or NATIVE_OPTION in allowed):
+        return replace(recipe, experts=NATIVE_OPTION), ExpertsChoice(NATIVE_OPTION, "native", sources, kept)
+    return recipe, ExpertsChoice(recipe.experts, "default", sources, kept)
+
+
+def requantized_warning(choice: ExpertsChoice, requantized: Mapping[str, tuple[int, str]]) -> str | None:
+    """The warning for natively quantized routed experts decoded and quantized a second time when the caller
+    did not choose ``experts`` (``requantized``: encoding label -> (tensors, the format written)); None when
+    there are none or the caller chose."""
+    if choice.by == "given" or not requantized:
+        return None
+    parts = [f"{n} {label} tensors as {written}" for label, (n, written) in requantized.items()]
+    if choice.kept:
+        why = f"`experts=native` keeps them as {'/'.join(choice.kept)}"
+    else:
+        held = "/".join(requantized)
+        why = f"no registered format holds {held} exactly (`experts=native` decodes them too)"
+    return (
+        f"natively quantized routed experts are decoded and quantized a second time ({'; '.join(parts)}): "
+        f"{why}"
+    )
