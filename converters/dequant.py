@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from colitools.errors import ConvertError
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.errors import ConvertError
 from colitools.formats.reference import ceil_div
 from colitools.formats.source_encodings import (  # noqa: F401 (their home is the registry; named here too)
     DEFAULT_FP8_BLOCK,

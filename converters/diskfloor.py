@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from colitools.errors import ConvertError, DiskFloorStop, ParameterError
+from colitools.formats.errors import ConvertError, DiskFloorStop, ParameterError
 
 FAKE_FREE_ENV = "COLITOOLS_FAKE_FREE_BYTES_FILE"
 POLL_ENV = "COLITOOLS_DISK_POLL_SECONDS"

@@ -26,8 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
-from colitools.errors import ConvertError
 from colitools.formats.atomic import fsync_dir
+from colitools.formats.errors import ConvertError
 
 # The lock is a flock on the ``.part`` file itself, not ``filelock``: filelock locks a lock file of its own
 # (a ``.part.lock`` next to every part, to clean up after each download), and what must never have two

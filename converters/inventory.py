@@ -31,8 +31,8 @@ from colitools.converters.dequant import (
     quant_scheme,
 )
 from colitools.converters.sources import HeaderTensor, Source, check_shard_name
-from colitools.errors import ConvertError
 from colitools.formats import families, model_config, names, source_encodings
+from colitools.formats.errors import ConvertError
 from colitools.formats.names import natural_key  # the planner imports it from here too
 from colitools.formats.source_encodings import SourceEncoding
 

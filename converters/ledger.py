@@ -27,8 +27,8 @@ from colitools.converters import output
 from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestError
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
-from colitools.errors import ConvertError
 from colitools.formats.atomic import parse_temp_name
+from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, SHARD_SUFFIX
 from colitools.formats.planar_sidecar import sidecar_dir
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from colitools.converters.diskfloor import GB, gb
 from colitools.converters.recipe import ExpertsChoice, Recipe, Role, choose_experts, classify
-from colitools.errors import ConvertError, ParameterError
 from colitools.formats import targets
+from colitools.formats.errors import ConvertError, ParameterError
 from colitools.formats.format_names import role_formats_line
 from colitools.formats.layouts import PAIRS
 

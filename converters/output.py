@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from colitools.converters.planner import ConversionPlan
-from colitools.errors import ConvertError
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
+from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import INDEX_FILE
 from colitools.formats.names import parse_name
 

@@ -26,10 +26,10 @@ from functools import cached_property
 
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
-from colitools.errors import ConvertError
 from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.dtypes import itemsize
+from colitools.formats.errors import ConvertError
 from colitools.formats.expert_layouts import Stack
 from colitools.formats.filenames import shard_file_name
 from colitools.formats.format_names import copied_label

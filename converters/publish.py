@@ -28,7 +28,7 @@ from typing import Any
 
 from colitools.converters.manifest import MANIFEST_FILE, Manifest, ManifestError
 from colitools.converters.model_card import CARD_FILE, build_card
-from colitools.errors import ParameterError, UploadError
+from colitools.formats.errors import ParameterError, UploadError
 from colitools.formats.filenames import INDEX_FILE
 
 _SIDECAR_INDEX = "experts-int4g64/index.json"

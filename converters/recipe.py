@@ -29,8 +29,8 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from colitools.errors import ConvertError, FormatError, ParameterError
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
+from colitools.formats.errors import ConvertError, FormatError, ParameterError
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
 from colitools.formats.names import (
     PROJECTION_ORDER,

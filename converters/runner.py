@@ -39,8 +39,8 @@ from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
 from colitools.converters.recipe import Role, requantized_warning
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
-from colitools.errors import ConvertError, ParameterError
 from colitools.formats import kernels
+from colitools.formats.errors import ConvertError, ParameterError
 from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.formats.filenames import CONFIG_FILE, DOWNLOAD_DIR, INDEX_FILE, LOCK_FILE
 from colitools.formats.lockfile import held_lock

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from colitools.errors import ConvertError
 from colitools.formats.container import check_shard_name as check_container_shard_name
 from colitools.formats.digest import git_blob_sha1, sha256_file
 from colitools.formats.dtypes import itemsize
+from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import INDEX_FILE, SINGLE_FILE
 from colitools.formats.jsonfile import load_json_object
 

@@ -41,11 +41,10 @@ import numpy as np
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Unit
 from colitools.converters.recipe import Role
-from colitools.errors import ConvertError
 from colitools.formats import kernels, planar_sidecar
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.errors import SafetensorsError
+from colitools.formats.errors import ConvertError, SafetensorsError
 from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, Stack
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.registry import Fp8E4m3E8m0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import io
 import json
@@ -13,8 +14,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
+import transformers
 import zstandard
-from fixture_specs import TOKENIZER_CORPUS, Fixture
+from fixture_specs import FINE_GRAINED_FP8, TOKENIZER_CORPUS, Fixture
 from oracle_recipes import FP8_BLOCK, MXFP4_BLOCKS, MXFP4_SCALES, fp8_block_dequant, layer_of, mxfp4_dequant
 from safetensors.torch import load_file, save_file
 
@@ -108,6 +110,10 @@ def fixture_config(fx: Fixture, saved_config: dict) -> dict:
         }  # fmt: skip
     if fx.storage == "int4":
         cfg["quantization_config"] = int4_quantization_config()
+    if fx.storage == "mxfp8-stacks":  # transformers' FineGrainedFP8Config as it writes itself (Inkling-2)
+        qc = transformers.FineGrainedFP8Config(**FINE_GRAINED_FP8)
+        cfg["quantization_config"] = {k: str(v.value) if isinstance(v, enum.Enum) else v
+                                      for k, v in sorted(qc.to_dict().items())}  # fmt: skip
     if fx.storage in ("nvfp4", "mxfp8"):  # modelopt's spelling (its hf_quant_config "quantization", flat)
         algo, group = {"nvfp4": ("NVFP4", 16), "mxfp8": ("MXFP8", 32)}[fx.storage]
         cfg["quantization_config"] = {
@@ -214,8 +220,10 @@ def check_written(out_dir: Path, source: dict[str, np.ndarray], orientation: str
         elif t is not None and n + "_scale_2" in raw:  # NVFP4
             got = fref.decode_nvfp4(t.numpy(), raw[n + "_scale"].view(torch.uint8).numpy(),
                                     raw[n + "_scale_2"].numpy(), 2 * t.shape[1])  # fmt: skip
-        elif t is not None and t.dtype == torch.float8_e4m3fn and n + "_scale" in raw:  # MXFP8
-            got = fref.decode_mxfp8(t.view(torch.uint8).numpy(), raw[n + "_scale"].numpy(), t.shape[1])
+        elif t is not None and t.dtype == torch.float8_e4m3fn and n + "_scale" in raw:  # MXFP8 (stacks too)
+            q, I = t.view(torch.uint8).numpy(), t.shape[-1]
+            scale = raw[n + "_scale"].view(torch.uint8).numpy()
+            got = fref.decode_mxfp8(q.reshape(-1, I), scale.reshape(q.size // I, -1), I).reshape(q.shape)
         elif t is None:  # MXFP4 blocks [E, O, I/32, 16] + scales [E, O, I/32]
             got = mxfp4_dequant(raw[n + MXFP4_BLOCKS].numpy(), raw[n + MXFP4_SCALES].numpy())
             if orientation == "transposed-interleaved":

@@ -30,6 +30,15 @@ LATENT_SCALE = 0.006
 KDA_A_LOG_NOISE = 0.5  # GLM-5.3's A_log is zero-initialised (safe-gate variant): decay rates exp(0.5 N(0,1))
 KPOOL_APE_NOISE = 1.0  # GLM-5.3's k-pool ape (zeros in transformers): as large as the pool's gate scores
 
+# Inkling-2 as shipped (FORMATS-SPEC §5): transformers' FineGrainedFP8Config for MXFP8 expert stacks, [1, 32]
+# ue8m0 blocks; every other linear module (in-memory names) stays unquantized
+FINE_GRAINED_FP8 = dict(
+    weight_block_size=[1, 32],
+    scale_fmt="ue8m0",
+    activation_scheme="dynamic",
+    modules_to_not_convert=["lm_head", "model.vision_tower", "model.language_model.layers.*.self_attn"],
+)
+
 TOKENIZER_CORPUS = (
     "The quick brown fox jumps over the lazy dog. A mixture of experts routes every token to a few experts, "
     "and the router picks them by score. Tiny oracle models keep the runtime honest: the same tokens, the same "
@@ -46,7 +55,7 @@ class Fixture:
     config: dict[str, Any]
     # f32 | bf16 | fp8 | mxfp4 (expert stacks as gpt-oss MXFP4 blocks + scales, the rest BF16) | int4 (routed
     # experts compressed-tensors pack-quantized W4A16 g32, the rest BF16) | nvfp4 / mxfp8 (routed experts modelopt
-    # NVFP4 / MXFP8, the rest BF16)
+    # NVFP4 / MXFP8, the rest BF16) | mxfp8-stacks (expert stacks MXFP8 declared as quant_method fp8: FINE_GRAINED_FP8)
     storage: str = "f32"
     fused: bool = False  # experts fused on disk (save_original_format=False)
     shards: int = 1  # 2: split into two files, one layer's experts cut across them
@@ -967,6 +976,21 @@ FIXTURES.append(
         model_class="Inkling2ForConditionalGeneration",
         expert_orientation="rows-interleaved",
         seed=19500,
+    )
+)
+
+FIXTURES.append(
+    replace(
+        _INKLING2,
+        name="inkling2_mxfp8",
+        description="Inkling-2 as shipped: the inkling2 model with its routed expert stacks MXFP8, w13_weight "
+        "F8_E4M3 [E, 2I, H] (gate / up rows interleaved) + w13_weight_scale U8 E8M0 [E, 2I, H/32], w2_weight "
+        "[E, H, I] + w2_weight_scale [E, H, I/32], quantized by transformers' own FineGrainedFP8 op; "
+        "quantization_config quant_method fp8, weight_block_size [1, 32], scale_fmt ue8m0 (transformers' "
+        "FineGrainedFP8Config); every other tensor BF16 (the vision tower too)",
+        storage="mxfp8-stacks",
+        extra_recipes=("native",),
+        seed=22000,
     )
 )
 

@@ -47,6 +47,7 @@ from fixture_io import (
 from fixture_specs import (
     BIAS_NOISE,
     CORRECTION_BIAS_NOISE,
+    FINE_GRAINED_FP8,
     FIXTURES,
     MAX_SEED_TRIES,
     MIN_INDEXER_MARGIN,
@@ -270,6 +271,31 @@ def mxfp8_producer_decode(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return op._dequantize_one(t, torch.from_numpy(scale.copy()), output_dtype=torch.float32).numpy()
 
 
+def fine_grained_fp8_stack(name: str, w: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """transformers' own FP8 quantizer op (``integrations/finegrained_fp8.Fp8Quantize._quantize_one``, what its
+    ``FineGrainedFP8Config(weight_block_size=[1, 32], scale_fmt="ue8m0")`` quantization runs, here called on CPU:
+    the quantizer itself refuses on-the-fly quantization without a GPU) quantizes an expert stack ``[E, A, B]``:
+    per row and 32 inputs ``inv = 2^ceil(log2(amax / 448))``, ``q = e4m3(clamp(w / inv))``. Its F8_E8M0 scales are
+    stored as their bytes (U8), as Inkling-2 ships them (transformers' ``_process_model_after_weight_loading``:
+    "MXFP8 checkpoints (e.g. Inkling2) save their ue8m0 scales as bytes"). Returns (codes, scale bytes, the source
+    values: transformers' ``Fp8Dequantize._dequantize_one`` of those bytes, checked equal to colitools' decoder)."""
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    quantizer = FineGrainedFP8HfQuantizer(transformers.FineGrainedFP8Config(**FINE_GRAINED_FP8))
+    out = Fp8Quantize(quantizer)._quantize_one(name, torch.from_numpy(w.copy()))
+    q, inv = out[name], out[name + "_scale_inv"]
+    assert q.dtype == torch.float8_e4m3fn and inv.dtype == torch.float8_e8m0fnu, (q.dtype, inv.dtype)
+    scale = inv.view(torch.uint8).contiguous()
+    E, A, B = w.shape
+    assert tuple(scale.shape) == (E, A, B // 32), tuple(scale.shape)
+    codes = q.view(torch.uint8).numpy()
+    src = mxfp8_producer_decode(codes, scale.numpy())
+    mine = fref.decode_mxfp8(codes.reshape(E * A, B), scale.numpy().reshape(E * A, -1), B).reshape(E, A, B)
+    assert np.array_equal(src, mine), f"{name}: colitools' MXFP8 decode differs from transformers'"
+    return q, scale, np.ascontiguousarray(src, dtype=np.float32)
+
+
 def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
     """Apply the storage variant. Returns (tensors to write, in their stored dtype; the exact float32 values
     they hold, by the weight names)."""
@@ -304,6 +330,10 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
             assert np.abs(src - w).max() <= 0.5 * np.abs(w).max(), f"{name}: {fx.storage} packing is off"
             source[name] = np.ascontiguousarray(src)
             continue
+        if fx.storage == "mxfp8-stacks" and FUSED_RE.match(name):  # Inkling-2: <n> F8_E4M3 + <n>_scale U8
+            stored[name], stored[name + NV_SCALE], source[name] = fine_grained_fp8_stack(name, w)
+            assert np.abs(source[name] - w).max() <= 0.1 * np.abs(w).max(), f"{name}: MXFP8 packing is off"
+            continue
         if fx.storage == "mxfp4" and FUSED_RE.match(name):  # gpt-oss MXFP4: the codes are by rows [E, O, I]
             rows = w.transpose(0, 2, 1) if fx.expert_orientation == "transposed-interleaved" else w
             blocks, scales = mxfp4_quantize(np.ascontiguousarray(rows))
@@ -317,7 +347,7 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
         if fx.storage == "f32":
             stored[name] = torch.from_numpy(w.copy())
             source[name] = w
-        elif fx.storage in ("bf16", "mxfp4", "int4", "nvfp4", "mxfp8") or (
+        elif fx.storage in ("bf16", "mxfp4", "int4", "nvfp4", "mxfp8", "mxfp8-stacks") or (
             fx.storage == "fp8" and not is_fp8_target(name, w.shape)
         ):
             if fx.storage in ("fp8", "int4") and name.endswith("e_score_correction_bias"):
@@ -358,6 +388,47 @@ def check_transformers_reads_mxfp4(fx: Fixture, out_dir: Path, source: dict[str,
         got = state[name].detach().to(torch.float32).numpy()
         assert got.shape == want.shape and np.array_equal(got, want), (
             f"{fx.name}: transformers reads {name} differently from the fixture's own MXFP4 decode"
+        )
+    del model
+
+
+def check_transformers_reads_fp8(fx: Fixture, out_dir: Path, config: dict, source: dict[str, np.ndarray],
+                                 tmp: Path) -> None:  # fmt: skip
+    """The independent check of an FP8-declared MXFP8 fixture: transformers' own loader (``from_pretrained`` of the
+    written folder with its ``quantization_config``) reads the stacks into its FP8 expert modules (``FP8Experts``:
+    codes ``gate_up_proj`` + F8_E8M0 ``gate_up_proj_scale_inv``, the family's conversion de-interleaving both), and
+    their dequantization by transformers' ``Fp8Dequantize`` equals, parameter for parameter, the model loaded from
+    the float32 source values the references are computed on.
+
+    It loads as on a GPU (the quantizer's environment check skipped): on CPU transformers 5.24 dequantizes while
+    loading, and there Inkling-2's stacks are read wrong (its inkling2 converters keep MXFP8 experts quantized:
+    ``w13_weight`` gets no dequantize op, ``w13_weight_scale`` is left over as an unexpected key, and
+    ``gate_up_proj`` holds the bare e4m3 codes without their scales)."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    loader = getattr(transformers, fx.model_class) if fx.model_class else AutoModelForCausalLM
+    check = FineGrainedFP8HfQuantizer.validate_environment
+    FineGrainedFP8HfQuantizer.validate_environment = lambda self, *args, **kwargs: None
+    try:
+        model, info = loader.from_pretrained(out_dir, dtype=torch.float32, output_loading_info=True)
+    finally:
+        FineGrainedFP8HfQuantizer.validate_environment = check
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, f"{fx.name}: transformers' FP8 loading reported {bad}"
+    got = model.state_dict()
+    scales = {n for n in got if n.endswith("_scale_inv")}
+    assert scales and all(got[n].dtype == torch.float8_e8m0fnu for n in scales), sorted(scales)
+    dequant = Fp8Dequantize.__new__(Fp8Dequantize)
+    for n in scales:
+        q = got.pop(n.removesuffix("_scale_inv"))
+        assert q.dtype == torch.float8_e4m3fn, (n, q.dtype)
+        got[n.removesuffix("_scale_inv")] = dequant._dequantize_one(q, got.pop(n), output_dtype=torch.float32)
+    want = load_reference_model(config, source, tmp, fx.fused, fx.model_class).state_dict()
+    assert set(got) == set(want), sorted(set(got) ^ set(want))[:5]
+    for name, t in want.items():
+        assert got[name].dtype == torch.float32 and torch.equal(got[name], t), (
+            f"{fx.name}: transformers reads {name} differently from the fixture's own MXFP8 decode"
         )
     del model
 
@@ -724,9 +795,10 @@ def make_fixture(
         ok = True
         native = native_tensors(stored)
         decoded = decoded_tensors(stored)
+        bf16_stored = frozenset(n for n, t in stored.items() if t.dtype == torch.bfloat16)
         for recipe in add or COMPUTED_RECIPES + recipes_of(fx):
             weights, formats, fallbacks = apply_recipe(
-                source, recipe, n_layers, fx.expert_orientation, native, decoded
+                source, recipe, n_layers, fx.expert_orientation, native, decoded, bf16_stored
             )
             model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class)
             if recipe == "f32" and attempt == 0:
@@ -762,6 +834,8 @@ def make_fixture(
     check_written(out_dir, source, fx.expert_orientation)
     if fx.storage == "mxfp4":
         check_transformers_reads_mxfp4(fx, out_dir, source)
+    if fx.storage == "mxfp8-stacks":
+        check_transformers_reads_fp8(fx, out_dir, config, source, tmp)
     ref_dir = out_dir / "reference"
     ref_dir.mkdir(exist_ok=bool(add))
     versions = {

@@ -328,6 +328,7 @@ def apply_recipe(
     source: dict[str, np.ndarray], recipe: str, n_layers: int, orientation: str = "rows",
     native: Mapping[str, str] | frozenset[str] = frozenset(),
     decoded: Mapping[str, str] | None = None,
+    bf16_stored: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """Dequantized weights (on-disk names) for a recipe, the format of every container tensor (per-expert names,
     as the converter writes them), and the fallbacks taken.
@@ -342,7 +343,8 @@ def apply_recipe(
     the ``native`` recipe they keep exactly the source's values. A plain set means every name is MXFP4.
     ``decoded``: natively quantized tensors no format holds exactly, name -> kind (``NVFP4``, ``MXFP8``): under
     ``native`` they get the default on their decoded values, listed as fallbacks (reason ``decoded: <kind>
-    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5)."""
+    source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5). ``bf16_stored``: the source
+    tensors stored BF16; a tower among them keeps that dtype (rule 1) and is labelled ``bf16``."""
     decoded = decoded or {}
     if not isinstance(native, Mapping):
         native = dict.fromkeys(native, "mxfp4")
@@ -357,7 +359,7 @@ def apply_recipe(
         """A tensor the target's converter leaves out: towers (its ``--towers`` default drop), MTP (``drop_mtp``)."""
         return (role == "tower" and target.default("towers") == "drop") or (role == "mtp" and target.drop_mtp)
 
-    def one(name: str, w: np.ndarray, role: str, kept: str | None = None) -> np.ndarray:
+    def one(name: str, w: np.ndarray, role: str, kept: str | None = None, stack: str | None = None) -> np.ndarray:  # fmt: skip
         option = {"router_1d": "f32", "tower": "f32", "mtp": r.get("mtp", "int8-row"), "embed": r["embed"],
                   "experts": r["experts"], "dense": r["dense"]}[role]  # fmt: skip
         if target is not None:  # the target's loader decides some dtypes, whatever the role
@@ -374,14 +376,14 @@ def apply_recipe(
         if option == NATIVE:
             option = NATIVE_DEFAULT[role]
         if w.ndim < 2 or option == "f32":
-            formats[name] = "f32"
+            formats[name] = "bf16" if role == "tower" and name in bf16_stored else "f32"
             return w
         deq, label, why = encode_decode(w, option, expert=(role == "experts"), name=name)
         formats[name] = label
         if why:
             fallbacks.append({"tensor": name, "requested": option, "written": label, "reason": why})
-        elif requested == NATIVE and name in decoded:
-            why = f"decoded: {decoded[name]} source, no format holds it exactly; written as {label}"
+        elif requested == NATIVE and (stack or name) in decoded:  # a stack's experts: the stack's encoding
+            why = f"decoded: {decoded[stack or name]} source, no format holds it exactly; written as {label}"
             fallbacks.append({"tensor": name, "requested": NATIVE, "written": label, "reason": why})
         return deq
 
@@ -429,8 +431,8 @@ def apply_recipe(
                 if kind == "gate_up_proj":
                     half = w.shape[1] // 2
                     gw, uw = (w[e, 0::2], w[e, 1::2]) if inter else (w[e, :half], w[e, half:])
-                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(gw), role, kept)
-                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(uw), role, kept)
+                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(gw), role, kept, name)
+                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(uw), role, kept, name)
                     slab = np.empty_like(w[e])
                     if inter:
                         slab[0::2], slab[1::2] = g, u
@@ -438,7 +440,7 @@ def apply_recipe(
                         slab[:half], slab[half:] = g, u
                     parts.append(slab)
                 else:
-                    parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role, kept))
+                    parts.append(one(f"{base}.{e}.down_proj.weight", w[e], role, kept, name))
             out[name] = np.stack(parts)
         else:
             out[name] = one(name, w, role, native.get(name))

@@ -22,16 +22,15 @@ PACKAGES = {
     "colitools.mirror": ROOT / "colitools" / "mirror",
     "colitools.cli": ROOT / "colitools" / "cli",
 }
-# what each package may import of ours besides itself (docs/INTERNALS.md, "Dependency direction");
-# colitools.errors is the error hierarchy every layer above formats raises.
+# what each package may import of ours besides itself (docs/INTERNALS.md, "Dependency direction"); the
+# library raises the classes of colitools.formats.errors (colitools.errors is their re-export for users)
 ALLOWED = {
     "colitools.formats": set(),
-    "colitools.converters": {"colitools.formats", "colitools.errors"},
-    "colitools.runtime": {"colitools.formats", "colitools.errors"},
-    "colitools.mirror": {"colitools.formats", "colitools.errors"},
+    "colitools.converters": {"colitools.formats"},
+    "colitools.runtime": {"colitools.formats"},
+    "colitools.mirror": {"colitools.formats"},
     "colitools.verify": {
         "colitools.formats",
-        "colitools.errors",
         "colitools.converters",
         "colitools.runtime",
     },

@@ -88,10 +88,12 @@ DTYPES = {
     "I32": np.dtype("<i4"),
     "U8": np.dtype("u1"),
 }
-NATIVE_STORAGES = ("mxfp4", "int4", "nvfp4", "mxfp8")  # natively quantized sources: they add ``native``
+NATIVE_STORAGES = ("mxfp4", "int4", "nvfp4", "mxfp8", "mxfp8-stacks")  # natively quantized: add ``native``
 # what ``native`` writes for their experts (docs/FORMATS.md §5): the lossless format, or the default on the decode
-NATIVE_EXPERTS = {"mxfp4": ("mxfp4",), "int4": ("int4-g32",), "nvfp4": ("int4-row", "int4-g"),
-                  "mxfp8": ("int4-row", "int4-g")}  # the default recipe's experts (int4-g64; int4-row at I <= 64)
+# (the default recipe's experts: int4-g64; int4-row at I <= 64)
+DECODED_EXPERTS = ("int4-row", "int4-g")
+NATIVE_EXPERTS = {"mxfp4": ("mxfp4",), "int4": ("int4-g32",), "nvfp4": DECODED_EXPERTS, "mxfp8": DECODED_EXPERTS,
+                  "mxfp8-stacks": DECODED_EXPERTS}  # fmt: skip
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -513,7 +515,7 @@ def test_native_conversion_lists_the_decoded_tensors_the_reference_lists(name: s
     want = sorted(map(key, reference(name, "native")["fallbacks"]))
     assert sorted(map(key, manifest["fallbacks"])) == want
     storage = FIXTURES[name]["storage"]
-    assert bool(want) == (storage in ("nvfp4", "mxfp8")), (name, len(want))
+    assert bool(want) == (storage in ("nvfp4", "mxfp8", "mxfp8-stacks")), (name, len(want))
 
 
 def test_a_fixture_ships_a_tokenizer_matching_its_prompt() -> None:
@@ -646,6 +648,8 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
         if k in tensors and tensors[k].dtype.kind in "iub" and k + "_scale" not in tensors:  # row 0: non-float
             # tensors copied unchanged (an NVFP4 weight's U8 codes, with their _scale, are decoded)
             assert fmt == f"{COPIED[tensors[k].dtype.str]} (copied)", (k, fmt)
+        elif TOWER.match(k) and tensors[k].dtype == DTYPES["BF16"]:  # towers: kept in the source dtype
+            assert fmt == "bf16", (k, fmt)
         elif TOWER.match(k) or (k in tensors and tensors[k].ndim != 2):  # towers; conv kernels (3-D) stay F32
             assert fmt == "f32", (k, fmt)  # towers: kept in the source dtype (F32 fixtures)
         elif k.endswith(ROUTERS) or not k.endswith((".weight", *SUFFIXLESS_LINEAR)) or ROUTER_RE.search(k) or \

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from colitools.errors import VerifyError
 from colitools.formats import targets
+from colitools.formats.errors import VerifyError
 from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.registry import WEIGHT_SUFFIX, Mxfp4, by_name
 

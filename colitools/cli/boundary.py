@@ -22,7 +22,7 @@ from colitools.cli import (  # noqa: F401  (imported to register their commands)
     verify_cmd,
 )
 from colitools.cli.app import app
-from colitools.errors import ColitoolsError
+from colitools.formats.errors import ColitoolsError
 
 try:  # typer >= 0.22 carries its own copy of click; older ones use click itself
     from typer._click import exceptions as _click_errors

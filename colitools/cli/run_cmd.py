@@ -20,7 +20,7 @@ MAX_NEW_TOKENS = 1_000_000
 
 
 def _parse_ids(text: str) -> list[int]:
-    from colitools.errors import RuntimeModelError
+    from colitools.formats.errors import RuntimeModelError
 
     fields = text.replace(" ", "").split(",")
     if fields == [""]:

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colitools.errors import MirrorError
 from colitools.formats.atomic import fsync_dir
+from colitools.formats.errors import MirrorError
 
 __all__ = [
     "TEMP_SUFFIX",

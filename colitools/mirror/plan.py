@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from colitools.errors import MirrorError, ParameterError
 from colitools.formats.container import shard_name_problem
+from colitools.formats.errors import MirrorError, ParameterError
 from colitools.formats.filenames import USAGE_FILE
 from colitools.formats.usage import UsageHistory, engine_id, read_usage
 from colitools.mirror.probe import ProbeResult, nearest_existing, probe_drives

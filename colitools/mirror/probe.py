@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from colitools.errors import MirrorError
+from colitools.formats.errors import MirrorError
 from colitools.formats.filenames import shard_files
 
 __all__ = ["ProbeResult", "probe_directory", "probe_drives", "probe_file"]

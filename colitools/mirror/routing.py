@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from colitools.errors import MirrorError, ParameterError
+from colitools.formats.errors import MirrorError, ParameterError
 
 __all__ = [
     "ReadPrediction",

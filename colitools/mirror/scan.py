@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.errors import MirrorError
 from colitools.formats import model_config, planar_sidecar, targets
+from colitools.formats.errors import MirrorError
 from colitools.formats.filenames import CONFIG_FILE, shard_files
 from colitools.formats.jsonfile import load_json_object
 from colitools.formats.names import (

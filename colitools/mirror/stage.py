@@ -28,8 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from colitools.errors import MirrorError, MirrorReserveStop
 from colitools.formats.atomic import parse_temp_name, write_json_atomic
+from colitools.formats.errors import MirrorError, MirrorReserveStop
 from colitools.formats.lockfile import held_lock
 from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
 from colitools.mirror.plan import (

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import MirrorError
 from colitools.formats.atomic import write_bytes_atomic
+from colitools.formats.errors import MirrorError
 from colitools.formats.usage import UsageHistory
 
 __all__ = ["INSTALL_HINT", "plot_usage"]

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.errors import MirrorError, SafetensorsError
 from colitools.formats.container import shard_name_problem
+from colitools.formats.errors import MirrorError, SafetensorsError
 from colitools.formats.filenames import shard_files
 from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.safetensors_io import MAX_HEADER_BYTES, SafetensorsFile

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colitools.errors import RuntimeModelError
 from colitools.formats import model_config
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.filenames import CONFIG_FILE
 from colitools.formats.jsonfile import load_json_object
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.runtime.attention import DSAIndexer, MLAAttention
 from colitools.runtime.config import (
     ConfigKeys,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.families import v4_shapes
 from colitools.formats.kernels import threads
 from colitools.runtime.attention import KVBuffer, attend, causal_mask

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.families import stack_orientation
 from colitools.formats.names import (
     MXFP4_STACK_SUFFIXES,

@@ -28,8 +28,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
 from colitools.formats import families
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import GQAAttention, TokenMixer
 from colitools.runtime.config import ConfigKeys, GQAArgs, ModelArgs, attention_args, rope_args, routing_args

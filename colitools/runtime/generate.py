@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import UsageFileError
+from colitools.formats.errors import UsageFileError
 from colitools.formats.usage import UsageHistory, decay_usage, engine_id, read_usage, write_usage
 from colitools.runtime.config import ModelArgs
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.names import STACK_BIASES, expert_tensor_name, module_path
 from colitools.runtime.attention import GQAAttention
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.families import stack_orientation
 from colitools.formats.names import (
     CANONICAL_PROJECTION,

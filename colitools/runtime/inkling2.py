@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, RopeArgs, routing_args

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from colitools.errors import RuntimeModelError
 from colitools.formats import reference as ref
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.kernels import aot, threads
 from colitools.formats.registry import MatmulKind, matmul_format
 

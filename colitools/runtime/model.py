@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import ParameterError, RuntimeModelError
 from colitools.formats import model_config
+from colitools.formats.errors import ParameterError, RuntimeModelError
 from colitools.formats.filenames import CONFIG_FILE, USAGE_FILE
 from colitools.formats.route_trace import RouteTraceWriter
 from colitools.formats.usage import check_usage_decay

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from colitools.errors import RuntimeModelError
+from colitools.formats.errors import RuntimeModelError
 from colitools.formats.families import family_of
 from colitools.runtime.attention import GQAAttention
 from colitools.runtime.config import (

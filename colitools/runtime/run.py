@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.errors import FormatError, RuntimeModelError
+from colitools.formats.errors import FormatError, RuntimeModelError
 from colitools.formats.inspect import incomplete_conversion
 from colitools.formats.jsonfile import load_json_object
 from colitools.runtime.generate import GenerationResult, generate

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.errors import ColitoolsError, RuntimeModelError
 from colitools.formats import model_config
 from colitools.formats import reference as ref
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.errors import ColitoolsError, RuntimeModelError
 from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
@@ -105,8 +105,10 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
         return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
     if st.form == MXFP8_SOURCE:
-        q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
-        return ref.decode_mxfp8(q, np.frombuffer(scale, dtype=np.uint8), st.I)
+        q, s = np.frombuffer(data, dtype=np.uint8), np.frombuffer(scale, dtype=np.uint8)  # F8_E8M0: its bytes
+        if st.pick:  # rows of an MXFP8 stack slab (Inkling-2 as shipped): codes and scales alike
+            q, s = _picked(q, st), _picked(s, st)
+        return ref.decode_mxfp8(q.reshape(st.O, st.I), s, st.I)
     if st.pick:  # rows of a quantized stack slab
         codes = _picked(_codes(st, data), st)
         scale = _picked(np.frombuffer(scale, dtype=np.uint8), st).tobytes()
@@ -291,7 +293,9 @@ class Checkpoint:
         columns, transposed). The whole slab is read (one range, shared by the projections it holds)."""
         path, info, _ = self._info(name)
         start, step, transposed = pick
-        if info.dtype not in FLOAT_DTYPES or len(info.shape) != 3 or info.shape[0] != n_experts:
+        mx = self.infos.get(name + "_scale") if info.dtype == "F8_E4M3" and not transposed else None  # MXFP8
+        readable = info.dtype in FLOAT_DTYPES or mx is not None
+        if not readable or len(info.shape) != 3 or info.shape[0] != n_experts:
             raise RuntimeModelError(
                 f"expert stack {name} is {info.dtype} {list(info.shape)}, expected a float [{n_experts}, R, C]"
             )
@@ -301,6 +305,15 @@ class Checkpoint:
             raise RuntimeModelError(f"expert stack {name} is {list(info.shape)}; cannot take [{O}, {I}]")
         n = R * C * numpy_dtype(info.dtype).itemsize
         begin = info.begin + expert * n
+        if mx is not None:  # codes + E8M0 scales [E, R, ceil(C/32)] (resolve_container checked them)
+            spath, sinfo, _ = mx
+            ns = R * -(-C // 32)
+            if spath != path:
+                raise RuntimeModelError(f"MXFP8 expert stack {name} and its scales {name}_scale are in different "
+                                        "shards")  # fmt: skip
+            return Stored(f"{name}[{expert}]", MXFP8_SOURCE, O, I, path, (begin, begin + n), info.dtype,
+                          (sinfo.begin + expert * ns, sinfo.begin + (expert + 1) * ns), sinfo.dtype,
+                          pick=(R, C, start, step, False))  # fmt: skip
         return Stored(f"{name}[{expert}]", "float", O, I, path, (begin, begin + n), info.dtype,
                       pick=(R, C, start, step, transposed))  # fmt: skip
 

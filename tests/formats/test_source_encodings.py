@@ -45,6 +45,11 @@ def test_the_registry_holds_the_spec_encodings_in_recognition_order():
     [
         ({"quant_method": "fp8", "weight_block_size": [1, 32]}, se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((1, 32))),))),
         ({"quant_method": "fp8"}, se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((128, 128))),))),
+        # transformers' FineGrainedFP8Config(weight_block_size=[1, 32], scale_fmt="ue8m0"): MXFP8 (Inkling-2)
+        ({"quant_method": "fp8", "weight_block_size": [1, 32], "scale_fmt": "ue8m0"},
+         se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((1, 32))), ("mxfp8", True)))),
+        ({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"},
+         se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((128, 128))),))),  # DeepSeek's power-of-two F32 scales
         ({"quant_method": "mxfp4"}, se.QuantScheme("mxfp4")),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, se.QuantScheme("modelopt")),
         ({"quant_method": "modelopt", "quantization": {"quant_algo": "MXFP8"}}, se.QuantScheme("modelopt")),
@@ -119,6 +124,46 @@ def test_each_encoding_is_recognised_from_header_entries_alone():
     assert consumed == set(tensors) - {"e.weight", "e.weight_scale_inv", "f.weight"}
 
 
+def test_mxfp8_expert_stacks_pair_with_scales_blocked_along_their_last_axis():
+    """Inkling-2 as shipped (FORMATS-SPEC §5): 3-D ``w13_weight`` / ``w2_weight`` F8_E4M3 stacks with E8M0 scales
+    ``[E, A, ceil(B/32)]`` (U8 as shipped, or F8_E8M0), a partial last block allowed; the logical shape is the
+    stack's, split per expert later by the family's orientation."""
+    tensors = {
+        "l.experts.w13_weight": H("F8_E4M3", (8, 128, 64)),
+        "l.experts.w13_weight_scale": H("U8", (8, 128, 2)),
+        "l.experts.w2_weight": H("F8_E4M3", (8, 64, 96)),
+        "l.experts.w2_weight_scale": H("F8_E8M0", (8, 64, 3)),
+        "m.weight": H("F8_E4M3", (4, 40)),  # 2-D, partial last block, F8_E8M0 scale
+        "m.weight_scale": H("F8_E8M0", (4, 2)),
+    }
+    paired, consumed = pair(tensors)
+    assert {n: (p.encoding, p.shape, p.group, p.exact) for n, p in paired.items()} == {
+        "l.experts.w13_weight": (se.Mxfp8, (8, 128, 64), 32, False),
+        "l.experts.w2_weight": (se.Mxfp8, (8, 64, 96), 32, False),
+        "m.weight": (se.Mxfp8, (4, 40), 32, False),
+    }
+    assert dict(paired["l.experts.w2_weight"].parts) == {"data": "l.experts.w2_weight",
+                                                         "scale": "l.experts.w2_weight_scale"}  # fmt: skip
+    assert consumed == set(tensors)
+    # a scale of another dtype (F32: not E8M0) is not MXFP8's: the weight is left to the FP8 path, unpaired
+    assert pair({"x": H("F8_E4M3", (4, 64)), "x_scale": H("F32", (4, 2))})[0] == {}
+
+
+def test_mxfp8_decodes_f8_e8m0_scales_as_their_bytes():
+    rng = np.random.default_rng(5)
+    data = rng.integers(0, 256, (6, 40), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    scale = rng.integers(110, 140, (6, 2), dtype=np.uint8)
+    want = (
+        data.astype(np.float32).reshape(6, 40)
+        * np.exp2(np.repeat(scale.astype(np.float64) - 127, 32, axis=1)[:, :40])
+    ).astype(np.float32)
+    want[np.isnan(data.astype(np.float32))] = np.nan  # e4m3fn 0x7F / 0xFF
+    for fast in (False, True):
+        for s in (scale, scale.view(ml_dtypes.float8_e8m0fnu)):
+            got = se.Mxfp8.decode({"data": data, "scale": s}, 6, 40, fast=fast)
+            np.testing.assert_array_equal(got, want)
+
+
 def test_int4_group_size_and_exactness_come_from_the_config_and_the_companions():
     tensors = {"b.weight_packed": H("I32", (4, 8)), "b.weight_scale": H("F16", (4, 4))}
     assert pair(tensors)[0]["b.weight"].group == 16  # ceil(64 / 4): from the scale grid
@@ -148,7 +193,16 @@ def test_int4_group_size_and_exactness_come_from_the_config_and_the_companions()
         ({"x": H("U8", (4, 16)), "x_scale": H("F8_E4M3", (4, 2)), "x_scale_2": H("F32", (2,))},
          "tensor x_scale_2: NVFP4 scale_2 F32 [2] (expected F32 scalar)"),
         ({"x": H("F8_E4M3", (4, 40)), "x_scale": H("U8", (4, 1))},
-         "tensor x_scale: MXFP8 scale [4, 1] does not fit x [4, 40] (expected U8 [O, ceil(I/32)])"),
+         "tensor x_scale: MXFP8 scale [4, 1] does not fit x [4, 40] (expected U8 or F8_E8M0 [O, ceil(I/32)])"),
+        ({"x.w2_weight": H("F8_E4M3", (8, 64, 96)), "x.w2_weight_scale": H("U8", (8, 64, 2))},
+         "tensor x.w2_weight_scale: MXFP8 scale [8, 64, 2] does not fit x.w2_weight [8, 64, 96] (expected U8 or "
+         "F8_E8M0 [E, A, ceil(B/32)])"),
+        ({"x.w2_weight": H("F8_E4M3", (8, 64, 96)), "x.w2_weight_scale": H("U8", (8, 3))},
+         "tensor x.w2_weight_scale: MXFP8 scale [8, 3] does not fit x.w2_weight [8, 64, 96] (expected U8 or "
+         "F8_E8M0 [E, A, ceil(B/32)])"),
+        ({"x": H("F8_E4M3", (2, 4, 40, 8)), "x_scale": H("F8_E8M0", (2, 4, 40, 1))},
+         "tensor x_scale: MXFP8 scale [2, 4, 40, 1] does not fit x [2, 4, 40, 8] (expected U8 or F8_E8M0 "
+         "[O, ceil(I/32)])"),
         ({"x_blocks": H("U8", (4, 2, 16)), "x_scales": H("U8", (4, 2)), "x": H("BF16", (4, 64))},
          "tensor x_blocks: its decoded name x is also a tensor of the source"),
     ],

@@ -114,8 +114,9 @@ def dequant_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray) ->
 
 
 def dequant_mxfp8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """MXFP8: e4m3 values ``[O, I]`` times ``2^(e - 127)`` per 32 inputs (E8M0 U8 scale)."""
-    e = np.repeat(np.asarray(scale).astype(np.int32) - 127, 32, axis=1)
+    """MXFP8: e4m3 values ``[O, I]`` (or a stack ``[E, A, B]``) times ``2^(e - 127)`` per 32 inputs of the last
+    axis (E8M0 U8 scale)."""
+    e = np.repeat(np.asarray(scale).astype(np.int32) - 127, 32, axis=-1)[..., : np.shape(q)[-1]]
     return np.ldexp(np.asarray(q).astype(np.float32), e).astype(np.float32)
 
 
@@ -179,7 +180,7 @@ def _gpt_oss_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
 
 def _encode(name: str, w: np.ndarray, label: str):
     """(codes, scale, scale suffix, stamp) or None for a float tensor."""
-    if label == "f32" or label.endswith("(copied)") or w.ndim != 2:
+    if label in ("f32", "bf16") or label.endswith("(copied)") or w.ndim != 2:  # bf16: a tower kept BF16
         return None
     O, I = w.shape
     if label.startswith("int4-g"):
