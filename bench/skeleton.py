@@ -41,6 +41,7 @@ from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.safetensors_io import SafetensorsWriter
 
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+F32_SMALL = ("e_score_correction_bias",)  # stored F32 whatever the checkpoint's float dtype (DeepSeek-V3)
 Entry = tuple[str, tuple[int, ...]]
 
 
@@ -76,7 +77,7 @@ def eval_shape(
         if term == "...":
             dims.extend(lead)
             continue
-        term = re.sub(r"ceil\((\w+)/(\w+)\)", r"(-(-\1 // \2))", term).replace("/", "//")
+        term = re.sub(r"ceil\((\w+)//(\w+)\)", r"(-(-\1 // \2))", term.replace("/", "//"))
         dims.append(int(eval(term, {}, env)))  # noqa: S307 - the registry's own formulas, no input
     return tuple(dims)
 
@@ -86,10 +87,12 @@ def declared_encodings(config: dict[str, Any]) -> list[tuple[type[source_encodin
     qs = source_encodings.read_quant_config(config)
     if qs.method is None:
         return []
+    qc = model_config.quantization_config(config) or {}
+    algo = qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo")
     return [
         (e, qs.of(e))
         for e in source_encodings.ENCODINGS.values()
-        if any(m == qs.method for m, _ in e.declared_by)
+        if any(m == qs.method and a in (None, algo) for m, a in e.declared_by)
     ]
 
 
@@ -169,7 +172,7 @@ def small_shape(name: str, text: dict[str, Any], facts, linear: dict[str, tuple]
         return (facts.hidden_size,)
     if leaf == "sinks":
         return (heads,)
-    if leaf == "e_score_correction_bias":
+    if leaf == "e_score_correction_bias":  # stored F32 (F32_SMALL)
         return (facts.routed_experts,)
     if leaf in ("A_log", "dt_bias"):
         return (v_heads,)
@@ -198,7 +201,7 @@ def tensor_entries(config: dict[str, Any], weight_map: dict[str, str]) -> dict[s
         shape = stack_shape(name, facts, None) or linear.get(name) or small_shape(name, text, facts, linear)
         if shape is None or None in shape:
             raise SystemExit(f"skeleton: no dtype and shape derivable for tensor {name}")
-        out[name] = (fdtype, shape)
+        out[name] = ("F32" if name.endswith(F32_SMALL) else fdtype, shape)
     return out
 
 

@@ -4,6 +4,7 @@ have them, and each shard is a valid safetensors file whose data is a hole."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -25,7 +26,11 @@ def test_skeleton_reproduces_the_published_total_size(tmp_path, release):
     assert report["published_total_size"] is not None and report["difference"] == 0
     for shard in sorted((tmp_path / release).glob("*.safetensors")):
         with SafetensorsFile(shard) as f:
-            assert f.file_size == shard.stat().st_size == f.data_start + sum(t.nbytes for t in f.tensors.values())
+            assert (
+                f.file_size
+                == shard.stat().st_size
+                == f.data_start + sum(t.nbytes for t in f.tensors.values())
+            )
         assert shard.stat().st_blocks * 512 < 16 << 20  # a hole, not data
 
 
@@ -49,3 +54,21 @@ def test_gpt_oss_20b_tensors_have_their_published_shapes(tmp_path):
     assert {n: got[n] for n in known} == known
     report = inspect_path(tmp_path / "g")  # the skeleton reads as the source it stands for
     assert report.source_encodings["routed experts"]["mxfp4, fused stack of 32 experts"]["tensors"] == 48
+
+
+# the oracle fixtures (saved by transformers / compressed-tensors / modelopt conventions): the skeleton's derivation
+# from config.json alone gives every tensor its stored dtype and shape, companions included
+FIXTURES = ["deepseek_v3", "deepseek_v3_fp8", "deepseek_v3_int4", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "mixtral",
+            "qwen2_moe", "qwen3_moe", "qwen3_moe_mxfp8", "qwen3_moe_nvfp4", "qwen3_next"]  # fmt: skip
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_derived_dtypes_and_shapes_are_the_stored_ones(fixture):
+    root = BENCH.parent / "oracles" / fixture
+    config = json.loads((root / "config.json").read_text())
+    stored, weight_map = {}, {}
+    for path in sorted(root.glob("*.safetensors")):
+        with SafetensorsFile(path) as f:
+            for name, t in f.tensors.items():
+                stored[name], weight_map[name] = (t.dtype, tuple(t.shape)), path.name
+    assert skeleton.tensor_entries(config, weight_map) == stored
