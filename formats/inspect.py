@@ -376,7 +376,12 @@ def source_weights(
     except ConfigError as exc:
         warnings.append(str(exc))
         scheme = source_encodings.QuantScheme(None)
-    paired, _ = source_encodings.pair_tensors(tensors, scheme, encodings=source_encodings.ENCODINGS.values())
+    try:
+        paired, _ = source_encodings.pair_tensors(
+            tensors, scheme, encodings=source_encodings.ENCODINGS.values()
+        )
+    except FormatError as exc:  # a form the registry does not recognise yet: the rest is still reported
+        return {}, [*warnings, f"source encodings not read: {exc}"]
     out: dict[str, SourceWeight] = {}
     for p in paired.values():
         stack = len(p.shape) == 3 and names.parse_name(p.name).role is names.TensorRole.EXPERT_STACK
