@@ -647,9 +647,17 @@ def choose_experts(recipe: Recipe, *, given: bool, natives: NativeExperts) -> tu
     if target.default("experts") is not None:
         return recipe, ExpertsChoice(recipe.experts, "target", sources, kept)
     allowed = target.allowed("experts")
-    if kept and (allowed is None or NATIVE_OPTION in allowed):
+    if kept and (allowed is None or NATIVE_OPTION in allowed) and _layout_holds(recipe.layout, kept):
         return replace(recipe, experts=NATIVE_OPTION), ExpertsChoice(NATIVE_OPTION, "native", sources, kept)
     return recipe, ExpertsChoice(recipe.experts, "default", sources, kept)
+
+
+def _layout_holds(layout: str, kept: tuple[str, ...]) -> bool:
+    """Whether ``layout`` can store routed experts in every format of ``kept`` (planar64-v8: int4-row / int4-g64
+    only, ``Format.planar_eligible`` at a width that is a multiple of 64)."""
+    if layout != layouts.PLANAR.option:
+        return True
+    return all(parse_format_option(k).fmt.planar_eligible(64, parse_format_option(k).gs) for k in kept)
 
 
 def requantized_warning(choice: ExpertsChoice, requantized: Mapping[str, tuple[int, str]]) -> str | None:
@@ -659,8 +667,10 @@ def requantized_warning(choice: ExpertsChoice, requantized: Mapping[str, tuple[i
     if choice.by == "given" or not requantized:
         return None
     parts = [f"{n} {label} tensors as {written}" for label, (n, written) in requantized.items()]
-    if choice.kept:
+    if choice.kept and not choice.by == "default":
         why = f"`experts=native` keeps them as {'/'.join(choice.kept)}"
+    elif choice.kept:  # the layout ruled native out (planar64-v8 holds int4 experts only)
+        why = f"`experts=native` keeps them as {'/'.join(choice.kept)} with `layout=pairs`"
     else:
         held = "/".join(requantized)
         why = f"no registered format holds {held} exactly (`experts=native` decodes them too)"

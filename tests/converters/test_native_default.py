@@ -91,3 +91,15 @@ def test_a_float_source_keeps_the_default_and_prints_no_choice_line(tmp_path):
     s = convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(min_free_gb=0))
     assert s.recipe["experts"] == "int4-g64" and s.experts_choice["by"] == "default" and s.warnings == []
     assert "experts:" not in s.text()
+
+
+def test_planar_layout_keeps_the_int4_default_and_says_why(tmp_path):
+    """planar64-v8 holds int4-row / int4-g64 experts only: MXFP4 experts get the default, with the warning."""
+    src = (
+        Path(__file__).resolve().parents[2] / "oracles" / "gpt_oss_mxfp4"
+    )  # I = H = 64: planar-eligible widths
+    s = convert(str(src), tmp_path / "out", ConvertOptions(layout="planar", min_free_gb=0))
+    assert s.recipe["experts"] == "int4-g64" and s.experts_choice["by"] == "default"
+    assert (
+        len(s.warnings) == 1 and "`experts=native` keeps them as mxfp4 with `layout=pairs`" in s.warnings[0]
+    )
