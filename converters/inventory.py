@@ -145,17 +145,35 @@ class Inventory:
         MXFP4 blocks are by rows, gate / up rows interleaved, while its float stacks are transposed); by its
         spelling where the family has two (``Family.spelled_orientation``: Inkling's text gate_up_proj)."""
         leaf = names.parse_name(src.name).leaf
-        return family_orientation(self.config, src.quant.kind if src.quant is not None else None, leaf)
+        if src.quant is not None:
+            return family_orientation(self.config, src.quant.kind, leaf)
+        return family_orientation(self.config, None, leaf, self._module_stacks(src))
+
+    def _module_stacks(self, src: SourceTensor) -> dict[str, tuple[int, ...]]:
+        """The shapes of the gate_up / down stacks of ``src``'s expert module (``families.shaped_orientation``)."""
+        fused = rc.fused_of(src.name)
+        if fused is None:
+            return {}
+        spelled = {p: names.stack_name(fused.base, p) for p in ("gate_up", "down")}
+        return {p: self.tensors[n].shape for p, n in spelled.items() if n in self.tensors}
 
 
 def family_orientation(
-    config: Mapping[str, Any], native: str | None = None, leaf: str | None = None
+    config: Mapping[str, Any],
+    native: str | None = None,
+    leaf: str | None = None,
+    stacks: Mapping[str, tuple[int, ...]] | None = None,
 ) -> names.Orientation | None:
+    """The family's orientation of an expert stack (``families.stack_orientation``), by the shapes of its module's
+    ``stacks`` where the family's stacks come in two layouts (``families.shaped_orientation``)."""
     types = [t for t in (config.get("model_type"), model_config.text_config(config).get("model_type")) if t]
     if not types:
         return names.Orientation.ROWS
     for t in types:
         found = families.stack_orientation(t, native, leaf)
+        if found is not None and stacks:
+            hidden, width = model_config.hidden_size(config), model_config.expert_width(config)
+            found = families.shaped_orientation(t, stacks, hidden, width) or found
         if found is not None:
             return found
     return None
@@ -337,7 +355,7 @@ def check_config_shapes(inv: Inventory) -> None:
         fused = rc.fused_of(name)
         if fused is not None and len(t.shape) == (2 if fused.bias else 3):
             orientation = _stack_orientation(inv, name, t)
-            stack_shapes = transposed if orientation is names.Orientation.TRANSPOSED_INTERLEAVED else by_rows
+            stack_shapes = transposed if orientation.transposed else by_rows
             want, keys = (bias_shapes if fused.bias else stack_shapes)[fused.projection]
             _expect(name, t.shape, want, keys)
             continue

@@ -26,8 +26,8 @@ from functools import cached_property
 
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
-from colitools.formats import model_config, targets
 from colitools.formats import planar_sidecar as sidecar
+from colitools.formats import targets
 from colitools.formats.dtypes import itemsize
 from colitools.formats.errors import ConvertError
 from colitools.formats.expert_layouts import Stack
@@ -325,7 +325,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     Raises ConvertError naming the tensor for anything unclassifiable, and for ``--layout planar`` with a
     routed expert that would not be int4-row / int4-grouped gs 64 with ``I % 64 == 0``; TargetRefused for
     whatever the recipe's target (``recipe.target``, formats/targets.py) cannot write."""
-    recipe.target.check_model_type(model_config.model_type(inventory.config))
+    recipe.target.check_source(inventory.config)
     by_unit, dropped = _unit_jobs(inventory, recipe)
     fallbacks = [j.target.fallback for ukey in sorted(by_unit) for j in by_unit[ukey] if j.target.fallback]
     drafts = []

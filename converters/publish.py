@@ -30,8 +30,9 @@ from colitools.converters.manifest import MANIFEST_FILE, Manifest, ManifestError
 from colitools.converters.model_card import CARD_FILE, build_card
 from colitools.formats.errors import ParameterError, UploadError
 from colitools.formats.filenames import INDEX_FILE
+from colitools.formats.planar_sidecar import INDEX_NAME, SIDECAR_DIR
 
-_SIDECAR_INDEX = "experts-int4g64/index.json"
+_SIDECAR_INDEX = f"{SIDECAR_DIR}/{INDEX_NAME}"  # the planar sidecar's index (not in the manifest's records)
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def split_fused(
     fused = fused_of(name)
     if fused is None or len(shape) != (2 if fused.bias else 3):
         raise ConvertError(f"tensor {name}: not a fused expert tensor [E, rows, cols] (shape {list(shape)})")
-    transposed = orientation is Orientation.TRANSPOSED_INTERLEAVED and not fused.bias
+    transposed = orientation.transposed and not fused.bias
     E = shape[0]
     n = shape[-1] if transposed or fused.bias else shape[1]  # the stack's output axis
     suffix = "bias" if fused.bias else "weight"
@@ -209,7 +209,7 @@ def split_fused(
                 f"tensor {name}: fused gate/up stack needs an even row count (2I), got shape {list(shape)}"
             )
         half = n // 2
-        interleaved = orientation in (Orientation.ROWS_INTERLEAVED, Orientation.TRANSPOSED_INTERLEAVED)
+        interleaved = orientation.interleaved
         for e in range(E):
             for k, proj in enumerate(("gate", "up")):
                 out_name = expert_tensor_name(fused.base, e, proj, suffix)
@@ -274,7 +274,7 @@ def split_shared(name: str, shape: tuple[int, ...], orientation: Orientation = O
     stack = shared_stack(name)
     if stack is None or len(shape) != 3:
         raise ConvertError(f"tensor {name}: not a stacked shared expert [n, rows, cols] (shape {list(shape)})")
-    if orientation is Orientation.TRANSPOSED_INTERLEAVED:
+    if orientation.transposed:
         raise ConvertError(f"tensor {name}: a stacked shared expert in the {orientation} orientation is not supported")
     n, rows = shape[0], shape[1]
     if stack.projection != "gate_up":

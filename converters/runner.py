@@ -485,6 +485,8 @@ def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
     for name in output.copied_files(list(src.files())):
         output.copy_file(src.ensure_local(name), out / name)
         copied.append(name)
+    for name, obj in plan.recipe.target.engine_files(copied, config).items():  # an id-only tokenizer.json
+        output.write_json_atomic(out / name, obj)
     return copied
 
 

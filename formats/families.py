@@ -37,6 +37,7 @@ __all__ = [
     "mla_shapes",
     "mlp_shapes",
     "native_stack_orientations",
+    "shaped_orientation",
     "stack_orientation",
     "v4_shapes",
 ]
@@ -217,6 +218,38 @@ def kda_layers(text: Mapping[str, Any]) -> dict[int, RoleShapes]:
     return {i: shapes for i, t in enumerate(types) if t == "linear_attention"}
 
 
+def gated_mla_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """:func:`mla_block` with Kimi K3's full-rank sigmoid output gate ``self_attn.g_proj [heads*v_head, H]``."""
+    out = mla_block(text, experts)
+    heads, v_head = text.get("num_attention_heads"), text.get("v_head_dim")
+    if out and heads and v_head:
+        out[("self_attn", "g_proj")] = (heads * v_head, text["hidden_size"])
+    return out
+
+
+def latent_moe_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """Kimi K3's LatentMoE: ``mlp.routed_expert_down_proj [latent, H]`` into the routed experts' width
+    ``routed_expert_hidden_size`` and ``mlp.routed_expert_up_proj [H, latent]`` back."""
+    hidden, latent = text["hidden_size"], text.get("routed_expert_hidden_size")
+    if not latent:
+        return {}
+    return {
+        ("mlp", "routed_expert_down_proj"): (latent, hidden),
+        ("mlp", "routed_expert_up_proj"): (hidden, latent),
+    }
+
+
+def k3_kda_layers(text: Mapping[str, Any]) -> dict[int, RoleShapes]:
+    """:func:`kda_layers` with Kimi K3's full-rank output gate ``self_attn.g_proj [C, H]`` in place of the
+    ``g_a_proj`` / ``g_b_proj`` pair (``c/kimi_k3.c`` ``model_init``)."""
+    out: dict[int, RoleShapes] = {}
+    for i, shapes in kda_layers(text).items():
+        roles = {r: dims for r, dims in shapes.items() if r[1] not in ("g_a_proj", "g_b_proj")}
+        roles[("self_attn", "g_proj")] = shapes[("self_attn", "q_proj")]
+        out[i] = roles
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ families
 @dataclass(frozen=True)
 class Family:
@@ -230,10 +263,16 @@ class Family:
     native_orientation: Mapping[str, Orientation] = field(default_factory=dict)
     # a stack spelling laid out unlike the family's own: stack leaf -> orientation (before the family's)
     spelled_orientation: Mapping[str, Orientation] = field(default_factory=dict)
+    # the orientation another writer saves the family's float stacks in, told from ``orientation`` by their shapes
+    # against config.json (``shaped_orientation``): Qwen3-VL-MoE's transformers 5.24 save_pretrained, [E, 2I, H]
+    saved_orientation: Orientation | None = None
     # config spellings of keys every other family spells the common way (transformers' ``attribute_map``):
     # its spelling -> the common key; and keys nested in a section of the config: section -> {key: common key}
     key_aliases: Mapping[str, str] = field(default_factory=dict)
     nested_key_aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # the layer type of a layer a nested section's 1-based layer lists leave out (Kimi K3 lists only its
+    # ``kda_layers``: the others are MLA); None: both lists must be given (Kimi-Linear, as transformers reads it)
+    unlisted_layer_type: str | None = None
     gated_attention: bool = False  # full attention's q_proj is [query | gate] per head (Qwen3-Next, Qwen3.5)
     native_names: bool = False  # weights keep their own names and shapes (Inkling): no geometry claimed
 
@@ -252,6 +291,21 @@ class Family:
         for block in self.layer_blocks:
             out.update(block(text))
         return out
+
+
+def llama4_ffn_block(text: Mapping[str, Any], experts: int | None) -> RoleShapes:
+    """Llama-4's feed-forward roles (``feed_forward`` spelled ``mlp``): the dense layers' MLP of
+    ``intermediate_size_mlp``, the MoE layers' shared expert of ``intermediate_size`` (the expert width) and
+    the router ``mlp.gate [experts, H]`` (``feed_forward.router``)."""
+    hidden, dense, width = (
+        text["hidden_size"],
+        text.get("intermediate_size_mlp"),
+        text.get("intermediate_size"),
+    )
+    out = _in("mlp", mlp_shapes(hidden, dense)) if dense else {}
+    if width:
+        out.update(_in("mlp.shared_experts", mlp_shapes(hidden, width)))
+    return {**out, **router_block(text, experts)}
 
 
 # the feed-forward roles of a MoE layer (or a dense one)
@@ -286,12 +340,30 @@ KIMI_LINEAR = Family(
     }),
 )  # fmt: skip
 GLM5_NEXT = Family("glm5_next", (mla_block, *_MOE), (kda_layers,))
+# Kimi K3 (c/kimi_k3.c load_cfg, c/tools/k3_ref.py; no transformers model): Kimi-Linear's spellings, the KDA
+# geometry and gate lower bound in linear_attn_config, MLA and KDA with full-rank g_proj gates, LatentMoE
+KIMI_K3 = Family(
+    "kimi_k3", (gated_mla_block, *_MOE, latent_moe_block), (k3_kda_layers,),
+    key_aliases=KIMI_LINEAR.key_aliases,
+    nested_key_aliases=MappingProxyType({
+        "linear_attn_config": {**KIMI_LINEAR.nested_key_aliases["linear_attn_config"],
+                               "gate_lower_bound": "linear_lower_bound"},
+    }),
+    unlisted_layer_type="full_attention",
+)  # fmt: skip
 # Inkling: native names (attn.wq_du, a router with extra rows for the shared experts, per-expert shared stacks);
 # its native w13_weight interleaves gate / up rows, its text gate_up_proj (transformers' conversion_mapping.py
 # Interleave op, c/tools/convert_inkling_int4.py deinterleave, --target inkling) holds the gate rows first
 INKLING = Family("inkling", orientation=Orientation.ROWS_INTERLEAVED, native_names=True,
                  spelled_orientation=MappingProxyType({"gate_up_proj": Orientation.ROWS}))  # fmt: skip
 INKLING2 = Family("inkling2", orientation=Orientation.ROWS_INTERLEAVED, native_names=True)
+# Qwen3-VL-MoE as published (Qwen3-VL-30B-A3B, 235B-A22B): gate_up_proj [E, H, 2I] with gate = the first I columns,
+# down_proj [E, I, H]; transformers 5.24 transposes them on load (conversion_mapping.py ``qwen3_vl_moe``
+# Transpose(1, 2)) and its save_pretrained writes them as it holds them, by rows [E, 2I, H] / [E, H, I]
+QWEN3_VL_MOE = Family("qwen3_vl_moe", (gqa_block, *_MOE), orientation=Orientation.TRANSPOSED,
+                      saved_orientation=Orientation.ROWS)  # fmt: skip
+# Llama-4 (Scout, Maverick): Llama4TextExperts holds and saves gate_up_proj [E, H, 2I] (bmm, chunk(2, dim=-1))
+LLAMA4 = Family("llama4", (gqa_block, llama4_ffn_block), orientation=Orientation.TRANSPOSED)
 
 # The model types ``colitools run`` executes -> their family (the checkpoint's top-level type; text types of
 # multimodal wrappers listed too), in the order messages list them.
@@ -311,12 +383,17 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "gpt_oss": GPT_OSS,
     "deepseek_v4": DEEPSEEK_V4,
     "kimi_linear": KIMI_LINEAR,
+    "kimi_k3": KIMI_K3,
     "glm5_next": GLM5_NEXT,
     "glm5_next_text": GLM5_NEXT,
     "inkling_mm_model": INKLING,
     "inkling_text": INKLING,
     "inkling2": INKLING2,
     "inkling2_text": INKLING2,
+    "qwen3_vl_moe": QWEN3_VL_MOE,
+    "qwen3_vl_moe_text": QWEN3_VL_MOE,
+    "llama4": LLAMA4,
+    "llama4_text": LLAMA4,
 })  # fmt: skip
 RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
 # Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
@@ -350,7 +427,7 @@ def stack_orientation(model_type: str | None, native: str | None = None, leaf: s
     if native is not None:
         if native in family.native_orientation:
             return family.native_orientation[native]
-        if family.orientation is Orientation.TRANSPOSED_INTERLEAVED:
+        if family.orientation.transposed:
             return None
     return family.orientation
 
@@ -359,3 +436,27 @@ def native_stack_orientations() -> list[tuple[str, str]]:
     """The sorted ``(model_type, encoding)`` pairs whose natively quantized stacks have an orientation of their own."""
     types = {*MODEL_TYPES, *_CONVERTED_ONLY}
     return sorted((t, enc) for t in types for enc in family_of(t).native_orientation)
+
+
+def _stack_dims(orientation: Orientation, projection: str, hidden: int, width: int) -> tuple[int, int]:
+    """The ``[rows, cols]`` of one expert's slab of a ``gate_up`` / ``down`` stack laid out as ``orientation``."""
+    rows = {"gate_up": (2 * width, hidden), "down": (hidden, width)}[projection]
+    return rows[::-1] if orientation.transposed else rows
+
+
+def shaped_orientation(model_type: str | None, stacks: Mapping[str, tuple[int, ...]], hidden: int | None,
+                       width: int | None) -> Orientation | None:  # fmt: skip
+    """The orientation of one module's float expert stacks (``stacks``: projection ``gate_up`` / ``down`` -> the
+    shape of each present), for a family whose stacks two writers lay out two ways (``saved_orientation``); None
+    for any other family (its :func:`stack_orientation` holds) or without ``hidden`` and ``width``.
+
+    The layout whose ``[rows, cols]`` every given stack matches against ``hidden_size`` and the expert width wins.
+    Where both match (a square ambiguity: ``H == 2I`` leaves ``gate_up`` square, ``H == I`` leaves ``down``
+    square; the module's other stack then decides, since both cannot be square at once) or neither does, the
+    family's own (published) orientation is taken (the shape check then names what it expected)."""
+    family = family_of(model_type)
+    if family is None or family.saved_orientation is None or not (hidden and width):
+        return None
+    fits = [o for o in (family.orientation, family.saved_orientation)
+            if all(tuple(shape[1:]) == _stack_dims(o, proj, hidden, width) for proj, shape in stacks.items())]  # fmt: skip
+    return fits[0] if len(fits) == 1 else family.orientation

@@ -109,6 +109,10 @@ _TEXT_KEYS: dict[str, tuple[str, float | None, float | None]] = {
     "linear_num_key_heads": ("int", 1, _MAX_INT),
     "linear_num_value_heads": ("int", 1, _MAX_INT),
     "full_attention_interval": ("int", 1, _MAX_LAYERS),
+    "linear_lower_bound": ("float", None, None),  # GLM-5.3; Kimi K3's linear_attn_config.gate_lower_bound
+    "attn_res_block_size": ("int", 1, _MAX_LAYERS),  # Kimi K3 attention residuals: layers per block
+    "activation_situ_beta": ("float", 0, None),  # Kimi K3 SiTU-GLU: b1 tanh(g / b1) sigmoid(g) * b2 tanh(u / b2)
+    "activation_situ_linear_beta": ("float", 0, None),
     "rms_norm_eps": ("float", 0, None),
     "rope_theta": ("float", 0, None),
     "partial_rotary_factor": ("float", 0, 1),
@@ -178,16 +182,24 @@ def canonical_keys(text: Mapping[str, Any], model_type: str | None) -> dict[str,
                 if alias in nested:  # transformers: the nested value wins over the top-level key
                     out[key] = nested[alias]
             if out.get("layer_types") is None:
-                _nested_layer_types(out, nested, text.get("num_hidden_layers"), section)
+                _nested_layer_types(
+                    out, nested, text.get("num_hidden_layers"), section, family.unlisted_layer_type
+                )
     return out
 
 
-def _nested_layer_types(out: dict[str, Any], nested: Mapping[str, Any], n: Any, section: str) -> None:
-    """``layer_types`` from the 1-based ``full_attn_layers`` / ``kda_layers`` of a nested section (Kimi-Linear)."""
+def _nested_layer_types(
+    out: dict[str, Any], nested: Mapping[str, Any], n: Any, section: str, unlisted: str | None = None
+) -> None:
+    """``layer_types`` from the 1-based ``full_attn_layers`` / ``kda_layers`` of a nested section (Kimi-Linear);
+    ``unlisted``: the type of the layers neither list names, when the family allows a list to be left out (Kimi
+    K3: ``kda_layers`` alone)."""
     full, kda = nested.get("full_attn_layers"), nested.get("kda_layers")
+    if unlisted is not None and full is None:
+        full = []
     if not (isinstance(full, list) and isinstance(kda, list) and _is_int(n)):
         return
-    types: list[Any] = [None] * n
+    types: list[Any] = [unlisted] * n
     for numbers, kind in ((full, "full_attention"), (kda, "linear_attention")):
         for i in numbers:
             if not (_is_int(i) and 1 <= i <= n):
@@ -243,7 +255,9 @@ def mtp_layer_count(config: Mapping[str, Any], where: str = "config.json") -> in
     return 0
 
 
-def check_decoder_layers(config: Mapping[str, Any], tensor_names: Iterable[str], where: str = "config.json") -> None:
+def check_decoder_layers(
+    config: Mapping[str, Any], tensor_names: Iterable[str], where: str = "config.json"
+) -> None:
     """ConfigError when a tensor sits in a decoder layer past the base decoder and its MTP layers: a
     ``num_hidden_layers`` below the layers present would make the extra layer an MTP layer of a family that
     declares none (``MTP_LAYER_KEYS``) and leave it out of ``run``. Layers of towers and other nested modules
@@ -426,7 +440,9 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
     return families.family_of(mt).linear_shapes(text, routed_expert_count(config, where))
 
 
-def layer_linear_shapes(config: Any, where: str = "config.json") -> dict[int, dict[tuple[str, str], tuple[int, int]]]:
+def layer_linear_shapes(
+    config: Any, where: str = "config.json"
+) -> dict[int, dict[tuple[str, str], tuple[int, int]]]:
     """Per layer, the ``[O, I]`` that replace :func:`linear_shapes`' for that layer: the KDA layers
     (``layer_types`` ``linear_attention`` of Kimi-Linear and GLM-5.3, ``families.kda_layers``)."""
     validate_config(config, where)

@@ -205,6 +205,18 @@ class Orientation(StrEnum):
     )
     TRANSPOSED_INTERLEAVED = "transposed-interleaved"  # gate_up [E, H, 2I] gate / up columns interleaved,
     # down [E, I, H] (gpt-oss float stacks)
+    TRANSPOSED = "transposed"  # gate_up [E, H, 2I] gate = the first I columns, up = the last I (transformers'
+    # ``chunk(2, dim=-1)``), down [E, I, H] (Qwen3-VL-MoE as published, Llama-4)
+
+    @property
+    def transposed(self) -> bool:
+        """Stacks hold an expert's projections as ``[in, out]`` (``gate_up [E, H, 2I]``, ``down [E, I, H]``)."""
+        return self in (Orientation.TRANSPOSED_INTERLEAVED, Orientation.TRANSPOSED)
+
+    @property
+    def interleaved(self) -> bool:
+        """Gate and up alternate (rows or columns ``0, 2, ...`` / ``1, 3, ...``) instead of gate first."""
+        return self in (Orientation.ROWS_INTERLEAVED, Orientation.TRANSPOSED_INTERLEAVED)
 
 
 # MXFP4 source spellings (gpt-oss, docs/FORMATS.md §5): ``<base>_blocks`` U8 ``[..., O, I/32, 16]`` and
@@ -219,6 +231,7 @@ MOE_BLOCKS = frozenset({
     "mlp",  # Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE, gpt-oss, Qwen3.5/3-Next, GLM-5.3-Flash
     "block_sparse_moe",  # Mixtral, Kimi-Linear
     "ffn",  # DeepSeek-V4 native names (ffn.experts.{E}.w1, ffn.gate.weight)
+    "feed_forward",  # Llama-4 (feed_forward.experts.gate_up_proj, feed_forward.router.weight)
 })  # fmt: skip
 SHARED_EXPERT_MODULES = frozenset({
     "shared_experts",  # DeepSeek-V3, GLM-4 MoE
@@ -228,7 +241,8 @@ SHARED_EXPERT_MODULES = frozenset({
 MODULE_ALIASES: dict[str, str] = {
     "block_sparse_moe": "mlp",  # Mixtral (its router block_sparse_moe.gate too)
     "shared_expert": "shared_experts",  # Qwen2-MoE
-    "router": "gate",  # gpt-oss (mlp.router.weight / mlp.router.bias)
+    "router": "gate",  # gpt-oss (mlp.router.weight / mlp.router.bias), Llama-4 (feed_forward.router.weight)
+    "feed_forward": "mlp",  # Llama-4 (its shared expert feed_forward.shared_expert, dense feed_forward.gate_proj)
 }
 
 # Routers and routing parameters, matched as the last components of a name.
@@ -242,6 +256,7 @@ ROUTERS: dict[str, str] = {
     "mlp.router.bias": "gpt-oss (router bias)",
     "ffn.gate.weight": "DeepSeek-V4 native names",
     "ffn.gate.bias": "DeepSeek-V4 (score bias)",
+    "feed_forward.router.weight": "Llama-4 (sigmoid of its top-1 logit scales the expert's input)",
 }
 EMBEDDINGS = frozenset({
     "embed_tokens",  # transformers (every family)

@@ -41,6 +41,7 @@ __all__ = [
     "format_pairs",
     "format_trace_line",
     "read_pairs",
+    "trace_positions",
     "write_pairs",
     "write_route_pairs",
 ]
@@ -100,8 +101,9 @@ class PairsTable:
         }
 
 
-def _trace_rows(path: Path) -> dict[tuple[int, int], dict[int, list[int]]]:
-    """``(forward, row) -> {layer: expert ids}`` of one trace, in order of first appearance."""
+def trace_positions(path: str | os.PathLike) -> dict[tuple[int, int], dict[int, list[int]]]:
+    """``(forward, row) -> {layer: expert ids}`` of one trace, in order of first appearance: its positions as
+    ``route_pairs.py`` groups them (a line naming a layer below the previous one starts a forward)."""
     rows: dict[tuple[int, int], dict[int, list[int]]] = {}
     forward, previous = 0, -1
     try:
@@ -140,7 +142,7 @@ def build_pairs(
     counts: dict[tuple[int, int, int], dict[int, int]] = {}
     table = PairsTable()
     for path in map(Path, traces):
-        rows = _trace_rows(path)
+        rows = trace_positions(path)
         for layers in rows.values():
             for L in sorted(layers):
                 for dL in range(1, depth + 1):

@@ -338,6 +338,65 @@ class Mxfp4Blocks(SourceEncoding):
         return _decoders(fast).decode_mxfp4_blocks(blocks, scales)
 
 
+class Mxfp4PackQuantized(SourceEncoding):
+    """compressed-tensors ``mxfp4-pack-quantized`` (Kimi K3's routed experts): ``<base>.weight_packed`` U8
+    ``[O, I/2]`` (E2M1, low nibble = even element) + ``<base>.weight_scale`` U8 E8M0 ``[O, I/32]``;
+    ``e2m1(nib) * 2^(e - 127)``. These are the registered mxfp4 format's own tensors, byte for byte (same
+    suffixes, dtypes, shapes and nibble order): ``native`` keeps them unchanged. Defined before
+    :class:`PackQuantizedInt4`, which claims every other ``.weight_packed``."""
+
+    kind = "mxfp4-pack"
+    label = "MXFP4"
+    declared_by = (("compressed-tensors", None),)
+    parts = (
+        Part("data", ".weight_packed", ("U8",), "[O, I/2]"),
+        Part("scale", ".weight_scale", ("U8",), "[O, I/32]"),
+    )
+    group = ref.MXFP4_BLOCK
+
+    @classmethod
+    def scheme(cls, qc, config):
+        return _ct_scheme(qc, MXFP4_PACK_QUANTIZED)
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        h, base = tensors[name], name[: -len(data.suffix)]
+        sname = base + scale.suffix
+        if not name.endswith(data.suffix) or h.dtype not in data.dtypes or sname not in tensors:
+            return None
+        s, shape = tensors[sname], tuple(h.shape)
+        if len(shape) != 2 or s.dtype not in scale.dtypes:
+            return None  # an INT4 weight_packed of another dtype: PackQuantizedInt4 refuses it
+        O, I = shape[0], shape[1] * 2
+        if I % cls.group:
+            raise FormatError(
+                f"tensor {name}: MXFP4 weight {list(shape)} holds I = {I}, not a multiple of 32"
+            )
+        if tuple(s.shape) != (O, I // cls.group):
+            raise FormatError(
+                f"tensor {sname}: MXFP4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
+                f"(expected U8 [{O}, {I // cls.group}])"
+            )
+        return Paired(cls, base + ".weight", (O, I), (("data", name), ("scale", sname)), cls.group)
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        return NativeForm("mxfp4", copies=True)
+
+    @classmethod
+    def keep(cls, parts, O, I, gs, *, name):
+        scale = np.ascontiguousarray(parts["scale"], dtype=np.uint8).reshape(O, I // 32)
+        if (scale == 0xFF).any():
+            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an MXFP4 source; cannot keep it")
+        return np.ascontiguousarray(parts["data"], dtype=np.uint8).reshape(O, I // 2), scale
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        blocks = np.ascontiguousarray(parts["data"], dtype=np.uint8).reshape(O, I // 32, 16)  # the same bytes
+        return _decoders(fast).decode_mxfp4_blocks(blocks, parts["scale"].reshape(O, I // 32))
+
+
 class PackQuantizedInt4(SourceEncoding):
     """compressed-tensors ``pack-quantized`` INT4 (Kimi-K2-Thinking's experts): ``<base>.weight_packed`` I32
     ``[O, I/8]`` (eight ``q + 8`` nibbles per int32, lowest bits first), ``.weight_scale`` ``[O, I/g]``,
@@ -360,7 +419,7 @@ class PackQuantizedInt4(SourceEncoding):
 
     @classmethod
     def scheme(cls, qc, config):
-        return _int4_scheme(qc)
+        return _ct_scheme(qc, PACK_QUANTIZED)
 
     @classmethod
     def pair(cls, name, tensors, scheme):
@@ -584,8 +643,13 @@ def read_quant_config(config: Mapping[str, Any]) -> QuantScheme:
     return QuantScheme(method, tuple((k, s) for k, s in schemes if s is not None))
 
 
-def _int4_scheme(qc: Mapping[str, Any]) -> Int4Scheme:
-    """The INT4 weight scheme of a compressed-tensors config (one ``config_groups`` scheme for its weights)."""
+PACK_QUANTIZED, MXFP4_PACK_QUANTIZED = "pack-quantized", "mxfp4-pack-quantized"  # compressed-tensors formats
+
+
+def _ct_weights(qc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(format, weights)`` of every ``config_groups`` scheme of a compressed-tensors config that quantizes
+    weights (a group's own ``format``, else the top level's, else pack-quantized); ConfigError for a malformed
+    group or a format no encoding reads."""
     fmt = qc.get("format")
     groups = qc.get("config_groups") or {}
     if not isinstance(groups, Mapping):
@@ -599,16 +663,33 @@ def _int4_scheme(qc: Mapping[str, Any]) -> Int4Scheme:
                 f"config.json: quantization_config.config_groups.{key}.weights is a "
                 f"{type(g['weights']).__name__}, expected an object"
             )
+    known = {PACK_QUANTIZED, MXFP4_PACK_QUANTIZED}
     formats = {fmt, *(g.get("format") for g in schemes)} - {None}
-    if formats - {"pack-quantized"}:
+    if formats - known:
         raise ConfigError(
             "config.json: quantization_config.format "
-            f"{sorted(formats - {'pack-quantized'}, key=str)[0]!r} of quant_method 'compressed-tensors' is not "
-            "supported (only 'pack-quantized')"
+            f"{sorted(formats - known, key=str)[0]!r} of quant_method 'compressed-tensors' is not "
+            f"supported (only {PACK_QUANTIZED!r}, {MXFP4_PACK_QUANTIZED!r})"
         )
-    if not schemes:
+    return [(g.get("format") or fmt or PACK_QUANTIZED, g["weights"]) for g in schemes]
+
+
+def _ct_scheme(qc: Mapping[str, Any], fmt: str) -> Int4Scheme | None:
+    """The weight scheme of format ``fmt`` in a compressed-tensors config: pack-quantized INT4 (one scheme for its
+    weights: group size, symmetry, act order), or mxfp4-pack-quantized (checked: 4-bit float, groups of 32;
+    it has no scheme of its own: None)."""
+    weights = [w for f, w in _ct_weights(qc) if f == fmt]
+    if fmt == MXFP4_PACK_QUANTIZED:
+        for w in weights:
+            if (w.get("num_bits"), w.get("type"), w.get("group_size")) != (4, "float", 32):
+                raise ConfigError(
+                    f"config.json: compressed-tensors {MXFP4_PACK_QUANTIZED} weights with num_bits "
+                    f"{w.get('num_bits')!r} type {w.get('type')!r} group_size {w.get('group_size')!r} are not "
+                    "supported (only 4-bit float in groups of 32)"
+                )
+        return None
+    if not weights:
         return Int4Scheme()
-    weights = [g["weights"] for g in schemes]
     for w in weights:
         if w.get("num_bits") != 4 or w.get("type", "int") != "int":
             raise ConfigError(

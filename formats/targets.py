@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,9 @@ class Target:
     config_extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # config.json keys it reads
     meta: MetaFile | None = None
     refused: str | None = None
+    engine_formats: tuple[str, ...] | None = None  # registry names the engine reads (None: any); else refused
+    config_check: Callable[[dict[str, Any]], str | None] | None = None  # why the engine cannot run a config
+    tokenizer_stub: bool = False  # the engine loads tokenizer.json in every mode: an id-only one when absent
 
     # ------------------------------------------------------------------------------------ options, sources
     def check_writable(self) -> None:
@@ -204,6 +207,35 @@ class Target:
                 f"the source is {model_type!r}"
             )
 
+    def check_source(self, config: dict[str, Any]) -> None:
+        """TargetRefused (one line) for a source this target's engine cannot run: another model type
+        (``check_model_type``) or a config its engine misreads (``config_check``)."""
+        self.check_model_type(model_config.model_type(config))
+        why = self.config_check(model_config.text_config(config)) if self.config_check is not None else None
+        if why is not None:
+            raise TargetRefused(f"`target={self.name}`: the source is refused: {why}")
+
+    def check_format(self, job: PlannedTensor) -> None:
+        """TargetRefused (one line naming the tensor and its format) when ``job`` would be written in a format
+        this target's engine has no reader for (``engine_formats``)."""
+        fmt = job.target.fmt
+        if self.engine_formats is None or fmt in self.engine_formats or job.target.is_float:
+            return
+        raise TargetRefused(
+            f"`target={self.name}`: tensor {job.source.name} would be written as {fmt}, which {self.loader} "
+            f"does not read (it reads {', '.join(self.engine_formats)}); choose another format, or convert "
+            f"without a target for colitools' own readers"
+        )
+
+    def engine_files(self, copied: Sequence[str], config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Files the engine needs that the source lacks, by name (``tokenizer_stub``: an id-only
+        ``tokenizer.json`` when none was copied)."""
+        if not self.tokenizer_stub or TOKENIZER_FILE in copied:
+            return {}
+        return {
+            TOKENIZER_FILE: id_only_tokenizer(int(model_config.text_config(config).get("vocab_size") or 0))
+        }
+
     # ------------------------------------------------------------------------------------------ names
     def out_name(self, name: str) -> str | None:
         """The name this target writes for a source tensor name: ``rename`` (first match), then ``name_map``
@@ -225,6 +257,7 @@ class Target:
         """How this target writes planned tensor ``job`` (its recipe name and format): renamed, in the loader's
         float dtype, kept float, re-chosen by the int4 rule, or in the loader's expert spelling; None when it
         is written as planned. TargetRefused (one line) for a tensor the loader looks up by no name."""
+        self.check_format(job)
         name, base = job.out_name, job.expert_base
         if self.rename or self.name_map is not None:
             out = self.out_name(name)
@@ -313,8 +346,8 @@ def deepseek_v4_config(config: dict[str, Any]) -> dict[str, Any]:
     a transformers 5.24 config spells otherwise, derived from it (the transformers keys stay, for colitools'
     own readers): ``compress_ratios`` per layer (``layer_types`` through ``compress_rates``, 0 for a sliding
     layer; one 0 per MTP layer after them, as the released list has), ``num_hash_layers`` (the leading
-    ``hash_moe`` layers of ``mlp_layer_types``), ``expert_dtype`` ``fp4``, ``topk_method`` ``noaux_tc`` and
-    ``quantization_config`` (``V4_QUANTIZATION``). Keys the source already has are kept as they are."""
+    ``hash_moe`` layers of ``mlp_layer_types``), ``expert_dtype`` ``fp4``, ``topk_method`` ``noaux_tc``,
+    ``rope_scaling`` (``deepseek_v4_rope_scaling``) and ``quantization_config`` (``V4_QUANTIZATION``). Keys the source already has are kept as they are."""
     mcfg = model_config.text_config(config)
     extra: dict[str, Any] = {}
     n = int(mcfg.get("num_hidden_layers") or 0)
@@ -328,10 +361,60 @@ def deepseek_v4_config(config: dict[str, Any]) -> dict[str, Any]:
         while hashed < len(mlp) and mlp[hashed] == "hash_moe":
             hashed += 1
         extra["num_hash_layers"] = hashed
+    if not isinstance(mcfg.get("rope_scaling"), dict):
+        extra["rope_scaling"] = deepseek_v4_rope_scaling(mcfg)
     extra.setdefault("expert_dtype", mcfg.get("expert_dtype", "fp4"))
     extra.setdefault("topk_method", mcfg.get("topk_method", "noaux_tc"))
     extra["quantization_config"] = dict(V4_QUANTIZATION)
     return extra
+
+
+V4_YARN_BETAS = (32, 1)  # DeepSeek-V4's released beta_fast / beta_slow (inert at factor 1)
+
+
+def deepseek_v4_rope_scaling(mcfg: dict[str, Any]) -> dict[str, Any]:
+    """``rope_scaling`` as the released config spells it and ``coli_v4_config_parse`` requires it (an object
+    with ``factor``, ``beta_fast``, ``beta_slow`` (integers) and ``original_max_position_embeddings``), from
+    transformers 5.24's ``rope_parameters`` (the compressed layers' ``compress`` entry, where c/deepseek_v4.c
+    applies YaRN, else ``main``, else the flat dict). A rope without YaRN gets ``factor`` 1.0, with which the
+    engine's ``rope_frequency`` is the plain frequency whatever the betas, and ``original_max_position_embeddings``
+    = ``max_position_embeddings``."""
+    params = mcfg.get("rope_parameters") or {}
+    rope = next((params[k] for k in ("compress", "main") if isinstance(params.get(k), dict)), params)
+    rope = rope if isinstance(rope, dict) and rope.get("rope_type") == "yarn" else {}
+    return {
+        "type": "yarn",
+        "factor": float(rope.get("factor", 1.0)),
+        "beta_fast": int(rope.get("beta_fast", V4_YARN_BETAS[0])),
+        "beta_slow": int(rope.get("beta_slow", V4_YARN_BETAS[1])),
+        "original_max_position_embeddings": int(
+            rope.get("original_max_position_embeddings", mcfg.get("max_position_embeddings") or 0)
+        ),
+    }
+
+
+# ----------------------------------------------------------------------------------------- glm53 config
+# c/glm53.c load_cfg reads the KDA geometry from text_config.linear_attn_config (required: num_heads, head_dim,
+# short_conv_kernel_size; gate_lower_bound defaults to -5), where a transformers 5.24 glm5_next config has flat keys
+GLM53_KDA_KEYS = (("num_heads", "linear_num_heads"), ("head_dim", "linear_head_dim"),
+                  ("short_conv_kernel_size", "linear_conv_kernel_dim"), ("gate_lower_bound", "linear_lower_bound"))  # fmt: skip
+
+
+def glm53_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``linear_attn_config`` as c/glm53.c ``load_cfg`` reads it (``GLM53_KDA_KEYS``, from the flat
+    ``linear_*`` keys), added to the text config (``text_config`` of a multimodal config, else the top level)
+    when the source has none; the flat keys stay, for colitools' own readers. Nothing when the source already
+    has one (a hub config), or has no flat KDA keys to derive it from. No ``full_attn_layers`` / ``kda_layers``:
+    the engine takes the layer kinds from ``layer_types`` and only cross-checks those optional lists."""
+    text = model_config.text_config(config)
+    if isinstance(text.get("linear_attn_config"), dict):
+        return {}
+    if any(text.get(flat) is None for _, flat in GLM53_KDA_KEYS[:3]):  # the three it requires
+        return {}
+    kda = {key: text[flat] for key, flat in GLM53_KDA_KEYS if text.get(flat) is not None}
+    if text is config:
+        return {"linear_attn_config": kda}
+    return {"text_config": {**text, "linear_attn_config": kda}}
 
 
 # --------------------------------------------------------------------------------------- qwen36_meta.json
@@ -407,13 +490,56 @@ def qwen36_meta(
     return meta
 
 
+# ----------------------------------------------------------------------- what an engine cannot run or lacks
+TOKENIZER_FILE = "tokenizer.json"
+ID_TOKEN = "<|id_{}|>"  # the id-only tokenizer's token for id N
+
+
+def id_only_tokenizer(vocab_size: int) -> dict[str, Any]:
+    """A ``tokenizer.json`` of ``vocab_size`` tokens ``<|id_N|>`` (a WordLevel model, no merges): what
+    c/tok.h ``tok_load`` needs to start an engine that loads one in every mode (``c/deepseek_v4.c``'s main, even
+    with ``--oracle``) when the source ships none; it names ids, it knows no text."""
+    unk = ID_TOKEN.format(0)
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {ID_TOKEN.format(i): i for i in range(vocab_size)}, "unk_token": unk},
+    }  # fmt: skip
+
+
+def olmoe_heads(config: dict[str, Any]) -> str | None:
+    """c/olmoe.c reads no ``num_key_value_heads``: it multiplies ``k_proj`` / ``v_proj`` as ``[hidden,
+    hidden]`` (``model_init``, ``attention``), so a grouped-query config would be read past both buffers."""
+    heads = config.get("num_attention_heads")
+    kv = config.get("num_key_value_heads", heads)
+    if kv == heads:
+        return None
+    return (
+        f"num_key_value_heads {kv} != num_attention_heads {heads}: c/olmoe.c multiplies k_proj / v_proj as "
+        f"[hidden, hidden] (it reads no num_key_value_heads)"
+    )
+
+
+# c/colibri.c qt_resolve_fmt's formats (FMT_NAMES: 0-6 and 8; floats as F32 / BF16 / F16 through
+# st_read_f32): no mxfp4 (ord 7 is Vulkan-only in c/kimi_k3.c, no .qs pair) and no fp8-e4m3-e8m0 (``.scale``
+# F8_E8M0, a name qt_from_disk never looks up)
+COLIBRI_C_FORMATS = (
+    "f32", "int8-row", "int4-row", "int2-row", "int4-grouped", "int3-g64", "e8-iq3-lattice", "fp8-e4m3-b128",
+)  # fmt: skip
+
 PAIRS_ONLY = (("layout", ("pairs",)),)  # every family engine reads pairs experts from the main container
 DROPPED_TOWERS = "its converter leaves the multimodal towers out (`towers=drop`)"  # qwen36: visual.*
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target(GENERIC_NAME, "c/colibri.c qt_from_disk / qt_resolve_fmt"),
+        Target(
+            GENERIC_NAME,
+            "c/colibri.c qt_from_disk / qt_resolve_fmt",
+            help="Hugging Face names, every format c/colibri.c reads: named explicitly it refuses mxfp4 and "
+            "fp8-e8m0, which c/colibri.c lacks (the default, no target, writes them for colitools' readers).",
+            engine_formats=COLIBRI_C_FORMATS,
+        ),
         Target(
             "olmoe",
             "c/olmoe.c (model_init's load_t, load_expert_merged)",
@@ -423,6 +549,7 @@ TARGETS: dict[str, Target] = {
             reads=(("experts", (INT8_ROW,)), *_floats("f32", "bf16"), *PAIRS_ONLY),
             defaults=(("experts", INT8_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
             experts=MERGED,
+            config_check=olmoe_heads,
         ),
         Target(
             QWEN36,
@@ -471,8 +598,8 @@ TARGETS: dict[str, Target] = {
         Target(
             GLM53,
             "c/glm53.c (load_f32, load_mat, absorb_kvb, expert_geometry / expert_table_init)",
-            help="int4-g64 experts in the engine's slot order, float or int4-g64 projections; model_type "
-            "glm5_next only.",
+            help="int4-g64 experts in the engine's slot order, float or int4-g64 projections, "
+            "text_config.linear_attn_config added; model_type glm5_next only.",
             model_types=("glm5_next", "glm5_next_text"),
             reads=(("experts", ("int4-g64",)), *_floats("f32", "bf16", "int4-g64"), *PAIRS_ONLY),
             defaults=(("experts", "int4-g64"), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
@@ -481,6 +608,7 @@ TARGETS: dict[str, Target] = {
             source_float_leaves=("embed_tokens", "kv_b_proj"),
             int4_group=64,
             int4_fallback="bf16",
+            config_extra=glm53_config,
         ),
         Target(
             DEEPSEEK_V4,
@@ -502,6 +630,7 @@ TARGETS: dict[str, Target] = {
             name_map=names.deepseek_v4_released_name,
             float_dtypes=tuple(V4_FLOAT_DTYPES.items()),
             config_extra=deepseek_v4_config,
+            tokenizer_stub=True,
         ),
         Target(
             INKLING,
@@ -532,7 +661,8 @@ TARGETS: dict[str, Target] = {
     )
 }
 TARGET_NAMES = tuple(TARGETS)
-GENERIC = TARGETS[GENERIC_NAME]
+# the default (no --target): the generic names and every format colitools' own readers read
+GENERIC = replace(TARGETS[GENERIC_NAME], engine_formats=None)
 EXPERT_READERS: tuple[ExpertLayout, ...] = (FUSED, MERGED)  # the layouts resolve_container claims tensors for
 # the targets' spellings of a format's two tensors, which resolve_container pairs by name and dtype
 SPELLINGS: tuple[Spelling, ...] = tuple(

@@ -69,8 +69,15 @@ class Fixture:
     latent_scale: float | None = None
     # transformers class to build (multimodal families); None: AutoModelForCausalLM
     model_class: str | None = None
-    # fused expert stacks' orientation (the family's): "rows" or "transposed-interleaved" (gpt-oss)
+    # fused expert stacks' orientation (the family's): "rows", "transposed-interleaved" (gpt-oss) or "transposed"
+    # (Qwen3-VL-MoE as published, Llama-4: gate_up [E, H, 2I] gate = the first I columns, down [E, I, H])
     expert_orientation: str = "rows"
+    # transformers saves the stacks by rows ([E, 2I, H] / [E, H, I], Qwen3-VL-MoE): write them transposed, as the
+    # published checkpoints hold them (its loader transposes them back)
+    published_stacks: bool = False
+    # run the references through this submodule (Llama-4: transformers 5.24's Llama4ForConditionalGeneration.forward
+    # fails on a text-only input, ``outputs.image_outputs``; its ``language_model`` is the same text model)
+    reference_module: str | None = None
     # parameters transformers initialises to constants (zeros / ones / tiny std) that the runtime must still get
     # right: in-memory parameter-name regex -> ("set", std) for std * N(0,1) or ("add", std) for += std * N(0,1)
     param_noise: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -995,22 +1002,129 @@ FIXTURES.append(
 )
 
 
-def _target_copy(base: str, name: str, seed: int, what: str) -> Fixture:
+def _target_copy(base: str, name: str, seed: int, what: str, **config: object) -> Fixture:
     """A copy of fixture ``base`` (same family, config and storage) at its own seed, for the ``target-NAME``
     recipe ``base`` leaves out (its ``margin_failed``): seeds searched so every recipe, the target's included,
-    passes the margin checks. ``base`` itself is not re-seeded (its references stay byte-identical)."""
+    passes the margin checks. ``base`` itself is not re-seeded (its references stay byte-identical). ``config``:
+    keys the target's engine needs otherwise (said in the description)."""
     fx = next(f for f in FIXTURES if f.name == base)
+    changed = "".join(f", {k} {v}" for k, v in config.items())
     return replace(
         fx,
         name=name,
-        description=f"{fx.description}. A copy of the {base} fixture at another seed, for the {what} recipe "
-        f"({base}'s seed fails its margin checks)",
+        description=f"{fx.description}. A copy of the {base} fixture at another seed{changed}, for the {what} "
+        f"recipe ({base}'s seed fails its margin checks)",
+        config={**fx.config, **config},
         seed=seed,
         margin_failed={},
     )
 
 
 FIXTURES += [
-    _target_copy("olmoe", "olmoe_target", 1100, "target-olmoe"),
+    # c/olmoe.c multiplies k_proj / v_proj as [hidden, hidden]: --target olmoe refuses grouped-query configs
+    _target_copy("olmoe", "olmoe_target", 1100, "target-olmoe", num_key_value_heads=4),
     _target_copy("glm5_next", "glm5_next_target", 17100, "target-glm53"),
+]
+
+# Column-split expert stacks (issue 25): gate_up [E, H, 2I] with gate = the first I columns, down [E, I, H], as the
+# published Qwen3-VL-MoE and Llama-4 checkpoints hold them; text models only (the towers are kept, never run).
+FIXTURES += [
+    Fixture(
+        "qwen3_vl_moe",
+        "qwen3_vl_moe",
+        "Qwen3-VL-MoE (qwen3_vl_moe, Qwen3VLMoeForConditionalGeneration): vision tower model.visual.* kept "
+        "(deepstack merger), text model under model.language_model.; expert stacks in the published layout "
+        "gate_up_proj [E, H, 2I] (gate = the first I columns) / down_proj [E, I, H] (transformers 5.24 saves them "
+        "[E, 2I, H] / [E, H, I]: rewritten); multimodal RoPE (mrope_section [2, 3, 3], interleaved) on text "
+        "positions; per-head q/k RMSNorm; softmax top-2 of 4 renormalised; layer 1 dense (mlp_only_layers [1])",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=96,
+                moe_intermediate_size=128,  # H = 64: neither stack is square (2I != H, I != H)
+                num_experts=4,  # 4 experts keep the folder under 1 MB
+                num_experts_per_tok=2,
+                mlp_only_layers=[1],
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                 "mrope_interleaved": True},  # fmt: skip
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=32,
+                intermediate_size=64,
+                num_heads=2,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=64,
+                num_position_embeddings=16,
+                deepstack_visual_indexes=[0],
+            ),
+            tie_word_embeddings=False,
+            image_token_id=197,
+            video_token_id=198,
+            vision_start_token_id=199,
+            vision_end_token_id=196,
+        ),
+        model_class="Qwen3VLMoeForConditionalGeneration",
+        expert_orientation="transposed",
+        published_stacks=True,
+        seed=22000,
+    ),
+    Fixture(
+        "llama4",
+        "llama4",
+        "Llama-4 (llama4, Llama4ForConditionalGeneration): vision tower vision_model.* and multi_modal_projector.* "
+        "kept, text model under language_model.model.; layer 0 dense (interleave_moe_layer_step 2, "
+        "intermediate_size_mlp 96) with llama3 RoPE (interleaved pairs), chunked attention (attention_chunk_size 8 < the "
+        "40-token sequence) and L2 q/k norm; layer 1 MoE with NoPE (no_rope_layers [1, 0]), full attention and "
+        "attention temperature tuning (floor_scale 4, attn_scale 0.5); sigmoid top-1 router of 4 scaling the "
+        "expert's input, shared expert; stacks feed_forward.experts.gate_up_proj [E, H, 2I] (gate = the first I "
+        "columns) / down_proj [E, I, H]",
+        dict(
+            text_config=dict(
+                COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=64,  # the routed and shared experts' width
+                intermediate_size_mlp=96,  # the dense layers'
+                num_local_experts=4,
+                num_experts_per_tok=1,
+                interleave_moe_layer_step=2,
+                no_rope_layers=[1, 0],  # 1: RoPE (chunked attention), 0: NoPE (full attention)
+                attention_chunk_size=8,
+                attn_temperature_tuning=True,
+                floor_scale=4,  # 8192 in the real model: no position here would reach it
+                attn_scale=0.5,  # 0.1 in the real model: tuning off then moved only the logits (0.37), no token
+                use_qk_norm=True,
+                rms_norm_eps=1e-5,
+                # Llama-4 Scout's llama3 frequency scaling; original length 16 (8192 in the real model) puts every
+                # wavelength of head_dim 16 in the scaled or the interpolated band
+                rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16},  # fmt: skip
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                vision_output_dim=32,
+                image_size=8,
+                patch_size=4,
+                projector_input_dim=32,
+                projector_output_dim=64,
+            ),
+            tie_word_embeddings=False,
+            boi_token_index=198,
+            eoi_token_index=199,
+            image_token_index=197,
+        ),
+        model_class="Llama4ForConditionalGeneration",
+        expert_orientation="transposed",
+        reference_module="language_model",
+        seed=23000,
+    ),
 ]

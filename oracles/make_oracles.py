@@ -194,6 +194,12 @@ def perturb_family(model: torch.nn.Module, gen: torch.Generator) -> None:
             module.hc_scale.copy_(1 + HC_NOISE * torch.randn(module.hc_scale.shape, generator=gen))
 
 
+def published_layout(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Expert stacks saved by rows (transformers 5.24's Qwen3-VL-MoE: ``gate_up_proj [E, 2I, H]``, ``down_proj
+    [E, H, I]``) in the published layout ``[E, H, 2I]`` / ``[E, I, H]``; every other tensor as it is."""
+    return {n: np.ascontiguousarray(w.transpose(0, 2, 1)) if FUSED_RE.match(n) else w for n, w in tensors.items()}
+
+
 def disk_tensors(
     model: torch.nn.Module, fused: bool, tmp: Path
 ) -> tuple[dict[str, np.ndarray], dict, dict | None]:
@@ -453,9 +459,12 @@ def decoded_tensors(stored: dict[str, torch.Tensor]) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------ running models
 def load_reference_model(
-    config: dict, weights: dict[str, np.ndarray], tmp: Path, fused: bool, model_class: str | None = None
+    config: dict, weights: dict[str, np.ndarray], tmp: Path, fused: bool, model_class: str | None = None,
+    published_stacks: bool = False,
 ) -> torch.nn.Module:
-    """Load float32 weights (on-disk names) into transformers through its own loader (name conversion included)."""
+    """Load float32 weights (on-disk names) into transformers through its own loader (name conversion included).
+    ``published_stacks``: the expert stacks are given transposed (``published_layout``), transformers saves them
+    back by rows."""
     d = tmp / "load"
     if d.exists():
         shutil.rmtree(d)
@@ -485,6 +494,8 @@ def load_reference_model(
         again.update({k: to_np_f32(v) if v.is_floating_point() else v.numpy().copy()
                       for k, v in load_file(str(f)).items()})  # fmt: skip
     assert set(again) == set(weights), sorted(set(again) ^ set(weights))[:5]
+    if published_stacks:
+        again = published_layout(again)
     for k, v in weights.items():
         assert np.array_equal(again[k], v), f"weight {k} changed on load"
     model.eval()
@@ -508,6 +519,8 @@ class RouterProbe:
                 self.handles.append(module.register_forward_hook(self._scored_router_hook))  # DeepSeek-V4
             elif cls.endswith(("TopKRouter", "TopkRouter")):
                 self.handles.append(module.register_forward_hook(self._router_hook))
+            elif cls == "Llama4Router":
+                self.handles.append(module.register_forward_hook(self._llama4_router_hook))
             elif cls.endswith("Indexer") and hasattr(module, "index_kpool"):  # GLM-5.3: pooled keys
                 self.handles.append(module.register_forward_hook(self._kpool_indexer_hook, with_kwargs=True))
             elif cls == "DeepseekV4Indexer":  # its scorer's output is the index score; positions from here
@@ -559,6 +572,14 @@ class RouterProbe:
         logits = output[0].detach().to(torch.float32).reshape(-1, output[0].shape[-1])
         self.router_calls += 1
         srt = (logits.sigmoid() + module.e_score_correction_bias.float()).sort(dim=-1, descending=True)[0]
+        k = module.top_k
+        self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
+
+    def _llama4_router_hook(self, module, args, output) -> None:
+        # Llama-4: top-k of the raw logits (output (scores, logits)); the margin in sigmoid space, as the gate
+        logits = output[1].detach().to(torch.float32).reshape(-1, output[1].shape[-1])
+        self.router_calls += 1
+        srt = logits.sigmoid().sort(dim=-1, descending=True)[0]
         k = module.top_k
         self.min_router = min(self.min_router, (srt[:, k - 1] - srt[:, k]).min().item())
 
@@ -778,6 +799,8 @@ def make_fixture(
         model = build_model(fx, seed, vocab)
         disk, saved_cfg, gen_cfg = disk_tensors(model, fx.fused, tmp)
         del model
+        if fx.published_stacks:
+            disk = published_layout(disk)
         stored, source = store(fx, disk)
         config = fixture_config(fx, saved_cfg)
         V = text_of(config)["vocab_size"]
@@ -800,10 +823,10 @@ def make_fixture(
             weights, formats, fallbacks = apply_recipe(
                 source, recipe, n_layers, fx.expert_orientation, native, decoded, bf16_stored
             )
-            model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class)
+            model = load_reference_model(config, weights, tmp, fx.fused, fx.model_class, fx.published_stacks)
             if recipe == "f32" and attempt == 0:
                 describe_model(fx, model)
-            res = run_reference(model, prompt)
+            res = run_reference(getattr(model, fx.reference_module) if fx.reference_module else model, prompt)
             del model
             why = check(fx, res, eos)
             if why and add:  # no re-seeding: the recipe is left out
@@ -977,6 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             index["fixtures"][fx.name] = make_fixture(fx, Path(tmp) / fx.name)
     order = [f.name for f in FIXTURES]
+    order += [k for k in index["fixtures"] if k not in order]  # made by their own scripts (make_kimi_k3.py)
     index = {
         "schema": SCHEMA_VERSION,
         "generator": "oracles/make_oracles.py",

@@ -20,6 +20,10 @@ compares bit for bit.
 * NVFP4: compressed-tensors' ``unpack_fp4_from_uint8`` (float32) and its ``_dequantize`` with
   ``global_scale = 1 / scale_2`` (compressed-tensors divides by a global scale where modelopt multiplies by
   ``scale_2``; ``scale_2`` is a power of two here so that both orders are the same exact product).
+* MXFP4 pack-quantized (Kimi K3's experts): ``compressed_tensors`` ``MXFP4PackedCompressor.compress`` of random
+  float weights (its ``MXFP4`` preset scheme, scales by its own ``calculate_qparams``), then every E8M0 byte
+  written into the scales, and ``.decompress`` (bfloat16, its compute dtype) of the result. Its own generator, so
+  the vectors above stay byte-identical.
 """
 
 from __future__ import annotations
@@ -112,6 +116,31 @@ def nvfp4() -> dict[str, torch.Tensor]:
     return {"weight": packed, "weight_scale": sb, "weight_scale_2": scale_2, "codes_f32": x, "expect": expect}
 
 
+def mxfp4_pack() -> dict[str, torch.Tensor]:
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from compressed_tensors.quantization.quant_scheme import MXFP4
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    g = torch.Generator().manual_seed(28)
+    scheme = QuantizationScheme(targets=["Linear"], **MXFP4)
+    O, I = 48, 192
+    w = torch.randn((O, I), generator=g) * 0.05
+    w[0, :32] = 0  # an all-zero block
+    groups = w.reshape(O, I // 32, 32)
+    scale, zp = calculate_qparams(groups.amin(dim=2), groups.amax(dim=2), scheme.weights)
+    comp = MXFP4PackedCompressor.compress(
+        {"weight": w, "weight_scale": scale, "weight_zero_point": zp}, scheme
+    )
+    computed = comp["weight_scale"].clone()
+    s = comp["weight_scale"]
+    s.view(-1)[:256] = torch.arange(256, dtype=torch.int64).to(torch.uint8)  # every E8M0 byte (0xFF: NaN)
+    comp["weight_packed"][1, :16] = torch.arange(16, dtype=torch.uint8) * 17  # nibble k, k
+    dec = MXFP4PackedCompressor.decompress(dict(comp), scheme)
+    return {"weight_packed": comp["weight_packed"], "weight_scale": s, "computed_scale": computed,
+            "expect": dec["weight"].contiguous()}  # fmt: skip
+
+
 def int4_checkpoint(folder: Path) -> None:
     """A tiny deepseek_v3-like checkpoint whose routed experts are compressed by compressed-tensors itself
     (``PackedQuantizationCompressor``, W4A16 symmetric group 32, bfloat16 scales as Kimi-K2-Thinking ships
@@ -178,6 +207,7 @@ def main() -> None:
         "int4_asym_f32": _int4(False, torch.float32),
         "mxfp8": mxfp8(),
         "nvfp4": nvfp4(),
+        "mxfp4_pack": mxfp4_pack(),
     }
     for name, tensors in vectors.items():
         tensors = {k: v.contiguous() for k, v in tensors.items()}

@@ -246,7 +246,7 @@ def no_shared_expert(model) -> bool:
     hit = False
     for layer in _text_model(model).layers:
         for n in ("shared_experts", "shared_expert"):
-            sub = getattr(layer.mlp, n, None)
+            sub = getattr(getattr(layer, "mlp", None) or layer.feed_forward, n, None)  # Llama-4: feed_forward
             if sub is not None:  # Inkling's stacked shared experts: down_proj is the [n, H, I] parameter
                 getattr(sub.down_proj, "weight", sub.down_proj).zero_()
                 hit = True
@@ -909,6 +909,125 @@ def final_softcap_off(model) -> bool:
     return _identity_forward([model.logit_softcap])
 
 
+# ---- column-split expert stacks (Qwen3-VL-MoE, Llama-4: gate = the first I columns of gate_up [E, H, 2I])
+def _split_stacks(model) -> list[tuple[torch.nn.Parameter, int]]:
+    """Each gate_up stack and the axis its gate / up halves lie along (Qwen3-VL-MoE holds [E, 2I, H])."""
+    out = []
+    for m in _of_class(model, "TextExperts"):
+        if type(m).__name__ in ("Qwen3VLMoeTextExperts", "Llama4TextExperts"):
+            out.append((m.gate_up_proj, 1 if m.gate_up_proj.shape[1] == 2 * m.down_proj.shape[-1] else 2))
+    return out
+
+
+def gate_up_halves_swapped(model) -> bool:
+    """The column split read the wrong way round: up = the first I columns, gate = the last I."""
+    for w, axis in _split_stacks(model):
+        w.copy_(torch.cat(w.chunk(2, dim=axis)[::-1], dim=axis))
+    return bool(_split_stacks(model))
+
+
+def gate_up_read_interleaved(model) -> bool:
+    """The stacks split as gpt-oss's (gate = even columns, up = odd ones) instead of in halves."""
+    for w, axis in _split_stacks(model):
+        idx = torch.arange(w.shape[axis])
+        w.copy_(torch.cat([w.index_select(axis, idx[0::2]), w.index_select(axis, idx[1::2])], dim=axis))
+    return bool(_split_stacks(model))
+
+
+def _llama4(model) -> bool:
+    return _cfg(model).model_type == "llama4_text"
+
+
+def llama3_as_default(model) -> bool:
+    """llama3 RoPE (Llama-4 Scout) read as the default frequencies."""
+    cfg = _cfg(model)
+    if not _has_rope(model) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") != "llama3":
+        return False
+    dim, base = cfg.head_dim, cfg.rope_parameters["rope_theta"]
+    _text_model(model).rotary_emb.inv_freq.copy_(1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)))
+    return True
+
+
+def chunked_attention_off(model) -> bool:
+    """Llama-4: the RoPE layers' chunked mask as a plain causal one."""
+    if not _llama4(model):
+        return False
+    cfg = _cfg(model)
+    cfg.layer_types = ["full_attention"] * len(cfg.layer_types)
+    return True
+
+
+def nope_layers_rotated(model) -> bool:
+    """Llama-4: RoPE applied on the NoPE layers too (no_rope_layers ignored)."""
+    if not _llama4(model):
+        return False
+    for a in _attn_modules(model):
+        a.use_rope = 1
+    return True
+
+
+def temperature_tuning_off(model) -> bool:
+    if not _llama4(model):
+        return False
+    for a in _attn_modules(model):
+        a.attn_temperature_tuning = False
+    return True
+
+
+def qk_l2_norm_dropped(model) -> bool:
+    hit = False
+    for a in _attn_modules(model) if _llama4(model) else []:
+        if hasattr(a, "qk_norm"):
+            delattr(a, "qk_norm")
+            hit = True
+    return hit
+
+
+def router_gate_on_output(model) -> bool:
+    """Llama-4: the sigmoid gate multiplies the expert's output instead of its input."""
+    moes = _of_class(model, "Llama4TextMoe")
+    for m in moes:
+
+        def forward(hidden_states, m=m):
+            x = hidden_states.reshape(-1, m.hidden_dim)
+            scores, logits = m.router(x)
+            E = scores.shape[1]
+            routed = m.experts(x.repeat(E, 1)).reshape(E, -1, x.shape[-1]) * scores.transpose(0, 1)[..., None]
+            return m.shared_expert(x) + routed.sum(dim=0), logits
+
+        m.forward = forward
+    return bool(moes)
+
+
+def router_softmax_not_sigmoid(model) -> bool:
+    """Llama-4: the top-k logits softmax-normalised instead of each one's sigmoid."""
+    routers = _of_class(model, "Llama4Router")
+    for r in routers:
+
+        def forward(hidden_states, r=r):
+            logits = torch.nn.functional.linear(hidden_states, r.weight)
+            top, idx = torch.topk(logits, r.top_k, dim=1)
+            scores = torch.full_like(logits, float("-inf")).scatter_(1, idx, top).softmax(dim=1)
+            return scores, logits
+
+        r.forward = forward
+    return bool(routers)
+
+
+def router_not_renormalised(model) -> bool:
+    """Qwen3-VL-MoE: its router always renormalises the top-k probabilities (no norm_topk_prob flag)."""
+    routers = _of_class(model, "Qwen3VLMoeTextTopKRouter")
+    for r in routers:
+
+        def forward(hidden_states, r=r):
+            logits = torch.nn.functional.linear(hidden_states.reshape(-1, r.hidden_dim), r.weight)
+            top, idx = torch.topk(torch.softmax(logits, dtype=torch.float, dim=-1), r.top_k, dim=-1)
+            return logits, top.to(logits.dtype), idx
+
+        r.forward = forward
+    return bool(routers)
+
+
 MUTATIONS: dict[str, Mutation] = {
     "no RoPE": no_rope,
     "RoPE layout flipped": flip_rope_layout,
@@ -981,6 +1100,16 @@ MUTATIONS: dict[str, Mutation] = {
     "expert SwiGLU softcaps off": expert_softcaps_off,
     "attention-residual queries zeroed": attn_res_uniform,
     "final logit softcap off": final_softcap_off,
+    "gate/up halves swapped": gate_up_halves_swapped,
+    "gate/up read interleaved": gate_up_read_interleaved,
+    "llama3 RoPE read as default": llama3_as_default,
+    "chunked attention off": chunked_attention_off,
+    "NoPE layers rotated": nope_layers_rotated,
+    "attention temperature tuning off": temperature_tuning_off,
+    "q/k L2 norm dropped": qk_l2_norm_dropped,
+    "router gate on the expert output": router_gate_on_output,
+    "router softmax instead of sigmoid": router_softmax_not_sigmoid,
+    "router top-k not renormalised": router_not_renormalised,
 }
 # module globals the mutations above may replace, restored after each run
 _PATCHABLE = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "causal_conv1d_update", "l2norm", "torch")
@@ -1004,7 +1133,8 @@ def load_f32(fx: Fixture) -> torch.nn.Module:
             disk[k] = v.to(torch.float32).numpy()
     cfg = json.loads((d / "config.json").read_text())
     weights, _, _ = apply_recipe(disk, "f32", text_of(cfg)["num_hidden_layers"], fx.expert_orientation)
-    return load_reference_model(cfg, weights, Path(_TMP.name), fx.fused, fx.model_class)
+    model = load_reference_model(cfg, weights, Path(_TMP.name), fx.fused, fx.model_class, fx.published_stacks)
+    return getattr(model, fx.reference_module) if fx.reference_module else model
 
 
 def main() -> int:

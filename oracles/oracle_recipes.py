@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
+from colitools.formats import names, targets
 from colitools.formats import registry as reg
-from colitools.formats import targets
 
 FP8_BLOCK = 128
 FP8_MAX = 448.0
@@ -225,8 +225,10 @@ INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 
 # The current generation (docs/FORMATS.md §5 rows 1-2): multimodal towers keep their source values;
 # small 2-D parameters (hyper-connections, sinks, A_log, dt_bias, ...) and every router spelling stay F32.
-TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
-ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
+TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|multi_modal_projector|audio_tower|"
+                      r"audio)\.")  # fmt: skip
+ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate|feed_forward\.router)\."
+                       r"(weight|bias)$")  # fmt: skip
 SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
                          r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
@@ -344,7 +346,8 @@ def apply_recipe(
     ``decoded``: natively quantized tensors no format holds exactly, name -> kind (``NVFP4``, ``MXFP8``): under
     ``native`` they get the default on their decoded values, listed as fallbacks (reason ``decoded: <kind>
     source, no format holds it exactly; written as <format>``, docs/FORMATS.md §5). ``bf16_stored``: the source
-    tensors stored BF16; a tower among them keeps that dtype (rule 1) and is labelled ``bf16``."""
+    tensors stored BF16; a tower among them keeps that dtype (rule 1) and is labelled ``bf16``, as is one of a
+    target's ``source_float_leaves`` the recipe would quantize (kept in the source's dtype, its values)."""
     decoded = decoded or {}
     if not isinstance(native, Mapping):
         native = dict.fromkeys(native, "mxfp4")
@@ -366,6 +369,10 @@ def apply_recipe(
             if dropped(name, role):  # left out by the converter: the model still needs a value, no format
                 return w
             option = target.float_dtype(target.out_name(name)) or option
+            kept_float = names.parse_name(name).leaf in target.source_float_leaves
+            if kept_float and w.ndim == 2 and option not in ("f32", "bf16"):  # Target.rewrite's keep_float
+                formats[name] = "bf16" if name in bf16_stored else "f32"
+                return w
         if option == "bf16":  # BF16 storage: float32 -> bfloat16 round to nearest even -> float32
             formats[name] = "bf16"
             return w.astype(ml_dtypes.bfloat16).astype(np.float32)
@@ -407,6 +414,18 @@ def apply_recipe(
                 else:
                     one(f"{base}.{e}.down_proj.bias", w[e], "router_1d")
             out[name] = w
+        elif m and orientation == "transposed":  # Qwen3-VL-MoE as published, Llama-4
+            base, kind = m.groups()
+            parts = []
+            for e in range(w.shape[0]):
+                if kind == "gate_up_proj":  # [H, 2I]: gate = the first I columns, up = the last I (chunk(2, -1))
+                    half = w.shape[2] // 2
+                    g = one(f"{base}.{e}.gate_proj.weight", np.ascontiguousarray(w[e][:, :half].T), role)
+                    u = one(f"{base}.{e}.up_proj.weight", np.ascontiguousarray(w[e][:, half:].T), role)
+                    parts.append(np.concatenate([g.T, u.T], axis=1))
+                else:  # [I, H]
+                    parts.append(one(f"{base}.{e}.down_proj.weight", np.ascontiguousarray(w[e].T), role).T)
+            out[name] = np.ascontiguousarray(np.stack(parts))
         elif m and orientation == "transposed-interleaved":
             base, kind = m.groups()
             parts = []

@@ -29,13 +29,14 @@ RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
 # natively quantized fixtures add ``native`` (docs/FORMATS.md §6); a fixture of a model type a ``--target`` is for
 # (formats/targets.py ``model_types``) adds ``target-NAME`` (oracles/README.md)
 EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling", "target-olmoe",
-                 "target-glm53")
+                 "target-glm53", "target-kimi_k3")
 TARGET_RECIPES = {  # recipe -> (fixture, options)
     "target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4"),
     "target-qwen36": ("qwen3_5_moe", "--target qwen36"),
     "target-inkling": ("inkling", "--target inkling"),
     "target-olmoe": ("olmoe_target", "--target olmoe"),  # copies of olmoe / glm5_next at seeds that pass
     "target-glm53": ("glm5_next_target", "--target glm53"),
+    "target-kimi_k3": ("kimi_k3", "--target kimi_k3"),
 }
 # left out: at the fixture's committed seed the reference fails the margin checks (fixture_specs margin_failed)
 MARGIN_FAILED = {"target-olmoe": "olmoe", "target-glm53": "glm5_next"}
@@ -70,14 +71,18 @@ ROUTERS = (
 
 # docs/FORMATS.md §5 rows 1-2 for the current generation: towers keep their source values, every router
 # spelling and the small 2-D parameters stay F32.
-TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|audio_tower|audio)\.")
-ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate)\.(weight|bias)$")
+TOWER = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|multi_modal_projector|audio_tower|"
+                   r"audio)\.")  # fmt: skip
+ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate|feed_forward\.router)\."
+                       r"(weight|bias)$")  # fmt: skip
 SMALL_2D = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
                       r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
 
 SUFFIXLESS_LINEAR = ("sconv.weight_proj",)  # Inkling-2 dynamic-conv tap projection: a linear weight (rule 6)
 COPIED = {"<i8": "I64", "|u1": "U8"}  # numpy dtype -> safetensors dtype of row-0 tensors
-TRANSPOSED_STACKS = {"gpt_oss"}  # gate_up [E, H, 2I] (columns interleaved), down [E, I, H]
+# gate_up [E, H, 2I] (gpt-oss: columns interleaved; Qwen3-VL-MoE as published, Llama-4: gate = the first I
+# columns), down [E, I, H]
+TRANSPOSED_STACKS = {"gpt_oss", "qwen3_vl_moe", "llama4"}
 
 DTYPES = {
     "F32": np.dtype("<f4"),
@@ -88,12 +93,12 @@ DTYPES = {
     "I32": np.dtype("<i4"),
     "U8": np.dtype("u1"),
 }
-NATIVE_STORAGES = ("mxfp4", "int4", "nvfp4", "mxfp8", "mxfp8-stacks")  # natively quantized: add ``native``
+NATIVE_STORAGES = ("mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8", "mxfp8-stacks")  # natively quantized: add ``native``
 # what ``native`` writes for their experts (docs/FORMATS.md §5): the lossless format, or the default on the decode
 # (the default recipe's experts: int4-g64; int4-row at I <= 64)
 DECODED_EXPERTS = ("int4-row", "int4-g")
-NATIVE_EXPERTS = {"mxfp4": ("mxfp4",), "int4": ("int4-g32",), "nvfp4": DECODED_EXPERTS, "mxfp8": DECODED_EXPERTS,
-                  "mxfp8-stacks": DECODED_EXPERTS}  # fmt: skip
+NATIVE_EXPERTS = {"mxfp4": ("mxfp4",), "mxfp4-pack": ("mxfp4",), "int4": ("int4-g32",), "nvfp4": DECODED_EXPERTS,
+                  "mxfp8": DECODED_EXPERTS, "mxfp8-stacks": DECODED_EXPERTS}  # fmt: skip
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -148,7 +153,8 @@ TEXT_ROOTS = ("model.language_model.", "language_model.model.", "model.llm.", "m
 
 
 EMBEDS = ("embed_tokens.weight", "embed.weight")  # transformers; Inkling-2 native (model.llm.embed)
-HEADS = ("lm_head.weight", "head.weight", "model.llm.unembed.weight")  # + DeepSeek-V4, Inkling-2 native
+HEADS = ("lm_head.weight", "head.weight", "model.llm.unembed.weight",  # + DeepSeek-V4, Inkling-2 native
+         "language_model.lm_head.weight")  # Llama-4 (language_model.model. wrappers), Kimi K3  # fmt: skip
 
 
 def embed_name(tensors: dict) -> str:
@@ -248,7 +254,7 @@ def test_fixture_folder_loads(name: str) -> None:
 def test_expert_tensors_match_the_config(name: str) -> None:
     cfg = text_config_of(name)
     tensors, _ = fixture_tensors(name)
-    E, I, H = n_experts(cfg), expert_width(cfg), cfg["hidden_size"]
+    E, I, H = n_experts(cfg), expert_width(cfg), cfg.get("routed_expert_hidden_size") or cfg["hidden_size"]
     fused = {k: v for k, v in tensors.items()
              if re.search(r"\.experts\.(gate_up_proj|down_proj|w13_weight|w2_weight)$", k)}  # fmt: skip
     # MXFP4 stacks [E, O, I/32, 16] hold their float stack by rows (the convention test below checks them)
@@ -269,8 +275,8 @@ def test_expert_tensors_match_the_config(name: str) -> None:
         assert ids == set(range(E))
         for k, v in per.items():
             shape = v.shape
-            if k.endswith(".weight_packed"):  # INT4 pack-quantized: eight codes per int32
-                k, shape = k.removesuffix("_packed"), (v.shape[0], 8 * v.shape[1])
+            if k.endswith(".weight_packed"):  # INT4 pack-quantized: eight codes per int32; MXFP4 (U8): two
+                k, shape = k.removesuffix("_packed"), (v.shape[0], (2 if v.dtype == DTYPES["U8"] else 8) * v.shape[1])
             elif k.endswith(".weight") and v.dtype == DTYPES["U8"]:  # NVFP4: two codes per byte
                 shape = (v.shape[0], 2 * v.shape[1])
             if k.endswith(".weight"):
@@ -628,6 +634,10 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
         _check_v4_target_formats(formats)
         assert ref["fallbacks"] == []
         return
+    if recipe == "target-kimi_k3":
+        _check_k3_target_formats(formats)
+        assert ref["fallbacks"] == []
+        return
     if recipe in TARGET_FORMATS:
         assert ref["fallbacks"] == []
     if recipe in TOWERS_DROPPED:
@@ -666,6 +676,31 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
 def _layer(name: str) -> int:
     m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
     return int(m.group(1)) if m else -1
+
+
+# c/kimi_k3.c model_init, restated: f32_load / st_read_slice_f32 read these 2-D tensors as floats (kept in the
+# source's BF16), expert_table_init the routed experts as mxfp4, w_load every other projection (int8-row, the
+# target's default); norms, conv taps, A_log, dt_bias, router, bias and AttnRes vectors F32 (rule 2).
+K3_FLOAT_LEAVES = ("embed_tokens.weight", "f_a_proj.weight", "f_b_proj.weight", "b_proj.weight")
+
+
+def _check_k3_target_formats(formats: dict[str, str]) -> None:
+    """``--target kimi_k3``'s reference formats are what c/kimi_k3.c's loaders read (K3_FLOAT_LEAVES above)."""
+    seen = set()
+    for k, fmt in formats.items():
+        leaf = ".".join(k.split(".")[-2:])
+        if re.search(r"\.experts\.\d+\.w[123]\.weight$", k):
+            want = "mxfp4"
+        elif leaf in K3_FLOAT_LEAVES:
+            want = "bf16"
+        elif k.endswith(".weight") and not k.endswith(("norm.weight", "res_proj.weight", "gate.weight",
+                                                        "conv1d.weight")):
+            want = "int8-row"
+        else:
+            want = "f32"
+        assert fmt == want, (k, fmt, want)
+        seen.add(want)
+    assert seen == {"mxfp4", "bf16", "int8-row", "f32"}
 
 
 def _check_v4_target_formats(formats: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ from colitools.cli.app import app
 from colitools.cli.options import JsonOpt, ProgressOpt
 from colitools.formats import layouts
 from colitools.formats.format_names import recipe_format_summary
+from colitools.formats.targets import GENERIC as targets_default
 from colitools.formats.targets import help_text as targets_help
 
 _FMT = recipe_format_summary()
@@ -65,7 +66,7 @@ def convert_command(
     ] = None,
     layout: Annotated[str, typer.Option("--layout", help=_LAYOUT_HELP)] = layouts.PAIRS.option,
     towers: Annotated[str | None, typer.Option("--towers", help=_TOWERS_HELP)] = None,
-    target: Annotated[str, typer.Option("--target", help=_TARGET_HELP)] = "generic",
+    target: Annotated[str | None, typer.Option("--target", help=_TARGET_HELP)] = None,
     min_free_gb: Annotated[
         float,
         typer.Option("--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."),
@@ -101,7 +102,7 @@ def convert_command(
 
     options = ConvertOptions(
         experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout, towers=towers,
-        target=target,
+        target=target if target is not None else targets_default,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
         token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip

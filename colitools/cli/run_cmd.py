@@ -119,6 +119,14 @@ def run_command(
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Do not stop at the end-of-sequence token.")
     ] = False,
+    act_quant: Annotated[
+        str | None,
+        typer.Option(
+            "--act-quant",
+            help="Round activations as a family's own inference does: official (deepseek_v4: DeepSeek's "
+            "UE8M0 e4m3 / e2m1 activation blocks, as colibri's c/deepseek_v4.c). Default: float activations.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Generate greedily; a progress / speed line goes to stderr.
@@ -140,6 +148,7 @@ def run_command(
         progress=_progress(max_new_tokens, tty),
         route_trace=route_trace,
         usage_decay=usage_decay,
+        act_quant=act_quant,
     )
     output.echo(_summary(report, tty), err=True)
     if report.usage_note:

@@ -49,6 +49,13 @@ def _lines(report, top: int) -> Iterator[str]:
     yield f"coverage (share of selections served by the hottest X% of routed-expert bytes; {basis})"
     for percent, share in summary.coverage:
         yield f"  {percent:>3}%  {share:7.1%}"
+    if report.mirror is not None:
+        yield ""
+        yield (
+            f"mirror     {report.mirror.plan_file}: {len(report.mirror.files)} shard(s), "
+            f"{len(report.on_mirror)} experts on the mirror"
+            + (" (outlined in the heatmap)" if report.plot else "")
+        )
     if report.plot is not None:
         yield ""
         yield f"heatmap    {report.plot}"
@@ -62,7 +69,8 @@ def show_command(
         typer.Option(
             "--model",
             help="Model directory for geometry and expert sizes (default: the file's directory when it holds "
-            "shards).",
+            "shards), or a planned mirror (mirror stage's directory): its model, and the experts its plan put on "
+            "the mirror (outlined in --plot).",
         ),
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Hottest experts listed per layer.")] = 5,

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.formats.usage import UsageHistory, engine_id, read_usage
-from colitools.mirror.scan import discover_shards, model_geometry
+from colitools.mirror.planned import PlannedMirror, planned_experts, read_planned_mirror
+from colitools.mirror.scan import ExpertKey, discover_shards, model_geometry
 
 __all__ = [
     "COVERAGE_POINTS",
@@ -29,8 +30,22 @@ COVERAGE_POINTS = (1, 2, 5, 10, 20, 25, 50, 75, 100)  # percent of routed-expert
 
 # model_type values of the families colitools handles, for naming an engine id in reports
 KNOWN_ENGINES = (
-    "glm_moe_dsa", "glm4_moe", "deepseek_v3", "deepseek_v2", "kimi_k2", "olmoe", "mixtral", "qwen2_moe",
-    "qwen3_moe", "qwen3_next", "gpt_oss", "minimax", "minimax_m2", "llama4", "ernie4_5_moe", "dots1",
+    "glm_moe_dsa",
+    "glm4_moe",
+    "deepseek_v3",
+    "deepseek_v2",
+    "kimi_k2",
+    "olmoe",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "qwen3_next",
+    "gpt_oss",
+    "minimax",
+    "minimax_m2",
+    "llama4",
+    "ernie4_5_moe",
+    "dots1",
 )
 _BY_ID = {engine_id(name): name for name in KNOWN_ENGINES}
 
@@ -92,8 +107,11 @@ def coverage_curve(
     """Share of all selections served by the hottest experts that fit in each percentage of expert bytes."""
     total = history.total
     if expert_bytes:
-        sizes = {k: v for k, v in expert_bytes.items()
-                 if 0 <= k[0] < history.n_layers and 0 <= k[1] < history.n_experts and v > 0}
+        sizes = {
+            k: v
+            for k, v in expert_bytes.items()
+            if 0 <= k[0] < history.n_layers and 0 <= k[1] < history.n_experts and v > 0
+        }
     else:
         sizes = {(layer, e): 1 for layer in range(history.n_layers) for e in range(history.n_experts)}
     all_bytes = sum(sizes.values())
@@ -153,6 +171,11 @@ class UsageReport:
     geometry_from_model: bool  # the model's config.json gave the layer count
     summary: UsageSummary
     plot: Path | None = None  # the heatmap written (usage show --plot)
+    mirror: PlannedMirror | None = None  # the planned mirror named as the model (usage show --model MIRROR)
+    on_mirror: frozenset[ExpertKey] = (
+        frozenset()
+    )  # the experts its plan put on the mirror (marked in the plot)
+    figure: object | None = None  # the plot's matplotlib Figure (not part of the JSON)
 
     @property
     def model_engine_id(self) -> int | None:
@@ -173,7 +196,27 @@ class UsageReport:
         data["engine_matches_model"] = self.engine_matches_model
         if self.plot is not None:
             data["plot"] = str(self.plot)
+        if self.mirror is not None:
+            data["mirror_plan"] = {
+                "file": str(self.mirror.plan_file),
+                "files": list(self.mirror.files),
+                "experts_on_mirror": [list(key) for key in sorted(self.on_mirror)],
+            }
         return data
+
+
+def _model_dirs(
+    file: Path, model: str | os.PathLike | None
+) -> tuple[Path | None, list[Path], PlannedMirror | None]:
+    """The model directory (``model``, or the history's folder when it holds shards), its shard directories, and
+    the plan when that directory is a planned mirror (then the model is the one the plan mirrors)."""
+    model_dir = Path(model) if model is not None else None
+    if model_dir is None and any(p.is_file() for p in file.parent.glob("*.safetensors")):
+        model_dir = file.parent
+    planned = read_planned_mirror(model_dir) if model_dir is not None else None
+    if planned is not None:
+        return planned.model_root, [planned.model_root, *planned.source_dirs], planned
+    return model_dir, [model_dir] if model_dir is not None else [], None
 
 
 def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = None, top: int = 5,
@@ -181,11 +224,11 @@ def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = N
     """Read the history ``file`` whatever engine wrote it (the user named it) and summarize it with the geometry
     and per-expert bytes of ``model`` (default: the file's own folder when it holds shards), ``top`` experts per
     layer; ``plot``: also draw it as a layer x expert heatmap into that PNG (``usage_plot``, matplotlib).
+    A ``model`` that is a planned mirror (``mirror stage`` recorded its plan there) stands for the model the plan
+    mirrors, and the experts the plan put on the mirror are reported and marked in the plot.
     MirrorError / UsageFileError on a model or history that cannot be read."""
     file = Path(file)
-    model_dir = Path(model) if model is not None else None
-    if model_dir is None and any(p.is_file() for p in file.parent.glob("*.safetensors")):
-        model_dir = file.parent
+    model_dir, shard_dirs, planned = _model_dirs(file, model)
     geometry = model_geometry(model_dir) if model_dir is not None else None
     n_experts = geometry.n_experts if geometry else None
     history = read_usage(
@@ -198,7 +241,7 @@ def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = N
     expert_bytes: dict[tuple[int, int], int] | None = None
     if model_dir is not None:  # an expert split over shards counts the bytes of every shard holding it
         expert_bytes = {}
-        for shard in discover_shards([model_dir], None, n_experts):
+        for shard in discover_shards(shard_dirs, None, n_experts):
             for key, n in shard.expert_bytes.items():
                 expert_bytes[key] = expert_bytes.get(key, 0) + n
     report = UsageReport(
@@ -207,10 +250,16 @@ def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = N
         model_type=geometry.engine if geometry else None,
         geometry_from_model=bool(geometry and geometry.n_layers),
         summary=summarize_usage(history, expert_bytes, top=top),
+        mirror=planned,
+        on_mirror=planned_experts(planned, n_experts) if planned is not None else frozenset(),
     )
     if plot is not None:
         from colitools.mirror.usage_plot import plot_usage
 
-        title = f"{file} - {history.total} selections, {history.n_layers} layers x {history.n_experts} experts"
-        report.plot = plot_usage(history, plot, title=title)
+        title = (
+            f"{file} - {history.total} selections, {history.n_layers} layers x {history.n_experts} experts"
+        )
+        marked = report.on_mirror if planned is not None else None
+        report.figure = plot_usage(history, plot, title=title, marked=marked)
+        report.plot = Path(plot)
     return report

@@ -28,7 +28,7 @@ from colitools.formats.jsonfile import load_json_object
 class RopeArgs:
     """Rotary embedding parameters (``rope_parameters`` after standardisation)."""
 
-    rope_type: str = "default"  # "default" | "yarn" | "linear"
+    rope_type: str = "default"  # "default" | "yarn" | "linear" | "llama3"
     theta: float = 10000.0
     dim: int = 0  # rotary dims per head (already multiplied by partial_rotary_factor)
     interleaved: bool = False  # rotate pairs (2i, 2i+1) instead of (i, i + d/2)
@@ -40,6 +40,8 @@ class RopeArgs:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+    low_freq_factor: float = 1.0  # llama3 (Llama-3.1+, Llama-4 Scout): the wavelength band whose frequencies
+    high_freq_factor: float = 4.0  # are interpolated between unscaled and divided by ``factor``
 
 
 @dataclass(frozen=True)
@@ -256,8 +258,10 @@ def rope_args(c: ConfigKeys, dim: int, *, partial: bool = True, interleaved: boo
     dim = int(dim * float(factor_of_dims if factor_of_dims is not None else 1.0))
     if dim % 2:
         raise RuntimeModelError(f"{where}: odd rotary dimension {dim}")
-    if rope_type not in ("default", "yarn", "linear"):
-        raise RuntimeModelError(f"{where}: rope type {rope_type!r} is not supported (default, yarn, linear)")
+    if rope_type not in ("default", "yarn", "linear", "llama3"):
+        raise RuntimeModelError(
+            f"{where}: rope type {rope_type!r} is not supported (default, yarn, linear, llama3)"
+        )
     factor = params.get("factor")
     orig = params.get("original_max_position_embeddings", c.get("original_max_position_embeddings"))
     if rope_type == "yarn":
@@ -277,6 +281,8 @@ def rope_args(c: ConfigKeys, dim: int, *, partial: bool = True, interleaved: boo
         mscale_all_dim=params.get("mscale_all_dim"),
         attention_factor=params.get("attention_factor"),
         truncate=bool(params.get("truncate", True)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
     )
 
 

@@ -16,10 +16,12 @@ sigmoid routing (``noaux_tc``) with a shared expert, the first ``first_k_dense_r
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
 from colitools.formats.errors import RuntimeModelError
+from colitools.formats.names import module_path
 from colitools.runtime.attention import DSAIndexer, MLAAttention
 from colitools.runtime.config import (
     ConfigKeys,
@@ -87,7 +89,7 @@ class DeepseekV3(Family):
     def layer(self, ctx: LayerContext, layer: int) -> DecoderLayer:
         args = ctx.args
         indexer = None
-        if args.indexer is not None and args.indexer.full[layer]:
+        if args.indexer is not None and args.indexer.full[layer] and _has_indexer(args, ctx, layer):
             rope = ctx.rope  # the same frequencies and cos/sin; only the pairing may differ
             if INDEXER_ROPE_INTERLEAVED[args.model_type] != args.rope.interleaved:
                 rope = Rope(replace(args.rope, interleaved=INDEXER_ROPE_INTERLEAVED[args.model_type]))
@@ -95,6 +97,29 @@ class DeepseekV3(Family):
         attn = MLAAttention(args, ctx.ckpt, layer, ctx.rope, indexer)
         ffn = ctx.sparse_moe(layer) if args.moe_layers[layer] else ctx.dense_mlp(layer)
         return ctx.decoder_layer(layer, attn, ffn)
+
+
+def _has_indexer(args: DeepseekV3Args, ctx: LayerContext, layer: int) -> bool:
+    """Whether the container holds the DSA indexer. GLM-5 containers of colibri's converter
+    (``c/tools/convert_fp8_to_int4.py`` without ``--indexer``) have none: c/colibri.c (``model_init``) then
+    turns DSA off for the whole model when any full indexer layer lacks ``...indexer.wq_b.weight`` and attends
+    densely over every key (exact while the context is <= ``index_topk``); colitools does the same, saying so
+    once on stderr (at the first full layer)."""
+    assert args.indexer is not None
+    if args.model_type != "glm_moe_dsa":
+        return True
+    full = [i for i, f in enumerate(args.indexer.full) if f]
+    missing = [i for i in full if not ctx.ckpt.has(f"{module_path(i, 'self_attn.indexer')}.wq_b.weight")]
+    if not missing:
+        return True
+    if layer == full[0]:
+        print(
+            f"colitools: note: {ctx.ckpt.dir}: no DSA indexer ({module_path(missing[0], 'self_attn.indexer')}"
+            f".wq_b.weight is absent): dense attention over every key, as c/colibri.c runs such a container "
+            f"(exact while the context is <= index_topk {args.indexer.topk})",
+            file=sys.stderr,
+        )
+    return False
 
 
 def _indexer_args(c: ConfigKeys, mla: MLAArgs, n_layers: int) -> IndexerArgs:

@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ from colitools.formats.kernels import threads
 from colitools.runtime.attention import KVBuffer, attend, causal_mask
 from colitools.runtime.config import ConfigKeys, IndexerArgs, ModelArgs, RopeArgs, rope_args, routing_args
 from colitools.runtime.deepseek_v4_hc import HyperConnection, HyperHead, unweighted_rms_norm
+from colitools.runtime.deepseek_v4_quant import MODES, ActQuant, QuantizedInput, attend_bf16
 from colitools.runtime.experts import Expert, ExpertStore
 from colitools.runtime.family import Family, LayerContext, ModelIO
 from colitools.runtime.ops import Linear, rms_norm, silu
@@ -54,7 +55,9 @@ DEFAULTS = {  # transformers 5.24 DeepseekV4Config
     "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "tie_word_embeddings": False,
 }  # fmt: skip
 DEFAULT_HASH_LAYERS = 3  # DeepseekV4Config.default_num_hash_layers
-DEFAULT_PARTIAL_ROTARY = 64 / 512  # DeepseekV4Config.default_partial_rotary_factor (qk_rope_head_dim / head_dim)
+DEFAULT_PARTIAL_ROTARY = (
+    64 / 512
+)  # DeepseekV4Config.default_partial_rotary_factor (qk_rope_head_dim / head_dim)
 # the legacy per-layer ``compress_ratios`` (older V4 configs) -> layer type (transformers 5.24)
 COMPRESS_RATIO_TO_LAYER_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
@@ -77,13 +80,16 @@ class V4Args(ModelArgs):
     q_lora_rank: int
     indexer: IndexerArgs  # the CSA layers' (every entry is an own indexer: ``full`` unused)
     swiglu_limit: float
+    act_quant: ActQuant = field(default_factory=ActQuant)  # ``run --act-quant`` (deepseek_v4_quant.py)
 
 
 def v4_fields(c: ConfigKeys, n_layers: int, head_dim: int) -> dict[str, Any]:
     """The ``V4Args`` fields only DeepSeek-V4 has: layer and MLP types, compress rates, the two ropes, hc, o_groups."""
     where = c.where
     if c.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
-        raise RuntimeModelError(f"{where}: scoring_func {c.get('scoring_func')!r} is not supported (sqrtsoftplus)")
+        raise RuntimeModelError(
+            f"{where}: scoring_func {c.get('scoring_func')!r} is not supported (sqrtsoftplus)"
+        )
     # explicit keys, else the legacy V3-flavoured ones transformers folds in (compress_ratios, num_hash_layers,
     # compress_rate_csa / _hca, qk_rope_head_dim), else the defaults
     ratios = c.get("compress_ratios")
@@ -91,13 +97,19 @@ def v4_fields(c: ConfigKeys, n_layers: int, head_dim: int) -> dict[str, Any]:
         if not isinstance(ratios, list) or any(r not in COMPRESS_RATIO_TO_LAYER_TYPE for r in ratios):
             raise RuntimeModelError(f"{where}: compress_ratios {ratios!r} (expected 0 / 4 / 128 per layer)")
         ratios = [COMPRESS_RATIO_TO_LAYER_TYPE[r] for r in ratios][:n_layers]
-    types = c.get("layer_types") or ratios or (
-        [HCA] * min(n_layers, 2) + [CSA if i % 2 else HCA for i in range(max(n_layers - 2, 0))]
+    types = (
+        c.get("layer_types")
+        or ratios
+        or ([HCA] * min(n_layers, 2) + [CSA if i % 2 else HCA for i in range(max(n_layers - 2, 0))])
     )
     if len(types) != n_layers or set(types) - {CSA, HCA, SLIDING}:
-        raise RuntimeModelError(f"{where}: layer_types must list {CSA} / {HCA} / {SLIDING} for {n_layers} layers")
+        raise RuntimeModelError(
+            f"{where}: layer_types must list {CSA} / {HCA} / {SLIDING} for {n_layers} layers"
+        )
     n_hash = int(c.get("num_hash_layers", DEFAULT_HASH_LAYERS))
-    mlp = c.get("mlp_layer_types") or (["hash_moe"] * min(n_layers, n_hash) + ["moe"] * max(0, n_layers - n_hash))
+    mlp = c.get("mlp_layer_types") or (
+        ["hash_moe"] * min(n_layers, n_hash) + ["moe"] * max(0, n_layers - n_hash)
+    )
     if len(mlp) != n_layers or set(mlp) - {"hash_moe", "moe"}:
         raise RuntimeModelError(f"{where}: mlp_layer_types must list hash_moe / moe for {n_layers} layers")
     rates = {**DEFAULTS["compress_rates"], **(c.get("compress_rates") or {})}
@@ -109,13 +121,19 @@ def v4_fields(c: ConfigKeys, n_layers: int, head_dim: int) -> dict[str, Any]:
     params = c.get("rope_parameters") or c.get("rope_scaling") or {}
     partial = c.get("partial_rotary_factor")
     if partial is None:
-        partial = int(c["qk_rope_head_dim"]) / head_dim if c.get("qk_rope_head_dim") else DEFAULT_PARTIAL_ROTARY
+        partial = (
+            int(c["qk_rope_head_dim"]) / head_dim if c.get("qk_rope_head_dim") else DEFAULT_PARTIAL_ROTARY
+        )
     partial = float(partial)
     ropes = {}
     for label, theta_key in (("main", "rope_theta"), ("compress", "compress_rope_theta")):
         sub = params.get(label) if isinstance(params.get(label), dict) else None
         if sub is None:  # flat rope_parameters: main is plain, compress takes the (yarn) rest
-            flat = {k: v for k, v in params.items() if k not in ("main", "compress")} if label == "compress" else {}
+            flat = (
+                {k: v for k, v in params.items() if k not in ("main", "compress")}
+                if label == "compress"
+                else {}
+            )
             sub = {**flat, "rope_theta": float(c[theta_key])}
             sub["rope_type"] = sub.pop("type", None) or sub.get("rope_type") or "default"
             sub.setdefault("partial_rotary_factor", partial)
@@ -138,6 +156,11 @@ def v4_fields(c: ConfigKeys, n_layers: int, head_dim: int) -> dict[str, Any]:
 def _linear(ckpt: Checkpoint, prefix: str, O: int, I: int) -> Linear:
     """The resident ``[O, I]`` weight ``{prefix}.weight`` (a native name, looked up by its canonical spelling)."""
     return Linear(ckpt.resident(sanitize(f"{prefix}.weight"), O, I))
+
+
+def _fp8_linear(ckpt: Checkpoint, prefix: str, O: int, I: int, quant: ActQuant) -> QuantizedInput:
+    """A projection DeepSeek-V4 releases in FP8: its input rounded first under ``--act-quant``."""
+    return QuantizedInput(_linear(ckpt, prefix, O, I), quant)
 
 
 # ------------------------------------------------------------------------------------------------ RoPE
@@ -176,9 +199,13 @@ class Compressor:
     emitted entries (roped at ``i * rate``)."""
 
     def __init__(self, ckpt: Checkpoint, prefix: str, H: int, d: int, rate: int, overlap: bool,
-                 rope: TailRope, eps: float):  # fmt: skip
+                 rope: TailRope, eps: float, quant: ActQuant, rotated: bool = False):  # fmt: skip
         c = 2 if overlap else 1
         self.d, self.rate, self.overlap, self.rope, self.eps = d, rate, overlap, rope, eps
+        self.quant, self.rotated = (
+            quant,
+            rotated,
+        )  # rotated: the indexer's (Hadamard + e2m1 under --act-quant)
         self.wkv = _linear(ckpt, f"{prefix}.wkv", c * d, H)
         self.wgate = _linear(ckpt, f"{prefix}.wgate", c * d, H)
         self.ape = ckpt.array(f"{prefix}.ape", (rate, c * d))
@@ -220,10 +247,13 @@ class Compressor:
                 ckv, cgate = pkv, pgate
             e = np.exp(cgate - np.max(cgate, axis=1, keepdims=True))
             w = e / np.sum(e, axis=1, keepdims=True, dtype=F32)
-            pooled = rms_norm(np.sum(ckv * w, axis=1, dtype=F32), self.norm, self.eps)
+            r = self.quant.round_bf16  # --act-quant: the pooled entry in BF16, before and after its norm
+            pooled = r(rms_norm(r(np.sum(ckv * w, axis=1, dtype=F32)), self.norm, self.eps))
             positions = (self.count + np.arange(n_win)) * m
             cos, sin = self.rope.cos_sin(positions)
-            self.entries.append(self.rope.apply(pooled[:, None, :], cos, sin)[:, 0, :])
+            entries = self.rope.apply(pooled[:, None, :], cos, sin)[:, 0, :]
+            q = self.quant
+            self.entries.append(q.rotated_fp4(entries) if self.rotated else q.nope(entries, self.rope.dim))
             self.count += n_win
         if self.entries.data is None or not self.enabled:
             return np.zeros((0, d), F32)
@@ -243,10 +273,11 @@ class Indexer:
     def __init__(self, args: V4Args, ckpt: Checkpoint, prefix: str, rate: int, rope: TailRope):
         ix, shapes = args.indexer, _attention_shapes(args)
         self.nh, self.d, self.topk, self.rate = ix.n_heads, ix.head_dim, ix.topk, rate
-        self.wq_b = _linear(ckpt, f"{prefix}.wq_b", *shapes[("attn.indexer", "wq_b")])
+        self.quant = args.act_quant
+        self.wq_b = _fp8_linear(ckpt, f"{prefix}.wq_b", *shapes[("attn.indexer", "wq_b")], self.quant)
         self.weights_proj = _linear(ckpt, f"{prefix}.weights_proj", *shapes[("attn.indexer", "weights_proj")])
         self.compressor = Compressor(ckpt, f"{prefix}.compressor", args.hidden_size, self.d, rate, True, rope,
-                                     args.rms_norm_eps)  # fmt: skip
+                                     args.rms_norm_eps, self.quant, rotated=True)  # fmt: skip
         self.rope = rope
         self.enabled = True  # False: every visible entry (a mutation switch for tests)
 
@@ -261,7 +292,8 @@ class Indexer:
         """Boolean ``[N, T]`` of the selected (visible) entries."""
         K = self.compressor(x)
         N, T = x.shape[0], K.shape[0]
-        q = self.rope.apply(self.wq_b(q_resid).reshape(N, self.nh, self.d), cos, sin)
+        q = self.wq_b(q_resid).reshape(N, self.nh, self.d)
+        q = self.quant.rotated_fp4(self.quant.round_bf16(self.rope.apply(q, cos, sin)))
         scores = np.maximum(q @ K.T, F32(0)) * F32(self.d**-0.5)  # [N, nh, T]
         w = self.weights_proj(x) * F32(self.nh**-0.5)
         index = np.sum(scores * w[:, :, None], axis=1, dtype=F32)
@@ -290,21 +322,22 @@ class V4Attention:
         self.nh, self.D, self.eps, self.groups = nh, D, args.rms_norm_eps, v4.o_groups
         self.type = v4.layer_types[layer]
         self.rope = TailRope(v4.main_rope if self.type == SLIDING else v4.compress_rope)
-        self.wq_a = _linear(ckpt, f"{p}.wq_a", *shapes[("attn", "wq_a")])
+        self.quant = q8 = v4.act_quant
+        self.wq_a = _fp8_linear(ckpt, f"{p}.wq_a", *shapes[("attn", "wq_a")], q8)
         self.q_norm = ckpt.vector(sanitize(f"{p}.q_norm.weight"), ql)
-        self.wq_b = _linear(ckpt, f"{p}.wq_b", *shapes[("attn", "wq_b")])
-        self.wkv = _linear(ckpt, f"{p}.wkv", *shapes[("attn", "wkv")])
+        self.wq_b = _fp8_linear(ckpt, f"{p}.wq_b", *shapes[("attn", "wq_b")], q8)
+        self.wkv = _fp8_linear(ckpt, f"{p}.wkv", *shapes[("attn", "wkv")], q8)
         self.kv_norm = ckpt.vector(sanitize(f"{p}.norm.weight"), D)
         self.rank = v4.o_lora_rank
-        self.wo_a = _linear(ckpt, f"{p}.wo_a", *shapes[("attn", "wo_a")])
-        self.wo_b = _linear(ckpt, f"{p}.wo_b", *shapes[("attn", "wo_b")])
+        self.wo_a = _fp8_linear(ckpt, f"{p}.wo_a", *shapes[("attn", "wo_a")], q8)
+        self.wo_b = _fp8_linear(ckpt, f"{p}.wo_b", *shapes[("attn", "wo_b")], q8)
         self.sinks = ckpt.vector(sanitize(f"{p}.attn_sink"), nh)
         self.window = v4.sliding_window
         self.compressor = self.indexer = None
         if self.type != SLIDING:
             self.rate = v4.compress_rates[self.type]
             self.compressor = Compressor(ckpt, f"{p}.compressor", H, D, self.rate, self.type == CSA, self.rope,
-                                         self.eps)  # fmt: skip
+                                         self.eps, q8)  # fmt: skip
             if self.type == CSA:
                 self.indexer = Indexer(args, ckpt, f"{p}.indexer", self.rate, self.rope)
         self.inverse_rope = True  # False: skip the output's inverse rotation (a mutation switch for tests)
@@ -326,10 +359,12 @@ class V4Attention:
     def __call__(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         N, nh, D = x.shape[0], self.nh, self.D
         cos, sin = self.rope.cos_sin(positions)
-        q_resid = rms_norm(self.wq_a(x), self.q_norm, self.eps)
-        q = unweighted_rms_norm(self.wq_b(q_resid).reshape(N, nh, D), self.eps)
-        q = self.rope.apply(q, cos, sin)
-        kv = self.rope.apply(rms_norm(self.wkv(x), self.kv_norm, self.eps).reshape(N, 1, D), cos, sin)
+        r = self.quant.round_bf16  # identities without --act-quant
+        q_resid = r(rms_norm(self.wq_a(x), self.q_norm, self.eps))
+        q = r(unweighted_rms_norm(self.wq_b(q_resid).reshape(N, nh, D), self.eps))
+        q = r(self.rope.apply(q, cos, sin))
+        kv = self.rope.apply(r(rms_norm(self.wkv(x), self.kv_norm, self.eps)).reshape(N, 1, D), cos, sin)
+        kv = self.quant.nope(kv, self.rope.dim)
         K = self.kc.append(kv)
         allowed = causal_mask(positions, K.shape[0], self.window, self.first)
         if self.compressor is not None:
@@ -339,14 +374,19 @@ class V4Attention:
                 seen = self.indexer(x, q_resid, positions, cos, sin) if C.shape[0] else seen
             K = np.concatenate([K, C[:, None, :]])
             allowed = np.concatenate([allowed, seen[:, : C.shape[0]]], axis=1)
-        out = attend(q, K, K, allowed, D**-0.5, self.sinks).reshape(N, nh, D)
+        if self.quant.on:
+            out = attend_bf16(q, K[:, 0, :], allowed, D**-0.5, self.sinks).reshape(N, nh, D)
+        else:
+            out = attend(q, K, K, allowed, D**-0.5, self.sinks).reshape(N, nh, D)
         if self.inverse_rope:
-            out = self.rope.apply(out, cos, -sin)
+            out = r(self.rope.apply(out, cos, -sin))
         self.first += self.kc.keep_last(self.window - 1)
         g = self.groups
         parts = out.reshape(N, g, -1).transpose(1, 0, 2).reshape(g * N, -1)  # group-major rows
         y = self.wo_a(parts).reshape(g, N, g, self.rank)  # every group's rows through every block ...
-        grouped = np.stack([y[i, :, i] for i in range(g)], axis=1).reshape(N, g * self.rank)  # ... keep its own
+        grouped = np.stack([y[i, :, i] for i in range(g)], axis=1).reshape(
+            N, g * self.rank
+        )  # ... keep its own
         return self.wo_b(grouped)
 
 
@@ -358,14 +398,23 @@ def clamped_swiglu(gate: np.ndarray, up: np.ndarray, limit: np.float32) -> np.nd
 class ClampedExpert(Expert):
     """A routed V4 expert: ``w2(silu(min(w1 x, limit)) * clip(w3 x, -limit, limit))``."""
 
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "quant")
 
-    def __init__(self, gate, up, down, limit: float):
+    def __init__(self, gate, up, down, limit: float, quant: ActQuant | None = None):
         super().__init__(gate, up, down)
-        self.limit = F32(limit)
+        self.limit, self.quant = F32(limit), quant or ActQuant()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.down.matmul(clamped_swiglu(self.gate.matmul(x), self.up.matmul(x), self.limit))
+
+    def weighted(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """``--act-quant``: the expert times its routing weights ``w [n]``, rounded as the engine does (the
+        weight applied before ``w2``)."""
+        q = self.quant
+        x = q.matvec_input(x)
+        gate, up = q.round_bf16(self.gate.matmul(x)), q.round_bf16(self.up.matmul(x))
+        h = q.round_bf16(clamped_swiglu(gate, up, self.limit) * w[:, None])
+        return q.round_bf16(self.down.matmul(q.matvec_input(h)))
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -396,13 +445,16 @@ class V4MoE:
                   for w, O, In in (("w1", I, H), ("w3", I, H), ("w2", H, I)))
             for e in range(E)
         ]  # fmt: skip
-        limit = args.swiglu_limit
-        self.store = ExpertStore(ckpt, layer, sources, E, None, lambda g, u, d: ClampedExpert(g, u, d, limit))
+        limit, quant = args.swiglu_limit, args.act_quant
+        self.quant = quant
+        self.store = ExpertStore(
+            ckpt, layer, sources, E, None, lambda g, u, d: ClampedExpert(g, u, d, limit, quant)
+        )
         ctx.stores[layer] = self.store
         S = args.routing.shared_expert_intermediate_size
         self.shared = None
         if S:
-            self.shared = tuple(_linear(ckpt, f"{p}.shared_experts.{w}", O, In)
+            self.shared = tuple(_fp8_linear(ckpt, f"{p}.shared_experts.{w}", O, In, quant)
                                 for w, O, In in (("w1", S, H), ("w3", S, H), ("w2", H, S)))  # fmt: skip
 
     @property
@@ -430,8 +482,12 @@ class V4MoE:
         hit = [int(e) for e in np.unique(idx)]  # ascending, like transformers' expert loop
         experts = [self.store.get(e) for e in hit]
 
+        official = self.quant.on
+
         def run(i: int) -> tuple[np.ndarray, np.ndarray]:
             tok, pos = np.nonzero(idx == hit[i])
+            if official:
+                return tok, experts[i].weighted(x[tok], w[tok, pos])
             return tok, experts[i](x[tok]) * w[tok, pos][:, None]
 
         out = np.zeros_like(x)
@@ -439,8 +495,8 @@ class V4MoE:
             out[tok] += y
         if self.shared is not None:
             g, u, d = self.shared
-            out = out + d(clamped_swiglu(g(x), u(x), self.limit))
-        return out
+            out = out + d(self.quant.round_bf16(clamped_swiglu(g(x), u(x), self.limit)))
+        return self.quant.round_bf16(out)
 
 
 # ------------------------------------------------------------------------------------------------ layers
@@ -461,16 +517,22 @@ class V4Layer:
     def _site(self, hc: HyperConnection, streams: np.ndarray, block) -> np.ndarray:
         if not self.hc_enabled:
             return streams + block(np.mean(streams, axis=1))[:, None, :]
+        r = self.attn.quant.round_bf16  # --act-quant: BF16 states
         post, comb, collapsed = hc.collapse(streams)
-        return hc.expand(streams, block(collapsed), post, comb)
+        return r(hc.expand(streams, block(r(collapsed)), post, comb))
 
     def reset(self) -> None:
         self.attn.reset()
 
     def __call__(self, streams, positions, cos, sin, ids):
         """``streams [N, hc, H]``; the carry is the token ids (hash routing)."""
-        streams = self._site(self.attn_hc, streams, lambda h: self.attn(rms_norm(h, self.norm_in, self.eps), positions))
-        return self._site(self.ffn_hc, streams, lambda h: self.ffn(rms_norm(h, self.norm_post, self.eps), ids)), ids
+        r = self.attn.quant.round_bf16  # --act-quant: BF16 normed inputs
+        streams = self._site(
+            self.attn_hc, streams, lambda h: self.attn(r(rms_norm(h, self.norm_in, self.eps)), positions)
+        )
+        return self._site(
+            self.ffn_hc, streams, lambda h: self.ffn(r(rms_norm(h, self.norm_post, self.eps)), ids)
+        ), ids
 
 
 class V4IO(ModelIO):
@@ -510,7 +572,9 @@ class DeepseekV4(Family):
         n, D = base["num_hidden_layers"], base["head_dim"]
         v4 = v4_fields(c, n, D)
         if base["num_key_value_heads"] != 1:
-            raise RuntimeModelError(f"{c.where}: deepseek_v4 has one shared K = V head (num_key_value_heads 1)")
+            raise RuntimeModelError(
+                f"{c.where}: deepseek_v4 has one shared K = V head (num_key_value_heads 1)"
+            )
         routing = routing_args(c, router="sqrtsoftplus", routed_scaling_factor=float(c["routed_scaling_factor"]),
                                shared_expert_intermediate_size=base["moe_intermediate_size"]
                                * int(c.get("n_shared_experts") or 0))  # fmt: skip
@@ -543,6 +607,12 @@ class DeepseekV4(Family):
 
     def io(self, args: V4Args, ckpt: Checkpoint) -> V4IO:
         return V4IO(args, ckpt)
+
+    act_quant_modes = MODES
+
+    def set_act_quant(self, args: V4Args, mode: str | None) -> None:
+        """``run --act-quant official``: DeepSeek's activation rounding (deepseek_v4_quant.py), or None."""
+        args.act_quant.mode = mode
 
 
 FAMILY = DeepseekV4()

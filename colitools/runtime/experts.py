@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from colitools.formats.errors import RuntimeModelError
-from colitools.formats.families import stack_orientation
+from colitools.formats.families import shaped_orientation, stack_orientation
 from colitools.formats.names import (
     MXFP4_STACK_SUFFIXES,
     Orientation,
@@ -155,7 +155,8 @@ STACK_PICKS: dict[Orientation, tuple[tuple[int, int, bool], ...]] = {
 def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stored, Stored]]:
     """Stored (gate, up, down) of every routed expert of a layer: per-expert tensors, or slices of the fused
     ``experts.gate_up_proj [E, 2I, H]`` (gate rows first) and ``experts.down_proj [E, H, I]``, or of a stack in
-    the family's interleaved / transposed orientation (gpt-oss ``[E, H, 2I]`` gate = even columns, ``[E, I, H]``)."""
+    the family's interleaved / transposed orientation (gpt-oss ``[E, H, 2I]`` gate = even columns, ``[E, I, H]``;
+    Qwen3-VL-MoE and Llama-4 ``[E, H, 2I]`` gate = the first I columns)."""
     p = module_path(layer, "mlp.experts")
     H, I, E = args.hidden_size, args.moe_intermediate_size, args.num_experts
     blocks, scales = MXFP4_STACK_SUFFIXES
@@ -164,7 +165,12 @@ def expert_sources(args: ModelArgs, ckpt: Checkpoint, layer: int) -> list[tuple[
         for proj in ("gate_up", "down")
     )
     orientation = stack_orientation(args.model_type, leaf=gate_up.rpartition(".")[2]) or Orientation.ROWS
+    stacks = {proj: tuple(ckpt.infos[n][1].shape) for proj, n in (("gate_up", gate_up), ("down", down))
+              if n in ckpt.infos}  # fmt: skip
+    orientation = shaped_orientation(args.model_type, stacks, H, I) or orientation
     picks = STACK_PICKS.get(orientation)
+    if orientation is Orientation.TRANSPOSED:  # gate = the first I columns of [H, 2I], up = the last I
+        picks = ((0, 1, True), (I, 1, True), (0, 1, True))
     if ckpt.has(
         expert_tensor_name(p, 0, "gate")
     ):  # per-expert tensors, or the parts of a target's fused stack

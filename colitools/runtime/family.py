@@ -167,6 +167,12 @@ class Family:
         """The model's ends (the one hook for a different skeleton)."""
         return ModelIO(args, ckpt)
 
+    act_quant_modes: ClassVar[tuple[str, ...]] = ()  # ``run --act-quant`` modes (deepseek_v4: official)
+
+    def set_act_quant(self, args: ModelArgs, mode: str | None) -> None:
+        """Round activations as ``mode`` (one of ``act_quant_modes``, or None) says; a family with modes
+        overrides this."""
+
 
 def family_for(model_type: str | None, where: str = "config.json") -> Family:
     """The runtime family of ``model_type`` (``FAMILY`` of ``colitools/runtime/<name>.py``, ``name`` its family in

@@ -113,16 +113,24 @@ class KimiDeltaAttention(TokenMixer):
         )
         self.f_a, self.f_b = load("f_a_proj"), load("f_b_proj")
         self.dt_bias = ckpt.vector(f"{p}.dt_bias", C)
-        a_shape = (1, 1, self.nh, 1) if kda.a_log_4d else (self.nh,)
-        self.decay_rate = np.exp(ckpt.array(f"{p}.A_log", a_shape).reshape(self.nh, 1))  # [H, 1]
+        self.decay_rate = np.exp(self.load_a_log(ckpt, p, kda)).reshape(self.nh, 1)  # [H, 1]
         self.lower_bound = kda.lower_bound
-        self.b, self.g_a, self.g_b = load("b_proj"), load("g_a_proj"), load("g_b_proj")
+        self.b = load("b_proj")
+        self.gate = self.load_gate(ckpt, p, load)
         self.o_norm = ckpt.vector(f"{p}.o_norm.weight", self.d)
         self.o = load("o_proj")
-        self.projections = [self.q, self.k, self.v, self.f_a, self.f_b, self.b, self.g_a, self.g_b, self.o]
+        self.projections = [self.q, self.k, self.v, self.f_a, self.f_b, self.b, *self.gate, self.o]
         self.eps = args.rms_norm_eps
         self.chunk = CHUNK  # transformers' chunk size; any size gives the same function (tests use a small one)
         self.state: np.ndarray | None = None
+
+    def load_a_log(self, ckpt: Checkpoint, p: str, kda) -> np.ndarray:
+        """``A_log`` per head: ``[1, 1, heads, 1]`` (Kimi-Linear) or ``[heads]`` (GLM-5.3)."""
+        return ckpt.array(f"{p}.A_log", (1, 1, self.nh, 1) if kda.a_log_4d else (self.nh,))
+
+    def load_gate(self, ckpt: Checkpoint, p: str, load) -> list[Linear]:
+        """The output gate's projections, applied in order: ``g_a_proj`` then ``g_b_proj``."""
+        return [load("g_a_proj"), load("g_b_proj")]
 
     @property
     def nbytes(self) -> int:
@@ -153,6 +161,9 @@ class KimiDeltaAttention(TokenMixer):
         else:
             state = self.state if self.state is not None else np.zeros((self.nh, self.d, self.d), F32)
             o, self.state = chunked_kda(q, k, v, g, beta, state, self.chunk)
-        gate = self.g_b(self.g_a(x)).reshape(N, self.nh, self.d)
+        gate = x
+        for m in self.gate:
+            gate = m(gate)
+        gate = gate.reshape(N, self.nh, self.d)
         o = rms_norm(o, self.o_norm, self.eps) * sigmoid(gate)
         return self.o(o.reshape(N, C))

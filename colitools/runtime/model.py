@@ -171,14 +171,15 @@ def _available_ram_bytes() -> int:
 
 def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | None = None, *,
                record_usage: bool = True, route_trace: str | os.PathLike | None = None,
-               usage_decay: float = 1.0) -> Model:  # fmt: skip
+               usage_decay: float = 1.0, act_quant: str | None = None) -> Model:  # fmt: skip
     """Load a converted container or a float / FP8 checkpoint for execution.
 
     Dense weights are decoded into memory; routed experts are read on demand into a per-layer LRU cache of
     ``cap`` experts. Without ``cap``, the cap is the number of experts per layer that fits ``ram_gb`` GiB
     (default: 80% of the available memory) after the dense weights. ``record_usage`` counts router selections
     and writes them to ``<model_dir>/.coli_usage`` on ``close()``, the whole history times ``usage_decay`` (colibri's
-    ``COLI_USAGE_DECAY``, in ``(0, 1]``); ``route_trace`` names a file for the ``ROUTE_TRACE`` stream."""
+    ``COLI_USAGE_DECAY``, in ``(0, 1]``); ``route_trace`` names a file for the ``ROUTE_TRACE`` stream;
+    ``act_quant`` a family's activation rounding (``official``: DeepSeek-V4's, runtime/deepseek_v4_quant.py)."""
     model_dir = Path(model_dir)
     args = ModelArgs.from_dir(model_dir)
     if cap is not None and cap < 1:
@@ -187,6 +188,12 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
         raise ParameterError(f"`ram_gb` must be a finite number > 0, got {ram_gb}")
     check_usage_decay(usage_decay)
     family = family_for(args.model_type)
+    if act_quant is not None and act_quant not in family.act_quant_modes:
+        modes = ", ".join(family.act_quant_modes) or "none"
+        raise RuntimeModelError(
+            f"`act_quant={act_quant}`: model_type {args.model_type!r} has no such activation rounding (its modes: "
+            f"{modes})"
+        )
     ckpt = Checkpoint(model_dir, args.raw)
     trace = None
     try:
@@ -197,6 +204,7 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
         routes = RouteRecord(usage, trace)
         ctx = LayerContext(args, ckpt, rope, routes)
         layers = [family.layer(ctx, i) for i in range(args.num_hidden_layers)]
+        family.set_act_quant(args, act_quant)
         model = Model(model_dir, args, ckpt, layers, ctx.stores, rope, routes, family.io(args, ckpt))
         model.usage_decay = usage_decay
     except BaseException:

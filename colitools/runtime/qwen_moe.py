@@ -23,19 +23,25 @@ class QwenMoe(Family):
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> GQAArgs:
         """The MoE layer schedule, Qwen2's gated shared expert, Qwen3's per-head q/k norm, the sliding windows."""
         n_layers = base["num_hidden_layers"]
-        step = int(c.get("decoder_sparse_step") or 1)
-        only = set(c.get("mlp_only_layers") or [])
         qwen2 = c.model_type == "qwen2_moe"
         shared = dict(shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size", 0)),
                       shared_expert_gated=True) if qwen2 else {}  # fmt: skip
         return GQAArgs(
-            **{**base, "moe_layers": [(i not in only) and (i + 1) % step == 0 for i in range(n_layers)]},
+            **{**base, "moe_layers": moe_schedule(c, n_layers)},
             attention=attention_args(
                 c, n_layers, qk_norm=None if qwen2 else "head", sliding_windows=_sliding_windows(c, n_layers)
             ),  # fmt: skip
             routing=routing_args(c, **shared),
             rope=rope_args(c, base["head_dim"]),
         )
+
+
+def moe_schedule(c: ConfigKeys, n_layers: int) -> list[bool]:
+    """Per layer: MoE iff not in ``mlp_only_layers`` and ``(L + 1) % decoder_sparse_step == 0`` (Qwen2/3-MoE,
+    Qwen3-VL-MoE)."""
+    step = int(c.get("decoder_sparse_step") or 1)
+    only = set(c.get("mlp_only_layers") or [])
+    return [(i not in only) and (i + 1) % step == 0 for i in range(n_layers)]
 
 
 def _sliding_windows(c: ConfigKeys, n_layers: int) -> list[int | None]:

@@ -1,4 +1,5 @@
-"""Rotary position embeddings: default, linear and YaRN frequencies; half and interleaved layouts; partial rotary.
+"""Rotary position embeddings: default, linear, YaRN and llama3 frequencies; half and interleaved layouts; partial
+rotary.
 
 Frequencies are computed in float32 the way transformers 5.24 does (``modeling_rope_utils``), so cos/sin agree
 with the oracle to the last bit or two.
@@ -29,6 +30,8 @@ def inv_freq_and_scaling(rope: RopeArgs) -> tuple[np.ndarray, float]:
         if rope.rope_type == "linear":
             inv = (inv / F32(rope.factor or 1.0)).astype(F32)
         return inv, 1.0
+    if rope.rope_type == "llama3":
+        return _llama3_inv_freq((F32(1.0) / pos_freqs).astype(F32), rope), 1.0
     # YaRN (transformers _compute_yarn_parameters)
     factor = float(rope.factor)
     orig = float(rope.original_max_position_embeddings)
@@ -54,6 +57,23 @@ def inv_freq_and_scaling(rope: RopeArgs) -> tuple[np.ndarray, float]:
     extrapolation = (F32(1) - ramp).astype(F32)
     inv = inv_inter * (F32(1) - extrapolation) + inv_extra * extrapolation
     return inv.astype(F32), float(attention_factor)
+
+
+def _llama3_inv_freq(inv: np.ndarray, rope: RopeArgs) -> np.ndarray:
+    """transformers ``_compute_llama3_parameters`` in float32: wavelengths above ``old / low_freq_factor`` divided
+    by ``factor``, below ``old / high_freq_factor`` kept, the band between interpolated. torch evaluates
+    ``scalar / tensor`` as ``reciprocal(tensor) * scalar`` (two roundings), and so does this."""
+    factor, low = F32(rope.factor), F32(rope.low_freq_factor)
+    old = float(rope.original_max_position_embeddings)
+    low_wavelen, high_wavelen = F32(old / rope.low_freq_factor), F32(old / rope.high_freq_factor)
+    wavelen = ((F32(1) / inv) * F32(2 * math.pi)).astype(F32)
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv).astype(F32)
+    smooth = (
+        ((F32(1) / wavelen) * F32(old) - low) / F32(rope.high_freq_factor - rope.low_freq_factor)
+    ).astype(F32)
+    smoothed = ((F32(1) - smooth) * scaled / factor + smooth * scaled).astype(F32)
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(F32)
 
 
 class Rope:

@@ -88,10 +88,12 @@ def run_model(
     progress: Callable[[int, GenerationResult, dict], None] | None = None,
     route_trace: str | os.PathLike | None = None,
     usage_decay: float = 1.0,
+    act_quant: str | None = None,
 ) -> RunReport:
     """Load ``model_dir``, greedy-decode ``max_new_tokens`` after the prompt (ids, or text through the model's
     ``tokenizer.json``), record routing usage (the history times ``usage_decay`` at the save) and, with
-    ``route_trace``, the ``ROUTE_TRACE`` stream to that file, and report tokens, text and speed."""
+    ``route_trace``, the ``ROUTE_TRACE`` stream to that file, and report tokens, text and speed; ``act_quant``
+    a family's activation rounding (``load_model``)."""
     model_dir = Path(model_dir)
     if (prompt_ids is None) == (prompt is None):
         raise RuntimeModelError("give exactly one of `prompt_ids` and `prompt`")
@@ -111,7 +113,7 @@ def run_model(
             raise RuntimeModelError(f"the prompt {prompt!r} encodes to no tokens")
     t0 = time.perf_counter()
     model = load_model(model_dir, cap=cap, ram_gb=ram_gb, record_usage=record_usage, route_trace=route_trace,
-                       usage_decay=usage_decay)  # fmt: skip
+                       usage_decay=usage_decay, act_quant=act_quant)  # fmt: skip
     load_s = time.perf_counter() - t0
     try:
         _check_prompt_ids(prompt_ids, model.args.vocab_size)

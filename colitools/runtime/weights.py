@@ -57,7 +57,8 @@ class Stored:
     ``path``. ``row_offset`` selects rows of a fused ``[E, 2I, H]`` tensor (already folded into ``data``).
     ``pick`` ``(R, C, start, step, transposed)``: the bytes are one expert's whole slab ``[R, C]`` of a stack
     whose projections are interleaved or transposed; the weight is ``slab[start::step]`` (``transposed``:
-    ``slab[:, start::step].T``, float only)."""
+    ``slab[:, start::step].T``, float only; with ``step`` 1 the ``O`` columns from ``start``: one half of a
+    column-split ``gate_up [E, H, 2I]``)."""
 
     name: str
     form: str
@@ -128,7 +129,7 @@ def _picked(slab: np.ndarray, st: Stored) -> np.ndarray:
     """``st``'s weight out of its expert's whole slab (``Stored.pick``), contiguous ``[O, I]``."""
     R, C, start, step, transposed = st.pick
     slab = slab.reshape(R, -1) if not transposed else slab.reshape(R, C)
-    w = slab[:, start::step].T if transposed else slab[start::step]
+    w = slab[:, start::step][:, : st.O].T if transposed else slab[start::step]
     return np.ascontiguousarray(w)
 
 
@@ -290,7 +291,8 @@ class Checkpoint:
                      O: int, I: int) -> Stored:  # fmt: skip
         """Expert ``expert``'s ``[O, I]`` of a float stack ``[E, R, C]`` whose projections are interleaved or
         transposed: ``pick = (start, step, transposed)`` (rows ``start::step`` of the expert's slab, or those
-        columns, transposed). The whole slab is read (one range, shared by the projections it holds)."""
+        columns, transposed; ``step`` 1 and transposed: the ``O`` columns from ``start``, a column half). The whole
+        slab is read (one range, shared by the projections it holds)."""
         path, info, _ = self._info(name)
         start, step, transposed = pick
         mx = self.infos.get(name + "_scale") if info.dtype == "F8_E4M3" and not transposed else None  # MXFP8
@@ -300,7 +302,9 @@ class Checkpoint:
                 f"expert stack {name} is {info.dtype} {list(info.shape)}, expected a float [{n_experts}, R, C]"
             )
         E, R, C = info.shape
-        got = (len(range(start, C, step)), R) if transposed else (len(range(start, R, step)), C)
+        # a column half (step 1), or every picked column
+        cols = O if step == 1 and start + O <= C else len(range(start, C, step))
+        got = (cols, R) if transposed else (len(range(start, R, step)), C)
         if got != (O, I):
             raise RuntimeModelError(f"expert stack {name} is {list(info.shape)}; cannot take [{O}, {I}]")
         n = R * C * numpy_dtype(info.dtype).itemsize

@@ -66,8 +66,7 @@ def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> t
 def encode_from_bf16(
     fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
-    (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
+    """``kernels.encode_from_bf16`` (its operands and errors; ``_dispatch``) on the kernels, whatever the size."""
     wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
     O, I = wb.shape
     fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
@@ -81,10 +80,8 @@ def encode_from_bf16(
 def encode_from_fp8_block(
     fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``encode(fmt_name, reference.dequant_fp8_block(q, scale_inv, block), gs)`` with the dequant fused in.
-
-    ``q`` is ``[O, I]`` e4m3fn bytes (uint8 or ``ml_dtypes.float8_e4m3fn``), ``scale_inv`` F32/BF16
-    ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
+    """``kernels.encode_from_fp8_block`` (its operands and errors; ``_dispatch``) on the kernels, whatever the
+    size."""
     q, s, br, bc = _fp8_operands(q, scale_inv, block, name)
     O, I = q.shape
     fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)

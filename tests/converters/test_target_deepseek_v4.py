@@ -46,7 +46,12 @@ def v4(tmp_path_factory):
 def layer_plan(c: dict, layer: int, ratio: int, hashed: bool) -> dict[str, tuple[str, tuple[int, ...]]]:
     """c/deepseek_v4.c ``coli_v4_layer_plan``: name -> (dtype, shape) of every tensor it validates."""
     hidden, heads, head_dim = c["hidden_size"], c["num_attention_heads"], c["head_dim"]
-    q_rank, experts, moe, hc = c["q_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"], c["hc_mult"]
+    q_rank, experts, moe, hc = (
+        c["q_lora_rank"],
+        c["n_routed_experts"],
+        c["moe_intermediate_size"],
+        c["hc_mult"],
+    )
     o_group_width = (heads // c["o_groups"]) * head_dim
     o_width = c["o_groups"] * c["o_lora_rank"]
     hc_params = (2 + hc) * hc
@@ -185,11 +190,44 @@ def test_config_json_has_the_released_keys_the_engine_parses(v4):
     assert config["compress_ratios"] == [4, 8]  # layer_types through compress_rates, no MTP layer
     assert config["num_hash_layers"] == 1  # mlp_layer_types ["hash_moe", "moe"]
     assert config["expert_dtype"] == "fp4" and config["topk_method"] == "noaux_tc"
-    assert config["quantization_config"] == {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
-                                             "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    assert config["quantization_config"] == {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "scale_fmt": "ue8m0",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
     assert {k: v for k, v in config.items() if k in CONFIG} == CONFIG  # the transformers keys stay
     manifest = json.loads((v4 / "colitools.json").read_text())
     assert manifest["recipe"]["target"] == "deepseek_v4"
+    # coli_v4_config_parse requires rope_scaling {factor, beta_fast, beta_slow, original_max_position_embeddings}
+    # (integers for the betas); the fixture's rope has no YaRN: factor 1 makes rope_frequency the plain one
+    assert config["rope_scaling"] == {"type": "yarn", "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
+                                      "original_max_position_embeddings": 512}  # fmt: skip
+
+
+def test_rope_scaling_carries_a_yarn_rope_of_the_compressed_layers():
+    from colitools.formats.targets import deepseek_v4_rope_scaling
+
+    yarn = {"rope_type": "yarn", "factor": 16.0, "beta_fast": 32, "beta_slow": 1, "rope_theta": 160000.0,
+            "original_max_position_embeddings": 65536}  # fmt: skip
+    mcfg = {
+        "max_position_embeddings": 1048576,
+        "rope_parameters": {"main": {"rope_type": "default"}, "compress": yarn},
+    }
+    assert deepseek_v4_rope_scaling(mcfg) == {"type": "yarn", "factor": 16.0, "beta_fast": 32, "beta_slow": 1,
+                                              "original_max_position_embeddings": 65536}  # fmt: skip
+
+
+def test_an_id_only_tokenizer_is_written_when_the_source_has_none(v4):
+    """c/deepseek_v4.c's main loads <dir>/tokenizer.json in every mode (tok_load exits without one): the target
+    writes one of vocab_size tokens <|id_N|>, which the tokenizers library reads id for id."""
+    from tokenizers import Tokenizer
+
+    assert not (FIXTURE / "tokenizer.json").exists()
+    tok = Tokenizer.from_file(str(v4 / "tokenizer.json"))
+    assert tok.get_vocab_size() == json.loads((FIXTURE / "config.json").read_text())["vocab_size"]
+    assert tok.decode([0, 7, 199], skip_special_tokens=False) == "<|id_0|> <|id_7|> <|id_199|>"
 
 
 def test_readers_read_the_target_back(v4):
@@ -316,10 +354,16 @@ def test_fp8_source_with_power_of_two_scales_passes_through_bit_for_bit(tmp_path
     [
         ((1, 2), ml_dtypes.float8_e4m3fn, "needs weight bytes 3072 and scale bytes 1"),
         ((1,), ml_dtypes.float8_e4m3fn, "is [1], expected [1, 1] (one E8M0 byte per 128x128 block)"),
-        ((48, 1), np.int8, "mxfp4 needs 1536 and 96"),  # I8 codes [48, 32] -> [48, 64]: 48 * 64 / 32 scale bytes
+        (
+            (48, 1),
+            np.int8,
+            "mxfp4 needs 1536 and 96",
+        ),  # I8 codes [48, 32] -> [48, 64]: 48 * 64 / 32 scale bytes
     ],
 )
-def test_a_v4_pair_with_the_wrong_scale_grid_is_refused_in_one_line(tmp_path, scale_shape, weight_dtype, says):
+def test_a_v4_pair_with_the_wrong_scale_grid_is_refused_in_one_line(
+    tmp_path, scale_shape, weight_dtype, says
+):
     from colitools.formats.container import resolve_container
     from colitools.formats.errors import ResolveError
     from colitools.formats.safetensors_io import SafetensorsFile, write_safetensors

@@ -43,7 +43,9 @@ def glm(tmp_path_factory):
     out = {}
     for name, kw in {"t": {}, "t-int4": {"dense": "int4-g64"}, "generic": {}}.items():
         target = {} if name == "generic" else {"target": "glm53"}
-        convert(str(root / "src"), root / name, ConvertOptions(progress=False, min_free_gb=0.0, **target, **kw))
+        convert(
+            str(root / "src"), root / name, ConvertOptions(progress=False, min_free_gb=0.0, **target, **kw)
+        )
         out[name] = root / name
     return root / "src", values, out
 
@@ -68,7 +70,9 @@ def _quantize_i4_grouped(w: np.ndarray, gs: int = 64) -> tuple[np.ndarray, np.nd
 def _glm53_int4(codes: np.ndarray, steps: np.ndarray, rows: int, columns: int) -> np.ndarray:
     """matmul_i4_grouped's weights: (nibble - 8) * step of its 64-column group."""
     b = codes.reshape(rows, columns // 2)
-    v = np.stack([(b & 0xF).astype(np.int32) - 8, (b >> 4).astype(np.int32) - 8], axis=2).reshape(rows, columns)
+    v = np.stack([(b & 0xF).astype(np.int32) - 8, (b >> 4).astype(np.int32) - 8], axis=2).reshape(
+        rows, columns
+    )
     return v.astype(np.float32) * np.repeat(steps.reshape(rows, columns // 64), 64, axis=1)
 
 
@@ -127,6 +131,41 @@ def test_other_tensors_are_what_load_f32_and_load_mat_read(glm):
     written, reason = reasons[f"{P}layers.0.mlp.down_proj.weight"]
     assert written == "bf16" and "c/glm53.c" in reason and "(I = 96)" in reason
     assert manifest["recipe"]["target"] == "glm53"
+
+
+# c/glm53.c load_cfg, restated: text_config.linear_attn_config's keys (req_num: a number, or the engine exits
+# "config.json: missing linear_attn_config") and the flat transformers 5.24 key each comes from
+KDA_KEYS = {"num_heads": "linear_num_heads", "head_dim": "linear_head_dim",
+            "short_conv_kernel_size": "linear_conv_kernel_dim"}  # fmt: skip
+
+
+def test_config_has_the_linear_attn_config_load_cfg_requires(glm, tmp_path):
+    src, _, out = glm
+    source = json.loads((src / "config.json").read_text())
+    for folder, want in (("t", True), ("t-int4", True), ("generic", False)):
+        config = json.loads((out[folder] / "config.json").read_text())
+        text = config["text_config"]
+        assert ("linear_attn_config" in text) is want, folder
+        assert {k: v for k, v in text.items() if k != "linear_attn_config"} == source["text_config"], folder
+        if want:
+            kda = text["linear_attn_config"]
+            for key, flat in KDA_KEYS.items():
+                assert type(kda[key]) in (int, float) and kda[key] == source["text_config"][flat], key
+            assert kda.get("gate_lower_bound", -5.0) == source["text_config"].get("linear_lower_bound", -5.0)
+            assert "full_attn_layers" not in kda  # optional; load_layer_kinds takes layer_types
+    # a source that already has one (a hub config) keeps it as it is
+    hub = {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4, "kda_layers": [1]}
+    source["text_config"]["linear_attn_config"] = hub
+    (tmp_path / "src").mkdir()
+    for f in src.iterdir():
+        (tmp_path / "src" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "src" / "config.json").write_text(json.dumps(source))
+    convert(
+        str(tmp_path / "src"),
+        tmp_path / "out",
+        ConvertOptions(target="glm53", progress=False, min_free_gb=0.0),
+    )
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["text_config"] == source["text_config"]
 
 
 def test_readers_read_the_target_back(glm):
@@ -220,7 +259,9 @@ def test_readers_accept_flat_expert_codes_as_convert_glm53_writes_them(glm, tmp_
     assert np.array_equal(ckpt.dense(sanitize(name), MOE_I, H), _glm53_int4(codes, steps, MOE_I, H))
 
 
-def test_a_glm53_output_of_the_fixture_runs_token_identical_to_the_generic_container_of_the_same_formats(tmp_path):
+def test_a_glm53_output_of_the_fixture_runs_token_identical_to_the_generic_container_of_the_same_formats(
+    tmp_path,
+):
     """The ``glm5_next`` oracle fixture has no ``target-glm53`` reference (at its seed two k-pool indexer scores tie
     exactly at the selection boundary: oracles/README.md; its copy ``glm5_next_target`` has one, run by
     tests/runtime/test_runtime_oracles.py), so its ``--target glm53`` output (int4 experts, BF16 dense and
@@ -248,3 +289,138 @@ def test_a_glm53_output_of_the_fixture_runs_token_identical_to_the_generic_conta
     assert len(g1) == n and g1 == g2 and a1 == a2
     assert float(np.max(np.abs(l1 - l2))) <= 1e-4
     assert json.loads((folders[0] / "colitools.json").read_text())["recipe"]["target"] == "glm53"
+
+
+# ------------------------------------------------------------------ c/glm53.c's loader, restated (read, not run)
+def _glm53_inventory(text: dict) -> dict[str, tuple[str, object]]:
+    """Every tensor c/glm53.c model_load_range / vision_load asks for (glm53_walk_tensors' list, no MTP layer)
+    -> (loader, what it needs): ``f32`` load_f32 (element count the forward indexes, None: the tower's own),
+    ``mat`` load_mat ([rows, columns] as mv uses them), ``kvb`` absorb_kvb (element count), ``piece``
+    expert_table_init (bytes). Sizes from load_cfg's keys, as the forward (kda_layer, mla_layer, ffn_layer,
+    expert_mats) indexes them."""
+    kda = text["linear_attn_config"]
+    D, V, E, I = (
+        text["hidden_size"],
+        text["vocab_size"],
+        text["n_routed_experts"],
+        text["moe_intermediate_size"],
+    )
+    Hc, KH, KD, CK = text["hc_mult"], kda["num_heads"], kda["head_dim"], kda["short_conv_kernel_size"]
+    KP, NH, QL, KL = KH * KD, text["num_attention_heads"], text["q_lora_rank"], text["kv_lora_rank"]
+    QK, VH, IH, ID = (
+        text["qk_nope_head_dim"],
+        text["v_head_dim"],
+        text["index_n_heads"],
+        text["index_head_dim"],
+    )
+    SI, DI = text.get("n_shared_experts", 1) * I, text["intermediate_size"]
+    first_dense = text["mlp_layer_types"].index("sparse")
+    out = {
+        f"{P}embed_tokens.weight": ("f32", V * D),
+        f"{P}norm.weight": ("f32", D),
+        "lm_head.weight": ("mat", (V, D)),
+    }
+    for i, kind in enumerate(text["layer_types"]):
+        L = f"{P}layers.{i}."
+        out |= {L + "input_layernorm.weight": ("f32", D), L + "post_attention_layernorm.weight": ("f32", D)}
+        for site in ("attn", "ffn"):
+            out |= {f"{L}hc_{site}_fn": ("f32", (2 + Hc) * Hc * Hc * D), f"{L}hc_{site}_base": ("f32", (2 + Hc) * Hc),
+                    f"{L}hc_{site}_scale": ("f32", 3)}  # fmt: skip
+        a = L + "self_attn."
+        if "linear" not in kind:  # load_layer_kinds: "attention" / "full" without "linear" is MLA + indexer
+            out |= {a + "q_a_proj.weight": ("mat", (QL, D)), a + "q_a_layernorm.weight": ("f32", QL),
+                    a + "q_b_proj.weight": ("mat", (NH * QK, QL)), a + "kv_a_proj_with_mqa.weight": ("mat", (KL, D)),
+                    a + "kv_a_layernorm.weight": ("f32", KL), a + "kv_b_proj.weight": ("kvb", NH * (QK + VH) * KL),
+                    a + "o_proj.weight": ("mat", (D, NH * VH)), a + "indexer.wq_b.weight": ("mat", (IH * ID, QL)),
+                    a + "indexer.wk.weight": ("mat", (ID, D)), a + "indexer.weights_proj.weight": ("mat", (IH, D)),
+                    a + "indexer.k_norm.weight": ("f32", ID), a + "indexer.k_norm.bias": ("f32", ID),
+                    a + "indexer.index_kpool_compress_ape": ("f32", text["index_kpool"] * ID),
+                    a + "indexer.index_kpool_compress_gate": ("mat", (ID, D))}  # fmt: skip
+        else:
+            out |= {a + f"{p}_proj.weight": ("mat", (KP, D)) for p in "qkv"}
+            out |= {a + f"{p}_conv1d.weight": ("f32", KP * CK) for p in "qkv"}
+            out |= {a + "o_proj.weight": ("mat", (D, KP)), a + "g_a_proj.weight": ("mat", (KD, D)),
+                    a + "g_b_proj.weight": ("mat", (KP, KD)), a + "f_a_proj.weight": ("mat", (KD, D)),
+                    a + "f_b_proj.weight": ("mat", (KP, KD)), a + "b_proj.weight": ("mat", (KH, D)),
+                    a + "dt_bias": ("f32", KP), a + "A_log": ("f32", KH), a + "o_norm.weight": ("f32", KD)}  # fmt: skip
+        m = L + "mlp."
+        if i < first_dense:
+            out |= {m + "gate_proj.weight": ("mat", (DI, D)), m + "up_proj.weight": ("mat", (DI, D)),
+                    m + "down_proj.weight": ("mat", (D, DI))}  # fmt: skip
+            continue
+        out |= {m + "gate.weight": ("f32", E * D), m + "gate.e_score_correction_bias": ("f32", E),
+                m + "shared_experts.gate_proj.weight": ("mat", (SI, D)),
+                m + "shared_experts.up_proj.weight": ("mat", (SI, D)),
+                m + "shared_experts.down_proj.weight": ("mat", (D, SI))}  # fmt: skip
+        for e in range(E):  # expert_geometry: int4 codes then F32 gs64 scales, gate, up, down
+            for p in ("gate", "up", "down"):
+                out |= {f"{m}experts.{e}.{p}_proj.weight": ("piece", I * D // 2),
+                        f"{m}experts.{e}.{p}_proj.weight.qs": ("piece", I * D // 64 * 4)}  # fmt: skip
+    return out
+
+
+VISION = ("patch_embed.proj.weight", "patch_embed.proj.bias", "post_layernorm.weight", "downsample.weight",
+          "downsample.bias", "merger.proj.weight", "merger.post_projection_norm.weight",
+          "merger.post_projection_norm.bias", "merger.gate_proj.weight", "merger.up_proj.weight",
+          "merger.down_proj.weight")  # fmt: skip
+VISION_BLOCK = ("norm1.weight", "norm2.weight", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+                "attn.proj.bias", "attn.q_norm.weight", "attn.k_norm.weight", "mlp.gate_proj.weight",
+                "mlp.gate_proj.bias", "mlp.up_proj.weight", "mlp.up_proj.bias", "mlp.down_proj.weight",
+                "mlp.down_proj.bias")  # fmt: skip
+FLOATS = ("F32", "BF16", "F16")  # st_read_f32's dtypes
+
+
+@pytest.mark.parametrize("recipe", [{}, {"dense": "int4-g64"}], ids=["default", "dense-int4"])
+def test_every_tensor_and_config_key_c_glm53_reads_is_there_as_it_reads_it(tmp_path, recipe):
+    """The oracle fixture's ``--target glm53`` output against c/glm53.c's loader, restated (newer than colibri's
+    snapshot, so read and not run): load_cfg's required keys are numbers, every tensor it asks for is present with a
+    dtype and size its loader accepts, each expert's six pieces are back to back in slot order, and nothing is left
+    that it does not read."""
+    out = tmp_path / "out"
+    convert(str(ORACLES / "glm5_next_target"), out, ConvertOptions(target="glm53", progress=False, min_free_gb=0.0,
+                                                                    **recipe))  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    text = config["text_config"]
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads",
+                "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "n_routed_experts",
+                "num_experts_per_tok", "moe_intermediate_size"):  # fmt: skip
+        assert type(text[key]) is int, key
+    assert text.get("qk_rope_head_dim", 0) == 0 and text["moe_intermediate_size"] % 32 == 0
+    assert len(text["layer_types"]) == text["num_hidden_layers"]
+    for key in (
+        "depth",
+        "hidden_size",
+        "num_heads",
+        "intermediate_size",
+        "patch_size",
+    ):  # load_vision's req_num
+        assert type(config["vision_config"][key]) is int, key
+    assert config["vision_config"]["out_hidden_size"] == text["hidden_size"]
+    head = _headers(out)
+    want = _glm53_inventory(text)
+    want |= {f"model.visual.{n}": ("f32", None) for n in VISION}
+    want |= {f"model.visual.blocks.{b}.{n}": ("f32", None) for b in range(config["vision_config"]["depth"]) for n in VISION_BLOCK}  # fmt: skip
+    for name, (loader, need) in want.items():
+        _, dtype, shape, begin, end = head[name]
+        if loader == "f32" or loader == "kvb":
+            assert dtype in FLOATS and (need is None or np.prod(shape) == need), (name, dtype, shape)
+        elif loader == "piece":
+            assert dtype == ("F32" if name.endswith(".qs") else "U8") and end - begin == need, (
+                name,
+                end - begin,
+            )
+        elif dtype == "U8":  # load_mat's int4 gs64 container: rank 2, nbytes * 2 == numel(qs) * 64
+            qs = head[name + ".qs"]
+            assert len(shape) == 2 and (end - begin) * 2 == np.prod(qs[2]) * 64, name
+            assert (shape[0], np.prod(qs[2]) * 64 // shape[0]) == need and need[1] % 64 == 0, name
+        else:
+            assert dtype in FLOATS and shape == need, (name, dtype, shape, need)
+    for name, (loader, _) in want.items():  # expert_table_init: one read when the six pieces are contiguous
+        if loader == "piece" and name.endswith("gate_proj.weight"):
+            base = name[: -len("gate_proj.weight")]
+            spans = [head[base + p][3:] for p in ("gate_proj.weight", "gate_proj.weight.qs", "up_proj.weight",
+                                                   "up_proj.weight.qs", "down_proj.weight", "down_proj.weight.qs")]  # fmt: skip
+            assert all(spans[k][1] == spans[k + 1][0] for k in range(5)), base
+            assert len({head[base + "gate_proj.weight"][0], head[base + "down_proj.weight.qs"][0]}) == 1, base
+    read_qs = {n + ".qs" for n, (loader, _) in want.items() if loader == "mat"}
+    assert set(head) <= set(want) | read_qs  # nothing written that the engine does not read

@@ -27,7 +27,7 @@ from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.formats.targets import TARGETS
 
 ORACLES = Path(__file__).resolve().parents[2] / "oracles"
-FIXTURE = ORACLES / "olmoe"
+FIXTURE = ORACLES / "olmoe_target"  # num_key_value_heads 4: c/olmoe.c reads no grouped-query heads
 # the generic recipe holding the same values as --target olmoe's defaults
 EQUIVALENT = dict(experts="int8-row", dense="f32", embed="f32")
 

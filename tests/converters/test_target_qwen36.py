@@ -123,7 +123,12 @@ def test_merged_blobs_are_make_merged_bytes(outputs, source, folder, ebits, gs):
             dtype, shape, blob = got[f"{base}.merged_weight"]
             sdtype, sshape, qs = got[f"{base}.qs"]
             nbytes = 3 * I * H if ebits == 8 else 3 * I * H // 2
-            assert (dtype, shape, sdtype, sshape) == ("I8" if ebits == 8 else "U8", (nbytes,), "F32", (n_scales,))
+            assert (dtype, shape, sdtype, sshape) == (
+                "I8" if ebits == 8 else "U8",
+                (nbytes,),
+                "F32",
+                (n_scales,),
+            )
             assert blob.tobytes() == blob_ref.tobytes(), base
             assert qs.tobytes() == qs_ref.tobytes(), base
             if ebits == 4:  # the loader's decode of those bytes is the converter's integers
@@ -145,7 +150,9 @@ def test_every_other_tensor_is_renamed_and_float(outputs, source):
     assert not any(n.startswith(("model.language_model.", "model.visual.")) for n in got)
     for name, value in expected.items():
         dtype, shape, data = others[name]
-        assert dtype == "F32" and shape == value.shape and data.tobytes() == value.astype(np.float32).tobytes(), name
+        assert (
+            dtype == "F32" and shape == value.shape and data.tobytes() == value.astype(np.float32).tobytes()
+        ), name
     # exactly two tensors per routed expert besides them
     c = _text_config()
     assert len(got) == len(expected) + 2 * c["num_experts"] * c["num_hidden_layers"]
@@ -180,7 +187,9 @@ def test_meta_json_has_load_meta_keys(outputs):
 
 
 # -------------------------------------------------------------------------------------------------- readers
-@pytest.mark.parametrize(("folder", "label"), [("int8", "int8-row"), ("int4", "int4-row"), ("int4g32", "int4-g32")])
+@pytest.mark.parametrize(
+    ("folder", "label"), [("int8", "int8-row"), ("int4", "int4-row"), ("int4g32", "int4-g32")]
+)
 def test_inspect_and_verify_read_the_blobs(outputs, folder, label):
     from colitools.formats.inspect import inspect_path
     from colitools.verify.container import verify_container
@@ -192,7 +201,11 @@ def test_inspect_and_verify_read_the_blobs(outputs, folder, label):
     inspected = inspect_path(out)
     merged = [t for t in inspected.tensors if t.name.endswith(".merged_weight")]
     assert len(merged) == 8 and all(t.kind == "quantized" and t.format.label == label for t in merged)
-    assert [(p.projection, p.O, p.I) for p in merged[0].parts] == [("gate", 64, 64), ("up", 64, 64), ("down", 64, 64)]
+    assert [(p.projection, p.O, p.I) for p in merged[0].parts] == [
+        ("gate", 64, 64),
+        ("up", 64, 64),
+        ("down", 64, 64),
+    ]
     assert not inspected.unresolved
 
 
@@ -211,7 +224,9 @@ def test_checkpoint_decodes_each_part_as_the_loader_does(outputs, folder):
         for e in range(4):
             base = f"model.layers.{layer}.mlp.experts.{e}"
             blob, qs = got[f"{base}.merged_weight"][2], got[f"{base}.qs"][2]
-            q = blob.view(np.int8) if folder == "int8" else _unpack_int4_to_int8(blob)  # the loader's int8 slab
+            q = (
+                blob.view(np.int8) if folder == "int8" else _unpack_int4_to_int8(blob)
+            )  # the loader's int8 slab
             offs, soffs = 0, 0
             for proj, (O, In) in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
                 ng = -(-In // gs) if gs else 1
@@ -227,12 +242,16 @@ def test_int4_parts_decode_like_the_generic_container_of_the_same_recipe(outputs
     from colitools.runtime.weights import Checkpoint
 
     target = Checkpoint(outputs["int4"], json.loads((outputs["int4"] / "config.json").read_text()))
-    generic = Checkpoint(outputs["generic-int4"], json.loads((outputs["generic-int4"] / "config.json").read_text()))
+    generic = Checkpoint(
+        outputs["generic-int4"], json.loads((outputs["generic-int4"] / "config.json").read_text())
+    )
     for layer in range(2):
         for e in range(4):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 a = target.dense(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", 64, 64)
-                b = generic.dense(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", 64, 64)  # canonical name
+                b = generic.dense(
+                    f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", 64, 64
+                )  # canonical name
                 assert np.array_equal(a, b)
 
 
@@ -250,7 +269,9 @@ def test_group_sizes_with_equal_counts_need_the_meta(outputs, tmp_path):
     assert resolved["model.layers.0.mlp.experts.0.merged_weight"].format.label == "int4-g32"
     resolved = resolve_container(model.shards, config=model.config, merged_group_size=48)  # also 2 groups
     assert resolved["model.layers.0.mlp.experts.0.merged_weight"].format.label == "int4-g48"
-    with pytest.raises(ColitoolsError, match=r"merged expert blob .*merged_weight is 6144 bytes with 384 scales"):
+    with pytest.raises(
+        ColitoolsError, match=r"merged expert blob .*merged_weight is 6144 bytes with 384 scales"
+    ):
         resolve_container(model.shards, config=model.config)
     (copy / "qwen36_meta.json").unlink()
     from colitools.verify.container import verify_container
@@ -279,7 +300,9 @@ def test_mirror_scan_and_plan_count_merged_blobs_as_expert_bytes(outputs, tmp_pa
     # one blob of 3*64*64/2 bytes and 2*64+64 F32 scales per expert, 2 layers x 4 experts; layer L in shard L+2
     record = 3 * 64 * 64 // 2 + 4 * (2 * 64 + 64)
     assert per_expert == {(layer, e): record for layer in range(2) for e in range(4)}
-    assert routed == {(layer, e): f"model-0000{layer + 2}-of-00003.safetensors" for layer in range(2) for e in range(4)}
+    assert routed == {
+        (layer, e): f"model-0000{layer + 2}-of-00003.safetensors" for layer in range(2) for e in range(4)
+    }
     geometry = model_geometry(out)
     assert (geometry.n_layers, geometry.n_experts) == (2, 4)
     history = UsageHistory(2, 4, engine_id(geometry.engine))
@@ -315,7 +338,9 @@ def test_recipes_the_loader_cannot_read_are_refused_in_one_line(tmp_path, option
 
 
 def test_another_model_type_is_refused_before_work_starts(tmp_path):
-    with pytest.raises(ConvertError, match=r"`target=qwen36` is for model_type qwen3_5_moe, qwen3_5_moe_text "):
+    with pytest.raises(
+        ConvertError, match=r"`target=qwen36` is for model_type qwen3_5_moe, qwen3_5_moe_text "
+    ):
         convert(str(ORACLES / "qwen3_moe"), tmp_path / "out", ConvertOptions(target="qwen36", progress=False))
     assert not any((tmp_path / "out").glob("*.safetensors"))
 
@@ -397,7 +422,9 @@ def test_a_part_narrower_than_the_group_size_shares_the_blob_group_size(source, 
     config["text_config"]["moe_intermediate_size"] = 32
     (src / "config.json").write_text(json.dumps(config))
     out = tmp_path / "out"
-    convert(str(src), out, ConvertOptions(progress=False, min_free_gb=0.0, target="qwen36", experts="int4-g32"))
+    convert(
+        str(src), out, ConvertOptions(progress=False, min_free_gb=0.0, target="qwen36", experts="int4-g32")
+    )
     got = _tensors(out)
     for layer in range(2):
         for e in range(4):
@@ -437,7 +464,9 @@ def test_readers_accept_a_container_written_as_convert_qwen36_writes_it(source, 
         prefix = f"model.language_model.layers.{layer}."
         tens = {}
         for e in range(4):
-            gate, up, down = (source[f"{prefix}mlp.experts.{e}.{p}_proj.weight"] for p in ("gate", "up", "down"))
+            gate, up, down = (
+                source[f"{prefix}mlp.experts.{e}.{p}_proj.weight"] for p in ("gate", "up", "down")
+            )
             mw, qs = _make_merged(gate, up, down, 4)
             tens[f"model.layers.{layer}.mlp.experts.{e}.merged_weight"] = mw
             tens[f"model.layers.{layer}.mlp.experts.{e}.qs"] = qs
@@ -446,7 +475,9 @@ def test_readers_accept_a_container_written_as_convert_qwen36_writes_it(source, 
             if k.startswith(prefix) and ".mlp.experts." not in k:
                 tens[k.replace(prefix, f"model.layers.{layer}.")] = v.astype(np.float16)
         write_safetensors(out / f"model-{layer:05d}.safetensors", tens)
-    (out / "qwen36_meta.json").write_text(json.dumps({"expert_gs": 0, "ebits": 4, "hidden": 64, "n_layers": 2}))
+    (out / "qwen36_meta.json").write_text(
+        json.dumps({"expert_gs": 0, "ebits": 4, "hidden": 64, "n_layers": 2})
+    )
 
     report = verify_container(out)
     assert report.ok, report.problems
@@ -472,3 +503,69 @@ def test_a_qwen36_output_runs_token_identical_to_the_generic_container_of_the_sa
         with load_model(outputs[name], record_usage=False) as model:
             tokens[name] = generate(model, [1, 2, 3, 4], 32).generated_ids
     assert len(tokens["int4"]) == 32 and tokens["int4"] == tokens["generic-int4"]
+
+
+# ----------------------------------------------------------------- c/qwen36.c's loader, restated (read, not run)
+def _qwen36_inventory(cfg: dict, meta: dict) -> dict[str, int]:
+    """Every tensor c/qwen36.c model_init_range asks for -> the element count load_t_n requires ("config implies"),
+    from load_cfg's config.json keys and load_meta's qwen36_meta.json keys; attention layers are the meta's
+    ``layer_types`` entries equal to "full_attention", the rest Gated DeltaNet."""
+    D, V = cfg["hidden_size"], cfg["vocab_size"]
+    E, SI, VT = meta["num_experts"], meta["shared_inter"], meta["dn_vheads"] * meta["dn_vdim"]
+    out = {"model.embed_tokens.weight": V * D, "lm_head.weight": V * D, "model.norm.weight": D}
+    for i, kind in enumerate(meta["layer_types"]):
+        L = f"model.layers.{i}."
+        out |= {L + "input_layernorm.weight": D, L + "post_attention_layernorm.weight": D, L + "mlp.gate.weight": E * D,
+                L + "mlp.shared_expert.gate_proj.weight": SI * D, L + "mlp.shared_expert.up_proj.weight": SI * D,
+                L + "mlp.shared_expert.down_proj.weight": D * SI, L + "mlp.shared_expert_gate.weight": D}  # fmt: skip
+        if kind == "full_attention":
+            a = L + "self_attn."
+            out |= {a + "q_proj.weight": meta["q_heads"] * meta["q_head_dim"] * D,
+                    a + "k_proj.weight": meta["kv_heads"] * meta["k_head_dim"] * D,
+                    a + "v_proj.weight": meta["kv_heads"] * meta["v_head_dim"] * D,
+                    a + "o_proj.weight": D * meta["o_in"], a + "q_norm.weight": meta["head_dim"],
+                    a + "k_norm.weight": meta["head_dim"]}  # fmt: skip
+        else:
+            a = L + "linear_attn."
+            out |= {a + "in_proj_qkv.weight": meta["dn_conv_dim"] * D, a + "in_proj_z.weight": VT * D,
+                    a + "in_proj_b.weight": meta["dn_vheads"] * D, a + "in_proj_a.weight": meta["dn_vheads"] * D,
+                    a + "conv1d.weight": meta["dn_conv_dim"] * meta["dn_convk"], a + "dt_bias": meta["dn_vheads"],
+                    a + "A_log": meta["dn_vheads"], a + "norm.weight": meta["dn_vdim"],
+                    a + "out_proj.weight": D * VT}  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("folder", list(RECIPES))
+def test_every_tensor_and_key_c_qwen36_reads_is_there_as_it_reads_it(outputs, folder):
+    """A ``--target qwen36`` output of the oracle fixture against c/qwen36.c's loader, restated (newer than colibri's
+    snapshot, so read and not run): load_cfg's required keys, validate_cfg's checks on the meta, load_t_n's element
+    counts and float dtypes, load_expert_merged's byte and scale counts, and nothing written that it does not read."""
+    cfg = json.loads((outputs[folder] / "config.json").read_text())
+    meta = json.loads((outputs[folder] / "qwen36_meta.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size", "rms_norm_eps"):  # load_cfg's req_num
+        assert type(cfg[key]) in (int, float), key
+    assert (
+        meta["n_layers"] == cfg["num_hidden_layers"] == len(meta["layer_types"])
+        and meta["hidden"] == cfg["hidden_size"]
+    )
+    assert meta["q_heads"] % meta["kv_heads"] == 0 and meta["dn_vheads"] % meta["dn_kheads"] == 0
+    dn_conv = 2 * meta["dn_kheads"] * meta["dn_kdim"] + meta["dn_vheads"] * meta["dn_vdim"]
+    assert meta["dn_conv_dim"] == dn_conv and meta["dn_convk"] >= 2 and 0 < meta["dn_vdim"] <= 512
+    rotary = int(meta["head_dim"] * meta["partial_rotary_factor"] + 0.5)
+    assert 2 <= rotary <= meta["head_dim"] and rotary % 2 == 0
+    stored = _tensors(outputs[folder])
+    want = _qwen36_inventory(cfg, meta)
+    for name, count in want.items():
+        dtype, shape, _ = stored[name]
+        assert dtype in ("F32", "BF16", "F16") and np.prod(shape) == count, (name, dtype, shape, count)
+    I, D, gs = meta["moe_inter"], meta["hidden"], meta["expert_gs"]
+    scales = 2 * (I * -(-D // gs) if gs else I) + (D * -(-I // gs) if gs else D)  # scale_count_gu / _d
+    experts = set()
+    for i in range(meta["n_layers"]):
+        for e in range(meta["num_experts"]):
+            w, s = f"model.layers.{i}.mlp.experts.{e}.merged_weight", f"model.layers.{i}.mlp.experts.{e}.qs"
+            nbytes = stored[w][2].nbytes
+            assert nbytes == (3 * I * D if meta["ebits"] == 8 else 3 * I * D // 2), w
+            assert stored[s][0] == "F32" and stored[s][2].size == scales, s
+            experts |= {w, s}
+    assert set(stored) == set(want) | experts  # nothing written that the engine does not read

@@ -115,3 +115,49 @@ def test_cli_towers_keep_with_qwen36_is_refused_before_work(tmp_path):
     )
     one_line_error(r, "--target qwen36: --towers keep is refused", "c/qwen36.c", "--towers drop", code=2)
     assert not (tmp_path / "out").exists()
+
+
+# issue 27: what each engine cannot run is refused in one line before any work
+def test_olmoe_refuses_grouped_query_attention_it_would_read_past(tmp_path):
+    """c/olmoe.c multiplies k_proj / v_proj as [hidden, hidden]: the olmoe fixture's 4:2 heads are refused."""
+    with pytest.raises(TargetRefused) as info:
+        convert(str(ORACLES / "olmoe"), tmp_path / "out", ConvertOptions(target="olmoe", progress=False))
+    assert str(info.value) == (
+        "`target=olmoe`: the source is refused: num_key_value_heads 2 != num_attention_heads 4: c/olmoe.c "
+        "multiplies k_proj / v_proj as [hidden, hidden] (it reads no num_key_value_heads)"
+    )
+    assert info.value.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("fixture", "options", "fmt"), [
+    ("qwen3_moe", {"experts": "mxfp4"}, "mxfp4"),
+    ("qwen3_moe", {"dense": "fp8-e8m0"}, "fp8-e4m3-e8m0"),
+    ("gpt_oss_mxfp4", {"experts": "native"}, "mxfp4"),
+])  # fmt: skip
+def test_generic_refuses_a_format_colibri_c_has_no_reader_for(tmp_path, fixture, options, fmt):
+    """``--target generic`` is c/colibri.c's: no mxfp4 (no qt_resolve_fmt branch), no fp8-e4m3-e8m0 (``.scale``
+    names qt_from_disk never looks up); without ``--target`` they are written for colitools' own readers."""
+    with pytest.raises(TargetRefused) as info:
+        convert(str(ORACLES / fixture), tmp_path / "out", ConvertOptions(target="generic", progress=False,
+                                                                          **options))  # fmt: skip
+    message = str(info.value)
+    assert message.startswith("`target=generic`: tensor ") and f" would be written as {fmt}, " in message
+    assert "c/colibri.c" in message and "\n" not in message and not (tmp_path / "out").exists()
+    ConvertOptions(**options).recipe()  # the default target writes it
+    plan = convert(
+        str(ORACLES / fixture), tmp_path / "dry", ConvertOptions(dry_run=True, progress=False, **options)
+    )
+    assert plan.units_total > 0
+
+
+def test_cli_without_target_writes_mxfp4_and_with_generic_refuses_it(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+    from cli_helpers import one_line_error, run_cli
+
+    r = run_cli(
+        "convert", ORACLES / "qwen3_moe", tmp_path / "out", "--target", "generic", "--experts", "mxfp4"
+    )
+    one_line_error(r, "--target generic: tensor ", "would be written as mxfp4", "c/colibri.c", code=2)
+    assert not (tmp_path / "out").exists()
+    r = run_cli("convert", ORACLES / "qwen3_moe", tmp_path / "out", "--experts", "mxfp4", "--dry-run")
+    assert r.returncode == 0, r.stderr

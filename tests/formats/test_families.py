@@ -14,7 +14,11 @@ def test_stack_orientation_is_a_fact_of_the_family():
     assert families.stack_orientation("gpt_oss") is O.TRANSPOSED_INTERLEAVED
     assert families.stack_orientation("inkling2") is O.ROWS_INTERLEAVED
     assert families.stack_orientation("qwen3_5_moe") is O.ROWS
-    assert families.stack_orientation("llama4") is None and families.stack_orientation(None) is None
+    assert families.stack_orientation("llama") is None and families.stack_orientation(None) is None
+    # gate_up [E, H, 2I] with gate = the first I columns (chunk(2, dim=-1)), down [E, I, H]
+    for t in ("llama4", "llama4_text", "qwen3_vl_moe", "qwen3_vl_moe_text"):
+        assert families.stack_orientation(t) is O.TRANSPOSED
+    assert families.stack_orientation("llama4", "mxfp4") is None  # codes by rows: not this family's layout
     # natively quantized stacks: codes by rows; gpt-oss MXFP4 blocks interleave gate / up rows (transformers'
     # Mxfp4GptOssExperts), other encodings of a transposed family are not fixed; row families keep theirs
     assert families.stack_orientation("gpt_oss", "mxfp4") is O.ROWS_INTERLEAVED
@@ -66,3 +70,48 @@ def test_gated_attention_doubles_q_proj_and_kimi_spellings_are_read_as_the_commo
     assert keys["num_experts_per_tok"] == 2 and keys["layer_types"] == ["linear_attention", "full_attention"]
     per_layer = model_config.layer_linear_shapes(kimi)
     assert list(per_layer) == [0] and per_layer[0][("self_attn", "f_b_proj")] == (16, 8)
+
+
+def test_transposed_orientation_is_transposed_and_not_interleaved():
+    assert O.TRANSPOSED.transposed and not O.TRANSPOSED.interleaved
+    assert O.TRANSPOSED_INTERLEAVED.transposed and O.TRANSPOSED_INTERLEAVED.interleaved
+    assert not O.ROWS.transposed and not O.ROWS.interleaved and O.ROWS_INTERLEAVED.interleaved
+
+
+def test_qwen3_vl_moe_stacks_are_told_apart_by_shape():
+    """Published [E, H, 2I] / [E, I, H] against transformers 5.24's save [E, 2I, H] / [E, H, I] (H 64, I 32)."""
+    published = {"gate_up": (4, 64, 64), "down": (4, 32, 64)}  # 2I == H: gate_up is square, down decides
+    assert families.shaped_orientation("qwen3_vl_moe", published, 64, 32) is O.TRANSPOSED
+    saved = {"gate_up": (4, 64, 64), "down": (4, 64, 32)}
+    assert families.shaped_orientation("qwen3_vl_moe", saved, 64, 32) is O.ROWS
+    # H == I: down is square, gate_up decides
+    assert (
+        families.shaped_orientation("qwen3_vl_moe", {"gate_up": (4, 64, 128), "down": (4, 64, 64)}, 64, 64)
+        is O.TRANSPOSED
+    )
+    assert (
+        families.shaped_orientation("qwen3_vl_moe", {"gate_up": (4, 128, 64), "down": (4, 64, 64)}, 64, 64)
+        is O.ROWS
+    )
+    assert families.shaped_orientation("qwen3_vl_moe_text", {"gate_up": (4, 128, 64)}, 64, 64) is O.ROWS
+
+
+def test_a_square_stack_alone_is_read_in_the_published_layout():
+    """The rule for a square ambiguity with no other stack to decide (or shapes fitting neither layout): the
+    family's published orientation (the shape check then names what it expected)."""
+    assert families.shaped_orientation("qwen3_vl_moe", {"gate_up": (4, 64, 64)}, 64, 32) is O.TRANSPOSED
+    assert families.shaped_orientation("qwen3_vl_moe", {"down": (4, 64, 64)}, 64, 64) is O.TRANSPOSED
+    assert families.shaped_orientation("qwen3_vl_moe", {"gate_up": (4, 7, 9)}, 64, 32) is O.TRANSPOSED
+    # families with one layout are not decided by shape
+    assert families.shaped_orientation("llama4", {"gate_up": (4, 64, 128)}, 64, 64) is None
+    assert families.shaped_orientation("qwen3_moe", {"gate_up": (4, 128, 64)}, 64, 64) is None
+
+
+def test_llama4_geometry_reads_its_dense_and_expert_widths():
+    text = {"model_type": "llama4_text", **BASE, "num_local_experts": 4, "head_dim": 16, "num_key_value_heads": 2,
+            "intermediate_size": 32, "intermediate_size_mlp": 96}  # fmt: skip
+    text.pop("num_experts")
+    shapes = model_config.linear_shapes(text)
+    assert shapes[("mlp", "gate_proj")] == (96, 64) and shapes[("mlp", "down_proj")] == (64, 96)
+    assert shapes[("mlp.shared_experts", "up_proj")] == (32, 64) and shapes[("mlp", "gate")] == (4, 64)
+    assert shapes[("self_attn", "k_proj")] == (32, 64)

@@ -125,6 +125,16 @@ CASES = [
      ("model.", "model.layers", 0, "mlp", None, "router", None, R.ROUTER, "bias")),
     ("model.layers.0.mlp.gate.bias", ("model.", "model.layers", 0, "mlp", None, "gate", None, R.ROUTER, "bias")),
     ("model.layers.0.ffn.gate.weight", ("model.", "model.layers", 0, "ffn", None, "gate", None, R.ROUTER, "weight")),
+    # Llama-4: feed_forward (MOE_BLOCKS), its router, stacks and shared expert
+    ("language_model.model.layers.1.feed_forward.router.weight",
+     ("language_model.model.", "language_model.model.layers", 1, "feed_forward", None, "router", None, R.ROUTER,
+      "weight")),
+    ("language_model.model.layers.1.feed_forward.experts.gate_up_proj",
+     ("language_model.model.", "language_model.model.layers", 1, "feed_forward.experts", None, "gate_up_proj",
+      "gate_up", R.EXPERT_STACK, "")),
+    ("language_model.model.layers.1.feed_forward.shared_expert.gate_proj.weight",
+     ("language_model.model.", "language_model.model.layers", 1, "feed_forward.shared_expert", None, "gate_proj",
+      "gate", R.SHARED_EXPERT, "weight")),
     ("model.layers.0.ffn.gate.bias", ("model.", "model.layers", 0, "ffn", None, "gate", None, R.ROUTER, "bias")),
     ("model.layers.0.ffn.experts.3.w1.weight",
      ("model.", "model.layers", 0, "ffn.experts", 3, "w1", "gate", R.EXPERT, "weight")),
@@ -240,6 +250,13 @@ def test_layer_builders():
          "model.layers.1.mlp.experts.3.gate_proj.weight.qs"),
         ("language_model.lm_head.weight", "lm_head.weight"),
         ("model.visual.blocks.0.attn.qkv.weight", "model.visual.blocks.0.attn.qkv.weight"),
+        # Llama-4's feed_forward: its router, experts, shared expert and dense MLP under the runtime's mlp names
+        ("language_model.model.layers.1.feed_forward.router.weight", "model.layers.1.mlp.gate.weight"),
+        ("language_model.model.layers.1.feed_forward.experts.0.gate_proj.weight.qs",
+         "model.layers.1.mlp.experts.0.gate_proj.weight.qs"),
+        ("language_model.model.layers.1.feed_forward.shared_expert.up_proj.weight",
+         "model.layers.1.mlp.shared_experts.up_proj.weight"),
+        ("language_model.model.layers.0.feed_forward.down_proj.weight", "model.layers.0.mlp.down_proj.weight"),
     ],
 )  # fmt: skip
 def test_canonical_name_maps_module_and_projection_spellings(name, canonical):

@@ -114,3 +114,32 @@ def test_nvfp4_matches_compressed_tensors_fp4_unpack_and_dequant():
     assert np.array_equal(bits(codes), bits(v["codes_f32"]))  # the one E2M1 table, signed zero included
     got = both(ref.decode_nvfp4, fast.decode_nvfp4, packed, sb, s2, I)
     assert np.array_equal(bits(got), bits(v["expect"]))  # 512 values, exact (scale_2 a power of two)
+
+
+def test_mxfp4_pack_quantized_matches_compressed_tensors_and_keeps_its_bytes():
+    """Kimi K3's experts: compressed-tensors' own ``MXFP4PackedCompressor`` compress + decompress (bfloat16, its
+    compute dtype; every E2M1 code times a power of two is exact there but where float32 overflows too)."""
+    from colitools.formats import source_encodings as se
+    from colitools.formats.registry import Mxfp4
+
+    v = load("mxfp4_pack")
+    packed, scales, expect = v["weight_packed"], v["weight_scale"], v["expect"]
+    O, I = packed.shape[0], packed.shape[1] * 2
+    assert (O, I) == (48, 192) and expect.dtype == ml_dtypes.bfloat16 and scales.shape == (O, I // 32)
+    parts = {"data": packed, "scale": scales}
+    got = se.Mxfp4PackQuantized.decode(parts, O, I, fast=False)
+    assert got.tobytes() == se.Mxfp4PackQuantized.decode(parts, O, I, fast=True).tobytes()
+    nan_scale = np.repeat(scales == 0xFF, 32, axis=1)
+    assert nan_scale.any() and (scales == 0).any() and (scales == 254).any()
+    theirs = expect.astype(np.float32)
+    assert np.array_equal(bits(got)[~nan_scale], bits(theirs)[~nan_scale])  # 9184 values, exact
+    assert not np.isfinite(got[nan_scale]).any()
+    # the scales compressed-tensors computed itself (before the edge bytes were written) are E8M0 of its observer
+    assert v["computed_scale"].dtype == np.uint8 and 100 < int(np.median(v["computed_scale"])) < 127
+    # native: the mxfp4 format holds these bytes as they are and decodes them to the producer's values
+    ok = ~(scales == 0xFF).any(axis=1)
+    kept = {"data": packed[ok], "scale": scales[ok]}
+    codes, s = se.Mxfp4PackQuantized.keep(kept, int(ok.sum()), I, None, name="w")
+    assert codes.tobytes() == packed[ok].tobytes() and s.tobytes() == scales[ok].tobytes()
+    decoded = Mxfp4.decode(codes, s, int(ok.sum()), I)
+    assert np.array_equal(bits(decoded), bits(theirs[ok]))

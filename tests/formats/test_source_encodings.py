@@ -27,8 +27,9 @@ class H:
 
 
 def test_the_registry_holds_the_spec_encodings_in_recognition_order():
-    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "int4", "nvfp4", "mxfp8"]
-    assert se.PAIRED == (se.Mxfp4Blocks, se.PackQuantizedInt4, se.Nvfp4, se.Mxfp8)  # FP8 rides on .scale
+    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8"]
+    # FP8 rides on .scale; MXFP4 pack-quantized before INT4, which claims every other .weight_packed
+    assert se.PAIRED == (se.Mxfp4Blocks, se.Mxfp4PackQuantized, se.PackQuantizedInt4, se.Nvfp4, se.Mxfp8)
     for enc in se.ENCODINGS.values():
         assert enc.parts[0].role == "data" and len({p.role for p in enc.parts}) == len(enc.parts)
         assert se.by_kind(enc.kind) is enc and enc.declared_by
@@ -58,6 +59,18 @@ def test_the_registry_holds_the_spec_encodings_in_recognition_order():
                 "num_bits": 4, "type": "int", "group_size": 32, "symmetric": False, "actorder": "group"}}}},
             se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme(32, False, True)),)),
         ),
+        (  # Kimi K3: compressed-tensors' own MXFP4 preset (QuantizationConfig.model_dump); no INT4 weights
+            {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {
+                "targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "symmetric": True,
+                "group_size": 32, "strategy": "group", "scale_dtype": "torch.uint8"}}}},
+            se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme()),)),
+        ),
+        (  # both formats, one per group
+            {"quant_method": "compressed-tensors", "config_groups": {
+                "a": {"format": "mxfp4-pack-quantized", "weights": {"num_bits": 4, "type": "float", "group_size": 32}},
+                "b": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "group_size": 64}}}},
+            se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme(64)),)),
+        ),
     ],
 )  # fmt: skip
 def test_each_encoding_reads_its_own_quantization_config(qc, want):
@@ -75,7 +88,12 @@ def test_each_encoding_reads_its_own_quantization_config(qc, want):
                                                              "supported (only 'NVFP4', 'MXFP8')"),
         ({"quant_method": "modelopt", "quantization": "NVFP4"}, "quant_algo None of quant_method 'modelopt'"),
         ({"quant_method": "fp8", "fmt": "e5m2"}, "quantization_config.fmt 'e5m2' is not supported (only 'e4m3')"),
-        ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "format 'marlin-24' of quant_method"),
+        ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "format 'marlin-24' of quant_method "
+         "'compressed-tensors' is not supported (only 'pack-quantized', 'mxfp4-pack-quantized')"),
+        ({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"g": {"weights": {
+            "num_bits": 4, "type": "float", "group_size": 16}}}},
+         "mxfp4-pack-quantized weights with num_bits 4 type 'float' group_size 16 are not supported (only 4-bit "
+         "float in groups of 32)"),
         ({"quant_method": "compressed-tensors", "config_groups": ["g"]}, "config_groups is a list, expected an object"),
         ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": 4}}},
          "config_groups.g.weights is a int, expected an object"),
@@ -110,6 +128,8 @@ def test_each_encoding_is_recognised_from_header_entries_alone():
         "e.weight": H("F8_E4M3", (4, 40)),  # FP8 block-scaled: not paired
         "e.weight_scale_inv": H("F32", (1, 1)),
         "f.weight": H("BF16", (4, 4)),
+        "g.weight_packed": H("U8", (4, 32)),  # MXFP4 pack-quantized: I = 64
+        "g.weight_scale": H("U8", (4, 2)),
     }
     paired, consumed = pair(tensors)
     got = {n: (p.encoding, p.shape, p.group, p.exact, p.dropped) for n, p in paired.items()}
@@ -118,6 +138,7 @@ def test_each_encoding_is_recognised_from_header_entries_alone():
         "b.weight": (se.PackQuantizedInt4, (4, 96), 32, True, ()),
         "c.weight": (se.Nvfp4, (4, 32), 16, False, ("c.input_scale",)),
         "d.weight": (se.Mxfp8, (4, 40), 32, False, ()),
+        "g.weight": (se.Mxfp4PackQuantized, (4, 64), 32, True, ()),
     }
     assert dict(paired["b.weight"].parts) == {"data": "b.weight_packed", "scale": "b.weight_scale",
                                               "shape": "b.weight_shape"}  # fmt: skip
@@ -188,6 +209,12 @@ def test_int4_group_size_and_exactness_come_from_the_config_and_the_companions()
                                                 "x.weight_scale"),
         ({"x.weight_packed": H("I8", (4, 2)), "x.weight_scale": H("BF16", (4, 1))},
          "tensor x.weight_packed: packed INT4 weight I8 [4, 2] (expected I32 [O, I/8])"),
+        ({"x.weight_packed": H("U8", (4, 32)), "x.weight_scale": H("BF16", (4, 2))},  # U8 codes, float scales
+         "tensor x.weight_packed: packed INT4 weight U8 [4, 32] (expected I32 [O, I/8])"),
+        ({"x.weight_packed": H("U8", (4, 32)), "x.weight_scale": H("U8", (4, 3))},
+         "tensor x.weight_scale: MXFP4 scale U8 [4, 3] does not fit x.weight_packed [4, 32] (expected U8 [4, 2])"),
+        ({"x.weight_packed": H("U8", (4, 8)), "x.weight_scale": H("U8", (4, 1))},
+         "tensor x.weight_packed: MXFP4 weight [4, 8] holds I = 16, not a multiple of 32"),
         ({"x": H("U8", (4, 16)), "x_scale": H("F8_E4M3", (4, 3)), "x_scale_2": H("F32", ())},
          "tensor x_scale: NVFP4 scale F8_E4M3 [4, 3] does not fit x [4, 16] (expected F8_E4M3 [4, 2])"),
         ({"x": H("U8", (4, 16)), "x_scale": H("F8_E4M3", (4, 2)), "x_scale_2": H("F32", (2,))},
@@ -218,6 +245,7 @@ def test_companions_that_do_not_fit_are_one_line_naming_both(tensors, message):
     ("enc", "O", "I", "kw", "want"),
     [
         (se.Mxfp4Blocks, 8, 64, {}, se.NativeForm("mxfp4", copies=True)),
+        (se.Mxfp4PackQuantized, 8, 64, {}, se.NativeForm("mxfp4", copies=True)),
         (se.PackQuantizedInt4, 8, 64, {"group": 32}, se.NativeForm("int4-grouped", 32, copies=True)),
         (se.PackQuantizedInt4, 8, 64, {"group": 128}, se.NativeForm("int4-row", copies=True)),  # I <= g
         (se.PackQuantizedInt4, 8, 96, {"group": 64}, se.NativeForm(
@@ -246,6 +274,8 @@ def parts_of(enc: type[se.SourceEncoding], rng, O: int, I: int) -> dict[str, np.
     u8 = lambda *shape: rng.integers(0, 256, shape, dtype=np.uint8)  # noqa: E731
     if enc is se.Mxfp4Blocks:
         return {"data": u8(O, I // 32, 16), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
+    if enc is se.Mxfp4PackQuantized:
+        return {"data": u8(O, I // 2), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
     if enc is se.PackQuantizedInt4:
         data = rng.integers(-(2**31), 2**31, (O, I // 8), dtype=np.int64).astype(np.int32)
         return {"data": data, "scale": rng.random((O, I // 32)).astype(ml_dtypes.bfloat16)}
@@ -290,6 +320,26 @@ def test_keep_loses_nothing():
     mx["scale"][2, 1] = 0xFF
     with pytest.raises(FormatError, match=r"tensor w: E8M0 scale byte 0xFF \(NaN\) in an MXFP4 source"):
         se.Mxfp4Blocks.keep(mx, O, I, None, name="w")
+
+
+def test_mxfp4_pack_quantized_keep_is_the_mxfp4_format_byte_for_byte():
+    """compressed-tensors mxfp4-pack-quantized ``weight_packed`` / ``weight_scale`` are mxfp4's own tensors
+    (docs/FORMATS.md §2.7: ``<base>.weight_packed`` U8 ``[O, I/2]``, low nibble = even column, ``weight_scale``
+    U8 E8M0 ``[O, I/32]``): ``keep`` returns the same bytes, which mxfp4 decodes to the source's values."""
+    rng = np.random.default_rng(5)
+    O, I = 6, 96
+    mx = parts_of(se.Mxfp4PackQuantized, rng, O, I)
+    codes, scales = se.Mxfp4PackQuantized.keep(mx, O, I, None, name="w")
+    assert codes.tobytes() == mx["data"].tobytes() and scales.tobytes() == mx["scale"].tobytes()
+    assert codes.shape == Mxfp4.weight_shape(O, I) and scales.shape == Mxfp4.scale_grid(O, I)
+    want = se.Mxfp4PackQuantized.decode(mx, O, I, fast=False)
+    assert Mxfp4.decode(codes, scales, O, I).tobytes() == want.tobytes()
+    # byte 0x2F with scale byte 0x7E (2^-1): low nibble 15 = -6.0, high nibble 2 = 1.0 -> -3.0, 0.5 (§5)
+    one = {"data": np.full((1, 16), 0x2F, np.uint8), "scale": np.array([[0x7E]], np.uint8)}
+    assert se.Mxfp4PackQuantized.decode(one, 1, 32, fast=False)[0, :2].tolist() == [-3.0, 0.5]
+    mx["scale"][0, 2] = 0xFF
+    with pytest.raises(FormatError, match=r"tensor w: E8M0 scale byte 0xFF \(NaN\) in an MXFP4 source"):
+        se.Mxfp4PackQuantized.keep(mx, O, I, None, name="w")
 
 
 def test_int4_weight_shape_is_checked_against_the_codes():

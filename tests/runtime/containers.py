@@ -44,7 +44,10 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
             if name.endswith(("experts.gate_up_proj_blocks", "experts.down_proj_blocks")):  # native MXFP4
                 name = name[: -len("_blocks")]
                 a = dequant_mxfp4_stack(a, f.read(name + "_scales"))
-            if name.endswith(".weight_packed"):  # INT4 compressed-tensors pack-quantized
+            if name.endswith(".weight_packed") and info.dtype == "U8":  # compressed-tensors mxfp4-pack-quantized
+                base = name[: -len("_packed")]
+                a, name = dequant_mxfp4_rows(a, f.read(base + "_scale")), base
+            elif name.endswith(".weight_packed"):  # INT4 compressed-tensors pack-quantized
                 base = name[: -len("_packed")]
                 a = dequant_pack_quantized(
                     a, f.read(base + "_scale"), [int(x) for x in f.read(base + "_shape")]
@@ -63,9 +66,11 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
             a = np.asarray(a).astype(np.float32)
             if config["model_type"] == "gpt_oss" and ".experts." in name:
                 out.update(_gpt_oss_split(name, a))
+            elif config["model_type"] in COLUMN_SPLIT_STACKS and name.endswith(_STACKS):
+                out.update(_column_split(name, a))
             elif name.endswith(_INKLING_STACKS):
                 out.update(_inkling_split(name, a))
-            elif name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            elif name.endswith(_STACKS):
                 base = name.rsplit(".", 1)[0]
                 for e in range(a.shape[0]):
                     if name.endswith("gate_up_proj"):
@@ -124,6 +129,16 @@ def dequant_mxfp8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 FP4_VALUES = [+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
+def dequant_mxfp4_rows(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """compressed-tensors mxfp4-pack-quantized (Kimi K3): E2M1 ``[O, I/2]`` (low nibble = even element) times
+    ``2^(e - 127)`` per 32 inputs."""
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    packed = np.asarray(packed, dtype=np.uint8)
+    v = np.empty((packed.shape[0], 2 * packed.shape[1]), np.float32)
+    v[:, 0::2], v[:, 1::2] = lut[packed & 0x0F], lut[packed >> 4]
+    return np.ldexp(v, np.repeat(np.asarray(scales).astype(np.int32) - 127, 32, axis=1)).astype(np.float32)
+
+
 def dequant_mxfp4_stack(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """numpy restatement of transformers' ``_convert_moe_packed_tensors`` (gpt-oss native MXFP4 stacks):
     ``[E, R, G, 16]`` + ``[E, R, G]`` -> float32 ``[E, G * 32, R]`` (low nibble = even element,
@@ -153,6 +168,25 @@ def _inkling_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
             out[f"{base}.{e}.up_proj.weight"] = a[e, 1::2].copy()
         else:
             out[f"{base}.{e}.down_proj.weight"] = a[e]
+    return out
+
+
+_STACKS = (".experts.gate_up_proj", ".experts.down_proj")
+# Qwen3-VL-MoE as published and Llama-4: gate_up_proj [E, H, 2I] (x @ W, then chunk(2, dim=-1): gate = the first
+# I columns), down_proj [E, I, H]
+COLUMN_SPLIT_STACKS = ("qwen3_vl_moe", "llama4")
+
+
+def _column_split(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
+    base, leaf = name.rsplit(".", 1)
+    out = {}
+    for e in range(a.shape[0]):
+        if leaf == "gate_up_proj":
+            half = a.shape[2] // 2
+            out[f"{base}.{e}.gate_proj.weight"] = a[e][:, :half].T.copy()
+            out[f"{base}.{e}.up_proj.weight"] = a[e][:, half:].T.copy()
+        else:
+            out[f"{base}.{e}.down_proj.weight"] = a[e].T.copy()
     return out
 
 

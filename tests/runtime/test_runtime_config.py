@@ -143,6 +143,10 @@ def test_every_runnable_type_has_a_family_that_parses_its_own_arguments():
             cfg["qk_rope_head_dim"] = 0
         if mt.startswith("inkling"):
             cfg["num_key_value_heads"] = 2  # Inkling's default of 8 does not divide BASE's 4 heads
+        if mt == "kimi_k3":  # no transformers defaults: c/kimi_k3.c load_cfg requires these (req_num)
+            cfg.update(linear_attn_config={"num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 4,
+                                           "kda_layers": [1, 2, 3]}, attn_res_block_size=2,
+                       activation_situ_beta=4.0, activation_situ_linear_beta=25.0, routed_expert_hidden_size=32)  # fmt: skip
         a = ModelArgs.from_config(cfg)
         assert isinstance(a, ModelArgs) and a.model_type == mt
         assert a.rms_norm_eps == family.defaults[mt]["rms_norm_eps"] and len(a.moe_layers) == 4

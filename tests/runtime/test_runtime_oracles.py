@@ -36,6 +36,8 @@ def test_every_family_has_a_fixture():
         "glm5_next",
         "inkling_mm_model",
         "inkling2",
+        "qwen3_vl_moe",
+        "llama4",
     }
     # the DSA indexer's selection really runs (index_topk < the sequence) for both indexer RoPE layouts
     assert {"glm_moe_dsa_sparse", "deepseek_v32_sparse"} <= set(FIXTURES)
@@ -74,12 +76,12 @@ TARGET_RECIPES = [
 def test_target_recipes_are_listed():
     """One ``target-NAME`` recipe per target with a fixture of its family (formats/targets.py ``model_types``);
     ``target-olmoe`` and ``target-glm53`` fail the margin checks at the ``olmoe`` / ``glm5_next`` seeds, so they
-    are on the ``olmoe_target`` / ``glm5_next_target`` copies made for them (oracles/README.md), and ``kimi_k3``
-    has no fixture."""
+    are on the ``olmoe_target`` / ``glm5_next_target`` copies made for them (oracles/README.md)."""
     assert TARGET_RECIPES == [
         ("deepseek_v4", "target-deepseek_v4"),
         ("glm5_next_target", "target-glm53"),
         ("inkling", "target-inkling"),
+        ("kimi_k3", "target-kimi_k3"),
         ("olmoe_target", "target-olmoe"),
         ("qwen3_5_moe", "target-qwen36"),
     ]

@@ -1,0 +1,363 @@
+"""Compatibility check against colibri's own engines (issue 27; not part of CI: colibri's source is not there).
+
+Given a colibri source tree (obtained by whoever runs this; it is copied to the work folder, never into the
+repository), builds its CPU engines (``make olmoe colibri inkling``, ``make -f Makefile.deepseek-v4
+deepseek-v4``), converts oracle fixtures with each target and recipe, runs ``colitools run`` (greedy and
+teacher-forced, the reference) and each engine on the same container with its exact float-activation kernels
+(``IDOT=0``), and prints one row per engine x target x recipe: built, loaded, ran, teacher-forced k/N, greedy
+k/N, and for every divergence colitools' own top-2 margin there (a margin below 0.02 explains one).
+
+Variants (made in the work folder, from the committed fixtures):
+* ``glm_moe_dsa`` with ``rms_norm_eps`` 1e-6: c/colibri.c applies ``rms_norm_eps`` to ``q_a_layernorm`` /
+  ``kv_a_layernorm``, where transformers (and colitools) use 1e-6 (docs/FORMATS.md §4 Targets);
+* ``deepseek_v4`` 128 wide (hidden, q_lora_rank, the grouped output and the experts at 128): c/deepseek_v4.c's
+  FP8 / FP4 matvecs take multiples of 128. Built with transformers in the oracle venv (``--oracle-python``, as
+  oracles/README.md makes fixtures), no margin search: colitools run is the reference.
+
+Usage: ``.venv/bin/python bench/colibri_compat.py COLIBRI_SRC [--work DIR] [--oracle-python PY] [--only ENGINE]``
+(exit 1 when an engine did not build, load or run a row; divergences are printed with their margins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+ORACLES = REPO / "oracles"
+ENGINE_BINARIES = {"olmoe": "olmoe", "colibri": "colibri", "inkling": "inkling", "deepseek_v4": "deepseek_v4"}
+MARGIN_EXPLAINS = 0.02  # a divergence where colitools' top-2 margin is below this is a rounding tie
+CAP = "8"
+BASE_FIXTURE = {"glm_eps6": "glm_moe_dsa", "glm_eps6_fp8": "glm_moe_dsa", "deepseek_v4_128": "deepseek_v4"}
+COLIBRI_FORMATS = ("int8-row", "int4-row", "int2-row", "int4-g32", "int4-g64", "int3-g64")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: an engine, a fixture (or variant), the convert options (``--target`` included)."""
+
+    engine: str
+    fixture: str
+    options: tuple[tuple[str, str], ...]
+    act_quant: str | None = None  # colitools run --act-quant for the reference
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        opts = "-".join(v for _, v in self.options) or "default"
+        return f"{self.engine}-{self.fixture}-{opts}{'-' + self.act_quant if self.act_quant else ''}"
+
+
+def cases() -> list[Case]:
+    """Every row of the table: each engine on its target, every format it reads."""
+    out = [
+        Case("olmoe", "olmoe_target", (("target", "olmoe"),)),
+        Case("olmoe", "olmoe_target", (("target", "olmoe"), ("dense", "bf16"), ("embed", "bf16"))),
+    ]
+    generic = (("target", "generic"),)
+    for fmt in COLIBRI_FORMATS:
+        out.append(Case("colibri", "glm_eps6", (*generic, ("experts", fmt), ("dense", fmt), ("embed", fmt))))
+    out.append(
+        Case("colibri", "glm_eps6", (*generic, ("experts", "f32"), ("dense", "f32"), ("embed", "f32")))
+    )
+    out.append(
+        Case("colibri", "glm_eps6", (*generic, ("experts", "bf16"), ("dense", "bf16"), ("embed", "bf16")))
+    )
+    out.append(Case("colibri", "glm_eps6_fp8", (*generic, ("dense", "fp8"), ("embed", "int8-row"))))
+    for xb in ("int4-row", "int8-row", "f32", "bf16"):
+        out.append(Case("inkling", "inkling", (("target", "inkling"), ("experts", xb))))
+    out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),), act_quant="official"))
+    out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ engines
+def build_engines(src: Path, work: Path) -> tuple[Path, dict[str, str]]:
+    """Copy the colibri tree into ``work`` and build each engine (nice, one job): its ``c/`` folder and, per
+    engine, "yes" or the build's last error line."""
+    tree = work / "colibri-src"
+    if not tree.exists():
+        shutil.copytree(src, tree, symlinks=True)
+    cdir = tree / "c"
+    built: dict[str, str] = {}
+    for engine, argv in (("olmoe", ["olmoe"]), ("colibri", ["colibri"]), ("inkling", ["inkling"]),
+                         ("deepseek_v4", ["-f", "Makefile.deepseek-v4", "deepseek-v4"])):  # fmt: skip
+        r = subprocess.run(
+            ["nice", "-n", "10", "make", "-j1", *argv], cwd=cdir, capture_output=True, text=True
+        )
+        ok = r.returncode == 0 and (cdir / ENGINE_BINARIES[engine]).exists()
+        built[engine] = "yes" if ok else (r.stderr.strip().splitlines() or ["make failed"])[-1][:80]
+    return cdir, built
+
+
+def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_greedy: int) -> list[list[str]]:
+    """The engine's command line(s) for ``case``: one greedy and one teacher-forced run, or one doing both."""
+    exe = str(cdir / ENGINE_BINARIES[case.engine])
+    if case.engine == "olmoe":
+        return [[exe, CAP, "8", str(ref)]]  # olmoe.c has no teacher-forced oracle mode
+    if case.engine == "colibri":
+        return [[exe, CAP, "16", "16"], [exe, CAP, "16", "16"]]  # 16: float tensors stay float
+    if case.engine == "inkling":
+        return [[exe, CAP, "0", str(ref)]]  # 0: float stacks stay float, quantized ones are read as stored
+    return [
+        [exe, str(model), "--oracle", str(ref), "--teacher-forcing", str(n_tf), "--greedy", str(n_greedy)]
+    ]
+
+
+def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_greedy: int) -> dict[str, object]:
+    """Run the engine on ``model``; ``{"ran": yes / the error, "tf": (k, N) or None, "greedy": (k, N) or
+    None, "out": its output}`` parsed from its ``k/N`` lines."""
+    result: dict[str, object] = {"ran": "yes", "tf": None, "greedy": None, "out": ""}
+    for i, argv in enumerate(engine_runs(case, cdir, model, ref, n_tf, n_greedy)):
+        env = {**os.environ, "IDOT": "0", "SNAP": str(model), "REF": str(ref), "COLI_NO_OMP_TUNE": "1"}
+        if case.engine == "colibri" and i == 1:
+            env["TF"] = "1"
+        try:
+            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, errors="replace")
+        except subprocess.TimeoutExpired:
+            result["ran"] = "timeout"
+            return result
+        out = r.stdout + r.stderr
+        result["out"] = str(result["out"]) + out
+        tf = re.search(r"(?:PREFILL \(teacher-forcing\) C vs oracle|teacher-forced argmax): (\d+)/(\d+)", out)
+        greedy = re.search(r"(?:Matching tokens|GREEDY C vs oracle): (\d+)/(\d+)", out)
+        result["tf"] = (int(tf[1]), int(tf[2])) if tf else result["tf"]
+        result["greedy"] = (int(greedy[1]), int(greedy[2])) if greedy else result["greedy"]
+        if not tf and not greedy:
+            last = [line for line in out.strip().splitlines() if line.strip()] or [f"exit {r.returncode}"]
+            result["ran"] = f"no (exit {r.returncode}: {last[-1][:70]})"
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+def prepare_fixture(name: str, work: Path, oracle_python: str | None) -> Path:
+    """The source folder of fixture or variant ``name`` (made once in ``work``)."""
+    if (ORACLES / name).is_dir():
+        return ORACLES / name
+    out = work / "fixtures" / name
+    if out.exists():
+        return out
+    if name in ("glm_eps6", "glm_eps6_fp8"):
+        shutil.copytree(ORACLES / "glm_moe_dsa", out, ignore=shutil.ignore_patterns("reference"))
+        config = json.loads((out / "config.json").read_text())
+        config["rms_norm_eps"] = 1e-6  # what c/colibri.c uses for q_a / kv_a layernorms too
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if name == "glm_eps6_fp8":
+            fp8_source(out)
+        return out
+    if name == "deepseek_v4_128":
+        if oracle_python is None:
+            raise SystemExit(
+                "deepseek_v4_128 needs --oracle-python (torch + transformers, oracles/README.md)"
+            )
+        subprocess.run([oracle_python, __file__, "--make-v4-wide", str(out)], check=True)
+        return out
+    raise SystemExit(f"unknown fixture {name}")
+
+
+def fp8_source(folder: Path) -> None:
+    """Rewrite a float fixture's attention / dense / shared-expert projections as a DeepSeek-style FP8 source
+    (e4m3 codes + ``weight_scale_inv`` F32 per 128x128 block, oracles/oracle_recipes.py's FP8 rule), for
+    ``--dense fp8`` (passthrough of the FP8 bytes, c/colibri.c's fmt 8)."""
+    sys.path.insert(0, str(ORACLES))
+    from oracle_recipes import fp8_block_quantize  # the oracles' own FP8 rule
+
+    from colitools.formats.safetensors_io import SafetensorsFile
+
+    path = folder / "model.safetensors"
+    entries: list[tuple[str, str, tuple[int, ...], bytes]] = []
+    with SafetensorsFile(path) as f:
+        for name, info in f.tensors.items():
+            fp8 = name.endswith("_proj.weight") and ".experts." not in name and len(info.shape) == 2
+            if fp8 and "indexer" not in name and "kv_b_proj" not in name:  # c/colibri.c absorbs kv_b per row
+                codes, scale_inv = fp8_block_quantize(f.read(name).astype(np.float32))
+                entries.append((name, "F8_E4M3", codes.shape, codes.tobytes()))
+                base = name[: -len("weight")]
+                entries.append((base + "weight_scale_inv", "F32", scale_inv.shape, scale_inv.tobytes()))
+            else:
+                entries.append((name, info.dtype, tuple(info.shape), f.read_bytes(name)))
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, dtype, shape, data in entries:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(e[3] for e in entries))
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def make_v4_wide(out: Path) -> None:
+    """(oracle venv) The deepseek_v4 fixture's model at 128 wide, written as oracles/make_oracles.py writes a
+    fixture (same init, noise and storage), at its seed; no references."""
+    sys.path.insert(0, str(ORACLES))
+    sys.path.insert(0, str(REPO))
+    import colitools  # noqa: PLC0415  (the repository's folders as the installed namespace maps them)
+
+    colitools.__path__.append(str(REPO))
+    from dataclasses import replace
+
+    import fixture_specs  # noqa: PLC0415
+    import make_oracles as mo  # noqa: PLC0415
+    from fixture_io import write_fixture  # noqa: PLC0415
+
+    fx = next(f for f in fixture_specs.FIXTURES if f.name == "deepseek_v4")
+    # c/deepseek_v4.c slices wo_a per group at o_lora_rank rows and ceil(o_lora_rank / 128) scale rows: a rank
+    # below 128 makes the second group read another block's scales, so every FP8 / FP4 input and the rank are 128
+    wide = dict(hidden_size=128, q_lora_rank=128, head_dim=64, o_groups=2, o_lora_rank=128,
+                moe_intermediate_size=128, index_head_dim=32)  # fmt: skip
+    fx = replace(fx, name="deepseek_v4_128", config={**fx.config, **wide})
+    tmp = out.parent / f"{out.name}.tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    model = mo.build_model(fx, fx.seed, None)
+    disk, saved_cfg, gen_cfg = mo.disk_tensors(model, fx.fused, tmp)
+    stored, _ = mo.store(fx, disk)
+    config = mo.fixture_config(fx, saved_cfg)
+    write_fixture(fx, out, config, gen_cfg, stored, None, mo.text_of(config)["num_hidden_layers"])
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ colitools
+def convert_case(case: Case, source: Path, work: Path) -> Path:
+    """``colitools convert`` of ``source`` with the case's options (once)."""
+    out = work / "containers" / case.name.removesuffix(f"-{case.act_quant}" if case.act_quant else "")
+    if not (out / "colitools.json").exists():
+        argv = [sys.executable, "-m", "colitools", "convert", str(source), str(out), "--min-free-gb", "0"]
+        for option, value in case.options:
+            argv += [f"--{option}", value]
+        subprocess.run(argv, check=True, capture_output=True, text=True)
+    return out
+
+
+def colitools_reference(model_dir: Path, prompt: list[int], n: int, act_quant: str | None) -> dict:
+    """``colitools run``'s greedy tokens and teacher-forced argmax on the container, with colitools' top-2
+    margin at every step: the oracle JSON the engines read (``prompt_ids``, ``full_ids``, ``tf_pred``) plus
+    ``greedy_margins`` / ``tf_margins``."""
+    from colitools.runtime import load_model
+
+    kwargs = {"act_quant": act_quant} if act_quant else {}
+    with load_model(model_dir, record_usage=False, **kwargs) as model:
+        tokens, margins = [], []
+        logits = model.forward(prompt)
+        for _ in range(n):
+            top = np.sort(logits)[-2:]
+            tokens.append(int(np.argmax(logits)))
+            margins.append(float(top[1] - top[0]))
+            logits = model.forward([tokens[-1]])
+        model.reset()
+        full = model.forward(prompt + tokens, all_logits=True)
+    top2 = np.sort(full, axis=-1)[:, -2:]
+    return {"prompt_ids": prompt, "full_ids": prompt + tokens, "tf_pred": [int(a) for a in full.argmax(-1)],
+            "greedy_margins": margins, "tf_margins": [float(m) for m in top2[:, 1] - top2[:, 0]]}  # fmt: skip
+
+
+def divergences(out: str, ref: dict) -> tuple[list[int], int | None]:
+    """Teacher-forced positions the engine reported as mismatches (``[ORACLE] ... mismatch pos=P``) and the
+    first greedy step where its tokens (``... engine : ...`` line, or ``greedy mismatch i=I``) leave
+    colitools'."""
+    tf = sorted({int(p) for p in re.findall(r"mismatch pos=(\d+)", out)})
+    first = [int(i) for i in re.findall(r"greedy mismatch i=(\d+)", out)]
+    line = re.search(r"C engine\s*:\s*([-\d ]+)", out)
+    if line and not first:
+        got, want = [int(t) for t in line[1].split()], ref["full_ids"][len(ref["prompt_ids"]) :]
+        first = [i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b][:1]
+    return tf, (min(first) if first else None)
+
+
+def divergence_note(out: str, ref: dict) -> str:
+    """Each divergence with colitools' top-2 margin there (greedy: at the first diverging step)."""
+    tf, first = divergences(out, ref)
+    notes = [f"TF pos {p} margin {ref['tf_margins'][p]:.4f}" for p in tf if p < len(ref["tf_margins"])]
+    if first is not None:
+        notes.append(f"greedy leaves at step {first}, margin {ref['greedy_margins'][first]:.4f}")
+    short = re.search(r"greedy length mismatch expected=(\d+) got=(\d+)", out)
+    if not notes:
+        return f"the engine decodes {short[2]} of {short[1]} tokens, all equal" if short else ""
+    explained = all(float(n.rsplit(" ", 1)[1]) < MARGIN_EXPLAINS for n in notes)
+    return "; ".join(notes) + (" (all < 0.02)" if explained else " (NOT explained by a margin < 0.02)")
+
+
+@dataclass
+class Row:
+    case: Case
+    built: str
+    loaded: str = "-"
+    ran: str = "-"
+    tf: str = "-"
+    greedy: str = "-"
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def run_case(case: Case, cdir: Path, built: str, work: Path, oracle_python: str | None) -> Row:
+    """Convert, reference, run the engine: one table row."""
+    row = Row(case, built)
+    if built != "yes":
+        return row
+    source = prepare_fixture(case.fixture, work, oracle_python)
+    model = convert_case(case, source, work)
+    oracle = json.loads(
+        (ORACLES / BASE_FIXTURE.get(case.fixture, case.fixture) / "reference" / "f32.json").read_text()
+    )
+    prompt, n = [int(t) for t in oracle["prompt_ids"]], len(oracle["generated_ids"])
+    ref = colitools_reference(model, prompt, n, case.act_quant)
+    ref_path = work / "refs" / f"{case.name}.json"
+    ref_path.parent.mkdir(parents=True, exist_ok=True)
+    ref_path.write_text(json.dumps({k: ref[k] for k in ("prompt_ids", "full_ids", "tf_pred")}))
+    result = run_engine(case, cdir, model, ref_path, len(ref["tf_pred"]), n)
+    row.ran = str(result["ran"])
+    row.loaded = "yes" if result["tf"] or result["greedy"] else "no"
+    row.tf = "{}/{}".format(*result["tf"]) if result["tf"] else "-"
+    row.greedy = "{}/{}".format(*result["greedy"]) if result["greedy"] else "-"
+    row.note = divergence_note(str(result["out"]), ref)
+    return row
+
+
+def print_table(rows: list[Row]) -> None:
+    print(
+        "| engine | fixture | target / recipe | act-quant | built | loaded | ran | TF k/N | greedy k/N | note |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        opts = " ".join(f"--{k} {v}" for k, v in r.case.options)
+        print(f"| {r.case.engine} | {r.case.fixture} | {opts} | {r.case.act_quant or '-'} | {r.built} | "
+              f"{r.loaded} | {r.ran} | {r.tf} | {r.greedy} | {r.note} |")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("colibri_src", nargs="?", type=Path, help="a colibri source tree (its c/ folder builds)")
+    ap.add_argument("--work", type=Path, default=REPO / ".bench-tmp" / "colibri-compat")
+    ap.add_argument("--oracle-python", help="python with torch + transformers (the 128-wide deepseek_v4)")
+    ap.add_argument(
+        "--only", nargs="*", choices=sorted(ENGINE_BINARIES), help="engines to check (default all)"
+    )
+    ap.add_argument("--make-v4-wide", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.make_v4_wide:
+        make_v4_wide(args.make_v4_wide)
+        return 0
+    if args.colibri_src is None or not (args.colibri_src / "c").is_dir():
+        ap.error("give a colibri source tree (a folder with c/)")
+    args.work.mkdir(parents=True, exist_ok=True)
+    cdir, built = build_engines(args.colibri_src, args.work)
+    rows = [run_case(c, cdir, built[c.engine], args.work, args.oracle_python) for c in cases()
+            if not args.only or c.engine in args.only]  # fmt: skip
+    print_table(rows)
+    return 0 if all(r.ran == "yes" for r in rows) else 1  # divergences are the table's to explain
+
+
+if __name__ == "__main__":
+    sys.exit(main())
