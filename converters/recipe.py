@@ -610,6 +610,7 @@ class ExpertsChoice:
     by: str
     sources: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()
+    why_not: str | None = None  # why ``native`` was not the default although a format holds the experts
 
     def as_dict(self) -> dict[str, Any]:
         return {"experts": self.option, "by": self.by, "sources": list(self.sources), "kept": list(self.kept)}
@@ -646,18 +647,25 @@ def choose_experts(recipe: Recipe, *, given: bool, natives: NativeExperts) -> tu
         return recipe, ExpertsChoice(recipe.experts, "given", sources, kept)
     if target.default("experts") is not None:
         return recipe, ExpertsChoice(recipe.experts, "target", sources, kept)
-    allowed = target.allowed("experts")
-    if kept and (allowed is None or NATIVE_OPTION in allowed) and _layout_holds(recipe.layout, kept):
+    why_not = _native_ruled_out(recipe, kept)
+    if kept and why_not is None:
         return replace(recipe, experts=NATIVE_OPTION), ExpertsChoice(NATIVE_OPTION, "native", sources, kept)
-    return recipe, ExpertsChoice(recipe.experts, "default", sources, kept)
+    return recipe, ExpertsChoice(recipe.experts, "default", sources, kept, why_not)
 
 
-def _layout_holds(layout: str, kept: tuple[str, ...]) -> bool:
-    """Whether ``layout`` can store routed experts in every format of ``kept`` (planar64-v8: int4-row / int4-g64
-    only, ``Format.planar_eligible`` at a width that is a multiple of 64)."""
-    if layout != layouts.PLANAR.option:
-        return True
-    return all(parse_format_option(k).fmt.planar_eligible(64, parse_format_option(k).gs) for k in kept)
+def _native_ruled_out(recipe: Recipe, kept: tuple[str, ...]) -> str | None:
+    """Why ``native`` cannot write ``kept`` (the formats that hold the source's experts) for this recipe, or None:
+    the target's loader refuses the option or has no reader for a format (``engine_formats``: a named
+    ``--target generic`` has no mxfp4), or the layout cannot hold it (planar64-v8: int4-row / int4-g64 only)."""
+    target, choices = recipe.target, [parse_format_option(k) for k in kept]
+    allowed = target.allowed("experts")
+    if allowed is not None and NATIVE_OPTION not in allowed:
+        return f"`target={target.name}` refuses `experts=native`"
+    if target.engine_formats is not None and any(c.fmt.name not in target.engine_formats for c in choices):
+        return f"{target.loader} does not read {'/'.join(kept)}; convert without `target` to keep them (`experts=native`)"
+    if recipe.layout == layouts.PLANAR.option and not all(c.fmt.planar_eligible(64, c.gs) for c in choices):
+        return f"`experts=native` keeps them as {'/'.join(kept)} with `layout=pairs`"
+    return None
 
 
 def requantized_warning(choice: ExpertsChoice, requantized: Mapping[str, tuple[int, str]]) -> str | None:
@@ -667,10 +675,10 @@ def requantized_warning(choice: ExpertsChoice, requantized: Mapping[str, tuple[i
     if choice.by == "given" or not requantized:
         return None
     parts = [f"{n} {label} tensors as {written}" for label, (n, written) in requantized.items()]
-    if choice.kept and not choice.by == "default":
+    if choice.kept and choice.why_not is not None:  # the target or the layout ruled native out
+        why = choice.why_not
+    elif choice.kept:
         why = f"`experts=native` keeps them as {'/'.join(choice.kept)}"
-    elif choice.kept:  # the layout ruled native out (planar64-v8 holds int4 experts only)
-        why = f"`experts=native` keeps them as {'/'.join(choice.kept)} with `layout=pairs`"
     else:
         held = "/".join(requantized)
         why = f"no registered format holds {held} exactly (`experts=native` decodes them too)"

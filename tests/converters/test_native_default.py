@@ -103,3 +103,11 @@ def test_planar_layout_keeps_the_int4_default_and_says_why(tmp_path):
     assert (
         len(s.warnings) == 1 and "`experts=native` keeps them as mxfp4 with `layout=pairs`" in s.warnings[0]
     )
+
+
+def test_a_named_generic_target_keeps_the_default_for_mxfp4_experts_and_says_why(tmp_path):
+    """``--target generic`` is c/colibri.c's loader, which has no mxfp4: MXFP4 experts get the default there."""
+    src = Path(__file__).resolve().parents[2] / "oracles" / "gpt_oss_mxfp4"
+    s = convert(str(src), tmp_path / "out", ConvertOptions(target="generic", dry_run=True))
+    assert s.recipe["experts"] == "int4-g64" and s.experts_choice["by"] == "default"
+    assert len(s.warnings) == 1 and "does not read mxfp4; convert without `target` to keep them" in s.warnings[0]
