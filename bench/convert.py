@@ -2,7 +2,8 @@
 
 One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir DIR] [--shm DIR]``):
 
-1. Generates a ~2 GB BF16 and a ~2 GB FP8 (DeepSeek-V3 block-scaled) MoE checkpoint under ``--workdir`` (on
+1. Generates a ~2 GB BF16, the same weights as F16, and a ~2 GB FP8 (DeepSeek-V3 block-scaled) MoE checkpoint
+   under ``--workdir`` (on
    the disk, page cache warm), fills the numba cache with an untimed tiny conversion of each (used only
    when the encoders are not compiled ahead of time: the report says which ran, ``colitools kernels``).
 2. Per checkpoint, the machine's limits on exactly the conversion's bytes:
@@ -17,7 +18,8 @@ One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir D
      manifest's digest algorithm (docs/FORMATS.md §10) costs the floor.
 3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, kernel load,
    publish, manifest included), output on a tmpfs (``--shm``, default /dev/shm) and on the disk; BF16 with
-   every 2-D weight to int4-g64 (what gguf's Q4_0 does), FP8 with the default recipe. Interleaved with the
+   every 2-D weight to int4-g64 (what gguf's Q4_0 does), F16 the same (its best wall against BF16's: the F16
+   encoders upcast a row at a time, as BF16's), FP8 with the default recipe. Interleaved with the
    peer: gguf-py's Q4_0 converter, whole process (this file run with ``--gguf-peer``: reads the same
    safetensors, quantizes every 2-D weight with ``gguf.quants.quantize(..., Q4_0)``, streams a GGUF file with
    ``gguf.GGUFWriter``, to the same tmpfs).
@@ -81,7 +83,7 @@ def generate(folder: Path, layers: int, experts: int, dtype: str, seed: int = 0)
                     grid = (-(-shape[0] // 128), -(-shape[1] // 128))
                     arrays[name + "_scale_inv"] = np.full(grid, s, np.float32)
                 else:
-                    arrays[name] = w.astype(ml_dtypes.bfloat16)
+                    arrays[name] = w.astype(np.float16 if dtype == "F16" else ml_dtypes.bfloat16)
             made[key] = arrays
         return made[key]
 
@@ -322,6 +324,58 @@ def limits(src: Path, recipe: tuple[str, ...], out_bytes: int, out_dirs: dict[st
     return res
 
 
+HUGE_VOCAB = 262144  # the embedding and head of the peak-RSS case: [262144, 7168] BF16, 3.76 GB each
+
+
+def huge_skeleton(folder: Path) -> None:
+    """A checkpoint with a ``[262144, 7168]`` BF16 embedding and head and one small MoE layer, as header-only
+    sparse shards (``bench/plan.write_shard``: the tensors read as zeros, which still get encoded)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from plan import write_shard
+
+    H, E, I = 7168, 2, 256
+    glob = [("model.embed_tokens.weight", "BF16", (HUGE_VOCAB, H)), ("lm_head.weight", "BF16", (HUGE_VOCAB, H)),
+            ("model.norm.weight", "BF16", (H,))]  # fmt: skip
+    p = "model.layers.0"
+    layer = [(f"{p}.input_layernorm.weight", "BF16", (H,)), (f"{p}.self_attn.q_proj.weight", "BF16", (H, H)),
+             (f"{p}.mlp.gate.weight", "BF16", (E, H))]  # fmt: skip
+    for e in range(E):
+        layer += [(f"{p}.mlp.experts.{e}.{k}_proj.weight", "BF16", (I, H) if k != "down" else (H, I))
+                  for k in ("gate", "up", "down")]  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for k, tensors in enumerate((glob, layer), 1):
+        name = f"model-{k:05d}-of-00002.safetensors"
+        write_shard(folder / name, tensors)
+        weight_map.update(dict.fromkeys((n for n, _, _ in tensors), name))
+    config = {"model_type": "deepseek_v3", "hidden_size": H, "vocab_size": HUGE_VOCAB, "num_hidden_layers": 1,
+              "moe_intermediate_size": I, "n_routed_experts": E}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def huge_rss(work: Path, shm: Path, whole_too: bool, misses: list[str]) -> None:
+    """Peak RSS of converting the ``huge_skeleton`` (default recipe: int8-row embedding and head) to the tmpfs;
+    with ``whole_too`` also with every tensor encoded whole (``unit_writer.SLAB_BYTES`` set past any tensor
+    in the child: the converter before row slabs, ~6 GB)."""
+    src = work / "huge"
+    huge_skeleton(src)
+    res = run_convert(src, shm / "out")
+    print(f"\n[{HUGE_VOCAB}, 7168] BF16 embedding + head (sparse skeleton, default recipe) -> tmpfs: "
+          f"{res['wall']:.2f} s, peak RSS {res['rss_mb']:.0f} MB, load {res['load']:.1f}")  # fmt: skip
+    if whole_too:
+        code = ("import sys; from colitools.converters import unit_writer; unit_writer.SLAB_BYTES = 1 << 60; "
+                "from colitools.cli import main; sys.argv[0] = 'colitools'; main()")  # fmt: skip
+        shutil.rmtree(shm / "out", ignore_errors=True)
+        cmd = [sys.executable, "-c", code, "convert", str(src), str(shm / "out"), "--min-free-gb", "0", "--json"]
+        whole = run_process(cmd)
+        shutil.rmtree(shm / "out", ignore_errors=True)
+        print(f"  the same, tensors encoded whole: {whole['wall']:.2f} s, peak RSS {whole['rss_mb']:.0f} MB")
+    text = f"peak RSS with [{HUGE_VOCAB}, 7168] tensors {res['rss_mb']:.0f} MB <= 400"
+    _check(misses, text, res["rss_mb"] <= 400)
+    shutil.rmtree(src)
+
+
 def _blake3():
     """A one-thread BLAKE3 hasher when the ``blake3`` package is installed (the bench extra), else None: its
     time on the same output bytes shows what the manifest's sha256 (docs/FORMATS.md §10) costs the floor."""
@@ -358,6 +412,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs of each case (best and median)")
     ap.add_argument("--skip-4x", action="store_true", help="skip the 4x checkpoint (peak RSS flatness)")
     ap.add_argument("--small", action="store_true", help="tiny checkpoints: a smoke test of the script itself")
+    ap.add_argument("--skip-huge", action="store_true", help="skip the [262144, 7168] embedding's peak RSS")
+    ap.add_argument("--huge-only", action="store_true", help="only the [262144, 7168] embedding's peak RSS")
+    ap.add_argument("--whole-too", action="store_true", help="that case, tensors encoded whole too (~6 GB)")
     ap.add_argument("--gguf-peer", nargs=2, type=Path, metavar=("SRC", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.gguf_peer:
@@ -375,21 +432,25 @@ def main() -> None:
     print("kernels: " + (f"compiled ahead of time ({os.path.basename(st['file'])})" if st["loaded"]
                           else f"numba JIT ({st['reason']})"))
     try:
-        for dtype in ("BF16", "FP8"):  # numba's on-disk cache filled before anything is timed
+        if args.huge_only:
+            huge_rss(work, shm, args.whole_too, misses)
+            return
+        for dtype in ("BF16", "F16", "FP8"):  # numba's on-disk cache filled before anything is timed
             generate(work / "warm", layers=1, experts=1, dtype=dtype)
             run_convert(work / "warm", work / "out", *BF16_RECIPE)
             run_convert(work / "warm", work / "out")
             shutil.rmtree(work / "warm")
-        cases = [("BF16", 6, 24, BF16_RECIPE), ("FP8", 12, 24, ())]
+        # F16: the BF16 checkpoint's weights (same seed) stored as F16, the same recipe
+        cases = [("BF16", 6, 24, BF16_RECIPE), ("F16", 6, 24, BF16_RECIPE), ("FP8", 12, 24, ())]
         if args.small:
-            cases = [("BF16", 1, 4, BF16_RECIPE), ("FP8", 1, 4, ())]
+            cases = [("BF16", 1, 4, BF16_RECIPE), ("F16", 1, 4, BF16_RECIPE), ("FP8", 1, 4, ())]
         rss: dict[str, float] = {}
         at_scale: dict[str, tuple[float, float, float]] = {}  # tmpfs: limit, floor, best wall of the 1x source
         for dtype, layers, experts, recipe in cases:
             src = work / dtype.lower()
             size = generate(src, layers=layers, experts=experts, dtype=dtype)
             os.sync()  # its writeback would otherwise run (and take CPU) during the timed conversions
-            counted = size if dtype == "BF16" else dtype_bytes(src, "F8_E4M3")
+            counted = dtype_bytes(src, "F8_E4M3") if dtype == "FP8" else size
             first = run_convert(src, shm / "out", *recipe)  # page cache warm; output size
             lim = limits(src, recipe, first["out_bytes"], {"tmpfs": shm, "disk": work})
             what = "all 2-D -> int4-g64" if recipe else "default recipe"
@@ -429,6 +490,10 @@ def main() -> None:
                 med = statistics.median(p["wall"] for p in peer) / statistics.median(r["wall"] for r in ours_shm)
                 _check(misses, f"BF16 -> int4 vs gguf-py Q4_0 converter: {ratio:.1f}x best, {med:.1f}x median "
                        ">= 8x", ratio >= 8)  # fmt: skip
+            if dtype == "F16":
+                ratio = min(r["wall"] for r in ours_shm) / at_scale["BF16"][2]
+                text = f"F16 -> int4 to tmpfs {ratio:.2f}x BF16's time on the same weights <= 1.25"
+                _check(misses, text, ratio <= 1.25)
             if dtype == "FP8":
                 rate = counted / GB / min(r["wall"] for r in ours_shm)
                 _check(misses, f"FP8 default recipe to tmpfs {rate:.2f} GB/s of FP8 input >= 1.5", rate >= 1.5)
@@ -454,9 +519,13 @@ def main() -> None:
                       f"(the 1x best wall minus a third of the 4x - 1x time)")  # fmt: skip
             _check(misses, f"peak RSS {rss['BF16']:.0f} MB (1x) -> {res4['rss_mb']:.0f} MB (4x) = {ratio:.2f}x <= 1.3",
                    ratio <= 1.3)  # fmt: skip
+        if not args.skip_huge:
+            huge_rss(work, shm, args.whole_too, misses)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
+        if misses and args.huge_only:
+            sys.exit(1)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if misses:
         sys.exit(1)

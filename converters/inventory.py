@@ -16,6 +16,7 @@ Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,14 +195,20 @@ def build_inventory(
     check_weight_map(headers, weight_map)
     qscheme = quant_scheme(config)  # an unknown quant_method is refused here, before any work
     scheme = qscheme.fp8
-    natives, consumed = pair_native(headers, weight_map, qscheme)
+    # one string object per shard name (the index's JSON gives each tensor its own copy): a recorded plan
+    # (plan_record) pickles each once
+    shard_names = {s: s for s in weight_map.values()}
+    weight_map = {n: shard_names[s] for n, s in weight_map.items()}
+    keys = {n: natural_key(n) for n in weight_map}  # once per name: every sort below uses them (92k names)
+    ordered = sorted(weight_map, key=keys.__getitem__)
+    natives, consumed = pair_native(headers, weight_map, qscheme, ordered)
     fp8 = any(headers[s][n].dtype in FP8_SOURCE_DTYPES and n not in consumed for n, s in weight_map.items())
     if fp8 and scheme is None:
         # FP8 tensors without quantization_config: the DeepSeek default, grid-checked below
         scheme = Fp8Scheme()
     block = scheme.block if scheme else None
     tensors: dict[str, SourceTensor] = dict(natives)
-    for name in sorted(weight_map, key=natural_key):
+    for name in ordered:
         if name not in consumed and not name.endswith(SCALE_SUFFIX):
             tensors[name] = _source_tensor(name, headers, weight_map, block)
         elif name not in consumed and name[: -len(SCALE_SUFFIX)] not in weight_map:
@@ -211,7 +218,8 @@ def build_inventory(
         if shard_sizes is not None
         else {s: sum(t.nbytes for t in h.values()) for s, h in headers.items()}
     )
-    tensors = {n: tensors[n] for n in sorted(tensors, key=natural_key)}
+    if natives:  # their logical names come first so far
+        tensors = {n: tensors[n] for n in sorted(tensors, key=lambda n: keys.get(n) or natural_key(n))}
     dropped = sorted((d for t in natives.values() for d in t.quant.dropped), key=natural_key)
     inv = Inventory(
         tensors,
@@ -229,8 +237,11 @@ def check_weight_map(
     headers: Mapping[str, Mapping[str, HeaderTensor]], weight_map: Mapping[str, str]
 ) -> None:
     """``weight_map`` against the shard headers, both ways, and its shard names (ConvertError naming both)."""
+    named: set[str] = set()
     for name, shard in weight_map.items():
-        check_shard_name(shard, tensor=name)
+        if shard not in named:  # each shard name once, with the first tensor that names it
+            check_shard_name(shard, tensor=name)
+            named.add(shard)
         if shard not in headers:
             raise ConvertError(f"tensor {name}: its shard {shard} is missing from the source")
         if name not in headers[shard]:
@@ -266,8 +277,8 @@ def _source_tensor(
         if len(info.shape) < 2:
             raise ConvertError(f"tensor {name}: FP8 weight of shape {list(info.shape)} (needs 2 dims)")
         check_scale_grid(name, info.shape, sname, sinfo.dtype, sinfo.shape, block)
-        scale = ScaleRef(sname, weight_map[sname], sinfo.dtype, sinfo.shape)
-    return SourceTensor(name, shard, info.dtype, tuple(info.shape), scale)
+        scale = ScaleRef(sname, weight_map[sname], sys.intern(sinfo.dtype), sinfo.shape)
+    return SourceTensor(name, shard, sys.intern(info.dtype), tuple(info.shape), scale)
 
 
 def check_copied(name: str, info: HeaderTensor) -> None:
@@ -289,15 +300,19 @@ def check_copied(name: str, info: HeaderTensor) -> None:
 
 # ------------------------------------------------------------------------------ natively quantized sources
 def pair_native(
-    headers: Mapping[str, Mapping[str, HeaderTensor]], weight_map: Mapping[str, str], scheme: QuantScheme
+    headers: Mapping[str, Mapping[str, HeaderTensor]],
+    weight_map: Mapping[str, str],
+    scheme: QuantScheme,
+    order: list[str] | None = None,
 ) -> tuple[dict[str, SourceTensor], set[str]]:
     """Pair the companion tensors of natively quantized weights (§5) into one ``SourceTensor`` each, so that
     blocks, scales, packed codes, ``weight_shape`` and ``input_scale`` are not converted as tensors of their
     own: each registered source encoding (``formats/source_encodings.py``) recognises its own tensor pairs.
-    Returns ``(logical name -> SourceTensor, every consumed source name)``. A companion without its weight, or
-    a scale grid that does not fit, is the registry's FormatError naming both."""
+    ``order``: the source names in natural order, when the caller sorted them already. Returns ``(logical name
+    -> SourceTensor, every consumed source name)``. A companion without its weight, or a scale grid that does
+    not fit, is the registry's FormatError naming both."""
     tensors = {n: headers[s][n] for n, s in weight_map.items()}
-    paired, consumed = source_encodings.pair_tensors(tensors, scheme)
+    paired, consumed = source_encodings.pair_tensors(tensors, scheme, order)
 
     def ref(n: str) -> ScaleRef:
         return ScaleRef(n, weight_map[n], tensors[n].dtype, tuple(tensors[n].shape))

@@ -25,6 +25,7 @@ from typing import Any
 import colitools
 from colitools.converters import output
 from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestError
+from colitools.converters.plan_record import PLAN_FILE
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
 from colitools.formats.atomic import parse_temp_name
@@ -244,7 +245,7 @@ def _check_foreign(outdir: Path, temporaries: list[str]) -> None:
     """Refuse an output folder without a ledger that holds anything but what a conversion leaves before its
     ledger exists (the lock file, the download folder, writer temporaries): a conversion would write its
     ``config.json``, index and tokenizer files over the user's."""
-    ours = {LOCK_FILE, DOWNLOAD_DIR, *temporaries}
+    ours = {LOCK_FILE, DOWNLOAD_DIR, PLAN_FILE, *temporaries}
     foreign = sorted(p.name for p in outdir.iterdir() if p.name not in ours)
     if not foreign:
         return

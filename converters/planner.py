@@ -112,6 +112,15 @@ class TensorJob:
     def shards(self) -> set[str]:
         return self.source.shards
 
+    def __getstate__(self) -> dict:
+        return _without(self, ("weight_entry", "scale_entry", "shards"))
+
+
+def _without(obj: object, cached: tuple[str, ...]) -> dict:
+    """``obj``'s pickled state: its fields and the sizes it computed, not the lists and tuples it can rebuild
+    (a recorded plan, ``plan_record``, and a unit sent to a ``--workers`` process stay small and quick to load)."""
+    return {k: v for k, v in obj.__dict__.items() if k not in cached}
+
 
 def _entry_nbytes(entry: Entry) -> int:
     n = itemsize(entry[1])
@@ -185,6 +194,9 @@ class OutputFile:
     def data_size(self) -> int:
         return sum(_entry_nbytes(e) for e in self.entries)
 
+    def __getstate__(self) -> dict:
+        return _without(self, ("entries", "jobs"))
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -208,6 +220,9 @@ class Unit:
     @cached_property
     def out_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    def __getstate__(self) -> dict:
+        return _without(self, ("jobs",))
 
 
 @dataclass
@@ -235,17 +250,30 @@ class ConversionPlan:
         """The planar sidecar's layer files, in layer order (empty unless ``--layout planar``)."""
         return [f for f in self.files if f.is_sidecar]
 
-    @property
+    # The figures of the whole plan are computed once (the summary, the ledger's record and its check on a
+    # rerun each ask for them; on 92k tensors each pass costs ~0.3 s): a plan's units are never changed
+    # after planning (``dataclasses.replace`` makes a new plan, with its own figures).
+    @cached_property
     def in_bytes(self) -> int:
         return sum(u.in_bytes for u in self.units)
 
-    @property
+    @cached_property
     def out_bytes(self) -> int:
         return sum(u.out_bytes for u in self.units)
 
     def format_totals(self) -> dict[str, dict[str, int]]:
         """Per written format (``int4-g64``, ``int8-row``, ``f32``, ``bf16``, ``fp8`` ...: the one vocabulary of
         ``format_names.format_label``, the names inspect and verify print): tensor count and output bytes."""
+        return {k: dict(v) for k, v in self._format_totals.items()}
+
+    def role_formats(self) -> dict[str, dict[str, int]]:
+        """Per role (the finer roles of ``names.DETAIL_ROLES``: router, norm/1-D, conv, ssm params, hc, sinks,
+        embed, head, mtp, routed experts, shared experts, attention, dense mlp, tower, copied non-float, ...):
+        how many output tensors got which format, roles in that order."""
+        return {k: dict(v) for k, v in self._role_formats.items()}
+
+    @cached_property
+    def _format_totals(self) -> dict[str, dict[str, int]]:
         totals: dict[str, dict[str, int]] = {}
         for job in (j for u in self.units for j in u.jobs):
             t = totals.setdefault(written_label(job.target), {"tensors": 0, "bytes": 0})
@@ -253,10 +281,8 @@ class ConversionPlan:
             t["bytes"] += job.out_bytes
         return dict(sorted(totals.items()))
 
-    def role_formats(self) -> dict[str, dict[str, int]]:
-        """Per role (the finer roles of ``names.DETAIL_ROLES``: router, norm/1-D, conv, ssm params, hc, sinks,
-        embed, head, mtp, routed experts, shared experts, attention, dense mlp, tower, copied non-float, ...):
-        how many output tensors got which format, roles in that order."""
+    @cached_property
+    def _role_formats(self) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         nhl = self.inventory.num_hidden_layers
         for job in (j for u in self.units for j in u.jobs):
@@ -332,7 +358,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
     for ukey in sorted(by_unit):
         key = GLOBALS if ukey[0] == 0 else f"{ukey[1]}.{ukey[2]}"
         drafts.append((key, _unit_files(key, ukey[2], by_unit[ukey], recipe)))
-    _say_native_decoded(fallbacks)
+    say_native_decoded(fallbacks)
     return ConversionPlan(_units(drafts), recipe, inventory, fallbacks, dropped)
 
 
@@ -344,6 +370,7 @@ def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, lis
     fp8_block = inventory.fp8.block if inventory.fp8 else None
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
     dropped: list[str] = []
+    chosen: dict[rc.Target, rc.Target] = {}  # one object per distinct target (_shared_target)
     for name, src in inventory.tensors.items():
         # a natively quantized tensor is a float weight stored in codes (its data dtype is U8 / I32)
         role = rc.classify(name, len(src.shape), nhl, "F32" if src.quant is not None else src.dtype)
@@ -352,9 +379,21 @@ def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, lis
             continue
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
-        jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of(src))
-        by_unit[ukey].extend(_for_target(j, target) for j in jobs)
+        jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of)
+        by_unit[ukey].extend(_shared_target(_for_target(j, target), chosen) for j in jobs)
     return by_unit, dropped
+
+
+def _shared_target(job: TensorJob, chosen: dict[rc.Target, rc.Target]) -> TensorJob:
+    """``job`` with the one object of its target among ``chosen`` (equal targets are one object: a recorded
+    plan pickles each once). ``job`` is new, seen by nobody yet: setting its field is safe."""
+    try:
+        one = chosen.setdefault(job.target, job.target)
+    except TypeError:  # a target with an unhashable spelling: kept as it is
+        return job
+    if one is not job.target:
+        object.__setattr__(job, "target", one)
+    return job
 
 
 def _unit_files(
@@ -430,7 +469,7 @@ def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
     return job
 
 
-def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
+def say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
     """One line on stderr, before any work, when ``native`` decodes natively quantized tensors instead of
     keeping them (asymmetric / act-order INT4, NVFP4, MXFP8); the manifest lists each as a fallback."""
     decoded = [f for f in fallbacks if f.requested == rc.NATIVE_OPTION]
@@ -443,12 +482,20 @@ def _say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
 
 
 def _jobs_for(
-    src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block, orientation=None
+    src: SourceTensor, role: rc.Role, recipe: rc.Recipe, fp8_block, orientation_of=None
 ) -> list[TensorJob]:
+    """``src``'s jobs; ``orientation_of(src)`` (``Inventory.orientation_of``) is asked for a stack only."""
+    orientation = None
     option = recipe.option_for(role)
     block = fp8_block if src.scale is not None else None
     fused = rc.fused_of(src.name) if role not in (rc.Role.COPY, rc.Role.TOWER) else None
-    if fused is not None and len(src.shape) == (2 if fused.bias else 3):  # expert stacks, split per expert
+    stacked = fused is not None and len(src.shape) == (2 if fused.bias else 3)
+    shared = (
+        role in (rc.Role.DENSE, rc.Role.MTP) and len(src.shape) == 3 and rc.shared_stack(src.name) is not None
+    )
+    if (stacked or shared) and orientation_of is not None:
+        orientation = orientation_of(src)
+    if stacked:  # expert stacks, split per expert
         jobs = []
         kind = source_kind(src, block, fused=True)
         for sl in rc.split_fused(src.name, src.shape, orientation or rc.Orientation.ROWS):
@@ -468,7 +515,7 @@ def _jobs_for(
             jobs.append(TensorJob(sl.out_name, src, role, target, O, I, shape, sl.expert, ex.base if ex else None,
                                   rows, pick))  # fmt: skip
         return jobs
-    if role in (rc.Role.DENSE, rc.Role.MTP) and len(src.shape) == 3 and rc.shared_stack(src.name) is not None:
+    if shared:
         return _shared_stack_jobs(src, role, option, block, orientation)
     if len(src.shape) == 2:
         O, I = src.shape

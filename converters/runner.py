@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import signal
 import sys
@@ -29,13 +30,14 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import NamedTuple
 
-from colitools.converters import output
+from colitools.converters import output, plan_record
 from colitools.converters.diskfloor import DiskFloor
 from colitools.converters.inventory import build_inventory, read_source_headers
-from colitools.converters.ledger import Ledger, remove_temporaries
+from colitools.converters.ledger import Ledger, ResumeState, remove_temporaries
 from colitools.converters.options import ConvertOptions, ConvertSummary
-from colitools.converters.planner import ConversionPlan, Unit, plan_conversion
+from colitools.converters.planner import ConversionPlan, Unit, plan_conversion, say_native_decoded
 from colitools.converters.recipe import Role, requantized_warning
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
@@ -63,6 +65,28 @@ def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     plan = plan_conversion(inventory, recipe)
     plan.experts_choice = choice
     return plan
+
+
+class Planned(NamedTuple):
+    """A conversion's plan, its source shards' identities now, and its record's key (``plan_record``)."""
+
+    plan: ConversionPlan
+    identities: dict[str, dict]
+    key: str
+    recorded: bool  # the plan is the one ``out`` recorded (nothing to record again)
+
+
+def plan_for(src: Source, out: Path, options: ConvertOptions) -> Planned:
+    """The plan of converting ``src`` into ``out``: the one a conversion in ``out`` recorded when its key still
+    matches the sources and the recipe (a resume does not plan again), else ``load_plan``."""
+    key = plan_record.plan_key(src, options.recipe().fingerprint())
+    plan = plan_record.load_recorded(out, key)
+    recorded = plan is not None
+    if plan is None:
+        plan = load_plan(src, options)
+    else:
+        say_native_decoded(plan.fallbacks)  # the line planning prints, printed by every run alike
+    return Planned(plan, source_identities(src, plan), key, recorded)
 
 
 def convert(
@@ -101,30 +125,62 @@ def convert(
         )  # fmt: skip
         if isinstance(src, LocalFolderSource):
             output.check_not_in_source(out, src.root)
-        return _convert(src, out, options, floor, started)
+        frozen = gc.get_freeze_count()
+        try:
+            return _convert(src, out, options, floor, started)
+        finally:
+            if not frozen:  # what planning froze (``_gc_paused``) is collectable again
+                gc.unfreeze()
 
 
 def _convert(
     src: Source, out: Path, options: ConvertOptions, floor: DiskFloor, started: float
 ) -> ConvertSummary:
-    plan = load_plan(src, options)
-    identities = source_identities(src, plan)
-    # the same ledger checks as the real run, read-only: a dry run reports what a rerun would skip, and refuses
-    # what it would refuse; a complete output needs nothing, not even the lock (a read-only output is fine)
-    state = Ledger.examine(out, plan, src.describe(), identities)
-    summary = _summary(src, plan, out, options, state)
+    planned, state, summary = plan_and_summary(src, out, options)
     if options.dry_run or state.complete:
         return summary
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
         try:
-            _run(src, plan, out, options, floor, summary, identities)
+            _run(src, planned, out, options, floor, summary)
         except BaseException:  # a clean stop (error, Ctrl-C, SIGTERM, disk floor): every writer has ended
             remove_temporaries(out)
             raise
     summary.disk_waits = floor.waits
     summary.wall_seconds = time.monotonic() - started
     return summary
+
+
+def plan_and_summary(
+    src: Source, out: Path, options: ConvertOptions
+) -> tuple[Planned, ResumeState, ConvertSummary]:
+    """Everything a conversion does before its first unit: the plan (``plan_for``), the ledger's checks
+    (``Ledger.examine``) and the summary figures. The cyclic garbage collector is paused meanwhile: planning
+    makes ~10 objects per tensor and frees none of them (it is not garbage), yet every collection of the
+    older generations walked them all again: 40-70% of a 92k-tensor plan's time (bench/plan.py)."""
+    with _gc_paused():
+        planned = plan_for(src, out, options)
+        # the same ledger checks as the real run, read-only: a dry run reports what a rerun would skip, and
+        # refuses what it would refuse; a complete output needs nothing, not even the lock (a read-only output
+        # is fine)
+        state = Ledger.examine(out, planned.plan, src.describe(), planned.identities)
+        return planned, state, _summary(src, planned.plan, out, options, state)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off meanwhile (unless it was off already), and what was made meanwhile
+    left out of its later passes (``gc.freeze``: else the first collection after it walks every object of the
+    plan once more, ~0.3 s on 92k tensors, and each older generation's again; the plan has no cycles, so
+    reference counting frees it all the same). ``convert`` unfreezes at its end."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 def source_identities(src: Source, plan: ConversionPlan) -> dict[str, dict]:
@@ -232,9 +288,13 @@ class _NoBar:
         pass
 
 
-def _run(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, floor: DiskFloor,
-         summary: ConvertSummary, identities: dict[str, dict]) -> None:  # fmt: skip
+def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floor: DiskFloor,
+         summary: ConvertSummary) -> None:  # fmt: skip
+    plan, identities = planned.plan, planned.identities
     ledger, state = Ledger.open(out, plan, src.describe(), identities)
+    if not planned.recorded:
+        with _gc_paused():
+            plan_record.record(out, plan, planned.key)
     summary.units_skipped = len(state.finished)
     summary.units_redone = state.dropped
     summary.redo_reasons = state.reasons
@@ -497,6 +557,7 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
     seen unchanged since the run started (a shard edited during the run is not marked complete: the units
     recorded with its old identity are redone by the rerun)."""
     _check_sources_unchanged(src, identities)
+    plan_record.remove(out)  # before "complete": a finished output holds no leftover
     for name in src.files():  # config, index, copied files: whatever this run downloaded into the work folder
         _release(src, name, options)
     shards = ledger.file_records()

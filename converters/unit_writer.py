@@ -9,7 +9,8 @@ form, not by the model's size. An expert's scale tensors wait for its codes (doc
 small.
 
 Encoding goes straight from the source bits whenever the kernels can (``kernels.encode_from_bf16`` /
-``encode_from_fp8_block``, fused expert slabs included): no float32 copy of a tensor is made on that path.
+``encode_from_f16`` / ``encode_from_fp8_block``, fused expert slabs included): no float32 copy of a tensor is
+made on that path.
 
 Every output file goes through ``SafetensorsWriter`` (temporary name, fsync, atomic rename). The file's sha256 is
 computed from the very bytes handed to the writer, so the ledger never has to re-read what was written.
@@ -33,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ from colitools.converters.recipe import Role
 from colitools.formats import kernels, planar_sidecar
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.errors import ConvertError, SafetensorsError
+from colitools.formats.errors import ConvertError, EncodeError, SafetensorsError
 from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, Stack
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.registry import Fp8E4m3E8m0
@@ -118,12 +119,18 @@ class ShardReader:
     def read_slab_rows(self, part, e: int, r0: int, r1: int) -> np.ndarray:
         """Rows ``[r0, r1)`` of slab ``e`` of ``part`` ``[E, rows, ...]`` (a source tensor or a companion: anything
         with ``shard``, ``name``, ``dtype``, ``shape``), in one positional read."""
-        E, rows, *rest = part.shape
+        return self._rows(part, part.shape[1] * e + r0, part.shape[1] * e + r1, part.shape[2:])
+
+    def read_rows(self, part, r0: int, r1: int) -> np.ndarray:
+        """Rows ``[r0, r1)`` of ``part`` ``[rows, ...]`` (a row slab of a big tensor), in one positional read."""
+        return self._rows(part, r0, r1, part.shape[1:])
+
+    def _rows(self, part, r0: int, r1: int, rest: tuple[int, ...]) -> np.ndarray:
         f, info = self._info(part.shard, part.name, part.dtype, part.shape)
         dt = numpy_dtype(part.dtype)
         row_bytes = math.prod(rest) * dt.itemsize
         try:  # one positional read on the shard's open descriptor
-            buf = f.read_range(info.begin + (e * rows + r0) * row_bytes, (r1 - r0) * row_bytes)
+            buf = f.read_range(info.begin + r0 * row_bytes, (r1 - r0) * row_bytes)
         except SafetensorsError as exc:  # the file shrank behind the reader: name the tensor too
             raise ConvertError(f"tensor {part.name}: {exc}") from None
         return buf.view(dt).reshape(r1 - r0, *rest)  # safetensors data is little-endian
@@ -312,10 +319,14 @@ def encode_job(
     kept = _fp8_e8m0_passthrough(job, values, scale, block) if fmt is Fp8E4m3E8m0 else None
     if kept is not None:  # a 128x128 FP8 source whose scales are powers of two: its bytes, bit for bit
         codes, scales = kept
+    elif fmt is Fp8E4m3E8m0 and grid is not None:  # the FP8 dequant fused into its block encoder
+        codes, scales = kernels.encode_from_fp8_e8m0(values, grid, block, name=job.out_name)
     elif fmt.kernel_code is None:  # not a row codec (fp8-e4m3-e8m0, its own block kernel): from float32
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
+    elif values.dtype == np.float16:  # the same, upcast a row at a time: no float32 copy of the tensor
+        codes, scales = kernels.encode_from_f16(t.fmt, values, gs, name=job.out_name)
     elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
         codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
     else:
@@ -380,6 +391,7 @@ class FileSink:
         self._digest = hashlib.sha256()
         self._fd: int | None = None  # read-only descriptor of the temporary file, to start its writeback
         self._synced = out.size - out.data_size  # bytes whose writeback has been started (or not needed)
+        self._end = self._synced  # bytes written
         try:
             with open(self._writer.temp_path, "rb") as fh:
                 self._digest.update(fh.read(out.size - out.data_size))  # the header the writer just wrote
@@ -398,15 +410,16 @@ class FileSink:
         self._thread = threading.Thread(target=self._run, name=f"sink-{out.name}", daemon=True)
         self._thread.start()
 
-    def put(self, name: str, array: np.ndarray) -> None:
-        view = _checked(self._expected, name, array)
+    def put(self, name: str, array: np.ndarray, part: bool = False) -> None:
+        """Queue tensor ``name`` (``part``: its next row slab; the slabs, in order, make the whole tensor)."""
+        view = _checked(self._expected, name, array, part)
         with self._room:
             while self._queued and self._queued + view.nbytes > self.QUEUE_BYTES and self._error is None:
                 self._room.wait()
             if self._error is not None:
                 raise self._error
             self._queued += view.nbytes
-        self._queue.put((name, view))
+        self._queue.put((name, view, part))
 
     def _written(self, nbytes: int) -> None:
         with self._room:
@@ -485,10 +498,11 @@ class FileSink:
                     self._record = FileRecord(self.out.name, self.out.size, self._digest.hexdigest())
                     _after_publish()
                     return
-                name, view = item
-                self._writer.write(name, view)
+                name, view, part = item
+                (self._writer.write_part if part else self._writer.write)(name, view)
                 self._hash_queue.put(view)  # the hasher releases its bytes (``_written``)
-                self._start_writeback(self._writer.tensors[name].end)
+                self._end += view.nbytes
+                self._start_writeback(self._end)
             except BaseException as exc:  # reported to the encoding thread by put() / result()
                 with self._room:
                     self._error = exc
@@ -502,7 +516,7 @@ class FileSink:
 _CLOSE, _ABORT = object(), object()
 
 
-def _checked(expected, name: str, array: np.ndarray) -> memoryview:
+def _checked(expected, name: str, array: np.ndarray, part: bool = False) -> memoryview:
     dtype, shape = expected[name]
     want = numpy_dtype(dtype)
     a = np.asarray(array)
@@ -512,7 +526,7 @@ def _checked(expected, name: str, array: np.ndarray) -> memoryview:
             a = a.view(want)
         else:  # pragma: no cover - a planning/encoding mismatch is a bug, reported with the numbers
             raise ConvertError(f"tensor {name}: encoder produced {a.dtype}, planned {dtype}")
-    if a.size != math.prod(shape):
+    if (a.size > math.prod(shape)) if part else (a.size != math.prod(shape)):
         raise ConvertError(f"tensor {name}: encoder produced {a.size} elements, planned shape {list(shape)}")
     return _as_bytes(a)
 
@@ -593,8 +607,73 @@ class _Ahead:
             fut.cancel()
 
 
-def _read_encode(job: TensorJob, out: OutputFile, reader: ShardReader, block: tuple[int, int] | None):
-    """One job on an encoder thread: its source read, encoded (and its sidecar scales made)."""
+SLAB_BYTES = 16 << 20  # source bytes per row slab of a big tensor (``_slab_rows``)
+
+
+def _slab_rows(
+    job: TensorJob, out: OutputFile, group: OutputGroup, block: tuple[int, int] | None
+) -> int | None:
+    """Rows per slab when ``job`` is encoded by row slabs (read, encoded and written a slab at a time, so memory
+    holds a few slabs, never the tensor: docs/FORMATS.md §9), else None. A 2-D tensor of more than
+    ``SLAB_BYTES`` whose rows encode independently: a plain source (not natively quantized, not a slice of a
+    stack) written by a row codec, as a float or as its source bytes, into a main shard. FP8 slabs are whole
+    rows of scale blocks (the fused kernel reads grid row ``r // br``)."""
+    src, t = job.source, job.target
+    if src.quant is not None or job.fused_rows is not None or job.fused_pick is not None or group.stacks:
+        return None
+    if len(src.shape) != 2 or tuple(job.shape) != tuple(src.shape) or out.planar or out.is_sidecar:
+        return None
+    if t.is_passthrough or not (t.is_source or t.is_float or t.format_class.kernel_code is not None):
+        return None  # fp8-e4m3-b128 / -e8m0: checked and chosen over the whole tensor
+    row_bytes = src.nbytes // max(job.O, 1)
+    if src.nbytes <= SLAB_BYTES or row_bytes == 0:
+        return None
+    rows = max(1, SLAB_BYTES // row_bytes)
+    if src.scale is not None and block is not None:
+        rows = max(block[0], rows // block[0] * block[0])
+    return rows if rows < job.O else None
+
+
+class _Slabs:
+    """A big job (``_slab_rows``) encoded in the consuming thread, slab by slab: each read, encoded on the
+    kernels' threads and queued for the sink before the next is read."""
+
+    def __init__(self, job: TensorJob, rows: int, reader: ShardReader, block: tuple[int, int] | None):
+        self.job, self.rows, self.reader, self.block = job, rows, reader, block
+
+    def put(self, sink: FileSink, wname: str) -> np.ndarray | None:
+        """Every slab's codes into ``sink`` as parts of ``wname``; returns the scales of all rows (or None)."""
+        job, reader, block = self.job, self.reader, self.block
+        src = job.source
+        sc = src.scale
+        grid = None if sc is None else reader.read(sc.shard, sc.name, sc.dtype, sc.shape)
+        scales = []
+        for r0 in range(0, job.O, self.rows):
+            r1 = min(job.O, r0 + self.rows)
+            values = reader.read_rows(src, r0, r1)
+            rows_grid = None if grid is None else np.asarray(grid)[r0 // block[0] : -(-r1 // block[0])]
+            slab = replace(job, O=r1 - r0, shape=(r1 - r0, job.I))
+            try:
+                codes, s = encode_job(slab, values, rows_grid, block, False)
+            except (ConvertError, EncodeError):
+                # the whole tensor's message (its first bad [o, i], its count): encoded whole, on this path only
+                encode_job(job, *_source_values(job, reader), block, False)
+                raise
+            sink.put(wname, codes, part=True)
+            if s is not None:
+                scales.append(s)
+            del values, codes
+        return np.concatenate(scales) if scales else None
+
+
+def _read_encode(
+    job: TensorJob, out: OutputFile, group: OutputGroup, reader: ShardReader, block: tuple[int, int] | None
+):
+    """One job on an encoder thread: its source read, encoded (and its sidecar scales made); a big one is
+    handed back as ``_Slabs``, to be encoded as it is written."""
+    rows = _slab_rows(job, out, group, block)
+    if rows is not None:
+        return _Slabs(job, rows, reader, block)
     values, scale = _source_values(job, reader)
     big = job.O * job.I >= BIG_TENSOR_ELEMS
     if big:  # few of these: split its rows over every kernel thread
@@ -620,14 +699,19 @@ def _write_group(sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, s
     for k, job in enumerate(group.jobs):
         if k == cut:
             _put_all(sink, scales_after)
-        codes, scales = ahead.take()
+        taken = ahead.take()
         wname, sname = job.target.tensor_names(job.out_name)
+        if isinstance(taken, _Slabs):  # its codes written slab by slab (never a stack's member)
+            codes, scales = None, taken.put(sink, wname)
+        else:
+            codes, scales = taken
         if group.stacks:
             members[k] = (codes, scales)
             while pending and all(m in members for m in pending[0].members):
                 _put_stack(sink, pending.pop(0), members)  # written once complete, then freed
         else:
-            sink.put(wname, codes)
+            if codes is not None:
+                sink.put(wname, codes)
             if sname is not None and group.interleaved:  # a target's record: scale next
                 sink.put(sname, scales)
             elif sname is not None:
@@ -660,7 +744,9 @@ def start_unit(
     slow = float(os.environ.get(SLOW_TENSOR_ENV) or 0)
     reader = ShardReader(shard_paths)
     sinks: list[FileSink] = []
-    work = [(job, out, reader, block) for out in unit.files for group in out.groups for job in group.jobs]
+    work = [
+        (job, out, group, reader, block) for out in unit.files for group in out.groups for job in group.jobs
+    ]
     with ThreadPoolExecutor(encoder_threads(), "encode", initializer=_encoder_init) as pool:
         ahead = _Ahead(pool, work, _read_encode)
         try:

@@ -364,6 +364,17 @@ QWEN3_VL_MOE = Family("qwen3_vl_moe", (gqa_block, *_MOE), orientation=Orientatio
                       saved_orientation=Orientation.ROWS)  # fmt: skip
 # Llama-4 (Scout, Maverick): Llama4TextExperts holds and saves gate_up_proj [E, H, 2I] (bmm, chunk(2, dim=-1))
 LLAMA4 = Family("llama4", (gqa_block, llama4_ffn_block), orientation=Orientation.TRANSPOSED)
+# DeepSeek-V4.1 Flash (colibri c/tools/make_dsv41_tiny.py, c/deepseek_v41.c; no transformers class): V4's native
+# attention / MoE names and geometry, the text model under ``text_config`` in colibri's short names with the
+# released long ones beside them (the long ones win); converted, not run
+DEEPSEEK_V41 = Family(
+    "deepseek_v41", (deepseek_v4_block,),
+    key_aliases=MappingProxyType({
+        "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+        "moe_inter_dim": "moe_intermediate_size", "n_activated_experts": "num_experts_per_tok",
+        "window_size": "sliding_window", "norm_eps": "rms_norm_eps",
+    }),
+)  # fmt: skip
 
 # The model types ``colitools run`` executes -> their family (the checkpoint's top-level type; text types of
 # multimodal wrappers listed too), in the order messages list them.
@@ -396,8 +407,8 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "llama4_text": LLAMA4,
 })  # fmt: skip
 RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
-# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
-_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING})
+# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``, DeepSeek-V4.1.
+_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING, "deepseek_v41": DEEPSEEK_V41})
 
 
 def family_of(model_type: str | None) -> Family | None:

@@ -434,7 +434,7 @@ def linear_shapes(config: Any, where: str = "config.json") -> dict[tuple[str, st
     a model type the runtime does not run, or a family with native geometry (Inkling), gets ``{}``."""
     validate_config(config, where)
     mt = model_type(config)
-    if mt not in families.RUNNABLE_MODEL_TYPES:
+    if families.family_of(mt) is None:  # (a converted-only family claims its geometry too: DeepSeek-V4.1)
         return {}
     text = canonical_keys(text_config(config), mt)
     return families.family_of(mt).linear_shapes(text, routed_expert_count(config, where))

@@ -262,6 +262,11 @@ EMBEDDINGS = frozenset({
     "embed_tokens",  # transformers (every family)
     "embed",  # DeepSeek-V4 native names (embed.weight)
 })  # fmt: skip
+# Modules whose ``embed`` / ``head`` leaves are tables of their own, not the model's token embedding / head: weights
+OWN_TABLE_MODULES = (
+    "engram",  # DeepSeek-V4.1 ``layers.{L}.engram.embed``: an n-gram hash table [rows, engram_head_dim]
+    "markov_head",  # DeepSeek-V4.1 DSpark ``mtp.{S}.markov_head.embed`` / ``.head`` [vocab, dspark_markov_rank]
+)
 HEADS = frozenset({
     "lm_head",  # transformers (every family)
     "head",  # DeepSeek-V4 (head.weight)
@@ -283,6 +288,8 @@ TOWER_MODULES: dict[str, str] = {
     "multi_modal_projector": "LLaVA-style projectors",
     "vision_projector": "vision projectors",
     "audio_projector": "audio projectors",
+    "vision": "DeepSeek-V4.1 Flash vision tower (vision.patch_embed, vision.blocks.N)",
+    "aligner": "DeepSeek-V4.1 Flash vision aligner into the text width (aligner.w1 / w2)",
 }
 MTP_MODULES = frozenset({"mtp"})  # DeepSeek-V4 / GLM-5 native ``mtp.{k}.*`` next-token-prediction modules
 
@@ -299,6 +306,8 @@ SMALL_PARAMS: dict[str, str] = {
     "dt_bias": "Gated DeltaNet / KDA: Qwen3.5/3-Next, Kimi-Linear, GLM-5.3-Flash",
     "A_log": "Gated DeltaNet / KDA decay (any rank; Kimi-Linear 4-D)",
     "global_scale": "NVFP4 global scales",
+    "q_weight": "DeepSeek-V4.1 engram.q_weight [hc_mult, H]: per-stream gate weights, F32 like hc_*",
+    "k_weight": "DeepSeek-V4.1 engram.k_weight [hc_mult, H]: per-stream gate weights, F32 like hc_*",
     "rel_pos": "relative-position tables (Inkling)",
     "rel_bias": "relative-position tables (Inkling)",
     "scale": "per-head L2-clip scales: Inkling-2 attn.q_l2_clip.scale / rel_l2_clip.scale [heads, d]",
@@ -482,9 +491,10 @@ def _role(
 ) -> TensorRole:
     if any(len(parts) >= len(r) and tuple(parts[-len(r) :]) == r for r in _ROUTER_PARTS):
         return TensorRole.ROUTER
-    if leaf in EMBEDDINGS:
+    own_table = module.endswith(OWN_TABLE_MODULES)  # an engram / Markov table is not the model's embed / head
+    if leaf in EMBEDDINGS and not own_table:
         return TensorRole.EMBED
-    if leaf in HEADS:
+    if leaf in HEADS and not own_table:
         return TensorRole.HEAD
     if expert is not None:
         return TensorRole.EXPERT

@@ -600,6 +600,102 @@ class Mxfp8(SourceEncoding):
         return _decoders(fast).decode_mxfp8(parts["data"].reshape(O, I), scale, I)
 
 
+class Ue8m0Fp8(SourceEncoding):
+    """DeepSeek-V4.1 Flash's FP8 (colibri ``c/tools/dsv41_ref.py`` ``fp8_quant_blocked`` / ``fp8_quant_rowgroups``):
+    ``<b>.weight`` F8_E4M3 ``[O, I]`` + ``<b>.scale`` F8_E8M0 (or U8) holding one exponent byte per tile,
+    ``w = e4m3(q) * 2^(e - 127)``. Two grids, told apart by the scale's rows: square ``weight_block_size`` tiles
+    ``[ceil(O/b), ceil(I/b)]`` (the dense projections, b = 32) or row groups of 32 ``[O, ceil(I/32)]`` (the
+    engram tables). Fp8Block's math with power-of-two scales, under other names and dtypes: recognised by the
+    tensor pair. No format holds 32x32 tiles exactly (fp8-e4m3-e8m0's are 128x128): decoded."""
+
+    kind = "fp8-ue8m0"
+    label = "FP8 UE8M0"
+    declared_by = (("fp8", None),)
+    parts = (
+        Part("data", ".weight", ("F8_E4M3",), "[O, I]"),
+        Part("scale", ".scale", ("U8", "F8_E8M0"), "[ceil(O/b), ceil(I/b)] or [O, ceil(I/32)]"),
+    )
+    ROW_GROUP = 32
+
+    @classmethod
+    def scheme(cls, qc, config):
+        """The square tile side ``b`` when ``scale_fmt: ue8m0`` declares E8M0 tiles (None otherwise)."""
+        block = model_config.fp8_block_size(config)
+        if qc.get("scale_fmt") != "ue8m0" or block is None or block[0] != block[1]:
+            return None
+        return Fp8Scheme(block)
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        sname = name[: -len(data.suffix)] + scale.suffix
+        if sname not in tensors or tensors[sname].dtype not in scale.dtypes or len(tensors[name].shape) != 2:
+            return None
+        (O, I), got = tuple(tensors[name].shape), tuple(tensors[sname].shape)
+        b = (scheme or Fp8Scheme()).block[0]
+        if got == (-(-O // b), -(-I // b)):
+            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), b, False)
+        if got == (O, -(-I // cls.ROW_GROUP)):
+            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), cls.ROW_GROUP, False)
+        raise FormatError(
+            f"tensor {sname}: E8M0 scale {list(got)} does not fit FP8 weight {name} [{O}, {I}] (expected "
+            f"[{-(-O // b)}, {-(-I // b)}] for {b}x{b} tiles or [{O}, {-(-I // cls.ROW_GROUP)}] for row groups)"
+        )
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        e = np.asarray(parts["scale"]).view(np.uint8)
+        rows = 1 if e.shape[0] == O else group  # row groups have one scale row per weight row
+        s = np.ldexp(np.float32(1), e.astype(np.int32) - 127).astype(np.float32)
+        return _decoders(fast).dequant_fp8_block(parts["data"].reshape(O, I), s, (rows, group))
+
+
+class Ue8m0Fp4(SourceEncoding):
+    """DeepSeek-V4(.1)'s FP4 routed experts (colibri ``dsv41_ref.py`` ``fp4_quant_rowgroups``): ``<b>.weight`` I8
+    ``[O, I/2]`` e2m1 pairs (low nibble = even input, bit 3 the sign) + ``<b>.scale`` F8_E8M0 (or U8) ``[O, I/32]``;
+    ``e2m1(nib) * 2^(e - 127)``: mxfp4's own codes and scales, byte for byte (``native`` keeps them)."""
+
+    kind = "fp4-ue8m0"
+    label = "FP4 UE8M0"
+    declared_by = (("fp8", None),)  # (DeepSeek-V4.1: quant_method fp8 with expert_dtype fp4; no scheme)
+    parts = (
+        Part("data", ".weight", ("I8",), "[O, I/2]"),
+        Part("scale", ".scale", ("U8", "F8_E8M0"), "[O, I/32]"),
+    )
+    group = ref.MXFP4_BLOCK
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        sname = name[: -len(data.suffix)] + scale.suffix
+        if sname not in tensors or tensors[sname].dtype not in scale.dtypes:
+            return None
+        shape, got = tuple(tensors[name].shape), tuple(tensors[sname].shape)
+        if len(shape) != 2 or (2 * shape[1]) % cls.group or got != (shape[0], 2 * shape[1] // cls.group):
+            raise FormatError(
+                f"tensor {sname}: E8M0 scale {list(got)} does not fit FP4 weight {name} {list(shape)} "
+                f"(expected [O, I/32] for I8 pairs [O, I/2], I a multiple of 32)"
+            )
+        return Paired(cls, name, (shape[0], 2 * shape[1]), (("data", name), ("scale", sname)), cls.group)
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        return NativeForm("mxfp4", copies=True)
+
+    @classmethod
+    def keep(cls, parts, O, I, gs, *, name):
+        scale = np.ascontiguousarray(parts["scale"]).view(np.uint8).reshape(O, I // cls.group)
+        if (scale == 0xFF).any():
+            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an FP4 source; cannot keep it")
+        return np.ascontiguousarray(parts["data"]).view(np.uint8).reshape(O, I // 2), scale
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        blocks = np.ascontiguousarray(parts["data"]).view(np.uint8).reshape(O, I // 32, 16)
+        scales = np.ascontiguousarray(parts["scale"]).view(np.uint8).reshape(O, I // 32)
+        return _decoders(fast).decode_mxfp4_blocks(blocks, scales)
+
+
 FP8_BLOCK = Fp8Block
 PAIRED: tuple[type[SourceEncoding], ...] = tuple(e for e in ENCODINGS.values() if e.paired)
 

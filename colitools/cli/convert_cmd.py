@@ -92,7 +92,7 @@ def convert_command(
     progress: ProgressOpt = None,
 ) -> None:
     """Convert a float (BF16, F16, F32), FP8 or natively quantized (MXFP4, INT4 compressed-tensors, NVFP4,
-    MXFP8) checkpoint into quantized byte-addressable safetensors, resumably."""
+    MXFP8, DeepSeek-V4.1's FP8 / FP4 UE8M0) checkpoint into quantized byte-addressable safetensors, resumably."""
     # The converter multiplies no float matrices: OpenBLAS's thread pool would only cost start-up (~60 ms of
     # numpy's import) and a core spinning beside the encoders. Set before numpy's first import (no command
     # module imports it at module level); --workers processes inherit it.

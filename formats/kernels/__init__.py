@@ -11,7 +11,8 @@ Two tricks keep the kernels vectorised without changing a bit of output:
   order is float order, so an unsigned integer max (which LLVM vectorises without fastmath) gives the same
   ``amax``; and every NaN/inf has bits ``>= 0x7F800000``, so the same pass detects non-finite input with no
   separate ``np.isfinite`` sweep. Only when a kernel reports a bad row does Python build the exact message.
-* Fused sources: BF16 is upcast exactly (f32 bits = bf16 bits << 16); FP8 e4m3fn is decoded exactly by bit
+* Fused sources: BF16 is upcast exactly (f32 bits = bf16 bits << 16), F16 by its bit fields (``_f16_f32``:
+  the numpy cast, subnormals and NaN payloads included); FP8 e4m3fn is decoded exactly by bit
   arithmetic (equal to the ml_dtypes table ``E4M3_TO_F32`` for all 256 bytes, tested; unlike a table lookup
   it vectorises) times the block scale (one float32 multiply, as ``reference.dequant_fp8_block``). Each row
   is materialised in a float32 buffer (L2-resident) and encoded from there, except for int4 groups of even
@@ -55,7 +56,9 @@ from colitools.formats.kernels._dispatch import (
     encode,
     encode_fp8_e8m0,
     encode_from_bf16,
+    encode_from_f16,
     encode_from_fp8_block,
+    encode_from_fp8_e8m0,
     kernel_threads,
     pairs_to_planar,
     plan_encodes,
@@ -68,7 +71,9 @@ from colitools.formats.reference import E4M3_TO_F32  # the one table, = _jit_bit
 __all__ = [
     "encode",
     "encode_from_bf16",
+    "encode_from_f16",
     "encode_from_fp8_block",
+    "encode_from_fp8_e8m0",
     "encode_fp8_e8m0",
     "decode",
     "dequant_fp8_block",

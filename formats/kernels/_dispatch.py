@@ -282,6 +282,19 @@ def encode_from_bf16(
     return _compiled_now(encoders.encode_from_bf16(fmt_name, wb, gs, name=name))
 
 
+def encode_from_f16(
+    fmt_name: str, w_f16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, f16 -> f32, gs)`` with the exact upcast fused in. ``w_f16`` is ``[O, I]`` float16 or
+    uint16 (the raw half bits)."""
+    wh = _matrix(w_f16, np.uint16, np.float16, name)
+    if _reference_encodes(fmt_name, wh.size):
+        return _reference_checked(fmt_name, wh.view(np.float16).astype(F32), gs, name)
+    from colitools.formats.kernels import encoders
+
+    return _compiled_now(encoders.encode_from_f16(fmt_name, wh, gs, name=name))
+
+
 def encode_from_fp8_block(
     fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -311,6 +324,23 @@ def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarr
     from colitools.formats.kernels import encoders
 
     return _compiled_now(encoders.encode_fp8_e8m0(w, name))
+
+
+def encode_from_fp8_e8m0(
+    q: np.ndarray, scale_inv: np.ndarray, block, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_fp8_e8m0(reference.dequant_fp8_block(q, scale_inv, block))``, byte-identical, with the errors
+    of that path; the dequant fused into the block kernel when the source blocks' sides are multiples of 128
+    (DeepSeek's 128x128: each output block has one source scale), else dequantised first."""
+    qb, s, br, bc = _fp8_operands(q, scale_inv, block, name)
+    B = ref.FP8_BLOCK
+    if br % B or bc % B or _reference_encodes(registry.Fp8E4m3E8m0.name, qb.size):
+        with np.errstate(all="ignore"):  # inf * 0 and overflow are refused just below, naming the tensor
+            w = ref.dequant_fp8_block(qb, s, (br, bc))
+        return encode_fp8_e8m0(w, name)
+    from colitools.formats.kernels import encoders
+
+    return _compiled_now(encoders.encode_from_fp8_e8m0(qb, s, br, bc, name))
 
 
 def decode_operands(fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None):

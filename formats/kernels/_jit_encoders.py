@@ -1,5 +1,6 @@
 """The numba encode drivers of ``encoders`` (numba-free, which runs them on the kernels' thread pool, compiled
-ahead of time or by numba's JIT, ``aot``): one per source (float32, BF16 bits, FP8 e4m3 bytes + block scales)
+ahead of time or by numba's JIT, ``aot``): one per source (float32, BF16 bits, F16 bits, FP8 e4m3 bytes + block
+scales)
 and the fp8-e4m3-e8m0 block encoder, each registered beside its definition with its compiled-ahead arguments
 (``aot.export``). The package's entry points of the same names, in ``_dispatch``, send small tensors to the numpy
 reference instead."""
@@ -34,6 +35,10 @@ from colitools.formats.kernels._jit_row_encoders import (
     _int4_row_bf16,
 )
 from colitools.formats.kernels.aot import export
+
+_F16_EXP = np.uint32(0x7C00 << 13)  # a half's exponent field, shifted to float32's
+_F16_REBIAS = np.uint32((127 - 15) << 23)
+_TWO_M14 = F32(2.0**-14)  # the smallest normal half
 
 
 # --------------------------------------------------------------------------------- encode drivers (per source)
@@ -76,6 +81,40 @@ def _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r0, r1):
             continue
         for i in range(n):
             buf[i] = _bits_f32(np.uint32(row[i]) << 16)  # exact BF16 -> F32
+        if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
+            return o
+    return -1
+
+
+@inline
+def _f16_f32(h):
+    """IEEE half bits ``h`` (uint16) -> the float32 of the same value, exactly (numpy's ``float16 -> float32``:
+    subnormals normalised, inf kept, a NaN's payload shifted into the float32 mantissa, the sign bit kept).
+    Branch-free (selects), so the row loop vectorises: exponent and mantissa shifted into place and the
+    exponent rebiased by 112; inf / NaN rebiased once more, to 255; a subnormal ``m * 2^-24`` computed as
+    ``(2^-14 * (1 + m / 1024)) - 2^-14``, exact (both operands within a factor of two)."""
+    u = np.uint32(h)
+    o = (u & np.uint32(0x7FFF)) << np.uint32(13)
+    e = o & _F16_EXP
+    o = o + _F16_REBIAS
+    o = o + _F16_REBIAS if e == _F16_EXP else o
+    sub = _f32_bits(_bits_f32(o + np.uint32(0x800000)) - _TWO_M14)
+    o = sub if e == np.uint32(0) else o
+    return _bits_f32(o | ((u & np.uint32(0x8000)) << np.uint32(16)))
+
+
+@export("rows_f16", ("uint16", "i", "i", "uint8", "float32", "uint8"))
+@njit
+def _encode_rows_f16(wh, fmt, gs, codes, sf, su, r0, r1):
+    """F16 rows (raw half bits), each upcast exactly into a float32 row buffer (L2-resident) and encoded: no
+    float32 copy of the tensor."""
+    n = wh.shape[1]
+    buf = np.empty(n, np.float32)
+    scratch, xt, ct = _scratch(n, gs)
+    for o in range(r0, r1):
+        row = wh[o]
+        for i in range(n):
+            buf[i] = _f16_f32(row[i])
         if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
             return o
     return -1
@@ -189,6 +228,53 @@ def _e4m3_rne(y):
     return sign | np.uint8(t)
 
 
+@inline
+def _e8m0_exponent(amax):
+    """The E8M0 exponent ``k`` of a block of ``amax`` (``max(amax, 1e-4) * f32(1/448)``, rounded up to a power of
+    two on its float bits)."""
+    x = max(amax, _E8M0_FLOOR) * _E8M0_MAX_INV
+    xb = _f32_bits(x)
+    k = np.int32(xb >> np.uint32(23)) - np.int32(127)
+    if xb & np.uint32(0x7FFFFF):
+        k += np.int32(1)
+    return k
+
+
+@export("fp8_e8m0_fp8", ("uint8", "float32", "i", "i", "uint8", "uint8"))
+@njit
+def _fp8_e8m0_from_fp8(q, s, br, bc, codes, scales, b0, b1):
+    """Block rows ``[b0, b1)`` of fp8-e4m3-e8m0 from FP8 ``q`` with source blocks ``br x bc`` that are multiples
+    of 128 (each output block lies in one source block, of scale ``sv``): the values ``w = e4m3(q) * sv``
+    (``reference.dequant_fp8_block``) made in registers, never stored. The block amax is taken on the bytes
+    (``max(q & 0x7F)``: e4m3fn magnitudes order as their bytes, and multiplying by ``|sv|`` is monotone, so
+    ``f32(e4m3(m)) * |sv|`` is ``max |w|`` bit for bit, NaN / inf included, as in ``_int4_blocks_fp8``). Returns
+    the first block row holding a non-finite value, or -1."""
+    O, I = q.shape
+    GI = scales.shape[1]
+    for bo in range(b0, b1):
+        o0 = bo * _FP8_B
+        o1 = min(O, o0 + _FP8_B)
+        for bi in range(GI):
+            i0 = bi * _FP8_B
+            i1 = min(I, i0 + _FP8_B)
+            sv = s[o0 // br, i0 // bc]
+            m = np.uint32(0)
+            for o in range(o0, o1):
+                for i in range(i0, i1):
+                    m = _umax32(m, np.uint32(q[o, i] & np.uint8(0x7F)))
+            amax_bits = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(sv)))
+            if amax_bits >= _NONFINITE_BITS:
+                return bo
+            k = _e8m0_exponent(_bits_f32(amax_bits))
+            scales[bo, bi] = np.uint8(k + np.int32(127))
+            inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
+            for o in range(o0, o1):
+                for i in range(i0, i1):
+                    y = min(max((_e4m3(q[o, i]) * sv) * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
+                    codes[o, i] = _e4m3_rne(y)
+    return -1
+
+
 @export("fp8_e8m0", ("float32", "uint8", "uint8"))
 @njit
 def _fp8_e8m0_blocks(w, codes, scales, b0, b1):
@@ -208,11 +294,7 @@ def _fp8_e8m0_blocks(w, codes, scales, b0, b1):
                     v = abs(w[o, i])
                     if v > amax:
                         amax = v
-            x = max(amax, _E8M0_FLOOR) * _E8M0_MAX_INV
-            xb = _f32_bits(x)
-            k = np.int32(xb >> np.uint32(23)) - np.int32(127)
-            if xb & np.uint32(0x7FFFFF):
-                k += np.int32(1)
+            k = _e8m0_exponent(amax)
             scales[bo, bi] = np.uint8(k + np.int32(127))
             inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
             for o in range(o0, o1):

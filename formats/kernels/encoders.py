@@ -1,4 +1,5 @@
-"""The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_fp8_block``, ``encode_fp8_e8m0``),
+"""The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_f16``, ``encode_from_fp8_block``,
+``encode_fp8_e8m0``, ``encode_from_fp8_e8m0``),
 numba-free: the output arrays are planned here; the rows are encoded by the numba drivers of ``_jit_encoders`` or
 by the same drivers compiled ahead of time, whichever ``aot.CODECS`` resolves once per process. Byte-identical to
 the numpy reference either way (the package's entry points, ``_dispatch``, send small tensors to that reference
@@ -77,6 +78,21 @@ def encode_from_bf16(
     return codes, scales
 
 
+def encode_from_f16(
+    fmt_name: str, w_f16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode(fmt_name, f16 -> f32, gs)`` with the exact upcast fused in (a row at a time). ``w_f16`` is
+    ``[O, I]`` float16 or uint16 (the raw half bits)."""
+    wh = _matrix(w_f16, np.uint16, np.float16, name)
+    O, I = wh.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    if wh.size == 0:
+        return _reference_encode(fmt_name, wh.view(np.float16).astype(F32), gs)
+    if aot.CODECS.run("rows_f16", (wh, fmt, g, codes, sf, su), O, I) >= 0:
+        _raise_nonfinite(wh.view(np.float16).astype(F32), name)
+    return codes, scales
+
+
 def encode_from_fp8_block(
     fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -88,6 +104,25 @@ def encode_from_fp8_block(
     if q.size == 0:
         return _reference_encode(fmt_name, ref.dequant_fp8_block(q, s, (br, bc)), gs)
     if aot.CODECS.run("rows_fp8", (q, s, br, bc, fmt, g, codes, sf, su), O, I) >= 0:
+        with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
+            w = ref.dequant_fp8_block(q, s, (br, bc))
+        _raise_nonfinite(w, name)
+    return codes, scales
+
+
+def encode_from_fp8_e8m0(
+    q: np.ndarray, s: np.ndarray, br: int, bc: int, name: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_fp8_e8m0(reference.dequant_fp8_block(q, s, (br, bc)))`` with the dequant fused in, for e4m3 bytes
+    ``q[O, I]`` and a float32 grid ``s`` of source blocks whose sides are multiples of 128 (checked by the
+    caller, ``_dispatch``). NaN / inf: the registry's EncodeError, as the unfused path."""
+    O, I = q.shape
+    codes = np.empty((O, I), np.uint8)
+    scales = np.empty((-(-O // _FP8_B), -(-I // _FP8_B)), np.uint8)
+    if (
+        q.size
+        and aot.CODECS.run("fp8_e8m0_fp8", (q, s, br, bc, codes, scales), scales.shape[0], _FP8_B * I) >= 0
+    ):
         with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
             w = ref.dequant_fp8_block(q, s, (br, bc))
         _raise_nonfinite(w, name)

@@ -168,6 +168,7 @@ class SafetensorsWriter:
         self._fd: int | None = None
         self._state = "aborted"  # until our temporary file exists, there is nothing to clean up
         self._next = 0
+        self._part = 0  # bytes written of tensor ``_next`` when it is written in pieces (``write_part``)
         layout = _plan_layout(self._where, entries, metadata, metadata_last)
         self.tensors: dict[str, TensorInfo] = layout.tensors
         """The planned tensors in write order (absolute offsets)."""
@@ -229,8 +230,11 @@ class SafetensorsWriter:
                 ) from exc
             raise SafetensorsError(f"writing {self._where}: {exc.strerror or exc}") from exc
 
-    def _data_view(self, info: TensorInfo, data: np.ndarray | bytes | bytearray | memoryview) -> memoryview:
-        """The bytes to write for ``info``: a flat byte view of ``data``, copied only if it must be."""
+    def _data_view(
+        self, info: TensorInfo, data: np.ndarray | bytes | bytearray | memoryview, whole: bool = True
+    ) -> memoryview:
+        """The bytes to write for ``info`` (``whole``: all of them): a flat byte view of ``data``, copied only if
+        it must be."""
         at = f"writing {self._where}: tensor {info.name!r}"
         if isinstance(data, np.ndarray):
             if data.dtype.hasobject:
@@ -254,7 +258,7 @@ class SafetensorsWriter:
             view = view.cast("B")
         else:
             self._fail(f"{at}: data is a {type(data).__name__}, expected a numpy array or bytes")
-        if view.nbytes != info.nbytes:
+        if whole and view.nbytes != info.nbytes:
             self._fail(
                 f"{at}: got {view.nbytes} bytes, but shape {list(info.shape)} of {info.dtype} needs {info.nbytes}"
             )
@@ -262,6 +266,28 @@ class SafetensorsWriter:
 
     def write(self, name: str, data: np.ndarray | bytes | bytearray | memoryview) -> None:
         """Append tensor ``name``, which must be the next declared one, with exactly its byte count."""
+        info = self._next_info(name)
+        if self._part:
+            self._fail(f"writing {self._where}: tensor {name!r} written whole after {self._part} bytes of it")
+        self._write_all(self._data_view(info, data))
+        self._next += 1
+
+    def write_part(self, name: str, data: np.ndarray | bytes | bytearray | memoryview) -> None:
+        """Append the next bytes of tensor ``name`` (the next declared one): a tensor written in pieces (row
+        slabs), complete once its byte count is reached; a piece past it is refused."""
+        info = self._next_info(name)
+        view = self._data_view(info, data, whole=False)
+        if self._part + view.nbytes > info.nbytes:
+            self._fail(
+                f"writing {self._where}: tensor {name!r}: got {self._part + view.nbytes} bytes, but shape "
+                f"{list(info.shape)} of {info.dtype} needs {info.nbytes}"
+            )
+        self._write_all(view)
+        self._part += view.nbytes
+        if self._part == info.nbytes:
+            self._next, self._part = self._next + 1, 0
+
+    def _next_info(self, name: str) -> TensorInfo:
         if self._state != "open":
             raise SafetensorsError(
                 f"writing {self._where}: tensor {name!r} written after the writer was {self._state}"
@@ -275,8 +301,7 @@ class SafetensorsWriter:
                 f"writing {self._where}: tensor {name!r} written out of order: expected {info.name!r} "
                 f"(tensor {self._next + 1} of {total})"
             )
-        self._write_all(self._data_view(info, data))
-        self._next += 1
+        return info
 
     def close(self) -> None:
         """Publish the file: all tensors written? fsync, atomic rename to ``path``, fsync the directory."""

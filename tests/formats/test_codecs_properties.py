@@ -1,4 +1,4 @@
-"""Property tests: the numba kernels are byte-identical to the numpy reference, the fused BF16/FP8 paths equal
+"""Property tests: the numba kernels are byte-identical to the numpy reference, the fused BF16/F16/FP8 paths equal
 dequant-then-encode, round trips stay within each format's error bound, NaN/inf input is refused naming the
 tensor, and every encoder's output has exactly the registry's byte counts."""
 
@@ -123,6 +123,53 @@ def test_bf16_fused_path_equals_upcast_then_reference(fmt, gs, data):
 
 
 @st.composite
+def f16_bits(draw, multiple: int = 1) -> np.ndarray:
+    O = draw(st.integers(1, 4))
+    I = draw(st.integers(1, 160 // multiple)) * multiple
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):  # arbitrary finite half bit patterns: subnormals (exponent 0), -0.0, 65504
+        h = rng.integers(0, 2**16, size=(O, I), dtype=np.uint32).astype(np.uint16)
+        h[(h & 0x7C00) == 0x7C00] = 0x8000  # exponent all ones (inf / NaN) -> -0.0
+    else:
+        h = (rng.standard_normal((O, I)) * draw(st.sampled_from([1.0, 0.02, 3e-3, 1e-6]))).astype(np.float16)
+        h = h.view(np.uint16)
+    return np.ascontiguousarray(h)
+
+
+@pytest.mark.parametrize(("fmt", "gs"), FUSED_FORMATS, ids=[f"{f}-{g}" for f, g in FUSED_FORMATS])
+@SETTINGS
+@given(data=st.data())
+def test_f16_fused_path_equals_upcast_then_reference(fmt, gs, data):
+    h = data.draw(f16_bits(multiple=32 if fmt == "mxfp4" else 1))
+    expected = reference_encode(fmt, h.view(np.float16).astype(F32), gs)  # numpy's exact upcast
+    assert_same(kernels.encode_from_f16(fmt, h, gs), expected)
+    assert_same(kernels.encode_from_f16(fmt, h.view(np.float16), gs), expected)
+
+
+def test_f16_upcast_equals_numpy_for_all_half_bit_patterns():
+    from colitools.formats.kernels._jit_encoders import _f16_f32
+
+    @numba.njit
+    def upcast(h, out):
+        for i in range(h.size):
+            out[i] = _f16_f32(h[i])
+
+    h = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(h.size, F32)
+    upcast(h, out)
+    want = h.view(np.float16).astype(F32)  # numpy's cast: subnormals, -0.0, inf and NaN payloads
+    assert out.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("bits", [0x7E00, 0xFC00, 0x7C00, 0x7C01], ids=["nan", "-inf", "inf", "snan"])
+def test_f16_fused_path_refuses_non_finite(bits):
+    h = np.full((3, 70), 0x3C00, np.uint16)  # 1.0
+    h[2, 65] = bits
+    with pytest.raises(EncodeError, match=r"tensor experts\.7\.up_proj: non-finite value .* at \[2, 65\]"):
+        kernels.encode_from_f16("int4-grouped", h, 64, name="experts.7.up_proj")
+
+
+@st.composite
 def fp8_tensors(draw, multiple: int = 1):
     O = draw(st.integers(1, 6))
     I = draw(st.integers(1, 160 // multiple)) * multiple
@@ -147,6 +194,62 @@ def test_fp8_fused_path_equals_dequant_then_reference(fmt, gs, data):
     expected = reference_encode(fmt, ref.dequant_fp8_block(q, s, block), gs)
     assert_same(kernels.encode_from_fp8_block(fmt, q, s, block, gs), expected)
     assert_same(kernels.encode_from_fp8_block(fmt, q.view(ml_dtypes.float8_e4m3fn), s, block, gs), expected)
+
+
+@st.composite
+def fp8_e8m0_sources(draw):
+    """FP8 codes (every byte but NaN) and a scale grid of 128-multiple blocks, over several output blocks."""
+    O, I = draw(st.integers(1, 300)), draw(st.integers(1, 300))
+    block = draw(st.sampled_from([(128, 128), (256, 128), (128, 256), (2, 3)]))  # (2, 3): the unfused path
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    q = rng.integers(0, 256, size=(O, I), dtype=np.uint16).astype(np.uint8)
+    q[(q & 0x7F) == 0x7F] = 0xB8  # no NaN codes here (below)
+    if draw(st.booleans()):
+        q[rng.random((O, I)) < 0.7] = 0  # zero and near-zero blocks (the 1e-4 amax floor)
+    grid = (ref.ceil_div(O, block[0]), ref.ceil_div(I, block[1]))
+    s = rng.random(grid) * draw(st.sampled_from([1.0, 1e-3, 1e-30, 1e-42, 1e30, 2.0**-9]))
+    s[rng.random(grid) < 0.2] *= -1
+    s[rng.random(grid) < 0.1] = 0
+    return q, s.astype(F32), block
+
+
+@SETTINGS
+@given(src=fp8_e8m0_sources())
+def test_fp8_e8m0_fused_path_equals_dequant_then_reference(src):
+    q, s, block = src
+    with np.errstate(over="ignore"):  # 448 * 1e30 overflows: refused by both paths (below)
+        w = ref.dequant_fp8_block(q, s, block)
+    if not np.isfinite(w).all():
+        with pytest.raises(EncodeError, match="non-finite value"):
+            kernels.encode_from_fp8_e8m0(q, s, block, name="t")
+        return
+    assert_same(kernels.encode_from_fp8_e8m0(q, s, block), ref.encode_fp8_e8m0(w))
+    assert_same(
+        kernels.encode_from_fp8_e8m0(q.view(ml_dtypes.float8_e4m3fn), s, block), ref.encode_fp8_e8m0(w)
+    )
+
+
+@pytest.mark.parametrize("case", ["nan-byte", "inf-scale", "nan-scale", "overflow"])
+def test_fp8_e8m0_fused_path_refuses_non_finite_as_the_unfused_one(case):
+    q = np.full((300, 260), 0x38, np.uint8)  # 1.0
+    s = np.ones((3, 3), F32)
+    if case == "nan-byte":
+        q[290, 150] = 0xFF
+    elif case == "inf-scale":
+        s[2, 1] = np.inf
+    elif case == "nan-scale":
+        s[2, 1] = np.nan
+    else:
+        q[290, 150], s[2, 1] = 0x7E, 1e38  # 448 * 1e38 overflows float32
+    with np.errstate(all="ignore"):
+        w = ref.dequant_fp8_block(q, s, (128, 128))
+    with pytest.raises(EncodeError) as unfused:
+        kernels.encode_fp8_e8m0(w, name="experts.7.up_proj")
+    with pytest.raises(EncodeError) as fused:
+        kernels.encode_from_fp8_e8m0(q, s, 128, name="experts.7.up_proj")
+    assert str(fused.value) == str(unfused.value) and "tensor experts.7.up_proj: non-finite" in str(
+        fused.value
+    )
 
 
 def test_e4m3_arithmetic_decode_equals_ml_dtypes_table_for_all_bytes():

@@ -767,3 +767,32 @@ def test_a_surrogate_pair_escape_is_text_and_reads_as_its_character(tmp_path):
     path = craft(tmp_path, '{"w\\ud83d\\ude00":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0")
     assert list(SafetensorsFile(path).tensors) == ["w\U0001f600"]
     assert [name for name, _ in deserialize(path.read_bytes())] == ["w\U0001f600"]
+
+
+def test_a_tensor_written_in_parts_gives_the_bytes_of_one_write(tmp_path):
+    a = np.arange(70 * 6, dtype=np.float32).reshape(70, 6)
+    b = np.arange(5, dtype=np.int8)
+    entries = [("a", "F32", (70, 6)), ("b", "I8", (5,))]
+    with SafetensorsWriter(tmp_path / "whole.safetensors", entries) as w:
+        w.write("a", a)
+        w.write("b", b)
+    with SafetensorsWriter(tmp_path / "parts.safetensors", entries) as w:
+        for r0 in range(0, 70, 32):  # row slabs, the last one short
+            w.write_part("a", a[r0 : r0 + 32])
+        w.write("b", b)
+    assert (tmp_path / "parts.safetensors").read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
+
+
+def test_parts_past_the_tensor_or_a_whole_write_after_a_part_are_refused(tmp_path):
+    a = np.zeros((4, 2), np.float32)
+    w = SafetensorsWriter(tmp_path / "x.safetensors", [("a", "F32", (4, 2))])
+    w.write_part("a", a[:3])
+    with pytest.raises(
+        SafetensorsError, match=r"tensor 'a': got 40 bytes, but shape \[4, 2\] of F32 needs 32"
+    ):
+        w.write_part("a", a[:2])
+    assert not w.temp_path.exists()  # aborted: nothing left behind
+    w = SafetensorsWriter(tmp_path / "y.safetensors", [("a", "F32", (4, 2))])
+    w.write_part("a", a[:1])
+    with pytest.raises(SafetensorsError, match=r"tensor 'a' written whole after 8 bytes of it"):
+        w.write("a", a)

@@ -27,9 +27,17 @@ class H:
 
 
 def test_the_registry_holds_the_spec_encodings_in_recognition_order():
-    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8"]
+    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8", "fp8-ue8m0", "fp4-ue8m0"]
     # FP8 rides on .scale; MXFP4 pack-quantized before INT4, which claims every other .weight_packed
-    assert se.PAIRED == (se.Mxfp4Blocks, se.Mxfp4PackQuantized, se.PackQuantizedInt4, se.Nvfp4, se.Mxfp8)
+    assert se.PAIRED == (
+        se.Mxfp4Blocks,
+        se.Mxfp4PackQuantized,
+        se.PackQuantizedInt4,
+        se.Nvfp4,
+        se.Mxfp8,
+        se.Ue8m0Fp8,
+        se.Ue8m0Fp4,
+    )
     for enc in se.ENCODINGS.values():
         assert enc.parts[0].role == "data" and len({p.role for p in enc.parts}) == len(enc.parts)
         assert se.by_kind(enc.kind) is enc and enc.declared_by
@@ -49,8 +57,12 @@ def test_the_registry_holds_the_spec_encodings_in_recognition_order():
         # transformers' FineGrainedFP8Config(weight_block_size=[1, 32], scale_fmt="ue8m0"): MXFP8 (Inkling-2)
         ({"quant_method": "fp8", "weight_block_size": [1, 32], "scale_fmt": "ue8m0"},
          se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((1, 32))), ("mxfp8", True)))),
+        # DeepSeek's power-of-two F32 `_scale_inv` (fp8), or E8M0 `.scale` bytes on the same blocks (fp8-ue8m0)
         ({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"},
-         se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((128, 128))),))),  # DeepSeek's power-of-two F32 scales
+         se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((128, 128))), ("fp8-ue8m0", se.Fp8Scheme((128, 128)))))),
+        # DeepSeek-V4.1 Flash: E8M0 `.scale` bytes on 32x32 tiles
+        ({"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0", "expert_dtype": "fp4"},
+         se.QuantScheme("fp8", (("fp8", se.Fp8Scheme((32, 32))), ("fp8-ue8m0", se.Fp8Scheme((32, 32)))))),
         ({"quant_method": "mxfp4"}, se.QuantScheme("mxfp4")),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, se.QuantScheme("modelopt")),
         ({"quant_method": "modelopt", "quantization": {"quant_algo": "MXFP8"}}, se.QuantScheme("modelopt")),
@@ -287,6 +299,10 @@ def parts_of(enc: type[se.SourceEncoding], rng, O: int, I: int) -> dict[str, np.
         }
     if enc is se.Mxfp8:
         return {"data": u8(O, I).view(E4M3), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
+    if enc is se.Ue8m0Fp8:  # 32x32 tiles, the last row of tiles partial
+        return {"data": u8(O, I).view(E4M3), "scale": rng.integers(100, 150, (-(-O // 32), I // 32), dtype=np.uint8)}
+    if enc is se.Ue8m0Fp4:
+        return {"data": u8(O, I // 2).view(np.int8), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
     return {"data": u8(O, I).view(E4M3), "scale": rng.random((-(-O // 128), -(-I // 128))).astype(np.float32)}
 
 
