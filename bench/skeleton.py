@@ -105,12 +105,9 @@ def companions(weight_map: dict[str, str], config: dict[str, Any]) -> dict[str, 
         data, rest = enc.parts[0], [p for p in enc.parts[1:]]
         first = next(p for p in rest if p.required)
         for n in weight_map:
-            if data.suffix and n.endswith(data.suffix):
-                stem = n[: -len(data.suffix)]
-            elif not data.suffix and n + first.suffix in weight_map:
-                stem = n
-            else:
-                continue
+            stem = n[: -len(data.suffix)] if data.suffix else n
+            if not n.endswith(data.suffix) or stem + first.suffix not in weight_map:
+                continue  # a data tensor is known by its first required companion (the index has no dtypes)
             logical = stem + ".weight" if data.suffix.startswith(".weight") else stem
             out[n] = (enc, "data", logical, scheme)
             for p in rest:
