@@ -98,8 +98,8 @@ def declared_encodings(config: dict[str, Any]) -> list[tuple[type[source_encodin
 
 def companions(weight_map: dict[str, str], config: dict[str, Any]) -> dict[str, tuple[type, str, str, Any]]:
     """Every source tensor that is a part of a natively quantized weight: name -> (encoding, role, logical
-    weight name, scheme). A data part with an empty suffix (FP8, NVFP4, MXFP8) is one whose first required
-    companion is in the index."""
+    weight name, scheme). A data part is a name with its suffix whose first required companion is in the index
+    (an index has no dtypes)."""
     out = {}
     for enc, scheme in declared_encodings(config):
         data, rest = enc.parts[0], [p for p in enc.parts[1:]]
