@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colitools.converters.diskfloor import GB, gb
-from colitools.converters.recipe import Recipe
+from colitools.converters.recipe import ExpertsChoice, Recipe, Role, choose_experts, classify
 from colitools.formats import targets
 from colitools.formats.errors import ConvertError, ParameterError
 from colitools.formats.format_names import role_formats_line
+
+if TYPE_CHECKING:
+    from colitools.converters.inventory import Inventory
 
 DEFAULT_MIN_FREE_GB = 5.0
 
@@ -59,6 +62,21 @@ class ConvertOptions:
             )
         return recipe
 
+    def source_recipe(self, inventory: Inventory) -> tuple[Recipe, ExpertsChoice]:
+        """The recipe for this source: ``experts`` defaults to ``native`` where a registered format holds the
+        routed experts' source encoding exactly and the target reads it (``recipe.choose_experts``)."""
+        nhl = inventory.num_hidden_layers
+        natives = set()
+        for name, src in inventory.tensors.items():
+            q = src.quant
+            if q is None or classify(name, len(src.shape), nhl, "F32") is not Role.EXPERT:
+                continue
+            form = q.encoding.native_form(src.shape[-2], src.shape[-1], group=q.group, exact=q.exact,
+                                          fused=len(src.shape) == 3)  # fmt: skip
+            natives.add((q.encoding, form))
+        given = self.experts is not None or self.group_size is not None
+        return choose_experts(self.recipe(), given=given, natives=sorted(natives, key=lambda n: n[0].kind))
+
     @property
     def min_free_bytes(self) -> int:
         return int(self.min_free_gb * GB)
@@ -86,6 +104,7 @@ class ConvertSummary:
     dropped_towers: list[str] = field(default_factory=list)  # --towers drop: tensors left out
     fallbacks: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # e.g. `colitools run` will not execute this model
+    experts_choice: dict[str, Any] = field(default_factory=dict)  # recipe.ExpertsChoice.as_dict()
     disk_waits: int = 0
     wall_seconds: float = 0.0
     plan: dict[str, Any] | None = None  # the whole plan, for --dry-run
@@ -131,6 +150,8 @@ class ConvertSummary:
                 f"bytes in {gb(self.bytes_in)}, out {gb(self.bytes_out)} (output total {gb(self.total_out_bytes)}), "
                 f"wall {self.wall_seconds:.1f} s, {self.gb_per_s:.3f} GB/s"
             )
+        if self.experts_choice.get("line"):
+            lines.append(self.experts_choice["line"])
         lines.append("formats per role:")
         lines.extend(role_formats_line(role, fmts) for role, fmts in self.formats_per_role.items())
         if self.dropped_towers:

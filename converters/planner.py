@@ -139,14 +139,19 @@ class OutputGroup:
     jobs: tuple[TensorJob, ...]
     stacks: tuple[Stack, ...] = ()
     interleaved: bool = False
+    trailing: int = 0  # the last ``trailing`` jobs (an expert's biases) follow the others' scales (§4)
 
     @property
     def entries(self) -> list[Entry]:
         if self.stacks:
             return [e for st in self.stacks for e in st.entries]
+        cut = len(self.jobs) - self.trailing
+        return self._entries(self.jobs[:cut]) + self._entries(self.jobs[cut:])
+
+    def _entries(self, jobs: tuple[TensorJob, ...]) -> list[Entry]:
         if self.interleaved:
-            return [e for j in self.jobs for e in (j.weight_entry, j.scale_entry) if e is not None]
-        return [j.weight_entry for j in self.jobs] + [j.scale_entry for j in self.jobs if j.scale_entry]
+            return [e for j in jobs for e in (j.weight_entry, j.scale_entry) if e is not None]
+        return [j.weight_entry for j in jobs] + [j.scale_entry for j in jobs if j.scale_entry]
 
     @property
     def sidecar_entries(self) -> list[Entry]:
@@ -229,6 +234,7 @@ class ConversionPlan:
     inventory: Inventory
     fallbacks: list[rc.Fallback] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # tower tensors left out (--towers drop)
+    experts_choice: object = None  # recipe.ExpertsChoice: how `experts` was chosen (runner.load_plan)
 
     @property
     def files(self) -> list[OutputFile]:
@@ -402,7 +408,7 @@ def _unit_files(
     files = []
     if rest:
         grouped = recipe.target.group(_group(rest))
-        groups = [OutputGroup(g.jobs, g.stacks, g.interleaved) for g in grouped]
+        groups = [OutputGroup(g.jobs, g.stacks, g.interleaved, g.trailing) for g in grouped]
         files.append((groups, _metadata(groups, planar=False), None))
     if planar_jobs:
         groups = [OutputGroup(g) for g in _group(planar_jobs)]
@@ -521,7 +527,9 @@ def _jobs_for(
         O, I = 1, max(n, 1)
         shape = src.shape
     target = rc.choose_target(src.name, role, option, O, I, source_kind(src, block))
-    ex = rc.expert_of(src.name) if len(src.shape) == 2 else None
+    ex = rc.expert_of(src.name)
+    if ex is not None and len(src.shape) != (1 if ex.bias else 2):
+        ex = None  # an expert's record holds its projections [O, I] and its biases [O] (§4)
     return [
         TensorJob(
             src.name, src, role, target, O, I, shape, ex.expert if ex else None, ex.base if ex else None

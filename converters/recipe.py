@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
 from colitools.formats.errors import ConvertError, FormatError, ParameterError
@@ -105,12 +107,17 @@ class ExpertName:
     expert: int
     proj: str
     projection: str | None = None
+    bias: str | None = None  # the projection of a per-expert bias (``...experts.{E}.gate_proj.bias``)
 
     @property
-    def order(self) -> tuple[int, str]:
-        """Sort key inside one expert: gate, up, down first (pairs layout, §4), anything else after, by name."""
-        rank = PROJECTION_ORDER.index(self.projection) if self.projection else len(PROJECTION_ORDER)
-        return (rank, self.proj)
+    def order(self) -> tuple[int, int, str]:
+        """Sort key inside one expert (pairs layout, §4): its weights gate, up, down, then its biases gate, up,
+        down (written after the scales, ``expert_layouts.Grouped.trailing``), anything else after, by name."""
+        if self.projection:
+            return (0, PROJECTION_ORDER.index(self.projection), self.proj)
+        if self.bias:
+            return (1, PROJECTION_ORDER.index(self.bias), self.proj)
+        return (2, 0, self.proj)
 
     @property
     def is_down(self) -> bool:
@@ -123,7 +130,8 @@ def expert_of(name: str) -> ExpertName | None:
     if parsed.expert is None:
         return None
     projection = parsed.projection if parsed.suffix == "weight" else None
-    return ExpertName(parsed.expert_base, parsed.expert, parsed.expert_tensor, projection)
+    bias = parsed.projection if parsed.suffix == "bias" and parsed.projection in PROJECTION_ORDER else None
+    return ExpertName(parsed.expert_base, parsed.expert, parsed.expert_tensor, projection, bias)
 
 
 @dataclass(frozen=True)
@@ -587,3 +595,96 @@ def _reason(exc: FormatError) -> str:
     error of the registry's and resolver's writer checks) gives its ``detail``, the message without the
     leading ``tensor <name>:`` and the writer advice; anything else its whole message."""
     return exc.detail if exc.reason is not None and exc.detail is not None else str(exc)
+
+
+# ------------------------------------------------------------------------- experts of a natively quantized source
+@dataclass(frozen=True)
+class ExpertsChoice:
+    """How a conversion's ``experts`` option was chosen (the summary and the manifest's ``experts_choice``).
+
+    ``option``: the value used; ``by``: ``given`` (the caller's ``experts`` or ``group_size``), ``target`` (its
+    loader's default), ``native`` (the default for a source whose routed experts a registered format holds
+    exactly, §6 ``native``) or ``default``; ``sources``: the routed experts' natively quantized encodings (their
+    labels), empty for a float or FP8 source; ``kept``: the formats that hold them exactly (``mxfp4``,
+    ``int4-g32``), empty when none does."""
+
+    option: str
+    by: str
+    sources: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    why_not: str | None = None  # why ``native`` was not the default although a format holds the experts
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"experts": self.option, "by": self.by, "sources": list(self.sources), "kept": list(self.kept)}
+
+    @property
+    def line(self) -> str | None:
+        """One line for the human summary; None for a source without natively quantized routed experts."""
+        if not self.sources:
+            return None
+        src = f"{'/'.join(self.sources)} routed experts"
+        why = {
+            "given": "as given",
+            "target": "the target's default",
+            "native": f"the default for {src}: kept byte for byte as {'/'.join(self.kept)}",
+            "default": "the default",
+        }[self.by]
+        return f"experts: {self.option} ({why})"
+
+
+NativeExperts = Iterable[tuple[type[SourceEncoding], source_encodings.NativeForm]]
+
+
+def choose_experts(recipe: Recipe, *, given: bool, natives: NativeExperts) -> tuple[Recipe, ExpertsChoice]:
+    """The recipe with its ``experts`` default chosen for this source: ``native`` when the caller chose no
+    ``experts`` (nor ``group_size``), the target has no default of its own and reads ``native``, and a registered
+    format holds some routed expert's source encoding exactly (``natives``: each natively quantized routed
+    expert's encoding and ``native_form``); otherwise the recipe as it is. ``native`` decodes what no format holds
+    into the default (int4-g64) as before, so it never writes less than the default would."""
+    natives = list(natives)
+    sources = tuple(dict.fromkeys(enc.label for enc, _ in natives))
+    kept = tuple(dict.fromkeys(f.option for _, f in natives if f.copies and f.fallback is None and f.option))
+    target = recipe.target
+    if given:
+        return recipe, ExpertsChoice(recipe.experts, "given", sources, kept)
+    if target.default("experts") is not None:
+        return recipe, ExpertsChoice(recipe.experts, "target", sources, kept)
+    why_not = _native_ruled_out(recipe, kept)
+    if kept and why_not is None:
+        return replace(recipe, experts=NATIVE_OPTION), ExpertsChoice(NATIVE_OPTION, "native", sources, kept)
+    return recipe, ExpertsChoice(recipe.experts, "default", sources, kept, why_not)
+
+
+def _native_ruled_out(recipe: Recipe, kept: tuple[str, ...]) -> str | None:
+    """Why ``native`` cannot write ``kept`` (the formats that hold the source's experts) for this recipe, or None:
+    the target's loader refuses the option or has no reader for a format (``engine_formats``: a named
+    ``--target generic`` has no mxfp4), or the layout cannot hold it (planar64-v8: int4-row / int4-g64 only)."""
+    target, choices = recipe.target, [parse_format_option(k) for k in kept]
+    allowed = target.allowed("experts")
+    if allowed is not None and NATIVE_OPTION not in allowed:
+        return f"`target={target.name}` refuses `experts=native`"
+    if target.engine_formats is not None and any(c.fmt.name not in target.engine_formats for c in choices):
+        return f"{target.loader} does not read {'/'.join(kept)}; convert without `target` to keep them (`experts=native`)"
+    if recipe.layout == layouts.PLANAR.option and not all(c.fmt.planar_eligible(64, c.gs) for c in choices):
+        return f"`experts=native` keeps them as {'/'.join(kept)} with `layout=pairs`"
+    return None
+
+
+def requantized_warning(choice: ExpertsChoice, requantized: Mapping[str, tuple[int, str]]) -> str | None:
+    """The warning for natively quantized routed experts decoded and quantized a second time when the caller
+    did not choose ``experts`` (``requantized``: encoding label -> (tensors, the format written)); None when
+    there are none or the caller chose."""
+    if choice.by == "given" or not requantized:
+        return None
+    parts = [f"{n} {label} tensors as {written}" for label, (n, written) in requantized.items()]
+    if choice.kept and choice.why_not is not None:  # the target or the layout ruled native out
+        why = choice.why_not
+    elif choice.kept:
+        why = f"`experts=native` keeps them as {'/'.join(choice.kept)}"
+    else:
+        held = "/".join(requantized)
+        why = f"no registered format holds {held} exactly (`experts=native` decodes them too)"
+    return (
+        f"natively quantized routed experts are decoded and quantized a second time ({'; '.join(parts)}): "
+        f"{why}"
+    )

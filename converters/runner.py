@@ -38,7 +38,7 @@ from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger, ResumeState, remove_temporaries
 from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion, say_native_decoded
-from colitools.converters.recipe import Role
+from colitools.converters.recipe import Role, requantized_warning
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.formats import kernels
@@ -55,14 +55,16 @@ SLOW_UNIT_ENV = "COLITOOLS_TEST_SLOW_UNIT_SECONDS"
 
 def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     """Read the source's config, weight map and shard headers, validate them and plan the conversion."""
-    recipe = options.recipe()
     config = source.read_json(CONFIG_FILE)
     weight_map = source.weight_map()
     shards = sorted(set(weight_map.values()))
     headers = read_source_headers(source, shards)
     files = source.files()
     inventory = build_inventory(headers, weight_map, config, {s: files[s].size for s in shards})
-    return plan_conversion(inventory, recipe)
+    recipe, choice = options.source_recipe(inventory)  # experts: native where a format holds the source's
+    plan = plan_conversion(inventory, recipe)
+    plan.experts_choice = choice
+    return plan
 
 
 class Planned(NamedTuple):
@@ -202,7 +204,22 @@ def run_warnings(plan: ConversionPlan) -> list[str]:
             "no routed experts (a dense model): `colitools run` will not execute it; the converted files are "
             "still valid"
         )
-    return warnings
+    requantized = _requantized_experts(plan)
+    line = requantized_warning(plan.experts_choice, requantized) if plan.experts_choice else None
+    return [*warnings, line] if line else warnings
+
+
+def _requantized_experts(plan: ConversionPlan) -> dict[str, tuple[int, str]]:
+    """Natively quantized routed experts the plan decodes and quantizes again: encoding label -> (tensors, the
+    format written, the first one's)."""
+    out: dict[str, tuple[int, str]] = {}
+    for job in (j for u in plan.units for j in u.jobs):
+        q, t = job.source.quant, job.target
+        if job.role is not Role.EXPERT or q is None or t.native or not t.format_class.quantized:
+            continue
+        n, written = out.get(q.encoding.label, (0, job.target.label))
+        out[q.encoding.label] = (n + 1, written)
+    return out
 
 
 def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, state) -> ConvertSummary:
@@ -220,13 +237,21 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
         format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
         fallbacks=[f.as_dict() for f in plan.fallbacks], warnings=run_warnings(plan),
         dropped_towers=list(plan.dropped),
+        experts_choice=_choice(plan),
     )  # fmt: skip
     if options.dry_run:
+        # what this run would read and write: the pending units' figures, as a real run counts them
+        summary.bytes_in, summary.bytes_out = remaining.in_bytes, remaining.out_bytes
         summary.plan = plan.summary(transient, kept, options.workers)
         summary.plan["peak_disk_bytes"] = summary.peak_disk_bytes
         for u in summary.plan["units"]:
             u["finished"] = u["unit"] in state.finished
     return summary
+
+
+def _choice(plan: ConversionPlan) -> dict:
+    choice = plan.experts_choice
+    return {**choice.as_dict(), "line": choice.line} if choice is not None else {}
 
 
 def _locked(out: Path) -> contextlib.AbstractContextManager[None]:
@@ -544,6 +569,7 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
         "copied_files": [CONFIG_FILE, INDEX_FILE, *copied],
         # the same labels as the summary, inspect and verify (format_names.format_label)
         "format_totals": summary.format_totals, "formats_per_role": summary.formats_per_role,
+        "experts_choice": {k: v for k, v in summary.experts_choice.items() if k != "line"},
         "run": {
             "units_converted": summary.units_converted, "units_skipped": summary.units_skipped,
             "bytes_in": summary.bytes_in, "bytes_out": summary.bytes_out,

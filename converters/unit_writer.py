@@ -695,7 +695,10 @@ def _write_group(sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, s
     scales_after: list[tuple[str, np.ndarray]] = []
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a target's stacks' members
     pending = list(group.stacks)
+    cut = len(group.jobs) - group.trailing  # an expert's biases follow its scales (§4)
     for k, job in enumerate(group.jobs):
+        if k == cut:
+            _put_all(sink, scales_after)
         taken = ahead.take()
         wname, sname = job.target.tensor_names(job.out_name)
         if isinstance(taken, _Slabs):  # its codes written slab by slab (never a stack's member)
@@ -718,8 +721,14 @@ def _write_group(sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, s
             on_tensor(job.in_bytes)
         if slow:
             time.sleep(slow)
-    for sname, scales in scales_after:  # an expert's scales follow its codes (§4)
-        sink.put(sname, scales)
+    _put_all(sink, scales_after)  # an expert's scales follow its codes (§4)
+
+
+def _put_all(sink: FileSink, tensors: list[tuple[str, np.ndarray]]) -> None:
+    """Put ``tensors`` in order, and forget them."""
+    for name, data in tensors:
+        sink.put(name, data)
+    tensors.clear()
 
 
 def start_unit(

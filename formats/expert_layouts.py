@@ -35,6 +35,7 @@ from colitools.formats.names import (
 )
 
 INT8_ROW, INT4_ROW, INT4_GROUPED = "int8-row", "int4-row", "int4-grouped"  # registry names of merged parts
+BIAS_SUFFIX = "bias"  # a per-expert bias's name suffix (names.parse_name)
 SIGNED_NIBBLE_XOR = 0x88  # a byte of pairs codes (v + 8 per nibble) XOR this = two signed nibbles (v & 0xF)
 Entry = tuple[str, str, tuple[int, ...]]  # (tensor name, dtype, shape) as the writer plans it
 
@@ -107,6 +108,25 @@ class Grouped:
     jobs: tuple[Any, ...]
     stacks: tuple[Stack, ...] = ()
     interleaved: bool = False
+    trailing: int = 0  # the last ``trailing`` jobs (an expert's biases) are written after the others' scales
+
+
+def is_expert_bias(job: PlannedTensor) -> bool:
+    """A per-expert bias (gpt-oss's split stack biases ``...experts.{E}.{gate,up,down}_proj.bias``, F32)."""
+    return job.expert is not None and parse_name(job.out_name).suffix == BIAS_SUFFIX
+
+
+def biases_last(jobs: Sequence[PlannedTensor]) -> tuple[tuple[PlannedTensor, ...], tuple[PlannedTensor, ...]]:
+    """``(the other jobs, the expert biases)`` of one expert's group, each keeping its order. docs/FORMATS.md §4:
+    an expert's record is its codes, then its scales, then its biases, each in gate, up, down order (the
+    planner orders the jobs so)."""
+    biases = tuple(j for j in jobs if is_expert_bias(j))
+    return tuple(j for j in jobs if not is_expert_bias(j)), biases
+
+
+def _plain(jobs: tuple[PlannedTensor, ...]) -> Grouped:
+    rest, biases = biases_last(jobs)
+    return Grouped(rest + biases, trailing=len(biases))
 
 
 def written_as(t: WrittenAs, I: int, labels: tuple[str, ...]) -> bool:
@@ -200,9 +220,10 @@ class ExpertRecord(ExpertLayout):
         return self.spelling if not t.is_float and t.label in (self.formats or ()) else None
 
     def group(self, groups: Sequence[Sequence[PlannedTensor]], target: Any) -> list[Grouped]:
-        return [self._record(tuple(g), target) if _is_routed(g) else Grouped(tuple(g)) for g in groups]
+        return [self._record(tuple(g), target) if _is_routed(g) else _plain(tuple(g)) for g in groups]
 
-    def _record(self, jobs: tuple[PlannedTensor, ...], target: Any) -> Grouped:
+    def _record(self, group: tuple[PlannedTensor, ...], target: Any) -> Grouped:
+        jobs, biases = biases_last(group)
         for j in jobs:
             if self.formats is not None and not written_as(j.target, j.I, self.formats):
                 raise TargetRefused(
@@ -211,10 +232,10 @@ class ExpertRecord(ExpertLayout):
                     f"{' or '.join(self.formats)} only (`experts={self.formats[0]}`)"
                 )
         if self.order is None:
-            return Grouped(jobs)
+            return Grouped(jobs + biases, trailing=len(biases))
         rank = {p: k for k, p in enumerate(self.order)}
         ordered = sorted(jobs, key=lambda j: rank.get(parse_name(j.out_name).projection or "", len(rank)))
-        return Grouped(tuple(ordered), interleaved=True)
+        return Grouped((*ordered, *biases), interleaved=True, trailing=len(biases))
 
 
 PAIRS = ExpertRecord()

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colitools.formats import model_config, names, planar_sidecar, targets
+from colitools.formats import model_config, names, planar_sidecar, source_encodings, targets
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import ConfigError, FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE
@@ -36,11 +36,13 @@ __all__ = [
     "InspectReport",
     "ModelFiles",
     "ShardSummary",
+    "SourceWeight",
     "conversion_state",
     "describe_formats",
     "incomplete_conversion",
     "inspect_path",
     "open_model",
+    "source_weights",
     "tensor_label",
 ]
 
@@ -203,6 +205,8 @@ class InspectReport:
     unresolved: list[str] = field(default_factory=list)  # quantized weights whose [O, I] is unknown (§3)
     # per role (names.DETAIL_ROLES): format label -> weights; what the manifest's formats_per_role says
     formats_per_role: dict[str, dict[str, int]] = field(default_factory=dict)
+    # a source checkpoint's natively quantized weights: role -> encoding -> {"tensors", "bytes"} (parts included)
+    source_encodings: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def layout(self) -> str:
@@ -255,6 +259,9 @@ class InspectReport:
             "tensors": tensors,
             "unresolved": list(self.unresolved),
             "formats_per_role": {r: dict(f) for r, f in self.formats_per_role.items()},
+            "source_encodings": {
+                r: {e: dict(c) for e, c in f.items()} for r, f in self.source_encodings.items()
+            },
             "warnings": list(self.warnings),
         }
 
@@ -274,17 +281,29 @@ def _total_label(t: ResolvedTensor) -> str:
 
 
 def role_formats(
-    tensors: Sequence[ResolvedTensor], num_hidden_layers: int | None = None
+    tensors: Sequence[ResolvedTensor],
+    num_hidden_layers: int | None = None,
+    sources: Mapping[str, SourceWeight] | None = None,
 ) -> dict[str, dict[str, int]]:
     """Formats per role of a container's weights (scales not counted), by the roles the converter counts
     (``names.detail_role`` on the stored names): a tensor in its source dtype that is no weight format
     (``other``: integer tensors) or a float tower tensor is ``<dtype> (copied)``; each projection of a merged
-    expert blob counts on its own. Equal to the manifest's ``formats_per_role`` for a colitools conversion."""
+    expert blob counts on its own. Equal to the manifest's ``formats_per_role`` for a colitools conversion.
+    A source checkpoint's natively quantized weight (``sources``, by every part's name) counts once, under its
+    logical weight's role, as its encoding (``SourceWeight.encoding``); its companions are not weights."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    sources = sources or {}
     for t in tensors:
         if t.kind == "scale":
             continue
-        if t.parts:  # a target's merged blob / fused stack: one weight per expert projection (formats/targets.py)
+        if t.name in sources:
+            sw = sources[t.name]
+            if t.name == sw.data:
+                counts[sw.role][sw.encoding] += 1
+            continue
+        if (
+            t.parts
+        ):  # a target's merged blob / fused stack: one weight per expert projection (formats/targets.py)
             p = names.parse_name(t.name)
             for part in t.parts:
                 expert = p.expert if part.expert is None else part.expert
@@ -295,10 +314,98 @@ def role_formats(
             continue
         ndim = 2 if t.kind in ("quantized", "unresolved") else len(t.shape)
         copied = t.kind == "other"
+        if t.kind == "float" and _is_stack(t.name, ndim):  # a source's float expert stack: its experts' role
+            counts[_stack_role(t.name, num_hidden_layers)][f"{_total_label(t)}{_stack_of(t.shape)}"] += 1
+            continue
+        if t.kind == "float" and ndim == 2 and names.parse_name(t.name).role is names.TensorRole.STACK_BIAS:
+            counts["routed experts"][f"{_total_label(t)} biases, fused stack of {t.shape[0]} experts"] += 1
+            continue
         role = names.detail_role(t.name, ndim, copied=copied, num_hidden_layers=num_hidden_layers)
-        label = copied_label(t.dtype) if copied or (role == "tower" and t.kind == "float") else _total_label(t)
+        label = (
+            copied_label(t.dtype) if copied or (role == "tower" and t.kind == "float") else _total_label(t)
+        )
         counts[role][label] += 1
     return names.order_role_formats(counts)
+
+
+def _is_stack(name: str, ndim: int) -> bool:
+    return (
+        ndim == 3
+        and names.parse_name(name).role is names.TensorRole.EXPERT_STACK
+        and not names.is_tower(name)
+    )
+
+
+def _stack_role(name: str, num_hidden_layers: int | None) -> str:
+    """The role of an expert stack's experts (``routed experts``, or ``mtp`` in an MTP layer)."""
+    p = names.parse_name(name)
+    projection = "gate" if p.projection == "gate_up" else p.projection
+    first = names.expert_tensor_name(p.expert_base, 0, projection)
+    return names.detail_role(first, 2, num_hidden_layers=num_hidden_layers)
+
+
+def _stack_of(shape: Sequence[int]) -> str:
+    return f", fused stack of {shape[0]} experts" if len(shape) == 3 else ""
+
+
+# ------------------------------------------------------------------------------- source checkpoints
+@dataclass(frozen=True)
+class SourceWeight:
+    """A natively quantized weight of a source checkpoint, as ``inspect`` reports it: its logical ``name``,
+    ``data`` tensor and every ``parts`` name (companions: ``_scale_inv``, ``_scales``, ``weight_scale``, ...),
+    its ``role`` (``names.detail_role`` of the logical weight, a stack's experts' role), ``encoding`` (the
+    registry's ``describe``, plus ``fused stack of E experts``) and ``nbytes`` (every part)."""
+
+    name: str
+    data: str
+    parts: tuple[str, ...]
+    role: str
+    encoding: str
+    nbytes: int
+
+
+def source_weights(
+    tensors: Mapping[str, Any], config: Mapping[str, Any] | None, num_hidden_layers: int | None = None
+) -> tuple[dict[str, SourceWeight], list[str]]:
+    """Every natively quantized weight of a source (``tensors``: name -> header entry), recognised by every
+    encoding of the source-encoding registry (FP8 blocks included), by each of its parts' names; and the
+    warnings (a ``quantization_config`` colitools does not read: its weights are then not recognised)."""
+    warnings: list[str] = []
+    try:
+        scheme = source_encodings.read_quant_config(config or {})
+    except ConfigError as exc:
+        warnings.append(str(exc))
+        scheme = source_encodings.QuantScheme(None)
+    try:
+        paired, _ = source_encodings.pair_tensors(
+            tensors, scheme, encodings=source_encodings.ENCODINGS.values()
+        )
+    except FormatError as exc:  # a form the registry does not recognise yet: the rest is still reported
+        return {}, [*warnings, f"source encodings not read: {exc}"]
+    out: dict[str, SourceWeight] = {}
+    for p in paired.values():
+        stack = len(p.shape) == 3 and names.parse_name(p.name).role is names.TensorRole.EXPERT_STACK
+        role = _stack_role(p.name, num_hidden_layers) if stack else names.detail_role(
+            p.name, 2, num_hidden_layers=num_hidden_layers
+        )  # fmt: skip
+        parts = tuple(n for _, n in p.parts) + p.dropped
+        nbytes = sum(tensors[n].nbytes for n in parts)
+        described = p.encoding.describe(p, scheme.of(p.encoding)) + _stack_of(p.shape)
+        sw = SourceWeight(p.name, dict(p.parts)["data"], parts, role, described, nbytes)
+        out.update((n, sw) for n in parts)
+    return out, warnings
+
+
+def encodings_per_role(sources: Mapping[str, SourceWeight]) -> dict[str, dict[str, dict[str, int]]]:
+    """role -> encoding -> {"tensors", "bytes"} of a source's natively quantized weights (roles in
+    ``names.DETAIL_ROLES`` order)."""
+    counts: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+    for sw in {sw.data: sw for sw in sources.values()}.values():
+        c = counts[sw.role].setdefault(sw.encoding, {"tensors": 0, "bytes": 0})
+        c["tensors"] += 1
+        c["bytes"] += sw.nbytes
+    order = {r: i for i, r in enumerate(names.DETAIL_ROLES)}
+    return {r: dict(sorted(counts[r].items())) for r in sorted(counts, key=lambda r: (order.get(r, 99), r))}
 
 
 def _num_hidden_layers(config: dict[str, Any] | None) -> int | None:
@@ -321,7 +428,10 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
     model = open_model(path)
     try:
         resolved = resolve_container(
-            model.shards, config=model.config, report_unresolved=True, merged_group_size=model.merged_group_size
+            model.shards,
+            config=model.config,
+            report_unresolved=True,
+            merged_group_size=model.merged_group_size,
         )
         shards = [
             ShardSummary(
@@ -337,13 +447,20 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
         for shard in model.shards:
             shard.close()
     unresolved = [t for t in resolved.values() if t.kind == "unresolved"]
+    nhl = _num_hidden_layers(model.config)
+    # a source's natively quantized weights are among what the container's formats do not claim
+    infos = {
+        n: i for s in model.shards for n, i in s.tensors.items() if resolved[n].kind in ("other", "float")
+    }
+    sources, source_warnings = source_weights(infos, model.config, nhl)
     totals: dict[str, list[int]] = {}
     for t in resolved.values():
-        if t.kind == "scale":
+        sw = sources.get(t.name)
+        if t.kind == "scale" or (sw is not None and sw.data != t.name):
             continue
-        count_bytes = totals.setdefault(_total_label(t), [0, 0])
+        count_bytes = totals.setdefault(_total_label(t) if sw is None else sw.encoding, [0, 0])
         count_bytes[0] += 1
-        count_bytes[1] += t.nbytes + t.scale_nbytes
+        count_bytes[1] += t.nbytes + t.scale_nbytes if sw is None else sw.nbytes
     return InspectReport(
         path=str(model.path),
         shards=shards,
@@ -351,10 +468,14 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
         totals=[FormatTotal(label, n, b) for label, (n, b) in sorted(totals.items())],
         config_checked=model.config is not None,
         index=model.index is not None,
-        warnings=model.warnings + _incomplete(model.path) + [f"unresolved: {t.problem}" for t in unresolved],
+        warnings=model.warnings
+        + _incomplete(model.path)
+        + [f"unresolved: {t.problem}" for t in unresolved]
+        + source_warnings,
         sidecar=[str(s.path) for s in model.sidecar],
         unresolved=[t.name for t in unresolved],
-        formats_per_role=role_formats(list(resolved.values()), _num_hidden_layers(model.config)),
+        formats_per_role=role_formats(list(resolved.values()), nhl, sources),
+        source_encodings=encodings_per_role(sources),
     )
 
 

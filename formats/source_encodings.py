@@ -192,6 +192,12 @@ class SourceEncoding:
         return NativeForm(decoded=f"{cls.label} source")
 
     @classmethod
+    def describe(cls, paired: Paired, scheme: Any) -> str:
+        """How a reader of a source names a weight of this encoding (``inspect``: ``mxfp4``, ``fp8 128x128``,
+        ``compressed-tensors int4 g32``)."""
+        return cls.kind
+
+    @classmethod
     def check_parts(cls, name: str, parts: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> None:
         """Checks of the companions' values, made when tensor ``name`` (logical ``shape``) is converted."""
 
@@ -249,6 +255,29 @@ class Fp8Block(SourceEncoding):
         if fmt != "e4m3":
             raise ConfigError(f"config.json: quantization_config.fmt {fmt!r} is not supported (only 'e4m3')")
         return Fp8Scheme(model_config.fp8_block_size(config) or DEFAULT_FP8_BLOCK)
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        """(For readers of a source, ``pair_tensors(..., encodings=ENCODINGS.values())``: the converter carries
+        the scale itself.) ``<name>`` F8_E4M3 with its ``_scale_inv`` on the ceil grid of the scheme's block."""
+        data, scale = cls.parts
+        h, sname = tensors[name], name + scale.suffix
+        if h.dtype not in data.dtypes or sname not in tensors:
+            return None
+        br, bc = (scheme or Fp8Scheme()).block
+        s, shape = tensors[sname], tuple(h.shape)
+        want = (*shape[:-2], -(-shape[-2] // br), -(-shape[-1] // bc)) if len(shape) >= 2 else None
+        if want is None or tuple(s.shape) != want or s.dtype not in scale.dtypes:
+            raise FormatError(
+                f"tensor {sname}: FP8 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} with "
+                f"{br}x{bc} blocks (expected F32 or BF16 {list(want) if want else '[...]'})"
+            )
+        return Paired(cls, name, shape, (("data", name), ("scale", sname)), br * bc)
+
+    @classmethod
+    def describe(cls, paired, scheme):
+        br, bc = (scheme or Fp8Scheme()).block
+        return f"fp8 {br}x{bc}"
 
     @classmethod
     def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
@@ -436,6 +465,11 @@ class PackQuantizedInt4(SourceEncoding):
             return NativeForm("int4-grouped", g, copies=True)
         why = f"INT4 group size {g} at I = {I} would not resolve back as int4-grouped; decoded"
         return NativeForm("int8-row", fallback=why)
+
+    @classmethod
+    def describe(cls, paired, scheme):
+        variant = "" if paired.exact else " (asymmetric or act order)"
+        return f"compressed-tensors int4 g{paired.group}{variant}"
 
     @classmethod
     def check_parts(cls, name, parts, shape):
@@ -769,10 +803,15 @@ def _ct_scheme(qc: Mapping[str, Any], fmt: str) -> Int4Scheme | None:
 
 # ------------------------------------------------------------------------------------------ recognition
 def pair_tensors(
-    tensors: Mapping[str, TensorLike], scheme: QuantScheme, order: Iterable[str] | None = None
+    tensors: Mapping[str, TensorLike],
+    scheme: QuantScheme,
+    order: Iterable[str] | None = None,
+    encodings: Iterable[type[SourceEncoding]] | None = None,
 ) -> tuple[dict[str, Paired], set[str]]:
     """Recognise every natively quantized weight of a source (``tensors``: name -> header entry), each by the first
     registered encoding whose ``pair`` claims its data tensor, in ``order`` (default: natural name order).
+    ``encodings``: those tried (default ``PAIRED``; a reader of a source passes ``ENCODINGS.values()`` to see FP8
+    block-scaled weights too).
 
     Returns ``(logical name -> Paired, every source name consumed)``: their parts and dropped companions, which
     are not tensors of their own. FormatError (one line, naming the tensors) for a companion that does not fit
@@ -780,7 +819,10 @@ def pair_tensors(
     out: dict[str, Paired] = {}
     consumed: set[str] = set()
     # (encoding, its scheme, the data tensor's suffix and dtypes): a cheap filter before ``pair`` (92k tensors)
-    tried = [(e, scheme.of(e), e.parts[0].suffix, e.parts[0].dtypes if e.by_dtype else None) for e in PAIRED]
+    tried = [
+        (e, scheme.of(e), e.parts[0].suffix, e.parts[0].dtypes if e.by_dtype else None)
+        for e in (PAIRED if encodings is None else encodings)
+    ]
     for n in sorted(tensors, key=names.natural_key) if order is None else order:
         dtype = tensors[n].dtype
         for encoding, its_scheme, suffix, dtypes in tried:

@@ -51,7 +51,7 @@ def convert_command(
     # a str, not a Path: Path("") is ".", and an empty path is a usage error of `convert`, not the current folder
     outdir: Annotated[str, typer.Argument(help="Output folder (created; a rerun resumes in it).")],
     experts: Annotated[
-        str | None, typer.Option("--experts", help=f"Routed experts format (default int4-g64): {_FMT}.")
+        str | None, typer.Option("--experts", help=f"Routed experts (int4-g64, MXFP4/INT4: native): {_FMT}.")
     ] = None,
     dense: Annotated[
         str | None, typer.Option("--dense", help="Other 2-D weights (default int8-row).")

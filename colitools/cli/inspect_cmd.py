@@ -67,6 +67,12 @@ def _lines(report, summary: bool) -> Iterator[str]:
     yield "formats per role:"
     for role, formats in report.formats_per_role.items():
         yield role_formats_line(role, formats)
+    if report.source_encodings:  # a source checkpoint: its natively quantized weights, companions included
+        yield ""
+        yield "source encodings per role:"
+        for role, encodings in report.source_encodings.items():
+            counts = "; ".join(f"{c['tensors']} x {e} ({c['bytes']:,} bytes)" for e, c in encodings.items())
+            yield f"  {role:<16} {counts}"
     yield ""
     total_rows = [[t.format, str(t.tensors), f"{t.bytes:,}"] for t in report.totals]
     yield render_table(["format", "weights", "bytes (with scales)"], total_rows)

@@ -204,6 +204,12 @@ class SafetensorsWriter:
         """Exact size of the file a writer produces for ``entries`` and ``metadata`` (header included)."""
         return _plan_layout("<planned file>", entries, metadata, metadata_last).file_size
 
+    @staticmethod
+    def header_bytes(entries: Iterable[Entry], metadata: Mapping[str, str] | None = None) -> bytes:
+        """The exact ``8 + N`` header bytes a writer puts before the data of ``entries`` (bench/skeleton.py
+        writes them, then extends the file to ``file_size`` as a hole)."""
+        return _plan_layout("<planned file>", entries, metadata).header
+
     # -- writing --
 
     def _fail(self, message: str) -> NoReturn:

@@ -239,9 +239,9 @@ def test_mxfp4_native_copies_nibbles_and_e8m0_bytes(tmp_path):
     assert "quantization_config" not in cfg
 
 
-def test_mxfp4_default_recipe_encodes_the_decoded_values(tmp_path):
-    values = make_mxfp4(tmp_path / "src")
-    convert(str(tmp_path / "src"), tmp_path / "out")
+def test_mxfp4_int4_g64_recipe_encodes_the_decoded_values(tmp_path):
+    values = make_mxfp4(tmp_path / "src")  # (the default keeps MXFP4 experts: test_native_default.py)
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(experts="int4-g64"))
     # I = 64 and 32 <= 64: the default int4-g64 is written as int4-row (§2.4)
     fmts = {f"model.layers.0.mlp.experts.{e}.{p}.weight": "int4-row"
             for e in range(E) for p in ("gate_proj", "up_proj", "down_proj")}  # fmt: skip

@@ -84,6 +84,31 @@ def test_dry_run_on_a_partial_output_plans_only_what_is_left(converted, tmp_path
     assert not (tmp_path / "fresh").exists()
 
 
+def test_dry_run_json_top_level_bytes_are_what_the_real_run_read_and_wrote(converted, tmp_path):
+    """Issue 25 item 6: ``bytes_in`` / ``bytes_out`` of ``--dry-run --json`` are the plan's figures for this run
+    (they were 0), equal to what the real conversion of the same source counted (its manifest's ``run``), and
+    only the pending units' on a partial output."""
+    src, out = converted
+    run = json.loads((out / "colitools.json").read_text())["run"]
+    fresh = json.loads(_convert(str(src), str(tmp_path / "fresh"), "--dry-run", "--json").stdout)
+    assert (fresh["bytes_in"], fresh["bytes_out"]) == (run["bytes_in"], run["bytes_out"])
+    assert run["bytes_in"] > 0 and run["bytes_out"] > 0
+    assert (fresh["bytes_in"], fresh["bytes_out"]) == (fresh["plan"]["in_bytes"], fresh["plan"]["out_bytes"])
+    partial = tmp_path / "partial"
+    shutil.copytree(out, partial)
+    manifest = json.loads((partial / "colitools.json").read_text())
+    last = list(manifest["units"])[-1]
+    del manifest["units"][last]
+    manifest["state"] = "converting"
+    (partial / "colitools.json").write_text(json.dumps(manifest))
+    left = json.loads(_convert(str(src), str(partial), "--dry-run", "--json").stdout)
+    unit = next(u for u in left["plan"]["units"] if u["unit"] == last)
+    assert (left["bytes_in"], left["bytes_out"]) == (unit["in_bytes"], unit["out_bytes"])
+    assert 0 < left["bytes_out"] < fresh["bytes_out"]
+    done = json.loads(_convert(str(src), str(out), "--dry-run", "--json").stdout)
+    assert (done["bytes_in"], done["bytes_out"]) == (0, 0)  # nothing left to do
+
+
 def test_dry_run_refuses_another_recipe_as_the_real_run_does(converted):
     src, out = converted
     before = _state(out)

@@ -16,7 +16,7 @@ _SCRIPT = Path(sys.executable).with_name("colitools")
 COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
 OPTIONS = {
     "f32": ["--experts", "f32", "--dense", "f32", "--embed", "f32"],
-    "default": [],
+    "default": ["--experts", "int4-g64"],  # its reference's recipe (no option: MXFP4 experts are kept)
     "int3": ["--experts", "int3-g64"],
     "mxfp4": ["--experts", "mxfp4"],
     "planar": ["--layout", "planar"],
