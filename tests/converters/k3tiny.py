@@ -4,7 +4,8 @@ with a dense MLP (``first_k_dense_replace`` 1) and one gated-MLA layer with the 
 ``routed_expert_norm``, latent ``routed_expert_down_proj`` / ``routed_expert_up_proj``, shared experts, routed
 experts ``block_sparse_moe.experts.{E}.w1/w2/w3`` in the ``routed_expert_hidden_size`` latent), AttnRes
 ``*_res_norm`` / ``*_res_proj`` vectors, all under ``language_model.``. BF16 values, one shard. No transformers
-class exists for it, so it has no oracle: it is a conversion source only.
+class exists for it; this checkpoint is a conversion source only (the token-exact oracle is
+``oracles/kimi_k3``, referenced by ``oracles/k3_reference.py``).
 """
 
 from __future__ import annotations
