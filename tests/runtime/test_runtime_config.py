@@ -147,6 +147,9 @@ def test_every_runnable_type_has_a_family_that_parses_its_own_arguments():
             cfg.update(linear_attn_config={"num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 4,
                                            "kda_layers": [1, 2, 3]}, attn_res_block_size=2,
                        activation_situ_beta=4.0, activation_situ_linear_beta=25.0, routed_expert_hidden_size=32)  # fmt: skip
+        if mt.startswith("qwen4_exp"):  # Qwen3.8: the runtime runs its QSA layers, whose indexer has no default
+            cfg.update(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8, indexer_budget=4,
+                       indexer_compress_ratio=2)  # fmt: skip
         a = ModelArgs.from_config(cfg)
         assert isinstance(a, ModelArgs) and a.model_type == mt
         assert a.rms_norm_eps == family.defaults[mt]["rms_norm_eps"] and len(a.moe_layers) == 4

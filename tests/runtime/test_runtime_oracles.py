@@ -83,6 +83,7 @@ def test_target_recipes_are_listed():
         ("inkling", "target-inkling"),
         ("kimi_k3", "target-kimi_k3"),
         ("olmoe_target", "target-olmoe"),
+        ("qwen38", "target-qwen38"),
         ("qwen3_5_moe", "target-qwen36"),
     ]
 
