@@ -236,6 +236,20 @@ def _decoders(fast: bool):
 
 
 # ------------------------------------------------------------------------------------------- encodings
+def _held_by_mxfp4(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+    """``native_form`` of the encodings whose codes and E8M0 scales are the registered mxfp4 format's bytes."""
+    return NativeForm("mxfp4", copies=True)
+
+
+def _keepable_e8m0(scale, O, I, *, name, source):
+    """The E8M0 scales ``[O, I/32]`` of an MXFP4-byte source as U8 (bytes unchanged: U8 or F8_E8M0), refused
+    when one is the NaN byte 0xFF, which mxfp4 cannot hold."""
+    scale = np.ascontiguousarray(scale).view(np.uint8).reshape(O, I // 32)
+    if (scale == 0xFF).any():
+        raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an {source} source; cannot keep it")
+    return scale
+
+
 class Fp8Block(SourceEncoding):
     """FP8 block-scaled (DeepSeek-V3): ``<name>`` F8_E4M3 + ``<name>_scale_inv`` F32/BF16 on the ceil grid of
     ``weight_block_size``; ``w = f32(e4m3(q)) * f32(s)``. Held exactly by fp8-e4m3-b128 with 128x128 blocks."""
@@ -321,15 +335,11 @@ class Mxfp4Blocks(SourceEncoding):
             )
         return Paired(cls, base, (*shape[:-2], shape[-2] * 32), (("data", name), ("scale", sname)), cls.group)
 
-    @classmethod
-    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
-        return NativeForm("mxfp4", copies=True)
+    native_form = classmethod(_held_by_mxfp4)
 
     @classmethod
     def keep(cls, parts, O, I, gs, *, name):
-        scale = np.ascontiguousarray(parts["scale"], dtype=np.uint8).reshape(O, I // 32)
-        if (scale == 0xFF).any():
-            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an MXFP4 source; cannot keep it")
+        scale = _keepable_e8m0(parts["scale"], O, I, name=name, source="MXFP4")
         return ref.mxfp4_blocks_to_packed(parts["data"].reshape(O, I // 32, 16)), scale
 
     @classmethod
@@ -380,15 +390,11 @@ class Mxfp4PackQuantized(SourceEncoding):
             )
         return Paired(cls, base + ".weight", (O, I), (("data", name), ("scale", sname)), cls.group)
 
-    @classmethod
-    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
-        return NativeForm("mxfp4", copies=True)
+    native_form = classmethod(_held_by_mxfp4)
 
     @classmethod
     def keep(cls, parts, O, I, gs, *, name):
-        scale = np.ascontiguousarray(parts["scale"], dtype=np.uint8).reshape(O, I // 32)
-        if (scale == 0xFF).any():
-            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an MXFP4 source; cannot keep it")
+        scale = _keepable_e8m0(parts["scale"], O, I, name=name, source="MXFP4")
         return np.ascontiguousarray(parts["data"], dtype=np.uint8).reshape(O, I // 2), scale
 
     @classmethod
@@ -678,15 +684,11 @@ class Ue8m0Fp4(SourceEncoding):
             )
         return Paired(cls, name, (shape[0], 2 * shape[1]), (("data", name), ("scale", sname)), cls.group)
 
-    @classmethod
-    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
-        return NativeForm("mxfp4", copies=True)
+    native_form = classmethod(_held_by_mxfp4)
 
     @classmethod
     def keep(cls, parts, O, I, gs, *, name):
-        scale = np.ascontiguousarray(parts["scale"]).view(np.uint8).reshape(O, I // cls.group)
-        if (scale == 0xFF).any():
-            raise FormatError(f"tensor {name}: E8M0 scale byte 0xFF (NaN) in an FP4 source; cannot keep it")
+        scale = _keepable_e8m0(parts["scale"], O, I, name=name, source="FP4")
         return np.ascontiguousarray(parts["data"]).view(np.uint8).reshape(O, I // 2), scale
 
     @classmethod

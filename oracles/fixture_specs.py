@@ -15,7 +15,7 @@ MIN_ROUTER_MARGIN = 5e-4  # k-th minus (k+1)-th routing score (and group score),
 MIN_INDEXER_MARGIN = 5e-4  # DSA indexer: k-th minus (k+1)-th index score where the selection matters
 MAX_SEED_TRIES = 400
 
-# The current generation (ARCHITECTURES.md "The current generation"): the families of issues 11 and 13.
+# The current generation (oracles/README.md "The current generation, continued"): the families of issues 11 and 13.
 # bench/runtime.py measures one runnable fixture of each against transformers.
 CURRENT_GENERATION = (
     "kimi_k25", "deepseek_v32", "qwen3_5_moe", "qwen3_next", "gpt_oss", "glm5_next", "kimi_linear",
@@ -30,7 +30,7 @@ LATENT_SCALE = 0.006
 KDA_A_LOG_NOISE = 0.5  # GLM-5.3's A_log is zero-initialised (safe-gate variant): decay rates exp(0.5 N(0,1))
 KPOOL_APE_NOISE = 1.0  # GLM-5.3's k-pool ape (zeros in transformers): as large as the pool's gate scores
 
-# Inkling-2 as shipped (FORMATS-SPEC §5): transformers' FineGrainedFP8Config for MXFP8 expert stacks, [1, 32]
+# Inkling-2 as shipped (docs/FORMATS.md §5 "MXFP8 expert stacks"): transformers' FineGrainedFP8Config for MXFP8 expert stacks, [1, 32]
 # ue8m0 blocks; every other linear module (in-memory names) stays unquantized
 FINE_GRAINED_FP8 = dict(
     weight_block_size=[1, 32],
@@ -441,7 +441,7 @@ FIXTURES: list[Fixture] = [
     Fixture(
         "kimi_k25_tied",
         "kimi_k25",
-        "Kimi K2.5 (kimi_k25) with the embeddings tied on the wrapper (ARCHITECTURES.md): the wrapper's "
+        "Kimi K2.5 (kimi_k25) with the embeddings tied on the wrapper: the wrapper's "
         "tie_word_embeddings true (text_config's false), so no lm_head.weight is stored and the head is "
         "model.language_model.embed_tokens; otherwise as kimi_k25",
         dict(

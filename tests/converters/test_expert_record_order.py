@@ -1,4 +1,4 @@
-"""docs/FORMATS.md §4 "pairs" layout, as FORMATS-SPEC §4 fixes it (issue 25 item 5): an expert's record is its
+"""docs/FORMATS.md §4 "pairs" layout (issue 25 item 5): an expert's record is its
 codes (gate, up, down), then its scales (gate, up, down), then its biases (gate, up, down). Pinned by the bytes
 of a hand-built source whose int8-row encoding is exact (every row's largest magnitude is 127, so its scale is
 1.0 and its codes are the values themselves)."""

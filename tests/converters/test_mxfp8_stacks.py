@@ -1,4 +1,4 @@
-"""Inkling-2 as shipped (FORMATS-SPEC §5, issue 25 item 4): MXFP8 expert stacks ``w13_weight [E, 2I, H]`` (gate /
+"""Inkling-2 as shipped (docs/FORMATS.md §5 "MXFP8 expert stacks", issue 25 item 4): MXFP8 expert stacks ``w13_weight [E, 2I, H]`` (gate /
 up rows interleaved) and ``w2_weight [E, H, I]`` F8_E4M3 with E8M0 scales ``[E, rows, ceil(cols/32)]``, declared as
 ``quant_method: fp8`` with ``weight_block_size: [1, 32]`` and ``scale_fmt: ue8m0``.
 

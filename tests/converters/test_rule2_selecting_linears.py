@@ -1,4 +1,4 @@
-"""docs/FORMATS.md §5 rule 2 as FORMATS-SPEC §6 amends it (issue 25 item 5): the small linear weights whose output
+"""docs/FORMATS.md §5 rule 2 (issue 25 item 5): the small linear weights whose output
 only selects or gates, like a router (Inkling-2's per-head sink projection ``attn_sink_proj``, GLM-5.3's k-pool
 ``index_kpool_compress_gate``), are F32 whatever ``--dense`` says, with their values unchanged."""
 

@@ -158,7 +158,7 @@ def test_each_encoding_is_recognised_from_header_entries_alone():
 
 
 def test_mxfp8_expert_stacks_pair_with_scales_blocked_along_their_last_axis():
-    """Inkling-2 as shipped (FORMATS-SPEC §5): 3-D ``w13_weight`` / ``w2_weight`` F8_E4M3 stacks with E8M0 scales
+    """Inkling-2 as shipped (docs/FORMATS.md §5 "MXFP8 expert stacks"): 3-D ``w13_weight`` / ``w2_weight`` F8_E4M3 stacks with E8M0 scales
     ``[E, A, ceil(B/32)]`` (U8 as shipped, or F8_E8M0), a partial last block allowed; the logical shape is the
     stack's, split per expert later by the family's orientation."""
     tensors = {
