@@ -63,6 +63,7 @@ class QuantRef:
     parts: tuple[tuple[str, ScaleRef], ...]
     exact: bool = True
     dropped: tuple[str, ...] = ()
+    rows: int | None = None  # rows per scale of an encoding with two grids (``Paired.rows``)
 
     @property
     def kind(self) -> str:
@@ -320,7 +321,9 @@ def pair_native(
     out = {}
     for name, p in paired.items():
         data = dict(p.parts)["data"]
-        q = QuantRef(p.encoding, p.group, tuple((role, ref(n)) for role, n in p.parts), p.exact, p.dropped)
+        q = QuantRef(
+            p.encoding, p.group, tuple((role, ref(n)) for role, n in p.parts), p.exact, p.dropped, p.rows
+        )
         out[name] = SourceTensor(name, weight_map[data], tensors[data].dtype, p.shape, None, q)
     return out, consumed
 
@@ -331,7 +334,7 @@ def source_kind(src: SourceTensor, fp8_block: tuple[int, int] | None, fused: boo
         return rc.SourceKind(src.dtype, fp8_block, fused)
     q = src.quant
     return rc.SourceKind(
-        src.dtype, None, fused, native=q.encoding, native_group=q.group, native_exact=q.exact
+        src.dtype, None, fused, native=q.encoding, native_group=q.group, native_exact=q.exact, native_rows=q.rows
     )
 
 

@@ -24,10 +24,11 @@ from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import INDEX_FILE
 from colitools.formats.names import parse_name
 
-# Files copied unchanged from the source root: generation config and everything a tokenizer needs.
+# Files copied unchanged from the source root: generation config, everything a tokenizer needs, and DeepSeek-V4.1's
+# engram hash tables (``dsv41_engram.json``, read by c/deepseek_v41.c beside config.json).
 _COPIED = re.compile(
-    r"^(generation_config\.json|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
-    r"merges\.txt|chat_template\.(jinja|json)|.*\.tiktoken|spiece\.model|sentencepiece.*\.model)$"
+    r"^(generation_config\.json|dsv41_engram\.json|tokenizer.*|special_tokens_map\.json|added_tokens\.json|"
+    r"vocab\.(json|txt)|merges\.txt|chat_template\.(jinja|json)|.*\.tiktoken|spiece\.model|sentencepiece.*\.model)$"
 )
 
 

@@ -478,6 +478,7 @@ class SourceKind:
     native: type[SourceEncoding] | None = None  # a paired encoding (MXFP4, INT4, NVFP4, MXFP8)
     native_group: int | None = None  # inputs per scale of that encoding
     native_exact: bool = True  # False: asymmetric / act-order INT4, NVFP4, MXFP8 (no format holds it exactly)
+    native_rows: int | None = None  # rows per scale where the encoding has two grids (DeepSeek-V4.1's FP8)
 
     @property
     def encoding(self) -> type[SourceEncoding] | None:
@@ -575,9 +576,10 @@ def _choose_native(expert: bool, default: str, O: int, I: int, source: SourceKin
     enc = source.encoding
     if enc is None:  # a float source: the option's default
         return _choose_target(expert, False, default, O, I, source)
-    form = enc.native_form(
-        O, I, group=source.native_group, exact=source.native_exact, block=source.fp8_block, fused=source.fused
-    )
+    block = source.fp8_block
+    if block is None and source.native_rows is not None:  # an encoding's own grid: rows x inputs per scale
+        block = (source.native_rows, source.native_group)
+    form = enc.native_form(O, I, group=source.native_group, exact=source.native_exact, block=block, fused=source.fused)
     if form.option is None:
         t = _choose_target(expert, False, default, O, I, source)
         if form.decoded is None or t.fallback is not None:  # FP8 blocks, or the default's own fallback

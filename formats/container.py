@@ -37,6 +37,7 @@ from colitools.formats.registry import (
     MX_SCALE_SUFFIX,
     PACKED_SUFFIX,
     QS_SUFFIX,
+    UE8M0_FP8_FORMATS,
     WEIGHT_SUFFIX,
     Float,
     Fp8E4m3E8m0,
@@ -242,7 +243,7 @@ SPELLED_PAIRS: dict[str, Spelling] = {
 }
 
 
-SPELLED_FORMATS = frozenset({Fp8E4m3E8m0.name, Mxfp4.name})  # the formats whose spelled pairs are read here
+SPELLED_FORMATS = frozenset({*(f.name for f in UE8M0_FP8_FORMATS), Mxfp4.name})  # the formats whose spelled pairs are read here
 
 
 def _spelled_scale(name: str, info: _TensorInfo, present: Mapping[str, _TensorInfo]) -> str | None:
@@ -505,7 +506,8 @@ def _resolve_weight(
 def _fp8_e8m0_pair(
     name: str, where: str, info: _TensorInfo, scale_info: _TensorInfo, scale: str, shapes, stamp: str | None
 ) -> tuple[tuple[int, int], Resolved]:
-    """``([O, I], format)`` of an fp8-e4m3-e8m0 ``<base>.weight`` (F8_E4M3 ``[O, I]``) with its ``.scale``."""
+    """``([O, I], format)`` of an FP8 ``<base>.weight`` (F8_E4M3 ``[O, I]``) with its E8M0 ``.scale``:
+    fp8-e4m3-e8m0, -t32 or -r32 by the scale's shape."""
     if len(info.shape) != 2:
         raise ResolveError(f"{where}: FP8 weight {name} is {list(info.shape)}, expected [O, I]")
     O, I = info.shape  # F8_E4M3 codes store [O, I] exactly
@@ -514,13 +516,9 @@ def _fp8_e8m0_pair(
             f"{where}: tensor {name}: {SHAPES_KEY} says {list(shapes[name])}, stored [{O}, {I}]"
         )
     if stamp is not None:
-        raise ResolveError(f"{where}: tensor {name} is an fp8-e4m3-e8m0 pair but is stamped {stamp!r}")
-    fmt = resolve_fp8_e8m0(name, info.nbytes, scale_info.nbytes, O, I)
-    if tuple(scale_info.shape) != Fp8E4m3E8m0.scale_shape(O, I):
-        raise ResolveError(
-            f"{where}: scale {scale} is {list(scale_info.shape)}, expected "
-            f"{list(Fp8E4m3E8m0.scale_shape(O, I))} (one E8M0 byte per 128x128 block)"
-        )
+        raise ResolveError(f"{where}: tensor {name} is an FP8 + E8M0 pair but is stamped {stamp!r}")
+    # the scale's shape says the block grid (128x128, 32x32 tiles, 1x32 row groups): resolver.resolve_fp8_e8m0
+    fmt = resolve_fp8_e8m0(name, info.nbytes, scale_info.nbytes, O, I, tuple(scale_info.shape))
     return (O, I), fmt
 
 

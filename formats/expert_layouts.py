@@ -207,14 +207,17 @@ class ExpertRecord(ExpertLayout):
     layout, ``PAIRS``). ``formats``: the labels every routed expert tensor must be written as (None: any);
     ``order``: the projections of an expert's record in this order, each weight directly followed by its
     scale (None: gate, up, down, weights then scales); ``spelling``: the loader's names and dtypes for such a
-    tensor of one of ``formats`` (its bytes are the format's)."""
+    tensor of one of ``formats`` (its bytes are the format's), also for the MTP layers' experts with
+    ``spell_mtp``."""
 
     formats: tuple[str, ...] | None = None
     order: tuple[str, ...] | None = None
     spelling: Spelling | None = None
+    spell_mtp: bool = False  # the MTP layers' experts (recipe role ``mtp``) take the spelling too
 
     def spelling_for(self, job: PlannedTensor) -> Spelling | None:
-        if self.spelling is None or not job.routed:
+        mtp_expert = self.spell_mtp and job.expert is not None
+        if self.spelling is None or not (job.routed or mtp_expert):
             return None
         t = job.target
         return self.spelling if not t.is_float and t.label in (self.formats or ()) else None

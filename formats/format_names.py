@@ -14,7 +14,7 @@ NATIVE_OPTION = "native"  # keep the source's own quantization where a format ho
 RECIPE_FORMAT_NAMES = (
     "f32", "bf16", "int8-row", "int4-row", "int2-row",
     *(f"{GROUPED_OPTION_PREFIX}{g}" for g in GROUP_SIZES), "int3-g64", "mxfp4", "fp8",
-    "fp8-e8m0", NATIVE_OPTION,
+    "fp8-e8m0", "fp8-e8m0-t32", "fp8-e8m0-r32", NATIVE_OPTION,
 )  # fmt: skip
 
 
@@ -36,14 +36,17 @@ OPTION_FORMATS: dict[str, str] = {
     "f32": "f32", "bf16": "f32", "int8-row": "int8-row", "int4-row": "int4-row", "int2-row": "int2-row",
     **{f"{GROUPED_OPTION_PREFIX}{g}": "int4-grouped" for g in GROUP_SIZES},
     "int3-g64": "int3-g64", "mxfp4": "mxfp4", "fp8": "fp8-e4m3-b128",
-    "fp8-e8m0": "fp8-e4m3-e8m0",
+    "fp8-e8m0": "fp8-e4m3-e8m0", "fp8-e8m0-t32": "fp8-e4m3-e8m0-t32", "fp8-e8m0-r32": "fp8-e4m3-e8m0-r32",
 }  # fmt: skip
 
 # a float tensor is named by its stored dtype (safetensors dtype name -> label)
 FLOAT_LABELS: dict[str, str] = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
 _FLOAT_FORMAT = "f32"
 _GROUPED_FORMAT = "int4-grouped"
-_RENAMED = {"fp8-e4m3-b128": "fp8", "fp8-e4m3-e8m0": "fp8-e8m0"}  # registry name -> option name where they differ (besides int4-grouped)
+_RENAMED = {
+    "fp8-e4m3-b128": "fp8", "fp8-e4m3-e8m0": "fp8-e8m0",
+    "fp8-e4m3-e8m0-t32": "fp8-e8m0-t32", "fp8-e4m3-e8m0-r32": "fp8-e8m0-r32",
+}  # registry name -> option name where they differ (besides int4-grouped)
 
 
 def format_label(name: str, group_size: int | None = None, dtype: str | None = None) -> str:

@@ -246,7 +246,7 @@ def decode_fp8_b128(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np
     return dequant_fp8_block(codes.reshape(O, I), scales, (FP8_BLOCK, FP8_BLOCK))
 
 
-# ------------------------------------------------------------------------------------- fp8-e4m3-e8m0 (9)
+# -------------------------------------------------------------------- fp8-e4m3-e8m0 (9), -t32 (101), -r32 (102)
 # DeepSeek-V4's released FP8 (and what c/deepseek_v4.c coli_tensor_load_fp8 reads): e4m3fn codes ``[O, I]`` and
 # one E8M0 byte per 128x128 block ``[ceil(O/128), ceil(I/128)]``, ``w = e4m3(code) * 2^(byte - 127)``.
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
@@ -267,21 +267,24 @@ def e8m0_block_exponents(amax: np.ndarray) -> np.ndarray:
     return np.where(m == 0.5, e - 1, e).astype(np.int32)
 
 
-def encode_fp8_e8m0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 ``w[O, I]`` -> ``(e4m3fn codes uint8 [O, I], E8M0 bytes uint8 [ceil(O/128), ceil(I/128)])``.
+def encode_fp8_e8m0(
+    w: np.ndarray, block: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)
+) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``w[O, I]`` -> ``(e4m3fn codes uint8 [O, I], E8M0 bytes uint8 [ceil(O/br), ceil(I/bc)])``.
 
-    Per 128x128 block (edge blocks partial): ``k`` by ``e8m0_block_exponents``, byte ``k + 127``; codes are
-    ``w * 2^-k`` (exact: a power-of-two scaling) clamped to +-448 and rounded to e4m3fn to nearest, ties to
-    even (ml_dtypes' cast; subnormal codes included). Vectorised over blocks: the zero padding of partial edge
-    blocks changes no block's amax."""
+    Per ``block`` = ``(br, bc)`` block (128x128 for fp8-e4m3-e8m0, 32x32 for -t32, 1x32 for -r32; edge blocks
+    partial): ``k`` by ``e8m0_block_exponents``, byte ``k + 127``; codes are ``w * 2^-k`` (exact: a power-of-two
+    scaling) clamped to +-448 and rounded to e4m3fn to nearest, ties to even (ml_dtypes' cast; subnormal codes
+    included). Vectorised over blocks: the zero padding of partial edge blocks changes no block's amax."""
     O, I = w.shape
-    GO, GI = ceil_div(O, FP8_BLOCK), ceil_div(I, FP8_BLOCK)
-    padded = np.zeros((GO * FP8_BLOCK, GI * FP8_BLOCK), dtype=F32)
+    br, bc = block
+    GO, GI = ceil_div(O, br), ceil_div(I, bc)
+    padded = np.zeros((GO * br, GI * bc), dtype=F32)
     padded[:O, :I] = w
-    blocks = padded.reshape(GO, FP8_BLOCK, GI, FP8_BLOCK)
+    blocks = padded.reshape(GO, br, GI, bc)
     amax = np.abs(blocks).max(axis=(1, 3)) if O and I else np.zeros((GO, GI), F32)
     k = e8m0_block_exponents(amax)
-    kk = np.repeat(np.repeat(k, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:O, :I]
+    kk = np.repeat(np.repeat(k, br, axis=0), bc, axis=1)[:O, :I]
     r = np.clip(np.ldexp(np.asarray(w, dtype=F32), -kk).astype(F32), -E4M3_MAX, E4M3_MAX)
     codes = r.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     return np.ascontiguousarray(codes), (k + 127).astype(np.uint8)
@@ -292,10 +295,13 @@ def e8m0_to_f32(scale: np.ndarray) -> np.ndarray:
     return E8M0_TO_F32[np.asarray(scale, dtype=np.uint8)]
 
 
-def decode_fp8_e8m0(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
-    """``e4m3(code) * 2^(byte - 127)`` per 128x128 block, float32 ``[O, I]`` (one multiply per element)."""
-    grid = e8m0_to_f32(np.asarray(scales).reshape(-1)).reshape(ceil_div(O, FP8_BLOCK), ceil_div(I, FP8_BLOCK))
-    return dequant_fp8_block(np.asarray(codes).reshape(O, I), grid, (FP8_BLOCK, FP8_BLOCK))
+def decode_fp8_e8m0(
+    codes: np.ndarray, scales: np.ndarray, O: int, I: int, block: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)
+) -> np.ndarray:
+    """``e4m3(code) * 2^(byte - 127)`` per ``block`` (``(br, bc)``, default 128x128), float32 ``[O, I]`` (one
+    multiply per element)."""
+    grid = e8m0_to_f32(np.asarray(scales).reshape(-1)).reshape(ceil_div(O, block[0]), ceil_div(I, block[1]))
+    return dequant_fp8_block(np.asarray(codes).reshape(O, I), grid, block)
 
 
 # ------------------------------------------------------------------------------------------ float tensors

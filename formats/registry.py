@@ -54,6 +54,8 @@ BYTE_TABLE: dict[str, tuple[int, int]] = {
     "mxfp4": (2, 1),  # I % 32 == 0, so this is exactly I / 2
     "fp8-e4m3-b128": (1, 1),
     "fp8-e4m3-e8m0": (1, 1),
+    "fp8-e4m3-e8m0-t32": (1, 1),
+    "fp8-e4m3-e8m0-r32": (1, 1),
 }
 
 
@@ -547,16 +549,57 @@ class Fp8E4m3E8m0(Format):
 
     @classmethod
     def _encode_reference(cls, w, gs):
-        return ref.encode_fp8_e8m0(w)
+        return ref.encode_fp8_e8m0(w, cls.block)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
-        return ref.decode_fp8_e8m0(codes, scales, O, I)
+        return ref.decode_fp8_e8m0(codes, scales, O, I, cls.block)
 
     @classmethod
     def kernel_scales(cls, scales: np.ndarray) -> np.ndarray:
         """The float32 block scales the runtime's fp8 kernel multiplies by (exact powers of two)."""
         return ref.e8m0_to_f32(scales)
+
+
+class Fp8E4m3E8m0T32(Fp8E4m3E8m0):
+    """DeepSeek-V4.1 Flash's dense FP8, as ``c/deepseek_v41.c`` reads it (``w8_load``: ``{name}.weight`` ``O*I``
+    bytes, ``{name}.scale`` ``ceil(O/32)*ceil(I/32)`` bytes; ``mv8``: ``w = e4m3(code) * ue8m0(tile)``): the
+    names, dtypes and rule of fp8-e4m3-e8m0 over 32x32 tiles (docs/FORMATS.md §2.10). colibri uploads it to its
+    Vulkan device as its fmt 12 (e4m3 with one f32 scale per 32 inputs of a row). No runtime kernel (the fp8
+    kernel takes 128x128 blocks): ``run`` refuses it, naming the tensor; written by the numpy reference encoder
+    (or kept byte for byte from a V4.1 source, ``native``)."""
+
+    ord = 101  # colibri's private ordinal block (100+): colibri has no container ordinal for it
+    name = "fp8-e4m3-e8m0-t32"
+    scale_formula = "ceil(O/32) * ceil(I/32)"
+    matmul_kind = None
+    block: ClassVar[tuple[int, int]] = (32, 32)
+    row_align = 32
+
+    @classmethod
+    def encode(cls, w, gs=None, *, name="", fast=True):
+        w = _as_f32_matrix(w, name)
+        _check_finite(w, name)
+        return cls._encode_reference(w, gs)  # no block kernel for 32-edge blocks: the vectorised reference
+
+
+class Fp8E4m3E8m0R32(Fp8E4m3E8m0T32):
+    """DeepSeek-V4.1 Flash's engram tables, as ``c/deepseek_v41.c`` reads them (``engram_table_open``: rows =
+    weight bytes / head_dim; ``engram_row``: a row's ``head_dim`` e4m3 bytes at ``id * head_dim`` and its
+    ``head_dim / 32`` scale bytes at ``id * head_dim / 32``, ``w = e4m3(code) * ue8m0(byte)``): one E8M0 byte per
+    32 inputs of each row, ``<base>.scale`` ``[O, ceil(I/32)]`` (docs/FORMATS.md §2.11)."""
+
+    ord = 102
+    name = "fp8-e4m3-e8m0-r32"
+    scale_formula = "O * ceil(I/32)"
+    block: ClassVar[tuple[int, int]] = (1, 32)
+    row_align = 1
+    rowwise_scales = True
+
+
+# the FP8 formats with E8M0 block scales under DeepSeek's ``<base>.weight`` F8_E4M3 + ``<base>.scale`` F8_E8M0
+# names, told apart by the scale tensor's shape (docs/FORMATS.md §3); in this order where two shapes coincide
+UE8M0_FP8_FORMATS: tuple[type[Fp8E4m3E8m0], ...] = (Fp8E4m3E8m0, Fp8E4m3E8m0T32, Fp8E4m3E8m0R32)
 
 
 def _require_gs(gs: int | None) -> int:

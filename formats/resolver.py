@@ -28,11 +28,11 @@ from colitools.formats.errors import FormatError, ResolveError, ResolveReason
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX
 from colitools.formats.registry import (
     FALLBACK_FORMAT,
+    UE8M0_FP8_FORMATS,
     E8Iq3Lattice,
     Float,
     Format,
     Fp8E4m3B128,
-    Fp8E4m3E8m0,
     Int2Row,
     Int3G64,
     Int4Grouped,
@@ -61,6 +61,8 @@ __all__ = [
     "resolve_fp8_e8m0",
     "resolve_mxfp4",
     "stamp_for",
+    "ue8m0_candidates",
+    "ue8m0_fp8_format",
     "ue8m0_fp8_signature",
 ]
 
@@ -232,19 +234,50 @@ def resolve_mxfp4(tensor: str, packed_nbytes: int, scale_nbytes: int, O: int, I:
     return Resolved.of(Mxfp4)
 
 
-def resolve_fp8_e8m0(tensor: str, weight_nbytes: int, scale_nbytes: int, O: int, I: int) -> Resolved:
-    """Resolve a DeepSeek-V4 FP8 pair (``<base>.weight`` F8_E4M3, ``<base>.scale`` F8_E8M0, told apart from every
-    ``.qs`` format by its names and dtypes, never stamped): ``O*I`` and ``ceil(O/128)*ceil(I/128)`` bytes."""
+def ue8m0_candidates(O: int, I: int, scale_nbytes: int) -> list[type[Format]]:
+    """The FP8 formats with E8M0 block scales (``UE8M0_FP8_FORMATS``: 128x128, 32x32 tiles, 1x32 row groups) whose
+    scale byte count at ``[O, I]`` is ``scale_nbytes``, in precedence order. Two of them match only where their
+    block grids cut ``[O, I]`` the same way (``O <= 32 and I <= 32``: one 128 block and one 32 tile; ``O == 1``:
+    one row of 32-input tiles or groups), so every candidate decodes every element with the same scale byte."""
+    return [f for f in UE8M0_FP8_FORMATS if f.scale_nbytes(O, I) == scale_nbytes]
+
+
+def resolve_fp8_e8m0(
+    tensor: str,
+    weight_nbytes: int,
+    scale_nbytes: int,
+    O: int,
+    I: int,
+    scale_shape: tuple[int, ...] | None = None,
+) -> Resolved:
+    """Resolve a DeepSeek FP8 pair (``<base>.weight`` F8_E4M3, ``<base>.scale`` F8_E8M0, told apart from every
+    ``.qs`` format by its names and dtypes, never stamped): ``O*I`` weight bytes, and the scale tensor's byte
+    count (and ``scale_shape`` when given) says the grid: ``ceil(O/128)*ceil(I/128)`` fp8-e4m3-e8m0,
+    ``ceil(O/32)*ceil(I/32)`` -t32, ``O*ceil(I/32)`` -r32. Where two grids coincide (``ue8m0_candidates``) the
+    values are the same and the first in ``UE8M0_FP8_FORMATS`` order is reported (docs/FORMATS.md §3)."""
     _check_dims(tensor, O, I)
-    want = (Fp8E4m3E8m0.weight_nbytes(O, I), Fp8E4m3E8m0.scale_nbytes(O, I))
-    if (weight_nbytes, scale_nbytes) != want:
+    found = [
+        f
+        for f in ue8m0_candidates(O, I, scale_nbytes)
+        if scale_shape is None or tuple(scale_shape) == f.scale_shape(O, I)
+    ]
+    if weight_nbytes != O * I or not found:
+        grids = ", ".join(
+            f"{f.label()} {list(f.scale_shape(O, I))} = {f.scale_nbytes(O, I)}" for f in UE8M0_FP8_FORMATS
+        )
+        got = f"scale {list(scale_shape)} = {scale_nbytes}" if scale_shape is not None else f"{scale_nbytes}"
         raise ResolveError.about(
             tensor,
-            f"fp8-e4m3-e8m0 [{O}, {I}] needs weight bytes {want[0]} and scale bytes {want[1]} "
-            f"(ceil(O/128) x ceil(I/128) E8M0 blocks), got {weight_nbytes} and {scale_nbytes}",
+            f"FP8 [{O}, {I}] with E8M0 scales needs weight bytes {O * I} and one scale byte per block "
+            f"({grids}), got {weight_nbytes} and {got}",
             ResolveReason.ROUNDTRIP,
         )
-    return Resolved.of(Fp8E4m3E8m0)
+    return Resolved.of(found[0])
+
+
+def ue8m0_fp8_format(fmt: type[Format]) -> bool:
+    """Whether ``fmt`` is one of the FP8 formats with E8M0 block scales (DeepSeek's spelling)."""
+    return fmt in UE8M0_FP8_FORMATS
 
 
 # ---------------------------------------------------------------------------------------- writer side
@@ -309,8 +342,8 @@ def stamp_for(
     if fmt is Mxfp4:  # recognised by its tensor pair, never stamped
         resolve_mxfp4(name, fmt.weight_nbytes(O, I), fmt.scale_nbytes(O, I), O, I)
         return None
-    if fmt is Fp8E4m3E8m0:  # recognised by its tensor names and dtypes, never stamped
-        resolve_fp8_e8m0(name, fmt.weight_nbytes(O, I), fmt.scale_nbytes(O, I), O, I)
+    if ue8m0_fp8_format(fmt):  # recognised by its tensor names and dtypes, never stamped
+        resolve_fp8_e8m0(name, fmt.weight_nbytes(O, I), fmt.scale_nbytes(O, I), O, I, fmt.scale_shape(O, I))
         return None
     nb, ns = fmt.weight_nbytes(O, I, gs), fmt.scale_nbytes(O, I, gs)
     want = Resolved.of(fmt, gs)
@@ -385,10 +418,11 @@ def check_roundtrip(
         if stamp not in (None, Mxfp4.name):
             raise ResolveError.about(tensor, f"mxfp4 weight stamped {stamp!r}", ResolveReason.STAMP_MISMATCH)
         return resolve_mxfp4(tensor, want_nb, want_ns, O, I)
-    if fmt is Fp8E4m3E8m0:
+    if ue8m0_fp8_format(fmt):
         if stamp is not None:
-            raise ResolveError.about(tensor, f"fp8-e4m3-e8m0 weight stamped {stamp!r}", ResolveReason.STAMP_MISMATCH)
-        return resolve_fp8_e8m0(tensor, want_nb, want_ns, O, I)
+            raise ResolveError.about(tensor, f"{fmt.name} weight stamped {stamp!r}", ResolveReason.STAMP_MISMATCH)
+        # a grid that coincides with an earlier format's reads back as that one, with the same values (§3)
+        return resolve_fp8_e8m0(tensor, want_nb, want_ns, O, I, fmt.scale_shape(O, I))
     got = resolve_format(tensor, want_nb, want_ns, O, I, stamp)
     if got != Resolved.of(fmt, gs):
         raise ResolveError.about(

@@ -111,6 +111,7 @@ class Paired:
     group: int
     exact: bool = True
     dropped: tuple[str, ...] = ()
+    rows: int | None = None  # rows per scale where an encoding has two grids (DeepSeek-V4.1's FP8: tiles, rows)
 
 
 @dataclass(frozen=True)
@@ -612,7 +613,8 @@ class Ue8m0Fp8(SourceEncoding):
     ``w = e4m3(q) * 2^(e - 127)``. Two grids, told apart by the scale's rows: square ``weight_block_size`` tiles
     ``[ceil(O/b), ceil(I/b)]`` (the dense projections, b = 32) or row groups of 32 ``[O, ceil(I/32)]`` (the
     engram tables). Fp8Block's math with power-of-two scales, under other names and dtypes: recognised by the
-    tensor pair. No format holds 32x32 tiles exactly (fp8-e4m3-e8m0's are 128x128): decoded."""
+    tensor pair. ``native`` keeps the codes and E8M0 bytes of a grid a format holds (``HELD_BY``: 32x32 tiles
+    fp8-e4m3-e8m0-t32, row groups -r32, 128x128 tiles fp8-e4m3-e8m0); any other tile side is decoded."""
 
     kind = "fp8-ue8m0"
     label = "FP8 UE8M0"
@@ -640,13 +642,34 @@ class Ue8m0Fp8(SourceEncoding):
         (O, I), got = tuple(tensors[name].shape), tuple(tensors[sname].shape)
         b = (scheme or Fp8Scheme()).block[0]
         if got == (-(-O // b), -(-I // b)):
-            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), b, False)
+            held = (b, b) in cls.HELD_BY
+            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), b, held, rows=b)
         if got == (O, -(-I // cls.ROW_GROUP)):
-            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), cls.ROW_GROUP, False)
+            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), cls.ROW_GROUP, True, rows=1)
         raise FormatError(
             f"tensor {sname}: E8M0 scale {list(got)} does not fit FP8 weight {name} [{O}, {I}] (expected "
             f"[{-(-O // b)}, {-(-I // b)}] for {b}x{b} tiles or [{O}, {-(-I // cls.ROW_GROUP)}] for row groups)"
         )
+
+    # the registry format holding each grid byte for byte (``native``): (rows, inputs) per E8M0 byte -> format
+    HELD_BY = {(128, 128): "fp8-e4m3-e8m0", (32, 32): "fp8-e4m3-e8m0-t32", (1, 32): "fp8-e4m3-e8m0-r32"}
+
+    @classmethod
+    def native_form(cls, O, I, *, group=None, exact=True, block=None, fused=False):
+        """The source's own codes and E8M0 bytes, kept, where a registry format has its grid (``block``: rows
+        and inputs per scale byte, from ``pair``); any other grid is decoded."""
+        fmt = cls.HELD_BY.get(tuple(block)) if block is not None and not fused else None
+        if fmt is None:
+            return NativeForm(decoded=f"{cls.label} source")
+        return NativeForm(fmt, copies=True)
+
+    @classmethod
+    def keep(cls, parts, O, I, gs, *, name):
+        codes = np.ascontiguousarray(parts["data"]).view(np.uint8).reshape(O, I)
+        scale = np.ascontiguousarray(parts["scale"]).view(np.uint8)
+        if (scale == 0xFF).any():  # E8M0 NaN: refused as the decoded path refuses a NaN scale
+            raise FormatError(f"tensor {name}: FP8 source scale holds the E8M0 NaN byte 0xFF")
+        return codes, scale
 
     @classmethod
     def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):

@@ -58,7 +58,7 @@ from colitools.formats.format_names import GROUP_SIZES
 from colitools.formats.jsonfile import load_json_object
 
 __all__ = [
-    "DEEPSEEK_V4", "FUSED", "GENERIC", "GENERIC_NAME", "GLM53", "INKLING", "INT4_GROUPED", "INT4_ROW", "INT8_ROW",
+    "DEEPSEEK_V4", "DEEPSEEK_V41", "FUSED", "GENERIC", "GENERIC_NAME", "GLM53", "INKLING", "INT4_GROUPED", "INT4_ROW", "INT8_ROW",
     "KIMI_K3", "MERGED", "QWEN36", "QWEN38", "SIGNED_NIBBLE_XOR", "TARGETS", "TARGET_NAMES", "FusedLayout", "MergedLayout",
     "MergedPart", "MetaFile", "Rewrite", "Spelling", "Target", "by_name", "help_text", "merged_group_size",
 ]  # fmt: skip
@@ -70,6 +70,7 @@ GLM53 = "glm53"
 DEEPSEEK_V4 = "deepseek_v4"
 INKLING = "inkling"
 QWEN38 = "qwen38"
+DEEPSEEK_V41 = "deepseek_v41"
 META_GROUP_SIZE = "expert_gs"  # qwen36_meta.json: the int4 experts' group size, 0 = row scales
 HF_CONFIG_FILE = "config.hf.json"  # the source's config.json next to a flat one (``Target.flat_config``)
 FORMAT_OPTIONS = ("experts", "dense", "embed", "mtp")  # the recipe's format options (docs/FORMATS.md §5)
@@ -174,6 +175,8 @@ class Target:
     refused: str | None = None
     engine_formats: tuple[str, ...] | None = None  # registry names the engine reads (None: any); else refused
     config_check: Callable[[dict[str, Any]], str | None] | None = None  # why the engine cannot run a config
+    # why the engine cannot run with the source's side files: (config, read(name) -> JSON object or None)
+    side_check: Callable[[dict[str, Any], Callable[[str], Any]], str | None] | None = None
     tokenizer_stub: bool = False  # the engine loads tokenizer.json in every mode: an id-only one when absent
 
     # ------------------------------------------------------------------------------------ options, sources
@@ -213,6 +216,13 @@ class Target:
         (``check_model_type``) or a config its engine misreads (``config_check``)."""
         self.check_model_type(model_config.model_type(config))
         why = self.config_check(model_config.text_config(config)) if self.config_check is not None else None
+        if why is not None:
+            raise TargetRefused(f"`target={self.name}`: the source is refused: {why}")
+
+    def check_side_files(self, config: dict[str, Any], read: Callable[[str], Any]) -> None:
+        """TargetRefused (one line) when a file the engine reads beside ``config.json`` is missing from the source
+        or disagrees with its config (``side_check``; ``read(name)``: the source file's JSON, None if absent)."""
+        why = self.side_check(model_config.text_config(config), read) if self.side_check is not None else None
         if why is not None:
             raise TargetRefused(f"`target={self.name}`: the source is refused: {why}")
 
@@ -258,7 +268,6 @@ class Target:
         """How this target writes planned tensor ``job`` (its recipe name and format): renamed, in the loader's
         float dtype, kept float, re-chosen by the int4 rule, or in the loader's expert spelling; None when it
         is written as planned. TargetRefused (one line) for a tensor the loader looks up by no name."""
-        self.check_format(job)
         name, base = job.out_name, job.expert_base
         if self.rename or self.name_map is not None:
             out = self.out_name(name)
@@ -274,6 +283,7 @@ class Target:
         want = self.float_dtype(name)
         if want is not None and not t.is_source:  # the loader's dtype check, whatever the recipe's role
             return Rewrite(name, base, float_dtype=want)
+        self.check_format(job)  # (a tensor the loader reads as a float above is written float, whatever its format)
         leaves = self.source_float_leaves
         if leaves and names.parse_name(job.source.name).leaf in leaves and not t.is_float:
             return Rewrite(name, base, keep_float=True)  # quantized by the recipe: not here
@@ -534,6 +544,108 @@ def olmoe_heads(config: dict[str, Any]) -> str | None:
     )
 
 
+# ------------------------------------------------------------------------------------------- deepseek_v41
+# c/deepseek_v41.c model_load / spec_load (a4306c8): the float matrices ``wb_load`` reads as raw BF16 (exactly
+# ``O*I*2`` bytes: an F16 or F32 tensor would be refused or misread) and the small tensors ``wf_load`` reads through
+# ``st_read_f32`` (F32, BF16 or F16 widened), written F32; by leaf (``layers.{L}.`` / ``mtp.{S}.`` stripped). The
+# FP8 matrices (``w8_load``: ``attn.wq_a`` / ``wq_b`` / ``wkv`` / ``wo_a`` / ``wo_b``, ``attn.indexer.wq_b``,
+# ``ffn.shared_experts.w1`` / ``w2`` / ``w3``, ``engram.wkv``, ``mtp.0.main_proj``) and the engram tables
+# (``engram_table_open``) keep the source's FP8 (``--dense native``: fp8-e4m3-e8m0-t32 / -r32, byte for byte).
+V41_FLOAT_DTYPES: dict[str, str] = {
+    **dict.fromkeys((
+        "embed.weight", "head.weight", "ffn.gate.weight", "attn.compressor.wkv.weight",
+        "attn.compressor.wgate.weight", "attn.indexer.wk.weight", "attn.indexer.weights_proj.weight",
+        "markov_head.embed.weight", "markov_head.head.weight", "confidence_head.proj.weight",
+    ), "bf16"),
+    **dict.fromkeys((
+        "attn.attn_sink", "ffn.gate.bias", "hc_attn_base", "hc_attn_fn", "hc_attn_scale", "hc_ffn_base",
+        "hc_ffn_fn", "hc_ffn_scale", "engram.q_weight", "engram.k_weight",
+    ), "f32"),
+}  # fmt: skip
+V41_ENGRAM_FILE = "dsv41_engram.json"  # engram_load_sidecar: the hash tables (c/tools/prepare_dsv41.py writes it)
+# the engine's compiled maxima (V41_MAX_LAYERS / _ENGRAM / _NGRAM / _EHEADS, moe_run_at's ``chosen[64]``,
+# compressor_run's ``kv[512]``, attention_run's ``key[512]``, engram_row's ``bytes[512]``, vision's ``[4096]``)
+V41_LIMITS = {"layers": 64, "tables": 4, "ngram": 8, "engram_heads": 16, "topk": 64, "dim512": 512, "vision": 4096}
+
+
+def _v41_int(mcfg: dict[str, Any], *keys: str, default: int = 0) -> int:
+    """The first of ``keys`` c/deepseek_v41.c ``cfg_load`` reads (its short name, then the released one)."""
+    for key in keys:
+        value = mcfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+    return default
+
+
+def deepseek_v41_check(mcfg: dict[str, Any]) -> str | None:
+    """Why c/deepseek_v41.c (``cfg_load``, ``model_load``, its fixed scratch) cannot run a text config, or None:
+    ``n_layers`` outside 1..64, fewer ``compress_ratios`` than layers (it exits), ``n_activated_experts`` past 64,
+    ``head_dim`` / ``index_head_dim`` past 512, FP4 experts whose ``dim`` / ``moe_inter_dim`` is not a multiple of
+    32 (``expert_read`` sizes their scales ``dim / 32``), more than 4 engram tables, 8 n-gram orders or 16 heads,
+    an engram ``head_dim`` not a multiple of 32 or past 512, more than 8 DSpark target layers."""
+    lim = V41_LIMITS
+    n = _v41_int(mcfg, "n_layers", "num_hidden_layers")
+    ratios = mcfg.get("compress_ratios")
+    checks = (
+        (not 1 <= n <= lim["layers"], f"n_layers {n} is outside 1..{lim['layers']} (V41_MAX_LAYERS)"),
+        (not isinstance(ratios, list) or len(ratios) < n,
+         f"compress_ratios has {len(ratios) if isinstance(ratios, list) else 0} entries for {n} layers"),
+        (_v41_int(mcfg, "n_activated_experts", "num_experts_per_tok") > lim["topk"],
+         f"n_activated_experts is past moe_run_at's {lim['topk']}"),
+        (max(_v41_int(mcfg, "head_dim"), _v41_int(mcfg, "index_head_dim")) > lim["dim512"],
+         f"head_dim / index_head_dim past the engine's {lim['dim512']}-float scratch"),
+        (any(_v41_int(mcfg, *k) % 32 for k in (("dim", "hidden_size"), ("moe_inter_dim", "moe_intermediate_size"))),
+         "dim and moe_inter_dim must be multiples of 32 (FP4 experts: one E8M0 byte per 32 inputs)"),
+        (len(mcfg.get("dspark_target_layer_ids") or ()) > 8, "more than 8 dspark_target_layer_ids"),
+    )  # fmt: skip
+    why = next((reason for bad, reason in checks if bad), None)
+    return why or _v41_engram_check(mcfg)
+
+
+def _v41_engram_check(mcfg: dict[str, Any]) -> str | None:
+    """The engram limits of ``engram_load_sidecar`` / ``engram_row`` (None without engram layers)."""
+    lim, tables = V41_LIMITS, mcfg.get("engram_layer_ids") or []
+    if not tables:
+        return None
+    hd = _v41_int(mcfg, "engram_head_dim")
+    checks = (
+        (len(tables) > lim["tables"], f"{len(tables)} engram tables (V41_MAX_ENGRAM is {lim['tables']})"),
+        (_v41_int(mcfg, "engram_max_ngram_size") > lim["ngram"], f"engram_max_ngram_size past {lim['ngram']}"),
+        (_v41_int(mcfg, "engram_n_heads") > lim["engram_heads"], f"engram_n_heads past {lim['engram_heads']}"),
+        (hd % 32 or not 0 < hd <= lim["dim512"], f"engram_head_dim {hd} is not a multiple of 32 up to 512"),
+    )
+    return next((reason for bad, reason in checks if bad), None)
+
+
+def deepseek_v41_side_files(mcfg: dict[str, Any], read: Callable[[str], Any]) -> str | None:
+    """c/deepseek_v41.c ``engram_load_sidecar``: without ``dsv41_engram.json`` the engine runs with engram OFF,
+    silently ("a text-only container without engram is legal"), and its tables (bucket primes, hash
+    multipliers as decimal strings, the tokenizer's compressed-token map) cannot be derived from the weights:
+    a config with ``engram_layer_ids`` needs the file in the source, agreeing with the config."""
+    tables = mcfg.get("engram_layer_ids") or []
+    if not tables:
+        return None
+    side = read(V41_ENGRAM_FILE)
+    if side is None:
+        return (
+            f"engram layers {tables} need {V41_ENGRAM_FILE} beside config.json (colibri's "
+            f"c/tools/prepare_dsv41.py writes it); without it c/deepseek_v41.c runs with engram off"
+        )
+    if not isinstance(side, dict):
+        return f"{V41_ENGRAM_FILE} is not a JSON object"
+    want = {"layer_ids": list(tables), "max_ngram_size": mcfg.get("engram_max_ngram_size"),
+            "n_heads": mcfg.get("engram_n_heads"), "head_dim": mcfg.get("engram_head_dim")}  # fmt: skip
+    for key, value in want.items():
+        if side.get(key) != value:
+            return f"{V41_ENGRAM_FILE} has {key} {side.get(key)!r}, config.json {value!r}"
+    missing = [k for k in ("primes", "offsets", "multipliers", "token_map") if k not in side]
+    if missing:
+        return f"{V41_ENGRAM_FILE} lacks {', '.join(missing)}"
+    if any(not isinstance(m, str) for row in side["multipliers"] for m in row):
+        return f"{V41_ENGRAM_FILE} stores multipliers as JSON numbers; c/deepseek_v41.c needs decimal strings"
+    return None
+
+
 # c/colibri.c qt_resolve_fmt's formats (FMT_NAMES: 0-6 and 8; floats as F32 / BF16 / F16 through
 # st_read_f32): no mxfp4 (ord 7 is Vulkan-only in c/kimi_k3.c, no .qs pair) and no fp8-e4m3-e8m0 (``.scale``
 # F8_E8M0, a name qt_from_disk never looks up)
@@ -645,6 +757,33 @@ TARGETS: dict[str, Target] = {
             float_dtypes=tuple(V4_FLOAT_DTYPES.items()),
             config_extra=deepseek_v4_config,
             tokenizer_stub=True,
+        ),
+        Target(
+            DEEPSEEK_V41,
+            "c/deepseek_v41.c (cfg_load; model_load's w8_load / wb_load / wf_load, expert_read, "
+            "engram_load_sidecar / engram_table_open, spec_load, vision_load)",
+            help="the released checkpoint's names and bytes: dense FP8 kept byte for byte (fp8-e8m0-t32: 32x32 "
+            "UE8M0 tiles; the engram tables fp8-e8m0-r32: one UE8M0 byte per 32 inputs of a row), FP4 experts kept "
+            "as mxfp4 bytes (I8 .weight + F8_E8M0 .scale), BF16 router / compressor / indexer keys / heads, F32 the "
+            "rest, dsv41_engram.json copied; model_type deepseek_v41 only.",
+            model_types=("deepseek_v41",),
+            reads=(
+                ("experts", ("native", "mxfp4")),
+                ("dense", ("native",)),
+                ("mtp", ("native",)),
+                ("embed", ("bf16",)),
+                *PAIRS_ONLY,
+            ),
+            why=(
+                ("dense", "c/deepseek_v41.c w8_load reads the source's FP8 tiles as they are (`dense=native`)"),
+                ("mtp", "c/deepseek_v41.c spec_load reads the DSpark stages' FP8 as they are (`mtp=native`)"),
+            ),
+            defaults=(("experts", "native"), ("dense", "native"), ("embed", "bf16"), ("mtp", "native")),
+            experts=ExpertRecord(formats=("mxfp4",), spelling=V4_FP4_EXPERTS, spell_mtp=True),  # expert_read
+            float_dtypes=tuple(V41_FLOAT_DTYPES.items()),
+            engine_formats=("fp8-e4m3-e8m0-t32", "fp8-e4m3-e8m0-r32", "mxfp4"),
+            config_check=deepseek_v41_check,
+            side_check=deepseek_v41_side_files,
         ),
         Target(
             INKLING,
