@@ -63,6 +63,7 @@ def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     inventory = build_inventory(headers, weight_map, config, {s: files[s].size for s in shards})
     recipe, choice = options.source_recipe(inventory)  # experts: native where a format holds the source's
     # a file the target's engine reads beside config.json (deepseek_v41: dsv41_engram.json), before any work
+    recipe.target.check_source(config)
     recipe.target.check_side_files(config, lambda name: source.read_json(name) if name in files else None)
     plan = plan_conversion(inventory, recipe)
     plan.experts_choice = choice

@@ -29,7 +29,7 @@ RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
 # natively quantized fixtures add ``native`` (docs/FORMATS.md §6); a fixture of a model type a ``--target`` is for
 # (formats/targets.py ``model_types``) adds ``target-NAME`` (oracles/README.md)
 EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling", "target-olmoe",
-                 "target-glm53", "target-qwen38", "target-kimi_k3")
+                 "target-glm53", "target-qwen38", "target-kimi_k3", "target-deepseek_v41")
 TARGET_RECIPES = {  # recipe -> (fixture, options)
     "target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4"),
     "target-qwen36": ("qwen3_5_moe", "--target qwen36"),
@@ -38,6 +38,7 @@ TARGET_RECIPES = {  # recipe -> (fixture, options)
     "target-glm53": ("glm5_next_target", "--target glm53"),
     "target-qwen38": ("qwen38", "--target qwen38"),
     "target-kimi_k3": ("kimi_k3", "--target kimi_k3"),
+    "target-deepseek_v41": ("deepseek_v41", "--target deepseek_v41"),  # its fixture carries dsv41_engram.json
 }
 TARGET_LAYOUTS = {"target-qwen38": "planar"}  # c/qwen38.c reads int4 experts from the experts-int4g64/ sidecar
 # left out: at the fixture's committed seed the reference fails the margin checks (fixture_specs margin_failed)

@@ -37,6 +37,8 @@ VOCABULARY = {
     "mxfp4": ("mxfp4", ("mxfp4",)),
     "fp8-e4m3-b128": ("fp8", ("fp8",)),
     "fp8-e4m3-e8m0": ("fp8-e8m0", ("fp8-e8m0",)),
+    "fp8-e4m3-e8m0-t32": ("fp8-e8m0-t32", ("fp8-e8m0-t32",)),
+    "fp8-e4m3-e8m0-r32": ("fp8-e8m0-r32", ("fp8-e8m0-r32",)),
 }
 
 
