@@ -269,13 +269,23 @@ def test_companions_that_do_not_fit_are_one_line_naming_both(tensors, message):
         (se.Fp8Block, 256, 256, {"block": (128, 128)}, se.NativeForm("fp8-e4m3-b128")),
         (se.Fp8Block, 256, 256, {"block": (128, 128), "fused": True}, se.NativeForm()),
         (se.Fp8Block, 256, 256, {"block": (1, 32)}, se.NativeForm()),
+        # DeepSeek's UE8M0 FP8 by its grid (rows, inputs per scale byte, Paired.rows): V4.1's tiles and engram rows
+        (se.Ue8m0Fp8, 64, 64, {"group": 32, "block": (32, 32)}, se.NativeForm("fp8-e4m3-e8m0-t32", copies=True)),
+        (se.Ue8m0Fp8, 64, 64, {"group": 32, "block": (1, 32)}, se.NativeForm("fp8-e4m3-e8m0-r32", copies=True)),
+        (se.Ue8m0Fp8, 256, 256, {"group": 128, "block": (128, 128)},
+         se.NativeForm("fp8-e4m3-e8m0", copies=True)),
+        (se.Ue8m0Fp8, 256, 256, {"group": 64, "block": (64, 64)}, se.NativeForm(decoded="FP8 UE8M0 source")),
+        (se.Ue8m0Fp8, 64, 64, {"group": 32, "block": (32, 32), "fused": True},
+         se.NativeForm(decoded="FP8 UE8M0 source")),
     ],
 )  # fmt: skip
 def test_native_keeps_what_a_registered_format_holds_exactly(enc, O, I, kw, want):
     form = enc.native_form(O, I, **kw)
     assert form == want
     assert form.option == {"mxfp4": "mxfp4", "int4-grouped": f"int4-g{kw.get('group')}", "int4-row": "int4-row",
-                           "int8-row": "int8-row", "fp8-e4m3-b128": "fp8", None: None}[want.fmt]  # fmt: skip
+                           "int8-row": "int8-row", "fp8-e4m3-b128": "fp8", "fp8-e4m3-e8m0": "fp8-e8m0",
+                           "fp8-e4m3-e8m0-t32": "fp8-e8m0-t32", "fp8-e4m3-e8m0-r32": "fp8-e8m0-r32",
+                           None: None}[want.fmt]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------- decoders and keep
@@ -364,3 +374,29 @@ def test_int4_weight_shape_is_checked_against_the_codes():
         FormatError, match=r"tensor w: weight_shape \[4, 60\] does not match its packed codes"
     ):
         se.PackQuantizedInt4.check_parts("w", {"shape": np.array([4, 60])}, (4, 64))
+
+
+@pytest.mark.parametrize(
+    ("O", "I", "scale_shape", "fmt", "rows"),
+    [(40, 64, (2, 2), "fp8-e4m3-e8m0-t32", 32), (40, 64, (40, 2), "fp8-e4m3-e8m0-r32", 1)],
+)
+def test_ue8m0_fp8_pairs_carry_their_grid_and_keep_their_bytes(O, I, scale_shape, fmt, rows):
+    """``pair`` records the grid (``Paired.rows``) that ``native_form`` keeps; ``keep`` is the source's codes and
+    E8M0 bytes, which the registry format decodes to the source's own values; a 0xFF (NaN) byte is refused."""
+    from colitools.formats.registry import by_name
+
+    rng = np.random.default_rng(O + I + rows)
+    codes = rng.integers(0, 0x7E, (O, I), dtype=np.uint8)
+    scale = rng.integers(100, 150, scale_shape, dtype=np.uint8)
+    headers = {"w.weight": H("F8_E4M3", (O, I)), "w.scale": H("F8_E8M0", scale_shape)}
+    p = se.Ue8m0Fp8.pair("w.weight", headers, se.Fp8Scheme((32, 32)))
+    assert (p.rows, p.group, p.exact, p.shape) == (rows, 32, True, (O, I))
+    assert se.Ue8m0Fp8.native_form(O, I, group=p.group, block=(p.rows, p.group)).fmt == fmt
+    parts = {"data": codes.view(E4M3), "scale": scale.view(ml_dtypes.float8_e8m0fnu)}
+    kept_codes, kept_scale = se.Ue8m0Fp8.keep(parts, O, I, None, name="w.weight")
+    assert kept_codes.tobytes() == codes.tobytes() and kept_scale.tobytes() == scale.tobytes()
+    want = se.Ue8m0Fp8.decode(parts, O, I, group=p.group, fast=False)
+    assert by_name(fmt).decode(kept_codes, kept_scale, O, I).tobytes() == want.tobytes()
+    scale[0, 0] = 0xFF
+    with pytest.raises(FormatError, match="w.weight.*0xFF"):
+        se.Ue8m0Fp8.keep({"data": parts["data"], "scale": scale}, O, I, None, name="w.weight")
