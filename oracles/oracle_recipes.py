@@ -43,7 +43,9 @@ NATIVE = "native"
 RECIPES[NATIVE] = {"experts": NATIVE, "dense": "int8-row", "embed": "int8-row", "layout": "pairs"}
 RECIPE_OPTIONS[NATIVE] = "--experts native"
 REFERENCE_OF[NATIVE] = NATIVE
-NATIVE_DEFAULT = {"experts": "int4-g64"}  # what ``native`` writes for a tensor that is not natively quantized
+# what ``native`` writes for a tensor that is not natively quantized (converters/recipe.py ``DEFAULT_OPTIONS``; the
+# other roles too: ``--target deepseek_v41`` gives ``--dense`` / ``--mtp`` ``native``)
+NATIVE_DEFAULT = {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "mtp": "int8-row"}
 # ``--target NAME`` (formats/targets.py): recipe ``target-NAME`` for every fixture whose ``model_type`` is one of
 # the target's ``model_types`` (``target_recipes``): the target's default formats (``Target.defaults``), its
 # layout, and in ``apply_recipe`` the target's own facts: the loader's float dtype per tensor (``float_dtype``, by
