@@ -258,8 +258,8 @@ class Fp8Block(SourceEncoding):
     label = "FP8"
     declared_by = (("fp8", None),)
     parts = (
-        Part("data", "", ("F8_E4M3",), "[M, N]"),
-        Part("scale", "_scale_inv", ("F32", "BF16"), "[ceil(M/br), ceil(N/bc)]"),
+        Part("data", "", ("F8_E4M3",), "[..., M, N]"),
+        Part("scale", "_scale_inv", ("F32", "BF16"), "[..., ceil(M/br), ceil(N/bc)]"),
     )
     paired = False
 
