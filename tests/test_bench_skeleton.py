@@ -59,10 +59,11 @@ def test_gpt_oss_20b_tensors_have_their_published_shapes(tmp_path):
 # the oracle fixtures (saved by transformers / compressed-tensors / modelopt conventions): the skeleton's derivation
 # from config.json alone gives every tensor its stored dtype and shape, companions included
 # (multimodal ones: the vision tower and projector from vision_config, formats/towers.py; qwen3_vl_moe_fp8: FP8 stacks
-# in the transposed layout with their [E, H/b, 2I/b] scale grids, quantized by transformers' own FP8 op)
+# in the transposed layout with their [E, H/b, 2I/b] scale grids, quantized by transformers' own FP8 op; llama4_fp8:
+# compressed-tensors float-quantized per-expert weights with [O, 1] scales)
 FIXTURES = ["deepseek_v3", "deepseek_v3_fp8", "deepseek_v3_int4", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "mixtral",
             "qwen2_moe", "qwen3_moe", "qwen3_moe_mxfp8", "qwen3_moe_nvfp4", "qwen3_next", "qwen3_vl_moe", "llama4",
-            "../tests/converters/data/qwen3_vl_moe_fp8"]  # fmt: skip
+            "../tests/converters/data/qwen3_vl_moe_fp8", "../tests/converters/data/llama4_fp8"]  # fmt: skip
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)
