@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -107,3 +109,20 @@ def test_a_block_scaled_float_quantized_config_is_refused_in_one_line(tmp_path):
         convert(str(src), tmp_path / "o", ConvertOptions())
     assert "strategy 'block' are not supported" in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.safetensors"))
+
+
+def test_transformers_fbgemm_fp8_is_refused_in_one_line_naming_it(tmp_path):
+    """transformers' own ``FbgemmFp8Config`` (``quant_method: fbgemm_fp8``; for Llama-4 its
+    ``FbgemmFp8Llama4TextExperts`` stacks ``gate_up_proj`` F8 ``[E, H, 2I]`` + ``gate_up_proj_scale [E, 1, 2I]``) is not
+    how the release ships and no source encoding declares it: refused before any work, exit 1, one line."""
+    src = _copy(tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                     "modules_to_not_convert": ["language_model.lm_head"]}  # fmt: skip
+    (src / "config.json").write_text(json.dumps(config))
+    exe = str(Path(sys.executable).parent / "colitools")
+    proc = subprocess.run([exe, "convert", str(src), str(tmp_path / "o"), "--min-free-gb", "0"], capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "quant_method 'fbgemm_fp8' is not supported" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
