@@ -94,6 +94,8 @@ class TensorJob:
             n = itemsize(self.source.dtype)
             for d in self.shape:
                 n *= d
+            if self.source.scale is not None:  # an FP8 stack's slice: its share of the scale grid
+                n += self.source.scale_nbytes * n // max(self.source.nbytes, 1)
             return n
         if self.fused_rows is None:
             return self.source.nbytes + self.source.scale_nbytes

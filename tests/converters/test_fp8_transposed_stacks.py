@@ -101,3 +101,10 @@ def test_fp8_passthrough_of_a_transposed_stack_falls_back(tmp_path):
     manifest = json.loads((tmp_path / "o" / "colitools.json").read_text())
     fallbacks = [f for f in manifest["fallbacks"] if ".experts." in f["tensor"]]
     assert len(fallbacks) == 12 and all(f["written"] == "int8-row" for f in fallbacks), fallbacks[:2]
+
+
+def test_the_plan_counts_every_source_byte_once(tmp_path):
+    """A dry run reads the whole source: the FP8 stacks' codes and their scale grids, shared among the slices."""
+    summary = convert(str(FIXTURE), tmp_path / "o", ConvertOptions(dry_run=True))
+    with SafetensorsFile(FIXTURE / "model.safetensors") as f:
+        assert summary.bytes_in == sum(t.nbytes for t in f.tensors.values())
