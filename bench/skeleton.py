@@ -43,7 +43,8 @@ from colitools.formats.safetensors_io import SafetensorsWriter
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 F32_SMALL = ("e_score_correction_bias",)  # stored F32 whatever the checkpoint's float dtype (DeepSeek-V3)
 Entry = tuple[str, tuple[int, ...]]
-SHAPES_FILE = "shapes.json"  # a release's published tensor listing, where a mirror has one (``published_shapes``)
+# a release's published tensor listing, where a mirror has one (``published_shapes``)
+SHAPES_FILE = "shapes.json"
 
 
 # ------------------------------------------------------------------------------------------- the release
@@ -187,7 +188,8 @@ def tensor_entries(config: dict[str, Any], weight_map: dict[str, str]) -> dict[s
     parts = companions(weight_map, config)
     logical_names = sorted({logical for _, _, logical, _ in parts.values()} | (set(weight_map) - set(parts)))
     linear = {n: s for n, s in config_shapes(config, logical_names).items() if None not in s}
-    linear.update(towers.tower_shapes(config, logical_names))  # a multimodal release's vision tower, projector
+    # a multimodal release's vision tower and projector
+    linear.update(towers.tower_shapes(config, logical_names))
     out: dict[str, Entry] = {}
     for name in weight_map:
         if name in parts:

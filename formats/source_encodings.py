@@ -628,7 +628,10 @@ class Fp8Channel(SourceEncoding):
         the config has no such group; ConfigError for another float scheme (blocks, groups, other widths)."""
         weights = [w for f, w in _ct_weights(qc) if f == FLOAT_QUANTIZED]
         for w in weights:
-            if (w.get("num_bits"), w.get("type"), w.get("strategy")) not in ((8, "float", "channel"), (8, "float", "tensor")):
+            if (w.get("num_bits"), w.get("type"), w.get("strategy")) not in (
+                (8, "float", "channel"),
+                (8, "float", "tensor"),
+            ):
                 raise ConfigError(
                     f"config.json: compressed-tensors {FLOAT_QUANTIZED} weights with num_bits {w.get('num_bits')!r} "
                     f"type {w.get('type')!r} strategy {w.get('strategy')!r} are not supported (only 8-bit float "

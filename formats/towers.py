@@ -38,15 +38,26 @@ QWEN3_VL: Rows = (
     (r"blocks\.\d+\.mlp\.linear_fc1\.weight", lambda v, t: (v["intermediate_size"], v["hidden_size"])),
     (r"blocks\.\d+\.mlp\.linear_fc1\.bias", lambda v, t: (v["intermediate_size"],)),
     (r"blocks\.\d+\.mlp\.linear_fc2\.weight", lambda v, t: (v["hidden_size"], v["intermediate_size"])),
-    (r"patch_embed\.proj\.weight", lambda v, t: (v["hidden_size"], v.get("in_channels", 3), v["temporal_patch_size"],
-                                                 v["patch_size"], v["patch_size"])),  # fmt: skip
+    (
+        r"patch_embed\.proj\.weight",
+        lambda v, t: (
+            v["hidden_size"],
+            v.get("in_channels", 3),
+            v["temporal_patch_size"],
+            v["patch_size"],
+            v["patch_size"],
+        ),
+    ),
     (r"patch_embed\.proj\.bias", lambda v, t: (v["hidden_size"],)),
     (r"pos_embed\.weight", lambda v, t: (v["num_position_embeddings"], v["hidden_size"])),
     (r"merger\.norm\.(weight|bias)", lambda v, t: (v["hidden_size"],)),
     (r"deepstack_merger_list\.\d+\.norm\.(weight|bias)", lambda v, t: (_merged(v),)),
     (r"(deepstack_merger_list\.\d+\.|merger\.)linear_fc1\.weight", lambda v, t: (_merged(v), _merged(v))),
     (r"(deepstack_merger_list\.\d+\.|merger\.)linear_fc1\.bias", lambda v, t: (_merged(v),)),
-    (r"(deepstack_merger_list\.\d+\.|merger\.)linear_fc2\.weight", lambda v, t: (v["out_hidden_size"], _merged(v))),
+    (
+        r"(deepstack_merger_list\.\d+\.|merger\.)linear_fc2\.weight",
+        lambda v, t: (v["out_hidden_size"], _merged(v)),
+    ),
     (r"(deepstack_merger_list\.\d+\.|merger\.)linear_fc2\.bias", lambda v, t: (v["out_hidden_size"],)),
 )
 
@@ -55,24 +66,45 @@ QWEN3_VL: Rows = (
 # (q/k/v/o with biases, fc1 / fc2 with biases, two LayerNorms), the pixel-shuffle adapter (two linears, no
 # biases) and the projector into the text model's hidden size
 LLAMA4: Rows = (
-    (r"vision_model\.patch_embedding\.linear\.weight",
-     lambda v, t: (v["hidden_size"], v.get("num_channels", 3) * v["patch_size"] ** 2)),  # fmt: skip
+    (
+        r"vision_model\.patch_embedding\.linear\.weight",
+        lambda v, t: (v["hidden_size"], v.get("num_channels", 3) * v["patch_size"] ** 2),
+    ),
     (r"vision_model\.class_embedding", lambda v, t: (v["hidden_size"],)),
-    (r"vision_model\.positional_embedding_vlm",
-     lambda v, t: ((v["image_size"] // v["patch_size"]) ** 2 + 1, v["hidden_size"])),  # fmt: skip
+    (
+        r"vision_model\.positional_embedding_vlm",
+        lambda v, t: ((v["image_size"] // v["patch_size"]) ** 2 + 1, v["hidden_size"]),
+    ),
     (r"vision_model\.layernorm_(pre|post)\.(weight|bias)", lambda v, t: (v["hidden_size"],)),
-    (r"vision_model\.model\.layers\.\d+\.(input|post_attention)_layernorm\.(weight|bias)",
-     lambda v, t: (v["hidden_size"],)),  # fmt: skip
-    (r"vision_model\.model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight",
-     lambda v, t: (v["hidden_size"], v["hidden_size"])),  # fmt: skip
-    (r"vision_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.fc2)\.bias", lambda v, t: (v["hidden_size"],)),
-    (r"vision_model\.model\.layers\.\d+\.mlp\.fc1\.weight", lambda v, t: (v["intermediate_size"], v["hidden_size"])),
+    (
+        r"vision_model\.model\.layers\.\d+\.(input|post_attention)_layernorm\.(weight|bias)",
+        lambda v, t: (v["hidden_size"],),
+    ),
+    (
+        r"vision_model\.model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight",
+        lambda v, t: (v["hidden_size"], v["hidden_size"]),
+    ),
+    (
+        r"vision_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.fc2)\.bias",
+        lambda v, t: (v["hidden_size"],),
+    ),
+    (
+        r"vision_model\.model\.layers\.\d+\.mlp\.fc1\.weight",
+        lambda v, t: (v["intermediate_size"], v["hidden_size"]),
+    ),
     (r"vision_model\.model\.layers\.\d+\.mlp\.fc1\.bias", lambda v, t: (v["intermediate_size"],)),
-    (r"vision_model\.model\.layers\.\d+\.mlp\.fc2\.weight", lambda v, t: (v["hidden_size"], v["intermediate_size"])),
-    (r"vision_model\.vision_adapter\.mlp\.fc1\.weight",
-     lambda v, t: (v["projector_input_dim"], v["intermediate_size"])),  # fmt: skip
-    (r"vision_model\.vision_adapter\.mlp\.fc2\.weight",
-     lambda v, t: (v["projector_output_dim"], v["projector_output_dim"])),  # fmt: skip
+    (
+        r"vision_model\.model\.layers\.\d+\.mlp\.fc2\.weight",
+        lambda v, t: (v["hidden_size"], v["intermediate_size"]),
+    ),
+    (
+        r"vision_model\.vision_adapter\.mlp\.fc1\.weight",
+        lambda v, t: (v["projector_input_dim"], v["intermediate_size"]),
+    ),
+    (
+        r"vision_model\.vision_adapter\.mlp\.fc2\.weight",
+        lambda v, t: (v["projector_output_dim"], v["projector_output_dim"]),
+    ),
     (r"multi_modal_projector\.linear_1\.weight", lambda v, t: (t["hidden_size"], v["vision_output_dim"])),
     (r"multi_modal_projector\.linear_1\.bias", lambda v, t: (t["hidden_size"],)),
 )

@@ -35,7 +35,13 @@ SOURCE = Path(__file__).resolve().parent / "llama4"
 E4M3_MAX = 448.0
 WEIGHTS = dict(num_bits=8, type="float", strategy="channel", symmetric=True, dynamic=False, observer="minmax")
 ACTIVATIONS = dict(num_bits=8, type="float", strategy="token", symmetric=True, dynamic=True, observer=None)
-IGNORE = ["re:.*self_attn.*", "re:.*router", "re:vision_model.*", "re:multi_modal_projector.*", "language_model.lm_head"]
+IGNORE = [
+    "re:.*self_attn.*",
+    "re:.*router",
+    "re:vision_model.*",
+    "re:multi_modal_projector.*",
+    "language_model.lm_head",
+]
 
 
 def unfused(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -58,12 +64,16 @@ def unfused(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def main(out: Path) -> None:
     scheme = QuantizationScheme(
-        targets=["Linear"], weights=QuantizationArgs(**WEIGHTS), input_activations=QuantizationArgs(**ACTIVATIONS)
+        targets=["Linear"],
+        weights=QuantizationArgs(**WEIGHTS),
+        input_activations=QuantizationArgs(**ACTIVATIONS),
     )
     stored, reference = {}, {}
     for name, w in sorted(unfused(load_file(str(SOURCE / "model.safetensors"))).items()):
         w = w.to(torch.bfloat16)
-        quantized = ".feed_forward." in name and name.endswith(".weight") and ".router." not in name and w.ndim == 2
+        quantized = (
+            ".feed_forward." in name and name.endswith(".weight") and ".router." not in name and w.ndim == 2
+        )
         if not quantized:
             stored[name] = w
             continue
@@ -75,7 +85,9 @@ def main(out: Path) -> None:
         stored[name], stored[base + ".weight_scale"] = q, comp["weight_scale"]
         exact = dequantize(q, comp["weight_scale"].float(), args=scheme.weights, dtype=torch.float32)
         own = FloatQuantizationCompressor.decompress(dict(comp), scheme)["weight"]
-        assert torch.equal(own, exact.to(own.dtype)), f"{name}: the compressor's decompress is not the rounding"
+        assert torch.equal(own, exact.to(own.dtype)), (
+            f"{name}: the compressor's decompress is not the rounding"
+        )
         assert (exact - w.float()).abs().max() <= 0.1 * w.float().abs().max(), name
         reference[name] = exact
     config = json.loads((SOURCE / "config.json").read_text())
@@ -92,7 +104,9 @@ def main(out: Path) -> None:
     save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
     save_file(reference, str(out / "reference" / "dequant.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    print(f"{out}: {len(stored)} tensors, {len(reference)} FP8 weights (compressed-tensors {compressed_tensors.__version__})")
+    print(
+        f"{out}: {len(stored)} tensors, {len(reference)} FP8 weights (compressed-tensors {compressed_tensors.__version__})"
+    )
 
 
 if __name__ == "__main__":

@@ -84,5 +84,8 @@ def test_a_published_tensor_listing_is_reproduced_tensor_by_tensor(tmp_path):
     report = skeleton.build(BENCH / "published" / "Qwen3-VL-30B-A3B-Thinking-FP8", tmp_path / "q")
     assert report["shapes_checked"] == report["tensors"] == 1170 and report["shapes_wrong"] == []
     listing = skeleton.published_shapes(BENCH / "published" / "Qwen3-VL-30B-A3B-Thinking-FP8")
-    assert listing["model.language_model.layers.0.mlp.experts.gate_up_proj_scale_inv"] == ("F32", (128, 16, 12))
+    assert listing["model.language_model.layers.0.mlp.experts.gate_up_proj_scale_inv"] == (
+        "F32",
+        (128, 16, 12),
+    )
     assert listing["model.visual.patch_embed.proj.weight"] == ("BF16", (1152, 3, 2, 16, 16))

@@ -47,7 +47,9 @@ def test_the_decode_rule_on_hand_computed_bytes():
     got = se.Fp8Channel.decode({"data": codes.view(ml_dtypes.float8_e4m3fn), "scale": rows}, 2, 3)
     assert got.dtype == np.float32 and np.array_equal(got, want)
     tensor = np.array([0.25], np.float32)
-    assert np.array_equal(se.Fp8Channel.decode({"data": codes, "scale": tensor}, 2, 3), want / np.array([[2.0], [12.0]]))
+    assert np.array_equal(
+        se.Fp8Channel.decode({"data": codes, "scale": tensor}, 2, 3), want / np.array([[2.0], [12.0]])
+    )
 
 
 def test_every_weight_decodes_to_compressed_tensors_dequantization(tmp_path):
@@ -71,9 +73,14 @@ def test_inspect_names_the_source_encoding():
 def test_the_default_recipe_says_it_quantizes_a_second_time(tmp_path):
     summary = convert(str(FIXTURE), tmp_path / "o", ConvertOptions())
     (line,) = summary.warnings
-    assert "12 FP8 channel tensors as int4-row" in line and "no registered format holds FP8 channel exactly" in line
+    assert (
+        "12 FP8 channel tensors as int4-row" in line
+        and "no registered format holds FP8 channel exactly" in line
+    )
     manifest = json.loads((tmp_path / "o" / "colitools.json").read_text())
-    assert manifest["experts_choice"]["sources"] == ["FP8 channel"] and manifest["experts_choice"]["kept"] == []
+    assert (
+        manifest["experts_choice"]["sources"] == ["FP8 channel"] and manifest["experts_choice"]["kept"] == []
+    )
 
 
 def _copy(tmp_path: Path) -> Path:
