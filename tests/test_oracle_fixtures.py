@@ -47,11 +47,11 @@ MARGIN_FAILED = {"target-olmoe": "olmoe", "target-glm53": "glm5_next"}
 # blobs (convert_qwen36.py pack_int4), load_t_n reads F32; c/inkling.c: int4-row fused stacks
 # (convert_inkling_int4.py --xbits 4), load_w reads BF16; c/olmoe.c: int8-row merged blobs
 # (convert_olmoe_merged.py), load_t reads F32; c/glm53.c: int4-g64 experts (int4-row at I = 64), load_mat reads
-# BF16 (towers kept: glm53 drops none); c/qwen38.c: int4-g64 sidecar records (int4-row at I = 64),
-# q38_load_weight reads BF16 natively (towers kept, never read).
+# BF16 (towers kept: glm53 drops none); c/qwen38.c: int4-g64 sidecar records (int4-row at I = 64, int4-g64 for
+# qwen38_fp8's down_proj at I = 192), q38_load_weight reads BF16 natively (towers kept, never read).
 TARGET_FORMATS = {"target-qwen36": ("int4-row", "f32"), "target-inkling": ("int4-row", "bf16"),
                   "target-olmoe": ("int8-row", "f32"), "target-glm53": ("int4-row", "bf16"),
-                  "target-qwen38": ("int4-row", "bf16")}  # fmt: skip
+                  "target-qwen38": (("int4-row", "int4-g64"), "bf16")}  # fmt: skip
 TOWERS_DROPPED = ("target-qwen36", "target-inkling")
 # c/deepseek_v4.c coli_v4_layer_plan, restated: the dtype it checks per tensor (fixture spelling, layer stripped);
 # the add_fp8 projections are fp8-e8m0, the routed experts mxfp4 (the expert store), the embedding and head BF16
@@ -725,7 +725,7 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
     want_experts = {"f32": ("f32",), "default": ("int4-row", "int4-g"), "planar": ("int4-row", "int4-g"),
                     "int3": ("int3-g64",), "mxfp4": ("mxfp4",),
                     "native": NATIVE_EXPERTS.get(FIXTURES[name]["storage"]),
-                    **{r: (e,) for r, (e, _) in TARGET_FORMATS.items()}}[recipe]  # fmt: skip
+                    **{r: e if isinstance(e, tuple) else (e,) for r, (e, _) in TARGET_FORMATS.items()}}[recipe]  # fmt: skip
     other = "f32" if recipe == "f32" else TARGET_FORMATS[recipe][1] if recipe in TARGET_FORMATS else "int8-row"
     fallen = {f["tensor"] for f in ref["fallbacks"]}
     assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)
