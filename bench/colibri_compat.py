@@ -45,6 +45,8 @@ ENGINES = {
     "inkling": ("inkling.c", ["inkling"], "inkling"),
     "deepseek_v4": ("deepseek_v4.c", ["-f", "Makefile.deepseek-v4", "deepseek-v4"], "deepseek_v4"),
     "qwen36": ("qwen36.c", ["qwen36"], "qwen36"),
+    # no Makefile rule in the trees gathered (bench/README.md): make's implicit rule with the Makefile's flags
+    "glm53": ("glm53.c", ["glm53", "LDLIBS=-lm"], "glm53"),
 }
 TF_BY_PREFIX = ("olmoe", "qwen36")  # no teacher-forced oracle mode: one single-token run per prefix
 MARGIN_EXPLAINS = 0.02  # a divergence where colitools' top-2 margin is below this is a rounding tie
@@ -89,6 +91,8 @@ def cases() -> list[Case]:
         out.append(Case("inkling", "inkling", (("target", "inkling"), ("experts", xb))))
     out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),), act_quant="official"))
     out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),)))
+    out.append(Case("glm53", "glm5_next_target", (("target", "glm53"),)))
+    out.append(Case("glm53", "glm5_next_target", (("target", "glm53"), ("dense", "int4-g64"))))
     for xb in ("int8-row", "int4-row", "int4-g32"):  # convert_qwen36.py's --ebits 8 / 4 / 4 --gs 32
         out.append(Case("qwen36", "qwen3_5_moe", (("target", "qwen36"), ("experts", xb))))
     return out
@@ -126,6 +130,12 @@ def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gre
         return [[exe, CAP, "8", str(ref)]]
     if case.engine == "qwen36":  # 8: the quant-bits slot (checked, unused: experts are read as stored)
         return [[exe, CAP, "8", str(ref)]]
+    if case.engine == "glm53":  # oracle mode in ids: teacher-forced over full_ids, greedy from the prompt
+        ref_ids = json.loads(ref.read_text())
+        ids = ",".join(str(t) for t in ref_ids["full_ids"])
+        prompt = ",".join(str(t) for t in ref_ids["prompt_ids"])
+        return [[exe, CAP, "--model", str(model), "--ids", ids],
+                [exe, CAP, "--model", str(model), "--ids", prompt, "--greedy", str(n_greedy)]]  # fmt: skip
     if case.engine == "colibri":
         return [[exe, CAP, "16", "16"], [exe, CAP, "16", "16"]]  # 16: float tensors stay float
     if case.engine == "inkling":
@@ -136,9 +146,32 @@ def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gre
 
 
 def engine_env(model: Path, ref: Path) -> dict[str, str]:
-    """Exact kernels: float activations (``IDOT=0``), float dense matrices (qwen36.c's ``COLI_DENSE_I8=0``)."""
-    return {**os.environ, "IDOT": "0", "COLI_DENSE_I8": "0", "SNAP": str(model), "REF": str(ref),
-            "COLI_NO_OMP_TUNE": "1"}  # fmt: skip
+    """Exact kernels: float activations (``IDOT=0``), float dense matrices (qwen36.c's ``COLI_DENSE_I8=0``,
+    glm53.c's ``GLM53_BITS=32``: both quantize float dense tensors at load otherwise)."""
+    return {**os.environ, "IDOT": "0", "COLI_DENSE_I8": "0", "GLM53_BITS": "32", "SNAP": str(model),
+            "REF": str(ref), "COLI_NO_OMP_TUNE": "1"}  # fmt: skip
+
+
+def id_lines(out: str, ref: Path) -> str:
+    """glm53.c prints ``teacher_forcing ids`` and ``greedy ids``: the ``k/N`` lines the others print, and a
+    ``mismatch pos=P`` line per teacher-forced difference (the engine's ids against the reference's)."""
+    want = json.loads(ref.read_text())
+    lines = []
+    tf = re.search(r"^teacher_forcing((?: -?\d+)*)$", out, re.M)
+    if tf and len(tf[1].split()) == len(want["full_ids"]):
+        got, pred = [int(t) for t in tf[1].split()], want["tf_pred"]
+        lines += [
+            f"[ORACLE] mismatch pos={i}" for i, (a, b) in enumerate(zip(got, pred, strict=True)) if a != b
+        ]
+        lines.append(
+            f"teacher-forced argmax: {sum(a == b for a, b in zip(got, pred, strict=True))}/{len(pred)}"
+        )
+    greedy = re.search(r"^greedy((?: -?\d+)*)$", out, re.M)
+    if greedy:
+        got, gen = [int(t) for t in greedy[1].split()], want["full_ids"][len(want["prompt_ids"]) :]
+        lines.append(f"C engine : {' '.join(map(str, got))}")
+        lines.append(f"Matching tokens: {sum(a == b for a, b in zip(got, gen, strict=False))}/{len(gen)}")
+    return "\n".join(lines)
 
 
 def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_greedy: int) -> dict[str, object]:
@@ -155,6 +188,8 @@ def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gree
             result["ran"] = "timeout"
             return result
         out = r.stdout + r.stderr
+        if case.engine == "glm53":
+            out += "\n" + id_lines(r.stdout, ref)
         result["out"] = str(result["out"]) + out
         tf = re.search(r"(?:PREFILL \(teacher-forcing\) C vs oracle|teacher-forced argmax): (\d+)/(\d+)", out)
         greedy = re.search(r"(?:Matching tokens|GREEDY C vs oracle): (\d+)/(\d+)", out)
