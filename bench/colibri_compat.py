@@ -47,8 +47,9 @@ ENGINES = {
     "qwen36": ("qwen36.c", ["qwen36"], "qwen36"),
     # no Makefile rule in the trees gathered (bench/README.md): make's implicit rule with the Makefile's flags
     "glm53": ("glm53.c", ["glm53", "LDLIBS=-lm"], "glm53"),
+    "qwen38": ("qwen38.c", ["qwen38", "LDLIBS=-lm"], "qwen38"),
 }
-TF_BY_PREFIX = ("olmoe", "qwen36")  # no teacher-forced oracle mode: one single-token run per prefix
+TF_BY_PREFIX = ("olmoe", "qwen36", "qwen38")  # no teacher-forced oracle mode: one single-token run per prefix
 MARGIN_EXPLAINS = 0.02  # a divergence where colitools' top-2 margin is below this is a rounding tie
 CAP = "8"
 BASE_FIXTURE = {"glm_eps6": "glm_moe_dsa", "glm_eps6_fp8": "glm_moe_dsa", "deepseek_v4_128": "deepseek_v4"}
@@ -93,6 +94,9 @@ def cases() -> list[Case]:
     out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"), ("dense", "int4-g64"))))
+    out.append(
+        Case("qwen38", "qwen38", (("target", "qwen38"),), label="experts dequantized into the main container")
+    )
     for xb in ("int8-row", "int4-row", "int4-g32"):  # convert_qwen36.py's --ebits 8 / 4 / 4 --gs 32
         out.append(Case("qwen36", "qwen3_5_moe", (("target", "qwen36"), ("experts", xb))))
     return out
@@ -128,7 +132,7 @@ def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gre
     exe = str(cdir / ENGINES[case.engine][2])
     if case.engine == "olmoe":
         return [[exe, CAP, "8", str(ref)]]
-    if case.engine == "qwen36":  # 8: the quant-bits slot (checked, unused: experts are read as stored)
+    if case.engine in ("qwen36", "qwen38"):  # 8: the bits slot (checked, unused: weights are read as stored)
         return [[exe, CAP, "8", str(ref)]]
     if case.engine == "glm53":  # oracle mode in ids: teacher-forced over full_ids, greedy from the prompt
         ref_ids = json.loads(ref.read_text())
@@ -269,6 +273,16 @@ def fp8_source(folder: Path) -> None:
                 entries.append((base + "weight_scale_inv", "F32", scale_inv.shape, scale_inv.tobytes()))
             else:
                 entries.append((name, info.dtype, tuple(info.shape), f.read_bytes(name)))
+    write_safetensors(path, entries)
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_safetensors(path: Path, entries: list[tuple[str, str, tuple[int, ...], bytes]]) -> None:
+    """A safetensors file of ``(name, dtype, shape, bytes)`` entries, in order."""
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, dtype, shape, data in entries:
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
@@ -276,11 +290,39 @@ def fp8_source(folder: Path) -> None:
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(e[3] for e in entries))
-    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [128, 128]}  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def engine_container(case: Case, model: Path) -> Path:
+    """The folder the engine runs: the container itself, except for qwen38. The qwen38.c of the gathered tree
+    (bench/README.md) predates the ``experts-int4g64/`` sidecar ``--target qwen38`` writes and reads routed
+    experts from the main container only, so its folder is the target's main container (linked) plus the
+    sidecar's experts decoded by colitools to F32 per-expert tensors: the same values ``colitools run`` computes
+    with; every other tensor and the config are the target's, byte for byte."""
+    if case.engine != "qwen38":
+        return model
+    from colitools.runtime.weights import Checkpoint, decode_stored
+
+    out = model.parent / f"{model.name}.engine"
+    if (out / "experts-decoded.safetensors").exists():
+        return out
+    out.mkdir(exist_ok=True)
+    for f in [*model.glob("*.safetensors"), model / "config.json", model / "generation_config.json"]:
+        (out / f.name).unlink(missing_ok=True)
+        (out / f.name).symlink_to(f)
+    config = json.loads((model / "config.json").read_text())
+    text = config.get("text_config", config)
+    H, I = text["hidden_size"], text["moe_intermediate_size"]
+    ckpt, entries = Checkpoint(model, config), []
+    for layer in range(text["num_hidden_layers"]):
+        for e in range(text["num_experts"]):
+            for proj, (O, In) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+                stored = ckpt.stored(f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight", O, In)
+                w = decode_stored(stored, *ckpt.read_stored(stored)).astype(np.float32)
+                name = f"model.language_model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight"
+                entries.append((name, "F32", (O, In), w.tobytes()))
+    ckpt.close()
+    write_safetensors(out / "experts-decoded.safetensors", entries)
+    return out
 
 
 def make_v4_wide(out: Path) -> None:
@@ -400,9 +442,10 @@ def run_case(case: Case, cdir: Path | None, built: str, work: Path, oracle_pytho
     ref_path = work / "refs" / f"{case.name}.json"
     ref_path.parent.mkdir(parents=True, exist_ok=True)
     ref_path.write_text(json.dumps({k: ref[k] for k in ("prompt_ids", "full_ids", "tf_pred")}))
-    result = run_engine(case, cdir, model, ref_path, len(ref["tf_pred"]), n)
+    engine_model = engine_container(case, model)
+    result = run_engine(case, cdir, engine_model, ref_path, len(ref["tf_pred"]), n)
     if case.engine in TF_BY_PREFIX and result["ran"] == "yes":
-        result["tf"], notes = tf_by_prefix(case, cdir, model, ref, work)
+        result["tf"], notes = tf_by_prefix(case, cdir, engine_model, ref, work)
         result["out"] = f"{result['out']}\n{notes}"
     row.ran = str(result["ran"])
     row.loaded = "yes" if result["tf"] or result["greedy"] else "no"
@@ -419,6 +462,7 @@ def print_table(rows: list[Row]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         opts = " ".join(f"--{k} {v}" for k, v in r.case.options)
+        opts += f" ({r.case.label})" if r.case.label else ""
         print(f"| {r.case.engine} | {r.case.fixture} | {opts} | {r.case.act_quant or '-'} | {r.built} | "
               f"{r.loaded} | {r.ran} | {r.tf} | {r.greedy} | {r.note} |")  # fmt: skip
 
