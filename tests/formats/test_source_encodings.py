@@ -27,7 +27,8 @@ class H:
 
 
 def test_the_registry_holds_the_spec_encodings_in_recognition_order():
-    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8", "fp8-ue8m0", "fp4-ue8m0"]
+    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8", "fp8-channel", "fp8-ue8m0",
+                                  "fp4-ue8m0"]  # fmt: skip
     # FP8 rides on .scale; MXFP4 pack-quantized before INT4, which claims every other .weight_packed
     assert se.PAIRED == (
         se.Mxfp4Blocks,
@@ -35,6 +36,7 @@ def test_the_registry_holds_the_spec_encodings_in_recognition_order():
         se.PackQuantizedInt4,
         se.Nvfp4,
         se.Mxfp8,
+        se.Fp8Channel,
         se.Ue8m0Fp8,
         se.Ue8m0Fp4,
     )
@@ -83,6 +85,12 @@ def test_the_registry_holds_the_spec_encodings_in_recognition_order():
                 "b": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "group_size": 64}}}},
             se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme(64)),)),
         ),
+        (  # Llama-4-Maverick-17B-128E-Instruct-FP8: FP8 weights per output channel, activations per token
+            {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}},
+            se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme()), ("fp8-channel", True))),
+        ),
     ],
 )  # fmt: skip
 def test_each_encoding_reads_its_own_quantization_config(qc, want):
@@ -101,7 +109,11 @@ def test_each_encoding_reads_its_own_quantization_config(qc, want):
         ({"quant_method": "modelopt", "quantization": "NVFP4"}, "quant_algo None of quant_method 'modelopt'"),
         ({"quant_method": "fp8", "fmt": "e5m2"}, "quantization_config.fmt 'e5m2' is not supported (only 'e4m3')"),
         ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "format 'marlin-24' of quant_method "
-         "'compressed-tensors' is not supported (only 'pack-quantized', 'mxfp4-pack-quantized')"),
+         "'compressed-tensors' is not supported (only 'pack-quantized', 'mxfp4-pack-quantized', 'float-quantized')"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"weights": {
+            "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}}}},
+         "float-quantized weights with num_bits 8 type 'float' strategy 'block' are not supported (only 8-bit float "
+         "per 'channel' or per 'tensor')"),
         ({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"g": {"weights": {
             "num_bits": 4, "type": "float", "group_size": 16}}}},
          "mxfp4-pack-quantized weights with num_bits 4 type 'float' group_size 16 are not supported (only 4-bit "
@@ -299,6 +311,8 @@ def parts_of(enc: type[se.SourceEncoding], rng, O: int, I: int) -> dict[str, np.
         }
     if enc is se.Mxfp8:
         return {"data": u8(O, I).view(E4M3), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
+    if enc is se.Fp8Channel:  # one BF16 scale per output row
+        return {"data": u8(O, I).view(E4M3), "scale": rng.random((O, 1)).astype(ml_dtypes.bfloat16)}
     if enc is se.Ue8m0Fp8:  # 32x32 tiles, the last row of tiles partial
         return {"data": u8(O, I).view(E4M3), "scale": rng.integers(100, 150, (-(-O // 32), I // 32), dtype=np.uint8)}
     if enc is se.Ue8m0Fp4:
