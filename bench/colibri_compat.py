@@ -94,9 +94,9 @@ def cases() -> list[Case]:
     out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"), ("dense", "int4-g64"))))
-    out.append(
-        Case("qwen38", "qwen38", (("target", "qwen38"),), label="experts dequantized into the main container")
-    )
+    label = "experts dequantized into the main container"
+    for fixture in ("qwen38", "qwen38_fp8"):  # bf16 experts, and FP8 experts as published
+        out.append(Case("qwen38", fixture, (("target", "qwen38"),), label=label))
     for xb in ("int8-row", "int4-row", "int4-g32"):  # convert_qwen36.py's --ebits 8 / 4 / 4 --gs 32
         out.append(Case("qwen36", "qwen3_5_moe", (("target", "qwen36"), ("experts", xb))))
     return out
