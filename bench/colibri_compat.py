@@ -48,6 +48,7 @@ ENGINES = {
     # no Makefile rule in the trees gathered (bench/README.md): make's implicit rule with the Makefile's flags
     "glm53": ("glm53.c", ["glm53", "LDLIBS=-lm"], "glm53"),
     "qwen38": ("qwen38.c", ["qwen38", "LDLIBS=-lm"], "qwen38"),
+    "kimi_k3": ("kimi_k3.c", ["kimi_k3"], "kimi_k3"),
 }
 TF_BY_PREFIX = ("olmoe", "qwen36", "qwen38")  # no teacher-forced oracle mode: one single-token run per prefix
 MARGIN_EXPLAINS = 0.02  # a divergence where colitools' top-2 margin is below this is a rounding tie
@@ -94,6 +95,8 @@ def cases() -> list[Case]:
     out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"), ("dense", "int4-g64"))))
+    out.append(Case("kimi_k3", "kimi_k3", (("target", "kimi_k3"),)))
+    out.append(Case("kimi_k3", "kimi_k3", (("target", "kimi_k3"), ("dense", "int4-g64"))))
     label = "experts dequantized into the main container"
     for fixture in ("qwen38", "qwen38_fp8"):  # bf16 experts, and FP8 experts as published
         out.append(Case("qwen38", fixture, (("target", "qwen38"),), label=label))
@@ -134,12 +137,15 @@ def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gre
         return [[exe, CAP, "8", str(ref)]]
     if case.engine in ("qwen36", "qwen38"):  # 8: the bits slot (checked, unused: weights are read as stored)
         return [[exe, CAP, "8", str(ref)]]
+    ref_ids = json.loads(ref.read_text())
+    ids = ",".join(str(t) for t in ref_ids["full_ids"])
+    prompt = ",".join(str(t) for t in ref_ids["prompt_ids"])
     if case.engine == "glm53":  # oracle mode in ids: teacher-forced over full_ids, greedy from the prompt
-        ref_ids = json.loads(ref.read_text())
-        ids = ",".join(str(t) for t in ref_ids["full_ids"])
-        prompt = ",".join(str(t) for t in ref_ids["prompt_ids"])
         return [[exe, CAP, "--model", str(model), "--ids", ids],
                 [exe, CAP, "--model", str(model), "--ids", prompt, "--greedy", str(n_greedy)]]  # fmt: skip
+    if case.engine == "kimi_k3":  # ids too: K3_LOGITS dumps every prefill position's logits (run 0)
+        return [[exe, str(model), "--ids", ids, "--ngen", "1"],
+                [exe, str(model), "--ids", prompt, "--ngen", str(n_greedy)]]  # fmt: skip
     if case.engine == "colibri":
         return [[exe, CAP, "16", "16"], [exe, CAP, "16", "16"]]  # 16: float tensors stay float
     if case.engine == "inkling":
@@ -150,10 +156,25 @@ def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gre
 
 
 def engine_env(model: Path, ref: Path) -> dict[str, str]:
-    """Exact kernels: float activations (``IDOT=0``), float dense matrices (qwen36.c's ``COLI_DENSE_I8=0``,
-    glm53.c's ``GLM53_BITS=32``: both quantize float dense tensors at load otherwise)."""
-    return {**os.environ, "IDOT": "0", "COLI_DENSE_I8": "0", "GLM53_BITS": "32", "SNAP": str(model),
-            "REF": str(ref), "COLI_NO_OMP_TUNE": "1"}  # fmt: skip
+    """Exact kernels: float activations (``IDOT=0``, kimi_k3.c's ``K3_IDOT=0``), float dense matrices (qwen36.c's
+    ``COLI_DENSE_I8=0``, glm53.c's ``GLM53_BITS=32``, kimi_k3.c's ``K3_BITS`` / ``K3_MLA_BITS`` / ``K3_HEAD_BITS``
+    32: they quantize float dense tensors at load otherwise; stored codes are read as stored); no usage file
+    written into the container (``USAGE_SAVE=0``)."""
+    exact = {"IDOT": "0", "COLI_DENSE_I8": "0", "GLM53_BITS": "32", "K3_IDOT": "0", "K3_BITS": "32",
+             "K3_MLA_BITS": "32", "K3_HEAD_BITS": "32", "USAGE_SAVE": "0"}  # fmt: skip
+    return {**os.environ, **exact, "SNAP": str(model), "REF": str(ref), "COLI_NO_OMP_TUNE": "1"}
+
+
+def k3_ids(run: int, stdout: str, logits: Path, positions: int) -> str:
+    """kimi_k3.c's output as glm53.c's id lines: run 0's ``K3_LOGITS`` dump (f32 ``[positions, vocab]``, one row
+    per prefill position) as ``teacher_forcing`` argmaxes, run 1's printed ids (before its ``TUNE`` line) as
+    ``greedy``."""
+    if run == 0:
+        rows = np.fromfile(logits, dtype=np.float32) if logits.exists() else np.zeros(0, np.float32)
+        if positions == 0 or rows.size % positions:
+            return ""
+        return "teacher_forcing " + " ".join(str(int(t)) for t in rows.reshape(positions, -1).argmax(-1))
+    return "greedy " + " ".join(re.findall(r"-?\d+", stdout.split("TUNE")[0]))
 
 
 def id_lines(out: str, ref: Path) -> str:
@@ -186,6 +207,10 @@ def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gree
         env = engine_env(model, ref)
         if case.engine == "colibri" and i == 1:
             env["TF"] = "1"
+        logits = ref.with_suffix(".k3logits")
+        if case.engine == "kimi_k3" and i == 0:
+            logits.unlink(missing_ok=True)
+            env["K3_LOGITS"] = str(logits)
         try:
             r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, errors="replace")
         except subprocess.TimeoutExpired:
@@ -194,6 +219,9 @@ def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gree
         out = r.stdout + r.stderr
         if case.engine == "glm53":
             out += "\n" + id_lines(r.stdout, ref)
+        if case.engine == "kimi_k3":
+            positions = len(json.loads(ref.read_text())["full_ids"])
+            out += "\n" + id_lines(k3_ids(i, r.stdout, logits, positions), ref)
         result["out"] = str(result["out"]) + out
         tf = re.search(r"(?:PREFILL \(teacher-forcing\) C vs oracle|teacher-forced argmax): (\d+)/(\d+)", out)
         greedy = re.search(r"(?:Matching tokens|GREEDY C vs oracle): (\d+)/(\d+)", out)
