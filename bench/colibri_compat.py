@@ -2,20 +2,21 @@
 
 Given one or more colibri source trees (obtained by whoever runs this, bench/README.md lists which; each is copied
 to the work folder, never into the repository), builds each CPU engine from the first tree holding its source
-(``make olmoe colibri inkling qwen36``, ``make -f Makefile.deepseek-v4 deepseek-v4``), converts oracle fixtures
-with each target and recipe, runs ``colitools run`` (greedy and teacher-forced, the reference) and each engine on
-the same container with its exact float-activation kernels (``IDOT=0``; ``COLI_DENSE_I8=0`` for qwen36), and
-prints one row per engine x target x recipe: built, loaded, ran, teacher-forced k/N, greedy k/N, and for every
-divergence colitools' own top-2 margin there (a margin below 0.02 explains one). Engines without a
-teacher-forced oracle mode (olmoe.c, qwen36.c) are teacher-forced prefix by prefix: one oracle run per position
-with the prompt ``full_ids[:p]`` and one token to generate, whose argmax is the engine's at position ``p - 1``.
+(``make olmoe colibri inkling kimi_k3 qwen36 glm53 qwen38``, ``make -f Makefile.deepseek-v4 deepseek-v4``),
+converts oracle fixtures with each target and recipe, runs ``colitools run`` (greedy and teacher-forced, the
+reference) and each engine on the same container with its exact kernels (:func:`engine_env`), and prints one row
+per engine x target x recipe: built, loaded, ran, teacher-forced k/N, greedy k/N, and for every divergence
+colitools' own top-2 margin there (a margin below 0.02 explains one). Engines without a teacher-forced oracle mode
+(olmoe.c, qwen36.c, qwen38.c) are teacher-forced prefix by prefix: one oracle run per position with the prompt
+``full_ids[:p]`` and one token to generate, whose argmax is the engine's at position ``p - 1``.
 
 Variants (made in the work folder, from the committed fixtures):
 * ``glm_moe_dsa`` with ``rms_norm_eps`` 1e-6: c/colibri.c applies ``rms_norm_eps`` to ``q_a_layernorm`` /
   ``kv_a_layernorm``, where transformers (and colitools) use 1e-6 (docs/FORMATS.md §4 Targets);
 * ``deepseek_v4`` 128 wide (hidden, q_lora_rank, the grouped output and the experts at 128): c/deepseek_v4.c's
   FP8 / FP4 matvecs take multiples of 128. Built with transformers in the oracle venv (``--oracle-python``, as
-  oracles/README.md makes fixtures), no margin search: colitools run is the reference.
+  oracles/README.md makes fixtures), no margin search: colitools run is the reference;
+* for qwen38.c, the ``--target qwen38`` main container plus its sidecar's experts decoded to F32 (:func:`engine_container`).
 
 Usage: ``.venv/bin/python bench/colibri_compat.py COLIBRI_SRC [COLIBRI_SRC ...] [--work DIR] [--oracle-python PY]
 [--only ENGINE ...]``
