@@ -1,20 +1,25 @@
 """Compatibility check against colibri's own engines (issue 27; not part of CI: colibri's source is not there).
 
-Given a colibri source tree (obtained by whoever runs this; it is copied to the work folder, never into the
-repository), builds its CPU engines (``make olmoe colibri inkling``, ``make -f Makefile.deepseek-v4
-deepseek-v4``), converts oracle fixtures with each target and recipe, runs ``colitools run`` (greedy and
-teacher-forced, the reference) and each engine on the same container with its exact float-activation kernels
-(``IDOT=0``), and prints one row per engine x target x recipe: built, loaded, ran, teacher-forced k/N, greedy
-k/N, and for every divergence colitools' own top-2 margin there (a margin below 0.02 explains one).
+Given one or more colibri source trees (obtained by whoever runs this, bench/README.md lists which; each is copied
+to the work folder, never into the repository), builds each CPU engine from the first tree holding its source
+(``make olmoe colibri inkling kimi_k3 qwen36 glm53 qwen38``, ``make -f Makefile.deepseek-v4 deepseek-v4``),
+converts oracle fixtures with each target and recipe, runs ``colitools run`` (greedy and teacher-forced, the
+reference) and each engine on the same container with its exact kernels (:func:`engine_env`), and prints one row
+per engine x target x recipe: built, loaded, ran, teacher-forced k/N, greedy k/N, and for every divergence
+colitools' own top-2 margin there (a margin below 0.02 explains one). Engines without a teacher-forced oracle mode
+(olmoe.c, qwen36.c, qwen38.c) are teacher-forced prefix by prefix: one oracle run per position with the prompt
+``full_ids[:p]`` and one token to generate, whose argmax is the engine's at position ``p - 1``.
 
 Variants (made in the work folder, from the committed fixtures):
 * ``glm_moe_dsa`` with ``rms_norm_eps`` 1e-6: c/colibri.c applies ``rms_norm_eps`` to ``q_a_layernorm`` /
   ``kv_a_layernorm``, where transformers (and colitools) use 1e-6 (docs/FORMATS.md §4 Targets);
 * ``deepseek_v4`` 128 wide (hidden, q_lora_rank, the grouped output and the experts at 128): c/deepseek_v4.c's
   FP8 / FP4 matvecs take multiples of 128. Built with transformers in the oracle venv (``--oracle-python``, as
-  oracles/README.md makes fixtures), no margin search: colitools run is the reference.
+  oracles/README.md makes fixtures), no margin search: colitools run is the reference;
+* for qwen38.c, the ``--target qwen38`` main container plus its sidecar's experts decoded to F32 (:func:`engine_container`).
 
-Usage: ``.venv/bin/python bench/colibri_compat.py COLIBRI_SRC [--work DIR] [--oracle-python PY] [--only ENGINE]``
+Usage: ``.venv/bin/python bench/colibri_compat.py COLIBRI_SRC [COLIBRI_SRC ...] [--work DIR] [--oracle-python PY]
+[--only ENGINE ...]``
 (exit 1 when an engine did not build, load or run a row; divergences are printed with their margins).
 """
 
@@ -34,7 +39,19 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 ORACLES = REPO / "oracles"
-ENGINE_BINARIES = {"olmoe": "olmoe", "colibri": "colibri", "inkling": "inkling", "deepseek_v4": "deepseek_v4"}
+# engine -> (its source under c/, the make arguments, the binary)
+ENGINES = {
+    "olmoe": ("olmoe.c", ["olmoe"], "olmoe"),
+    "colibri": ("colibri.c", ["colibri"], "colibri"),
+    "inkling": ("inkling.c", ["inkling"], "inkling"),
+    "deepseek_v4": ("deepseek_v4.c", ["-f", "Makefile.deepseek-v4", "deepseek-v4"], "deepseek_v4"),
+    "qwen36": ("qwen36.c", ["qwen36"], "qwen36"),
+    # no Makefile rule in the trees gathered (bench/README.md): make's implicit rule with the Makefile's flags
+    "glm53": ("glm53.c", ["glm53", "LDLIBS=-lm"], "glm53"),
+    "qwen38": ("qwen38.c", ["qwen38", "LDLIBS=-lm"], "qwen38"),
+    "kimi_k3": ("kimi_k3.c", ["kimi_k3"], "kimi_k3"),
+}
+TF_BY_PREFIX = ("olmoe", "qwen36", "qwen38")  # no teacher-forced oracle mode: one single-token run per prefix
 MARGIN_EXPLAINS = 0.02  # a divergence where colitools' top-2 margin is below this is a rounding tie
 CAP = "8"
 BASE_FIXTURE = {"glm_eps6": "glm_moe_dsa", "glm_eps6_fp8": "glm_moe_dsa", "deepseek_v4_128": "deepseek_v4"}
@@ -77,33 +94,59 @@ def cases() -> list[Case]:
         out.append(Case("inkling", "inkling", (("target", "inkling"), ("experts", xb))))
     out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),), act_quant="official"))
     out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),)))
+    out.append(Case("glm53", "glm5_next_target", (("target", "glm53"),)))
+    out.append(Case("glm53", "glm5_next_target", (("target", "glm53"), ("dense", "int4-g64"))))
+    out.append(Case("kimi_k3", "kimi_k3", (("target", "kimi_k3"),)))
+    out.append(Case("kimi_k3", "kimi_k3", (("target", "kimi_k3"), ("dense", "int4-g64"))))
+    label = "experts dequantized into the main container"
+    for fixture in ("qwen38", "qwen38_fp8"):  # bf16 experts, and FP8 experts as published
+        out.append(Case("qwen38", fixture, (("target", "qwen38"),), label=label))
+    for xb in ("int8-row", "int4-row", "int4-g32"):  # convert_qwen36.py's --ebits 8 / 4 / 4 --gs 32
+        out.append(Case("qwen36", "qwen3_5_moe", (("target", "qwen36"), ("experts", xb))))
     return out
 
 
 # ------------------------------------------------------------------------------------------------ engines
-def build_engines(src: Path, work: Path) -> tuple[Path, dict[str, str]]:
-    """Copy the colibri tree into ``work`` and build each engine (nice, one job): its ``c/`` folder and, per
-    engine, "yes" or the build's last error line."""
-    tree = work / "colibri-src"
-    if not tree.exists():
-        shutil.copytree(src, tree, symlinks=True)
-    cdir = tree / "c"
+def build_engines(srcs: list[Path], work: Path, engines: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
+    """Build each of ``engines`` (nice, one job) from the first tree in ``srcs`` holding its source, each tree copied
+    once into ``work``: per engine its ``c/`` folder and "yes", "no source in the given trees" or the build's
+    last error line."""
+    cdirs: dict[str, Path] = {}
     built: dict[str, str] = {}
-    for engine, argv in (("olmoe", ["olmoe"]), ("colibri", ["colibri"]), ("inkling", ["inkling"]),
-                         ("deepseek_v4", ["-f", "Makefile.deepseek-v4", "deepseek-v4"])):  # fmt: skip
+    for engine in engines:
+        source, argv, binary = ENGINES[engine]
+        index = next((i for i, src in enumerate(srcs) if (src / "c" / source).is_file()), None)
+        if index is None:
+            built[engine] = "no source in the given trees"
+            continue
+        tree = work / f"colibri-src-{index}"
+        if not tree.exists():
+            shutil.copytree(srcs[index], tree, symlinks=True)
+        cdir = cdirs[engine] = tree / "c"
         r = subprocess.run(
             ["nice", "-n", "10", "make", "-j1", *argv], cwd=cdir, capture_output=True, text=True
         )
-        ok = r.returncode == 0 and (cdir / ENGINE_BINARIES[engine]).exists()
+        ok = r.returncode == 0 and (cdir / binary).exists()
         built[engine] = "yes" if ok else (r.stderr.strip().splitlines() or ["make failed"])[-1][:80]
-    return cdir, built
+    return cdirs, built
 
 
 def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_greedy: int) -> list[list[str]]:
     """The engine's command line(s) for ``case``: one greedy and one teacher-forced run, or one doing both."""
-    exe = str(cdir / ENGINE_BINARIES[case.engine])
+    exe = str(cdir / ENGINES[case.engine][2])
     if case.engine == "olmoe":
-        return [[exe, CAP, "8", str(ref)]]  # olmoe.c has no teacher-forced oracle mode
+        return [[exe, CAP, "8", str(ref)]]
+    if case.engine in ("qwen36", "qwen38"):  # 8: the bits slot (checked, unused: weights are read as stored)
+        return [[exe, CAP, "8", str(ref)]]
+    ref_ids = json.loads(ref.read_text())
+    ids = ",".join(str(t) for t in ref_ids["full_ids"])
+    prompt = ",".join(str(t) for t in ref_ids["prompt_ids"])
+    if case.engine == "glm53":  # oracle mode in ids: teacher-forced over full_ids, greedy from the prompt
+        return [[exe, CAP, "--model", str(model), "--ids", ids],
+                [exe, CAP, "--model", str(model), "--ids", prompt, "--greedy", str(n_greedy)]]  # fmt: skip
+    if case.engine == "kimi_k3":  # ids too: K3_LOGITS dumps every prefill position's logits (run 0)
+        return [[exe, str(model), "--ids", ids, "--ngen", "1"],
+                [exe, str(model), "--ids", prompt, "--ngen", str(n_greedy)]]  # fmt: skip
     if case.engine == "colibri":
         return [[exe, CAP, "16", "16"], [exe, CAP, "16", "16"]]  # 16: float tensors stay float
     if case.engine == "inkling":
@@ -113,20 +156,73 @@ def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gre
     ]
 
 
+def engine_env(model: Path, ref: Path) -> dict[str, str]:
+    """Exact kernels: float activations (``IDOT=0``, kimi_k3.c's ``K3_IDOT=0``), float dense matrices (qwen36.c's
+    ``COLI_DENSE_I8=0``, glm53.c's ``GLM53_BITS=32``, kimi_k3.c's ``K3_BITS`` / ``K3_MLA_BITS`` / ``K3_HEAD_BITS``
+    32: they quantize float dense tensors at load otherwise; stored codes are read as stored); no usage file
+    written into the container (``USAGE_SAVE=0``)."""
+    exact = {"IDOT": "0", "COLI_DENSE_I8": "0", "GLM53_BITS": "32", "K3_IDOT": "0", "K3_BITS": "32",
+             "K3_MLA_BITS": "32", "K3_HEAD_BITS": "32", "USAGE_SAVE": "0"}  # fmt: skip
+    return {**os.environ, **exact, "SNAP": str(model), "REF": str(ref), "COLI_NO_OMP_TUNE": "1"}
+
+
+def k3_ids(run: int, stdout: str, logits: Path, positions: int) -> str:
+    """kimi_k3.c's output as glm53.c's id lines: run 0's ``K3_LOGITS`` dump (f32 ``[positions, vocab]``, one row
+    per prefill position) as ``teacher_forcing`` argmaxes, run 1's printed ids (before its ``TUNE`` line) as
+    ``greedy``."""
+    if run == 0:
+        rows = np.fromfile(logits, dtype=np.float32) if logits.exists() else np.zeros(0, np.float32)
+        if positions == 0 or rows.size % positions:
+            return ""
+        return "teacher_forcing " + " ".join(str(int(t)) for t in rows.reshape(positions, -1).argmax(-1))
+    return "greedy " + " ".join(re.findall(r"-?\d+", stdout.split("TUNE")[0]))
+
+
+def id_lines(out: str, ref: Path) -> str:
+    """glm53.c prints ``teacher_forcing ids`` and ``greedy ids``: the ``k/N`` lines the others print, and a
+    ``mismatch pos=P`` line per teacher-forced difference (the engine's ids against the reference's)."""
+    want = json.loads(ref.read_text())
+    lines = []
+    tf = re.search(r"^teacher_forcing((?: -?\d+)*)$", out, re.M)
+    if tf and len(tf[1].split()) == len(want["full_ids"]):
+        got, pred = [int(t) for t in tf[1].split()], want["tf_pred"]
+        lines += [
+            f"[ORACLE] mismatch pos={i}" for i, (a, b) in enumerate(zip(got, pred, strict=True)) if a != b
+        ]
+        lines.append(
+            f"teacher-forced argmax: {sum(a == b for a, b in zip(got, pred, strict=True))}/{len(pred)}"
+        )
+    greedy = re.search(r"^greedy((?: -?\d+)*)$", out, re.M)
+    if greedy:
+        got, gen = [int(t) for t in greedy[1].split()], want["full_ids"][len(want["prompt_ids"]) :]
+        lines.append(f"C engine : {' '.join(map(str, got))}")
+        lines.append(f"Matching tokens: {sum(a == b for a, b in zip(got, gen, strict=False))}/{len(gen)}")
+    return "\n".join(lines)
+
+
 def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_greedy: int) -> dict[str, object]:
     """Run the engine on ``model``; ``{"ran": yes / the error, "tf": (k, N) or None, "greedy": (k, N) or
     None, "out": its output}`` parsed from its ``k/N`` lines."""
     result: dict[str, object] = {"ran": "yes", "tf": None, "greedy": None, "out": ""}
     for i, argv in enumerate(engine_runs(case, cdir, model, ref, n_tf, n_greedy)):
-        env = {**os.environ, "IDOT": "0", "SNAP": str(model), "REF": str(ref), "COLI_NO_OMP_TUNE": "1"}
+        env = engine_env(model, ref)
         if case.engine == "colibri" and i == 1:
             env["TF"] = "1"
+        logits = ref.with_suffix(".k3logits")
+        if case.engine == "kimi_k3" and i == 0:
+            logits.unlink(missing_ok=True)
+            env["K3_LOGITS"] = str(logits)
         try:
             r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, errors="replace")
         except subprocess.TimeoutExpired:
             result["ran"] = "timeout"
             return result
         out = r.stdout + r.stderr
+        if case.engine == "glm53":
+            out += "\n" + id_lines(r.stdout, ref)
+        if case.engine == "kimi_k3":
+            positions = len(json.loads(ref.read_text())["full_ids"])
+            out += "\n" + id_lines(k3_ids(i, r.stdout, logits, positions), ref)
         result["out"] = str(result["out"]) + out
         tf = re.search(r"(?:PREFILL \(teacher-forcing\) C vs oracle|teacher-forced argmax): (\d+)/(\d+)", out)
         greedy = re.search(r"(?:Matching tokens|GREEDY C vs oracle): (\d+)/(\d+)", out)
@@ -136,6 +232,27 @@ def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gree
             last = [line for line in out.strip().splitlines() if line.strip()] or [f"exit {r.returncode}"]
             result["ran"] = f"no (exit {r.returncode}: {last[-1][:70]})"
     return result
+
+
+def tf_by_prefix(case: Case, cdir: Path, model: Path, ref: dict, work: Path) -> tuple[tuple[int, int], str]:
+    """Teacher-forced argmax of an engine without a teacher-forced mode: for every position ``p - 1`` one oracle
+    run on the prompt ``full_ids[:p]`` generating one token (the engine's argmax after prefilling the prefix).
+    ``(k, N)`` and the ``[ORACLE] ... mismatch pos=P`` lines :func:`divergences` reads."""
+    full, want = ref["full_ids"], ref["tf_pred"]
+    folder = work / "refs" / f"{case.name}.prefix"
+    folder.mkdir(parents=True, exist_ok=True)
+    k, notes = 0, []
+    for p in range(1, len(full) + 1):
+        path = folder / f"{p}.json"
+        path.write_text(json.dumps({"prompt_ids": full[:p], "full_ids": full[:p] + [want[p - 1]]}))
+        argv = engine_runs(case, cdir, model, path, 0, 1)[0]
+        r = subprocess.run(argv, env=engine_env(model, path), capture_output=True, text=True, timeout=900,
+                           errors="replace")  # fmt: skip
+        if re.search(r"Matching tokens: 1/1", r.stdout + r.stderr):
+            k += 1
+        else:
+            notes.append(f"[ORACLE] prefix mismatch pos={p - 1}")
+    return (k, len(full)), "\n".join(notes)
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -185,6 +302,16 @@ def fp8_source(folder: Path) -> None:
                 entries.append((base + "weight_scale_inv", "F32", scale_inv.shape, scale_inv.tobytes()))
             else:
                 entries.append((name, info.dtype, tuple(info.shape), f.read_bytes(name)))
+    write_safetensors(path, entries)
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_safetensors(path: Path, entries: list[tuple[str, str, tuple[int, ...], bytes]]) -> None:
+    """A safetensors file of ``(name, dtype, shape, bytes)`` entries, in order."""
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, dtype, shape, data in entries:
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
@@ -192,11 +319,39 @@ def fp8_source(folder: Path) -> None:
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(e[3] for e in entries))
-    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [128, 128]}  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def engine_container(case: Case, model: Path) -> Path:
+    """The folder the engine runs: the container itself, except for qwen38. The qwen38.c of the gathered tree
+    (bench/README.md) predates the ``experts-int4g64/`` sidecar ``--target qwen38`` writes and reads routed
+    experts from the main container only, so its folder is the target's main container (linked) plus the
+    sidecar's experts decoded by colitools to F32 per-expert tensors: the same values ``colitools run`` computes
+    with; every other tensor and the config are the target's, byte for byte."""
+    if case.engine != "qwen38":
+        return model
+    from colitools.runtime.weights import Checkpoint, decode_stored
+
+    out = model.parent / f"{model.name}.engine"
+    if (out / "experts-decoded.safetensors").exists():
+        return out
+    out.mkdir(exist_ok=True)
+    for f in [*model.glob("*.safetensors"), model / "config.json", model / "generation_config.json"]:
+        (out / f.name).unlink(missing_ok=True)
+        (out / f.name).symlink_to(f)
+    config = json.loads((model / "config.json").read_text())
+    text = config.get("text_config", config)
+    H, I = text["hidden_size"], text["moe_intermediate_size"]
+    ckpt, entries = Checkpoint(model, config), []
+    for layer in range(text["num_hidden_layers"]):
+        for e in range(text["num_experts"]):
+            for proj, (O, In) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+                stored = ckpt.stored(f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight", O, In)
+                w = decode_stored(stored, *ckpt.read_stored(stored)).astype(np.float32)
+                name = f"model.language_model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight"
+                entries.append((name, "F32", (O, In), w.tobytes()))
+    ckpt.close()
+    write_safetensors(out / "experts-decoded.safetensors", entries)
+    return out
 
 
 def make_v4_wide(out: Path) -> None:
@@ -301,10 +456,10 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def run_case(case: Case, cdir: Path, built: str, work: Path, oracle_python: str | None) -> Row:
+def run_case(case: Case, cdir: Path | None, built: str, work: Path, oracle_python: str | None) -> Row:
     """Convert, reference, run the engine: one table row."""
     row = Row(case, built)
-    if built != "yes":
+    if built != "yes" or cdir is None:
         return row
     source = prepare_fixture(case.fixture, work, oracle_python)
     model = convert_case(case, source, work)
@@ -316,7 +471,11 @@ def run_case(case: Case, cdir: Path, built: str, work: Path, oracle_python: str 
     ref_path = work / "refs" / f"{case.name}.json"
     ref_path.parent.mkdir(parents=True, exist_ok=True)
     ref_path.write_text(json.dumps({k: ref[k] for k in ("prompt_ids", "full_ids", "tf_pred")}))
-    result = run_engine(case, cdir, model, ref_path, len(ref["tf_pred"]), n)
+    engine_model = engine_container(case, model)
+    result = run_engine(case, cdir, engine_model, ref_path, len(ref["tf_pred"]), n)
+    if case.engine in TF_BY_PREFIX and result["ran"] == "yes":
+        result["tf"], notes = tf_by_prefix(case, cdir, engine_model, ref, work)
+        result["out"] = f"{result['out']}\n{notes}"
     row.ran = str(result["ran"])
     row.loaded = "yes" if result["tf"] or result["greedy"] else "no"
     row.tf = "{}/{}".format(*result["tf"]) if result["tf"] else "-"
@@ -332,29 +491,30 @@ def print_table(rows: list[Row]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         opts = " ".join(f"--{k} {v}" for k, v in r.case.options)
+        opts += f" ({r.case.label})" if r.case.label else ""
         print(f"| {r.case.engine} | {r.case.fixture} | {opts} | {r.case.act_quant or '-'} | {r.built} | "
               f"{r.loaded} | {r.ran} | {r.tf} | {r.greedy} | {r.note} |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("colibri_src", nargs="?", type=Path, help="a colibri source tree (its c/ folder builds)")
+    ap.add_argument("colibri_src", nargs="*", type=Path,
+                    help="colibri source trees (each with c/); an engine is built from the first holding it")  # fmt: skip
     ap.add_argument("--work", type=Path, default=REPO / ".bench-tmp" / "colibri-compat")
     ap.add_argument("--oracle-python", help="python with torch + transformers (the 128-wide deepseek_v4)")
-    ap.add_argument(
-        "--only", nargs="*", choices=sorted(ENGINE_BINARIES), help="engines to check (default all)"
-    )
+    ap.add_argument("--only", nargs="*", choices=sorted(ENGINES), help="engines to check (default all)")
     ap.add_argument("--make-v4-wide", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.make_v4_wide:
         make_v4_wide(args.make_v4_wide)
         return 0
-    if args.colibri_src is None or not (args.colibri_src / "c").is_dir():
-        ap.error("give a colibri source tree (a folder with c/)")
+    if not args.colibri_src or not all((src / "c").is_dir() for src in args.colibri_src):
+        ap.error("give colibri source trees (folders with c/)")
     args.work.mkdir(parents=True, exist_ok=True)
-    cdir, built = build_engines(args.colibri_src, args.work)
-    rows = [run_case(c, cdir, built[c.engine], args.work, args.oracle_python) for c in cases()
-            if not args.only or c.engine in args.only]  # fmt: skip
+    engines = args.only or list(ENGINES)
+    cdirs, built = build_engines([src.resolve() for src in args.colibri_src], args.work, engines)
+    rows = [run_case(c, cdirs.get(c.engine), built[c.engine], args.work, args.oracle_python) for c in cases()
+            if c.engine in engines]  # fmt: skip
     print_table(rows)
     return 0 if all(r.ran == "yes" for r in rows) else 1  # divergences are the table's to explain
 

@@ -370,8 +370,9 @@ class V4Attention:
         if self.compressor is not None:
             C = self.compressor(x)
             seen = visible(positions, C.shape[0], self.rate)
+            # every token reaches the indexer, also before an entry exists: its own compressor keeps state
             if self.indexer is not None:
-                seen = self.indexer(x, q_resid, positions, cos, sin) if C.shape[0] else seen
+                seen = self.indexer(x, q_resid, positions, cos, sin)
             K = np.concatenate([K, C[:, None, :]])
             allowed = np.concatenate([allowed, seen[:, : C.shape[0]]], axis=1)
         if self.quant.on:

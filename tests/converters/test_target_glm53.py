@@ -291,7 +291,7 @@ def test_a_glm53_output_of_the_fixture_runs_token_identical_to_the_generic_conta
     assert json.loads((folders[0] / "colitools.json").read_text())["recipe"]["target"] == "glm53"
 
 
-# ------------------------------------------------------------------ c/glm53.c's loader, restated (read, not run)
+# ------------------------------------------------------------------ c/glm53.c's loader, restated (CI has no colibri)
 def _glm53_inventory(text: dict) -> dict[str, tuple[str, object]]:
     """Every tensor c/glm53.c model_load_range / vision_load asks for (glm53_walk_tensors' list, no MTP layer)
     -> (loader, what it needs): ``f32`` load_f32 (element count the forward indexes, None: the tower's own),
@@ -372,8 +372,8 @@ FLOATS = ("F32", "BF16", "F16")  # st_read_f32's dtypes
 
 @pytest.mark.parametrize("recipe", [{}, {"dense": "int4-g64"}], ids=["default", "dense-int4"])
 def test_every_tensor_and_config_key_c_glm53_reads_is_there_as_it_reads_it(tmp_path, recipe):
-    """The oracle fixture's ``--target glm53`` output against c/glm53.c's loader, restated (newer than colibri's
-    snapshot, so read and not run): load_cfg's required keys are numbers, every tensor it asks for is present with a
+    """The oracle fixture's ``--target glm53`` output against c/glm53.c's loader, restated (CI has no colibri;
+    bench/colibri_compat.py runs the engine itself): load_cfg's required keys are numbers, every tensor it asks for is present with a
     dtype and size its loader accepts, each expert's six pieces are back to back in slot order, and nothing is left
     that it does not read."""
     out = tmp_path / "out"

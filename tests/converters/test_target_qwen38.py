@@ -1,6 +1,6 @@
 """``--target qwen38``: the main container c/qwen38.c reads plus the ``experts-int4g64/`` sidecar, checked against
-the loader's own rules, restated here from colibri's ``c/qwen38_core.h`` (read, not run: the engine is not built
-here) rather than from the converter:
+the loader's own rules, restated here from colibri's ``c/qwen38_core.h`` (CI has no colibri; bench/colibri_compat.py runs
+a version of the engine that predates the sidecar, docs/FORMATS.md §4) rather than from the converter:
 
 * ``q38_load_cfg``: ``text_config.model_type`` ``qwen4_exp_text``, ``output_gate_type`` ``sigmoid`` given,
   ``layer_types`` entries ``linear_attention`` / ``full_attention`` / ``qwen_sparse_attention`` only, an integer

@@ -194,3 +194,16 @@ def test_each_component_changes_the_runtime_tokens(what):
         _off(m, what)
         got = generate(m, ref["prompt_ids"], 32).generated_ids
     assert got != ref["generated_ids"]
+
+
+def test_decoding_from_one_token_matches_the_batched_forward():
+    """The indexer's compressor sees every token, also before the first compressed entry exists: a one-token prompt
+    decoded token by token gives the batched forward's argmax at every position (it used to feed the indexer only
+    once the attention's compressor had an entry, so its entries lagged and the masks no longer matched)."""
+    tokens = reference("deepseek_v4", "f32")["teacher_forced"]["input_ids"][:20]
+    with load_model(ORACLES / "deepseek_v4", record_usage=False) as model:
+        batched = model.forward(tokens, all_logits=True)
+        model.reset()
+        stepped = np.stack([model.forward([t]) for t in tokens])
+    assert np.array_equal(batched.argmax(-1), stepped.argmax(-1))
+    assert np.allclose(batched, stepped, atol=1e-4)
