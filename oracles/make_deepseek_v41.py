@@ -9,7 +9,8 @@ has no DeepSeek V4.1 model). Oracle venv:
     .oracle-venv/bin/python oracles/make_deepseek_v41.py --mutations   # does the fixture catch each bug?
 
 Made like the other fixtures (oracles/README.md "How a fixture is made"): weights N(0, 0.2 sqrt(64 / fan-in)),
-norms 1 + 0.1 N, routing bias 0.05 N, sinks 0.5 N, hyper-connection ``fn`` at the fan-in rule, ``base`` 0.5 N,
+norms 1 + 0.1 N, router weights 2.5x (0.5 at 64 inputs: sqrtsoftplus scores spread so that a seed can meet
+the router margin rule), routing bias 0.05 N, sinks 0.5 N, hyper-connection ``fn`` at the fan-in rule, ``base`` 0.5 N,
 ``scale`` 0.5 + 0.1 N, engram ``q_weight`` / ``k_weight`` 1 + 0.1 N; each value then stored as the release stores
 it (FP8 / FP4 with power-of-two UE8M0 scales, BF16, F32) and the reference computed on the stored values decoded
 here (the e4m3 / E2M1 tables, ``2^(e - 127)``). A seed is kept only if every recipe passes the margin checks
@@ -114,6 +115,8 @@ def draw(rng: np.random.Generator, name: str, shape: tuple[int, ...], scale: flo
         return 0.5 * n
     if name.endswith("_scale") and "hc_" in name:
         return 0.5 + 0.1 * n
+    if name.endswith("ffn.gate.weight"):  # routing scores spread wide enough for the router margin rule
+        return 2.5 * INIT_STD * (64 / shape[-1]) ** 0.5 * n
     return INIT_STD * (64 / shape[-1]) ** 0.5 * n  # 0.2 at 64 inputs (the fixtures' rule), fan-in scaled
 
 

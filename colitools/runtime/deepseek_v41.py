@@ -185,11 +185,11 @@ class EngramHash:
                 len(e.layers), e.max_ngram - 1, e.heads
             )
             self.offsets = np.asarray(side["offsets"], dtype=np.int64).reshape(len(e.layers), e.cols)
-            self.mult = np.array(
-                [[int(str(v), 10) for v in row] for row in side["multipliers"]], dtype=np.int64
-            )
+            if any(not isinstance(v, str) for row in side["multipliers"] for v in row):
+                raise ValueError("multipliers must be decimal strings (a JSON number may have been rounded)")
+            self.mult = np.array([[int(v, 10) for v in row] for row in side["multipliers"]], dtype=np.int64)
             geometry = [side["layer_ids"], side["max_ngram_size"], side["n_heads"], side["head_dim"]]
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise RuntimeModelError(f"{where}: not an engram sidecar ({type(exc).__name__}: {exc})") from None
         if geometry != [list(e.layers), e.max_ngram, e.heads, e.head_dim]:
             raise RuntimeModelError(f"{where}: layer_ids / max_ngram_size / n_heads / head_dim {geometry} do not "

@@ -258,7 +258,7 @@ def build_container(fixture: Path, reference: dict, out: Path, layout: str = "pa
     config = json.loads((fixture / "config.json").read_text())
     config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    for extra in ("tokenizer.json", "generation_config.json"):
+    for extra in ("tokenizer.json", "generation_config.json", "dsv41_engram.json"):  # + V4.1's engram tables
         if (fixture / extra).exists():
             shutil.copy(fixture / extra, out / extra)
 
@@ -307,11 +307,13 @@ def build_container(fixture: Path, reference: dict, out: Path, layout: str = "pa
         by_layer.setdefault(prefix, []).append((e, [n for _, n in sorted(members)]))
     for prefix, items in by_layer.items():
         target, shapes, stamps = (main, main_shapes, main_stamps)
-        if layout == "planar":
+        # planar shards hold int4 experts only (DeepSeek-V4.1's DSpark stage experts stay int8-row, in the main file)
+        planar = layout == "planar" and all(formats[n].startswith("int4") for _, names in items for n in names)
+        if planar:
             target, shapes, stamps = {}, {}, {}
         for _, names in sorted(items):
             emit(target, shapes, stamps, names)
-        if layout == "planar":
+        if planar:
             files.append((f"experts-{prefix.replace('.', '-')}.safetensors", target, shapes, stamps))
     files.insert(0, ("model-main.safetensors", main, main_shapes, main_stamps))
     weight_map = {}

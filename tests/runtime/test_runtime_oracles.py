@@ -38,6 +38,8 @@ def test_every_family_has_a_fixture():
         "inkling2",
         "qwen3_vl_moe",
         "llama4",
+        "kimi_k3",
+        "deepseek_v41",
     }
     # the DSA indexer's selection really runs (index_topk < the sequence) for both indexer RoPE layouts
     assert {"glm_moe_dsa_sparse", "deepseek_v32_sparse"} <= set(FIXTURES)
@@ -79,6 +81,7 @@ def test_target_recipes_are_listed():
     are on the ``olmoe_target`` / ``glm5_next_target`` copies made for them (oracles/README.md)."""
     assert TARGET_RECIPES == [
         ("deepseek_v4", "target-deepseek_v4"),
+        ("deepseek_v41", "target-deepseek_v41"),
         ("glm5_next_target", "target-glm53"),
         ("inkling", "target-inkling"),
         ("kimi_k3", "target-kimi_k3"),
