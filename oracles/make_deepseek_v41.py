@@ -329,19 +329,22 @@ def mutations(names=None) -> int:
     missed = 0
     print(f"{NAME} (seed {index['seed']}): mutation -> greedy tokens changed / {NEW_TOKENS}, teacher-forced argmax "
           "changed, max |d logit|")  # fmt: skip
+    text = reference_config(full_config()["text_config"])
+    w = {k: torch.from_numpy(v.astype(np.float64)) for k, v in source.items()}
+    tf_ids = ref["teacher_forced"]["input_ids"]
     for m, what in MUTATIONS.items():
         if names and m not in names:
             continue
         res = run(source, sidecar, ref["prompt_ids"], (m,))
         greedy = sum(a != b for a, b in zip(res["generated_ids"], ref["generated_ids"], strict=True))
-        tf_changed = sum(a != b for (a, _), b in zip(res["tf"], ref["teacher_forced"]["argmax"], strict=True))
-        d = float(np.abs(np.stack([res["last_step"], res["last"]]) - want_logits).max())
+        tf_logits = V41Reference(text, w, sidecar, (m,)).forward(tf_ids)  # the reference's own 40 tokens
+        tf = tf_logits.argmax(-1).tolist()
+        tf_changed = sum(a != b for a, b in zip(tf, ref["teacher_forced"]["argmax"], strict=True))
+        got = np.stack([res["last_step"], tf_logits[-1].numpy().astype(np.float32)])
+        d = float(np.abs(got - want_logits).max())
         caught = greedy or tf_changed or d > 1e-4
         missed += not caught
-        print(
-            f"  {m:22s} {greedy:2d}  {tf_changed:2d}  {d:.2e}  {'' if caught else 'MISSED  '}{what}",
-            flush=True,
-        )
+        print(f"  {m:22s} {greedy:2d}  {tf_changed:2d}  {d:.2e}  {'' if caught else 'MISSED  '}{what}", flush=True)
     print(f"{len(names or MUTATIONS)} mutations, {missed} missed")
     return missed
 
