@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from colitools.formats import families, model_config, names, source_encodings
+from colitools.formats import families, model_config, names, source_encodings, towers
 from colitools.formats.container import config_shapes
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
 from colitools.formats.safetensors_io import SafetensorsWriter
@@ -43,6 +43,8 @@ from colitools.formats.safetensors_io import SafetensorsWriter
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 F32_SMALL = ("e_score_correction_bias",)  # stored F32 whatever the checkpoint's float dtype (DeepSeek-V3)
 Entry = tuple[str, tuple[int, ...]]
+# a release's published tensor listing, where a mirror has one (``published_shapes``)
+SHAPES_FILE = "shapes.json"
 
 
 # ------------------------------------------------------------------------------------------- the release
@@ -145,7 +147,7 @@ def stack_shape(name: str, facts, native: str | None) -> tuple[int, ...] | None:
         return (E, out)
     orientation = families.stack_orientation(facts.model_type, native, p.leaf)
     inp = H if p.projection != "down" else I
-    if orientation is names.Orientation.TRANSPOSED_INTERLEAVED:
+    if orientation is not None and orientation.transposed:
         return (E, inp, out)
     return (E, out, inp)
 
@@ -186,11 +188,14 @@ def tensor_entries(config: dict[str, Any], weight_map: dict[str, str]) -> dict[s
     parts = companions(weight_map, config)
     logical_names = sorted({logical for _, _, logical, _ in parts.values()} | (set(weight_map) - set(parts)))
     linear = {n: s for n, s in config_shapes(config, logical_names).items() if None not in s}
+    # a multimodal release's vision tower and projector
+    linear.update(towers.tower_shapes(config, logical_names))
     out: dict[str, Entry] = {}
     for name in weight_map:
         if name in parts:
             enc, role, logical, scheme = parts[name]
-            shape = stack_shape(logical, facts, enc.kind) or linear.get(logical)
+            # an FP8 block-scaled stack is laid out as the family's float stacks (the converter carries its scale)
+            shape = stack_shape(logical, facts, enc.kind if enc.paired else None) or linear.get(logical)
             if shape is None:
                 raise SystemExit(f"skeleton: no shape for {logical} (the {enc.label} weight of {name})")
             out[name] = part_entry(enc, role, shape, scheme)
@@ -225,15 +230,29 @@ def write_skeleton(
     return total
 
 
+def published_shapes(folder: Path) -> dict[str, Entry] | None:
+    """The release's published tensor listing (``shapes.json(.gz)``: name -> ``[dtype, shape]``, transcribed from
+    the shards' headers where a mirror has them), None when the folder has none."""
+    plain, packed = folder / SHAPES_FILE, folder / (SHAPES_FILE + ".gz")
+    if not (plain.exists() or packed.exists()):
+        return None
+    listing = json.loads(gzip.open(packed).read() if packed.exists() else plain.read_text())
+    return {n: (dtype, tuple(shape)) for n, (dtype, shape) in listing.items()}
+
+
 def build(release: Path, out: Path) -> dict[str, Any]:
-    """Build the skeleton of ``release`` in ``out``; its tensor count, bytes and the published total's check."""
+    """Build the skeleton of ``release`` in ``out``; its tensor count, bytes, the published total's check and,
+    where the release has a tensor listing, every derived dtype and shape checked against it."""
     started = time.monotonic()
     config, weight_map, published = load_release(release)
     entries = tensor_entries(config, weight_map)
+    listing = published_shapes(release)
+    wrong = None if listing is None else sorted(n for n in listing if entries.get(n) != listing[n])
     total = write_skeleton(out, config, weight_map, entries)
     return {"release": release.name, "tensors": len(entries), "shards": len(set(weight_map.values())),
             "bytes": total, "published_total_size": published,
             "difference": None if published is None else total - published,
+            "shapes_checked": None if listing is None else len(listing), "shapes_wrong": wrong,
             "build_seconds": round(time.monotonic() - started, 2)}  # fmt: skip
 
 
@@ -340,6 +359,8 @@ def _text(r: dict[str, Any]) -> list[str]:
         if r["difference"] is None
         else f" (published total_size {r['published_total_size']}: {r['difference']:+d})"
     )
+    if r["shapes_checked"] is not None:
+        diff += f"; {r['shapes_checked']} published shapes, {len(r['shapes_wrong'])} differ {r['shapes_wrong'][:3]}"
     lines = [f"{r['release']}: {r['tensors']} tensors in {r['shards']} shards, {r['bytes']} bytes{diff}"]
     p = r.get("plan")
     if p is not None and p["ok"]:

@@ -94,6 +94,8 @@ class TensorJob:
             n = itemsize(self.source.dtype)
             for d in self.shape:
                 n *= d
+            if self.source.scale is not None:  # an FP8 stack's slice: its share of the scale grid
+                n += self.source.scale_nbytes * n // max(self.source.nbytes, 1)
             return n
         if self.fused_rows is None:
             return self.source.nbytes + self.source.scale_nbytes
@@ -501,12 +503,13 @@ def _jobs_for(
         for sl in rc.split_fused(src.name, src.shape, orientation or rc.Orientation.ROWS):
             shape = sl.out_shape(src.shape)
             O, I = shape if len(shape) == 2 else (1, shape[0])
-            # FP8 128x128 blocks span rows: only contiguous row ranges keep their grid; natively quantized codes
-            # are per row (blocks and scales of one row), so every row selection is exact, but not a transpose
-            if (src.scale is not None and not sl.contiguous) or (src.quant is not None and sl.transposed):
-                what = "natively quantized" if src.quant is not None else "FP8"
+            # natively quantized codes are per row (blocks and scales of one row): every row selection is exact,
+            # but not a transpose. FP8 blocks span rows and columns: a contiguous row range keeps its grid, any
+            # other slice (a transposed stack's columns, interleaved rows) decodes the expert's whole slab first
+            if src.quant is not None and sl.transposed:
                 raise ConvertError(
-                    f"tensor {src.name}: a {what} expert stack in the {orientation} orientation is not supported"
+                    f"tensor {src.name}: a natively quantized expert stack in the {orientation} orientation is "
+                    "not supported"
                 )
             target = rc.choose_target(sl.out_name, role, option, O, I, kind)
             ex = rc.expert_of(sl.out_name)

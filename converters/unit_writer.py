@@ -145,8 +145,11 @@ class ShardReader:
         self._open.clear()
 
 
-def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.ndarray | None]:
-    """The job's source values (exact dtype, 2-D ``[O, I]`` or the 0/1-D shape) and its FP8 scale grid rows."""
+def _source_values(
+    job: TensorJob, reader: ShardReader, block: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The job's source values (exact dtype, 2-D ``[O, I]`` or the 0/1-D shape) and its FP8 scale grid rows
+    (``block``: the source's FP8 block; a slice of an FP8 stack that is not a row range comes decoded, float32)."""
     src = job.source
     scale = None
     if src.quant is not None:  # natively quantized: every companion, cut to the job's rows
@@ -163,16 +166,17 @@ def _source_values(job: TensorJob, reader: ShardReader) -> tuple[np.ndarray, np.
             else:
                 parts[role] = reader.read_slab_rows(part, *job.fused_rows)
         return parts, None
-    if (
-        job.fused_pick is not None
-    ):  # an interleaved / transposed stack slice or a stack-bias slice (float only)
+    if job.fused_pick is not None:  # an interleaved / transposed stack slice or a stack-bias slice
         sl = job.fused_pick
-        if len(src.shape) == 3 and sl.contiguous:  # rows [row0, row1) of a non-interleaved stack: only those
+        if len(src.shape) == 3 and sl.contiguous and src.scale is None:  # rows of a float stack: only those
             return reader.read_slab_rows(src, sl.expert, sl.row0, sl.row1), None
         if len(src.shape) == 3:
             slab = reader.read_slab_rows(src, sl.expert, 0, src.shape[1])
         else:
             slab = reader.read(src.shard, src.name, src.dtype, src.shape)[sl.expert]
+        if src.scale is not None:  # FP8 blocks span the slab's rows and columns: decode it whole, exactly
+            grid = reader.read_slab_rows(src.scale, sl.expert, 0, src.scale.shape[1])
+            slab = FP8_BLOCK.decode({"data": slab, "scale": grid}, *slab.shape, block=block, fast=True)
         return sl.pick(slab), None
     if job.fused_rows is None:
         values = reader.read(src.shard, src.name, src.dtype, src.shape)
@@ -657,7 +661,7 @@ class _Slabs:
                 codes, s = encode_job(slab, values, rows_grid, block, False)
             except (ConvertError, EncodeError):
                 # the whole tensor's message (its first bad [o, i], its count): encoded whole, on this path only
-                encode_job(job, *_source_values(job, reader), block, False)
+                encode_job(job, *_source_values(job, reader, block), block, False)
                 raise
             sink.put(wname, codes, part=True)
             if s is not None:
@@ -674,7 +678,7 @@ def _read_encode(
     rows = _slab_rows(job, out, group, block)
     if rows is not None:
         return _Slabs(job, rows, reader, block)
-    values, scale = _source_values(job, reader)
+    values, scale = _source_values(job, reader, block)
     big = job.O * job.I >= BIG_TENSOR_ELEMS
     if big:  # few of these: split its rows over every kernel thread
         kernels.set_threads(None, this_thread=True)

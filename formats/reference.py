@@ -378,6 +378,17 @@ def decode_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray, I: 
         return (E2M1_SIGNED[codes] * s) * F32(np.asarray(scale_2, dtype=F32).reshape(()))
 
 
+def dequant_fp8_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """FP8 with one scale per output row (``scale`` ``[O, 1]``) or per tensor (``[1]`` / ``[]``), F32 / BF16 / F16:
+    ``w[r, c] = f32(e4m3(q[r, c])) * f32(s[r])``, one float32 multiply per element (compressed-tensors
+    ``float-quantized``, docs/FORMATS.md §5)."""
+    O = q.shape[0]
+    values = E4M3_TO_F32[np.ascontiguousarray(q).view(np.uint8)]
+    s = np.asarray(scale).astype(F32).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN codes stay NaN, as the encoders refuse them
+        return values * (s.reshape(O, 1) if s.size == O and s.size != 1 else s.reshape(()))
+
+
 def decode_mxfp8(q: np.ndarray, scale: np.ndarray, I: int) -> np.ndarray:
     """MXFP8: e4m3fn bytes ``[O, I]``, E8M0 ``scale`` U8 ``[O, ceil(I/32)]`` -> ``e4m3(b) * 2^(e - 127)``."""
     O = q.shape[0]

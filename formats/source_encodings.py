@@ -259,8 +259,8 @@ class Fp8Block(SourceEncoding):
     label = "FP8"
     declared_by = (("fp8", None),)
     parts = (
-        Part("data", "", ("F8_E4M3",), "[M, N]"),
-        Part("scale", "_scale_inv", ("F32", "BF16"), "[ceil(M/br), ceil(N/bc)]"),
+        Part("data", "", ("F8_E4M3",), "[..., M, N]"),
+        Part("scale", "_scale_inv", ("F32", "BF16"), "[..., ceil(M/br), ceil(N/bc)]"),
     )
     paired = False
 
@@ -607,6 +607,66 @@ class Mxfp8(SourceEncoding):
         return _decoders(fast).decode_mxfp8(parts["data"].reshape(O, I), scale, I)
 
 
+class Fp8Channel(SourceEncoding):
+    """compressed-tensors ``float-quantized`` FP8 (Llama-4-Maverick-17B-128E-Instruct-FP8, llm-compressor's FP8
+    ``channel`` / ``tensor`` schemes): ``<base>.weight`` F8_E4M3 ``[O, I]`` + ``<base>.weight_scale`` (BF16, F16 or
+    F32) ``[O, 1]`` (one scale per output row) or ``[1]`` / ``[]`` (one per tensor); ``w = f32(e4m3(q)) * f32(s)``,
+    one float32 multiply (exact: 4 + 11 significant bits). A static activation scale ``<base>.input_scale`` is
+    dropped. No format holds per-row FP8 scales exactly (fp8-e4m3-b128's are 128x128 blocks): decoded."""
+
+    kind = "fp8-channel"
+    label = "FP8 channel"
+    declared_by = (("compressed-tensors", None),)
+    parts = (
+        Part("data", ".weight", ("F8_E4M3",), "[O, I]"),
+        Part("scale", ".weight_scale", ("BF16", "F16", "F32"), "[O, 1] or [1]"),
+    )
+    INPUT_SCALE = ".input_scale"  # on the stem: the activations' scale, not converted
+
+    @classmethod
+    def scheme(cls, qc, config):
+        """True when a ``float-quantized`` group declares 8-bit float weights per channel or per tensor; None when
+        the config has no such group; ConfigError for another float scheme (blocks, groups, other widths)."""
+        weights = [w for f, w in _ct_weights(qc) if f == FLOAT_QUANTIZED]
+        for w in weights:
+            if (w.get("num_bits"), w.get("type"), w.get("strategy")) not in (
+                (8, "float", "channel"),
+                (8, "float", "tensor"),
+            ):
+                raise ConfigError(
+                    f"config.json: compressed-tensors {FLOAT_QUANTIZED} weights with num_bits {w.get('num_bits')!r} "
+                    f"type {w.get('type')!r} strategy {w.get('strategy')!r} are not supported (only 8-bit float "
+                    "per 'channel' or per 'tensor')"
+                )
+        return True if weights else None
+
+    @classmethod
+    def pair(cls, name, tensors, scheme):
+        data, scale = cls.parts
+        base = name[: -len(data.suffix)]
+        sname = base + scale.suffix
+        if sname not in tensors or tensors[sname].dtype not in scale.dtypes:
+            return None
+        shape, s = tuple(tensors[name].shape), tensors[sname]
+        if len(shape) != 2 or tuple(s.shape) not in ((shape[0], 1), (1,), ()):
+            raise FormatError(
+                f"tensor {sname}: FP8 channel scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
+                f"(expected [{shape[0] if shape else 'O'}, 1] or [1])"
+            )
+        dropped = tuple(x for x in (base + cls.INPUT_SCALE,) if x in tensors)
+        group = shape[1] if s.shape and s.shape[0] == shape[0] else shape[0] * shape[1]
+        return Paired(cls, name, shape, (("data", name), ("scale", sname)), group, False, dropped)
+
+    @classmethod
+    def describe(cls, paired, scheme):
+        per = "channel" if paired.group == paired.shape[-1] else "tensor"
+        return f"compressed-tensors fp8 per {per}"
+
+    @classmethod
+    def decode(cls, parts, O, I, *, group=None, exact=True, block=None, fast=True):
+        return ref.dequant_fp8_rows(parts["data"].reshape(O, I), parts["scale"])
+
+
 class Ue8m0Fp8(SourceEncoding):
     """DeepSeek-V4.1 Flash's FP8 (colibri ``c/tools/dsv41_ref.py`` ``fp8_quant_blocked`` / ``fp8_quant_rowgroups``):
     ``<b>.weight`` F8_E4M3 ``[O, I]`` + ``<b>.scale`` F8_E8M0 (or U8) holding one exponent byte per tile,
@@ -765,6 +825,7 @@ def read_quant_config(config: Mapping[str, Any]) -> QuantScheme:
 
 
 PACK_QUANTIZED, MXFP4_PACK_QUANTIZED = "pack-quantized", "mxfp4-pack-quantized"  # compressed-tensors formats
+FLOAT_QUANTIZED = "float-quantized"
 
 
 def _ct_weights(qc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -784,13 +845,13 @@ def _ct_weights(qc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
                 f"config.json: quantization_config.config_groups.{key}.weights is a "
                 f"{type(g['weights']).__name__}, expected an object"
             )
-    known = {PACK_QUANTIZED, MXFP4_PACK_QUANTIZED}
+    known = {PACK_QUANTIZED, MXFP4_PACK_QUANTIZED, FLOAT_QUANTIZED}
     formats = {fmt, *(g.get("format") for g in schemes)} - {None}
     if formats - known:
         raise ConfigError(
             "config.json: quantization_config.format "
             f"{sorted(formats - known, key=str)[0]!r} of quant_method 'compressed-tensors' is not "
-            f"supported (only {PACK_QUANTIZED!r}, {MXFP4_PACK_QUANTIZED!r})"
+            f"supported (only {PACK_QUANTIZED!r}, {MXFP4_PACK_QUANTIZED!r}, {FLOAT_QUANTIZED!r})"
         )
     return [(g.get("format") or fmt or PACK_QUANTIZED, g["weights"]) for g in schemes]
 

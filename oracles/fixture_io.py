@@ -101,6 +101,12 @@ def fixture_config(fx: Fixture, saved_config: dict) -> dict:
             "quant_method": "fp8",
             "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
         }
+    if fx.storage == "fp8-experts":  # as colibri's c/tools/make_qwen38_tiny.py --fp8-experts writes it (no fmt)
+        cfg["quantization_config"] = {
+            "activation_scheme": "dynamic",
+            "quant_method": "fp8",
+            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+        }
     if fx.storage == "mxfp4":  # as openai/gpt-oss-20b's config.json
         cfg["quantization_config"] = {
             "modules_to_not_convert": [
@@ -230,7 +236,7 @@ def check_written(out_dir: Path, source: dict[str, np.ndarray], orientation: str
                 got = np.ascontiguousarray(got.transpose(0, 2, 1))
         elif t.dtype == torch.float8_e4m3fn:
             q = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
-            got = fp8_block_dequant(q, raw[n + "_scale_inv"].numpy())
+            got = fp8_block_dequant(q, to_np_f32(raw[n + "_scale_inv"]))  # F32 or BF16 scales
         else:  # non-float tensors (tid2eid, Qwen3.8's I64 hash multipliers ~2^62) compared as they are
             got = to_np_f32(t) if t.is_floating_point() else t.numpy()
         assert np.array_equal(got, source[n]), (

@@ -302,6 +302,24 @@ def fine_grained_fp8_stack(name: str, w: np.ndarray) -> tuple[torch.Tensor, torc
     return q, scale, np.ascontiguousarray(src, dtype=np.float32)
 
 
+def fp8_expert(name: str, w: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """A routed expert of Qwen3.8 as published (colibri's ``c/tools/make_qwen38_tiny.py --fp8-experts``): e4m3
+    codes per 128x128 block with a BF16 ``weight_scale_inv`` (``oracle_recipes.fp8_block_quantize``). Returns
+    (codes, scales, the source values: torch's own e4m3 and BF16 widening, ``f32(q) * f32(s)`` per block, checked
+    equal to this package's ceil-grid dequant and to colitools' decoder)."""
+    q, s = fp8_block_quantize(w, ml_dtypes.bfloat16)
+    codes = torch.from_numpy(q.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    scale = torch.from_numpy(s.view(np.uint16).copy()).view(torch.bfloat16)
+    M, N = w.shape
+    wide = scale.to(torch.float32).repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)[:M, :N]
+    src = (codes.to(torch.float32) * wide).numpy()
+    assert np.array_equal(src, fp8_block_dequant(q, s)), f"{name}: FP8 dequant disagrees with torch's"
+    ref = fref.dequant_fp8_block(q.view(np.uint8), s, (FP8_BLOCK, FP8_BLOCK))
+    assert np.array_equal(src, ref), f"FP8 dequant disagrees with colitools.formats.reference: {name}"
+    assert np.abs(src - w).max() <= 0.07 * np.abs(w).max(), f"{name}: FP8 packing is off"
+    return codes, scale, np.ascontiguousarray(src, dtype=np.float32)
+
+
 def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
     """Apply the storage variant. Returns (tensors to write, in their stored dtype; the exact float32 values
     they hold, by the weight names)."""
@@ -336,6 +354,9 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
             assert np.abs(src - w).max() <= 0.5 * np.abs(w).max(), f"{name}: {fx.storage} packing is off"
             source[name] = np.ascontiguousarray(src)
             continue
+        if fx.storage == "fp8-experts" and PER_EXPERT_RE.search(name):  # Qwen3.8: <n> F8_E4M3 + <n>_scale_inv BF16
+            stored[name], stored[name + "_scale_inv"], source[name] = fp8_expert(name, w)
+            continue
         if fx.storage == "mxfp8-stacks" and FUSED_RE.match(name):  # Inkling-2: <n> F8_E4M3 + <n>_scale U8
             stored[name], stored[name + NV_SCALE], source[name] = fine_grained_fp8_stack(name, w)
             assert np.abs(source[name] - w).max() <= 0.1 * np.abs(w).max(), f"{name}: MXFP8 packing is off"
@@ -353,7 +374,7 @@ def store(fx: Fixture, disk: dict[str, np.ndarray]) -> tuple[dict[str, torch.Ten
         if fx.storage == "f32":
             stored[name] = torch.from_numpy(w.copy())
             source[name] = w
-        elif fx.storage in ("bf16", "mxfp4", "int4", "nvfp4", "mxfp8", "mxfp8-stacks") or (
+        elif fx.storage in ("bf16", "mxfp4", "int4", "nvfp4", "mxfp8", "mxfp8-stacks", "fp8-experts") or (
             fx.storage == "fp8" and not is_fp8_target(name, w.shape)
         ):
             if fx.storage in ("fp8", "int4") and name.endswith("e_score_correction_bias"):
@@ -441,8 +462,11 @@ def check_transformers_reads_fp8(fx: Fixture, out_dir: Path, config: dict, sourc
 
 def native_tensors(stored: dict[str, torch.Tensor]) -> dict[str, str]:
     """The source tensors a container format holds exactly (docs/FORMATS.md §5 ``native``), name -> format:
-    gpt-oss MXFP4 stacks -> mxfp4, symmetric INT4 pack-quantized group g -> int4-g{g}. NVFP4 / MXFP8 have none."""
+    gpt-oss MXFP4 stacks -> mxfp4, symmetric INT4 pack-quantized group g -> int4-g{g}, FP8 128x128 blocks -> fp8
+    (``fp8-e4m3-b128``). NVFP4 / MXFP8 have none."""
     out = {n.removesuffix(MXFP4_BLOCKS): "mxfp4" for n in stored if n.endswith(MXFP4_BLOCKS)}
+    # FP8 with its _scale_inv on 128x128 blocks (every FP8-block fixture's): fp8-e4m3-b128, the source's bytes
+    out.update({n: "fp8" for n, t in stored.items() if t.dtype == torch.float8_e4m3fn and n + "_scale_inv" in stored})
     int4 = f"int4-g{INT4_GROUP}"
     out.update({n.removesuffix("_packed"): int4 for n in stored if n.endswith(".weight_packed")})
     return out

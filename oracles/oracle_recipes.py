@@ -43,7 +43,9 @@ NATIVE = "native"
 RECIPES[NATIVE] = {"experts": NATIVE, "dense": "int8-row", "embed": "int8-row", "layout": "pairs"}
 RECIPE_OPTIONS[NATIVE] = "--experts native"
 REFERENCE_OF[NATIVE] = NATIVE
-NATIVE_DEFAULT = {"experts": "int4-g64"}  # what ``native`` writes for a tensor that is not natively quantized
+# what ``native`` writes for a tensor that is not natively quantized (converters/recipe.py ``DEFAULT_OPTIONS``; the
+# other roles too: ``--target deepseek_v41`` gives ``--dense`` / ``--mtp`` ``native``)
+NATIVE_DEFAULT = {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "mtp": "int8-row"}
 # ``--target NAME`` (formats/targets.py): recipe ``target-NAME`` for every fixture whose ``model_type`` is one of
 # the target's ``model_types`` (``target_recipes``): the target's default formats (``Target.defaults``), its
 # layout, and in ``apply_recipe`` the target's own facts: the loader's float dtype per tensor (``float_dtype``, by
@@ -91,17 +93,19 @@ def is_fp8_target(name: str, shape: tuple[int, ...]) -> bool:
     )
 
 
-def fp8_block_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """w f32 [M, N] -> (e4m3fn values [M, N], scale_inv f32 [ceil(M/128), ceil(N/128)]), amax/448 per block."""
+def fp8_block_quantize(w: np.ndarray, scale_dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """w f32 [M, N] -> (e4m3fn values [M, N], scale_inv [ceil(M/128), ceil(N/128)] in ``scale_dtype``), amax/448
+    per block. A BF16 scale (Qwen3.8 as published) is rounded (to nearest even) before it divides, so the codes are
+    the nearest e4m3 of ``w`` over the scale stored; ``|w / s|`` may then pass 448 by at most 2^-8 (saturated)."""
     M, N = w.shape
     gm, gn = -(-M // FP8_BLOCK), -(-N // FP8_BLOCK)
     padded = np.zeros((gm * FP8_BLOCK, gn * FP8_BLOCK), dtype=np.float32)
     padded[:M, :N] = w
     blocks = padded.reshape(gm, FP8_BLOCK, gn, FP8_BLOCK)
     amax = np.abs(blocks).max(axis=(1, 3)).astype(np.float32)
-    scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1.0)).astype(np.float32)
-    full = np.repeat(np.repeat(scale, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:M, :N]
-    q = (w / full).astype(ml_dtypes.float8_e4m3fn)
+    scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1.0)).astype(scale_dtype)
+    full = np.repeat(np.repeat(scale.astype(np.float32), FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:M, :N]
+    q = np.clip(w / full, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
     assert np.isfinite(q.astype(np.float32)).all()
     return q, scale
 

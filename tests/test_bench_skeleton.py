@@ -58,8 +58,12 @@ def test_gpt_oss_20b_tensors_have_their_published_shapes(tmp_path):
 
 # the oracle fixtures (saved by transformers / compressed-tensors / modelopt conventions): the skeleton's derivation
 # from config.json alone gives every tensor its stored dtype and shape, companions included
+# (multimodal ones: the vision tower and projector from vision_config, formats/towers.py; qwen3_vl_moe_fp8: FP8 stacks
+# in the transposed layout with their [E, H/b, 2I/b] scale grids, quantized by transformers' own FP8 op; llama4_fp8:
+# compressed-tensors float-quantized per-expert weights with [O, 1] scales)
 FIXTURES = ["deepseek_v3", "deepseek_v3_fp8", "deepseek_v3_int4", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "mixtral",
-            "qwen2_moe", "qwen3_moe", "qwen3_moe_mxfp8", "qwen3_moe_nvfp4", "qwen3_next"]  # fmt: skip
+            "qwen2_moe", "qwen3_moe", "qwen3_moe_mxfp8", "qwen3_moe_nvfp4", "qwen3_next", "qwen3_vl_moe", "llama4",
+            "../tests/converters/data/qwen3_vl_moe_fp8", "../tests/converters/data/llama4_fp8"]  # fmt: skip
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)
@@ -72,3 +76,16 @@ def test_derived_dtypes_and_shapes_are_the_stored_ones(fixture):
             for name, t in f.tensors.items():
                 stored[name], weight_map[name] = (t.dtype, tuple(t.shape)), path.name
     assert skeleton.tensor_entries(config, weight_map) == stored
+
+
+def test_a_published_tensor_listing_is_reproduced_tensor_by_tensor(tmp_path):
+    """Qwen3-VL-30B-A3B-Thinking-FP8's listing of its shards (every tensor's dtype and shape as the release holds
+    it): the derivation from its config.json gives all 1170, vision tower and FP8 stack scale grids included."""
+    report = skeleton.build(BENCH / "published" / "Qwen3-VL-30B-A3B-Thinking-FP8", tmp_path / "q")
+    assert report["shapes_checked"] == report["tensors"] == 1170 and report["shapes_wrong"] == []
+    listing = skeleton.published_shapes(BENCH / "published" / "Qwen3-VL-30B-A3B-Thinking-FP8")
+    assert listing["model.language_model.layers.0.mlp.experts.gate_up_proj_scale_inv"] == (
+        "F32",
+        (128, 16, 12),
+    )
+    assert listing["model.visual.patch_embed.proj.weight"] == ("BF16", (1152, 3, 2, 16, 16))

@@ -30,15 +30,15 @@ RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
 # (formats/targets.py ``model_types``) adds ``target-NAME`` (oracles/README.md)
 EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling", "target-olmoe",
                  "target-glm53", "target-qwen38", "target-kimi_k3", "target-deepseek_v41")
-TARGET_RECIPES = {  # recipe -> (fixture, options)
-    "target-deepseek_v4": ("deepseek_v4", "--target deepseek_v4"),
-    "target-qwen36": ("qwen3_5_moe", "--target qwen36"),
-    "target-inkling": ("inkling", "--target inkling"),
-    "target-olmoe": ("olmoe_target", "--target olmoe"),  # copies of olmoe / glm5_next at seeds that pass
-    "target-glm53": ("glm5_next_target", "--target glm53"),
-    "target-qwen38": ("qwen38", "--target qwen38"),
-    "target-kimi_k3": ("kimi_k3", "--target kimi_k3"),
-    "target-deepseek_v41": ("deepseek_v41", "--target deepseek_v41"),  # its fixture carries dsv41_engram.json
+TARGET_RECIPES = {  # recipe -> (fixtures, options)
+    "target-deepseek_v4": (("deepseek_v4",), "--target deepseek_v4"),
+    "target-qwen36": (("qwen3_5_moe",), "--target qwen36"),
+    "target-inkling": (("inkling",), "--target inkling"),
+    "target-olmoe": (("olmoe_target",), "--target olmoe"),  # copies of olmoe / glm5_next at seeds that pass
+    "target-glm53": (("glm5_next_target",), "--target glm53"),
+    "target-qwen38": (("qwen38", "qwen38_fp8"), "--target qwen38"),  # BF16 and the published FP8 experts
+    "target-kimi_k3": (("kimi_k3",), "--target kimi_k3"),
+    "target-deepseek_v41": (("deepseek_v41",), "--target deepseek_v41"),  # its fixture carries dsv41_engram.json
 }
 TARGET_LAYOUTS = {"target-qwen38": "planar"}  # c/qwen38.c reads int4 experts from the experts-int4g64/ sidecar
 # left out: at the fixture's committed seed the reference fails the margin checks (fixture_specs margin_failed)
@@ -48,11 +48,11 @@ MARGIN_FAILED = {"target-olmoe": "olmoe", "target-glm53": "glm5_next"}
 # blobs (convert_qwen36.py pack_int4), load_t_n reads F32; c/inkling.c: int4-row fused stacks
 # (convert_inkling_int4.py --xbits 4), load_w reads BF16; c/olmoe.c: int8-row merged blobs
 # (convert_olmoe_merged.py), load_t reads F32; c/glm53.c: int4-g64 experts (int4-row at I = 64), load_mat reads
-# BF16 (towers kept: glm53 drops none); c/qwen38.c: int4-g64 sidecar records (int4-row at I = 64),
-# q38_load_weight reads BF16 natively (towers kept, never read).
+# BF16 (towers kept: glm53 drops none); c/qwen38.c: int4-g64 sidecar records (int4-row at I = 64, int4-g64 for
+# qwen38_fp8's down_proj at I = 192), q38_load_weight reads BF16 natively (towers kept, never read).
 TARGET_FORMATS = {"target-qwen36": ("int4-row", "f32"), "target-inkling": ("int4-row", "bf16"),
                   "target-olmoe": ("int8-row", "f32"), "target-glm53": ("int4-row", "bf16"),
-                  "target-qwen38": ("int4-row", "bf16")}  # fmt: skip
+                  "target-qwen38": (("int4-row", "int4-g64"), "bf16")}  # fmt: skip
 TOWERS_DROPPED = ("target-qwen36", "target-inkling")
 # c/deepseek_v4.c coli_v4_layer_plan, restated: the dtype it checks per tensor (fixture spelling, layer stripped);
 # the add_fp8 projections are fp8-e8m0, the routed experts mxfp4 (the expert store), the embedding and head BF16
@@ -102,12 +102,13 @@ DTYPES = {
     "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),  # DeepSeek-V4.1's UE8M0 scales
 }
 NATIVE_STORAGES = ("mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8", "mxfp8-stacks",  # natively quantized: ``native``
-                   "fp8-ue8m0")  # DeepSeek-V4.1 as published: FP8 UE8M0 tiles, FP4 experts
+                   "fp8-experts", "fp8-ue8m0")  # fp8-ue8m0: DeepSeek-V4.1 as published (FP8 UE8M0 tiles, FP4 experts)
 # what ``native`` writes for their experts (docs/FORMATS.md §5): the lossless format, or the default on the decode
 # (the default recipe's experts: int4-g64; int4-row at I <= 64)
 DECODED_EXPERTS = ("int4-row", "int4-g")
 NATIVE_EXPERTS = {"mxfp4": ("mxfp4",), "mxfp4-pack": ("mxfp4",), "int4": ("int4-g32",), "nvfp4": DECODED_EXPERTS,
-                  "mxfp8": DECODED_EXPERTS, "mxfp8-stacks": DECODED_EXPERTS, "fp8-ue8m0": ("mxfp4",)}  # fmt: skip
+                  "mxfp8": DECODED_EXPERTS, "mxfp8-stacks": DECODED_EXPERTS, "fp8-experts": ("fp8",),
+                  "fp8-ue8m0": ("mxfp4",)}  # fmt: skip
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -368,6 +369,53 @@ def test_fp8_fixture_follows_the_deepseek_convention() -> None:
         for k, v in tensors.items():
             if k.endswith("mlp.gate.weight"):
                 assert v.dtype != DTYPES["F8_E4M3"]
+
+
+ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def test_fp8_experts_fixture_follows_the_published_qwen38_convention() -> None:
+    """Qwen3.8 as published (colibri's c/tools/make_qwen38_tiny.py --fp8-experts, which
+    c/tools/convert_qwen38_experts_int4.py reads): exactly the routed experts F8_E4M3, each with a BF16
+    ``weight_scale_inv`` on the ceil grid of 128x128 blocks (grids with full and partial blocks), every other
+    tensor BF16 (shared expert, routers, towers) but the I64 hash buffers; ``quantization_config`` without fmt."""
+    names = [f for f in ALL if FIXTURES[f]["storage"] == "fp8-experts"]
+    assert names
+    for name in names:
+        assert config_of(name)["quantization_config"] == {
+            "activation_scheme": "dynamic", "quant_method": "fp8", "weight_block_size": [128, 128]}  # fmt: skip
+        cfg = text_config_of(name)
+        tensors, _ = fixture_tensors(name)
+        fp8 = {k for k, v in tensors.items() if v.dtype == DTYPES["F8_E4M3"]}
+        assert fp8 == {k for k in tensors if ROUTED_EXPERT.search(k)}
+        assert len(fp8) == 3 * n_experts(cfg) * cfg["num_hidden_layers"]
+        grids = set()
+        for k in fp8:
+            M, N = tensors[k].shape
+            s = tensors[k + "_scale_inv"]
+            assert s.dtype == DTYPES["BF16"] and s.shape == (-(-M // 128), -(-N // 128)), k
+            assert (s.astype(np.float32) > 0).all() and np.isfinite(s.astype(np.float32)).all()
+            grids.add(s.shape)
+        assert grids == {(2, 1), (1, 2)}  # [192, 64] gate / up and [64, 192] down: a full and a partial block
+        rest = {k: v.dtype for k, v in tensors.items() if k not in fp8 and not k.endswith("_scale_inv")}
+        assert set(rest.values()) == {DTYPES["BF16"], DTYPES["I64"]}
+        assert all(".ple_embedding." in k for k, d in rest.items() if d == DTYPES["I64"])
+
+
+@pytest.mark.parametrize("name", [f for f in ALL if FIXTURES[f]["storage"] == "fp8-experts"])
+def test_native_conversion_of_an_fp8_experts_fixture_keeps_its_bytes(name: str, tmp_path) -> None:
+    """``--experts native``: every FP8 expert becomes fp8-e4m3-b128 holding the source's e4m3 bytes unchanged,
+    its ``.qs`` the BF16 ``weight_scale_inv`` widened exactly to F32 (docs/FORMATS.md §2.8)."""
+    out = _native_output(name, tmp_path)
+    tensors, _ = fixture_tensors(name)
+    n = 0
+    for k in (k for k, v in tensors.items() if v.dtype == DTYPES["F8_E4M3"]):
+        codes, qs = out[k], out[k + ".qs"]
+        assert codes.shape == tensors[k].shape and codes.tobytes() == tensors[k].tobytes(), k
+        scale = tensors[k + "_scale_inv"].astype(np.float32)
+        assert qs.dtype == np.float32 and qs.shape == scale.shape and np.array_equal(qs, scale), k
+        n += 1
+    assert n == 3 * n_experts(text_config_of(name)) * text_config_of(name)["num_hidden_layers"]
 
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
@@ -649,8 +697,8 @@ def test_planar_shares_the_default_reference(name: str) -> None:
     recipes = FIXTURES[name]["recipes"]
     assert set(RECIPES) <= set(recipes) <= set(RECIPES + EXTRA_RECIPES)
     assert ("native" in recipes) == (FIXTURES[name]["storage"] in NATIVE_STORAGES)
-    for recipe, (fixture, options) in TARGET_RECIPES.items():
-        assert (recipe in recipes) == (name == fixture)
+    for recipe, (fixtures, options) in TARGET_RECIPES.items():
+        assert (recipe in recipes) == (name in fixtures)
         if recipe in recipes:
             assert recipes[recipe]["options"] == options
             assert recipes[recipe]["layout"] == TARGET_LAYOUTS.get(recipe, "pairs")
@@ -695,7 +743,7 @@ def test_reference_tensor_formats_follow_the_recipe(name: str, recipe: str) -> N
     want_experts = {"f32": ("f32",), "default": ("int4-row", "int4-g"), "planar": ("int4-row", "int4-g"),
                     "int3": ("int3-g64",), "mxfp4": ("mxfp4",),
                     "native": NATIVE_EXPERTS.get(FIXTURES[name]["storage"]),
-                    **{r: (e,) for r, (e, _) in TARGET_FORMATS.items()}}[recipe]  # fmt: skip
+                    **{r: e if isinstance(e, tuple) else (e,) for r, (e, _) in TARGET_FORMATS.items()}}[recipe]  # fmt: skip
     other = "f32" if recipe == "f32" else TARGET_FORMATS[recipe][1] if recipe in TARGET_FORMATS else "int8-row"
     fallen = {f["tensor"] for f in ref["fallbacks"]}
     assert any(re.search(r"\.experts\.\d+\.", k) for k in formats)

@@ -210,13 +210,19 @@ def test_formats_command_table_and_json():
     assert "ceil(O/128) * ceil(I/128) * 4" in lines["fp8-e4m3-b128"]
     assert "4.5" in lines["int4-grouped"] and "O * ceil(I/gs) * 4" in lines["int4-grouped"]
     rows = json.loads(run("formats", "--json").stdout)
-    assert [r["ord"] for r in rows] == list(range(10))
+    assert [r["ord"] for r in rows] == [*range(10), 101, 102]  # DeepSeek-V4.1's FP8 grids: colibri's private block
     assert rows[9] == {
         "ord": 9, "name": "fp8-e4m3-e8m0", "bits_per_weight": rows[9]["bits_per_weight"], "weight_bytes": "O * I",
         "scale_bytes": "ceil(O/128) * ceil(I/128)", "scale_tensor": "<base>.scale F8_E8M0", "group_sizes": None,
         "written": True, "options": ["fp8-e8m0"],
     }  # fmt: skip
     assert abs(rows[9]["bits_per_weight"] - 8 * (1 + 1 / 128**2)) < 1e-3
+    t32, r32 = rows[10], rows[11]
+    assert (t32["name"], t32["scale_bytes"], t32["scale_tensor"], t32["options"]) == (
+        "fp8-e4m3-e8m0-t32", "ceil(O/32) * ceil(I/32)", "<base>.scale F8_E8M0", ["fp8-e8m0-t32"]
+    )
+    assert (r32["name"], r32["scale_bytes"], r32["options"]) == ("fp8-e4m3-e8m0-r32", "O * ceil(I/32)", ["fp8-e8m0-r32"])
+    assert abs(t32["bits_per_weight"] - 8 * (1 + 1 / 32**2)) < 1e-3 and abs(r32["bits_per_weight"] - 8.25) < 1e-3
     assert rows[7] == {
         "ord": 7, "name": "mxfp4", "bits_per_weight": 4.25, "weight_bytes": "O * I/2", "scale_bytes": "O * I/32",
         "scale_tensor": "<base>.weight_scale U8 (E8M0)", "group_sizes": None, "written": True,

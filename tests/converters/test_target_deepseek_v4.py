@@ -352,8 +352,8 @@ def test_fp8_source_with_power_of_two_scales_passes_through_bit_for_bit(tmp_path
 @pytest.mark.parametrize(
     ("scale_shape", "weight_dtype", "says"),
     [
-        ((1, 2), ml_dtypes.float8_e4m3fn, "needs weight bytes 3072 and scale bytes 1"),
-        ((1,), ml_dtypes.float8_e4m3fn, "is [1], expected [1, 1] (one E8M0 byte per 128x128 block)"),
+        ((1, 2), ml_dtypes.float8_e4m3fn, "needs weight bytes 3072 and one scale byte per block (fp8-e8m0 [1, 1] = 1"),
+        ((1,), ml_dtypes.float8_e4m3fn, "got 3072 and scale [1] = 1"),  # the byte count of [1, 1], not its shape
         (
             (48, 1),
             np.int8,

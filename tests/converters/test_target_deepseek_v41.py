@@ -285,3 +285,21 @@ def test_too_few_compress_ratios_is_refused(tmp_path):
 def test_options_the_engine_cannot_read_are_refused(source, tmp_path, option, value):
     msg = _refused(source[0], tmp_path, **{option: value})
     assert f"`{option}={value}`" in msg
+
+
+def test_colitools_readers_read_it(out):
+    """inspect / verify read the copy formats by their pairs: the FP8 tiles as fp8-e4m3-e8m0-t32, the engram tables
+    as -r32, the experts as mxfp4 (resolver.resolve_fp8_e8m0 by the scale's shape)."""
+    from colitools.formats.container import resolve_container
+    from colitools.verify.container import verify_container
+
+    assert verify_container(out).problems == []
+    files = [SafetensorsFile(f) for f in sorted(out.glob("*.safetensors"))]
+    try:
+        got = {n: r.format.name for n, r in resolve_container(files).items() if r.format is not None}
+    finally:
+        for f in files:
+            f.close()
+    assert got["layers.1.engram.embed.weight"] == "fp8-e4m3-e8m0-r32"
+    assert got["layers.0.attn.wq_a.weight"] == got["mtp.0.main_proj.weight"] == "fp8-e4m3-e8m0-t32"
+    assert got["layers.0.ffn.experts.0.w1.weight"] == got["mtp.1.ffn.experts.1.w2.weight"] == "mxfp4"

@@ -12,6 +12,12 @@ here) rather than from the converter:
   ``split_ngram_parts`` row shards ``shard_{p}.weight`` ``[rows, ple_embed_dim / ngram_heads]`` float;
 * ``q38_expert_int4_attach``: ``index.json`` format / version / codes / scales / geometry, every expert one record
   of its six tensors (U8 codes, F32 ``.qs``) back to back; the main container holds no routed expert.
+
+Both Qwen3.8 fixtures: ``qwen38`` (BF16) and ``qwen38_fp8`` (the routed experts FP8 with 128x128 BF16 block
+scales, as published). From the FP8 source the sidecar holds what colibri's ``c/tools/convert_qwen38_experts_int4.py``
+writes, restated here: its dequantization (``E4M3_LUT[byte] * f32(weight_scale_inv[r // 128, c // 128])``) and its
+quantizer (per 64 inputs ``scale = max(absmax, 1e-12) / 7``, ``code = rint(w / scale)`` clamped to [-8, 7], stored
+``v + 8``, planar: byte k of a 64-block holds element k low, element k + 32 high).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 from colitools.converters.options import ConvertOptions
@@ -26,16 +34,26 @@ from colitools.converters.runner import convert
 from colitools.errors import TargetRefused
 from colitools.formats.safetensors_io import SafetensorsFile
 
-FIXTURE = Path(__file__).resolve().parents[2] / "oracles" / "qwen38"
+ORACLES = Path(__file__).resolve().parents[2] / "oracles"
+FIXTURE = ORACLES / "qwen38"
+SOURCES = ("qwen38", "qwen38_fp8")  # BF16; the routed experts FP8 as published
 FLOAT = ("BF16", "F16", "F32")
 P = "model.language_model."
+_CONVERTED: dict[str, Path] = {}
 
 
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    o = tmp_path_factory.mktemp("q38") / "out"
-    convert(str(FIXTURE), o, ConvertOptions(target="qwen38"))
-    return o
+def converted(name: str, factory) -> Path:
+    """``--target qwen38`` of fixture ``name``, converted once per module."""
+    if name not in _CONVERTED:
+        o = factory.mktemp(name) / "out"
+        convert(str(ORACLES / name), o, ConvertOptions(target="qwen38"))
+        _CONVERTED[name] = o
+    return _CONVERTED[name]
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def out(request, tmp_path_factory):
+    return converted(request.param, tmp_path_factory)
 
 
 def headers(folder: Path, pattern: str) -> dict[str, tuple[str, tuple[int, ...], int, str]]:
@@ -131,3 +149,46 @@ def test_sidecar_is_what_q38_expert_int4_attach_accepts(out):
 def test_pairs_layout_is_refused_in_one_line(tmp_path):
     with pytest.raises(TargetRefused, match="layout=pairs` is refused: c/qwen38.c reads int4 routed experts"):
         convert(str(FIXTURE), tmp_path / "o", ConvertOptions(target="qwen38", layout="pairs"))
+
+
+def e4m3_values(b: np.ndarray) -> np.ndarray:
+    """The test's own e4m3fn decode by bits: bias 7, subnormals at exponent 0, 0x7F / 0xFF NaN."""
+    e, m = (b >> 3) & 0xF, (b & 7).astype(np.float64)
+    v = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * np.exp2(e.astype(np.float64) - 7))
+    v = np.where((e == 0xF) & (m == 7), np.nan, v)
+    return np.where(b & 0x80, -v, v).astype(np.float32)
+
+
+def colibri_int4_g64(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """convert_qwen38_experts_int4.py's quantize_g64 + pack_planar (widths a multiple of 64 here)."""
+    O, I = w.shape
+    g = w.reshape(O, I // 64, 64)
+    scales = np.maximum(np.abs(g).max(axis=2, keepdims=True), np.float32(1e-12)) / np.float32(7.0)
+    codes = (np.clip(np.rint(g / scales), -8, 7).astype(np.int16) + 8).astype(np.uint8)
+    planar = codes[:, :, :32] | (codes[:, :, 32:] << 4)
+    return planar.reshape(O, I // 2), scales.reshape(O, I // 64)
+
+
+def test_sidecar_from_fp8_experts_is_what_colibris_converter_writes(tmp_path_factory):
+    """The FP8 source's sidecar: every expert's codes and scales are colibri's int4-g64 of its FP8 values,
+    byte for byte (the converter's own writer never consulted)."""
+    out = converted("qwen38_fp8", tmp_path_factory)
+    src, side = {}, {}
+    for f in sorted((ORACLES / "qwen38_fp8").glob("*.safetensors")):
+        st = SafetensorsFile(f)
+        src.update({n: st.read(n) for n in st.tensors if ".mlp.experts." in n})
+        st.close()
+    for f in sorted((out / "experts-int4g64").glob("*.safetensors")):
+        st = SafetensorsFile(f)
+        side.update({n: st.read(n) for n in st.tensors})
+        st.close()
+    experts = [n for n in src if n.endswith("_proj.weight")]
+    assert len(experts) == 2 * 4 * 3 and set(side) == {x for n in experts for x in (n, n + ".qs")}
+    for name in experts:
+        codes = np.asarray(src[name]).view(np.uint8)
+        O, I = codes.shape
+        s = np.asarray(src[name + "_scale_inv"]).view(ml_dtypes.bfloat16).astype(np.float32)
+        w = e4m3_values(codes) * np.repeat(np.repeat(s, 128, axis=0)[:O], 128, axis=1)[:, :I]
+        want_codes, want_scales = colibri_int4_g64(w)
+        assert side[name].tobytes() == want_codes.tobytes(), name
+        assert side[name + ".qs"].tobytes() == want_scales.astype("<f4").tobytes(), name

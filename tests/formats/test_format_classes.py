@@ -76,6 +76,7 @@ def test_writable_formats_are_exactly_those_colitools_encodes():
     assert {f.name for f in FORMATS.values() if f.writable} == {
         "int8-row", "int4-row", "int2-row", "int4-grouped", "int3-g64", "mxfp4",
         "fp8-e4m3-e8m0",  # the numpy reference is its encoder (no kernel code)
+        "fp8-e4m3-e8m0-t32", "fp8-e4m3-e8m0-r32",  # the same reference over 32x32 tiles / 1x32 row groups
     }  # fmt: skip
     w = np.ones((2, 64), np.float32)
     for fmt in (Float, Fp8E4m3B128, E8Iq3Lattice):

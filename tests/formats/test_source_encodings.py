@@ -27,7 +27,8 @@ class H:
 
 
 def test_the_registry_holds_the_spec_encodings_in_recognition_order():
-    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8", "fp8-ue8m0", "fp4-ue8m0"]
+    assert list(se.ENCODINGS) == ["fp8", "mxfp4", "mxfp4-pack", "int4", "nvfp4", "mxfp8", "fp8-channel", "fp8-ue8m0",
+                                  "fp4-ue8m0"]  # fmt: skip
     # FP8 rides on .scale; MXFP4 pack-quantized before INT4, which claims every other .weight_packed
     assert se.PAIRED == (
         se.Mxfp4Blocks,
@@ -35,6 +36,7 @@ def test_the_registry_holds_the_spec_encodings_in_recognition_order():
         se.PackQuantizedInt4,
         se.Nvfp4,
         se.Mxfp8,
+        se.Fp8Channel,
         se.Ue8m0Fp8,
         se.Ue8m0Fp4,
     )
@@ -83,6 +85,12 @@ def test_the_registry_holds_the_spec_encodings_in_recognition_order():
                 "b": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "group_size": 64}}}},
             se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme(64)),)),
         ),
+        (  # Llama-4-Maverick-17B-128E-Instruct-FP8: FP8 weights per output channel, activations per token
+            {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}},
+            se.QuantScheme("compressed-tensors", (("int4", se.Int4Scheme()), ("fp8-channel", True))),
+        ),
     ],
 )  # fmt: skip
 def test_each_encoding_reads_its_own_quantization_config(qc, want):
@@ -101,7 +109,11 @@ def test_each_encoding_reads_its_own_quantization_config(qc, want):
         ({"quant_method": "modelopt", "quantization": "NVFP4"}, "quant_algo None of quant_method 'modelopt'"),
         ({"quant_method": "fp8", "fmt": "e5m2"}, "quantization_config.fmt 'e5m2' is not supported (only 'e4m3')"),
         ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "format 'marlin-24' of quant_method "
-         "'compressed-tensors' is not supported (only 'pack-quantized', 'mxfp4-pack-quantized')"),
+         "'compressed-tensors' is not supported (only 'pack-quantized', 'mxfp4-pack-quantized', 'float-quantized')"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"weights": {
+            "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}}}},
+         "float-quantized weights with num_bits 8 type 'float' strategy 'block' are not supported (only 8-bit float "
+         "per 'channel' or per 'tensor')"),
         ({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"g": {"weights": {
             "num_bits": 4, "type": "float", "group_size": 16}}}},
          "mxfp4-pack-quantized weights with num_bits 4 type 'float' group_size 16 are not supported (only 4-bit "
@@ -269,13 +281,23 @@ def test_companions_that_do_not_fit_are_one_line_naming_both(tensors, message):
         (se.Fp8Block, 256, 256, {"block": (128, 128)}, se.NativeForm("fp8-e4m3-b128")),
         (se.Fp8Block, 256, 256, {"block": (128, 128), "fused": True}, se.NativeForm()),
         (se.Fp8Block, 256, 256, {"block": (1, 32)}, se.NativeForm()),
+        # DeepSeek's UE8M0 FP8 by its grid (rows, inputs per scale byte, Paired.rows): V4.1's tiles and engram rows
+        (se.Ue8m0Fp8, 64, 64, {"group": 32, "block": (32, 32)}, se.NativeForm("fp8-e4m3-e8m0-t32", copies=True)),
+        (se.Ue8m0Fp8, 64, 64, {"group": 32, "block": (1, 32)}, se.NativeForm("fp8-e4m3-e8m0-r32", copies=True)),
+        (se.Ue8m0Fp8, 256, 256, {"group": 128, "block": (128, 128)},
+         se.NativeForm("fp8-e4m3-e8m0", copies=True)),
+        (se.Ue8m0Fp8, 256, 256, {"group": 64, "block": (64, 64)}, se.NativeForm(decoded="FP8 UE8M0 source")),
+        (se.Ue8m0Fp8, 64, 64, {"group": 32, "block": (32, 32), "fused": True},
+         se.NativeForm(decoded="FP8 UE8M0 source")),
     ],
 )  # fmt: skip
 def test_native_keeps_what_a_registered_format_holds_exactly(enc, O, I, kw, want):
     form = enc.native_form(O, I, **kw)
     assert form == want
     assert form.option == {"mxfp4": "mxfp4", "int4-grouped": f"int4-g{kw.get('group')}", "int4-row": "int4-row",
-                           "int8-row": "int8-row", "fp8-e4m3-b128": "fp8", None: None}[want.fmt]  # fmt: skip
+                           "int8-row": "int8-row", "fp8-e4m3-b128": "fp8", "fp8-e4m3-e8m0": "fp8-e8m0",
+                           "fp8-e4m3-e8m0-t32": "fp8-e8m0-t32", "fp8-e4m3-e8m0-r32": "fp8-e8m0-r32",
+                           None: None}[want.fmt]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------- decoders and keep
@@ -299,6 +321,8 @@ def parts_of(enc: type[se.SourceEncoding], rng, O: int, I: int) -> dict[str, np.
         }
     if enc is se.Mxfp8:
         return {"data": u8(O, I).view(E4M3), "scale": rng.integers(100, 150, (O, I // 32), dtype=np.uint8)}
+    if enc is se.Fp8Channel:  # one BF16 scale per output row
+        return {"data": u8(O, I).view(E4M3), "scale": rng.random((O, 1)).astype(ml_dtypes.bfloat16)}
     if enc is se.Ue8m0Fp8:  # 32x32 tiles, the last row of tiles partial
         return {"data": u8(O, I).view(E4M3), "scale": rng.integers(100, 150, (-(-O // 32), I // 32), dtype=np.uint8)}
     if enc is se.Ue8m0Fp4:
@@ -364,3 +388,29 @@ def test_int4_weight_shape_is_checked_against_the_codes():
         FormatError, match=r"tensor w: weight_shape \[4, 60\] does not match its packed codes"
     ):
         se.PackQuantizedInt4.check_parts("w", {"shape": np.array([4, 60])}, (4, 64))
+
+
+@pytest.mark.parametrize(
+    ("O", "I", "scale_shape", "fmt", "rows"),
+    [(40, 64, (2, 2), "fp8-e4m3-e8m0-t32", 32), (40, 64, (40, 2), "fp8-e4m3-e8m0-r32", 1)],
+)
+def test_ue8m0_fp8_pairs_carry_their_grid_and_keep_their_bytes(O, I, scale_shape, fmt, rows):
+    """``pair`` records the grid (``Paired.rows``) that ``native_form`` keeps; ``keep`` is the source's codes and
+    E8M0 bytes, which the registry format decodes to the source's own values; a 0xFF (NaN) byte is refused."""
+    from colitools.formats.registry import by_name
+
+    rng = np.random.default_rng(O + I + rows)
+    codes = rng.integers(0, 0x7E, (O, I), dtype=np.uint8)
+    scale = rng.integers(100, 150, scale_shape, dtype=np.uint8)
+    headers = {"w.weight": H("F8_E4M3", (O, I)), "w.scale": H("F8_E8M0", scale_shape)}
+    p = se.Ue8m0Fp8.pair("w.weight", headers, se.Fp8Scheme((32, 32)))
+    assert (p.rows, p.group, p.exact, p.shape) == (rows, 32, True, (O, I))
+    assert se.Ue8m0Fp8.native_form(O, I, group=p.group, block=(p.rows, p.group)).fmt == fmt
+    parts = {"data": codes.view(E4M3), "scale": scale.view(ml_dtypes.float8_e8m0fnu)}
+    kept_codes, kept_scale = se.Ue8m0Fp8.keep(parts, O, I, None, name="w.weight")
+    assert kept_codes.tobytes() == codes.tobytes() and kept_scale.tobytes() == scale.tobytes()
+    want = se.Ue8m0Fp8.decode(parts, O, I, group=p.group, fast=False)
+    assert by_name(fmt).decode(kept_codes, kept_scale, O, I).tobytes() == want.tobytes()
+    scale[0, 0] = 0xFF
+    with pytest.raises(FormatError, match="w.weight.*0xFF"):
+        se.Ue8m0Fp8.keep({"data": parts["data"], "scale": scale}, O, I, None, name="w.weight")

@@ -78,7 +78,8 @@ TARGET_RECIPES = [
 def test_target_recipes_are_listed():
     """One ``target-NAME`` recipe per target with a fixture of its family (formats/targets.py ``model_types``);
     ``target-olmoe`` and ``target-glm53`` fail the margin checks at the ``olmoe`` / ``glm5_next`` seeds, so they
-    are on the ``olmoe_target`` / ``glm5_next_target`` copies made for them (oracles/README.md)."""
+    are on the ``olmoe_target`` / ``glm5_next_target`` copies made for them (oracles/README.md); ``target-qwen38``
+    on the BF16 ``qwen38`` and on ``qwen38_fp8`` (the published FP8 experts, the sidecar's int4 from their values)."""
     assert TARGET_RECIPES == [
         ("deepseek_v4", "target-deepseek_v4"),
         ("deepseek_v41", "target-deepseek_v41"),
@@ -87,6 +88,7 @@ def test_target_recipes_are_listed():
         ("kimi_k3", "target-kimi_k3"),
         ("olmoe_target", "target-olmoe"),
         ("qwen38", "target-qwen38"),
+        ("qwen38_fp8", "target-qwen38"),
         ("qwen3_5_moe", "target-qwen36"),
     ]
 
