@@ -44,7 +44,7 @@ from colitools.formats.targets import V41_ENGRAM_FILE as ENGRAM_SIDECAR
 
 NAME = MODEL_TYPE = "deepseek_v41"
 ORACLES_DIR = Path(__file__).resolve().parent
-SEED = 29001
+SEED = 29125  # the committed seed (the search from 29001 rejected the ones before it on the margin rules)
 INIT_STD = 0.2
 COMPUTED = ("f32", "default", "int3", "mxfp4", "native", *target_recipes(MODEL_TYPE))
 DESCRIPTION = (
