@@ -26,27 +26,35 @@ names (``layers.{L}.attn.wq_a``, ``ffn.experts.{E}.w1``, ``engram.embed``, ``emb
 * MoE: ``sqrt(softplus(gate x / gate_temp))``, top-k of score + ``gate.bias``, the scores at the picks renormalised
   and times ``routed_scaling_factor``; clamped SwiGLU routed and shared experts.
 The DSpark draft stages (``mtp.``) and the vision tower are not part of this forward (converted, never read).
+Components: ``engram.py`` (the hash and the gate), ``deepseek_v41_kv.py`` (``Published``, the compressor, the
+indexer); V4's ``TailRope`` and clamped experts, ``hyper.HyperConnection``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from colitools.formats.errors import RuntimeModelError
-from colitools.formats.families import v4_shapes, v41_shapes
 from colitools.formats.kernels import threads
-from colitools.formats.targets import V41_ENGRAM_FILE
 from colitools.runtime.attention import KVBuffer, attend, causal_mask
 from colitools.runtime.config import ConfigKeys, IndexerArgs, ModelArgs, RopeArgs, routing_args
 from colitools.runtime.deepseek_v4 import ClampedExpert, TailRope, clamped_swiglu, softplus
+from colitools.runtime.deepseek_v41_kv import (
+    GroupCompressor,
+    Published,
+    SourceCache,
+    V41Indexer,
+    resident,
+    role_shapes,
+)
+from colitools.runtime.engram import Engram, EngramArgs, load_engram_hash
 from colitools.runtime.experts import ExpertStore
 from colitools.runtime.family import Family, LayerContext, ModelIO
 from colitools.runtime.hyper import HyperConnection
-from colitools.runtime.ops import Embedding, Linear, rms_norm, sigmoid
+from colitools.runtime.ops import rms_norm
 from colitools.runtime.weights import Checkpoint, sanitize
 
 F32 = np.float32
@@ -60,19 +68,6 @@ DEFAULTS = {  # c/deepseek_v41.c cfg_load's, for keys a config omits
     "hc_eps": 1e-6, "max_position_embeddings": 4096, "score_func": "sqrtsoftplus", "kv_source_layer_ids": [],
     "index_source_layer_ids": [], "engram_layer_ids": [], "tie_word_embeddings": False,
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class EngramArgs:
-    layers: tuple[int, ...]  # engram_layer_ids: table t belongs to layers[t]
-    max_ngram: int
-    heads: int
-    head_dim: int
-
-    @property
-    def cols(self) -> int:
-        """Rows looked up per position and table: one per n-gram order above 1 and head."""
-        return (self.max_ngram - 1) * self.heads
 
 
 @dataclass(kw_only=True)
@@ -170,323 +165,13 @@ def _engram(c: ConfigKeys, n: int) -> EngramArgs:
     return e
 
 
-# ------------------------------------------------------------------------------------------------- engram
-class EngramHash:
-    """The n-gram hash of colibri's sidecar ``dsv41_engram.json`` (``c/deepseek_v41.c`` ``engram_hash``): position
-    ``p``'s compressed ids ``c_s = token_map[id(p - s)]``, ``s < max_ngram`` (the sidecar's ``pad_id`` from the first
-    position before 0 on); ``r = c_0 m_0``, then for each order ``i >= 1`` ``r ^= c_i m_i`` and one row per head
-    ``r mod primes[t][i-1][h] + offsets[t][col]``. The multipliers are decimal strings (past a double's 53 bits)."""
-
-    def __init__(self, side: dict, e: EngramArgs, vocab: int, where: str):
-        try:
-            self.token_map = np.asarray(side["token_map"], dtype=np.int64)
-            self.pad = int(side["pad_id"])
-            self.primes = np.asarray(side["primes"], dtype=np.int64).reshape(
-                len(e.layers), e.max_ngram - 1, e.heads
-            )
-            self.offsets = np.asarray(side["offsets"], dtype=np.int64).reshape(len(e.layers), e.cols)
-            if any(not isinstance(v, str) for row in side["multipliers"] for v in row):
-                raise ValueError("multipliers must be decimal strings (a JSON number may have been rounded)")
-            self.mult = np.array([[int(v, 10) for v in row] for row in side["multipliers"]], dtype=np.int64)
-            geometry = [side["layer_ids"], side["max_ngram_size"], side["n_heads"], side["head_dim"]]
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise RuntimeModelError(f"{where}: not an engram sidecar ({type(exc).__name__}: {exc})") from None
-        if geometry != [list(e.layers), e.max_ngram, e.heads, e.head_dim]:
-            raise RuntimeModelError(f"{where}: layer_ids / max_ngram_size / n_heads / head_dim {geometry} do not "
-                                    f"match config.json's {[list(e.layers), e.max_ngram, e.heads, e.head_dim]}")  # fmt: skip
-        if self.mult.shape != (len(e.layers), e.max_ngram) or self.token_map.shape != (vocab,):
-            raise RuntimeModelError(f"{where}: multipliers {list(self.mult.shape)} / token_map of {self.token_map.size}"
-                                    f" (expected [{len(e.layers)}, {e.max_ngram}] / {vocab} ids)")  # fmt: skip
-        top = max(int(self.token_map.max(initial=0)), self.pad)
-        if (
-            self.token_map.min(initial=0) < 0
-            or (self.primes <= 0).any()
-            or int(self.mult.max()) > (2**63 - 1) // max(top, 1)
-        ):
-            raise RuntimeModelError(
-                f"{where}: negative ids, non-positive primes or multipliers that overflow int64"
-            )
-        self.n, self.heads = e.max_ngram, e.heads
-
-    def compress(self, ids: np.ndarray) -> np.ndarray:
-        return self.token_map[ids]
-
-    def rows(self, history: np.ndarray, positions: np.ndarray, table: int) -> np.ndarray:
-        """``[N, cols]`` row ids of table ``table`` at ``positions`` (``history``: compressed ids by position)."""
-        at = positions[:, None] - np.arange(self.n)[None, :]  # [N, n]: the position s back
-        tokens = np.where(at >= 0, history[np.maximum(at, 0)], self.pad)
-        terms = tokens * self.mult[table][None, :]
-        rolling, out = terms[:, 0], []
-        for i in range(1, self.n):
-            rolling = rolling ^ terms[:, i]
-            out.append(rolling[:, None] % self.primes[table, i - 1][None, :])
-        return np.concatenate(out, axis=1) + self.offsets[table][None, :]
-
-
-def load_engram_hash(ckpt: Checkpoint, args: V41Args) -> EngramHash:
-    path = ckpt.dir / V41_ENGRAM_FILE
-    if not path.is_file():
-        raise RuntimeModelError(f"{ckpt.dir}: engram layers {list(args.engram.layers)} need {V41_ENGRAM_FILE} beside "
-                                "config.json (colibri's c/tools/prepare_dsv41.py writes it)")  # fmt: skip
-    try:
-        side = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise RuntimeModelError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(side, dict):
-        raise RuntimeModelError(f"{path}: not a JSON object")
-    return EngramHash(side, args.engram, args.vocab_size, str(path))
-
-
-class Engram:
-    """One engram layer: table ``engram.embed [rows, head_dim]``, ``engram.wkv [H (hc + 1), cols head_dim]``,
-    ``q_weight`` / ``k_weight [hc, H]``."""
-
-    def __init__(self, args: V41Args, ckpt: Checkpoint, layer: int, pub: Published):
-        p, e, H, n = f"layers.{layer}.engram", args.engram, args.hidden_size, args.hc_mult
-        self.table_index, self.pub, self.H, self.hc, self.eps = (
-            e.layers.index(layer),
-            pub,
-            H,
-            n,
-            args.rms_norm_eps,
-        )
-        name = sanitize(f"{p}.embed.weight")
-        if name not in ckpt.infos:
-            raise RuntimeModelError(f"{ckpt.dir}: missing tensor {name}")
-        res = ckpt.infos[name][2]
-        self.table = Embedding(ckpt, name, (res.logical_shape or res.shape)[0], e.head_dim)
-        self.wkv = Linear(ckpt.resident(sanitize(f"{p}.wkv.weight"), *_shapes(args)[("engram", "wkv")]))
-        self.weight = ckpt.array(sanitize(f"{p}.q_weight"), (n, H)) * ckpt.array(
-            sanitize(f"{p}.k_weight"), (n, H)
-        )
-        self.enabled = True  # False: the layer skips its engram (a mutation switch for tests)
-
-    @property
-    def nbytes(self) -> int:
-        return self.table.nbytes + self.wkv.nbytes + self.weight.nbytes
-
-    def __call__(self, streams: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        if not self.enabled:
-            return streams
-        ids = self.pub.hash.rows(self.pub.history, positions, self.table_index)
-        if (ids < 0).any() or (ids >= self.table.V).any():
-            raise RuntimeModelError(
-                f"engram table {self.table_index}: a hash row past its {self.table.V} rows"
-            )
-        N = streams.shape[0]
-        kv = self.wkv(self.table(ids.reshape(-1)).reshape(N, -1))
-        key, value = kv[:, : self.hc * self.H].reshape(N, self.hc, self.H), kv[:, self.hc * self.H :]
-        ms = np.mean(np.square(streams), axis=-1, dtype=F32) + F32(self.eps)
-        mk = np.mean(np.square(key), axis=-1, dtype=F32) + F32(self.eps)
-        dot = np.sum(streams * self.weight * key, axis=-1, dtype=F32) / np.sqrt(ms * mk) * F32(self.H**-0.5)
-        root = np.sqrt(np.maximum(np.abs(dot), F32(1e-6)))
-        gate = sigmoid(np.where(dot < 0, -root, root))  # the signed square root
-        return (streams + gate[..., None] * value[:, None, :]).astype(F32)
-
-
-# ---------------------------------------------------------------------------------------------- published
-class SourceCache:
-    """A KV source layer's compressed entries (roped) and, when it indexes too, its index keys (roped)."""
-
-    def __init__(self) -> None:
-        self.entries, self.keys = KVBuffer(), KVBuffer()
-
-    def reset(self) -> None:
-        self.entries.reset()
-        self.keys.reset()
-
-
-class Published:
-    """What the layers publish for the later ones, kept across forwards (the vendor's module-level
-    ``shared_attn``): the last KV source's entries, the last index keys published, the last index source's
-    selection ``[N, T]``, the candidate blocks ``[N, T]``; the engram history (compressed ids by position)."""
-
-    def __init__(self) -> None:
-        self.caches: dict[int, SourceCache] = {}
-        self.hash: EngramHash | None = None
-        self.own_keys = (
-            False  # True: each indexer reads its own KV source's keys (a mutation switch for tests)
-        )
-        self.reset()
-
-    def reset(self) -> None:
-        for cache in self.caches.values():
-            cache.reset()
-        self.entries_of: int | None = None
-        self.keys_of: int | None = None
-        self.selection: np.ndarray | None = None
-        self.candidates: np.ndarray | None = None
-        self.history = np.zeros(0, dtype=np.int64)
-
-    def observe(self, ids: np.ndarray, positions: np.ndarray) -> None:
-        """The chunk's compressed ids into the history (idempotent: every engram layer calls it)."""
-        if self.hash is not None and self.history.size != positions[-1] + 1:
-            self.history = np.concatenate([self.history[: positions[0]], self.hash.compress(ids)])
-
-
-# ------------------------------------------------------------------------------------------------ shapes
-def _shapes(args: V41Args) -> dict[tuple[str, str], tuple[int, int]]:
-    """``formats/families.v4_shapes`` and ``v41_shapes`` of these arguments."""
-    ix, e = args.indexer, args.engram
-    out = v4_shapes(args.hidden_size, args.num_attention_heads, args.head_dim, args.q_lora_rank, args.o_groups,
-                    args.o_lora_rank, ix.n_heads, ix.head_dim)  # fmt: skip
-    return {
-        **out,
-        **v41_shapes(args.hidden_size, args.head_dim, ix.head_dim, args.hc_mult, e.cols, e.head_dim),
-    }
-
-
-def _linear(ckpt: Checkpoint, prefix: str, dims: tuple[int, int]) -> Linear:
-    """The resident ``{prefix}.weight`` (a released name, looked up by its canonical spelling)."""
-    return Linear(ckpt.resident(sanitize(f"{prefix}.weight"), *dims))
-
-
-# ---------------------------------------------------------------------------------------------- compressor
-class GroupCompressor:
-    """A KV source's compressor: ``wkv`` (and ``wgate`` when ``ratio > 1``) ``[head_dim, H]``, ``norm``: every
-    ``ratio`` positions one entry ``RMSNorm(sum_j softmax_j(wgate x_j) wkv x_j)`` (per channel; ratio 1:
-    ``RMSNorm(wkv x)``). The group still filling is its cache."""
-
-    def __init__(self, ckpt: Checkpoint, p: str, shapes, ratio: int, eps: float):
-        self.ratio, self.eps = ratio, eps
-        self.wkv = _linear(ckpt, f"{p}.wkv", shapes[("attn.compressor", "wkv")])
-        self.wgate = _linear(ckpt, f"{p}.wgate", shapes[("attn.compressor", "wgate")]) if ratio > 1 else None
-        D = shapes[("attn.compressor", "wkv")][0]
-        self.norm = ckpt.vector(sanitize(f"{p}.norm.weight"), D)
-        self.gated = True  # False: the plain mean of the group (a mutation switch for tests)
-        self.reset()
-
-    @property
-    def nbytes(self) -> int:
-        return self.wkv.nbytes + (self.wgate.nbytes if self.wgate is not None else 0) + self.norm.nbytes
-
-    def reset(self) -> None:
-        D = self.norm.shape[0]
-        self.kv, self.gate = np.zeros((self.ratio, D), F32), np.full((self.ratio, D), NEG_INF, F32)
-
-    def __call__(self, x: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(groups ``[n]``, pre-RoPE entries ``[n, D]``) that the chunk completes."""
-        kv = self.wkv(x)
-        if self.ratio == 1:
-            return positions.copy(), rms_norm(kv, self.norm, self.eps)
-        gate, groups, pooled = self.wgate(x), [], []
-        for i, pos in enumerate(positions):
-            slot = int(pos) % self.ratio
-            self.kv[slot], self.gate[slot] = kv[i], gate[i]
-            if (pos + 1) % self.ratio:
-                continue
-            g = self.gate if self.gated else np.zeros_like(self.gate)
-            e = np.exp(g - np.max(g, axis=0, keepdims=True))
-            pooled.append(
-                np.sum(self.kv * (e / np.sum(e, axis=0, keepdims=True, dtype=F32)), axis=0, dtype=F32)
-            )
-            groups.append(int(pos) // self.ratio)
-        if not groups:
-            return np.zeros(0, np.int64), np.zeros((0, self.norm.shape[0]), F32)
-        return np.asarray(groups, np.int64), rms_norm(np.stack(pooled), self.norm, self.eps)
-
-
-# ------------------------------------------------------------------------------------------------ indexer
-def candidate_blocks(scores: np.ndarray, lens: np.ndarray, want: int, size: int) -> np.ndarray:
-    """Boolean ``[N, T]``: per row the block holding entry ``lens - 1`` and the ``want - 1`` other blocks of
-    ``size`` entries with the highest best score (blocks with no finite score never; colibri
-    ``candidate_blocks``, the vendor's ``select_candidate_blocks``)."""
-    N, T = scores.shape
-    nb = -(-T // size)
-    padded = np.full((N, nb * size), NEG_INF, F32)
-    padded[:, :T] = scores
-    best = padded.reshape(N, nb, size).max(axis=-1)
-    last = (lens - 1) // size
-    rows = np.nonzero((last >= 0) & (last < nb))[0]
-    best[rows, last[rows]] = np.inf
-    order = np.argsort(-best, axis=-1, kind="stable")[:, : min(want, nb)]
-    keep = np.zeros((N, nb), dtype=bool)
-    np.put_along_axis(keep, order, np.take_along_axis(best, order, axis=-1) > NEG_INF, axis=-1)
-    return np.repeat(keep, size, axis=1)[:, :T]
-
-
-class V41Indexer:
-    """An index source: ``indexer.wq_b [heads d, q_lora]``, ``weights_proj [heads, H]``; on a KV source also the
-    key path ``wk [d, head_dim]`` + ``k_norm``. Scores ``sum_h relu(q_h . k_j) w_h``, ``w = weights_proj(x) /
-    sqrt(d heads)``, the queries roped at their positions (trailing ``rope_head_dim``)."""
-
-    def __init__(self, args: V41Args, ckpt: Checkpoint, p: str, layer: int, rope: TailRope, pub: Published):
-        shapes, ix = _shapes(args), args.indexer
-        self.nh, self.d, self.topk, self.rope, self.pub, self.layer = (
-            ix.n_heads,
-            ix.head_dim,
-            ix.topk,
-            rope,
-            pub,
-            layer,
-        )
-        self.eps, self.args = args.rms_norm_eps, args
-        self.wq_b = _linear(ckpt, f"{p}.wq_b", shapes[("attn.indexer", "wq_b")])
-        self.weights_proj = _linear(ckpt, f"{p}.weights_proj", shapes[("attn.indexer", "weights_proj")])
-        self.wk = self.k_norm = None
-        if layer in args.kv_sources:
-            self.wk = _linear(ckpt, f"{p}.wk", shapes[("attn.indexer", "wk")])
-            self.k_norm = ckpt.vector(sanitize(f"{p}.k_norm.weight"), self.d)
-        self.two_level = True  # False: the candidate blocks ignored (a mutation switch for tests)
-
-    @property
-    def nbytes(self) -> int:
-        parts = (self.wq_b, self.weights_proj, self.wk)
-        return sum(m.nbytes for m in parts if m is not None) + (
-            self.k_norm.nbytes if self.k_norm is not None else 0
-        )
-
-    def keys(self, entries: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Roped index keys ``[n, d]`` of pre-RoPE entries first-positioned at ``starts``."""
-        k = rms_norm(self.wk(entries), self.k_norm, self.eps).reshape(-1, 1, self.d)
-        return self.rope.apply(k, *self.rope.cos_sin(starts))[:, 0]
-
-    def published_keys(self, T: int) -> np.ndarray:
-        """``[T, d]`` of the keys published last (rows never written read as zeros, as in the release)."""
-        args, owner = self.args, self.pub.keys_of
-        if self.pub.own_keys:
-            owner = max(s for s in args.kv_sources if s <= self.layer)
-        if owner is None:
-            raise RuntimeModelError(f"layer {self.layer}: no index keys published yet")
-        buf = self.pub.caches[owner].keys
-        out = np.zeros((T, self.d), F32)
-        m = min(T, buf.length)
-        if m:
-            out[:m] = buf.data[:m]
-        return out
-
-    def select(
-        self, x: np.ndarray, q_resid: np.ndarray, positions: np.ndarray, ratio: int, T: int
-    ) -> np.ndarray:
-        """Boolean ``[N, T]`` of the entries kept for each query."""
-        N = x.shape[0]
-        q = self.rope.apply(self.wq_b(q_resid).reshape(N, self.nh, self.d), *self.rope.cos_sin(positions))
-        w = self.weights_proj(x) * F32(self.d**-0.5 * self.nh**-0.5)
-        scores = np.sum(np.maximum(q @ self.published_keys(T).T, F32(0)) * w[:, :, None], axis=1, dtype=F32)
-        lens = (positions + 1) // ratio
-        scores = np.where(np.arange(T)[None, :] < lens[:, None], scores, NEG_INF)
-        a, pub = self.args, self.pub
-        if self.layer == a.candidate_source:
-            pub.candidates = candidate_blocks(scores, lens, a.candidate_blocks, a.candidate_block_size)
-        elif 0 <= a.candidate_source < self.layer and pub.candidates is not None and self.two_level:
-            keep = np.ones((N, T), dtype=bool)
-            w_c = min(T, pub.candidates.shape[1])
-            keep[:, :w_c] = pub.candidates[:, :w_c]
-            scores = np.where(keep, scores, NEG_INF)
-        k = min(self.topk, T)
-        top = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
-        selected = np.zeros((N, T), dtype=bool)
-        np.put_along_axis(selected, top, True, axis=-1)
-        return selected & np.isfinite(scores)  # a masked entry is never taken (c/deepseek_v41.c indexer_run)
-
-
 # ---------------------------------------------------------------------------------------------- attention
 class V41Attention:
     """V4's attention on one K = V head with the layer's window and, on a compressing layer, the published entries
     its (or the last) indexer selected."""
 
     def __init__(self, args: V41Args, ckpt: Checkpoint, layer: int, pub: Published):
-        p, shapes = f"layers.{layer}.attn", _shapes(args)
+        p, shapes = f"layers.{layer}.attn", role_shapes(args)
         self.nh, self.D, self.eps, self.groups, self.rank = (
             args.num_attention_heads,
             args.head_dim,
@@ -502,7 +187,7 @@ class V41Attention:
         )
         self.rope = TailRope(args.compress_rope if self.ratio else args.rope)
         self.wq_a, self.wq_b, self.wkv, self.wo_a, self.wo_b = (
-            _linear(ckpt, f"{p}.{leaf}", shapes[("attn", leaf)]) for leaf in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b")
+            resident(ckpt, f"{p}.{leaf}", shapes[("attn", leaf)]) for leaf in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b")
         )  # fmt: skip
         self.q_norm = ckpt.vector(sanitize(f"{p}.q_norm.weight"), args.q_lora_rank)
         self.kv_norm = ckpt.vector(sanitize(f"{p}.kv_norm.weight"), self.D)
@@ -595,7 +280,7 @@ class V41MoE:
         )
         self.renorm, self.scaling = args.routing.norm_topk_prob, F32(args.routing.routed_scaling_factor)
         self.temp = F32(args.gate_temp)
-        self.router = _linear(ckpt, f"{p}.gate", (E, H))
+        self.router = resident(ckpt, f"{p}.gate", (E, H))
         self.bias = ckpt.vector(sanitize(f"{p}.gate.bias"), E)
         sources = [tuple(ckpt.stored(sanitize(f"{p}.experts.{e}.{w}.weight"), O, In)
                          for w, O, In in (("w1", I, H), ("w3", I, H), ("w2", H, I))) for e in range(E)]  # fmt: skip
@@ -603,7 +288,7 @@ class V41MoE:
         self.store = ExpertStore(ckpt, layer, sources, E, None, lambda g, u, d: ClampedExpert(g, u, d, limit))
         ctx.stores[layer] = self.store
         S = args.routing.shared_expert_intermediate_size
-        self.shared = tuple(_linear(ckpt, f"{p}.shared_experts.{w}", dims)
+        self.shared = tuple(resident(ckpt, f"{p}.shared_experts.{w}", dims)
                             for w, dims in (("w1", (S, H)), ("w3", (S, H)), ("w2", (H, S))))  if S else None  # fmt: skip
 
     @property
@@ -748,8 +433,8 @@ class DeepseekV41(Family):
         engram = None
         if layer in args.engram.layers:
             if pub.hash is None:
-                pub.hash = load_engram_hash(ckpt, args)
-            engram = Engram(args, ckpt, layer, pub)
+                pub.hash = load_engram_hash(ckpt.dir, args.engram, args.vocab_size)
+            engram = Engram(ckpt, layer, args.engram, H, n, args.rms_norm_eps, pub)
         norms = (
             ckpt.vector(sanitize(f"{p}.attn_norm.weight"), H),
             ckpt.vector(sanitize(f"{p}.ffn_norm.weight"), H),

@@ -19,7 +19,7 @@ from colitools.errors import RuntimeModelError
 from colitools.formats.targets import V41_ENGRAM_FILE
 from colitools.runtime import generate, load_model
 from colitools.runtime.deepseek_v4 import TailRope
-from colitools.runtime.deepseek_v41 import EngramArgs, EngramHash
+from colitools.runtime.engram import EngramArgs, EngramHash
 
 FIXTURE = ORACLES / "deepseek_v41"
 
