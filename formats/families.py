@@ -122,6 +122,17 @@ def v4_shapes(hidden: int, heads: int, head_dim: int, q_lora: int, o_groups: int
     return out
 
 
+def v41_shapes(hidden: int, head_dim: int, index_dim: int, hc_mult: int, engram_cols: int,
+               engram_dim: int) -> RoleShapes:  # fmt: skip
+    """What DeepSeek-V4.1 Flash adds to :func:`v4_shapes` (colibri ``c/deepseek_v41.c`` ``model_load``): a KV source's
+    compressor ``wkv`` / ``wgate [head_dim, H]`` (one series, no ``ape``), the indexer's key path
+    ``wk [index_dim, head_dim]``, the engram projection ``wkv [H (hc_mult + 1), engram_cols engram_dim]``
+    (``engram_cols`` = (max n-gram - 1) x engram heads)."""
+    return {("attn.compressor", "wkv"): (head_dim, hidden), ("attn.compressor", "wgate"): (head_dim, hidden),
+            ("attn.indexer", "wk"): (index_dim, head_dim),
+            ("engram", "wkv"): (hidden * (hc_mult + 1), engram_cols * engram_dim)}  # fmt: skip
+
+
 # --------------------------------------------------------------------------- blocks of config.json's geometry
 # A block reads the text model's keys (``model_config.canonical_keys``; validated, never the runtime's defaults)
 # and the routed-expert count, and claims the ``(module, leaf)`` roles those keys determine.
@@ -437,15 +448,18 @@ QWEN3_VL_MOE = Family("qwen3_vl_moe", (gqa_block, *_MOE), orientation=Orientatio
                       saved_orientation=Orientation.ROWS)  # fmt: skip
 # Llama-4 (Scout, Maverick): Llama4TextExperts holds and saves gate_up_proj [E, H, 2I] (bmm, chunk(2, dim=-1))
 LLAMA4 = Family("llama4", (gqa_block, llama4_ffn_block), orientation=Orientation.TRANSPOSED)
-# DeepSeek-V4.1 Flash (colibri c/tools/make_dsv41_tiny.py, c/deepseek_v41.c; no transformers class): V4's native
-# attention / MoE names and geometry, the text model under ``text_config`` in colibri's short names with the
-# released long ones beside them (the long ones win); converted, not run
+# DeepSeek-V4.1 Flash (colibri c/tools/make_dsv41_tiny.py, c/deepseek_v41.c cfg_load; no transformers class): V4's
+# native attention / MoE names and geometry, the text model under ``text_config`` in colibri's short names with the
+# released long ones beside them (the long ones win)
 DEEPSEEK_V41 = Family(
     "deepseek_v41", (deepseek_v4_block,),
     key_aliases=MappingProxyType({
         "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
         "moe_inter_dim": "moe_intermediate_size", "n_activated_experts": "num_experts_per_tok",
-        "window_size": "sliding_window", "norm_eps": "rms_norm_eps",
+        "window_size": "sliding_window", "norm_eps": "rms_norm_eps", "route_scale": "routed_scaling_factor",
+        "rope_head_dim": "qk_rope_head_dim", "max_seq_len": "max_position_embeddings",
+        "kv_source_layers": "kv_source_layer_ids", "index_source_layers": "index_source_layer_ids",
+        "candidate_source_layer": "candidate_source_layer_id", "engram_pad_id": "engram_pad_token_id",
     }),
 )  # fmt: skip
 
@@ -480,10 +494,11 @@ MODEL_TYPES: Mapping[str, Family] = MappingProxyType({
     "qwen3_vl_moe_text": QWEN3_VL_MOE,
     "llama4": LLAMA4,
     "llama4_text": LLAMA4,
+    "deepseek_v41": DEEPSEEK_V41,  # DeepSeek-V4.1 Flash (colibri's definition)
 })  # fmt: skip
 RUNNABLE_MODEL_TYPES: tuple[str, ...] = tuple(MODEL_TYPES)
-# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``, DeepSeek-V4.1.
-_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING, "deepseek_v41": DEEPSEEK_V41})
+# Types the converter knows but the runtime does not run: colibri's Inkling converter's ``inkling``.
+_CONVERTED_ONLY: Mapping[str, Family] = MappingProxyType({"inkling": INKLING})
 
 
 def family_of(model_type: str | None) -> Family | None:

@@ -9,9 +9,13 @@ UE8M0 byte per 32 inputs (``<b>.scale`` ``[O, I/32]``), the engram tables FP8 wi
 32 (``engram.embed.scale [rows, head_dim/32]``), hyper-connections / sinks / the routing bias F32, norms, the
 compressor and indexer key path, the DSpark heads and the vision tower BF16. The config is the released shape:
 the text model under ``text_config`` (short names and the released spellings both), ``quantization_config``
-``{quant_method: fp8, weight_block_size: [32, 32], scale_fmt: ue8m0, expert_dtype: fp4}``.
+``{quant_method: fp8, weight_block_size: [32, 32], scale_fmt: ue8m0, expert_dtype: fp4}``. No hyper head: V4.1
+collapses the streams with the last block's mix (colibri ``c/deepseek_v41.c`` ``forward_full``). ``engram_sidecar``
+gives colibri's ``dsv41_engram.json`` for a config (the hash tables its ``tools/prepare_dsv41.py`` computes beside
+the release, here with a synthetic compressed token map); ``write`` leaves it out, as the release does.
 
-No transformers class exists for it: no reference is computed here (the runtime does not run V4.1 yet).
+No transformers class exists for it: the reference is ``dsv41_reference.py`` (``make_deepseek_v41.py`` builds the
+oracle fixture ``oracles/deepseek_v41`` through this file's ``tensors`` with its own initialisation).
 
     python oracles/make_dsv41_tiny.py OUT_FOLDER
 """
@@ -44,28 +48,61 @@ def config_text() -> dict:
         compress_rope_theta=40000.0, original_seq_len=32, rope_theta=10000.0, rope_factor=16.0,
         index_n_heads=2, index_head_dim=32, index_topk=4, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
         engram_layer_ids=[1, 2], engram_max_ngram_size=3, engram_n_heads=2, engram_head_dim=32,
-        engram_vocab_size=37, engram_pad_id=2, n_mtp_layers=2, dspark_block_size=3, dspark_noise_token_id=7,
+        engram_vocab_size=37, engram_pad_id=2, engram_compressed_vocab_size=64, n_mtp_layers=2, dspark_block_size=3, dspark_noise_token_id=7,
         dspark_target_layer_ids=[2, 3], dspark_markov_rank=32, dspark_n_routed_experts=2,
         dspark_n_activated_experts=1, vision_n_layers=1, vision_dim=32, vision_n_heads=2, vision_inter_dim=64,
         vision_patch_size=4, vision_downsample_ratio=2, image_token_id=127,
     )  # fmt: skip
 
 
-def engram_rows(c: dict) -> list[int]:
-    """Rows of each engram table: the sum of its distinct bucket primes (one per n-gram order and head, the
-    first primes above ``engram_vocab_size - 1`` not used before), as colibri's ``engram_layout`` sizes them."""
+def engram_primes(c: dict) -> list[list[list[int]]]:
+    """Each engram table's bucket primes ``[table][n-gram order - 1][head]``: the first primes above
+    ``engram_vocab_size - 1`` not used before, in table, order, head order (colibri's ``engram_layout``)."""
     seen: set[int] = set()
-    rows = []
+    out = []
     for _ in c["engram_layer_ids"]:
-        total, candidate = 0, c["engram_vocab_size"] - 1
-        for _ in range((c["engram_max_ngram_size"] - 1) * c["engram_n_heads"]):
-            candidate += 1
-            while candidate in seen or any(candidate % d == 0 for d in range(2, int(candidate**0.5) + 1)):
+        table = []
+        for _ in range(c["engram_max_ngram_size"] - 1):
+            row, candidate = [], c["engram_vocab_size"] - 1
+            for _ in range(c["engram_n_heads"]):
                 candidate += 1
-            seen.add(candidate)
-            total += candidate
-        rows.append(total)
-    return rows
+                while candidate in seen or any(candidate % d == 0 for d in range(2, int(candidate**0.5) + 1)):
+                    candidate += 1
+                seen.add(candidate)
+                row.append(candidate)
+            table.append(row)
+        out.append(table)
+    return out
+
+
+def engram_rows(c: dict) -> list[int]:
+    """Rows of each engram table: the sum of its bucket primes (``engram_num_embeddings``)."""
+    return [sum(sum(row) for row in table) for table in engram_primes(c)]
+
+
+def engram_sidecar(c: dict, seed: int = SEED) -> dict:
+    """colibri's ``dsv41_engram.json`` for this config: primes, row offsets (the running sum of the flattened
+    primes), the per-table multipliers (the vendor's ``np.random.default_rng(10007 * layer_id)`` odd int64s below
+    ``int64 max / compressed vocab``, as decimal strings), a synthetic compressed token map (a fixed shuffle of the
+    ids modulo ``engram_compressed_vocab_size``) and the pad id through it."""
+    primes, cv = engram_primes(c), c["engram_compressed_vocab_size"]
+    offsets = []
+    for table in primes:
+        flat = [p for row in table for p in row]
+        offsets.append([int(v) for v in np.cumsum([0, *flat[:-1]])])
+    high = max(1, (np.iinfo(np.int64).max // cv) // 2)
+    multipliers = [
+        [str(int(v) * 2 + 1) for v in np.random.default_rng(10007 * layer).integers(
+            0, high, size=(c["engram_max_ngram_size"],), dtype=np.int64)]
+        for layer in c["engram_layer_ids"]
+    ]  # fmt: skip
+    token_map = [int(v) % cv for v in np.random.default_rng(seed + 1).permutation(c["vocab_size"])]
+    return {
+        "max_ngram_size": c["engram_max_ngram_size"], "n_heads": c["engram_n_heads"],
+        "head_dim": c["engram_head_dim"], "pad_id": token_map[c["engram_pad_id"]],
+        "layer_ids": c["engram_layer_ids"], "num_embeddings": engram_rows(c), "primes": primes,
+        "offsets": offsets, "multipliers": multipliers, "token_map": token_map,
+    }  # fmt: skip
 
 
 def ue8m0(amax: np.ndarray, top: float) -> np.ndarray:
@@ -105,29 +142,36 @@ def fp4_rowgroups(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Writer:
-    """Collects the tensors, each in its published dtype."""
+    """Collects the tensors, each in its published dtype. ``draw(rng, name, shape, scale, kind)``, when given,
+    chooses the float values (``kind``: ``weight``, ``norm`` or ``small``; ``scale`` this file's default std)."""
 
-    def __init__(self, seed: int = SEED) -> None:
+    def __init__(self, seed: int = SEED, draw=None) -> None:
         self.rng = np.random.default_rng(seed)
+        self.draw = draw
         self.t: dict[str, np.ndarray] = {}
 
-    def normal(self, *shape: int, scale: float = 0.02) -> np.ndarray:
-        return (self.rng.standard_normal(shape) * scale).astype(F32)
+    def value(self, name: str, shape: tuple[int, ...], scale: float = 0.02, kind: str = "weight") -> np.ndarray:
+        if self.draw is not None:
+            return np.asarray(self.draw(self.rng, name, shape, scale, kind), dtype=F32)
+        w = (self.rng.standard_normal(shape) * scale).astype(F32)
+        return (1 + w).astype(F32) if kind == "norm" else w
 
     def bf16(self, name: str, *shape: int, scale: float = 0.02) -> None:
-        self.t[name] = self.normal(*shape, scale=scale).astype(BF16)
+        self.t[name] = self.value(name, shape, scale).astype(BF16)
 
     def norm(self, name: str, n: int) -> None:
-        self.t[name] = (1 + self.normal(n, scale=0.01)).astype(BF16)
+        self.t[name] = self.value(name, (n,), 0.01, "norm").astype(BF16)
 
     def f32(self, name: str, *shape: int, scale: float = 0.1) -> None:
-        self.t[name] = self.normal(*shape, scale=scale)
+        self.t[name] = self.value(name, shape, scale, "small")
 
     def fp8(self, base: str, O: int, I: int) -> None:
-        self.t[base + ".weight"], self.t[base + ".scale"] = fp8_tiles(self.normal(O, I))
+        self.t[base + ".weight"], self.t[base + ".scale"] = fp8_tiles(self.value(base + ".weight", (O, I)))
 
     def fp4(self, base: str, O: int, I: int) -> None:
-        self.t[base + ".weight"], self.t[base + ".scale"] = fp4_rowgroups(self.normal(O, I, scale=0.05))
+        self.t[base + ".weight"], self.t[base + ".scale"] = fp4_rowgroups(
+            self.value(base + ".weight", (O, I), 0.05)
+        )
 
 
 def _block(w: _Writer, c: dict, p: str, experts: int) -> None:
@@ -172,7 +216,7 @@ def _layer_extras(w: _Writer, c: dict, layer: int, rows: list[int]) -> None:
             w.bf16(p + "attn.indexer.wk.weight", c["index_head_dim"], hd)
             w.norm(p + "attn.indexer.k_norm.weight", c["index_head_dim"])
     if layer in c["engram_layer_ids"]:
-        table = w.normal(rows[c["engram_layer_ids"].index(layer)], c["engram_head_dim"], scale=0.05)
+        table = w.value(p + "engram.embed.weight", (rows[c["engram_layer_ids"].index(layer)], c["engram_head_dim"]), 0.05)
         w.t[p + "engram.embed.weight"], w.t[p + "engram.embed.scale"] = fp8_rowgroups(table)
         cols = (c["engram_max_ngram_size"] - 1) * c["engram_n_heads"] * c["engram_head_dim"]
         w.fp8(p + "engram.wkv", dim * (hc + 1), cols)
@@ -221,16 +265,13 @@ def _vision(w: _Writer, c: dict) -> None:
         w.bf16(name, dim, scale=0.05)
 
 
-def tensors(c: dict | None = None) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint by its published name, in its published dtype."""
+def tensors(c: dict | None = None, seed: int = SEED, draw=None) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint by its published name, in its published dtype (``draw``: see ``_Writer``)."""
     c = c or config_text()
-    w, rows = _Writer(), engram_rows(c)
+    w, rows = _Writer(seed, draw), engram_rows(c)
     w.bf16("embed.weight", c["vocab_size"], c["dim"], scale=0.05)
     w.bf16("head.weight", c["vocab_size"], c["dim"], scale=0.05)
     w.norm("norm.weight", c["dim"])
-    for name, shape in (("hc_head_fn", (c["hc_mult"], c["hc_mult"] * c["dim"])), ("hc_head_base", (c["hc_mult"],)),
-                        ("hc_head_scale", (1,))):  # fmt: skip
-        w.f32(name, *shape, scale=0.01)
     for layer in range(c["n_layers"]):
         _block(w, c, f"layers.{layer}.", c["n_routed_experts"])
         _layer_extras(w, c, layer, rows)
@@ -239,14 +280,14 @@ def tensors(c: dict | None = None) -> dict[str, np.ndarray]:
     return w.t
 
 
-def config(c: dict | None = None) -> dict:
+def config(c: dict | None = None, max_positions: int = 256) -> dict:
     """``config.json`` in the released shape: the text model under ``text_config``, the vision tower's own
     section, the FP8 32x32 UE8M0 / FP4-expert ``quantization_config``."""
     c = c or config_text()
     text = dict(
         c, model_type="deepseek_v41_text", hidden_size=c["dim"], num_hidden_layers=c["n_layers"],
         num_attention_heads=c["n_heads"], moe_intermediate_size=c["moe_inter_dim"],
-        num_experts_per_tok=c["n_activated_experts"], max_position_embeddings=256,
+        num_experts_per_tok=c["n_activated_experts"], max_position_embeddings=max_positions,
         engram_num_embeddings=engram_rows(c), sliding_window=c["window_size"],
         kv_source_layer_ids=c["kv_source_layers"], index_source_layer_ids=c["index_source_layers"],
         engram_pad_token_id=c["engram_pad_id"],
@@ -266,7 +307,8 @@ def config(c: dict | None = None) -> dict:
 
 
 def write(folder: Path, c: dict | None = None) -> dict[str, np.ndarray]:
-    """Write the checkpoint (one ``model.safetensors`` + ``config.json``) into ``folder``; return its tensors."""
+    """Write the checkpoint as published (one ``model.safetensors`` + ``config.json``; no engram sidecar: colibri's
+    ``tools/prepare_dsv41.py`` adds it, ``engram_sidecar`` here) into ``folder``; return its tensors."""
     from colitools.formats.safetensors_io import write_safetensors
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -230,11 +230,12 @@ INT3_COLLIDING_WIDTHS = {24, 47, 48, 95, 96, 143, 144}
 # The current generation (docs/FORMATS.md §5 rows 1-2): multimodal towers keep their source values;
 # small 2-D parameters (hyper-connections, sinks, A_log, dt_bias, ...) and every router spelling stay F32.
 TOWER_RE = re.compile(r"^(model\.)?(visual|vision_tower|mm_projector|vision_model|multi_modal_projector|audio_tower|"
-                      r"audio)\.")  # fmt: skip
+                      r"audio)\.|^(vision|aligner)\.")  # fmt: skip  (the last two: DeepSeek-V4.1's released names)
 ROUTER_RE = re.compile(r"\.(mlp\.gate|mlp\.router|ffn\.gate|block_sparse_moe\.gate|feed_forward\.router)\."
                        r"(weight|bias)$")  # fmt: skip
 SMALL_2D_RE = re.compile(r"(\.|^)hc_|ape$|sinks?$|attn_sink|dt_bias$|A_log$|attn_res\.|rel_logits_proj\.|"
-                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$")  # fmt: skip
+                         r"l2_clip\.scale$|attn_sink_proj\.weight$|index_kpool_compress_gate$|static_w$|"
+                         r"engram\.[qk]_weight$")  # fmt: skip
 
 
 # Qwen3.8's PLE n-gram tables (row shards): like an embedding
@@ -250,11 +251,11 @@ def tensor_role(name: str, ndim: int, n_layers: int) -> str:
     if ndim > 2 and not FUSED_RE.match(name) and not SHARED_STACK_RE.match(name):  # conv kernels (gated DeltaNet conv1d [C, 1, K]): F32
         return "router_1d"
     layer = layer_of(name)
-    if layer is not None and layer >= n_layers:
+    if (layer is not None and layer >= n_layers) or name.startswith("mtp."):  # mtp.{S}.: DeepSeek-V4.1's stages
         return "mtp"
-    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight") or name == "head.weight" or \
-            LOOKUP_TABLE_RE.search(name):  # fmt: skip
-        return "embed"  # head.weight: DeepSeek-V4's output head (colitools' names.HEADS)
+    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight") or name in ("head.weight", "embed.weight") \
+            or LOOKUP_TABLE_RE.search(name):  # fmt: skip
+        return "embed"  # head.weight / embed.weight: DeepSeek-V4's released ends (colitools' names.HEADS)
     if EXPERT_RE.search(name) or FUSED_RE.match(name):
         return "experts"
     return "dense"

@@ -76,6 +76,7 @@ class LayerContext:
     def __init__(self, args: ModelArgs, ckpt: Checkpoint, rope: Rope, routes: RouteRecord | None):
         self.args, self.ckpt, self.rope, self.routes = args, ckpt, rope, routes
         self.stores: dict[int, ExpertStore] = {}
+        self.shared: dict[str, Any] = {}  # state a family's layers share (DeepSeek-V4.1's published caches)
 
     def decoder_layer(self, layer: int, attn: TokenMixer, ffn) -> DecoderLayer:
         p, H, zc = layer_path(layer), self.args.hidden_size, self.args.zero_centred_norms

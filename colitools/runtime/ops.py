@@ -83,8 +83,9 @@ class Linear:
 
 
 class Embedding:
-    """Token embeddings. Row-wise quantized tables keep their codes and decode only the looked-up rows (with the
-    registry's reference decoder, so values equal a full decode); other storage is decoded at load."""
+    """Token embeddings (and other lookup tables: DeepSeek-V4.1's engram rows). Row-wise quantized tables keep
+    their codes and decode only the looked-up rows (with the registry's reference decoder, so values equal a full
+    decode); other storage is decoded at load."""
 
     def __init__(self, ckpt: Checkpoint, name: str, V: int, H: int):
         st = ckpt.stored(name, V, H)
@@ -93,22 +94,26 @@ class Embedding:
         fmt = lookup(st.form)  # None for "float" / "fp8-source"
         if fmt is not None and fmt.rowwise_scales and not st.planar:
             self.table = None
-            self.q = qtensor(st, memoryview(data), memoryview(scale))
             self.fmt, self.gs = fmt, st.gs
+            if fmt.matmul_kind is None:  # a table no kernel multiplies (fp8-e4m3-e8m0-r32): rows only, no head
+                self.q = None
+                self.codes = np.frombuffer(data, dtype=np.uint8).reshape(V, -1)
+                self.scales = np.frombuffer(scale, dtype=fmt.scale_numpy).reshape(V, -1)
+            else:
+                self.q = qtensor(st, memoryview(data), memoryview(scale))
+                self.codes, self.scales = self.q.codes.view(np.uint8), self.q.scales
         else:
             self.table = decode_stored(st, data, scale)
             self.q = QTensor(Float.matmul_kind, self.table, None, V, H, None)
 
     @property
     def nbytes(self) -> int:
-        return self.q.nbytes
+        return self.q.nbytes if self.q is not None else self.codes.nbytes + self.scales.nbytes
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         if self.table is not None:
             return self.table[ids]
-        q = self.q
-        codes = q.codes.view(np.uint8)[ids]
-        return self.fmt.decode(codes, q.scales[ids], len(ids), self.H, self.gs).astype(F32)
+        return self.fmt.decode(self.codes[ids], self.scales[ids], len(ids), self.H, self.gs).astype(F32)
 
 
 class MLP:

@@ -26,7 +26,7 @@ from colitools.formats.errors import ColitoolsError, RuntimeModelError
 from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
-from colitools.formats.registry import Float, Fp8E4m3B128, block_grid, by_name
+from colitools.formats.registry import UE8M0_FP8_FORMATS, Float, Fp8E4m3B128, block_grid, by_name
 from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.formats.targets import INKLING, SIGNED_NIBBLE_XOR, TARGETS
 from colitools.runtime.kernels import QTensor
@@ -137,10 +137,18 @@ _FP8_B128_BLOCK = Fp8E4m3B128.block  # (128, 128): an FP8 source with these bloc
 MXFP8_SOURCE = "mxfp8-source"
 
 
+def decoded_at_load(form: str) -> bool:
+    """A registry format without a runtime kernel that the runtime still runs, decoded once to float32 when read:
+    DeepSeek-V4.1's UE8M0 FP8 grids (fp8-e4m3-e8m0-t32 tiles, -r32 row groups; their values are exact floats)."""
+    fmt = next((f for f in UE8M0_FP8_FORMATS if f.name == form), None)
+    return fmt is not None and fmt.matmul_kind is None
+
+
 def _decoded(st: Stored) -> bool:
     """Whether the kernels take ``st`` as float32 (decoded once when read): float sources, FP8 sources with
-    other blocks than 128x128, MXFP8 sources."""
-    return st.form in ("float", MXFP8_SOURCE) or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK)
+    other blocks than 128x128, MXFP8 sources, the kernel-less formats ``decoded_at_load``."""
+    return (st.form in ("float", MXFP8_SOURCE) or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK)
+            or decoded_at_load(st.form))
 
 
 def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
@@ -226,7 +234,7 @@ class Checkpoint:
                     f"tensor {name} is {list(res.logical_shape)}, the model expects [{O}, {I}]"
                 )
             _, sinfo, _ = self.infos[sanitize(res.scale, self.family)]
-            if by_name(res.format.name).matmul_kind is None:
+            if by_name(res.format.name).matmul_kind is None and not decoded_at_load(res.format.name):
                 raise RuntimeModelError(f"tensor {name}: {res.format.name} is not executable by the runtime")
             return Stored(
                 name, res.format.name, O, I, path, (info.begin, info.end), info.dtype,

@@ -40,8 +40,8 @@ def test_model_types_run_and_only_converted():
     assert (
         "inkling" not in families.RUNNABLE_MODEL_TYPES and families.family_of("inkling") is families.INKLING
     )
-    assert families.known_model_types() == sorted([*families.RUNNABLE_MODEL_TYPES, "inkling", "deepseek_v41"])
-    assert "deepseek_v41" not in families.RUNNABLE_MODEL_TYPES  # DeepSeek-V4.1 Flash: converted, not run
+    assert families.known_model_types() == sorted([*families.RUNNABLE_MODEL_TYPES, "inkling"])
+    assert families.family_of("deepseek_v41") is families.DEEPSEEK_V41  # DeepSeek-V4.1 Flash: converted and run
     assert families.family_of("llama") is None and families.family_of(None) is None
     assert families.family_of("kimi_k25") is families.family_of("deepseek_v3")
 

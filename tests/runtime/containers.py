@@ -57,6 +57,10 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
                 a = dequant_nvfp4(a, f.read(name + "_scale"), f.read(name + "_scale_2"))
             elif info.dtype == "F8_E4M3" and name + "_scale" in names:  # MXFP8
                 a = dequant_mxfp8(a, f.read(name + "_scale"))
+            elif _ue8m0_scale(name, names) and info.dtype == "I8":  # DeepSeek-V4.1 FP4 experts (mxfp4's bytes)
+                a = dequant_mxfp4_rows(a.view(np.uint8), f.read(_ue8m0_scale(name, names)).view(np.uint8))
+            elif _ue8m0_scale(name, names) and info.dtype == "F8_E4M3":  # DeepSeek-V4.1 FP8, UE8M0 tiles / rows
+                a = dequant_ue8m0_fp8(a, f.read(_ue8m0_scale(name, names)), block)
             elif info.dtype == "F8_E4M3":
                 a = ref.dequant_fp8_block(a.view(np.uint8), f.read(name + "_scale_inv"), block)
             if info.dtype.startswith(("I", "U")) and a.dtype.kind != "f":  # an integer table (DeepSeek-V4's
@@ -86,8 +90,26 @@ def source_tensors(fixture: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _ue8m0_scale(name: str, names: set[str]) -> str | None:
+    """DeepSeek-V4.1's ``<base>.scale`` beside ``<base>.weight``, or None."""
+    scale = name.removesuffix(".weight") + ".scale"
+    return scale if name.endswith(".weight") and scale in names else None
+
+
+def dequant_ue8m0_fp8(q: np.ndarray, scale: np.ndarray, block: tuple[int, ...]) -> np.ndarray:
+    """DeepSeek-V4.1 FP8: e4m3 ``[O, I]`` times ``2^(e - 127)`` per ``block`` tile (``[O/b, I/b]`` scales) or per
+    row group of 32 (``[O, I/32]`` scales, the engram tables)."""
+    e = np.asarray(scale).view(np.uint8).astype(np.int32) - 127
+    O, I = np.shape(q)
+    rows, cols = (1, 32) if e.shape[0] == O else block
+    full = np.repeat(np.repeat(e, rows, axis=0), cols, axis=1)[:O, :I]
+    return np.ldexp(np.asarray(q).astype(np.float32), full).astype(np.float32)
+
+
 def _companion(name: str, names: set[str]) -> bool:
-    """A scale / shape tensor of a natively quantized weight (INT4 pack-quantized, NVFP4, MXFP8)."""
+    """A scale / shape tensor of a natively quantized weight (INT4 pack-quantized, NVFP4, MXFP8, DeepSeek-V4.1)."""
+    if name.endswith(".scale") and name.removesuffix(".scale") + ".weight" in names:
+        return True
     if (
         name.endswith((".weight_scale", ".weight_shape"))
         and name.rpartition(".")[0] + ".weight_packed" in names
@@ -236,7 +258,7 @@ def build_container(fixture: Path, reference: dict, out: Path, layout: str = "pa
     config = json.loads((fixture / "config.json").read_text())
     config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    for extra in ("tokenizer.json", "generation_config.json"):
+    for extra in ("tokenizer.json", "generation_config.json", "dsv41_engram.json"):  # + V4.1's engram tables
         if (fixture / extra).exists():
             shutil.copy(fixture / extra, out / extra)
 
@@ -285,11 +307,13 @@ def build_container(fixture: Path, reference: dict, out: Path, layout: str = "pa
         by_layer.setdefault(prefix, []).append((e, [n for _, n in sorted(members)]))
     for prefix, items in by_layer.items():
         target, shapes, stamps = (main, main_shapes, main_stamps)
-        if layout == "planar":
+        # planar shards hold int4 experts only (DeepSeek-V4.1's DSpark stage experts stay int8-row, in the main file)
+        planar = layout == "planar" and all(formats[n].startswith("int4") for _, names in items for n in names)
+        if planar:
             target, shapes, stamps = {}, {}, {}
         for _, names in sorted(items):
             emit(target, shapes, stamps, names)
-        if layout == "planar":
+        if planar:
             files.append((f"experts-{prefix.replace('.', '-')}.safetensors", target, shapes, stamps))
     files.insert(0, ("model-main.safetensors", main, main_shapes, main_stamps))
     weight_map = {}

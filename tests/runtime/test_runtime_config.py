@@ -147,6 +147,8 @@ def test_every_runnable_type_has_a_family_that_parses_its_own_arguments():
             cfg.update(linear_attn_config={"num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 4,
                                            "kda_layers": [1, 2, 3]}, attn_res_block_size=2,
                        activation_situ_beta=4.0, activation_situ_linear_beta=25.0, routed_expert_hidden_size=32)  # fmt: skip
+        if mt == "deepseek_v41":  # c/deepseek_v41.c cfg_load requires a ratio per layer; one K = V head
+            cfg.update(compress_ratios=[0, 0, 0, 0], o_lora_rank=8, num_key_value_heads=1)
         if mt.startswith("qwen4_exp"):  # Qwen3.8: the runtime runs its QSA layers, whose indexer has no default
             cfg.update(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8, indexer_budget=4,
                        indexer_compress_ratio=2)  # fmt: skip

@@ -38,6 +38,8 @@ def test_every_family_has_a_fixture():
         "inkling2",
         "qwen3_vl_moe",
         "llama4",
+        "kimi_k3",
+        "deepseek_v41",
     }
     # the DSA indexer's selection really runs (index_topk < the sequence) for both indexer RoPE layouts
     assert {"glm_moe_dsa_sparse", "deepseek_v32_sparse"} <= set(FIXTURES)
@@ -80,6 +82,7 @@ def test_target_recipes_are_listed():
     on the BF16 ``qwen38`` and on ``qwen38_fp8`` (the published FP8 experts, the sidecar's int4 from their values)."""
     assert TARGET_RECIPES == [
         ("deepseek_v4", "target-deepseek_v4"),
+        ("deepseek_v41", "target-deepseek_v41"),
         ("glm5_next_target", "target-glm53"),
         ("inkling", "target-inkling"),
         ("kimi_k3", "target-kimi_k3"),
