@@ -27,7 +27,7 @@ from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
 from colitools.formats.registry import UE8M0_FP8_FORMATS, Float, Fp8E4m3B128, block_grid, by_name
-from colitools.formats.safetensors_io import SafetensorsFile
+from colitools.formats.safetensors_io import SafetensorsFile, TensorInfo
 from colitools.formats.targets import INKLING, SIGNED_NIBBLE_XOR, TARGETS
 from colitools.runtime.kernels import QTensor
 
@@ -105,6 +105,9 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
         q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
         return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
+    if st.form == FP8_CHANNEL_SOURCE:
+        q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
+        return ref.dequant_fp8_rows(q, np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)))
     if st.form == MXFP8_SOURCE:
         q, s = np.frombuffer(data, dtype=np.uint8), np.frombuffer(scale, dtype=np.uint8)  # F8_E8M0: its bytes
         if st.pick:  # rows of an MXFP8 stack slab (Inkling-2 as shipped): codes and scales alike
@@ -135,6 +138,8 @@ def _picked(slab: np.ndarray, st: Stored) -> np.ndarray:
 
 _FP8_B128_BLOCK = Fp8E4m3B128.block  # (128, 128): an FP8 source with these blocks runs the fp8 kernel as is
 MXFP8_SOURCE = "mxfp8-source"
+# compressed-tensors float-quantized FP8 (docs/FORMATS.md §5): F8_E4M3 + a float weight_scale per row or per tensor
+FP8_CHANNEL_SOURCE = "fp8-channel-source"
 
 
 def decoded_at_load(form: str) -> bool:
@@ -147,8 +152,21 @@ def decoded_at_load(form: str) -> bool:
 def _decoded(st: Stored) -> bool:
     """Whether the kernels take ``st`` as float32 (decoded once when read): float sources, FP8 sources with
     other blocks than 128x128, MXFP8 sources, the kernel-less formats ``decoded_at_load``."""
-    return (st.form in ("float", MXFP8_SOURCE) or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK)
+    return (st.form in ("float", MXFP8_SOURCE, FP8_CHANNEL_SOURCE) or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK)
             or decoded_at_load(st.form))
+
+
+def _fp8_scaled_form(name: str, sinfo: TensorInfo, O: int) -> str:
+    """The form of an F8_E4M3 weight with a ``<name>_scale``: E8M0 bytes are MXFP8's, a float scale of one value per
+    row (``[O, 1]``) or per tensor (``[1]`` / ``[]``) is compressed-tensors' per-channel FP8."""
+    if sinfo.dtype not in FLOAT_DTYPES:
+        return MXFP8_SOURCE
+    if tuple(sinfo.shape) not in ((O, 1), (1,), ()):
+        raise RuntimeModelError(
+            f"tensor {name}_scale is {sinfo.dtype} {list(sinfo.shape)}, expected a float [{O}, 1] or [1] (FP8 per "
+            "channel or per tensor) or E8M0 bytes (MXFP8)"
+        )
+    return FP8_CHANNEL_SOURCE
 
 
 def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
@@ -268,8 +286,8 @@ class Checkpoint:
             _check_shape(name, info.shape, O, I)
             _, sinfo, _ = mx_scale
             return Stored(
-                name, MXFP8_SOURCE, O, I, path, (info.begin, info.end), info.dtype, (sinfo.begin, sinfo.end),
-                sinfo.dtype,
+                name, _fp8_scaled_form(name, sinfo, O), O, I, path, (info.begin, info.end), info.dtype,
+                (sinfo.begin, sinfo.end), sinfo.dtype,
             )  # fmt: skip
         if info.dtype in FLOAT_DTYPES:
             _check_shape(name, info.shape, O, I)

@@ -133,3 +133,64 @@ def test_transformers_fbgemm_fp8_is_refused_in_one_line_naming_it(tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "quant_method 'fbgemm_fp8' is not supported" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def _float_copy_from_reference(tmp_path: Path) -> Path:
+    """The fixture with every FP8 weight replaced by compressed-tensors' own dequantization (F32) and its scales and
+    quantization_config dropped: a float checkpoint of the same values, made without colitools' decoder."""
+    src = tmp_path / "float"
+    src.mkdir()
+    want = load_file(str(FIXTURE / "reference" / "dequant.safetensors"))
+    with SafetensorsFile(FIXTURE / "model.safetensors") as f:
+        tensors = {n: np.array(f.read(n)) for n in f.tensors}
+    for name, w in want.items():
+        tensors[name] = w
+        tensors.pop(name.removesuffix("weight") + "weight_scale")
+        tensors.pop(name.removesuffix("weight") + "input_scale", None)
+    from safetensors.numpy import save_file
+
+    save_file({n: np.ascontiguousarray(t) for n, t in tensors.items()}, str(src / "model.safetensors"))
+    config = json.loads((FIXTURE / "config.json").read_text())
+    config.pop("quantization_config")
+    (src / "config.json").write_text(json.dumps(config))
+    return src
+
+
+def test_run_reads_the_source_as_its_float_copy(tmp_path):
+    """``colitools run`` on the unconverted source (F8_E4M3 + BF16 ``weight_scale [O, 1]``: not MXFP8's E8M0 bytes)
+    gives the logits of the float checkpoint built from compressed-tensors' own dequantization, bit for bit."""
+    from colitools.runtime.generate import score
+    from colitools.runtime.model import load_model
+
+    ids = [1, 5, 9, 2, 7, 3]
+    runs = []
+    for path in (FIXTURE, _float_copy_from_reference(tmp_path)):
+        model = load_model(path, cap=4, record_usage=False)
+        try:
+            runs.append(score(model, ids))
+        finally:
+            model.close()
+    (tokens, logits), (want_tokens, want_logits) = runs
+    assert tokens == want_tokens and np.array_equal(logits, want_logits)
+
+
+def test_run_refuses_a_float_scale_of_another_shape_in_one_line(tmp_path):
+    from colitools.formats.errors import RuntimeModelError
+    from colitools.runtime.model import load_model
+
+    src = _copy(tmp_path)
+    name = "language_model.model.layers.1.feed_forward.experts.0.gate_proj.weight_scale"
+    with SafetensorsFile(src / "model.safetensors") as f:
+        tensors = {n: np.array(f.read(n)) for n in f.tensors}
+    tensors[name] = np.ascontiguousarray(np.repeat(tensors[name], 2, axis=1))  # [64, 2]: neither a row nor a tensor
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(src / "model.safetensors"))
+    with pytest.raises((RuntimeModelError, ColitoolsError)) as exc:
+        model = load_model(src, cap=4, record_usage=False)
+        try:
+            model.forward([1, 2, 3])
+        finally:
+            model.close()
+    msg = str(exc.value)  # the runtime names tensors by their canonical spelling (model.layers..., mlp.experts)
+    assert "layers.1.mlp.experts.0.gate_proj.weight_scale" in msg and "[64, 2]" in msg and "\n" not in msg
