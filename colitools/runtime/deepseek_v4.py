@@ -590,15 +590,10 @@ class DeepseekV4(Family):
     def layer(self, ctx: LayerContext, layer: int) -> V4Layer:
         args, ckpt = ctx.args, ctx.ckpt
         p, H, n = f"model.layers.{layer}", args.hidden_size, args.hc_mult
-        width = (2 + n) * n
 
         def hc(site: str) -> HyperConnection:
-            return HyperConnection(
-                ckpt.array(sanitize(f"{p}.hc_{site}_fn"), (width, n * H)),
-                ckpt.vector(sanitize(f"{p}.hc_{site}_base"), width),
-                ckpt.vector(sanitize(f"{p}.hc_{site}_scale"), 3),
-                n, args.hc_iters, args.hc_eps, args.rms_norm_eps,
-            )  # fmt: skip
+            return HyperConnection.load(ckpt, sanitize(f"{p}.hc_{site}"), H, n, args.hc_iters, args.hc_eps,
+                                        args.rms_norm_eps)  # fmt: skip
 
         return V4Layer(
             V4Attention(args, ckpt, layer), V4MoE(args, ckpt, layer, ctx), hc("attn"), hc("ffn"),

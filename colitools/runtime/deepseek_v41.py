@@ -420,15 +420,10 @@ class DeepseekV41(Family):
         args, ckpt = ctx.args, ctx.ckpt
         pub = ctx.shared.setdefault("published", Published())
         p, H, n = f"layers.{layer}", args.hidden_size, args.hc_mult
-        width = (2 + n) * n
 
         def hc(site: str) -> HyperConnection:
-            return HyperConnection(
-                ckpt.array(sanitize(f"{p}.hc_{site}_fn"), (width, n * H)),
-                ckpt.vector(sanitize(f"{p}.hc_{site}_base"), width),
-                ckpt.vector(sanitize(f"{p}.hc_{site}_scale"), 3),
-                n, args.hc_iters, args.hc_eps, args.rms_norm_eps,
-            )  # fmt: skip
+            return HyperConnection.load(ckpt, sanitize(f"{p}.hc_{site}"), H, n, args.hc_iters, args.hc_eps,
+                                        args.rms_norm_eps)  # fmt: skip
 
         engram = None
         if layer in args.engram.layers:

@@ -187,12 +187,8 @@ class ClampedMLP(MLP):
 
 
 def _hyper_connection(args: Glm5NextArgs, ckpt: Checkpoint, layer: int, block: str) -> HyperConnection:
-    p, hc, H = f"{layer_path(layer)}.hc_{block}", args.hyper.mult, args.hidden_size
-    n = (2 + hc) * hc
-    return HyperConnection(
-        ckpt.array(f"{p}_fn", (n, hc * H)), ckpt.vector(f"{p}_base", n), ckpt.vector(f"{p}_scale", 3),
-        hc, args.hyper.sinkhorn_iters, args.hyper.eps, args.rms_norm_eps,
-    )  # fmt: skip
+    return HyperConnection.load(ckpt, f"{layer_path(layer)}.hc_{block}", args.hidden_size, args.hyper.mult,
+                                args.hyper.sinkhorn_iters, args.hyper.eps, args.rms_norm_eps)  # fmt: skip
 
 
 def hyper_layer(ctx: LayerContext, layer: int) -> HyperDecoderLayer:

@@ -37,6 +37,15 @@ class HyperConnection:
         self.hc, self.iters, self.eps, self.norm_eps = hc, sinkhorn_iters, F32(hc_eps), norm_eps
         self.ones = np.ones(fn.shape[1], dtype=F32)
 
+    @classmethod
+    def load(cls, ckpt, prefix: str, hidden: int, hc: int, sinkhorn_iters: int, hc_eps: float,
+             norm_eps: float) -> HyperConnection:  # fmt: skip
+        """The block's ``{prefix}_fn [(2 + hc) * hc, hc * hidden]``, ``{prefix}_base``, ``{prefix}_scale [3]`` from
+        ``ckpt`` (a runtime ``Checkpoint``; ``prefix`` in its canonical spelling, e.g. ``model.layers.3.hc_attn``)."""
+        n = (2 + hc) * hc
+        return cls(ckpt.array(f"{prefix}_fn", (n, hc * hidden)), ckpt.vector(f"{prefix}_base", n),
+                   ckpt.vector(f"{prefix}_scale", 3), hc, sinkhorn_iters, hc_eps, norm_eps)  # fmt: skip
+
     @property
     def nbytes(self) -> int:
         return self.fn_t.nbytes + self.base.nbytes + self.scale.nbytes
