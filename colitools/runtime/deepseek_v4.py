@@ -526,7 +526,11 @@ class V4Layer:
         self.attn.reset()
 
     def __call__(self, streams, positions, cos, sin, ids):
-        """``streams [N, hc, H]``; the carry is the token ids (hash routing)."""
+        """``streams [N, hc, H]``; the carry is the token ids (hash routing). Under ``--act-quant`` one row at a
+        time (``ActQuant.row_by_row``: prefill = decode bit for bit; ``cos`` / ``sin`` are unused)."""
+        return self.attn.quant.row_by_row(self._rows, streams, positions, ids)
+
+    def _rows(self, streams, positions, ids):
         r = self.attn.quant.round_bf16  # --act-quant: BF16 normed inputs
         streams = self._site(
             self.attn_hc, streams, lambda h: self.attn(r(rms_norm(h, self.norm_in, self.eps)), positions)
@@ -545,7 +549,7 @@ class V4IO(ModelIO):
     def __init__(self, args: V4Args, ckpt: Checkpoint):
         super().__init__(args, ckpt)
         n, H = args.hc_mult, args.hidden_size
-        self.hc_mult = n
+        self.hc_mult, self.quant = n, args.act_quant
         self.hyper_head = HyperHead(
             ckpt.array(sanitize("model.hc_head.hc_fn"), (n, n * H)),
             ckpt.vector(sanitize("model.hc_head.hc_base"), n),
@@ -560,8 +564,11 @@ class V4IO(ModelIO):
         return ids
 
     def logits(self, x: np.ndarray, carry, all_logits: bool) -> np.ndarray:
-        h = self.hyper_head(x if all_logits else x[-1:])
-        return self.lm_head(rms_norm(h, self.norm, self.eps))
+        """The head's logits; row by row under ``--act-quant`` (``ActQuant.row_by_row``), as the layers."""
+        return self.quant.row_by_row(self._head, x if all_logits else x[-1:])
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        return self.lm_head(rms_norm(self.hyper_head(x), self.norm, self.eps))
 
 
 class DeepseekV4(Family):

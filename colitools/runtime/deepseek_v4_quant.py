@@ -17,6 +17,11 @@ inference rather than with transformers' float activations (the default, ``ActQu
   output, the norms' outputs, the hyper-connection states, the roped query / key, the attention's probabilities
   (before the value product; the denominator sums them unrounded) and output, each routed expert's gate / up and
   its activation times its routing weight (applied before ``w2``), the MoE sum with the shared expert.
+* Every row alone (``ActQuant.row_by_row``): a layer and the head take a batch of positions one row at a time, so
+  a row's arithmetic is decode's whatever the batch (prefill = token-by-token decode, bit for bit). The engine
+  evaluates every row alike; numpy's multi-row matmuls sum in another order than its one-row ones (~3e-6), and
+  an emulated rounding can magnify that to a different code (0.44 in the logits on the 128-wide fixture).
+  Matvecs alone would not do: the attention's sums over a prefill's masked keys are ordered otherwise too.
 """
 
 from __future__ import annotations
@@ -117,6 +122,17 @@ class ActQuant:
 
     def round_bf16(self, x: np.ndarray) -> np.ndarray:
         return bf16(x) if self.on else x
+
+    def row_by_row(self, fn, rows: np.ndarray, *per_row: np.ndarray):
+        """``fn(rows, *per_row)``, or, when on and there are several rows, ``fn`` on each row alone in order
+        (``rows[i : i + 1]`` with the same slice of every ``per_row`` array; state such as the KV caches then grows
+        as in decode) with the results concatenated along the first axis (a tuple result: element-wise)."""
+        if not self.on or rows.shape[0] < 2:
+            return fn(rows, *per_row)
+        outs = [fn(rows[i : i + 1], *(a[i : i + 1] for a in per_row)) for i in range(rows.shape[0])]
+        if isinstance(outs[0], tuple):
+            return tuple(np.concatenate(parts) for parts in zip(*outs, strict=True))
+        return np.concatenate(outs)
 
 
 def attend_bf16(

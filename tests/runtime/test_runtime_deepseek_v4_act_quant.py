@@ -1,7 +1,8 @@
 """``colitools run --act-quant official`` (issue 27 item 5): DeepSeek-V4's activation rounding as colibri's
 c/deepseek_v4.c reproduces it (colitools/runtime/deepseek_v4_quant.py). The roundings are pinned on hand-worked
-vectors here; the whole-model agreement with the engine is measured by bench/colibri_compat.py (docs/FORMATS.md
-§4 Targets: 40/40 teacher-forced on the 128-wide variant), which CI cannot run."""
+vectors here, and a row's logits are pinned to be the same whatever the batch (prefill = token-by-token decode,
+as the engine evaluates every row); the whole-model agreement with the engine is measured by
+bench/colibri_compat.py (docs/FORMATS.md §4, the engines table), which CI cannot run."""
 
 from __future__ import annotations
 
@@ -57,6 +58,27 @@ def test_official_rounding_changes_the_logits_and_the_default_does_not():
     assert (
         float(np.max(np.abs(a - b1))) > 1e-3
     )  # the rounding acts (its size is the engine's, not pinned here)
+
+
+def test_official_rounding_gives_a_row_the_same_logits_whatever_the_batch():
+    # numpy's multi-row matmuls sum in another order than one-row ones (~1e-6), which an emulated FP8 / BF16
+    # rounding can magnify (0.003 on this fixture, an argmax on the 128-wide one): every row must see decode's
+    # arithmetic, in one batch of 40, in two chunks, or one token at a time
+    ids = [int(t) for t in reference("deepseek_v4", "f32")["teacher_forced"]["input_ids"]]
+    assert len(ids) == 40
+    with load_model(ORACLES / "deepseek_v4", record_usage=False, act_quant="official") as model:
+        batched = model.forward(ids, all_logits=True)
+        model.reset()
+        chunked = np.concatenate(
+            [model.forward(ids[:17], all_logits=True), model.forward(ids[17:], all_logits=True)]
+        )
+        model.reset()
+        stepped = np.stack([model.forward([t]) for t in ids])
+        model.reset()
+        last = model.forward(ids)  # the last position only, as generate's prefill asks
+    assert np.array_equal(batched, stepped)
+    assert np.array_equal(chunked, stepped)
+    assert np.array_equal(last, stepped[-1])
 
 
 def test_a_family_without_the_mode_refuses_it_in_one_line(tmp_path):
