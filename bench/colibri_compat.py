@@ -2,13 +2,16 @@
 
 Given one or more colibri source trees (obtained by whoever runs this, bench/README.md lists which; each is copied
 to the work folder, never into the repository), builds each CPU engine from the first tree holding its source
-(``make olmoe colibri inkling kimi_k3 qwen36 glm53 qwen38``, ``make -f Makefile.deepseek-v4 deepseek-v4``),
+(``make olmoe colibri inkling kimi_k3 qwen36 glm53 qwen38 deepseek_v41``, ``make -f Makefile.deepseek-v4
+deepseek-v4``),
 converts oracle fixtures with each target and recipe, runs ``colitools run`` (greedy and teacher-forced, the
 reference) and each engine on the same container with its exact kernels (:func:`engine_env`), and prints one row
 per engine x target x recipe: built, loaded, ran, teacher-forced k/N, greedy k/N, and for every divergence
 colitools' own top-2 margin there (a margin below 0.02 explains one). Engines without a teacher-forced oracle mode
-(olmoe.c, qwen36.c, qwen38.c) are teacher-forced prefix by prefix: one oracle run per position with the prompt
-``full_ids[:p]`` and one token to generate, whose argmax is the engine's at position ``p - 1``.
+(olmoe.c, qwen36.c, qwen38.c, deepseek_v41.c) are teacher-forced prefix by prefix: one oracle run per position with
+the prompt ``full_ids[:p]`` and one token to generate, whose argmax is the engine's at position ``p - 1`` (a
+prefill, like colitools' teacher-forced pass: DeepSeek V4.1's decode steps read the index keys published last, so
+its greedy tokens and its teacher-forced argmax differ by design, and each is compared with colitools' own).
 
 Variants (made in the work folder, from the committed fixtures):
 * ``glm_moe_dsa`` with ``rms_norm_eps`` 1e-6: c/colibri.c applies ``rms_norm_eps`` to ``q_a_layernorm`` /
@@ -50,8 +53,10 @@ ENGINES = {
     "glm53": ("glm53.c", ["glm53", "LDLIBS=-lm"], "glm53"),
     "qwen38": ("qwen38.c", ["qwen38", "LDLIBS=-lm"], "qwen38"),
     "kimi_k3": ("kimi_k3.c", ["kimi_k3"], "kimi_k3"),
+    "deepseek_v41": ("deepseek_v41.c", ["deepseek_v41", "LDLIBS=-lm"], "deepseek_v41"),
 }
-TF_BY_PREFIX = ("olmoe", "qwen36", "qwen38")  # no teacher-forced oracle mode: one single-token run per prefix
+# no teacher-forced oracle mode: one single-token run per prefix
+TF_BY_PREFIX = ("olmoe", "qwen36", "qwen38", "deepseek_v41")
 MARGIN_EXPLAINS = 0.02  # a divergence where colitools' top-2 margin is below this is a rounding tie
 CAP = "8"
 BASE_FIXTURE = {"glm_eps6": "glm_moe_dsa", "glm_eps6_fp8": "glm_moe_dsa", "deepseek_v4_128": "deepseek_v4"}
@@ -103,6 +108,8 @@ def cases() -> list[Case]:
         out.append(Case("qwen38", fixture, (("target", "qwen38"),), label=label))
     for xb in ("int8-row", "int4-row", "int4-g32"):  # convert_qwen36.py's --ebits 8 / 4 / 4 --gs 32
         out.append(Case("qwen36", "qwen3_5_moe", (("target", "qwen36"), ("experts", xb))))
+    # the release's FP8 / FP4 / engram bytes kept (native, the target's only recipe)
+    out.append(Case("deepseek_v41", "deepseek_v41", (("target", "deepseek_v41"),)))
     return out
 
 
@@ -138,6 +145,8 @@ def engine_runs(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gre
         return [[exe, CAP, "8", str(ref)]]
     if case.engine in ("qwen36", "qwen38"):  # 8: the bits slot (checked, unused: weights are read as stored)
         return [[exe, CAP, "8", str(ref)]]
+    if case.engine == "deepseek_v41":  # greedy from prompt_ids, checked against output_ids
+        return [[exe, CAP, str(ref)]]
     ref_ids = json.loads(ref.read_text())
     ids = ",".join(str(t) for t in ref_ids["full_ids"])
     prompt = ",".join(str(t) for t in ref_ids["prompt_ids"])
@@ -160,7 +169,8 @@ def engine_env(model: Path, ref: Path) -> dict[str, str]:
     """Exact kernels: float activations (``IDOT=0``, kimi_k3.c's ``K3_IDOT=0``), float dense matrices (qwen36.c's
     ``COLI_DENSE_I8=0``, glm53.c's ``GLM53_BITS=32``, kimi_k3.c's ``K3_BITS`` / ``K3_MLA_BITS`` / ``K3_HEAD_BITS``
     32: they quantize float dense tensors at load otherwise; stored codes are read as stored); no usage file
-    written into the container (``USAGE_SAVE=0``)."""
+    written into the container (``USAGE_SAVE=0``). deepseek_v41.c needs none: its matvecs take float activations
+    and read the stored FP8 / FP4 bytes; ``V41_INDEX_OWNER`` stays unset (the release's published-keys rule)."""
     exact = {"IDOT": "0", "COLI_DENSE_I8": "0", "GLM53_BITS": "32", "K3_IDOT": "0", "K3_BITS": "32",
              "K3_MLA_BITS": "32", "K3_HEAD_BITS": "32", "USAGE_SAVE": "0"}  # fmt: skip
     return {**os.environ, **exact, "SNAP": str(model), "REF": str(ref), "COLI_NO_OMP_TUNE": "1"}
@@ -223,6 +233,8 @@ def run_engine(case: Case, cdir: Path, model: Path, ref: Path, n_tf: int, n_gree
         if case.engine == "kimi_k3":
             positions = len(json.loads(ref.read_text())["full_ids"])
             out += "\n" + id_lines(k3_ids(i, r.stdout, logits, positions), ref)
+        if case.engine == "deepseek_v41":  # its greedy ids are its stdout: the line divergences() reads
+            out += "\nC engine : " + " ".join(re.findall(r"-?\d+", r.stdout))
         result["out"] = str(result["out"]) + out
         tf = re.search(r"(?:PREFILL \(teacher-forcing\) C vs oracle|teacher-forced argmax): (\d+)/(\d+)", out)
         greedy = re.search(r"(?:Matching tokens|GREEDY C vs oracle): (\d+)/(\d+)", out)
@@ -244,7 +256,8 @@ def tf_by_prefix(case: Case, cdir: Path, model: Path, ref: dict, work: Path) -> 
     k, notes = 0, []
     for p in range(1, len(full) + 1):
         path = folder / f"{p}.json"
-        path.write_text(json.dumps({"prompt_ids": full[:p], "full_ids": full[:p] + [want[p - 1]]}))
+        path.write_text(json.dumps({"prompt_ids": full[:p], "full_ids": full[:p] + [want[p - 1]],
+                                    "output_ids": [want[p - 1]]}))  # fmt: skip
         argv = engine_runs(case, cdir, model, path, 0, 1)[0]
         r = subprocess.run(argv, env=engine_env(model, path), capture_output=True, text=True, timeout=900,
                            errors="replace")  # fmt: skip
@@ -470,7 +483,8 @@ def run_case(case: Case, cdir: Path | None, built: str, work: Path, oracle_pytho
     ref = colitools_reference(model, prompt, n, case.act_quant)
     ref_path = work / "refs" / f"{case.name}.json"
     ref_path.parent.mkdir(parents=True, exist_ok=True)
-    ref_path.write_text(json.dumps({k: ref[k] for k in ("prompt_ids", "full_ids", "tf_pred")}))
+    ref_path.write_text(json.dumps({**{k: ref[k] for k in ("prompt_ids", "full_ids", "tf_pred")},
+                                    "output_ids": ref["full_ids"][len(prompt) :]}))  # fmt: skip
     engine_model = engine_container(case, model)
     result = run_engine(case, cdir, engine_model, ref_path, len(ref["tf_pred"]), n)
     if case.engine in TF_BY_PREFIX and result["ran"] == "yes":

@@ -566,8 +566,9 @@ class Fp8E4m3E8m0T32(Fp8E4m3E8m0):
     bytes, ``{name}.scale`` ``ceil(O/32)*ceil(I/32)`` bytes; ``mv8``: ``w = e4m3(code) * ue8m0(tile)``): the
     names, dtypes and rule of fp8-e4m3-e8m0 over 32x32 tiles (docs/FORMATS.md §2.10). colibri uploads it to its
     Vulkan device as its fmt 12 (e4m3 with one f32 scale per 32 inputs of a row). No runtime kernel (the fp8
-    kernel takes 128x128 blocks): ``run`` refuses it, naming the tensor; written by the numpy reference encoder
-    (or kept byte for byte from a V4.1 source, ``native``)."""
+    kernel takes 128x128 blocks): ``run`` decodes it to float32 once at load (exact values,
+    ``runtime.weights.decoded_at_load``); written by the numpy reference encoder (or kept byte for byte from a
+    V4.1 source, ``native``)."""
 
     ord = 101  # colibri's private ordinal block (100+): colibri has no container ordinal for it
     name = "fp8-e4m3-e8m0-t32"
@@ -587,7 +588,8 @@ class Fp8E4m3E8m0R32(Fp8E4m3E8m0T32):
     """DeepSeek-V4.1 Flash's engram tables, as ``c/deepseek_v41.c`` reads them (``engram_table_open``: rows =
     weight bytes / head_dim; ``engram_row``: a row's ``head_dim`` e4m3 bytes at ``id * head_dim`` and its
     ``head_dim / 32`` scale bytes at ``id * head_dim / 32``, ``w = e4m3(code) * ue8m0(byte)``): one E8M0 byte per
-    32 inputs of each row, ``<base>.scale`` ``[O, ceil(I/32)]`` (docs/FORMATS.md §2.11)."""
+    32 inputs of each row, ``<base>.scale`` ``[O, ceil(I/32)]`` (docs/FORMATS.md §2.11). No runtime kernel either:
+    ``run`` decodes a matrix of it to float32 once at load, and an embedding table only the rows it looks up."""
 
     ord = 102
     name = "fp8-e4m3-e8m0-r32"

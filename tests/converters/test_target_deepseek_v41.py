@@ -1,6 +1,6 @@
 """``--target deepseek_v41``: the container colibri's ``c/deepseek_v41.c`` reads, checked against the loader's own
-rules, restated here from its source (JustVugg/colibri a4306c8; read, not run: the engine is not built here) rather
-than from the converter:
+rules, restated here from its source (JustVugg/colibri a4306c8; CI has no colibri: bench/colibri_compat.py runs the
+engine itself on the oracle fixture's container, docs/FORMATS.md §4) rather than from the converter:
 
 * ``cfg_load``: ``config.json``'s ``text_config`` (or a flat config) with ``compress_ratios`` for every layer;
 * ``model_load`` per layer and ``spec_load`` per DSpark stage: ``w8_load`` (``<b>.weight`` of ``O*I`` bytes and
