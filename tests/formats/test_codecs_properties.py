@@ -197,6 +197,55 @@ def test_fp8_fused_path_equals_dequant_then_reference(fmt, gs, data):
 
 
 @st.composite
+def fp8_checkpoint_tensors(draw, multiple: int):
+    """FP8 as checkpoints ship it, over several source blocks of 128-multiple sides (the kernels that read a
+    block's bytes only: int3-g64 groups and mxfp4 blocks by byte thresholds, fp8-e4m3-e8m0 by a byte table):
+    Gaussian or heavy-tailed weights quantised per block (``q = e4m3(w / s)``, ``s = amax / 448``), some
+    blocks all zero or holding exact E2M1 ties, and scales that push the E8M0 / mxfp4 exponents to their
+    clamps (float32 subnormal, 2^-130) or near overflow."""
+    O = draw(st.integers(1, 300))
+    I = draw(st.integers(1, 520 // multiple)) * multiple
+    block = draw(st.sampled_from([(128, 128), (256, 128), (128, 256), (32, 128)]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["gauss", "heavy", "ties"]))
+    if kind == "ties":  # e4m3 bytes of 0.5-multiples: exact E2M1 values and midpoints at many exponents
+        q = rng.choice(
+            np.array([0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C, 0x50, 0x54, 0x58], np.uint8), (O, I)
+        )
+        q |= rng.choice(np.array([0, 0x80], np.uint8), (O, I))
+    else:
+        w = rng.standard_normal((O, I)) if kind == "gauss" else rng.standard_t(2, (O, I))
+        q = np.clip(w / np.abs(w).max() * 448, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    q[rng.random((O, I)) < 0.05] = 0
+    grid = (ref.ceil_div(O, block[0]), ref.ceil_div(I, block[1]))
+    mag = draw(st.sampled_from([0.02 / 448, 1.0, 1e-42, 2.0**-130, 2.0**-140, 1e36]))
+    s = (rng.random(grid) + 0.5) * mag
+    s[rng.random(grid) < 0.2] *= -1
+    s[rng.random(grid) < 0.1] = 0
+    return np.ascontiguousarray(q), s.astype(F32), block
+
+
+@pytest.mark.parametrize("fmt", ["int3-g64", "mxfp4", "fp8-e4m3-e8m0"])
+@SETTINGS
+@given(data=st.data())
+def test_fp8_block_kernels_equal_dequant_then_reference_on_checkpoint_like_tensors(fmt, data):
+    q, s, block = data.draw(fp8_checkpoint_tensors(multiple=64 if fmt == "int3-g64" else 32))
+    with np.errstate(over="ignore"):  # 448 * 1.5e36 overflows float32: both paths refuse it
+        w = ref.dequant_fp8_block(q, s, block)
+    if fmt == "fp8-e4m3-e8m0":
+        fast = lambda: kernels.encode_from_fp8_e8m0(q, s, block, name="t")  # noqa: E731
+        expected = ref.encode_fp8_e8m0 if np.isfinite(w).all() else None
+    else:
+        fast = lambda: kernels.encode_from_fp8_block(fmt, q, s, block, None, name="t")  # noqa: E731
+        expected = (lambda w: reference_encode(fmt, w, None)) if np.isfinite(w).all() else None
+    if expected is None:
+        with pytest.raises(EncodeError, match="non-finite value"):
+            fast()
+        return
+    assert_same(fast(), expected(w))
+
+
+@st.composite
 def fp8_e8m0_sources(draw):
     """FP8 codes (every byte but NaN) and a scale grid of 128-multiple blocks, over several output blocks."""
     O, I = draw(st.integers(1, 300)), draw(st.integers(1, 300))
