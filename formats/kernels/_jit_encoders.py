@@ -173,13 +173,13 @@ def _int3_blocks_fp8(qg, srow, bc, cg, scales, u):
     """``_int3_blocks`` straight from e4m3 bytes ``qg [G, 64]`` (``bc % 64 == 0``: a group lies in one scale
     block), with the amax taken on the bytes as in ``_int4_blocks_fp8`` and, as there, every group's amax
     and scale before any codes (their divisions overlap)."""
-    G = qg.shape[0]
+    G, gs = qg.shape  # gs is 64; read from the shape, so LLVM vectorises the loops instead of unrolling them
     u32 = u.view(np.uint32)
     u64 = u.view(np.uint64)
     bad = np.uint32(0)
     for g in range(G):
         m = np.uint32(0)
-        for k in range(64):
+        for k in range(gs):
             m = _umax32(m, np.uint32(qg[g, k] & np.uint8(0x7F)))
         mb = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(srow[(g * 64) // bc])))
         scales[g] = _bits_f32(mb)
@@ -192,7 +192,7 @@ def _int3_blocks_fp8(qg, srow, bc, cg, scales, u):
     for g in range(G):
         s = scales[g]
         sv = srow[(g * 64) // bc]
-        for k in range(64):
+        for k in range(gs):
             u[k] = np.uint8(_q(_e4m3(qg[g, k]) * sv, s, _L3, _H3) + 4)  # u = v + 4
         for b in range(16):  # the planes as _int3_blocks packs them
             cg[g, b] = _pack_quad(u32[b])
