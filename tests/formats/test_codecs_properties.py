@@ -501,6 +501,30 @@ def test_threaded_chunks_are_byte_identical_to_one_thread_and_reference():
         kernels.set_threads(None)
 
 
+def test_threaded_fp8_chunks_are_byte_identical_to_one_thread_and_reference():
+    # 300 x 1152 FP8 with 128x128 scales: the row chunks of 2 threads start inside a scale block (the mxfp4
+    # kernel's per-(scale block, exponent) thresholds are remade per chunk).
+    rng = np.random.default_rng(11)
+    q = (
+        (rng.standard_normal((300, 1152)) * 100)
+        .clip(-448, 448)
+        .astype(ml_dtypes.float8_e4m3fn)
+        .view(np.uint8)
+    )
+    s = (rng.random((3, 9)) * 1e-3 + 1e-4).astype(F32)
+    w = ref.dequant_fp8_block(q, s, (128, 128))
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            kernels.set_threads(threads)
+            for fmt in ("mxfp4", "int3-g64"):
+                assert_same(
+                    kernels.encode_from_fp8_block(fmt, q, s, 128, None), reference_encode(fmt, w, None)
+                )
+            assert_same(kernels.encode_from_fp8_e8m0(q, s, 128), ref.encode_fp8_e8m0(w))
+    finally:
+        kernels.set_threads(None)
+
+
 def test_concurrent_callers_get_identical_results():
     rng = np.random.default_rng(3)
     w = (rng.standard_normal((256, 1536)) * 0.5).astype(F32)
