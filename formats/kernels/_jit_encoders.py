@@ -232,7 +232,8 @@ def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct):
 # thresholds per (scale block, exponent), found by binary search on the exact per-element rule, give every
 # code by byte compares (``_mx_code``), 32 lanes at a time.
 # The two-candidate rule (``_enc_mxfp4``): the float64 error sums in element order are compared only when
-# float32 sums of the same terms, in any order, leave it open. Scaled by 2^-2e0 (exact), each term is
+# float32 sums of the same terms, in any order, leave it open; those terms are again functions of the byte, looked
+# up in a table per (scale block, e0) (``_mx_gap_table``, a pool per row block). Scaled by 2^-2e0 (exact), each term is
 # ``(v - x)^2`` with ``x = |w| * 2^-e0``; its float32 value and a float32 sum of 32 such terms in any order are
 # within 2.2e-6 (relative, plus ~1e-43 absolute from underflow) of the exact sums, the reference's float64
 # sequential sums within 4e-15: a gap beyond ``_MX_REL_SLACK`` of the total decides the same way.
@@ -283,43 +284,37 @@ def _mx_e1_wins_exact(q3, o, b, asv, e0, e1, n):
     return err1 < err0
 
 
-@inline
-def _mx_e1_wins(q3, o, b, asv, e0, thr, ra, tg, tt, n):
-    """The two-candidate rule for block ``b`` of row ``o`` (``e1 = e0 + 1``, thresholds in rows ``ra``, ``ra + 1``)."""
+@njit
+def _mx_gap_table(dt, p, e0, asv):
+    """Pool row ``p``: per magnitude byte ``j``, with ``x = e4m3(j) * |sv| * 2^-e0`` (as the codes divide),
+    ``(2 v1 - x)^2 - (v0 - x)^2`` in ``dt[p, j]`` and ``(2 v1 - x)^2 + (v0 - x)^2`` in ``dt[p, 128 + j]``
+    (``v0`` / ``v1``: the E2M1 values e0 / e1 round to), float32: the scaled squared errors of both candidates."""
     inv0 = _pow2_f32(-e0)
-    z = np.uint8(0)
-    a1, a2, a3, a4, a5, a6, a7 = (
-        thr[ra, 0],
-        thr[ra, 1],
-        thr[ra, 2],
-        thr[ra, 3],
-        thr[ra, 4],
-        thr[ra, 5],
-        thr[ra, 6],
-    )
-    rb = ra + 1
-    b1, b2, b3, b4, b5, b6, b7 = (
-        thr[rb, 0],
-        thr[rb, 1],
-        thr[rb, 2],
-        thr[rb, 3],
-        thr[rb, 4],
-        thr[rb, 5],
-        thr[rb, 6],
-    )
-    for k in range(n):
-        v = q3[o, b, k]
-        j = np.uint8(v & np.uint8(0x7F))
-        x = abs((_e4m3(v) * asv) * inv0)
-        d0 = _e2m1_mag(_mx_code(j, a1, a2, a3, a4, a5, a6, a7, z)) - x
-        d1 = _e2m1_mag(_mx_code(j, b1, b2, b3, b4, b5, b6, b7, z)) * _TWO - x
-        tg[k] = d1 * d1 - d0 * d0
-        tt[k] = d1 * d1 + d0 * d0
-    g0, g1, g2, g3 = tg[0], tg[1], tg[2], tg[3]
-    u0, u1, u2, u3 = tt[0], tt[1], tt[2], tt[3]
-    for k in range(4, 32, 4):
-        g0, g1, g2, g3 = g0 + tg[k], g1 + tg[k + 1], g2 + tg[k + 2], g3 + tg[k + 3]
-        u0, u1, u2, u3 = u0 + tt[k], u1 + tt[k + 1], u2 + tt[k + 2], u3 + tt[k + 3]
+    inv1 = _pow2_f32(-(e0 + 1))
+    for j in range(127):
+        a = _e4m3(np.uint8(j)) * asv
+        x = a * inv0
+        d0 = _e2m1_mag(_e2m1_code(x)) - x
+        d1 = _e2m1_mag(_e2m1_code(a * inv1)) * _TWO - x
+        dt[p, j] = d1 * d1 - d0 * d0
+        dt[p, 128 + j] = d1 * d1 + d0 * d0
+    dt[p, 127] = 0
+    dt[p, 255] = 0
+
+
+@inline
+def _mx_e1_wins(q3, o, b, asv, e0, dt, p, n):
+    """The two-candidate rule for block ``b`` of row ``o`` (``e1 = e0 + 1``): the float32 gap and total of the
+    scaled squared errors, looked up per byte in pool row ``p`` (four partial sums each), decide when the gap
+    exceeds their bound, else the float64 sums in element order."""
+    g0, g1, g2, g3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
+    u0, u1, u2, u3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
+    for k in range(0, n, 4):
+        j0, j1 = q3[o, b, k] & np.uint8(0x7F), q3[o, b, k + 1] & np.uint8(0x7F)
+        j2, j3 = q3[o, b, k + 2] & np.uint8(0x7F), q3[o, b, k + 3] & np.uint8(0x7F)
+        g0, g1, g2, g3 = g0 + dt[p, j0], g1 + dt[p, j1], g2 + dt[p, j2], g3 + dt[p, j3]
+        u0, u1 = u0 + dt[p, 128 + j0], u1 + dt[p, 128 + j1]
+        u2, u3 = u2 + dt[p, 128 + j2], u3 + dt[p, 128 + j3]
     g = (g0 + g1) + (g2 + g3)
     slack = _MX_REL_SLACK * ((u0 + u1) + (u2 + u3)) + _MX_ABS_SLACK
     if g < -slack:
@@ -354,8 +349,11 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     stamp = np.full(NC * _MX_E, -1, np.int64)  # the row block each (scale column, exponent) row was made for
     cbuf = np.zeros(32, np.uint8)
     c16 = cbuf.view(np.uint16)
-    tg = np.zeros(32, F32)
-    tt = np.zeros(32, F32)
+    NP = 4 * NC  # gap tables of one row block: a few exponents per scale column (+ 1 row past them)
+    dt = np.empty((NP + 1, 256), F32)
+    slot = np.zeros(NC * _MX_E, np.int64)
+    slot_rb = np.full(NC * _MX_E, -1, np.int64)
+    pool_rb, used = -1, 0
     for o in range(r0, r1):
         rb = o // br
         for b in range(B):
@@ -384,7 +382,14 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
                 if stamp[r + 1] != rb:
                     _mx_thresholds(thr, r + 1, e + 1, asv)
                     stamp[r + 1] = rb
-                if _mx_e1_wins(q3, o, b, asv, e, thr, r, tg, tt, K):
+                if rb != pool_rb:  # the pool's rows are this row block's
+                    pool_rb, used = rb, 0
+                if slot_rb[r] != rb:  # a pool row, or the last row (remade each time) once all are used
+                    slot[r] = min(used, NP)
+                    _mx_gap_table(dt, slot[r], e, asv)
+                    if used < NP:
+                        slot_rb[r], used = rb, used + 1
+                if _mx_e1_wins(q3, o, b, asv, e, dt, slot[r], K):
                     e += 1
                     r += 1
             su[o, b] = np.uint8(e + 127)
