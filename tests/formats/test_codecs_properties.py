@@ -501,6 +501,26 @@ def test_threaded_chunks_are_byte_identical_to_one_thread_and_reference():
         kernels.set_threads(None)
 
 
+def test_fp8_mxfp4_with_more_block_exponents_than_its_table_pool_matches_reference():
+    # One 128x128 scale block whose 32-blocks peak at 1.75 x 2^k for 14 octaves k (the two exponents compete in
+    # every block): more exponents than the kernel keeps tables for per scale column (4), so it remakes them.
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 0x70, size=(128, 128), dtype=np.uint8) | rng.choice(
+        np.array([0, 0x80], np.uint8), (128, 128)
+    )
+    peaks = np.array([0x7E - 8 * k for k in range(14)], np.uint8)  # e4m3 1.75 x 2^(8 - k)
+    blocks = q.reshape(128, 4, 32)
+    for o in range(128):
+        for b in range(4):
+            top = peaks[(o + 3 * b) % 14]
+            blocks[o, b] = np.minimum(blocks[o, b] & 0x7F, top) | (blocks[o, b] & 0x80)
+            blocks[o, b, rng.integers(0, 32)] = top
+    for sv in (1.0, -1.1, 2.0**-120):  # amax / 2^e0 = 7, 7.7, 7 > 6: both exponents compete
+        s = np.full((1, 1), sv, F32)
+        expected = ref.encode_mxfp4(ref.dequant_fp8_block(q, s, (128, 128)))
+        assert_same(kernels.encode_from_fp8_block("mxfp4", q, s, 128, None), expected)
+
+
 def test_threaded_fp8_chunks_are_byte_identical_to_one_thread_and_reference():
     # 300 x 1152 FP8 with 128x128 scales: the row chunks of 2 threads start inside a scale block (the mxfp4
     # kernel's per-(scale block, exponent) thresholds are remade per chunk).
