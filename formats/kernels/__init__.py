@@ -3,7 +3,9 @@
 Every encoder performs the reference's float32 operations in the same order: ``amax``, one float32 true
 division ``amax / qmax``, the ``1e-8`` floor, then per element one float32 true division ``w / s``, ``np.rint``
 (LLVM ``rint``: round half to even in the default rounding mode), clip, pack. mxfp4 sums its squared errors in
-float64 in element order, like the reference's ``cumsum``. No ``fastmath``: nothing is reassociated.
+float64 in element order, like the reference's ``cumsum`` (from FP8, only when a float32 sum of the same terms
+with a proven error bound leaves the choice open: ``_jit_encoders``, "mxfp4 from FP8"). No ``fastmath``: nothing
+is reassociated.
 
 Two tricks keep the kernels vectorised without changing a bit of output:
 
@@ -16,9 +18,14 @@ Two tricks keep the kernels vectorised without changing a bit of output:
   arithmetic (equal to the ml_dtypes table ``E4M3_TO_F32`` for all 256 bytes, tested; unlike a table lookup
   it vectorises) times the block scale (one float32 multiply, as ``reference.dequant_fp8_block``). Each row
   is materialised in a float32 buffer (L2-resident) and encoded from there, except for int4 groups of even
-  size (int4-g64, the experts' format), which are encoded straight from the source bits: the group amax is
-  taken on the BF16 bit patterns, or on the e4m3 bytes times the block scale (see ``_int4_blocks_fp8``), and
-  each value is upcast / dequantised again in registers where it is quantised (~1.7x faster).
+  size (int4-g64, the experts' format) and, from FP8, int3-g64 groups, which are encoded straight from the
+  source bits: the group amax is taken on the BF16 bit patterns, or on the e4m3 bytes times the block scale
+  (see ``_int4_blocks_fp8``), and each value is upcast / dequantised again in registers where it is quantised
+  (~1.7x faster).
+* FP8 outputs whose block lies in one source scale block depend on each byte alone: fp8-e4m3-e8m0 looks each
+  code up in a 256-entry table made per block by the per-element rule, and mxfp4 finds each code by comparing
+  the byte's magnitude with seven thresholds (the E2M1 index is monotone in it), made per (scale block,
+  exponent) by binary search on the per-element rule.
 * Index and refcount hygiene: see "shared pieces" below.
 
 Parallelism: the kernels are serial and release the GIL (``nogil``); ``threads.run_rows`` spreads row chunks over

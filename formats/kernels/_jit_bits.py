@@ -128,6 +128,52 @@ def _e2m1_code(typingctx, r):
     return types.uint8(types.float32), codegen
 
 
+@intrinsic
+def _mx_code(typingctx, v, t1, t2, t3, t4, t5, t6, t7, neg):
+    """E2M1 nibble of e4m3 byte ``v`` from a block's seven magnitude-byte thresholds (``t_i``: the first
+    magnitude byte whose E2M1 index is >= i): the index counts the thresholds ``v & 0x7F`` reaches, bit 3 is
+    ``v``'s sign bit xor ``neg`` unless the index is 0. 8-bit ops only (numba would widen them to 64 bits)."""
+    if any(a != types.uint8 for a in (v, t1, t2, t3, t4, t5, t6, t7, neg)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8 = ir.IntType(8)
+        j = builder.and_(args[0], ir.Constant(i8, 0x7F))
+        idx = ir.Constant(i8, 0)
+        for t in args[1:8]:
+            idx = builder.add(idx, builder.zext(builder.icmp_unsigned(">=", j, t), i8))
+        sign = builder.and_(
+            builder.xor(builder.lshr(args[0], ir.Constant(i8, 7)), args[8]), ir.Constant(i8, 1)
+        )
+        nonzero = builder.zext(builder.icmp_unsigned("!=", idx, ir.Constant(i8, 0)), i8)
+        return builder.or_(idx, builder.shl(builder.and_(sign, nonzero), ir.Constant(i8, 3)))
+
+    return types.uint8(*([types.uint8] * 9)), codegen
+
+
+@intrinsic
+def _e2m1_mag(typingctx, c):
+    """E2M1 magnitude index 0..7 (uint8) -> its value as float32, exactly (0, .5, 1, 1.5, 2, 3, 4, 6), from
+    the index's exponent and mantissa bits (no table: vectorises)."""
+    if c != types.uint8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        c = builder.zext(args[0], i32)
+        e = builder.lshr(c, ir.Constant(i32, 1))
+        m = builder.and_(c, ir.Constant(i32, 1))
+        normal = builder.or_(
+            builder.shl(builder.add(e, ir.Constant(i32, 126)), ir.Constant(i32, 23)),
+            builder.shl(m, ir.Constant(i32, 22)),
+        )
+        half = builder.mul(m, ir.Constant(i32, 0x3F000000))  # index 1: 0.5; index 0: 0.0
+        bits = builder.select(builder.icmp_unsigned("==", e, ir.Constant(i32, 0)), half, normal)
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(types.uint8), codegen
+
+
 # ------------------------------------------------------------------------------------------- shared pieces
 # Indexing discipline (speed only, never semantics): numba wraps negative indices, which turns a load at a
 # computed index such as ``i0 + k`` into a gather and stops vectorisation, and a slice taken inside a loop

@@ -11,18 +11,33 @@ import numpy as np
 
 from colitools.formats import reference as ref
 from colitools.formats.kernels._jit_bits import (
+    _E2M1_SIGNED_F64,
     _FLOOR,
+    _GATHER8,
+    _H3,
     _H4,
+    _INT3_G64,
     _INT4_GROUPED,
+    _L3,
     _L4,
+    _LSB8,
+    _MXFP4,
     _NONFINITE_BITS,
+    _Q3,
     _Q7,
+    _SIX,
+    _U2,
+    _U56,
     F32,
     _abs_bits,
     _bits_f32,
     _dequant_fp8_row,
+    _e2m1_code,
+    _e2m1_mag,
     _e4m3,
     _f32_bits,
+    _mx_code,
+    _pack_quad,
     _q,
     _umax32,
     inline,
@@ -30,9 +45,11 @@ from colitools.formats.kernels._jit_bits import (
 )
 from colitools.formats.kernels._jit_row_encoders import (
     _encode_row,
+    _frexp_exponent,
     _int4_blocks,
     _int4_blocks_bf16,
     _int4_row_bf16,
+    _pow2_f32,
 )
 from colitools.formats.kernels.aot import export
 
@@ -151,6 +168,39 @@ def _int4_blocks_fp8(qg, srow, bc, cg, scales):
     return True
 
 
+@njit
+def _int3_blocks_fp8(qg, srow, bc, cg, scales, u):
+    """``_int3_blocks`` straight from e4m3 bytes ``qg [G, 64]`` (``bc % 64 == 0``: a group lies in one scale
+    block), with the amax taken on the bytes as in ``_int4_blocks_fp8`` and, as there, every group's amax
+    and scale before any codes (their divisions overlap)."""
+    G, gs = qg.shape  # gs is 64; read from the shape, so LLVM vectorises the loops instead of unrolling them
+    u32 = u.view(np.uint32)
+    u64 = u.view(np.uint64)
+    bad = np.uint32(0)
+    for g in range(G):
+        m = np.uint32(0)
+        for k in range(gs):
+            m = _umax32(m, np.uint32(qg[g, k] & np.uint8(0x7F)))
+        mb = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(srow[(g * 64) // bc])))
+        scales[g] = _bits_f32(mb)
+        bad = _umax32(bad, mb)
+    if bad >= _NONFINITE_BITS:
+        return False
+    for g in range(G):
+        s = scales[g] / _Q3  # _sym_scale
+        scales[g] = s if s > _FLOOR else _FLOOR
+    for g in range(G):
+        s = scales[g]
+        sv = srow[(g * 64) // bc]
+        for k in range(gs):
+            u[k] = np.uint8(_q(_e4m3(qg[g, k]) * sv, s, _L3, _H3) + 4)  # u = v + 4
+        for b in range(16):  # the planes as _int3_blocks packs them
+            cg[g, b] = _pack_quad(u32[b])
+        for b in range(8):
+            cg[g, 16 + b] = np.uint8((((u64[b] >> _U2) & _LSB8) * _GATHER8) >> _U56)
+    return True
+
+
 @inline
 def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct):
     """One FP8 row to int4 groups of even ``gs`` with ``bc % gs == 0`` (a group lies in one scale block): whole
@@ -174,6 +224,179 @@ def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct):
     return True
 
 
+# ------------------------------------------------------------------------------------ mxfp4 from FP8 (§2.7)
+# Every value of a source scale block is ``w = e4m3(q) * sv`` with one ``sv``, and for a block exponent ``e``
+# the E2M1 index of ``|w| / 2^e`` (``_mx_codes``) is a non-decreasing function of the byte's magnitude
+# ``j = q & 0x7F`` (``e4m3`` increases with ``j``, float32 multiplication and the division by a power of two
+# round monotonically, the index counts bounds passed; ``|e4m3(q) * sv| == e4m3(j) * |sv|``). So seven
+# thresholds per (scale block, exponent), found by binary search on the exact per-element rule, give every
+# code by byte compares (``_mx_code``), 32 lanes at a time.
+# The two-candidate rule (``_enc_mxfp4``): the float64 error sums in element order are compared only when
+# float32 sums of the same terms, in any order, leave it open; those terms are again functions of the byte, looked
+# up in a table per (scale block, e0) (``_mx_gap_table``, a pool per row block). Scaled by 2^-2e0 (exact), each term is
+# ``(v - x)^2`` with ``x = |w| * 2^-e0``; its float32 value and a float32 sum of 32 such terms in any order are
+# within 2.2e-6 (relative, plus ~1e-43 absolute from underflow) of the exact sums, the reference's float64
+# sequential sums within 4e-15: a gap beyond ``_MX_REL_SLACK`` of the total decides the same way.
+_MX_E = 255  # exponents -127..127
+_MX_REL_SLACK = F32(1e-5)
+_MX_ABS_SLACK = F32(1e-30)
+_TWO = F32(2.0)
+_MX_ROWS_MIN = 4096  # smaller scale blocks (per-row or 1x32 scales) would remake the thresholds too often
+
+
+@inline
+def _mx_index_of(j, asv, inv):
+    """E2M1 index of magnitude byte ``j`` at ``inv = 2^-e``: ``_e2m1_code(|w| / 2^e)`` (multiplying by the
+    exact inverse of a power of two rounds as dividing by it)."""
+    return _e2m1_code((_e4m3(np.uint8(j)) * asv) * inv)
+
+
+@njit
+def _mx_thresholds(thr, r, e, asv):
+    """``thr[r, t - 1]``: the first magnitude byte (0..126, 127 if none) whose index at ``e`` is >= t."""
+    inv = _pow2_f32(-e)
+    lo = 0
+    for t in range(1, 8):
+        hi = 127  # index(j) < t for j < lo, >= t for j >= hi
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if _mx_index_of(mid, asv, inv) >= t:
+                hi = mid
+            else:
+                lo = mid + 1
+        thr[r, t - 1] = np.uint8(lo)
+    thr[r, 7] = 0
+
+
+@njit
+def _mx_e1_wins_exact(q3, o, b, asv, e0, e1, n):
+    """``_mx_errs``' decision itself: float64 sums in element order (on magnitudes: the squares are equal)."""
+    p0 = _pow2_f32(e0)
+    p1 = _pow2_f32(e1)
+    err0 = 0.0
+    err1 = 0.0
+    for k in range(n):
+        a = _e4m3(q3[o, b, k] & np.uint8(0x7F)) * asv
+        d0 = _E2M1_SIGNED_F64[_e2m1_code(a / p0)] * np.float64(p0) - np.float64(a)
+        d1 = _E2M1_SIGNED_F64[_e2m1_code(a / p1)] * np.float64(p1) - np.float64(a)
+        err0 += d0 * d0
+        err1 += d1 * d1
+    return err1 < err0
+
+
+@njit
+def _mx_gap_table(dt, p, e0, asv):
+    """Pool row ``p``: per magnitude byte ``j``, with ``x = e4m3(j) * |sv| * 2^-e0`` (as the codes divide),
+    ``(2 v1 - x)^2 - (v0 - x)^2`` in ``dt[p, j]`` and ``(2 v1 - x)^2 + (v0 - x)^2`` in ``dt[p, 128 + j]``
+    (``v0`` / ``v1``: the E2M1 values e0 / e1 round to), float32: the scaled squared errors of both candidates."""
+    inv0 = _pow2_f32(-e0)
+    inv1 = _pow2_f32(-(e0 + 1))
+    for j in range(127):
+        a = _e4m3(np.uint8(j)) * asv
+        x = a * inv0
+        d0 = _e2m1_mag(_e2m1_code(x)) - x
+        d1 = _e2m1_mag(_e2m1_code(a * inv1)) * _TWO - x
+        dt[p, j] = d1 * d1 - d0 * d0
+        dt[p, 128 + j] = d1 * d1 + d0 * d0
+    dt[p, 127] = 0
+    dt[p, 255] = 0
+
+
+@inline
+def _mx_e1_wins(q3, o, b, asv, e0, dt, p, n):
+    """The two-candidate rule for block ``b`` of row ``o`` (``e1 = e0 + 1``): the float32 gap and total of the
+    scaled squared errors, looked up per byte in pool row ``p`` (four partial sums each), decide when the gap
+    exceeds their bound, else the float64 sums in element order."""
+    g0, g1, g2, g3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
+    u0, u1, u2, u3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
+    for k in range(0, n, 4):
+        j0, j1 = q3[o, b, k] & np.uint8(0x7F), q3[o, b, k + 1] & np.uint8(0x7F)
+        j2, j3 = q3[o, b, k + 2] & np.uint8(0x7F), q3[o, b, k + 3] & np.uint8(0x7F)
+        g0, g1, g2, g3 = g0 + dt[p, j0], g1 + dt[p, j1], g2 + dt[p, j2], g3 + dt[p, j3]
+        u0, u1 = u0 + dt[p, 128 + j0], u1 + dt[p, 128 + j1]
+        u2, u3 = u2 + dt[p, 128 + j2], u3 + dt[p, 128 + j3]
+    g = (g0 + g1) + (g2 + g3)
+    slack = _MX_REL_SLACK * ((u0 + u1) + (u2 + u3)) + _MX_ABS_SLACK
+    if g < -slack:
+        return True
+    if g > slack:
+        return False
+    return _mx_e1_wins_exact(q3, o, b, asv, e0, e0 + 1, n)
+
+
+@inline
+def _mx_pack(q3, o, b, thr, r, neg, cbuf, c16, c3, n):
+    """Block ``b`` of row ``o``'s codes from the thresholds in row ``r`` into ``c3[o, b]`` (even column low)."""
+    t1, t2, t3, t4, t5, t6, t7 = thr[r, 0], thr[r, 1], thr[r, 2], thr[r, 3], thr[r, 4], thr[r, 5], thr[r, 6]
+    for k in range(n):
+        cbuf[k] = _mx_code(q3[o, b, k], t1, t2, t3, t4, t5, t6, t7, neg)
+    for k in range(n >> 1):
+        p = c16[k]
+        c3[o, b, k] = np.uint8((p & 0xF) | ((p >> 4) & 0xF0))
+
+
+@njit
+def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
+    """Rows ``[r0, r1)`` of mxfp4 from FP8 (``bc % 32 == 0``, ``I % 32 == 0``), byte-identical to
+    ``_enc_mxfp4`` on the dequantised rows. Returns the first row holding a non-finite value, or -1."""
+    O, I = q.shape
+    B = I >> 5
+    K = min(32, I)  # 32, opaque to LLVM: a literal 32 gets the block loops unrolled into branchy scalar code
+    q3 = q.reshape((O, B, 32))
+    c3 = codes.reshape((O, B, 16))
+    NC = (I + bc - 1) // bc
+    thr = np.empty((NC * _MX_E, 8), np.uint8)
+    stamp = np.full(NC * _MX_E, -1, np.int64)  # the row block each (scale column, exponent) row was made for
+    cbuf = np.zeros(32, np.uint8)
+    c16 = cbuf.view(np.uint16)
+    NP = 4 * NC  # gap tables of one row block: a few exponents per scale column (+ 1 row past them)
+    dt = np.empty((NP + 1, 256), F32)
+    slot = np.zeros(NC * _MX_E, np.int64)
+    slot_rb = np.full(NC * _MX_E, -1, np.int64)
+    pool_rb, used = -1, 0
+    for o in range(r0, r1):
+        rb = o // br
+        for b in range(B):
+            m = np.uint32(0)
+            for k in range(K):
+                m = _umax32(m, np.uint32(q3[o, b, k] & np.uint8(0x7F)))
+            cb = (b << 5) // bc
+            sv = s[rb, cb]
+            asv = _bits_f32(_abs_bits(sv))
+            mb = _abs_bits(_e4m3(m) * asv)  # the block's amax, as _int4_blocks_fp8
+            if mb >= _NONFINITE_BITS:
+                return o
+            if mb == 0:  # all-zero block: scale byte 0, codes 0
+                su[o, b] = 0
+                for k in range(K >> 1):
+                    c3[o, b, k] = 0
+                continue
+            ex = _frexp_exponent(mb)
+            e = min(max(ex - 3, -127), 127)
+            r = cb * _MX_E + e + 127
+            if stamp[r] != rb:
+                _mx_thresholds(thr, r, e, asv)
+                stamp[r] = rb
+            # e1 = e0 + 1 competes only when amax / 2^e0 > 6 (_enc_mxfp4's shortcut) and the clamp keeps it apart
+            if ex - 2 > -127 and _bits_f32(mb) * _pow2_f32(-e) > _SIX:
+                if stamp[r + 1] != rb:
+                    _mx_thresholds(thr, r + 1, e + 1, asv)
+                    stamp[r + 1] = rb
+                if rb != pool_rb:  # the pool's rows are this row block's
+                    pool_rb, used = rb, 0
+                if slot_rb[r] != rb:  # a pool row, or the last row (remade each time) once all are used
+                    slot[r] = min(used, NP)
+                    _mx_gap_table(dt, slot[r], e, asv)
+                    if used < NP:
+                        slot_rb[r], used = rb, used + 1
+                if _mx_e1_wins(q3, o, b, asv, e, dt, slot[r], K):
+                    e += 1
+                    r += 1
+            su[o, b] = np.uint8(e + 127)
+            _mx_pack(q3, o, b, thr, r, np.uint8(_f32_bits(sv) >> np.uint32(31)), cbuf, c16, c3, K)
+    return -1
+
+
 @export("rows_fp8", ("uint8", "float32", "i", "i", "i", "i", "uint8", "float32", "uint8"))
 @njit
 def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
@@ -181,7 +404,17 @@ def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
     buf = np.empty(n, np.float32)
     scratch, xt, ct = _scratch(n, gs)
     direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0 and bc % gs == 0
+    int3 = fmt == _INT3_G64 and n % 64 == 0 and bc % 64 == 0
+    if fmt == _MXFP4 and bc % 32 == 0 and bc >= 128 and br * bc >= _MX_ROWS_MIN:
+        return _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1)
     for o in range(r0, r1):
+        if int3:
+            G = n >> 6
+            if not _int3_blocks_fp8(
+                q[o].reshape((G, 64)), s[o // br], bc, codes[o].reshape((G, 24)), sf[o], scratch
+            ):
+                return o
+            continue
         if direct:
             if n % gs == 0:
                 G = n // gs
@@ -251,6 +484,7 @@ def _fp8_e8m0_from_fp8(q, s, br, bc, codes, scales, b0, b1):
     the first block row holding a non-finite value, or -1."""
     O, I = q.shape
     GI = scales.shape[1]
+    lut = np.empty(256, np.uint8)
     for bo in range(b0, b1):
         o0 = bo * _FP8_B
         o1 = min(O, o0 + _FP8_B)
@@ -268,10 +502,17 @@ def _fp8_e8m0_from_fp8(q, s, br, bc, codes, scales, b0, b1):
             k = _e8m0_exponent(_bits_f32(amax_bits))
             scales[bo, bi] = np.uint8(k + np.int32(127))
             inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
+            # The block's code is a function of the source byte alone (sv and k are the block's): one table
+            # of 256 codes, each computed exactly as the per-element rule, then a byte lookup per element.
+            for b in range(256):
+                if (b & 0x7F) == 0x7F:  # NaN bytes: absent here (the amax above would be NaN)
+                    lut[b] = 0
+                else:
+                    y = min(max((_e4m3(np.uint8(b)) * sv) * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
+                    lut[b] = _e4m3_rne(y)
             for o in range(o0, o1):
                 for i in range(i0, i1):
-                    y = min(max((_e4m3(q[o, i]) * sv) * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
-                    codes[o, i] = _e4m3_rne(y)
+                    codes[o, i] = lut[q[o, i]]
     return -1
 
 

@@ -197,6 +197,55 @@ def test_fp8_fused_path_equals_dequant_then_reference(fmt, gs, data):
 
 
 @st.composite
+def fp8_checkpoint_tensors(draw, multiple: int):
+    """FP8 as checkpoints ship it, over several source blocks of 128-multiple sides (the kernels that read a
+    block's bytes only: int3-g64 groups and mxfp4 blocks by byte thresholds, fp8-e4m3-e8m0 by a byte table):
+    Gaussian or heavy-tailed weights quantised per block (``q = e4m3(w / s)``, ``s = amax / 448``), some
+    blocks all zero or holding exact E2M1 ties, and scales that push the E8M0 / mxfp4 exponents to their
+    clamps (float32 subnormal, 2^-130) or near overflow."""
+    O = draw(st.integers(1, 300))
+    I = draw(st.integers(1, 520 // multiple)) * multiple
+    block = draw(st.sampled_from([(128, 128), (256, 128), (128, 256), (32, 128)]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["gauss", "heavy", "ties"]))
+    if kind == "ties":  # e4m3 bytes of 0.5-multiples: exact E2M1 values and midpoints at many exponents
+        q = rng.choice(
+            np.array([0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C, 0x50, 0x54, 0x58], np.uint8), (O, I)
+        )
+        q |= rng.choice(np.array([0, 0x80], np.uint8), (O, I))
+    else:
+        w = rng.standard_normal((O, I)) if kind == "gauss" else rng.standard_t(2, (O, I))
+        q = np.clip(w / np.abs(w).max() * 448, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    q[rng.random((O, I)) < 0.05] = 0
+    grid = (ref.ceil_div(O, block[0]), ref.ceil_div(I, block[1]))
+    mag = draw(st.sampled_from([0.02 / 448, 1.0, 1e-42, 2.0**-130, 2.0**-140, 1e36]))
+    s = (rng.random(grid) + 0.5) * mag
+    s[rng.random(grid) < 0.2] *= -1
+    s[rng.random(grid) < 0.1] = 0
+    return np.ascontiguousarray(q), s.astype(F32), block
+
+
+@pytest.mark.parametrize("fmt", ["int3-g64", "mxfp4", "fp8-e4m3-e8m0"])
+@SETTINGS
+@given(data=st.data())
+def test_fp8_block_kernels_equal_dequant_then_reference_on_checkpoint_like_tensors(fmt, data):
+    q, s, block = data.draw(fp8_checkpoint_tensors(multiple=64 if fmt == "int3-g64" else 32))
+    with np.errstate(over="ignore"):  # 448 * 1.5e36 overflows float32: both paths refuse it
+        w = ref.dequant_fp8_block(q, s, block)
+    if fmt == "fp8-e4m3-e8m0":
+        fast = lambda: kernels.encode_from_fp8_e8m0(q, s, block, name="t")  # noqa: E731
+        expected = ref.encode_fp8_e8m0 if np.isfinite(w).all() else None
+    else:
+        fast = lambda: kernels.encode_from_fp8_block(fmt, q, s, block, None, name="t")  # noqa: E731
+        expected = (lambda w: reference_encode(fmt, w, None)) if np.isfinite(w).all() else None
+    if expected is None:
+        with pytest.raises(EncodeError, match="non-finite value"):
+            fast()
+        return
+    assert_same(fast(), expected(w))
+
+
+@st.composite
 def fp8_e8m0_sources(draw):
     """FP8 codes (every byte but NaN) and a scale grid of 128-multiple blocks, over several output blocks."""
     O, I = draw(st.integers(1, 300)), draw(st.integers(1, 300))
@@ -448,6 +497,50 @@ def test_threaded_chunks_are_byte_identical_to_one_thread_and_reference():
             w_bad[250, 3] = np.inf
             with pytest.raises(EncodeError, match=r"at \[250, 3\]"):
                 kernels.encode("int8-row", w_bad, None, name="t")
+    finally:
+        kernels.set_threads(None)
+
+
+def test_fp8_mxfp4_with_more_block_exponents_than_its_table_pool_matches_reference():
+    # One 128x128 scale block whose 32-blocks peak at 1.75 x 2^k for 14 octaves k (the two exponents compete in
+    # every block): more exponents than the kernel keeps tables for per scale column (4), so it remakes them.
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 0x70, size=(128, 128), dtype=np.uint8) | rng.choice(
+        np.array([0, 0x80], np.uint8), (128, 128)
+    )
+    peaks = np.array([0x7E - 8 * k for k in range(14)], np.uint8)  # e4m3 1.75 x 2^(8 - k)
+    blocks = q.reshape(128, 4, 32)
+    for o in range(128):
+        for b in range(4):
+            top = peaks[(o + 3 * b) % 14]
+            blocks[o, b] = np.minimum(blocks[o, b] & 0x7F, top) | (blocks[o, b] & 0x80)
+            blocks[o, b, rng.integers(0, 32)] = top
+    for sv in (1.0, -1.1, 2.0**-120):  # amax / 2^e0 = 7, 7.7, 7 > 6: both exponents compete
+        s = np.full((1, 1), sv, F32)
+        expected = ref.encode_mxfp4(ref.dequant_fp8_block(q, s, (128, 128)))
+        assert_same(kernels.encode_from_fp8_block("mxfp4", q, s, 128, None), expected)
+
+
+def test_threaded_fp8_chunks_are_byte_identical_to_one_thread_and_reference():
+    # 300 x 1152 FP8 with 128x128 scales: the row chunks of 2 threads start inside a scale block (the mxfp4
+    # kernel's per-(scale block, exponent) thresholds are remade per chunk).
+    rng = np.random.default_rng(11)
+    q = (
+        (rng.standard_normal((300, 1152)) * 100)
+        .clip(-448, 448)
+        .astype(ml_dtypes.float8_e4m3fn)
+        .view(np.uint8)
+    )
+    s = (rng.random((3, 9)) * 1e-3 + 1e-4).astype(F32)
+    w = ref.dequant_fp8_block(q, s, (128, 128))
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            kernels.set_threads(threads)
+            for fmt in ("mxfp4", "int3-g64"):
+                assert_same(
+                    kernels.encode_from_fp8_block(fmt, q, s, 128, None), reference_encode(fmt, w, None)
+                )
+            assert_same(kernels.encode_from_fp8_e8m0(q, s, 128), ref.encode_fp8_e8m0(w))
     finally:
         kernels.set_threads(None)
 
