@@ -136,8 +136,9 @@ def test_config_shapes_agree_with_every_fixture(fixture):
     for path in src.glob("*.safetensors"):
         with safe_open(str(path), framework="numpy") as f:
             shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys()})
-            # natively quantized codes (INT4 I32 words, NVFP4 U8 pairs) are stored narrower than their [O, I]
-            packed |= {n for n in f.keys() if f.get_slice(n).get_dtype() in ("I32", "U8")}
+            # natively quantized codes (INT4 I32 words, NVFP4 U8 pairs, DeepSeek-V4.1's FP4 I8 pairs) are stored
+            # narrower than their [O, I]
+            packed |= {n for n in f.keys() if f.get_slice(n).get_dtype() in ("I32", "U8", "I8")}
     implied = {n: d for n, d in config_shapes(config, shapes).items() if n not in packed}
     assert implied and all(shapes[n] == dims for n, dims in implied.items())
     linear = [n for n, s in shapes.items() if len(s) == 2 and n.endswith(".weight") and ".indexer." not in n
@@ -146,4 +147,9 @@ def test_config_shapes_agree_with_every_fixture(fixture):
     # their layer type makes them (families.v4_shapes)
     n_layers = text_config(config)["num_hidden_layers"]
     layer = f"model.layers.{n_layers}."  # MTP layers' extra projections (eh_proj) are not derived
-    assert [n for n in linear if n not in implied and not n.startswith(layer)] == []
+    # DeepSeek-V4.1 (native names): its DSpark stages (``mtp.{k}.``, its MTP spelling) and engram modules (a lookup
+    # table and the projection of its rows, whose width depends on the engram sidecar's heads) are not derived from
+    # config.json by the geometry blocks; the runtime checks them at load (families.v41_shapes)
+    unchecked = (layer, "mtp.") if fixture == "deepseek_v41" else (layer,)
+    assert [n for n in linear if n not in implied and not n.startswith(unchecked)
+            and not (fixture == "deepseek_v41" and ".engram." in n)] == []  # fmt: skip
