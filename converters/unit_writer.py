@@ -576,23 +576,6 @@ def _encoder_init() -> None:
     kernels.set_threads(1, this_thread=True)  # whole tensors in parallel, no per-tensor fork-join
 
 
-_POOL: list = []  # [(threads, ThreadPoolExecutor)]: the encoder threads, kept from one unit to the next
-_POOL_LOCK = threading.Lock()
-
-
-def _encoder_pool() -> ThreadPoolExecutor:
-    """The process's encoder threads (``encoder_threads()`` of them), made once and reused by every unit: a unit
-    does not start and join threads of its own (a pool per unit cost a thread start per encoder per unit on the
-    consuming thread, before its first tensor could be read)."""
-    n = encoder_threads()
-    with _POOL_LOCK:
-        if not _POOL or _POOL[0][0] != n:
-            if _POOL:
-                _POOL.pop()[1].shutdown(wait=False)  # its running jobs finish; it takes no more
-            _POOL.append((n, ThreadPoolExecutor(n, "encode", initializer=_encoder_init)))
-        return _POOL[0][1]
-
-
 class _Ahead:
     """Reads and encodes the jobs of a unit on a thread pool, in order, at most ``ENCODE_AHEAD_BYTES`` of
     source ahead of the consumer (a larger tensor goes alone). ``take()`` returns the next job's result
@@ -613,10 +596,6 @@ class _Ahead:
             self._inflight += nbytes
             self._next += 1
 
-    def prime(self) -> None:
-        """Start the first jobs now (``take`` would, later)."""
-        self._fill()
-
     def take(self):
         self._fill()
         fut, nbytes = self._queue.popleft()
@@ -627,13 +606,9 @@ class _Ahead:
             self._fill()
 
     def cancel(self) -> None:
-        """Drop the jobs not started; wait for the ones running (they read through the unit's reader)."""
         self._next = len(self._work)
-        running = [fut for fut, _ in self._queue if not fut.cancel()]
-        self._queue.clear()
-        for fut in running:
-            with contextlib.suppress(BaseException):  # the unit's own error is the one reported
-                fut.result()
+        for fut, _ in self._queue:
+            fut.cancel()
 
 
 SLAB_BYTES = 16 << 20  # source bytes per row slab of a big tensor (``_slab_rows``)
@@ -776,23 +751,23 @@ def start_unit(
     work = [
         (job, out, group, reader, block) for out in unit.files for group in out.groups for job in group.jobs
     ]
-    ahead = _Ahead(_encoder_pool(), work, _read_encode)
-    try:
-        ahead.prime()  # the encoders read while this thread opens the unit's files
-        for out in unit.files:
-            sink = FileSink(out, Path(outdir))
-            sinks.append(sink)
-            for group in out.groups:
-                _write_group(sink, group, ahead, on_tensor, slow)
-            sink.finish()
-    except BaseException:
-        ahead.cancel()
-        for s in sinks:
-            s.abort()
-        raise
-    finally:
-        ahead.cancel()  # (a no-op once every job was taken) no encoder reads after the reader closes
-        reader.close()
+    with ThreadPoolExecutor(encoder_threads(), "encode", initializer=_encoder_init) as pool:
+        ahead = _Ahead(pool, work, _read_encode)
+        try:
+            for out in unit.files:
+                sink = FileSink(out, Path(outdir))
+                sinks.append(sink)
+                for group in out.groups:
+                    _write_group(sink, group, ahead, on_tensor, slow)
+                sink.finish()
+        except BaseException:
+            ahead.cancel()
+            for s in sinks:
+                s.abort()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            reader.close()
     return PendingUnit(unit.key, unit.in_bytes, sinks)
 
 
