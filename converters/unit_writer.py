@@ -596,6 +596,10 @@ class _Ahead:
             self._inflight += nbytes
             self._next += 1
 
+    def prime(self) -> None:
+        """Start the first jobs now (``take`` would, later)."""
+        self._fill()
+
     def take(self):
         self._fill()
         fut, nbytes = self._queue.popleft()
@@ -754,6 +758,7 @@ def start_unit(
     with ThreadPoolExecutor(encoder_threads(), "encode", initializer=_encoder_init) as pool:
         ahead = _Ahead(pool, work, _read_encode)
         try:
+            ahead.prime()  # the encoders read while this thread opens the unit's files
             for out in unit.files:
                 sink = FileSink(out, Path(outdir))
                 sinks.append(sink)
