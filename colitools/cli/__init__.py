@@ -15,6 +15,7 @@ is reported like any other.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -50,6 +51,10 @@ class _InterruptWatch:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the command named by ``argv`` (default ``sys.argv[1:]``) and exit."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["convert"]:
+        # convert makes no BLAS call: without this, importing numpy starts and spins OpenBLAS's thread pool
+        # (~0.1 CPU-s on 2 cores while the start-up runs on one); set before numpy is first imported
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     watch = _InterruptWatch()
     watch.install()
     code: int | None = None
@@ -83,7 +88,6 @@ def _exit_now() -> None:
     flushed) returns to the ordinary exit."""
     import atexit
     import contextlib
-    import os
     import threading
 
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
