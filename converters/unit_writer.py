@@ -596,6 +596,10 @@ class _Ahead:
             self._inflight += nbytes
             self._next += 1
 
+    def prime(self) -> None:
+        """Start the first jobs now (``take`` would, later)."""
+        self._fill()
+
     def take(self):
         self._fill()
         fut, nbytes = self._queue.popleft()
@@ -639,35 +643,49 @@ def _slab_rows(
 
 
 class _Slabs:
-    """A big job (``_slab_rows``) encoded in the consuming thread, slab by slab: each read, encoded on the
-    kernels' threads and queued for the sink before the next is read."""
+    """A big job (``_slab_rows``) encoded in the consuming thread, slab by slab: each encoded on the kernels'
+    threads and queued for the sink while the next one is read."""
 
     def __init__(self, job: TensorJob, rows: int, reader: ShardReader, block: tuple[int, int] | None):
         self.job, self.rows, self.reader, self.block = job, rows, reader, block
 
     def put(self, sink: FileSink, wname: str) -> np.ndarray | None:
         """Every slab's codes into ``sink`` as parts of ``wname``; returns the scales of all rows (or None)."""
-        job, reader, block = self.job, self.reader, self.block
+        job, reader = self.job, self.reader
         src = job.source
         sc = src.scale
         grid = None if sc is None else reader.read(sc.shard, sc.name, sc.dtype, sc.shape)
         scales = []
-        for r0 in range(0, job.O, self.rows):
-            r1 = min(job.O, r0 + self.rows)
-            values = reader.read_rows(src, r0, r1)
-            rows_grid = None if grid is None else np.asarray(grid)[r0 // block[0] : -(-r1 // block[0])]
-            slab = replace(job, O=r1 - r0, shape=(r1 - r0, job.I))
-            try:
-                codes, s = encode_job(slab, values, rows_grid, block, False)
-            except (ConvertError, EncodeError):
-                # the whole tensor's message (its first bad [o, i], its count): encoded whole, on this path only
-                encode_job(job, *_source_values(job, reader, block), block, False)
-                raise
-            sink.put(wname, codes, part=True)
-            if s is not None:
-                scales.append(s)
-            del values, codes
+        starts = range(0, job.O, self.rows)
+        # the next slab is read on a thread of its own while this one is encoded: a read is one core's copy
+        # from the page cache, which would otherwise leave the other core idle (memory: one more slab)
+        with ThreadPoolExecutor(1, "slab-read") as pool:
+            read = lambda r0: reader.read_rows(src, r0, min(job.O, r0 + self.rows))  # noqa: E731
+            ahead = pool.submit(read, 0)
+            for r0 in starts:
+                values = ahead.result()
+                if r0 + self.rows < job.O:
+                    ahead = pool.submit(read, r0 + self.rows)
+                s = self._encode(sink, wname, values, grid, r0)
+                if s is not None:
+                    scales.append(s)
+                del values
         return np.concatenate(scales) if scales else None
+
+    def _encode(self, sink: FileSink, wname: str, values: np.ndarray, grid, r0: int) -> np.ndarray | None:
+        """Slab ``values`` (rows ``r0``...) encoded and queued; returns its scales (or None)."""
+        job, reader, block = self.job, self.reader, self.block
+        r1 = r0 + values.shape[0]
+        rows_grid = None if grid is None else np.asarray(grid)[r0 // block[0] : -(-r1 // block[0])]
+        slab = replace(job, O=r1 - r0, shape=(r1 - r0, job.I))
+        try:
+            codes, s = encode_job(slab, values, rows_grid, block, False)
+        except (ConvertError, EncodeError):
+            # the whole tensor's message (its first bad [o, i], its count): encoded whole, on this path only
+            encode_job(job, *_source_values(job, reader, block), block, False)
+            raise
+        sink.put(wname, codes, part=True)
+        return s
 
 
 def _read_encode(
@@ -754,6 +772,7 @@ def start_unit(
     with ThreadPoolExecutor(encoder_threads(), "encode", initializer=_encoder_init) as pool:
         ahead = _Ahead(pool, work, _read_encode)
         try:
+            ahead.prime()  # the encoders read while this thread opens the unit's files
             for out in unit.files:
                 sink = FileSink(out, Path(outdir))
                 sinks.append(sink)

@@ -15,6 +15,7 @@ is reported like any other.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -50,6 +51,11 @@ class _InterruptWatch:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the command named by ``argv`` (default ``sys.argv[1:]``) and exit."""
     args = list(sys.argv[1:] if argv is None else argv)
+    own = argv is None  # the process's own command line (not a caller's ``argv`` in its process: tests, scripts)
+    if own and args[:1] == ["convert"]:
+        # convert makes no BLAS call: without this, importing numpy starts and spins OpenBLAS's thread pool
+        # (~0.1 CPU-s on 2 cores while the start-up runs on one); set before numpy is first imported
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     watch = _InterruptWatch()
     watch.install()
     code: int | None = None
@@ -69,4 +75,31 @@ def main(argv: list[str] | None = None) -> None:
             code = output.interrupted(args, EXIT_TERMINATED, what="terminated (SIGTERM)")
         else:
             code = output.interrupted(args, EXIT_INTERRUPTED)
+    if own and not code and not watch.hit and args[:1] == ["convert"]:
+        _exit_now()
     sys.exit(code or 0)
+
+
+def _exit_now() -> None:
+    """End a finished ``convert`` process with exit code 0 without tearing the interpreter down (freeing every
+    module and the plan's objects one by one: ~0.1 s after the last file is published, on one core, in every
+    conversion). Safe there: every file the conversion wrote went through descriptors it fsynced and closed,
+    and nothing else is left to finish. So: only when no other non-daemon thread is alive; the exit handlers
+    (``atexit``) still run and the standard streams are flushed first; any doubt (a stream that cannot be
+    flushed) returns to the ordinary exit."""
+    import atexit
+    import contextlib
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe, a closed stream: Python's own exit reports it
+        return
+    atexit._run_exitfuncs()
+    with contextlib.suppress(OSError, ValueError):  # what a handler printed
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
