@@ -13,15 +13,16 @@ Two tricks keep the kernels vectorised without changing a bit of output:
   order is float order, so an unsigned integer max (which LLVM vectorises without fastmath) gives the same
   ``amax``; and every NaN/inf has bits ``>= 0x7F800000``, so the same pass detects non-finite input with no
   separate ``np.isfinite`` sweep. Only when a kernel reports a bad row does Python build the exact message.
-* Fused sources: BF16 is upcast exactly (f32 bits = bf16 bits << 16), F16 by its bit fields (``_f16_f32``:
-  the numpy cast, subnormals and NaN payloads included); FP8 e4m3fn is decoded exactly by bit
-  arithmetic (equal to the ml_dtypes table ``E4M3_TO_F32`` for all 256 bytes, tested; unlike a table lookup
-  it vectorises) times the block scale (one float32 multiply, as ``reference.dequant_fp8_block``). Each row
-  is materialised in a float32 buffer (L2-resident) and encoded from there, except for int4 groups of even
-  size (int4-g64, the experts' format) and, from FP8, int3-g64 groups, which are encoded straight from the
-  source bits: the group amax is taken on the BF16 bit patterns, or on the e4m3 bytes times the block scale
-  (see ``_int4_blocks_fp8``), and each value is upcast / dequantised again in registers where it is quantised
-  (~1.7x faster).
+* Fused sources: BF16 is upcast exactly (f32 bits = bf16 bits << 16), F16 by the CPU's own conversion where it
+  has one (``_half``: x86 F16C, AArch64), else by its bit fields (``_f16_f32``: the numpy cast, subnormals
+  and NaN payloads included); FP8 e4m3fn is decoded exactly by bit arithmetic (equal to the ml_dtypes table
+  ``E4M3_TO_F32`` for all 256 bytes, tested; unlike a table lookup it vectorises; behind a NaN check, by one
+  multiply, ``_e4m3_finite``) times the block scale (one float32 multiply, as ``reference.dequant_fp8_block``).
+  Each row is materialised in a float32 buffer (L2-resident) and encoded from there, except for int4 groups of
+  even size (int4-g64, the experts' format; from BF16, F16 and FP8), and, from FP8, int8-row and int3-g64,
+  which are encoded straight from the source bits: the amax is taken on the BF16 / F16 bit patterns, or on
+  the e4m3 bytes times the block scale (see ``_int4_blocks_fp8``), and each value is upcast / dequantised
+  again in registers where it is quantised (~1.7x faster).
 * FP8 outputs whose block lies in one source scale block depend on each byte alone: fp8-e4m3-e8m0 looks each
   code up in a 256-entry table made per block by the per-element rule, and mxfp4 finds each code by comparing
   the byte's magnitude with seven thresholds (the E2M1 index is monotone in it), made per (scale block,

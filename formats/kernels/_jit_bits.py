@@ -66,6 +66,38 @@ def _f32_bits(typingctx, x):
 
 
 @intrinsic
+def _half_f32(typingctx, h):
+    """Integer (low 16 bits: IEEE half bits) -> the float32 of the same value, by the CPU's own conversion
+    (LLVM ``fpext half``: x86 F16C ``vcvtph2ps``, 8 lanes at a time; AArch64 ``fcvt``). Exact for every finite
+    half and for infinities; a NaN stays a NaN (its quiet bit may be set), which the encoders refuse anyway.
+    Compiled only where ``HALF_IN_HARDWARE`` (elsewhere LLVM would call a runtime helper numba does not link)."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if v.type.width > 16:
+            v = builder.trunc(v, ir.IntType(16))
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+
+    return types.float32(h), codegen
+
+
+def _half_in_hardware() -> bool:
+    """Whether this CPU converts halves itself: x86 with F16C (every x86-64 CPU since 2012-2013), AArch64."""
+    import platform
+
+    import llvmlite.binding as llvm
+
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return True
+    return bool(llvm.get_host_cpu_features().get("f16c", False))
+
+
+HALF_IN_HARDWARE = _half_in_hardware()
+
+
+@intrinsic
 def _bits_f32(typingctx, b):
     """Integer (low 32 bits) -> float32 with that bit pattern."""
     if not isinstance(b, types.Integer):
@@ -208,6 +240,38 @@ def _pack_quad(p):
     return np.uint8((p & 3) | ((p >> 6) & 0xC) | ((p >> 12) & 0x30) | ((p >> 18) & 0xC0))
 
 
+# ------------------------------------------------------------------------------------------ half decode
+_F16_EXP = np.uint32(0x7C00 << 13)  # a half's exponent field, shifted to float32's
+_F16_REBIAS = np.uint32((127 - 15) << 23)
+_TWO_M14 = F32(2.0**-14)  # the smallest normal half
+
+
+@inline
+def _f16_f32(h):
+    """IEEE half bits ``h`` (uint16) -> the float32 of the same value, exactly (numpy's ``float16 -> float32``:
+    subnormals normalised, inf kept, a NaN's payload shifted into the float32 mantissa, the sign bit kept).
+    Branch-free (selects), so the row loop vectorises: exponent and mantissa shifted into place and the
+    exponent rebiased by 112; inf / NaN rebiased once more, to 255; a subnormal ``m * 2^-24`` computed as
+    ``(2^-14 * (1 + m / 1024)) - 2^-14``, exact (both operands within a factor of two)."""
+    u = np.uint32(h)
+    o = (u & np.uint32(0x7FFF)) << np.uint32(13)
+    e = o & _F16_EXP
+    o = o + _F16_REBIAS
+    o = o + _F16_REBIAS if e == _F16_EXP else o
+    sub = _f32_bits(_bits_f32(o + np.uint32(0x800000)) - _TWO_M14)
+    o = sub if e == np.uint32(0) else o
+    return _bits_f32(o | ((u & np.uint32(0x8000)) << np.uint32(16)))
+
+
+@inline
+def _half(h):
+    """Half bits -> float32 for the encoders: the CPU's conversion where it has one (``_half_f32``, ~2x the
+    software decode in the int4 loops), else ``_f16_f32``; equal for every non-NaN half (tested on all 65,536)."""
+    if HALF_IN_HARDWARE:
+        return _half_f32(h)
+    return _f16_f32(h)
+
+
 # ------------------------------------------------------------------------------------------ e4m3 decode
 _E4M3_SUBNORMAL_UNIT = F32(2.0**-9)
 _NAN = F32(np.nan)
@@ -226,6 +290,22 @@ def _e4m3(byte):
     if mag == 0x7F:  # 0x7F / 0xFF: NaN (e4m3fn has no infinities)
         v = _NAN
     return _bits_f32(_f32_bits(v) | np.uint32((b & 0x80) << 24))
+
+
+_TWO120 = F32(2.0**120)
+
+
+@inline
+def _e4m3_finite(byte):
+    """``_e4m3`` for a byte known not to be NaN (its row's or block's byte amax checked first): the magnitude
+    bits placed at float32's exponent / mantissa (``mag << 20``, a float32 of exponent ``e - 127``) times
+    ``2^120`` (exact: rebias 127 -> 7; the subnormal bytes are float32 subnormals ``m * 2^-129``, scaled to
+    ``m * 2^-9`` exactly), then the sign bit: one multiply, no select, about 1.6x ``_e4m3`` in the encode
+    loops. A NaN byte (0x7F / 0xFF) would decode as +-480, so only behind a NaN check (tested on all 255
+    other bytes against ``E4M3_TO_F32``)."""
+    b = np.uint32(byte)
+    v = _bits_f32((b & np.uint32(0x7F)) << np.uint32(20)) * _TWO120
+    return _bits_f32(_f32_bits(v) | ((b & np.uint32(0x80)) << np.uint32(24)))
 
 
 @inline

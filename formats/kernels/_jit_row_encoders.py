@@ -37,6 +37,7 @@ from colitools.formats.kernels._jit_bits import (
     _pack_quad,
     _q,
     _sym_scale,
+    _half,
     _umax32,
     inline,
     njit,
@@ -109,17 +110,27 @@ def _int4_blocks(xg, cg, scales, u):
     return True
 
 
-@njit
-def _int4_blocks_bf16(wg, cg, scales):
-    """``_int4_blocks`` straight from BF16 bits ``wg [G, gs]`` (uint16, even gs), no float32 row buffer:
-    |x| bits of the float32 upcast are ``(b & 0x7FFF) << 16``, so the amax is taken on the 16-bit patterns."""
+@inline
+def _u16_f32(h, half):
+    """16-bit source bits -> float32, exactly: BF16 (``half`` False: the bits << 16) or F16 (``_half``).
+    ``half`` is a literal at every call, so each caller compiles one branch."""
+    if half:
+        return _half(h)
+    return _bits_f32(np.uint32(h) << 16)
+
+
+@inline
+def _int4_blocks_u16(wg, cg, scales, half):
+    """``_int4_blocks`` straight from BF16 / F16 bits ``wg [G, gs]`` (uint16, even gs), no float32 row buffer:
+    both order their magnitudes as their bit patterns with the sign cleared (inf above every finite value, NaN
+    above inf), so the amax is taken on the 16-bit patterns and upcast once."""
     G, gs = wg.shape
     bad = np.uint32(0)
     for g in range(G):
-        m = np.uint32(0)
+        m = np.uint16(0)
         for k in range(gs):
-            m = _umax32(m, np.uint32(wg[g, k] & np.uint16(0x7FFF)))
-        mb = np.uint32(m << 16)
+            m = max(m, wg[g, k] & np.uint16(0x7FFF))
+        mb = _abs_bits(_u16_f32(m, half))
         scales[g] = _bits_f32(mb)
         bad = _umax32(bad, mb)
     if bad >= _NONFINITE_BITS:
@@ -130,30 +141,41 @@ def _int4_blocks_bf16(wg, cg, scales):
     for g in range(G):
         s = scales[g]
         for k in range(gs >> 1):
-            lo = _q(_bits_f32(np.uint32(wg[g, 2 * k]) << 16), s, _L4, _H4) + 8
-            hi = _q(_bits_f32(np.uint32(wg[g, 2 * k + 1]) << 16), s, _L4, _H4) + 8
+            lo = _q(_u16_f32(wg[g, 2 * k], half), s, _L4, _H4) + 8
+            hi = _q(_u16_f32(wg[g, 2 * k + 1], half), s, _L4, _H4) + 8
             cg[g, k] = np.uint8(lo | (hi << 4))
     return True
 
 
+@njit
+def _int4_blocks_bf16(wg, cg, scales):
+    return _int4_blocks_u16(wg, cg, scales, False)
+
+
+@njit
+def _int4_blocks_f16(wg, cg, scales):
+    return _int4_blocks_u16(wg, cg, scales, True)
+
+
 @inline
-def _int4_row_bf16(row, codes, scales, gs, xt, ct):
-    """One BF16 row to int4 groups of even ``gs``: whole groups from the bits, a partial last group upcast
+def _int4_row_u16(row, codes, scales, gs, xt, ct, half):
+    """One BF16 / F16 row to int4 groups of even ``gs``: whole groups from the bits, a partial last group upcast
     into the zero-padded ``xt`` (as ``_enc_groups``)."""
     n = row.size
     full = n // gs
-    half = gs >> 1
+    h = gs >> 1
     wg = row[: full * gs].reshape((full, gs))
-    if not _int4_blocks_bf16(wg, codes[: full * half].reshape((full, half)), scales):
+    cg = codes[: full * h].reshape((full, h))
+    if not (_int4_blocks_f16(wg, cg, scales) if half else _int4_blocks_bf16(wg, cg, scales)):
         return False
     rem = n - full * gs
     if rem:
         xt[:gs] = 0
         for i in range(rem):
-            xt[i] = _bits_f32(np.uint32(row[full * gs + i]) << 16)
-        if not _int4_blocks(xt[:gs].reshape((1, gs)), ct[:half].reshape((1, half)), scales[full:], ct):
+            xt[i] = _u16_f32(row[full * gs + i], half)
+        if not _int4_blocks(xt[:gs].reshape((1, gs)), ct[:h].reshape((1, h)), scales[full:], ct):
             return False
-        tail = codes[full * half :]
+        tail = codes[full * h :]
         tail[:] = ct[: tail.size]
     return True
 

@@ -147,7 +147,7 @@ def test_f16_fused_path_equals_upcast_then_reference(fmt, gs, data):
 
 
 def test_f16_upcast_equals_numpy_for_all_half_bit_patterns():
-    from colitools.formats.kernels._jit_encoders import _f16_f32
+    from colitools.formats.kernels._jit_bits import _f16_f32
 
     @numba.njit
     def upcast(h, out):
@@ -159,6 +159,41 @@ def test_f16_upcast_equals_numpy_for_all_half_bit_patterns():
     upcast(h, out)
     want = h.view(np.float16).astype(F32)  # numpy's cast: subnormals, -0.0, inf and NaN payloads
     assert out.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+def test_encoders_half_upcast_equals_numpy_for_every_non_nan_half():
+    """``_half`` (the CPU's conversion where it has one, which the F16 encoders use): numpy's cast, bit for bit,
+    on every half but the NaNs, which stay NaN (the encoders refuse them)."""
+    from colitools.formats.kernels._jit_bits import _half
+
+    @numba.njit
+    def upcast(h, out):
+        for i in range(h.size):
+            out[i] = _half(h[i])
+
+    h = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(h.size, F32)
+    upcast(h, out)
+    want = h.view(np.float16).astype(F32)
+    nan = np.isnan(want)
+    assert nan.sum() == 2 * 1023
+    assert out.view(np.uint32)[~nan].tolist() == want.view(np.uint32)[~nan].tolist()
+    assert np.isnan(out[nan]).all()
+
+
+def test_e4m3_finite_decode_equals_the_table_for_every_non_nan_byte():
+    from colitools.formats.kernels._jit_bits import E4M3_TO_F32, _e4m3_finite
+
+    @numba.njit
+    def decode(b, out):
+        for i in range(b.size):
+            out[i] = _e4m3_finite(b[i])
+
+    b = np.array([x for x in range(256) if x & 0x7F != 0x7F], np.uint8)
+    out = np.empty(b.size, F32)
+    decode(b, out)
+    assert b.size == 254
+    assert out.view(np.uint32).tolist() == E4M3_TO_F32[b].view(np.uint32).tolist()  # -0.0 and subnormals too
 
 
 @pytest.mark.parametrize("bits", [0x7E00, 0xFC00, 0x7C00, 0x7C01], ids=["nan", "-inf", "inf", "snan"])
