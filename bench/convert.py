@@ -19,7 +19,7 @@ One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir D
 3. ``colitools convert`` as a whole process (``python -m colitools convert``: start-up, planning, kernel load,
    publish, manifest included), output on a tmpfs (``--shm``, default /dev/shm) and on the disk; BF16 with
    every 2-D weight to int4-g64 (what gguf's Q4_0 does), F16 the same (its best wall against BF16's: the F16
-   encoders upcast a row at a time, as BF16's), FP8 with the default recipe. Interleaved with the
+   encoders work from the half bits, as BF16's from theirs), FP8 with the default recipe. Interleaved with the
    peer: gguf-py's Q4_0 converter, whole process (this file run with ``--gguf-peer``: reads the same
    safetensors, quantizes every 2-D weight with ``gguf.quants.quantize(..., Q4_0)``, streams a GGUF file with
    ``gguf.GGUFWriter``, to the same tmpfs).
@@ -29,8 +29,9 @@ One run (``.venv/bin/python bench/convert.py [--runs 3] [--skip-4x] [--workdir D
    the cores, the time even a perfect pipeline needs when they share the two cores (efficiency vs floor in
    brackets). Then peak RSS for the 1x and 4x BF16 checkpoint (same tensor shapes, ``--skip-4x`` to skip).
 
-Targets (issue 12, DESIGN performance targets): efficiency >= 0.7 on the tmpfs cases; BF16 -> int4 >= 8x
-gguf-py's converter; FP8 >= 1.5 GB/s of FP8 input on the tmpfs; peak RSS < 300 MB and 4x / 1x <= 1.3.
+Targets (issue 26): efficiency >= 0.7 on the tmpfs cases and >= 0.85 of the floor;
+BF16 -> int4 >= 9x gguf-py's converter; FP8 >= 1.2 GB/s of FP8 input on the tmpfs; F16 <= 1.25x BF16's time;
+peak RSS < 300 MB and 4x / 1x <= 1.3; <= 400 MB with a [262144, 7168] BF16 embedding and head.
 PASS/MISS per target, exit 1 on a miss. The machine is often shared: read the CPU% and the load next to every
 wall-clock figure (a loaded machine shows as CPU% well under 200 and a high load average).
 """
@@ -479,9 +480,11 @@ def main() -> None:
                     floor_b3 = max(limit, (cpu_work - lim["sha256"][1] + lim["blake3"][1] + wr_c) / cores)
                     b3_notes.append(f"{dtype} -> {label}: floor {floor:.2f} s with sha256, {floor_b3:.2f} s with BLAKE3")
                 eff = limit / min(r["wall"] for r in runs)
+                eff_floor = floor / min(r["wall"] for r in runs)
                 if fs == "tmpfs":
                     at_scale[dtype] = (limit, floor, min(r["wall"] for r in runs))
                     _check(misses, f"{dtype} tmpfs efficiency {eff:.2f} >= 0.7", eff >= 0.7)
+                    _check(misses, f"{dtype} tmpfs efficiency vs the floor {eff_floor:.2f} >= 0.85", eff_floor >= 0.85)
             for note in b3_notes:
                 print(f"  (digest cost) {note}")
             if peer:
@@ -489,14 +492,14 @@ def main() -> None:
                 ratio = min(p["wall"] for p in peer) / min(r["wall"] for r in ours_shm)
                 med = statistics.median(p["wall"] for p in peer) / statistics.median(r["wall"] for r in ours_shm)
                 _check(misses, f"BF16 -> int4 vs gguf-py Q4_0 converter: {ratio:.1f}x best, {med:.1f}x median "
-                       ">= 8x", ratio >= 8)  # fmt: skip
+                       ">= 9x", ratio >= 9)  # fmt: skip
             if dtype == "F16":
                 ratio = min(r["wall"] for r in ours_shm) / at_scale["BF16"][2]
                 text = f"F16 -> int4 to tmpfs {ratio:.2f}x BF16's time on the same weights <= 1.25"
                 _check(misses, text, ratio <= 1.25)
             if dtype == "FP8":
                 rate = counted / GB / min(r["wall"] for r in ours_shm)
-                _check(misses, f"FP8 default recipe to tmpfs {rate:.2f} GB/s of FP8 input >= 1.5", rate >= 1.5)
+                _check(misses, f"FP8 default recipe to tmpfs {rate:.2f} GB/s of FP8 input >= 1.2", rate >= 1.2)
             rss[dtype] = max(r["rss_mb"] for r in ours_shm + ours_disk)
             _check(misses, f"{dtype} peak RSS {rss[dtype]:.0f} MB < 300", rss[dtype] < 300)
             shutil.rmtree(src)
