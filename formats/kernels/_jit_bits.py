@@ -91,7 +91,10 @@ def _half_in_hardware() -> bool:
 
     if platform.machine().lower() in ("aarch64", "arm64"):
         return True
-    return bool(llvm.get_host_cpu_features().get("f16c", False))
+    try:
+        return bool(llvm.get_host_cpu_features().get("f16c", False))
+    except RuntimeError:  # LLVM cannot tell on this host: the software decode (the same values)
+        return False
 
 
 HALF_IN_HARDWARE = _half_in_hardware()
