@@ -41,7 +41,6 @@ from colitools.formats.kernels._jit_bits import (
     _e4m3,
     _e4m3_finite,
     _f32_bits,
-    _half,
     _mx_code,
     _pack_quad,
     _q,
@@ -58,9 +57,9 @@ from colitools.formats.kernels._jit_row_encoders import (
     _int4_blocks_f16,
     _int4_row_u16,
     _pow2_f32,
+    _u16_f32,
 )
 from colitools.formats.kernels.aot import export
-
 
 
 # --------------------------------------------------------------------------------- encode drivers (per source)
@@ -84,9 +83,11 @@ def _encode_rows_f32(w, fmt, gs, codes, sf, su, r0, r1):
     return -1
 
 
-@export("rows_bf16", ("uint16", "i", "i", "uint8", "float32", "uint8"))
-@njit
-def _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r0, r1):
+@inline
+def _encode_rows_u16(wb, fmt, gs, codes, sf, su, r0, r1, half):
+    """BF16 (``half`` False) or F16 rows, as raw 16-bit patterns: int4 groups of even size straight from the
+    bits, every other format upcast exactly a row at a time into a float32 buffer (L2-resident) and encoded:
+    no float32 copy of the tensor. ``half`` is a literal in each driver below, so each compiles one decode."""
     n = wb.shape[1]
     buf = np.empty(n, np.float32)
     scratch, xt, ct = _scratch(n, gs)
@@ -96,43 +97,29 @@ def _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r0, r1):
         if direct:
             if n % gs == 0:
                 G = n // gs
-                if not _int4_blocks_bf16(row.reshape((G, gs)), codes[o].reshape((G, gs >> 1)), sf[o]):
+                wg, cg = row.reshape((G, gs)), codes[o].reshape((G, gs >> 1))
+                if not (_int4_blocks_f16(wg, cg, sf[o]) if half else _int4_blocks_bf16(wg, cg, sf[o])):
                     return o
-            elif not _int4_row_u16(row, codes[o], sf[o], gs, xt, ct, False):
+            elif not _int4_row_u16(row, codes[o], sf[o], gs, xt, ct, half):
                 return o
             continue
         for i in range(n):
-            buf[i] = _bits_f32(np.uint32(row[i]) << 16)  # exact BF16 -> F32
+            buf[i] = _u16_f32(row[i], half)
         if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
             return o
     return -1
+
+
+@export("rows_bf16", ("uint16", "i", "i", "uint8", "float32", "uint8"))
+@njit
+def _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r0, r1):
+    return _encode_rows_u16(wb, fmt, gs, codes, sf, su, r0, r1, False)
 
 
 @export("rows_f16", ("uint16", "i", "i", "uint8", "float32", "uint8"))
 @njit
 def _encode_rows_f16(wh, fmt, gs, codes, sf, su, r0, r1):
-    """F16 rows (raw half bits): int4 groups of even size straight from the bits (as BF16's), every other
-    format upcast exactly a row at a time into a float32 buffer (L2-resident) and encoded: no float32 copy of
-    the tensor."""
-    n = wh.shape[1]
-    buf = np.empty(n, np.float32)
-    scratch, xt, ct = _scratch(n, gs)
-    direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0
-    for o in range(r0, r1):
-        row = wh[o]
-        if direct:
-            if n % gs == 0:
-                G = n // gs
-                if not _int4_blocks_f16(row.reshape((G, gs)), codes[o].reshape((G, gs >> 1)), sf[o]):
-                    return o
-            elif not _int4_row_u16(row, codes[o], sf[o], gs, xt, ct, True):
-                return o
-            continue
-        for i in range(n):
-            buf[i] = _half(row[i])
-        if not _encode_row(fmt, buf, codes[o], sf[o], su[o], gs, scratch, xt, ct):
-            return o
-    return -1
+    return _encode_rows_u16(wh, fmt, gs, codes, sf, su, r0, r1, True)
 
 
 @njit
