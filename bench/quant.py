@@ -3,6 +3,7 @@
 Both run on the same [4096, 14336] matrix (BF16, fixed seed) in the same process. Cases:
 
 * BF16 -> int4-g64, BF16 -> int3-g64, BF16 -> mxfp4  (``kernels.encode_from_bf16``: upcast fused in)
+* F16 -> int4-g64  (``kernels.encode_from_f16``: the same weights stored as F16, upcast fused in)
 * FP8 -> int4-g64, int8-row, int3-g64, mxfp4  (``kernels.encode_from_fp8_block``: e4m3 codes + a 128x128 float32
   scale grid, dequant fused), FP8 -> fp8-e4m3-e8m0 (``kernels.encode_from_fp8_e8m0``): every format the recipe
   writes from FP8 sources
@@ -10,7 +11,7 @@ Both run on the same [4096, 14336] matrix (BF16, fixed seed) in the same process
 
 each warm (compile and first touch excluded), best of ``--repeat``, with 1 and 2 kernel threads (``kernels.set_threads``).
 
-Conventions: GB/s counts INPUT bytes — BF16 cases 2 bytes per weight, FP8 1 byte per weight (the codes; the
+Conventions: GB/s counts INPUT bytes — BF16 and F16 cases 2 bytes per weight, FP8 1 byte per weight (the codes; the
 scale grid, 1/16384 of it, is not counted), gguf Q4_0 2 bytes per weight (BF16-equivalent: the converter would
 hand it the same BF16 tensor; its float32 upcast is done before timing, in its favour). ``x gguf`` is the
 ratio of weights per second (gguf time / our time on the same matrix), so it does not depend on the byte
@@ -77,13 +78,19 @@ def fp8_e8m0(q: np.ndarray, scale_inv: np.ndarray):
     return kernels.encode_from_fp8_e8m0(q, scale_inv, 128, "bench")
 
 
-def verify_sample(bf16: np.ndarray, q: np.ndarray, scale_inv: np.ndarray, rows: int = 256) -> None:
+def verify_sample(
+    bf16: np.ndarray, f16: np.ndarray, q: np.ndarray, scale_inv: np.ndarray, rows: int = 256
+) -> None:
     """The benchmarked kernels must be byte-identical to the numpy reference (checked on the first rows)."""
     w = bf16[:rows].astype(np.float32)
     checks = [
         (kernels.encode_from_bf16("int4-grouped", bf16[:rows], 64), ref.encode_int4_grouped(w, 64)),
         (kernels.encode_from_bf16("int3-g64", bf16[:rows], None), ref.encode_int3_g64(w)),
         (kernels.encode_from_bf16("mxfp4", bf16[:rows], None), ref.encode_mxfp4(w)),
+        (
+            kernels.encode_from_f16("int4-grouped", f16[:rows], 64),
+            ref.encode_int4_grouped(f16[:rows].astype(np.float32), 64),
+        ),
         (
             kernels.encode_from_fp8_block(
                 "int4-grouped", q[:rows], scale_inv[: ref.ceil_div(rows, 128)], 128, 64
@@ -112,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
     O, I = args.rows, args.cols
     bf16, w32, q, scale_inv = make_inputs(O, I, args.seed)
-    verify_sample(bf16, q, scale_inv)
+    f16 = bf16.astype(np.float32).astype(np.float16)  # the same weights as F16 (round to nearest)
+    verify_sample(bf16, f16, q, scale_inv)
     n = O * I
 
     t_gguf, c_gguf = best_of(lambda: gguf.quants.quantize(w32, gguf.GGMLQuantizationType.Q4_0), args.repeat)
@@ -121,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         ("BF16 -> int4-g64", lambda: kernels.encode_from_bf16("int4-grouped", bf16, 64, "bench"), 2 * n),
         ("BF16 -> int3-g64", lambda: kernels.encode_from_bf16("int3-g64", bf16, None, "bench"), 2 * n),
         ("BF16 -> mxfp4", lambda: kernels.encode_from_bf16("mxfp4", bf16, None, "bench"), 2 * n),
+        ("F16 -> int4-g64", lambda: kernels.encode_from_f16("int4-grouped", f16, 64, "bench"), 2 * n),
         (
             "FP8 -> int4-g64",
             lambda: kernels.encode_from_fp8_block("int4-grouped", q, scale_inv, 128, 64, "bench"),
