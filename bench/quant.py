@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         f"numba {numba.__version__} (kernels: {kind}), gguf-py Q4_0 (numpy) as the peer"
     )
     print(
-        "GB/s = input bytes per second (BF16: 2 B/weight, FP8: 1 B/weight, gguf Q4_0: 2 B/weight BF16-equivalent);"
+        "GB/s = input bytes per second (BF16, F16: 2 B/weight, FP8: 1 B/weight, gguf Q4_0: 2 B/weight BF16-equivalent);"
     )
     print("x gguf = weights per second relative to gguf-py Q4_0 on the same matrix in this run;")
     print(

@@ -127,9 +127,9 @@ def _int4_blocks_u16(wg, cg, scales, half):
     G, gs = wg.shape
     bad = np.uint32(0)
     for g in range(G):
-        m = np.uint16(0)
-        for k in range(gs):
-            m = max(m, wg[g, k] & np.uint16(0x7FFF))
+        m = np.uint32(0)
+        for k in range(gs):  # 32-bit lanes (_umax32): numba's max would widen to 64 bits
+            m = _umax32(m, np.uint32(wg[g, k] & np.uint16(0x7FFF)))
         mb = _abs_bits(_u16_f32(m, half))
         scales[g] = _bits_f32(mb)
         bad = _umax32(bad, mb)
