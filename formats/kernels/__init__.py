@@ -19,7 +19,7 @@ Two tricks keep the kernels vectorised without changing a bit of output:
   ``E4M3_TO_F32`` for all 256 bytes, tested; unlike a table lookup it vectorises; behind a NaN check, by one
   multiply, ``_e4m3_finite``) times the block scale (one float32 multiply, as ``reference.dequant_fp8_block``).
   Each row is materialised in a float32 buffer (L2-resident) and encoded from there, except for int4 groups of
-  even size (int4-g64, the experts' format; from BF16, F16 and FP8), and, from FP8, int8-row and int3-g64,
+  even size (int4-g64, the experts' format; from BF16, F16 and FP8), and, from FP8, int3-g64 groups,
   which are encoded straight from the source bits: the amax is taken on the BF16 / F16 bit patterns, or on
   the e4m3 bytes times the block scale (see ``_int4_blocks_fp8``), and each value is upcast / dequantised
   again in registers where it is quantised (~1.7x faster).

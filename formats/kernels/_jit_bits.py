@@ -65,6 +65,15 @@ def _f32_bits(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
+def _int_width(builder, v, width: int):
+    """An integer LLVM value cut to its low ``width`` bits or zero-extended to them (the intrinsics' argument)."""
+    if v.type.width > width:
+        return builder.trunc(v, ir.IntType(width))
+    if v.type.width < width:
+        return builder.zext(v, ir.IntType(width))
+    return v
+
+
 @intrinsic
 def _half_f32(typingctx, h):
     """Integer (low 16 bits: IEEE half bits) -> the float32 of the same value, by the CPU's own conversion
@@ -75,9 +84,7 @@ def _half_f32(typingctx, h):
         return None
 
     def codegen(context, builder, sig, args):
-        v = args[0]
-        if v.type.width > 16:
-            v = builder.trunc(v, ir.IntType(16))
+        v = _int_width(builder, args[0], 16)
         return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
 
     return types.float32(h), codegen
@@ -107,12 +114,7 @@ def _bits_f32(typingctx, b):
         return None
 
     def codegen(context, builder, sig, args):
-        v = args[0]
-        if v.type.width > 32:
-            v = builder.trunc(v, ir.IntType(32))
-        elif v.type.width < 32:
-            v = builder.zext(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
+        return builder.bitcast(_int_width(builder, args[0], 32), ir.FloatType())
 
     return types.float32(b), codegen
 
@@ -303,8 +305,8 @@ def _e4m3_finite(byte):
     """``_e4m3`` for a byte known not to be NaN (its row's or block's byte amax checked first): the magnitude
     bits placed at float32's exponent / mantissa (``mag << 20``, a float32 of exponent ``e - 127``) times
     ``2^120`` (exact: rebias 127 -> 7; the subnormal bytes are float32 subnormals ``m * 2^-129``, scaled to
-    ``m * 2^-9`` exactly), then the sign bit: one multiply, no select, about 1.6x ``_e4m3`` in the encode
-    loops. A NaN byte (0x7F / 0xFF) would decode as +-480, so only behind a NaN check (tested on all 255
+    ``m * 2^-9`` exactly), then the sign bit: one multiply, no select (1.6x ``_e4m3`` in a numba-JIT
+    micro-benchmark of the int4 loop; within the noise of the compiled-ahead A/B, bench/README). A NaN byte (0x7F / 0xFF) would decode as +-480, so only behind a NaN check (tested on all 255
     other bytes against ``E4M3_TO_F32``)."""
     b = np.uint32(byte)
     v = _bits_f32((b & np.uint32(0x7F)) << np.uint32(20)) * _TWO120

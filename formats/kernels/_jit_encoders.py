@@ -16,19 +16,15 @@ from colitools.formats.kernels._jit_bits import (
     _GATHER8,
     _H3,
     _H4,
-    _H8,
     _INT3_G64,
     _INT4_GROUPED,
-    _INT8_ROW,
     _L3,
     _L4,
-    _L8,
     _LSB8,
     _MXFP4,
     _NONFINITE_BITS,
     _Q3,
     _Q7,
-    _Q127,
     _SIX,
     _U2,
     _U56,
@@ -44,7 +40,6 @@ from colitools.formats.kernels._jit_bits import (
     _mx_code,
     _pack_quad,
     _q,
-    _sym_scale,
     _umax32,
     inline,
     njit,
@@ -183,42 +178,6 @@ def _int3_blocks_fp8(qg, srow, bc, cg, scales, u):
             cg[g, b] = _pack_quad(u32[b])
         for b in range(8):
             cg[g, 16 + b] = np.uint8((((u64[b] >> _U2) & _LSB8) * _GATHER8) >> _U56)
-    return True
-
-
-@njit
-def _int8_row_fp8(qrow, srow, bc, codes, scales):
-    """``_enc_int8_row`` on the dequantised row, straight from the e4m3 bytes (no float32 row buffer): the row's
-    amax is the largest ``f32(e4m3(max(q & 0x7F))) * |sv|`` of its scale blocks (the argument of
-    ``_int4_blocks_fp8``), then one pass of codes. Whole blocks through a 2-D ``[block, bc]`` view (the loops
-    index from 0 and vectorise), a partial last block by position."""
-    n = qrow.size
-    full = n // bc
-    qb = qrow[: full * bc].reshape((full, bc))
-    cb2 = codes[: full * bc].reshape((full, bc))
-    mb = np.uint32(0)
-    for cb in range(full):
-        m = np.uint32(0)
-        for k in range(bc):
-            m = _umax32(m, np.uint32(qb[cb, k] & np.uint8(0x7F)))
-        mb = _umax32(mb, _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(srow[cb]))))
-    if n > full * bc:
-        m = np.uint32(0)
-        for i in range(full * bc, n):
-            m = _umax32(m, np.uint32(qrow[i] & np.uint8(0x7F)))
-        mb = _umax32(mb, _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(srow[full]))))
-    if mb >= _NONFINITE_BITS:
-        return False
-    s = _sym_scale(mb, _Q127)
-    scales[0] = s
-    for cb in range(full):
-        sv = srow[cb]
-        for k in range(bc):  # two's complement int8 viewed as U8; no NaN byte (the amax said)
-            cb2[cb, k] = np.uint8(_q(_e4m3_finite(qb[cb, k]) * sv, s, _L8, _H8) & 0xFF)
-    if n > full * bc:
-        sv = srow[full]
-        for i in range(full * bc, n):
-            codes[i] = np.uint8(_q(_e4m3_finite(qrow[i]) * sv, s, _L8, _H8) & 0xFF)
     return True
 
 
@@ -429,10 +388,6 @@ def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
     if fmt == _MXFP4 and bc % 32 == 0 and bc >= 128 and br * bc >= _MX_ROWS_MIN:
         return _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1)
     for o in range(r0, r1):
-        if fmt == _INT8_ROW:
-            if not _int8_row_fp8(q[o], s[o // br], bc, codes[o], sf[o]):
-                return o
-            continue
         if int3:
             G = n >> 6
             if not _int3_blocks_fp8(
