@@ -5,12 +5,23 @@ thread-pool polls must pass the same tests on both."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from colitools.formats.kernels import aot
 from colitools.runtime import kernels as runtime_kernels
 
 KERNEL_SETS = (aot.CODECS, runtime_kernels.KERNELS)
+
+# Ctrl-C reaches colitools with SIGINT's default disposition, but a suite started in the background of a
+# non-interactive shell (`./dev test &`) inherits SIGINT ignored, and so would every process it spawns: Python
+# then installs no KeyboardInterrupt handler and the tests that press Ctrl-C on a conversion or a stage see it
+# finish instead (15 failures, 311 errors of the bad-input harness's setup). The processes the tests start get
+# what a terminal gives them: the pytest process (each xdist worker loads this file) takes Python's own handler
+# back, and exec resets a handled signal to its default in the children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def use_drivers(monkeypatch, kind: str) -> None:
