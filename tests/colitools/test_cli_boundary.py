@@ -215,7 +215,12 @@ def _interrupt(args: list[str], ready, env: dict[str, str] | None = None) -> sub
         assert time.monotonic() < deadline, "the command never got going"
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # ignored: fail without leaving a run of 10^6 tokens behind
+        proc.kill()
+        proc.communicate()
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
