@@ -22,9 +22,9 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 
 from colitools.converters import recipe as rc
+from colitools.converters.cached import cached_property
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats import targets
@@ -277,8 +277,9 @@ class ConversionPlan:
     @cached_property
     def _format_totals(self) -> dict[str, dict[str, int]]:
         totals: dict[str, dict[str, int]] = {}
+        labels = _Labels()
         for job in (j for u in self.units for j in u.jobs):
-            t = totals.setdefault(written_label(job.target), {"tensors": 0, "bytes": 0})
+            t = totals.setdefault(labels.written(job.target), {"tensors": 0, "bytes": 0})
             t["tensors"] += 1
             t["bytes"] += job.out_bytes
         return dict(sorted(totals.items()))
@@ -287,8 +288,9 @@ class ConversionPlan:
     def _role_formats(self) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         nhl = self.inventory.num_hidden_layers
+        labels = _Labels()
         for job in (j for u in self.units for j in u.jobs):
-            label = copied_label(job.source.dtype) if job.target.is_source else written_label(job.target)
+            label = copied_label(job.source.dtype) if job.target.is_source else labels.written(job.target)
             copied = job.role is rc.Role.COPY
             role = detail_role(job.out_name, len(job.shape), copied=copied, num_hidden_layers=nhl)
             counts[role][label] += 1
@@ -344,6 +346,17 @@ class ConversionPlan:
 def written_label(target: rc.Target) -> str:
     """The user-facing name of what a target writes (``Format.label``: floats by their stored dtype)."""
     return target.format_class.label(target.gs, "BF16" if target.is_bf16 else "F32")
+
+
+class _Labels(dict):
+    """``written_label`` of each target once (a plan shares a few targets among all its tensors), for one pass
+    over the plan: keyed by identity, the targets outlive the pass."""
+
+    def written(self, target: rc.Target) -> str:
+        label = self.get(id(target))
+        if label is None:
+            label = self[id(target)] = written_label(target)
+        return label
 
 
 # ------------------------------------------------------------------------------------------------ planning

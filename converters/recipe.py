@@ -30,6 +30,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+from colitools.converters.cached import cached_property
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
 from colitools.formats.errors import ConvertError, FormatError, ParameterError
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
@@ -420,9 +421,13 @@ class Target:
     native: bool = False  # the source's own quantization copied losslessly (``native``, §6)
     spelling: targets.Spelling | None = None  # a --target loader's names and dtypes for the format's tensors
 
-    @property
+    @cached_property  # a plan shares a few targets among all its tensors: asked ~7 times per tensor
     def format_class(self) -> type[Format]:
         return Float if self.fmt in (BF16, SOURCE) else by_name(self.fmt)
+
+    def __getstate__(self) -> dict:
+        """Its fields (a recorded plan pickles targets): not what it cached."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @property
     def is_source(self) -> bool:

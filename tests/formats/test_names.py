@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from colitools.formats import names
 from colitools.formats.names import TensorRole as R
@@ -347,3 +349,27 @@ def test_deepseek_v4_released_names_map_both_ways_and_leave_other_names_alone():
     for other in ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight", "model.language_model.norm.weight"):
         assert names.deepseek_v4_saved_name(other) is None  # not a released name: canonical_name unchanged
     assert names.canonical_name("model.layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn.q_proj.weight"
+
+
+_component = st.sampled_from(
+    ["model", "layers", "0", "12", "mtp", "mtpx", "xmtp", "hc_head", "hc_", "xhc_", "attn_res", "attn_resx",
+     "rel_logits_proj", "self_attn", "q_proj", "weight", "bias", "", "hc", "attn.res"]
+)  # fmt: skip
+
+
+@settings(max_examples=2000, deadline=None)
+@given(parts=st.lists(_component, min_size=1, max_size=6))
+def test_module_tests_are_the_per_component_rule(parts):
+    """``is_mtp_module`` / ``is_small_param`` search the name once; the rule they implement, spelled out per
+    component (every component but the last): an MTP module, a small-param module or prefix."""
+    name = ".".join(parts)
+    modules = name.split(".")[:-1]
+    assert names.is_mtp_module(name) == any(p in names.MTP_MODULES for p in modules)
+    leaf = names.parse_name(name).leaf
+    prefixes = tuple(names.SMALL_PARAM_PREFIXES)
+    assert names.is_small_param(name) == (
+        leaf in names.SMALL_PARAMS
+        or leaf.startswith(prefixes)
+        or leaf.endswith(tuple(names.SMALL_PARAM_SUFFIXES))
+        or any(p.startswith(prefixes) or p in names.SMALL_PARAM_MODULES for p in modules)
+    )

@@ -31,6 +31,7 @@ from colitools.formats.safetensors_io import (
     read_header,
     write_safetensors,
 )
+from colitools.formats.safetensors_io import writer as writer_module
 
 ALL_DTYPES = sorted(SAFETENSORS_DTYPES)
 # dtypes that safe_open(framework="numpy") can materialise (it has no bfloat16 / float8 in numpy).
@@ -316,6 +317,52 @@ def test_data_size_and_file_size_predict_the_written_file(tmp_path):
         for name, dtype, shape in entries:
             writer.write(name, np.zeros(shape, numpy_dtype(dtype)))
     assert path.stat().st_size == predicted == ALIGNMENT + 62
+
+
+_awkward_names = st.text(
+    st.sampled_from(list('ab."\\/\x00\x1f\x7f\u00e9\u4e2d\U0001f600') + ["\n", "\t"]), max_size=8
+).filter(lambda s: s != "__metadata__")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.one_of(
+                _awkward_names,
+                st.from_regex(r"model\.layers\.[0-9]{1,2}\.mlp\.experts\.[0-9]{1,3}\.w", fullmatch=True),
+            ),
+            st.sampled_from(ALL_DTYPES),
+            st.lists(st.integers(0, 10**6), max_size=3).map(tuple),
+        ),
+        max_size=12,
+        unique_by=lambda e: e[0],
+    ),
+    metadata=st.none() | st.dictionaries(_awkward_names, _awkward_names, max_size=3),
+    metadata_last=st.booleans(),
+)
+def test_file_size_counts_exactly_the_header_the_writer_builds(entries, metadata, metadata_last):
+    """``file_size`` counts the header's bytes without building it (planning sizes every output file); the
+    reference is the header ``_plan_layout`` serializes with json.dumps, the bytes every writer writes."""
+    layout = writer_module._plan_layout("x", entries, metadata, metadata_last)
+    expected = len(layout.header) + sum(t.nbytes for t in layout.tensors.values())
+    assert SafetensorsWriter.file_size(entries, metadata, metadata_last=metadata_last) == expected
+    # the count itself, before the page padding would hide an error of a few bytes
+    checked = writer_module._validated_entries("x", entries)
+    counted = writer_module._json_length(checked, metadata)
+    raw = layout.header[8:].rstrip(b" ")
+    assert counted == len(raw) or (counted is None and not raw.isascii())
+
+
+def test_file_size_refuses_what_the_writer_refuses():
+    with pytest.raises(SafetensorsError, match="not valid Unicode"):
+        SafetensorsWriter.file_size([("a\ud800", "F32", (1,))])
+    with pytest.raises(SafetensorsError, match="not valid Unicode"):
+        SafetensorsWriter.file_size([("a", "F32", (1,))], {"k": "\udc00"})
+    with pytest.raises(SafetensorsError, match="over the limit"):
+        SafetensorsWriter.file_size(
+            [(f"t{i:07d}" + "x" * 200, "F32", (1,)) for i in range(MAX_HEADER_BYTES // 250)]
+        )
 
 
 def test_writer_accepts_strided_big_endian_and_raw_byte_inputs(tmp_path):
