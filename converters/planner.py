@@ -70,19 +70,14 @@ class TensorJob:
             return (wname, self.source.dtype, self.shape)
         if self.target.is_float:
             return (wname, "BF16" if self.target.is_bf16 else "F32", self.shape)
-        return (
-            wname,
-            self.target.weight_dtype,
-            self.target.format_class.weight_shape(self.O, self.I, self.target.gs),
-        )
+        return (wname, *self.target.coded(self.O, self.I))
 
     @cached_property
     def scale_entry(self) -> Entry | None:
         _, sname = self.target.tensor_names(self.out_name)
         if sname is None:
             return None
-        fmt = self.target.format_class
-        return (sname, self.target.scale_dtype, fmt.scale_shape(self.O, self.I, self.target.gs))
+        return (sname, *self.target.coded(self.O, self.I, scale=True))
 
     @cached_property
     def in_bytes(self) -> int:

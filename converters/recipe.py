@@ -92,6 +92,7 @@ class LayerKey:
         return f"{self.prefix}.{self.index}"
 
 
+@lru_cache(maxsize=1 << 18)  # as parse_name: planning asks it 2-3 times of each tensor
 def layer_of(name: str) -> LayerKey | None:
     """The layer of ``name`` (``...layers.{N}....``), or None for global tensors (embeddings, final norm, head)."""
     parsed = parse_name(name)
@@ -125,6 +126,7 @@ class ExpertName:
         return self.projection == "down"
 
 
+@lru_cache(maxsize=1 << 18)  # as parse_name: planning asks it 2-3 times of each tensor
 def expert_of(name: str) -> ExpertName | None:
     """Parse a per-expert name (``...experts.{E}.gate_proj.weight``, Mixtral ``...experts.{E}.w1.weight``)."""
     parsed = parse_name(name)
@@ -146,6 +148,7 @@ class FusedExperts:
     bias: bool = False
 
 
+@lru_cache(maxsize=1 << 18)  # as parse_name: planning asks it 2-3 times of each tensor
 def fused_of(name: str) -> FusedExperts | None:
     parsed = parse_name(name)
     if parsed.expert is not None or parsed.expert_base is None:  # not an expert stack
@@ -460,6 +463,24 @@ class Target:
         if self.spelling is not None:
             return self.spelling.tensor_names(out_name)
         return self.format_class.tensor_names(out_name)
+
+    def coded(self, O: int, I: int, scale: bool = False) -> tuple[str, tuple[int, ...]]:
+        """``(dtype, shape)`` of the weight (``scale``: the scale) tensor this quantized target writes for an
+        ``[O, I]`` tensor. Once per shape: a plan's 92k tensors share a few targets and a few shapes."""
+        key = (O, I, scale)
+        known = self._coded.get(key)
+        if known is None:
+            fmt = self.format_class
+            known = self._coded[key] = (
+                (self.scale_dtype, fmt.scale_shape(O, I, self.gs))
+                if scale
+                else (self.weight_dtype, fmt.weight_shape(O, I, self.gs))
+            )
+        return known
+
+    @cached_property
+    def _coded(self) -> dict[tuple[int, int, bool], tuple[str, tuple[int, ...]]]:
+        return {}
 
     @property
     def weight_dtype(self) -> str:

@@ -675,8 +675,10 @@ def _weight_map_from_index(index: Any) -> dict[str, str]:
     mapping = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(mapping, dict) or not mapping:
         raise ConvertError(f"{INDEX_FILE}: no 'weight_map' object with at least one tensor")
+    named: set[str] = set()  # each shard once, with the first tensor naming it (92k tensors, 163 shards)
     for tensor, shard in mapping.items():
-        check_shard_name(shard, INDEX_FILE, tensor)
+        if type(shard) is not str or shard not in named:
+            named.add(check_shard_name(shard, INDEX_FILE, tensor))
     return dict(mapping)
 
 

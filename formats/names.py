@@ -123,7 +123,9 @@ INKLING_LAYER_NAMES: dict[str, str] = {
 # ``Interleave`` op, the converter's ``deinterleave``): the text stacks hold gate rows first (routed experts) or
 # are split into ``gate_proj`` / ``up_proj`` (shared experts); read back under their text names.
 INKLING_STACK_NAMES: dict[str, tuple[str, ...]] = {
-    "mlp.experts.w13_weight": ("mlp.experts.gate_up_proj",),  # [E, 2I, H]: the I gate rows, then the I up rows
+    "mlp.experts.w13_weight": (
+        "mlp.experts.gate_up_proj",
+    ),  # [E, 2I, H]: the I gate rows, then the I up rows
     "mlp.experts.w2_weight": ("mlp.experts.down_proj",),  # [E, H, I]
     "mlp.shared_experts.shared_w13_weight": ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"),
     "mlp.shared_experts.shared_w2_weight": ("mlp.shared_experts.down_proj",),  # [n, H, I]
@@ -158,7 +160,10 @@ def inkling_text_name(name: str) -> str | None:
     name = INKLING_TRANSFORMERS_NAMES.get(name, name)
     if name in _INKLING_NATIVE_GLOBAL_OF:  # a text name already
         return name
-    for prefix, table in ((INKLING_NATIVE_LAYERS, INKLING_LAYER_NAMES), (INKLING_TEXT_LAYERS, _INKLING_TEXT_TAILS)):
+    for prefix, table in (
+        (INKLING_NATIVE_LAYERS, INKLING_LAYER_NAMES),
+        (INKLING_TEXT_LAYERS, _INKLING_TEXT_TAILS),
+    ):
         if not name.startswith(prefix):
             continue
         layer, _, tail = name[len(prefix) :].partition(".")
@@ -389,8 +394,12 @@ class TensorName:
 
 
 _ROOTS_LONGEST_FIRST = sorted(TEXT_ROOTS, key=len, reverse=True)
-_ROUTER_PARTS = tuple(tuple(s.split(".")) for s in ROUTERS)
-_SUFFIX_PARTS = sorted((tuple(s.split(".")) for s in SUFFIXES), key=len, reverse=True)
+# a name ends in a router spelling at a component boundary: it is the spelling, or ends in "." + the spelling
+_ROUTER_ENDINGS = tuple("." + s for s in ROUTERS)
+# (".{suffix}", its component count), most components first: a name ends in a suffix after a leaf
+_SUFFIX_ENDINGS = [
+    ("." + s, s.count(".") + 1) for s in sorted(SUFFIXES, key=lambda s: s.count("."), reverse=True)
+]
 
 
 # DeepSeek-V4: the released checkpoint's names (deepseek-ai's ``inference/model.py``; what ``c/deepseek_v4.c``
@@ -475,7 +484,7 @@ def parse_name(name: str) -> TensorName:
             projection = PROJECTIONS.get(leaf) or (MERGED_EXPERTS.get(leaf) if not suffix else None)
             break
     else:
-        k = next((len(s) for s in _SUFFIX_PARTS if n > len(s) and tuple(parts[n - len(s) :]) == s), 0)
+        k = next((count for ending, count in _SUFFIX_ENDINGS if name.endswith(ending)), 0)
         leaf_at = n - k - 1
         leaf, suffix = parts[leaf_at], ".".join(parts[leaf_at + 1 :])
         module = ".".join(parts[start:leaf_at]) if start <= leaf_at else ""
@@ -489,16 +498,14 @@ def parse_name(name: str) -> TensorName:
             projection, expert_base = EXPERT_STACKS[leaf], ".".join(parts[:leaf_at])
         elif leaf_at > 0 and parts[leaf_at - 1] == EXPERTS and leaf in STACK_BIASES and suffix == "":
             projection, expert_base = STACK_BIASES[leaf], ".".join(parts[:leaf_at])
-    role = _role(parts, leaf, module, expert, expert_base)
+    role = _role(name, leaf, module, expert, expert_base)
     return TensorName(
         name, root, layer_prefix, layer, module, expert, expert_base, leaf, projection, role, suffix
     )
 
 
-def _role(
-    parts: list[str], leaf: str, module: str, expert: int | None, expert_base: str | None
-) -> TensorRole:
-    if any(len(parts) >= len(r) and tuple(parts[-len(r) :]) == r for r in _ROUTER_PARTS):
+def _role(name: str, leaf: str, module: str, expert: int | None, expert_base: str | None) -> TensorRole:
+    if name.endswith(_ROUTER_ENDINGS) or name in ROUTERS:
         return TensorRole.ROUTER
     own_table = module.endswith(OWN_TABLE_MODULES)  # an engram / Markov table is not the model's embed / head
     if leaf in EMBEDDINGS and not own_table:
@@ -566,13 +573,26 @@ def is_lookup_table(name: str) -> bool:
     return parsed.leaf.startswith(TABLE_SHARD_PREFIX) and parsed.module.rpartition(".")[2] in LOOKUP_TABLES
 
 
-def _module_search(words: Iterable[str], prefixes: Iterable[str] = ()) -> Callable[[str], object]:
+def _module_search(words: Iterable[str], prefixes: Iterable[str] = ()) -> Callable[[str], bool]:
     """A test of a dotted name: is one of its components but the last one of ``words``, or does it start with
-    one of ``prefixes``? (One regex search: planning asks it of every tensor of a 92k-tensor checkpoint.)"""
-    alternatives = [re.escape(p) + r"[^.]*" for p in prefixes] + [re.escape(w) for w in words]
-    if not alternatives:
-        return lambda name: None
-    return re.compile(r"(?:^|\.)(?:" + "|".join(alternatives) + r")\.").search
+    one of ``prefixes``? Substring searches (planning asks it of every tensor of a 92k-tensor checkpoint; a regex
+    took 2 us a name): ``.word.`` in ``.name``; the first ``.prefix`` with a dot after it."""
+    whole = tuple(f".{w}." for w in words)
+    starts = tuple(f".{p}" for p in prefixes)
+    assert not any("." in w for w in (*words, *prefixes)), "one component each"
+
+    def test(name: str) -> bool:
+        dotted = "." + name
+        for w in whole:
+            if w in dotted:
+                return True
+        for p in starts:
+            at = dotted.find(p)  # a later match would be in the same or a later component: this one decides
+            if at >= 0 and dotted.find(".", at + 1) >= 0:
+                return True
+        return False
+
+    return test
 
 
 _in_mtp_module = _module_search(MTP_MODULES)
@@ -583,7 +603,7 @@ _SMALL_PARAM_SUFFIXES = tuple(SMALL_PARAM_SUFFIXES)
 
 def is_mtp_module(name: str) -> bool:
     """A tensor of a native ``mtp.`` module (rule 3), wherever it sits under the root."""
-    return _in_mtp_module(name) is not None
+    return _in_mtp_module(name)
 
 
 def is_small_param(name: str) -> bool:
@@ -595,7 +615,7 @@ def is_small_param(name: str) -> bool:
         leaf in SMALL_PARAMS
         or leaf.startswith(_SMALL_PARAM_PREFIXES)
         or leaf.endswith(_SMALL_PARAM_SUFFIXES)
-        or _in_small_param_module(name) is not None
+        or _in_small_param_module(name)
     )
 
 
@@ -740,4 +760,6 @@ _DIGITS = re.compile(r"(\d+)")
 
 def natural_key(name: str) -> tuple:
     """Sort key that orders ``layers.2`` before ``layers.10`` (numbers compared as numbers)."""
-    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(name))
+    parts = _DIGITS.split(name)  # the group's matches, the digit runs, at the odd indices
+    parts[1::2] = map(int, parts[1::2])
+    return tuple(parts)

@@ -909,10 +909,14 @@ def pair_tensors(
         (e, scheme.of(e), e.parts[0].suffix, e.parts[0].dtypes if e.by_dtype else None)
         for e in (PAIRED if encodings is None else encodings)
     ]
+    by_dtype: dict[str, list] = {}  # source dtype -> the encodings whose data tensor may have it, in order
     for n in sorted(tensors, key=names.natural_key) if order is None else order:
         dtype = tensors[n].dtype
-        for encoding, its_scheme, suffix, dtypes in tried:
-            if not n.endswith(suffix) or (dtypes is not None and dtype not in dtypes):
+        candidates = by_dtype.get(dtype)
+        if candidates is None:
+            candidates = by_dtype[dtype] = [t for t in tried if t[3] is None or dtype in t[3]]
+        for encoding, its_scheme, suffix, _ in candidates:
+            if not n.endswith(suffix):
                 continue
             p = encoding.pair(n, tensors, its_scheme)
             if p is None:

@@ -48,11 +48,6 @@ def _plain(value: Any) -> Any:
     return dict(value.pairs) if isinstance(value, _JsonObject) else repr(value)
 
 
-def _is_int(value: Any) -> bool:
-    # bool is a subclass of int in Python, but `true` is not a valid dimension or offset in JSON.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 class _JsonObject:
     """The (key, value) pairs of one JSON object in file order, duplicates kept so that they can be reported.
 
@@ -86,47 +81,59 @@ def _reject_constant(name: str) -> Any:
 
 
 def _parse_tensor_entry(where: str, name: str, entry: Any, data_start: int) -> TensorInfo:
-    """Validate one header entry (everything that does not depend on the other tensors)."""
-    at = f"{where}: tensor {name!r}"
+    """Validate one header entry (everything that does not depend on the other tensors).
+
+    The loop of every source header (92k entries on DeepSeek-R1): the entry's message prefix is made only for
+    an error, and an entry with exactly the three keys in the order every writer uses skips the key checks. A
+    JSON number without a fraction or exponent is a Python ``int``: ``type(x) is int`` (never a ``bool``)."""
     if not isinstance(entry, _JsonObject):
-        raise SafetensorsError(f"{at}: entry is a JSON {_json_type(entry)}, expected an object")
-    fields: dict[str, Any] = {}
-    for key, value in entry.pairs:
-        if key in fields:
-            raise SafetensorsError(f"{at}: duplicate key {key!r} in its entry")
-        fields[key] = value
-    missing = [key for key in _ENTRY_KEYS if key not in fields]
-    if missing:
-        raise SafetensorsError(f"{at}: entry lacks {', '.join(map(repr, missing))}")
-    # Unknown extra keys are ignored, as the reference implementation does; they cannot change the layout.
+        raise SafetensorsError(
+            f"{where}: tensor {name!r}: entry is a JSON {_json_type(entry)}, expected an object"
+        )
+    pairs = entry.pairs
+    if (
+        len(pairs) == 3
+        and pairs[0][0] == "dtype"
+        and pairs[1][0] == "shape"
+        and pairs[2][0] == "data_offsets"
+    ):
+        dtype, shape, offsets = pairs[0][1], pairs[1][1], pairs[2][1]
+    else:
+        fields: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in fields:
+                raise SafetensorsError(f"{where}: tensor {name!r}: duplicate key {key!r} in its entry")
+            fields[key] = value
+        missing = [key for key in _ENTRY_KEYS if key not in fields]
+        if missing:
+            raise SafetensorsError(f"{where}: tensor {name!r}: entry lacks {', '.join(map(repr, missing))}")
+        # Unknown extra keys are ignored, as the reference implementation does; they cannot change the layout.
+        dtype, shape, offsets = fields["dtype"], fields["shape"], fields["data_offsets"]
 
-    dtype = fields["dtype"]
     if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
-        raise SafetensorsError(f"{at}: unknown dtype {_short(dtype)}")
-
-    shape = fields["shape"]
-    if type(shape) is not list or not all(_is_int(dim) and dim >= 0 for dim in shape):
-        raise SafetensorsError(f"{at}: shape {_short(shape)} is not a list of non-negative integers")
+        raise SafetensorsError(f"{where}: tensor {name!r}: unknown dtype {_short(dtype)}")
+    if type(shape) is not list or not all(type(dim) is int and dim >= 0 for dim in shape):
+        raise SafetensorsError(
+            f"{where}: tensor {name!r}: shape {_short(shape)} is not a list of non-negative integers"
+        )
     nbytes = checked_nbytes(shape, dtype)
     if nbytes is None:
         raise SafetensorsError(
-            f"{at}: shape {_short(shape)} of {dtype} overflows (more than 2**63 - 1 bytes)"
+            f"{where}: tensor {name!r}: shape {_short(shape)} of {dtype} overflows (more than 2**63 - 1 bytes)"
         )
-
-    offsets = fields["data_offsets"]
     if (
         type(offsets) is not list
         or len(offsets) != 2
-        or not all(_is_int(x) and x >= 0 for x in offsets)
-        or offsets[0] > offsets[1]
+        or type(begin := offsets[0]) is not int
+        or type(end := offsets[1]) is not int
+        or not 0 <= begin <= end
     ):
         raise SafetensorsError(
-            f"{at}: data_offsets {_short(offsets)} is not [begin, end] with 0 <= begin <= end"
+            f"{where}: tensor {name!r}: data_offsets {_short(offsets)} is not [begin, end] with 0 <= begin <= end"
         )
-    begin, end = offsets
     if end - begin != nbytes:
         raise SafetensorsError(
-            f"{at}: data_offsets [{begin}, {end}] span {end - begin} bytes, "
+            f"{where}: tensor {name!r}: data_offsets [{begin}, {end}] span {end - begin} bytes, "
             f"but shape {_short(shape)} of {dtype} needs {nbytes}"
         )
     return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)

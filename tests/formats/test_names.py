@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -373,3 +375,11 @@ def test_module_tests_are_the_per_component_rule(parts):
         or leaf.endswith(tuple(names.SMALL_PARAM_SUFFIXES))
         or any(p.startswith(prefixes) or p in names.SMALL_PARAM_MODULES for p in modules)
     )
+
+
+@settings(max_examples=500, deadline=None)
+@given(name=st.text(st.sampled_from(list("ab._0179") + ["\u0663", "\u00b2"]), max_size=12))
+def test_natural_key_is_the_name_with_every_digit_run_a_number(name):
+    runs = re.split(r"(\d+)", name)
+    assert natural_key(name) == tuple(int(p) if i % 2 else p for i, p in enumerate(runs))
+    assert "".join(str(p) if isinstance(p, str) else runs[i] for i, p in enumerate(natural_key(name))) == name
