@@ -678,7 +678,8 @@ def _weight_map_from_index(index: Any) -> dict[str, str]:
     named: set[str] = set()  # each shard once, with the first tensor naming it (92k tensors, 163 shards)
     for tensor, shard in mapping.items():
         if type(shard) is not str or shard not in named:
-            named.add(check_shard_name(shard, INDEX_FILE, tensor))
+            check_shard_name(shard, INDEX_FILE, tensor)
+            named.add(shard)
     return dict(mapping)
 
 
