@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from colitools.converters import recipe as rc
@@ -328,10 +329,14 @@ def pair_native(
     return out, consumed
 
 
+# a float or FP8 tensor's kind is one of a few values, one object each (asked for each of 92k tensors)
+_float_kind = lru_cache(maxsize=None)(rc.SourceKind)
+
+
 def source_kind(src: SourceTensor, fp8_block: tuple[int, int] | None, fused: bool = False) -> rc.SourceKind:
     """What the recipe needs to know of a source tensor (its FP8 block, or its native quantization)."""
     if src.quant is None:
-        return rc.SourceKind(src.dtype, fp8_block, fused)
+        return _float_kind(src.dtype, fp8_block, fused)
     q = src.quant
     return rc.SourceKind(
         src.dtype, None, fused, native=q.encoding, native_group=q.group, native_exact=q.exact, native_rows=q.rows
