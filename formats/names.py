@@ -393,7 +393,6 @@ class TensorName:
         return f"{self.leaf}.{self.suffix}" if self.suffix or self.name.endswith(".") else self.leaf
 
 
-_ROOTS_LONGEST_FIRST = sorted(TEXT_ROOTS, key=len, reverse=True)
 # a name ends in a router spelling at a component boundary: it is the spelling, or ends in "." + the spelling
 _ROUTER_ENDINGS = tuple("." + s for s in ROUTERS)
 # (".{suffix}", its component count), most components first: a name ends in a suffix after a leaf
@@ -455,11 +454,30 @@ def deepseek_v4_saved_name(name: str) -> str | None:
     return _v4_rename(name, _V4_SAVED_ROOTS, _V4_SAVED_LEAVES)
 
 
+# the text roots by their components (one or two): a name's root is the two-component one its first two
+# components spell when it goes on after them, else the one-component one of its first component
+_ROOTS_BY_PARTS: dict[tuple[str, ...], str] = {tuple(r[:-1].split(".")): r for r in TEXT_ROOTS}
+assert all(len(k) in (1, 2) for k in _ROOTS_BY_PARTS), "roots of one or two components"
+
+
 def _root(name: str) -> str:
-    for root in _ROOTS_LONGEST_FIRST:
-        if name.startswith(root) and len(name) > len(root):
+    first, _, rest = name.partition(".")
+    if not rest:  # nothing after the first component's dot
+        return ""
+    second, _, after = rest.partition(".")
+    if after:
+        root = _ROOTS_BY_PARTS.get((first, second))
+        if root is not None:
             return root
-    return ""
+    return _ROOTS_BY_PARTS.get((first,), "")
+
+
+def _last_index(rev: list[str], word: str, lo: int) -> int:
+    """The index in ``rev`` (the components reversed) of the first ``word`` at or after ``lo``, or -1."""
+    try:
+        return rev.index(word, lo)
+    except ValueError:
+        return -1
 
 
 @lru_cache(maxsize=1 << 18)
@@ -470,19 +488,28 @@ def parse_name(name: str) -> TensorName:
     root = _root(name)
     start = root.count(".")
     layer_prefix, layer = None, None
-    for i in range(n - 3, -1, -1):  # the last ``layers.{L}.``
-        if parts[i] == LAYERS and parts[i + 1].isdecimal():
+    # the component searches run on the reversed list (index k there is n - 1 - k here): k >= 2 keeps a
+    # component and a number after it
+    rev = parts[::-1]
+    k = _last_index(rev, LAYERS, 2)
+    while k >= 0:  # the last ``layers.{L}.``
+        i = n - 1 - k
+        if parts[i + 1].isdecimal():
             layer_prefix, layer = ".".join(parts[: i + 1]), int(parts[i + 1])
             start = max(start, i + 2)
             break
+        k = _last_index(rev, LAYERS, k + 1)
     expert = expert_base = None
-    for j in range(n - 3, -1, -1):  # the last ``experts.{E}.<something>``
-        if parts[j] == EXPERTS and parts[j + 1].isdecimal() and (n > j + 3 or parts[j + 2]):
+    k = _last_index(rev, EXPERTS, 2)
+    while k >= 0:  # the last ``experts.{E}.<something>``
+        j = n - 1 - k
+        if parts[j + 1].isdecimal() and (n > j + 3 or parts[j + 2]):
             expert, expert_base = int(parts[j + 1]), ".".join(parts[: j + 1])
             leaf, suffix, leaf_at = parts[j + 2], ".".join(parts[j + 3 :]), j + 2
             module = ".".join(parts[min(start, j) : j + 1])
             projection = PROJECTIONS.get(leaf) or (MERGED_EXPERTS.get(leaf) if not suffix else None)
             break
+        k = _last_index(rev, EXPERTS, k + 1)
     else:
         k = next((count for ending, count in _SUFFIX_ENDINGS if name.endswith(ending)), 0)
         leaf_at = n - k - 1
