@@ -272,9 +272,8 @@ class ConversionPlan:
     @cached_property
     def _format_totals(self) -> dict[str, dict[str, int]]:
         totals: dict[str, dict[str, int]] = {}
-        labels = _Labels()
         for job in (j for u in self.units for j in u.jobs):
-            t = totals.setdefault(labels.written(job.target), {"tensors": 0, "bytes": 0})
+            t = totals.setdefault(job.target.written_label, {"tensors": 0, "bytes": 0})
             t["tensors"] += 1
             t["bytes"] += job.out_bytes
         return dict(sorted(totals.items()))
@@ -283,9 +282,8 @@ class ConversionPlan:
     def _role_formats(self) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         nhl = self.inventory.num_hidden_layers
-        labels = _Labels()
         for job in (j for u in self.units for j in u.jobs):
-            label = copied_label(job.source.dtype) if job.target.is_source else labels.written(job.target)
+            label = copied_label(job.source.dtype) if job.target.is_source else job.target.written_label
             copied = job.role is rc.Role.COPY
             role = detail_role(job.out_name, len(job.shape), copied=copied, num_hidden_layers=nhl)
             counts[role][label] += 1
@@ -336,22 +334,6 @@ class ConversionPlan:
             "fallbacks": [f.as_dict() for f in self.fallbacks],
             "dropped_towers": list(self.dropped),
         }  # fmt: skip
-
-
-def written_label(target: rc.Target) -> str:
-    """The user-facing name of what a target writes (``Format.label``: floats by their stored dtype)."""
-    return target.format_class.label(target.gs, "BF16" if target.is_bf16 else "F32")
-
-
-class _Labels(dict):
-    """``written_label`` of each target once (a plan shares a few targets among all its tensors), for one pass
-    over the plan: keyed by identity, the targets outlive the pass."""
-
-    def written(self, target: rc.Target) -> str:
-        label = self.get(id(target))
-        if label is None:
-            label = self[id(target)] = written_label(target)
-        return label
 
 
 # ------------------------------------------------------------------------------------------------ planning

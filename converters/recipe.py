@@ -458,6 +458,11 @@ class Target:
             return f"{GROUPED_OPTION_PREFIX}{self.gs}"
         return self.fmt
 
+    @cached_property  # asked of every tensor by the plan's summary figures
+    def written_label(self) -> str:
+        """The user-facing name of what this target writes (``Format.label``: floats by their stored dtype)."""
+        return self.format_class.label(self.gs, "BF16" if self.is_bf16 else "F32")
+
     def tensor_names(self, out_name: str) -> tuple[str, str | None]:
         """``(weight tensor name, scale tensor name or None)`` for output tensor ``out_name``."""
         if self.spelling is not None:

@@ -19,7 +19,7 @@ Matching is by whole dot-separated components: ``xlm_head.weight`` is not an out
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
@@ -123,9 +123,7 @@ INKLING_LAYER_NAMES: dict[str, str] = {
 # ``Interleave`` op, the converter's ``deinterleave``): the text stacks hold gate rows first (routed experts) or
 # are split into ``gate_proj`` / ``up_proj`` (shared experts); read back under their text names.
 INKLING_STACK_NAMES: dict[str, tuple[str, ...]] = {
-    "mlp.experts.w13_weight": (
-        "mlp.experts.gate_up_proj",
-    ),  # [E, 2I, H]: the I gate rows, then the I up rows
+    "mlp.experts.w13_weight": ("mlp.experts.gate_up_proj",),  # [E, 2I, H]: the I gate rows, then the I up rows
     "mlp.experts.w2_weight": ("mlp.experts.down_proj",),  # [E, H, I]
     "mlp.shared_experts.shared_w13_weight": ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"),
     "mlp.shared_experts.shared_w2_weight": ("mlp.shared_experts.down_proj",),  # [n, H, I]
@@ -160,10 +158,7 @@ def inkling_text_name(name: str) -> str | None:
     name = INKLING_TRANSFORMERS_NAMES.get(name, name)
     if name in _INKLING_NATIVE_GLOBAL_OF:  # a text name already
         return name
-    for prefix, table in (
-        (INKLING_NATIVE_LAYERS, INKLING_LAYER_NAMES),
-        (INKLING_TEXT_LAYERS, _INKLING_TEXT_TAILS),
-    ):
+    for prefix, table in ((INKLING_NATIVE_LAYERS, INKLING_LAYER_NAMES), (INKLING_TEXT_LAYERS, _INKLING_TEXT_TAILS)):
         if not name.startswith(prefix):
             continue
         layer, _, tail = name[len(prefix) :].partition(".")
@@ -472,12 +467,18 @@ def _root(name: str) -> str:
     return _ROOTS_BY_PARTS.get((first,), "")
 
 
-def _last_index(rev: list[str], word: str, lo: int) -> int:
-    """The index in ``rev`` (the components reversed) of the first ``word`` at or after ``lo``, or -1."""
-    try:
-        return rev.index(word, lo)
-    except ValueError:
-        return -1
+def _from_last(rev: list[str], word: str) -> Iterator[int]:
+    """The positions of component ``word`` that two more components follow, last first; ``rev`` is the name's
+    components reversed (``list.index`` searches there, in C: planning parses every name of a checkpoint)."""
+    n = len(rev)
+    k = 2  # position n - 1 - k: two components after it
+    while True:
+        try:
+            k = rev.index(word, k)
+        except ValueError:
+            return
+        yield n - 1 - k
+        k += 1
 
 
 @lru_cache(maxsize=1 << 18)
@@ -488,28 +489,20 @@ def parse_name(name: str) -> TensorName:
     root = _root(name)
     start = root.count(".")
     layer_prefix, layer = None, None
-    # the component searches run on the reversed list (index k there is n - 1 - k here): k >= 2 keeps a
-    # component and a number after it
     rev = parts[::-1]
-    k = _last_index(rev, LAYERS, 2)
-    while k >= 0:  # the last ``layers.{L}.``
-        i = n - 1 - k
+    for i in _from_last(rev, LAYERS):  # the last ``layers.{L}.``
         if parts[i + 1].isdecimal():
             layer_prefix, layer = ".".join(parts[: i + 1]), int(parts[i + 1])
             start = max(start, i + 2)
             break
-        k = _last_index(rev, LAYERS, k + 1)
     expert = expert_base = None
-    k = _last_index(rev, EXPERTS, 2)
-    while k >= 0:  # the last ``experts.{E}.<something>``
-        j = n - 1 - k
+    for j in _from_last(rev, EXPERTS):  # the last ``experts.{E}.<something>``
         if parts[j + 1].isdecimal() and (n > j + 3 or parts[j + 2]):
             expert, expert_base = int(parts[j + 1]), ".".join(parts[: j + 1])
             leaf, suffix, leaf_at = parts[j + 2], ".".join(parts[j + 3 :]), j + 2
             module = ".".join(parts[min(start, j) : j + 1])
             projection = PROJECTIONS.get(leaf) or (MERGED_EXPERTS.get(leaf) if not suffix else None)
             break
-        k = _last_index(rev, EXPERTS, k + 1)
     else:
         k = next((count for ending, count in _SUFFIX_ENDINGS if name.endswith(ending)), 0)
         leaf_at = n - k - 1

@@ -107,22 +107,43 @@ def _starts(checked: Sequence[tuple[str, str, tuple[int, ...], int]]) -> list[in
     return starts
 
 
-# The length of every piece of a tensor's entry but its key and numbers: ``:{"dtype":"","shape":[],
-# "data_offsets":[,]}`` and the comma before the next entry (``_plan_layout``'s separators).
-_ENTRY_PUNCTUATION = len(':{"dtype":"","shape":[],"data_offsets":[,]},')
+def _dumps(header: dict[str, Any]) -> str:
+    """A header's JSON: compact separators, non-ASCII kept as UTF-8 (docs/FORMATS.md §1, writers)."""
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+
+
+def _entry_json(dtype: str, shape: Sequence[int], begin: int, end: int) -> dict[str, Any]:
+    """One tensor's header entry (relative data offsets)."""
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, end]}
+
+
+def _padded(where: str, json_bytes: int) -> int:
+    """The header length N for ``json_bytes`` of JSON: space-padded so that the data buffer starts
+    page-aligned (``8 + N`` a multiple of ``ALIGNMENT``), refused over ``MAX_HEADER_BYTES``."""
+    n = json_bytes + -(8 + json_bytes) % ALIGNMENT
+    if n > MAX_HEADER_BYTES:
+        raise SafetensorsError(f"{where}: header would be {n} bytes, over the limit of {MAX_HEADER_BYTES}")
+    return n
+
+
+# What a tensor's member adds to the header besides its key, dtype and numbers: the serialized entry of an
+# empty name, dtype and shape, less the braces and key around it and its two offsets' digits, plus the comma
+# that separates it from the next member.
+_ENTRY_PUNCTUATION = len(_dumps({"": _entry_json("", (), 0, 0)})) - len('{""}') - len("00") + len(",")
 
 
 def _json_length(
     checked: Sequence[tuple[str, str, tuple[int, ...], int]], meta: dict[str, str] | None
 ) -> int | None:
     """The bytes of the JSON ``_plan_layout`` serializes for ``checked`` and ``meta`` (before padding), counted
-    without building it, or None when a tensor name or the metadata is not ASCII (the caller builds the header). A planner sizes
-    every output file before any exists: on a 92k-tensor checkpoint, building the headers to measure them took
-    1.1 s of an 8 s plan, counting them 0.3 s (bench/plan.py). tests/formats/test_safetensors_io.py pins the
-    count to the header on generated entries (names that need escapes, metadata first or last, empty files)."""
+    without building it, or None when a tensor name or the metadata is not ASCII (the caller builds the header).
+    A planner sizes every output file before any exists: on a 92k-tensor checkpoint, building the headers to
+    measure them took 1.1 s of an 8 s plan, counting them 0.3 s (bench/plan.py). tests/formats/
+    test_safetensors_io.py pins the count to the header on generated entries (names that need escapes, metadata
+    first or last, empty files)."""
     n = 2  # the braces
     if meta is not None:  # its member, and the comma between it and the tensors
-        member = json.dumps({METADATA_KEY: meta}, separators=(",", ":"), ensure_ascii=False)
+        member = _dumps({METADATA_KEY: meta})
         if not member.isascii():
             return None
         n += len(member) - 2
@@ -154,20 +175,17 @@ def _plan_layout(
     if meta is not None and not metadata_last:
         header[METADATA_KEY] = meta  # first: readers that scan the header see the metadata before tensors
     for (name, dtype, shape, nbytes), begin in zip(checked, _starts(checked), strict=True):
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, begin + nbytes]}
+        header[name] = _entry_json(dtype, shape, begin, begin + nbytes)
     if meta is not None and metadata_last:
         header[METADATA_KEY] = meta
     try:
-        raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        raw = _dumps(header).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise SafetensorsError(
             f"{where}: a tensor name or metadata string is not valid Unicode ({exc})"
         ) from exc
-    # Trailing spaces are JSON whitespace: padding the header makes the data buffer start page-aligned.
-    pad = -(8 + len(raw)) % ALIGNMENT
-    n = len(raw) + pad
-    if n > MAX_HEADER_BYTES:
-        raise SafetensorsError(f"{where}: header would be {n} bytes, over the limit of {MAX_HEADER_BYTES}")
+    n = _padded(where, len(raw))  # trailing spaces are JSON whitespace
+    pad = n - len(raw)
     data_start = 8 + n
     tensors = {
         name: TensorInfo(name, dtype, shape, data_start + begin, data_start + begin + nbytes)
@@ -239,12 +257,7 @@ class SafetensorsWriter:
         n = _json_length(checked, _validated_metadata("<planned file>", metadata))
         if n is None:  # not ASCII: measure the header itself (and refuse what it refuses)
             return _plan_layout("<planned file>", [c[:3] for c in checked], metadata, metadata_last).file_size
-        n += -(8 + n) % ALIGNMENT
-        if n > MAX_HEADER_BYTES:
-            raise SafetensorsError(
-                f"<planned file>: header would be {n} bytes, over the limit of {MAX_HEADER_BYTES}"
-            )
-        return 8 + n + sum(nbytes for *_, nbytes in checked)
+        return 8 + _padded("<planned file>", n) + sum(nbytes for *_, nbytes in checked)
 
     @staticmethod
     def header_bytes(entries: Iterable[Entry], metadata: Mapping[str, str] | None = None) -> bytes:
