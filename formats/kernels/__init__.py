@@ -19,14 +19,20 @@ Two tricks keep the kernels vectorised without changing a bit of output:
   ``E4M3_TO_F32`` for all 256 bytes, tested; unlike a table lookup it vectorises; behind a NaN check, by one
   multiply, ``_e4m3_finite``) times the block scale (one float32 multiply, as ``reference.dequant_fp8_block``).
   Each row is materialised in a float32 buffer (L2-resident) and encoded from there, except for int4 groups of
-  even size (int4-g64, the experts' format; from BF16, F16 and FP8), and, from FP8, int3-g64 groups,
-  which are encoded straight from the source bits: the amax is taken on the BF16 / F16 bit patterns, or on
-  the e4m3 bytes times the block scale (see ``_int4_blocks_fp8``), and each value is upcast / dequantised
+  even size (int4-g64, the experts' format; from BF16, F16 and FP8), and, from FP8, int3-g64 groups and
+  int8-row, which are encoded straight from the source bits: the amax is taken on the BF16 / F16 bit patterns,
+  or on the e4m3 bytes times the block scale (see ``_int_groups_fp8``), and each value is upcast / dequantised
   again in registers where it is quantised (~1.7x faster).
-* FP8 outputs whose block lies in one source scale block depend on each byte alone: fp8-e4m3-e8m0 looks each
-  code up in a 256-entry table made per block by the per-element rule, and mxfp4 finds each code by comparing
-  the byte's magnitude with seven thresholds (the E2M1 index is monotone in it), made per (scale block,
-  exponent) by binary search on the per-element rule.
+* FP8 outputs whose group or block lies in one source scale block depend on each byte alone. int4 / int3
+  groups compare the byte's magnitude with level thresholds (its level is monotone in it), from a table per
+  group amax byte whose few exact ties the per-element rule decides once per (scale block, amax byte), 32
+  bytes to a vector (``_jit_encoders``, "int4 / int3 groups from FP8"); fp8-e4m3-e8m0 looks each code up in a
+  256-entry table made per block by the per-element rule; mxfp4 finds each code by comparing the byte's
+  magnitude with seven thresholds (the E2M1 index is monotone in it), made per (scale block, exponent) by
+  binary search on the per-element rule.
+* Explicit vectors: where LLVM's vectoriser takes 8 bytes at a time (byte reductions, nibble and bit-plane
+  packing), ``_jit_bits`` writes the 32-byte vector in portable LLVM IR itself (``_mag_max32``,
+  ``_level_bytes32``, ``_pack_nibbles32``, ``_int3_planes32``).
 * Index and refcount hygiene: see "shared pieces" below.
 
 Parallelism: the kernels are serial and release the GIL (``nogil``); ``threads.run_rows`` spreads row chunks over

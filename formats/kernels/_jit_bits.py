@@ -7,7 +7,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from colitools.formats import reference as ref
@@ -186,6 +186,178 @@ def _mx_code(typingctx, v, t1, t2, t3, t4, t5, t6, t7, neg):
         return builder.or_(idx, builder.shl(builder.and_(sign, nonzero), ir.Constant(i8, 3)))
 
     return types.uint8(*([types.uint8] * 9)), codegen
+
+
+@intrinsic
+def _mag_max8(typingctx, m, v):
+    """``max(m, v & 0x7F)`` of two bytes (an e4m3 byte's magnitude bits), in 8 bits: 32 lanes to a vector
+    (numba would widen ``v & mask`` to 64 bits)."""
+    if not isinstance(m, types.Integer) or not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = _int_width(builder, args[0], 8)
+        y = builder.and_(_int_width(builder, args[1], 8), ir.Constant(ir.IntType(8), 0x7F))
+        return builder.select(builder.icmp_unsigned(">", x, y), x, y)
+
+    return types.uint8(m, v), codegen
+
+
+def _byte_row(t) -> bool:
+    return isinstance(t, types.Array) and t.dtype == types.uint8 and t.ndim == 1 and t.layout == "C"
+
+
+def _byte_vector(context, builder, arr_type, arr, at, lanes: int):
+    """``lanes`` bytes of a contiguous byte row from index ``at``, as one LLVM vector (an unaligned load)."""
+    a = context.make_array(arr_type)(context, builder, arr)
+    ptr = builder.gep(a.data, [_int_width(builder, at, 64)])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), lanes).as_pointer()), align=1)
+
+
+def _store_bytes(context, builder, arr_type, arr, at, value):
+    a = context.make_array(arr_type)(context, builder, arr)
+    ptr = builder.gep(a.data, [_int_width(builder, at, 64)])
+    builder.store(value, builder.bitcast(ptr, value.type.as_pointer()), align=1)
+
+
+def _splat(builder, value, lanes: int | None):
+    """An i8 scalar in every lane of a vector (``lanes`` None: the scalar itself)."""
+    if lanes is None:
+        return value
+    vec = ir.VectorType(ir.IntType(8), lanes)
+    one = builder.insert_element(ir.Constant(vec, None), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(
+        one, ir.Constant(vec, None), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+    )
+
+
+@intrinsic
+def _mag_max32(typingctx, src, si):
+    """``max(src[si + k] & 0x7F for k < 32)``: the largest magnitude bits of 32 e4m3 bytes, in one vector load,
+    mask and reduction (portable LLVM vector IR; LLVM's own vectoriser takes 8 bytes at a time here)."""
+    if not (_byte_row(src) and isinstance(si, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8 = ir.IntType(8)
+        x = builder.and_(
+            _byte_vector(context, builder, sig.args[0], args[0], args[1], 32),
+            _splat(builder, ir.Constant(i8, 0x7F), 32),
+        )
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i8, [x.type]), "llvm.vector.reduce.umax.v32i8"
+        )
+        return builder.call(fn, [x])
+
+    return types.uint8(src, si), codegen
+
+
+@intrinsic
+def _int3_planes32(typingctx, src, si, dst, dl, dh):
+    """int3 planes of 32 codes ``u = src[si:si + 32]`` (0..7): the low plane, bits 0-1 of four codes to a byte
+    (``_pack_quad``), into ``dst[dl:dl + 8]``; the high plane, bit 2 of eight codes to a byte (code i at bit i),
+    into ``dst[dh:dh + 4]``. One vector load, shifts and masks on 32-bit lanes, and a sign-mask (vpmovmskb on
+    x86), in portable LLVM vector IR."""
+    if not (_byte_row(src) and _byte_row(dst) and all(isinstance(a, types.Integer) for a in (si, dl, dh))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        u = _byte_vector(context, builder, sig.args[0], args[0], args[1], 32)
+        x = builder.bitcast(builder.and_(u, _splat(builder, ir.Constant(i8, 3), 32)), ir.VectorType(i32, 8))
+        low = x
+        for shift, mask in ((6, 0xC), (12, 0x30), (18, 0xC0)):
+            part = builder.lshr(x, ir.Constant(x.type, [shift] * 8))
+            low = builder.or_(low, builder.and_(part, ir.Constant(x.type, [mask] * 8)))
+        _store_bytes(
+            context, builder, sig.args[2], args[2], args[3], builder.trunc(low, ir.VectorType(i8, 8))
+        )
+        top = builder.icmp_signed(
+            "<", builder.shl(u, _splat(builder, ir.Constant(i8, 5), 32)), ir.Constant(u.type, [0] * 32)
+        )
+        _store_bytes(context, builder, sig.args[2], args[2], args[4], builder.bitcast(top, i32))
+        return context.get_dummy_value()
+
+    return types.none(src, si, dst, dl, dh), codegen
+
+
+def _levels_of(builder, x, thresholds, flip, zero):
+    """``_level_code`` of an i8 or of each lane of an i8 vector ``x`` (the same ops). ``j >= t`` is computed as
+    ``j > t - 1``, signed (both are at most 127, and t = 0 gives -1): one vpcmpgtb per threshold on x86."""
+    i8 = ir.IntType(8)
+    lanes = x.type.count if isinstance(x.type, ir.VectorType) else None
+    j = builder.and_(x, _splat(builder, ir.Constant(i8, 0x7F), lanes))
+    n = ir.Constant(x.type, [0] * lanes if lanes else 0)
+    for t in thresholds:
+        below = _splat(builder, builder.sub(_int_width(builder, t, 8), ir.Constant(i8, 1)), lanes)
+        n = builder.add(n, builder.zext(builder.icmp_signed(">", j, below), x.type))
+    sign = builder.lshr(x, _splat(builder, ir.Constant(i8, 7), lanes))
+    negative = builder.and_(
+        builder.xor(sign, _splat(builder, _int_width(builder, flip, 8), lanes)),
+        _splat(builder, ir.Constant(i8, 1), lanes),
+    )
+    mask = builder.sub(ir.Constant(x.type, [0] * lanes if lanes else 0), negative)  # -1 where negative
+    return builder.add(
+        _splat(builder, _int_width(builder, zero, 8), lanes), builder.sub(builder.xor(n, mask), mask)
+    )
+
+
+def _level_args_ok(src, si, dst, di, rest) -> bool:
+    return _byte_row(src) and _byte_row(dst) and all(isinstance(a, types.Integer) for a in (si, di, *rest))
+
+
+@intrinsic
+def _level_bytes32(typingctx, src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, flip, zero):
+    """``dst[di + k] = _level_code(src[si + k], ...)`` for k < 32, as one vector (portable LLVM vector IR)."""
+    if not _level_args_ok(src, si, dst, di, (t1, t2, t3, t4, t5, t6, t7, flip, zero)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = _byte_vector(context, builder, sig.args[0], args[0], args[1], 32)
+        codes = _levels_of(builder, x, args[4:11], args[11], args[12])
+        _store_bytes(context, builder, sig.args[2], args[2], args[3], codes)
+        return context.get_dummy_value()
+
+    return types.none(src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, flip, zero), codegen
+
+
+@intrinsic
+def _pack_nibbles32(typingctx, src, si, dst, di):
+    """The 16 int4 pair bytes of 32 codes (0..15): ``dst[di + k] = src[si + 2k] | src[si + 2k + 1] << 4``, each
+    pair joined in a 16-bit lane and narrowed (portable LLVM vector IR; LLVM's vectoriser packs 8 at a time)."""
+    if not (
+        _byte_row(src) and _byte_row(dst) and isinstance(si, types.Integer) and isinstance(di, types.Integer)
+    ):
+        return None
+
+    def codegen(context, builder, sig, args):
+        c = _byte_vector(context, builder, sig.args[0], args[0], args[1], 32)
+        pairs = builder.bitcast(c, ir.VectorType(ir.IntType(16), 16))  # even code low, odd code high
+        odd = builder.and_(
+            builder.lshr(pairs, ir.Constant(pairs.type, [4] * 16)), ir.Constant(pairs.type, [0xF0] * 16)
+        )
+        packed = builder.trunc(builder.or_(pairs, odd), ir.VectorType(ir.IntType(8), 16))
+        _store_bytes(context, builder, sig.args[2], args[2], args[3], packed)
+        return context.get_dummy_value()
+
+    return types.none(src, si, dst, di), codegen
+
+
+@intrinsic
+def _level_code(typingctx, v, t1, t2, t3, t4, t5, t6, t7, flip, zero):
+    """Symmetric integer code of e4m3 byte ``v`` from its group's level thresholds (``t_i``: the first magnitude
+    byte whose level ``rint(|w| / s)`` is >= i; 127 for a level out of reach): the level ``n`` counts the
+    thresholds ``v & 0x7F`` reaches, and the code is ``zero + n``, or ``zero - n`` when ``v``'s sign bit xor
+    ``flip`` is set (a level 0 is ``zero`` either way, as ``rint(-0.0)``). 8-bit ops only: every argument is an
+    integer, cut to its low byte. ``_level_bytes32`` does the same to 32 bytes at once."""
+    if not all(isinstance(a, types.Integer) for a in (v, t1, t2, t3, t4, t5, t6, t7, flip, zero)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        args = [_int_width(builder, a, 8) for a in args]
+        return _levels_of(builder, args[0], args[1:8], args[8], args[9])
+
+    return types.uint8(v, t1, t2, t3, t4, t5, t6, t7, flip, zero), codegen
 
 
 @intrinsic

@@ -16,15 +16,17 @@ from colitools.formats.kernels._jit_bits import (
     _GATHER8,
     _H3,
     _H4,
+    _H8,
     _INT3_G64,
     _INT4_GROUPED,
+    _INT8_ROW,
     _L3,
     _L4,
+    _L8,
     _LSB8,
     _MXFP4,
     _NONFINITE_BITS,
-    _Q3,
-    _Q7,
+    _Q127,
     _SIX,
     _U2,
     _U56,
@@ -37,9 +39,16 @@ from colitools.formats.kernels._jit_bits import (
     _e4m3,
     _e4m3_finite,
     _f32_bits,
+    _int3_planes32,
+    _level_bytes32,
+    _level_code,
+    _mag_max8,
+    _mag_max32,
     _mx_code,
+    _pack_nibbles32,
     _pack_quad,
     _q,
+    _sym_scale,
     _umax32,
     inline,
     njit,
@@ -117,79 +126,204 @@ def _encode_rows_f16(wh, fmt, gs, codes, sf, su, r0, r1):
     return _encode_rows_u16(wh, fmt, gs, codes, sf, su, r0, r1, True)
 
 
+# ------------------------------------------------------------ int4 / int3 groups from FP8: codes by thresholds
+# A group that lies in one source scale block has one ``sv``; its values are ``w = e4m3(q) * sv``, so
+# ``|w| = e4m3(j) * |sv|`` with the magnitude byte ``j = q & 0x7F``. With the group's byte amax ``m`` and its
+# scale ``s = f32(e4m3(m) * |sv|) / qmax`` above the floor, a value's level ``rint(|w| / s)`` is non-decreasing in
+# ``j`` (each step rounds monotonically) and at most qmax, and it is the level of the exact ratio
+# ``r = qmax * e4m3(j) / e4m3(m)`` whatever ``sv`` is, unless r is a half-integer. The float32 chain is two
+# products and two quotients, each rounded to nearest. It does not underflow: ``s > 1e-8`` keeps every nonzero
+# ``|w|`` above 2^-42. So it lies within 4 * 2^-24 (relative) of r, that is within 1.7e-6, because r <= qmax. Every
+# r that is not a half-integer lies at least 0.0048 from one, and the table build asserts a 1e-4 margin. So the
+# first byte of each level is a table per ``m`` (``_LEVELS``). The exception is at most one tie byte per level
+# (``_TIES``), whose level the per-element rule decides once per (scale block, m) (``_make_levels``). A code is
+# then byte compares (``_level_code``; ``_level_bytes32``: 32 lanes to a vector), with no
+# division. A group whose scale is the floor (amax < 7e-8, an all-zero group for instance) takes the
+# per-element rule. The tables are checked against the kernels' per-element rule for every amax byte, tie and
+# sign (tests/formats/test_codecs_properties.py).
+def _level_tables(qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``levels[m, k - 1]``: the first magnitude byte whose level is >= k in a group of byte amax ``m`` (127 for
+    k > qmax), counting a tie byte as reaching it; ``ties[m, k - 1]``: that tie byte, or 255."""
+    v = ref.E4M3_TO_F32[:127].astype(np.float64)  # magnitude bytes 0..126 (127 is NaN)
+    levels = np.full((127, 8), 127, np.uint8)
+    ties = np.full((127, 8), 255, np.uint8)
+    for m in range(1, 127):
+        r = qmax * v / v[m]  # within 1e-15 (relative) of the exact ratio; increasing in j
+        for k in range(1, qmax + 1):
+            levels[m, k - 1] = np.count_nonzero(r < k - 0.5 - 1e-4)
+            near = np.flatnonzero(np.abs(r - (k - 0.5)) <= 1e-4)
+            if near.size:
+                assert near.size == 1 and near[0] == levels[m, k - 1], (qmax, m, k)
+                ties[m, k - 1] = near[0]
+    return levels, ties
+
+
+_LEVELS7, _TIES7 = _level_tables(7)
+_LEVELS3, _TIES3 = _level_tables(3)
+_NO_TIE = np.uint8(255)
+_LEVEL_KEYS = 127  # thresholds rows per scale column: byte amaxes 0..126
+
+
 @njit
-def _int4_blocks_fp8(qg, srow, bc, cg, scales):
-    """``_int4_blocks`` straight from e4m3 bytes ``qg [G, gs]`` (even gs, ``bc % gs == 0``: a group lies in one
-    scale block), without a float32 row buffer. The amax is taken on the bytes: ``byte & 0x7F`` orders e4m3fn
-    magnitudes (0x7F is NaN), and float32 multiplication by ``|sv|`` is monotone and sign-symmetric, so
-    ``max |f32(e4m3(q)) * sv| == f32(e4m3(max(q & 0x7F))) * |sv|`` bit for bit, NaN/inf included."""
-    G, gs = qg.shape
+def _level_cache(n, bc, gs):
+    """Per-thread buffers of the threshold path for rows of ``n`` values, scale blocks ``bc`` wide, groups of
+    ``gs``: thresholds per (scale column, byte amax) and the row block each was made for, the groups' byte
+    amaxes, and the codes of one group (+ padding for the uint16/32/64 views)."""
+    nc = (n + bc - 1) // bc
+    codes = np.zeros(((max(gs, 64) + 8) >> 3) << 3, np.uint8)
+    return (
+        np.empty((nc * _LEVEL_KEYS, 8), np.uint8),
+        np.full(nc * _LEVEL_KEYS, -1, np.int64),
+        np.empty(n // max(gs, 1) + 1, np.uint8),
+        codes,
+    )
+
+
+@njit
+def _make_levels(levels, ties, qmax, thr, stamp, key, rb, m, asv, s):
+    """Row ``key`` of ``thr``: the thresholds of byte amax ``m`` in the scale block of ``|sv| = asv`` and row
+    block ``rb``, from the table, each tie byte decided by the per-element rule (called once per row block)."""
+    for k in range(8):
+        thr[key, k] = levels[m, k]
+    for k in range(qmax):
+        j = ties[m, k]
+        if j != _NO_TIE and np.rint((_e4m3_finite(j) * asv) / s) < k + 1:
+            thr[key, k] = j + 1
+    stamp[key] = rb
+
+
+@njit
+def _int_groups_fp8(qrow, srow, bc, gs, crow, scales, rb, planes, levels, ties, thr, stamp, mj, cbuf):
+    """The whole groups of one row: int4 (``planes`` False; ``_int4_blocks``: even gs, ``levels`` / ``ties`` =
+    ``_LEVELS7`` / ``_TIES7``) or int3-g64 (``planes`` True; ``_int3_blocks``, gs 64, ``_LEVELS3`` / ``_TIES3``)
+    straight from the e4m3 bytes ``qrow`` of row block ``rb`` into ``crow`` and ``scales``, each group lying in
+    one scale block (``bc % gs == 0``), without a float32 row buffer. Codes by thresholds (above), 32 bytes to a
+    vector when ``gs % 32 == 0``; the per-element rule for a group whose scale is the floor. ``cbuf`` holds one
+    group's codes (one byte per value). The group loop is written out here, not in inline helpers: numba
+    counts a reference to each array an inlined call takes, a round trip per group.
+
+    The amax is taken on the bytes: ``byte & 0x7F`` orders e4m3fn magnitudes (0x7F is NaN) and float32
+    multiplication by ``|sv|`` is monotone and sign-symmetric, so ``max |f32(e4m3(q)) * sv| ==
+    f32(e4m3(max(q & 0x7F))) * |sv|`` bit for bit, NaN / inf included. Every amax, then every division (they
+    overlap), then the codes."""
+    G = qrow.size // gs
+    wide = gs % 32 == 0
+    qmax, zero = (3, np.uint8(4)) if planes else (7, np.uint8(8))
+    lo, hi = (_L3, _H3) if planes else (_L4, _H4)
+    width = 24 if planes else gs >> 1  # code bytes per group
+    per = bc // gs  # groups per scale block
+    for g in range(G):  # the byte amaxes, then (below) their values: each loop stays simple
+        m = np.uint8(0)
+        if wide:
+            for c in range(g * gs, (g + 1) * gs, 32):
+                m = _mag_max8(m, _mag_max32(qrow, c))
+        else:
+            for k in range(g * gs, (g + 1) * gs):
+                m = _mag_max8(m, qrow[k])
+        mj[g] = m
     bad = np.uint32(0)
-    for g in range(G):
-        m = np.uint32(0)
-        for k in range(gs):
-            m = _umax32(m, np.uint32(qg[g, k] & np.uint8(0x7F)))
-        sv = srow[(g * gs) // bc]
-        mb = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(sv)))
-        scales[g] = _bits_f32(mb)
-        bad = _umax32(bad, mb)
+    cb = 0
+    for g0 in range(0, G, per):
+        asv = _bits_f32(_abs_bits(srow[cb]))
+        cb += 1
+        for g in range(g0, min(g0 + per, G)):
+            mb = _abs_bits(_e4m3(mj[g]) * asv)
+            scales[g] = _bits_f32(mb)
+            bad = _umax32(bad, mb)
     if bad >= _NONFINITE_BITS:
         return False
     for g in range(G):
-        s = scales[g] / _Q7  # _sym_scale
+        s = scales[g] / F32(qmax)  # _sym_scale
         scales[g] = s if s > _FLOOR else _FLOOR
-    for g in range(G):
-        s = scales[g]
-        sv = srow[(g * gs) // bc]
-        for k in range(gs >> 1):
-            lo = _q(_e4m3_finite(qg[g, 2 * k]) * sv, s, _L4, _H4) + 8  # no NaN byte: the amax said
-            hi = _q(_e4m3_finite(qg[g, 2 * k + 1]) * sv, s, _L4, _H4) + 8
-            cg[g, k] = np.uint8(lo | (hi << 4))
+    u32 = cbuf.view(np.uint32)
+    u64 = cbuf.view(np.uint64)
+    cb = 0
+    for g0 in range(0, G, per):
+        sv = srow[cb]
+        asv = _bits_f32(_abs_bits(sv))
+        flip = np.uint8(_f32_bits(sv) >> np.uint32(31))
+        base = cb * _LEVEL_KEYS
+        cb += 1
+        for g in range(g0, min(g0 + per, G)):
+            s = scales[g]
+            q0, c0 = g * gs, g * width
+            if s > _FLOOR:
+                m = mj[g]
+                key = base + m
+                if stamp[key] != rb:
+                    _make_levels(levels, ties, qmax, thr, stamp, key, rb, m, asv, s)
+                t1, t2, t3, t4 = thr[key, 0], thr[key, 1], thr[key, 2], thr[key, 3]
+                t5, t6, t7 = thr[key, 4], thr[key, 5], thr[key, 6]
+                if wide:
+                    for c in range(0, gs, 32):
+                        _level_bytes32(qrow, q0 + c, cbuf, c, t1, t2, t3, t4, t5, t6, t7, flip, zero)
+                else:
+                    for k in range(gs):
+                        cbuf[k] = _level_code(qrow[q0 + k], t1, t2, t3, t4, t5, t6, t7, flip, zero)
+            else:
+                for k in range(gs):
+                    cbuf[k] = np.uint8(
+                        _q(_e4m3_finite(qrow[q0 + k]) * sv, s, lo, hi) + zero
+                    )  # no NaN byte here
+            if planes and wide:  # the planes as _int3_blocks packs them, 32 codes at a time
+                _int3_planes32(cbuf, 0, crow, c0, c0 + 16)
+                _int3_planes32(cbuf, 32, crow, c0 + 8, c0 + 20)
+            elif planes:
+                for b in range(16):
+                    crow[c0 + b] = _pack_quad(u32[b])
+                for b in range(8):
+                    crow[c0 + 16 + b] = np.uint8((((u64[b] >> _U2) & _LSB8) * _GATHER8) >> _U56)
+            elif wide:
+                for c in range(0, gs, 32):
+                    _pack_nibbles32(cbuf, c, crow, c0 + (c >> 1))
+            else:
+                for k in range(gs >> 1):  # byte k = code[2k] | code[2k+1] << 4
+                    crow[c0 + k] = np.uint8(cbuf[2 * k] | (cbuf[2 * k + 1] << 4))
     return True
 
 
 @njit
-def _int3_blocks_fp8(qg, srow, bc, cg, scales, u):
-    """``_int3_blocks`` straight from e4m3 bytes ``qg [G, 64]`` (``bc % 64 == 0``: a group lies in one scale
-    block), with the amax taken on the bytes as in ``_int4_blocks_fp8`` and, as there, every group's amax
-    and scale before any codes (their divisions overlap)."""
-    G, gs = qg.shape  # gs is 64; read from the shape, so LLVM vectorises the loops instead of unrolling them
-    u32 = u.view(np.uint32)
-    u64 = u.view(np.uint64)
-    bad = np.uint32(0)
-    for g in range(G):
-        m = np.uint32(0)
-        for k in range(gs):
-            m = _umax32(m, np.uint32(qg[g, k] & np.uint8(0x7F)))
-        mb = _abs_bits(_e4m3(m) * _bits_f32(_abs_bits(srow[(g * 64) // bc])))
-        scales[g] = _bits_f32(mb)
-        bad = _umax32(bad, mb)
-    if bad >= _NONFINITE_BITS:
+def _int8_row_fp8(qrow, srow, bc, codes, scales):
+    """``_enc_int8_row`` straight from e4m3 bytes, without a float32 row buffer: the row's amax is the largest
+    ``f32(e4m3(m_c)) * |sv_c|`` over its scale blocks' byte amaxes ``m_c`` (as ``_int_groups_fp8`` takes a
+    group's), then each code from the value made again in registers. False if the row is not finite."""
+    n = qrow.size
+    full = n // bc
+    qb = qrow[: full * bc].reshape((full, bc))
+    cb2 = codes[: full * bc].reshape((full, bc))
+    m = np.uint32(0)
+    for c in range(full + (1 if n > full * bc else 0)):
+        j = np.uint8(0)
+        if c < full:
+            for k in range(bc):
+                j = _mag_max8(j, qb[c, k])
+        else:
+            for k in range(full * bc, n):
+                j = _mag_max8(j, qrow[k])
+        m = _umax32(m, _abs_bits(_e4m3(j) * _bits_f32(_abs_bits(srow[c]))))
+    if m >= _NONFINITE_BITS:
         return False
-    for g in range(G):
-        s = scales[g] / _Q3  # _sym_scale
-        scales[g] = s if s > _FLOOR else _FLOOR
-    for g in range(G):
-        s = scales[g]
-        sv = srow[(g * 64) // bc]
-        for k in range(gs):
-            u[k] = np.uint8(_q(_e4m3_finite(qg[g, k]) * sv, s, _L3, _H3) + 4)  # u = v + 4; no NaN byte here
-        for b in range(16):  # the planes as _int3_blocks packs them
-            cg[g, b] = _pack_quad(u32[b])
-        for b in range(8):
-            cg[g, 16 + b] = np.uint8((((u64[b] >> _U2) & _LSB8) * _GATHER8) >> _U56)
+    s = _sym_scale(m, _Q127)
+    scales[0] = s
+    for c in range(full):
+        sv = srow[c]
+        for k in range(bc):
+            cb2[c, k] = np.uint8(_q(_e4m3_finite(qb[c, k]) * sv, s, _L8, _H8) & 0xFF)  # no NaN byte here
+    if n > full * bc:
+        sv = srow[full]
+        for k in range(full * bc, n):
+            codes[k] = np.uint8(_q(_e4m3_finite(qrow[k]) * sv, s, _L8, _H8) & 0xFF)
     return True
 
 
 @inline
-def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct):
+def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct, rb, levels, ties, thr, stamp, mj, cbuf):
     """One FP8 row to int4 groups of even ``gs`` with ``bc % gs == 0`` (a group lies in one scale block): whole
     groups from the bytes, a partial last group dequantised into the zero-padded ``xt`` (as ``_enc_groups``)."""
     n = qrow.size
     full = n // gs
     half = gs >> 1
-    qg = qrow[: full * gs].reshape((full, gs))
-    if not _int4_blocks_fp8(qg, srow, bc, codes[: full * half].reshape((full, half)), scales):
+    if not _int_groups_fp8(qrow, srow, bc, gs, codes, scales, rb, False, levels, ties, thr, stamp, mj, cbuf):
         return False
     rem = n - full * gs
     if rem:
@@ -343,7 +477,7 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
             cb = (b << 5) // bc
             sv = s[rb, cb]
             asv = _bits_f32(_abs_bits(sv))
-            mb = _abs_bits(_e4m3(m) * asv)  # the block's amax, as _int4_blocks_fp8
+            mb = _abs_bits(_e4m3(m) * asv)  # the block's amax, as _int_groups_fp8
             if mb >= _NONFINITE_BITS:
                 return o
             if mb == 0:  # all-zero block: scale byte 0, codes 0
@@ -387,21 +521,35 @@ def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
     int3 = fmt == _INT3_G64 and n % 64 == 0 and bc % 64 == 0
     if fmt == _MXFP4 and bc % 32 == 0 and bc >= 128 and br * bc >= _MX_ROWS_MIN:
         return _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1)
+    thr, stamp, mj, cbuf = _level_cache(n, bc, 64 if int3 else gs)
+    levels, ties = (_LEVELS3, _TIES3) if int3 else (_LEVELS7, _TIES7)
     for o in range(r0, r1):
+        rb = o // br
         if int3:
-            G = n >> 6
-            if not _int3_blocks_fp8(
-                q[o].reshape((G, 64)), s[o // br], bc, codes[o].reshape((G, 24)), sf[o], scratch
+            if not _int_groups_fp8(
+                q[o], s[rb], bc, 64, codes[o], sf[o], rb, True, levels, ties, thr, stamp, mj, cbuf
+            ):
+                return o
+            continue
+        if fmt == _INT8_ROW:
+            ok = (
+                _int8_row_fp8(q[o], s[rb], 128, codes[o], sf[o])
+                if bc == 128
+                else _int8_row_fp8(q[o], s[rb], bc, codes[o], sf[o])
+            )
+            if not ok:
+                return o
+            continue
+        if direct and gs == 64:  # the literal 64 compiles the experts' int4-g64 its own loops (~1.3x)
+            if not _int4_row_fp8(
+                q[o], s[rb], bc, codes[o], sf[o], 64, xt, ct, rb, levels, ties, thr, stamp, mj, cbuf
             ):
                 return o
             continue
         if direct:
-            if n % gs == 0:
-                G = n // gs
-                cg = codes[o].reshape((G, gs >> 1))
-                if not _int4_blocks_fp8(q[o].reshape((G, gs)), s[o // br], bc, cg, sf[o]):
-                    return o
-            elif not _int4_row_fp8(q[o], s[o // br], bc, codes[o], sf[o], gs, xt, ct):
+            if not _int4_row_fp8(
+                q[o], s[rb], bc, codes[o], sf[o], gs, xt, ct, rb, levels, ties, thr, stamp, mj, cbuf
+            ):
                 return o
             continue
         _dequant_fp8_row(q[o], s[o // br], bc, buf)
@@ -460,7 +608,7 @@ def _fp8_e8m0_from_fp8(q, s, br, bc, codes, scales, b0, b1):
     of 128 (each output block lies in one source block, of scale ``sv``): the values ``w = e4m3(q) * sv``
     (``reference.dequant_fp8_block``) made in registers, never stored. The block amax is taken on the bytes
     (``max(q & 0x7F)``: e4m3fn magnitudes order as their bytes, and multiplying by ``|sv|`` is monotone, so
-    ``f32(e4m3(m)) * |sv|`` is ``max |w|`` bit for bit, NaN / inf included, as in ``_int4_blocks_fp8``). Returns
+    ``f32(e4m3(m)) * |sv|`` is ``max |w|`` bit for bit, NaN / inf included, as in ``_int_groups_fp8``). Returns
     the first block row holding a non-finite value, or -1.
 
     Each output block's code is a function of the source byte alone (``sv`` and ``k`` are the block's): one

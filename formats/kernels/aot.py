@@ -411,14 +411,14 @@ def _compile(name: str, exports: dict[str, tuple[Export, object]], tmp: str, ver
             raise KernelBuildError(
                 f"cannot build the compiled-ahead kernels: {e}; conversions use numba's JIT kernels instead"
             ) from e
-    cc = CC(name)
-    cc.output_dir, cc.target_cpu, cc.verbose = tmp, "host", verbose
     options = {}
-    for export_name, (spec, dispatcher) in exports.items():
-        options[dispatcher.py_func] = dispatcher.targetoptions
-        cc.export(export_name, spec.signature)(dispatcher.py_func)
-    cc.export(_TABLE_FUNCTION, "int64(uint8[::1])")(_table_function(exports))
     try:
+        cc = CC(name)  # numba >= 0.68 looks for the C compiler here already
+        cc.output_dir, cc.target_cpu, cc.verbose = tmp, "host", verbose
+        for export_name, (spec, dispatcher) in exports.items():
+            options[dispatcher.py_func] = dispatcher.targetoptions
+            cc.export(export_name, spec.signature)(dispatcher.py_func)
+        cc.export(_TABLE_FUNCTION, "int64(uint8[::1])")(_table_function(exports))
         with _jit_flags(options), open(os.devnull, "w") as quiet, \
                 contextlib.redirect_stdout(sys.stderr if verbose else quiet):  # fmt: skip
             cc.compile()

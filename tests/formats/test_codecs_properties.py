@@ -250,24 +250,51 @@ def fp8_checkpoint_tensors(draw, multiple: int):
     return np.ascontiguousarray(q), s.astype(F32), block
 
 
-@pytest.mark.parametrize("fmt", ["int3-g64", "mxfp4", "fp8-e4m3-e8m0"])
+@pytest.mark.parametrize("fmt", ["int3-g64", "int4-grouped", "int8-row", "mxfp4", "fp8-e4m3-e8m0"])
 @SETTINGS
 @given(data=st.data())
 def test_fp8_block_kernels_equal_dequant_then_reference_on_checkpoint_like_tensors(fmt, data):
-    q, s, block = data.draw(fp8_checkpoint_tensors(multiple=64 if fmt == "int3-g64" else 32))
+    q, s, block = data.draw(
+        fp8_checkpoint_tensors(multiple=64 if fmt in ("int3-g64", "int4-grouped") else 32)
+    )
     with np.errstate(over="ignore"):  # 448 * 1.5e36 overflows float32: both paths refuse it
         w = ref.dequant_fp8_block(q, s, block)
     if fmt == "fp8-e4m3-e8m0":
         fast = lambda: kernels.encode_from_fp8_e8m0(q, s, block, name="t")  # noqa: E731
         expected = ref.encode_fp8_e8m0 if np.isfinite(w).all() else None
     else:
-        fast = lambda: kernels.encode_from_fp8_block(fmt, q, s, block, None, name="t")  # noqa: E731
-        expected = (lambda w: reference_encode(fmt, w, None)) if np.isfinite(w).all() else None
+        gs = 64 if fmt == "int4-grouped" else None
+        fast = lambda: kernels.encode_from_fp8_block(fmt, q, s, block, gs, name="t")  # noqa: E731
+        expected = (lambda w: reference_encode(fmt, w, gs)) if np.isfinite(w).all() else None
     if expected is None:
         with pytest.raises(EncodeError, match="non-finite value"):
             fast()
         return
     assert_same(fast(), expected(w))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "gs"), [("int4-grouped", 64), ("int3-g64", None), ("int4-grouped", 32)], ids=str
+)
+def test_fp8_int_codes_by_thresholds_equal_the_reference_for_every_amax_byte_and_tie(fmt, gs):
+    """The FP8 int4 / int3 kernels find each code by comparing the byte with thresholds per group amax byte,
+    from a table, deciding only the bytes whose exact level ratio is a half-integer (ties) by the per-element
+    rule (``_jit_encoders``). Every amax byte ``m`` (1..126), each of its groups holding every byte 0..m with
+    random signs, times 48 per-row scales spread over 2^-40..2^40, negative ones included: a tie decided
+    wrongly, or a table entry off by one, changes a code."""
+    rng = np.random.default_rng(7)
+    rows, cols = [], 128
+    for m in range(1, 127):
+        for _ in range(48):
+            row = np.concatenate([np.arange(m + 1), rng.integers(0, m + 1, cols - m - 1)]).astype(np.uint8)
+            row = rng.permutation(row) | (rng.integers(0, 2, cols).astype(np.uint8) << 7)
+            rows.append(row)
+    q = np.ascontiguousarray(np.stack(rows))
+    s = (rng.random((q.shape[0], 1)) + 0.5) * 2.0 ** rng.integers(-40, 41, (q.shape[0], 1))
+    s[rng.random(s.shape) < 0.3] *= -1
+    s = s.astype(F32)
+    expected = reference_encode(fmt, ref.dequant_fp8_block(q, s, (1, 128)), gs)
+    assert_same(kernels.encode_from_fp8_block(fmt, q, s, (1, 128), gs, name="t"), expected)
 
 
 @st.composite
