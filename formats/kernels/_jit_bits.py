@@ -165,27 +165,58 @@ def _e2m1_code(typingctx, r):
     return types.uint8(types.float32), codegen
 
 
+def _e2m1_of(builder, v, thresholds, neg):
+    """``_mx_code`` of an i8 or of each lane of an i8 vector ``v`` (the same ops): the index counts the thresholds
+    ``v & 0x7F`` reaches (``j >= t`` as ``j > t - 1``, signed: both are at most 127), bit 3 is ``v``'s sign bit
+    xor ``neg`` unless the index is 0."""
+    i8 = ir.IntType(8)
+    lanes = v.type.count if isinstance(v.type, ir.VectorType) else None
+    zero = ir.Constant(v.type, [0] * lanes if lanes else 0)
+    j = builder.and_(v, _splat(builder, ir.Constant(i8, 0x7F), lanes))
+    idx = zero
+    for t in thresholds:
+        below = _splat(builder, builder.sub(_int_width(builder, t, 8), ir.Constant(i8, 1)), lanes)
+        idx = builder.add(idx, builder.zext(builder.icmp_signed(">", j, below), v.type))
+    sign = builder.xor(
+        builder.lshr(v, _splat(builder, ir.Constant(i8, 7), lanes)), _splat(builder, neg, lanes)
+    )
+    sign = builder.and_(sign, _splat(builder, ir.Constant(i8, 1), lanes))
+    nonzero = builder.zext(builder.icmp_unsigned("!=", idx, zero), v.type)
+    return builder.or_(
+        idx, builder.shl(builder.and_(sign, nonzero), _splat(builder, ir.Constant(i8, 3), lanes))
+    )
+
+
 @intrinsic
 def _mx_code(typingctx, v, t1, t2, t3, t4, t5, t6, t7, neg):
     """E2M1 nibble of e4m3 byte ``v`` from a block's seven magnitude-byte thresholds (``t_i``: the first
     magnitude byte whose E2M1 index is >= i): the index counts the thresholds ``v & 0x7F`` reaches, bit 3 is
-    ``v``'s sign bit xor ``neg`` unless the index is 0. 8-bit ops only (numba would widen them to 64 bits)."""
+    ``v``'s sign bit xor ``neg`` unless the index is 0. 8-bit ops only (numba would widen them to 64 bits);
+    ``_mx_nibbles32`` does the same to a block of 32 bytes at once."""
     if any(a != types.uint8 for a in (v, t1, t2, t3, t4, t5, t6, t7, neg)):
         return None
 
     def codegen(context, builder, sig, args):
-        i8 = ir.IntType(8)
-        j = builder.and_(args[0], ir.Constant(i8, 0x7F))
-        idx = ir.Constant(i8, 0)
-        for t in args[1:8]:
-            idx = builder.add(idx, builder.zext(builder.icmp_unsigned(">=", j, t), i8))
-        sign = builder.and_(
-            builder.xor(builder.lshr(args[0], ir.Constant(i8, 7)), args[8]), ir.Constant(i8, 1)
-        )
-        nonzero = builder.zext(builder.icmp_unsigned("!=", idx, ir.Constant(i8, 0)), i8)
-        return builder.or_(idx, builder.shl(builder.and_(sign, nonzero), ir.Constant(i8, 3)))
+        return _e2m1_of(builder, args[0], args[1:8], args[8])
 
     return types.uint8(*([types.uint8] * 9)), codegen
+
+
+@intrinsic
+def _mx_nibbles32(typingctx, src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, neg):
+    """The 16 mxfp4 code bytes of the 32 e4m3 bytes ``src[si:si + 32]``: ``c[2k] | c[2k + 1] << 4`` with
+    ``c[i] = _mx_code(src[si + i], ...)``, into ``dst[di:di + 16]`` (one vector load, the codes lane-wise, the
+    pairs joined, one store: portable LLVM vector IR)."""
+    if not _level_args_ok(src, si, dst, di, (t1, t2, t3, t4, t5, t6, t7, neg)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = _byte_vector(context, builder, sig.args[0], args[0], args[1], 32)
+        c = _e2m1_of(builder, x, args[4:11], _int_width(builder, args[11], 8))
+        _store_bytes(context, builder, sig.args[2], args[2], args[3], _join_nibbles(builder, c))
+        return context.get_dummy_value()
+
+    return types.none(src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, neg), codegen
 
 
 @intrinsic
@@ -332,15 +363,20 @@ def _pack_nibbles32(typingctx, src, si, dst, di):
 
     def codegen(context, builder, sig, args):
         c = _byte_vector(context, builder, sig.args[0], args[0], args[1], 32)
-        pairs = builder.bitcast(c, ir.VectorType(ir.IntType(16), 16))  # even code low, odd code high
-        odd = builder.and_(
-            builder.lshr(pairs, ir.Constant(pairs.type, [4] * 16)), ir.Constant(pairs.type, [0xF0] * 16)
-        )
-        packed = builder.trunc(builder.or_(pairs, odd), ir.VectorType(ir.IntType(8), 16))
-        _store_bytes(context, builder, sig.args[2], args[2], args[3], packed)
+        _store_bytes(context, builder, sig.args[2], args[2], args[3], _join_nibbles(builder, c))
         return context.get_dummy_value()
 
     return types.none(src, si, dst, di), codegen
+
+
+def _join_nibbles(builder, c):
+    """32 codes (0..15, an i8 vector) -> their 16 pair bytes ``c[2k] | c[2k + 1] << 4``: each pair joined in a
+    16-bit lane and narrowed."""
+    pairs = builder.bitcast(c, ir.VectorType(ir.IntType(16), 16))  # even code low, odd code high
+    odd = builder.and_(
+        builder.lshr(pairs, ir.Constant(pairs.type, [4] * 16)), ir.Constant(pairs.type, [0xF0] * 16)
+    )
+    return builder.trunc(builder.or_(pairs, odd), ir.VectorType(ir.IntType(8), 16))
 
 
 @intrinsic

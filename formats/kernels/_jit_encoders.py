@@ -44,7 +44,7 @@ from colitools.formats.kernels._jit_bits import (
     _level_code,
     _mag_max8,
     _mag_max32,
-    _mx_code,
+    _mx_nibbles32,
     _pack_nibbles32,
     _pack_quad,
     _q,
@@ -438,17 +438,6 @@ def _mx_e1_wins(q3, o, b, asv, e0, dt, p, n):
     return _mx_e1_wins_exact(q3, o, b, asv, e0, e0 + 1, n)
 
 
-@inline
-def _mx_pack(q3, o, b, thr, r, neg, cbuf, c16, c3, n):
-    """Block ``b`` of row ``o``'s codes from the thresholds in row ``r`` into ``c3[o, b]`` (even column low)."""
-    t1, t2, t3, t4, t5, t6, t7 = thr[r, 0], thr[r, 1], thr[r, 2], thr[r, 3], thr[r, 4], thr[r, 5], thr[r, 6]
-    for k in range(n):
-        cbuf[k] = _mx_code(q3[o, b, k], t1, t2, t3, t4, t5, t6, t7, neg)
-    for k in range(n >> 1):
-        p = c16[k]
-        c3[o, b, k] = np.uint8((p & 0xF) | ((p >> 4) & 0xF0))
-
-
 @njit
 def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     """Rows ``[r0, r1)`` of mxfp4 from FP8 (``bc % 32 == 0``, ``I % 32 == 0``), byte-identical to
@@ -461,8 +450,6 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     NC = (I + bc - 1) // bc
     thr = np.empty((NC * _MX_E, 8), np.uint8)
     stamp = np.full(NC * _MX_E, -1, np.int64)  # the row block each (scale column, exponent) row was made for
-    cbuf = np.zeros(32, np.uint8)
-    c16 = cbuf.view(np.uint16)
     NP = 4 * NC  # gap tables of one row block: a few exponents per scale column (+ 1 row past them)
     dt = np.empty((NP + 1, 256), F32)
     slot = np.zeros(NC * _MX_E, np.int64)
@@ -470,10 +457,9 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     pool_rb, used = -1, 0
     for o in range(r0, r1):
         rb = o // br
+        qrow, crow = q[o], codes[o]
         for b in range(B):
-            m = np.uint32(0)
-            for k in range(K):
-                m = _umax32(m, np.uint32(q3[o, b, k] & np.uint8(0x7F)))
+            m = _mag_max32(qrow, b << 5)
             cb = (b << 5) // bc
             sv = s[rb, cb]
             asv = _bits_f32(_abs_bits(sv))
@@ -507,7 +493,10 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
                     e += 1
                     r += 1
             su[o, b] = np.uint8(e + 127)
-            _mx_pack(q3, o, b, thr, r, np.uint8(_f32_bits(sv) >> np.uint32(31)), cbuf, c16, c3, K)
+            t1, t2, t3, t4 = thr[r, 0], thr[r, 1], thr[r, 2], thr[r, 3]
+            t5, t6, t7 = thr[r, 4], thr[r, 5], thr[r, 6]
+            neg = np.uint8(_f32_bits(sv) >> np.uint32(31))
+            _mx_nibbles32(qrow, b << 5, crow, b << 4, t1, t2, t3, t4, t5, t6, t7, neg)
     return -1
 
 
@@ -625,11 +614,11 @@ def _fp8_e8m0_from_fp8(q, s, br, bc, codes, scales, b0, b1):
         o1 = min(O, o0 + _FP8_B)
         amax[:] = 0
         for o in range(o0, o1):
-            qb = q[o, : full * _FP8_B].reshape((full, _FP8_B))
+            qrow = q[o]
             for bi in range(full):
-                m = amax[bi]
-                for i in range(_FP8_B):
-                    m = _umax32(m, np.uint32(qb[bi, i] & np.uint8(0x7F)))
+                m = np.uint8(amax[bi])
+                for c in range(bi * _FP8_B, (bi + 1) * _FP8_B, 32):
+                    m = _mag_max8(m, _mag_max32(qrow, c))
                 amax[bi] = m
             if full < GI:
                 qt = q[o, full * _FP8_B :]
