@@ -417,18 +417,20 @@ def _mx_gap_table(dt, p, e0, asv):
 
 
 @inline
-def _mx_e1_wins(q3, o, b, asv, e0, dt, p, n):
+def _mx_e1_wins(qw, q3, o, b, asv, e0, dt, p, n):
     """The two-candidate rule for block ``b`` of row ``o`` (``e1 = e0 + 1``): the float32 gap and total of the
     scaled squared errors, looked up per byte in pool row ``p`` (four partial sums each), decide when the gap
-    exceeds their bound, else the float64 sums in element order."""
+    exceeds their bound, else the float64 sums in element order. The bytes are read four at a time from the
+    row's 32-bit words ``qw [B, 8]`` (unsigned indices: no negative-index checks)."""
     g0, g1, g2, g3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
     u0, u1, u2, u3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
-    for k in range(0, n, 4):
-        j0, j1 = q3[o, b, k] & np.uint8(0x7F), q3[o, b, k + 1] & np.uint8(0x7F)
-        j2, j3 = q3[o, b, k + 2] & np.uint8(0x7F), q3[o, b, k + 3] & np.uint8(0x7F)
+    for k in range(n >> 2):
+        w = qw[b, k] & np.uint32(0x7F7F7F7F)
+        j0, j1 = w & np.uint32(0xFF), (w >> np.uint32(8)) & np.uint32(0xFF)
+        j2, j3 = (w >> np.uint32(16)) & np.uint32(0xFF), w >> np.uint32(24)
         g0, g1, g2, g3 = g0 + dt[p, j0], g1 + dt[p, j1], g2 + dt[p, j2], g3 + dt[p, j3]
-        u0, u1 = u0 + dt[p, 128 + j0], u1 + dt[p, 128 + j1]
-        u2, u3 = u2 + dt[p, 128 + j2], u3 + dt[p, 128 + j3]
+        u0, u1 = u0 + dt[p, np.uint32(128) + j0], u1 + dt[p, np.uint32(128) + j1]
+        u2, u3 = u2 + dt[p, np.uint32(128) + j2], u3 + dt[p, np.uint32(128) + j3]
     g = (g0 + g1) + (g2 + g3)
     slack = _MX_REL_SLACK * ((u0 + u1) + (u2 + u3)) + _MX_ABS_SLACK
     if g < -slack:
@@ -458,6 +460,7 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     for o in range(r0, r1):
         rb = o // br
         qrow, crow = q[o], codes[o]
+        qw = qrow.view(np.uint32).reshape((B, 8))
         for b in range(B):
             m = _mag_max32(qrow, b << 5)
             cb = (b << 5) // bc
@@ -489,7 +492,7 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
                     _mx_gap_table(dt, slot[r], e, asv)
                     if used < NP:
                         slot_rb[r], used = rb, used + 1
-                if _mx_e1_wins(q3, o, b, asv, e, dt, slot[r], K):
+                if _mx_e1_wins(qw, q3, o, b, asv, e, dt, slot[r], K):
                     e += 1
                     r += 1
             su[o, b] = np.uint8(e + 127)

@@ -297,6 +297,27 @@ def test_fp8_int_codes_by_thresholds_equal_the_reference_for_every_amax_byte_and
     assert_same(kernels.encode_from_fp8_block(fmt, q, s, (1, 128), gs, name="t"), expected)
 
 
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_fp8_kernels_read_sources_at_any_byte_address(offset):
+    """A source tensor sits at any offset of its file (safetensors data offsets are not aligned): the FP8
+    kernels that read a row's bytes as 32-byte vectors or 32-bit words give the reference's bytes from every
+    address."""
+    rng = np.random.default_rng(offset)
+    w = rng.standard_normal((256, 512))
+    q = np.clip(w / np.abs(w).max() * 448, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    s = (rng.random((2, 4)) + 0.5).astype(F32) * F32(0.02 / 448)
+    buf = bytearray(q.nbytes + offset)
+    src = np.frombuffer(buf, np.uint8, q.size, offset).reshape(q.shape)
+    src[...] = q
+    assert src.ctypes.data % 4 == offset % 4
+    ref_w = ref.dequant_fp8_block(q, s, (128, 128))
+    for fmt, gs in [("int4-grouped", 64), ("int3-g64", None), ("int8-row", None), ("mxfp4", None)]:
+        assert_same(
+            kernels.encode_from_fp8_block(fmt, src, s, (128, 128), gs), reference_encode(fmt, ref_w, gs)
+        )
+    assert_same(kernels.encode_from_fp8_e8m0(src, s, (128, 128)), ref.encode_fp8_e8m0(ref_w))
+
+
 @st.composite
 def fp8_e8m0_sources(draw):
     """FP8 codes (every byte but NaN) and a scale grid of 128-multiple blocks, over several output blocks."""
