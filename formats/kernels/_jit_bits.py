@@ -165,18 +165,18 @@ def _e2m1_code(typingctx, r):
     return types.uint8(types.float32), codegen
 
 
-def _e2m1_of(builder, v, thresholds, neg):
-    """``_mx_code`` of an i8 or of each lane of an i8 vector ``v`` (the same ops): the index counts the thresholds
-    ``v & 0x7F`` reaches (``j >= t`` as ``j > t - 1``, signed: both are at most 127), bit 3 is ``v``'s sign bit
-    xor ``neg`` unless the index is 0."""
+def _e2m1_of(builder, v, below, neg):
+    """The E2M1 nibble of an i8 or of each lane of an i8 vector ``v`` from its block's seven thresholds, given as
+    ``below`` (i8 values ``t - 1``: ``j >= t`` is ``j > t - 1``, signed, since both are at most 127 and t = 0
+    gives -1): the index counts the thresholds ``j = v & 0x7F`` reaches, bit 3 is ``v``'s sign bit xor ``neg``
+    unless the index is 0."""
     i8 = ir.IntType(8)
     lanes = v.type.count if isinstance(v.type, ir.VectorType) else None
     zero = ir.Constant(v.type, [0] * lanes if lanes else 0)
     j = builder.and_(v, _splat(builder, ir.Constant(i8, 0x7F), lanes))
     idx = zero
-    for t in thresholds:
-        below = _splat(builder, builder.sub(_int_width(builder, t, 8), ir.Constant(i8, 1)), lanes)
-        idx = builder.add(idx, builder.zext(builder.icmp_signed(">", j, below), v.type))
+    for t in below:
+        idx = builder.add(idx, builder.zext(builder.icmp_signed(">", j, _splat(builder, t, lanes)), v.type))
     sign = builder.xor(
         builder.lshr(v, _splat(builder, ir.Constant(i8, 7), lanes)), _splat(builder, neg, lanes)
     )
@@ -188,35 +188,28 @@ def _e2m1_of(builder, v, thresholds, neg):
 
 
 @intrinsic
-def _mx_code(typingctx, v, t1, t2, t3, t4, t5, t6, t7, neg):
-    """E2M1 nibble of e4m3 byte ``v`` from a block's seven magnitude-byte thresholds (``t_i``: the first
-    magnitude byte whose E2M1 index is >= i): the index counts the thresholds ``v & 0x7F`` reaches, bit 3 is
-    ``v``'s sign bit xor ``neg`` unless the index is 0. 8-bit ops only (numba would widen them to 64 bits);
-    ``_mx_nibbles32`` does the same to a block of 32 bytes at once."""
-    if any(a != types.uint8 for a in (v, t1, t2, t3, t4, t5, t6, t7, neg)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _e2m1_of(builder, args[0], args[1:8], args[8])
-
-    return types.uint8(*([types.uint8] * 9)), codegen
-
-
-@intrinsic
-def _mx_nibbles32(typingctx, src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, neg):
-    """The 16 mxfp4 code bytes of the 32 e4m3 bytes ``src[si:si + 32]``: ``c[2k] | c[2k + 1] << 4`` with
-    ``c[i] = _mx_code(src[si + i], ...)``, into ``dst[di:di + 16]`` (one vector load, the codes lane-wise, the
-    pairs joined, one store: portable LLVM vector IR)."""
-    if not _level_args_ok(src, si, dst, di, (t1, t2, t3, t4, t5, t6, t7, neg)):
+def _mx_nibbles32(typingctx, src, si, dst, di, thr, ti, neg):
+    """The 16 mxfp4 code bytes of the 32 e4m3 bytes ``src[si:si + 32]``, into ``dst[di:di + 16]``:
+    ``c[2k] | c[2k + 1] << 4``, each ``c`` the E2M1 nibble of its byte from the block's seven thresholds
+    ``thr[ti:ti + 7]`` (each stored as ``t - 1``, ``t``: the first magnitude byte whose E2M1 index is >= i) and
+    the sign ``neg`` of the block's scale (``_e2m1_of``). One vector load, each threshold loaded into every lane
+    (a broadcast load on x86), the codes lane-wise, the pairs joined, one store: portable LLVM vector IR."""
+    if not (_level_args_ok(src, si, dst, di, (ti, neg)) and _byte_row(thr)):
         return None
 
     def codegen(context, builder, sig, args):
         x = _byte_vector(context, builder, sig.args[0], args[0], args[1], 32)
-        c = _e2m1_of(builder, x, args[4:11], _int_width(builder, args[11], 8))
+        t = context.make_array(sig.args[4])(context, builder, args[4])
+        base = _int_width(builder, args[5], 64)
+        below = [
+            builder.load(builder.gep(t.data, [builder.add(base, ir.Constant(base.type, k))]))
+            for k in range(7)
+        ]
+        c = _e2m1_of(builder, x, below, _int_width(builder, args[6], 8))
         _store_bytes(context, builder, sig.args[2], args[2], args[3], _join_nibbles(builder, c))
         return context.get_dummy_value()
 
-    return types.none(src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, neg), codegen
+    return types.none(src, si, dst, di, thr, ti, neg), codegen
 
 
 @intrinsic
@@ -394,29 +387,6 @@ def _level_code(typingctx, v, t1, t2, t3, t4, t5, t6, t7, flip, zero):
         return _levels_of(builder, args[0], args[1:8], args[8], args[9])
 
     return types.uint8(v, t1, t2, t3, t4, t5, t6, t7, flip, zero), codegen
-
-
-@intrinsic
-def _e2m1_mag(typingctx, c):
-    """E2M1 magnitude index 0..7 (uint8) -> its value as float32, exactly (0, .5, 1, 1.5, 2, 3, 4, 6), from
-    the index's exponent and mantissa bits (no table: vectorises)."""
-    if c != types.uint8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        c = builder.zext(args[0], i32)
-        e = builder.lshr(c, ir.Constant(i32, 1))
-        m = builder.and_(c, ir.Constant(i32, 1))
-        normal = builder.or_(
-            builder.shl(builder.add(e, ir.Constant(i32, 126)), ir.Constant(i32, 23)),
-            builder.shl(m, ir.Constant(i32, 22)),
-        )
-        half = builder.mul(m, ir.Constant(i32, 0x3F000000))  # index 1: 0.5; index 0: 0.0
-        bits = builder.select(builder.icmp_unsigned("==", e, ir.Constant(i32, 0)), half, normal)
-        return builder.bitcast(bits, ir.FloatType())
-
-    return types.float32(types.uint8), codegen
 
 
 # ------------------------------------------------------------------------------------------- shared pieces

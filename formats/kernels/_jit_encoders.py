@@ -27,7 +27,6 @@ from colitools.formats.kernels._jit_bits import (
     _MXFP4,
     _NONFINITE_BITS,
     _Q127,
-    _SIX,
     _U2,
     _U56,
     F32,
@@ -35,7 +34,6 @@ from colitools.formats.kernels._jit_bits import (
     _bits_f32,
     _dequant_fp8_row,
     _e2m1_code,
-    _e2m1_mag,
     _e4m3,
     _e4m3_finite,
     _f32_bits,
@@ -345,42 +343,64 @@ def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct, rb, levels, ties, t
 # ``j = q & 0x7F`` (``e4m3`` increases with ``j``, float32 multiplication and the division by a power of two
 # round monotonically, the index counts bounds passed; ``|e4m3(q) * sv| == e4m3(j) * |sv|``). So seven
 # thresholds per (scale block, exponent), found by binary search on the exact per-element rule, give every
-# code by byte compares (``_mx_code``), 32 lanes at a time.
-# The two-candidate rule (``_enc_mxfp4``): the float64 error sums in element order are compared only when
-# float32 sums of the same terms, in any order, leave it open; those terms are again functions of the byte, looked
-# up in a table per (scale block, e0) (``_mx_gap_table``, a pool per row block). Scaled by 2^-2e0 (exact), each term is
-# ``(v - x)^2`` with ``x = |w| * 2^-e0``; its float32 value and a float32 sum of 32 such terms in any order are
-# within 2.2e-6 (relative, plus ~1e-43 absolute from underflow) of the exact sums, the reference's float64
-# sequential sums within 4e-15: a gap beyond ``_MX_REL_SLACK`` of the total decides the same way.
+# code by byte compares (``_mx_nibbles32``), 32 lanes at a time.
+# A block's exponent e0, and whether e1 = e0 + 1 competes, depend on its amax byte ``m`` and ``|sv|`` only: they
+# are made once per (scale block, m) (``ent``), so a block costs its amax, one table load and its codes.
+# e1 competes only when the block's amax ``x = amax / 2^e0`` (in [4, 8)) is > 7, not > 6 as ``_enc_mxfp4``
+# asks; the same decision: every element's e0 error is <= its e1 error when its ``x <= 7`` (``x <= 6``: the e0
+# grid holds every e1 point <= 6, as ``_enc_mxfp4`` says; ``6 < x <= 7``: e0 saturates at 6, e1 rounds ``x / 2``
+# in (3, 3.5] to 3, giving 6 again, or at 7 exactly to 4, giving 8: an error of 1 either way). The differences
+# ``v * 2^e - w`` are exact in float64 (at most 29 significant bits), so the squares and the float64 sums in
+# element order keep err1 >= err0, and e0 wins.
+# The two-candidate rule (``_enc_mxfp4``): the float64 error sums in element order are compared only when a
+# float32 sum of their differences, in any order, leaves it open; each difference is again a function of the
+# byte, looked up in a table per (scale block, e0) (``_mx_gap_table``, a pool per row block). Scaled by 2^-2e0
+# (exact), each term is ``(v1 - x)^2 - (v0 - x)^2`` with ``x = |w| * 2^-e0``; its float32 value and a float32 sum
+# of 32 such terms in any order are within 2.2e-6 of the exact sum of ``(v1 - x)^2 + (v0 - x)^2`` (plus ~1e-43
+# absolute from underflow), and that sum is at most 32 times its largest term over the bytes <= m (the table's
+# second half, ``_mx_gap_table``), the reference's float64 sequential sums within 4e-15: a gap beyond
+# ``_MX_REL_SLACK`` of that bound decides the same way.
 _MX_E = 255  # exponents -127..127
 _MX_REL_SLACK = F32(1e-5)
 _MX_ABS_SLACK = F32(1e-30)
 _TWO = F32(2.0)
+_SEVEN = F32(7.0)
+_EIGHT = F32(8.0)
+_EIGHTH = F32(0.125)
+_MX_BOUNDS = ref._E2M1_BOUNDS  # E2M1 index bounds, and whether a value on one rounds down (the reference's)
+_MX_TIE_DOWN = ref._E2M1_TIE_GOES_DOWN
+_E2M1_MAGS = np.ascontiguousarray(ref.E2M1_SIGNED[:8])  # index -> magnitude
 _MX_ROWS_MIN = 4096  # smaller scale blocks (per-row or 1x32 scales) would remake the thresholds too often
-
-
-@inline
-def _mx_index_of(j, asv, inv):
-    """E2M1 index of magnitude byte ``j`` at ``inv = 2^-e``: ``_e2m1_code(|w| / 2^e)`` (multiplying by the
-    exact inverse of a power of two rounds as dividing by it)."""
-    return _e2m1_code((_e4m3(np.uint8(j)) * asv) * inv)
+# Gap tables per scale column and row block: one per exponent e0 in competition. The amaxes of a scale block,
+# e4m3(1..126) * |sv|, span less than 2^18, so at most 20 exponents occur; a full pool sends a block to the exact
+# sums (never expected: a safety, not a path).
+_MX_POOL = 24
+_MX_ZERO = np.int64(-1)  # entry of an all-zero block (``ent``)
 
 
 @njit
 def _mx_thresholds(thr, r, e, asv):
-    """``thr[r, t - 1]``: the first magnitude byte (0..126, 127 if none) whose index at ``e`` is >= t."""
+    """``thr[8 r + t - 1] = t' - 1`` (wrapping: 0 gives 255), ``t'``: the first magnitude byte (0..126, 127 if
+    none) whose E2M1 index at ``e``, ``_e2m1_code(|w| / 2^e)``, is >= t (``_mx_nibbles32`` compares
+    ``j > t' - 1``): the first byte whose ``x = (e4m3(j) * |sv|) * 2^-e`` passes bound t (index >= t means the
+    bound t is passed, the bounds increasing), by binary search (``x`` increases with ``j``; multiplying by the
+    exact inverse of a power of two rounds as dividing by it; a float compare of non-negative values is
+    ``_e2m1_code``'s bit-pattern compare)."""
     inv = _pow2_f32(-e)
     lo = 0
-    for t in range(1, 8):
-        hi = 127  # index(j) < t for j < lo, >= t for j >= hi
+    for t in range(7):
+        bound = _MX_BOUNDS[t]
+        down = _MX_TIE_DOWN[t]
+        hi = 127  # j < lo: bound not passed; j >= hi: passed
         while lo < hi:
             mid = (lo + hi) >> 1
-            if _mx_index_of(mid, asv, inv) >= t:
+            x = (_E4M3_MAGS[mid] * asv) * inv
+            if x > bound or (x == bound and not down):
                 hi = mid
             else:
                 lo = mid + 1
-        thr[r, t - 1] = np.uint8(lo)
-    thr[r, 7] = 0
+        thr[8 * r + t] = np.uint8((lo + 255) & 255)
+    thr[8 * r + 7] = 0
 
 
 @njit
@@ -400,45 +420,34 @@ def _mx_e1_wins_exact(q3, o, b, asv, e0, e1, n):
 
 
 @njit
-def _mx_gap_table(dt, p, e0, asv):
+def _mx_gap_table(dt, p, e0, asv, thr, r):
     """Pool row ``p``: per magnitude byte ``j``, with ``x = e4m3(j) * |sv| * 2^-e0`` (as the codes divide),
-    ``(2 v1 - x)^2 - (v0 - x)^2`` in ``dt[p, j]`` and ``(2 v1 - x)^2 + (v0 - x)^2`` in ``dt[p, 128 + j]``
-    (``v0`` / ``v1``: the E2M1 values e0 / e1 round to), float32: the scaled squared errors of both candidates."""
+    ``(2 v1 - x)^2 - (v0 - x)^2`` in ``dt[p, j]`` (``v0`` / ``v1``: the E2M1 values e0 / e1 round to, from their
+    thresholds, rows ``r`` and ``r + 1`` of ``thr``), float32: the difference of the scaled squared errors; in
+    ``dt[p, 128 + m]`` the slack of a block whose amax byte is ``m``: ``_MX_REL_SLACK`` times 32 times the
+    largest ``(2 v1 - x)^2 + (v0 - x)^2`` over the bytes <= m, plus ``_MX_ABS_SLACK``. Only the bytes a block of
+    exponent e0 can hold are computed (``x < 8``: e0 is its amax's); below ``x <= 1/4`` both candidates round to
+    0, so the difference is 0 and the sum ``2 x^2 <= 1/8`` (the running largest starts there)."""
     inv0 = _pow2_f32(-e0)
-    inv1 = _pow2_f32(-(e0 + 1))
-    for j in range(127):
-        a = _e4m3(np.uint8(j)) * asv
-        x = a * inv0
-        d0 = _e2m1_mag(_e2m1_code(x)) - x
-        d1 = _e2m1_mag(_e2m1_code(a * inv1)) * _TWO - x
+    t0 = np.int64(thr[8 * r]) + 1 & 255  # the first byte of index 1 at e0: x > 1/4 from there on
+    top = _EIGHTH
+    for j in range(t0):
+        dt[p, j] = 0
+        dt[p, 128 + j] = _MX_REL_SLACK * (F32(32.0) * top) + _MX_ABS_SLACK
+    c0, c1 = 0, 0  # the indices at e0 and e1 of byte j: thresholds passed
+    for j in range(t0, 127):
+        x = (_E4M3_MAGS[j] * asv) * inv0
+        if x >= _EIGHT:
+            break
+        while c0 < 7 and j >= (np.int64(thr[8 * r + c0]) + 1 & 255):
+            c0 += 1
+        while c1 < 7 and j >= (np.int64(thr[8 * r + 8 + c1]) + 1 & 255):
+            c1 += 1
+        d0 = _E2M1_MAGS[c0] - x
+        d1 = _E2M1_MAGS[c1] * _TWO - x
         dt[p, j] = d1 * d1 - d0 * d0
-        dt[p, 128 + j] = d1 * d1 + d0 * d0
-    dt[p, 127] = 0
-    dt[p, 255] = 0
-
-
-@inline
-def _mx_e1_wins(qw, q3, o, b, asv, e0, dt, p, n):
-    """The two-candidate rule for block ``b`` of row ``o`` (``e1 = e0 + 1``): the float32 gap and total of the
-    scaled squared errors, looked up per byte in pool row ``p`` (four partial sums each), decide when the gap
-    exceeds their bound, else the float64 sums in element order. The bytes are read four at a time from the
-    row's 32-bit words ``qw [B, 8]`` (unsigned indices: no negative-index checks)."""
-    g0, g1, g2, g3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
-    u0, u1, u2, u3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
-    for k in range(n >> 2):
-        w = qw[b, k] & np.uint32(0x7F7F7F7F)
-        j0, j1 = w & np.uint32(0xFF), (w >> np.uint32(8)) & np.uint32(0xFF)
-        j2, j3 = (w >> np.uint32(16)) & np.uint32(0xFF), w >> np.uint32(24)
-        g0, g1, g2, g3 = g0 + dt[p, j0], g1 + dt[p, j1], g2 + dt[p, j2], g3 + dt[p, j3]
-        u0, u1 = u0 + dt[p, np.uint32(128) + j0], u1 + dt[p, np.uint32(128) + j1]
-        u2, u3 = u2 + dt[p, np.uint32(128) + j2], u3 + dt[p, np.uint32(128) + j3]
-    g = (g0 + g1) + (g2 + g3)
-    slack = _MX_REL_SLACK * ((u0 + u1) + (u2 + u3)) + _MX_ABS_SLACK
-    if g < -slack:
-        return True
-    if g > slack:
-        return False
-    return _mx_e1_wins_exact(q3, o, b, asv, e0, e0 + 1, n)
+        top = max(top, d1 * d1 + d0 * d0)
+        dt[p, 128 + j] = _MX_REL_SLACK * (F32(32.0) * top) + _MX_ABS_SLACK
 
 
 @njit
@@ -451,56 +460,87 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     q3 = q.reshape((O, B, 32))
     c3 = codes.reshape((O, B, 16))
     NC = (I + bc - 1) // bc
-    thr = np.empty((NC * _MX_E, 8), np.uint8)
+    per = bc >> 5  # blocks per scale column
+    thr = np.empty(NC * _MX_E * 8, np.uint8)  # 8 bytes per (scale column, exponent): _mx_thresholds
     stamp = np.full(NC * _MX_E, -1, np.int64)  # the row block each (scale column, exponent) row was made for
-    NP = 4 * NC  # gap tables of one row block: a few exponents per scale column (+ 1 row past them)
-    dt = np.empty((NP + 1, 256), F32)
-    slot = np.zeros(NC * _MX_E, np.int64)
-    slot_rb = np.full(NC * _MX_E, -1, np.int64)
+    # per (scale column, amax byte): e0 + 127 | e1 competes << 8 | pool row << 9
+    ent = np.empty(NC * 128, np.int64)
+    estamp = np.full(NC * 128, -1, np.int64)
+    NP = _MX_POOL * NC
+    dt = np.empty((NP, 256), F32)
+    gslot = np.empty(NC * _MX_E, np.int64)
+    gstamp = np.full(NC * _MX_E, -1, np.int64)
     pool_rb, used = -1, 0
     for o in range(r0, r1):
         rb = o // br
         qrow, crow = q[o], codes[o]
         qw = qrow.view(np.uint32).reshape((B, 8))
-        for b in range(B):
-            m = _mag_max32(qrow, b << 5)
-            cb = (b << 5) // bc
+        if rb != pool_rb:  # the pool's rows are this row block's
+            pool_rb, used = rb, 0
+        for cb in range(NC):
             sv = s[rb, cb]
             asv = _bits_f32(_abs_bits(sv))
-            mb = _abs_bits(_e4m3(m) * asv)  # the block's amax, as _int_groups_fp8
-            if mb >= _NONFINITE_BITS:
-                return o
-            if mb == 0:  # all-zero block: scale byte 0, codes 0
-                su[o, b] = 0
-                for k in range(K >> 1):
-                    c3[o, b, k] = 0
-                continue
-            ex = _frexp_exponent(mb)
-            e = min(max(ex - 3, -127), 127)
-            r = cb * _MX_E + e + 127
-            if stamp[r] != rb:
-                _mx_thresholds(thr, r, e, asv)
-                stamp[r] = rb
-            # e1 = e0 + 1 competes only when amax / 2^e0 > 6 (_enc_mxfp4's shortcut) and the clamp keeps it apart
-            if ex - 2 > -127 and _bits_f32(mb) * _pow2_f32(-e) > _SIX:
-                if stamp[r + 1] != rb:
-                    _mx_thresholds(thr, r + 1, e + 1, asv)
-                    stamp[r + 1] = rb
-                if rb != pool_rb:  # the pool's rows are this row block's
-                    pool_rb, used = rb, 0
-                if slot_rb[r] != rb:  # a pool row, or the last row (remade each time) once all are used
-                    slot[r] = min(used, NP)
-                    _mx_gap_table(dt, slot[r], e, asv)
-                    if used < NP:
-                        slot_rb[r], used = rb, used + 1
-                if _mx_e1_wins(qw, q3, o, b, asv, e, dt, slot[r], K):
-                    e += 1
-                    r += 1
-            su[o, b] = np.uint8(e + 127)
-            t1, t2, t3, t4 = thr[r, 0], thr[r, 1], thr[r, 2], thr[r, 3]
-            t5, t6, t7 = thr[r, 4], thr[r, 5], thr[r, 6]
             neg = np.uint8(_f32_bits(sv) >> np.uint32(31))
-            _mx_nibbles32(qrow, b << 5, crow, b << 4, t1, t2, t3, t4, t5, t6, t7, neg)
+            for b in range(cb * per, min(cb * per + per, B)):
+                m = np.int64(_mag_max32(qrow, b << 5))
+                key = cb * 128 + m
+                if estamp[key] != rb:
+                    mb = _abs_bits(_e4m3(m) * asv)  # the block's amax, as _enc_mxfp4 finds it
+                    if mb >= _NONFINITE_BITS:
+                        return o
+                    v = _MX_ZERO
+                    if mb != 0:
+                        ex = _frexp_exponent(mb)
+                        e = min(max(ex - 3, -127), 127)
+                        r = cb * _MX_E + e + 127
+                        if stamp[r] != rb:
+                            _mx_thresholds(thr, r, e, asv)
+                            stamp[r] = rb
+                        v = np.int64(e + 127)
+                        # e1 competes when amax / 2^e0 > 7 (above) and the clamp keeps it apart
+                        if ex - 2 > -127 and _bits_f32(mb) * _pow2_f32(-e) > _SEVEN:
+                            if stamp[r + 1] != rb:
+                                _mx_thresholds(thr, r + 1, e + 1, asv)
+                                stamp[r + 1] = rb
+                            if gstamp[r] != rb:
+                                gstamp[r] = rb
+                                gslot[r] = used
+                                if used < NP:
+                                    _mx_gap_table(dt, used, e, asv, thr, r)
+                                    used += 1
+                            v |= (gslot[r] << 9) | 256
+                    ent[key] = v
+                    estamp[key] = rb
+                v = ent[key]
+                if v == _MX_ZERO:  # all-zero block: scale byte 0, codes 0
+                    su[o, b] = 0
+                    for k in range(K >> 1):
+                        c3[o, b, k] = 0
+                    continue
+                e8 = v & 255
+                if v & 256:
+                    p = v >> 9
+                    wins = False
+                    if p < NP:
+                        g0, g1, g2, g3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
+                        for k in range(K >> 2):
+                            w = qw[b, k] & np.uint32(0x7F7F7F7F)
+                            g0 += dt[p, w & np.uint32(0xFF)]
+                            g1 += dt[p, (w >> np.uint32(8)) & np.uint32(0xFF)]
+                            g2 += dt[p, (w >> np.uint32(16)) & np.uint32(0xFF)]
+                            g3 += dt[p, w >> np.uint32(24)]
+                        g = (g0 + g1) + (g2 + g3)
+                        slack = dt[p, 128 + m]
+                        if g < -slack:
+                            wins = True
+                        elif g <= slack:
+                            wins = _mx_e1_wins_exact(q3, o, b, asv, e8 - 127, e8 - 126, K)
+                    else:
+                        wins = _mx_e1_wins_exact(q3, o, b, asv, e8 - 127, e8 - 126, K)
+                    if wins:
+                        e8 += 1
+                su[o, b] = np.uint8(e8)
+                _mx_nibbles32(qrow, b << 5, crow, b << 4, thr, 8 * (cb * _MX_E + e8), neg)
     return -1
 
 

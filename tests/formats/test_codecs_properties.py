@@ -297,6 +297,35 @@ def test_fp8_int_codes_by_thresholds_equal_the_reference_for_every_amax_byte_and
     assert_same(kernels.encode_from_fp8_block(fmt, q, s, (1, 128), gs, name="t"), expected)
 
 
+def test_fp8_mxfp4_block_exponents_equal_the_reference_near_every_amax_byte():
+    """The FP8 mxfp4 kernel decides a block's exponent from its amax byte (made once per scale block and amax
+    byte), lets e1 = e0 + 1 compete only when the amax is above 7 * 2^e0, and compares the two by per-byte
+    error differences from a table, falling back to the float64 sums when they are too close. Blocks whose
+    bytes crowd just below their amax byte (e1 wins often), spread below it, or sit on E2M1 values and
+    midpoints with power-of-two scales (the candidates' errors equal: the float64 sums decide), for every
+    amax byte, under per-block scales from 2^-40 to 2^40 of both signs: a wrong threshold, table entry or
+    rule changes an exponent or a code."""
+    rng = np.random.default_rng(11)
+    row_blocks, cols = 16, 512
+    O = 128 * row_blocks
+    B = O * cols // 32
+    m = rng.integers(1, 127, B)
+    kind = rng.integers(0, 3, B)
+    lows = np.where(kind == 0, np.maximum(m - 12, 0), 0)
+    q = (lows[:, None] + rng.random((B, 32)) * (m - lows + 1)[:, None]).astype(np.uint8)
+    ties = np.array([0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C, 0x50, 0x54, 0x58, 0x5C, 0x60], np.uint8)
+    tied = kind == 2
+    q[tied] = np.minimum(rng.choice(ties, (int(tied.sum()), 32)), m[tied, None])
+    q[np.arange(B), rng.integers(0, 32, B)] = m  # every block holds its amax byte
+    q = (q | (rng.integers(0, 2, (B, 32)) << 7).astype(np.uint8)).reshape(O, cols)
+    s = (rng.random((row_blocks, cols // 128)) + 0.5) * 2.0 ** rng.integers(-40, 41, (row_blocks, cols // 128))
+    s[::2] = 2.0 ** rng.integers(-40, 41, s[::2].shape)  # power-of-two scales: exact ties
+    s[rng.random(s.shape) < 0.3] *= -1
+    s = s.astype(F32)
+    expected = ref.encode_mxfp4(ref.dequant_fp8_block(q, s, (128, 128)))
+    assert_same(kernels.encode_from_fp8_block("mxfp4", q, s, (128, 128), None, name="t"), expected)
+
+
 @pytest.mark.parametrize("offset", [1, 2, 3])
 def test_fp8_kernels_read_sources_at_any_byte_address(offset):
     """A source tensor sits at any offset of its file (safetensors data offsets are not aligned): the FP8
@@ -574,9 +603,9 @@ def test_threaded_chunks_are_byte_identical_to_one_thread_and_reference():
         kernels.set_threads(None)
 
 
-def test_fp8_mxfp4_with_more_block_exponents_than_its_table_pool_matches_reference():
+def test_fp8_mxfp4_with_many_block_exponents_in_one_scale_block_matches_reference():
     # One 128x128 scale block whose 32-blocks peak at 1.75 x 2^k for 14 octaves k (the two exponents compete in
-    # every block): more exponents than the kernel keeps tables for per scale column (4), so it remakes them.
+    # every block): 14 exponents' thresholds and error tables in one scale column, interleaved from row to row.
     rng = np.random.default_rng(5)
     q = rng.integers(0, 0x70, size=(128, 128), dtype=np.uint8) | rng.choice(
         np.array([0, 0x80], np.uint8), (128, 128)
