@@ -167,7 +167,7 @@ def _e2m1_code(typingctx, r):
 
 def _e2m1_of(builder, v, below, neg):
     """The E2M1 nibble of an i8 or of each lane of an i8 vector ``v`` from its block's seven thresholds, given as
-    ``below`` (i8 values ``t - 1``: ``j >= t`` is ``j > t - 1``, signed, since both are at most 127 and t = 0
+    ``below`` (i8 values, or vectors of them, ``t - 1``: ``j >= t`` is ``j > t - 1``, signed, since both are at most 127 and t = 0
     gives -1): the index counts the thresholds ``j = v & 0x7F`` reaches, bit 3 is ``v``'s sign bit xor ``neg``
     unless the index is 0."""
     i8 = ir.IntType(8)
@@ -176,7 +176,8 @@ def _e2m1_of(builder, v, below, neg):
     j = builder.and_(v, _splat(builder, ir.Constant(i8, 0x7F), lanes))
     idx = zero
     for t in below:
-        idx = builder.add(idx, builder.zext(builder.icmp_signed(">", j, _splat(builder, t, lanes)), v.type))
+        t = t if isinstance(t.type, ir.VectorType) else _splat(builder, t, lanes)
+        idx = builder.add(idx, builder.zext(builder.icmp_signed(">", j, t), v.type))
     sign = builder.xor(
         builder.lshr(v, _splat(builder, ir.Constant(i8, 7), lanes)), _splat(builder, neg, lanes)
     )
@@ -190,19 +191,20 @@ def _e2m1_of(builder, v, below, neg):
 @intrinsic
 def _mx_nibbles32(typingctx, src, si, dst, di, thr, ti, neg):
     """The 16 mxfp4 code bytes of the 32 e4m3 bytes ``src[si:si + 32]``, into ``dst[di:di + 16]``:
-    ``c[2k] | c[2k + 1] << 4``, each ``c`` the E2M1 nibble of its byte from the block's seven thresholds
-    ``thr[ti:ti + 7]`` (each stored as ``t - 1``, ``t``: the first magnitude byte whose E2M1 index is >= i) and
-    the sign ``neg`` of the block's scale (``_e2m1_of``). One vector load, each threshold loaded into every lane
-    (a broadcast load on x86), the codes lane-wise, the pairs joined, one store: portable LLVM vector IR."""
+    ``c[2k] | c[2k + 1] << 4``, each ``c`` the E2M1 nibble of its byte from the block's seven thresholds, each
+    stored as ``t - 1`` in every byte of a 32-byte run ``thr[ti + 32 (i - 1):][:32]`` (``t``: the first magnitude
+    byte whose E2M1 index is >= i), and the sign ``neg`` of the block's scale (``_e2m1_of``). One vector load,
+    seven compares with the runs as memory operands, the pairs joined, one store: portable LLVM vector IR."""
     if not (_level_args_ok(src, si, dst, di, (ti, neg)) and _byte_row(thr)):
         return None
 
     def codegen(context, builder, sig, args):
         x = _byte_vector(context, builder, sig.args[0], args[0], args[1], 32)
-        t = context.make_array(sig.args[4])(context, builder, args[4])
-        base = _int_width(builder, args[5], 64)
+        at = _int_width(builder, args[5], 64)
         below = [
-            builder.load(builder.gep(t.data, [builder.add(base, ir.Constant(base.type, k))]))
+            _byte_vector(
+                context, builder, sig.args[4], args[4], builder.add(at, ir.Constant(at.type, 32 * k)), 32
+            )
             for k in range(7)
         ]
         c = _e2m1_of(builder, x, below, _int_width(builder, args[6], 8))

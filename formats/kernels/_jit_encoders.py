@@ -361,6 +361,7 @@ def _int4_row_fp8(qrow, srow, bc, codes, scales, gs, xt, ct, rb, levels, ties, t
 # second half, ``_mx_gap_table``), the reference's float64 sequential sums within 4e-15: a gap beyond
 # ``_MX_REL_SLACK`` of that bound decides the same way.
 _MX_E = 255  # exponents -127..127
+_MX_T = 7 * 32  # thresholds of one (scale column, exponent): 7 runs of 32 equal bytes (_mx_nibbles32)
 _MX_REL_SLACK = F32(1e-5)
 _MX_ABS_SLACK = F32(1e-30)
 _TWO = F32(2.0)
@@ -380,8 +381,8 @@ _MX_ZERO = np.int64(-1)  # entry of an all-zero block (``ent``)
 
 @njit
 def _mx_thresholds(thr, r, e, asv):
-    """``thr[8 r + t - 1] = t' - 1`` (wrapping: 0 gives 255), ``t'``: the first magnitude byte (0..126, 127 if
-    none) whose E2M1 index at ``e``, ``_e2m1_code(|w| / 2^e)``, is >= t (``_mx_nibbles32`` compares
+    """``thr[_MX_T r + 32 (t - 1):][:32] = t' - 1`` (32 copies, wrapping: 0 gives 255), ``t'``: the first
+    magnitude byte (0..126, 127 if none) whose E2M1 index at ``e``, ``_e2m1_code(|w| / 2^e)``, is >= t (``_mx_nibbles32`` compares
     ``j > t' - 1``): the first byte whose ``x = (e4m3(j) * |sv|) * 2^-e`` passes bound t (index >= t means the
     bound t is passed, the bounds increasing), by binary search (``x`` increases with ``j``; multiplying by the
     exact inverse of a power of two rounds as dividing by it; a float compare of non-negative values is
@@ -399,8 +400,9 @@ def _mx_thresholds(thr, r, e, asv):
                 hi = mid
             else:
                 lo = mid + 1
-        thr[8 * r + t] = np.uint8((lo + 255) & 255)
-    thr[8 * r + 7] = 0
+        below = np.uint8((lo + 255) & 255)
+        for k in range(32):
+            thr[_MX_T * r + 32 * t + k] = below
 
 
 @njit
@@ -429,7 +431,7 @@ def _mx_gap_table(dt, p, e0, asv, thr, r):
     exponent e0 can hold are computed (``x < 8``: e0 is its amax's); below ``x <= 1/4`` both candidates round to
     0, so the difference is 0 and the sum ``2 x^2 <= 1/8`` (the running largest starts there)."""
     inv0 = _pow2_f32(-e0)
-    t0 = np.int64(thr[8 * r]) + 1 & 255  # the first byte of index 1 at e0: x > 1/4 from there on
+    t0 = np.int64(thr[_MX_T * r]) + 1 & 255  # the first byte of index 1 at e0: x > 1/4 from there on
     top = _EIGHTH
     for j in range(t0):
         dt[p, j] = 0
@@ -439,9 +441,9 @@ def _mx_gap_table(dt, p, e0, asv, thr, r):
         x = (_E4M3_MAGS[j] * asv) * inv0
         if x >= _EIGHT:
             break
-        while c0 < 7 and j >= (np.int64(thr[8 * r + c0]) + 1 & 255):
+        while c0 < 7 and j >= (np.int64(thr[_MX_T * r + 32 * c0]) + 1 & 255):
             c0 += 1
-        while c1 < 7 and j >= (np.int64(thr[8 * r + 8 + c1]) + 1 & 255):
+        while c1 < 7 and j >= (np.int64(thr[_MX_T * (r + 1) + 32 * c1]) + 1 & 255):
             c1 += 1
         d0 = _E2M1_MAGS[c0] - x
         d1 = _E2M1_MAGS[c1] * _TWO - x
@@ -461,7 +463,7 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     c3 = codes.reshape((O, B, 16))
     NC = (I + bc - 1) // bc
     per = bc >> 5  # blocks per scale column
-    thr = np.empty(NC * _MX_E * 8, np.uint8)  # 8 bytes per (scale column, exponent): _mx_thresholds
+    thr = np.empty(NC * _MX_E * _MX_T, np.uint8)  # per (scale column, exponent): _mx_thresholds
     stamp = np.full(NC * _MX_E, -1, np.int64)  # the row block each (scale column, exponent) row was made for
     # per (scale column, amax byte): e0 + 127 | e1 competes << 8 | pool row << 9
     ent = np.empty(NC * 128, np.int64)
@@ -540,7 +542,7 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
                     if wins:
                         e8 += 1
                 su[o, b] = np.uint8(e8)
-                _mx_nibbles32(qrow, b << 5, crow, b << 4, thr, 8 * (cb * _MX_E + e8), neg)
+                _mx_nibbles32(qrow, b << 5, crow, b << 4, thr, _MX_T * (cb * _MX_E + e8), neg)
     return -1
 
 
@@ -645,45 +647,45 @@ def _fp8_e8m0_from_fp8(q, s, br, bc, codes, scales, b0, b1):
     the first block row holding a non-finite value, or -1.
 
     Each output block's code is a function of the source byte alone (``sv`` and ``k`` are the block's): one
-    table of 256 codes per block, each made exactly by the per-element rule, then a byte lookup per element.
-    A block row is read row by row, twice (every block's amax, then every code): walking it block by block
-    (128 short strides of 128 bytes) ran at a third of the speed."""
+    table of 256 codes per block, then a byte lookup per element. The table is made exactly by the per-element
+    rule for the 127 magnitudes; a byte with the sign bit set gets its magnitude's code with the sign bit
+    flipped (the product's sign is the byte's xor the scale's, zeros included, and the clamp and the rounding
+    are symmetric). A block row is read row by row, twice (every column's largest magnitude byte, kept per
+    column in ``colmax`` with no horizontal reduction, then every code): walking it block by block (128 short
+    strides of 128 bytes) ran at a third of the speed."""
     O, I = q.shape
     GI = scales.shape[1]
     full = I // _FP8_B  # whole blocks per row, through [full, 128] views (loops from 0 vectorise)
     luts = np.empty((GI, 256), np.uint8)
-    amax = np.empty(GI, np.uint32)
+    colmax = np.empty(I, np.uint8)
     for bo in range(b0, b1):
         o0 = bo * _FP8_B
         o1 = min(O, o0 + _FP8_B)
-        amax[:] = 0
+        colmax[:] = 0
         for o in range(o0, o1):
             qrow = q[o]
-            for bi in range(full):
-                m = np.uint8(amax[bi])
-                for c in range(bi * _FP8_B, (bi + 1) * _FP8_B, 32):
-                    m = _mag_max8(m, _mag_max32(qrow, c))
-                amax[bi] = m
-            if full < GI:
-                qt = q[o, full * _FP8_B :]
-                m = amax[full]
-                for i in range(qt.size):
-                    m = _umax32(m, np.uint32(qt[i] & np.uint8(0x7F)))
-                amax[full] = m
+            for i in range(I):
+                colmax[i] = _mag_max8(colmax[i], qrow[i])
         for bi in range(GI):
+            m = np.uint8(0)
+            for c in range(bi * _FP8_B, min(I, (bi + 1) * _FP8_B)):
+                m = _mag_max8(m, colmax[c])
             sv = s[o0 // br, (bi * _FP8_B) // bc]
-            amax_bits = _abs_bits(_e4m3(amax[bi]) * _bits_f32(_abs_bits(sv)))
+            asv = _bits_f32(_abs_bits(sv))
+            amax_bits = _abs_bits(_E4M3_MAGS[m] * asv)
             if amax_bits >= _NONFINITE_BITS:
                 return bo
             k = _e8m0_exponent(_bits_f32(amax_bits))
             scales[bo, bi] = np.uint8(k + np.int32(127))
             inv = _bits_f32(np.uint32(np.int32(127) - k) << np.uint32(23))  # 2^-k
-            for b in range(256):
-                if (b & 0x7F) == 0x7F:  # NaN bytes: absent here (the amax above would be NaN)
-                    luts[bi, b] = 0
-                else:
-                    y = min(max((_e4m3(np.uint8(b)) * sv) * inv, -_E4M3_MAX_F32), _E4M3_MAX_F32)
-                    luts[bi, b] = _e4m3_rne(y)
+            flip = np.uint8((_f32_bits(sv) >> np.uint32(24)) & np.uint32(0x80))
+            for j in range(127):
+                y = min((_E4M3_MAGS[j] * asv) * inv, _E4M3_MAX_F32)
+                code = _e4m3_rne(y) | flip
+                luts[bi, j] = code
+                luts[bi, 128 + j] = code ^ np.uint8(0x80)
+            luts[bi, 127] = 0  # NaN bytes: absent here (the amax above would be NaN)
+            luts[bi, 255] = 0
         for o in range(o0, o1):
             qb = q[o, : full * _FP8_B].reshape((full, _FP8_B))
             cb = codes[o, : full * _FP8_B].reshape((full, _FP8_B))
