@@ -315,7 +315,10 @@ def _levels_of(builder, x, thresholds, flip, zero):
     j = builder.and_(x, _splat(builder, ir.Constant(i8, 0x7F), lanes))
     n = ir.Constant(x.type, [0] * lanes if lanes else 0)
     for t in thresholds:
-        below = _splat(builder, builder.sub(_int_width(builder, t, 8), ir.Constant(i8, 1)), lanes)
+        if isinstance(t.type, ir.VectorType):  # already t - 1 in every lane
+            below = t
+        else:
+            below = _splat(builder, builder.sub(_int_width(builder, t, 8), ir.Constant(i8, 1)), lanes)
         n = builder.add(n, builder.zext(builder.icmp_signed(">", j, below), x.type))
     sign = builder.lshr(x, _splat(builder, ir.Constant(i8, 7), lanes))
     negative = builder.and_(
@@ -345,6 +348,48 @@ def _level_bytes32(typingctx, src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, flip
         return context.get_dummy_value()
 
     return types.none(src, si, dst, di, t1, t2, t3, t4, t5, t6, t7, flip, zero), codegen
+
+
+def _threshold_lanes(context, builder, arr_type, arr, at, lanes: int):
+    """The seven thresholds ``arr.flat[at:at + 7]`` (a C-contiguous byte array), each minus one in every lane
+    of its own ``lanes``-byte vector: one 8-byte load, one subtraction, and a lane splat each (a byte shuffle
+    on x86) instead of seven scalar loads and broadcasts."""
+    a = context.make_array(arr_type)(context, builder, arr)
+    ptr = builder.gep(a.data, [_int_width(builder, at, 64)])
+    v8 = ir.VectorType(ir.IntType(8), 8)
+    t = builder.load(builder.bitcast(ptr, v8.as_pointer()), align=1)
+    t = builder.sub(t, ir.Constant(v8, [1] * 8))
+    return [
+        builder.shuffle_vector(
+            t, ir.Constant(v8, None), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [k] * lanes)
+        )
+        for k in range(7)
+    ]
+
+
+@intrinsic
+def _level_bytes64(typingctx, src, si, dst, di, thr, ti, flip, zero):
+    """``dst[di + k] = _level_code(src[si + k], t1..t7, flip, zero)`` for k < 64, the thresholds read from
+    ``thr.flat[ti:ti + 7]`` (``_threshold_lanes``, shared by the two 32-byte vectors; portable LLVM vector IR)."""
+    if not (
+        _level_args_ok(src, si, dst, di, (ti, flip, zero))
+        and isinstance(thr, types.Array)
+        and thr.dtype == types.uint8
+        and thr.layout == "C"
+    ):
+        return None
+
+    def codegen(context, builder, sig, args):
+        below = _threshold_lanes(context, builder, sig.args[4], args[4], args[5], 32)
+        si, di = _int_width(builder, args[1], 64), _int_width(builder, args[3], 64)
+        for half in (0, 32):
+            at = ir.Constant(ir.IntType(64), half)
+            x = _byte_vector(context, builder, sig.args[0], args[0], builder.add(si, at), 32)
+            codes = _levels_of(builder, x, below, args[6], args[7])
+            _store_bytes(context, builder, sig.args[2], args[2], builder.add(di, at), codes)
+        return context.get_dummy_value()
+
+    return types.none(src, si, dst, di, thr, ti, flip, zero), codegen
 
 
 @intrinsic

@@ -39,6 +39,7 @@ from colitools.formats.kernels._jit_bits import (
     _f32_bits,
     _int3_planes32,
     _level_bytes32,
+    _level_bytes64,
     _level_code,
     _mag_max8,
     _mag_max32,
@@ -251,12 +252,16 @@ def _int_groups_fp8(qrow, srow, bc, gs, crow, scales, rb, planes, levels, ties, 
                 key = base + m
                 if stamp[key] != rb:
                     _make_levels(levels, ties, qmax, thr, stamp, key, rb, m, asv, s)
-                t1, t2, t3, t4 = thr[key, 0], thr[key, 1], thr[key, 2], thr[key, 3]
-                t5, t6, t7 = thr[key, 4], thr[key, 5], thr[key, 6]
-                if wide:
+                if gs == 64:
+                    _level_bytes64(qrow, q0, cbuf, 0, thr, key * 8, flip, zero)
+                elif wide:
+                    t1, t2, t3, t4 = thr[key, 0], thr[key, 1], thr[key, 2], thr[key, 3]
+                    t5, t6, t7 = thr[key, 4], thr[key, 5], thr[key, 6]
                     for c in range(0, gs, 32):
                         _level_bytes32(qrow, q0 + c, cbuf, c, t1, t2, t3, t4, t5, t6, t7, flip, zero)
                 else:
+                    t1, t2, t3, t4 = thr[key, 0], thr[key, 1], thr[key, 2], thr[key, 3]
+                    t5, t6, t7 = thr[key, 4], thr[key, 5], thr[key, 6]
                     for k in range(gs):
                         cbuf[k] = _level_code(qrow[q0 + k], t1, t2, t3, t4, t5, t6, t7, flip, zero)
             else:
