@@ -27,12 +27,13 @@ Two tricks keep the kernels vectorised without changing a bit of output:
   groups compare the byte's magnitude with level thresholds (its level is monotone in it), from a table per
   group amax byte whose few exact ties the per-element rule decides once per (scale block, amax byte), 32
   bytes to a vector (``_jit_encoders``, "int4 / int3 groups from FP8"); fp8-e4m3-e8m0 looks each code up in a
-  256-entry table made per block by the per-element rule; mxfp4 finds each code by comparing the byte's
-  magnitude with seven thresholds (the E2M1 index is monotone in it), made per (scale block, exponent) by
-  binary search on the per-element rule.
+  256-entry table made per block by the per-element rule (127 magnitudes; a set sign bit flips the code's);
+  mxfp4 finds each code by comparing the byte's magnitude with seven thresholds (the E2M1 index is monotone in
+  it), made per (scale block, exponent) by binary search on the E2M1 bounds, and a block's exponent and whether
+  e0 + 1 competes once per (scale block, amax byte) (``_jit_encoders``, "mxfp4 from FP8").
 * Explicit vectors: where LLVM's vectoriser takes 8 bytes at a time (byte reductions, nibble and bit-plane
   packing), ``_jit_bits`` writes the 32-byte vector in portable LLVM IR itself (``_mag_max32``,
-  ``_level_bytes32``, ``_pack_nibbles32``, ``_int3_planes32``).
+  ``_level_bytes32`` / ``_level_bytes64``, ``_pack_nibbles32``, ``_int3_planes32``, ``_mx_nibbles32``).
 * Index and refcount hygiene: see "shared pieces" below.
 
 Parallelism: the kernels are serial and release the GIL (``nogil``); ``threads.run_rows`` spreads row chunks over
