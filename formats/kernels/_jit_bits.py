@@ -166,10 +166,10 @@ def _e2m1_code(typingctx, r):
 
 
 def _e2m1_of(builder, v, below, neg):
-    """The E2M1 nibble of an i8 or of each lane of an i8 vector ``v`` from its block's seven thresholds, given as
-    ``below`` (i8 values, or vectors of them, ``t - 1``: ``j >= t`` is ``j > t - 1``, signed, since both are at most 127 and t = 0
-    gives -1): the index counts the thresholds ``j = v & 0x7F`` reaches, bit 3 is ``v``'s sign bit xor ``neg``
-    unless the index is 0."""
+    """The E2M1 nibble of an i8 or of each lane of an i8 vector ``v`` from its block's seven thresholds, given
+    as ``below`` (i8 values, or vectors of them, ``t - 1``: ``j >= t`` is ``j > t - 1``, signed, since both are
+    at most 127 and t = 0 gives -1): the index counts the thresholds ``j = v & 0x7F`` reaches, bit 3 is ``v``'s
+    sign bit xor ``neg`` (0 or 1) unless the index is 0 (the sign as a signed compare: one vpcmpgtb on x86)."""
     i8 = ir.IntType(8)
     lanes = v.type.count if isinstance(v.type, ir.VectorType) else None
     zero = ir.Constant(v.type, [0] * lanes if lanes else 0)
@@ -178,14 +178,9 @@ def _e2m1_of(builder, v, below, neg):
     for t in below:
         t = t if isinstance(t.type, ir.VectorType) else _splat(builder, t, lanes)
         idx = builder.add(idx, builder.zext(builder.icmp_signed(">", j, t), v.type))
-    sign = builder.xor(
-        builder.lshr(v, _splat(builder, ir.Constant(i8, 7), lanes)), _splat(builder, neg, lanes)
-    )
-    sign = builder.and_(sign, _splat(builder, ir.Constant(i8, 1), lanes))
-    nonzero = builder.zext(builder.icmp_unsigned("!=", idx, zero), v.type)
-    return builder.or_(
-        idx, builder.shl(builder.and_(sign, nonzero), _splat(builder, ir.Constant(i8, 3), lanes))
-    )
+    flipped = builder.xor(v, _splat(builder, builder.shl(neg, ir.Constant(i8, 7)), lanes))
+    negative = builder.and_(builder.icmp_signed("<", flipped, zero), builder.icmp_unsigned("!=", idx, zero))
+    return builder.or_(idx, builder.select(negative, _splat(builder, ir.Constant(i8, 8), lanes), zero))
 
 
 @intrinsic

@@ -480,7 +480,7 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     pool_rb, used = -1, 0
     for o in range(r0, r1):
         rb = o // br
-        qrow, crow = q[o], codes[o]
+        qrow, crow, surow = q[o], codes[o], su[o]
         qw = qrow.view(np.uint32).reshape((B, 8))
         if rb != pool_rb:  # the pool's rows are this row block's
             pool_rb, used = rb, 0
@@ -546,7 +546,7 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
                         wins = _mx_e1_wins_exact(q3, o, b, asv, e8 - 127, e8 - 126, K)
                     if wins:
                         e8 += 1
-                su[o, b] = np.uint8(e8)
+                surow[np.uint64(b)] = np.uint8(e8)  # unsigned: no negative-index wrap
                 _mx_nibbles32(qrow, b << 5, crow, b << 4, thr, _MX_T * (cb * _MX_E + e8), neg)
     return -1
 
