@@ -192,27 +192,15 @@ def _make_levels(levels, ties, qmax, thr, stamp, key, rb, m, asv, s):
     stamp[key] = rb
 
 
-@njit
-def _int_groups_fp8(qrow, srow, bc, gs, crow, scales, rb, planes, levels, ties, thr, stamp, mj, cbuf):
-    """The whole groups of one row: int4 (``planes`` False; ``_int4_blocks``: even gs, ``levels`` / ``ties`` =
-    ``_LEVELS7`` / ``_TIES7``) or int3-g64 (``planes`` True; ``_int3_blocks``, gs 64, ``_LEVELS3`` / ``_TIES3``)
-    straight from the e4m3 bytes ``qrow`` of row block ``rb`` into ``crow`` and ``scales``, each group lying in
-    one scale block (``bc % gs == 0``), without a float32 row buffer. Codes by thresholds (above), 32 bytes to a
-    vector when ``gs % 32 == 0``; the per-element rule for a group whose scale is the floor. ``cbuf`` holds one
-    group's codes (one byte per value). The group loop is written out here, not in inline helpers: numba
-    counts a reference to each array an inlined call takes, a round trip per group.
-
-    The amax is taken on the bytes: ``byte & 0x7F`` orders e4m3fn magnitudes (0x7F is NaN) and float32
-    multiplication by ``|sv|`` is monotone and sign-symmetric, so ``max |f32(e4m3(q)) * sv| ==
-    f32(e4m3(max(q & 0x7F))) * |sv|`` bit for bit, NaN / inf included. Every amax, then every division (they
-    overlap), then the codes."""
+@inline
+def _fp8_group_scales(qrow, srow, gs, per, qmax, scales, mj):
+    """Each group's byte amax into ``mj``, its scale ``max(amax / qmax, 1e-8)`` into ``scales`` (``_sym_scale``;
+    the amax ``f32(e4m3(m)) * |sv|`` by a table load), ``per`` groups to a scale block: every amax, then every
+    value, then every division, so each loop stays simple. False if an amax is not finite (inline: ``gs`` stays
+    a literal where the caller's is)."""
     G = qrow.size // gs
     wide = gs % 32 == 0
-    qmax, zero = (3, np.uint8(4)) if planes else (7, np.uint8(8))
-    lo, hi = (_L3, _H3) if planes else (_L4, _H4)
-    width = 24 if planes else gs >> 1  # code bytes per group
-    per = bc // gs  # groups per scale block
-    for g in range(G):  # the byte amaxes, then (below) their values: each loop stays simple
+    for g in range(G):
         m = np.uint8(0)
         if wide:
             for c in range(g * gs, (g + 1) * gs, 32):
@@ -235,6 +223,31 @@ def _int_groups_fp8(qrow, srow, bc, gs, crow, scales, rb, planes, levels, ties, 
     for g in range(G):
         s = scales[g] / F32(qmax)  # _sym_scale
         scales[g] = s if s > _FLOOR else _FLOOR
+    return True
+
+
+@njit
+def _int_groups_fp8(qrow, srow, bc, gs, crow, scales, rb, planes, levels, ties, thr, stamp, mj, cbuf):
+    """The whole groups of one row: int4 (``planes`` False; ``_int4_blocks``: even gs, ``levels`` / ``ties`` =
+    ``_LEVELS7`` / ``_TIES7``) or int3-g64 (``planes`` True; ``_int3_blocks``, gs 64, ``_LEVELS3`` / ``_TIES3``)
+    straight from the e4m3 bytes ``qrow`` of row block ``rb`` into ``crow`` and ``scales``, each group lying in
+    one scale block (``bc % gs == 0``), without a float32 row buffer. Codes by thresholds (above), 32 bytes to a
+    vector when ``gs % 32 == 0``; the per-element rule for a group whose scale is the floor. ``cbuf`` holds one
+    group's codes (one byte per value). The group loop is written out here, not in inline helpers: numba
+    counts a reference to each array an inlined call takes, a round trip per group.
+
+    The amax is taken on the bytes: ``byte & 0x7F`` orders e4m3fn magnitudes (0x7F is NaN) and float32
+    multiplication by ``|sv|`` is monotone and sign-symmetric, so ``max |f32(e4m3(q)) * sv| ==
+    f32(e4m3(max(q & 0x7F))) * |sv|`` bit for bit, NaN / inf included. Every amax, then every division (they
+    overlap; ``_fp8_group_scales``), then the codes."""
+    G = qrow.size // gs
+    wide = gs % 32 == 0
+    qmax, zero = (3, np.uint8(4)) if planes else (7, np.uint8(8))
+    lo, hi = (_L3, _H3) if planes else (_L4, _H4)
+    width = 24 if planes else gs >> 1  # code bytes per group
+    per = bc // gs  # groups per scale block
+    if not _fp8_group_scales(qrow, srow, gs, per, qmax, scales, mj):
+        return False
     u32 = cbuf.view(np.uint32)
     u64 = cbuf.view(np.uint64)
     cb = 0
@@ -252,18 +265,17 @@ def _int_groups_fp8(qrow, srow, bc, gs, crow, scales, rb, planes, levels, ties, 
                 key = base + m
                 if stamp[key] != rb:
                     _make_levels(levels, ties, qmax, thr, stamp, key, rb, m, asv, s)
-                if gs == 64:
+                if gs == 64:  # the two 32-byte halves share one load of the thresholds
                     _level_bytes64(qrow, q0, cbuf, 0, thr, key * 8, flip, zero)
-                elif wide:
-                    t1, t2, t3, t4 = thr[key, 0], thr[key, 1], thr[key, 2], thr[key, 3]
-                    t5, t6, t7 = thr[key, 4], thr[key, 5], thr[key, 6]
-                    for c in range(0, gs, 32):
-                        _level_bytes32(qrow, q0 + c, cbuf, c, t1, t2, t3, t4, t5, t6, t7, flip, zero)
                 else:
                     t1, t2, t3, t4 = thr[key, 0], thr[key, 1], thr[key, 2], thr[key, 3]
                     t5, t6, t7 = thr[key, 4], thr[key, 5], thr[key, 6]
-                    for k in range(gs):
-                        cbuf[k] = _level_code(qrow[q0 + k], t1, t2, t3, t4, t5, t6, t7, flip, zero)
+                    if wide:
+                        for c in range(0, gs, 32):
+                            _level_bytes32(qrow, q0 + c, cbuf, c, t1, t2, t3, t4, t5, t6, t7, flip, zero)
+                    else:
+                        for k in range(gs):
+                            cbuf[k] = _level_code(qrow[q0 + k], t1, t2, t3, t4, t5, t6, t7, flip, zero)
             else:
                 for k in range(gs):
                     cbuf[k] = np.uint8(
@@ -427,6 +439,12 @@ def _mx_e1_wins_exact(q3, o, b, asv, e0, e1, n):
     return err1 < err0
 
 
+@inline
+def _mx_slack(top):
+    """The slack of a block whose largest summed term (``(2 v1 - x)^2 + (v0 - x)^2``) is at most ``top``."""
+    return _MX_REL_SLACK * (F32(32.0) * top) + _MX_ABS_SLACK
+
+
 @njit
 def _mx_gap_table(dt, p, e0, asv, thr, r):
     """Pool row ``p``: per magnitude byte ``j``, with ``x = e4m3(j) * |sv| * 2^-e0`` (as the codes divide),
@@ -441,7 +459,7 @@ def _mx_gap_table(dt, p, e0, asv, thr, r):
     top = _EIGHTH
     for j in range(t0):
         dt[p, j] = 0
-        dt[p, 128 + j] = _MX_REL_SLACK * (F32(32.0) * top) + _MX_ABS_SLACK
+        dt[p, 128 + j] = _mx_slack(top)
     c0, c1 = 0, 0  # the indices at e0 and e1 of byte j: thresholds passed
     for j in range(t0, 127):
         x = (_E4M3_MAGS[j] * asv) * inv0
@@ -455,7 +473,7 @@ def _mx_gap_table(dt, p, e0, asv, thr, r):
         d1 = _E2M1_MAGS[c1] * _TWO - x
         dt[p, j] = d1 * d1 - d0 * d0
         top = max(top, d1 * d1 + d0 * d0)
-        dt[p, 128 + j] = _MX_REL_SLACK * (F32(32.0) * top) + _MX_ABS_SLACK
+        dt[p, 128 + j] = _mx_slack(top)
 
 
 @njit
@@ -466,7 +484,8 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
     A row in three passes: every block's amax and entry (the competing blocks listed without a branch on
     them), the competing blocks' decisions, then every block's scale byte and codes. One pass with a branch per
     block on whether it competes (29% of ``quant.py``'s blocks, unpredictably) ran 8% slower at one thread
-    and 17% at two, though it executed fewer instructions (bench/README)."""
+    and 17% at two, though it executed fewer instructions (bench/README). It is one function: moving the entry
+    fill and the decisions into functions of their own (called per fill and per row) cost 3-5% at one thread."""
     O, I = q.shape
     B = I >> 5
     K = min(32, I)  # 32, opaque to LLVM: a literal 32 gets the block loops unrolled into branchy scalar code
@@ -535,7 +554,8 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
             e8 = v & 255
             p = (v >> 9) & _MX_SLOT
             wins = False
-            if p < NP:
+            undecided = p >= NP  # no table (a full pool)
+            if not undecided:
                 g0, g1, g2, g3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
                 for k in range(K >> 2):
                     w = qw[b, k] & np.uint32(0x7F7F7F7F)
@@ -546,10 +566,8 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
                 g = (g0 + g1) + (g2 + g3)
                 slack = dt[p, 128 + (v >> 40)]
                 wins = g < -slack
-                if not wins and g <= slack:
-                    asv = _bits_f32(_abs_bits(s[rb, (b << 5) // bc]))
-                    wins = _mx_e1_wins_exact(q3, o, b, asv, e8 - 127, e8 - 126, K)
-            else:
+                undecided = not wins and g <= slack
+            if undecided:
                 asv = _bits_f32(_abs_bits(s[rb, (b << 5) // bc]))
                 wins = _mx_e1_wins_exact(q3, o, b, asv, e8 - 127, e8 - 126, K)
             vb[b] = v + np.int64(wins)
