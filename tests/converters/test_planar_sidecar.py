@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 from convcheck import listing, snapshot
+from midkill import sigkill_mid_file
 from tinyckpt import Tiny, make_checkpoint
 
 from colitools.converters.options import ConvertOptions
@@ -275,17 +276,7 @@ def test_sigkill_then_resume_is_byte_identical(planar, tmp_path, knob):
         )
     else:  # mid-unit: a sidecar layer file is being written
         proc = subprocess.Popen(cmd, env={**os.environ, knob: "0.05"}, stderr=subprocess.DEVNULL)
-        side = out / "experts-int4g64"
-        for _ in range(3000):
-            if side.is_dir() and any(".tmp-" in p.name for p in side.iterdir()):
-                break
-            assert proc.poll() is None
-            import time
-
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        assert any(".tmp-" in p.name for p in side.iterdir())  # a partial layer file was left behind
+        assert sigkill_mid_file(proc, out / "experts-int4g64", "layer-")  # a partial layer file was left behind
     subprocess.run(cmd, check=True, capture_output=True)
     assert snapshot(out) == snapshot(ref_out) and listing(out) == listing(ref_out)
     assert verify_container(out).ok

@@ -1,0 +1,61 @@
+"""SIGKILL a running conversion while one of its temporary files exists, for the tests that assert a partial
+file was left behind.
+
+Seeing a ``.tmp-`` file and then sending SIGKILL is a race: on a loaded machine the converter can finish and
+publish that file in between (it did on CI). So the process is frozen first (SIGSTOP stops every thread at
+once; Linux, single-process conversions: ``--workers 1``); if a temporary still exists it is killed frozen, otherwise it is let go (SIGCONT) until the next one."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def temporaries(folder: Path, prefix: str) -> list[str]:
+    """Names of the temporaries in ``folder`` whose final name starts with ``prefix``."""
+    try:
+        return [p.name for p in folder.iterdir() if p.name.startswith("." + prefix) and ".tmp-" in p.name]
+    except FileNotFoundError:
+        return []
+
+
+def _until_stopped(pid: int) -> None:
+    """SIGSTOP is delivered asynchronously: wait until /proc says the process is stopped (state T)."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + 30
+    while (state := stat.read_text().rsplit(")", 1)[1].split()[0]) not in ("T", "t"):
+        assert state != "Z", "the converter exited before it could be stopped"
+        assert time.monotonic() < deadline, "the converter did not stop on SIGSTOP"
+        time.sleep(0.001)
+
+
+def sigkill_mid_file(
+    proc: subprocess.Popen,
+    folder: Path,
+    prefix: str,
+    ready: Callable[[], bool] = lambda: True,
+    timeout: float = 120.0,
+) -> list[str]:
+    """Kill ``proc`` with SIGKILL at a moment ``ready()`` holds and ``folder`` holds a temporary of a file
+    whose name starts with ``prefix`` (not, say, the ledger's); return the temporaries present when it died.
+    Fails the calling test if the process exits first."""
+    deadline = time.monotonic() + timeout  # a hang guard; nothing here measures time
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the converter exited ({proc.returncode}) before a temporary file was seen")
+        if ready() and temporaries(folder, prefix):
+            proc.send_signal(signal.SIGSTOP)
+            _until_stopped(proc.pid)
+            left = temporaries(folder, prefix)
+            if left:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+                assert proc.returncode == -signal.SIGKILL, proc.returncode
+                return left
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(0.005)
+    proc.kill()
+    raise AssertionError(f"no temporary file appeared in {folder} within {timeout:.0f} s")
