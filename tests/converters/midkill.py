@@ -3,7 +3,8 @@ file was left behind.
 
 Seeing a ``.tmp-`` file and then sending SIGKILL is a race: on a loaded machine the converter can finish and
 publish that file in between (it did on CI). So the process is frozen first (SIGSTOP stops every thread at
-once; Linux, single-process conversions: ``--workers 1``); if a temporary still exists it is killed frozen, otherwise it is let go (SIGCONT) until the next one."""
+once; Linux, single-process conversions: ``--workers 1``), the condition checked again, and the process killed
+frozen, or let go (SIGCONT) until the condition holds next. The same for a kill between units."""
 
 from __future__ import annotations
 
@@ -32,30 +33,31 @@ def _until_stopped(pid: int) -> None:
         time.sleep(0.001)
 
 
-def sigkill_mid_file(
-    proc: subprocess.Popen,
-    folder: Path,
-    prefix: str,
-    ready: Callable[[], bool] = lambda: True,
-    timeout: float = 120.0,
-) -> list[str]:
-    """Kill ``proc`` with SIGKILL at a moment ``ready()`` holds and ``folder`` holds a temporary of a file
-    whose name starts with ``prefix`` (not, say, the ledger's); return the temporaries present when it died.
+def sigkill_when(proc: subprocess.Popen, holds: Callable[[], bool], timeout: float = 120.0) -> None:
+    """SIGKILL ``proc`` at a moment ``holds()`` is true: checked once it seems so, again with the process frozen.
     Fails the calling test if the process exits first."""
     deadline = time.monotonic() + timeout  # a hang guard; nothing here measures time
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"the converter exited ({proc.returncode}) before a temporary file was seen")
-        if ready() and temporaries(folder, prefix):
+            raise AssertionError(f"the converter exited ({proc.returncode}) before the kill point")
+        if holds():
             proc.send_signal(signal.SIGSTOP)
             _until_stopped(proc.pid)
-            left = temporaries(folder, prefix)
-            if left:
+            if holds():
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(30)
                 assert proc.returncode == -signal.SIGKILL, proc.returncode
-                return left
+                return
             proc.send_signal(signal.SIGCONT)
         time.sleep(0.005)
     proc.kill()
-    raise AssertionError(f"no temporary file appeared in {folder} within {timeout:.0f} s")
+    raise AssertionError(f"the kill point was not reached within {timeout:.0f} s")
+
+
+def sigkill_mid_file(
+    proc: subprocess.Popen, folder: Path, prefix: str, ready: Callable[[], bool] = lambda: True
+) -> list[str]:
+    """SIGKILL ``proc`` at a moment ``ready()`` holds and ``folder`` holds a temporary of a file whose name
+    starts with ``prefix`` (not, say, the ledger's); return the temporaries left behind."""
+    sigkill_when(proc, lambda: ready() and bool(temporaries(folder, prefix)))
+    return temporaries(folder, prefix)

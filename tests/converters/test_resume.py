@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from convcheck import listing, snapshot
-from midkill import sigkill_mid_file
+from midkill import sigkill_mid_file, sigkill_when, temporaries
 from tinyckpt import Tiny, make_checkpoint
 
 from colitools.converters.options import ConvertOptions
@@ -97,8 +97,8 @@ def test_kill_between_units_then_resume_is_byte_identical(reference, tmp_path):
     src, ref, names = reference
     out = tmp_path / "out"
     proc = _start(src, out, {"COLITOOLS_TEST_SLOW_UNIT_SECONDS": "1.5"})
-    _wait_for(proc, lambda: _finished_units(out) >= 1)
-    _kill(proc)
+    sigkill_when(proc, lambda: _finished_units(out) >= 1 and not temporaries(out, ""))
+    proc.stderr.close()
     assert not any(".tmp-" in p.name for p in out.iterdir())
     _rerun(src, out)
     assert snapshot(out) == ref and listing(out) == names
