@@ -37,21 +37,25 @@ def sigkill_when(proc: subprocess.Popen, holds: Callable[[], bool], timeout: flo
     """SIGKILL ``proc`` at a moment ``holds()`` is true: checked once it seems so, again with the process frozen.
     Fails the calling test if the process exits first."""
     deadline = time.monotonic() + timeout  # a hang guard; nothing here measures time
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the converter exited ({proc.returncode}) before the kill point")
-        if holds():
-            proc.send_signal(signal.SIGSTOP)
-            _until_stopped(proc.pid)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"the converter exited ({proc.returncode}) before the kill point")
             if holds():
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(30)
-                assert proc.returncode == -signal.SIGKILL, proc.returncode
-                return
-            proc.send_signal(signal.SIGCONT)
-        time.sleep(0.005)
-    proc.kill()
-    raise AssertionError(f"the kill point was not reached within {timeout:.0f} s")
+                proc.send_signal(signal.SIGSTOP)
+                _until_stopped(proc.pid)
+                if holds():
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(30)
+                    assert proc.returncode == -signal.SIGKILL, proc.returncode
+                    return
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(0.005)
+        raise AssertionError(f"the kill point was not reached within {timeout:.0f} s")
+    finally:
+        if proc.poll() is None:  # never leave a frozen or running converter behind a failed test
+            proc.kill()
+            proc.wait(30)
 
 
 def sigkill_mid_file(
