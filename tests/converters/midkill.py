@@ -1,7 +1,7 @@
 """SIGKILL a running conversion while one of its temporary files exists, for the tests that assert a partial
 file was left behind.
 
-Seeing a ``.tmp-`` file and then sending SIGKILL is a race: on a loaded machine the converter can finish and
+Seeing a temporary file and then sending SIGKILL is a race: on a loaded machine the converter can finish and
 publish that file in between (it did on CI). So the process is frozen first (SIGSTOP stops every thread at
 once; Linux, single-process conversions: ``--workers 1``), the condition checked again, and the process killed
 frozen, or let go (SIGCONT) until the condition holds next. The same for a kill between units."""
@@ -14,13 +14,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from colitools.formats.atomic import parse_temp_name
+
 
 def temporaries(folder: Path, prefix: str) -> list[str]:
-    """Names of the temporaries in ``folder`` whose final name starts with ``prefix``."""
+    """Names of the temporaries in ``folder`` (as ``atomic.parse_temp_name`` reads them) of final names that
+    start with ``prefix``."""
     try:
-        return [p.name for p in folder.iterdir() if p.name.startswith("." + prefix) and ".tmp-" in p.name]
+        names = [p.name for p in folder.iterdir()]
     except FileNotFoundError:
         return []
+    return [n for n in names if (t := parse_temp_name(n)) is not None and t.stem.startswith(prefix)]
 
 
 def _until_stopped(pid: int) -> None:
@@ -40,7 +44,10 @@ def sigkill_when(proc: subprocess.Popen, holds: Callable[[], bool], timeout: flo
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise AssertionError(f"the converter exited ({proc.returncode}) before the kill point")
+                said = proc.stderr.read() if proc.stderr else ""
+                raise AssertionError(
+                    f"the converter exited ({proc.returncode}) before the kill point: {said!r}"
+                )
             if holds():
                 proc.send_signal(signal.SIGSTOP)
                 _until_stopped(proc.pid)
