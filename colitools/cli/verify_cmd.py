@@ -1,8 +1,9 @@
-"""`colitools verify container DIR` and `colitools verify oracle ORACLE_DIR`."""
+"""`colitools verify container DIR`, `colitools verify oracle ORACLE_DIR` and `colitools verify quality DIR`."""
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,7 @@ import typer
 
 from colitools.cli import output
 from colitools.cli.app import verify_app
-from colitools.cli.options import JsonOpt
+from colitools.cli.options import JsonOpt, ProgressOpt, TokenOpt
 from colitools.cli.render import render_table
 
 EXIT_NOT_OK = 4  # the check ran and found problems (1 is reserved for errors that stopped it)
@@ -112,5 +113,94 @@ def verify_oracle_command(
     if report.not_runnable is not None:  # one line, before any work: a family the runtime does not run
         raise typer.Exit(output.fail(report.not_runnable, EXIT_NOT_OK, prefix="colitools: "))
     output.emit(as_json, report.to_json, _oracle_lines(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_NOT_OK)
+
+
+def _figures(s) -> list[str]:
+    """rel error, cosine, SQNR and max |error| of an ``ErrorStats`` as table cells."""
+    rel = "0" if s.sse == 0 else f"{s.rel_error:.4g}"
+    sqnr = "inf" if s.sse == 0 else f"{s.sqnr_db:.2f}"
+    return [rel, f"{s.cosine:.6f}", sqnr, f"{s.max_abs:.4g}"]
+
+
+def _quality_lines(report) -> Iterator[str]:
+    from colitools.verify.quality import worst
+
+    source = f"recomputed from {report.source}" if report.source else "as recorded at conversion"
+    quantizer = f", quantizer {report.quantizer}" if report.quantizer else ""
+    yield f"{report.path}: {len(report.tensors)} tensors, figures {source}{quantizer}"
+    head = ["rel error", "cosine", "SQNR dB", "max |err|", "tensors"]
+    for title, table, n in (
+        ("role", report.per_role, Counter(t.role for t in report.tensors)),
+        ("format", report.per_format, Counter(t.format for t in report.tensors)),
+    ):
+        yield ""
+        yield render_table([title, *head], [[k, *_figures(s), str(n[k])] for k, s in table.items()])
+    yield ""
+    yield render_table(["whole model", *head], [["all", *_figures(report.whole), str(len(report.tensors))]])
+    top = worst(report)
+    if top:
+        yield ""
+        yield render_table(["highest relative error", "format", *head[:4]],
+                           [[t.name, t.format, *_figures(t.stats)] for t in top])  # fmt: skip
+    if report.not_compared:
+        yield ""
+        yield f"not compared: {len(report.not_compared)} tensor(s), e.g. {report.not_compared[0][0]} ({report.not_compared[0][1]})"
+    for w in report.warnings:
+        yield f"warning: {w}"
+    if report.plot:
+        yield f"plot       {report.plot}"
+    if report.source and report.recorded:
+        yield (f"recorded figures: {report.recorded} tensors; {len(report.disagreements)} disagree with the "
+               "recomputed ones")  # fmt: skip
+        for d in report.disagreements[:20]:
+            yield f"DISAGREE: {d.name}: {d.why}"
+    elif report.source:
+        yield "recorded figures: none in the manifest (nothing to compare)"
+    if report.source and report.recorded:
+        yield "OK" if report.ok else f"NOT OK: {len(report.disagreements)} tensor(s) disagree"
+
+
+@verify_app.command("quality")
+def verify_quality_command(
+    path: Annotated[Path, typer.Argument(help="A converted model directory (colitools convert's output).")],
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--source",
+            help="The checkpoint it was converted from (a local folder or a Hugging Face repo id, as convert "
+            "takes it): recompute every figure and compare with the recorded ones. Without it, the figures the "
+            "conversion recorded in colitools.json.",
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option("--revision", help="Hub source revision (default: the commit the manifest recorded)."),
+    ] = None,
+    token: TokenOpt = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="OUT.png",
+            help="Also draw the relative error per layer, one panel per role, one line per format (needs the "
+            "extra: pip install 'colitools[plot]').",
+        ),
+    ] = None,
+    progress: ProgressOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the conversion lost, per tensor, role, layer and format: relative Frobenius error ||W'-W||/||W||,
+    cosine, SQNR (dB) and max |error|; lossless tensors report 0.
+
+    Exit 0 when reported, 4 when the recorded figures disagree with the recomputed ones (--source), 1 on errors
+    (not a complete colitools conversion, a source that is not its source, no recorded figures and no
+    --source)."""
+    from colitools.verify.quality import weight_quality
+
+    show = progress if progress is not None else (not as_json and sys.stderr.isatty())
+    report = weight_quality(path, source, revision=revision, token=token, plot=plot, progress=show)
+    output.emit(as_json, report.to_json, _quality_lines(report))
     if not report.ok:
         raise typer.Exit(EXIT_NOT_OK)

@@ -1,0 +1,663 @@
+"""``colitools verify quality OUTPUT [--source SRC]``: what a conversion lost, tensor by tensor, at any size.
+
+Every figure is ``formats/error_stats.ErrorStats`` (FORMATS §9: float64 sums over the source's decoded values
+``w`` and the output's decoded values ``w'``), summed per role, per layer, per format and over the whole model
+(sums add; no ratio is ever averaged).
+
+* With ``source`` (a local folder or a Hub repo id, opened as ``convert`` opens it: ``sources.open_source``) the
+  figures are recomputed: the conversion is planned again from the source with the recipe the manifest recorded
+  (``runner.load_plan``: the same inventory, native pairing, expert stacks split per expert, target renames), and
+  each planned tensor's source values are read and decoded to float32 as the unit writer reads them
+  (``unit_writer._source_values`` / ``_dequant``, a native encoding's ``decode``), its output tensor decoded by
+  the format registry's decoders (``kernels.decode``, the reference where a format has no kernel; a target's
+  merged blob or fused stack by its resolved ``parts``; the planar sidecar's codes reordered to pairs). One
+  tensor at a time, big plain tensors by row slabs: memory does not grow with the model. A tensor whose output
+  the resolver leaves unresolved is reported as not compared, never guessed.
+* Without it, the figures ``convert`` recorded in the manifest are reported (``units[...]["errors"]``:
+  ``{tensor: [n, sse, ssw, ssq, dot, max_abs]}``); with both, every recomputed tensor is compared with its
+  recorded figures (``agree``) and each disagreement is listed (the CLI exits 4).
+
+A source that is not this output's source (a tensor the output does not hold, another shape) is a VerifyError
+naming the tensor.
+"""
+
+# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import math
+import os
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colitools.converters.manifest import Manifest
+from colitools.formats import kernels, model_config, names, targets
+from colitools.formats.container import ResolvedTensor, resolve_container
+from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.error_stats import ErrorStats, tensor_error, total
+from colitools.formats.errors import ColitoolsError, ConfigError, ManifestError, ParameterError, VerifyError
+from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, MergedPart
+from colitools.formats.filenames import MANIFEST_FILE
+from colitools.formats.format_names import format_label
+from colitools.formats.inspect import ModelFiles, incomplete_conversion, open_model, tensor_label
+from colitools.formats.planar import PLANAR_LAYOUT
+from colitools.formats.registry import FORMATS, by_name
+
+__all__ = ["Disagreement", "QualityReport", "TensorQuality", "agree", "weight_quality"]
+
+SCHEMA = "colitools.verify.quality/1"
+# Recorded and recomputed sums agree when they differ by at most REL_TOL of the larger one (plus ABS_TOL of the
+# tensor's ||w||^2 + ||w'||^2, for a sum near zero). Both are float64 sums of the same float64 terms, only
+# added in another order (chunks, row slabs, BLAS blocking): the rounding of n terms summed so is below
+# ~1e-13 of the sum even for 1e9 terms, while changing one element of a 10-million-element tensor moves its sse
+# by ~1e-7. ``n`` and ``max_abs`` (a maximum: no rounding) must be equal.
+REL_TOL = 1e-9
+ABS_TOL = 1e-15
+SLAB_BYTES = 16 << 20  # source bytes per row slab of a big plain tensor (the converter's own slab size)
+PLOT_SUFFIX = ".png"
+
+
+# ------------------------------------------------------------------------------------------------- report
+@dataclass(frozen=True)
+class TensorQuality:
+    """One output tensor: its name as the converter names it (``TensorJob.out_name``, the key of the recorded
+    figures), role (``names.DETAIL_ROLES``), decoder layer (None: a global tensor), format label and figures."""
+
+    name: str
+    role: str
+    layer: int | None
+    format: str
+    stats: ErrorStats
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "layer": self.layer, "format": self.format,
+                **self.stats.to_json()}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """A tensor whose recorded figures are not the recomputed ones (either may be None: not there)."""
+
+    name: str
+    recorded: ErrorStats | None
+    recomputed: ErrorStats | None
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "why": self.why,
+            "recorded": self.recorded.to_json() if self.recorded else None,
+            "recomputed": self.recomputed.to_json() if self.recomputed else None,
+        }
+
+
+@dataclass
+class QualityReport:
+    """Outcome of ``weight_quality``. ``figures`` says where the figures come from: ``recomputed`` (from the
+    source) or ``recorded`` (the manifest's). ``ok`` is False only when recorded and recomputed disagree."""
+
+    path: str
+    source: str | None
+    figures: str
+    tensors: list[TensorQuality] = field(default_factory=list)
+    not_compared: list[tuple[str, str]] = field(default_factory=list)  # (tensor, why)
+    recorded: int = 0  # tensors the manifest has figures for
+    disagreements: list[Disagreement] = field(default_factory=list)
+    quantizer: str | None = None  # the recipe's ``quantizer`` as recorded (None: not recorded)
+    bytes_read: int = 0  # source and output tensor bytes read (recomputed)
+    seconds: float = 0.0
+    plot: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.disagreements
+
+    @property
+    def whole(self) -> ErrorStats:
+        return total(t.stats for t in self.tensors)
+
+    def by(self, key: Callable[[TensorQuality], Any]) -> dict[Any, ErrorStats]:
+        """The figures summed per ``key(tensor)``, keys in first-seen order."""
+        sums: dict[Any, list[ErrorStats]] = defaultdict(list)
+        for t in self.tensors:
+            sums[key(t)].append(t.stats)
+        return {k: total(v) for k, v in sums.items()}
+
+    @property
+    def per_role(self) -> dict[str, ErrorStats]:
+        order = {r: i for i, r in enumerate(names.DETAIL_ROLES)}
+        found = self.by(lambda t: t.role)
+        return {r: found[r] for r in sorted(found, key=lambda r: (order.get(r, 99), r))}
+
+    @property
+    def per_format(self) -> dict[str, ErrorStats]:
+        found = self.by(lambda t: t.format)
+        return {f: found[f] for f in sorted(found)}
+
+    @property
+    def per_layer(self) -> dict[int | None, ErrorStats]:
+        found = self.by(lambda t: t.layer)
+        return {k: found[k] for k in sorted(found, key=lambda k: (k is not None, k or 0))}
+
+    def per_role_layer_format(self) -> dict[tuple[str, int | None, str], ErrorStats]:
+        """The figures of each (role, layer, format): what ``--plot`` draws."""
+        return self.by(lambda t: (t.role, t.layer, t.format))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "path": self.path,
+            "source": self.source,
+            "figures": self.figures,
+            "ok": self.ok,
+            "quantizer": self.quantizer,
+            "tensors_compared": len(self.tensors),
+            "whole": self.whole.to_json(),
+            "per_role": {r: s.to_json() for r, s in self.per_role.items()},
+            "per_format": {f: s.to_json() for f, s in self.per_format.items()},
+            "per_layer": {("global" if k is None else str(k)): s.to_json() for k, s in self.per_layer.items()},
+            "tensors": [t.to_json() for t in self.tensors],
+            "not_compared": [{"name": n, "why": w} for n, w in self.not_compared],
+            "recorded": self.recorded,
+            "disagreements": [d.to_json() for d in self.disagreements],
+            "bytes_read": self.bytes_read,
+            "seconds": round(self.seconds, 3),
+            "plot": self.plot,
+            "warnings": list(self.warnings),
+        }
+
+
+def agree(recorded: ErrorStats, recomputed: ErrorStats) -> str | None:
+    """None when ``recorded`` and ``recomputed`` are the same figures up to summation order (``REL_TOL``), else
+    which figure differs, with both values."""
+    if recorded.n != recomputed.n:
+        return f"n {recorded.n} recorded, {recomputed.n} recomputed"
+    if recorded.max_abs != recomputed.max_abs:
+        return f"max_abs {recorded.max_abs!r} recorded, {recomputed.max_abs!r} recomputed"
+    scale = ABS_TOL * (abs(recomputed.ssw) + abs(recomputed.ssq))
+    for key in ("sse", "ssw", "ssq", "dot"):
+        a, b = getattr(recorded, key), getattr(recomputed, key)
+        if not abs(a - b) <= REL_TOL * max(abs(a), abs(b)) + scale:  # (a NaN never agrees)
+            return f"{key} {a!r} recorded, {b!r} recomputed"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ the entry point
+def weight_quality(
+    output: str | os.PathLike[str],
+    source: str | None = None,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    plot: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+    workdir: str | os.PathLike[str] | None = None,
+) -> QualityReport:
+    """The weight-level quality of the conversion in ``output`` (module docstring): recomputed from ``source``
+    when given, else the figures its manifest recorded; ``plot``: also draw error per layer into that PNG.
+
+    ``revision`` / ``token`` are a Hub source's (default revision: the commit the manifest recorded, when
+    ``source`` is the recorded repo). Shards a Hub source downloads go to ``workdir`` (default: a temporary
+    folder) and are deleted once no later tensor needs them. VerifyError (one line) when the folder is no
+    complete colitools conversion, when the source is not its source, or, without ``source``, when the manifest
+    recorded no figures."""
+    started = time.monotonic()
+    if plot is not None and Path(plot).suffix.lower() != PLOT_SUFFIX:
+        raise ParameterError(f"`plot={str(plot)!r}`: the plot is a PNG image, name it *{PLOT_SUFFIX}")
+    root = Path(output)
+    manifest = _manifest(root)
+    model = open_model(root)
+    try:
+        weights = OutputWeights(model)
+        recorded = _recorded(manifest)
+        report = QualityReport(str(root), source, "recomputed" if source is not None else "recorded")
+        report.quantizer = (manifest.data.get("recipe") or {}).get("quantizer")
+        report.recorded = len(recorded)
+        if source is None:
+            if not recorded:
+                raise VerifyError(
+                    f"{root / MANIFEST_FILE}: records no error figures: {root} was converted by a colitools that "
+                    "did not record errors; pass the source (`source`) to compute them"
+                )
+            _from_record(report, weights, recorded)
+        else:
+            _recompute(report, weights, manifest, source, revision, token, progress, workdir)
+            _compare(report, recorded)
+    finally:
+        for shard in model.shards:
+            shard.close()
+    if plot is not None:
+        from colitools.verify.quality_plot import plot_quality
+
+        plot_quality(report, plot, title=f"{root.name}: relative error per layer ({report.figures})")
+        report.plot = str(plot)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _manifest(root: Path) -> Manifest:
+    path = root / MANIFEST_FILE
+    if not root.is_dir():
+        raise VerifyError(f"{root}: not a folder (verify quality reads a converted model folder)")
+    if not path.is_file():
+        raise VerifyError(f"{path}: not found: {root} is not a colitools conversion (its manifest names the recipe)")
+    try:
+        manifest = Manifest.load(path)
+    except (OSError, ManifestError) as exc:
+        raise VerifyError(f"{path}: unreadable manifest ({exc})") from None
+    why = incomplete_conversion(root)
+    if why is not None:
+        raise VerifyError(why)
+    return manifest
+
+
+def _recorded(manifest: Manifest) -> dict[str, ErrorStats]:
+    """Every tensor's recorded figures (``units[key]["errors"]``), checked: six numbers each."""
+    out: dict[str, ErrorStats] = {}
+    for key, unit in manifest.units.items():
+        errors = unit.get("errors") if isinstance(unit, dict) else None
+        if errors is None:
+            continue
+        if not isinstance(errors, dict):
+            raise VerifyError(f"{MANIFEST_FILE}: units[{key!r}].errors is not an object")
+        for name, values in errors.items():
+            ok = isinstance(values, list) and len(values) == 6 and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in values
+            )  # fmt: skip
+            if not ok or values[0] != int(values[0]) or values[0] < 0:
+                raise VerifyError(
+                    f"{MANIFEST_FILE}: units[{key!r}].errors[{name!r}] is not [n, sse, ssw, ssq, dot, max_abs]: "
+                    f"{str(values)[:80]}"
+                )
+            out[name] = ErrorStats(int(values[0]), *(float(v) for v in values[1:]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the output side
+@dataclass(frozen=True)
+class OutputWeight:
+    """Where one logical output tensor is: its resolved tensor, and for a projection inside a target's merged
+    blob or fused stack, its ``part``."""
+
+    name: str
+    tensor: ResolvedTensor
+    part: MergedPart | None = None
+
+    @property
+    def label(self) -> str:
+        if self.part is not None:
+            return format_label(self.part.fmt, self.part.gs)
+        return tensor_label(self.tensor) or self.tensor.dtype
+
+    @property
+    def ndim(self) -> int:
+        """Logical dims (a quantized weight and a part are 2-D)."""
+        return len(self.tensor.shape) if self.tensor.kind == "float" and self.part is None else 2
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.part is not None:
+            return (self.part.O, self.part.I)
+        if self.tensor.kind == "quantized":
+            return tuple(self.tensor.logical_shape or ())
+        return tuple(self.tensor.shape)
+
+    @property
+    def nbytes(self) -> int:
+        if self.part is not None:
+            return self.part.data[1] - self.part.data[0] + 4 * (self.part.scales[1] - self.part.scales[0])
+        return self.tensor.nbytes + self.tensor.scale_nbytes
+
+
+class OutputWeights:
+    """The weights of a converted folder by the name the converter gives them (``TensorJob.out_name``): a
+    stored weight under any format's or target spelling's tensor names (the registry's ``tensor_names``), or a
+    projection of a merged blob / fused stack (``names.expert_tensor_name`` of its ``parts``, as ``inspect``
+    counts them)."""
+
+    def __init__(self, model: ModelFiles):
+        self.model = model
+        self.resolved = resolve_container(model.shards, config=model.config, report_unresolved=True,
+                                          merged_group_size=model.merged_group_size)  # fmt: skip
+        self.files = {str(s.path): s for s in model.shards}
+        self.num_hidden_layers = _num_hidden_layers(model.config)
+        self.parts: dict[str, OutputWeight] = {}
+        for t in self.resolved.values():
+            p = names.parse_name(t.name) if t.parts else None
+            for part in t.parts:
+                expert = p.expert if part.expert is None else part.expert
+                name = names.expert_tensor_name(p.expert_base, expert, part.projection)
+                self.parts[name] = OutputWeight(name, t, part)
+        self._spellings = [*FORMATS.values(), *targets.SPELLINGS]
+
+    def stored_names(self, name: str) -> list[str]:
+        """The names a weight ``name`` may be stored under (every format's and spelling's weight name)."""
+        return list(dict.fromkeys([name, *(s.tensor_names(name)[0] for s in self._spellings)]))
+
+    def find(self, name: str) -> OutputWeight | None:
+        """The weight the converter wrote as ``name`` (quantized or float), or None."""
+        if name in self.parts:
+            return self.parts[name]
+        for stored in self.stored_names(name):
+            t = self.resolved.get(stored)
+            if t is not None and t.kind in ("quantized", "float"):
+                return OutputWeight(name, t)
+        return None
+
+    def role(self, w: OutputWeight) -> str:
+        return names.detail_role(w.name, w.ndim, num_hidden_layers=self.num_hidden_layers)
+
+    def quality(self, w: OutputWeight, stats: ErrorStats) -> TensorQuality:
+        return TensorQuality(w.name, self.role(w), names.parse_name(w.name).layer, w.label, stats)
+
+    def decode(self, w: OutputWeight, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The float32 values of ``w`` (rows ``[r0, r1)`` of a 2-D one: ``row_slabs`` says which may be cut)."""
+        t, part = w.tensor, w.part
+        shard = self.files[t.file]
+        info = shard.tensors[t.name]
+        if part is not None:
+            codes = shard.read_range(info.begin + part.data[0], part.data[1] - part.data[0])
+            if part.signed_nibbles:
+                codes = codes ^ np.uint8(SIGNED_NIBBLE_XOR)
+            sshard, sinfo = self._scale(t)
+            scales = sshard.read_range(sinfo.begin + 4 * part.scales[0], 4 * (part.scales[1] - part.scales[0]))
+            return _decode(part.fmt, codes.reshape(part.O, -1), scales.view(np.float32), part.O, part.I, part.gs)
+        if t.kind == "float":
+            if rows is None:
+                return shard.read(t.name).astype(np.float32)
+            O = t.shape[0]
+            row = info.nbytes // O
+            raw = shard.read_range(info.begin + rows[0] * row, (rows[1] - rows[0]) * row)
+            return raw.view(numpy_dtype(t.dtype)).astype(np.float32).reshape(rows[1] - rows[0], -1)
+        O, I = t.logical_shape
+        fmt = by_name(t.format.name)
+        gs = t.format.group_size
+        sshard, sinfo = self._scale(t)
+        r0, r1 = rows if rows is not None else (0, O)
+        row = info.nbytes // O
+        codes = shard.read_range(info.begin + r0 * row, (r1 - r0) * row).reshape(r1 - r0, -1)
+        grid = fmt.scale_grid(O, I, gs)
+        align = 1 if fmt.rowwise_scales else fmt.row_align  # rows per row of the scale grid
+        g0, g1 = r0 // align, -(-r1 // align)
+        srow = sinfo.nbytes // grid[0]
+        scales = sshard.read_range(sinfo.begin + g0 * srow, (g1 - g0) * srow).view(fmt.scale_numpy)
+        if t.layout == PLANAR_LAYOUT:
+            codes = kernels.planar_to_pairs(codes)
+        return _decode(fmt.name, codes, scales, r1 - r0, I, gs)
+
+    def _scale(self, t: ResolvedTensor):
+        for shard in self.model.shards:  # a scale lives beside its weight, almost always in the same file
+            if t.scale in shard.tensors:
+                return shard, shard.tensors[t.scale]
+        raise VerifyError(f"tensor {t.name}: its scale tensor {t.scale} is in no shard")  # pragma: no cover
+
+    def row_slabs(self, w: OutputWeight) -> int:
+        """Rows that may be decoded apart (1 for row-wise formats and floats, a block format's scale rows), or 0
+        when the tensor is decoded whole (a part, a planar record, a 1-D float)."""
+        t = w.tensor
+        if w.part is not None or t.layout == PLANAR_LAYOUT or w.ndim != 2:
+            return 0
+        if t.kind == "float":
+            return 1
+        fmt = by_name(t.format.name)
+        return 1 if fmt.rowwise_scales else fmt.row_align if fmt.row_align > 1 else 0
+
+
+def _decode(fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None) -> np.ndarray:
+    """Float32 ``[O, I]`` of stored codes: the kernels where the format has them (bit-identical), else the
+    registry's reference decoder."""
+    fmt = by_name(fmt_name)
+    if fmt.kernel_code is not None:
+        return kernels.decode(fmt.name, codes, scales, O, I, gs)
+    c = np.ascontiguousarray(codes).view(np.uint8).reshape(fmt.weight_shape(O, I, gs))
+    s = np.ascontiguousarray(scales).view(fmt.scale_numpy).reshape(fmt.scale_grid(O, I, gs))
+    return np.asarray(fmt.decode(c, s, O, I, gs), np.float32)
+
+
+def _num_hidden_layers(config: Mapping[str, Any] | None) -> int | None:
+    if not config:
+        return None
+    with contextlib.suppress(ConfigError):
+        return model_config.num_hidden_layers(config)
+    return None
+
+
+# ---------------------------------------------------------------------------------------- recorded figures
+def _from_record(report: QualityReport, weights: OutputWeights, recorded: Mapping[str, ErrorStats]) -> None:
+    for name, stats in recorded.items():
+        w = weights.find(name)
+        if w is None:
+            report.warnings.append(f"tensor {name}: recorded in {MANIFEST_FILE}, but the output holds no such weight")
+            w_role = names.detail_role(name, 2, num_hidden_layers=weights.num_hidden_layers)
+            report.tensors.append(TensorQuality(name, w_role, names.parse_name(name).layer, "?", stats))
+            continue
+        report.tensors.append(weights.quality(w, stats))
+
+
+def _compare(report: QualityReport, recorded: Mapping[str, ErrorStats]) -> None:
+    """Each recomputed tensor against its recorded figures (when the manifest recorded any)."""
+    if not recorded:
+        return
+    done = {t.name for t in report.tensors}
+    skipped = {n for n, _ in report.not_compared}
+    for t in report.tensors:
+        mine = recorded.get(t.name)
+        why = "not recorded" if mine is None else agree(mine, t.stats)
+        if why is not None:
+            report.disagreements.append(Disagreement(t.name, mine, t.stats, why))
+    for name, stats in recorded.items():
+        if name not in done and name not in skipped:
+            report.disagreements.append(Disagreement(name, stats, None, "recorded, but the source makes no such tensor"))
+
+
+# ---------------------------------------------------------------------------------------- recomputation
+def _recompute(report: QualityReport, weights: OutputWeights, manifest: Manifest, spec: str,
+               revision: str | None, token: str | None, progress: bool, workdir) -> None:  # fmt: skip
+    from colitools.converters.inventory import COPY_DTYPES
+    from colitools.converters.runner import load_plan
+    from colitools.converters.sources import open_source
+
+    recorded_source = manifest.data.get("source") or {}
+    if revision is None and recorded_source.get("kind") == "hf" and recorded_source.get("repo_id") == spec:
+        revision = recorded_source.get("revision")  # the commit it was converted from
+    with contextlib.ExitStack() as stack:
+        work = Path(workdir) if workdir is not None else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="colitools-quality-")))  # fmt: skip
+        try:
+            src = open_source(spec, revision, token, workdir=work)
+        except ColitoolsError as exc:
+            raise VerifyError(f"`source`: {exc}") from None
+        with contextlib.redirect_stderr(io.StringIO()):  # planning's own note on natively decoded tensors
+            plan = load_plan(src, _options(manifest))
+        jobs = [(u, j) for u in plan.units for j in u.jobs]
+        matched = _match(weights, jobs, COPY_DTYPES, report)
+        _stream(report, weights, src, plan, matched, progress)
+
+
+def _options(manifest: Manifest):
+    """The ``ConvertOptions`` of the recorded recipe (its keys that are options; ``experts`` as chosen, so a
+    ``native`` default is planned again as it was)."""
+    from colitools.converters.options import ConvertOptions
+
+    recipe = manifest.data.get("recipe")
+    if not isinstance(recipe, dict):
+        raise VerifyError(f"{MANIFEST_FILE}: no recipe recorded")
+    known = {f.name for f in dataclasses.fields(ConvertOptions)}
+    given = {k: v for k, v in recipe.items() if k in known and k not in ("dry_run", "progress", "workers")}
+    try:
+        return ConvertOptions(**given, progress=False, min_free_gb=0.0)
+    except (ColitoolsError, TypeError) as exc:
+        raise VerifyError(f"{MANIFEST_FILE}: its recipe {recipe} cannot be planned again: {exc}") from None
+
+
+def _match(weights: OutputWeights, jobs, copy_dtypes, report: QualityReport) -> list:
+    """``(unit, job, OutputWeight)`` of every planned float weight; VerifyError for a tensor the output does not
+    hold as planned (another source). Copied non-float tensors are not weights; an output tensor the resolver
+    left unresolved is not compared."""
+    out = []
+    claimed: set[tuple[str, str | None, int | None]] = set()
+    for unit, job in jobs:
+        if job.target.is_source and job.source.dtype in copy_dtypes:
+            continue  # rule 0: an integer tensor copied unchanged
+        w = weights.find(job.out_name)
+        if w is None:
+            held = [n for n in weights.stored_names(job.out_name) if n in weights.resolved]
+            if held:
+                t = weights.resolved[held[0]]
+                report.not_compared.append((job.out_name, t.problem or f"stored as {t.kind} {t.dtype}"))
+                continue
+            raise VerifyError(
+                f"tensor {job.out_name}: the source makes it, but {weights.model.path} holds no such weight: "
+                f"`source` is not the source of this conversion"
+            )
+        want = (job.O, job.I) if len(job.shape) == 2 else tuple(job.shape)
+        if tuple(w.shape) != tuple(want):
+            raise VerifyError(
+                f"tensor {job.out_name}: the source makes it {list(want)}, {weights.model.path} holds "
+                f"{list(w.shape)}: `source` is not the source of this conversion"
+            )
+        claimed.add((w.tensor.name, w.part.projection if w.part else None, w.part.expert if w.part else None))
+        out.append((unit, job, w))
+    for w in [*(weights.parts.values()), *(OutputWeight(t.name, t) for t in weights.resolved.values()
+                                           if t.kind in ("quantized", "float") and not t.parts)]:  # fmt: skip
+        key = (w.tensor.name, w.part.projection if w.part else None, w.part.expert if w.part else None)
+        if key not in claimed:
+            report.not_compared.append((w.name, "no tensor of the source makes it"))
+    return out
+
+
+def _stream(report: QualityReport, weights: OutputWeights, src, plan, matched: list, progress: bool) -> None:
+    """Read, decode and compare each matched tensor in plan order, a unit's source shards on disk at a time
+    (a Hub source's downloads deleted once no later unit reads them)."""
+    from colitools.converters.unit_writer import ShardReader
+
+    block = plan.inventory.fp8.block if plan.inventory.fp8 else None
+    needed = Counter(s for unit, _, _ in _first_of_units(matched) for s in unit.shards)
+    bar = _bar(progress, sum(j.in_bytes + w.nbytes for _, j, w in matched))
+    try:
+        for unit, items in _by_unit(matched):
+            paths = {s: src.local_copy(s) or src.ensure_local(s) for s in unit.shards}
+            reader = ShardReader(paths)
+            try:
+                for _, job, w in items:
+                    stats = _tensor_stats(job, w, weights, reader, block)
+                    report.tensors.append(weights.quality(w, stats))
+                    report.bytes_read += job.in_bytes + w.nbytes
+                    bar.update(job.in_bytes + w.nbytes)
+            finally:
+                reader.close()
+            for s in unit.shards:
+                needed[s] -= 1
+                if not needed[s] and src.is_deletable(s):
+                    src.release(s)
+    finally:
+        bar.close()
+
+
+def _first_of_units(matched: list) -> Iterator:
+    seen = set()
+    for unit, job, w in matched:
+        if unit.key not in seen:
+            seen.add(unit.key)
+            yield unit, job, w
+
+
+def _by_unit(matched: list) -> Iterator[tuple[Any, list]]:
+    items: list = []
+    for item in matched:
+        if items and item[0].key != items[0][0].key:
+            yield items[0][0], items
+            items = []
+        items.append(item)
+    if items:
+        yield items[0][0], items
+
+
+def _tensor_stats(job, w: OutputWeight, weights: OutputWeights, reader, block) -> ErrorStats:
+    """The figures of one planned tensor: its source values as the converter reads them against the output's
+    decoded values, by row slabs for a big plain 2-D tensor (no tensor-sized float32 copy)."""
+    try:
+        rows = _slab_rows(job, w, weights, block)
+        if rows is None:
+            return tensor_error(_source_float32(job, reader, block), weights.decode(w))
+        stats = ErrorStats()
+        for r0 in range(0, job.O, rows):
+            r1 = min(job.O, r0 + rows)
+            stats = stats + tensor_error(_source_rows(job, reader, block, r0, r1), weights.decode(w, (r0, r1)))
+        return stats
+    except ColitoolsError as exc:
+        raise VerifyError(str(exc) if job.out_name in str(exc) else f"tensor {job.out_name}: {exc}") from None
+
+
+def _slab_rows(job, w: OutputWeight, weights: OutputWeights, block) -> int | None:
+    """Rows per slab for a plain 2-D source tensor (not natively quantized, not a slice of a stack) of more than
+    ``SLAB_BYTES`` whose output decodes by rows; None: whole."""
+    src = job.source
+    align = weights.row_slabs(w)
+    if not align or src.quant is not None or job.fused_rows is not None or job.fused_pick is not None:
+        return None
+    if len(src.shape) != 2 or src.nbytes <= SLAB_BYTES:
+        return None
+    if src.scale is not None:
+        align = math.lcm(align, block[0])
+    rows = max(align, (SLAB_BYTES // max(src.nbytes // job.O, 1)) // align * align)
+    return rows if rows < job.O else None
+
+
+def _source_float32(job, reader, block) -> np.ndarray:
+    """The job's source values decoded to float32 as the converter decodes them (``unit_writer``)."""
+    from colitools.converters.unit_writer import _dequant, _source_values
+
+    values, scale = _source_values(job, reader, block)
+    q = job.source.quant
+    if q is None:
+        return _dequant(job, values, scale, block)
+    q.encoding.check_parts(job.out_name, values, job.source.shape)
+    return q.encoding.decode(values, job.O, job.I, group=q.group, exact=q.exact)
+
+
+def _source_rows(job, reader, block, r0: int, r1: int) -> np.ndarray:
+    """Rows ``[r0, r1)`` of a plain 2-D source tensor as float32 (an FP8 one with its scale grid's rows)."""
+    from colitools.converters.dequant import to_float32
+
+    src = job.source
+    values = reader.read_rows(src, r0, r1)
+    if src.scale is None:
+        return to_float32(job.out_name, values)
+    sc = src.scale
+    grid = reader.read(sc.shard, sc.name, sc.dtype, sc.shape)[r0 // block[0] : -(-r1 // block[0])]
+    return to_float32(job.out_name, values, scale=np.asarray(grid), block=block)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(progress: bool, total_bytes: int):
+    if not progress:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1000, desc="verify quality",
+                leave=False, dynamic_ncols=True)  # fmt: skip
+
+
+def worst(report: QualityReport, n: int = 10) -> list[TensorQuality]:
+    """The ``n`` tensors of highest relative error (lossless ones never)."""
+    lossy = [t for t in report.tensors if t.stats.sse > 0]
+    return sorted(lossy, key=lambda t: -t.stats.rel_error)[:n]
