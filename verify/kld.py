@@ -29,6 +29,7 @@ log-softmax ``l - max(l) - log(sum(exp(l - max(l))))``):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -202,15 +203,19 @@ def teacher_forced_logits(model_dir: str | os.PathLike[str], token_ids: Sequence
 
 def model_kld(
     source: str | os.PathLike[str] | None, output_dir: str | os.PathLike[str], token_ids: Sequence[int], *,
-    cap: int | None = None, workdir: str | os.PathLike[str] | None = None,
+    cap: int | None = None, revision: str | None = None, token: str | None = None,
+    workdir: str | os.PathLike[str] | None = None,
 ) -> KldReport:  # fmt: skip
     """``kld_stats`` of ``output_dir`` (the test) against ``source`` converted with ``F32_RECIPE`` into a
     temporary folder under ``workdir`` (the reference; removed before the test model runs), both teacher-forced
     over ``token_ids`` by the reference runtime with ``cap`` experts cached per layer. ``source`` None: the
-    source ``output_dir``'s manifest records. RuntimeModelError for a folder the runtime cannot run, ParameterError
-    for fewer than 2 ids or one outside the vocabulary (checked before anything is converted)."""
+    source ``output_dir``'s manifest records; a Hub source is read at ``revision`` (default: the commit the
+    manifest recorded for that repo) with ``token``. RuntimeModelError for a folder the runtime cannot run,
+    ParameterError for fewer than 2 ids or one outside the vocabulary (both checked before anything is
+    converted)."""
     from colitools.converters.options import ConvertOptions
     from colitools.converters.runner import convert
+    from colitools.formats.filenames import MANIFEST_FILE
     from colitools.formats.inspect import incomplete_conversion
     from colitools.runtime.config import ModelArgs
 
@@ -222,11 +227,16 @@ def model_kld(
     ids = check_token_ids(token_ids, args.vocab_size)
     if cap is not None and cap < 1:
         raise ParameterError(f"`cap` must be >= 1, got {cap}")
-    revision = None
     if source is None:
-        source, revision = manifest_source(output_dir)
+        source, recorded = manifest_source(output_dir)
+        revision = revision if revision is not None else recorded
+    elif revision is None and (output_dir / MANIFEST_FILE).is_file():
+        with contextlib.suppress(VerifyError):  # no usable manifest: no recorded commit to default to
+            recorded_source, recorded = manifest_source(output_dir)
+            if recorded is not None and recorded_source == str(source):
+                revision = recorded
     options = ConvertOptions(
-        **F32_RECIPE, revision=revision, progress=False, min_free_gb=0.0, on_low_disk="stop"
+        **F32_RECIPE, revision=revision, token=token, progress=False, min_free_gb=0.0, on_low_disk="stop"
     )
     with tempfile.TemporaryDirectory(prefix="colitools-kld-", dir=workdir) as tmp:
         reference = Path(tmp) / "reference"

@@ -201,3 +201,58 @@ def test_model_kld_refuses_before_converting(tmp_path):
     with pytest.raises(VerifyError, match="no colitools.json to find the source in"):
         model_kld(None, bare, IDS, workdir=work)
     assert list(work.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------ the real CLI
+@pytest.fixture(scope="module")
+def olmoe_default(tmp_path_factory) -> Path:
+    return _convert(ORACLES / "olmoe", tmp_path_factory.mktemp("kld-cli") / "default")
+
+
+def test_cli_kld_json_and_text(olmoe_default, tmp_path):
+    ids = IDS[:20]
+    res = run_cli(
+        "verify", "quality", olmoe_default, "--kld", "--prompt-ids", ",".join(map(str, ids)), "--json"
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    # in-process with the source given; the CLI found it in the manifest (the resolved path)
+    want = model_kld(ORACLES / "olmoe", olmoe_default, ids).to_json()
+    assert got == {**want, "source": str((ORACLES / "olmoe").resolve())}
+    assert got["positions"] == 19 and got["mean_kld"] > 0
+
+    text = tmp_path / "prompt.txt"
+    text.write_text("the router picks experts")
+    res = run_cli("verify", "quality", olmoe_default, "--kld", "--text", text)
+    assert res.returncode == 0, res.stderr
+    n = len(text_token_ids(olmoe_default, text))
+    assert f"run at f32: {n - 1} positions" in res.stdout
+    for label in ("mean KLD", "median KLD", "99th percentile KLD", "max KLD", "top-1 agreement",
+                  "perplexity, source (f32)", "perplexity, converted"):  # fmt: skip
+        assert label in res.stdout
+
+
+def test_cli_kld_refusals_are_one_line(olmoe_default, tmp_path):
+    def refused(*args, code, words):
+        one_line_error(run_cli("verify", "quality", *args), *words, code=code)
+
+    refused(olmoe_default, "--kld", "--prompt-ids", "1,x,3", code=1, words=["--prompt-ids", "entry 2 is 'x'"])
+    refused(olmoe_default, "--kld", "--prompt-ids", "7", code=2, words=["--prompt-ids", "at least 2"])
+    refused(
+        olmoe_default, "--kld", "--prompt-ids", "1,2,288", code=2, words=["id 288 (position 2)", "0..287"]
+    )
+    refused(olmoe_default, "--kld", code=2, words=["exactly one of --prompt-ids and --text"])
+    refused(olmoe_default, "--prompt-ids", "1,2", code=2, words=["options of --kld"])
+    refused(olmoe_default, "--kld", "--text", tmp_path / "missing.txt", code=2, words=["--text: cannot read"])
+    # a folder the runtime cannot run: model_type llama
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    config = json.loads((ORACLES / "olmoe" / "config.json").read_text())
+    (llama / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    refused(llama, "--source", ORACLES / "olmoe", "--kld", "--prompt-ids", "1,2,3", code=1,
+            words=["model_type 'llama' is not supported"])  # fmt: skip
+    # --text needs the model's tokenizer.json: qwen3_moe has none
+    text = tmp_path / "t.txt"
+    text.write_text("hello")
+    qwen = _convert(ORACLES / "qwen3_moe", tmp_path / "qwen3_moe")
+    refused(qwen, "--kld", "--text", text, code=1, words=["no tokenizer.json (use --prompt-ids)"])
