@@ -189,6 +189,29 @@ def verify_quality_command(
         ),
     ] = None,
     progress: ProgressOpt = None,
+    kld: Annotated[
+        bool,
+        typer.Option(
+            "--kld",
+            help="Compare the models instead of the weights: the source (--source, default the manifest's) "
+            "converted to f32 and this folder, both run teacher-forced over --prompt-ids or --text; KL divergence "
+            "mean / median / p99 / max, top-1 agreement, |dp| of the source's top token, both perplexities.",
+        ),
+    ] = False,
+    prompt_ids: Annotated[
+        str | None, typer.Option("--prompt-ids", help="With --kld: the token ids, e.g. 3,17,42 (at least 2).")
+    ] = None,
+    text: Annotated[
+        Path | None,
+        typer.Option(
+            "--text",
+            metavar="FILE",
+            help="With --kld: a UTF-8 text file, tokenised by the model's tokenizer.json.",
+        ),
+    ] = None,
+    cap: Annotated[
+        int | None, typer.Option("--cap", min=1, help="With --kld: experts cached per layer.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """What the conversion lost, per tensor, role, layer and format: relative Frobenius error ||W'-W||/||W||,
@@ -196,7 +219,13 @@ def verify_quality_command(
 
     Exit 0 when reported, 4 when the recorded figures disagree with the recomputed ones (--source), 1 on errors
     (not a complete colitools conversion, a source that is not its source, no recorded figures and no
-    --source)."""
+    --source). With --kld: exit 0 when measured, 2 on usage errors (no tokens, fewer than 2, an id outside the
+    vocabulary), 1 on errors (a model the runtime cannot run, no tokenizer.json for --text)."""
+    if kld or prompt_ids is not None or text is not None or cap is not None:
+        from colitools.cli.kld_cmd import kld_command
+
+        return kld_command(path, source, kld=kld, prompt_ids=prompt_ids, text=text, cap=cap, revision=revision,
+                           token=token, plot=plot, as_json=as_json)  # fmt: skip
     from colitools.verify.quality import weight_quality
 
     show = progress if progress is not None else (not as_json and sys.stderr.isatty())
