@@ -110,6 +110,21 @@ def cases() -> list[Case]:
         out.append(Case("qwen36", "qwen3_5_moe", (("target", "qwen36"), ("experts", xb))))
     # the release's FP8 / FP4 / engram bytes kept (native, the target's only recipe)
     out.append(Case("deepseek_v41", "deepseek_v41", (("target", "deepseek_v41"),)))
+    return out + mse_cases()
+
+
+def mse_cases() -> list[Case]:
+    """``--quantizer mse`` (FORMATS §9): signed scales for c/colibri.c (the generic target), positive ones for the
+    family engines (their own kernels)."""
+    mse = (("quantizer", "mse"),)
+    out = [
+        Case("colibri", "glm_eps6", (("target", "generic"), ("experts", fmt), ("dense", fmt), ("embed", fmt), *mse))
+        for fmt in COLIBRI_FORMATS
+    ]
+    out.append(Case("olmoe", "olmoe_target", (("target", "olmoe"), *mse)))
+    for xb in ("int4-row", "int8-row"):
+        out.append(Case("inkling", "inkling", (("target", "inkling"), ("experts", xb), *mse)))
+    out.append(Case("qwen36", "qwen3_5_moe", (("target", "qwen36"), ("experts", "int4-g32"), *mse)))
     return out
 
 
@@ -517,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=REPO / ".bench-tmp" / "colibri-compat")
     ap.add_argument("--oracle-python", help="python with torch + transformers (the 128-wide deepseek_v4)")
     ap.add_argument("--only", nargs="*", choices=sorted(ENGINES), help="engines to check (default all)")
+    ap.add_argument("--quantizer", choices=("rtn", "mse"),
+                    help="only the rows of this quantizer (default: every row)")  # fmt: skip
     ap.add_argument("--make-v4-wide", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.make_v4_wide:
@@ -527,8 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     engines = args.only or list(ENGINES)
     cdirs, built = build_engines([src.resolve() for src in args.colibri_src], args.work, engines)
-    rows = [run_case(c, cdirs.get(c.engine), built[c.engine], args.work, args.oracle_python) for c in cases()
-            if c.engine in engines]  # fmt: skip
+    chosen = [c for c in cases() if c.engine in engines and (
+        args.quantizer is None or dict(c.options).get("quantizer", "rtn") == args.quantizer)]  # fmt: skip
+    rows = [run_case(c, cdirs.get(c.engine), built[c.engine], args.work, args.oracle_python) for c in chosen]
     print_table(rows)
     return 0 if all(r.ran == "yes" for r in rows) else 1  # divergences are the table's to explain
 

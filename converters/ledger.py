@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from colitools.converters.plan_record import PLAN_FILE
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.unit_writer import FileRecord
 from colitools.formats.atomic import parse_temp_name
+from colitools.formats.error_stats import ErrorStats
 from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, SHARD_SUFFIX
 from colitools.formats.planar_sidecar import sidecar_dir
@@ -189,12 +190,22 @@ class Ledger:
     def is_finished(self, key: str) -> bool:
         return key in self.data["units"]
 
-    def record_unit(self, unit: Unit, files: Iterable[FileRecord], plan: ConversionPlan) -> None:
-        """Record a finished unit (its files are published) and rewrite the ledger atomically."""
+    def record_unit(
+        self,
+        unit: Unit,
+        files: Iterable[FileRecord],
+        plan: ConversionPlan,
+        errors: Mapping[str, ErrorStats] | None = None,
+    ) -> None:
+        """Record a finished unit (its files are published) and rewrite the ledger atomically. ``errors``: what
+        each written tensor lost (formats/error_stats.py), kept as ``errors: {tensor: [n, sse, ssw, ssq, dot,
+        max_abs]}`` (``ErrorStats`` field order; ``verify quality`` reports them without the source)."""
         self.data["units"][unit.key] = {
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
             "sources": {s: self.identities[s] for s in unit.shards},
         }
+        if errors:
+            self.data["units"][unit.key]["errors"] = {name: list(astuple(e)) for name, e in sorted(errors.items())}
         self.data["units"] = _ordered(self.data["units"], plan)
         self.save()
         output.write_sidecar_index(self.outdir, plan, self.data["units"])  # planar: done (and complete)

@@ -32,6 +32,7 @@ class ConvertOptions:
     layout: str | None = None  # a --layout value (formats/layouts.py); None: the target's, else pairs
     towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
     target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads it
+    quantizer: str = "rtn"  # --quantizer rtn | mse (FORMATS §9; formats/quantizers.py)
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False
@@ -51,7 +52,8 @@ class ConvertOptions:
 
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(
-            self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers, self.target
+            self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers, self.target,
+            self.quantizer,
         )
         if self.group_size is not None and not any(
             v.startswith("int4-g") for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)

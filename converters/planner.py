@@ -363,6 +363,7 @@ def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, lis
     by_unit: dict[tuple, list[TensorJob]] = defaultdict(list)
     dropped: list[str] = []
     chosen: dict[rc.Target, rc.Target] = {}  # one object per distinct target (_shared_target)
+    mode = recipe.quantizer_mode  # FORMATS §9: the encoder mode of every target with scales to choose
     for name, src in inventory.tensors.items():
         # a natively quantized tensor is a float weight stored in codes (its data dtype is U8 / I32)
         role = rc.classify(name, len(src.shape), nhl, "F32" if src.quant is not None else src.dtype)
@@ -372,8 +373,14 @@ def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, lis
         layer = rc.layer_of(name)
         ukey = (0, "", 0) if layer is None else (1, layer.prefix, layer.index)
         jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of)
-        by_unit[ukey].extend(_shared_target(_for_target(j, target), chosen) for j in jobs)
+        by_unit[ukey].extend(_shared_target(_quantized_by(_for_target(j, target), mode), chosen) for j in jobs)
     return by_unit, dropped
+
+
+def _quantized_by(job: TensorJob, mode: str) -> TensorJob:
+    """``job`` whose target encodes with the encoder mode ``mode`` (``rc.Target.with_quantizer``)."""
+    target = job.target.with_quantizer(mode)
+    return job if target is job.target else replace(job, target=target)
 
 
 def _shared_target(job: TensorJob, chosen: dict[rc.Target, rc.Target]) -> TensorJob:

@@ -53,6 +53,7 @@ from colitools.formats.registry import (
     parse_format_option,
     writer_group_size,
 )
+from colitools.formats.quantizers import QUANTIZERS, RTN, mode_for
 from colitools.formats.source_encodings import SourceEncoding
 
 LAYOUTS = layouts.OPTION_NAMES  # the --layout values (formats/layouts.py)
@@ -308,6 +309,7 @@ class Recipe:
     layout: str = layouts.PAIRS.option
     towers: str = "keep"  # rule 1: keep | drop
     target: targets.Target = targets.GENERIC  # --target (formats/targets.py): recorded by name
+    quantizer: str = RTN  # --quantizer rtn | mse (FORMATS §9): recorded only when not rtn
 
     @classmethod
     def from_options(
@@ -320,6 +322,7 @@ class Recipe:
         layout: str | None = None,
         towers: str | None = None,
         target: targets.Target = targets.GENERIC,
+        quantizer: str = RTN,
     ) -> Recipe:
         """Build and validate a recipe from CLI-style options.
 
@@ -355,7 +358,17 @@ class Recipe:
             tgt.check_option(option, value)
             values[option] = value
         tgt.check_option("towers", towers)
-        return cls(layout=layout, towers=towers, target=target, **values)
+        if quantizer not in QUANTIZERS:
+            raise ParameterError(f"`quantizer={quantizer!r}`: choose one of {', '.join(QUANTIZERS)}")
+        return cls(layout=layout, towers=towers, target=target, quantizer=quantizer, **values)
+
+    @property
+    def quantizer_mode(self) -> str:
+        """The encoders' mode for this recipe's ``quantizer``: ``mse`` writes negative scales only where the
+        target's engine reads them (``Target.signed_scales``: colibri.c's generic loader, pairs layout; FORMATS
+        §9), else ``mse-positive``."""
+        signed = self.target.signed_scales and self.layout == layouts.PAIRS.option
+        return mode_for(self.quantizer, signed)
 
     def option_for(self, role: Role) -> str:
         """The format option governing ``role`` (``f32`` for rule 1)."""
@@ -368,14 +381,17 @@ class Recipe:
         )
 
     def as_dict(self) -> dict[str, str]:
-        """The options as recorded; ``towers`` only when it is not the default ``keep`` and ``target`` only when
-        it is not ``generic`` (so the fingerprint of every such recipe is what it was before the option existed)."""
+        """The options as recorded; ``towers`` only when it is not the default ``keep``, ``target`` only when
+        it is not ``generic`` and ``quantizer`` only when it is not ``rtn`` (so the fingerprint of every such
+        recipe is what it was before the option existed)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["target"] = self.target.name
         if d["towers"] == "keep":
             del d["towers"]
         if d["target"] == targets.GENERIC_NAME:
             del d["target"]
+        if d["quantizer"] == RTN:
+            del d["quantizer"]
         return d
 
     def fingerprint(self) -> str:
@@ -423,6 +439,7 @@ class Target:
     fallback: Fallback | None = None
     native: bool = False  # the source's own quantization copied losslessly (``native``, §6)
     spelling: targets.Spelling | None = None  # a --target loader's names and dtypes for the format's tensors
+    quantizer: str = RTN  # the encoder mode of its scales (``quantizers.MODES``, FORMATS §9)
 
     @cached_property  # a plan shares a few targets among all its tensors: asked ~7 times per tensor
     def format_class(self) -> type[Format]:
@@ -431,6 +448,13 @@ class Target:
     def __getstate__(self) -> dict:
         """Its fields (a recorded plan pickles targets): not what it cached."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def with_quantizer(self, mode: str) -> Target:
+        """This target with the encoder mode ``mode`` (``Recipe.quantizer_mode``) where it applies: a format
+        whose scales a quantizer chooses (``Format.mse_scales``), encoded rather than kept native."""
+        if mode == RTN or self.native or self.is_source or not self.format_class.mse_scales:
+            return self
+        return replace(self, quantizer=mode)
 
     @property
     def is_source(self) -> bool:

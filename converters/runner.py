@@ -334,7 +334,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
         return paths
 
     def finished(unit: Unit, result: UnitResult) -> None:
-        ledger.record_unit(unit, result.files, plan)
+        ledger.record_unit(unit, result.files, plan, result.errors)
         summary.units_converted += 1
         summary.bytes_in += result.in_bytes
         summary.bytes_out += sum(f.size for f in result.files)

@@ -41,12 +41,13 @@ import numpy as np
 
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Unit
-from colitools.converters.recipe import Role
 from colitools.formats import kernels, planar_sidecar
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
+from colitools.formats.error_stats import ErrorStats, tensor_error
 from colitools.formats.errors import ConvertError, EncodeError, SafetensorsError
 from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, Stack
+from colitools.formats.quantizers import RTN
 from colitools.formats.reference import E4M3_TO_F32, encode_bf16
 from colitools.formats.registry import Fp8E4m3E8m0
 from colitools.formats.registry import _check_finite as check_finite  # the encoders' own message
@@ -72,6 +73,8 @@ class UnitResult:
     key: str
     files: list[FileRecord] = field(default_factory=list)
     in_bytes: int = 0
+    # what each written tensor lost against its source values (formats/error_stats.py), by output name
+    errors: dict[str, ErrorStats] = field(default_factory=dict)
 
 
 _KNOWN_HEADERS: dict[Path, SafetensorsFile] = {}  # closed readers of recent units' shards (their headers)
@@ -227,10 +230,23 @@ def _fp8_e8m0_passthrough(
 
 
 def _check_float_finite(job: TensorJob, w: np.ndarray) -> None:
-    """A float tensor a recipe writes for a linear weight (``f32`` / ``bf16``, as stored) holds no NaN / inf:
-    EncodeError naming the first bad ``[o, i]``, the message of the quantized recipes' encoders."""
-    if not np.isfinite(w).all():
-        check_finite(np.asarray(w, np.float32).reshape(job.O, job.I), job.out_name)
+    """A float tensor written (``f32`` / ``bf16``, or a float kept as the source stored it; rule 2's routers, norms
+    and biases too) holds no NaN / inf: EncodeError naming the first bad index and the count, the message of the
+    quantized recipes' encoders (``[o, i]`` of a 2-D tensor, the index in its own shape otherwise)."""
+    if np.isfinite(w).all():
+        return
+    w = np.asarray(w, np.float32).reshape(job.shape)
+    if w.ndim == 2:
+        check_finite(w, job.out_name)
+    bad = ~np.isfinite(w)
+    at = np.unravel_index(int(np.flatnonzero(bad)[0]), w.shape)
+    raise EncodeError(
+        f"tensor {job.out_name}: non-finite value {w[at]} at [{', '.join(str(int(k)) for k in at)}] "
+        f"({int(bad.sum())} non-finite in total)"
+    )
+
+
+_CHECKED_SOURCE_DTYPES = ("F32", "BF16", "F16", "F64")  # float tensors kept as stored: checked as written
 
 
 def _check_fp8_finite(name: str, codes: np.ndarray, scales: np.ndarray, block) -> None:
@@ -304,6 +320,8 @@ def encode_job(
     """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values."""
     t = job.target
     if t.is_source:  # rules 0 and 1: the source tensor unchanged (its dtype, its bytes)
+        if job.source.dtype in _CHECKED_SOURCE_DTYPES:  # a float kept as stored holds no NaN / inf either
+            _check_float_finite(job, values)
         return np.ascontiguousarray(values), None
     if job.source.quant is not None:
         codes, scales = _encode_native(job, values)
@@ -315,8 +333,7 @@ def encode_job(
     if t.is_float:
         w = _dequant(job, values, scale, block).reshape(job.shape)
         w = encode_bf16(w) if t.is_bf16 else w
-        if job.role is not Role.FLOAT:  # a recipe's choice for a linear weight: finite, as its encoders require
-            _check_float_finite(job, w)
+        _check_float_finite(job, w)  # finite, as the encoders require (rule 2's F32 tensors too)
         return w, None
     fmt, gs = t.format_class, t.gs
     grid = _fp8_grid(job, scale, block) if scale is not None else None
@@ -327,6 +344,9 @@ def encode_job(
         codes, scales = kernels.encode_from_fp8_e8m0(values, grid, block, name=job.out_name)
     elif fmt.kernel_code is None:  # not a row codec (fp8-e4m3-e8m0, its own block kernel): from float32
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
+    elif t.quantizer != RTN:  # the mse search (FORMATS §9) runs on float32 values: dequantised exactly first
+        w = _dequant(job, values, scale, block)
+        codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
     elif values.dtype == np.float16:  # the same, upcast a row at a time: no float32 copy of the tensor
@@ -360,7 +380,49 @@ def _encode_native(job: TensorJob, parts: dict[str, np.ndarray]) -> tuple[np.nda
     if t.is_float:
         w = w.reshape(job.shape)
         return (encode_bf16(w) if t.is_bf16 else w), None
-    return t.format_class.encode(w, t.gs, name=name, fast=True)
+    return t.format_class.encode(w, t.gs, name=name, fast=True, quantizer=t.quantizer)
+
+
+def job_error(
+    job: TensorJob,
+    values: np.ndarray,
+    scale: np.ndarray | None,
+    block: tuple[int, int] | None,
+    codes: np.ndarray,
+    scales: np.ndarray | None,
+) -> ErrorStats | None:
+    """What ``job``'s written tensor (``codes`` / ``scales`` as ``encode_job`` returned them, pairs order) lost
+    against its source values (formats/error_stats.py), both decoded exactly to float32; None for a tensor
+    copied in its source dtype (rules 0 and 1: not a float weight, or bytes unchanged)."""
+    t = job.target
+    if t.is_source:
+        return None
+    if job.source.quant is not None:
+        q = job.source.quant
+        if t.native:  # the source's own codes kept: lossless by construction (``SourceEncoding.keep``)
+            return _lossless(_decoded(job, codes, scales))
+        source = q.encoding.decode(values, job.O, job.I, group=q.group, exact=q.exact)
+    elif t.is_passthrough:  # fp8 bytes and scales unchanged: lossless
+        return _lossless(_decoded(job, codes, scales))
+    else:
+        source = _dequant(job, values, scale, block)
+    return tensor_error(source, _decoded(job, codes, scales))
+
+
+def _lossless(decoded: np.ndarray) -> ErrorStats:
+    stats = tensor_error(decoded, decoded)
+    return ErrorStats(stats.n, 0.0, stats.ssw, stats.ssw, stats.ssw, 0.0)
+
+
+def _decoded(job: TensorJob, codes: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
+    """The float32 values a reader decodes from ``encode_job``'s result (a float tensor as stored)."""
+    t = job.target
+    if t.is_float:  # F32, or BF16 (ml_dtypes: widened exactly)
+        return np.asarray(codes).astype(np.float32, copy=False)
+    fmt = t.format_class
+    if fmt.kernel_code is not None:
+        return kernels.decode(fmt.name, codes, scales, job.O, job.I, t.gs)
+    return fmt.decode(codes, scales, job.O, job.I, t.gs)
 
 
 def _as_bytes(array: np.ndarray) -> memoryview:
@@ -551,6 +613,7 @@ class PendingUnit:
     key: str
     in_bytes: int
     sinks: list[FileSink]
+    errors: dict[str, ErrorStats] = field(default_factory=dict)
 
     def wait(self) -> UnitResult:
         try:
@@ -559,7 +622,7 @@ class PendingUnit:
             for s in self.sinks:
                 s.abort()
             raise
-        return UnitResult(self.key, files, self.in_bytes)
+        return UnitResult(self.key, files, self.in_bytes, self.errors)
 
 
 ENCODE_AHEAD_BYTES = 32 << 20  # source bytes being read / encoded ahead of the writer (at least one tensor)
@@ -648,6 +711,7 @@ class _Slabs:
 
     def __init__(self, job: TensorJob, rows: int, reader: ShardReader, block: tuple[int, int] | None):
         self.job, self.rows, self.reader, self.block = job, rows, reader, block
+        self.error: ErrorStats | None = None  # the slabs' figures added up (row sums: the tensor's)
 
     def put(self, sink: FileSink, wname: str) -> np.ndarray | None:
         """Every slab's codes into ``sink`` as parts of ``wname``; returns the scales of all rows (or None)."""
@@ -684,6 +748,9 @@ class _Slabs:
             # the whole tensor's message (its first bad [o, i], its count): encoded whole, on this path only
             encode_job(job, *_source_values(job, reader, block), block, False)
             raise
+        error = job_error(slab, values, rows_grid, block, codes, s)
+        if error is not None:
+            self.error = error if self.error is None else self.error + error
         sink.put(wname, codes, part=True)
         return s
 
@@ -701,19 +768,25 @@ def _read_encode(
     if big:  # few of these: split its rows over every kernel thread
         kernels.set_threads(None, this_thread=True)
     try:
-        codes, scales = encode_job(job, values, scale, block, out.planar)
+        codes, scales = encode_job(job, values, scale, block, False)
+        error = job_error(job, values, scale, block, codes, scales)
     finally:
         if big:
             kernels.set_threads(1, this_thread=True)
+    if out.planar and scales is not None:  # planar64-v8 code order (docs/FORMATS.md §4)
+        codes = kernels.pairs_to_planar(codes)
     if out.is_sidecar:  # one F32 scale per (row, 64-block), docs/FORMATS.md §4
         scales = planar_sidecar.block_scales(scales, job.O, job.I)
-    return codes, scales
+    return codes, scales, error
 
 
-def _write_group(sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, slow: float) -> None:
+def _write_group(
+    sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, slow: float, errors: dict[str, ErrorStats]
+) -> None:
     """One group's encoded jobs (taken from ``ahead`` in job order) into ``sink``: each weight, its scale
     right after it (an interleaved record) or after the group's weights (§4: an expert's scales follow its
-    codes); a target's stacks (formats/expert_layouts.py ``Stack``) instead, each once its members are encoded."""
+    codes); a target's stacks (formats/expert_layouts.py ``Stack``) instead, each once its members are encoded.
+    Each job's error figures go to ``errors`` under its output name."""
     scales_after: list[tuple[str, np.ndarray]] = []
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a target's stacks' members
     pending = list(group.stacks)
@@ -725,8 +798,11 @@ def _write_group(sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, s
         wname, sname = job.target.tensor_names(job.out_name)
         if isinstance(taken, _Slabs):  # its codes written slab by slab (never a stack's member)
             codes, scales = None, taken.put(sink, wname)
+            error = taken.error
         else:
-            codes, scales = taken
+            codes, scales, error = taken
+        if error is not None:
+            errors[job.out_name] = error
         if group.stacks:
             members[k] = (codes, scales)
             while pending and all(m in members for m in pending[0].members):
@@ -766,6 +842,7 @@ def start_unit(
     slow = float(os.environ.get(SLOW_TENSOR_ENV) or 0)
     reader = ShardReader(shard_paths)
     sinks: list[FileSink] = []
+    errors: dict[str, ErrorStats] = {}
     work = [
         (job, out, group, reader, block) for out in unit.files for group in out.groups for job in group.jobs
     ]
@@ -777,7 +854,7 @@ def start_unit(
                 sink = FileSink(out, Path(outdir))
                 sinks.append(sink)
                 for group in out.groups:
-                    _write_group(sink, group, ahead, on_tensor, slow)
+                    _write_group(sink, group, ahead, on_tensor, slow, errors)
                 sink.finish()
         except BaseException:
             ahead.cancel()
@@ -787,7 +864,7 @@ def start_unit(
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             reader.close()
-    return PendingUnit(unit.key, unit.in_bytes, sinks)
+    return PendingUnit(unit.key, unit.in_bytes, sinks, errors)
 
 
 def encode_work(jobs: Iterable[TensorJob]) -> Iterator[tuple[str, int]]:

@@ -106,12 +106,14 @@ def tensor_error(source: np.ndarray, decoded: np.ndarray) -> ErrorStats:
         x = a[start : start + _CHUNK_ELEMS].astype(np.float64)
         y = b[start : start + _CHUNK_ELEMS].astype(np.float64)
         d = y - x
+        # numpy's pairwise sums, not BLAS dot products (whose order can depend on its thread count): the same
+        # figures on every machine, so a resumed conversion records what an uninterrupted one does
         total = total + ErrorStats(
             int(x.size),
-            float(np.dot(d, d)),
-            float(np.dot(x, x)),
-            float(np.dot(y, y)),
-            float(np.dot(x, y)),
+            float(np.sum(d * d)),
+            float(np.sum(x * x)),
+            float(np.sum(y * y)),
+            float(np.sum(x * y)),
             float(np.max(np.abs(d))) if d.size else 0.0,
         )
     return total

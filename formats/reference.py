@@ -13,6 +13,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from colitools.formats import quantizers
+from colitools.formats.quantizers import RTN
+
 F32 = np.float32
 SCALE_FLOOR = F32(1e-8)  # "floored to 1e-8 if smaller": the float32 nearest to 1e-8
 
@@ -41,11 +44,29 @@ def _quantize(w: np.ndarray, s: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- int8-row (1)
-def encode_int8_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    amax = np.max(np.abs(w), axis=1) if w.shape[1] else np.zeros(w.shape[0], F32)
-    s = _symmetric_scales(amax, 127)
-    q = _quantize(w, s[:, None], -128, 127)
-    return q.view(np.uint8), s
+def scales_codes(
+    blocks: np.ndarray, lo: int, hi: int, quantizer: str = RTN, search=None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(scales [...], values int8 [..., n])`` of float32 scale groups ``blocks[..., n]`` (a row, or a group of a
+    row; zero padding never changes a group's amax and quantizes to 0): ``rtn`` is §2's ``s = max(amax / hi,
+    1e-8)``, ``v = clip(rint(w / s), lo, hi)``; ``mse`` / ``mse-positive`` the search of ``quantizers.py``
+    (FORMATS §9), whose codes are the same ``clip(rint(w / s))`` of the scale it writes; ``search`` is the
+    kernels' byte-identical group search (``quantizers.mse_scales_codes``), numpy's when None."""
+    if quantizer != RTN:
+        return quantizers.mse_scales_codes(blocks, lo, hi, quantizers.signed(quantizer), search)
+    amax = np.max(np.abs(blocks), axis=-1) if blocks.shape[-1] else np.zeros(blocks.shape[:-1], F32)
+    s = _symmetric_scales(amax, hi)
+    return s, _quantize(blocks, s[..., None], lo, hi)
+
+
+def encode_int8_row(w: np.ndarray, quantizer: str = RTN, search=None) -> tuple[np.ndarray, np.ndarray]:
+    s, q = scales_codes(w, -128, 127, quantizer, search)
+    return pack_int8(q), s
+
+
+def pack_int8(v: np.ndarray) -> np.ndarray:
+    """int8 values ``[O, I]`` as their two's complement bytes."""
+    return np.ascontiguousarray(v, dtype=np.int8).view(np.uint8)
 
 
 def decode_int8_row(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
@@ -73,23 +94,20 @@ def unpack_int4_pairs(codes: np.ndarray, O: int, I: int) -> np.ndarray:
     return (u[:, :I].astype(np.int8) - 8).astype(np.int8)
 
 
-def encode_int4_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    amax = np.max(np.abs(w), axis=1) if w.shape[1] else np.zeros(w.shape[0], F32)
-    s = _symmetric_scales(amax, 7)
-    return pack_int4_pairs(_quantize(w, s[:, None], -8, 7)), s
+def encode_int4_row(w: np.ndarray, quantizer: str = RTN, search=None) -> tuple[np.ndarray, np.ndarray]:
+    s, v = scales_codes(w, -8, 7, quantizer, search)
+    return pack_int4_pairs(v), s
 
 
 def decode_int4_row(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
     return unpack_int4_pairs(codes, O, I).astype(F32) * scales.reshape(O, 1).astype(F32)
 
 
-def encode_int4_grouped(w: np.ndarray, gs: int) -> tuple[np.ndarray, np.ndarray]:
+def encode_int4_grouped(w: np.ndarray, gs: int, quantizer: str = RTN, search=None) -> tuple[np.ndarray, np.ndarray]:
     O, I = w.shape
     G = ceil_div(I, gs)
-    blocks = _pad_cols(w, G * gs).reshape(O, G, gs)
-    s = _symmetric_scales(np.max(np.abs(blocks), axis=2), 7)  # [O, G]
-    v = _quantize(blocks, s[:, :, None], -8, 7).reshape(O, G * gs)[:, :I]
-    return pack_int4_pairs(v), s
+    s, v = scales_codes(_pad_cols(w, G * gs).reshape(O, G, gs), -8, 7, quantizer, search)  # s [O, G]
+    return pack_int4_pairs(v.reshape(O, G * gs)[:, :I]), s
 
 
 def decode_int4_grouped(codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int) -> np.ndarray:
@@ -100,17 +118,20 @@ def decode_int4_grouped(codes: np.ndarray, scales: np.ndarray, O: int, I: int, g
 
 
 # ------------------------------------------------------------------------------------------- int2-row (3)
-def encode_int2_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    O, I = w.shape
-    amax = np.max(np.abs(w), axis=1) if I else np.zeros(O, F32)
-    s = _symmetric_scales(amax, 1)
-    v = _quantize(w, s[:, None], -2, 1)
-    # Element i at byte i >> 2, bits 2*(i & 3) (LSB first). Unused tail bits are 0, not the code of zero (2).
+def encode_int2_row(w: np.ndarray, quantizer: str = RTN, search=None) -> tuple[np.ndarray, np.ndarray]:
+    s, v = scales_codes(w, -2, 1, quantizer, search)
+    return pack_int2(v), s
+
+
+def pack_int2(v: np.ndarray) -> np.ndarray:
+    """int2 values ``[O, I]`` in [-2, 1]: element i at byte i >> 2, bits 2*(i & 3) (LSB first), stored v + 2.
+    Unused tail bits are 0, not the code of zero (2)."""
+    O, I = v.shape
     u = np.zeros((O, 4 * ceil_div(I, 4)), dtype=np.uint8)
     u[:, :I] = (v + 2).astype(np.uint8)
     u = u.reshape(O, -1, 4)
     codes = u[:, :, 0] | (u[:, :, 1] << 2) | (u[:, :, 2] << 4) | (u[:, :, 3] << 6)
-    return codes.astype(np.uint8), s
+    return codes.astype(np.uint8)
 
 
 def decode_int2_row(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:
@@ -124,13 +145,21 @@ INT3_GROUP = 64
 INT3_GROUP_BYTES = 24
 
 
-def encode_int3_g64(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def encode_int3_g64(w: np.ndarray, quantizer: str = RTN, search=None) -> tuple[np.ndarray, np.ndarray]:
     O, I = w.shape
     G = ceil_div(I, INT3_GROUP)
-    blocks = _pad_cols(w, G * INT3_GROUP).reshape(O, G, INT3_GROUP)
-    s = _symmetric_scales(np.max(np.abs(blocks), axis=2), 3)
-    # Padding columns are 0 -> v = 0 -> u = 4, the spec's padding code.
-    u = (_quantize(blocks, s[:, :, None], -4, 3).astype(np.int16) + 4).astype(np.uint8)  # [O, G, 64]
+    s, v = scales_codes(_pad_cols(w, G * INT3_GROUP).reshape(O, G, INT3_GROUP), -4, 3, quantizer, search)
+    return pack_int3_g64(v.reshape(O, G * INT3_GROUP)[:, :I]), s
+
+
+def pack_int3_g64(v: np.ndarray) -> np.ndarray:
+    """int3 values ``[O, I]`` in [-4, 3] as ``ceil(I/64)`` groups of 24 bytes per row (§2.6); padding past ``I``
+    is value 0 (u = 4, the spec's padding code)."""
+    O, I = v.shape
+    G = ceil_div(I, INT3_GROUP)
+    padded = np.zeros((O, G * INT3_GROUP), np.int16)
+    padded[:, :I] = v
+    u = (padded + 4).astype(np.uint8).reshape(O, G, INT3_GROUP)
     low = (u & 3).reshape(O, G, 16, 4)  # value k -> byte k >> 2, shift 2 * (k & 3)
     low_plane = low[..., 0] | (low[..., 1] << 2) | (low[..., 2] << 4) | (low[..., 3] << 6)
     high = ((u >> 2) & 1).reshape(O, G, 8, 8)  # value k -> byte 16 + (k >> 3), bit k & 7
@@ -138,7 +167,7 @@ def encode_int3_g64(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for bit in range(8):  # 8 bit positions, vectorised over everything else
         high_plane |= high[..., bit] << bit
     codes = np.concatenate([low_plane.astype(np.uint8), high_plane], axis=2)
-    return codes.reshape(O, G * INT3_GROUP_BYTES), s
+    return codes.reshape(O, G * INT3_GROUP_BYTES)
 
 
 def decode_int3_g64(codes: np.ndarray, scales: np.ndarray, O: int, I: int) -> np.ndarray:

@@ -8,12 +8,15 @@ scale tensor is described by ``scale_shape``. Each class also owns the facts oth
 * ``tensor_names(name)``: the weight and scale tensor names (``<name>`` + ``<name>.qs``, or mxfp4's
   ``<base>.weight_packed`` + ``<base>.weight_scale``);
 * ``planar_eligible(I, gs)``: whether the planar64-v8 expert layout can hold it;
-* ``kernel_code`` / ``writable``: the format code of the numba codecs (``kernels/``), and whether colitools
-  encodes it; ``_encode_reference`` / ``decode``: the numpy reference codec;
+* ``kernel_code`` / ``writable``: the format code of the numba codecs (``kernels/``; None: encoded by its
+  numpy reference on every path, a kernel is only speed), and whether colitools encodes it;
+  ``_encode_reference`` / ``decode``: the numpy reference codec;
+* ``byte_rank``: its place in colibri's byte precedence (FORMATS §3), which the resolver follows (``ranked``);
 * ``matmul_kind`` / ``matmul_kind_of(planar)``: the runtime's matvec kernel (``runtime/kernels.py``);
   ``rowwise_scales``: a row's values need only that row's scales (the runtime's embedding lookup).
 
-Adding a format touches this file (and ``reference.py`` / ``kernels/`` for its codec).
+Adding a format touches this file (its class, its ``BYTE_TABLE`` row) and ``reference.py`` (its numpy codec);
+``kernels/`` only for speed (docs/INTERNALS.md "How to add", proven by ``tests/formats/test_toy_format.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from colitools.formats import quantizers
 from colitools.formats import reference as ref
 from colitools.formats.errors import EncodeError, FormatError, ResolveError, ResolveReason
 from colitools.formats.format_names import (
@@ -38,6 +42,7 @@ from colitools.formats.format_names import (
     option_names,
 )
 from colitools.formats.planar import PLANAR_BLOCK
+from colitools.formats.quantizers import RTN
 
 ceil_div = ref.ceil_div
 
@@ -118,6 +123,15 @@ class Format:
     rowwise_scales: ClassVar[bool] = False  # row o's values need only row o of the scales
     row_align: ClassVar[int] = 1  # rows a parallel kernel must keep together (scale blocks)
     read_only: ClassVar[bool] = False  # recognised by the resolver, never written by colitools
+    # Its place in colibri's byte precedence (FORMATS §3) among the formats read from the same tensor pair
+    # (``ranked``), ``(weight rank, scale rank)``; None: not told apart by byte counts (f32; mxfp4's pair is its
+    # own). A reader takes the lowest weight rank whose weight byte count matches (int8 10 > int4 20 > int2 30 >
+    # int3 40), then the first format of that rank, in scale-rank order, whose scale bytes match (int8-row before
+    # fp8-e4m3-b128; int4-row before int4-grouped at a detected group size; the UE8M0 grids). Weight rank
+    # ``RANK_SIGNATURE_FIRST`` (0) is matched on both counts before any other (e8-iq3-lattice's ``ns == 4``).
+    byte_rank: ClassVar[tuple[int, int] | None] = None
+    # a symmetric integer format whose scales a quantizer chooses (FORMATS §9): ``--quantizer mse`` applies
+    mse_scales: ClassVar[bool] = False
     # ``colitools formats``: byte formulas as text (tests evaluate them against the arithmetic above) and the
     # scale tensor's name and dtype.
     weight_formula: ClassVar[str]
@@ -186,23 +200,34 @@ class Format:
 
     @classmethod
     def encode(
-        cls, w: np.ndarray, gs: int | None = None, *, name: str = "", fast: bool = True
+        cls, w: np.ndarray, gs: int | None = None, *, name: str = "", fast: bool = True, quantizer: str = RTN
     ) -> tuple[np.ndarray, np.ndarray]:
         """Encode float32 ``w[O, I]`` -> ``(codes uint8 [O, row_bytes], scales)``.
 
-        ``fast`` selects the numba kernel (byte-identical to the numpy reference). NaN/inf input raises
-        EncodeError naming the tensor."""
+        ``fast`` selects the numba kernel (byte-identical to the numpy reference). ``quantizer`` is an encoder
+        mode of ``quantizers.MODES`` (``rtn``, ``mse``, ``mse-positive``; FORMATS §9), ignored by a format
+        without ``mse_scales``. NaN/inf input raises EncodeError naming the tensor."""
         w = _as_f32_matrix(w, name)
         cls.check_encodable(*w.shape, name=name)
+        quantizer = cls.quantizer_mode(quantizer)
         if fast:
             from colitools.formats import kernels
 
-            return kernels.encode(cls.name, w, gs, name=name)
+            return kernels.encode(cls.name, w, gs, name=name, quantizer=quantizer)
         _check_finite(w, name)
-        return cls._encode_reference(w, gs)
+        return cls._encode_reference(w, gs, quantizer)
 
     @classmethod
-    def _encode_reference(cls, w: np.ndarray, gs: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def quantizer_mode(cls, quantizer: str) -> str:
+        """The encoder mode this format applies for ``quantizer``: ``rtn`` unless it has ``mse_scales``."""
+        quantizers.signed(quantizer)  # a known mode, else ValueError
+        return quantizer if cls.mse_scales else RTN
+
+    @classmethod
+    def _encode_reference(
+        cls, w: np.ndarray, gs: int | None, quantizer: str = RTN, search=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The numpy reference encoder (``search``: the kernels' mse group search, numpy's when None)."""
         raise EncodeError(f"format {cls.name} cannot be written by colitools")
 
     @classmethod
@@ -270,6 +295,8 @@ class Float(Format):
 class Int8Row(Format):
     ord = 1
     name = "int8-row"
+    byte_rank = (10, 0)
+    mse_scales = True
     weight_formula = "O * I"
     scale_formula = "O * 4"
     kernel_code = 0
@@ -282,8 +309,8 @@ class Int8Row(Format):
         return (O,)
 
     @classmethod
-    def _encode_reference(cls, w, gs):
-        return ref.encode_int8_row(w)
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
+        return ref.encode_int8_row(w, quantizer, search)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
@@ -293,6 +320,8 @@ class Int8Row(Format):
 class Int4Row(Format):
     ord = 2
     name = "int4-row"
+    byte_rank = (20, 0)
+    mse_scales = True
     weight_formula = "O * ceil(I/2)"
     scale_formula = "O * 4"
     kernel_code = 1
@@ -310,8 +339,8 @@ class Int4Row(Format):
         return (O,)
 
     @classmethod
-    def _encode_reference(cls, w, gs):
-        return ref.encode_int4_row(w)
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
+        return ref.encode_int4_row(w, quantizer, search)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
@@ -321,6 +350,8 @@ class Int4Row(Format):
 class Int2Row(Format):
     ord = 3
     name = "int2-row"
+    byte_rank = (30, 0)
+    mse_scales = True
     weight_formula = "O * ceil(I/4)"
     scale_formula = "O * 4"
     kernel_code = 2
@@ -333,8 +364,8 @@ class Int2Row(Format):
         return (O,)
 
     @classmethod
-    def _encode_reference(cls, w, gs):
-        return ref.encode_int2_row(w)
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
+        return ref.encode_int2_row(w, quantizer, search)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
@@ -344,6 +375,8 @@ class Int2Row(Format):
 class Int4Grouped(Format):
     ord = 4
     name = "int4-grouped"
+    byte_rank = (20, 1)  # int4's bytes with more than one scale per row (a detected group size)
+    mse_scales = True
     weight_formula = "O * ceil(I/2)"
     scale_formula = "O * ceil(I/gs) * 4"
     grouped = True
@@ -370,7 +403,7 @@ class Int4Grouped(Format):
         pass
 
     @classmethod
-    def encode(cls, w, gs=None, *, name="", fast=True):
+    def encode(cls, w, gs=None, *, name="", fast=True, quantizer=RTN):
         gs = _require_gs(gs)
         I = np.shape(w)[1] if np.ndim(w) == 2 else 0
         if writer_group_size(I, gs) != gs:
@@ -378,11 +411,11 @@ class Int4Grouped(Format):
                 f"tensor {name or '?'}: group size {gs} at I = {I} would not resolve back "
                 f"(writer rule gives {writer_group_size(I, gs)}); use writer_group_size()"
             )
-        return super().encode(w, gs, name=name, fast=fast)
+        return super().encode(w, gs, name=name, fast=fast, quantizer=quantizer)
 
     @classmethod
-    def _encode_reference(cls, w, gs):
-        return ref.encode_int4_grouped(w, gs)
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
+        return ref.encode_int4_grouped(w, gs, quantizer, search)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
@@ -396,6 +429,8 @@ class Int4Grouped(Format):
 class Int3G64(Format):
     ord = 5
     name = "int3-g64"
+    byte_rank = (40, 0)
+    mse_scales = True
     weight_formula = "O * ceil(I/64) * 24"
     scale_formula = "O * ceil(I/64) * 4"
     kernel_code = 4
@@ -408,8 +443,8 @@ class Int3G64(Format):
         return (O, ceil_div(I, ref.INT3_GROUP))
 
     @classmethod
-    def _encode_reference(cls, w, gs):
-        return ref.encode_int3_g64(w)
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
+        return ref.encode_int3_g64(w, quantizer, search)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):
@@ -421,6 +456,7 @@ class E8Iq3Lattice(Format):
 
     ord = 6
     name = "e8-iq3-lattice"
+    byte_rank = (0, 0)  # RANK_SIGNATURE_FIRST: its one 4-byte scale is checked before any weight precedence
     weight_formula = "O * ceil(I/256) * 98"
     scale_formula = "4"
     read_only = True
@@ -474,7 +510,7 @@ class Mxfp4(Format):
             )
 
     @classmethod
-    def _encode_reference(cls, w, gs):
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
         return ref.encode_mxfp4(w)
 
     @classmethod
@@ -487,6 +523,7 @@ class Fp8E4m3B128(Format):
 
     ord = 8
     name = "fp8-e4m3-b128"
+    byte_rank = (10, 1)  # int8's bytes; int8-row first where both scale counts match (O == nblk)
     weight_formula = "O * I"
     scale_formula = "ceil(O/128) * ceil(I/128) * 4"
     kernel_code = 6  # decoders only: written by passthrough, never encoded
@@ -513,6 +550,7 @@ class Fp8E4m3E8m0(Format):
 
     ord = 9
     name = "fp8-e4m3-e8m0"
+    byte_rank = (10, 0)  # among the <base>.scale F8_E8M0 pairs: first where two grids coincide
     weight_formula = "O * I"
     scale_formula = "ceil(O/128) * ceil(I/128)"
     scale_tensor_label = "<base>.scale F8_E8M0"
@@ -538,7 +576,7 @@ class Fp8E4m3E8m0(Format):
         return block_grid(O, I, *cls.block)
 
     @classmethod
-    def encode(cls, w, gs=None, *, name="", fast=True):
+    def encode(cls, w, gs=None, *, name="", fast=True, quantizer=RTN):
         w = _as_f32_matrix(w, name)
         if fast:  # its own kernel (kernels.encode_fp8_e8m0), not the row codecs' kernel_code
             from colitools.formats import kernels
@@ -548,7 +586,7 @@ class Fp8E4m3E8m0(Format):
         return cls._encode_reference(w, gs)
 
     @classmethod
-    def _encode_reference(cls, w, gs):
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
         return ref.encode_fp8_e8m0(w, cls.block)
 
     @classmethod
@@ -572,13 +610,14 @@ class Fp8E4m3E8m0T32(Fp8E4m3E8m0):
 
     ord = 101  # colibri's private ordinal block (100+): colibri has no container ordinal for it
     name = "fp8-e4m3-e8m0-t32"
+    byte_rank = (10, 1)
     scale_formula = "ceil(O/32) * ceil(I/32)"
     matmul_kind = None
     block: ClassVar[tuple[int, int]] = (32, 32)
     row_align = 32
 
     @classmethod
-    def encode(cls, w, gs=None, *, name="", fast=True):
+    def encode(cls, w, gs=None, *, name="", fast=True, quantizer=RTN):
         w = _as_f32_matrix(w, name)
         _check_finite(w, name)
         return cls._encode_reference(w, gs)  # no block kernel for 32-edge blocks: the vectorised reference
@@ -593,15 +632,30 @@ class Fp8E4m3E8m0R32(Fp8E4m3E8m0T32):
 
     ord = 102
     name = "fp8-e4m3-e8m0-r32"
+    byte_rank = (10, 2)
     scale_formula = "O * ceil(I/32)"
     block: ClassVar[tuple[int, int]] = (1, 32)
     row_align = 1
     rowwise_scales = True
 
 
+RANK_SIGNATURE_FIRST = 0  # the weight rank matched on both byte counts before any other (``Format.byte_rank``)
+
+
+def ranked(scale_suffix: str = QS_SUFFIX) -> list[type[Format]]:
+    """The registered formats with a ``byte_rank`` whose scale tensor is named by ``scale_suffix`` (``QS_SUFFIX``:
+    ``<name>.qs``, the formats ``resolver.resolve_format`` tells apart; ``BLOCK_SCALE_SUFFIX``: ``<base>.scale``,
+    DeepSeek's E8M0 pairs), in their byte precedence: the order a reader tries them. Read at each call, so a
+    format registered later (a test's) takes its place."""
+    probe = "w" + WEIGHT_SUFFIX
+    named = [f for f in FORMATS.values() if (f.tensor_names(probe)[1] or "").endswith(scale_suffix)]
+    return sorted((f for f in named if f.byte_rank is not None), key=lambda f: f.byte_rank)
+
+
 # the FP8 formats with E8M0 block scales under DeepSeek's ``<base>.weight`` F8_E4M3 + ``<base>.scale`` F8_E8M0
-# names, told apart by the scale tensor's shape (docs/FORMATS.md §3); in this order where two shapes coincide
-UE8M0_FP8_FORMATS: tuple[type[Fp8E4m3E8m0], ...] = (Fp8E4m3E8m0, Fp8E4m3E8m0T32, Fp8E4m3E8m0R32)
+# names, told apart by the scale tensor's shape (docs/FORMATS.md §3); in this order (``byte_rank``) where two
+# shapes coincide
+UE8M0_FP8_FORMATS: tuple[type[Fp8E4m3E8m0], ...] = tuple(ranked(BLOCK_SCALE_SUFFIX))
 
 
 def _require_gs(gs: int | None) -> int:

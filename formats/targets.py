@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from colitools.formats import model_config, names
+from colitools.formats import families, model_config, names
 from colitools.formats.errors import FormatError, TargetRefused
 from colitools.formats.expert_layouts import (  # re-exported: the layouts' facts, read by the runtime and mirror
     FUSED,
@@ -178,6 +178,9 @@ class Target:
     # why the engine cannot run with the source's side files: (config, read(name) -> JSON object or None)
     side_check: Callable[[dict[str, Any], Callable[[str], Any]], str | None] | None = None
     tokenizer_stub: bool = False  # the engine loads tokenizer.json in every mode: an id-only one when absent
+    # its engine multiplies codes by a negative scale as by a positive one, shown by running it on such output
+    # (FORMATS §9): ``--quantizer mse`` may then write negative scales (pairs layout only), else positive ones
+    signed_scales: bool = False
 
     # ------------------------------------------------------------------------------------ options, sources
     def check_writable(self) -> None:
@@ -504,13 +507,20 @@ def qwen36_meta(
 # ------------------------------------------------------------------------------------ qwen38 config.json
 def qwen38_config(config: dict[str, Any]) -> dict[str, Any]:
     """c/qwen38_core.h ``q38_load_cfg`` takes ``layer_types`` entries ``linear_attention`` / ``full_attention`` /
-    ``qwen_sparse_attention`` only: transformers 5.24 saves the QSA layers as ``indexed_attention``, written back
-    as the release's ``full_attention`` (transformers and colitools read that as indexed attention too)."""
+    ``qwen_sparse_attention`` only: the QSA layers, whatever their spelling in the source (transformers 5.24's
+    ``indexed_attention``, 5.16.1's ``qwen_sparse_attention``: the family's ``layer_type_aliases``), are written
+    as the release's ``full_attention``, as ``--target qwen38``'s help promises (transformers and colitools read
+    that as indexed attention too)."""
     text = model_config.text_config(config)
     types = text.get("layer_types")
-    if not isinstance(types, list) or "indexed_attention" not in types:
+    if not isinstance(types, list):
         return {}
-    spelled = {**text, "layer_types": ["full_attention" if t == "indexed_attention" else t for t in types]}
+    qsa = "indexed_attention"
+    aliases = families.QWEN38.layer_type_aliases
+    spelled_types = ["full_attention" if qsa in (t, aliases.get(t)) else t for t in types]
+    if spelled_types == types:
+        return {}
+    spelled = {**text, "layer_types": spelled_types}
     return {"text_config": spelled} if text is not config else spelled
 
 
@@ -665,6 +675,7 @@ TARGETS: dict[str, Target] = {
             help="Hugging Face names, every format c/colibri.c reads: named explicitly it refuses mxfp4 and "
             "fp8-e8m0, which c/colibri.c lacks (the default, no target, writes them for colitools' readers).",
             engine_formats=COLIBRI_C_FORMATS,
+            signed_scales=True,  # colibri.c @ 4ef9a99, int4-row / int4-g32 with negated groups: the same tokens
         ),
         Target(
             "olmoe",

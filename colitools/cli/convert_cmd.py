@@ -28,6 +28,11 @@ _LAYOUT_HELP = (
     "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there. "
     f"Default {layouts.PAIRS.option} (--target qwen38: planar)."
 )
+_QUANTIZER_HELP = (
+    "How int8-row / int4 / int3-g64 / int2-row scales are chosen: rtn (amax / qmax, colibri's own converters' "
+    "bytes; the default) or mse (per group the scale of least squared error, never worse than rtn; negative "
+    "scales only for --target generic with the pairs layout). Same bytes per weight either way."
+)
 _TOWERS_HELP = (
     "Multimodal towers: keep (source dtype, unchanged; the default unless the target drops them) or drop (listed "
     "in the manifest)."
@@ -68,6 +73,7 @@ def convert_command(
     layout: Annotated[str | None, typer.Option("--layout", help=_LAYOUT_HELP)] = None,
     towers: Annotated[str | None, typer.Option("--towers", help=_TOWERS_HELP)] = None,
     target: Annotated[str | None, typer.Option("--target", help=_TARGET_HELP)] = None,
+    quantizer: Annotated[str, typer.Option("--quantizer", help=_QUANTIZER_HELP)] = "rtn",
     min_free_gb: Annotated[
         float,
         typer.Option("--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."),
@@ -103,7 +109,7 @@ def convert_command(
 
     options = ConvertOptions(
         experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout, towers=towers,
-        target=target if target is not None else targets_default,
+        target=target if target is not None else targets_default, quantizer=quantizer,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
         token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip

@@ -26,6 +26,7 @@ import numpy as np
 from colitools.formats import planar, registry
 from colitools.formats import reference as ref
 from colitools.formats.errors import EncodeError, FormatError
+from colitools.formats.quantizers import RTN
 
 F32 = np.float32
 
@@ -255,18 +256,41 @@ def _reference_checked(fmt_name: str, w: np.ndarray, gs: int | None, name: str):
 
 
 # ------------------------------------------------------------------------------------------ public API
-def encode(fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+def encode(
+    fmt_name: str, w: np.ndarray, gs: int | None, *, name: str = "", quantizer: str = RTN
+) -> tuple[np.ndarray, np.ndarray]:
     """Encode float32 ``w[O, I]`` to ``(codes uint8 [O, row_bytes], scales)``, byte-identical to the reference.
 
     ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
     any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
+    ``quantizer``: an encoder mode (``quantizers.MODES``; FORMATS §9) of a format with ``mse_scales``.
     Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
     w = np.asarray(w)
+    if quantizer != RTN:
+        return _mse_encode(fmt_name, w, gs, name, quantizer)
     if w.ndim == 2 and _reference_encodes(fmt_name, w.size):
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
     from colitools.formats.kernels import encoders
 
     return _compiled_now(encoders.encode(fmt_name, w, gs, name=name))
+
+
+def _mse_encode(fmt_name: str, w: np.ndarray, gs: int | None, name: str, quantizer: str):
+    """``encode`` with an mse mode: the reference's packing around the group search, which runs on the kernel
+    (``kernels/mse.py``, byte-identical to ``quantizers.mse_groups``) for a tensor of ``SMALL_ELEMS`` or more."""
+    w = np.ascontiguousarray(w, dtype=F32)
+    if w.ndim != 2:
+        raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    cls = _writable(fmt_name, *w.shape, gs, name)
+    if not cls.mse_scales:
+        raise FormatError(f"tensor {name or '?'}: format {fmt_name} has no scales for quantizer {quantizer!r}")
+    registry._check_finite(w, name)
+    search = None
+    if not _small(w.size):  # below SMALL_ELEMS the numpy search (same bytes)
+        from colitools.formats.kernels import mse
+
+        search = mse.mse_groups
+    return cls._encode_reference(w, gs, quantizer, search)
 
 
 def encode_from_bf16(

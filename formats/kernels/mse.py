@@ -1,0 +1,28 @@
+"""The ``mse`` group search on the kernels (numba-free driver): ``mse_groups`` has the signature and the bytes of
+``quantizers.mse_groups``, the groups spread over the kernels' thread pool (``threads.run_rows``), so the result
+is the same on any thread count. The encoders plug it into the numpy reference's packing as ``search``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from colitools.formats import quantizers
+from colitools.formats.errors import EncodeError
+
+
+def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (finite, ``n % 8 == 0``)."""
+    from colitools.formats.kernels import _jit_mse
+    from colitools.formats.kernels.threads import run_rows
+
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    N, n = w.shape
+    s = np.empty(N, np.float32)
+    v = np.empty((N, n), np.int8)
+    if N == 0 or n == 0:
+        return quantizers.mse_groups(w, lo, hi, signed)
+    targets = quantizers.candidate_targets(lo, hi)
+    bad = run_rows(_jit_mse.mse_group_rows, (w, lo, hi, signed, targets, s, v), N, n)
+    if bad >= 0:  # the callers check finiteness first: a kernel / reference disagreement
+        raise EncodeError(f"mse search: non-finite value in group {bad}")  # pragma: no cover
+    return s, v

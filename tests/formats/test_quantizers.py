@@ -1,0 +1,245 @@
+"""``--quantizer mse`` (FORMATS §9): an error-minimising scale per group, the same bytes per weight.
+
+Pinned here against an independent scalar statement of §9 written in plain Python (``spec_group`` below: one
+element at a time, no numpy vector code), against hand-computed bytes, and by the contract's properties: the
+codes are ``clip(rint(w / s))`` of the written scale, never a larger squared error than rtn group by group,
+positive scales where the target reads no negative ones, the kernel byte-identical to the numpy reference on
+any thread count and from every source dtype the converter encodes from."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from colitools.formats import kernels, quantizers
+from colitools.formats import reference as ref
+from colitools.formats.kernels import mse as mse_kernel
+from colitools.formats.registry import FORMATS, by_name, writer_group_size
+
+F32 = np.float32
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MSE_FORMATS = sorted(f.name for f in FORMATS.values() if f.mse_scales)
+CODE_RANGE = {"int8-row": (-128, 127), "int4-row": (-8, 7), "int4-grouped": (-8, 7), "int2-row": (-2, 1),
+              "int3-g64": (-4, 3)}  # fmt: skip
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32 (returned as a Python float, exact; beyond float32's range: inf)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
+
+
+def rint_clip(y: float, lo: int, hi: int) -> float:
+    """``clip(rint(y), lo, hi)``: NaN stays NaN, infinities clip (Python's round() is half to even)."""
+    if math.isnan(y):
+        return y
+    return float(round(min(max(y, lo), hi)))
+
+
+def lane_sum(values: list[float], rounding) -> float:
+    """§9's lane order: lane j sums elements j, j+8, ... in order, then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)),
+    every addition rounded by ``rounding``."""
+    lanes = [0.0] * 8
+    for k, v in enumerate(values):
+        lanes[k % 8] = rounding(lanes[k % 8] + v)
+    a = [rounding(lanes[i] + lanes[i + 1]) for i in (0, 2, 4, 6)]
+    return rounding(rounding(a[0] + a[1]) + rounding(a[2] + a[3]))
+
+
+def spec_group(w: list[float], lo: int, hi: int, signed: bool) -> tuple[float, list[float]]:
+    """FORMATS §9 for one group, element by element (float32 steps rounded explicitly with ``f32``)."""
+    w = w + [0.0] * (-len(w) % 8)
+    amax = max(abs(x) for x in w)
+    s0 = max(f32(amax / hi), f32(1e-8))
+    v0 = [rint_clip(f32(x / s0), lo, hi) for x in w]
+    x = next(x for x in w if abs(x) == amax)
+    best, s_best = -1.0, 0.0
+    for d in quantizers.CANDIDATE_OFFSETS:
+        if amax == 0:
+            break
+        t = f32((lo + d) if signed or x < 0 else (hi + d))
+        iscale = f32(t / x)
+        codes = [rint_clip(f32(v * iscale), lo, hi) for v in w]
+        sx = lane_sum([f32(c * v) for c, v in zip(codes, w)], f32)
+        s2 = lane_sum([f32(c * c) for c in codes], f32)
+        if s2 > 0 and sx * sx / s2 > best:
+            best, s_best = sx * sx / s2, f32(sx / s2)
+
+    def err(s: float, v: list[float]) -> float:
+        return lane_sum([(f32(c * s) - x) ** 2 for c, x in zip(v, w)], float)
+
+    if amax > 0 and math.isfinite(s_best) and abs(s_best) >= f32(1e-8):
+        v1 = [rint_clip(f32(x / s_best), lo, hi) for x in w]
+        if err(s_best, v1) < err(s0, v0):
+            return s_best, v1
+    return s0, v0
+
+
+def test_a_hand_computed_group_gets_a_negative_scale_and_its_bytes():
+    """w = [1, 0.5, 0.25, 0, 0, 0, 0, 0] at int4: rtn s = float32(1/7) = 0.14285715 (a hair above 1/7) gives
+    codes 7, 3 (0.5 / s = 3.4999998), 2 (1.75 -> 2) and squared error (3/7 - 1/2)^2 + (2/7 - 1/4)^2 ~ 0.0064.
+    The extreme 1.0 mapped to -8 at
+    s = -1/8 gives -8, -4, -2: every value exact, error 0 (the least-squares refit of those codes is -1/8
+    exactly): mse writes s = -0.125 and the nibbles 0, 4, 6 (v + 8)."""
+    w = np.array([[1.0, 0.5, 0.25, 0, 0, 0, 0, 0]], F32)
+    codes, s = ref.encode_int4_row(w, "mse")
+    assert s.tolist() == [-0.125]
+    assert codes.tobytes() == bytes([0x40, 0x86, 0x88, 0x88])
+    rtn_codes, rtn_s = ref.encode_int4_row(w)
+    assert rtn_s.tolist() == [F32(1.0) / F32(7)]
+    assert rtn_codes.tobytes() == bytes([0xBF, 0x8A, 0x88, 0x88])  # 7+8 | 3+8 << 4, 2+8 | 0+8 << 4, ...
+    # positive scales only: the extreme stays at +7 and every candidate keeps the rtn codes' error or worse,
+    # except the refit s = (7 + 2 + 0.5) / (49 + 4 + 1)... computed by the independent statement
+    s_pos, v_pos = spec_group(w[0].tolist(), -8, 7, signed=False)
+    codes_pos, scale_pos = ref.encode_int4_row(w, "mse-positive")
+    assert scale_pos.tolist() == [s_pos] and s_pos > 0
+    assert ref.unpack_int4_pairs(codes_pos, 1, 8)[0].tolist() == v_pos
+
+
+@st.composite
+def groups(draw) -> tuple[np.ndarray, str]:
+    fmt = draw(st.sampled_from(MSE_FORMATS))
+    O = draw(st.integers(1, 4))
+    I = draw(st.integers(1, 140))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["gauss", "t4", "ties", "huge", "tiny", "zeros"]))
+    w = {
+        "gauss": lambda: rng.standard_normal((O, I)),
+        "t4": lambda: rng.standard_t(4, size=(O, I)),
+        "ties": lambda: rng.integers(-16, 17, size=(O, I)) * 0.25,
+        "huge": lambda: rng.standard_normal((O, I)) * 1e37,
+        "tiny": lambda: rng.standard_normal((O, I)) * 1e-41,
+        "zeros": lambda: np.zeros((O, I)),
+    }[kind]().astype(F32)
+    return w, fmt
+
+
+@SETTINGS
+@given(groups(), st.booleans())
+def test_numpy_search_equals_the_scalar_statement_of_the_spec(case, signed):
+    w, fmt = case
+    lo, hi = CODE_RANGE[fmt]
+    s, v = quantizers.mse_scales_codes(w, lo, hi, signed)  # each row one group
+    for o in range(w.shape[0]):
+        s_spec, v_spec = spec_group(w[o].tolist(), lo, hi, signed)
+        assert np.float32(s[o]).tobytes() == np.float32(s_spec).tobytes()
+        assert v[o].tolist() == v_spec[: w.shape[1]]
+
+
+def _groups_of(fmt: str, w: np.ndarray, gs: int | None) -> tuple[np.ndarray, int, int]:
+    """``w`` as §9's scale groups ``[N, n]`` of format ``fmt`` (rows, or zero-padded groups of a row)."""
+    n = w.shape[1] if fmt in ("int8-row", "int4-row", "int2-row") else gs or ref.INT3_GROUP
+    G = -(-w.shape[1] // n)
+    padded = np.zeros((w.shape[0], G * n), F32)
+    padded[:, : w.shape[1]] = w
+    return padded.reshape(-1, n), *CODE_RANGE[fmt]
+
+
+def _decode(fmt: str, codes, scales, O: int, I: int, gs: int | None) -> np.ndarray:
+    return by_name(fmt).decode(codes, scales, O, I, gs)
+
+
+@SETTINGS
+@given(groups(), st.sampled_from(["mse", "mse-positive"]))
+def test_written_codes_are_the_rounding_of_the_written_scale_and_never_worse_than_rtn(case, mode):
+    w, fmt = case
+    O, I = w.shape
+    gs = writer_group_size(I, 16) if fmt == "int4-grouped" else None
+    fmt = "int4-row" if fmt == "int4-grouped" and gs is None else fmt  # §2.4: one group per row
+    codes, scales = by_name(fmt).encode(w, gs, fast=False, quantizer=mode)
+    rtn_codes, rtn_scales = by_name(fmt).encode(w, gs, fast=False)
+    assert codes.shape == rtn_codes.shape and scales.shape == rtn_scales.shape  # same bytes per weight
+    decoded = _decode(fmt, codes, scales, O, I, gs)
+    decoded_rtn = _decode(fmt, rtn_codes, rtn_scales, O, I, gs)
+    groups_w, lo, hi = _groups_of(fmt, w, gs)
+    n = groups_w.shape[1]
+    s_flat = np.asarray(scales, F32).reshape(-1)
+    with np.errstate(all="ignore"):
+        assert np.array_equal(  # the codes of the scale written, group by group
+            _groups_of(fmt, decoded, gs)[0],
+            (np.clip(np.rint(groups_w / s_flat[:, None]), lo, hi) * s_flat[:, None]).astype(F32),
+        )
+    if mode == "mse-positive":
+        assert (s_flat > 0).all()
+    err = ((_groups_of(fmt, decoded, gs)[0].astype(np.float64) - groups_w) ** 2).sum(axis=1)
+    err_rtn = ((_groups_of(fmt, decoded_rtn, gs)[0].astype(np.float64) - groups_w) ** 2).sum(axis=1)
+    # never worse than rtn group by group (summed in a different order here: equal up to rounding)
+    assert (err <= err_rtn * (1 + 1e-12) + 1e-300).all(), (err, err_rtn, n)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("signed", [True, False])
+def test_kernel_search_is_byte_identical_to_numpy_on_any_thread_count(signed, threads, monkeypatch):
+    rng = np.random.default_rng(7)
+    w = (rng.standard_t(4, size=(700, 64)) * rng.choice([1.0, 1e-30, 1e30], size=(700, 1))).astype(F32)
+    w[5] = 0
+    w[6, :3] = 1e-42
+    w[7] = np.round(w[7] * 4) / 4  # exact ties
+    kernels.set_threads(threads)
+    try:
+        s_k, v_k = mse_kernel.mse_groups(w, -8, 7, signed)
+    finally:
+        kernels.set_threads(None)
+    s_r, v_r = quantizers.mse_groups(w, -8, 7, signed)
+    assert s_k.tobytes() == s_r.tobytes()
+    assert v_k.tobytes() == v_r.tobytes()
+
+
+SOURCES = ["f32", "bf16", "f16", "fp8"]
+
+
+@pytest.mark.parametrize("fmt", MSE_FORMATS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_mse_format_from_every_source_kind_equals_the_reference(fmt, source, monkeypatch):
+    """The converter's path (``unit_writer.encode_job``: the source dequantised exactly, then ``encode`` with
+    the kernels) against the numpy reference on the same float32 values."""
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)  # the kernel even for this small tensor
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((260, 200)).astype(F32)
+    if source == "bf16":
+        w = w.astype(ml_dtypes.bfloat16).astype(F32)
+    elif source == "f16":
+        w = w.astype(np.float16).astype(F32)
+    elif source == "fp8":
+        q = w.astype(ml_dtypes.float8_e4m3fn)
+        scale_inv = np.full((3, 2), 0.5, F32)
+        w = kernels.dequant_fp8_block(q.view(np.uint8), scale_inv, (128, 128))
+    gs = 32 if fmt == "int4-grouped" else None
+    for mode in ("mse", "mse-positive"):
+        fast = by_name(fmt).encode(w, gs, fast=True, quantizer=mode)
+        slow = by_name(fmt).encode(w, gs, fast=False, quantizer=mode)
+        assert fast[0].tobytes() == slow[0].tobytes() and fast[1].tobytes() == slow[1].tobytes()
+
+
+def test_formats_without_scales_to_choose_ignore_the_quantizer():
+    """mxfp4's exponent is already chosen by error (§2.7): ``mse`` writes its rtn bytes."""
+    w = np.random.default_rng(0).standard_normal((4, 64)).astype(F32)
+    mx = by_name("mxfp4")
+    assert not mx.mse_scales
+    assert [a.tobytes() for a in mx.encode(w, fast=False, quantizer="mse")] == [
+        a.tobytes() for a in mx.encode(w, fast=False)
+    ]
+
+
+def test_an_unknown_quantizer_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown quantizer mode 'fancy'"):
+        by_name("int8-row").encode(np.ones((2, 8), F32), fast=False, quantizer="fancy")
+
+
+@pytest.mark.parametrize("dist", ["gauss", "laplace", "t4"])
+def test_int4_g64_relative_rmse_is_at_most_086_of_rtn_with_signed_scales(dist):
+    """§9's goal on the three distributions (bench/quality.py prints the full table)."""
+    rng = np.random.default_rng(11)
+    draw = {"gauss": rng.standard_normal, "laplace": rng.laplace, "t4": lambda size: rng.standard_t(4, size)}
+    w = draw[dist](size=(256, 1024)).astype(F32)
+    fmt = by_name("int4-grouped")
+    errs = {}
+    for mode in ("rtn", "mse"):
+        codes, scales = fmt.encode(w, 64, fast=False, quantizer=mode)
+        errs[mode] = float(((fmt.decode(codes, scales, 256, 1024, 64).astype(np.float64) - w) ** 2).sum())
+    assert math.sqrt(errs["mse"] / errs["rtn"]) <= 0.86
