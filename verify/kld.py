@@ -151,7 +151,8 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
 
 def text_token_ids(model_dir: str | os.PathLike[str], text_file: str | os.PathLike[str]) -> list[int]:
     """The ids of the UTF-8 text in ``text_file`` through ``model_dir``'s ``tokenizer.json`` (RuntimeModelError
-    when the folder has none; ParameterError for a file that cannot be read or is not UTF-8 text)."""
+    when the folder has none; ParameterError for a file that cannot be read, is not UTF-8 text or encodes to
+    fewer than ``MIN_TOKENS`` tokens)."""
     from colitools.runtime.run import load_tokenizer
 
     tokenizer = load_tokenizer(Path(model_dir))
@@ -162,7 +163,12 @@ def text_token_ids(model_dir: str | os.PathLike[str], text_file: str | os.PathLi
         raise ParameterError(f"`text`: cannot read {path} ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
         raise ParameterError(f"`text`: {path} is not UTF-8 text (byte {exc.start})") from None
-    return [int(t) for t in tokenizer.encode(text).ids]
+    ids = [int(t) for t in tokenizer.encode(text).ids]
+    if len(ids) < MIN_TOKENS:
+        raise ParameterError(
+            f"`text`: {path} encodes to {len(ids)} token(s); the divergence needs at least {MIN_TOKENS}"
+        )
+    return ids
 
 
 # ------------------------------------------------------------------------------------------- the models

@@ -4,7 +4,7 @@ model's tokenizer.json), the comparison, the one small table or ``--json`` repor
 
 Exit codes: 0 the divergence was measured (it is a measurement: no threshold); 2 a usage error (neither or both
 of ``--prompt-ids`` / ``--text``, fewer than 2 tokens, an id outside the vocabulary, a text file that cannot be
-read or is not UTF-8); 1 anything else that stopped it (malformed ``--prompt-ids``, as ``run``; no
+read or is not UTF-8, ``--prompt-ids`` / ``--text`` / ``--cap`` without ``--kld``, ``--plot`` with it); 1 anything else that stopped it (malformed ``--prompt-ids``, as ``run``; no
 tokenizer.json for ``--text``; a model the runtime cannot run; a source it cannot convert; no source given and
 none in the manifest).
 """

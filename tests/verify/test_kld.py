@@ -179,6 +179,9 @@ def test_text_tokens_are_the_tokenizers(tmp_path):
     (tmp_path / "bin.txt").write_bytes(b"ok \xff\xfe")
     with pytest.raises(ParameterError, match=r"not UTF-8 text \(byte 3\)"):
         text_token_ids(ORACLES / "olmoe", tmp_path / "bin.txt")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ParameterError, match="encodes to 0 token"):
+        text_token_ids(ORACLES / "olmoe", tmp_path / "empty.txt")
 
 
 def test_model_kld_refuses_before_converting(tmp_path):
