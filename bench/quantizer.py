@@ -1,0 +1,121 @@
+"""``--quantizer mse`` against ``rtn`` (FORMATS-SPEC §9), measured in one run on the same weights.
+
+``.venv/bin/python bench/quantizer.py [--runs 3] [--layers 4] [--workdir DIR] [--shm DIR] [--base-python PY]``
+
+1. **Relative RMSE** ``||W' - W|| / ||W||`` of every format with scales to choose (int4-g32 / g64 / g128, int4-row,
+   int3-g64, int2-row, int8-row; mxfp4 for reference, which ``mse`` leaves as it is) on synthetic Gaussian,
+   Laplace and Student-t(4) weights ``[1024, 4096]``: rtn, mse with signed scales, mse with positive scales only,
+   and the ratios to rtn (the spec's goal: int4-g64 signed <= 0.86).
+2. **Whole-process conversions** (``python -m colitools convert``, output on the tmpfs ``--shm``): bench/convert.py's
+   BF16 checkpoint with every 2-D weight to int4-g64 and its FP8 checkpoint with the default recipe, rtn and mse
+   interleaved ``--runs`` times; best and median wall, CPU seconds, the mse / rtn ratio (goal: at most 2x).
+3. With ``--base-python`` (the python of a checkout before convert recorded error figures, e.g. a worktree of an
+   older commit with its own venv): the same rtn conversion by that checkout, interleaved, so the cost of
+   recording each tensor's error in colitools.json is a measured difference (goal: a few percent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convert import generate, run_process  # noqa: E402  (bench/convert.py's checkpoints and process timing)
+
+from colitools.formats.registry import by_name  # noqa: E402
+
+FORMATS = [("int4-g32", "int4-grouped", 32), ("int4-g64", "int4-grouped", 64), ("int4-g128", "int4-grouped", 128),
+           ("int4-row", "int4-row", None), ("int3-g64", "int3-g64", None), ("int2-row", "int2-row", None),
+           ("int8-row", "int8-row", None), ("mxfp4", "mxfp4", None)]  # fmt: skip
+MODES = ("rtn", "mse", "mse-positive")
+
+
+def synthetic(dist: str, shape=(1024, 4096), seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    draw = {"gauss": rng.standard_normal, "laplace": rng.laplace, "t4": lambda size: rng.standard_t(4, size)}
+    return draw[dist](size=shape).astype(np.float32)
+
+
+def rel_rmse(w: np.ndarray, fmt: str, gs: int | None, mode: str) -> float:
+    cls = by_name(fmt)
+    codes, scales = cls.encode(w, gs, fast=True, quantizer=mode)
+    d = cls.decode(codes, scales, *w.shape, gs).astype(np.float64) - w
+    return math.sqrt(float(np.sum(d * d)) / float(np.sum(w.astype(np.float64) ** 2)))
+
+
+def rmse_table() -> list[str]:
+    lines = ["| weights | format | rtn | mse (signed) | mse (positive) | signed / rtn | positive / rtn |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for dist in ("gauss", "laplace", "t4"):
+        w = synthetic(dist)
+        for label, fmt, gs in FORMATS:
+            r = {m: rel_rmse(w, fmt, gs, m) for m in MODES}
+            lines.append(f"| {dist} | {label} | {r['rtn']:.4f} | {r['mse']:.4f} | {r['mse-positive']:.4f} | "
+                         f"{r['mse'] / r['rtn']:.3f} | {r['mse-positive'] / r['rtn']:.3f} |")  # fmt: skip
+    return lines
+
+
+def convert_cmd(python: str, src: Path, out: Path, *extra: str) -> list[str]:
+    return [python, "-m", "colitools", "convert", str(src), str(out), "--min-free-gb", "0", "--json", *extra]
+
+
+def timed(cmd: list[str], out: Path) -> dict:
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    res = run_process(cmd)
+    shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def conversions(work: Path, shm: Path, layers: int, runs: int, base_python: str | None) -> list[str]:
+    bf16, fp8 = work / "q-bf16", work / "q-fp8"
+    if not (bf16 / "model.safetensors.index.json").exists():
+        generate(bf16, layers, 16, "bf16")
+    if not (fp8 / "model.safetensors.index.json").exists():
+        generate(fp8, layers, 16, "fp8")
+    cases = {
+        "BF16 -> int4-g64": (bf16, ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")),
+        "FP8 default recipe": (fp8, ()),
+    }
+    lines = ["| checkpoint | run | best wall s | median wall s | CPU s | mse / rtn (best) |", "|---|---|---|---|---|---|"]
+    for label, (src, recipe) in cases.items():
+        variants = {"rtn": [sys.executable], "mse": [sys.executable, "--quantizer", "mse"]}
+        if base_python:
+            variants["rtn, base checkout"] = [base_python]
+        walls: dict[str, list[dict]] = {k: [] for k in variants}
+        timed(convert_cmd(sys.executable, src, shm / "q-warm", *recipe, "--quantizer", "mse"), shm / "q-warm")
+        for _ in range(runs):  # interleaved: a shared machine's load falls on every variant alike
+            for name, (python, *extra) in variants.items():
+                walls[name].append(timed(convert_cmd(python, src, shm / "q-out", *recipe, *extra), shm / "q-out"))
+        best_rtn = min(r["wall"] for r in walls["rtn"])
+        for name, res in walls.items():
+            w = sorted(r["wall"] for r in res)
+            lines.append(f"| {label} | {name} | {w[0]:.2f} | {statistics.median(w):.2f} | "
+                         f"{min(r['cpu'] for r in res):.2f} | {w[0] / best_rtn:.2f} |")  # fmt: skip
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", type=Path, default=Path(__file__).resolve().parents[1] / ".bench-tmp")
+    ap.add_argument("--shm", type=Path, default=Path("/dev/shm"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=4, help="MoE layers of the generated checkpoints")
+    ap.add_argument("--base-python", help="python of a checkout without error recording (its rtn conversion)")
+    ap.add_argument("--skip-convert", action="store_true", help="only the synthetic RMSE table")
+    args = ap.parse_args()
+    print("\n".join(rmse_table()))
+    if not args.skip_convert:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        print()
+        print("\n".join(conversions(args.workdir, args.shm, args.layers, args.runs, args.base_python)))
+
+
+if __name__ == "__main__":
+    main()
