@@ -10,8 +10,11 @@ Checks, each one ConvertError line naming the tensor / shard / numbers at fault:
   ``_scale_inv``, scales without their weight, scale grids that do not match ``weight_block_size`` (ceil grid);
 * expert stacks: the family (``model_type``) must fix their orientation (``families.stack_orientation``);
 * shapes against ``config.json`` (embeddings / head ``[vocab_size, hidden_size]``, routed experts
-  ``[moe_intermediate_size, hidden_size]`` / ``[hidden_size, moe_intermediate_size]``, fused expert tensors,
-  the expert count).
+  ``[moe_intermediate_size, hidden_size]`` / ``[hidden_size, moe_intermediate_size]``, 2-D per-expert projections,
+  fused expert tensors, the expert count);
+* no linear weight of an integer dtype (rule 0 copies only the other non-float tensors);
+* completeness (``model_config.check_complete``): every decoder layer, routed expert and projection the model
+  needs, ``hidden_size`` and the expert count given.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from colitools.converters.dequant import (
 )
 from colitools.converters.sources import HeaderTensor, Source, check_shard_name
 from colitools.formats import families, model_config, names, source_encodings
+from colitools.formats.container import config_shapes
 from colitools.formats.errors import ConvertError
 from colitools.formats.names import natural_key  # the planner imports it from here too
 from colitools.formats.source_encodings import SourceEncoding
@@ -392,6 +396,11 @@ def check_config_shapes(inv: Inventory) -> None:
                 )
             continue
         ex = rc.expert_of(name)
+        if ex is not None and ex.projection is not None and len(t.shape) != 2:
+            raise ConvertError(
+                f"tensor {name}: a routed expert's {ex.projection} projection stored {len(t.shape)}-D "
+                f"{list(t.shape)}; per-expert weights are 2-D [O, I] (config.json: [{moe_i}, {EH}] / [{EH}, {moe_i}])"
+            )
         if ex is None or len(t.shape) != 2:
             continue
         if E is not None and ex.expert >= E:
@@ -400,6 +409,35 @@ def check_config_shapes(inv: Inventory) -> None:
             _expect(name, t.shape, (moe_i, EH), f"moe_intermediate_size x {eh_key}")
         elif ex.is_down:
             _expect(name, t.shape, (EH, moe_i), f"{eh_key} x moe_intermediate_size")
+    _check_copied_weights(inv)
+    model_config.check_complete(inv.config, inv.tensors)  # every layer, expert and projection the model needs
+
+
+_LINEAR_ROLES = (rc.Role.DENSE, rc.Role.EMBED, rc.Role.MTP, rc.Role.EXPERT)  # what a float 2-D weight would get
+
+
+def _check_copied_weights(inv: Inventory) -> None:
+    """Rule 0 copies non-float tensors, never a linear weight: an integer tensor that ``config.json`` gives an
+    ``[O, I]`` (``container.config_shapes``: attention, MLP, router, embeddings, head) or that is a 2-D
+    ``.weight`` the recipe would quantize were it float (rules 3-6), and that no source encoding claimed, is
+    refused naming it (an attention projection stored I16 would otherwise be copied as "non-float")."""
+    copied = [n for n, t in inv.tensors.items() if t.dtype in COPY_DTYPES and t.quant is None and not names.is_tower(n)]
+    implied = config_shapes(inv.config, copied)
+    nhl = inv.num_hidden_layers
+    for name in copied:
+        t = inv.tensors[name]
+        weight = names.parse_name(name).suffix in names.WEIGHT_SUFFIXES and len(t.shape) == 2
+        if name in implied or (weight and rc.classify(name, 2, nhl, "F32") in _LINEAR_ROLES):
+            O, I = implied.get(name, (None, None))
+            said = f" (config.json implies [{_dim(O)}, {_dim(I)}])" if name in implied else ""
+            raise ConvertError(
+                f"tensor {name}: a linear weight{said} stored as {t.dtype} {list(t.shape)}; only float weights and "
+                "the natively quantized encodings colitools reads can be converted"
+            )
+
+
+def _dim(d: int | None) -> str:
+    return "?" if d is None else str(d)
 
 
 def _expect(name: str, shape: tuple[int, ...], want: tuple[int | None, ...], keys: str) -> None:

@@ -25,6 +25,7 @@ from colitools.formats.jsonfile import is_text
 from colitools.formats.names import (
     LAYERS,
     MODULE_ALIASES,
+    PROJECTION_ORDER,
     WEIGHT_SUFFIXES,
     TensorRole,
     is_tower,
@@ -572,6 +573,17 @@ def _unresolved(
 
 
 def _check_config(resolved: Mapping[str, ResolvedTensor], config: Mapping[str, Any]) -> None:
+    """The container against ``config.json``: every tensor the model needs is there
+    (``model_config.check_complete``, after the shapes: a wrong tensor is named before a missing one), a float
+    routed-expert projection is 2-D, and the ``[O, I]`` the config implies (``config_shapes``) are the tensors'."""
+    for name, t in resolved.items():
+        parsed = parse_name(name)
+        if (t.kind == "float" and parsed.role is TensorRole.EXPERT and parsed.projection in PROJECTION_ORDER
+                and parsed.suffix in WEIGHT_SUFFIXES and len(t.shape) != 2):  # fmt: skip
+            raise ResolveError(
+                f"{t.file}: tensor {name} is a routed expert's {parsed.projection} projection stored "
+                f"{len(t.shape)}-D {list(t.shape)}; per-expert weights are 2-D [O, I]"
+            )
     weights = {n: t for n, t in resolved.items() if t.logical_shape is not None}
     for name, (want_o, want_i) in config_shapes(config, weights).items():
         tensor = weights[name]
@@ -583,3 +595,4 @@ def _check_config(resolved: Mapping[str, ResolvedTensor], config: Mapping[str, A
                 f"{tensor.file}: tensor {name} is [{O}, {I}] ({source}) but config.json implies "
                 f"[{show[0]}, {show[1]}]"
             )
+    model_config.check_complete(config, resolved)

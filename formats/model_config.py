@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from colitools.formats import families, names
-from colitools.formats.errors import ConfigError
+from colitools.formats.errors import ConfigError, FormatError
 
 __all__ = [
     "EXPERT_COUNT_KEYS",
     "MTP_LAYER_KEYS",
     "ConfigFacts",
     "canonical_keys",
+    "check_complete",
     "check_decoder_layers",
     "layer_linear_shapes",
     "expert_width",
@@ -282,6 +283,102 @@ def check_decoder_layers(
         f"{where}: {prefix}num_hidden_layers is {n} {declared}, but tensor {name} is of layer {layer}: "
         f"the config does not count every decoder layer of the checkpoint"
     )
+
+
+def check_complete(
+    config: Mapping[str, Any], tensor_names: Iterable[str], where: str = "config.json"
+) -> None:
+    """The tensors a model needs, against those it has: the one completeness rule of the converter's planning
+    (``converters/inventory.py``), ``inspect``, ``verify container`` and ``run`` (``container.resolve_container``).
+
+    * ``hidden_size`` is given when the checkpoint has decoder layers; an expert count
+      (:data:`EXPERT_COUNT_KEYS`, at least 1) when it has routed experts (ConfigError);
+    * every base decoder layer ``0 .. num_hidden_layers - 1`` has tensors, once any decoder layer has (towers and
+      nested layers do not count; MTP layers are not required: a target may drop them);
+    * every routed expert of an expert module has every projection (``names.PROJECTION_ORDER``: gate, up, down;
+      a merged blob holds all three), and a base decoder layer's module has every expert ``0 .. count - 1`` (an
+      MTP stage may have its own count: DeepSeek-V4.1's DSpark stages); an expert stack
+      ``gate_up`` has its ``down`` stack and the other way round (FormatError naming the missing tensor).
+    A name is read by ``names.parse_name`` only, so foreign spellings (Mixtral ``w1``, DeepSeek-V4's ``ffn``)
+    and the targets' (merged blobs ``merged_weight``) are counted alike."""
+    n = num_hidden_layers(config, where)
+    decoder: dict[int, str] = {}  # layer -> a tensor of it
+    experts: dict[str, dict[int, dict[str, str]]] = {}  # expert module -> expert -> projection -> name
+    counted: set[str] = set()  # the expert modules of base decoder layers (an MTP stage may have its own count)
+    stacks: dict[str, dict[str, str]] = {}  # expert module -> stacked projection -> name
+    routed: str | None = None
+    all_names = list(tensor_names)
+    for name in all_names:
+        if names.is_tower(name):
+            continue
+        p = names.parse_name(name)
+        base_layer = p.layer is not None and p.layer_prefix == p.root + names.LAYERS
+        if base_layer:
+            decoder.setdefault(p.layer, name)
+            if p.expert_base is not None and (n is None or p.layer < n):
+                counted.add(p.expert_base)
+        if p.role is names.TensorRole.EXPERT and p.projection is not None:
+            weight = p.suffix in names.WEIGHT_SUFFIXES or (not p.suffix and p.leaf in names.SUFFIXLESS_PROJECTIONS)
+            if weight or p.projection == names.MERGED:
+                found = experts.setdefault(p.expert_base, {}).setdefault(p.expert, {})
+                for proj in names.PROJECTION_ORDER if p.projection == names.MERGED else (p.projection,):
+                    found.setdefault(proj, name)
+                routed = routed or name
+        elif p.role is names.TensorRole.EXPERT_STACK:
+            stacks.setdefault(p.expert_base, {}).setdefault(p.projection, name)
+            routed = routed or name
+    if not decoder and routed is None:
+        return  # nothing of a decoder to check (a tower, a lone file)
+    _, prefix = _text(config)
+    if decoder and hidden_size(config, where) is None:
+        raise ConfigError(
+            f"{where}: {prefix}hidden_size is missing, but the checkpoint has decoder layers "
+            f"(e.g. tensor {decoder[min(decoder)]}): their shapes cannot be checked nor run"
+        )
+    count = routed_expert_count(config, where)
+    if routed is not None and not count:
+        said = "names no routed expert count" if count is None else f"says {count} routed experts"
+        raise ConfigError(
+            f"{where}: {said} ({', '.join(prefix + k for k in EXPERT_COUNT_KEYS)}), but tensor {routed} is a "
+            f"routed expert"
+        )
+    missing = [k for k in range(n or 0) if k not in decoder]
+    if decoder and missing:
+        some = names.parse_name(decoder[min(decoder)]).layer_prefix
+        raise ConfigError(
+            f"{where}: {prefix}num_hidden_layers is {n}, but the checkpoint has no tensor {some}.{missing[0]}.* "
+            f"({len(missing)} of the {n} decoder layers missing, the first is layer {missing[0]})"
+        )
+    for base, by_expert in experts.items():
+        for e in range(count if base in counted else 0):
+            if e not in by_expert:
+                raise FormatError(
+                    f"{base}: {len(by_expert)} of the {count} routed experts config.json names: missing expert {e} "
+                    f"(tensors {base}.{e}.*)"
+                )
+        for e, found in sorted(by_expert.items()):
+            for proj in names.PROJECTION_ORDER:
+                if proj not in found:
+                    have = names.parse_name(next(iter(found.values())))
+                    suffixless = have.leaf in names.SUFFIXLESS_PROJECTIONS
+                    spelled = next(leaf for leaf, pr in names.PROJECTIONS.items()
+                                   if pr == proj and (leaf in names.SUFFIXLESS_PROJECTIONS) == suffixless)  # fmt: skip
+                    missing_name = f"{base}.{e}.{spelled}" + (f".{have.suffix}" if have.suffix else "")
+                    raise FormatError(
+                        f"routed expert {e} of {base} has {', '.join(p for p in names.PROJECTION_ORDER if p in found)} "
+                        f"but not {proj} (every routed expert needs {', '.join(names.PROJECTION_ORDER)}): missing "
+                        f"tensor {missing_name}"
+                    )
+    for base, found in stacks.items():
+        if "down" not in found:
+            want, have = names.stack_name(base, "down"), next(iter(found.values()))
+        elif not ({"gate_up"} <= found.keys() or {"gate", "up"} <= found.keys()):
+            want, have = names.stack_name(base, "gate_up"), found["down"]
+        else:
+            continue
+        if any(n.startswith(want) for n in all_names):  # stored in another form (a natively quantized stack)
+            continue
+        raise FormatError(f"the expert stack {have} has no {want.rsplit('.', 1)[-1]} beside it: missing tensor {want}")
 
 
 def routed_expert_count(config: Mapping[str, Any], where: str = "config.json") -> int | None:

@@ -22,7 +22,10 @@ CONFIG = {
 }
 
 
-def _layer(L: int, dtype: str = "BF16") -> dict[str, HeaderTensor]:
+ONE_LAYER = {**CONFIG, "num_hidden_layers": 1}  # the checkpoints below that hold layer 0 only
+
+
+def _layer(L: int, dtype: str = "BF16", inter: int = I) -> dict[str, HeaderTensor]:
     p = f"model.layers.{L}"
     t = {
         f"{p}.input_layernorm.weight": HeaderTensor(dtype, (H,)),
@@ -30,9 +33,9 @@ def _layer(L: int, dtype: str = "BF16") -> dict[str, HeaderTensor]:
         f"{p}.mlp.gate.weight": HeaderTensor(dtype, (E, H)),
     }
     for e in range(E):
-        t[f"{p}.mlp.experts.{e}.down_proj.weight"] = HeaderTensor(dtype, (H, I))
-        t[f"{p}.mlp.experts.{e}.gate_proj.weight"] = HeaderTensor(dtype, (I, H))
-        t[f"{p}.mlp.experts.{e}.up_proj.weight"] = HeaderTensor(dtype, (I, H))
+        t[f"{p}.mlp.experts.{e}.down_proj.weight"] = HeaderTensor(dtype, (H, inter))
+        t[f"{p}.mlp.experts.{e}.gate_proj.weight"] = HeaderTensor(dtype, (inter, H))
+        t[f"{p}.mlp.experts.{e}.up_proj.weight"] = HeaderTensor(dtype, (inter, H))
     return t
 
 
@@ -124,8 +127,8 @@ def test_planar_is_refused_before_work_naming_the_tensor():
         match=r"`layout=planar`: routed expert tensor model\.layers\.0\.mlp\.experts\.0\.down_proj\.weight \[128, 64\].*int4-g32",
     ):
         plan_conversion(_inventory(), Recipe(layout="planar", experts="int4-g32"))
-    cfg = {**CONFIG, "moe_intermediate_size": 96}
-    extra = {"model.layers.1.mlp.experts.0.down_proj.weight": HeaderTensor("BF16", (H, 96))}
+    cfg = {**ONE_LAYER, "moe_intermediate_size": 96}
+    extra = _layer(0, inter=96)
     with pytest.raises(ConvertError, match="down_proj"):
         headers = {"a.safetensors": extra}
         plan_conversion(
@@ -165,7 +168,7 @@ def test_fused_experts_are_split_per_expert():
     headers = {"m.safetensors": {f"{p}.gate_up_proj": HeaderTensor("BF16", (E, 2 * I, H)),
                                  f"{p}.down_proj": HeaderTensor("BF16", (E, H, I))}}  # fmt: skip
     plan = plan_conversion(
-        build_inventory(headers, dict.fromkeys(headers["m.safetensors"], "m.safetensors"), CONFIG), Recipe()
+        build_inventory(headers, dict.fromkeys(headers["m.safetensors"], "m.safetensors"), ONE_LAYER), Recipe()
     )
     names = [n for n, _, _ in plan.files[0].entries]
     assert names[:3] == [f"{p}.0.gate_proj.weight", f"{p}.0.up_proj.weight", f"{p}.0.down_proj.weight"]
@@ -183,7 +186,7 @@ def test_mtp_layer_gets_the_mtp_format():
 
 
 # ----------------------------------------------------------------------------------------- bad inputs
-def _bad(headers, wm=None, config=CONFIG):
+def _bad(headers, wm=None, config=ONE_LAYER):
     wm = wm if wm is not None else {n: s for s, h in headers.items() for n in h}
     return build_inventory(headers, wm, config)
 

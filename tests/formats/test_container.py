@@ -222,15 +222,20 @@ def test_config_shapes_for_embeddings_and_experts():
 def test_resolve_container_checks_config_shapes(tmp_path):
     tensors = {
         **_quantized(EXP.format(0, "gate_proj"), "int4-grouped", W, 64),
+        **_quantized(EXP.format(0, "up_proj"), "int4-grouped", W, 64),
+        **_quantized(EXP.format(0, "down_proj"), "int8-row", np.ascontiguousarray(W.T)),
         "model.embed_tokens.weight": np.ones((10, 128), np.float32),
     }
-    files = _one(tmp_path, tensors, {EXP.format(0, "gate_proj"): (8, 128)})
-    assert resolve_container(files, config=CONFIG)[EXP.format(0, "gate_proj")].format == G(64)
+    shapes = {EXP.format(0, "gate_proj"): (8, 128), EXP.format(0, "up_proj"): (8, 128),
+              EXP.format(0, "down_proj"): (128, 8)}  # fmt: skip
+    files = _one(tmp_path, tensors, shapes)
+    one_expert = {**CONFIG, "n_routed_experts": 1}
+    assert resolve_container(files, config=one_expert)[EXP.format(0, "gate_proj")].format == G(64)
     with pytest.raises(
         ResolveError,
         match=r"gate_proj.weight is \[8, 128\] \(colitools.shapes\) but config.json implies \[16, 128\]",
     ):
-        resolve_container(files, config={**CONFIG, "moe_intermediate_size": 16})
+        resolve_container(files, config={**one_expert, "moe_intermediate_size": 16})
     embed = _one(
         tmp_path, {"model.embed_tokens.weight": np.ones((10, 128), np.float32)}, name="e.safetensors"
     )

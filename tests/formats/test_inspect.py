@@ -20,7 +20,7 @@ from colitools.formats.safetensors_io import write_safetensors
 RNG = np.random.default_rng(3)
 W = RNG.standard_normal((8, 128)).astype(np.float32)
 EXPERT = "model.layers.0.mlp.experts.{}.{}.weight"
-CONFIG = {"model_type": "olmoe", "hidden_size": 128, "vocab_size": 16, "intermediate_size": 8}
+CONFIG = {"model_type": "olmoe", "hidden_size": 128, "vocab_size": 16, "intermediate_size": 8, "num_experts": 1}
 
 
 def _encode(name, fmt, w, gs=None):
@@ -127,7 +127,7 @@ def test_inspect_lone_file_and_dir_without_index(tmp_path):
 
 
 def test_inspect_mixed_layout(tmp_path):
-    _model(tmp_path, index=False)
+    _model(tmp_path, index=False, config=False)  # expert 1 holds its gate only: config.json would refuse it
     planar = _encode(EXPERT.format(1, "gate_proj"), "int4-grouped", W, 64)
     meta = {
         "colitools.shapes": encode_shapes({EXPERT.format(1, "gate_proj"): (8, 128)}),
