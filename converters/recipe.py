@@ -365,8 +365,8 @@ class Recipe:
     @property
     def quantizer_mode(self) -> str:
         """The encoders' mode for this recipe's ``quantizer``: ``mse`` writes negative scales only where the
-        target's engine reads them (``Target.signed_scales``: colibri.c's generic loader, pairs layout; FORMATS
-        §9), else ``mse-positive``."""
+        target's engine was run on them (``Target.signed_scales``) and the layout is pairs (docs/FORMATS.md
+        §11), else ``mse-positive``."""
         signed = self.target.signed_scales and self.layout == layouts.PAIRS.option
         return mode_for(self.quantizer, signed)
 

@@ -675,7 +675,8 @@ TARGETS: dict[str, Target] = {
             help="Hugging Face names, every format c/colibri.c reads: named explicitly it refuses mxfp4 and "
             "fp8-e8m0, which c/colibri.c lacks (the default, no target, writes them for colitools' readers).",
             engine_formats=COLIBRI_C_FORMATS,
-            signed_scales=True,  # colibri.c @ 4ef9a99, int4-row / int4-g32 with negated groups: the same tokens
+            # c/colibri.c @ 4ef9a99 ran mse outputs with signed scales token-exact (docs/FORMATS.md §11)
+            signed_scales=True,
         ),
         Target(
             "olmoe",
@@ -687,6 +688,7 @@ TARGETS: dict[str, Target] = {
             defaults=(("experts", INT8_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
             experts=MERGED,
             config_check=olmoe_heads,
+            signed_scales=True,  # c/olmoe.c @ 4ef9a99: merged int8 experts, ~41% negative scales, token-exact
         ),
         Target(
             QWEN36,
@@ -821,6 +823,7 @@ TARGETS: dict[str, Target] = {
             experts=FUSED,
             name_map=names.inkling_text_name,
             drop_mtp=True,
+            signed_scales=True,  # c/inkling.c @ 4ef9a99: int4-row / int8-row experts, ~45% negative, token-exact
         ),
         Target(
             QWEN38,

@@ -31,7 +31,8 @@ _LAYOUT_HELP = (
 _QUANTIZER_HELP = (
     "How int8-row / int4 / int3-g64 / int2-row scales are chosen: rtn (amax / qmax, colibri's own converters' "
     "bytes; the default) or mse (per group the scale of least squared error, never worse than rtn; negative "
-    "scales only for --target generic with the pairs layout). Same bytes per weight either way."
+    "scales only where the target's engine was run on them: generic with the pairs layout, olmoe, inkling). "
+    "Same bytes per weight either way."
 )
 _TOWERS_HELP = (
     "Multimodal towers: keep (source dtype, unchanged; the default unless the target drops them) or drop (listed "
