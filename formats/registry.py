@@ -642,20 +642,26 @@ class Fp8E4m3E8m0R32(Fp8E4m3E8m0T32):
 RANK_SIGNATURE_FIRST = 0  # the weight rank matched on both byte counts before any other (``Format.byte_rank``)
 
 
-def ranked(scale_suffix: str = QS_SUFFIX) -> list[type[Format]]:
+_RANKED: dict[tuple, tuple[type[Format], ...]] = {}  # memo of ranked(), keyed by the registry's contents
+
+
+def ranked(scale_suffix: str = QS_SUFFIX) -> tuple[type[Format], ...]:
     """The registered formats with a ``byte_rank`` whose scale tensor is named by ``scale_suffix`` (``QS_SUFFIX``:
     ``<name>.qs``, the formats ``resolver.resolve_format`` tells apart; ``BLOCK_SCALE_SUFFIX``: ``<base>.scale``,
-    DeepSeek's E8M0 pairs), in their byte precedence: the order a reader tries them. Read at each call, so a
-    format registered later (a test's) takes its place."""
-    probe = "w" + WEIGHT_SUFFIX
-    named = [f for f in FORMATS.values() if (f.tensor_names(probe)[1] or "").endswith(scale_suffix)]
-    return sorted((f for f in named if f.byte_rank is not None), key=lambda f: f.byte_rank)
+    DeepSeek's E8M0 pairs), in their byte precedence: the order a reader tries them. Follows the registry as it
+    is at each call, so a format registered later (a test's) takes its place."""
+    key = (scale_suffix, *FORMATS.values())
+    if key not in _RANKED:
+        probe = "w" + WEIGHT_SUFFIX
+        named = [f for f in FORMATS.values() if (f.tensor_names(probe)[1] or "").endswith(scale_suffix)]
+        _RANKED[key] = tuple(sorted((f for f in named if f.byte_rank is not None), key=lambda f: f.byte_rank))
+    return _RANKED[key]
 
 
 # the FP8 formats with E8M0 block scales under DeepSeek's ``<base>.weight`` F8_E4M3 + ``<base>.scale`` F8_E8M0
 # names, told apart by the scale tensor's shape (docs/FORMATS.md §3); in this order (``byte_rank``) where two
 # shapes coincide
-UE8M0_FP8_FORMATS: tuple[type[Fp8E4m3E8m0], ...] = tuple(ranked(BLOCK_SCALE_SUFFIX))
+UE8M0_FP8_FORMATS: tuple[type[Fp8E4m3E8m0], ...] = ranked(BLOCK_SCALE_SUFFIX)
 
 
 def _require_gs(gs: int | None) -> int:

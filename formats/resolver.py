@@ -28,19 +28,18 @@ from colitools.formats.errors import FormatError, ResolveError, ResolveReason
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX
 from colitools.formats.registry import (
     FALLBACK_FORMAT,
+    QS_SUFFIX,
+    RANK_SIGNATURE_FIRST,
     UE8M0_FP8_FORMATS,
     E8Iq3Lattice,
     Float,
     Format,
     Fp8E4m3B128,
-    Int2Row,
-    Int3G64,
-    Int4Grouped,
-    Int4Row,
     Int8Row,
     Mxfp4,
     by_name,
     detect_group_size,
+    ranked,
 )
 
 __all__ = [
@@ -100,80 +99,91 @@ def _check_dims(tensor: str, O: int, I: int) -> None:
             )
 
 
+def _qs_formats() -> tuple[type[Format], ...]:
+    """The ``.qs`` formats in colibri's byte precedence (each class's ``byte_rank``, ``registry.ranked``)."""
+    return ranked(QS_SUFFIX)
+
+
+def _weight_ranks(fmts: tuple[type[Format], ...]) -> list[list[type[Format]]]:
+    """``fmts`` (ranked) grouped by weight rank: the formats of one group share their weight bytes."""
+    groups: dict[int, list[type[Format]]] = {}
+    for fmt in fmts:
+        groups.setdefault(fmt.byte_rank[0], []).append(fmt)
+    return list(groups.values())
+
+
 def _signature(O: int, I: int) -> str:
-    """The byte counts each layout would have at [O, I], for error messages."""
-    return (
-        f"int8-row/fp8 {Int8Row.weight_nbytes(O, I)}, int4 {Int4Row.weight_nbytes(O, I)}, "
-        f"int2 {Int2Row.weight_nbytes(O, I)}, int3-g64 {Int3G64.weight_nbytes(O, I)}, "
-        f"e8 {E8Iq3Lattice.weight_nbytes(O, I)}"
+    """The weight byte count of each weight rank at [O, I], for error messages."""
+    return ", ".join(
+        f"{'/'.join(f.name for f in group)} {group[0].weight_nbytes(O, I)}"
+        for group in _weight_ranks(_qs_formats())
     )
 
 
-def _by_bytes(tensor: str, nb: int, ns: int, O: int, I: int) -> Resolved:
-    """Spec §3 steps 1-5 for an unstamped tensor."""
-    where = f"weight bytes {nb}, scale bytes {ns} for [{O}, {I}]"
-    # 1. e8 first: its signature (one 4-byte scale) is checked before any weight-byte precedence.
-    if ns == E8Iq3Lattice.scale_nbytes(O, I) and nb == E8Iq3Lattice.weight_nbytes(O, I):
-        return Resolved.of(E8Iq3Lattice)
-    # 2. By weight bytes, precedence int8 > int4 > int2 > int3.
-    for fmt in (Int8Row, Int4Row, Int2Row, Int3G64):
-        if nb == fmt.weight_nbytes(O, I):
-            break
-    else:
-        raise ResolveError.about(
-            tensor, f"{where}: no known layout ({_signature(O, I)})", ResolveReason.NO_LAYOUT
-        )
-    if fmt is Int8Row:
-        # 4. int8-row vs fp8-e4m3-b128: same weight bytes, told apart by the scale count.
-        row = ns == Int8Row.scale_nbytes(O, I)
-        blk = ns == Fp8E4m3B128.scale_nbytes(O, I)
-        if row or blk:  # both (O == nblk) and no stamp -> int8-row
-            return Resolved.of(Int8Row if row else Fp8E4m3B128)
-        raise ResolveError.about(
-            tensor,
-            f"{where}: weight bytes are int8-row/fp8's but the scale bytes match neither "
-            f"(int8-row {Int8Row.scale_nbytes(O, I)}, fp8-e4m3-b128 {Fp8E4m3B128.scale_nbytes(O, I)})",
-            ResolveReason.SCALE_MISMATCH,
-        )
-    if fmt is Int4Row:
-        # 3. int4 with a detected group size is int4-grouped; one scale per row is int4-row.
-        try:
-            gs = detect_group_size(O, I, ns, tensor=tensor)
-        except ResolveError:
-            raise ResolveError.about(
-                tensor,
-                f"{where}: weight bytes are int4's but the scale bytes match neither int4-row "
-                f"({Int4Row.scale_nbytes(O, I)}) nor any group size",
-                ResolveReason.NO_GROUP_SIZE,
-            ) from None
-        return Resolved.of(Int4Row) if gs is None else Resolved.of(Int4Grouped, gs)
-    # 5. The scale byte count must match the resolved format exactly.
-    if ns != fmt.scale_nbytes(O, I):
-        raise ResolveError.about(
+def _scale_match(tensor: str, fmt: type[Format], ns: int, O: int, I: int) -> Resolved | None:
+    """``fmt`` when ``ns`` is its scale byte count at [O, I] (a grouped format's at a detected group size)."""
+    if not fmt.grouped:
+        return Resolved.of(fmt) if ns == fmt.scale_nbytes(O, I) else None
+    try:
+        gs = detect_group_size(O, I, ns, tensor=tensor)
+    except ResolveError:
+        return None
+    return None if gs is None else Resolved.of(fmt, gs)  # one scale per row: the row format ranked before it
+
+
+def _scale_mismatch(tensor: str, where: str, group: list[type[Format]], O: int, I: int) -> ResolveError:
+    """Step 5's error: the weight bytes are ``group``'s (one weight rank), the scale bytes none of theirs."""
+    if len(group) == 1:
+        fmt = group[0]
+        return ResolveError.about(
             tensor,
             f"{where}: weight bytes are {fmt.name}'s but {fmt.name} needs "
             f"{fmt.scale_nbytes(O, I)} scale bytes",
             ResolveReason.SCALE_MISMATCH,
         )
-    return Resolved.of(fmt)
+    counts = ", ".join(
+        f"{f.name} at any group size" if f.grouped else f"{f.name} {f.scale_nbytes(O, I)}" for f in group
+    )
+    grouped = any(f.grouped for f in group)
+    return ResolveError.about(
+        tensor,
+        f"{where}: weight bytes are {'/'.join(f.name for f in group)}'s but the scale bytes match "
+        f"{'neither' if len(group) == 2 else 'none of them'} ({counts})",
+        ResolveReason.NO_GROUP_SIZE if grouped else ResolveReason.SCALE_MISMATCH,
+    )
+
+
+def _by_bytes(tensor: str, nb: int, ns: int, O: int, I: int) -> Resolved:
+    """Spec §3 steps 1-5 for an unstamped tensor, in the registry's byte precedence (``byte_rank``)."""
+    where = f"weight bytes {nb}, scale bytes {ns} for [{O}, {I}]"
+    fmts = _qs_formats()
+    # 1. e8 first: its signature (one 4-byte scale) is checked before any weight-byte precedence.
+    for fmt in fmts:
+        if fmt.byte_rank[0] == RANK_SIGNATURE_FIRST and nb == fmt.weight_nbytes(O, I):
+            found = _scale_match(tensor, fmt, ns, O, I)
+            if found is not None:
+                return found
+    # 2. By weight bytes, the lowest weight rank first: int8 > int4 > int2 > int3.
+    by_weight = [f for f in fmts if f.byte_rank[0] != RANK_SIGNATURE_FIRST and nb == f.weight_nbytes(O, I)]
+    if not by_weight:
+        raise ResolveError.about(
+            tensor, f"{where}: no known layout ({_signature(O, I)})", ResolveReason.NO_LAYOUT
+        )
+    # 3./4. The formats of that rank by their scale bytes, in scale-rank order: int8-row before fp8-e4m3-b128
+    # (both match at O == nblk: int8-row), int4-row before int4-grouped at a detected group size.
+    group = [f for f in by_weight if f.byte_rank[0] == by_weight[0].byte_rank[0]]
+    for fmt in group:
+        found = _scale_match(tensor, fmt, ns, O, I)
+        if found is not None:
+            return found
+    # 5. The scale byte count must match the resolved format exactly.
+    raise _scale_mismatch(tensor, where, group, O, I)
 
 
 def _allowed(tensor: str, nb: int, ns: int, O: int, I: int) -> list[Resolved]:
     """Every format whose weight *and* scale byte counts match, in precedence order (for stamps)."""
-    allowed = []
-    for fmt in (E8Iq3Lattice, Int8Row, Fp8E4m3B128, Int4Row, Int4Grouped, Int2Row, Int3G64):
-        if nb != fmt.weight_nbytes(O, I):
-            continue
-        if fmt is Int4Grouped:  # int4 with a detected group size (one scale per row is int4-row above)
-            try:
-                gs = detect_group_size(O, I, ns, tensor=tensor)
-            except ResolveError:
-                gs = None
-            if gs is not None:
-                allowed.append(Resolved.of(Int4Grouped, gs))
-        elif ns == fmt.scale_nbytes(O, I):
-            allowed.append(Resolved.of(fmt))
-    return allowed
+    found = (_scale_match(tensor, f, ns, O, I) for f in _qs_formats() if nb == f.weight_nbytes(O, I))
+    return [r for r in found if r is not None]
 
 
 def _stamp_format(tensor: str, stamp: str) -> type[Format]:
