@@ -1,8 +1,9 @@
 """``colitools verify container DIR``: is a converted folder complete and sound?
 
 Checks, in order: every shard's header is valid and the index covers exactly the tensors present; every
-tensor resolves to one format from its bytes (docs/FORMATS.md §3); every scale tensor is finite (F32 ``.qs``) or
-not the E8M0 NaN byte (mxfp4); and, when the folder has a ``colitools.json`` manifest, the conversion is
+tensor resolves to one format from its bytes (docs/FORMATS.md §3) and the container holds every tensor its
+``config.json`` needs (``model_config.check_complete``); every scale tensor is finite (F32 ``.qs``) or not the E8M0
+NaN byte (mxfp4), every float tensor (F32 / BF16 / F16: routers, norms, biases, float weights) finite; and, when the folder has a ``colitools.json`` manifest, the conversion is
 complete and every recorded file has the recorded size and sha256. Problems are collected (not raised) so one
 run reports all of them: a missing, truncated or header-corrupted shard is reported and the other shards are
 still checked. Only a path that holds no shard to check (not a folder or file, no ``*.safetensors`` and no
@@ -101,6 +102,8 @@ def verify_container(
             report.formats[label] = report.formats.get(label, 0) + 1
         if t.kind == "scale":
             _check_scale(shard_by_name[t.file], t.name, t.dtype, report)
+        if t.kind == "float":
+            _check_float(shard_by_name[t.file], t.name, report)
         if t.kind == "unresolved":  # a foreign container's weight whose [O, I] nothing gives (§3)
             report.problems.append(t.problem or f"tensor {t.name}: [O, I] unknown")
     if root.is_dir():
@@ -160,6 +163,16 @@ def _open_each_shard(root: Path, report: ContainerReport, broken: set[str], fail
     if not broken and str(failure) not in report.problems:
         report.problems.append(str(failure))  # every shard opens: the failure was elsewhere (index coverage...)
     return ModelFiles(root, shards, config=config)
+
+
+def _check_float(shard: Any, name: str, report: ContainerReport) -> None:
+    """A float tensor holds no NaN / inf (the converter refuses them; a file changed since is reported)."""
+    bad = ~np.isfinite(shard.read(name))  # F32 / BF16 / F16 as stored: no float32 copy
+    if bad.any():
+        report.problems.append(
+            f"{shard.path.name}: float tensor {name} has {int(bad.sum())} non-finite value(s), "
+            f"first at flat index {int(np.flatnonzero(bad.ravel())[0])}"
+        )
 
 
 def _check_scale(shard: Any, name: str, dtype: str, report: ContainerReport) -> None:

@@ -159,10 +159,10 @@ ROLES = {
     "router": r"mlp\.gate\.weight$",
     "norm": r"norm\.weight$",
 }
-# docs/FORMATS.md §5: an integer dtype is refused in a routed expert only (rule 0 copies the others), a non-finite
-# value in the linear weights written by a recipe (quantized or passthrough), not in rule-2 tensors (F32 as they are)
-INT_REFUSED = ("expert",)
-NAN_REFUSED = ("expert", "expert-scale", "attention", "shared", "embed", "head")
+# docs/FORMATS.md §5: an integer dtype is refused in a linear weight (rule 0 copies the other non-float tensors), a
+# non-finite value in every float tensor written, rule 2's F32 routers and norms too (issue 43)
+INT_REFUSED = ("expert", "attention", "shared", "embed", "head")
+NAN_REFUSED = ("expert", "expert-scale", "attention", "shared", "embed", "head", "router", "norm")
 SAME_SIZE_INT = {"F32": ["I32", "U32"], "BF16": ["I16", "U16"], "F16": ["I16", "U16"], "F8_E4M3": ["I8"]}
 NAN_BYTES = {
     "F32": struct.pack("<f", float("nan")),
