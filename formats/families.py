@@ -353,6 +353,9 @@ class Family:
     # the layer type of a layer a nested section's 1-based layer lists leave out (Kimi K3 lists only its
     # ``kda_layers``: the others are MLA); None: both lists must be given (Kimi-Linear, as transformers reads it)
     unlisted_layer_type: str | None = None
+    # ``layer_types`` entries the family reads as another of its types (``model_config.canonical_keys``): the
+    # spellings other writers give a layer type, read wherever the family is (converter, runtime, inspect)
+    layer_type_aliases: Mapping[str, str] = field(default_factory=dict)
     gated_attention: bool = False  # full attention's q_proj is [query | gate] per head (Qwen3-Next, Qwen3.5)
     native_names: bool = False  # weights keep their own names and shapes (Inkling): no geometry claimed
 
@@ -439,8 +442,12 @@ INKLING = Family("inkling", orientation=Orientation.ROWS_INTERLEAVED, native_nam
 INKLING2 = Family("inkling2", orientation=Orientation.ROWS_INTERLEAVED, native_names=True)
 # Qwen3.8 (transformers 5.24 qwen4_exp; colibri c/qwen38.c): Qwen3.5's gated attention and Gated DeltaNet, QSA,
 # hyper-connection gated residuals, PLE n-gram tables (issue 29)
+# its QSA layers are ``indexed_attention`` in transformers 5.24, ``full_attention`` in the release, and
+# ``qwen_sparse_attention`` as transformers 5.16.1 and colibri's c/tools/make_qwen38_tiny.py write them
 QWEN38 = Family("qwen38", (gated_gqa_block, gated_deltanet_block, qsa_indexer_block, gated_residual_block, *_MOE),
-                (ple_table_layers,), gated_attention=True)  # fmt: skip
+                (ple_table_layers,), gated_attention=True,
+                layer_type_aliases=MappingProxyType({"full_attention": "indexed_attention",
+                                                     "qwen_sparse_attention": "indexed_attention"}))  # fmt: skip
 # Qwen3-VL-MoE as published (Qwen3-VL-30B-A3B, 235B-A22B): gate_up_proj [E, H, 2I] with gate = the first I columns,
 # down_proj [E, I, H]; transformers 5.24 transposes them on load (conversion_mapping.py ``qwen3_vl_moe``
 # Transpose(1, 2)) and its save_pretrained writes them as it holds them, by rows [E, 2I, H] / [E, H, I]

@@ -168,11 +168,15 @@ def canonical_keys(text: Mapping[str, Any], model_type: str | None) -> dict[str,
     ``linear_attn_config`` (``head_dim``, ``num_heads``, ``short_conv_kernel_size``, 1-based ``kda_layers`` /
     ``full_attn_layers``): read as ``linear_head_dim``, ``linear_num_heads``, ``linear_conv_kernel_dim`` and
     ``layer_types`` (``Family.nested_key_aliases``; as ``KimiLinearConfig``: the nested geometry wins over
-    top-level keys, an explicit ``layer_types`` over the nested layer lists)."""
+    top-level keys, an explicit ``layer_types`` over the nested layer lists). A family's own spellings of a layer
+    type (``Family.layer_type_aliases``: Qwen3.8's ``qwen_sparse_attention``) are read as the type it names."""
     out = dict(text)
     family = families.family_of(model_type)
     if family is None:
         return out
+    types = text.get("layer_types")
+    if family.layer_type_aliases and isinstance(types, list):
+        out["layer_types"] = [family.layer_type_aliases.get(t, t) if isinstance(t, str) else t for t in types]
     for alias, key in family.key_aliases.items():
         if alias in text and key not in text:
             out[key] = text[alias]
@@ -557,7 +561,7 @@ def _text(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
     prefix = "text_config." if text is not config else ""
     mt = model_type(config) if isinstance(config.get("model_type", ""), str) else None
     family = families.family_of(mt)
-    aliased = family is not None and (family.key_aliases or family.nested_key_aliases)
+    aliased = family is not None and (family.key_aliases or family.nested_key_aliases or family.layer_type_aliases)
     return (canonical_keys(text, mt) if aliased else text), prefix
 
 

@@ -11,7 +11,8 @@ as ``hc`` copies). Every block reads them through a gated residual (``Qwen4ExpTe
     X  += inj_s * block(h)   for every stream s
 
 No per-layer norms and no final norm: ``hyper_connection_mixer`` (the same residual without injection) gives the
-head's input. Layers (``layer_types``; ``full_attention`` is read as ``indexed_attention``):
+head's input. Layers (``layer_types``; ``full_attention`` and ``qwen_sparse_attention`` are read as
+``indexed_attention``: the family's ``layer_type_aliases``, formats/families.py):
 
 * ``linear_attention``: the Gated DeltaNet of Qwen3.5 (``linear_attention.py``) whose gated norm multiplies by
   ``output_gate_type`` (``sigmoid`` here, ``silu`` by default) of ``z``;
@@ -99,7 +100,6 @@ class Qwen38Args(GQAArgs):
 def _layer_types(c: ConfigKeys, n: int) -> list[str]:
     types = c.get("layer_types") or ["indexed_attention" if (i + 1) % 4 == 0 else "linear_attention"
                                      for i in range(n)]  # fmt: skip
-    types = ["indexed_attention" if t == "full_attention" else t for t in types]
     if len(types) != n or any(t not in LAYER_TYPES for t in types):
         raise RuntimeModelError(
             f"{c.where}: layer_types must list {n} of {', '.join(LAYER_TYPES)}, got {types}"
