@@ -7,7 +7,8 @@ numba nor compiles or loads a kernel (about 1 CPU-s saved per process, 16 CPU-s 
 tensors go to the kernels through ``encoders`` / ``decoders`` (numba-free; the numba drivers are ``_jit_*``),
 imported on first use, unless the whole plan fits the start-up budget below (numba's load, or, before the
 encoders were ever compiled here, their compile). Validation (dtype, shape, group size, FP8 grid, writable
-format) and the NaN/inf error message are the same on both paths.
+format) and the NaN/inf error message are the same on both paths. A format without a row kernel (no
+``kernel_code``) takes its reference on every path, whatever the size (``_no_row_kernel``).
 
 This module and ``__init__`` import nothing of numba: keep it so (``--help`` and tiny conversions stay fast).
 """
@@ -190,6 +191,13 @@ def _reference_encodes(fmt_name: str, n: int) -> bool:
     return False
 
 
+def _no_row_kernel(fmt_name: str) -> bool:
+    """A format without a row kernel (``kernel_code`` None) encodes on its numpy reference on every path, whatever
+    the size: a kernel is only speed (fp8-e4m3-e8m0's own block kernel is ``encode_fp8_e8m0``, not these)."""
+    cls = registry.lookup(fmt_name)
+    return cls is not None and cls.kernel_code is None
+
+
 # ------------------------------------------------------------------------------------------ validation
 def _writable(fmt_name: str, O: int, I: int, gs: int | None, name: str) -> type[registry.Format]:
     """The format class, after the checks every encode path makes before any work."""
@@ -268,7 +276,7 @@ def encode(
     w = np.asarray(w)
     if quantizer != RTN:
         return _mse_encode(fmt_name, w, gs, name, quantizer)
-    if w.ndim == 2 and _reference_encodes(fmt_name, w.size):
+    if w.ndim == 2 and (_no_row_kernel(fmt_name) or _reference_encodes(fmt_name, w.size)):
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
     from colitools.formats.kernels import encoders
 
@@ -299,7 +307,7 @@ def encode_from_bf16(
     """``encode(fmt_name, bf16 -> f32, gs)`` with the exact upcast fused in. ``w_bf16`` is ``[O, I]`` uint16
     (the raw BF16 bits) or ``ml_dtypes.bfloat16``."""
     wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
-    if _reference_encodes(fmt_name, wb.size):
+    if _no_row_kernel(fmt_name) or _reference_encodes(fmt_name, wb.size):
         return _reference_checked(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs, name)
     from colitools.formats.kernels import encoders
 
@@ -312,7 +320,7 @@ def encode_from_f16(
     """``encode(fmt_name, f16 -> f32, gs)`` with the exact upcast fused in. ``w_f16`` is ``[O, I]`` float16 or
     uint16 (the raw half bits)."""
     wh = _matrix(w_f16, np.uint16, np.float16, name)
-    if _reference_encodes(fmt_name, wh.size):
+    if _no_row_kernel(fmt_name) or _reference_encodes(fmt_name, wh.size):
         return _reference_checked(fmt_name, wh.view(np.float16).astype(F32), gs, name)
     from colitools.formats.kernels import encoders
 
@@ -327,7 +335,7 @@ def encode_from_fp8_block(
     ``q`` is ``[O, I]`` e4m3fn bytes (uint8 or ``ml_dtypes.float8_e4m3fn``), ``scale_inv`` F32/BF16
     ``[ceil(O/br), ceil(I/bc)]``, ``block`` an int or ``(br, bc)``."""
     qb, s, br, bc = _fp8_operands(q, scale_inv, block, name)
-    if _small(qb.size):
+    if _small(qb.size) or _no_row_kernel(fmt_name):
         _writable(fmt_name, *qb.shape, gs, name)  # before the dequant, as the kernel path
         with np.errstate(all="ignore"):  # inf * 0 and overflow are refused just below, naming the tensor
             w = ref.dequant_fp8_block(qb, s, (br, bc))

@@ -26,6 +26,8 @@ def _plan(fmt_name: str, O: int, I: int, gs: int | None, name: str):
     scales) and the scales as returned (a view shaped as the registry's ``scale_grid``). Resolved once per
     call from the format class, outside the kernels."""
     cls = _writable(fmt_name, O, I, gs, name)
+    if cls.kernel_code is None:  # never another format's kernel: ``_dispatch`` sends it to its reference
+        raise EncodeError(f"tensor {name or '?'}: format {fmt_name} has no row kernel (no kernel_code)")
     codes = np.empty(cls.weight_shape(O, I, gs), np.uint8)
     grid = cls.scale_grid(O, I, gs)  # [O] (one per row), [O, G] or mxfp4's [O, I/32] E8M0 bytes
     per_row = math.prod(grid[1:])  # Python ints: np.prod costs ~5 us per tensor

@@ -1,6 +1,8 @@
 """Property tests: the numba kernels are byte-identical to the numpy reference, the fused BF16/F16/FP8 paths equal
 dequant-then-encode, round trips stay within each format's error bound, NaN/inf input is refused naming the
-tensor, and every encoder's output has exactly the registry's byte counts."""
+tensor, and every encoder's output has exactly the registry's byte counts. The cases of the first, NaN/inf and
+byte-count tests are generated from the registry (``codec_cases.py``: every writable format x every source kind),
+so a format is tested the moment it is registered (``test_toy_format.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,16 @@ import ml_dtypes
 import numba
 import numpy as np
 import pytest
+from codec_cases import (
+    SOURCES,
+    assert_same,
+    case_id,
+    check_fast_paths,
+    codec_cases,
+    fp8_tensors,
+    weights,
+    width_step,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +32,6 @@ from colitools.formats.registry import GROUP_SIZES, by_name, writer_group_size
 
 F32 = np.float32
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MAGNITUDES = [1.0, 0.02, 3e-3, 1e30, 3e38, 1e-30, 1e-40, 1e-44]  # huge, tiny and float32 subnormal scales
 
 
 @pytest.fixture(autouse=True)
@@ -34,54 +45,24 @@ def reference_encode(fmt: str, w: np.ndarray, gs: int | None):
     return ref.encode_int4_grouped(w, gs) if fmt == "int4-grouped" else kernels._reference_encode(fmt, w, gs)
 
 
-def assert_same(a, b) -> None:
-    (ca, sa), (cb, sb) = a, b
-    assert ca.dtype == cb.dtype and sa.dtype == sb.dtype
-    assert ca.shape == cb.shape and sa.shape == sb.shape
-    assert ca.tobytes() == cb.tobytes()
-    assert sa.tobytes() == sb.tobytes()
-
-
-@st.composite
-def weights(draw, max_O: int = 5, max_I: int = 300, multiple: int = 1) -> np.ndarray:
-    """Finite float32 ``[O, I]``: Gaussian at a drawn magnitude, per-row mixed magnitudes, exact ties
-    (multiples of 1/4), or arbitrary finite bit patterns (subnormals, 3e38 ...); some rows all zero."""
-    O = draw(st.integers(1, max_O))
-    I = draw(st.integers(1, max_I // multiple)) * multiple
-    kind = draw(st.sampled_from(["gauss", "mixed", "ties", "bits"]))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    if kind == "gauss":
-        w = rng.standard_normal((O, I)) * draw(st.sampled_from(MAGNITUDES))
-    elif kind == "mixed":
-        scales = rng.choice(MAGNITUDES, size=(O, 1)) * 2.0 ** rng.integers(-20, 20, size=(O, I))
-        w = rng.standard_normal((O, I)) * np.minimum(scales, 1e38)
-    elif kind == "ties":
-        w = rng.integers(-40, 41, size=(O, I)) * 0.25 * draw(st.sampled_from([1.0, 2.0**-130, 2.0**100]))
-    else:
-        w = rng.integers(0, 2**32, size=(O, I), dtype=np.uint64).astype(np.uint32).view(F32).copy()
-        w[~np.isfinite(w)] = 0
-    w = np.clip(w, -3.4e38, 3.4e38).astype(F32)  # stay finite after the float32 cast
-    if draw(st.booleans()):
-        w[rng.random(O) < 0.4] = 0
-    return np.ascontiguousarray(w)
-
-
 INT_FORMATS = [("int8-row", None), ("int4-row", None), ("int2-row", None), ("int3-g64", None)]
 INT_FORMATS += [("int4-grouped", g) for g in (*GROUP_SIZES, 2, 6, 5, 7)]  # any gs, odd ones included
 
 
-# ------------------------------------------------------------------------------------- fast == reference
-@pytest.mark.parametrize(("fmt", "gs"), INT_FORMATS, ids=[f"{f}-{g}" for f, g in INT_FORMATS])
-@SETTINGS
-@given(w=weights())
-def test_fast_integer_encoders_match_reference(fmt, gs, w):
-    assert_same(kernels.encode(fmt, w, gs), reference_encode(fmt, w, gs))
+# ------------------------------------------------------------------- fast == reference, from every source
+PATH_CASES = [(source, fmt, gs) for source in SOURCES for fmt, gs in codec_cases(source)]
 
 
+@pytest.mark.parametrize(
+    ("source", "fmt", "gs"), PATH_CASES, ids=[f"{s}-{case_id(f, g)}" for s, f, g in PATH_CASES]
+)
 @SETTINGS
-@given(w=weights(multiple=32, max_I=320))
-def test_fast_mxfp4_matches_reference(w):
-    assert_same(kernels.encode("mxfp4", w, None), ref.encode_mxfp4(w))
+@given(data=st.data())
+def test_every_writable_format_from_every_source_equals_the_reference(source, fmt, gs, data):
+    """F32 (``kernels.encode`` and the registry's fast path), BF16 and F16 (the fused upcast, raw bits and numpy
+    dtype), block-scaled FP8 (the fused dequant, F32 or BF16 grids): the reference's bytes of the exact values.
+    A format without a row kernel gets its reference on every path (``_dispatch._no_row_kernel``)."""
+    check_fast_paths(data, source, fmt, gs)
 
 
 @pytest.mark.parametrize("gs", [64, 16], ids=["g64", "g16"])
@@ -93,59 +74,6 @@ def test_registry_fast_and_reference_paths_agree(gs, w):
 
 
 # ------------------------------------------------------------------------------------------- fused sources
-FUSED_FORMATS = [("int8-row", None), ("int4-row", None), ("int2-row", None), ("int3-g64", None)]
-FUSED_FORMATS += [("int4-grouped", 64), ("int4-grouped", 48), ("mxfp4", None)]
-
-
-@st.composite
-def bf16_bits(draw, multiple: int = 1) -> np.ndarray:
-    O = draw(st.integers(1, 4))
-    I = draw(st.integers(1, 160 // multiple)) * multiple
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    if draw(st.booleans()):  # arbitrary finite bf16 bit patterns (subnormals, huge)
-        b = rng.integers(0, 2**16, size=(O, I), dtype=np.uint32).astype(np.uint16)
-        b[(b & 0x7F80) == 0x7F80] = 0  # exponent all ones: inf / NaN
-    else:
-        b = (rng.standard_normal((O, I)) * draw(st.sampled_from(MAGNITUDES[:4]))).astype(ml_dtypes.bfloat16)
-        b = b.view(np.uint16)
-    return np.ascontiguousarray(b)
-
-
-@pytest.mark.parametrize(("fmt", "gs"), FUSED_FORMATS, ids=[f"{f}-{g}" for f, g in FUSED_FORMATS])
-@SETTINGS
-@given(data=st.data())
-def test_bf16_fused_path_equals_upcast_then_reference(fmt, gs, data):
-    b = data.draw(bf16_bits(multiple=32 if fmt == "mxfp4" else 1))
-    w = b.view(ml_dtypes.bfloat16).astype(F32)
-    expected = reference_encode(fmt, w, gs)
-    assert_same(kernels.encode_from_bf16(fmt, b, gs), expected)
-    assert_same(kernels.encode_from_bf16(fmt, b.view(ml_dtypes.bfloat16), gs), expected)
-
-
-@st.composite
-def f16_bits(draw, multiple: int = 1) -> np.ndarray:
-    O = draw(st.integers(1, 4))
-    I = draw(st.integers(1, 160 // multiple)) * multiple
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    if draw(st.booleans()):  # arbitrary finite half bit patterns: subnormals (exponent 0), -0.0, 65504
-        h = rng.integers(0, 2**16, size=(O, I), dtype=np.uint32).astype(np.uint16)
-        h[(h & 0x7C00) == 0x7C00] = 0x8000  # exponent all ones (inf / NaN) -> -0.0
-    else:
-        h = (rng.standard_normal((O, I)) * draw(st.sampled_from([1.0, 0.02, 3e-3, 1e-6]))).astype(np.float16)
-        h = h.view(np.uint16)
-    return np.ascontiguousarray(h)
-
-
-@pytest.mark.parametrize(("fmt", "gs"), FUSED_FORMATS, ids=[f"{f}-{g}" for f, g in FUSED_FORMATS])
-@SETTINGS
-@given(data=st.data())
-def test_f16_fused_path_equals_upcast_then_reference(fmt, gs, data):
-    h = data.draw(f16_bits(multiple=32 if fmt == "mxfp4" else 1))
-    expected = reference_encode(fmt, h.view(np.float16).astype(F32), gs)  # numpy's exact upcast
-    assert_same(kernels.encode_from_f16(fmt, h, gs), expected)
-    assert_same(kernels.encode_from_f16(fmt, h.view(np.float16), gs), expected)
-
-
 @pytest.mark.parametrize("decode", ["_f16_f32", "_half"])
 def test_f16_upcast_equals_numpy_for_all_half_bit_patterns(decode):
     """``_f16_f32`` (the software decode) is numpy's cast bit for bit on all 65,536 halves, NaN payloads
@@ -192,33 +120,6 @@ def test_f16_fused_path_refuses_non_finite(bits):
     h[2, 65] = bits
     with pytest.raises(EncodeError, match=r"tensor experts\.7\.up_proj: non-finite value .* at \[2, 65\]"):
         kernels.encode_from_f16("int4-grouped", h, 64, name="experts.7.up_proj")
-
-
-@st.composite
-def fp8_tensors(draw, multiple: int = 1):
-    O = draw(st.integers(1, 6))
-    I = draw(st.integers(1, 160 // multiple)) * multiple
-    block = draw(st.sampled_from([(128, 128), (2, 3), (1, 32), (4, 7), (3, 64)]))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    q = rng.integers(0, 256, size=(O, I), dtype=np.uint16).astype(np.uint8)
-    q[(q & 0x7F) == 0x7F] = 0x38  # no NaN codes here (NaN is tested below)
-    grid = (ref.ceil_div(O, block[0]), ref.ceil_div(I, block[1]))
-    s = rng.random(grid) * draw(st.sampled_from([1.0, 1e-3, 1e-30, 1e-42, 1e30]))
-    s[rng.random(grid) < 0.2] *= -1  # negative and zero scales are legal multipliers
-    s[rng.random(grid) < 0.1] = 0
-    return q, s.astype(F32), block
-
-
-@pytest.mark.parametrize(("fmt", "gs"), FUSED_FORMATS, ids=[f"{f}-{g}" for f, g in FUSED_FORMATS])
-@SETTINGS
-@given(data=st.data())
-def test_fp8_fused_path_equals_dequant_then_reference(fmt, gs, data):
-    q, s, block = data.draw(fp8_tensors(multiple=32 if fmt == "mxfp4" else 1))
-    if data.draw(st.booleans()):  # sources may ship the scale grid as BF16
-        s = s.astype(ml_dtypes.bfloat16)
-    expected = reference_encode(fmt, ref.dequant_fp8_block(q, s, block), gs)
-    assert_same(kernels.encode_from_fp8_block(fmt, q, s, block, gs), expected)
-    assert_same(kernels.encode_from_fp8_block(fmt, q.view(ml_dtypes.float8_e4m3fn), s, block, gs), expected)
 
 
 @st.composite
@@ -464,7 +365,7 @@ def test_mxfp4_round_trip_error_within_the_e2m1_grid_bound(w):
 
 # ------------------------------------------------------------------------------------------------ NaN / inf
 BAD_VALUES = [np.nan, np.inf, -np.inf]
-ALL_FORMATS = INT_FORMATS[:5] + [("mxfp4", None)]
+ALL_FORMATS = codec_cases("f32", group_sizes=(16,))  # every writable format, one group size
 
 
 @pytest.mark.parametrize(("fmt", "gs"), ALL_FORMATS, ids=[f for f, _ in ALL_FORMATS])
@@ -472,7 +373,8 @@ ALL_FORMATS = INT_FORMATS[:5] + [("mxfp4", None)]
 @given(data=st.data())
 def test_non_finite_input_raises_naming_the_tensor_on_both_paths(fmt, gs, data):
     O = data.draw(st.integers(1, 4))
-    I = data.draw(st.integers(1, 5)) * 32 if fmt == "mxfp4" else data.draw(st.integers(1, 150))
+    step = width_step(fmt)  # mxfp4: I % 32 == 0
+    I = data.draw(st.integers(1, 5 if step > 1 else 150)) * step
     w = np.ones((O, I), F32)
     o, i = data.draw(st.integers(0, O - 1)), data.draw(st.integers(0, I - 1))
     w[o, i] = data.draw(st.sampled_from(BAD_VALUES))
@@ -528,12 +430,15 @@ def test_fp8_fused_path_refuses_non_finite(case):
 
 
 # -------------------------------------------------------------------------------------------- byte counts
-@pytest.mark.parametrize(("fmt", "gs"), ALL_FORMATS + [("int4-grouped", 16)], ids=str)
+SIZE_FORMATS = ALL_FORMATS + [(f, g) for f, g in codec_cases("f32", group_sizes=(64,)) if g is not None]
+
+
+@pytest.mark.parametrize(("fmt", "gs"), SIZE_FORMATS, ids=str)
 @settings(max_examples=25, deadline=None)
 @given(O=st.integers(1, 9), I=st.integers(1, 400))
 def test_output_sizes_match_the_registry_byte_table(fmt, gs, O, I):
-    if fmt == "mxfp4":
-        I = 32 * ref.ceil_div(I, 32)
+    step = width_step(fmt)
+    I = step * ref.ceil_div(I, step)
     w = np.linspace(-1, 1, O * I, dtype=F32).reshape(O, I)
     F = by_name(fmt)
     for codes, scales in (kernels.encode(fmt, w, gs), reference_encode(fmt, w, gs)):
@@ -542,7 +447,7 @@ def test_output_sizes_match_the_registry_byte_table(fmt, gs, O, I):
         assert codes.shape == F.weight_shape(O, I, gs)
         assert scales.nbytes == F.scale_nbytes(O, I, gs)
         assert scales.shape == F.scale_shape(O, I, gs)
-        assert scales.dtype == (np.uint8 if fmt == "mxfp4" else np.float32)
+        assert scales.dtype == F.scale_numpy
 
 
 # ---------------------------------------------------------------------------------------- decoders, planar
