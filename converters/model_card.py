@@ -1,8 +1,12 @@
 """The ``README.md`` model card ``colitools upload`` publishes with a converted folder.
 
 Everything in it is read from what the conversion recorded, never from memory: the manifest (``colitools.json``:
-source repo and pinned commit, colitools version, recipe, fallbacks, target, file sizes and sha256) and the
-container itself through ``formats.inspect.inspect_path`` (the formats table of ``inspect --summary``). The YAML
+source repo and pinned commit, colitools version, recipe with its ``target``, fallbacks, the plan's source and
+output bytes, file sizes and sha256) and the container itself through ``formats.inspect.inspect_path`` (the
+formats table of ``inspect --summary``, the roles the model has, its weights for the bits per weight). It opens
+with what a user weighs first (source size -> output size, bits per weight), links the source on the Hub it came
+from (``endpoint``: huggingface_hub's ``HF_ENDPOINT``), and says which engine runs the layout (the target's colibri
+engine, ``formats/targets.py``) with the commands to fetch, check and run it. The YAML
 front matter is what the Hub shows: ``base_model`` (a Hub source only: a local folder names no repo),
 ``base_model_relation: quantized``, and ``tags`` (``colitools``, each format written, the model type). No
 ``library_name``: no library the Hub knows loads these containers (transformers cannot; colibri's engines and
@@ -20,13 +24,21 @@ from typing import Any
 
 from colitools.converters.manifest import Manifest
 from colitools.formats.errors import FormatError
+from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.formats.filenames import CONFIG_FILE
 from colitools.formats.inspect import inspect_path
 from colitools.formats.jsonfile import load_json_object
-from colitools.formats.targets import GENERIC_NAME, TARGETS
+from colitools.formats.targets import GENERIC_NAME, TARGETS, TOKENIZER_FILE
 
 CARD_FILE = "README.md"
 TAG = "colitools"
+DEFAULT_ENDPOINT = "https://huggingface.co"
+# the recipe options and the roles (``names.DETAIL_ROLES``) they decide: an option is listed only when the model has
+# one of its roles (a model without MTP layers has no `mtp` row); options of no role (``target``, ...) always
+OPTION_ROLES = {
+    "experts": ("routed experts",), "layout": ("routed experts",), "mtp": ("mtp",), "embed": ("embed", "head"),
+    "dense": ("attention", "shared experts", "dense mlp", "other"), "towers": ("tower",),
+}  # fmt: skip
 
 
 def card_metadata(manifest: Manifest, formats: list[str], model_type: str | None) -> dict[str, Any]:
@@ -43,11 +55,13 @@ def card_metadata(manifest: Manifest, formats: list[str], model_type: str | None
     return meta
 
 
-def build_card(outdir: Path, manifest: Manifest, repo_id: str, files: list[tuple[str, int]]) -> str:
+def build_card(
+    outdir: Path, manifest: Manifest, repo_id: str, files: list[tuple[str, int]], endpoint: str | None = None
+) -> str:
     """The ``README.md`` to upload for ``outdir`` as ``repo_id``: the user's own card with completed metadata
     when ``outdir`` holds one, else a generated card. ``files``: (name, bytes) of everything uploaded besides
-    the card."""
-    from huggingface_hub import ModelCard, ModelCardData
+    the card; ``endpoint``: the Hub (default huggingface_hub's, ``HF_ENDPOINT``)."""
+    from huggingface_hub import ModelCard, ModelCardData, constants
 
     report = inspect_path(outdir)
     config = _config(outdir)
@@ -63,7 +77,8 @@ def build_card(outdir: Path, manifest: Manifest, repo_id: str, files: list[tuple
             card.data.base_model = meta["base_model"]
         card.data.tags = list(dict.fromkeys([*(card.data.tags or []), *meta["tags"]]))
         return card.content
-    body = "\n".join(_body(manifest, repo_id, report, files))
+    hub = (endpoint or constants.ENDPOINT or DEFAULT_ENDPOINT).rstrip("/")
+    body = "\n".join(_body(manifest, repo_id, report, files, hub, model_type))
     return f"---\n{ModelCardData(**meta).to_yaml()}\n---\n{body}\n"
 
 
@@ -74,22 +89,28 @@ def _config(outdir: Path) -> dict[str, Any]:
         return {}
 
 
-def _body(manifest: Manifest, repo_id: str, report, files: list[tuple[str, int]]) -> Iterator[str]:
+def _body(
+    manifest: Manifest, repo_id: str, report, files: list[tuple[str, int]], hub: str, model_type: str | None
+) -> Iterator[str]:
     data = manifest.data
     source = data.get("source") or {}
     tool = data.get("tool") or {}
+    recipe = data.get("recipe") if isinstance(data.get("recipe"), dict) else {}
     yield f"# {repo_id.split('/')[-1]}"
     yield ""
+    yield from _sizes(data, report, files)
     if source.get("kind") == "hf":
         repo, commit = source.get("repo_id"), source.get("revision")
-        yield (f"Converted from [{repo}](https://huggingface.co/{repo}) at commit `{commit}` by "
+        yield (f"Converted from [{repo}]({hub}/{repo}) at commit `{commit}` by "
                f"colitools {tool.get('version')}.")  # fmt: skip
     else:
         yield f"Converted from a local folder by colitools {tool.get('version')}."
     yield ""
     yield "## Recipe (format per role)"
     yield ""
-    yield from _table(["option", "value"], [[k, str(v)] for k, v in (data.get("recipe") or {}).items()])
+    roles = set(report.formats_per_role)
+    rows = [[k, str(v)] for k, v in recipe.items() if k not in OPTION_ROLES or roles & set(OPTION_ROLES[k])]
+    yield from _table(["option", "value"], rows)
     yield ""
     yield "## Formats (`colitools inspect --summary`)"
     yield ""
@@ -103,7 +124,9 @@ def _body(manifest: Manifest, repo_id: str, report, files: list[tuple[str, int]]
     yield from _table(["role", "formats"], role_rows)
     yield ""
     yield from _fallbacks(data.get("fallbacks") or [])
-    yield from _engine(data.get("target"), repo_id)
+    target = recipe.get("target", data.get("target"))  # recorded in the recipe (absent: generic)
+    names = {name for name, _ in files}
+    yield from _engine(target, repo_id, hub, model_type in RUNNABLE_MODEL_TYPES, TOKENIZER_FILE in names)
     yield "## Files"
     yield ""
     yield from _table(["file", "bytes"], [[name, f"{size:,}"] for name, size in files])
@@ -125,19 +148,56 @@ def _fallbacks(fallbacks: list[Any]) -> Iterator[str]:
     yield ""
 
 
-def _engine(target: Any, repo_id: str) -> Iterator[str]:
+def _sizes(data: dict[str, Any], report, files: list[tuple[str, int]]) -> Iterator[str]:
+    """The first line: source size -> output size, and the bits per weight of the weights as written (their
+    codes and scales over their logical elements, from the container's own resolution)."""
+    plan = data.get("plan") if isinstance(data.get("plan"), dict) else {}
+    source_bytes = plan.get("in_bytes")
+    out_bytes = sum(size for _, size in files)
+    elements = weight_bytes = 0
+    for t in report.tensors:
+        if t.kind not in ("quantized", "float"):
+            continue
+        if t.parts:
+            n = sum(part.O * part.I for part in t.parts)
+        elif t.logical_shape is not None:
+            n = t.logical_shape[0] * t.logical_shape[1]
+        else:
+            n = 1
+            for d in t.shape:
+                n *= d
+        elements += n
+        weight_bytes += t.nbytes + t.scale_nbytes
+    bpw = f", {8 * weight_bytes / elements:.2f} bits per weight" if elements else ""
+    before = f"{_size(source_bytes)} -> " if isinstance(source_bytes, int) else ""
+    yield f"**{before}{_size(out_bytes)}{bpw}**"
+    yield ""
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in the unit that shows them (``1.50 GiB``, ``7.5 MiB``, ``812 bytes``)."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def _engine(target: Any, repo_id: str, hub: str, runnable: bool, tokenizer: bool) -> Iterator[str]:
     name = target if isinstance(target, str) and target in TARGETS else GENERIC_NAME
+    engine = TARGETS[name].loader.split()[0]  # the engine's source file (the loader names its functions after it)
     yield "## Run it"
     yield ""
-    yield f"Target `{name}`: read by colibri's {TARGETS[name].loader}."
+    yield (f"This layout (`--target {name}`) is what colibri's `{engine}` engine reads: build colibri and run that "
+           "engine on the downloaded folder.")  # fmt: skip
     yield ""
     yield "```sh"
-    yield f'model="$(hf download {repo_id})"   # the downloaded snapshot folder'
-    yield 'colitools verify container "$model"'
+    where = "" if hub == DEFAULT_ENDPOINT else f"HF_ENDPOINT={hub} "
+    yield f'model="$({where}hf download {repo_id})"   # the downloaded snapshot folder'
+    yield 'colitools verify container "$model"   # every file against its recorded sha256'
+    if runnable:
+        prompt = '--prompt "Hello"' if tokenizer else "--prompt-ids 1,2,3"
+        yield f'colitools run "$model" {prompt}   # colitools\' reference runtime'
     yield "```"
-    yield ""
-    yield 'Then `colitools run "$model"` with a prompt (text or token ids; `colitools run` help lists them).'
-
     yield ""
 
 

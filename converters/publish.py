@@ -137,7 +137,7 @@ def upload_output(
     token = token or get_token()
     if not token:
         raise UploadError("no Hugging Face token: set HF_TOKEN, run `hf auth login`, or pass `token`")
-    card = build_card(root, manifest, repo_id, [(f.name, f.size) for f in files])
+    card = build_card(root, manifest, repo_id, [(f.name, f.size) for f in files], endpoint)
     operations = []
     for f in files:
         op = CommitOperationAdd(path_in_repo=f.name, path_or_fileobj=str(root / f.name))

@@ -96,7 +96,8 @@ def test_the_card_names_source_commit_version_recipe_formats_engine_and_sizes(hu
     commit = hub.commit_of("org/tiny")
     assert card.data.base_model == "org/tiny" and card.data.base_model_relation == "quantized"
     assert {"colitools", "int4-g64", "int8-row", "f32"} <= set(card.data.tags)
-    assert f"[org/tiny](https://huggingface.co/org/tiny) at commit `{commit}`" in card_text
+    assert f"[org/tiny]({hub.endpoint}/org/tiny) at commit `{commit}`" in card_text  # the Hub that was used
+    assert "huggingface.co" not in card_text
     assert "colitools 0.1.0" in card_text
     assert "| experts | int4-g64 |" in card_text and "| layout | pairs |" in card_text
     # the formats table: numbers from an independent count over the container's headers
@@ -105,7 +106,13 @@ def test_the_card_names_source_commit_version_recipe_formats_engine_and_sizes(hu
     for total in inspect_path(converted).totals:
         assert f"| {total.format} | {total.tensors} | {total.bytes:,} |" in card_text
     assert "None: every tensor got its role's format." in card_text
-    assert "c/colibri.c qt_from_disk" in card_text and 'model="$(hf download me/tiny-int4)"' in card_text
+    assert "colibri's `c/colibri.c` engine" in card_text and "qt_from_disk" not in card_text
+    assert f'model="$(HF_ENDPOINT={hub.endpoint} hf download me/tiny-int4)"' in card_text
+    assert 'colitools run "$model" --prompt "Hello"' in card_text
+    # sizes first: source -> output, bits per weight; only the roles the model has (no MTP layer, no tower)
+    body = card_text.split("---\n", 2)[2].splitlines()
+    assert body[2].startswith("**") and " -> " in body[2] and "bits per weight**" in body[2], body[:4]
+    assert "| mtp |" not in card_text and "| towers |" not in card_text
     for p in converted.glob("*.safetensors"):
         assert f"| {p.name} | {p.stat().st_size:,} |" in card_text
     total = sum(p.stat().st_size for p in converted.iterdir() if p.is_file() and not p.name.startswith("."))
