@@ -4,12 +4,14 @@ order of every sum (lane ``k % 8`` accumulates in element order, then ``((l0 + l
 (l6 + l7))``), the same strict comparisons. numba without fastmath neither reassociates nor contracts
 (no FMA), so the kernel's sums are the reference's; the property tests compare them byte for byte.
 
-Compiled by numba's JIT into its cache on first use (it is not in the compiled-ahead set yet)."""
+In the compiled-ahead set (``aot.CODECS``) like the encoders."""
 
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
+
+from colitools.formats.kernels.aot import export
 
 _FLOOR = np.float32(1e-8)  # quantizers.SCALE_FLOOR
 _LANES = 8  # quantizers.LANES
@@ -63,6 +65,7 @@ def _candidate(row, iscale, flo, fhi, acc, acc2):
     return np.float64(_total32(acc)), np.float64(_total32(acc2))
 
 
+@export("mse_group_rows", ("float32", "i", "i", "b", "float32", "float32[]", "int8"))
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
     """Groups ``w[r]`` for ``r`` in ``[r0, r1)`` (float32 ``[N, n]``, ``n % 8 == 0``) -> ``s_out[r]`` and the

@@ -445,14 +445,15 @@ def _remove_dead_builds(dest: str) -> None:
 
 # ------------------------------------------------------------------------------------- formats' own set
 def _codec_modules() -> tuple[ModuleType, ...]:
-    from colitools.formats.kernels import _jit_decoders, _jit_encoders, _jit_threads
+    from colitools.formats.kernels import _jit_decoders, _jit_encoders, _jit_mse, _jit_stats, _jit_threads
 
-    return _jit_encoders, _jit_decoders, _jit_threads
+    return _jit_encoders, _jit_decoders, _jit_threads, _jit_mse, _jit_stats
 
 
-# The codecs (encode drivers, container and source decoders, FP8 dequant, planar64 reorder) and the thread pool's
-# polls. Their compiled code reads the format codes and decode tables of registry / reference, and the pool's
+# The codecs (encode drivers, container and source decoders, FP8 dequant, planar64 reorder, the mse scale search,
+# the error figures) and the thread pool's polls. Their compiled code reads the format codes and decode tables of registry / reference, and the pool's
 # flag-cell indices of threads.
 CODECS = KernelSet(
-    "codecs", __file__, _codec_modules, constants=("threads.py", "../reference.py", "../registry.py")
+    "codecs", __file__, _codec_modules,
+    constants=("threads.py", "../reference.py", "../registry.py", "../quantizers.py"),
 )

@@ -12,8 +12,7 @@ from colitools.formats.errors import EncodeError
 
 def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:
     """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (finite, ``n % 8 == 0``)."""
-    from colitools.formats.kernels import _jit_mse
-    from colitools.formats.kernels.threads import run_rows
+    from colitools.formats.kernels import aot
 
     w = np.ascontiguousarray(w, dtype=np.float32)
     N, n = w.shape
@@ -22,7 +21,7 @@ def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarra
     if N == 0 or n == 0:
         return quantizers.mse_groups(w, lo, hi, signed)
     targets = quantizers.candidate_targets(lo, hi)
-    bad = run_rows(_jit_mse.mse_group_rows, (w, lo, hi, signed, targets, s, v), N, n)
+    bad = aot.CODECS.run("mse_group_rows", (w, lo, hi, bool(signed), targets, s, v), N, n)
     if bad >= 0:  # the callers check finiteness first: a kernel / reference disagreement
         raise EncodeError(f"mse search: non-finite value in group {bad}")  # pragma: no cover
     return s, v
