@@ -110,7 +110,16 @@ def _body(
     yield ""
     roles = set(report.formats_per_role)
     rows = [[k, str(v)] for k, v in recipe.items() if k not in OPTION_ROLES or roles & set(OPTION_ROLES[k])]
+    if "quantizer" not in recipe:  # rtn recipes record none (their fingerprint predates the option)
+        rows.append(["quantizer", "rtn"])
     yield from _table(["option", "value"], rows)
+    yield ""
+    yield (
+        "Scales: round to nearest (`amax / qmax`, colibri's own converters' rule)."
+        if recipe.get("quantizer", "rtn") == "rtn"
+        else "Scales: chosen per group to minimise the squared error (`--quantizer mse`), never worse than round "
+        "to nearest; the same bytes per weight."
+    )
     yield ""
     yield "## Formats (`colitools inspect --summary`)"
     yield ""
@@ -194,11 +203,12 @@ def _engine(target: Any, repo_id: str, hub: str, runnable: bool, tokenizer: bool
     where = "" if hub == DEFAULT_ENDPOINT else f"HF_ENDPOINT={hub} "
     yield f'model="$({where}hf download {repo_id})"   # the downloaded snapshot folder'
     yield 'colitools verify container "$model"   # every file against its recorded sha256'
-    if runnable:
-        prompt = '--prompt "Hello"' if tokenizer else "--prompt-ids 1,2,3"
-        yield f'colitools run "$model" {prompt}   # colitools\' reference runtime'
     yield "```"
     yield ""
+    if runnable:  # colitools' reference runtime runs it too (a text prompt needs the tokenizer)
+        command = '`colitools run "$model" --prompt "Hello"`' if tokenizer else '`colitools run "$model" --prompt-ids 1,2,3`'
+        yield f"colitools' reference runtime runs it as well: {command}."
+        yield ""
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> Iterator[str]:

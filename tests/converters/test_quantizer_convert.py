@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from colitools.converters.manifest import Manifest
+from colitools.converters.model_card import build_card
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
 from colitools.formats import container
@@ -159,3 +161,12 @@ def test_a_family_target_gets_signed_scales_only_where_its_engine_was_run_on_the
     assert scales.size > 0
     assert bool((scales < 0).any()) == signed
     assert json.loads((out / "colitools.json").read_text())["recipe"]["quantizer"] == "mse"
+
+
+@pytest.mark.parametrize("quantizer", ["rtn", "mse"])
+def test_the_model_card_names_the_quantizer(outputs, quantizer):
+    out = outputs[quantizer]
+    files = [(p.name, p.stat().st_size) for p in sorted(out.iterdir()) if p.is_file()]
+    card = build_card(out, Manifest.load(out / "colitools.json"), "me/model", files, endpoint="https://hub.example")
+    assert f"| quantizer | {quantizer} |" in card
+    assert ("minimise the squared error" in card) == (quantizer == "mse")
