@@ -166,7 +166,9 @@ class QualityReport:
             "whole": self.whole.to_json(),
             "per_role": {r: s.to_json() for r, s in self.per_role.items()},
             "per_format": {f: s.to_json() for f, s in self.per_format.items()},
-            "per_layer": {("global" if k is None else str(k)): s.to_json() for k, s in self.per_layer.items()},
+            "per_layer": {
+                ("global" if k is None else str(k)): s.to_json() for k, s in self.per_layer.items()
+            },
             "tensors": [t.to_json() for t in self.tensors],
             "not_compared": [{"name": n, "why": w} for n, w in self.not_compared],
             "recorded": self.recorded,
@@ -180,17 +182,18 @@ class QualityReport:
 
 def agree(recorded: ErrorStats, recomputed: ErrorStats) -> str | None:
     """None when ``recorded`` and ``recomputed`` are the same figures up to summation order (``REL_TOL``), else
-    which figure differs, with both values."""
+    every figure that differs, with both values (``sse 0.0 recorded, 1.0 recomputed; ...``)."""
+    differ = []
     if recorded.n != recomputed.n:
-        return f"n {recorded.n} recorded, {recomputed.n} recomputed"
-    if recorded.max_abs != recomputed.max_abs:
-        return f"max_abs {recorded.max_abs!r} recorded, {recomputed.max_abs!r} recomputed"
+        differ.append(f"n {recorded.n} recorded, {recomputed.n} recomputed")
     scale = ABS_TOL * (abs(recomputed.ssw) + abs(recomputed.ssq))
     for key in ("sse", "ssw", "ssq", "dot"):
         a, b = getattr(recorded, key), getattr(recomputed, key)
         if not abs(a - b) <= REL_TOL * max(abs(a), abs(b)) + scale:  # (a NaN never agrees)
-            return f"{key} {a!r} recorded, {b!r} recomputed"
-    return None
+            differ.append(f"{key} {a!r} recorded, {b!r} recomputed")
+    if recorded.max_abs != recomputed.max_abs:  # a maximum: no rounding to tolerate
+        differ.append(f"max_abs {recorded.max_abs!r} recorded, {recomputed.max_abs!r} recomputed")
+    return "; ".join(differ) or None
 
 
 # ------------------------------------------------------------------------------------------ the entry point
@@ -251,7 +254,9 @@ def _manifest(root: Path) -> Manifest:
     if not root.is_dir():
         raise VerifyError(f"{root}: not a folder (verify quality reads a converted model folder)")
     if not path.is_file():
-        raise VerifyError(f"{path}: not found: {root} is not a colitools conversion (its manifest names the recipe)")
+        raise VerifyError(
+            f"{path}: not found: {root} is not a colitools conversion (its manifest names the recipe)"
+        )
     try:
         manifest = Manifest.load(path)
     except (OSError, ManifestError) as exc:
@@ -371,8 +376,12 @@ class OutputWeights:
             if part.signed_nibbles:
                 codes = codes ^ np.uint8(SIGNED_NIBBLE_XOR)
             sshard, sinfo = self._scale(t)
-            scales = sshard.read_range(sinfo.begin + 4 * part.scales[0], 4 * (part.scales[1] - part.scales[0]))
-            return _decode(part.fmt, codes.reshape(part.O, -1), scales.view(np.float32), part.O, part.I, part.gs)
+            scales = sshard.read_range(
+                sinfo.begin + 4 * part.scales[0], 4 * (part.scales[1] - part.scales[0])
+            )
+            return _decode(
+                part.fmt, codes.reshape(part.O, -1), scales.view(np.float32), part.O, part.I, part.gs
+            )
         if t.kind == "float":
             if rows is None:
                 return shard.read(t.name).astype(np.float32)
@@ -414,7 +423,9 @@ class OutputWeights:
         return 1 if fmt.rowwise_scales else fmt.row_align if fmt.row_align > 1 else 0
 
 
-def _decode(fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None) -> np.ndarray:
+def _decode(
+    fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None
+) -> np.ndarray:
     """Float32 ``[O, I]`` of stored codes: the kernels where the format has them (bit-identical), else the
     registry's reference decoder."""
     fmt = by_name(fmt_name)
@@ -438,7 +449,9 @@ def _from_record(report: QualityReport, weights: OutputWeights, recorded: Mappin
     for name, stats in recorded.items():
         w = weights.find(name)
         if w is None:
-            report.warnings.append(f"tensor {name}: recorded in {MANIFEST_FILE}, but the output holds no such weight")
+            report.warnings.append(
+                f"tensor {name}: recorded in {MANIFEST_FILE}, but the output holds no such weight"
+            )
             w_role = names.detail_role(name, 2, num_hidden_layers=weights.num_hidden_layers)
             report.tensors.append(TensorQuality(name, w_role, names.parse_name(name).layer, "?", stats))
             continue
@@ -458,7 +471,9 @@ def _compare(report: QualityReport, recorded: Mapping[str, ErrorStats]) -> None:
             report.disagreements.append(Disagreement(t.name, mine, t.stats, why))
     for name, stats in recorded.items():
         if name not in done and name not in skipped:
-            report.disagreements.append(Disagreement(name, stats, None, "recorded, but the source makes no such tensor"))
+            report.disagreements.append(
+                Disagreement(name, stats, None, "recorded, but the source makes no such tensor")
+            )
 
 
 # ---------------------------------------------------------------------------------------- recomputation
@@ -594,7 +609,9 @@ def _tensor_stats(job, w: OutputWeight, weights: OutputWeights, reader, block) -
         stats = ErrorStats()
         for r0 in range(0, job.O, rows):
             r1 = min(job.O, r0 + rows)
-            stats = stats + tensor_error(_source_rows(job, reader, block, r0, r1), weights.decode(w, (r0, r1)))
+            stats = stats + tensor_error(
+                _source_rows(job, reader, block, r0, r1), weights.decode(w, (r0, r1))
+            )
         return stats
     except ColitoolsError as exc:
         raise VerifyError(str(exc) if job.out_name in str(exc) else f"tensor {job.out_name}: {exc}") from None

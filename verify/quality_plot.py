@@ -44,7 +44,11 @@ def plot_quality(report, out: str | os.PathLike, *, title: str):
         else:
             lines[role][fmt].append((layer, stats.rel_error))
     roles = [r for r in report.per_role if r in lines][:MAX_PANELS]
-    notes = [f"{r}: {', '.join(sorted(lossless[r]))} lossless (0)" for r in report.per_role if lossless[r] and r not in lines]
+    notes = [
+        f"{r}: {', '.join(sorted(lossless[r]))} lossless (0)"
+        for r in report.per_role
+        if lossless[r] and r not in lines
+    ]
     notes += [f"without layer: {'; '.join(globals_)}"] if globals_ else []
     layers = [k for k in report.per_layer if k is not None]
     x_range = (min(layers, default=0) - 0.5, max(layers, default=0) + 0.5)
@@ -60,12 +64,15 @@ def plot_quality(report, out: str | os.PathLike, *, title: str):
         role = roles[k]
         for fmt in sorted(lines[role]):
             pts = sorted(lines[role][fmt])
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, linewidth=1.2, label=fmt)
+            ax.plot(
+                [x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, linewidth=1.2, label=fmt
+            )
         for fmt in sorted(lossless[role] - set(lines[role])):
             ax.plot([], [], linestyle="none", label=f"{fmt}: lossless (0)")
         ax.set_yscale("log")
         ys = [y for pts in lines[role].values() for _, y in pts]
-        ax.set_ylim(10 ** math.floor(math.log10(min(ys))), 10 ** math.ceil(math.log10(max(ys))))  # whole decades
+        decades = (math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys))))
+        ax.set_ylim(10.0 ** decades[0], 10.0 ** max(decades[1], decades[0] + 1))  # whole decades
         ax.set_xlim(*x_range)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(role, fontsize=10)

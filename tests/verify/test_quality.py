@@ -88,38 +88,71 @@ def test_hand_pair_through_the_command(tiny, tmp_path):
     src, out, _ = tiny
     edited = tmp_path / "out"
     shutil.copytree(out, edited)
-    _edit_f32(edited, NORM, 1, 5.0)  # the output's norm is now [3, 5, 0, ...] against the source's [3, 4, 0, ...]
+    # the output's norm is now [3, 5, 0, ...] against the source's [3, 4, 0, ...]; convert recorded it lossless
+    _edit_f32(edited, NORM, 1, 5.0)
     proc = run_cli("verify", "quality", edited, "--source", src, "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 4, proc.stderr  # recorded 0, recomputed 1: the one disagreement
     report = json.loads(proc.stdout)
     got = next(t for t in report["tensors"] if t["name"] == NORM)
-    assert (got["n"], got["sse"], got["ssw"], got["ssq"], got["dot"], got["max_abs"]) == (128, 1.0, 25.0, 34.0, 29.0, 1.0)
+    assert (got["n"], got["sse"], got["ssw"], got["ssq"], got["dot"], got["max_abs"]) == (
+        128,
+        1,
+        25,
+        34,
+        29,
+        1,
+    )
     assert got["rel_error"] == pytest.approx(0.2, rel=1e-15)
     assert got["sqnr_db"] == pytest.approx(10 * math.log10(25), rel=1e-15)
     assert got["cosine"] == pytest.approx(29 / math.sqrt(25 * 34), rel=1e-15)
+    assert [d["name"] for d in report["disagreements"]] == [NORM]
+    assert report["disagreements"][0]["recorded"]["sse"] == 0.0
     text = run_cli("verify", "quality", edited, "--source", src)
-    assert text.returncode == 0, text.stderr
+    assert text.returncode == 4, text.stderr
     row = next(line for line in text.stdout.splitlines() if line.startswith(NORM))
     assert row.split()[1:] == ["f32", "0.2", "0.994692", "13.98", "1"]  # 29 / sqrt(850) = 0.9946918...
+    assert (
+        f"DISAGREE: {NORM}: sse 0.0 recorded, 1.0 recomputed; ssq 25.0 recorded, 34.0 recomputed"
+        in text.stdout
+    )
+
+
+def _without_records(out: Path, dest: Path) -> dict:
+    """A copy of ``out`` whose manifest records no error figures (a colitools from before they were recorded);
+    returns the manifest."""
+    shutil.copytree(out, dest)
+    manifest = json.loads((dest / "colitools.json").read_text())
+    for unit in manifest["units"].values():
+        unit.pop("errors", None)
+    manifest["recipe"].pop("quantizer", None)
+    (dest / "colitools.json").write_text(json.dumps(manifest))
+    return manifest
 
 
 def test_recorded_figures_of_a_hand_made_manifest(tiny, tmp_path):
     _, out, _ = tiny
     rec = tmp_path / "out"
-    shutil.copytree(out, rec)
-    manifest = json.loads((rec / "colitools.json").read_text())
+    manifest = _without_records(out, rec)
     manifest["recipe"]["quantizer"] = "rtn"
     unit = manifest["units"]["globals"]
-    unit["errors"] = {NORM: [2, 1.0, 25.0, 34.0, 29.0, 1.0], "lm_head.weight": [4, 0.5, 50.0, 50.0, 49.75, 0.5]}
+    unit["errors"] = {
+        NORM: [2, 1.0, 25.0, 34.0, 29.0, 1.0],
+        "lm_head.weight": [4, 0.5, 50.0, 50.0, 49.75, 0.5],
+    }
     (rec / "colitools.json").write_text(json.dumps(manifest))
     report = weight_quality(rec)
     assert report.figures == "recorded" and report.quantizer == "rtn" and report.ok
     by = {t.name: t for t in report.tensors}
     assert by[NORM].stats.rel_error == pytest.approx(0.2, rel=1e-15)
     assert (by[NORM].role, by[NORM].format, by["lm_head.weight"].role, by["lm_head.weight"].format) == (
-        "norm/1-D", "f32", "head", "int8-row")
+        "norm/1-D",
+        "f32",
+        "head",
+        "int8-row",
+    )
     assert report.whole.sse == 1.5 and report.whole.ssw == 75.0 and report.whole.n == 6
-    assert report.whole.rel_error == pytest.approx(math.sqrt(1.5 / 75), rel=1e-15)  # sums, not a mean of ratios
+    # sums, not a mean of ratios
+    assert report.whole.rel_error == pytest.approx(math.sqrt(1.5 / 75), rel=1e-15)
     proc = run_cli("verify", "quality", rec)
     assert proc.returncode == 0, proc.stderr
     assert "figures as recorded at conversion, quantizer rtn" in proc.stdout
@@ -183,24 +216,33 @@ def test_aggregates_are_sums_of_their_tensors(tiny):
 def test_recorded_and_recomputed_agree_then_a_changed_record_is_exit_4(tiny, tmp_path):
     src, out, _ = tiny
     rec = tmp_path / "out"
-    shutil.copytree(out, rec)
+    manifest = _without_records(out, rec)
     report = weight_quality(out, str(src))
-    manifest = json.loads((rec / "colitools.json").read_text())
     units = manifest["units"]
-    for t in report.tensors:
+    for t in report.tensors:  # the recomputed figures written as convert records them
         key = "globals" if t.layer is None else f"model.layers.{t.layer}"
         s = t.stats
         units[key].setdefault("errors", {})[t.name] = [s.n, s.sse, s.ssw, s.ssq, s.dot, s.max_abs]
     (rec / "colitools.json").write_text(json.dumps(manifest))
     same = run_cli("verify", "quality", rec, "--source", src, "--json")
     assert same.returncode == 0, same.stderr
-    assert json.loads(same.stdout)["disagreements"] == [] and json.loads(same.stdout)["recorded"] == len(report.tensors)
+    assert json.loads(same.stdout)["disagreements"] == []
+    assert json.loads(same.stdout)["recorded"] == len(report.tensors)
     gate = "model.layers.1.mlp.experts.2.gate_proj.weight"
     units["model.layers.1"]["errors"][gate][1] *= 1 + 1e-6  # sse off by a millionth
     (rec / "colitools.json").write_text(json.dumps(manifest))
     proc = run_cli("verify", "quality", rec, "--source", src)
     assert proc.returncode == 4, proc.stderr
     assert f"DISAGREE: {gate}: sse" in proc.stdout and "NOT OK: 1 tensor(s) disagree" in proc.stdout
+
+
+def test_what_convert_records_is_what_verify_recomputes(tiny):
+    src, out, _ = tiny
+    recorded = weight_quality(out)
+    assert recorded.figures == "recorded" and recorded.recorded == len(recorded.tensors) > 0
+    recomputed = weight_quality(out, str(src))
+    assert recomputed.disagreements == [] and recomputed.recorded == len(recomputed.tensors)
+    assert {t.name for t in recorded.tensors} == {t.name for t in recomputed.tensors}
 
 
 def test_agree_tolerates_summation_order_only():
@@ -229,7 +271,8 @@ def test_native_mxfp4_stacks_split_per_expert_report_zero_and_int4_does_not(tmp_
     assert all(t.stats.sse == 0 and t.stats.n > 0 for t in experts.values())
     convert(str(tmp_path / "src"), tmp_path / "int4", ConvertOptions(experts="int4-g64", **OPTS))
     requant = {t.name: t for t in weight_quality(tmp_path / "int4", str(tmp_path / "src")).tensors}
-    name = "model.layers.0.mlp.experts.1.up_proj.weight"  # rows I..2I of expert 1's gate_up stack (gate first)
+    # rows I..2I of expert 1's gate_up stack (gate first)
+    name = "model.layers.0.mlp.experts.1.up_proj.weight"
     arrays = _output_arrays(tmp_path / "int4")
     decoded = ref.decode_int4_row(arrays[name], arrays[name + ".qs"], 32, 64)  # I = 64 <= 64: int4-row
     want = figures_by_hand(values["model.layers.0.mlp.experts.gate_up_proj"][1][32:], decoded)
@@ -277,9 +320,10 @@ def test_folder_without_manifest_is_one_line_exit_1(tiny, tmp_path):
         weight_quality(src)
 
 
-def test_no_recorded_figures_without_source_is_one_line_exit_1(tiny):
+def test_no_recorded_figures_without_source_is_one_line_exit_1(tiny, tmp_path):
     _, out, _ = tiny
-    proc = run_cli("verify", "quality", out, "--json")
+    _without_records(out, tmp_path / "out")
+    proc = run_cli("verify", "quality", tmp_path / "out", "--json")
     line = one_line_error(proc, "did not record errors; pass the source (--source)", code=1)
     assert json.loads(proc.stdout.splitlines()[-1])["exit_code"] == 1, line
 
@@ -290,7 +334,9 @@ def test_source_with_another_tensor_names_the_tensor(tiny, tmp_path):
              "model.layers.0.self_attn.q_norm.weight": np.ones(128, np.float32)}  # fmt: skip
     make_checkpoint(tmp_path / "other", Tiny(hidden=128, inter=32, extra=extra))
     proc = run_cli("verify", "quality", out, "--source", tmp_path / "other")
-    one_line_error(proc, "tensor model.layers.0.self_attn.q_norm.weight", "not the source of this conversion", code=1)
+    one_line_error(
+        proc, "tensor model.layers.0.self_attn.q_norm.weight", "not the source of this conversion", code=1
+    )
 
 
 def test_source_with_another_shape_names_the_tensor(tiny, tmp_path):

@@ -1,0 +1,205 @@
+"""``colitools verify quality --source`` (weight level) next to reading the same bytes, in the same run.
+
+One run (``.venv/bin/python bench/quality.py [--layers 4 --experts 64] [--runs 2] [--workdir DIR] [--skeleton
+RELEASE]``):
+
+1. Generates a BF16 DeepSeek-style MoE checkpoint of a few GB (``bench/convert.py``'s ``generate``: hidden 2048,
+   expert width 1024, one shard per layer) under ``--workdir`` and converts it with the default recipe
+   (``colitools convert``: int4-g64 experts, int8-row dense / embed / head, F32 norms and routers), untimed.
+2. ``read``: every source and output shard read once (8 MB positional reads into one reused buffer, 1 thread:
+   ``cat > /dev/null``), page cache warm; ``read (device)``: the same with ``O_DIRECT`` (the drive, not the
+   page cache), where the filesystem takes it.
+3. ``verify quality OUT --source SRC --json`` as a whole process (start-up, planning, every tensor decoded and
+   compared), alternated with the reads ``--runs`` times: best wall, CPU seconds, peak RSS (``VmHWM``), load.
+   Prints wall / read for both reads.
+4. With ``--skeleton RELEASE`` (a ``bench/published`` folder): its full-size sparse skeleton (``bench/skeleton.py``)
+   and an output skeleton of the conversion ``convert`` plans for it (every planned file: the writer's header,
+   then a hole; the index, config and a complete manifest with the recipe), then ``verify quality`` on the
+   pair: every tensor of a published model planned, matched and decoded at full size (holes read as zeros,
+   so every figure is 0: the figures say nothing, the wall time and peak RSS do).
+
+Targets (issue 40): verify quality faster than reading both sets of bytes from the drive; peak RSS <= 400 MB.
+The machine is often shared: read the CPU% and load beside every wall-clock figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from convert import GB, _load, _vm_hwm_kb, generate  # noqa: E402
+
+CHUNK = 8 << 20
+
+
+def files_of(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.safetensors") if p.is_file())
+
+
+def read_all(paths: list[Path], direct: bool = False) -> tuple[float, int]:
+    """Read every file once, 8 MB at a time into one buffer; (seconds, bytes). ``direct``: O_DIRECT."""
+    import mmap
+
+    buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECT", 0) if direct else 0)
+    total, t0 = 0, time.perf_counter()
+    for path in paths:
+        fd = os.open(path, flags)
+        try:
+            while True:
+                n = os.readv(fd, [buf])
+                if n <= 0:
+                    break
+                total += n
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0, total
+
+
+def run_process(cmd: list[str]) -> dict:
+    """A whole child process (``convert.run_process``, its stdout into a file: a report of every tensor's
+    figures is larger than a pipe holds): wall and CPU seconds, peak RSS (``VmHWM``), its stdout."""
+    import tempfile
+
+    load = _load()
+    with tempfile.TemporaryFile() as stdout:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.DEVNULL)
+        hwm_kb = 0
+        while True:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            hwm_kb = max(hwm_kb, _vm_hwm_kb(proc.pid))
+            time.sleep(0.005)
+        wall = time.perf_counter() - t0
+        stdout.seek(0)
+        text = stdout.read()
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{' '.join(cmd[:5])} ... failed: {text.decode()[-2000:]}")
+    return {"wall": wall, "cpu": rusage.ru_utime + rusage.ru_stime, "rss_mb": hwm_kb / 1024, "load": load,
+            "stdout": text}  # fmt: skip
+
+
+def verify(out: Path, src: Path) -> dict:
+    cmd = [sys.executable, "-m", "colitools", "verify", "quality", str(out), "--source", str(src), "--json",
+           "--no-progress"]  # fmt: skip
+    res = run_process(cmd)
+    report = json.loads(res.pop("stdout"))
+    res.update(tensors=report["tensors_compared"], bytes_read=report["bytes_read"],
+               not_compared=len(report["not_compared"]), whole=report["whole"])  # fmt: skip
+    return res
+
+
+def generated(work: Path, layers: int, experts: int, runs: int) -> None:
+    src, out = work / "src", work / "out"
+    shutil.rmtree(work, ignore_errors=True)
+    nbytes = generate(src, layers, experts, "BF16")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "colitools", "convert", str(src), str(out), "--min-free-gb", "0",
+                    "--no-progress"], check=True, capture_output=True)  # fmt: skip
+    os.sync()
+    print(f"generated {nbytes / GB:.2f} GB BF16 ({layers} layers x {experts} experts), converted in "
+          f"{time.perf_counter() - t0:.1f} s (default recipe)")  # fmt: skip
+    paths = files_of(src) + files_of(out)
+    read_all(paths)  # warm the page cache
+    reads, device, checks = [], [], []
+    for _ in range(runs):
+        reads.append(read_all(paths))
+        try:
+            device.append(read_all(paths, direct=True))
+        except OSError as exc:
+            device.append((float("nan"), 0))
+            print(f"  O_DIRECT read not available here: {exc}")
+        checks.append(verify(out, src))
+    size = reads[0][1]
+    best = min(checks, key=lambda r: r["wall"])
+    cached = min(t for t, _ in reads)
+    drive = min(t for t, _ in device)
+    print(f"bytes of both sets: {size / GB:.2f} GB (source {sum(p.stat().st_size for p in files_of(src)) / GB:.2f}, "
+          f"output {sum(p.stat().st_size for p in files_of(out)) / GB:.2f})")  # fmt: skip
+    print(f"{'case':<28}{'best s':>8}{'GB/s':>8}{'cpu s':>8}{'cpu%':>6}{'RSS MB':>8}{'load':>6}")
+    print(f"{'read (page cache)':<28}{cached:>8.2f}{size / GB / cached:>8.2f}")
+    print(f"{'read (device, O_DIRECT)':<28}{drive:>8.2f}{size / GB / drive:>8.2f}")
+    for r in checks:
+        print(f"{'verify quality --source':<28}{r['wall']:>8.2f}{size / GB / r['wall']:>8.2f}{r['cpu']:>8.1f}"
+              f"{100 * r['cpu'] / r['wall']:>6.0f}{r['rss_mb']:>8.0f}{r['load']:>6.1f}")  # fmt: skip
+    print(f"{best['tensors']} tensors compared, {best['not_compared']} not compared; whole-model relative error "
+          f"{best['whole']['rel_error']:.4g}")  # fmt: skip
+    print(f"verify / read (page cache) = {best['wall'] / cached:.2f}x; verify / read (device) = "
+          f"{best['wall'] / drive:.2f}x; peak RSS {max(r['rss_mb'] for r in checks):.0f} MB")  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def output_skeleton(src: Path, out: Path) -> int:
+    """The files ``convert`` plans for ``src`` (default recipe), each its writer's header then a hole, with the
+    index, config and a complete manifest: what ``verify quality`` reads of a real output. Returns bytes."""
+    from colitools.converters import output as conv_output
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import load_plan
+    from colitools.converters.sources import open_source
+    from colitools.formats.filenames import MANIFEST_FILE
+    from colitools.formats.safetensors_io import SafetensorsWriter
+
+    plan = load_plan(open_source(str(src), workdir=out / ".work"), ConvertOptions(progress=False))
+    out.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for f in plan.files:
+        header = SafetensorsWriter.header_bytes(f.entries, f.metadata)
+        path = out / f.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(header)
+            fh.truncate(f.size)
+        total += f.size
+    conv_output.write_index(out, plan)
+    shutil.copy(src / "config.json", out / "config.json")
+    manifest = {"format": 1, "state": "complete", "source": {"kind": "local", "path": str(src)},
+                "recipe": plan.recipe.as_dict(), "units": {u.key: {"files": []} for u in plan.units}}  # fmt: skip
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return total
+
+
+def skeleton(release: Path, work: Path) -> None:
+    from skeleton import build
+
+    src, out = work / "skel-src", work / "skel-out"
+    shutil.rmtree(work, ignore_errors=True)
+    built = build(release, src)
+    nbytes = output_skeleton(src, out)
+    paths = files_of(src) + files_of(out)
+    t_read, size = read_all(paths)
+    r = verify(out, src)
+    print(f"\nskeleton {release.name}: {built['tensors']} source tensors, {built['bytes'] / GB:.1f} GB -> output "
+          f"skeleton {nbytes / GB:.1f} GB (holes)")  # fmt: skip
+    print(f"  read both (holes: zeros from memory) {t_read:.1f} s; verify quality {r['wall']:.1f} s "
+          f"({r['cpu']:.0f} cpu-s, load {r['load']:.1f}), {r['tensors']} tensors compared, {r['not_compared']} "
+          f"not compared, peak RSS {r['rss_mb']:.0f} MB")  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/colitools-bench-quality"))
+    ap.add_argument("--skeleton", type=Path, default=None, help="a bench/published release folder")
+    ap.add_argument("--skip-generated", action="store_true")
+    args = ap.parse_args()
+    if not args.skip_generated:
+        generated(args.workdir, args.layers, args.experts, args.runs)
+    if args.skeleton is not None:
+        skeleton(args.skeleton, args.workdir)
+
+
+if __name__ == "__main__":
+    main()
