@@ -23,6 +23,7 @@ line).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,11 +60,53 @@ def format_trace_line(call: int, row: int, layer: int, ids: Sequence[int], gates
     return f"{call} {row} {layer}{picks}\n"
 
 
+_TRACE_LINE = re.compile(r"\d+ \d+ \d+( -?\d+:\S+)*")  # format_trace_line's, gates as printed
+_CHECKED_BYTES = 1 << 16  # how much of an existing file is read to tell whether it is ours
+
+
+def _existing_problem(path: Path, ours) -> str | None:
+    """Why the existing file at ``path`` may not be replaced by one of ours (None: it is absent, empty or one
+    of ours: ``ours(text)`` is None for the text of its first ``_CHECKED_BYTES``, whole lines)."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None  # absent (or not a file: opening it for writing names the problem)
+        with open(path, "rb") as f:
+            head = f.read(_CHECKED_BYTES + 1)
+    except OSError:
+        return None  # unreadable: the write says why
+    if len(head) > _CHECKED_BYTES:  # whole lines only
+        head = head[: head.rfind(b"\n", 0, _CHECKED_BYTES) + 1] or head[:_CHECKED_BYTES]
+    try:
+        text = head.decode("ascii")
+    except UnicodeDecodeError:
+        return "it is not ASCII text"
+    return ours(text)
+
+
+def _not_a_trace(text: str) -> str | None:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line and not _TRACE_LINE.fullmatch(line):
+            return f"line {number} is {line[:40]!r}"
+    return None
+
+
+def check_trace_path(path: str | os.PathLike) -> None:
+    """UsageFileError when ``path`` holds a file that is not a route trace (a previous trace is replaced):
+    ``run --route-trace`` never overwrites a file of the user's (a config.json, a history)."""
+    problem = _existing_problem(Path(path), _not_a_trace)
+    if problem is not None:
+        raise UsageFileError(
+            f"{path} exists and is not a route trace ({problem}): not overwritten; give another path or remove it"
+        )
+
+
 class RouteTraceWriter:
-    """The ``ROUTE_TRACE`` stream of one run: ``record`` once per MoE call (every row of its batch)."""
+    """The ``ROUTE_TRACE`` stream of one run: ``record`` once per MoE call (every row of its batch). An existing
+    file at ``path`` is replaced only when it is a route trace (``check_trace_path``)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        check_trace_path(self.path)
         try:
             self._file: TextIO | None = open(self.path, "w", encoding="ascii", newline="\n")  # noqa: SIM115
         except OSError as exc:
@@ -141,8 +184,17 @@ def build_pairs(
         raise ParameterError(f"`depth` must be >= 1, got {depth}")
     counts: dict[tuple[int, int, int], dict[int, int]] = {}
     table = PairsTable()
+    first: tuple[Path, tuple[frozenset[int], frozenset[int]]] | None = None
     for path in map(Path, traces):
         rows = trace_positions(path)
+        geometry = _geometry(rows)
+        if geometry[0] and first is None:
+            first = (path, geometry)
+        elif geometry[0] and geometry != first[1]:
+            raise UsageFileError(
+                f"{path}: {_show_geometry(geometry)}, but {first[0]}: {_show_geometry(first[1])}; traces of "
+                "different models are not merged"
+            )
         for layers in rows.values():
             for L in sorted(layers):
                 for dL in range(1, depth + 1):
@@ -162,6 +214,19 @@ def build_pairs(
     return table
 
 
+def _geometry(rows: dict[tuple[int, int], dict[int, list[int]]]) -> tuple[frozenset[int], frozenset[int]]:
+    """A trace's geometry: its MoE layers and its experts per line (the model's routed top-k)."""
+    layers = frozenset(layer for position in rows.values() for layer in position)
+    per_line = frozenset(len(ids) for position in rows.values() for ids in position.values())
+    return layers, per_line
+
+
+def _show_geometry(geometry: tuple[frozenset[int], frozenset[int]]) -> str:
+    layers, per_line = geometry
+    ks = "/".join(str(k) for k in sorted(per_line))
+    return f"{len(layers)} MoE layers ({min(layers)}-{max(layers)}), {ks} experts per token"
+
+
 def format_pairs(table: PairsTable) -> bytes:
     """The exact bytes of the table (``route_pairs.py``'s: the joined lines and one final newline)."""
     lines = [f"{L} {dL} {e} " + " ".join(f"{f}:{c}" for f, c in picks) for L, dL, e, picks in table.entries]
@@ -178,10 +243,23 @@ def write_route_pairs(traces: Sequence[str | os.PathLike], out: str | os.PathLik
     """``colitools usage pairs``: aggregate ``traces`` (``build_pairs``) and write the table to ``out``."""
     if not traces:
         raise ParameterError("`traces`: give at least one route trace")
+    problem = _existing_problem(Path(out), _not_a_pairs_table)
+    if problem is not None:  # never over a file of the user's (a model's config.json, a trace)
+        raise UsageFileError(
+            f"{out} exists and is not a .coli_pairs table ({problem}): not overwritten; give another path or "
+            "remove it"
+        )
     table = build_pairs(traces, top=top, depth=depth)
     write_pairs(out, table)
     table.out = Path(out)
     return table
+
+
+def _not_a_pairs_table(text: str) -> str | None:
+    head = text.split("\n", 1)[0].split()
+    if len(head) != 3 or head[0] != PAIRS_MAGIC or not head[2].isdigit():
+        return f"line 1 is {text.split(chr(10), 1)[0][:40]!r}, not '{PAIRS_MAGIC} {PAIRS_VERSION} <n_lines>'"
+    return None
 
 
 def read_pairs(path: str | os.PathLike) -> PairsTable:

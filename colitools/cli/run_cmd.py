@@ -59,7 +59,7 @@ RouteTraceOpt = Annotated[
         "--route-trace",
         metavar="FILE",
         help="Write colibri's ROUTE_TRACE stream to FILE: one line per MoE call and batch row, "
-        "'call row layer expert:gate ...'.",
+        "'call row layer expert:gate ...' (an existing FILE only if it is a route trace).",
     ),
 ]
 

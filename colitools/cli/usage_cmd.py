@@ -101,7 +101,7 @@ def _pairs_lines(table) -> Iterator[str]:
 @usage_app.command("pairs")
 def pairs_command(
     traces: Annotated[list[Path], typer.Argument(help="ROUTE_TRACE files (colitools run --route-trace).")],
-    out: Annotated[Path, typer.Option("--out", help="The .coli_pairs table to write.")],
+    out: Annotated[Path, typer.Option("--out", help="The .coli_pairs table to write (an existing file only if it is one).")],
     top: Annotated[
         int, typer.Option("--top", min=1, help="Co-activated experts kept per entry (route_pairs.py's M).")
     ] = 16,
