@@ -553,23 +553,35 @@ def _match(weights: OutputWeights, jobs, copy_dtypes, report: QualityReport) -> 
 
 
 def _stream(report: QualityReport, weights: OutputWeights, src, plan, matched: list, progress: bool) -> None:
-    """Read, decode and compare each matched tensor in plan order, a unit's source shards on disk at a time
-    (a Hub source's downloads deleted once no later unit reads them)."""
-    from colitools.converters.unit_writer import ShardReader
+    """Read, decode and compare each matched tensor, a unit's source shards on disk at a time (a Hub source's
+    downloads deleted once no later unit reads them). As the converter encodes (``unit_writer``: its
+    ``_Ahead`` and encoder threads), whole tensors are read and compared on one thread per core, in order, at
+    most ``ENCODE_AHEAD_BYTES`` of source ahead: the reads overlap the arithmetic."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from colitools.converters.unit_writer import ShardReader, _Ahead, _encoder_init, encoder_threads
 
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
     needed = Counter(s for unit, _, _ in _first_of_units(matched) for s in unit.shards)
+    for shard in weights.model.shards:  # each descriptor opened here, once, not by two threads at a time
+        shard.read_range(shard.data_start, 0)
     bar = _bar(progress, sum(j.in_bytes + w.nbytes for _, j, w in matched))
     try:
         for unit, items in _by_unit(matched):
             paths = {s: src.local_copy(s) or src.ensure_local(s) for s in unit.shards}
             reader = ShardReader(paths)
             try:
-                for _, job, w in items:
-                    stats = _tensor_stats(job, w, weights, reader, block)
-                    report.tensors.append(weights.quality(w, stats))
-                    report.bytes_read += job.in_bytes + w.nbytes
-                    bar.update(job.in_bytes + w.nbytes)
+                with ThreadPoolExecutor(encoder_threads(), "quality", initializer=_encoder_init) as pool:
+                    work = [(job, w, weights, reader, block) for _, job, w in items]
+                    ahead = _Ahead(pool, work, _tensor_stats)
+                    try:
+                        for _, job, w in items:
+                            report.tensors.append(weights.quality(w, ahead.take()))
+                            report.bytes_read += job.in_bytes + w.nbytes
+                            bar.update(job.in_bytes + w.nbytes)
+                    except BaseException:
+                        ahead.cancel()
+                        raise
             finally:
                 reader.close()
             for s in unit.shards:
@@ -614,7 +626,9 @@ def _tensor_stats(job, w: OutputWeight, weights: OutputWeights, reader, block) -
             )
         return stats
     except ColitoolsError as exc:
-        raise VerifyError(str(exc) if job.out_name in str(exc) else f"tensor {job.out_name}: {exc}") from None
+        if job.out_name in str(exc):
+            raise
+        raise VerifyError(f"tensor {job.out_name}: {exc}") from None  # the tensor it was reading
 
 
 def _slab_rows(job, w: OutputWeight, weights: OutputWeights, block) -> int | None:
