@@ -11,8 +11,11 @@ Decoders never see the choice: int8-row, int4-row, int4-grouped, int2-row and in
    goes to the long side of the code range whatever its sign, so a positive extreme gives a negative scale) or,
    positive scales only, ``t = lo + d`` for a negative ``x`` and ``hi + d`` for a positive one; ``iscale = t / x``
    (float32 division), codes ``l = clip(rint(w * iscale), lo, hi)`` (float32 product).
-3. **Least-squares refit** of each candidate: ``sx = sum(l * w)``, ``s2 = sum(l * l)``, float32 sums in the lane
-   order below; score ``sx^2 / s2`` and scale ``sx / s2`` in float64 (scale then rounded to float32). The
+3. **Least-squares refit** of each candidate (a candidate whose ``iscale`` is not finite is skipped), in exact
+   integer arithmetic so that its sums have no order: the group's values in fixed point, ``qw = rint(w * 2^(20 -
+   e))`` (float64 product, an integer of at most 20 bits) with ``e`` the exponent of ``amax`` (``frexp``: ``amax =
+   m * 2^e``, ``0.5 <= m < 1``); ``sx = sum(l * qw)``, ``s2 = sum(l * l)`` as 64-bit integers; score
+   ``float64(sx)^2 / float64(s2)``, scale ``float64(sx) / float64(s2) * 2^(e - 20)`` rounded to float32. The
    candidate of the highest score wins (the first on a tie; none when ``s2 == 0``).
 4. **Codes of the written scale**: ``v = clip(rint(w / s), lo, hi)`` (float32 true division, as rtn), so the
    codes are always the best for the scale written.
@@ -20,9 +23,9 @@ Decoders never see the choice: int8-row, int4-row, int4-grouped, int2-row and in
    order; the candidate is written only if its error is strictly smaller, and only if ``|s| >= 1e-8`` (rtn's
    floor), so an all-zero group keeps rtn's bytes.
 
-Lane order: a group's ``n`` elements (zero-padded to a multiple of ``LANES``; a zero adds nothing to any sum) are
-summed in ``LANES`` lanes, lane ``j`` taking elements ``j, j + 8, ...`` in order, then the lanes pairwise,
-``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))``: a fixed order a SIMD kernel follows at full width.
+Lane order of the float64 error sums: a group's ``n`` elements (zero-padded to a multiple of ``LANES``; a zero
+adds nothing to any sum) are summed in ``LANES`` lanes, lane ``j`` taking elements ``j, j + 8, ...`` in order, then
+the lanes pairwise, ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))``: a fixed order a kernel can follow.
 """
 
 from __future__ import annotations
@@ -97,6 +100,9 @@ def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarra
         return _mse_groups(w, lo, hi, signed)
 
 
+FIXED_BITS = 20  # step 3's fixed point: |qw| <= 2^20
+
+
 def _mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:
     N, n = w.shape
     absw = np.abs(w)
@@ -104,16 +110,21 @@ def _mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarr
     s0 = np.maximum(amax / F32(hi), SCALE_FLOOR).astype(F32)
     v0 = _quantize(w, s0, lo, hi)
     x = w[np.arange(N), absw.argmax(axis=1)] if n else np.zeros(N, F32)
+    e = np.frexp(amax)[1].astype(np.int64)
+    qw = np.rint(w.astype(np.float64) * np.ldexp(1.0, FIXED_BITS - e)[:, None]).astype(np.int64)
+    unit = np.ldexp(1.0, e - FIXED_BITS)  # the fixed point's step, float64
     targets = candidate_targets(lo, hi)
     best, s_best = np.full(N, -1.0), np.zeros(N, F32)
     for c in range(targets.shape[1]):
         t = np.full(N, targets[0, c]) if signed else np.where(x < 0, targets[0, c], targets[1, c])
-        iscale = (t.astype(F32) / x).astype(F32)  # x == 0 (an all-zero group): inf / nan, never chosen
-        l = np.clip(np.rint(w * iscale[:, None]), lo, hi).astype(F32)
-        sx = lane_sum(l * w).astype(np.float64)
-        s2 = lane_sum(l * l).astype(np.float64)
-        score = np.where(s2 > 0, sx * sx / s2, -1.0)
-        scale = np.where(s2 > 0, sx / s2, 0.0).astype(F32)
+        iscale = (t.astype(F32) / x).astype(F32)  # x == 0 (an all-zero group): inf / nan, skipped
+        ok = (amax > 0) & np.isfinite(iscale)
+        l = np.clip(np.rint(w * np.where(ok, iscale, F32(0))[:, None]), lo, hi).astype(np.int64)
+        sx, s2 = (l * qw).sum(axis=1), (l * l).sum(axis=1)  # exact: no order
+        ok &= s2 > 0
+        fx, f2 = sx.astype(np.float64), np.where(ok, s2, 1).astype(np.float64)
+        score = np.where(ok, fx * fx / f2, -1.0)
+        scale = np.where(ok, fx / f2 * unit, 0.0).astype(F32)
         better = score > best
         best = np.where(better, score, best)
         s_best = np.where(better, scale, s_best)

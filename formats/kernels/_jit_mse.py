@@ -1,12 +1,15 @@
-"""The numba kernel of the ``mse`` group search (``formats/quantizers.py``, FORMATS §9), byte-identical to
-``quantizers.mse_groups``: the same float32 products and true divisions, ``rint`` ties to even, the same lane
-order of every sum (lane ``k % 8`` accumulates in element order, then ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) +
-(l6 + l7))``), the same strict comparisons. numba without fastmath neither reassociates nor contracts
-(no FMA), so the kernel's sums are the reference's; the property tests compare them byte for byte.
+"""The numba kernel of the ``mse`` group search (``formats/quantizers.py``, FORMATS §11), byte-identical to
+``quantizers.mse_groups``: the same float32 products and true divisions, round half to even, the candidates'
+refit sums exact (32-bit products of codes and 20-bit fixed-point values, 64-bit sums: no order to follow, so LLVM's
+loop vectoriser takes those loops whole, as it takes the divisions' loops), the float64 error sums in the
+reference's lane order, the same strict comparisons. numba without fastmath neither
+reassociates float sums nor contracts them (no FMA); the property tests compare the two byte for byte.
 
 In the compiled-ahead set (``aot.CODECS``) like the encoders."""
 
 from __future__ import annotations
+
+import math
 
 import numba as nb
 import numpy as np
@@ -15,54 +18,98 @@ from colitools.formats.kernels.aot import export
 
 _FLOOR = np.float32(1e-8)  # quantizers.SCALE_FLOOR
 _LANES = 8  # quantizers.LANES
-_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def _total32(a):
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+_FIXED_BITS = 20  # quantizers.FIXED_BITS
+_MAGIC32 = np.float32(12582912.0)  # 1.5 * 2^23: float32 rounding to an integer, ties to even
+_MAGIC64 = 6755399441055744.0  # 1.5 * 2^52: the same in float64
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _rint_clip(y, flo, fhi):
     """``clip(rint(y), lo, hi)`` in float32: clipping first changes nothing (rint is monotone and keeps the
     integers ``lo``, ``hi``), and for ``|y| <= 128`` adding and subtracting ``1.5 * 2^23`` rounds to the nearest
-    integer, ties to even, exactly as ``np.rint`` (branch-free, so the loops vectorise). NaN stays NaN."""
-    y = min(max(y, flo), fhi)
-    return np.float32(np.float32(y + _MAGIC) - _MAGIC)
+    integer, ties to even, exactly as ``np.rint`` (branch-free selects: the loops vectorise). NaN stays NaN."""
+    y = flo if y < flo else y
+    y = fhi if y > fhi else y
+    return np.float32(np.float32(y + _MAGIC32) - _MAGIC32)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _fixed(row, f, qw):
+    """``qw = rint(w * f)`` in float64 (``|w * f| <= 2^20``: the magic constant rounds exactly)."""
+    for k in range(row.size):
+        qw[k] = np.int32((np.float64(row[k]) * f + _MAGIC64) - _MAGIC64)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _candidate(row, qw, iscale, flo, fhi):
+    """``(sum(l * qw), sum(l * l))`` of the codes ``l = clip(rint(w * iscale))``, exact: ``|l * qw| <= 2^27`` in
+    int32, the sums in int64."""
+    sx = np.int64(0)
+    s2 = np.int64(0)
+    for k in range(row.size):
+        lk = np.int32(_rint_clip(np.float32(row[k] * iscale), flo, fhi))
+        sx += np.int64(lk * qw[k])
+        s2 += np.int64(lk * lk)
+    return sx, s2
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _codes(row, s, flo, fhi, out):
-    """``out[k] = clip(rint(row[k] / s), lo, hi)`` (float32 true division)."""
+    """``out[k] = clip(rint(row[k] / s), lo, hi)`` (float32 true divisions; a loop the vectoriser takes whole)."""
     for k in range(row.size):
         out[k] = _rint_clip(np.float32(row[k] / s), flo, fhi)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _squared_error(row, s, v, acc):
-    acc[:] = 0.0
+def _errors(row, s0, s1, v0, v1, e0, e1):
+    """The squared errors of ``(s0, v0)`` and ``(s1, v1)`` in float64, in the lane order (``quantizers.lane_sum``)."""
+    e0[:] = 0.0
+    e1[:] = 0.0
     n = row.size
     for k0 in range(0, n, _LANES):
         for j in range(_LANES):
-            d = np.float64(np.float32(v[k0 + j] * s)) - np.float64(row[k0 + j])
-            acc[j] += d * d
-    return _total32(acc)
+            w = np.float64(row[k0 + j])
+            d0 = np.float64(np.float32(v0[k0 + j] * s0)) - w
+            d1 = np.float64(np.float32(v1[k0 + j] * s1)) - w
+            e0[j] += d0 * d0
+            e1[j] += d1 * d1
+    t0 = ((e0[0] + e0[1]) + (e0[2] + e0[3])) + ((e0[4] + e0[5]) + (e0[6] + e0[7]))
+    t1 = ((e1[0] + e1[1]) + (e1[2] + e1[3])) + ((e1[4] + e1[5]) + (e1[6] + e1[7]))
+    return t0, t1
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _candidate(row, iscale, flo, fhi, acc, acc2):
-    """Codes ``l = clip(rint(w * iscale))`` and ``(sum(l * w), sum(l * l))`` as float32 lane sums, widened."""
-    acc[:] = 0.0
-    acc2[:] = 0.0
-    n = row.size
-    for k0 in range(0, n, _LANES):
-        for j in range(_LANES):
-            wk = row[k0 + j]
-            lk = _rint_clip(np.float32(wk * iscale), flo, fhi)
-            acc[j] += np.float32(lk * wk)
-            acc2[j] += np.float32(lk * lk)
-    return np.float64(_total32(acc)), np.float64(_total32(acc2))
+def _extreme(row):
+    """``(amax, x)``: the largest magnitude and the first element that has it; amax NaN / inf if one is."""
+    amax, x = np.float32(0.0), np.float32(0.0)
+    for k in range(row.size):
+        a = abs(row[k])
+        if not np.isfinite(a):
+            return a, a
+        if a > amax:
+            amax, x = a, row[k]
+    return amax, x
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _search(row, qw, x, e, signed, targets, flo, fhi):
+    """The winning candidate's float32 scale (0 when none has ``s2 > 0``)."""
+    f = math.ldexp(1.0, _FIXED_BITS - e)
+    unit = math.ldexp(1.0, e - _FIXED_BITS)
+    _fixed(row, f, qw)
+    s_best, best = np.float32(0.0), -1.0
+    for c in range(targets.shape[1]):
+        t = targets[0, c] if signed or x < 0 else targets[1, c]
+        iscale = np.float32(t / x)
+        if not np.isfinite(iscale):
+            continue
+        sx, s2 = _candidate(row, qw, iscale, flo, fhi)
+        if s2 > 0:
+            fx, f2 = np.float64(sx), np.float64(s2)
+            score = fx * fx / f2
+            if score > best:
+                best, s_best = score, np.float32(fx / f2 * unit)
+    return s_best
 
 
 @export("mse_group_rows", ("float32", "i", "i", "b", "float32", "float32[]", "int8"))
@@ -73,34 +120,26 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
     n = w.shape[1]
     flo, fhi = np.float32(lo), np.float32(hi)
     v0, v1 = np.empty(n, np.float32), np.empty(n, np.float32)
-    acc, acc2, e = np.zeros(_LANES, np.float32), np.zeros(_LANES, np.float32), np.zeros(_LANES, np.float64)
+    qw = np.empty(n, np.int32)
+    e0, e1 = np.zeros(_LANES, np.float64), np.zeros(_LANES, np.float64)
     for r in range(r0, r1):
         row = w[r]
-        amax, x = np.float32(0.0), np.float32(0.0)
-        for k in range(n):
-            a = abs(row[k])
-            if not np.isfinite(a):
-                return r
-            if a > amax:
-                amax, x = a, row[k]
+        amax, x = _extreme(row)
+        if not np.isfinite(amax):
+            return r
         s0 = np.float32(amax / fhi)
         if s0 < _FLOOR:
             s0 = _FLOOR
-        _codes(row, s0, flo, fhi, v0)
-        s_best, best = np.float32(0.0), -1.0
+        s1 = np.float32(0.0)
         if amax > 0:
-            for c in range(targets.shape[1]):
-                t = targets[0, c] if signed or x < 0 else targets[1, c]
-                sx, s2 = _candidate(row, np.float32(t / x), flo, fhi, acc, acc2)
-                if s2 > 0:
-                    score = sx * sx / s2
-                    if score > best:
-                        best, s_best = score, np.float32(sx / s2)
-        use = amax > 0 and np.isfinite(s_best) and abs(s_best) >= _FLOOR
+            s1 = _search(row, qw, x, math.frexp(np.float64(amax))[1], signed, targets, flo, fhi)
+        _codes(row, s0, flo, fhi, v0)
+        use = np.isfinite(s1) and abs(s1) >= _FLOOR
         if use:
-            _codes(row, s_best, flo, fhi, v1)
-            use = _squared_error(row, s_best, v1, e) < _squared_error(row, s0, v0, e)
-        s_out[r] = s_best if use else s0
+            _codes(row, s1, flo, fhi, v1)
+            err0, err1 = _errors(row, s0, s1, v0, v1, e0, e1)
+            use = err1 < err0
+        s_out[r] = s1 if use else s0
         src = v1 if use else v0
         for k in range(n):
             v_out[r, k] = np.int8(src[k])

@@ -52,23 +52,28 @@ def lane_sum(values: list[float], rounding) -> float:
 
 
 def spec_group(w: list[float], lo: int, hi: int, signed: bool) -> tuple[float, list[float]]:
-    """FORMATS §9 for one group, element by element (float32 steps rounded explicitly with ``f32``)."""
+    """FORMATS §11 for one group, element by element (float32 steps rounded explicitly with ``f32``; the refit
+    sums as Python integers)."""
     w = w + [0.0] * (-len(w) % 8)
     amax = max(abs(x) for x in w)
     s0 = max(f32(amax / hi), f32(1e-8))
     v0 = [rint_clip(f32(x / s0), lo, hi) for x in w]
     x = next(x for x in w if abs(x) == amax)
+    e = math.frexp(amax)[1]
+    qw = [round(v * 2.0 ** (quantizers.FIXED_BITS - e)) for v in w]  # exact in float64: a power-of-two product
     best, s_best = -1.0, 0.0
     for d in quantizers.CANDIDATE_OFFSETS:
         if amax == 0:
             break
         t = f32((lo + d) if signed or x < 0 else (hi + d))
         iscale = f32(t / x)
-        codes = [rint_clip(f32(v * iscale), lo, hi) for v in w]
-        sx = lane_sum([f32(c * v) for c, v in zip(codes, w)], f32)
-        s2 = lane_sum([f32(c * c) for c in codes], f32)
-        if s2 > 0 and sx * sx / s2 > best:
-            best, s_best = sx * sx / s2, f32(sx / s2)
+        if not math.isfinite(iscale):
+            continue
+        codes = [int(rint_clip(f32(v * iscale), lo, hi)) for v in w]
+        sx = sum(c * q for c, q in zip(codes, qw))
+        s2 = sum(c * c for c in codes)
+        if s2 > 0 and float(sx) * float(sx) / float(s2) > best:
+            best, s_best = float(sx) * float(sx) / float(s2), f32(float(sx) / float(s2) * 2.0 ** (e - 20))
 
     def err(s: float, v: list[float]) -> float:
         return lane_sum([(f32(c * s) - x) ** 2 for c, x in zip(v, w)], float)
