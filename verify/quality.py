@@ -111,6 +111,9 @@ class QualityReport:
     figures: str
     tensors: list[TensorQuality] = field(default_factory=list)
     not_compared: list[tuple[str, str]] = field(default_factory=list)  # (tensor, why)
+    copied: set[str] = field(
+        default_factory=set
+    )  # float tensors written in the source's bytes (never recorded)
     recorded: int = 0  # tensors the manifest has figures for
     disagreements: list[Disagreement] = field(default_factory=list)
     quantizer: str | None = None  # the recipe's ``quantizer`` as recorded (None: not recorded)
@@ -466,6 +469,8 @@ def _compare(report: QualityReport, recorded: Mapping[str, ErrorStats]) -> None:
     skipped = {n for n, _ in report.not_compared}
     for t in report.tensors:
         mine = recorded.get(t.name)
+        if mine is None and t.name in report.copied:
+            continue  # the source's own bytes: convert records no figures for them (lossless by construction)
         why = "not recorded" if mine is None else agree(mine, t.stats)
         if why is not None:
             report.disagreements.append(Disagreement(t.name, mine, t.stats, why))
@@ -495,8 +500,7 @@ def _recompute(report: QualityReport, weights: OutputWeights, manifest: Manifest
             raise VerifyError(f"`source`: {exc}") from None
         with contextlib.redirect_stderr(io.StringIO()):  # planning's own note on natively decoded tensors
             plan = load_plan(src, _options(manifest))
-        jobs = [(u, j) for u in plan.units for j in u.jobs]
-        matched = _match(weights, jobs, COPY_DTYPES, report)
+        matched = _match(weights, plan, COPY_DTYPES, report)
         _stream(report, weights, src, plan, matched, progress)
 
 
@@ -516,40 +520,72 @@ def _options(manifest: Manifest):
         raise VerifyError(f"{MANIFEST_FILE}: its recipe {recipe} cannot be planned again: {exc}") from None
 
 
-def _match(weights: OutputWeights, jobs, copy_dtypes, report: QualityReport) -> list:
+def _match(weights: OutputWeights, plan, copy_dtypes, report: QualityReport) -> list:
     """``(unit, job, OutputWeight)`` of every planned float weight; VerifyError for a tensor the output does not
-    hold as planned (another source). Copied non-float tensors are not weights; an output tensor the resolver
-    left unresolved is not compared."""
+    hold as planned (another source). Copied non-float tensors are not weights. Not compared (listed, never
+    guessed): a tensor the resolver left unresolved, and one a target stored in a stack the container does not
+    describe as parts (``Stack`` of the plan present, its members not readable apart)."""
+    stack_of = {
+        id(g.jobs[k]): st
+        for u in plan.units
+        for f in u.files
+        for g in f.groups
+        for st in g.stacks
+        for k in st.members
+    }
     out = []
     claimed: set[tuple[str, str | None, int | None]] = set()
-    for unit, job in jobs:
-        if job.target.is_source and job.source.dtype in copy_dtypes:
-            continue  # rule 0: an integer tensor copied unchanged
-        w = weights.find(job.out_name)
-        if w is None:
-            held = [n for n in weights.stored_names(job.out_name) if n in weights.resolved]
-            if held:
-                t = weights.resolved[held[0]]
-                report.not_compared.append((job.out_name, t.problem or f"stored as {t.kind} {t.dtype}"))
+    for unit in plan.units:
+        for job in unit.jobs:
+            if job.target.is_source and job.source.dtype in copy_dtypes:
+                continue  # rule 0: an integer tensor copied unchanged
+            w = weights.find(job.out_name)
+            if w is None:
+                _not_found(weights, job, stack_of.get(id(job)), report, claimed)
                 continue
-            raise VerifyError(
-                f"tensor {job.out_name}: the source makes it, but {weights.model.path} holds no such weight: "
-                f"`source` is not the source of this conversion"
-            )
-        want = (job.O, job.I) if len(job.shape) == 2 else tuple(job.shape)
-        if tuple(w.shape) != tuple(want):
-            raise VerifyError(
-                f"tensor {job.out_name}: the source makes it {list(want)}, {weights.model.path} holds "
-                f"{list(w.shape)}: `source` is not the source of this conversion"
-            )
-        claimed.add((w.tensor.name, w.part.projection if w.part else None, w.part.expert if w.part else None))
-        out.append((unit, job, w))
-    for w in [*(weights.parts.values()), *(OutputWeight(t.name, t) for t in weights.resolved.values()
-                                           if t.kind in ("quantized", "float") and not t.parts)]:  # fmt: skip
-        key = (w.tensor.name, w.part.projection if w.part else None, w.part.expert if w.part else None)
-        if key not in claimed:
+            want = (job.O, job.I) if len(job.shape) == 2 else tuple(job.shape)
+            if tuple(w.shape) != tuple(want):
+                raise VerifyError(
+                    f"tensor {job.out_name}: the source makes it {list(want)}, {weights.model.path} holds "
+                    f"{list(w.shape)}: `source` is not the source of this conversion"
+                )
+            if job.target.is_source:
+                report.copied.add(job.out_name)
+            claimed.add(_key(w))
+            out.append((unit, job, w))
+    stored = (
+        OutputWeight(t.name, t)
+        for t in weights.resolved.values()
+        if t.kind in ("quantized", "float") and not t.parts
+    )
+    for w in [*weights.parts.values(), *stored]:
+        if _key(w) not in claimed:
             report.not_compared.append((w.name, "no tensor of the source makes it"))
     return out
+
+
+def _key(w: OutputWeight) -> tuple[str, str | None, int | None]:
+    return (w.tensor.name, w.part.projection if w.part else None, w.part.expert if w.part else None)
+
+
+def _not_found(weights: OutputWeights, job, stack, report: QualityReport, claimed: set) -> None:
+    """A planned tensor ``find`` does not give: not compared when the output holds it in a form this cannot read
+    apart, else VerifyError (the source makes a tensor this output does not have)."""
+    held = [n for n in weights.stored_names(job.out_name) if n in weights.resolved]
+    if held:
+        t = weights.resolved[held[0]]
+        report.not_compared.append((job.out_name, t.problem or f"stored as {t.kind} {t.dtype}"))
+        return
+    if stack is not None and stack.name in weights.resolved:
+        report.not_compared.append(
+            (job.out_name, f"stored in the stack {stack.name}, which has no parts to read apart")
+        )
+        claimed.add((stack.name, None, None))
+        return
+    raise VerifyError(
+        f"tensor {job.out_name}: the source makes it, but {weights.model.path} holds no such weight: "
+        f"`source` is not the source of this conversion"
+    )
 
 
 def _stream(report: QualityReport, weights: OutputWeights, src, plan, matched: list, progress: bool) -> None:

@@ -353,3 +353,43 @@ def test_plot_that_is_not_png_is_a_usage_error(tiny, tmp_path):
     assert not (tmp_path / "q.jpg").exists()
     with pytest.raises(ParameterError):
         weight_quality(out, plot=tmp_path / "q.svg")
+
+
+# ------------------------------------------------------------------------------------- target layouts
+ORACLES = Path(__file__).resolve().parents[2] / "oracles"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "target", "generic"),
+    [
+        (
+            "olmoe_target",
+            "olmoe",
+            dict(experts="int8-row", dense="f32", embed="f32"),
+        ),  # int8-row merged blobs
+        ("qwen3_5_moe", "qwen36", None),  # int4 merged blobs of signed nibbles
+    ],
+)
+def test_merged_expert_blobs_are_read_by_their_parts(tmp_path, fixture, target, generic):
+    src = ORACLES / fixture
+    convert(str(src), tmp_path / "t", ConvertOptions(target=target, **OPTS))
+    report = weight_quality(tmp_path / "t", str(src))
+    assert report.not_compared == [] and report.disagreements == []  # and convert recorded the same figures
+    experts = {t.name: t.stats for t in report.tensors if t.role == "routed experts"}
+    assert experts and all(s.sse > 0 and s.n > 0 for s in experts.values())
+    if generic is not None:  # the generic container holding the same values: the same figures, per expert
+        convert(str(src), tmp_path / "g", ConvertOptions(**generic, **OPTS))
+        same = {t.name: t.stats for t in weight_quality(tmp_path / "g", str(src)).tensors}
+        for name, stats in experts.items():
+            assert same[name] == stats, name
+
+
+def test_a_stack_without_parts_is_listed_not_compared_never_guessed(tmp_path):
+    src = ORACLES / "inkling"
+    convert(str(src), tmp_path / "t", ConvertOptions(target="inkling", **OPTS))
+    report = weight_quality(tmp_path / "t", str(src))
+    shared = [n for n, why in report.not_compared if "stored in the stack" in why]
+    assert shared and all(".shared_experts." in n for n in shared)
+    assert len(shared) == len(report.not_compared)
+    assert not any(t.name in shared for t in report.tensors)
+    assert report.disagreements == [] and any(t.role == "routed experts" for t in report.tensors)
