@@ -20,6 +20,7 @@ Pure Python and deterministic: the same items and budget give the same choice on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -78,15 +79,16 @@ def bounds(items: Sequence[Item], fixed: int) -> tuple[int, int]:
     return lo, hi
 
 
-def solve(items: Sequence[Item], fixed: int, budget: int) -> Solution:
+def solve(items: Sequence[Item], fixed: int, budget: int, label: str = "the budget") -> Solution:
     """The choice of least total cost with ``fixed + bytes <= budget`` (see the module's text); ParameterError
-    (one line naming both sizes) for a budget below the smallest or above the largest achievable size."""
+    (one line naming both sizes, the budget as ``label`` says it) for a budget below the smallest or above the
+    largest achievable size."""
     if any(not it.options for it in items):
         raise ValueError("an item without options")
     smallest, largest = bounds(items, fixed)
     if not smallest <= budget <= largest:
         raise ParameterError(
-            f"`budget={budget}` bytes is unreachable: the smallest achievable size is {smallest} bytes and the "
+            f"{label} ({budget} bytes) is unreachable: the smallest achievable size is {smallest} bytes and the "
             f"largest {largest} bytes"
         )
     hulls = [lower_hull(it.options) for it in items]
@@ -145,3 +147,26 @@ def _improve(items: Sequence[Item], choice: list[int], used: int, budget: int) -
 
 def _cost(items: Sequence[Item], choice: Sequence[int]) -> float:
     return sum(it.options[k][1] for it, k in zip(items, choice, strict=True))
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of a size a user types: ``25GiB``, ``380GB``, ``1.5TB``, ``123456`` (plain bytes); ParameterError
+    (one line) for anything else or a size below one byte."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        s = str(text).strip().upper().replace(" ", "")
+        digits = s.rstrip("KMGTIB")
+        value_text, unit = digits, s[len(digits) :]
+        try:
+            value = float(value_text)
+        except ValueError:
+            value = math.nan
+    if unit not in _UNITS or not math.isfinite(value) or value * _UNITS[unit] < 1:
+        units = ", ".join(u for u in _UNITS if u)
+        raise ParameterError(f"`target_size={text!r}`: a size such as 25GiB, 380GB, 1.5TB or bytes ({units})")
+    return int(value * _UNITS[unit])

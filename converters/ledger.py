@@ -24,6 +24,7 @@ from typing import Any
 
 import colitools
 from colitools.converters import output
+from colitools.converters.budget import CACHE_FILE as BUDGET_CACHE_FILE
 from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestError
 from colitools.converters.plan_record import PLAN_FILE
 from colitools.converters.planner import ConversionPlan, Unit
@@ -154,6 +155,7 @@ class Ledger:
             "fallbacks": [f.as_dict() for f in plan.fallbacks],
             "formats_per_role": plan.role_formats(),
             "dropped_towers": list(plan.dropped),
+            **({"budget": plan.budget} if plan.budget is not None else {}),
             "units": {},
         }
 
@@ -256,7 +258,7 @@ def _check_foreign(outdir: Path, temporaries: list[str]) -> None:
     """Refuse an output folder without a ledger that holds anything but what a conversion leaves before its
     ledger exists (the lock file, the download folder, writer temporaries): a conversion would write its
     ``config.json``, index and tokenizer files over the user's."""
-    ours = {LOCK_FILE, DOWNLOAD_DIR, PLAN_FILE, *temporaries}
+    ours = {LOCK_FILE, DOWNLOAD_DIR, PLAN_FILE, BUDGET_CACHE_FILE, *temporaries}
     foreign = sorted(p.name for p in outdir.iterdir() if p.name not in ours)
     if not foreign:
         return

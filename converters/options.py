@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from colitools.converters.allocation import parse_size
 from colitools.converters.diskfloor import GB, gb
-from colitools.converters.recipe import ExpertsChoice, Recipe, Role, choose_experts, classify
+from colitools.converters.recipe import Budget, ExpertsChoice, Recipe, Role, choose_experts, classify
 from colitools.formats import targets
 from colitools.formats.errors import ConvertError, ParameterError
 from colitools.formats.format_names import role_formats_line
@@ -33,6 +36,9 @@ class ConvertOptions:
     towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
     target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads it
     quantizer: str = "rtn"  # --quantizer rtn | mse (FORMATS §9; formats/quantizers.py)
+    target_size: int | str | None = None  # --target-size (FORMATS §12): bytes, or a size such as 25GiB
+    target_bpw: float | None = None  # --target-bpw (FORMATS §12): bits per weight
+    usage: str | None = None  # --usage: a routing history weighting a budget's routed experts
     min_free_gb: float = DEFAULT_MIN_FREE_GB
     on_low_disk: str = "wait"
     keep_source: bool = False
@@ -49,12 +55,47 @@ class ConvertOptions:
             raise ParameterError(f"`workers={self.workers}`: must be at least 1")
         if isinstance(self.target, str):
             object.__setattr__(self, "target", targets.by_name(self.target))  # TargetRefused for an unknown name
+        self._check_budget()
+
+    def _check_budget(self) -> None:
+        """A size budget (FORMATS §12): one of ``target_size`` / ``target_bpw``, which replace the per-role format
+        options; ``usage`` only with one. ParameterError (one line) otherwise."""
+        if self.target_size is not None:
+            object.__setattr__(self, "target_size", parse_size(self.target_size))
+        if self.target_size is not None and self.target_bpw is not None:
+            raise ParameterError("`target_size` and `target_bpw` are two budgets: give one")
+        which = "target_size" if self.target_size is not None else "target_bpw"
+        if self.target_bpw is not None and not (math.isfinite(self.target_bpw) and 0 < self.target_bpw <= 32):
+            raise ParameterError(f"`target_bpw={self.target_bpw:g}`: bits per weight in (0, 32]")
+        if self.target_size is None and self.target_bpw is None:
+            if self.usage is not None:
+                raise ParameterError("`usage` weights a size budget's routed experts: give `target_size` or `target_bpw`")
+            return
+        given = [f"`{k}={getattr(self, k)}`" for k in ("experts", "dense", "embed", "mtp", "group_size")
+                 if getattr(self, k) is not None]  # fmt: skip
+        if given:
+            raise ParameterError(f"`{which}` chooses every tensor's format: it replaces {', '.join(given)}")
+
+    def budget(self) -> Budget | None:
+        """The size budget asked for (its allocation empty: ``converters/budget.py`` fills it), or None."""
+        if self.target_size is None and self.target_bpw is None:
+            return None
+        usage = None
+        if self.usage is not None:
+            try:
+                usage = hashlib.sha256(Path(self.usage).read_bytes()).hexdigest()
+            except OSError as exc:
+                raise ParameterError(f"`usage={self.usage}`: {exc.strerror or exc}") from None
+        return Budget(self.target_size, self.target_bpw, usage)
 
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(
             self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers, self.target,
             self.quantizer,
         )
+        budget = self.budget()
+        if budget is not None:
+            recipe = replace(recipe, budget=budget)
         if self.group_size is not None and not any(
             v.startswith("int4-g") for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)
         ):  # int3-g64 and the row formats have no group size to set: never ignore the option silently
@@ -107,6 +148,7 @@ class ConvertSummary:
     fallbacks: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # e.g. `colitools run` will not execute this model
     experts_choice: dict[str, Any] = field(default_factory=dict)  # recipe.ExpertsChoice.as_dict()
+    budget: dict[str, Any] | None = None  # a size budget's allocation (converters/budget.py report)
     disk_waits: int = 0
     wall_seconds: float = 0.0
     plan: dict[str, Any] | None = None  # the whole plan, for --dry-run
@@ -121,6 +163,10 @@ class ConvertSummary:
         d["wall_seconds"] = round(self.wall_seconds, 3)
         if d["plan"] is None:
             del d["plan"]
+        if d["budget"] is None:
+            del d["budget"]
+        elif not self.dry_run:  # the per-tensor formats: in --dry-run's JSON and in colitools.json
+            d["budget"] = {k: v for k, v in d["budget"].items() if k != "tensors"}
         return d
 
     def text(self) -> str:
@@ -154,6 +200,10 @@ class ConvertSummary:
             )
         if self.experts_choice.get("line"):
             lines.append(self.experts_choice["line"])
+        if self.budget is not None:
+            from colitools.converters.budget import report_lines
+
+            lines.extend(report_lines(self.budget))
         lines.append("formats per role:")
         lines.extend(role_formats_line(role, fmts) for role, fmts in self.formats_per_role.items())
         if self.dropped_towers:

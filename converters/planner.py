@@ -232,6 +232,7 @@ class ConversionPlan:
     fallbacks: list[rc.Fallback] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # tower tensors left out (--towers drop)
     experts_choice: object = None  # recipe.ExpertsChoice: how `experts` was chosen (runner.load_plan)
+    budget: dict | None = None  # a size budget's allocation report (converters/budget.py), None without one
 
     @property
     def files(self) -> list[OutputFile]:
@@ -333,6 +334,7 @@ class ConversionPlan:
             "format_totals": self.format_totals(),
             "fallbacks": [f.as_dict() for f in self.fallbacks],
             "dropped_towers": list(self.dropped),
+            **({"budget": self.budget} if self.budget is not None else {}),
         }  # fmt: skip
 
 
@@ -365,9 +367,8 @@ def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, lis
     chosen: dict[rc.Target, rc.Target] = {}  # one object per distinct target (_shared_target)
     mode = recipe.quantizer_mode  # FORMATS §9: the encoder mode of every target with scales to choose
     for name, src in inventory.tensors.items():
-        # a natively quantized tensor is a float weight stored in codes (its data dtype is U8 / I32)
-        role = rc.classify(name, len(src.shape), nhl, "F32" if src.quant is not None else src.dtype)
-        if (role is rc.Role.TOWER and recipe.towers == "drop") or (role is rc.Role.MTP and target.drop_mtp):
+        role = source_role(name, src, nhl)
+        if is_dropped(role, recipe):
             dropped.append(name)
             continue
         layer = rc.layer_of(name)
@@ -375,6 +376,28 @@ def _unit_jobs(inventory: Inventory, recipe: rc.Recipe) -> tuple[dict[tuple, lis
         jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of)
         by_unit[ukey].extend(_shared_target(_quantized_by(_for_target(j, target), mode), chosen) for j in jobs)
     return by_unit, dropped
+
+
+def source_role(name: str, src: SourceTensor, num_hidden_layers: int | None) -> rc.Role:
+    """The recipe role of source tensor ``name`` (a natively quantized tensor is a float weight stored in codes:
+    its data dtype is U8 / I32)."""
+    return rc.classify(name, len(src.shape), num_hidden_layers, "F32" if src.quant is not None else src.dtype)
+
+
+def is_dropped(role: rc.Role, recipe: rc.Recipe) -> bool:
+    """A tensor of ``role`` left out of the output (towers with ``--towers drop``, MTP modules of a target that
+    drops them)."""
+    return (role is rc.Role.TOWER and recipe.towers == "drop") or (role is rc.Role.MTP and recipe.target.drop_mtp)
+
+
+def written_jobs(
+    src: SourceTensor, role: rc.Role, recipe: rc.Recipe, inventory: Inventory
+) -> list[tuple[str, TensorJob]]:
+    """Source tensor ``src``'s jobs as ``recipe``'s target writes them (what ``_unit_jobs`` plans for it), each
+    with its recipe name (before the target renames it), for the size budget (``converters/budget.py``)."""
+    fp8_block = inventory.fp8.block if inventory.fp8 else None
+    jobs = _jobs_for(src, role, recipe, fp8_block, inventory.orientation_of)
+    return [(j.out_name, _quantized_by(_for_target(j, recipe.target), recipe.quantizer_mode)) for j in jobs]
 
 
 def _quantized_by(job: TensorJob, mode: str) -> TensorJob:
@@ -485,7 +508,6 @@ def _jobs_for(
 ) -> list[TensorJob]:
     """``src``'s jobs; ``orientation_of(src)`` (``Inventory.orientation_of``) is asked for a stack only."""
     orientation = None
-    option = recipe.option_for(role)
     block = fp8_block if src.scale is not None else None
     fused = rc.fused_of(src.name) if role not in (rc.Role.COPY, rc.Role.TOWER) else None
     stacked = fused is not None and len(src.shape) == (2 if fused.bias else 3)
@@ -508,7 +530,7 @@ def _jobs_for(
                     f"tensor {src.name}: a natively quantized expert stack in the {orientation} orientation is "
                     "not supported"
                 )
-            target = rc.choose_target(sl.out_name, role, option, O, I, kind)
+            target = rc.choose_target(sl.out_name, role, recipe.tensor_option(role, sl.out_name), O, I, kind)
             ex = rc.expert_of(sl.out_name)
             rows = (sl.expert, sl.row0, sl.row1) if sl.contiguous and not fused.bias else None
             pick = None if rows is not None else sl
@@ -516,7 +538,7 @@ def _jobs_for(
                                   rows, pick))  # fmt: skip
         return jobs
     if shared:
-        return _shared_stack_jobs(src, role, option, block, orientation)
+        return _shared_stack_jobs(src, role, recipe, block, orientation)
     if len(src.shape) == 2:
         O, I = src.shape
         shape = src.shape
@@ -526,7 +548,7 @@ def _jobs_for(
             n *= int(d)
         O, I = 1, max(n, 1)
         shape = src.shape
-    target = rc.choose_target(src.name, role, option, O, I, source_kind(src, block))
+    target = rc.choose_target(src.name, role, recipe.tensor_option(role, src.name), O, I, source_kind(src, block))
     ex = rc.expert_of(src.name)
     if ex is not None and len(src.shape) != (1 if ex.bias else 2):
         ex = None  # an expert's record holds its projections [O, I] and its biases [O] (§4)
@@ -537,7 +559,7 @@ def _jobs_for(
     ]
 
 
-def _shared_stack_jobs(src: SourceTensor, role: rc.Role, option: str, block, orientation) -> list[TensorJob]:
+def _shared_stack_jobs(src: SourceTensor, role: rc.Role, recipe: rc.Recipe, block, orientation) -> list[TensorJob]:
     """A stacked shared expert ``[n, rows, cols]`` split into ``shared_experts.{k}.{gate,up,down}_proj.weight``
     (``rc.split_shared``), each one 2-D tensor of ``role`` (not a routed expert: no expert index)."""
     jobs = []
@@ -548,7 +570,7 @@ def _shared_stack_jobs(src: SourceTensor, role: rc.Role, option: str, block, ori
                 f"tensor {src.name}: a quantized stacked shared expert in the {orientation} orientation is not supported"
             )
         O, I = sl.out_shape(src.shape)
-        target = rc.choose_target(sl.out_name, role, option, O, I, kind)
+        target = rc.choose_target(sl.out_name, role, recipe.tensor_option(role, sl.out_name), O, I, kind)
         rows = (sl.expert, sl.row0, sl.row1) if sl.contiguous else None
         jobs.append(TensorJob(sl.out_name, src, role, target, O, I, (O, I), None, None, rows,
                               None if rows is not None else sl))  # fmt: skip

@@ -297,6 +297,47 @@ def split_shared(name: str, shape: tuple[int, ...], orientation: Orientation = O
     return out
 
 
+# ----------------------------------------------------------------------------------------------- budget
+BUDGET_ROLES = (Role.EXPERT, Role.DENSE, Role.EMBED, Role.MTP)  # rules 3-6: what a size budget chooses (§10)
+BUDGET_OBJECTIVE = "sum over tensors of importance x squared error (float64, as decoded)"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A size budget (docs/FORMATS.md §12): ``size`` bytes of tensor data, or ``bpw`` bits per weight; ``usage``
+    the sha256 of the routing history weighting the routed experts (None: none). ``formats``: the allocation,
+    ``(tensor, recipe option)`` per tensor whose format it chose (empty until ``converters/budget.py`` chose),
+    by the tensor's recipe name (before a target renames it)."""
+
+    size: int | None = None
+    bpw: float | None = None
+    usage: str | None = None
+    formats: tuple[tuple[str, str], ...] = ()
+
+    def option_of(self, name: str, default: str) -> str:
+        """The option allocated to tensor ``name``, else ``default``."""
+        return self._lookup.get(name, default)
+
+    @cached_property
+    def _lookup(self) -> dict[str, str]:
+        return dict(self.formats)
+
+    def __getstate__(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """What the recipe records (its fingerprint): the budget, the objective and a digest of the allocation
+        (the per-tensor formats are in the manifest's ``budget`` section and in the index)."""
+        d: dict[str, Any] = {"target_size": self.size} if self.size is not None else {"target_bpw": self.bpw}
+        d["objective"] = BUDGET_OBJECTIVE
+        if self.usage is not None:
+            d["usage_sha256"] = self.usage
+        if self.formats:
+            blob = json.dumps(sorted(self.formats), separators=(",", ":")).encode()
+            d["formats_sha256"] = hashlib.sha256(blob).hexdigest()
+        return d
+
+
 # ----------------------------------------------------------------------------------------------- recipe
 @dataclass(frozen=True)
 class Recipe:
@@ -310,6 +351,7 @@ class Recipe:
     towers: str = "keep"  # rule 1: keep | drop
     target: targets.Target = targets.GENERIC  # --target (formats/targets.py): recorded by name
     quantizer: str = RTN  # --quantizer rtn | mse (FORMATS §9): recorded only when not rtn
+    budget: Budget | None = None  # --target-size / --target-bpw (§10): recorded only when given
 
     @classmethod
     def from_options(
@@ -380,12 +422,26 @@ class Recipe:
             else getattr(self, role.value if role is not Role.EXPERT else "experts")
         )
 
+    def tensor_option(self, role: Role, name: str) -> str:
+        """The format option of tensor ``name`` (its recipe name) of ``role``: the budget's allocation, else the
+        role's option (``option_for``)."""
+        option = self.option_for(role)
+        return option if self.budget is None else self.budget.option_of(name, option)
+
+    def with_option(self, role: Role, option: str) -> Recipe:
+        """This recipe with ``role``'s option (rules 3-6) set to ``option``."""
+        return replace(self, **{_ROLE_OPTION[role]: option})
+
     def as_dict(self) -> dict[str, str]:
         """The options as recorded; ``towers`` only when it is not the default ``keep``, ``target`` only when
-        it is not ``generic`` and ``quantizer`` only when it is not ``rtn`` (so the fingerprint of every such
-        recipe is what it was before the option existed)."""
+        it is not ``generic``, ``quantizer`` only when it is not ``rtn`` and ``budget`` only when given (so the
+        fingerprint of every such recipe is what it was before the option existed)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["target"] = self.target.name
+        if self.budget is None:
+            del d["budget"]
+        else:
+            d["budget"] = self.budget.as_dict()
         if d["towers"] == "keep":
             del d["towers"]
         if d["target"] == targets.GENERIC_NAME:

@@ -32,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import NamedTuple
 
-from colitools.converters import output, plan_record
+from colitools.converters import budget, output, plan_record
 from colitools.converters.diskfloor import DiskFloor
 from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger, ResumeState, remove_temporaries
@@ -53,8 +53,9 @@ LOCKFILE = LOCK_FILE
 SLOW_UNIT_ENV = "COLITOOLS_TEST_SLOW_UNIT_SECONDS"
 
 
-def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
-    """Read the source's config, weight map and shard headers, validate them and plan the conversion."""
+def load_plan(source: Source, options: ConvertOptions, out: Path | None = None) -> ConversionPlan:
+    """Read the source's config, weight map and shard headers, validate them and plan the conversion; under a
+    size budget, measure the source first (its cache in ``out``, converters/budget.py)."""
     config = source.read_json(CONFIG_FILE)
     weight_map = source.weight_map()
     shards = sorted(set(weight_map.values()))
@@ -65,7 +66,13 @@ def load_plan(source: Source, options: ConvertOptions) -> ConversionPlan:
     # a file the target's engine reads beside config.json (deepseek_v41: dsv41_engram.json), before any work
     recipe.target.check_source(config)
     recipe.target.check_side_files(config, lambda name: source.read_json(name) if name in files else None)
-    plan = plan_conversion(inventory, recipe)
+    if recipe.budget is not None:
+        plan, _ = budget.allocate(
+            source, inventory, recipe, out=out, dry_run=options.dry_run, usage=options.usage,
+            bar=lambda total: _bar(options, total, "measure"),
+        )  # fmt: skip
+    else:
+        plan = plan_conversion(inventory, recipe)
     plan.experts_choice = choice
     return plan
 
@@ -86,7 +93,7 @@ def plan_for(src: Source, out: Path, options: ConvertOptions) -> Planned:
     plan = plan_record.load_recorded(out, key)
     recorded = plan is not None
     if plan is None:
-        plan = load_plan(src, options)
+        plan = load_plan(src, options, out)
     else:
         say_native_decoded(plan.fallbacks)  # the line planning prints, printed by every run alike
     return Planned(plan, source_identities(src, plan), key, recorded)
@@ -240,7 +247,7 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
         format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
         fallbacks=[f.as_dict() for f in plan.fallbacks], warnings=run_warnings(plan),
         dropped_towers=list(plan.dropped),
-        experts_choice=_choice(plan),
+        experts_choice=_choice(plan), budget=plan.budget,
     )  # fmt: skip
     if options.dry_run:
         # what this run would read and write: the pending units' figures, as a real run counts them
@@ -468,23 +475,28 @@ def _sigint_blocked():
     """SIGINT blocked in this thread meanwhile: a process spawned now inherits the blocked mask (across exec), so
     a Ctrl-C to the process group while a worker is still importing stays pending there until ``_worker_init``
     ignores it (multiprocessing's resource tracker starts the same way); this process takes its own SIGINT when
-    the block ends (or at once, in another of its threads)."""
+    the block ends (or at once, in another of its threads). SIGHUP too: a closed terminal hangs up the whole
+    process group as a Ctrl-C interrupts it."""
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+_GROUP_SIGNALS = {signal.SIGINT, signal.SIGHUP}  # what reaches the whole process group: the parent stops for all
+
+
 def _worker_init(threads: int, parent_pid: int, on_kernels: bool) -> None:
-    """A worker ignores SIGINT (a Ctrl-C reaches the whole process group): the parent stops the conversion,
-    lets the units in flight finish and prints the one ``colitools: interrupted`` line."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a SIGINT pending since the spawn is discarded
+    """A worker ignores SIGINT and SIGHUP (a Ctrl-C, a closed terminal reach the whole process group): the parent
+    stops the conversion, lets the units in flight finish and prints its one line."""
+    for signum in _GROUP_SIGNALS:  # one pending since the spawn is discarded
+        signal.signal(signum, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _GROUP_SIGNALS)
     _die_with_parent(parent_pid)
     from colitools.formats import kernels
 

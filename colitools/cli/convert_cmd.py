@@ -38,6 +38,11 @@ _TOWERS_HELP = (
     "Multimodal towers: keep (source dtype, unchanged; the default unless the target drops them) or drop (listed "
     "in the manifest)."
 )
+_BUDGET_HELP = (
+    "instead of --experts / --dense / --embed / --mtp: every tensor's format chosen among those the target reads, "
+    "to least squared error (measured on the source first, cached in OUTDIR) within the budget "
+    "(docs/FORMATS.md §12)."
+)
 _KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
 _UPLOAD_HELP = (
     "Once the output is complete, upload it to this Hugging Face model repo (org/name) with a model card, as "
@@ -75,6 +80,18 @@ def convert_command(
     towers: Annotated[str | None, typer.Option("--towers", help=_TOWERS_HELP)] = None,
     target: Annotated[str | None, typer.Option("--target", help=_TARGET_HELP)] = None,
     quantizer: Annotated[str, typer.Option("--quantizer", help=_QUANTIZER_HELP)] = "rtn",
+    target_size: Annotated[
+        str | None,
+        typer.Option("--target-size", help=f"Output tensor bytes at most SIZE (25GiB, 380GB, 1.5TB, bytes), {_BUDGET_HELP}"),
+    ] = None,
+    target_bpw: Annotated[
+        float | None, typer.Option("--target-bpw", help=f"Output bits per weight at most BITS, {_BUDGET_HELP}")
+    ] = None,
+    usage: Annotated[
+        str | None,
+        typer.Option("--usage", help="With a budget: a routing history (.coli_usage / IKU1) weighting each routed "
+                     "expert by its share of its layer's selections."),
+    ] = None,
     min_free_gb: Annotated[
         float,
         typer.Option("--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."),
@@ -111,6 +128,7 @@ def convert_command(
     options = ConvertOptions(
         experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout, towers=towers,
         target=target if target is not None else targets_default, quantizer=quantizer,
+        target_size=target_size, target_bpw=target_bpw, usage=usage,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
         token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip

@@ -1,0 +1,402 @@
+"""Size budgets (``convert --target-size`` / ``--target-bpw``, docs/FORMATS.md §12, FORMATS-SPEC §10).
+
+Before any work: every tensor whose format the budget chooses (rules 3-6 of §6: routed experts, other 2-D
+weights, embeddings / head, MTP) is measured in each candidate format its target's engine reads (the recipe
+asked once per option, so a candidate that would fall back or repeat another is not offered); the squared error
+is what the conversion records for it (``unit_writer.encode_job`` + ``job_error``: its source read, encoded with
+the recipe's quantizer mode, decoded, ``error_stats.tensor_error``). ``converters/allocation.py`` then picks one
+option per tensor (per group where the target's engine needs one format for all routed experts), and the recipe
+carries the choice (``Recipe.budget``): the planner asks ``Recipe.tensor_option`` for every tensor.
+
+The measurements are cached in the output folder (``CACHE_FILE``, keyed by the source shards' identities, the
+quantizer mode, the target, the layout and the candidates), so a resume or another budget does not measure
+again; ``--dry-run`` reads the cache and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from colitools.converters import allocation
+from colitools.converters import recipe as rc
+from colitools.converters.inventory import Inventory
+from colitools.converters.plan_record import PLAN_FILE
+from colitools.converters.planner import (
+    ConversionPlan,
+    TensorJob,
+    is_dropped,
+    plan_conversion,
+    source_role,
+    written_jobs,
+)
+from colitools.converters.sources import Source
+from colitools.converters.unit_writer import ShardReader, _source_values, encode_job, job_error
+from colitools.formats import targets
+from colitools.formats.atomic import write_json_atomic
+from colitools.formats.errors import ParameterError, TargetRefused
+from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, MANIFEST_FILE
+from colitools.formats.format_names import NATIVE_OPTION
+from colitools.formats.jsonfile import load_json_object
+from colitools.formats.registry import parse_format_option
+
+CACHE_FILE = ".colitools-budget.json"  # the measurements, in the output folder
+CACHE_VERSION = 1
+# the candidates of a target that reads any format (§10): colibri.c's writable formats and mxfp4 (I % 32 == 0,
+# else it falls back and is not offered); a named target offers what its loader reads for the role
+CANDIDATES = ("int8-row", "int4-g32", "int4-g64", "int4-g128", "int4-row", "int3-g64", "int2-row", "mxfp4")
+# importance per role: 1.0 everywhere, not yet measured (docs/FORMATS.md §12 says so)
+ROLE_IMPORTANCE = {rc.Role.EXPERT: 1.0, rc.Role.DENSE: 1.0, rc.Role.EMBED: 1.0, rc.Role.MTP: 1.0}
+USAGE_FLOOR = 0.05  # the weight of a routed expert its history never selected (never 0)
+GROUP_EXPERTS = "routed experts"  # the one item of a target that needs one format for all routed experts
+
+
+@dataclass
+class Measured:
+    """One written tensor's measurements: ``options[option] = (bytes, sse)``; ``base`` its bytes in the
+    recipe's own option (what the budget's fixed cost subtracts)."""
+
+    role: rc.Role
+    layer: str
+    n: int
+    base: int
+    options: dict[str, tuple[int, float]] = field(default_factory=dict)
+    expert: int | None = None
+    layer_index: int | None = None
+
+
+def role_candidates(recipe: rc.Recipe, role: rc.Role) -> tuple[str, ...]:
+    """The options the budget may give a tensor of ``role``: ``CANDIDATES``, or what the target reads for the
+    role, less ``native``, passthrough formats and formats its engine has no reader for."""
+    allowed = recipe.target.allowed(rc._ROLE_OPTION[role])
+    pool = CANDIDATES if allowed is None else tuple(a for a in allowed if a != NATIVE_OPTION)
+    engine, out = recipe.target.engine_formats, []
+    for option in pool:
+        fmt = parse_format_option(option).fmt
+        if fmt.quantized and (not fmt.writable or (engine is not None and fmt.name not in engine)):
+            continue
+        out.append(option)
+    return tuple(out)
+
+
+def grouped_experts(recipe: rc.Recipe) -> bool:
+    """The target stacks its routed experts (merged blobs, fused stacks): one format for all of them."""
+    return recipe.target.experts in targets.EXPERT_READERS
+
+
+# ------------------------------------------------------------------------------------------ measurement
+def _offered(src, role: rc.Role, recipe: rc.Recipe, inventory: Inventory) -> list[tuple[str, TensorJob, dict]]:
+    """``src``'s jobs (recipe name, job in the recipe's option) and, per job, the candidate option -> job in it:
+    a candidate that falls back, or writes what an earlier one writes, is left out."""
+    base = written_jobs(src, role, recipe, inventory)
+    per_option = {}
+    for option in role_candidates(recipe, role):
+        try:
+            per_option[option] = written_jobs(src, role, recipe.with_option(role, option), inventory)
+        except TargetRefused:  # its loader cannot read this tensor so: not a candidate
+            continue
+    out = []
+    for k, (name, job) in enumerate(base):
+        offered, seen = {}, set()
+        for option, jobs in per_option.items():
+            t = jobs[k][1].target
+            key = (t.fmt, t.gs, t.quantizer, t.native)
+            if t.fallback is not None or key in seen:
+                continue
+            seen.add(key)
+            offered[option] = jobs[k][1]
+        out.append((name, job, offered))
+    return out
+
+
+def _measure_job(offered: dict[str, TensorJob], reader: ShardReader, block) -> dict[str, tuple[int, float]]:
+    """Each candidate's bytes and squared error, the source read once (as the unit writer reads it)."""
+    first = next(iter(offered.values()))
+    values, scale = _source_values(first, reader, block)
+    out = {}
+    for option, job in offered.items():
+        codes, scales = encode_job(job, values, scale, block, False)
+        err = job_error(job, values, scale, block, codes, scales)
+        out[option] = (job.out_bytes, err.sse if err is not None else 0.0)
+        del codes, scales
+    return out
+
+
+def _budget_jobs(inventory: Inventory, recipe: rc.Recipe):
+    """``(recipe name, role, job, offered)`` of every tensor the budget chooses for (two candidates or more)."""
+    nhl = inventory.num_hidden_layers
+    for name, src in inventory.tensors.items():
+        role = source_role(name, src, nhl)
+        if role not in rc.BUDGET_ROLES or is_dropped(role, recipe):
+            continue
+        for rname, job, offered in _offered(src, role, recipe, inventory):
+            if len(offered) >= 2:
+                yield rname, role, job, offered
+
+
+def measure(
+    source: Source, inventory: Inventory, recipe: rc.Recipe, cache: dict | None, bar: Callable[[int], Any]
+) -> tuple[dict[str, Measured], int]:
+    """Every budgeted tensor's ``Measured``, from ``cache`` (the file's ``tensors``) where it has the tensor,
+    else measured; and how many were measured. ParameterError (one line) when a shard is not on this machine
+    (a Hub source not in the Hugging Face cache)."""
+    block = inventory.fp8.block if inventory.fp8 else None
+    work = list(_budget_jobs(inventory, recipe))
+    todo = [w for w in work if cache is None or w[0] not in cache]
+    reader = ShardReader(_local_shards(source, {s for w in todo for s in w[2].shards}))
+    out: dict[str, Measured] = {}
+    with bar(sum(w[2].in_bytes for w in todo)) as progress:
+        try:
+            for rname, role, job, offered in work:
+                layer = rc.layer_of(rname)
+                m = Measured(role, layer.name if layer else "globals", job.O * job.I, job.out_bytes,
+                             expert=job.expert, layer_index=layer.index if layer else None)  # fmt: skip
+                known = (cache or {}).get(rname)
+                if known is not None and set(known) == set(offered):
+                    m.options = {k: (int(v[0]), float(v[1])) for k, v in known.items()}
+                else:
+                    m.options = _measure_job(offered, reader, block)
+                    progress.update(job.in_bytes)
+                out[rname] = m
+        finally:
+            reader.close()
+    return out, len(todo)
+
+
+def _local_shards(source: Source, shards: set[str]) -> dict[str, Path]:
+    paths = {}
+    for shard in sorted(shards):
+        local = source.local_copy(shard)
+        if local is None:
+            raise ParameterError(
+                f"`target_size` / `target_bpw` measure the source before converting and need its shards on this "
+                f"machine ({shard} is not: a Hub source not in the Hugging Face cache); download it first, or "
+                "convert it without a budget"
+            )
+        paths[shard] = local
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------ cache
+def cache_key(source: Source, inventory: Inventory, recipe: rc.Recipe) -> str:
+    """What the measurements depend on: the source shards' identities, the recipe without its budget (target,
+    layout, quantizer, options), the candidates per role."""
+    files = source.files()
+    key = {
+        "version": CACHE_VERSION,
+        "source": source.describe(),
+        "shards": {s: files[s].identity() for s in inventory.shards},
+        "recipe": replace(recipe, budget=None).as_dict(),
+        "quantizer_mode": recipe.quantizer_mode,
+        "candidates": {r.value: role_candidates(recipe, r) for r in rc.BUDGET_ROLES},
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_cache(out: Path | None, key: str) -> dict | None:
+    """The cached measurements of ``key`` (tensor -> option -> [bytes, sse]), None when there are none."""
+    path = out / CACHE_FILE if out is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = load_json_object(path)
+    except Exception:  # noqa: BLE001 - a damaged cache is measured again, never trusted
+        return None
+    return data.get("tensors") if data.get("key") == key and isinstance(data.get("tensors"), dict) else None
+
+
+def write_cache(out: Path, key: str, measured: dict[str, Measured]) -> None:
+    """The measurements into ``out`` (created), atomically; not into a folder holding anything but a colitools
+    conversion's files."""
+    if out.exists() and not (out / MANIFEST_FILE).exists():
+        ours = {LOCK_FILE, DOWNLOAD_DIR, PLAN_FILE, CACHE_FILE}
+        if any(p.name not in ours for p in out.iterdir()):
+            return  # a foreign folder: the ledger refuses it next, nothing of ours is left in it
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: {k: list(v) for k, v in m.options.items()} for name, m in measured.items()}
+    write_json_atomic(out / CACHE_FILE, {"version": CACHE_VERSION, "key": key, "tensors": tensors})
+
+
+# ------------------------------------------------------------------------------------------ importances
+def usage_weights(path: str | None, inventory: Inventory) -> tuple[dict[tuple[int, int], float], str | None]:
+    """``(layer, expert) -> share of its layer's selections x the layer's expert count`` (at least
+    ``USAGE_FLOOR``) from a routing history (``.coli_usage`` text or IKU1, formats/usage.py), and its sha256;
+    an expert of a layer without records is absent (weight 1)."""
+    if path is None:
+        return {}, None
+    from colitools.formats.model_config import model_type
+    from colitools.formats.usage import read_usage
+
+    history = read_usage(path, engine=model_type(inventory.config), explicit=True)
+    per_layer: dict[int, int] = defaultdict(int)
+    for (layer, _), n in history.counts.items():
+        per_layer[layer] += n
+    weights = {}
+    for layer, total in per_layer.items():
+        for e in range(history.n_experts):
+            share = history.count(layer, e) / total
+            weights[(layer, e)] = max(USAGE_FLOOR, share * history.n_experts)
+    return weights, hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def importance(m: Measured, usage: dict[tuple[int, int], float]) -> float:
+    """``imp_t``: the role's default, times a routed expert's usage weight."""
+    imp = ROLE_IMPORTANCE[m.role]
+    if m.role is rc.Role.EXPERT and m.expert is not None and m.layer_index is not None:
+        imp *= usage.get((m.layer_index, m.expert), 1.0)
+    return imp
+
+
+# ------------------------------------------------------------------------------------------- allocation
+def _items(
+    measured: dict[str, Measured], usage: dict, grouped: bool
+) -> tuple[list[allocation.Item], list[list[str]], list[list[str]]]:
+    """The solver's items (one per tensor; the routed experts as one item when ``grouped``), the tensor names
+    of each, and the option names of each item's options."""
+    names = sorted(measured)
+    groups: list[list[str]] = []
+    experts = [n for n in names if grouped and measured[n].role is rc.Role.EXPERT]
+    if experts:
+        groups.append(experts)
+    groups += [[n] for n in names if n not in set(experts)]
+    items, options = [], []
+    for g in groups:
+        common = [o for o in measured[g[0]].options if all(o in measured[n].options for n in g)]
+        opts = tuple(
+            (sum(measured[n].options[o][0] for n in g),
+             sum(importance(measured[n], usage) * measured[n].options[o][1] for n in g))
+            for o in common
+        )  # fmt: skip
+        items.append(allocation.Item(GROUP_EXPERTS if len(g) > 1 else g[0], opts))
+        options.append(common)
+    return items, groups, options
+
+
+def budget_bytes(recipe: rc.Recipe, base: ConversionPlan) -> int:
+    """The budget in bytes of tensor data: ``target_size``, or ``target_bpw`` x the elements of every written
+    float weight (the base plan's tensors but copied non-float ones) / 8."""
+    b = recipe.budget
+    if b.size is not None:
+        return b.size
+    elements = sum(math.prod(j.shape) for u in base.units for j in u.jobs if j.role is not rc.Role.COPY)
+    return int(b.bpw * elements / 8)
+
+
+def data_bytes(plan: ConversionPlan) -> int:
+    """The output's tensor data bytes (``metadata.total_size``, the planar sidecar's too)."""
+    return sum(f.data_size for f in plan.files)
+
+
+def allocate(
+    source: Source, inventory: Inventory, recipe: rc.Recipe, *, out: Path | None, dry_run: bool,
+    usage: str | None, bar: Callable[[int], Any],
+) -> tuple[ConversionPlan, dict]:  # fmt: skip
+    """Measure (or read the cache), allocate and plan: the conversion's plan under ``recipe.budget``, and the
+    allocation's report (``ConversionPlan.budget``)."""
+    started = time.monotonic()
+    weights, usage_sha = usage_weights(usage, inventory)
+    recipe = replace(recipe, budget=replace(recipe.budget, usage=usage_sha))
+    base = plan_conversion(inventory, recipe)
+    key = cache_key(source, inventory, recipe)
+    measured, fresh = measure(source, inventory, recipe, read_cache(out, key), bar)
+    if fresh and out is not None and not dry_run:
+        write_cache(out, key, measured)
+    measure_s = time.monotonic() - started
+    items, groups, options = _items(measured, weights, grouped_experts(recipe))
+    fixed = data_bytes(base) - sum(measured[n].base for g in groups for n in g)
+    target = budget_bytes(recipe, base)
+    b = recipe.budget
+    label = f"`target_size={b.size}`" if b.size is not None else f"`target_bpw={b.bpw:g}`"
+    sol = allocation.solve(items, fixed, target, label)
+    chosen = {n: options[i][k] for i, k in enumerate(sol.choice) for n in groups[i]}
+    recipe = _allocated_recipe(recipe, chosen, measured, grouped_experts(recipe))
+    plan = plan_conversion(inventory, recipe)
+    achieved = data_bytes(plan)
+    if achieved > target:  # pragma: no cover - the byte arithmetic of the measurement is the planner's own
+        raise ParameterError(f"`target_size`: the allocation writes {achieved} bytes, over the {target} asked")
+    report = _report(recipe, plan, measured, weights, chosen, sol, target, achieved)
+    report["measurement"] = {"tensors": len(measured), "measured": fresh, "cached": len(measured) - fresh,
+                             "seconds": round(measure_s, 3)}  # fmt: skip
+    plan.budget = report
+    return plan, report
+
+
+def _allocated_recipe(recipe: rc.Recipe, chosen: dict[str, str], measured: dict[str, Measured],
+                      grouped: bool) -> rc.Recipe:  # fmt: skip
+    """The recipe that writes ``chosen``: per tensor in ``Budget.formats``, and a grouped target's routed
+    experts' one option as its ``experts``."""
+    experts = {o for n, o in chosen.items() if measured[n].role is rc.Role.EXPERT}
+    if grouped and experts:
+        recipe = recipe.with_option(rc.Role.EXPERT, experts.pop())
+        chosen = {n: o for n, o in chosen.items() if measured[n].role is not rc.Role.EXPERT}
+    return replace(recipe, budget=replace(recipe.budget, formats=tuple(sorted(chosen.items()))))
+
+
+def _report(recipe: rc.Recipe, plan: ConversionPlan, measured: dict[str, Measured], usage: dict,
+            chosen: dict[str, str], sol: allocation.Solution, target: int, achieved: int) -> dict:  # fmt: skip
+    """The allocation as ``--dry-run`` prints it and ``colitools.json`` records it: the budget, the sizes, the
+    objective, per role and layer (formats, bytes, bits per weight, predicted squared error) and per tensor."""
+    rows: dict[tuple[str, str], dict] = {}
+    tensors = {}
+    for name in sorted(chosen):
+        m, option = measured[name], chosen[name]
+        nbytes, sse = m.options[option]
+        imp = importance(m, usage)
+        tensors[name] = {"format": option, "bytes": nbytes, "sse": sse, "importance": imp}
+        row = rows.setdefault((m.role.value, m.layer), {"role": m.role.value, "layer": m.layer, "formats": {},
+                                                         "tensors": 0, "bytes": 0, "elements": 0, "sse": 0.0})
+        row["formats"][option] = row["formats"].get(option, 0) + 1
+        row["tensors"] += 1
+        row["bytes"] += nbytes
+        row["elements"] += m.n
+        row["sse"] += sse
+    for row in rows.values():
+        row["bits_per_weight"] = round(8 * row["bytes"] / row["elements"], 4) if row["elements"] else 0.0
+    b = recipe.budget
+    return {
+        **({"target_size": b.size} if b.size is not None else {"target_bpw": b.bpw}),
+        "budget_bytes": target,
+        "achieved_bytes": achieved,
+        "smallest_bytes": sol.smallest,
+        "largest_bytes": sol.largest,
+        "objective": rc.BUDGET_OBJECTIVE,
+        "predicted_error": sol.cost,
+        "importance": {r.value: v for r, v in ROLE_IMPORTANCE.items()},
+        "usage_sha256": b.usage,
+        "per_role_layer": sorted(rows.values(), key=lambda r: (r["role"], _layer_order(r["layer"]))),
+        "tensors": tensors,
+    }
+
+
+def _layer_order(layer: str) -> tuple[int, str, int]:
+    head, _, tail = layer.rpartition(".")
+    return (0, layer, 0) if not tail.isdigit() else (1, head, int(tail))
+
+
+def report_lines(report: dict) -> list[str]:
+    """The allocation in text (``--dry-run`` and the summary): the budget line, then one line per role and
+    layer."""
+    from colitools.converters.diskfloor import gb
+
+    m = report.get("measurement", {})
+    lines = [
+        f"budget: {gb(report['achieved_bytes'])} of {gb(report['budget_bytes'])} "
+        f"({report['achieved_bytes']} of {report['budget_bytes']} bytes; achievable "
+        f"{report['smallest_bytes']}..{report['largest_bytes']}), predicted weighted squared error "
+        f"{report['predicted_error']:.6g}; measured {m.get('measured', 0)} tensors, {m.get('cached', 0)} cached, "
+        f"{m.get('seconds', 0):.1f} s"
+    ]
+    for row in report["per_role_layer"]:
+        fmts = ", ".join(f"{k} x{v}" for k, v in sorted(row["formats"].items()))
+        lines.append(
+            f"  {row['role']:<7} {row['layer']:<24} {fmts:<40} {gb(row['bytes']):>10} "
+            f"{row['bits_per_weight']:.3f} bpw  sse {row['sse']:.4g}"
+        )
+    return lines
