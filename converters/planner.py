@@ -334,7 +334,6 @@ class ConversionPlan:
             "format_totals": self.format_totals(),
             "fallbacks": [f.as_dict() for f in self.fallbacks],
             "dropped_towers": list(self.dropped),
-            **({"budget": self.budget} if self.budget is not None else {}),
         }  # fmt: skip
 
 

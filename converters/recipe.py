@@ -44,6 +44,7 @@ from colitools.formats.names import (
     parse_name,
     shared_stack,
 )
+from colitools.formats.quantizers import QUANTIZERS, RTN, mode_for
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
@@ -53,7 +54,6 @@ from colitools.formats.registry import (
     parse_format_option,
     writer_group_size,
 )
-from colitools.formats.quantizers import QUANTIZERS, RTN, mode_for
 from colitools.formats.source_encodings import SourceEncoding
 
 LAYOUTS = layouts.OPTION_NAMES  # the --layout values (formats/layouts.py)

@@ -4,12 +4,18 @@ under ``target_size`` against the uniform recipe of the same size."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from colitools.converters.allocation import Item, lower_hull, solve
-from colitools.formats.errors import ParameterError
+from colitools.converters.options import ConvertOptions
+from colitools.converters.runner import convert
+from colitools.formats.errors import ConvertError, ParameterError
 
 
 def _brute(items, fixed, budget):
@@ -95,3 +101,155 @@ def test_unreachable_budget_names_both_sizes():
         solve(HAND, 7, 31)
     with pytest.raises(ParameterError, match=r"smallest achievable size is 32 bytes"):
         solve(HAND, 7, 133)
+
+
+# ------------------------------------------------------------------------------------ whole conversions
+ORACLES = Path(__file__).resolve().parents[2] / "oracles"
+UNIFORM = dict.fromkeys(("experts", "dense", "embed", "mtp"), "int3-g64")
+
+
+def _index_size(folder: Path) -> int:
+    return json.loads((folder / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+
+
+def _recorded_sse(folder: Path) -> dict[str, float]:
+    """Each written tensor's squared error as the conversion recorded it (``units[key]["errors"]``)."""
+    units = json.loads((folder / "colitools.json").read_text())["units"]
+    return {name: e[1] for u in units.values() for name, e in u.get("errors", {}).items()}
+
+
+def _convert(src: Path, out: Path, **kw):
+    return convert(str(src), out, ConvertOptions(progress=False, **kw))
+
+
+@pytest.mark.parametrize("fixture", ["olmoe", "qwen3_moe"])
+def test_budget_at_uniform_int3_size(tmp_path, fixture):
+    src = ORACLES / fixture
+    _convert(src, tmp_path / "uniform", **UNIFORM)
+    budget = _index_size(tmp_path / "uniform")  # the size of the real uniform int3-g64 conversion
+    summary = _convert(src, tmp_path / "budget", target_size=budget)
+    achieved = _index_size(tmp_path / "budget")
+    assert 0.99 * budget <= achieved <= budget
+    assert summary.budget["achieved_bytes"] == achieved and summary.budget["budget_bytes"] == budget
+    uniform, budgeted = _recorded_sse(tmp_path / "uniform"), _recorded_sse(tmp_path / "budget")
+    assert set(uniform) == set(budgeted)
+    # every importance is 1 (no usage history): the objective is the plain total squared error
+    assert sum(budgeted.values()) <= sum(uniform.values())
+    # what the allocation predicted per tensor is what the conversion measured as it wrote
+    report = json.loads((tmp_path / "budget/colitools.json").read_text())["budget"]
+    for name, t in report["tensors"].items():
+        assert t["sse"] == pytest.approx(budgeted[name], rel=1e-12, abs=1e-12)
+    assert report["predicted_error"] == pytest.approx(sum(t["sse"] for t in report["tensors"].values()))
+
+
+def test_budget_beats_uniform_on_qwen3_moe(tmp_path):
+    # qwen3_moe's tensors differ enough that mixing formats pays: strictly less error at the same size
+    src = ORACLES / "qwen3_moe"
+    _convert(src, tmp_path / "uniform", **UNIFORM)
+    _convert(src, tmp_path / "budget", target_size=_index_size(tmp_path / "uniform"))
+    uniform, budgeted = _recorded_sse(tmp_path / "uniform"), _recorded_sse(tmp_path / "budget")
+    assert sum(budgeted.values()) < 0.95 * sum(uniform.values())
+
+
+def test_target_bpw_counts_every_float_element(tmp_path):
+    from safetensors.numpy import load_file
+
+    src = ORACLES / "olmoe"
+    elements = sum(a.size for a in load_file(str(src / "model.safetensors")).values())  # all float, none dropped
+    summary = _convert(src, tmp_path / "o", target_bpw=3.3)
+    assert summary.budget["budget_bytes"] == int(3.3 * elements / 8)
+    assert 0.99 * summary.budget["budget_bytes"] <= _index_size(tmp_path / "o") <= summary.budget["budget_bytes"]
+
+
+def test_unreachable_budget_is_one_line_exit_2(tmp_path):
+    with pytest.raises(ParameterError, match=r"^`target_size=1000` \(1000 bytes\) is unreachable: the smallest "
+                       r"achievable size is \d+ bytes and the largest \d+ bytes$") as exc:  # fmt: skip
+        _convert(ORACLES / "olmoe", tmp_path / "o", target_size=1000)
+    assert exc.value.exit_code == 2
+    # refused before any output: only the measurements are kept, for the next budget
+    assert [p.name for p in (tmp_path / "o").iterdir()] == [".colitools-budget.json"]
+    run = subprocess.run(
+        [sys.executable, "-m", "colitools", "convert", str(ORACLES / "olmoe"), str(tmp_path / "o"),
+         "--target-size", "1TB"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "--target-size 1000000000000" in run.stderr, run.stderr
+    assert "largest" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"target_size": "25GiB", "target_bpw": 3.0}, "two budgets"),
+        ({"target_size": "25GiB", "experts": "int4-row"}, "replaces `experts=int4-row`"),
+        ({"target_bpw": 0.0}, "bits per weight"),
+        ({"target_size": "12 parsecs"}, "a size such as"),
+        ({"usage": "x.coli_usage"}, "`usage` weights a size budget"),
+    ],
+)
+def test_contradictions_refused(kw, message):
+    with pytest.raises(ParameterError, match=message):
+        ConvertOptions(**kw)
+
+
+def test_cache_reused_and_another_budget_refuses_to_mix(tmp_path):
+    src, out = ORACLES / "olmoe", tmp_path / "o"
+    first = _convert(src, out, target_size=100_000)
+    n = first.budget["measurement"]["tensors"]
+    assert first.budget["measurement"]["measured"] == n > 0
+    cache = out / ".colitools-budget.json"
+    stamp = cache.stat().st_mtime_ns
+    again = _convert(src, out, target_size=100_000)  # the complete output: nothing converted, nothing measured
+    assert again.units_converted == 0
+    assert again.budget["measurement"] == {**again.budget["measurement"], "measured": 0, "cached": n}
+    # another budget, in another folder holding the cache only: measured from the cache, not again
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / cache.name).write_bytes(cache.read_bytes())
+    other = _convert(src, tmp_path / "p", target_size=90_000)
+    assert other.budget["measurement"]["measured"] == 0
+    assert _index_size(tmp_path / "p") <= 90_000
+    assert cache.stat().st_mtime_ns == stamp
+    with pytest.raises(ConvertError, match="another recipe .*budget"):
+        _convert(src, out, target_size=90_000)  # this folder holds the 100 kB allocation: not mixed
+
+
+def test_usage_history_weights_routed_experts(tmp_path):
+    from colitools.formats.usage import UsageHistory, write_usage
+
+    src = ORACLES / "olmoe"  # 2 layers x 6 experts
+    counts = {(0, 0): 90, (0, 1): 10}  # layer 0: expert 0 has 90% of the selections; layer 1 has no records
+    write_usage(tmp_path / "u.coli_usage", UsageHistory(2, 6, None, counts))
+    summary = _convert(src, tmp_path / "o", target_size=100_000, usage=str(tmp_path / "u.coli_usage"))
+    assert "tensors" not in summary.to_dict()["budget"]  # per tensor: colitools.json and --dry-run --json
+    recorded = json.loads((tmp_path / "o/colitools.json").read_text())["budget"]["tensors"]
+    imp = {n: t["importance"] for n, t in recorded.items()}
+    hot = "model.layers.0.mlp.experts.0.down_proj.weight"
+    assert imp[hot] == pytest.approx(0.9 * 6)
+    assert imp["model.layers.0.mlp.experts.1.up_proj.weight"] == pytest.approx(0.1 * 6)
+    assert imp["model.layers.0.mlp.experts.5.up_proj.weight"] == 0.05  # never selected: the floor, not 0
+    assert imp["model.layers.1.mlp.experts.5.up_proj.weight"] == 1.0  # a layer without records
+    assert imp["model.layers.0.self_attn.q_proj.weight"] == 1.0
+
+
+def test_dry_run_prints_the_allocation_and_writes_nothing(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "colitools", "convert", str(ORACLES / "olmoe"), str(tmp_path / "o"),
+         "--target-size", "100kB", "--dry-run"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert not (tmp_path / "o").exists()
+    lines = run.stdout.splitlines()
+    budget = next(line for line in lines if line.startswith("budget: "))
+    assert "of 100.00 kB" in budget and "measured 46 tensors" in budget
+    rows = [line.split() for line in lines if line.startswith("  expert ") or line.startswith("  dense ")]
+    assert {r[1] for r in rows} == {"model.layers.0", "model.layers.1"}
+    assert all(r[-3] == "bpw" and r[-2] == "sse" for r in rows)
+    js = subprocess.run(
+        [sys.executable, "-m", "colitools", "convert", str(ORACLES / "olmoe"), str(tmp_path / "o"),
+         "--target-size", "100kB", "--dry-run", "--json"], capture_output=True, text=True,
+    )  # fmt: skip
+    plan = json.loads(js.stdout)
+    tensors = plan["budget"]["tensors"]
+    assert len(tensors) == 46
+    assert sum(t["bytes"] for t in tensors.values()) <= 100_000
+    assert not (tmp_path / "o").exists()
