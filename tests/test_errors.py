@@ -102,7 +102,7 @@ def test_the_rename_check_sees_a_rename():
 
 
 def test_exit_codes_per_class_are_the_documented_ones():
-    """README "Exit codes": 1 an error that stopped the command; 2 a usage error (an option value outside its range
+    """docs/CLI.md "Exit codes": 1 an error that stopped the command; 2 a usage error (an option value outside its range
     or choices, a --target refusal) and a mirror stage out of space; 3 convert --on-low-disk stop at the disk
     floor."""
     codes = {

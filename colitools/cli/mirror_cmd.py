@@ -1,4 +1,4 @@
-"""``colitools mirror plan | stage | verify``: dual-SSD mirrors driven by routing history (README "Mirrors").
+"""``colitools mirror plan | stage | verify``: dual-SSD mirrors driven by routing history (docs/CLI.md "mirror").
 
 Exit codes: plan and stage 0 when admitted (and, for stage, verified), 2 when not admitted (nothing copied),
 1 on error; verify 0 when ready, 4 when not, 1 on error; stage 4 if its final verify fails, 2 when the mirror

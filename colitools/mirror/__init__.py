@@ -1,1 +1,1 @@
-"""Dual-SSD mirrors: plan, stage, verify (README "Mirrors")."""
+"""Dual-SSD mirrors: plan, stage, verify (docs/CLI.md "mirror")."""

@@ -1,6 +1,6 @@
 """Durable file operations of the mirror: sha256 of a file, the verified copy, atomic JSON, directory fsync.
 
-The verified copy (README "Mirrors" (stage)) writes a hidden temporary file next to the target (exclusive create),
+The verified copy (docs/CLI.md "mirror" (stage)) writes a hidden temporary file next to the target (exclusive create),
 hashing every buffer it writes, fsyncs it, re-hashes the temporary file and compares, then renames it over the
 target and fsyncs the directory. A copy killed at any point leaves at most the temporary file, which the next
 stage removes.
@@ -432,7 +432,7 @@ def copy_verified(
     guard_every: int = 256 << 20,
     reread_from_device: bool = False,
 ) -> str:
-    """Copy ``source`` to ``target`` as README "Mirrors" (stage) requires; returns the sha256 of the bytes copied.
+    """Copy ``source`` to ``target`` as docs/CLI.md "mirror" (stage) requires; returns the sha256 of the bytes copied.
 
     :func:`copy_to_temp` then :func:`publish_copy`: temporary file (exclusive create), hashed while written,
     fsynced, re-hashed and compared, renamed over the target, directory fsynced. Runs in the calling thread

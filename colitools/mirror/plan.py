@@ -1,4 +1,4 @@
-"""``mirror plan``: choose the shards worth copying to a second drive (README "Mirrors" (plan)).
+"""``mirror plan``: choose the shards worth copying to a second drive (docs/CLI.md "mirror" (plan)).
 
 The benefit of a shard is the usage-weighted bytes of the routed experts it would serve from the mirror:
 ``sum(count(layer, expert) * bytes_of_that_expert_in_the_shard)``, counting an expert only once its routed
@@ -75,7 +75,7 @@ def select_shards(
     room_bytes: int | None = None,
     present: frozenset[str] = frozenset(),
 ) -> list[PlannedFile]:
-    """The greedy knapsack of the mirror plan (README "Mirrors") over whole shards, in the order they are chosen.
+    """The greedy knapsack of the mirror plan (docs/CLI.md "mirror") over whole shards, in the order they are chosen.
 
     ``room_bytes`` (optional) also bounds the bytes still to copy (free space above the reserve); shards named
     in ``present`` are already on the mirror and cost no room.

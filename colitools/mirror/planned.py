@@ -1,7 +1,7 @@
 """A planned mirror: the plan ``mirror stage`` records in the mirror directory (``.colibri-mirror-plan.json``,
 ``plan.to_json()``), read back to say which experts the plan put on the mirror (``usage show`` marks them).
 
-An expert is on the mirror when its routed tensor (the one the engine assigns drives by, README "Mirrors") is in
+An expert is on the mirror when its routed tensor (the one the engine assigns drives by, docs/CLI.md "mirror") is in
 one of the plan's files: the same rule the plan's benefit and its read prediction use.
 """
 

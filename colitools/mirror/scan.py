@@ -1,4 +1,4 @@
-"""Which routed experts each shard holds, and how many bytes of each (README "Mirrors" (plan), first step).
+"""Which routed experts each shard holds, and how many bytes of each (docs/CLI.md "mirror" (plan), first step).
 
 A routed-expert tensor is a per-expert tensor of an MoE layer (docs/FORMATS.md §4 names, parsed by the tensor-name
 map ``colitools.formats.names``; its ``MOE_BLOCKS`` and ``PROJECTIONS`` hold the spellings)::

@@ -1,4 +1,4 @@
-"""``mirror stage``: copy the planned shards to the mirror, verified, atomic and resumable (README "Mirrors" (stage)).
+"""``mirror stage``: copy the planned shards to the mirror, verified, atomic and resumable (docs/CLI.md "mirror" (stage)).
 
 Order of work: recompute the plan and refuse (nothing copied) without usage history, without a selection or
 when copying would leave less than the reserve free; take the mirror's lock and remove temporary files a killed

@@ -1,4 +1,4 @@
-"""``mirror verify``: is a mirror ready, file by file (README "Mirrors" (verify)).
+"""``mirror verify``: is a mirror ready, file by file (docs/CLI.md "mirror" (verify)).
 
 Receipt mode (the mirror has ``.colibri-mirror.json``): the receipt's schema and file names are checked first
 (a bare ``*.safetensors`` name: no path separators, no ``..``, no duplicates; entries failing this are never

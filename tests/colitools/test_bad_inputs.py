@@ -6,7 +6,7 @@ fixtures); each case copies what it needs, damages one file or one option value 
 JSON, wrong types, huge / negative numbers, deep nesting, unicode, missing files, wrong option values, and
 issue 24's classes in ``bad_input_classes.py``: lone surrogates and odd text in every name field, file names
 leaving the folder, huge declared sizes and geometries, integer and NaN tensors in every role) and runs the real
-console script with a timeout. Every case must end with an exit code from README's table, no traceback on
+console script with a timeout. Every case must end with an exit code from docs/CLI.md's table, no traceback on
 stderr, and a refusal (exit 1 or 2) must be exactly one line ``colitools: error: ...``; a case whose class must
 be refused (``EXPECT``) must not exit 0, and the valid MXFP8 fixture must be read by every reader (exit 0). The
 cases run two at a time; the same seed always gives the same cases.
@@ -46,7 +46,7 @@ SIDECAR_LAYER = "experts-int4g64/layer-000.safetensors"
 CASES_ENV = "COLITOOLS_BAD_INPUT_CASES"  # the number of cases (default: the table's own counts)
 REPORT_ENV = "COLITOOLS_BAD_INPUT_REPORT"  # write the figures to this JSON file
 
-# README "Exit codes": 0 success, 1 error, 2 usage error / plan not admitted, 3 disk floor (convert), 4 found
+# docs/CLI.md "Exit codes": 0 success, 1 error, 2 usage error / plan not admitted, 3 disk floor (convert), 4 found
 # problems (verify, mirror verify, mirror stage's final verify)
 EXIT_CODES = {0, 1, 2, 3, 4}
 

@@ -1,7 +1,7 @@
 """The CLI boundary (issue 24 items 11, 14, 18, 9; issue 23 step 9): option values outside their range or choices
 are usage errors (exit 2), every command with ``--json`` prints one JSON object when it fails, library messages
 name parameters and the CLI prints them as the command's flags, a Ctrl-C while the CLI is still importing is one
-line, and the help and README say what the commands accept.
+line, and the help and docs/CLI.md say what the commands accept.
 
 Everything runs the real console script in a subprocess, with real files and real signals.
 """
@@ -297,18 +297,20 @@ def test_convert_help_names_every_kind_of_source():
         assert kind in text, kind
 
 
-def test_readme_lists_every_format_option_and_the_natively_quantized_sources():
+def test_cli_reference_lists_every_format_option_and_the_natively_quantized_sources():
     from colitools.formats.format_names import RECIPE_FORMAT_NAMES
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    convert = readme[readme.index("## Convert") : readme.index("## Inspect and verify")]
+    reference = (REPO / "docs" / "CLI.md").read_text(encoding="utf-8")
+    convert = reference[reference.index("## `convert`") : reference.index("## `inspect`")]
     for name in RECIPE_FORMAT_NAMES:
         spelled = "int4-g{16,32,48,64,96,128,192,256}" if name.startswith("int4-g") else name
         assert f"`{spelled}`" in convert, name
     assert "--experts native" in convert
     for kind in ("MXFP4", "INT4", "compressed-tensors", "NVFP4", "MXFP8", "FP8"):
         assert kind in convert, kind
-    assert '{"ok": false, "error": ' in readme  # the --json failure object
+    assert '{"ok": false, "error": ' in reference  # the --json failure object
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "(docs/CLI.md)" in readme  # the front door links the reference
 
 
 # ------------------------------------------------------------------------------------------ step 9
