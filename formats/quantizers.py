@@ -12,10 +12,10 @@ Decoders never see the choice: int8-row, int4-row, int4-grouped, int2-row and in
    positive scales only, ``t = lo + d`` for a negative ``x`` and ``hi + d`` for a positive one; ``iscale = t / x``
    (float32 division), codes ``l = clip(rint(w * iscale), lo, hi)`` (float32 product).
 3. **Least-squares refit** of each candidate (a candidate whose ``iscale`` is not finite is skipped), in exact
-   integer arithmetic so that its sums have no order: the group's values in fixed point, ``qw = rint(w * 2^(20 -
-   e))`` (float64 product, an integer of at most 20 bits) with ``e`` the exponent of ``amax`` (``frexp``: ``amax =
-   m * 2^e``, ``0.5 <= m < 1``); ``sx = sum(l * qw)``, ``s2 = sum(l * l)`` as 64-bit integers; score
-   ``float64(sx)^2 / float64(s2)``, scale ``float64(sx) / float64(s2) * 2^(e - 20)`` rounded to float32. The
+   integer arithmetic so that its sums have no order: the group's values in fixed point, ``qw = rint(w * 2^(16 -
+   e))`` (float64 product, an integer of at most 16 bits) with ``e`` the exponent of ``amax`` (``frexp``: ``amax =
+   m * 2^e``, ``0.5 <= m < 1``); ``sx = sum(l * qw)``, ``s2 = sum(l * l)`` as exact integers; score
+   ``float64(sx)^2 / float64(s2)``, scale ``float64(sx) / float64(s2) * 2^(e - 16)`` rounded to float32. The
    candidate of the highest score wins (the first on a tie; none when ``s2 == 0``).
 4. **Codes of the written scale**: ``v = clip(rint(w / s), lo, hi)`` (float32 true division, as rtn), so the
    codes are always the best for the scale written.
@@ -45,10 +45,10 @@ QUANTIZERS = (RTN, MSE)  # what a user chooses (``convert --quantizer``)
 MSE_POSITIVE = "mse-positive"
 MODES = (RTN, MSE, MSE_POSITIVE)
 LANES = 8
-# Offsets of the target code from the end of the code range; 9 candidates measured as good as llama.cpp's 19
-# (0.1 steps) within 0.002 of relative RMSE on Gaussian / Laplace / Student-t(4) int4-g64, at half the cost
-# (bench/quality.py's synthetic table).
-CANDIDATE_OFFSETS = tuple(0.2 * k for k in range(-4, 5))
+# Offsets of the target code from the end of the code range. Measured on Gaussian / Laplace / Student-t(4)
+# [256, 1024] weights: llama.cpp's 19 (0.1 steps) and these 5 give the same relative RMSE within 0.003 for
+# int4-g64 / int4-row / int3-g64 / int2-row (9 at 0.2 steps: within 0.001 of these 5), at a quarter of the cost.
+CANDIDATE_OFFSETS = tuple(0.4 * k for k in range(-2, 3))
 
 
 def signed(mode: str) -> bool:
@@ -100,7 +100,7 @@ def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarra
         return _mse_groups(w, lo, hi, signed)
 
 
-FIXED_BITS = 20  # step 3's fixed point: |qw| <= 2^20
+FIXED_BITS = 16  # step 3's fixed point: |qw| <= 2^16
 
 
 def _mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:

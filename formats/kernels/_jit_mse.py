@@ -1,6 +1,7 @@
 """The numba kernel of the ``mse`` group search (``formats/quantizers.py``, FORMATS §11), byte-identical to
 ``quantizers.mse_groups``: the same float32 products and true divisions, round half to even, the candidates'
-refit sums exact (32-bit products of codes and 20-bit fixed-point values, 64-bit sums: no order to follow, so LLVM's
+refit sums exact (32-bit products of codes and 16-bit fixed-point values, 32-bit sums of 64 of them, 64-bit sums
+of those: no order to follow, so LLVM's
 loop vectoriser takes those loops whole, as it takes the divisions' loops), the float64 error sums in the
 reference's lane order, the same strict comparisons. numba without fastmath neither
 reassociates float sums nor contracts them (no FMA); the property tests compare the two byte for byte.
@@ -18,7 +19,8 @@ from colitools.formats.kernels.aot import export
 
 _FLOOR = np.float32(1e-8)  # quantizers.SCALE_FLOOR
 _LANES = 8  # quantizers.LANES
-_FIXED_BITS = 20  # quantizers.FIXED_BITS
+_FIXED_BITS = 16  # quantizers.FIXED_BITS
+_CHUNK = 64  # 64 * 128 * 2^16 < 2^31: a chunk's sum of products fits int32
 _MAGIC32 = np.float32(12582912.0)  # 1.5 * 2^23: float32 rounding to an integer, ties to even
 _MAGIC64 = 6755399441055744.0  # 1.5 * 2^52: the same in float64
 
@@ -35,21 +37,27 @@ def _rint_clip(y, flo, fhi):
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _fixed(row, f, qw):
-    """``qw = rint(w * f)`` in float64 (``|w * f| <= 2^20``: the magic constant rounds exactly)."""
+    """``qw = rint(w * f)`` in float64 (``|w * f| <= 2^16``: the magic constant rounds exactly)."""
     for k in range(row.size):
         qw[k] = np.int32((np.float64(row[k]) * f + _MAGIC64) - _MAGIC64)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _candidate(row, qw, iscale, flo, fhi):
-    """``(sum(l * qw), sum(l * l))`` of the codes ``l = clip(rint(w * iscale))``, exact: ``|l * qw| <= 2^27`` in
-    int32, the sums in int64."""
+    """``(sum(l * qw), sum(l * l))`` of the codes ``l = clip(rint(w * iscale))``, exact: ``|l * qw| <= 2^23``, so
+    a chunk of ``_CHUNK`` elements sums in int32 (8 lanes wide) and the chunks in int64."""
     sx = np.int64(0)
     s2 = np.int64(0)
-    for k in range(row.size):
-        lk = np.int32(_rint_clip(np.float32(row[k] * iscale), flo, fhi))
-        sx += np.int64(lk * qw[k])
-        s2 += np.int64(lk * lk)
+    n = row.size
+    for c0 in range(0, n, _CHUNK):
+        a = np.int32(0)
+        b = np.int32(0)
+        for k in range(c0, min(c0 + _CHUNK, n)):
+            lk = np.int32(_rint_clip(np.float32(row[k] * iscale), flo, fhi))
+            a += lk * qw[k]
+            b += lk * lk
+        sx += a
+        s2 += b
     return sx, s2
 
 

@@ -73,7 +73,7 @@ def spec_group(w: list[float], lo: int, hi: int, signed: bool) -> tuple[float, l
         sx = sum(c * q for c, q in zip(codes, qw))
         s2 = sum(c * c for c in codes)
         if s2 > 0 and float(sx) * float(sx) / float(s2) > best:
-            best, s_best = float(sx) * float(sx) / float(s2), f32(float(sx) / float(s2) * 2.0 ** (e - 20))
+            best, s_best = float(sx) * float(sx) / float(s2), f32(float(sx) / float(s2) * 2.0 ** (e - quantizers.FIXED_BITS))
 
     def err(s: float, v: list[float]) -> float:
         return lane_sum([(f32(c * s) - x) ** 2 for c, x in zip(v, w)], float)
