@@ -170,3 +170,19 @@ def test_the_model_card_names_the_quantizer(outputs, quantizer):
     card = build_card(out, Manifest.load(out / "colitools.json"), "me/model", files, endpoint="https://hub.example")
     assert f"| quantizer | {quantizer} |" in card
     assert ("minimise the squared error" in card) == (quantizer == "mse")
+
+
+def test_the_planar_sidecar_gets_positive_scales(tmp_path):
+    """--layout planar is read by colibri's qwen38 planar loader, never run on negative scales: the recipe's
+    encoder mode is mse-positive (one mode per recipe, the main container's tensors included)."""
+    out = tmp_path / "planar"
+    _convert(out, "mse", layout="planar")
+    sidecar = sorted((out / "experts-int4g64").glob("layer-*.safetensors"))
+    assert sidecar
+    scales = []
+    for path in sidecar:
+        f = SafetensorsFile(path)
+        scales += [f.read(name).reshape(-1) for name in f.tensors if name.endswith(".qs")]
+        f.close()
+    scales = np.concatenate(scales)
+    assert scales.size > 0 and (scales > 0).all()
