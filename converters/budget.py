@@ -52,8 +52,11 @@ CACHE_VERSION = 1
 # the candidates of a target that reads any format (§10): colibri.c's writable formats and mxfp4 (I % 32 == 0,
 # else it falls back and is not offered); a named target offers what its loader reads for the role
 CANDIDATES = ("int8-row", "int4-g32", "int4-g64", "int4-g128", "int4-row", "int3-g64", "int2-row", "mxfp4")
-# importance per role: 1.0 everywhere, not yet measured (docs/FORMATS.md §12 says so)
-ROLE_IMPORTANCE = {rc.Role.EXPERT: 1.0, rc.Role.DENSE: 1.0, rc.Role.EMBED: 1.0, rc.Role.MTP: 1.0}
+# importance per role (docs/FORMATS.md §12): the mean KLD one unit of squared error costs in that role, relative
+# to the routed experts', measured by degrading one role at a time to int3-g64 (the others int8-row) on five
+# oracle families (``bench/budget.py --importance int3-g64 --seed 1``; geometric means 12.6 and 14.1, per family
+# 3-25x and 5-30x, bench/README.md). MTP layers are not run by the runtime, so not measured: the experts' 1.
+ROLE_IMPORTANCE = {rc.Role.EXPERT: 1.0, rc.Role.DENSE: 12.0, rc.Role.EMBED: 14.0, rc.Role.MTP: 1.0}
 USAGE_FLOOR = 0.05  # the weight of a routed expert its history never selected (never 0)
 GROUP_EXPERTS = "routed experts"  # the one item of a target that needs one format for all routed experts
 

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from colitools.converters.allocation import Item, lower_hull, solve
+from colitools.converters.budget import ROLE_IMPORTANCE
 from colitools.converters.options import ConvertOptions
+from colitools.converters.recipe import Role
 from colitools.converters.runner import convert
 from colitools.formats.errors import ConvertError, ParameterError
 
@@ -133,13 +135,21 @@ def test_budget_at_uniform_int3_size(tmp_path, fixture):
     assert summary.budget["achieved_bytes"] == achieved and summary.budget["budget_bytes"] == budget
     uniform, budgeted = _recorded_sse(tmp_path / "uniform"), _recorded_sse(tmp_path / "budget")
     assert set(uniform) == set(budgeted)
-    # every importance is 1 (no usage history): the objective is the plain total squared error
-    assert sum(budgeted.values()) <= sum(uniform.values())
-    # what the allocation predicted per tensor is what the conversion measured as it wrote
     report = json.loads((tmp_path / "budget/colitools.json").read_text())["budget"]
+    imp = {name: t["importance"] for name, t in report["tensors"].items()}
+    assert {imp[n] for n in imp if ".experts." in n} == {ROLE_IMPORTANCE[Role.EXPERT]}  # no usage history
+    assert imp["lm_head.weight"] == ROLE_IMPORTANCE[Role.EMBED]
+    assert imp["model.layers.1.self_attn.o_proj.weight"] == ROLE_IMPORTANCE[Role.DENSE]
+    # the objective, on what both conversions recorded as they wrote: never above the uniform recipe's
+    assert _weighted(budgeted, imp) <= _weighted(uniform, imp)
+    # what the allocation predicted per tensor is what the conversion measured as it wrote
     for name, t in report["tensors"].items():
         assert t["sse"] == pytest.approx(budgeted[name], rel=1e-12, abs=1e-12)
-    assert report["predicted_error"] == pytest.approx(sum(t["sse"] for t in report["tensors"].values()))
+    assert report["predicted_error"] == pytest.approx(_weighted(budgeted, imp))
+
+
+def _weighted(sse: dict[str, float], imp: dict[str, float]) -> float:
+    return sum(imp[n] * e for n, e in sse.items() if n in imp)  # (the F32 tensors: no error, not budgeted)
 
 
 def test_budget_beats_uniform_on_qwen3_moe(tmp_path):
@@ -148,7 +158,9 @@ def test_budget_beats_uniform_on_qwen3_moe(tmp_path):
     _convert(src, tmp_path / "uniform", **UNIFORM)
     _convert(src, tmp_path / "budget", target_size=_index_size(tmp_path / "uniform"))
     uniform, budgeted = _recorded_sse(tmp_path / "uniform"), _recorded_sse(tmp_path / "budget")
-    assert sum(budgeted.values()) < 0.95 * sum(uniform.values())
+    report = json.loads((tmp_path / "budget/colitools.json").read_text())["budget"]
+    imp = {name: t["importance"] for name, t in report["tensors"].items()}
+    assert _weighted(budgeted, imp) < 0.8 * _weighted(uniform, imp)
 
 
 def test_target_bpw_counts_every_float_element(tmp_path):
@@ -228,7 +240,7 @@ def test_usage_history_weights_routed_experts(tmp_path):
     assert imp["model.layers.0.mlp.experts.1.up_proj.weight"] == pytest.approx(0.1 * 6)
     assert imp["model.layers.0.mlp.experts.5.up_proj.weight"] == 0.05  # never selected: the floor, not 0
     assert imp["model.layers.1.mlp.experts.5.up_proj.weight"] == 1.0  # a layer without records
-    assert imp["model.layers.0.self_attn.q_proj.weight"] == 1.0
+    assert imp["model.layers.0.self_attn.q_proj.weight"] == ROLE_IMPORTANCE[Role.DENSE]
 
 
 def test_dry_run_prints_the_allocation_and_writes_nothing(tmp_path):
