@@ -5,8 +5,9 @@ object on stdout (``output.fail``). Exit codes: 0 success; 1 an error that stopp
 (``ColitoolsError``, OS errors); 2 a usage error (unknown command or option, a missing required option, an option
 value outside its range or choices: ``ParameterError``) and, for ``mirror plan`` / ``stage``, a plan that was not
 admitted; 3 ``convert --on-low-disk stop`` met the disk floor; 4 a check that ran and found problems; 130
-interrupted (Ctrl-C / SIGINT) and 143 terminated (SIGTERM), both a clean stop, with the resume hint for
-``convert`` and ``mirror stage``.
+interrupted (Ctrl-C / SIGINT), 143 terminated (SIGTERM) and 129 hung up (SIGHUP: a closed terminal, an ssh drop),
+each a clean stop, with the resume hint for ``convert`` and ``mirror stage``. A stdout closed early (``| head``)
+ends the command quietly: exit 1 when a write found it closed, no message.
 
 This module is the console script's entry point and imports only the standard library: typer, click and the
 command modules (``boundary``) are imported after the interrupt handler is in place, so a Ctrl-C while they load
@@ -21,12 +22,18 @@ import sys
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by it
+EXIT_HUNG_UP = 129  # 128 + SIGHUP
+EXIT_CLOSED_PIPE = 1  # a write found stdout closed (typer's own code for it, kept for our own writes)
+_STOPS = {  # the signals that stop a command cleanly, but SIGINT: (exit code, what the line says)
+    signal.SIGTERM: (EXIT_TERMINATED, "terminated (SIGTERM)"),
+    signal.SIGHUP: (EXIT_HUNG_UP, "hung up (SIGHUP)"),
+}
 
 
 class _InterruptWatch:
-    """SIGINT and SIGTERM handler: remembers the signal, then raises KeyboardInterrupt as Python's own SIGINT
-    handler does, so a SIGTERM is the same clean stop as a Ctrl-C (locks and temporaries removed, finished work
-    kept).
+    """SIGINT, SIGTERM and SIGHUP handler: remembers the signal, then raises KeyboardInterrupt as Python's own
+    SIGINT handler does, so a SIGTERM or a hangup (a closed terminal, an ssh drop) is the same clean stop as a
+    Ctrl-C (locks and temporaries removed, finished work kept).
 
     Typer turns a KeyboardInterrupt into a silent ``Exit(130)``, and an interrupt raised inside a finalizer is
     dropped by Python; the flag survives both, so ``main`` always reports it. After the first signal its
@@ -39,8 +46,9 @@ class _InterruptWatch:
         # not when the process was started with a signal ignored (SIGINT: nohup, `&` in a script)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, self)
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, self)
+        for signum in _STOPS:  # (not SIGHUP under nohup: ignored from the start)
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, self)
 
     def __call__(self, signum, frame) -> None:
         self.hit = self.hit or signum
@@ -68,16 +76,34 @@ def main(argv: list[str] | None = None) -> None:
         code = boundary.run_app(args)
     except KeyboardInterrupt:
         watch.hit = watch.hit or signal.SIGINT
+    except BrokenPipeError:  # stdout closed early (`| head`) under a write of ours outside typer's own catch
+        code = EXIT_CLOSED_PIPE
+        _quiet_streams()
     if watch.hit or code == EXIT_INTERRUPTED:
         from colitools.cli import output
 
-        if watch.hit == signal.SIGTERM:
-            code = output.interrupted(args, EXIT_TERMINATED, what="terminated (SIGTERM)")
-        else:
-            code = output.interrupted(args, EXIT_INTERRUPTED)
+        exit_code, what = _STOPS.get(watch.hit, (EXIT_INTERRUPTED, "interrupted"))
+        try:
+            code = output.interrupted(args, exit_code, what=what)
+        except OSError:  # the terminal is gone (a hangup), stdout closed: the code says it
+            code = exit_code
+            _quiet_streams()
     if own and not code and not watch.hit and args[:1] == ["convert"]:
         _exit_now()
     sys.exit(code or 0)
+
+
+def _quiet_streams() -> None:
+    """Point stdout and stderr at /dev/null: a stream that cannot be written any more (a closed pipe, a hung-up
+    terminal) would otherwise fail again at the interpreter's exit flush ("Exception ignored", exit code 120)."""
+    import contextlib
+
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(null, stream.fileno())
+        os.close(null)
 
 
 def _exit_now() -> None:

@@ -1,4 +1,4 @@
-"""A clean stop (Ctrl-C, SIGTERM, the disk floor) leaves no ``.colitools.lock`` and no temporary of the unit in
+"""A clean stop (Ctrl-C, SIGTERM, SIGHUP, the disk floor) leaves no ``.colitools.lock`` and no temporary of the unit in
 flight; a SIGKILL leaves both, and the next run takes them over. Real processes, real signals, real files."""
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ def _command(src: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "colitools", "convert", str(src), str(out), "--min-free-gb", "0", *extra]
 
 
-def _stopped_mid_unit(src: Path, out: Path, signum: int) -> subprocess.CompletedProcess[str]:
-    """Start a conversion that sleeps after every tensor, send ``signum`` once a unit's temporary exists."""
+def _stopped_mid_unit(
+    src: Path, out: Path, signum: int, *extra: str, group: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Start a conversion that sleeps after every tensor, send ``signum`` once a unit's temporary exists (to its
+    whole process group with ``group``, as a terminal does)."""
     env = {**os.environ, "COLITOOLS_TEST_SLOW_TENSOR_SECONDS": "0.05"}
     proc = subprocess.Popen(
-        _command(src, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        _command(src, out, *extra), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=group,
     )
     deadline = time.monotonic() + 120  # a hang guard; nothing here measures time
     while not (out.is_dir() and any(".tmp-" in p.name for p in out.iterdir())):
@@ -44,16 +48,17 @@ def _stopped_mid_unit(src: Path, out: Path, signum: int) -> subprocess.Completed
         assert time.monotonic() < deadline, "the conversion never started writing a unit"
         time.sleep(0.01)
     assert (out / LOCKFILE).exists()  # held while it works
-    os.kill(proc.pid, signum)
+    (os.killpg if group else os.kill)(proc.pid, signum)
     stdout, stderr = proc.communicate(timeout=60)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 @pytest.mark.parametrize(
     "signum, code, said",
-    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
-    ids=["ctrl-c", "sigterm"],
-)
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+     (signal.SIGHUP, 129, "hung up (SIGHUP)")],
+    ids=["ctrl-c", "sigterm", "sighup"],
+)  # fmt: skip
 def test_a_signal_mid_unit_stops_cleanly_leaving_no_lock_and_no_temporary(
     reference, tmp_path, signum, code, said
 ):
@@ -63,6 +68,23 @@ def test_a_signal_mid_unit_stops_cleanly_leaving_no_lock_and_no_temporary(
     assert stopped.returncode == code, stopped.stderr
     assert stopped.stderr.splitlines() == [
         f"colitools: {said}; rerun the same command to resume (finished units are kept)"
+    ]
+    left = listing(out)
+    assert LOCKFILE not in left and not [n for n in left if ".tmp-" in n], left
+    done = subprocess.run(_command(src, out), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert snapshot(out) == snapshot(ref) and listing(out) == listing(ref)
+
+
+def test_a_hangup_of_the_whole_process_group_with_workers_stops_as_cleanly(reference, tmp_path):
+    """A closed terminal (an ssh drop) hangs up every process of the group: the workers ignore it (as a Ctrl-C),
+    the parent keeps what they finish and stops with its one line."""
+    src, ref = reference
+    out = tmp_path / "out"
+    stopped = _stopped_mid_unit(src, out, signal.SIGHUP, "--workers", "2", group=True)
+    assert stopped.returncode == 129, stopped.stderr
+    assert stopped.stderr.splitlines() == [
+        "colitools: hung up (SIGHUP); rerun the same command to resume (finished units are kept)"
     ]
     left = listing(out)
     assert LOCKFILE not in left and not [n for n in left if ".tmp-" in n], left
