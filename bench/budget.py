@@ -9,7 +9,10 @@ budget's objective on what each conversion recorded (sum of importance x the man
 their mean KLD against the source (``verify.kld.model_kld``: the all-f32 conversion
 run by the same runtime, teacher-forced over a fixed seeded random sequence of ``--tokens`` ids, as bench/kld.py).
 
-Run: ``.venv/bin/python bench/budget.py`` [--fixtures ... --formats ... --tokens 256 --seed 0 --json FILE].
+With ``--usage``, a third conversion at the same size weights the routed experts by a routing history the
+runtime recorded (``colitools run``'s ``.coli_usage``) on held-out prompt ids (seed + 1000, unlike the evaluation's).
+
+Run: ``.venv/bin/python bench/budget.py`` [--fixtures ... --formats ... --tokens 256 --seed 0 --usage --json FILE].
 """
 
 from __future__ import annotations
@@ -43,7 +46,21 @@ def total_sse(folder: Path) -> float:
     return sum(e[1] for u in units.values() for e in u.get("errors", {}).values())
 
 
-def run_case(fixture: str, fmt: str, ids: list[int], work: Path) -> dict:
+def held_out_usage(fixture: str, ids: list[int], work: Path) -> Path:
+    """A routing history recorded by the runtime (``colitools run``'s ``.coli_usage``) on held-out prompt ids
+    (another seed than the evaluation's), generating 32 tokens after them, on the default-recipe conversion."""
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import convert
+    from colitools.formats.filenames import USAGE_FILE
+    from colitools.runtime.run import run_model
+
+    folder = work / f"{fixture}-usage"
+    convert(str(ROOT / "oracles" / fixture), folder, ConvertOptions(progress=False))
+    run_model(folder, prompt_ids=ids, max_new_tokens=32, record_usage=True, stop_at_eos=False)
+    return folder / USAGE_FILE
+
+
+def run_case(fixture: str, fmt: str, ids: list[int], work: Path, usage: Path | None = None) -> dict:
     from colitools.converters.options import ConvertOptions
     from colitools.converters.runner import convert
     from colitools.verify.kld import model_kld
@@ -61,6 +78,11 @@ def run_case(fixture: str, fmt: str, ids: list[int], work: Path) -> dict:
     row["uniform_kld"] = model_kld(str(src), uniform, ids, workdir=work).mean_kld
     row["budget_kld"] = model_kld(str(src), budgeted, ids, workdir=work).mean_kld
     row["formats"] = {r["role"]: sorted(r["formats"]) for r in report["per_role_layer"]}
+    if usage is not None:
+        with_usage = work / f"{fixture}-{fmt}-budget-usage"
+        convert(str(src), with_usage, ConvertOptions(target_size=size, usage=str(usage), progress=False))
+        row["usage_achieved_bytes"] = total_size(with_usage)
+        row["usage_kld"] = model_kld(str(src), with_usage, ids, workdir=work).mean_kld
     return row
 
 
@@ -108,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--usage", action="store_true", help="also convert with a routing history recorded by the "
+                    "runtime on held-out prompt ids (seed + 1000)")  # fmt: skip
     ap.add_argument("--importance", metavar="FORMAT", help="measure the role importances instead (degrading one "
                     "role at a time to FORMAT, the others int8-row)")  # fmt: skip
     a = ap.parse_args(argv)
@@ -119,13 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         for fixture in a.fixtures:
             vocab = json.loads((ROOT / "oracles" / fixture / "config.json").read_text())["vocab_size"]
             ids = [int(t) for t in np.random.default_rng(a.seed).integers(0, vocab, a.tokens)]
+            held = [int(t) for t in np.random.default_rng(a.seed + 1000).integers(0, vocab, a.tokens)]
+            usage = held_out_usage(fixture, held, Path(tmp)) if a.usage else None
             for fmt in a.formats:
-                rows.append(run_case(fixture, fmt, ids, Path(tmp)))
+                rows.append(run_case(fixture, fmt, ids, Path(tmp), usage))
                 r = rows[-1]
+                with_usage = f" {r['usage_kld']:.5f} |" if usage is not None else ""
                 print(
                     f"| {fixture} | {fmt} | {r['budget_bytes']} | {r['achieved_bytes']} | {r['uniform_error']:.4g} | "
                     f"{r['budget_error']:.4g} | {r['uniform_kld']:.5f} | {r['budget_kld']:.5f} | "
-                    f"{(1 - r['budget_kld'] / r['uniform_kld']) * 100:+.1f}% |",
+                    f"{(1 - r['budget_kld'] / r['uniform_kld']) * 100:+.1f}% |{with_usage}",
                     flush=True,
                 )
     if a.json:
