@@ -220,7 +220,8 @@ def verify_quality_command(
     Exit 0 when reported, 4 when the recorded figures disagree with the recomputed ones (--source), 1 on errors
     (not a complete colitools conversion, a source that is not its source, no recorded figures and no
     --source), 2 on a usage error (--plot not *.png). With --kld: exit 0 when measured, 2 on usage errors (no
-    tokens, fewer than 2, an id outside the vocabulary), 1 on errors (a model the runtime cannot run, no tokenizer.json for --text)."""
+    tokens, fewer than 2, an id outside the vocabulary), 1 on errors (a model the runtime cannot run, no
+    tokenizer.json for --text)."""
     if kld or prompt_ids is not None or text is not None or cap is not None:
         from colitools.cli.kld_cmd import kld_command
 
