@@ -12,7 +12,6 @@ The JSON object: ``format`` (``MANIFEST_VERSION``), ``tool``, ``state`` (``conve
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 from colitools.formats.atomic import write_json_atomic
 from colitools.formats.errors import ManifestError
 from colitools.formats.filenames import MANIFEST_FILE, inside_name_problem
-from colitools.formats.jsonfile import invalid_text, shown_text
+from colitools.formats.jsonfile import parse_json_object, shown_text
 
 __all__ = ["MANIFEST_FILE", "MANIFEST_VERSION", "Manifest", "ManifestError"]
 
@@ -39,16 +38,7 @@ class Manifest:
         """Parse ``path``. ``OSError`` when it cannot be read; ``ManifestError`` when it is not UTF-8 JSON
         holding an object, holds a string that is no Unicode text, or records a file name that is absolute or
         leaves the folder (``filenames.inside_name_problem``)."""
-        try:
-            raw = Path(path).read_bytes()
-            data = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nested too deeply
-            raise ManifestError(str(exc)) from None
-        if not isinstance(data, dict):
-            raise ManifestError("not an object")
-        bad = invalid_text(raw, data)
-        if bad is not None:
-            raise ManifestError(f"the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
+        data = parse_json_object(Path(path).read_bytes(), error=ManifestError)
         _check_file_names(data)
         return cls(data)
 

@@ -26,6 +26,7 @@ from typing import Any
 from colitools.formats import layouts
 from colitools.formats.errors import FormatError, ResolveError, ResolveReason
 from colitools.formats.format_names import GROUPED_OPTION_PREFIX
+from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.registry import (
     FALLBACK_FORMAT,
     QS_SUFFIX,
@@ -455,6 +456,13 @@ def _json_object(where: str, key: str, text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ResolveError(
             f"{where}: __metadata__[{key!r}] is not a JSON object", reason=ResolveReason.BAD_METADATA
+        )
+    bad = invalid_text(text.encode("utf-8", "surrogatepass"), value)  # an escape inside the metadata string
+    if bad is not None:
+        raise ResolveError(
+            f"{where}: __metadata__[{key!r}]: the string {shown_text(bad)} is not Unicode text (a lone "
+            "surrogate escape)",
+            reason=ResolveReason.BAD_METADATA,
         )
     return value
 

@@ -16,7 +16,6 @@ mismatches (no committed oracle has any). The converted container is also checke
 from __future__ import annotations
 
 import io
-import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import numpy as np
 
 from colitools.formats import targets
 from colitools.formats.errors import VerifyError
-from colitools.formats.jsonfile import invalid_text, shown_text
+from colitools.formats.jsonfile import parse_json_object
 from colitools.formats.registry import WEIGHT_SUFFIX, Mxfp4, by_name
 
 NEAR_TIE = 1e-4
@@ -111,15 +110,9 @@ def load_reference(fixture_dir: Path, recipe: str) -> dict[str, Any]:
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
-        value = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
+    except OSError as exc:
         raise VerifyError(f"{path}: unreadable reference ({exc})") from None
-    if not isinstance(value, dict):
-        raise VerifyError(f"{path}: a reference must be a JSON object")
-    bad = invalid_text(raw, value)
-    if bad is not None:
-        raise VerifyError(f"{path}: the string {shown_text(bad)} is not Unicode text (a lone surrogate escape)")
-    return value
+    return parse_json_object(raw, str(path), error=VerifyError)
 
 
 def _int_list(value: Any) -> bool:

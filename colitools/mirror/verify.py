@@ -12,7 +12,6 @@ safetensors header bytes equal the primary's (``engine_accepts``; None when no p
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -22,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colitools.formats.container import shard_name_problem
-from colitools.formats.errors import MirrorError, SafetensorsError
+from colitools.formats.errors import FormatError, MirrorError, SafetensorsError
 from colitools.formats.filenames import shard_files
-from colitools.formats.jsonfile import invalid_text, shown_text
+from colitools.formats.jsonfile import load_json_object, parse_json_object
 from colitools.formats.safetensors_io import MAX_HEADER_BYTES, SafetensorsFile
 from colitools.mirror.fileops import Progress, sha256_file
 from colitools.mirror.plan import SCHEMA
@@ -179,20 +178,11 @@ def _check_engine_acceptance(check: FileCheck, mirror_file: Path, primary: Path 
 
 
 def _load_receipt(path: Path, result: MirrorVerification) -> list | None:
+    raw = path.read_bytes()
     try:
-        receipt = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a number too long to convert
-        result.problems.append(f"receipt {path.name} is not valid JSON: {exc}")
-        return None
-    except RecursionError:  # a hostile or broken file: arrays/objects nested deeper than the parser's stack
-        result.problems.append(f"receipt {path.name} is not a receipt: JSON nested too deeply")
-        return None
-    if not isinstance(receipt, dict):
-        result.problems.append(f"receipt {path.name} is not a JSON object")
-        return None
-    bad = invalid_text(path.read_bytes(), receipt)
-    if bad is not None:
-        result.problems.append(f"receipt {path.name}: the string {shown_text(bad)} is not Unicode text")
+        receipt = parse_json_object(raw, f"receipt {path.name}")
+    except FormatError as exc:
+        result.problems.append(str(exc))
         return None
     if receipt.get("schema") != SCHEMA:
         result.problems.append(f"receipt schema is {receipt.get('schema')!r}, expected {SCHEMA!r}")
@@ -248,8 +238,8 @@ def verify_mirror(
 
 def _receipt_model_root(path: Path) -> Path | None:
     try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("model_root")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        value = load_json_object(path).get("model_root")
+    except FormatError:
         return None
     return Path(value) if isinstance(value, str) and os.path.isabs(value) else None
 

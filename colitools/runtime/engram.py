@@ -9,7 +9,6 @@ of compressed ids by position) is shared by the layers of one model.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from colitools.formats.errors import RuntimeModelError
+from colitools.formats.jsonfile import load_json_object
 from colitools.formats.targets import V41_ENGRAM_FILE
 from colitools.runtime.ops import Embedding, Linear, sigmoid
 from colitools.runtime.weights import Checkpoint, sanitize
@@ -95,13 +95,7 @@ def load_engram_hash(model_dir: Path, e: EngramArgs, vocab: int) -> EngramHash:
     if not path.is_file():
         raise RuntimeModelError(f"{model_dir}: engram layers {list(e.layers)} need {V41_ENGRAM_FILE} beside "
                                 "config.json (colibri's c/tools/prepare_dsv41.py writes it)")  # fmt: skip
-    try:
-        side = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise RuntimeModelError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(side, dict):
-        raise RuntimeModelError(f"{path}: not a JSON object")
-    return EngramHash(side, e, vocab, str(path))
+    return EngramHash(load_json_object(path), e, vocab, str(path))
 
 
 class Engram:

@@ -38,8 +38,8 @@ def test_load_dump_round_trip_is_byte_identical(converted, tmp_path):
     ("text", "reason"),
     [
         ("{", "Expecting property name enclosed in double quotes"),
-        ("[1, 2]", "not an object"),
-        ('"complete"', "not an object"),
+        ("[1, 2]", "expected a JSON object"),
+        ('"complete"', "expected a JSON object"),
     ],
 )
 def test_load_refuses_what_is_not_a_json_object(tmp_path, text, reason):
@@ -50,7 +50,7 @@ def test_load_refuses_what_is_not_a_json_object(tmp_path, text, reason):
 
 def test_load_refuses_bytes_that_are_not_utf8(tmp_path):
     (tmp_path / MANIFEST_FILE).write_bytes(b'{"state": "\xff"}')
-    with pytest.raises(ManifestError, match="utf-8"):
+    with pytest.raises(ManifestError, match="not UTF-8 text"):
         Manifest.load(tmp_path / MANIFEST_FILE)
 
 
@@ -68,7 +68,7 @@ def test_ledger_and_verify_refuse_the_same_malformed_manifest(converted, tmp_pat
         (out / name).write_bytes((converted / name).read_bytes())
     (out / MANIFEST_FILE).write_text("[]")
     src = converted.parent / "src"
-    with pytest.raises(ConvertError, match=r"colitools\.json: unreadable resume ledger \(not an object\)"):
+    with pytest.raises(ConvertError, match=r"colitools\.json: unreadable resume ledger \(expected a JSON object\)"):
         convert(str(src), out, ConvertOptions(progress=False, min_free_gb=0.0))
     copy = tmp_path / "copy"
     copy.mkdir()

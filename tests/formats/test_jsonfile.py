@@ -45,3 +45,32 @@ def test_text_is_accepted(tmp_path, text):
     path = tmp_path / "config.json"
     path.write_bytes(raw)
     assert load_json_object(path) == json.loads(raw)
+
+
+def test_every_other_json_reader_refuses_a_lone_surrogate_escape(tmp_path):
+    """The readers of JSON that is not a model folder's config or index (the runtime's engram sidecar, the
+    manifest, an oracle reference, the mirror's receipt, a shard's metadata stamps) refuse it as well, in one
+    line of their own error class."""
+    from colitools.converters.manifest import Manifest
+    from colitools.formats.errors import ManifestError, ResolveError, VerifyError
+    from colitools.formats.resolver import STAMP_KEY, parse_stamps
+    from colitools.formats.targets import V41_ENGRAM_FILE
+    from colitools.mirror.verify import MirrorVerification, _load_receipt
+    from colitools.runtime.engram import load_engram_hash
+    from colitools.verify.oracle import _read_json
+
+    raw = b'{"schema": "x\\udfff"}'
+    path = tmp_path / V41_ENGRAM_FILE
+    path.write_bytes(raw)
+    not_text = r'the string "x\\udfff" is not Unicode text'
+    with pytest.raises(FormatError, match=not_text):
+        load_engram_hash(tmp_path, None, 0)
+    with pytest.raises(ManifestError, match=not_text):
+        Manifest.load(path)
+    with pytest.raises(VerifyError, match=not_text):
+        _read_json(path)
+    result = MirrorVerification("receipt", tmp_path, None)
+    assert _load_receipt(path, result) is None
+    assert len(result.problems) == 1 and result.problems[0].startswith(f"receipt {path.name}: the string ")
+    with pytest.raises(ResolveError, match=not_text):
+        parse_stamps({STAMP_KEY: '{"x\\udfff": "int4-row"}'})

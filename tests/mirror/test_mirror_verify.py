@@ -161,7 +161,7 @@ def test_a_receipt_that_is_not_json_is_not_ready(staged):
     _, mirror = staged
     (mirror / RECEIPT).write_text("{not json")
     v = verify_mirror(mirror)
-    assert not v.ready and "not valid JSON" in v.problems[0]
+    assert not v.ready and "invalid JSON" in v.problems[0]
 
 
 def test_a_changed_primary_is_reported_with_model(staged):
