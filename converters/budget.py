@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from colitools.converters import allocation
 from colitools.converters import recipe as rc
 from colitools.converters.inventory import Inventory
@@ -120,16 +122,36 @@ def _offered(src, role: rc.Role, recipe: rc.Recipe, inventory: Inventory) -> lis
 
 
 def _measure_job(offered: dict[str, TensorJob], reader: ShardReader, block) -> dict[str, tuple[int, float]]:
-    """Each candidate's bytes and squared error, the source read once (as the unit writer reads it)."""
+    """Each candidate's bytes and squared error, the source read once (as the unit writer reads it). A float
+    tensor of more than ``SAMPLE_ELEMS`` elements is measured on every k-th row (``sample_stride``) and its
+    error scaled by ``O / rows measured``: the formats' scales are per row or per group of a row, so each row's
+    error is its own, and the estimate is unbiased."""
     first = next(iter(offered.values()))
     values, scale = _source_values(first, reader, block)
+    stride = sample_stride(first, values, scale)
+    if stride > 1:
+        values = np.ascontiguousarray(values[::stride])
     out = {}
     for option, job in offered.items():
+        if stride > 1:
+            job = replace(job, O=values.shape[0], shape=values.shape, fused_rows=None, fused_pick=None)
         codes, scales = encode_job(job, values, scale, block, False)
         err = job_error(job, values, scale, block, codes, scales)
-        out[option] = (job.out_bytes, err.sse if err is not None else 0.0)
+        sse = err.sse * (first.O / values.shape[0]) if err is not None and stride > 1 else err.sse if err else 0.0
+        out[option] = (offered[option].out_bytes, sse)
         del codes, scales
     return out
+
+
+SAMPLE_ELEMS = 1 << 19  # a float tensor larger than this is measured on a row sample of about this many elements
+
+
+def sample_stride(job: TensorJob, values, scale) -> int:
+    """Every how many rows a tensor is measured: 1 (all) but for a float tensor (no FP8 grid, not natively
+    quantized) of more than ``SAMPLE_ELEMS`` elements."""
+    if scale is not None or job.source.quant is not None or getattr(values, "ndim", 0) != 2:
+        return 1
+    return max(1, -(-values.size // SAMPLE_ELEMS))
 
 
 def _budget_jobs(inventory: Inventory, recipe: rc.Recipe):

@@ -265,3 +265,28 @@ def test_dry_run_prints_the_allocation_and_writes_nothing(tmp_path):
     assert len(tensors) == 46
     assert sum(t["bytes"] for t in tensors.values()) <= 100_000
     assert not (tmp_path / "o").exists()
+
+
+def test_large_tensors_measured_on_a_row_sample(tmp_path):
+    from tinyckpt import Tiny, make_checkpoint
+
+    from colitools.converters.budget import SAMPLE_ELEMS
+
+    spec = Tiny(layers=1, experts=2, hidden=1024, inter=768, vocab=512)  # 1024 x 1024 attention: 2x SAMPLE_ELEMS
+    assert 1024 * 1024 > SAMPLE_ELEMS
+    make_checkpoint(tmp_path / "src", spec)
+    _convert(tmp_path / "src", tmp_path / "uniform", **UNIFORM)
+    budget = _index_size(tmp_path / "uniform")
+    _convert(tmp_path / "src", tmp_path / "budget", target_size=budget)
+    assert 0.99 * budget <= _index_size(tmp_path / "budget") <= budget
+    recorded = _recorded_sse(tmp_path / "budget")
+    report = json.loads((tmp_path / "budget/colitools.json").read_text())["budget"]
+    shapes = spec.names_2d()
+    sampled = [n for n in report["tensors"] if shapes[n][0] * shapes[n][1] > SAMPLE_ELEMS]
+    assert any("self_attn" in n for n in sampled) and "lm_head.weight" not in sampled  # 512 x 1024: whole
+    for name, t in report["tensors"].items():
+        if name in sampled:  # every k-th row: an estimate of what the conversion recorded
+            assert t["sse"] == pytest.approx(recorded[name], rel=0.1)
+        else:  # small enough to be measured whole: exactly what the conversion recorded
+            assert t["sse"] == pytest.approx(recorded[name], rel=1e-12)
+    assert any(report["tensors"][n]["sse"] != recorded[n] for n in sampled)
