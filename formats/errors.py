@@ -14,6 +14,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Self
 
+# ------------------------------------------------------------------------------- exit codes (docs/CLI.md)
+# An error exits with its class's ``exit_code`` (1 unless the class says otherwise); these are the codes of the
+# other outcomes a command reports. The signal stops' codes (130, 143, 129) are the console script's
+# (``colitools/cli/__init__.py``, which imports only the standard library before it watches the signals).
+EXIT_USAGE = 2  # a usage error: click's (an unknown option, a missing argument) and ParameterError's
+EXIT_NOT_ADMITTED = 2  # mirror plan / stage: the plan was not admitted (or the mirror drive ran out of space)
+EXIT_NOT_OK = 4  # a check that ran and found problems (verify, mirror verify, mirror stage's final verify)
+
 
 class ColitoolsError(Exception):
     """Base class for errors reported to the user as one clear line."""
@@ -44,7 +52,7 @@ class ParameterError(ColitoolsError):
     """A parameter value outside its range or choices (`` `group_size=33` ``, `` `layout='diagonal'` ``): a usage
     error, exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class SafetensorsError(FormatError):
@@ -99,7 +107,7 @@ class TargetRefused(ConvertError):
     """A ``--target`` (formats/targets.py) refusing the source or the recipe before work starts (wrong model
     type, a format or layout its loader cannot read): a usage error, exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class DiskFloorStop(ConvertError):
@@ -129,7 +137,7 @@ class MirrorError(ColitoolsError):
 class MirrorReserveStop(MirrorError):
     """Free space on the mirror drive fell below the reserve during the copy; rerun once there is room."""
 
-    exit_code = 2
+    exit_code = EXIT_NOT_ADMITTED
 
 
 class VerifyError(ColitoolsError):

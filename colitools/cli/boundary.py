@@ -22,15 +22,13 @@ from colitools.cli import (  # noqa: F401  (imported to register their commands)
     verify_cmd,
 )
 from colitools.cli.app import app
-from colitools.formats.errors import ColitoolsError
+from colitools.formats.errors import EXIT_USAGE, ColitoolsError
 
 try:  # typer >= 0.22 carries its own copy of click; older ones use click itself
     from typer._click import exceptions as _click_errors
 except ImportError:  # pragma: no cover
     from click import exceptions as _click_errors
 _ABORTS = tuple({typer.Abort, getattr(_click_errors, "Abort", typer.Abort)})
-
-EXIT_USAGE = 2
 
 
 def _command_at(root, args: list[str]):

@@ -28,9 +28,7 @@ from colitools.cli.options import (
     UsageOpt,
     WeightsOpt,
 )
-
-EXIT_NOT_ADMITTED = 2
-EXIT_NOT_READY = 4
+from colitools.formats.errors import EXIT_NOT_ADMITTED, EXIT_NOT_OK
 
 
 def _gib(n: int) -> str:
@@ -182,7 +180,7 @@ def stage_command(
             output.echo(f"refused ({result.reason}): nothing copied", err=True)
         raise typer.Exit(EXIT_NOT_ADMITTED)
     if not result.ready:
-        raise typer.Exit(EXIT_NOT_READY)
+        raise typer.Exit(EXIT_NOT_OK)
 
 
 @mirror_app.command("verify")
@@ -204,4 +202,4 @@ def verify_command(
     result = verify_mirror(mirror, model, source_dirs=list(source_dir or []))
     output.emit(as_json, result.to_json, _verification_lines(result))
     if not result.ready:
-        raise typer.Exit(EXIT_NOT_READY)
+        raise typer.Exit(EXIT_NOT_OK)

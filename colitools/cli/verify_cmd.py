@@ -14,8 +14,7 @@ from colitools.cli import output
 from colitools.cli.app import verify_app
 from colitools.cli.options import JsonOpt, ProgressOpt, TokenOpt
 from colitools.cli.render import render_table
-
-EXIT_NOT_OK = 4  # the check ran and found problems (1 is reserved for errors that stopped it)
+from colitools.formats.errors import EXIT_NOT_OK
 
 
 def _container_lines(report) -> Iterator[str]:
