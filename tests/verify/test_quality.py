@@ -393,3 +393,37 @@ def test_a_stack_without_parts_is_listed_not_compared_never_guessed(tmp_path):
     assert len(shared) == len(report.not_compared)
     assert not any(t.name in shared for t in report.tensors)
     assert report.disagreements == [] and any(t.role == "routed experts" for t in report.tensors)
+
+
+# ------------------------------------------------------------------------------------------- a Hub source
+def _hub_fixture():
+    """The converter tests' fake Hugging Face Hub fixture (tests/converters/conftest.py ``hub``)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "converters" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("converters_conftest_for_quality", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.hub
+
+
+hub = _hub_fixture()
+
+
+def test_a_hub_source_is_read_as_convert_reads_it_and_its_downloads_deleted(hub, tmp_path):
+    make_checkpoint(tmp_path / "src", Tiny(hidden=128, inter=32, shards=2))
+    hub.add_repo("org/tiny", {"main": tmp_path / "src"})
+    convert("org/tiny", tmp_path / "out", ConvertOptions(**OPTS))
+    shards = sorted(p.name for p in (tmp_path / "src").glob("*.safetensors"))
+    hub.reset_stats()
+    work = tmp_path / "work"
+    report = weight_quality(tmp_path / "out", "org/tiny", workdir=work)
+    assert report.disagreements == [] and report.recorded == len(report.tensors) > 0
+    for (
+        s
+    ) in shards:  # each shard downloaded whole once (its header read by a range request to plan, as convert)
+        size = (tmp_path / "src" / s).stat().st_size
+        assert [r for r in hub.stats(s).ranges if r == (0, size)] == [(0, size)], hub.stats(s).ranges
+    assert not list(work.rglob("*.safetensors"))  # and deleted once no later tensor needed it
+    local = {t.name: t.stats for t in weight_quality(tmp_path / "out", str(tmp_path / "src")).tensors}
+    assert {t.name: t.stats for t in report.tensors} == local
