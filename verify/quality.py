@@ -253,6 +253,8 @@ def _manifest(root: Path) -> Manifest:
 def _recorded(manifest: Manifest) -> dict[str, ErrorStats]:
     """Every tensor's recorded figures (``units[key]["errors"]``), checked: six numbers each."""
     out: dict[str, ErrorStats] = {}
+    if not isinstance(manifest.units, dict):
+        raise VerifyError(f"{MANIFEST_FILE}: units is not an object")
     for key, unit in manifest.units.items():
         errors = unit.get("errors") if isinstance(unit, dict) else None
         if errors is None:
@@ -261,7 +263,7 @@ def _recorded(manifest: Manifest) -> dict[str, ErrorStats]:
             raise VerifyError(f"{MANIFEST_FILE}: units[{key!r}].errors is not an object")
         for name, values in errors.items():
             ok = isinstance(values, list) and len(values) == 6 and all(
-                isinstance(v, int | float) and not isinstance(v, bool) for v in values
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values
             )  # fmt: skip
             if not ok or values[0] != int(values[0]) or values[0] < 0:
                 raise VerifyError(

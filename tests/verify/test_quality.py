@@ -328,6 +328,18 @@ def test_no_recorded_figures_without_source_is_one_line_exit_1(tiny, tmp_path):
     assert json.loads(proc.stdout.splitlines()[-1])["exit_code"] == 1, line
 
 
+@pytest.mark.parametrize(
+    "values", [[1, 2.0], [2, 1.0, "25", 34.0, 29.0, 1.0], [1e400, 0, 0, 0, 0, 0], [-1, 0, 0, 0, 0, 0]]
+)
+def test_a_malformed_record_is_one_line_naming_the_tensor(tiny, tmp_path, values):
+    _, out, _ = tiny
+    manifest = _without_records(out, tmp_path / "out")
+    manifest["units"]["globals"]["errors"] = {NORM: values}
+    (tmp_path / "out" / "colitools.json").write_text(json.dumps(manifest))
+    proc = run_cli("verify", "quality", tmp_path / "out")
+    one_line_error(proc, f"errors['{NORM}'] is not [n, sse, ssw, ssq, dot, max_abs]", code=1)
+
+
 def test_source_with_another_tensor_names_the_tensor(tiny, tmp_path):
     _, out, _ = tiny
     extra = {NORM: np.arange(128, dtype=np.float32),
