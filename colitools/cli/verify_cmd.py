@@ -133,9 +133,11 @@ def _quality_lines(report) -> Iterator[str]:
     for title, table, n in (
         ("role", report.per_role, Counter(t.role for t in report.tensors)),
         ("format", report.per_format, Counter(t.format for t in report.tensors)),
+        ("layer", report.per_layer, Counter(t.layer for t in report.tensors)),
     ):
         yield ""
-        yield render_table([title, *head], [[k, *_figures(s), str(n[k])] for k, s in table.items()])
+        rows = [["global" if k is None else str(k), *_figures(s), str(n[k])] for k, s in table.items()]
+        yield render_table([title, *head], rows)
     yield ""
     yield render_table(["whole model", *head], [["all", *_figures(report.whole), str(len(report.tensors))]])
     top = worst(report)
