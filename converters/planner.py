@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -37,6 +37,8 @@ from colitools.formats.layouts import PLANAR
 from colitools.formats.names import detail_role, order_role_formats, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
+
+log = logging.getLogger(__name__)
 
 GLOBALS = "globals"
 Entry = tuple[str, str, tuple[int, ...]]
@@ -491,14 +493,15 @@ def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
 
 
 def say_native_decoded(fallbacks: list[rc.Fallback]) -> None:
-    """One line on stderr, before any work, when ``native`` decodes natively quantized tensors instead of
-    keeping them (asymmetric / act-order INT4, NVFP4, MXFP8); the manifest lists each as a fallback."""
+    """One warning on the ``colitools`` logger (the CLI prints it, ``output.warn``), before any work, when
+    ``native`` decodes natively quantized tensors instead of keeping them (asymmetric / act-order INT4, NVFP4,
+    MXFP8); the manifest lists each as a fallback."""
     decoded = [f for f in fallbacks if f.requested == rc.NATIVE_OPTION]
     if decoded:
         kinds = sorted({f.reason.split(";")[0].removeprefix(f"{rc.NATIVE_DECODED}: ") for f in decoded})
-        sys.stderr.write(
-            f"native: {len(decoded)} natively quantized tensor(s) decoded instead of kept ({'; '.join(kinds)}), "
-            f"e.g. {decoded[0].tensor} -> {decoded[0].written}; listed in the manifest's fallbacks\n"
+        log.warning(
+            "native: %d natively quantized tensor(s) decoded instead of kept (%s), e.g. %s -> %s; listed in the "
+            "manifest's fallbacks", len(decoded), "; ".join(kinds), decoded[0].tensor, decoded[0].written
         )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 ERROR_PREFIX = "colitools: error: "
 WARNING_PREFIX = "colitools: warning: "
+NOTE_PREFIX = "colitools: note: "
 
 # `name` or `name=value` (the value as the message shows it: repr for free text, plain for numbers and choices)
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)(?:=([^`]*))?`")
@@ -52,14 +53,22 @@ def begin(flags: Mapping[str, str], *, as_json: bool) -> None:
     logger = logging.getLogger("colitools")
     if not any(isinstance(h, _WarningLines) for h in logger.handlers):
         logger.addHandler(_WarningLines())
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)  # the library's notes too (it logs no other INFO)
 
 
 class _WarningLines(logging.Handler):
-    """What the library logs at warning level while it works (a download retried, a damaged Hugging Face cache
-    file passed over), as ``warn`` lines (without a handler, logging would print the bare message)."""
+    """What the library logs while it works, so that it never prints itself: at warning level (a download retried,
+    a damaged Hugging Face cache file passed over, natively quantized tensors decoded) as ``warn`` lines, at info
+    level (run's dense attention without a DSA indexer) as ``colitools: note:`` lines on stderr (without a handler,
+    logging would print a warning's bare message and drop a note)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        warn(" ".join(record.getMessage().split()))
+        message = " ".join(record.getMessage().split())
+        if record.levelno >= logging.WARNING:
+            warn(message)
+        else:
+            echo(NOTE_PREFIX + message, err=True)
 
 
 def with_flags(message: str) -> str:

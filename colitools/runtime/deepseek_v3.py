@@ -16,7 +16,7 @@ sigmoid routing (``noaux_tc``) with a shared expert, the first ``first_k_dense_r
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +44,8 @@ _DEEPSEEK_V3 = {  # transformers 5.24 DeepseekV3Config
 # The families with a DSA lightning indexer -> whether the indexer's RoPE rotates interleaved pairs (2i, 2i+1)
 # (GLM-5: ``apply_rotary_pos_emb_interleave``) or half-split pairs (i, i + d/2) (DeepSeek-V3.2:
 # ``apply_rotary_pos_emb``). The main MLA attention of both is interleaved.
+log = logging.getLogger(__name__)
+
 INDEXER_ROPE_INTERLEAVED = {"glm_moe_dsa": True, "deepseek_v32": False}
 
 
@@ -104,7 +106,7 @@ def _has_indexer(args: DeepseekV3Args, ctx: LayerContext, layer: int) -> bool:
     (``c/tools/convert_fp8_to_int4.py`` without ``--indexer``) have none: c/colibri.c (``model_init``) then
     turns DSA off for the whole model when any full indexer layer lacks ``...indexer.wq_b.weight`` and attends
     densely over every key (exact while the context is <= ``index_topk``); colitools does the same, saying so
-    once on stderr (at the first full layer)."""
+    once (at the first full layer) as a note on the ``colitools`` logger, which the CLI prints."""
     assert args.indexer is not None
     if args.model_type != "glm_moe_dsa":
         return True
@@ -113,11 +115,10 @@ def _has_indexer(args: DeepseekV3Args, ctx: LayerContext, layer: int) -> bool:
     if not missing:
         return True
     if layer == full[0]:
-        print(
-            f"colitools: note: {ctx.ckpt.dir}: no DSA indexer ({module_path(missing[0], 'self_attn.indexer')}"
-            f".wq_b.weight is absent): dense attention over every key, as c/colibri.c runs such a container "
-            f"(exact while the context is <= index_topk {args.indexer.topk})",
-            file=sys.stderr,
+        log.info(
+            "%s: no DSA indexer (%s.wq_b.weight is absent): dense attention over every key, as c/colibri.c runs "
+            "such a container (exact while the context is <= index_topk %d)",
+            ctx.ckpt.dir, module_path(missing[0], "self_attn.indexer"), args.indexer.topk,
         )
     return False
 
