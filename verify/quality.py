@@ -57,7 +57,7 @@ SCHEMA = "colitools.verify.quality/1"
 # by ~1e-7. ``n`` and ``max_abs`` (a maximum: no rounding) must be equal.
 REL_TOL = 1e-9
 ABS_TOL = 1e-15
-SLAB_BYTES = 16 << 20  # source bytes per row slab of a big plain tensor (the converter's own slab size)
+SLAB_BYTES = 16 << 20  # float32 bytes per row slab of a big plain tensor
 PLOT_SUFFIX = ".png"
 
 
@@ -495,17 +495,19 @@ def _tensor_stats(job, w: OutputWeight, weights: OutputWeights, reader, block) -
 
 
 def _slab_rows(job, w: OutputWeight, weights: OutputWeights, block) -> int | None:
-    """Rows per slab for a plain 2-D source tensor (not natively quantized, not a slice of a stack) of more than
-    ``SLAB_BYTES`` whose output decodes by rows; None: whole."""
+    """Rows per slab for a plain 2-D source tensor (not natively quantized, not a slice of a stack) whose float32
+    values take more than ``SLAB_BYTES`` and whose output decodes by rows (an FP8 source: whole rows of its scale
+    blocks); None: whole. Every big tensor is then compared a float32 slab at a time (an FP8 expert of
+    DeepSeek-V3, [2048, 7168], is 59 MB as float32: several such copies per thread otherwise)."""
     src = job.source
     align = weights.row_slabs(w)
     if not align or src.quant is not None or job.fused_rows is not None or job.fused_pick is not None:
         return None
-    if len(src.shape) != 2 or src.nbytes <= SLAB_BYTES:
+    if len(src.shape) != 2 or job.O * job.I * 4 <= SLAB_BYTES:
         return None
     if src.scale is not None:
         align = math.lcm(align, block[0])
-    rows = max(align, (SLAB_BYTES // max(src.nbytes // job.O, 1)) // align * align)
+    rows = max(align, (SLAB_BYTES // (4 * job.I)) // align * align)
     return rows if rows < job.O else None
 
 

@@ -439,3 +439,45 @@ def test_a_hub_source_is_read_as_convert_reads_it_and_its_downloads_deleted(hub,
     assert not list(work.rglob("*.safetensors"))  # and deleted once no later tensor needed it
     local = {t.name: t.stats for t in weight_quality(tmp_path / "out", str(tmp_path / "src")).tensors}
     assert {t.name: t.stats for t in report.tensors} == local
+
+
+# ------------------------------------------------------------------------------------------ row slabs
+@pytest.mark.parametrize("dtype", ["BF16", "FP8"])
+def test_row_slabs_give_the_whole_tensors_figures(tmp_path, monkeypatch, dtype):
+    import colitools.verify.quality as quality
+
+    # FP8: [256, 256] attention in two 128-row scale blocks; experts [128, 256] / [256, 128]
+    make_checkpoint(tmp_path / "src", Tiny(dtype=dtype, hidden=256, inter=128))
+    outputs = [tmp_path / "out"]
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(**OPTS))
+    if dtype == "FP8":  # and the fp8 passthrough, decoded by the 128-row blocks of its scale grid
+        outputs.append(tmp_path / "fp8")
+        convert(str(tmp_path / "src"), tmp_path / "fp8", ConvertOptions(dense="fp8", **OPTS))
+    slabs = []
+    source_rows = quality._source_rows
+
+    def counted(job, reader, block, r0, r1):
+        slabs.append((job.out_name, r0, r1))
+        return source_rows(job, reader, block, r0, r1)
+
+    for out in outputs:
+        whole = {t.name: t for t in weight_quality(out, str(tmp_path / "src")).tensors}
+        assert slabs == []  # 16 MB slabs: none of these tensors is cut
+        with monkeypatch.context() as m:
+            m.setattr(quality, "SLAB_BYTES", 4 * 256 * 3)  # 3 rows of 256 float32 (FP8: its 128-row blocks)
+            m.setattr(quality, "_source_rows", counted)
+            slabbed = weight_quality(out, str(tmp_path / "src"))
+        attention = [(r0, r1) for n, r0, r1 in slabs if n == "model.layers.0.self_attn.q_proj.weight"]
+        assert attention == (
+            [(0, 128), (128, 256)] if dtype == "FP8" else [(r, min(r + 3, 256)) for r in range(0, 256, 3)]
+        )
+        slabs.clear()
+        assert slabbed.disagreements == [] and len(slabbed.tensors) == len(whole)
+        for t in slabbed.tensors:
+            w = whole[t.name].stats
+            assert (t.stats.n, t.stats.max_abs) == (w.n, w.max_abs), t.name
+            for key in ("sse", "ssw", "ssq", "dot"):
+                assert getattr(t.stats, key) == pytest.approx(getattr(w, key), rel=1e-12), (t.name, key)
+        if out.name == "fp8":
+            fp8 = [t for t in slabbed.tensors if t.format == "fp8"]
+            assert fp8 and all(t.stats.sse == 0 and t.stats.max_abs == 0 for t in fp8)
