@@ -75,6 +75,7 @@ class Measured:
     options: dict[str, tuple[int, float]] = field(default_factory=dict)
     expert: int | None = None
     layer_index: int | None = None
+    source: str = ""  # the source tensor it is cut from (a stack's jobs share it)
 
 
 def role_candidates(recipe: rc.Recipe, role: rc.Role) -> tuple[str, ...]:
@@ -182,7 +183,8 @@ def measure(
             for rname, role, job, offered in work:
                 layer = rc.layer_of(rname)
                 m = Measured(role, layer.name if layer else "globals", job.O * job.I, job.out_bytes,
-                             expert=job.expert, layer_index=layer.index if layer else None)  # fmt: skip
+                             expert=job.expert, layer_index=layer.index if layer else None,
+                             source=job.source.name)  # fmt: skip
                 known = (cache or {}).get(rname)
                 if known is not None and set(known) == set(offered):
                     m.options = {k: (int(v[0]), float(v[1])) for k, v in known.items()}
@@ -283,14 +285,19 @@ def importance(m: Measured, usage: dict[tuple[int, int], float]) -> float:
 def _items(
     measured: dict[str, Measured], usage: dict, grouped: bool
 ) -> tuple[list[allocation.Item], list[list[str]], list[list[str]]]:
-    """The solver's items (one per tensor; the routed experts as one item when ``grouped``), the tensor names
-    of each, and the option names of each item's options."""
+    """The solver's items (one per tensor; when ``grouped``, the routed experts as one item and the tensors cut
+    from one source stack, such as a stacked shared expert, as one), the tensor names of each, and the option
+    names of each item's options."""
     names = sorted(measured)
     groups: list[list[str]] = []
     experts = [n for n in names if grouped and measured[n].role is rc.Role.EXPERT]
     if experts:
         groups.append(experts)
-    groups += [[n] for n in names if n not in set(experts)]
+    by_source: dict[str, list[str]] = defaultdict(list)
+    for n in names:
+        if n not in set(experts):
+            by_source[measured[n].source if grouped else n].append(n)
+    groups += sorted(by_source.values())
     items, options = [], []
     for g in groups:
         common = [o for o in measured[g[0]].options if all(o in measured[n].options for n in g)]

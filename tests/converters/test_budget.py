@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,22 @@ def test_large_tensors_measured_on_a_row_sample(tmp_path):
         else:  # small enough to be measured whole: exactly what the conversion recorded
             assert t["sse"] == pytest.approx(recorded[name], rel=1e-12)
     assert any(report["tensors"][n]["sse"] != recorded[n] for n in sampled)
+
+
+@pytest.mark.parametrize(("fixture", "target", "size"), [("qwen3_5_moe", "qwen36", 300_000), ("inkling", "inkling", 500_000)])
+def test_targets_that_stack_experts_get_one_format_per_stack(tmp_path, fixture, target, size):
+    from colitools.verify.container import verify_container
+
+    summary = _convert(ORACLES / fixture, tmp_path / "o", target=target, target_size=size)
+    assert 0.99 * size <= _index_size(tmp_path / "o") <= size
+    data = json.loads((tmp_path / "o/colitools.json").read_text())
+    tensors = data["budget"]["tensors"]
+    routed = {t["format"] for n, t in tensors.items() if ".experts." in n and ".shared_experts." not in n}
+    assert len(routed) == 1 and data["recipe"]["experts"] == routed.pop()  # merged blobs / fused stacks: one
+    shared = defaultdict(set)  # a stacked shared expert (inkling) is one float stack: one dtype per projection
+    for n, t in tensors.items():
+        if ".shared_experts." in n:
+            shared[(n.split(".shared_experts.")[0], n.rsplit(".", 2)[-2])].add(t["format"])
+    assert all(len(v) == 1 for v in shared.values())
+    assert summary.units_converted == summary.units_total
+    assert verify_container(tmp_path / "o").ok
