@@ -512,20 +512,25 @@ def _slab_rows(job, w: OutputWeight, weights: OutputWeights, block) -> int | Non
 
 
 def _source_float32(job, reader, block) -> np.ndarray:
-    """The job's source values decoded to float32 as the converter decodes them (``unit_writer``)."""
+    """The job's source values decoded to float32 as the converter decodes them (``unit_writer``; a whole FP8
+    tensor by the kernel the converter uses for its stack slabs, bit-identical to ``dequant.to_float32``'s)."""
     from colitools.converters.unit_writer import _dequant, _source_values
+    from colitools.formats.source_encodings import FP8_BLOCK
 
     values, scale = _source_values(job, reader, block)
     q = job.source.quant
-    if q is None:
-        return _dequant(job, values, scale, block)
-    q.encoding.check_parts(job.out_name, values, job.source.shape)
-    return q.encoding.decode(values, job.O, job.I, group=q.group, exact=q.exact)
+    if q is not None:
+        q.encoding.check_parts(job.out_name, values, job.source.shape)
+        return q.encoding.decode(values, job.O, job.I, group=q.group, exact=q.exact)
+    if scale is not None and job.fused_rows is None and np.ndim(values) == 2:
+        return FP8_BLOCK.decode({"data": values, "scale": scale}, *values.shape, block=block, fast=True)
+    return _dequant(job, values, scale, block)
 
 
 def _source_rows(job, reader, block, r0: int, r1: int) -> np.ndarray:
     """Rows ``[r0, r1)`` of a plain 2-D source tensor as float32 (an FP8 one with its scale grid's rows)."""
     from colitools.converters.dequant import to_float32
+    from colitools.formats.source_encodings import FP8_BLOCK
 
     src = job.source
     values = reader.read_rows(src, r0, r1)
@@ -533,7 +538,7 @@ def _source_rows(job, reader, block, r0: int, r1: int) -> np.ndarray:
         return to_float32(job.out_name, values)
     sc = src.scale
     grid = reader.read(sc.shard, sc.name, sc.dtype, sc.shape)[r0 // block[0] : -(-r1 // block[0])]
-    return to_float32(job.out_name, values, scale=np.asarray(grid), block=block)
+    return FP8_BLOCK.decode({"data": values, "scale": grid}, *values.shape, block=block, fast=True)
 
 
 class _NoBar:

@@ -289,6 +289,21 @@ def test_fp8_passthrough_reports_zero(tmp_path):
     assert all(t.stats.sse == 0 and t.stats.max_abs == 0 for t in fp8)
 
 
+def test_fp8_source_to_int8_row_equals_an_independent_computation(tmp_path):
+    values = make_checkpoint(tmp_path / "src", Tiny(dtype="FP8", hidden=256, inter=128))
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(**OPTS))
+    by = {t.name: t for t in weight_quality(tmp_path / "out", str(tmp_path / "src")).tensors}
+    name = "model.layers.1.self_attn.o_proj.weight"  # [256, 256]: 2 x 2 blocks of 128
+    q, s = values[name], values[name + "_scale_inv"]
+    grid = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)
+    w = q.astype(np.float32) * grid  # FORMATS §5: e4m3 value times its block's scale, one float32 multiply
+    arrays = _output_arrays(tmp_path / "out")
+    decoded = ref.decode_int8_row(arrays[name], arrays[name + ".qs"], 256, 256)
+    want = figures_by_hand(w, decoded)
+    assert by[name].format == "int8-row" and want["sse"] > 0
+    assert_figures(by[name].stats, want)
+
+
 def test_planar_sidecar_experts_are_compared_like_their_pairs(tmp_path):
     src = tmp_path / "src"
     make_checkpoint(src, Tiny(hidden=128, inter=64))  # planar needs I % 64 == 0
