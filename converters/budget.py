@@ -76,6 +76,7 @@ class Measured:
     expert: int | None = None
     layer_index: int | None = None
     source: str = ""  # the source tensor it is cut from (a stack's jobs share it)
+    fresh: int = 0  # 1: measured by this run, 0: read from the cache
 
 
 def role_candidates(recipe: rc.Recipe, role: rc.Role) -> tuple[str, ...]:
@@ -155,60 +156,80 @@ def sample_stride(job: TensorJob, values, scale) -> int:
     return max(1, -(-values.size // SAMPLE_ELEMS))
 
 
-def _budget_jobs(inventory: Inventory, recipe: rc.Recipe):
-    """``(recipe name, role, job, offered)`` of every tensor the budget chooses for (two candidates or more)."""
-    nhl = inventory.num_hidden_layers
+def _budget_sources(inventory: Inventory, recipe: rc.Recipe) -> list[tuple[str, Any, rc.Role]]:
+    """``(name, source tensor, role)`` of every source tensor of a role the budget chooses for (rules 3-6)."""
+    nhl, out = inventory.num_hidden_layers, []
     for name, src in inventory.tensors.items():
         role = source_role(name, src, nhl)
-        if role not in rc.BUDGET_ROLES or is_dropped(role, recipe):
-            continue
-        for rname, job, offered in _offered(src, role, recipe, inventory):
-            if len(offered) >= 2:
-                yield rname, role, job, offered
+        if role in rc.BUDGET_ROLES and not is_dropped(role, recipe):
+            out.append((name, src, role))
+    return out
 
 
 def measure(
     source: Source, inventory: Inventory, recipe: rc.Recipe, cache: dict | None, bar: Callable[[int], Any]
 ) -> tuple[dict[str, Measured], int]:
-    """Every budgeted tensor's ``Measured``, from ``cache`` (the file's ``tensors``) where it has the tensor,
-    else measured; and how many were measured. ParameterError (one line) when a shard is not on this machine
-    (a Hub source not in the Hugging Face cache)."""
+    """Every budgeted tensor's ``Measured`` (two candidates or more), from ``cache`` (the file's ``tensors``)
+    where it has the tensor, else measured; and how many were measured. One source tensor's candidate jobs at a
+    time. ParameterError (one line) when a shard to measure is not on this machine (a Hub source not in the
+    Hugging Face cache), before any is measured when there is no cache."""
     block = inventory.fp8.block if inventory.fp8 else None
-    work = list(_budget_jobs(inventory, recipe))
-    todo = [w for w in work if cache is None or w[0] not in cache]
-    reader = ShardReader(_local_shards(source, {s for w in todo for s in w[2].shards}))
+    sources = _budget_sources(inventory, recipe)
+    shards = {s for _, src, _ in sources for s in src.shards}
+    paths = _local_shards(source, shards, strict=cache is None)
+    reader = ShardReader(paths)
     out: dict[str, Measured] = {}
-    with bar(sum(w[2].in_bytes for w in todo)) as progress:
+    fresh = 0
+    with bar(sum(src.nbytes + src.scale_nbytes for _, src, _ in sources)) as progress:
         try:
-            for rname, role, job, offered in work:
-                layer = rc.layer_of(rname)
-                m = Measured(role, layer.name if layer else "globals", job.O * job.I, job.out_bytes,
-                             expert=job.expert, layer_index=layer.index if layer else None,
-                             source=job.source.name)  # fmt: skip
-                known = (cache or {}).get(rname)
-                if known is not None and set(known) == set(offered):
-                    m.options = {k: (int(v[0]), float(v[1])) for k, v in known.items()}
-                else:
-                    m.options = _measure_job(offered, reader, block)
-                    progress.update(job.in_bytes)
-                out[rname] = m
+            for _, src, role in sources:
+                for rname, job, offered in _offered(src, role, recipe, inventory):
+                    if len(offered) >= 2:
+                        known = (cache or {}).get(rname)
+                        out[rname] = _measured(rname, role, job, offered, known, (reader, paths, block))
+                        fresh += out[rname].fresh
+                progress.update(src.nbytes + src.scale_nbytes)
         finally:
             reader.close()
-    return out, len(todo)
+    return out, fresh
 
 
-def _local_shards(source: Source, shards: set[str]) -> dict[str, Path]:
+def _measured(rname: str, role: rc.Role, job: TensorJob, offered: dict, known: dict | None, where) -> Measured:
+    """One tensor's ``Measured``: from its cache entry ``known`` when it has the same candidates, else measured
+    (``where``: the reader, its shards' paths and the FP8 block)."""
+    reader, paths, block = where
+    layer = rc.layer_of(rname)
+    m = Measured(role, layer.name if layer else "globals", job.O * job.I, job.out_bytes, expert=job.expert,
+                 layer_index=layer.index if layer else None, source=job.source.name)  # fmt: skip
+    if known is not None and set(known) == set(offered):
+        m.options = {k: (int(v[0]), float(v[1])) for k, v in known.items()}
+        return m
+    missing = sorted(s for s in job.shards if s not in paths)
+    if missing:
+        _local_shards_refused(missing[0])
+    m.options, m.fresh = _measure_job(offered, reader, block), 1
+    return m
+
+
+def _local_shards(source: Source, shards: set[str], strict: bool) -> dict[str, Path]:
+    """The shards on this machine (``Source.local_copy``: never downloads); ``strict``: every one, else the
+    refusal."""
     paths = {}
     for shard in sorted(shards):
         local = source.local_copy(shard)
-        if local is None:
-            raise ParameterError(
-                f"`target_size` / `target_bpw` measure the source before converting and need its shards on this "
-                f"machine ({shard} is not: a Hub source not in the Hugging Face cache); download it first, or "
-                "convert it without a budget"
-            )
-        paths[shard] = local
+        if local is None and strict:
+            _local_shards_refused(shard)
+        if local is not None:
+            paths[shard] = local
     return paths
+
+
+def _local_shards_refused(shard: str) -> None:
+    raise ParameterError(
+        f"`target_size` / `target_bpw` measure the source before converting and need its shards on this "
+        f"machine ({shard} is not: a Hub source not in the Hugging Face cache); download it first, or "
+        "convert it without a budget"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ cache

@@ -310,3 +310,14 @@ def test_targets_that_stack_experts_get_one_format_per_stack(tmp_path, fixture, 
     assert all(len(v) == 1 for v in shared.values())
     assert summary.units_converted == summary.units_total
     assert verify_container(tmp_path / "o").ok
+
+
+def test_hub_source_not_on_this_machine_is_refused_before_any_download(hub, tmp_path):
+    hub.add_repo("org/olmoe", {"main": ORACLES / "olmoe"})
+    with pytest.raises(ParameterError, match=r"^`target_size` / `target_bpw` measure the source before converting "
+                       r"and need its shards on this machine \(model.safetensors is not") as exc:  # fmt: skip
+        _convert("org/olmoe", tmp_path / "o", target_size=100_000)
+    assert exc.value.exit_code == 2
+    served = hub.stats("model.safetensors").bytes_served  # its header read for planning (range requests), no more
+    assert served < (ORACLES / "olmoe" / "model.safetensors").stat().st_size
+    assert not (tmp_path / "o" / "model.safetensors").exists()
