@@ -43,6 +43,18 @@ _BUDGET_HELP = (
     "to least squared error (measured on the source first, cached in OUTDIR) within the budget "
     "(docs/FORMATS.md §12)."
 )
+_TargetSizeOpt = Annotated[
+    str | None,
+    typer.Option("--target-size", help=f"Output tensor bytes at most SIZE (25GiB, 380GB, 1.5TB, bytes), {_BUDGET_HELP}"),
+]
+_TargetBpwOpt = Annotated[
+    float | None, typer.Option("--target-bpw", help=f"Output bits per weight at most BITS, {_BUDGET_HELP}")
+]
+_UsageOpt = Annotated[
+    str | None,
+    typer.Option("--usage", help="With a budget: a routing history (.coli_usage / IKU1) weighting each routed "
+                 "expert by its share of its layer's selections."),
+]  # fmt: skip
 _KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
 _UPLOAD_HELP = (
     "Once the output is complete, upload it to this Hugging Face model repo (org/name) with a model card, as "
@@ -56,17 +68,13 @@ _DRY_RUN_HELP = (
 
 @app.command("convert")
 def convert_command(
-    source: Annotated[
-        str, typer.Argument(help="A local model folder, or a Hugging Face repo id (org/name).")
-    ],
+    source: Annotated[str, typer.Argument(help="A local model folder, or a Hugging Face repo id (org/name).")],
     # a str, not a Path: Path("") is ".", and an empty path is a usage error of `convert`, not the current folder
     outdir: Annotated[str, typer.Argument(help="Output folder (created; a rerun resumes in it).")],
     experts: Annotated[
         str | None, typer.Option("--experts", help=f"Routed experts (int4-g64, MXFP4/INT4: native): {_FMT}.")
     ] = None,
-    dense: Annotated[
-        str | None, typer.Option("--dense", help="Other 2-D weights (default int8-row).")
-    ] = None,
+    dense: Annotated[str | None, typer.Option("--dense", help="Other 2-D weights (default int8-row).")] = None,
     embed: Annotated[
         str | None, typer.Option("--embed", help="embed_tokens / lm_head (default int8-row).")
     ] = None,
@@ -80,18 +88,9 @@ def convert_command(
     towers: Annotated[str | None, typer.Option("--towers", help=_TOWERS_HELP)] = None,
     target: Annotated[str | None, typer.Option("--target", help=_TARGET_HELP)] = None,
     quantizer: Annotated[str, typer.Option("--quantizer", help=_QUANTIZER_HELP)] = "rtn",
-    target_size: Annotated[
-        str | None,
-        typer.Option("--target-size", help=f"Output tensor bytes at most SIZE (25GiB, 380GB, 1.5TB, bytes), {_BUDGET_HELP}"),
-    ] = None,
-    target_bpw: Annotated[
-        float | None, typer.Option("--target-bpw", help=f"Output bits per weight at most BITS, {_BUDGET_HELP}")
-    ] = None,
-    usage: Annotated[
-        str | None,
-        typer.Option("--usage", help="With a budget: a routing history (.coli_usage / IKU1) weighting each routed "
-                     "expert by its share of its layer's selections."),
-    ] = None,
+    target_size: _TargetSizeOpt = None,
+    target_bpw: _TargetBpwOpt = None,
+    usage: _UsageOpt = None,
     min_free_gb: Annotated[
         float,
         typer.Option("--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."),
@@ -118,10 +117,7 @@ def convert_command(
 ) -> None:
     """Convert a float (BF16, F16, F32), FP8 or natively quantized (MXFP4, INT4 compressed-tensors, NVFP4,
     MXFP8, DeepSeek-V4.1's FP8 / FP4 UE8M0) checkpoint into quantized byte-addressable safetensors, resumably."""
-    # The converter multiplies no float matrices: OpenBLAS's thread pool would only cost start-up (~60 ms of
-    # numpy's import) and a core spinning beside the encoders. Set before numpy's first import (no command
-    # module imports it at module level); --workers processes inherit it.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    _one_blas_thread()
     from colitools.converters.options import ConvertOptions
     from colitools.converters.runner import convert
 
@@ -139,6 +135,13 @@ def convert_command(
         output.emit(as_json, summary.to_dict, summary.text().splitlines())
         return
     _upload_after(summary, outdir, upload_repo, token=token, as_json=as_json, progress=progress)
+
+
+def _one_blas_thread() -> None:
+    """The converter multiplies no float matrices: OpenBLAS's thread pool would only cost start-up (~60 ms of
+    numpy's import) and a core spinning beside the encoders. Set before numpy's first import (no command module
+    imports it at module level); --workers processes inherit it."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _upload_after(summary, outdir: str, repo_id: str, *, token, as_json: bool, progress: bool | None) -> None:
