@@ -5,6 +5,8 @@ small so that the tiny checkpoints' tensors span many slabs (the same code path 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from convcheck import check_output, snapshot
@@ -37,8 +39,22 @@ def test_slabs_write_the_bytes_of_whole_tensors(case, tmp_path, monkeypatch):
     _convert(tmp_path / "src", tmp_path / "whole", recipe, monkeypatch, 1 << 40)
     # ~7 rows of a 128-wide BF16 tensor per slab (FP8: whole 4-row scale blocks): uneven last slabs everywhere
     _convert(tmp_path / "src", tmp_path / "slabs", recipe, monkeypatch, 1800)
-    assert snapshot(tmp_path / "slabs") == snapshot(tmp_path / "whole")
+    slabs, slab_errors = _split_errors(snapshot(tmp_path / "slabs"))
+    whole, whole_errors = _split_errors(snapshot(tmp_path / "whole"))
+    assert slabs == whole
+    # the recorded error figures: a slabbed tensor's are its slabs' sums added (docs/INTERNALS.md), equal to the
+    # whole tensor's but for the last bits of the float64 sums
+    assert slab_errors.keys() == whole_errors.keys() and whole_errors
+    for name, figures in whole_errors.items():
+        assert slab_errors[name] == pytest.approx(figures, rel=1e-12, abs=1e-300), name
     check_output(tmp_path / "slabs", tensors, {}, block=spec.block)
+
+
+def _split_errors(snap: dict[str, bytes]) -> tuple[dict[str, bytes], dict[str, list[float]]]:
+    """``snap`` without the per-unit error figures of its manifest, and those figures by tensor."""
+    manifest = json.loads(snap["colitools.json without run"])
+    errors = {n: e for u in manifest["units"].values() for n, e in u.pop("errors", {}).items()}
+    return {**snap, "colitools.json without run": json.dumps(manifest, sort_keys=True).encode()}, errors
 
 
 def test_slab_rows_are_whole_scale_blocks_and_skip_small_tensors(tmp_path, monkeypatch):
