@@ -45,12 +45,6 @@ def quant_scheme(config: Mapping[str, Any]) -> QuantScheme:
     return read_quant_config(config)
 
 
-def fp8_scheme(config: Mapping[str, Any]) -> Fp8Scheme | None:
-    """The FP8 scheme declared by ``config.json`` (``quant_method: fp8``), or None. Refuses an unknown
-    ``quant_method`` like ``quant_scheme`` (a natively quantized method has no FP8 scheme)."""
-    return quant_scheme(config).fp8
-
-
 def scale_name(weight: str) -> str:
     """Name of the FP8 scale tensor of ``weight`` (``<name>_scale_inv``)."""
     return weight + SCALE_SUFFIX

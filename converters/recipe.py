@@ -231,10 +231,6 @@ def split_fused(
     return out
 
 
-def is_router(name: str) -> bool:
-    return parse_name(name).role is TensorRole.ROUTER
-
-
 def is_embedding(name: str) -> bool:
     """An embedding or output-head weight (``embed_tokens.weight``, ``lm_head.weight``; rule 3)."""
     parsed = parse_name(name)

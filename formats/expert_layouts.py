@@ -466,10 +466,6 @@ class FusedLayout(ExpertLayout):
     # the engine reads an expert's rows with read_f32_slice and keeps them f32 or quantizes them at load
     float_formats: tuple[str, ...] = ("f32", "bf16")
 
-    def leaf_of(self, projection: str) -> str:
-        """The stack holding ``projection`` (gate | up | down)."""
-        return next(leaf for leaf, projections in self.stacks if projection in projections)
-
     def names(self, expert_base: str) -> tuple[tuple[str, str], ...]:
         """``((stack name, scale name), ...)`` of a layer's stacks under ``expert_base``
         (``model.layers.3.mlp.experts``), gate_up first."""

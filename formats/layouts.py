@@ -24,12 +24,3 @@ LAYOUTS: tuple[Layout, ...] = (PAIRS, PLANAR)
 OPTION_NAMES: tuple[str, ...] = tuple(layout.option for layout in LAYOUTS)
 STORED_NAMES: tuple[str, ...] = tuple(layout.stored for layout in LAYOUTS)
 
-
-def by_option(option: str) -> Layout | None:
-    """The layout whose ``--layout`` value is ``option``, or None."""
-    return next((layout for layout in LAYOUTS if layout.option == option), None)
-
-
-def by_stored(stored: str) -> Layout | None:
-    """The layout stored as ``stored`` in shard metadata, or None."""
-    return next((layout for layout in LAYOUTS if layout.stored == stored), None)

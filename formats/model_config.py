@@ -500,11 +500,6 @@ class ConfigFacts:
     fp8_block: tuple[int, int] | None
     expert_hidden: int | None = None  # the routed experts' input width (``expert_hidden``)
 
-    @property
-    def total_layers(self) -> int | None:
-        """Base decoder layers plus MTP layers."""
-        return None if self.num_hidden_layers is None else self.num_hidden_layers + self.mtp_layers
-
 
 def read_facts(config: Any, where: str = "config.json") -> ConfigFacts:
     """Validate ``config`` (``validate_config``) and return its facts."""

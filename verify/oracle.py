@@ -227,20 +227,6 @@ def _convert_and_check(fixture_dir: Path, ref: dict[str, Any], result: RecipeRes
             result.format_mismatches.append(f"{name}: converted as {label}, oracle expects {expected}")
 
 
-def verify_conversion(
-    fixture_dir: str | os.PathLike[str], recipe: str, *, workdir: str | os.PathLike[str] | None = None
-) -> RecipeResult:
-    """Conversion-only check (for fixtures the runtime cannot run yet): convert with ``recipe``,
-    ``verify_container`` clean, every tensor in the format of the reference's ``tensor_formats``. Only
-    ``format_mismatches`` and ``container_problems`` are filled in."""
-    fixture_dir = Path(fixture_dir)
-    ref = load_reference(fixture_dir, recipe)
-    result = RecipeResult(fixture_dir.name, recipe)
-    with tempfile.TemporaryDirectory(prefix=f"colitools-oracle-{fixture_dir.name}-{recipe}-", dir=workdir) as tmp:
-        _convert_and_check(fixture_dir, ref, result, Path(tmp) / "converted")
-    return result
-
-
 def verify_recipe(
     fixture_dir: str | os.PathLike[str], recipe: str, *, cap: int | None = None, atol: float = DEFAULT_ATOL,
     workdir: str | os.PathLike[str] | None = None,

@@ -78,11 +78,11 @@ def test_non_float_sources_are_refused():
 
 
 def test_fp8_scheme_from_config():
-    assert dq.fp8_scheme({}) is None
+    assert dq.quant_scheme({}).fp8 is None
     cfg = {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 128]}}
-    assert dq.fp8_scheme(cfg).block == (64, 128)
-    assert dq.fp8_scheme({"quantization_config": {"quant_method": "fp8"}}).block == (128, 128)
+    assert dq.quant_scheme(cfg).fp8.block == (64, 128)
+    assert dq.quant_scheme({"quantization_config": {"quant_method": "fp8"}}).fp8.block == (128, 128)
     with pytest.raises(ConfigError, match="quant_method 'awq'"):
-        dq.fp8_scheme({"quantization_config": {"quant_method": "awq"}})
+        dq.quant_scheme({"quantization_config": {"quant_method": "awq"}})
     with pytest.raises(ConfigError, match="weight_block_size"):
-        dq.fp8_scheme({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}})
+        dq.quant_scheme({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}})

@@ -157,8 +157,6 @@ def test_one_layout_vocabulary_with_option_and_stored_spellings():
     assert recipe.LAYOUTS == ("pairs", "planar") == layouts.OPTION_NAMES
     assert resolver.LAYOUTS == ("pairs", "planar64-v8") == layouts.STORED_NAMES
     assert planar.PLANAR_LAYOUT == layouts.PLANAR.stored and resolver.PAIRS_LAYOUT == layouts.PAIRS.stored
-    assert layouts.by_option("planar") is layouts.PLANAR and layouts.by_stored("planar64-v8") is layouts.PLANAR
-    assert layouts.by_option("planar64-v8") is None
 
 
 def test_format_choice_has_no_keeps_float():

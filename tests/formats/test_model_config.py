@@ -37,13 +37,7 @@ def test_text_config_is_used_when_the_top_level_has_no_hidden_size():
                             "n_routed_experts": 384, "num_experts_per_tok": 8, "moe_intermediate_size": 12,
                             "num_nextn_predict_layers": 1, "vocab_size": 100}}  # fmt: skip
     f = mc.read_facts(kimi)
-    assert (f.model_type, f.hidden_size, f.num_hidden_layers, f.mtp_layers, f.total_layers) == (
-        "kimi_k25",
-        16,
-        61,
-        1,
-        62,
-    )
+    assert (f.model_type, f.hidden_size, f.num_hidden_layers, f.mtp_layers) == ("kimi_k25", 16, 61, 1)
     assert (f.routed_experts, f.experts_per_token, f.expert_width, f.vocab_size) == (384, 8, 12, 100)
     assert f.fp8_block == (64, 32)  # quantization_config of the top level
     # a top-level hidden_size means the top level is the text model
