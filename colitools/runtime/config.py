@@ -5,7 +5,7 @@ top-level ``rope_theta`` + ``rope_scaling {type|rope_type}``, ``head_dim`` missi
 shares are parsed here, once, through the config facts (``formats/model_config.py``: validation, text model, expert
 count and width) into the fields of ``ModelArgs``; the family then parses its own arguments dataclass (a
 ``ModelArgs`` subclass: its layer schedule, routing, MLA, sliding windows, RoPE layout, ...) in its own file
-(``Family.args``, ``family.py``), from its defaults for keys a config omits (``Family.defaults``: the transformers
+(``RuntimeFamily.args``, ``family.py``), from its defaults for keys a config omits (``RuntimeFamily.defaults``: the transformers
 5.24 class defaults). The option groups of the shared blocks (``RoutingArgs``, ``AttentionArgs``, ``MLAArgs``,
 ``IndexerArgs``, ``LinearAttentionArgs``, ``KDAArgs``, ``HyperArgs``) and the parsing helpers the families share
 (``rope_args``, ``routing_args``, ``mla_args``, ``noaux_tc_args``) live here.
@@ -145,7 +145,7 @@ class HyperArgs:
 
 @dataclass(kw_only=True)
 class ModelArgs:
-    """What every family has, in one normalised form; a family's own arguments are a subclass (``Family.args``)."""
+    """What every family has, in one normalised form; a family's own arguments are a subclass (``RuntimeFamily.args``)."""
 
     model_type: str
     vocab_size: int
@@ -178,7 +178,7 @@ class ModelArgs:
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "config.json") -> ModelArgs:
         """Validate ``config`` (the config facts), parse the keys every family shares, then the family's own
-        arguments (``Family.args``): an instance of the family's ``ModelArgs`` subclass."""
+        arguments (``RuntimeFamily.args``): an instance of the family's ``ModelArgs`` subclass."""
         from colitools.runtime.family import family_for  # the family modules import this module
 
         facts = model_config.read_facts(config, where)

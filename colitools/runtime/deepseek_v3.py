@@ -33,7 +33,7 @@ from colitools.runtime.config import (
     noaux_tc_args,
     rope_args,
 )
-from colitools.runtime.family import DecoderLayer, Family, LayerContext
+from colitools.runtime.family import DecoderLayer, LayerContext, RuntimeFamily
 from colitools.runtime.rope import Rope
 
 _DEEPSEEK_V3 = {  # transformers 5.24 DeepseekV3Config
@@ -57,7 +57,7 @@ class DeepseekV3Args(ModelArgs):
     indexer: IndexerArgs | None = None
 
 
-class DeepseekV3(Family):
+class DeepseekV3(RuntimeFamily):
     defaults = {  # transformers 5.24 DeepseekV3Config / Kimi_K25Config / DeepseekV32Config / GlmMoeDsaConfig
         "deepseek_v3": _DEEPSEEK_V3,
         "kimi_k25": {**_DEEPSEEK_V3, "tie_word_embeddings": True},  # its text_config is DeepseekV3Config; the

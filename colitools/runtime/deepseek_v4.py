@@ -37,7 +37,7 @@ from colitools.runtime.config import ConfigKeys, IndexerArgs, ModelArgs, RopeArg
 from colitools.runtime.deepseek_v4_hc import HyperConnection, HyperHead, unweighted_rms_norm
 from colitools.runtime.deepseek_v4_quant import MODES, ActQuant, QuantizedInput, attend_bf16
 from colitools.runtime.experts import Expert, ExpertStore
-from colitools.runtime.family import Family, LayerContext, ModelIO
+from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
 from colitools.runtime.ops import Linear, rms_norm, silu
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint, sanitize
@@ -571,7 +571,7 @@ class V4IO(ModelIO):
         return self.lm_head(rms_norm(self.hyper_head(x), self.norm, self.eps))
 
 
-class DeepseekV4(Family):
+class DeepseekV4(RuntimeFamily):
     defaults = {"deepseek_v4": DEFAULTS}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> V4Args:

@@ -52,7 +52,7 @@ from colitools.runtime.deepseek_v41_kv import (
 )
 from colitools.runtime.engram import Engram, EngramArgs, load_engram_hash
 from colitools.runtime.experts import ExpertStore
-from colitools.runtime.family import Family, LayerContext, ModelIO
+from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
 from colitools.runtime.hyper import HyperConnection
 from colitools.runtime.ops import rms_norm
 from colitools.runtime.weights import Checkpoint, sanitize
@@ -384,7 +384,7 @@ class V41IO(ModelIO):
         return self.lm_head(rms_norm(h if all_logits else h[-1:], self.norm, self.eps))
 
 
-class DeepseekV41(Family):
+class DeepseekV41(RuntimeFamily):
     defaults = {"deepseek_v41": DEFAULTS}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> V41Args:

@@ -6,7 +6,7 @@ for each layer: x = x + Attn(RMSNorm_in(x)); x = x + FFN(RMSNorm_post(x))
 logits = RMSNorm_final(x) @ lm_head.T
 ```
 Each family is one module ``colitools/runtime/<name>.py`` (``name``: its family in ``formats/families.py``,
-which also owns its model types and geometry) holding ``FAMILY``, an instance of a :class:`Family` subclass:
+which also owns its model types and geometry) holding ``FAMILY``, an instance of a :class:`RuntimeFamily` subclass:
 
 * ``defaults``: model_type -> the transformers defaults of keys a config omits;
 * ``args(c, base)``: the family's own arguments dataclass (a ``config.ModelArgs`` subclass) from its config keys;
@@ -145,7 +145,7 @@ class ModelIO:
         return self.lm_head(rms_norm(x if all_logits else x[-1:], self.norm, self.eps))
 
 
-class Family:
+class RuntimeFamily:
     """The runtime's interface to a model family; a family module holds ``FAMILY = <its subclass>()``. The
     defaults are the transformers MoE decoder: every layer MoE with softmax routing, GQA attention without
     options, RoPE over ``head_dim x partial_rotary_factor``, ``embed_tokens`` / ``norm`` / ``lm_head``."""
@@ -175,7 +175,7 @@ class Family:
         overrides this."""
 
 
-def family_for(model_type: str | None, where: str = "config.json") -> Family:
+def family_for(model_type: str | None, where: str = "config.json") -> RuntimeFamily:
     """The runtime family of ``model_type`` (``FAMILY`` of ``colitools/runtime/<name>.py``, ``name`` its family in
     ``formats/families.py``); RuntimeModelError for a type the runtime does not run."""
     if model_type not in families.RUNNABLE_MODEL_TYPES:

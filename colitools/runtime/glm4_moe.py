@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, noaux_tc_args, rope_args
-from colitools.runtime.family import Family
+from colitools.runtime.family import RuntimeFamily
 
 
-class Glm4Moe(Family):
+class Glm4Moe(RuntimeFamily):
     defaults = {  # transformers 5.24 Glm4MoeConfig
         "glm4_moe": {
             "rms_norm_eps": 1e-5, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_group": 1,

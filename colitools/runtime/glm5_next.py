@@ -39,7 +39,7 @@ from colitools.runtime.config import (
 )
 from colitools.runtime.deepseek_v3 import indexer_types
 from colitools.runtime.experts import Expert
-from colitools.runtime.family import Family, LayerContext, ModelIO
+from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
 from colitools.runtime.hyper import HyperConnection, HyperDecoderLayer, HyperStreams
 from colitools.runtime.kda import KimiDeltaAttention
 from colitools.runtime.ops import MLP, Linear, layer_norm, norm_weight, silu, softmax
@@ -218,7 +218,7 @@ def hyper_layer(ctx: LayerContext, layer: int) -> HyperDecoderLayer:
     )  # fmt: skip
 
 
-class Glm5Next(Family):
+class Glm5Next(RuntimeFamily):
     defaults = {"glm5_next": _TEXT, "glm5_next_text": _TEXT}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> Glm5NextArgs:

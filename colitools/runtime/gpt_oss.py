@@ -28,7 +28,7 @@ from colitools.formats.names import STACK_BIASES, expert_tensor_name, module_pat
 from colitools.runtime.attention import GQAAttention
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
 from colitools.runtime.experts import Expert
-from colitools.runtime.family import DecoderLayer, Family, LayerContext
+from colitools.runtime.family import DecoderLayer, LayerContext, RuntimeFamily
 from colitools.runtime.ops import sigmoid
 from colitools.runtime.weights import Checkpoint, Stored
 
@@ -90,7 +90,7 @@ def expert_biases(args, ckpt: Checkpoint, layer: int) -> list[tuple[Stored, Stor
     ]  # fmt: skip
 
 
-class GptOss(Family):
+class GptOss(RuntimeFamily):
     defaults = {
         "gpt_oss": {
             "rms_norm_eps": 1e-5, "head_dim": 64, "sliding_window": 128, "rope_theta": 150000.0,

@@ -45,7 +45,7 @@ from colitools.formats.names import (
 from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, ModelArgs, RopeArgs
 from colitools.runtime.experts import STACK_PICKS
-from colitools.runtime.family import Family, LayerContext, ModelIO
+from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
 from colitools.runtime.kernels import QTensor
 from colitools.runtime.linear_attention import ConvState
 from colitools.runtime.moe import SparseMoE, _topk
@@ -391,7 +391,7 @@ class InklingIO(ModelIO):
         return logits[:, : self.unpadded] if self.unpadded is not None else logits
 
 
-class Inkling(Family):
+class Inkling(RuntimeFamily):
     defaults = {"inkling_mm_model": dict(_TEXT), "inkling_text": dict(_TEXT)}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> InklingArgs:

@@ -40,7 +40,7 @@ from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import KVBuffer, causal_mask
 from colitools.runtime.config import ConfigKeys, RopeArgs, routing_args
 from colitools.runtime.experts import Expert
-from colitools.runtime.family import Family, LayerContext, ModelIO
+from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
 from colitools.runtime.inkling import (
     HybridArgs,
     ShortConv,
@@ -363,7 +363,7 @@ class Inkling2IO(ModelIO):
         return softcap(logits, self.cap) if self.cap is not None else logits
 
 
-class Inkling2(Family):
+class Inkling2(RuntimeFamily):
     defaults = {"inkling2": dict(_TEXT), "inkling2_text": dict(_TEXT)}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> Inkling2Args:

@@ -47,7 +47,7 @@ from colitools.runtime.config import (
     noaux_tc_args,
 )
 from colitools.runtime.experts import Expert, ExpertStore, expert_sources
-from colitools.runtime.family import Family, LayerContext, ModelIO
+from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
 from colitools.runtime.kda import KimiDeltaAttention
 from colitools.runtime.kimi_linear import LAYER_TYPES, kda_layer_types
 from colitools.runtime.moe import noaux_tc
@@ -280,7 +280,7 @@ class K3IO(ModelIO):
         return self.lm_head(rms_norm(attn_res(blocks, x, self.out_query, self.eps), self.norm, self.eps))
 
 
-class KimiK3(Family):
+class KimiK3(RuntimeFamily):
     defaults = {"kimi_k3": {"rms_norm_eps": 1e-5, "linear_lower_bound": -5.0}}  # c/kimi_k3.c load_cfg's
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> KimiK3Args:

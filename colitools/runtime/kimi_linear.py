@@ -31,7 +31,7 @@ from colitools.runtime.config import (
     mla_head_dim,
     noaux_tc_args,
 )
-from colitools.runtime.family import DecoderLayer, Family, LayerContext
+from colitools.runtime.family import DecoderLayer, LayerContext, RuntimeFamily
 from colitools.runtime.kda import KimiDeltaAttention
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -54,7 +54,7 @@ def kda_layer_types(c: ConfigKeys, n_layers: int, names: tuple[str, str], defaul
     return list(types)
 
 
-class KimiLinear(Family):
+class KimiLinear(RuntimeFamily):
     defaults = {  # transformers 5.24 KimiLinearConfig (common spellings)
         "kimi_linear": {
             "rms_norm_eps": 1e-5, "norm_topk_prob": True, "routed_scaling_factor": 2.446, "n_group": 1,

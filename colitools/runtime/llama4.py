@@ -28,7 +28,7 @@ from colitools.formats import model_config
 from colitools.formats.names import module_path
 from colitools.runtime.attention import GQAAttention, attend, causal_mask
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
-from colitools.runtime.family import Family, LayerContext
+from colitools.runtime.family import LayerContext, RuntimeFamily
 from colitools.runtime.moe import SparseMoE, _topk
 from colitools.runtime.ops import MLP, rms_norm, sigmoid
 from colitools.runtime.rope import Rope
@@ -64,7 +64,7 @@ def _layer_lists(c: ConfigKeys, n: int, chunk: int | None) -> tuple[list[bool], 
     return [i in moe for i in range(n)], [bool(r) for r in rope], chunks
 
 
-class Llama4(Family):
+class Llama4(RuntimeFamily):
     defaults = {"llama4": _DEFAULTS, "llama4_text": _DEFAULTS}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> Llama4Args:

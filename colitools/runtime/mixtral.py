@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
-from colitools.runtime.family import Family
+from colitools.runtime.family import RuntimeFamily
 
 
-class Mixtral(Family):
+class Mixtral(RuntimeFamily):
     defaults = {"mixtral": {"rms_norm_eps": 1e-5, "norm_topk_prob": True, "rope_theta": 1e6}}  # MixtralConfig
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> GQAArgs:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
-from colitools.runtime.family import Family
+from colitools.runtime.family import RuntimeFamily
 
 
-class Olmoe(Family):
+class Olmoe(RuntimeFamily):
     defaults = {"olmoe": {"rms_norm_eps": 1e-5, "norm_topk_prob": False}}  # transformers 5.24 OlmoeConfig
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> GQAArgs:

@@ -45,7 +45,7 @@ from colitools.runtime.config import (
     rope_args,
     routing_args,
 )
-from colitools.runtime.family import Family, LayerContext, ModelIO
+from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
 from colitools.runtime.linear_attention import GatedDeltaNet
 from colitools.runtime.ops import Embedding, Linear, norm_weight, rms_norm, sigmoid, silu
 from colitools.runtime.rope import Rope
@@ -412,7 +412,7 @@ class Qwen38IO(ModelIO):
         return self.lm_head(self.mixer(x if all_logits else x[-1:])[0])
 
 
-class Qwen38(Family):
+class Qwen38(RuntimeFamily):
     defaults = {"qwen4_exp": dict(_TEXT), "qwen4_exp_text": dict(_TEXT)}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> Qwen38Args:

@@ -32,7 +32,7 @@ from colitools.runtime.config import (
     rope_args,
     routing_args,
 )
-from colitools.runtime.family import DecoderLayer, Family, LayerContext
+from colitools.runtime.family import DecoderLayer, LayerContext, RuntimeFamily
 from colitools.runtime.linear_attention import GatedDeltaNet
 
 _COMMON = {  # transformers 5.24 Qwen3NextConfig / Qwen3_5MoeTextConfig
@@ -64,7 +64,7 @@ def _layer_types(c: ConfigKeys, n_layers: int) -> list[str]:
     return list(types)
 
 
-class Qwen3Next(Family):
+class Qwen3Next(RuntimeFamily):
     defaults = {
         "qwen3_next": {**_COMMON, "norm_topk_prob": True, "decoder_sparse_step": 1},
         "qwen3_5_moe": dict(_COMMON),

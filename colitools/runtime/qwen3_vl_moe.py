@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
-from colitools.runtime.family import Family
+from colitools.runtime.family import RuntimeFamily
 from colitools.runtime.qwen_moe import moe_schedule
 
 _DEFAULTS = {"rms_norm_eps": 1e-6, "decoder_sparse_step": 1}  # transformers 5.24 Qwen3VLMoeTextConfig
 
 
-class Qwen3VLMoe(Family):
+class Qwen3VLMoe(RuntimeFamily):
     defaults = {"qwen3_vl_moe": _DEFAULTS, "qwen3_vl_moe_text": _DEFAULTS}
 
     def args(self, c: ConfigKeys, base: dict[str, Any]) -> GQAArgs:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from colitools.runtime.config import ConfigKeys, GQAArgs, attention_args, rope_args, routing_args
-from colitools.runtime.family import Family
+from colitools.runtime.family import RuntimeFamily
 
 
-class QwenMoe(Family):
+class QwenMoe(RuntimeFamily):
     defaults = {  # transformers 5.24 Qwen2MoeConfig / Qwen3MoeConfig
         "qwen2_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},
         "qwen3_moe": {"rms_norm_eps": 1e-6, "norm_topk_prob": False, "decoder_sparse_step": 1},

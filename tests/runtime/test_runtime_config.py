@@ -126,16 +126,16 @@ def test_partial_rope_leaves_the_tail_untouched():
 
 def test_every_runnable_type_has_a_family_that_parses_its_own_arguments():
     """``formats/families.py`` names the runtime module of every runnable type; the module's ``FAMILY`` is a
-    ``Family`` whose defaults cover the type, and those defaults are what its own ``ModelArgs`` subclass gets."""
+    ``RuntimeFamily`` whose defaults cover the type, and those defaults are what its own ``ModelArgs`` subclass gets."""
     from colitools.formats.families import RUNNABLE_MODEL_TYPES, family_of
-    from colitools.runtime.family import Family, family_for
+    from colitools.runtime.family import RuntimeFamily, family_for
 
     assert set(RUNNABLE_MODEL_TYPES) >= {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
                                          "glm_moe_dsa", "kimi_k25", "deepseek_v32", "gpt_oss", "qwen3_next",
                                          "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v4"}  # fmt: skip
     for mt in RUNNABLE_MODEL_TYPES:
         family = family_for(mt)
-        assert isinstance(family, Family) and type(family).__module__ == f"colitools.runtime.{family_of(mt).name}"
+        assert isinstance(family, RuntimeFamily) and type(family).__module__ == f"colitools.runtime.{family_of(mt).name}"
         assert mt in family.defaults
         cfg = {"model_type": mt, "num_experts": 8, **BASE, **MLA, "intermediate_size": 32,
                "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}  # fmt: skip
@@ -159,7 +159,7 @@ def test_every_runnable_type_has_a_family_that_parses_its_own_arguments():
 
 def test_the_model_asks_its_family_through_the_protocol_only():
     """``model.py`` and ``family.py`` probe nothing (no ``hasattr`` / ``getattr`` on a family, a layer or a mixer):
-    what a family provides is ``Family``'s methods, what a layer provides is ``Layer``'s."""
+    what a family provides is ``RuntimeFamily``'s methods, what a layer provides is ``Layer``'s."""
     import ast
     from pathlib import Path
 
