@@ -41,12 +41,15 @@ from colitools.converters.planner import (
 )
 from colitools.converters.sources import Source
 from colitools.converters.unit_writer import ShardReader, _source_values, encode_job, job_error
+from colitools.formats import planar_sidecar as sidecar
 from colitools.formats import targets
 from colitools.formats.atomic import write_json_atomic
+from colitools.formats.dtypes import itemsize
 from colitools.formats.errors import ParameterError, TargetRefused
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, MANIFEST_FILE
 from colitools.formats.format_names import NATIVE_OPTION
 from colitools.formats.jsonfile import load_json_object
+from colitools.formats.layouts import PLANAR
 from colitools.formats.registry import parse_format_option
 
 CACHE_FILE = ".colitools-budget.json"  # the measurements, in the output folder
@@ -101,7 +104,8 @@ def grouped_experts(recipe: rc.Recipe) -> bool:
 # ------------------------------------------------------------------------------------------ measurement
 def _offered(src, role: rc.Role, recipe: rc.Recipe, inventory: Inventory) -> list[tuple[str, TensorJob, dict]]:
     """``src``'s jobs (recipe name, job in the recipe's option) and, per job, the candidate option -> job in it:
-    a candidate that falls back, or writes what an earlier one writes, is left out."""
+    a candidate that falls back, writes what an earlier one writes, or (a routed expert, ``--layout planar``)
+    that the planar sidecar cannot hold is left out."""
     base = written_jobs(src, role, recipe, inventory)
     per_option = {}
     for option in role_candidates(recipe, role):
@@ -110,12 +114,13 @@ def _offered(src, role: rc.Role, recipe: rc.Recipe, inventory: Inventory) -> lis
         except TargetRefused:  # its loader cannot read this tensor so: not a candidate
             continue
     out = []
+    planar = recipe.layout == PLANAR.option and role is rc.Role.EXPERT  # the sidecar holds int4-row / -g64 only
     for k, (name, job) in enumerate(base):
         offered, seen = {}, set()
         for option, jobs in per_option.items():
             t = jobs[k][1].target
             key = (t.fmt, t.gs, t.quantizer, t.native)
-            if t.fallback is not None or key in seen:
+            if t.fallback is not None or key in seen or (planar and not t.format_class.planar_eligible(job.I, t.gs)):
                 continue
             seen.add(key)
             offered[option] = jobs[k][1]
@@ -123,7 +128,18 @@ def _offered(src, role: rc.Role, recipe: rc.Recipe, inventory: Inventory) -> lis
     return out
 
 
-def _measure_job(offered: dict[str, TensorJob], reader: ShardReader, block) -> dict[str, tuple[int, float]]:
+def written_bytes(job: TensorJob, planar: bool) -> int:
+    """The tensor data ``job`` writes: its weight and scale, or (``planar``: a routed expert in the planar
+    sidecar) its codes and the sidecar's F32 scale per (row, 64-block) (``OutputGroup.sidecar_entries``)."""
+    if not planar:
+        return job.out_bytes
+    _, dtype, shape = job.weight_entry
+    return itemsize(dtype) * math.prod(shape) + 4 * math.prod(sidecar.scale_shape(job.O, job.I))
+
+
+def _measure_job(
+    offered: dict[str, TensorJob], reader: ShardReader, block, planar: bool
+) -> dict[str, tuple[int, float]]:
     """Each candidate's bytes and squared error, the source read once (as the unit writer reads it). A float
     tensor of more than ``SAMPLE_ELEMS`` elements is measured on every k-th row (``sample_stride``) and its
     error scaled by ``O / rows measured``: the formats' scales are per row or per group of a row, so each row's
@@ -140,7 +156,7 @@ def _measure_job(offered: dict[str, TensorJob], reader: ShardReader, block) -> d
         codes, scales = encode_job(job, values, scale, block, False)
         err = job_error(job, values, scale, block, codes, scales)
         sse = err.sse * (first.O / values.shape[0]) if err is not None and stride > 1 else err.sse if err else 0.0
-        out[option] = (offered[option].out_bytes, sse)
+        out[option] = (written_bytes(offered[option], planar), sse)
         del codes, scales
     return out
 
@@ -174,6 +190,7 @@ def measure(
     time. ParameterError (one line) when a shard to measure is not on this machine (a Hub source not in the
     Hugging Face cache), before any is measured when there is no cache."""
     block = inventory.fp8.block if inventory.fp8 else None
+    planar = recipe.layout == PLANAR.option
     sources = _budget_sources(inventory, recipe)
     shards = {s for _, src, _ in sources for s in src.shards}
     paths = _local_shards(source, shards, strict=cache is None)
@@ -186,7 +203,8 @@ def measure(
                 for rname, job, offered in _offered(src, role, recipe, inventory):
                     if len(offered) >= 2:
                         known = (cache or {}).get(rname)
-                        out[rname] = _measured(rname, role, job, offered, known, (reader, paths, block))
+                        where = (reader, paths, block, planar and role is rc.Role.EXPERT)
+                        out[rname] = _measured(rname, role, job, offered, known, where)
                         fresh += out[rname].fresh
                 progress.update(src.nbytes + src.scale_nbytes)
         finally:
@@ -196,18 +214,19 @@ def measure(
 
 def _measured(rname: str, role: rc.Role, job: TensorJob, offered: dict, known: dict | None, where) -> Measured:
     """One tensor's ``Measured``: from its cache entry ``known`` when it has the same candidates, else measured
-    (``where``: the reader, its shards' paths and the FP8 block)."""
-    reader, paths, block = where
+    (``where``: the reader, its shards' paths, the FP8 block, whether it is a routed expert of the planar
+    sidecar)."""
+    reader, paths, block, planar = where
     layer = rc.layer_of(rname)
-    m = Measured(role, layer.name if layer else "globals", job.O * job.I, job.out_bytes, expert=job.expert,
-                 layer_index=layer.index if layer else None, source=job.source.name)  # fmt: skip
+    m = Measured(role, layer.name if layer else "globals", job.O * job.I, written_bytes(job, planar),
+                 expert=job.expert, layer_index=layer.index if layer else None, source=job.source.name)  # fmt: skip
     if known is not None and set(known) == set(offered):
         m.options = {k: (int(v[0]), float(v[1])) for k, v in known.items()}
         return m
     missing = sorted(s for s in job.shards if s not in paths)
     if missing:
         _local_shards_refused(missing[0])
-    m.options, m.fresh = _measure_job(offered, reader, block), 1
+    m.options, m.fresh = _measure_job(offered, reader, block, planar), 1
     return m
 
 
