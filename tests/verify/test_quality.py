@@ -496,3 +496,32 @@ def test_row_slabs_give_the_whole_tensors_figures(tmp_path, monkeypatch, dtype):
         if out.name == "fp8":
             fp8 = [t for t in slabbed.tensors if t.format == "fp8"]
             assert fp8 and all(t.stats.sse == 0 and t.stats.max_abs == 0 for t in fp8)
+
+
+# ----------------------------------------------------------------- source encodings and targets, end to end
+@pytest.mark.parametrize(
+    ("fixture", "target", "lossless"),
+    [
+        ("gpt_oss_mxfp4", None, {"f32", "mxfp4"}),  # MXFP4 stacks, gate / up rows interleaved: kept (native)
+        ("deepseek_v3_fp8", None, {"f32"}),  # FP8 128x128 blocks, partial edge blocks
+        ("qwen3_moe_nvfp4", None, {"f32"}),  # NVFP4 decoded and requantized
+        ("qwen3_moe_mxfp8", None, {"f32"}),
+        ("kimi_k3", None, {"f32", "mxfp4"}),  # compressed-tensors mxfp4-pack-quantized: kept
+        ("qwen3_vl_moe", None, {"f32"}),  # transposed [E, H, 2I] stacks
+        (
+            "deepseek_v41",
+            "deepseek_v41",
+            {"f32", "bf16", "fp8-e8m0-t32", "fp8-e8m0-r32", "mxfp4"},
+        ),  # as released
+        ("qwen38", "qwen38", {"f32", "bf16"}),  # experts in the planar sidecar
+    ],
+)
+def test_every_tensor_is_compared_and_agrees_with_what_convert_recorded(tmp_path, fixture, target, lossless):
+    src = ORACLES / fixture
+    options = ConvertOptions(**OPTS) if target is None else ConvertOptions(target=target, **OPTS)
+    convert(str(src), tmp_path / "out", options)
+    report = weight_quality(tmp_path / "out", str(src))
+    assert report.not_compared == [] and report.disagreements == []
+    assert report.recorded == len(report.tensors) - len(report.copied) > 0
+    for label, stats in report.per_format.items():
+        assert (stats.sse == 0) == (label in lossless), (label, stats)
