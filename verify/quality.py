@@ -10,12 +10,15 @@ Every figure is ``formats/error_stats.ErrorStats`` (FORMATS §9: float64 sums ov
   each planned tensor's source values are read and decoded to float32 as the unit writer reads them
   (``unit_writer._source_values`` / ``_dequant``, a native encoding's ``decode``), its output tensor decoded by
   the format registry's decoders (``kernels.decode``, the reference where a format has no kernel; a target's
-  merged blob or fused stack by its resolved ``parts``; the planar sidecar's codes reordered to pairs). One
-  tensor at a time, big plain tensors by row slabs: memory does not grow with the model. A tensor whose output
-  the resolver leaves unresolved is reported as not compared, never guessed.
+  merged blob or fused stack by its resolved ``parts``; the planar sidecar's codes reordered to pairs:
+  ``quality_output.py``). Whole tensors on the converter's encoder threads, in order, a bounded amount ahead,
+  big plain tensors by float32 row slabs: memory does not grow with the model. A tensor whose output the
+  resolver leaves unresolved, or that a target stored in a stack the container gives no parts for (Inkling's
+  shared-expert stacks), is listed as not compared, never guessed.
 * Without it, the figures ``convert`` recorded in the manifest are reported (``units[...]["errors"]``:
   ``{tensor: [n, sse, ssw, ssq, dot, max_abs]}``); with both, every recomputed tensor is compared with its
-  recorded figures (``agree``) and each disagreement is listed (the CLI exits 4).
+  recorded figures (``agree``) and each disagreement is listed (the CLI exits 4); a float tensor written in the
+  source's own bytes (a tower) is compared (0) but needs no record.
 
 A source that is not this output's source (a tensor the output does not hold, another shape) is a VerifyError
 naming the tensor.
@@ -52,7 +55,7 @@ __all__ = ["Disagreement", "QualityReport", "TensorQuality", "agree", "weight_qu
 SCHEMA = "colitools.verify.quality/1"
 # Recorded and recomputed sums agree when they differ by at most REL_TOL of the larger one (plus ABS_TOL of the
 # tensor's ||w||^2 + ||w'||^2, for a sum near zero). Both are float64 sums of the same float64 terms, only
-# added in another order (chunks, row slabs, BLAS blocking): the rounding of n terms summed so is below
+# added in another order (row slabs, a kernel's SIMD lanes, chunks): the rounding of n terms summed so is below
 # ~1e-13 of the sum even for 1e9 terms, while changing one element of a 10-million-element tensor moves its sse
 # by ~1e-7. ``n`` and ``max_abs`` (a maximum: no rounding) must be equal.
 REL_TOL = 1e-9
