@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from colitools.formats import families, names
@@ -306,81 +306,116 @@ def check_complete(
     A name is read by ``names.parse_name`` only, so foreign spellings (Mixtral ``w1``, DeepSeek-V4's ``ffn``)
     and the targets' (merged blobs ``merged_weight``) are counted alike."""
     n = num_hidden_layers(config, where)
-    decoder: dict[int, str] = {}  # layer -> a tensor of it
-    experts: dict[str, dict[int, dict[str, str]]] = {}  # expert module -> expert -> projection -> name
-    counted: set[str] = set()  # the expert modules of base decoder layers (an MTP stage may have its own count)
-    stacks: dict[str, dict[str, str]] = {}  # expert module -> stacked projection -> name
-    routed: str | None = None
-    all_names = list(tensor_names)
-    for name in all_names:
-        if names.is_tower(name):
-            continue
-        p = names.parse_name(name)
-        base_layer = p.layer is not None and p.layer_prefix == p.root + names.LAYERS
-        if base_layer:
-            decoder.setdefault(p.layer, name)
+    seen = _Present.gather(tensor_names, n)
+    if not seen.decoder and seen.routed is None:
+        return  # nothing of a decoder to check (a tower, a lone file)
+    count = _check_decoder_keys(config, where, seen)
+    _check_layers(config, where, seen, n)
+    _check_experts(seen, count)
+    _check_stacks(seen)
+
+
+@dataclass
+class _Present:
+    """What ``check_complete`` finds in a list of tensor names."""
+
+    all_names: list[str]
+    decoder: dict[int, str] = field(default_factory=dict)  # layer -> a tensor of it
+    experts: dict[str, dict[int, dict[str, str]]] = field(default_factory=dict)  # module -> expert -> proj -> name
+    counted: set[str] = field(default_factory=set)  # expert modules of base decoder layers (an MTP stage may differ)
+    stacks: dict[str, dict[str, str]] = field(default_factory=dict)  # expert module -> stacked projection -> name
+    routed: str | None = None  # a routed expert's tensor, if any
+
+    @classmethod
+    def gather(cls, tensor_names: Iterable[str], n: int | None) -> _Present:
+        seen = cls(list(tensor_names))
+        for name in seen.all_names:
+            if not names.is_tower(name):
+                seen._add(name, names.parse_name(name), n)
+        return seen
+
+    def _add(self, name: str, p, n: int | None) -> None:
+        if p.layer is not None and p.layer_prefix == p.root + names.LAYERS:  # a base decoder layer
+            self.decoder.setdefault(p.layer, name)
             if p.expert_base is not None and (n is None or p.layer < n):
-                counted.add(p.expert_base)
+                self.counted.add(p.expert_base)
         if p.role is names.TensorRole.EXPERT and p.projection is not None:
             weight = p.suffix in names.WEIGHT_SUFFIXES or (not p.suffix and p.leaf in names.SUFFIXLESS_PROJECTIONS)
             if weight or p.projection == names.MERGED:
-                found = experts.setdefault(p.expert_base, {}).setdefault(p.expert, {})
+                found = self.experts.setdefault(p.expert_base, {}).setdefault(p.expert, {})
                 for proj in names.PROJECTION_ORDER if p.projection == names.MERGED else (p.projection,):
                     found.setdefault(proj, name)
-                routed = routed or name
+                self.routed = self.routed or name
         elif p.role is names.TensorRole.EXPERT_STACK:
-            stacks.setdefault(p.expert_base, {}).setdefault(p.projection, name)
-            routed = routed or name
-    if not decoder and routed is None:
-        return  # nothing of a decoder to check (a tower, a lone file)
+            self.stacks.setdefault(p.expert_base, {}).setdefault(p.projection, name)
+            self.routed = self.routed or name
+
+
+def _check_decoder_keys(config: Mapping[str, Any], where: str, seen: _Present) -> int | None:
+    """``hidden_size`` and the routed expert count where the tensors need them; returns the count."""
     _, prefix = _text(config)
-    if decoder and hidden_size(config, where) is None:
+    if seen.decoder and hidden_size(config, where) is None:
         raise ConfigError(
             f"{where}: {prefix}hidden_size is missing, but the checkpoint has decoder layers "
-            f"(e.g. tensor {decoder[min(decoder)]}): their shapes cannot be checked nor run"
+            f"(e.g. tensor {seen.decoder[min(seen.decoder)]}): their shapes cannot be checked nor run"
         )
     count = routed_expert_count(config, where)
-    if routed is not None and not count:
+    if seen.routed is not None and not count:
         said = "names no routed expert count" if count is None else f"says {count} routed experts"
         raise ConfigError(
-            f"{where}: {said} ({', '.join(prefix + k for k in EXPERT_COUNT_KEYS)}), but tensor {routed} is a "
+            f"{where}: {said} ({', '.join(prefix + k for k in EXPERT_COUNT_KEYS)}), but tensor {seen.routed} is a "
             f"routed expert"
         )
-    missing = [k for k in range(n or 0) if k not in decoder]
-    if decoder and missing:
-        some = names.parse_name(decoder[min(decoder)]).layer_prefix
+    return count
+
+
+def _check_layers(config: Mapping[str, Any], where: str, seen: _Present, n: int | None) -> None:
+    missing = [k for k in range(n or 0) if k not in seen.decoder]
+    if seen.decoder and missing:
+        _, prefix = _text(config)
+        some = names.parse_name(seen.decoder[min(seen.decoder)]).layer_prefix
         raise ConfigError(
             f"{where}: {prefix}num_hidden_layers is {n}, but the checkpoint has no tensor {some}.{missing[0]}.* "
             f"({len(missing)} of the {n} decoder layers missing, the first is layer {missing[0]})"
         )
-    for base, by_expert in experts.items():
-        for e in range(count if base in counted else 0):
+
+
+def _check_experts(seen: _Present, count: int | None) -> None:
+    for base, by_expert in seen.experts.items():
+        for e in range(count if base in seen.counted else 0):
             if e not in by_expert:
                 raise FormatError(
                     f"{base}: {len(by_expert)} of the {count} routed experts config.json names: missing expert {e} "
                     f"(tensors {base}.{e}.*)"
                 )
         for e, found in sorted(by_expert.items()):
-            for proj in names.PROJECTION_ORDER:
-                if proj not in found:
-                    have = names.parse_name(next(iter(found.values())))
-                    suffixless = have.leaf in names.SUFFIXLESS_PROJECTIONS
-                    spelled = next(leaf for leaf, pr in names.PROJECTIONS.items()
-                                   if pr == proj and (leaf in names.SUFFIXLESS_PROJECTIONS) == suffixless)  # fmt: skip
-                    missing_name = f"{base}.{e}.{spelled}" + (f".{have.suffix}" if have.suffix else "")
-                    raise FormatError(
-                        f"routed expert {e} of {base} has {', '.join(p for p in names.PROJECTION_ORDER if p in found)} "
-                        f"but not {proj} (every routed expert needs {', '.join(names.PROJECTION_ORDER)}): missing "
-                        f"tensor {missing_name}"
-                    )
-    for base, found in stacks.items():
+            missing = next((proj for proj in names.PROJECTION_ORDER if proj not in found), None)
+            if missing is not None:
+                _missing_projection(base, e, found, missing)
+
+
+def _missing_projection(base: str, e: int, found: dict[str, str], proj: str) -> None:
+    have = names.parse_name(next(iter(found.values())))
+    suffixless = have.leaf in names.SUFFIXLESS_PROJECTIONS
+    spelled = next(leaf for leaf, pr in names.PROJECTIONS.items()
+                   if pr == proj and (leaf in names.SUFFIXLESS_PROJECTIONS) == suffixless)  # fmt: skip
+    missing_name = f"{base}.{e}.{spelled}" + (f".{have.suffix}" if have.suffix else "")
+    raise FormatError(
+        f"routed expert {e} of {base} has {', '.join(p for p in names.PROJECTION_ORDER if p in found)} "
+        f"but not {proj} (every routed expert needs {', '.join(names.PROJECTION_ORDER)}): missing "
+        f"tensor {missing_name}"
+    )
+
+
+def _check_stacks(seen: _Present) -> None:
+    for base, found in seen.stacks.items():
         if "down" not in found:
             want, have = names.stack_name(base, "down"), next(iter(found.values()))
         elif not ({"gate_up"} <= found.keys() or {"gate", "up"} <= found.keys()):
             want, have = names.stack_name(base, "gate_up"), found["down"]
         else:
             continue
-        if any(n.startswith(want) for n in all_names):  # stored in another form (a natively quantized stack)
+        if any(n.startswith(want) for n in seen.all_names):  # stored in another form (a natively quantized stack)
             continue
         raise FormatError(f"the expert stack {have} has no {want.rsplit('.', 1)[-1]} beside it: missing tensor {want}")
 
