@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert import generate, run_process  # noqa: E402  (bench/convert.py's checkpoints and process timing)
 
+from colitools.formats import kernels  # noqa: E402, F401  (loaded, it hands Format.encode(fast=True) its kernels)
 from colitools.formats.registry import by_name  # noqa: E402
 
 FORMATS = [("int4-g32", "int4-grouped", 32), ("int4-g64", "int4-grouped", 64), ("int4-g128", "int4-grouped", 128),

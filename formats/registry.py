@@ -22,6 +22,7 @@ Adding a format touches this file (its class, its ``BYTE_TABLE`` row) and ``refe
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
@@ -104,6 +105,25 @@ def block_grid(O: int, I: int, br: int, bc: int) -> tuple[int, int]:
 
 FORMATS: dict[int, type[Format]] = {}
 _BY_NAME: dict[str, type[Format]] = {}
+
+
+@dataclass(frozen=True)
+class _FastCodecs:
+    encode: Callable[..., tuple[np.ndarray, np.ndarray]]  # kernels.encode(fmt_name, w, gs, name=, quantizer=)
+    encode_fp8_e8m0: Callable[[np.ndarray, str], tuple[np.ndarray, np.ndarray]]
+
+
+# The fast codecs (``kernels/``) import this module, so they hand their entry points in when they are imported
+# (``set_fast_codecs``) instead of being imported from here. Until then ``Format.encode(fast=True)`` encodes by
+# the numpy reference, the same bytes (a kernel is only speed); the converter imports the kernels.
+_fast: _FastCodecs | None = None
+
+
+def set_fast_codecs(encode: Callable, encode_fp8_e8m0: Callable) -> None:
+    """The kernels' ``encode`` and ``encode_fp8_e8m0``, which ``Format.encode(fast=True)`` calls
+    (``kernels/_dispatch.py`` hands them in when it is imported)."""
+    global _fast
+    _fast = _FastCodecs(encode, encode_fp8_e8m0)
 
 
 class Format:
@@ -204,16 +224,14 @@ class Format:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Encode float32 ``w[O, I]`` -> ``(codes uint8 [O, row_bytes], scales)``.
 
-        ``fast`` selects the numba kernel (byte-identical to the numpy reference). ``quantizer`` is an encoder
-        mode of ``quantizers.MODES`` (``rtn``, ``mse``, ``mse-positive``; FORMATS §9), ignored by a format
-        without ``mse_scales``. NaN/inf input raises EncodeError naming the tensor."""
+        ``fast`` selects the numba kernel (byte-identical to the numpy reference) once the kernels are loaded
+        (``set_fast_codecs``). ``quantizer`` is an encoder mode of ``quantizers.MODES`` (``rtn``, ``mse``,
+        ``mse-positive``; FORMATS §9), ignored by a format without ``mse_scales``. NaN/inf input raises EncodeError naming the tensor."""
         w = _as_f32_matrix(w, name)
         cls.check_encodable(*w.shape, name=name)
         quantizer = cls.quantizer_mode(quantizer)
-        if fast:
-            from colitools.formats import kernels
-
-            return kernels.encode(cls.name, w, gs, name=name, quantizer=quantizer)
+        if fast and _fast is not None:
+            return _fast.encode(cls.name, w, gs, name=name, quantizer=quantizer)
         _check_finite(w, name)
         return cls._encode_reference(w, gs, quantizer)
 
@@ -578,10 +596,8 @@ class Fp8E4m3E8m0(Format):
     @classmethod
     def encode(cls, w, gs=None, *, name="", fast=True, quantizer=RTN):
         w = _as_f32_matrix(w, name)
-        if fast:  # its own kernel (kernels.encode_fp8_e8m0), not the row codecs' kernel_code
-            from colitools.formats import kernels
-
-            return kernels.encode_fp8_e8m0(w, name)
+        if fast and _fast is not None:  # its own kernel (kernels.encode_fp8_e8m0), not the row codecs' kernel_code
+            return _fast.encode_fp8_e8m0(w, name)
         _check_finite(w, name)
         return cls._encode_reference(w, gs)
 

@@ -22,6 +22,7 @@ from colitools.formats import model_config
 from colitools.formats.errors import RuntimeModelError
 from colitools.formats.filenames import CONFIG_FILE
 from colitools.formats.jsonfile import load_json_object
+from colitools.runtime.family_registry import family_for
 
 
 @dataclass(frozen=True)
@@ -179,8 +180,6 @@ class ModelArgs:
     def from_config(cls, config: dict[str, Any], where: str = "config.json") -> ModelArgs:
         """Validate ``config`` (the config facts), parse the keys every family shares, then the family's own
         arguments (``RuntimeFamily.args``): an instance of the family's ``ModelArgs`` subclass."""
-        from colitools.runtime.family import family_for  # the family modules import this module
-
         facts = model_config.read_facts(config, where)
         mt = config.get("model_type")
         family = family_for(mt, where)

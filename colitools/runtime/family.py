@@ -23,12 +23,10 @@ the next layer (the DSA selection of MLA, block states, DeepSeek-V4's token ids)
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from colitools.formats import families
 from colitools.formats.errors import RuntimeModelError
 from colitools.formats.names import layer_path, module_path
 from colitools.runtime.attention import GQAAttention, TokenMixer
@@ -173,14 +171,3 @@ class RuntimeFamily:
     def set_act_quant(self, args: ModelArgs, mode: str | None) -> None:
         """Round activations as ``mode`` (one of ``act_quant_modes``, or None) says; a family with modes
         overrides this."""
-
-
-def family_for(model_type: str | None, where: str = "config.json") -> RuntimeFamily:
-    """The runtime family of ``model_type`` (``FAMILY`` of ``colitools/runtime/<name>.py``, ``name`` its family in
-    ``formats/families.py``); RuntimeModelError for a type the runtime does not run."""
-    if model_type not in families.RUNNABLE_MODEL_TYPES:
-        raise RuntimeModelError(
-            f"{where}: model_type {model_type!r} is not supported "
-            f"(supported: {', '.join(families.RUNNABLE_MODEL_TYPES)})"
-        )
-    return importlib.import_module(f"colitools.runtime.{families.family_of(model_type).name}").FAMILY

@@ -1,7 +1,7 @@
 """The model: ``Model`` (forward, the generation API, statistics), expert placement (``--cap`` / ``--ram-gb``) and
 ``load_model``.
 
-``load_model`` finds the family of the config's ``model_type`` (``family.family_for``), parses its arguments
+``load_model`` finds the family of the config's ``model_type`` (``family_registry.family_for``), parses its arguments
 (``ModelArgs.from_config``: the family's ``args``), builds every decoder layer with the family's ``layer`` and the
 model's two ends with its ``io`` (``family.ModelIO``); ``Model.forward`` runs ``io.tokens`` -> the layers ->
 ``io.logits``, whatever the family. Each layer owns its part of the cache (KV buffers, conv and delta-rule state);
@@ -23,7 +23,8 @@ from colitools.formats.route_trace import RouteTraceWriter
 from colitools.formats.usage import check_usage_decay
 from colitools.runtime.config import ModelArgs
 from colitools.runtime.experts import ExpertStore, StoreStats
-from colitools.runtime.family import Layer, LayerContext, ModelIO, family_for
+from colitools.runtime.family import Layer, LayerContext, ModelIO
+from colitools.runtime.family_registry import family_for
 from colitools.runtime.moe import RouteRecord
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint

@@ -224,7 +224,7 @@ def test_an_empty_output_path_is_a_usage_error_and_nothing_is_written(converted,
 
 # -- 14: models `colitools run` will not execute ---------------------------------------------------------------------
 def test_runnable_model_types_are_the_runtime_families():
-    from colitools.runtime.family import family_for
+    from colitools.runtime.family_registry import family_for
 
     assert all(family_for(mt).defaults.get(mt) is not None for mt in RUNNABLE_MODEL_TYPES)
 

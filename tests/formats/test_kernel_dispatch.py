@@ -238,3 +238,11 @@ def test_a_worker_takes_the_parents_choice_of_the_kernels(monkeypatch, jit_only)
         assert _dispatch.plan_encodes([]) and _dispatch.plan_encodes([("int4-grouped", _dispatch.SMALL_ELEMS)])
     finally:
         signal.signal(signal.SIGINT, old_handler)
+
+
+def test_the_kernels_hand_their_encoders_to_the_registry():
+    """``registry`` imports nothing of ``kernels/`` (which imports it): ``Format.encode(fast=True)`` calls the
+    entry points ``kernels/_dispatch.py`` handed in when it was imported."""
+    from colitools.formats import registry
+
+    assert (registry._fast.encode, registry._fast.encode_fp8_e8m0) == (kernels.encode, kernels.encode_fp8_e8m0)

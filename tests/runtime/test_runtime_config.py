@@ -128,7 +128,8 @@ def test_every_runnable_type_has_a_family_that_parses_its_own_arguments():
     """``formats/families.py`` names the runtime module of every runnable type; the module's ``FAMILY`` is a
     ``RuntimeFamily`` whose defaults cover the type, and those defaults are what its own ``ModelArgs`` subclass gets."""
     from colitools.formats.families import RUNNABLE_MODEL_TYPES, family_of
-    from colitools.runtime.family import RuntimeFamily, family_for
+    from colitools.runtime.family import RuntimeFamily
+    from colitools.runtime.family_registry import family_for
 
     assert set(RUNNABLE_MODEL_TYPES) >= {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe",
                                          "glm_moe_dsa", "kimi_k25", "deepseek_v32", "gpt_oss", "qwen3_next",
