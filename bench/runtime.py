@@ -31,7 +31,6 @@ Run: ``.venv/bin/python bench/runtime.py`` (``--skip-decode`` / ``--skip-matvec`
 fewer parts). The decode model is written once into ``--workdir`` (about 2.2 GB) and reused.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import argparse

@@ -21,7 +21,6 @@ written. ``--plan`` runs ``colitools convert --dry-run --json`` on each skeleton
 prints the roles -> formats, the planning wall time and the peak RSS.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import argparse

@@ -19,7 +19,6 @@ Rules apply in order, the first match decides (docs/FORMATS.md §5, rows 0-6):
 (to int8-row, each with a reason) and the metadata stamp where the byte signature is ambiguous (§3).
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import hashlib

@@ -9,7 +9,6 @@ with ``resolver.resolve_format`` / ``resolver.resolve_mxfp4`` and checks logical
 Single-tensor resolution, stamps and the shard-metadata codecs live in ``resolver.py``.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import os

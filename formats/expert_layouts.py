@@ -15,7 +15,6 @@ The write side sees the planner's tensors through ``PlannedTensor`` (the attribu
 several of them); it raises FormatError (one line) for what the loader cannot read. Numpy-free.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 from collections import defaultdict

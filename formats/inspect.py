@@ -6,7 +6,6 @@ loads ``config.json``; ``inspect_path`` resolves every tensor (``container.resol
 bytes per format. Only headers are read, never tensor data, so inspecting a terabyte model is instant.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import os

@@ -19,7 +19,6 @@ whose ``metadata`` is what colitools' container readers need (``colitools.layout
 ``check_sidecar`` is the verifier (``verify container``).
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import json

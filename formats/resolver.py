@@ -15,7 +15,6 @@ plus the codecs of the shard metadata they use (``parse_stamps`` / ``parse_shape
 scales, merging metadata across shards, the ``config.json`` cross-check) is ``container.py``.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import json

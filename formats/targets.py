@@ -24,7 +24,6 @@ every file's ``group``, the output writer for its files, ``resolve_container`` f
 Numpy-free (the CLI imports it for its help text).
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import os

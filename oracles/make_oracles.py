@@ -15,7 +15,6 @@ teacher-forced position has a top-1/top-2 logit margin >= 2e-3 and every router 
 for every recipe. See oracles/README.md for the layout and the reference JSON schema.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import argparse

@@ -2,7 +2,6 @@
 block-scaled source convention of §5. Numpy only (no torch).
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import math

@@ -5,7 +5,6 @@ parser. A fixture regenerated without regenerating its references (or the other 
 the sha256 of its files recorded in every reference.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import hashlib

@@ -24,7 +24,6 @@ A source that is not this output's source (a tensor the output does not hold, an
 naming the tensor.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import contextlib

@@ -8,7 +8,6 @@ reference; the reference where a format has no kernel), a planar record's codes 
 (``kernels.planar_to_pairs``), by row ranges where its format's scales allow (``OutputWeights.row_slabs``).
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import contextlib

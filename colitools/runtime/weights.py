@@ -9,7 +9,6 @@ sources and FP8 with non-128 blocks as float32); routed experts are described by
 ranges, format) that the ``ExpertStore`` reads on demand.
 """
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import os

@@ -6,7 +6,6 @@ converter's slicing; Qwen3-VL-MoE's stacks as transformers 5.24 saves them (``[E
 give the same container as the published layout, and a square stack is decided by its module's other stack.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

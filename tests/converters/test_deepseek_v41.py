@@ -8,7 +8,6 @@ written from docs/FORMATS.md §5 and the V4.1 section (names and regular express
 expected values are this file's own decode of the source bytes (the E2M1 table, ml_dtypes' e4m3, ``2^(e-127)``).
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

@@ -6,7 +6,6 @@ The fixture ``tests/converters/data/qwen3_vl_moe_fp8`` was quantized by transfor
 (``oracles/make_qwen3_vl_moe_fp8.py``), and its ``reference/dequant.safetensors`` is transformers' own
 dequantization of every FP8 tensor: the expected values, cut per expert here with numpy."""
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

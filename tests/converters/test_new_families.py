@@ -9,7 +9,6 @@ values and convert them with the oracle recipes. The expected format of every ou
 These checks are conversion-only; the runtime tests of the families it runs use the oracle fixtures.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

@@ -12,7 +12,6 @@ final norm go through ``coli_tensor_load_f32`` (BF16 or F32), the head cache's `
 / ``_scale`` F32.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

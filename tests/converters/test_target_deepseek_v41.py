@@ -17,7 +17,6 @@ way colibri's ``c/tools/make_dsv41_tiny.py`` ``engram_layout`` builds it (primes
 multipliers as decimal strings, a token map).
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

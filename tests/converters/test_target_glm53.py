@@ -12,7 +12,6 @@ scales each, one read when they are back to back in that order. ``quantize_i4_gr
 nibble ``v + 8``, even column in the low nibble.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

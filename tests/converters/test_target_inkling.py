@@ -18,7 +18,6 @@ U8), codes and scales 1-D; norms, sconv kernels, ``rel_logits_proj``, router, bi
 other tensor in its source dtype; ``model.audio.*`` / ``model.visual.*`` / ``model.mtp.*`` skipped.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

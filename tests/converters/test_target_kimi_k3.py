@@ -12,7 +12,6 @@ moe_inter / 2`` and ``/ 32`` (w2), and reads an expert with one pread when its s
 the order w1p w1s w2p w2s w3p w3s (``k3_repack.py`` ``expert_sort_key`` writes them so).
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

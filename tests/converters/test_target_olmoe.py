@@ -8,7 +8,6 @@ scale each; ``c/tools/convert_olmoe_merged.py`` ``convert_expert`` / ``quantize_
 F32 scales ``max(|row|, 1e-12) / 127``, ``round(w / s)`` clamped to [-128, 127]).
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

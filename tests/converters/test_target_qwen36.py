@@ -13,7 +13,6 @@ routed expert, ``model.layers.{L}.mlp.experts.{E}.merged_weight``: gate | up | d
 nibbles, low nibble first).
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import json

@@ -36,7 +36,6 @@ mxfp4 (ordinal 7) is no ``qt_resolve_fmt`` format: colibri's engines that read i
 (``weight_packed`` ``O*I/2`` bytes, ``weight_scale`` ``O*I/32`` bytes); ``resolve_mxfp4_pair`` states that.
 """
 
-# ruff: noqa: E741  (O and I are colibri's names too)
 from __future__ import annotations
 
 from dataclasses import dataclass

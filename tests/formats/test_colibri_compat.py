@@ -6,7 +6,6 @@ own decision procedure (``tests/formats/colibri_resolver.py``: ``qt_resolve_fmt`
 colibri's ``c/colibri.c``), which must neither refuse it nor resolve it to another format or group size.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import colibri_resolver as colibri

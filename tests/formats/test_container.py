@@ -4,7 +4,6 @@ cross-check) and the §5 shard-name rule.
 Weights are encoded with the registry's reference codecs, written with the safetensors writer and resolved from
 the headers alone."""
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,6 @@
 """Format classes own their format: tensor names, kernel codes, matmul kinds, planar eligibility, the one set of
 decode tables, the layout vocabulary and the machine-readable reasons of ResolveError."""
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import dataclasses

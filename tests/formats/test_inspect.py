@@ -1,6 +1,5 @@
 """The library behind `colitools inspect` and `colitools formats`: finding shards, index coverage, totals."""
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import json

@@ -4,7 +4,6 @@
 Every byte count in the tables below is computed by hand from the spec's formulas (not from the registry), so
 that a wrong size in the registry or the resolver fails here."""
 
-# ruff: noqa: E741  (O and I are the spec's names for out_features and in_features)
 from __future__ import annotations
 
 import json

@@ -12,7 +12,6 @@ after it. Nothing else is edited, and:
   ``kernel_code`` is never run on another format's kernel;
 * the generated codec property tests (``codec_cases.py``) take it as a case the moment it is registered."""
 
-# ruff: noqa: E741  (O and I are the spec's names)
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -10,7 +10,6 @@ quantizer rule is DeepSeek's (``fast_round_scale``, as fp8-e4m3-e8m0's). Every e
 hand (comments), never read off the encoder.
 """
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import ml_dtypes

@@ -1,7 +1,6 @@
 """The matmul kernels on packed codes agree with the registry's numpy decoders (float64 reference of the
 decoded weight) for every format and layout, and give bit-identical rows whatever the batch size."""
 
-# ruff: noqa: E741
 from __future__ import annotations
 
 import ml_dtypes
