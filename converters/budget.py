@@ -44,7 +44,7 @@ from colitools.converters.unit_writer import ShardReader, _source_values, encode
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats import targets
 from colitools.formats.atomic import write_json_atomic
-from colitools.formats.dtypes import itemsize
+from colitools.formats.dtypes import itemsize, numpy_dtype
 from colitools.formats.errors import ParameterError, TargetRefused
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, MANIFEST_FILE
 from colitools.formats.format_names import NATIVE_OPTION
@@ -138,38 +138,111 @@ def written_bytes(job: TensorJob, planar: bool) -> int:
 
 
 def _measure_job(
-    offered: dict[str, TensorJob], reader: ShardReader, block, planar: bool
+    offered: dict[str, TensorJob], reader, block, planar: bool
 ) -> dict[str, tuple[int, float]]:
     """Each candidate's bytes and squared error, the source read once (as the unit writer reads it). A float
-    tensor of more than ``SAMPLE_ELEMS`` elements is measured on every k-th row (``sample_stride``) and its
+    tensor of more than ``SAMPLE_ELEMS`` elements is read and measured on ``sample_blocks`` of its rows only, its
     error scaled by ``O / rows measured``: the formats' scales are per row or per group of a row, so each row's
-    error is its own, and the estimate is unbiased."""
+    error is its own and the estimate is unbiased."""
     first = next(iter(offered.values()))
-    values, scale = _source_values(first, reader, block)
-    stride = sample_stride(first, values, scale)
-    if stride > 1:
-        values = np.ascontiguousarray(values[::stride])
+    sampled = _sampled_rows(first, reader)
+    values, scale = (sampled, None) if sampled is not None else _source_values(first, reader, block)
     out = {}
     for option, job in offered.items():
-        if stride > 1:
+        if sampled is not None:
             job = replace(job, O=values.shape[0], shape=values.shape, fused_rows=None, fused_pick=None)
         codes, scales = encode_job(job, values, scale, block, False)
         err = job_error(job, values, scale, block, codes, scales)
-        sse = err.sse * (first.O / values.shape[0]) if err is not None and stride > 1 else err.sse if err else 0.0
+        sse = 0.0 if err is None else err.sse * (first.O / job.O if sampled is not None else 1)
         out[option] = (written_bytes(offered[option], planar), sse)
         del codes, scales
     return out
 
 
 SAMPLE_ELEMS = 1 << 19  # a float tensor larger than this is measured on a row sample of about this many elements
+SAMPLE_BLOCKS = 4  # in this many runs of rows, evenly spread (one read or Range request each)
 
 
-def sample_stride(job: TensorJob, values, scale) -> int:
-    """Every how many rows a tensor is measured: 1 (all) but for a float tensor (no FP8 grid, not natively
-    quantized) of more than ``SAMPLE_ELEMS`` elements."""
-    if scale is not None or job.source.quant is not None or getattr(values, "ndim", 0) != 2:
-        return 1
-    return max(1, -(-values.size // SAMPLE_ELEMS))
+def sample_blocks(job: TensorJob) -> list[tuple[int, int]] | None:
+    """The row runs ``[a, b)`` a tensor is measured on: None (all its rows) but for a float 2-D tensor (no FP8
+    grid, not natively quantized, rows as stored) of more than ``SAMPLE_ELEMS`` elements."""
+    src = job.source
+    if src.quant is not None or src.scale is not None or job.fused_pick is not None or len(job.shape) != 2:
+        return None
+    per = max(1, SAMPLE_ELEMS // job.I // SAMPLE_BLOCKS)
+    if job.O * job.I <= SAMPLE_ELEMS or per * SAMPLE_BLOCKS >= job.O:
+        return None
+    return [((k * job.O) // SAMPLE_BLOCKS, (k * job.O) // SAMPLE_BLOCKS + per) for k in range(SAMPLE_BLOCKS)]
+
+
+def _sampled_rows(job: TensorJob, reader):
+    """``job``'s source rows of ``sample_blocks`` (one positional read or Range request each), or None."""
+    blocks = sample_blocks(job)
+    if blocks is None:
+        return None
+    if job.fused_rows is not None:  # rows [r0, r1) of expert e's slab of a stack
+        e, r0, _ = job.fused_rows
+        runs = [reader.read_slab_rows(job.source, e, r0 + a, r0 + b) for a, b in blocks]
+    else:
+        runs = [reader.read_rows(job.source, a, b) for a, b in blocks]
+    return np.ascontiguousarray(np.concatenate(runs))
+
+
+class RangeReader:
+    """The reads the measurement makes of a Hub shard that is not on this machine (``ShardReader``'s ``read``,
+    ``read_rows``, ``read_slab_rows``), each one HTTP Range request (``HubSource.read_range``)."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self._ranges: dict[str, dict[str, tuple[int, int]]] = {}
+
+    def _begin(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]) -> int:
+        if shard not in self._ranges:
+            self._ranges[shard] = self.source.tensor_ranges(shard)
+        begin, end = self._ranges[shard].get(name, (0, -1))
+        if end - begin != itemsize(dtype) * math.prod(shape):
+            raise ParameterError(f"tensor {name}: shard {shard} on the Hub does not hold it as planned")
+        return begin
+
+    def read(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        begin = self._begin(shard, name, dtype, shape)
+        data = self.source.read_range(shard, begin, itemsize(dtype) * math.prod(shape))
+        return np.frombuffer(bytearray(data), numpy_dtype(dtype)).reshape(shape)
+
+    def read_slab_rows(self, part, e: int, r0: int, r1: int) -> np.ndarray:
+        return self._rows(part, part.shape[1] * e + r0, part.shape[1] * e + r1, part.shape[2:])
+
+    def read_rows(self, part, r0: int, r1: int) -> np.ndarray:
+        return self._rows(part, r0, r1, part.shape[1:])
+
+    def _rows(self, part, r0: int, r1: int, rest: tuple[int, ...]) -> np.ndarray:
+        row = itemsize(part.dtype) * math.prod(rest)
+        begin = self._begin(part.shard, part.name, part.dtype, part.shape)
+        data = self.source.read_range(part.shard, begin + r0 * row, (r1 - r0) * row)
+        return np.frombuffer(bytearray(data), numpy_dtype(part.dtype)).reshape(r1 - r0, *rest)
+
+
+class _Readers:
+    """A ``ShardReader`` for the shards on this machine, a ``RangeReader`` for the others (a Hub source)."""
+
+    def __init__(self, local: dict[str, Path], source: Source):
+        self.local, self.shards = ShardReader(local), set(local)
+        self.remote = RangeReader(source)
+
+    def _for(self, shard: str):
+        return self.local if shard in self.shards else self.remote
+
+    def read(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        return self._for(shard).read(shard, name, dtype, shape)
+
+    def read_slab_rows(self, part, e: int, r0: int, r1: int) -> np.ndarray:
+        return self._for(part.shard).read_slab_rows(part, e, r0, r1)
+
+    def read_rows(self, part, r0: int, r1: int) -> np.ndarray:
+        return self._for(part.shard).read_rows(part, r0, r1)
+
+    def close(self) -> None:
+        self.local.close()
 
 
 def _budget_sources(inventory: Inventory, recipe: rc.Recipe) -> list[tuple[str, Any, rc.Role]]:
@@ -187,14 +260,14 @@ def measure(
 ) -> tuple[dict[str, Measured], int]:
     """Every budgeted tensor's ``Measured`` (two candidates or more), from ``cache`` (the file's ``tensors``)
     where it has the tensor, else measured; and how many were measured. One source tensor's candidate jobs at a
-    time. ParameterError (one line) when a shard to measure is not on this machine (a Hub source not in the
-    Hugging Face cache), before any is measured when there is no cache."""
+    time. A shard not on this machine (a Hub source) is read by Range requests, its large tensors on their row
+    samples only; ParameterError (one line) for one that would have to be read whole (FP8, natively quantized)."""
     block = inventory.fp8.block if inventory.fp8 else None
     planar = recipe.layout == PLANAR.option
     sources = _budget_sources(inventory, recipe)
     shards = {s for _, src, _ in sources for s in src.shards}
-    paths = _local_shards(source, shards, strict=cache is None)
-    reader = ShardReader(paths)
+    paths = _local_shards(source, shards)
+    reader = _Readers(paths, source)
     out: dict[str, Measured] = {}
     fresh = 0
     with bar(sum(src.nbytes + src.scale_nbytes for _, src, _ in sources)) as progress:
@@ -223,31 +296,35 @@ def _measured(rname: str, role: rc.Role, job: TensorJob, offered: dict, known: d
     if known is not None and set(known) == set(offered):
         m.options = {k: (int(v[0]), float(v[1])) for k, v in known.items()}
         return m
-    missing = sorted(s for s in job.shards if s not in paths)
-    if missing:
-        _local_shards_refused(missing[0])
+    remote = sorted(s for s in job.shards if s not in paths)
+    if remote and sample_blocks(job) is None and job.O * job.I > SAMPLE_ELEMS:
+        _remote_refused(remote[0], job)
     m.options, m.fresh = _measure_job(offered, reader, block, planar), 1
     return m
 
 
-def _local_shards(source: Source, shards: set[str], strict: bool) -> dict[str, Path]:
-    """The shards on this machine (``Source.local_copy``: never downloads); ``strict``: every one, else the
-    refusal."""
+def _local_shards(source: Source, shards: set[str]) -> dict[str, Path]:
+    """The shards on this machine (``Source.local_copy``: a local folder, the Hugging Face cache, a finished
+    download; never downloads); the measurement reads the others by Range requests."""
     paths = {}
     for shard in sorted(shards):
         local = source.local_copy(shard)
-        if local is None and strict:
-            _local_shards_refused(shard)
         if local is not None:
             paths[shard] = local
     return paths
 
 
-def _local_shards_refused(shard: str) -> None:
+def _remote_refused(shard: str, job: TensorJob) -> None:
+    src = job.source
+    what = (
+        f"natively quantized ({src.quant.kind})" if src.quant is not None
+        else "FP8 block-scaled" if src.scale is not None
+        else "a stack sliced across its rows"
+    )  # fmt: skip
     raise ParameterError(
-        f"`target_size` / `target_bpw` measure the source before converting and need its shards on this "
-        f"machine ({shard} is not: a Hub source not in the Hugging Face cache); download it first, or "
-        "convert it without a budget"
+        f"`target_size` / `target_bpw` measure a Hub source from samples of its float tensors' rows; tensor "
+        f"{src.name} ({shard}) is {what} and would be read whole: download the source first (or have it in the "
+        "Hugging Face cache), or convert without a budget"
     )
 
 

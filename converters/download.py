@@ -374,3 +374,44 @@ def _safe_url(url: Any) -> str:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if isinstance(exc, _Transient) else f"{type(exc).__name__}: {text}"
+
+
+def fetch_range(
+    client: httpx2.Client,
+    url: str,
+    start: int,
+    length: int,
+    headers: Mapping[str, str] | None = None,
+    *,
+    retries: int = DEFAULT_RETRIES,
+    backoff: Backoff = Backoff(),
+    name: str = "",
+) -> bytes:
+    """Bytes ``[start, start + length)`` of ``url`` in one ``Range`` request (the size budget's row samples of a
+    Hub shard), with the download's retries (dropped connections, timeouts, ``RETRY_STATUSES``; ``backoff``); a
+    server that does not answer 206 with exactly that range, or another HTTP error, is a ``ConvertError``."""
+    request = {k: v for k, v in (headers or {}).items() if k.lower() not in ("range", "accept-encoding")}
+    request |= {"Accept-Encoding": "identity", "Range": f"bytes={start}-{start + length - 1}"}
+    failures = 0
+    while True:
+        try:
+            response = client.get(url, headers=request)
+            if response.status_code in RETRY_STATUSES:
+                raise _Transient(f"HTTP {response.status_code}", _retry_after(response))
+            match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+            if response.status_code != 206 or match is None or int(match.group(1)) != start:
+                raise ConvertError(
+                    f"{name}: a range request for bytes {start}-{start + length - 1} got HTTP "
+                    f"{response.status_code} {_reason(response.status_code)} from {_safe_url(response.url)}"
+                )
+            if len(response.content) != length:
+                raise _Transient(f"{len(response.content)} of {length} bytes")
+            return response.content
+        except (httpx2.TransportError, _Transient) as exc:
+            failures += 1
+            if failures > retries:
+                raise ConvertError(
+                    f"{name}: a range request for bytes {start}-{start + length - 1} failed {failures} times "
+                    f"({_describe(exc)})"
+                ) from None
+            time.sleep(backoff.delay(failures, exc.retry_after if isinstance(exc, _Transient) else None))

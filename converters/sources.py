@@ -23,6 +23,7 @@ import logging
 import os
 import queue
 import re
+import struct
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -278,6 +279,7 @@ class HubSource(Source):
         self.offline = constants.is_offline_mode()
         self._blobs = _BlobChecks()  # the cache check: each blob hashed once, ahead of its use when told
         self._refetched: set[str] = set()  # files whose cached copy is damaged (online: downloaded instead)
+        self._range_client = None  # the size budget's Range requests (``read_range``), made when first needed
         if self.offline:  # HF_HUB_OFFLINE: the commit and the listing come from the Hugging Face cache
             self.commit, self._files = self._cached_snapshot()
             return
@@ -495,6 +497,38 @@ class HubSource(Source):
         return {
             n: HeaderTensor(str(t.dtype), tuple(int(d) for d in t.shape)) for n, t in meta.tensors.items()
         }
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` of file ``name`` at the pinned commit, in one HTTP Range request with
+        the download's retries (``download.fetch_range``): the size budget's row samples (FORMATS §12)."""
+        import httpx2
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        from colitools.converters.download import fetch_range
+
+        entry = self._require(name)
+        if start < 0 or length < 1 or start + length > entry.size:
+            raise ConvertError(f"{name}: bytes {start}-{start + length - 1} are outside its {entry.size} bytes")
+        if self._range_client is None:
+            self._range_client = httpx2.Client(follow_redirects=True, timeout=httpx2.Timeout(60.0, connect=15.0))
+        url = hf_hub_url(self.repo_id, name, revision=self.commit, endpoint=self.endpoint)
+        headers = build_hf_headers(token=self.token, library_name="colitools")
+        return fetch_range(self._range_client, url, start, length, headers, retries=self.retries,
+                           backoff=self.backoff, name=name)  # fmt: skip
+
+    def tensor_ranges(self, shard: str) -> dict[str, tuple[int, int]]:
+        """Each tensor's absolute ``(begin, end)`` in ``shard``, from its header read by two Range requests (the
+        header's dtypes and shapes were checked when the source was planned, ``header``)."""
+        (n,) = struct.unpack("<Q", self.read_range(shard, 0, 8))
+        if n < 2 or 8 + n > self._require(shard).size:
+            raise ConvertError(f"shard {shard}: header length {n} does not fit its {self._require(shard).size} bytes")
+        try:
+            root = json.loads(self.read_range(shard, 8, n))
+            return {k: (8 + n + int(v["data_offsets"][0]), 8 + n + int(v["data_offsets"][1]))
+                    for k, v in root.items() if k != "__metadata__"}  # fmt: skip
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise ConvertError(f"shard {shard}: bad safetensors header ({exc})") from None
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A Hub API call with the download retry policy, its errors turned into one-line ``ConvertError``s."""

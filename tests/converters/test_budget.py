@@ -312,12 +312,42 @@ def test_targets_that_stack_experts_get_one_format_per_stack(tmp_path, fixture, 
     assert verify_container(tmp_path / "o").ok
 
 
-def test_hub_source_not_on_this_machine_is_refused_before_any_download(hub, tmp_path):
+def test_hub_source_measured_by_range_requests_as_a_local_one(hub, tmp_path):
+    from tinyckpt import Tiny, make_checkpoint
+
+    spec = Tiny(layers=1, experts=2, hidden=1024, inter=2048, vocab=512, shards=2)  # big tensors: 1/4-1/2 rows
+    make_checkpoint(tmp_path / "src", spec)
+    hub.add_repo("org/tiny", {"main": tmp_path / "src"})
+    shards = sorted(p.name for p in (tmp_path / "src").glob("*.safetensors"))
+    local = _convert(tmp_path / "src", tmp_path / "local", target_size=8_000_000, dry_run=True)
+    remote = _convert("org/tiny", tmp_path / "remote", target_size=8_000_000, dry_run=True)
+    assert remote.budget["tensors"] == local.budget["tensors"]  # the same rows read, the same figures
+    assert remote.budget["measurement"]["measured"] == len(remote.budget["tensors"]) > 0
+    served = sum(hub.stats(s).bytes_served for s in shards)
+    assert served < 0.5 * sum((tmp_path / "src" / s).stat().st_size for s in shards)  # samples, not the model
+    assert all(hub.stats(s).gets > 2 for s in shards)  # header reads, then Range requests
+    assert not (tmp_path / "remote").exists()
+
+
+def test_hub_source_converted_under_a_budget_downloads_each_shard_once(hub, tmp_path):
     hub.add_repo("org/olmoe", {"main": ORACLES / "olmoe"})
-    with pytest.raises(ParameterError, match=r"^`target_size` / `target_bpw` measure the source before converting "
-                       r"and need its shards on this machine \(model.safetensors is not") as exc:  # fmt: skip
-        _convert("org/olmoe", tmp_path / "o", target_size=100_000)
+    _convert(ORACLES / "olmoe", tmp_path / "local", target_size=100_000)
+    _convert("org/olmoe", tmp_path / "remote", target_size=100_000)
+    for name in ("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "config.json"):
+        assert (tmp_path / "remote" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    size = (ORACLES / "olmoe" / "model.safetensors").stat().st_size
+    ranges = hub.stats("model.safetensors").ranges
+    assert ranges.count((0, size)) == 1  # one whole download, for the conversion
+    assert len(ranges) > 10 and all(r == (0, size) or r[1] - r[0] < size // 4 for r in ranges)  # + Range reads
+
+
+def test_hub_fp8_tensor_that_would_be_read_whole_is_refused(hub, tmp_path):
+    from tinyckpt import Tiny, make_checkpoint
+
+    make_checkpoint(tmp_path / "src", Tiny(layers=1, experts=2, hidden=1024, inter=768, vocab=512, dtype="FP8"))
+    hub.add_repo("org/fp8", {"main": tmp_path / "src"})
+    with pytest.raises(ParameterError, match=r"measure a Hub source from samples of its float tensors' rows; "
+                       r"tensor \S+ \(model.safetensors\) is FP8 block-scaled and would be read whole") as exc:
+        _convert("org/fp8", tmp_path / "o", target_size=2_000_000)  # fmt: skip
     assert exc.value.exit_code == 2
-    served = hub.stats("model.safetensors").bytes_served  # its header read for planning (range requests), no more
-    assert served < (ORACLES / "olmoe" / "model.safetensors").stat().st_size
-    assert not (tmp_path / "o" / "model.safetensors").exists()
+    assert hub.stats("model.safetensors").bytes_served < (tmp_path / "src/model.safetensors").stat().st_size
