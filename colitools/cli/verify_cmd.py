@@ -163,6 +163,31 @@ def _quality_lines(report) -> Iterator[str]:
         yield "OK" if report.ok else f"NOT OK: {len(report.disagreements)} tensor(s) disagree"
 
 
+# verify quality's longer options, declared once here (the command's signature stays short)
+_PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="OUT.png",
+        help="Also draw the relative error per layer, one panel per role, one line per format (needs the "
+        "extra: pip install 'colitools[plot]').",
+    ),
+]
+_KldOpt = Annotated[
+    bool,
+    typer.Option(
+        "--kld",
+        help="Compare the models instead of the weights: the source (--source, default the manifest's) "
+        "converted to f32 and this folder, both run teacher-forced over --prompt-ids or --text; KL divergence "
+        "mean / median / p99 / max, top-1 agreement, |dp| of the source's top token, both perplexities.",
+    ),
+]
+_TextOpt = Annotated[
+    Path | None,
+    typer.Option("--text", metavar="FILE", help="With --kld: a UTF-8 text file, tokenised by the model's tokenizer.json."),
+]
+
+
 @verify_app.command("quality")
 def verify_quality_command(
     path: Annotated[Path, typer.Argument(help="A converted model directory (colitools convert's output).")],
@@ -180,36 +205,13 @@ def verify_quality_command(
         typer.Option("--revision", help="Hub source revision (default: the commit the manifest recorded)."),
     ] = None,
     token: TokenOpt = None,
-    plot: Annotated[
-        Path | None,
-        typer.Option(
-            "--plot",
-            metavar="OUT.png",
-            help="Also draw the relative error per layer, one panel per role, one line per format (needs the "
-            "extra: pip install 'colitools[plot]').",
-        ),
-    ] = None,
+    plot: _PlotOpt = None,
     progress: ProgressOpt = None,
-    kld: Annotated[
-        bool,
-        typer.Option(
-            "--kld",
-            help="Compare the models instead of the weights: the source (--source, default the manifest's) "
-            "converted to f32 and this folder, both run teacher-forced over --prompt-ids or --text; KL divergence "
-            "mean / median / p99 / max, top-1 agreement, |dp| of the source's top token, both perplexities.",
-        ),
-    ] = False,
+    kld: _KldOpt = False,
     prompt_ids: Annotated[
         str | None, typer.Option("--prompt-ids", help="With --kld: the token ids, e.g. 3,17,42 (at least 2).")
     ] = None,
-    text: Annotated[
-        Path | None,
-        typer.Option(
-            "--text",
-            metavar="FILE",
-            help="With --kld: a UTF-8 text file, tokenised by the model's tokenizer.json.",
-        ),
-    ] = None,
+    text: _TextOpt = None,
     cap: Annotated[
         int | None, typer.Option("--cap", min=1, help="With --kld: experts cached per layer.")
     ] = None,
