@@ -7,20 +7,35 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# package -> source folder
+# package -> source folder, as pyproject.toml maps them ([tool.setuptools] package-dir)
+PACKAGE_DIR = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
+
+
+def _folder(package: str) -> Path:
+    """``package``'s source folder: its own package-dir entry, else its parent's folder and its last name."""
+    if package in PACKAGE_DIR:
+        return ROOT / PACKAGE_DIR[package]
+    parent, _, leaf = package.rpartition(".")
+    return _folder(parent) / leaf
+
+
 PACKAGES = {
-    "colitools.formats": ROOT / "formats",
-    "colitools.converters": ROOT / "converters",
-    "colitools.verify": ROOT / "verify",
-    "colitools.runtime": ROOT / "colitools" / "runtime",
-    "colitools.mirror": ROOT / "colitools" / "mirror",
-    "colitools.cli": ROOT / "colitools" / "cli",
+    package: _folder(package)
+    for package in (
+        "colitools.formats",
+        "colitools.converters",
+        "colitools.verify",
+        "colitools.runtime",
+        "colitools.mirror",
+        "colitools.cli",
+    )
 }
 # what each package may import of ours besides itself (docs/INTERNALS.md, "Dependency direction"); the
 # library raises the classes of colitools.formats.errors (colitools.errors is their re-export for users)

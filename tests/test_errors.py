@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ import colitools.errors
 from colitools.formats import errors
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = [ROOT / d for d in ("formats", "converters", "verify", "colitools")]
-ERRORS_MODULE = ROOT / "formats" / "errors.py"
+# the library's source folders, as pyproject.toml maps them ([tool.setuptools] package-dir)
+PACKAGE_DIR = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
+LIBRARY = sorted({ROOT / d for d in PACKAGE_DIR.values()})
+ERRORS_MODULE = ROOT / PACKAGE_DIR["colitools.formats"] / "errors.py"
 
 
 def _library_files() -> list[Path]:
