@@ -371,23 +371,41 @@ def write_cache(out: Path, key: str, measured: dict[str, Measured]) -> None:
 # ------------------------------------------------------------------------------------------ importances
 def usage_weights(path: str | None, inventory: Inventory) -> tuple[dict[tuple[int, int], float], str | None]:
     """``(layer, expert) -> share of its layer's selections x the layer's expert count`` (at least
-    ``USAGE_FLOOR``) from a routing history (``.coli_usage`` text or IKU1, formats/usage.py), and its sha256;
-    an expert of a layer without records is absent (weight 1)."""
+    ``USAGE_FLOOR``) from a routing history (``.coli_usage`` text or IKU1, formats/usage.py, or a ``ROUTE_TRACE``
+    stream, formats/route_trace.py: each line's experts one selection each), and its sha256; an expert of a layer
+    without records is absent (weight 1)."""
     if path is None:
         return {}, None
-    from colitools.formats.model_config import model_type
-    from colitools.formats.usage import read_usage
-
-    history = read_usage(path, engine=model_type(inventory.config), explicit=True)
+    counts, n_experts = _selections(path, inventory.config)
     per_layer: dict[int, int] = defaultdict(int)
-    for (layer, _), n in history.counts.items():
+    for (layer, _), n in counts.items():
         per_layer[layer] += n
     weights = {}
     for layer, total in per_layer.items():
-        for e in range(history.n_experts):
-            share = history.count(layer, e) / total
-            weights[(layer, e)] = max(USAGE_FLOOR, share * history.n_experts)
+        for e in range(n_experts):
+            weights[(layer, e)] = max(USAGE_FLOOR, counts.get((layer, e), 0) / total * n_experts)
     return weights, hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _selections(path: str, config: dict) -> tuple[dict[tuple[int, int], int], int]:
+    """``(layer, expert) -> selections`` of a usage history or a route trace (told by its first record: a
+    trace's has ``expert:gate`` fields), and the experts per layer."""
+    from colitools.formats.model_config import model_type, routed_expert_count
+    from colitools.formats.route_trace import trace_positions
+    from colitools.formats.usage import read_usage
+
+    with open(path, "rb") as f:
+        head = f.read(4096).split(b"\n")
+    if not any(len(line.split()) >= 4 and b":" in line.split()[3] for line in head):
+        history = read_usage(path, engine=model_type(config), explicit=True)
+        return history.counts, history.n_experts
+    n_experts, counts = routed_expert_count(config) or 0, defaultdict(int)
+    for layers in trace_positions(path).values():
+        for layer, ids in layers.items():
+            for e in ids:
+                if 0 <= e < n_experts:
+                    counts[(layer, e)] += 1
+    return dict(counts), n_experts
 
 
 def importance(m: Measured, usage: dict[tuple[int, int], float]) -> float:

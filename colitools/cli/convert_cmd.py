@@ -52,8 +52,8 @@ _TargetBpwOpt = Annotated[
 ]
 _UsageOpt = Annotated[
     str | None,
-    typer.Option("--usage", help="With a budget: a routing history (.coli_usage / IKU1) weighting each routed "
-                 "expert by its share of its layer's selections."),
+    typer.Option("--usage", help="With a budget: a routing history (.coli_usage, IKU1 or a route trace) weighting "
+                 "each routed expert by its share of its layer's selections."),
 ]  # fmt: skip
 _KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
 _UPLOAD_HELP = (

@@ -351,3 +351,20 @@ def test_hub_fp8_tensor_that_would_be_read_whole_is_refused(hub, tmp_path):
         _convert("org/fp8", tmp_path / "o", target_size=2_000_000)  # fmt: skip
     assert exc.value.exit_code == 2
     assert hub.stats("model.safetensors").bytes_served < (tmp_path / "src/model.safetensors").stat().st_size
+
+
+def test_usage_from_a_route_trace(tmp_path):
+    from colitools.formats.route_trace import format_trace_line
+
+    lines = [format_trace_line(0, r, 0, [0, 1] if r < 3 else [0, 2], [0.5, 0.5]) for r in range(4)]
+    lines += [format_trace_line(0, r, 1, [9], [1.0]) for r in range(2)]  # an expert out of range: not counted
+    (tmp_path / "trace").write_text("".join(lines))
+    _convert(ORACLES / "olmoe", tmp_path / "o", target_size=100_000, usage=str(tmp_path / "trace"))
+    recorded = json.loads((tmp_path / "o/colitools.json").read_text())["budget"]["tensors"]
+    imp = {n: t["importance"] for n, t in recorded.items()}
+    # layer 0: 8 selections, expert 0 has 4 (x 6 experts / 8 = 3), expert 1 3, expert 2 1, the others none
+    assert imp["model.layers.0.mlp.experts.0.gate_proj.weight"] == pytest.approx(3.0)
+    assert imp["model.layers.0.mlp.experts.1.gate_proj.weight"] == pytest.approx(3 * 6 / 8)
+    assert imp["model.layers.0.mlp.experts.2.gate_proj.weight"] == pytest.approx(6 / 8)
+    assert imp["model.layers.0.mlp.experts.3.gate_proj.weight"] == 0.05
+    assert imp["model.layers.1.mlp.experts.3.gate_proj.weight"] == 1.0
