@@ -88,15 +88,16 @@ def _errors(row, s0, s1, v0, v1, e0, e1):
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _extreme(row):
-    """``(amax, x)``: the largest magnitude and the first element that has it; amax NaN / inf if one is."""
-    amax, x = np.float32(0.0), np.float32(0.0)
+    """``(amax, x)``: the largest magnitude (a branch-free max the vectoriser takes; the callers refuse NaN / inf
+    before any search, ``kernels._dispatch._mse_encode``) and the first element that has it."""
+    amax = np.float32(0.0)
     for k in range(row.size):
         a = abs(row[k])
-        if not np.isfinite(a):
-            return a, a
-        if a > amax:
-            amax, x = a, row[k]
-    return amax, x
+        amax = a if a > amax else amax
+    for k in range(row.size):
+        if abs(row[k]) == amax:
+            return amax, row[k]
+    return amax, np.float32(0.0)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -123,8 +124,8 @@ def _search(row, qw, x, e, signed, targets, flo, fhi):
 @export("mse_group_rows", ("float32", "i", "i", "b", "float32", "float32[]", "int8"))
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
-    """Groups ``w[r]`` for ``r`` in ``[r0, r1)`` (float32 ``[N, n]``, ``n % 8 == 0``) -> ``s_out[r]`` and the
-    values ``v_out[r]`` (int8). Returns the first row holding a NaN / inf, or -1."""
+    """Groups ``w[r]`` for ``r`` in ``[r0, r1)`` (float32 ``[N, n]``, ``n % 8 == 0``, finite: the caller checks)
+    -> ``s_out[r]`` and the values ``v_out[r]`` (int8). Returns -1 (the codecs' "no bad row")."""
     n = w.shape[1]
     flo, fhi = np.float32(lo), np.float32(hi)
     v0, v1 = np.empty(n, np.float32), np.empty(n, np.float32)
@@ -133,8 +134,6 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
     for r in range(r0, r1):
         row = w[r]
         amax, x = _extreme(row)
-        if not np.isfinite(amax):
-            return r
         s0 = np.float32(amax / fhi)
         if s0 < _FLOOR:
             s0 = _FLOOR

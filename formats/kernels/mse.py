@@ -11,7 +11,9 @@ from colitools.formats.errors import EncodeError
 
 
 def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (finite, ``n % 8 == 0``)."""
+    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (finite, ``n % 8 == 0``). The
+    encoders check finiteness before (naming the tensor and the first bad ``[o, i]``); this checks it again, a
+    cheap pass, for a direct caller."""
     from colitools.formats.kernels import aot
 
     w = np.ascontiguousarray(w, dtype=np.float32)
@@ -21,7 +23,7 @@ def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarra
     if N == 0 or n == 0:
         return quantizers.mse_groups(w, lo, hi, signed)
     targets = quantizers.candidate_targets(lo, hi)
-    bad = aot.CODECS.run("mse_group_rows", (w, lo, hi, bool(signed), targets, s, v), N, n)
-    if bad >= 0:  # the callers check finiteness first: a kernel / reference disagreement
-        raise EncodeError(f"mse search: non-finite value in group {bad}")  # pragma: no cover
+    if not np.isfinite(w).all():  # the encoders refuse NaN / inf first, naming the tensor; the kernel assumes it
+        raise EncodeError("mse search: non-finite value in a group")
+    aot.CODECS.run("mse_group_rows", (w, lo, hi, bool(signed), targets, s, v), N, n)
     return s, v
