@@ -7,13 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from colitools.formats import quantizers
-from colitools.formats.errors import EncodeError
 
 
 def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (finite, ``n % 8 == 0``). The
-    encoders check finiteness before (naming the tensor and the first bad ``[o, i]``); this checks it again, a
-    cheap pass, for a direct caller."""
+    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (``n % 8 == 0``), finite: the caller
+    checks (``_dispatch._mse_encode`` refuses NaN / inf naming the tensor and the first bad ``[o, i]``)."""
     from colitools.formats.kernels import aot
 
     w = np.ascontiguousarray(w, dtype=np.float32)
@@ -23,7 +21,5 @@ def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarra
     if N == 0 or n == 0:
         return quantizers.mse_groups(w, lo, hi, signed)
     targets = quantizers.candidate_targets(lo, hi)
-    if not np.isfinite(w).all():  # the encoders refuse NaN / inf first, naming the tensor; the kernel assumes it
-        raise EncodeError("mse search: non-finite value in a group")
     aot.CODECS.run("mse_group_rows", (w, lo, hi, bool(signed), targets, s, v), N, n)
     return s, v
