@@ -45,7 +45,7 @@ from colitools.formats import planar_sidecar as sidecar
 from colitools.formats import targets
 from colitools.formats.atomic import write_json_atomic
 from colitools.formats.dtypes import itemsize, numpy_dtype
-from colitools.formats.errors import ParameterError, TargetRefused
+from colitools.formats.errors import ConvertError, ParameterError, TargetRefused
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, MANIFEST_FILE
 from colitools.formats.format_names import NATIVE_OPTION
 from colitools.formats.jsonfile import load_json_object
@@ -85,7 +85,7 @@ class Measured:
 def role_candidates(recipe: rc.Recipe, role: rc.Role) -> tuple[str, ...]:
     """The options the budget may give a tensor of ``role``: ``CANDIDATES``, or what the target reads for the
     role, less ``native``, passthrough formats and formats its engine has no reader for."""
-    allowed = recipe.target.allowed(rc._ROLE_OPTION[role])
+    allowed = recipe.target.allowed(rc.option_name(role))
     pool = CANDIDATES if allowed is None else tuple(a for a in allowed if a != NATIVE_OPTION)
     engine, out = recipe.target.engine_formats, []
     for option in pool:
@@ -201,7 +201,7 @@ class RangeReader:
             self._ranges[shard] = self.source.tensor_ranges(shard)
         begin, end = self._ranges[shard].get(name, (0, -1))
         if end - begin != itemsize(dtype) * math.prod(shape):
-            raise ParameterError(f"tensor {name}: shard {shard} on the Hub does not hold it as planned")
+            raise ConvertError(f"tensor {name}: shard {shard} on the Hub does not hold it as planned")
         return begin
 
     def read(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:

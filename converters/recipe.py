@@ -425,7 +425,7 @@ class Recipe:
 
     def with_option(self, role: Role, option: str) -> Recipe:
         """This recipe with ``role``'s option (rules 3-6) set to ``option``."""
-        return replace(self, **{_ROLE_OPTION[role]: option})
+        return replace(self, **{option_name(role): option})
 
     def as_dict(self) -> dict[str, str]:
         """The options as recorded; ``towers`` only when it is not the default ``keep``, ``target`` only when
@@ -669,6 +669,11 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
 
 
 _ROLE_OPTION = {Role.EXPERT: "experts", Role.DENSE: "dense", Role.EMBED: "embed", Role.MTP: "mtp"}
+
+
+def option_name(role: Role) -> str:
+    """The recipe option (``experts``, ``dense``, ``embed``, ``mtp``) that governs ``role`` (rules 3-6)."""
+    return _ROLE_OPTION[role]
 NATIVE_DECODED = "decoded"  # Fallback.reason prefix of a native tensor whose own form no format holds exactly
 
 
