@@ -18,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -195,10 +197,12 @@ class RangeReader:
     def __init__(self, source: Source):
         self.source = source
         self._ranges: dict[str, dict[str, tuple[int, int]]] = {}
+        self._lock = threading.Lock()  # the measuring threads share it: each header is read once
 
     def _begin(self, shard: str, name: str, dtype: str, shape: tuple[int, ...]) -> int:
-        if shard not in self._ranges:
-            self._ranges[shard] = self.source.tensor_ranges(shard)
+        with self._lock:
+            if shard not in self._ranges:
+                self._ranges[shard] = self.source.tensor_ranges(shard)
         begin, end = self._ranges[shard].get(name, (0, -1))
         if end - begin != itemsize(dtype) * math.prod(shape):
             raise ConvertError(f"tensor {name}: shard {shard} on the Hub does not hold it as planned")
@@ -255,41 +259,67 @@ def _budget_sources(inventory: Inventory, recipe: rc.Recipe) -> list[tuple[str, 
     return out
 
 
+MEASURE_THREADS = 8  # source tensors measured at once (kernels release the GIL; Range requests wait on the network)
+
+
 def measure(
     source: Source, inventory: Inventory, recipe: rc.Recipe, cache: dict | None, bar: Callable[[int], Any]
 ) -> tuple[dict[str, Measured], int]:
     """Every budgeted tensor's ``Measured`` (two candidates or more), from ``cache`` (the file's ``tensors``)
-    where it has the tensor, else measured; and how many were measured. One source tensor's candidate jobs at a
-    time. A shard not on this machine (a Hub source) is read by Range requests, its large tensors on their row
-    samples only; ParameterError (one line) for one that would have to be read whole (FP8, natively quantized)."""
-    block = inventory.fp8.block if inventory.fp8 else None
-    planar = recipe.layout == PLANAR.option
+    where it has the tensor, else measured; and how many were measured. ``MEASURE_THREADS`` source tensors at a
+    time, at most twice as many ahead, results taken in order (each tensor's figures depend on it alone). A shard
+    not on this machine (a Hub source) is read by Range requests, its large tensors on their row samples only;
+    ParameterError (one line) for one that would have to be read whole (FP8, natively quantized)."""
     sources = _budget_sources(inventory, recipe)
-    shards = {s for _, src, _ in sources for s in src.shards}
-    paths = _local_shards(source, shards)
+    paths = _local_shards(source, {s for _, src, _ in sources for s in src.shards})
     reader = _Readers(paths, source)
+    block = inventory.fp8.block if inventory.fp8 else None
+    where = (reader, paths, block, recipe.layout == PLANAR.option)
+
+    def one(src, role) -> list[tuple[str, Measured]]:
+        return [
+            (rname, _measured(rname, role, job, offered, (cache or {}).get(rname), where))
+            for rname, job, offered in _offered(src, role, recipe, inventory)
+            if len(offered) >= 2
+        ]
+
     out: dict[str, Measured] = {}
-    fresh = 0
-    with bar(sum(src.nbytes + src.scale_nbytes for _, src, _ in sources)) as progress:
+    total = sum(src.nbytes + src.scale_nbytes for _, src, _ in sources)
+    with bar(total) as progress, ThreadPoolExecutor(MEASURE_THREADS, "measure", initializer=_one_kernel_thread) as pool:
+        pending: deque = deque()
         try:
             for _, src, role in sources:
-                for rname, job, offered in _offered(src, role, recipe, inventory):
-                    if len(offered) >= 2:
-                        known = (cache or {}).get(rname)
-                        where = (reader, paths, block, planar and role is rc.Role.EXPERT)
-                        out[rname] = _measured(rname, role, job, offered, known, where)
-                        fresh += out[rname].fresh
-                progress.update(src.nbytes + src.scale_nbytes)
+                pending.append((pool.submit(one, src, role), src.nbytes + src.scale_nbytes))
+                while len(pending) > 2 * MEASURE_THREADS or (pending and pending[0][0].done()):
+                    _collect(pending.popleft(), out, progress)
+            while pending:
+                _collect(pending.popleft(), out, progress)
         finally:
+            for fut, _ in pending:
+                fut.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
             reader.close()
-    return out, fresh
+    return out, sum(m.fresh for m in out.values())
+
+
+def _collect(item, out: dict[str, Measured], progress) -> None:
+    future, nbytes = item
+    out.update(future.result())
+    progress.update(nbytes)
+
+
+def _one_kernel_thread() -> None:
+    """A measuring thread's kernel calls run on it alone (the threads measure tensors side by side)."""
+    from colitools.formats import kernels
+
+    kernels.set_threads(1, this_thread=True)
 
 
 def _measured(rname: str, role: rc.Role, job: TensorJob, offered: dict, known: dict | None, where) -> Measured:
     """One tensor's ``Measured``: from its cache entry ``known`` when it has the same candidates, else measured
-    (``where``: the reader, its shards' paths, the FP8 block, whether it is a routed expert of the planar
-    sidecar)."""
+    (``where``: the reader, its shards' paths, the FP8 block, whether the layout is planar)."""
     reader, paths, block, planar = where
+    planar = planar and role is rc.Role.EXPERT  # a routed expert in the planar sidecar
     layer = rc.layer_of(rname)
     m = Measured(role, layer.name if layer else "globals", job.O * job.I, written_bytes(job, planar),
                  expert=job.expert, layer_index=layer.index if layer else None, source=job.source.name)  # fmt: skip

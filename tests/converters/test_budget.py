@@ -368,3 +368,14 @@ def test_usage_from_a_route_trace(tmp_path):
     assert imp["model.layers.0.mlp.experts.2.gate_proj.weight"] == pytest.approx(6 / 8)
     assert imp["model.layers.0.mlp.experts.3.gate_proj.weight"] == 0.05
     assert imp["model.layers.1.mlp.experts.3.gate_proj.weight"] == 1.0
+
+
+def test_measurement_is_the_same_on_one_thread(tmp_path, monkeypatch):
+    from colitools.converters import budget
+
+    src = ORACLES / "qwen3_moe"
+    many = _convert(src, tmp_path / "a", target_size=100_000, dry_run=True)
+    monkeypatch.setattr(budget, "MEASURE_THREADS", 1)
+    one = _convert(src, tmp_path / "b", target_size=100_000, dry_run=True)
+    assert one.budget["tensors"] == many.budget["tensors"]
+    assert one.budget["predicted_error"] == many.budget["predicted_error"]
