@@ -41,6 +41,18 @@ OPTION_ROLES = {
 }  # fmt: skip
 
 
+def _shown_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The recipe as the card lists it: under a size budget (FORMATS §12) the budget instead of the per-role
+    options it replaced (the formats per role follow in their own table)."""
+    budget = recipe.get("budget")
+    if not isinstance(budget, dict):
+        return recipe
+    shown = {k: v for k, v in recipe.items() if k not in ("experts", "dense", "embed", "mtp", "budget")}
+    size = f"{budget['target_size']} bytes" if "target_size" in budget else f"{budget.get('target_bpw')} bits per weight"
+    shown["budget"] = f"at most {size}, formats chosen per tensor to least weighted squared error"
+    return shown
+
+
 def card_metadata(manifest: Manifest, formats: list[str], model_type: str | None) -> dict[str, Any]:
     """The front matter the generated card carries (and a user's card is completed with)."""
     source = manifest.data.get("source") or {}
@@ -95,7 +107,7 @@ def _body(
     data = manifest.data
     source = data.get("source") or {}
     tool = data.get("tool") or {}
-    recipe = data.get("recipe") if isinstance(data.get("recipe"), dict) else {}
+    recipe = _shown_recipe(data.get("recipe") if isinstance(data.get("recipe"), dict) else {})
     yield f"# {repo_id.split('/')[-1]}"
     yield ""
     yield from _sizes(data, report, files)

@@ -379,3 +379,16 @@ def test_measurement_is_the_same_on_one_thread(tmp_path, monkeypatch):
     one = _convert(src, tmp_path / "b", target_size=100_000, dry_run=True)
     assert one.budget["tensors"] == many.budget["tensors"]
     assert one.budget["predicted_error"] == many.budget["predicted_error"]
+
+
+def test_model_card_states_the_budget_and_the_bits_per_weight(tmp_path):
+    from colitools.converters.manifest import Manifest
+    from colitools.converters.model_card import build_card
+
+    out = tmp_path / "o"
+    _convert(ORACLES / "olmoe", out, target_bpw=3.2)
+    files = [(p.name, p.stat().st_size) for p in out.iterdir() if p.is_file() and not p.name.startswith(".")]
+    card = build_card(out, Manifest.load(out / "colitools.json"), "me/olmoe-budget", files)
+    assert "| budget | at most 3.2 bits per weight, formats chosen per tensor" in card
+    assert "| experts |" not in card and "| dense |" not in card  # the options the budget replaced
+    assert ", 3.20 bits per weight**" in card
