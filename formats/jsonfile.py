@@ -71,11 +71,12 @@ def parse_json_object(
     JSON, is nested too deeply, is not an object or holds a string that is no Unicode text (``invalid_text``)."""
     at = f"{where}: " if where else ""
     try:
-        value = json.loads(raw)
+        # strict decoding: json.loads(bytes) would let an encoded lone surrogate through ('surrogatepass')
+        value = json.loads(raw.decode(json.detect_encoding(raw)))
     except json.JSONDecodeError as exc:
         raise error(f"{at}invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except UnicodeDecodeError as exc:
-        raise error(f"{at}not UTF-8 text (byte {exc.start})") from None
+        raise error(f"{at}not {exc.encoding.upper().removesuffix('-SIG')} text (byte {exc.start})") from None
     except RecursionError:  # a hostile or broken file: arrays / objects nested deeper than the parser's stack
         raise error(f"{at}not valid JSON: nested too deeply") from None
     except ValueError as exc:  # a number too long to convert

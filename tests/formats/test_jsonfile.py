@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -74,3 +75,18 @@ def test_every_other_json_reader_refuses_a_lone_surrogate_escape(tmp_path):
     assert len(result.problems) == 1 and result.problems[0].startswith(f"receipt {path.name}: the string ")
     with pytest.raises(ResolveError, match=not_text):
         parse_stamps({STAMP_KEY: '{"x\\udfff": "int4-row"}'})
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"name": "\xed\xa0\x80"}', "not UTF-8 text (byte 10)"),  # a lone surrogate encoded, not escaped
+        ('{"name": "\ud800"}'.encode("utf-16-le", "surrogatepass"), "not UTF-16-LE text (byte 20)"),
+    ],
+)
+def test_an_encoded_lone_surrogate_is_refused_too(tmp_path, raw, says):
+    """``json.loads`` of bytes decodes with 'surrogatepass': the reader decodes strictly first."""
+    path = tmp_path / "config.json"
+    path.write_bytes(raw)
+    with pytest.raises(FormatError, match=rf"{path}: {re.escape(says)}"):
+        load_json_object(path)
