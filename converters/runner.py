@@ -433,6 +433,7 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")
+    _start_resource_tracker()
     queue = list(pending)
     inflight: dict[Future, Unit] = {}
     # the processes are the parallelism: each uses its share of the cores (no oversubscription)
@@ -488,6 +489,20 @@ def _sigint_blocked():
 
 
 _GROUP_SIGNALS = {signal.SIGINT, signal.SIGHUP}  # what reaches the whole process group: the parent stops for all
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (a helper process of the spawn context) with the group signals
+    blocked, which it inherits: a closed terminal or a Ctrl-C reaches the whole process group, and the tracker, which
+    blocks only SIGINT / SIGTERM itself, would die of a SIGHUP, and the parent then warn "resource_tracker: process
+    died unexpectedly" (stderr noise, a relaunch) at its clean stop."""
+    from multiprocessing import resource_tracker
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _worker_init(threads: int, parent_pid: int, on_kernels: bool) -> None:
