@@ -9,6 +9,7 @@ next run of the owning command removes (it recognises it with ``parse_temp_name`
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import re
@@ -120,3 +121,11 @@ def json_lines(obj: Any, expand: int, indent: int = 2) -> str:
         return "[\n" + body + "\n" + pad + "]"
 
     return enc(obj, 0)
+
+
+def write_png_atomic(figure, path: str | os.PathLike[str]) -> None:
+    """A matplotlib ``figure`` rendered to PNG and published at ``path`` (``write_bytes_atomic``): the plots of
+    ``usage show --plot`` and ``verify quality --plot``. OSError as ``write_bytes_atomic`` raises it."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    write_bytes_atomic(path, buffer.getvalue())

@@ -139,13 +139,9 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
             f"`prompt_ids`: {len(ids)} token(s); the divergence needs at least {MIN_TOKENS} (a token and the "
             f"token after it)"
         )
-    for i, tok in enumerate(ids):
-        if not 0 <= tok < vocab_size:
-            shown = str(tok) if abs(tok) < 10**30 else f"{str(tok)[:12]}... ({len(str(abs(tok)))} digits)"
-            raise ParameterError(
-                f"`prompt_ids`: id {shown} (position {i}) is outside the vocabulary: ids must be "
-                f"0..{vocab_size - 1} (vocab_size {vocab_size})"
-            )
+    from colitools.runtime.run import check_prompt_ids
+
+    check_prompt_ids(ids, vocab_size, ParameterError)  # the runtime's rule, as a usage error here
     return ids
 
 

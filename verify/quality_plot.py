@@ -12,13 +12,12 @@ the tensors without a layer (embed, head, the final norm) with their figures.
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from collections import defaultdict
 from pathlib import Path
 
-from colitools.formats.atomic import write_bytes_atomic
+from colitools.formats.atomic import write_png_atomic
 from colitools.formats.errors import VerifyError
 
 INSTALL_HINT = "pip install 'colitools[plot]'"  # the extra of usage show --plot (pyproject.toml)
@@ -84,11 +83,9 @@ def plot_quality(report, out: str | os.PathLike, *, title: str):
     for k, note in enumerate(reversed(notes)):
         fig.text(0.01, 0.01 + 0.22 * k / fig.get_size_inches()[1], note, fontsize=8)
     fig.tight_layout(rect=(0, foot / fig.get_size_inches()[1], 1, 1))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
     path = Path(out)
     try:
-        write_bytes_atomic(path, buffer.getvalue())
+        write_png_atomic(fig, path)
     except OSError as exc:
         raise VerifyError(f"cannot write the plot {path}: {exc.strerror or exc}") from None
     return fig

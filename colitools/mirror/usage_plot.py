@@ -10,14 +10,13 @@ square marker per cell (the scatter collection labelled ``MARK_LABEL``), and a l
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
 
-from colitools.formats.atomic import write_bytes_atomic
+from colitools.formats.atomic import write_png_atomic
 from colitools.formats.errors import MirrorError
 from colitools.formats.usage import UsageHistory
 
@@ -76,11 +75,9 @@ def plot_usage(history: UsageHistory, out: str | os.PathLike, *, title: str,
     if marked is not None:
         _mark(ax, marked, history)
     fig.tight_layout(rect=(0, extra / fig.get_size_inches()[1], 1, 1) if extra else None)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
     path = Path(out)
     try:
-        write_bytes_atomic(path, buffer.getvalue())
+        write_png_atomic(fig, path)
     except OSError as exc:
         raise MirrorError(f"cannot write the plot {path}: {exc.strerror or exc}") from None
     return fig

@@ -6,11 +6,11 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.formats.errors import FormatError, RuntimeModelError
+from colitools.formats.errors import ColitoolsError, FormatError, RuntimeModelError
 from colitools.formats.inspect import incomplete_conversion
 from colitools.formats.jsonfile import load_json_object
 from colitools.runtime.generate import GenerationResult, generate
@@ -116,7 +116,7 @@ def run_model(
                        usage_decay=usage_decay, act_quant=act_quant)  # fmt: skip
     load_s = time.perf_counter() - t0
     try:
-        _check_prompt_ids(prompt_ids, model.args.vocab_size)
+        check_prompt_ids(prompt_ids, model.args.vocab_size)
         if cap is None and ram_gb is not None:
             _check_ram_budget(model, ram_gb)
         stop = _stop_ids(model_dir, model.args.eos_token_ids) if stop_at_eos else ()
@@ -138,12 +138,15 @@ def run_model(
     )  # fmt: skip
 
 
-def _check_prompt_ids(prompt_ids: list[int], vocab_size: int) -> None:
-    """Every prompt id must be a token of the model (``0 <= id < vocab_size``)."""
+def check_prompt_ids(
+    prompt_ids: Sequence[int], vocab_size: int, error: type[ColitoolsError] = RuntimeModelError
+) -> None:
+    """Every prompt id must be a token of the model (``0 <= id < vocab_size``): ``error`` naming the first that is
+    not (``verify quality --kld`` passes its usage error)."""
     for i, tok in enumerate(prompt_ids):
         if not 0 <= tok < vocab_size:
             shown = str(tok) if abs(tok) < 10**30 else f"{str(tok)[:12]}... ({len(str(abs(tok)))} digits)"
-            raise RuntimeModelError(
+            raise error(
                 f"`prompt_ids`: id {shown} (position {i}) is outside the vocabulary: "
                 f"ids must be 0..{vocab_size - 1} (vocab_size {vocab_size})"
             )
