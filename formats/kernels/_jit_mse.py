@@ -1,7 +1,7 @@
 """The numba kernel of the ``mse`` group search (``formats/quantizers.py``, FORMATS §11), byte-identical to
 ``quantizers.mse_groups``: the same float32 products and true divisions, round half to even, the candidates'
-refit sums exact (32-bit products of codes and 16-bit fixed-point values, 32-bit sums of 64 of them, 64-bit sums
-of those: no order to follow, so LLVM's
+refit sums exact (products of codes and 16-bit fixed-point values exact in float32, their sums integers exact in
+float64: no order to follow, so LLVM's
 loop vectoriser takes those loops whole, as it takes the divisions' loops), the float64 error sums in the
 reference's lane order, the same strict comparisons. numba without fastmath neither
 reassociates float sums nor contracts them (no FMA); the property tests compare the two byte for byte.
@@ -20,7 +20,6 @@ from colitools.formats.kernels.aot import export
 _FLOOR = np.float32(1e-8)  # quantizers.SCALE_FLOOR
 _LANES = 8  # quantizers.LANES
 _FIXED_BITS = 16  # quantizers.FIXED_BITS
-_CHUNK = 64  # 64 * 128 * 2^16 < 2^31: a chunk's sum of products fits int32
 _MAGIC32 = np.float32(12582912.0)  # 1.5 * 2^23: float32 rounding to an integer, ties to even
 _MAGIC64 = 6755399441055744.0  # 1.5 * 2^52: the same in float64
 
@@ -37,27 +36,30 @@ def _rint_clip(y, flo, fhi):
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _fixed(row, f, qw):
-    """``qw = rint(w * f)`` in float64 (``|w * f| <= 2^16``: the magic constant rounds exactly)."""
+    """``qw = rint(w * f)`` in float64 (``|w * f| <= 2^16``: the magic constant rounds exactly), kept as float32
+    (an integer of at most 17 bits: exact)."""
     for k in range(row.size):
-        qw[k] = np.int32((np.float64(row[k]) * f + _MAGIC64) - _MAGIC64)
+        qw[k] = np.float32((np.float64(row[k]) * f + _MAGIC64) - _MAGIC64)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _candidate(row, qw, iscale, flo, fhi):
-    """``(sum(l * qw), sum(l * l))`` of the codes ``l = clip(rint(w * iscale))``, exact: ``|l * qw| <= 2^23``, so
-    a chunk of ``_CHUNK`` elements sums in int32 (8 lanes wide) and the chunks in int64."""
-    sx = np.int64(0)
-    s2 = np.int64(0)
-    n = row.size
-    for c0 in range(0, n, _CHUNK):
-        a = np.int32(0)
-        b = np.int32(0)
-        for k in range(c0, min(c0 + _CHUNK, n)):
-            lk = np.int32(_rint_clip(np.float32(row[k] * iscale), flo, fhi))
-            a += lk * qw[k]
-            b += lk * lk
-        sx += a
-        s2 += b
+def _scaled_codes(row, iscale, flo, fhi, lc):
+    """``lc[k] = clip(rint(w * iscale))`` (float32 product; exact rounding: no fastmath here)."""
+    for k in range(row.size):
+        lc[k] = _rint_clip(np.float32(row[k] * iscale), flo, fhi)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=True)
+def _refit_sums(lc, qw):
+    """``(sum(l * qw), sum(l * l))``: every product an integer of at most 23 bits, exact in float32, and every
+    partial sum an integer below 2^53, exact in float64, so the sums are exact in any order: ``fastmath`` lets
+    the vectoriser reorder them, and they still equal the reference's integer sums."""
+    sx = 0.0
+    s2 = 0.0
+    for k in range(lc.size):
+        lk = lc[k]
+        sx += np.float64(lk * qw[k])
+        s2 += np.float64(lk * lk)
     return sx, s2
 
 
@@ -69,21 +71,26 @@ def _codes(row, s, flo, fhi, out):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _errors(row, s0, s1, v0, v1, e0, e1):
-    """The squared errors of ``(s0, v0)`` and ``(s1, v1)`` in float64, in the lane order (``quantizers.lane_sum``)."""
-    e0[:] = 0.0
-    e1[:] = 0.0
-    n = row.size
-    for k0 in range(0, n, _LANES):
-        for j in range(_LANES):
-            w = np.float64(row[k0 + j])
-            d0 = np.float64(np.float32(v0[k0 + j] * s0)) - w
-            d1 = np.float64(np.float32(v1[k0 + j] * s1)) - w
-            e0[j] += d0 * d0
-            e1[j] += d1 * d1
-    t0 = ((e0[0] + e0[1]) + (e0[2] + e0[3])) + ((e0[4] + e0[5]) + (e0[6] + e0[7]))
-    t1 = ((e1[0] + e1[1]) + (e1[2] + e1[3])) + ((e1[4] + e1[5]) + (e1[6] + e1[7]))
-    return t0, t1
+def _sq(w, v, s):
+    d = np.float64(np.float32(v * s)) - np.float64(w)
+    return d * d
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _lane_error(row, v, s):
+    """``sum((float32(v * s) - w)^2)`` in float64 in the lane order (``quantizers.lane_sum``), the eight lanes as
+    eight scalars (registers, eight independent chains)."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for k in range(0, row.size, _LANES):
+        a0 += _sq(row[k], v[k], s)
+        a1 += _sq(row[k + 1], v[k + 1], s)
+        a2 += _sq(row[k + 2], v[k + 2], s)
+        a3 += _sq(row[k + 3], v[k + 3], s)
+        a4 += _sq(row[k + 4], v[k + 4], s)
+        a5 += _sq(row[k + 5], v[k + 5], s)
+        a6 += _sq(row[k + 6], v[k + 6], s)
+        a7 += _sq(row[k + 7], v[k + 7], s)
+    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -101,7 +108,7 @@ def _extreme(row):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _search(row, qw, x, e, signed, targets, flo, fhi):
+def _search(row, qw, lc, x, e, signed, targets, flo, fhi):
     """The winning candidate's float32 scale (0 when none has ``s2 > 0``)."""
     f = math.ldexp(1.0, _FIXED_BITS - e)
     unit = math.ldexp(1.0, e - _FIXED_BITS)
@@ -112,9 +119,9 @@ def _search(row, qw, x, e, signed, targets, flo, fhi):
         iscale = np.float32(t / x)
         if not np.isfinite(iscale):
             continue
-        sx, s2 = _candidate(row, qw, iscale, flo, fhi)
-        if s2 > 0:
-            fx, f2 = np.float64(sx), np.float64(s2)
+        _scaled_codes(row, iscale, flo, fhi, lc)
+        fx, f2 = _refit_sums(lc, qw)
+        if f2 > 0:
             score = fx * fx / f2
             if score > best:
                 best, s_best = score, np.float32(fx / f2 * unit)
@@ -129,8 +136,7 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
     n = w.shape[1]
     flo, fhi = np.float32(lo), np.float32(hi)
     v0, v1 = np.empty(n, np.float32), np.empty(n, np.float32)
-    qw = np.empty(n, np.int32)
-    e0, e1 = np.zeros(_LANES, np.float64), np.zeros(_LANES, np.float64)
+    qw = np.empty(n, np.float32)
     for r in range(r0, r1):
         row = w[r]
         amax, x = _extreme(row)
@@ -139,13 +145,12 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
             s0 = _FLOOR
         s1 = np.float32(0.0)
         if amax > 0:
-            s1 = _search(row, qw, x, math.frexp(np.float64(amax))[1], signed, targets, flo, fhi)
+            s1 = _search(row, qw, v1, x, math.frexp(np.float64(amax))[1], signed, targets, flo, fhi)
         _codes(row, s0, flo, fhi, v0)
         use = np.isfinite(s1) and abs(s1) >= _FLOOR
         if use:
             _codes(row, s1, flo, fhi, v1)
-            err0, err1 = _errors(row, s0, s1, v0, v1, e0, e1)
-            use = err1 < err0
+            use = _lane_error(row, v1, s1) < _lane_error(row, v0, s0)
         s_out[r] = s1 if use else s0
         src = v1 if use else v0
         for k in range(n):
