@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from colitools.converters.manifest import Manifest
@@ -60,6 +61,7 @@ SCHEMA = "colitools.verify.quality/1"
 REL_TOL = 1e-9
 ABS_TOL = 1e-15
 SLAB_BYTES = 16 << 20  # float32 bytes per row slab of a big plain tensor
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 PLOT_SUFFIX = ".png"
 
 
@@ -526,6 +528,8 @@ def _source_float32(job, reader, block) -> np.ndarray:
         return q.encoding.decode(values, job.O, job.I, group=q.group, exact=q.exact)
     if scale is not None and job.fused_rows is None and np.ndim(values) == 2:
         return FP8_BLOCK.decode({"data": values, "scale": scale}, *values.shape, block=block, fast=True)
+    if scale is None and values.dtype == _BF16 and values.size == job.O * job.I:
+        return values.reshape(job.O, job.I)  # compared from its bits (error_stats), as convert recorded it
     return _dequant(job, values, scale, block)
 
 
@@ -536,8 +540,8 @@ def _source_rows(job, reader, block, r0: int, r1: int) -> np.ndarray:
 
     src = job.source
     values = reader.read_rows(src, r0, r1)
-    if src.scale is None:
-        return to_float32(job.out_name, values)
+    if src.scale is None:  # BF16 compared from its bits (error_stats), as convert recorded it
+        return values if values.dtype == _BF16 else to_float32(job.out_name, values)
     sc = src.scale
     grid = reader.read(sc.shard, sc.name, sc.dtype, sc.shape)[r0 // block[0] : -(-r1 // block[0])]
     return FP8_BLOCK.decode({"data": values, "scale": grid}, *values.shape, block=block, fast=True)
