@@ -35,7 +35,7 @@ class ConvertOptions:
     layout: str | None = None  # a --layout value (formats/layouts.py); None: the target's, else pairs
     towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
     target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads it
-    quantizer: str = "rtn"  # --quantizer rtn | mse (FORMATS §9; formats/quantizers.py)
+    quantizer: str = "rtn"  # --quantizer rtn | mse (FORMATS §11; formats/quantizers.py)
     target_size: int | str | None = None  # --target-size (FORMATS §12): bytes, or a size such as 25GiB
     target_bpw: float | None = None  # --target-bpw (FORMATS §12): bits per weight
     usage: str | None = None  # --usage: a routing history weighting a budget's routed experts

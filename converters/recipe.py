@@ -345,7 +345,7 @@ class Recipe:
     layout: str = layouts.PAIRS.option
     towers: str = "keep"  # rule 1: keep | drop
     target: targets.Target = targets.GENERIC  # --target (formats/targets.py): recorded by name
-    quantizer: str = RTN  # --quantizer rtn | mse (FORMATS §9): recorded only when not rtn
+    quantizer: str = RTN  # --quantizer rtn | mse (FORMATS §11): recorded only when not rtn
     budget: Budget | None = None  # --target-size / --target-bpw (§10): recorded only when given
 
     @classmethod
@@ -490,7 +490,7 @@ class Target:
     fallback: Fallback | None = None
     native: bool = False  # the source's own quantization copied losslessly (``native``, §6)
     spelling: targets.Spelling | None = None  # a --target loader's names and dtypes for the format's tensors
-    quantizer: str = RTN  # the encoder mode of its scales (``quantizers.MODES``, FORMATS §9)
+    quantizer: str = RTN  # the encoder mode of its scales (``quantizers.MODES``, FORMATS §11)
 
     @cached_property  # a plan shares a few targets among all its tensors: asked ~7 times per tensor
     def format_class(self) -> type[Format]:

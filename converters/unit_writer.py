@@ -345,7 +345,7 @@ def encode_job(
         codes, scales = kernels.encode_from_fp8_e8m0(values, grid, block, name=job.out_name)
     elif fmt.kernel_code is None:  # not a row codec (fp8-e4m3-e8m0, its own block kernel): from float32
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
-    elif t.quantizer != RTN:  # the mse search (FORMATS §9) runs on float32 values: dequantised exactly first
+    elif t.quantizer != RTN:  # the mse search (FORMATS §11) runs on float32 values: dequantised exactly first
         w = _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one

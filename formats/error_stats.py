@@ -1,4 +1,4 @@
-"""What a conversion lost, tensor by tensor: the one definition of the error figures (FORMATS §9) that
+"""What a conversion lost, tensor by tensor: the one definition of the error figures (FORMATS §11) that
 ``convert`` records in its manifest, ``verify quality`` reports and the size budget (§10) minimises.
 
 A tensor's figures are five float64 sums and one maximum over its elements, with ``w`` the source's decoded

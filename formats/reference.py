@@ -50,7 +50,7 @@ def scales_codes(
     """``(scales [...], values int8 [..., n])`` of float32 scale groups ``blocks[..., n]`` (a row, or a group of a
     row; zero padding never changes a group's amax and quantizes to 0): ``rtn`` is §2's ``s = max(amax / hi,
     1e-8)``, ``v = clip(rint(w / s), lo, hi)``; ``mse`` / ``mse-positive`` the search of ``quantizers.py``
-    (FORMATS §9), whose codes are the same ``clip(rint(w / s))`` of the scale it writes; ``search`` is the
+    (FORMATS §11), whose codes are the same ``clip(rint(w / s))`` of the scale it writes; ``search`` is the
     kernels' byte-identical group search (``quantizers.mse_scales_codes``), numpy's when None."""
     if quantizer != RTN:
         return quantizers.mse_scales_codes(blocks, lo, hi, quantizers.signed(quantizer), search)

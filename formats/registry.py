@@ -150,7 +150,7 @@ class Format:
     # fp8-e4m3-b128; int4-row before int4-grouped at a detected group size; the UE8M0 grids). Weight rank
     # ``RANK_SIGNATURE_FIRST`` (0) is matched on both counts before any other (e8-iq3-lattice's ``ns == 4``).
     byte_rank: ClassVar[tuple[int, int] | None] = None
-    # a symmetric integer format whose scales a quantizer chooses (FORMATS §9): ``--quantizer mse`` applies
+    # a symmetric integer format whose scales a quantizer chooses (FORMATS §11): ``--quantizer mse`` applies
     mse_scales: ClassVar[bool] = False
     # ``colitools formats``: byte formulas as text (tests evaluate them against the arithmetic above) and the
     # scale tensor's name and dtype.
@@ -226,7 +226,7 @@ class Format:
 
         ``fast`` selects the numba kernel (byte-identical to the numpy reference) once the kernels are loaded
         (``set_fast_codecs``). ``quantizer`` is an encoder mode of ``quantizers.MODES`` (``rtn``, ``mse``,
-        ``mse-positive``; FORMATS §9), ignored by a format without ``mse_scales``. NaN/inf input raises EncodeError naming the tensor."""
+        ``mse-positive``; FORMATS §11), ignored by a format without ``mse_scales``. NaN/inf input raises EncodeError naming the tensor."""
         w = _as_f32_matrix(w, name)
         cls.check_encodable(*w.shape, name=name)
         quantizer = cls.quantizer_mode(quantizer)

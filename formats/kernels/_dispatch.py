@@ -271,7 +271,7 @@ def encode(
 
     ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
     any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
-    ``quantizer``: an encoder mode (``quantizers.MODES``; FORMATS §9) of a format with ``mse_scales``.
+    ``quantizer``: an encoder mode (``quantizers.MODES``; FORMATS §11) of a format with ``mse_scales``.
     Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
     w = np.asarray(w)
     if quantizer != RTN:
