@@ -70,13 +70,13 @@ def spec_group(w: list[float], lo: int, hi: int, signed: bool) -> tuple[float, l
         if not math.isfinite(iscale):
             continue
         codes = [int(rint_clip(f32(v * iscale), lo, hi)) for v in w]
-        sx = sum(c * q for c, q in zip(codes, qw))
+        sx = sum(c * q for c, q in zip(codes, qw, strict=True))
         s2 = sum(c * c for c in codes)
         if s2 > 0 and float(sx) * float(sx) / float(s2) > best:
             best, s_best = float(sx) * float(sx) / float(s2), f32(float(sx) / float(s2) * 2.0 ** (e - quantizers.FIXED_BITS))
 
     def err(s: float, v: list[float]) -> float:
-        return lane_sum([(f32(c * s) - x) ** 2 for c, x in zip(v, w)], float)
+        return lane_sum([(f32(c * s) - x) ** 2 for c, x in zip(v, w, strict=True)], float)
 
     if amax > 0 and math.isfinite(s_best) and abs(s_best) >= f32(1e-8):
         v1 = [rint_clip(f32(x / s_best), lo, hi) for x in w]
