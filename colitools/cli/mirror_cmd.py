@@ -31,12 +31,10 @@ from colitools.cli.options import (
 from colitools.formats.errors import EXIT_NOT_ADMITTED, EXIT_NOT_OK
 
 
-def _gib(n: int) -> str:
-    """Bytes for people: the largest binary unit that keeps the number >= 1."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n) >= 1 << shift:
-            return f"{n / (1 << shift):.2f} {unit}"
-    return f"{n} B"
+def _bytes(n: int) -> str:
+    from colitools.mirror.plan import format_bytes  # imported when a command prints (the CLI starts light)
+
+    return format_bytes(n)
 
 
 def _weights(weights, source: str) -> str:
@@ -64,33 +62,52 @@ def _plan_kwargs(model, mirror, usage, budget_bytes, reserve_bytes, source_dir, 
 def _plan_lines(plan) -> Iterator[str]:
     data = plan.to_json()
     shard_bytes = sum(s.size for s in plan.shards)
-    yield f"model    {data['model_root']}  ({len(plan.shards)} shards, {_gib(shard_bytes)})"
-    yield f"mirror   {data['mirror_root']}  (free {_gib(data['free_bytes'])}, reserve {_gib(data['reserve_bytes'])})"
+    yield f"model    {data['model_root']}  ({len(plan.shards)} shards, {_bytes(shard_bytes)})"
+    yield f"mirror   {data['mirror_root']}  (free {_bytes(data['free_bytes'])}, reserve {_bytes(data['reserve_bytes'])})"
     usage = f"{data['usage_selections']} selections" if data["usage_history_present"] else "no usage history"
     yield f"usage    {data['usage_file']}  ({usage})"
-    limited = (f" (of {_gib(data['budget_bytes'])} requested: the rest does not fit above the reserve)"
+    if plan.admitted:
+        yield from _selection_lines(plan, data)
+    else:  # no selection, free space after it or prediction: none of it would happen
+        yield f"budget   {_bytes(data['budget_bytes'])}: nothing to copy: {_refusal(plan)}"
+    for probe in plan.probes:
+        mode = "O_DIRECT" if probe.direct_io else "buffered"
+        yield (f"probe    {probe.directory}: {probe.bytes_per_second / 1e6:.0f} MB/s ({mode}, "
+               f"{_bytes(probe.bytes_read)} in {probe.seconds:.2f} s)")  # fmt: skip
+    for warning in plan.warnings:
+        yield f"warning: {warning}"
+    yield f"admitted: {'yes' if plan.admitted else 'no (' + str(plan.reason) + ')'}"
+
+
+def _refusal(plan) -> str:
+    """Why an unadmitted plan copies nothing, for people (``plan.reason`` is the word for scripts)."""
+    from colitools.mirror.plan import REASON_NO_USAGE, REASON_NOTHING_FITS
+
+    if plan.reason == REASON_NO_USAGE:
+        return "no usage history ranks the shards"
+    if plan.reason == REASON_NOTHING_FITS:
+        return "no shard holding a used expert fits the budget"
+    return (f"copying the selection ({_bytes(plan.remaining_copy_bytes)}) would leave less than the "
+            f"{_bytes(plan.reserve_bytes)} reserve free")  # fmt: skip
+
+
+def _selection_lines(plan, data: dict) -> Iterator[str]:
+    limited = (f" (of {_bytes(data['budget_bytes'])} requested: the rest does not fit above the reserve)"
                if data["budget_limited_by_free_space"] else "")  # fmt: skip
     yield (
-        f"budget   {_gib(data['effective_budget_bytes'])}{limited}: {len(plan.files)} shard(s) selected, "
-        f"{_gib(data['selected_bytes'])}; to copy {_gib(data['remaining_copy_bytes'])}; "
-        f"projected free {_gib(data['projected_free_bytes'])}"
+        f"budget   {_bytes(data['effective_budget_bytes'])}{limited}: {len(plan.files)} shard(s) selected, "
+        f"{_bytes(data['selected_bytes'])}; to copy {_bytes(data['remaining_copy_bytes'])}; "
+        f"projected free {_bytes(data['projected_free_bytes'])}"
     )
     if plan.files:
         width = max(len(f.name) for f in plan.files)
         yield ""
         yield f"  {'#':>3}  {'shard':<{width}}  {'size':>11}  {'weighted expert bytes':>22}  {'activated experts':>17}"
         for i, f in enumerate(plan.files, 1):
-            yield (f"  {i:>3}  {f.name:<{width}}  {_gib(f.size):>11}  {f.weighted_expert_bytes:>22}  "
+            yield (f"  {i:>3}  {f.name:<{width}}  {_bytes(f.size):>11}  {f.weighted_expert_bytes:>22}  "
                    f"{f.activated_experts:>17}")  # fmt: skip
         yield ""
     yield from _prediction_lines(plan)
-    for probe in plan.probes:
-        mode = "O_DIRECT" if probe.direct_io else "buffered"
-        yield (f"probe    {probe.directory}: {probe.bytes_per_second / 1e6:.0f} MB/s ({mode}, "
-               f"{probe.bytes_read >> 20} MiB in {probe.seconds:.2f} s)")  # fmt: skip
-    for warning in plan.warnings:
-        yield f"warning: {warning}"
-    yield f"admitted: {'yes' if plan.admitted else 'no (' + str(plan.reason) + ')'}"
 
 
 def _prediction_lines(plan) -> Iterator[str]:
@@ -116,9 +133,12 @@ def _verification_lines(v) -> Iterator[str]:
         yield f"  {'file':<{width}}  {'status':<7}  {'engine accepts':<14}  problems"
         for f in v.files:
             accepts = {True: "yes", False: "no", None: "unknown"}[f.engine_accepts]
-            yield f"  {f.name:<{width}}  {'ok' if f.ok else 'FAILED':<7}  {accepts:<14}  {'; '.join(f.problems)}"
+            notes = "; ".join((["not in the receipt"] if f.in_receipt is False else []) + f.problems)
+            yield f"  {f.name:<{width}}  {'ok' if f.ok else 'FAILED':<7}  {accepts:<14}  {notes}"
     for problem in v.problems:
         yield f"problem: {problem}"
+    if any(f.in_receipt is False and not f.ok for f in v.files):
+        yield "hint: mirror stage --prune removes the model's shards the plan no longer selects"
     yield f"ready: {'yes' if v.ready else 'no'}"
 
 
@@ -127,6 +147,12 @@ def _stage_lines(result) -> Iterator[str]:
     if result.staged:
         copied = [f for f in result.files if f.action == "copied"]
         yield f"staged: {len(copied)} copied, {len(result.files) - len(copied)} kept; receipt {result.receipt}"
+        if result.pruned:
+            yield f"pruned (no longer selected): {', '.join(result.pruned)}"
+        left = [name for name in result.unselected if name not in result.pruned]
+        if left:
+            yield (f"no longer selected, still on the mirror (the engine reads them; --prune removes them): "
+                   f"{', '.join(left)}")  # fmt: skip
         yield from _verification_lines(result.verification)
 
 
@@ -168,16 +194,20 @@ def stage_command(
         "--reread-from-device",
         help="Re-hash each copy from the mirror drive (O_DIRECT) instead of the page cache: also catches "
              "corruption below the page cache; every byte crosses the mirror drive twice (slower).")] = False,
+    prune: Annotated[bool, typer.Option(
+        "--prune",
+        help="Remove the model's shards the mirror holds that the plan no longer selects (listed without it), "
+             "once the selection is copied.")] = False,
 ) -> None:  # fmt: skip
     """Copy the planned shards (verified, atomic, resumable), write the receipt, then verify the mirror."""
     from colitools.mirror.stage import stage_mirror
 
     kwargs = _plan_kwargs(model, mirror, usage, budget_bytes, reserve_bytes, source_dir, disk_weights, probe)
-    result = stage_mirror(**kwargs, progress=progress, reread_from_device=reread_from_device)
+    result = stage_mirror(**kwargs, progress=progress, reread_from_device=reread_from_device, prune=prune)
     output.emit(as_json, result.to_json, _stage_lines(result))
     if not result.staged:
         if not as_json:
-            output.echo(f"refused ({result.reason}): nothing copied", err=True)
+            output.echo(f"{output.ERROR_PREFIX}refused ({result.reason}): nothing copied", err=True)
         raise typer.Exit(EXIT_NOT_ADMITTED)
     if not result.ready:
         raise typer.Exit(EXIT_NOT_OK)

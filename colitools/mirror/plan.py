@@ -31,6 +31,7 @@ __all__ = [
     "SCHEMA",
     "MirrorPlan",
     "PlannedFile",
+    "format_bytes",
     "gib_to_bytes",
     "plan_mirror",
     "select_shards",
@@ -215,8 +216,13 @@ def gib_to_bytes(gib: float | str, parameter: str, *, positive: bool = False) ->
     return n
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
+def format_bytes(n: int) -> str:
+    """Bytes for people, in the largest binary unit that keeps the number >= 1 (a 7.5 MiB shard is
+    "7.50 MiB", not "0.01 GiB"); below a KiB, whole bytes."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            return f"{n / (1 << shift):.2f} {unit}"
+    return f"{n} B"
 
 
 def _same_size_file(path: Path, size: int) -> bool:
@@ -367,7 +373,7 @@ def _selectable(shards: list[ShardExperts], warnings: list[str]) -> list[ShardEx
     sidecar = [s for s in shards if shard_name_problem(s.name) is not None]
     if sidecar:
         warnings.append(
-            f"the planar sidecar ({len(sidecar)} file(s), {_gib(sum(s.size for s in sidecar))} of routed experts) "
+            f"the planar sidecar ({len(sidecar)} file(s), {format_bytes(sum(s.size for s in sidecar))} of routed experts) "
             "is not mirrored: a mirror receipt names plain shard files only"
         )
     return [s for s in shards if shard_name_problem(s.name) is None]
@@ -402,15 +408,15 @@ def _select(
     if not fitted:
         smallest = min((s.size for s in selectable if s.name not in room.present), default=0)
         warnings.append(
-            f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve)}: room for "
-            f"{_gib(space)}, and no selectable shard is that small (the smallest needs {_gib(smallest)}); "
+            f"the mirror drive has {format_bytes(free)} free and keeps a reserve of {format_bytes(reserve)}: room for "
+            f"{format_bytes(space)}, and no selectable shard is that small (the smallest needs {format_bytes(smallest)}); "
             "free space or lower `reserve_bytes`"
         )
         return files, None
     warnings.append(
-        f"the mirror drive has {_gib(free)} free and keeps a reserve of {_gib(reserve)}: "
-        f"the requested budget ({_gib(budget_bytes)}, {len(files)} shard(s)) does not fit, so the plan "
-        f"fills what fits ({len(fitted)} shard(s), {_gib(sum(f.size for f in fitted))})"
+        f"the mirror drive has {format_bytes(free)} free and keeps a reserve of {format_bytes(reserve)}: "
+        f"the requested budget ({format_bytes(budget_bytes)}, {len(files)} shard(s)) does not fit, so the plan "
+        f"fills what fits ({len(fitted)} shard(s), {format_bytes(sum(f.size for f in fitted))})"
     )
     return fitted, min(budget_bytes, space + sum(f.size for f in fitted if f.name in room.present))
 

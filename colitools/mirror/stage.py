@@ -6,7 +6,8 @@ stage left behind; hash each source whose target already has the right size and 
 matches; check the reserve again with the exact bytes to copy; write the plan (``.colibri-mirror-plan.json``);
 copy the rest (``fileops.copy_verified``, two or more files at once), enforcing the reserve during the copy;
 write the receipt ``.colibri-mirror.json`` atomically; verify. Files of the mirror the plan did not select are
-never touched.
+never touched, except that shards of the model a mirror holds but the plan no longer selects (``unselected``:
+the engine would still read them) are listed, and removed with ``prune``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from colitools.formats.atomic import parse_temp_name, write_json_atomic
+from colitools.formats.container import shard_name_problem
 from colitools.formats.errors import MirrorError, MirrorReserveStop
 from colitools.formats.lockfile import held_lock
 from colitools.mirror.fileops import TEMP_SUFFIX, copy_verified, sha256_file, temp_path_for
@@ -74,6 +76,10 @@ class StageResult:
     files: list[StagedFile] = field(default_factory=list)
     receipt: Path | None = None
     verification: MirrorVerification | None = None
+    # shards of the model on the mirror that the plan does not select (the engine reads them all the same);
+    # ``pruned``: those of them removed (``prune``)
+    unselected: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
     # phase -> (wall seconds, CPU seconds of the whole process): plan, check (hashing kept targets), copy,
     # receipt, verify. For benchmarks; not part of the JSON.
     timings: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -92,6 +98,8 @@ class StageResult:
             "copied": [f.file.name for f in self.files if f.action == "copied"],
             "kept": [f.file.name for f in self.files if f.action == "kept"],
             "copied_bytes": sum(f.file.size for f in self.files if f.action == "copied"),
+            "unselected": list(self.unselected),
+            "pruned": list(self.pruned),
             "plan": self.plan.to_json(),
             "verify": self.verification.to_json() if self.verification else None,
         }
@@ -144,6 +152,7 @@ def stage_mirror(
     progress: bool | None = None,
     reread_from_device: bool = False,
     workers: int | None = None,
+    prune: bool = False,
 ) -> StageResult:
     """Plan, then copy the chosen shards to ``mirror`` (see the module docstring), write the receipt, verify.
 
@@ -152,7 +161,7 @@ def stage_mirror(
     on bad input. Safe to rerun after an interruption at any point. ``progress``: tqdm bars on stderr (None:
     only on a terminal). ``reread_from_device``: re-hash each copy from the mirror device instead of through
     the page cache (stronger, slower: see ``fileops``). ``workers``: files copied at once (default: the usable
-    CPUs, at most 4; each copy is CPU-bound by sha256).
+    CPUs, at most 4; each copy is CPU-bound by sha256). ``prune``: remove ``StageResult.unselected``.
     """
     clock = _PhaseClock()
     plan = plan_mirror(model, mirror, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes, usage=usage,
@@ -190,10 +199,9 @@ def stage_mirror(
             StagedFile(f, kept[f.name], "kept") if f.name in kept else StagedFile(f, copied[f.name], "copied")
             for f in plan.files
         ]
-        receipt = _receipt(plan, root, result.files)
-        result.receipt = root / RECEIPT
-        _write_on_mirror(result.receipt, receipt, root, len(json.dumps(receipt)))
-        result.staged = True
+        result.receipt, result.staged = _write_receipt(plan, root, result.files), True
+        result.unselected = _unselected(plan, root)
+        result.pruned = _prune(root, result.unselected) if prune else []
         clock.lap("receipt")
 
     with _progress_bar(2 * plan.selected_bytes, "verifying", progress) as bar:
@@ -227,6 +235,35 @@ def _kept_targets(
         if source_sha == target_sha:
             kept[f.name] = source_sha
     return kept
+
+
+def _unselected(plan: MirrorPlan, root: Path) -> list[str]:
+    """Shards of the model the mirror holds (a file, a symlink, anything by that name) that the plan does not
+    select: an earlier, larger selection's copies, which the engine reads when their header matches."""
+    chosen = {f.name for f in plan.files}
+    return sorted(
+        s.name
+        for s in plan.shards
+        if s.name not in chosen and shard_name_problem(s.name) is None and os.path.lexists(root / s.name)
+    )
+
+
+def _prune(root: Path, names: list[str]) -> list[str]:
+    """Remove ``names`` from the mirror (regular files and symlinks only; never a directory)."""
+    removed = []
+    for name in names:
+        path = root / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+            removed.append(name)
+    return removed
+
+
+def _write_receipt(plan: MirrorPlan, root: Path, files: list[StagedFile]) -> Path:
+    """Write the receipt (``_receipt``) on the mirror, atomically; returns its path."""
+    receipt = _receipt(plan, root, files)
+    _write_on_mirror(root / RECEIPT, receipt, root, len(json.dumps(receipt)))
+    return root / RECEIPT
 
 
 def _receipt(plan: MirrorPlan, root: Path, files: list[StagedFile]) -> dict:

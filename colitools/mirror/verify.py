@@ -2,7 +2,9 @@
 
 Receipt mode (the mirror has ``.colibri-mirror.json``): the receipt's schema and file names are checked first
 (a bare ``*.safetensors`` name: no path separators, no ``..``, no duplicates; entries failing this are never
-opened), then the size and sha256 of every mirror file, and with a model directory the primary copies too.
+opened), then the size and sha256 of every mirror file, and with a model directory the primary copies too;
+then every other file of the mirror the engine would read (named as a primary shard, with its size and header
+bytes: a leftover of an earlier, larger stage), whose sha256 must be the primary's (``in_receipt`` False).
 Full-mirror mode (no receipt, a model given): every primary shard must be in the mirror with the same size, a
 parseable identical header and the same sha256.
 
@@ -72,6 +74,7 @@ class FileCheck:
     problems: list[str] = field(default_factory=list)
     engine_accepts: bool | None = None
     primary: str | None = None
+    in_receipt: bool | None = None  # receipt mode: False for a file the engine reads that the receipt omits
 
     @property
     def ok(self) -> bool:
@@ -86,6 +89,7 @@ class FileCheck:
             "sha256": self.sha256,
             "engine_accepts": self.engine_accepts,
             "primary": self.primary,
+            "in_receipt": self.in_receipt,
             "problems": list(self.problems),
         }
 
@@ -226,6 +230,7 @@ def verify_mirror(
             receipt_model = _receipt_model_root(receipt_path)
             acceptance_dirs = primaries or ([receipt_model] if receipt_model and receipt_model.is_dir() else [])
             _verify_receipt_files(result, files, primaries, acceptance_dirs, hasher)
+            _verify_unlisted(result, acceptance_dirs, hasher)
         return result
     if model_root is None:
         result = MirrorVerification("none", mirror_root, None)
@@ -254,7 +259,7 @@ def _verify_receipt_files(
             shown = name if isinstance(name, str) else f"entry {index}"
             result.files.append(FileCheck(str(shown), problems=["refused: not a plain *.safetensors file name"]))
             continue
-        check = FileCheck(name)
+        check = FileCheck(name, in_receipt=True)
         result.files.append(check)
         if name in seen:
             check.problems.append("listed twice in the receipt")
@@ -289,6 +294,32 @@ def _verify_receipt_files(
             check.primary = str(primary)
         if check.engine_accepts is False and not check.problems:  # e.g. the primary changed since staging
             check.problems.append("the engine would not accept it (size or header bytes differ from the primary)")
+
+
+def _verify_unlisted(result: MirrorVerification, primaries: list[Path], hasher: _Hasher) -> None:
+    """The mirror's files the receipt does not list that the engine would read all the same (named as a primary
+    shard, with its size and header bytes): each must hold the primary's bytes (its sha256)."""
+    listed = {f.name for f in result.files}
+    names: dict[str, Path] = {}
+    for d in primaries:
+        for path in shard_files(d) if d.is_dir() else ():
+            names.setdefault(path.name, path)
+    for name in sorted(set(names) - listed):
+        path = result.mirror_root / name
+        if stat_signature(path) is None:  # absent, a symlink or not a regular file: the engine skips it
+            continue
+        check = FileCheck(name, in_receipt=False, primary=str(names[name]))
+        _check_engine_acceptance(check, path, names[name])
+        if not check.engine_accepts:
+            continue  # the engine reads the primary
+        result.files.append(check)
+        check.expected_size = check.size = names[name].stat().st_size
+        check.sha256 = hasher(path, from_device=True)
+        if check.sha256 != hasher(names[name]):
+            check.problems.append(
+                "not in the receipt, yet the engine reads it (size and header as the primary's) and its sha256 "
+                "differs from the primary's: remove it"
+            )
 
 
 def _check_mirror_file(check: FileCheck, path: Path, expected: int) -> bool:
