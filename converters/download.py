@@ -45,7 +45,7 @@ HASH_BLOCK = 8 << 20
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 # A host name that does not resolve (DNS failure) gets one retry after at most this long, not the backoff.
 QUICK_RETRY_SECONDS = 0.5
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 
 class Progress(Protocol):
@@ -81,12 +81,58 @@ def is_name_resolution_error(exc: BaseException) -> bool:
     return False
 
 
-class _Transient(Exception):
+class Transient(Exception):
     """One attempt failed in a way that another attempt may fix."""
 
     def __init__(self, reason: str, retry_after: float | None = None):
         super().__init__(reason)
         self.retry_after = retry_after
+
+
+def retry_delay(name: str, url: str, exc: BaseException, failures: int, retries: int, backoff: Backoff, at: int,
+                size_text: str) -> float:  # fmt: skip
+    """The download's retry policy (one owner, every stream): seconds to wait after ``exc``, the ``failures``-th
+    consecutive attempt without progress at byte ``at``, or a ``ConvertError`` once the budget is spent. A host
+    name that does not resolve gets one quick retry, then one line."""
+    dns = is_name_resolution_error(exc)
+    if dns and failures > min(retries, 1):
+        raise ConvertError(
+            f"{name}: cannot resolve the host of {_safe_url(url)} ({exc}); check the network, then run again "
+            "to resume"
+        ) from None
+    if dns:
+        wait = min(backoff.delay(1), QUICK_RETRY_SECONDS)
+        log.debug("%s: %s; retrying in %.2fs", name, _describe(exc), wait)  # debug: the user sees one line
+        return wait
+    if failures > retries:
+        raise ConvertError(
+            f"{name}: download failed at byte {at} of {size_text} after {failures} attempts without progress "
+            f"({_describe(exc)}); run again to resume from there"
+        ) from None
+    wait = backoff.delay(failures, exc.retry_after if isinstance(exc, Transient) else None)
+    log.warning("%s: %s; retrying from byte %d in %.2fs", name, _describe(exc), at, wait)
+    return wait
+
+
+def refused(name: str, response: httpx2.Response) -> ConvertError:
+    """The error of an answer that no retry changes (401, 403, 404, ... or an unexpected status)."""
+    status = response.status_code
+    if status >= 400:
+        return ConvertError(
+            f"{name}: download refused with HTTP {status} {_reason(status)} from {_safe_url(response.url)}"
+        )
+    return ConvertError(f"{name}: unexpected HTTP {status} from {_safe_url(response.url)}")
+
+
+def mismatch_error(name: str, digest: str, want_sha: str, size: int) -> ConvertError:
+    return ConvertError(
+        f"{name}: sha256 {digest} does not match the expected {want_sha} ({size} bytes), also after "
+        "downloading it again from scratch"
+    )
+
+
+def warn_mismatch(name: str, digest: str, want_sha: str) -> None:
+    log.warning("%s: sha256 mismatch (got %s, expected %s); downloading again", name, digest, want_sha)
 
 
 def download_file(
@@ -101,6 +147,8 @@ def download_file(
     backoff: Backoff = Backoff(),
     disk_check: Callable[[int], None] | None = None,
     timeout: float = 60.0,
+    streams: int = 1,
+    chunk_bytes: int | None = None,
 ) -> Path:
     """Download ``url`` to ``dest``, resuming from ``<dest>.part`` and verifying size and sha256.
 
@@ -119,7 +167,14 @@ def download_file(
     every chunk received, and a negative count when bytes are discarded. ``disk_check(needed_bytes)`` is called
     before every request with the bytes still missing (the converter's free-space floor: it may wait, or raise).
     A ``.part`` is locked while in use, so two processes never append to the same one.
+
+    ``streams`` > 1 on a file of known size over one chunk (``chunk_bytes``, default
+    ``download_streams.chunk_for``): that many parallel Range streams into a full-size part with a range log
+    (``download_streams.py``: the same resume, retries, verification and publication). Every stream, the single
+    one too, is dropped and asked again after ``download_streams.stall_seconds()`` without a byte.
     """
+    from colitools.converters import download_streams as ds
+
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     part_path = dest.with_name(dest.name + ".part")
@@ -131,8 +186,22 @@ def download_file(
     request_headers["Accept-Encoding"] = "identity"
 
     fetch = _Fetch(url, dest.name, request_headers, expected_size, progress, retries, backoff, disk_check)
-    client = httpx2.Client(follow_redirects=True, timeout=httpx2.Timeout(timeout, connect=min(timeout, 15.0)))
-    with client, _PartFile(part_path) as part:
+    limits = httpx2.Timeout(timeout, connect=min(timeout, 15.0), read=ds.stall_seconds())
+    client = httpx2.Client(follow_redirects=True, timeout=limits)
+    chunk = chunk_bytes or ds.chunk_for(expected_size or 0, streams)
+    with client:
+        if ds.wants_streams(part_path, expected_size, streams, chunk):
+            job = ds.StreamJob(url, dest.name, request_headers, expected_size, progress, retries, backoff,
+                               max(streams, 1), chunk)  # fmt: skip
+            if ds.download_ranged(client, job, part_path, dest, want_sha, disk_check):
+                return dest
+        return _single_stream(client, fetch, part_path, dest, want_sha, progress)
+
+
+def _single_stream(client: httpx2.Client, fetch: _Fetch, part_path: Path, dest: Path, want_sha: str | None,
+                   progress: Progress | None) -> Path:  # fmt: skip
+    """Today's download: one connection appending to the part, hashed as it grows."""
+    with _PartFile(part_path) as part:
         if part.size and progress is not None:
             progress.update(part.size)
         for from_scratch in (False, True):
@@ -146,13 +215,8 @@ def download_file(
             if from_scratch:
                 size = part.size  # of the bytes that failed, before the part is discarded
                 part.discard()
-                raise ConvertError(
-                    f"{dest.name}: sha256 {digest} does not match the expected {want_sha} "
-                    f"({size} bytes), also after downloading it again from scratch"
-                )
-            log.warning(
-                "%s: sha256 mismatch (got %s, expected %s); downloading again", dest.name, digest, want_sha
-            )
+                raise mismatch_error(dest.name, digest, want_sha, size)
+            warn_mismatch(dest.name, digest, want_sha)
             if progress is not None:
                 progress.update(-part.size)
             part.reset()
@@ -194,32 +258,11 @@ class _Fetch:
             try:
                 if self._attempt(client, part):
                     return
-                raise _Transient(f"connection ended at byte {part.size} of {self.size}")
-            except (httpx2.TransportError, _Transient) as exc:
+                raise Transient(f"connection ended at byte {part.size} of {self.size}")
+            except (httpx2.TransportError, Transient) as exc:
                 failures = 1 if part.size > before else failures + 1
-                if is_name_resolution_error(exc) and failures > min(self.retries, 1):
-                    raise ConvertError(
-                        f"{self.name}: cannot resolve the host of {_safe_url(self.url)} ({exc}); check the "
-                        "network, then run again to resume"
-                    ) from None
-                if is_name_resolution_error(exc):
-                    wait = min(self.backoff.delay(1), QUICK_RETRY_SECONDS)
-                    # debug, not warning: the user sees one line in the end
-                    log.debug("%s: %s; retrying in %.2fs", self.name, _describe(exc), wait)
-                    time.sleep(wait)
-                    continue
-                if failures > self.retries:
-                    raise ConvertError(
-                        f"{self.name}: download failed at byte {part.size} of {self._size_text()} after "
-                        f"{failures} attempts without progress ({_describe(exc)}); "
-                        "run again to resume from there"
-                    ) from None
-                retry_after = exc.retry_after if isinstance(exc, _Transient) else None
-                wait = self.backoff.delay(failures, retry_after)
-                log.warning(
-                    "%s: %s; retrying from byte %d in %.2fs", self.name, _describe(exc), part.size, wait
-                )
-                time.sleep(wait)
+                time.sleep(retry_delay(self.name, self.url, exc, failures, self.retries, self.backoff, part.size,
+                                       self._size_text()))  # fmt: skip
 
     def _attempt(self, client: httpx2.Client, part: _PartFile) -> bool:
         """One request; appends what arrives. True when the part is complete."""
@@ -230,16 +273,13 @@ class _Fetch:
         with client.stream("GET", self.url, headers=headers) as response:
             status = response.status_code
             if status in RETRY_STATUSES:
-                raise _Transient(f"HTTP {status}", _retry_after(response))
+                raise Transient(f"HTTP {status}", retry_after(response))
             if status == 416 and offset:
                 # Our range starts past the end of what the server has: the part cannot be a prefix of it.
                 self._discard(part)
-                raise _Transient(f"HTTP 416 for a range from byte {offset}")
+                raise Transient(f"HTTP 416 for a range from byte {offset}")
             if status >= 400:
-                raise ConvertError(
-                    f"{self.name}: download refused with HTTP {status} {_reason(status)} "
-                    f"from {_safe_url(response.url)}"
-                )
+                raise refused(self.name, response)
             encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")
             if status == 206:
                 total = self._check_content_range(response, offset, part)
@@ -250,7 +290,7 @@ class _Fetch:
                 # The length of a compressed body says nothing about the file's.
                 total = None if encoded else _int_header(response, "Content-Length")
             else:
-                raise ConvertError(f"{self.name}: unexpected HTTP {status} from {_safe_url(response.url)}")
+                raise refused(self.name, response)
             if total is not None:
                 if self.size is None:
                     self.size = total
@@ -261,7 +301,7 @@ class _Fetch:
                     )
             if encoded and part.size:
                 self._discard(part)
-                raise _Transient("server sent an encoded body for a range request")
+                raise Transient("server sent an encoded body for a range request")
             # No chunk_size: httpx2 would buffer up to it and lose the buffer when the connection drops.
             chunks = response.iter_bytes() if encoded else response.iter_raw()
             for chunk in chunks:
@@ -270,17 +310,17 @@ class _Fetch:
                     self.progress.update(len(chunk))
                 if self.size is not None and part.size > self.size:
                     self._discard(part)
-                    raise _Transient(f"server sent more than the {self.size} bytes expected")
+                    raise Transient(f"server sent more than the {self.size} bytes expected")
         if self.size is None:
             return True  # no length announced anywhere: the end of the body is the end of the file
         return part.size == self.size
 
     def _check_content_range(self, response: httpx2.Response, offset: int, part: _PartFile) -> int | None:
-        match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+        match = CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
         if match is None or int(match.group(1)) != offset:
             got = response.headers.get("Content-Range")
             self._discard(part)
-            raise _Transient(f"asked for bytes from {offset}, got Content-Range {got!r}; restarting from 0")
+            raise Transient(f"asked for bytes from {offset}, got Content-Range {got!r}; restarting from 0")
         return None if match.group(3) == "*" else int(match.group(3))
 
     def _discard(self, part: _PartFile) -> None:
@@ -346,7 +386,7 @@ class _PartFile:
         self.path.unlink(missing_ok=True)
 
 
-def _retry_after(response: httpx2.Response) -> float | None:
+def retry_after(response: httpx2.Response) -> float | None:
     value = response.headers.get("Retry-After", "")
     try:
         return max(float(value), 0.0)
@@ -373,7 +413,7 @@ def _safe_url(url: Any) -> str:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, _Transient) else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, Transient) else f"{type(exc).__name__}: {text}"
 
 
 def fetch_range(
@@ -397,21 +437,21 @@ def fetch_range(
         try:
             response = client.get(url, headers=request)
             if response.status_code in RETRY_STATUSES:
-                raise _Transient(f"HTTP {response.status_code}", _retry_after(response))
-            match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+                raise Transient(f"HTTP {response.status_code}", retry_after(response))
+            match = CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
             if response.status_code != 206 or match is None or int(match.group(1)) != start:
                 raise ConvertError(
                     f"{name}: a range request for bytes {start}-{start + length - 1} got HTTP "
                     f"{response.status_code} {_reason(response.status_code)} from {_safe_url(response.url)}"
                 )
             if len(response.content) != length:
-                raise _Transient(f"{len(response.content)} of {length} bytes")
+                raise Transient(f"{len(response.content)} of {length} bytes")
             return response.content
-        except (httpx2.TransportError, _Transient) as exc:
+        except (httpx2.TransportError, Transient) as exc:
             failures += 1
             if failures > retries:
                 raise ConvertError(
                     f"{name}: a range request for bytes {start}-{start + length - 1} failed {failures} times "
                     f"({_describe(exc)})"
                 ) from None
-            time.sleep(backoff.delay(failures, exc.retry_after if isinstance(exc, _Transient) else None))
+            time.sleep(backoff.delay(failures, exc.retry_after if isinstance(exc, Transient) else None))

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from colitools.converters.inventory import Inventory
 
 DEFAULT_MIN_FREE_GB = 5.0
+DEFAULT_DOWNLOAD_STREAMS = 4  # bench/download.py (bench/README.md): 30 MB/s per connection, 1 vs 2 / 4 / 8
+MAX_DOWNLOAD_STREAMS = 64
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ConvertOptions:
     on_low_disk: str = "wait"
     keep_source: bool = False
     workers: int = 1
+    download_streams: int = DEFAULT_DOWNLOAD_STREAMS  # --download-streams: Range streams per downloaded file
     token: str | None = None
     revision: str | None = None
     dry_run: bool = False
@@ -53,6 +56,10 @@ class ConvertOptions:
             raise ParameterError(f"`min_free_gb={self.min_free_gb:g}`: must be a number >= 0")
         if self.workers < 1:
             raise ParameterError(f"`workers={self.workers}`: must be at least 1")
+        if not 1 <= self.download_streams <= MAX_DOWNLOAD_STREAMS:
+            raise ParameterError(
+                f"`download_streams={self.download_streams}`: must be between 1 and {MAX_DOWNLOAD_STREAMS}"
+            )
         if isinstance(self.target, str):
             object.__setattr__(self, "target", targets.by_name(self.target))  # TargetRefused for an unknown name
         self._check_budget()

@@ -131,7 +131,8 @@ def convert(
             else out / WORKDIR
         )
         src = source if isinstance(source, Source) else open_source(
-            spec, options.revision, options.token, workdir=work, disk_check=floor.download_check
+            spec, options.revision, options.token, workdir=work, disk_check=floor.download_check,
+            download_streams=options.download_streams,
         )  # fmt: skip
         if isinstance(src, LocalFolderSource):
             output.check_not_in_source(out, src.root)

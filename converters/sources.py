@@ -259,11 +259,13 @@ class HubSource(Source):
         disk_check: Callable[[int], None] | None = None,
         retries: int | None = None,
         backoff: Backoff | None = None,
+        download_streams: int | None = None,
     ):
         from huggingface_hub import HfApi, constants
 
         from colitools.converters.download import DEFAULT_RETRIES
         from colitools.converters.download import Backoff as _Backoff
+        from colitools.converters.download_streams import DEFAULT_STREAMS
 
         super().__init__()
         self.repo_id = repo_id
@@ -275,6 +277,7 @@ class HubSource(Source):
         self.disk_check = disk_check
         self.retries = DEFAULT_RETRIES if retries is None else retries
         self.backoff = _Backoff() if backoff is None else backoff
+        self.download_streams = DEFAULT_STREAMS if download_streams is None else download_streams
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
         self.offline = constants.is_offline_mode()
         self._blobs = _BlobChecks()  # the cache check: each blob hashed once, ahead of its use when told
@@ -333,6 +336,7 @@ class HubSource(Source):
             retries=self.retries,
             backoff=self.backoff,
             disk_check=self.disk_check,
+            streams=self.download_streams,
         )
         self._stamp_path(dest).write_text(json.dumps(self._stamp(entry)))
         return dest
@@ -345,7 +349,8 @@ class HubSource(Source):
             return False
         dest = self._download_path(name)
         deleted = False
-        for path in (dest, dest.with_name(dest.name + ".part"), self._stamp_path(dest)):
+        part = dest.with_name(dest.name + ".part")
+        for path in (dest, part, part.with_name(part.name + ".ranges"), self._stamp_path(dest)):
             if path.is_file():
                 path.unlink()
                 deleted = True
@@ -673,6 +678,7 @@ def open_source(
     disk_check: Callable[[int], None] | None = None,
     retries: int | None = None,
     backoff: Backoff | None = None,
+    download_streams: int | None = None,
 ) -> Source:
     """Open a checkpoint: ``spec`` is an existing local folder, else a Hub repo id ``org/name``.
 
@@ -681,7 +687,8 @@ def open_source(
     conversion, not the output folder) that receives downloaded files; ``endpoint`` and ``cache_dir`` default
     to huggingface_hub's (``HF_ENDPOINT``, ``HF_HUB_CACHE``). ``disk_check(needed_bytes)`` is called before each
     download request (see ``download_file``); ``retries`` and ``backoff`` (default ``download.DEFAULT_RETRIES``
-    and ``download.Backoff()``) apply to downloads and API calls.
+    and ``download.Backoff()``) apply to downloads and API calls; ``download_streams`` (default
+    ``download_streams.DEFAULT_STREAMS``) is the Range streams per downloaded file.
     """
     path = Path(spec).expanduser()
     if path.exists():
@@ -702,6 +709,7 @@ def open_source(
         disk_check=disk_check,
         retries=retries,
         backoff=backoff,
+        download_streams=download_streams,
     )
 
 

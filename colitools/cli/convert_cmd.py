@@ -56,6 +56,11 @@ _UsageOpt = Annotated[
                  "each routed expert by its share of its layer's selections."),
 ]  # fmt: skip
 _KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
+_DEFAULT_STREAMS = 4  # converters/options.py DEFAULT_DOWNLOAD_STREAMS (tests/converters/test_download_streams.py)
+_STREAMS_HELP = (
+    "Parallel HTTP Range streams per downloaded Hub file (each resumable; 1: one stream per file). "
+    f"Default {_DEFAULT_STREAMS}."
+)
 _UPLOAD_HELP = (
     "Once the output is complete, upload it to this Hugging Face model repo (org/name) with a model card, as "
     "`colitools upload OUTDIR REPO_ID` does (the same --token)."
@@ -104,6 +109,9 @@ def convert_command(
     workers: Annotated[
         int, typer.Option("--workers", min=1, max=1024, help="Units converted in parallel processes.")
     ] = 1,
+    download_streams: Annotated[
+        int, typer.Option("--download-streams", min=1, max=64, help=_STREAMS_HELP)
+    ] = _DEFAULT_STREAMS,
     token: Annotated[
         str | None, typer.Option("--token", help="Hugging Face token (default: HF_TOKEN / login).")
     ] = None,
@@ -126,6 +134,7 @@ def convert_command(
         target=target if target is not None else targets_default, quantizer=quantizer,
         target_size=target_size, target_bpw=target_bpw, usage=usage,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
+        download_streams=download_streams,
         token=token, revision=revision, dry_run=dry_run, progress=progress,
     )  # fmt: skip
     summary = convert(source, outdir, options)

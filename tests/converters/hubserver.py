@@ -34,7 +34,9 @@ Fault injection (per server, keyed by the file name inside the repo): ``drop_aft
 after N bytes of a response body, for the next k responses), ``corrupt`` (flip one byte of the next k bodies
 that cover it), ``fail_next`` (the next k requests answer 5xx), ``throttle`` (bytes per second),
 ``ignore_range``. ``stats(filename)`` counts body responses, HEADs, redirects, bytes served and the byte range
-of every body response.
+of every body response. ``stall`` (after N bytes of the next k bodies, send nothing more and hold the connection
+open, until the server stops): a stalled transfer. ``throttle`` paces each body response on its own (one
+connection at a time carries a response: a per-connection limit, as a CDN's).
 
 ``write_hf_cache(cache_dir, repo_id, folder)`` lays a folder out as huggingface_hub's cache holds a snapshot
 (refs, blobs named as the Hub's ETags name them, snapshot symlinks), by hand: a cache without a server.
@@ -90,6 +92,7 @@ class FileStats:
     ranges: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of every body response
     drops: int = 0
     corrupted: int = 0
+    stalls: int = 0
 
 
 @dataclass
@@ -114,6 +117,8 @@ class HubServer:
         self._stats: dict[str, FileStats] = {}
         self._drops: dict[str, list[int]] = {}  # filename -> [nbytes, times]
         self._corrupt: dict[str, list[int]] = {}  # filename -> [offset, times]
+        self._stall: dict[str, list[int]] = {}  # filename -> [nbytes, times]
+        self._stopping = threading.Event()  # releases stalled responses
         self._throttle: dict[str | None, float] = {}  # filename (None: every file) -> bytes/s
         self._failures = [0, 503, None]  # remaining, status, path substring
         self._secret = os.urandom(16)
@@ -143,6 +148,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         for listener in (self._hub, self._cdn):
             listener.shutdown()
             listener.server_close()
@@ -196,6 +202,12 @@ class HubServer:
         with self._lock:
             self._corrupt[filename] = [offset, times]
 
+    def stall(self, filename: str, nbytes: int, times: int = 1) -> None:
+        """The next ``times`` body responses for ``filename`` send ``nbytes`` body bytes, then nothing more: the
+        connection stays open (until the server stops) without a byte."""
+        with self._lock:
+            self._stall[filename] = [nbytes, times]
+
     def fail_next(self, count: int, status: int = 503, path_contains: str | None = None) -> None:
         """The next ``count`` requests (whose path contains ``path_contains``, if given) answer ``status``."""
         with self._lock:
@@ -215,7 +227,7 @@ class HubServer:
         with self._lock:
             s = self._stats.get(filename, FileStats())
             return FileStats(
-                s.gets, s.heads, s.redirects, s.bytes_served, list(s.ranges), s.drops, s.corrupted
+                s.gets, s.heads, s.redirects, s.bytes_served, list(s.ranges), s.drops, s.corrupted, s.stalls
             )
 
     def reset_stats(self) -> None:
@@ -428,8 +440,9 @@ class _Handler(BaseHTTPRequestHandler):
             stat.ranges.append((start, end))
         drop_at = hub._take(hub._drops, name)
         flip_at = hub._take(hub._corrupt, name, covers=lambda off: start <= off < end)
+        stall_at = hub._take(hub._stall, name)
         rate = hub._throttle.get(name, hub._throttle.get(None))
-        sent = 0
+        sent, began = 0, time.monotonic()
         try:
             with open(f.path, "rb") as fh:
                 fh.seek(start)
@@ -442,6 +455,8 @@ class _Handler(BaseHTTPRequestHandler):
                                 hub._stat(name).drops += 1
                             self._drop_connection()
                             return None
+                    if stall_at is not None and (n := min(n, stall_at - sent)) <= 0:
+                        return self._stall_connection(name)
                     data = bytearray(fh.read(n))
                     if flip_at is not None and start + sent <= flip_at < start + sent + n:
                         data[flip_at - start - sent] ^= 0xFF
@@ -451,11 +466,19 @@ class _Handler(BaseHTTPRequestHandler):
                     sent += n
                     with hub._lock:
                         hub._stat(name).bytes_served += n
-                    if rate:
-                        time.sleep(n / rate)
+                    if rate and (ahead := began + sent / rate - time.monotonic()) > 0:
+                        time.sleep(ahead)  # paced to the rate, whatever the writes took
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         return None
+
+    def _stall_connection(self, name: str) -> None:
+        hub = self.server.hub
+        with hub._lock:
+            hub._stat(name).stalls += 1
+        self.wfile.flush()
+        hub._stopping.wait(600)  # a stalled peer: the client must give up on its own
+        self._drop_connection()
 
     def _drop_connection(self) -> None:
         self.close_connection = True

@@ -1,0 +1,392 @@
+"""Parallel HTTP Range streams into one ``.part`` (``download_file(streams=N)``, ``convert --download-streams``).
+
+A CDN limits each connection, not the link: N connections, each fetching the next missing chunk of the file with
+a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftruncate``) with ``os.pwrite``.
+
+* Resume: every write that landed in the part is recorded by appending ``"start end\\n"`` to ``<part>.ranges``
+  (after the bytes, with one ``write`` on an ``O_APPEND`` descriptor), so after any kill, SIGKILL included, the
+  log names no byte the part lacks and nothing on disk is fetched again; a torn last line is ignored. A stream
+  buffers at most ``WRITE_BYTES`` in memory. A ``.part`` without a log is today's single-stream part, a prefix.
+* Verification: the sha256 follows the done prefix of the part as it grows (read back with ``os.pread`` by
+  whichever stream finished a chunk, the rest at the end), so the whole file is hashed once, mostly while it
+  downloads (1.5 GB/s for one core here, against 1.5-7 s for a 5 GB shard in one pass at the end).
+* Stall: the client's read timeout is ``stall_seconds()``: a stream that delivers nothing for that long fails
+  with a ``ReadTimeout`` and asks for the rest of its chunk again, under the download's retry policy.
+* Fallback: a server that answers a range with 200 (or an encoded body) gets today's single stream; the part is
+  cut to its done prefix first, the log removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+
+from colitools.converters import download as dl
+from colitools.converters.options import DEFAULT_DOWNLOAD_STREAMS
+from colitools.formats.atomic import fsync_dir, write_bytes_atomic
+from colitools.formats.errors import ConvertError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+DEFAULT_STREAMS = DEFAULT_DOWNLOAD_STREAMS  # convert's default, a library's too
+MIN_CHUNK = 8 * MiB  # a file this small or smaller downloads in one stream
+MAX_CHUNK = 64 * MiB
+WRITE_BYTES = 1 * MiB  # what a stream holds in memory before it writes and records it
+STALL_SECONDS = 30.0
+STALL_ENV = "COLITOOLS_TEST_STALL_SECONDS"
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_RECORD = re.compile(rb"(\d+) (\d+)")
+
+
+def stall_seconds() -> float:
+    """Seconds without a byte after which a stream is dropped (``COLITOOLS_TEST_STALL_SECONDS`` shortens it)."""
+    return float(os.environ.get(STALL_ENV) or STALL_SECONDS)
+
+
+def chunk_for(size: int, streams: int) -> int:
+    """The chunk a stream asks for at a time: about a quarter of the file per stream (so the streams end
+    together), whole MiB, within [MIN_CHUNK, MAX_CHUNK]."""
+    per = -(-size // max(streams * 4, 1))
+    return min(MAX_CHUNK, max(MIN_CHUNK, -(-per // MiB) * MiB))
+
+
+def log_path(part: Path) -> Path:
+    return part.with_name(part.name + ".ranges")
+
+
+def wants_streams(part: Path, size: int | None, streams: int, chunk: int) -> bool:
+    """Whether a download takes the ranged path: a known size and several streams over more than one chunk,
+    or a range log left by an earlier ranged run (resumed by range, whatever ``streams`` says now)."""
+    if size is None or size <= 0:
+        return False
+    return log_path(part).is_file() or (streams > 1 and size > chunk)
+
+
+class _RangesIgnored(Exception):
+    """The server answered a range request with the whole file (200) or an encoded body."""
+
+
+@dataclass(frozen=True)
+class StreamJob:
+    """The fixed facts of one ranged download."""
+
+    url: str
+    name: str
+    headers: dict[str, str]
+    size: int
+    progress: dl.Progress | None
+    retries: int
+    backoff: dl.Backoff
+    streams: int
+    chunk: int
+
+
+def merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, disjoint, non-adjacent spans covering the same bytes."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(s for s in spans if s[0] < s[1]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def read_log(path: Path) -> list[tuple[int, int]] | None:
+    """The spans a range log records (merged), None without a log. Unreadable lines are skipped: a torn last
+    record only means those bytes are asked for again."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    spans = []
+    for line in text.split(b"\n")[:-1]:  # the piece after the last newline is empty or torn
+        if m := _RECORD.fullmatch(line):
+            spans.append((int(m[1]), int(m[2])))
+    return merge(spans)
+
+
+class RangedPart:
+    """The ``.part`` of a ranged download, locked: full size, its done spans in memory and in the log, and the
+    sha256 of its done prefix."""
+
+    def __init__(self, path: Path, size: int, progress: dl.Progress | None):
+        self.path = path
+        self.size = size
+        self.progress = progress
+        self.log = log_path(path)
+        self.done: list[tuple[int, int]] = []
+        self._fd = -1
+        self._log_fd = -1
+        self._writable = False
+        self._lock = threading.Lock()  # done, the log, writes (a sealed part takes none)
+        self._hash_lock = threading.Lock()
+        self._sha = hashlib.sha256()
+        self._hashed = 0
+
+    def __enter__(self) -> RangedPart:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self._fd)
+                raise ConvertError(
+                    f"{self.path}: already being downloaded by another process or thread"
+                ) from None
+        have = os.fstat(self._fd).st_size
+        logged = read_log(self.log)
+        if logged is None:  # a single-stream part is a prefix; one longer than the file is stale
+            logged = [(0, have)] if have <= self.size else []
+        # never trust a record past what the part holds (a part truncated or replaced behind the log)
+        self._restart([(a, min(b, have, self.size)) for a, b in logged])
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.seal()
+
+    def _restart(self, done: list[tuple[int, int]]) -> None:
+        """Record ``done`` as the part's state: the log rewritten (atomically), the part at full size."""
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+        self.done = merge(done)
+        write_bytes_atomic(self.log, "".join(f"{a} {b}\n" for a, b in self.done).encode())
+        self._log_fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | _O_CLOEXEC)
+        os.ftruncate(self._fd, self.size)
+        self._sha, self._hashed = hashlib.sha256(), 0
+        self._writable = True
+        self._progress(self.done_bytes())
+
+    def done_bytes(self) -> int:
+        return sum(b - a for a, b in self.done)
+
+    def missing(self) -> list[tuple[int, int]]:
+        gaps, at = [], 0
+        for a, b in self.done:
+            if a > at:
+                gaps.append((at, a))
+            at = b
+        return gaps + ([(at, self.size)] if at < self.size else [])
+
+    def write(self, offset: int, data: bytes | bytearray) -> bool:
+        """Write ``data`` at ``offset`` and record it; False (nothing written) once the part is sealed."""
+        with self._lock:
+            if not self._writable:
+                return False
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(self._fd, view, offset)
+                offset += n
+                view = view[n:]
+            os.write(self._log_fd, f"{offset - len(data)} {offset}\n".encode())
+            self.done = merge([*self.done, (offset - len(data), offset)])
+            self._progress(len(data))
+        return True
+
+    def hash_ahead(self, wait: bool = False) -> None:
+        """Hash the part's done prefix beyond what is hashed (``wait=False``: unless another stream is at it)."""
+        if not self._hash_lock.acquire(blocking=wait):
+            return
+        try:
+            while True:
+                with self._lock:
+                    if self._fd < 0:
+                        return
+                    prefix = self.done[0][1] if self.done and self.done[0][0] == 0 else 0
+                if self._hashed >= prefix:
+                    return
+                block = os.pread(self._fd, min(dl.HASH_BLOCK, prefix - self._hashed), self._hashed)
+                self._sha.update(block)
+                self._hashed += len(block)
+        finally:
+            self._hash_lock.release()
+
+    def hexdigest(self) -> str:
+        self.hash_ahead(wait=True)
+        return self._sha.hexdigest()
+
+    def reset(self) -> None:
+        """Start over from nothing (after a sha256 mismatch)."""
+        self._progress(-self.done_bytes())
+        os.ftruncate(self._fd, 0)
+        self._restart([])
+
+    def to_prefix(self) -> None:
+        """Leave today's single-stream part: the done prefix only, no log (the server ignores ranges)."""
+        self._progress(-self.done_bytes())
+        prefix = self.done[0][1] if self.done and self.done[0][0] == 0 else 0
+        self.log.unlink(missing_ok=True)
+        os.ftruncate(self._fd, prefix)
+        self.seal()
+
+    def publish(self, dest: Path) -> None:
+        """fsync, the log removed, then the atomic rename (a kill in between leaves a whole part: a prefix)."""
+        os.fsync(self._fd)
+        self.log.unlink(missing_ok=True)
+        os.replace(self.path, dest)
+        fsync_dir(dest.parent)
+        self.seal()
+
+    def discard(self) -> None:
+        self.log.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
+        self.seal()
+
+    def stop_writes(self) -> None:
+        """A stream still running after an error or an interrupt finds ``write`` refused from now on."""
+        with self._lock:
+            self._writable = False
+
+    def seal(self) -> None:
+        """No more writes; descriptors closed."""
+        with self._lock:
+            self._writable = False
+            for fd in (self._fd, self._log_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._fd = self._log_fd = -1
+
+    def _progress(self, n: int) -> None:
+        if self.progress is not None and n:
+            self.progress.update(n)
+
+
+def download_ranged(client: httpx2.Client, job: StreamJob, part_path: Path, dest: Path, want_sha: str | None,
+                    disk_check) -> bool:  # fmt: skip
+    """Fill and publish ``dest`` with ``job.streams`` streams; False when the server ignores ranges (the part
+    is then today's prefix part, for the single stream). A sha256 mismatch is fetched once more from scratch
+    (one warning), a second one is ``download.mismatch_error``."""
+    with RangedPart(part_path, job.size, job.progress) as part:
+        for from_scratch in (False, True):
+            if disk_check is not None:
+                disk_check(job.size - part.done_bytes())
+            try:
+                _run_streams(client, job, part)
+            except _RangesIgnored as why:
+                log.warning("%s: %s; downloading in one stream", job.name, why)
+                part.to_prefix()
+                return False
+            digest = part.hexdigest()
+            if want_sha is None or digest == want_sha:
+                part.publish(dest)
+                return True
+            if from_scratch:
+                part.discard()
+                raise dl.mismatch_error(job.name, digest, want_sha, job.size)
+            dl.warn_mismatch(job.name, digest, want_sha)
+            part.reset()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> None:
+    """Every missing chunk fetched by up to ``job.streams`` threads; the first error stops them all and is
+    raised (what they wrote stays recorded)."""
+    chunks = deque((a, min(a + job.chunk, b)) for lo, b in part.missing() for a in range(lo, b, job.chunk))
+    lock, stop, errors = threading.Lock(), threading.Event(), []
+
+    def stream() -> None:
+        try:
+            while not stop.is_set():
+                with lock:
+                    if not chunks:
+                        return
+                    a, b = chunks.popleft()
+                _Chunk(job, part, a, b, stop).fetch(client)
+                part.hash_ahead()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=stream, name=f"download-{i}", daemon=True)
+               for i in range(min(job.streams, len(chunks)))]  # fmt: skip
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    finally:
+        if stop.is_set() or any(t.is_alive() for t in threads):  # an error, or Ctrl-C here
+            stop.set()
+            part.stop_writes()  # a stream still reading can write nothing more
+    if errors:
+        raise next((e for e in errors if isinstance(e, _RangesIgnored)), errors[0])
+
+
+class _Chunk:
+    """One stream's chunk ``[start, end)``: requests until it is written, under the download's retry policy."""
+
+    def __init__(self, job: StreamJob, part: RangedPart, start: int, end: int, stop: threading.Event):
+        self.job, self.part, self.end, self.stop = job, part, end, stop
+        self.pos = start
+
+    def fetch(self, client: httpx2.Client) -> None:
+        failures = 0
+        while self.pos < self.end and not self.stop.is_set():
+            before = self.pos
+            try:
+                self._attempt(client)
+                if self.pos < self.end and not self.stop.is_set():
+                    raise dl.Transient(f"connection ended at byte {self.pos} (range to {self.end})")
+            except (httpx2.TransportError, dl.Transient) as exc:
+                failures = 1 if self.pos > before else failures + 1
+                job = self.job
+                time.sleep(dl.retry_delay(job.name, job.url, exc, failures, job.retries, job.backoff, self.pos,
+                                          str(job.size)))  # fmt: skip
+
+    def _attempt(self, client: httpx2.Client) -> None:
+        headers = {**self.job.headers, "Range": f"bytes={self.pos}-{self.end - 1}"}
+        with client.stream("GET", self.job.url, headers=headers) as response:
+            status = response.status_code
+            if status in dl.RETRY_STATUSES:
+                raise dl.Transient(f"HTTP {status}", dl.retry_after(response))
+            if status == 200:
+                raise _RangesIgnored("server ignored the range request")
+            if status != 206:
+                raise dl.refused(self.job.name, response)
+            if response.headers.get("Content-Encoding", "identity").lower() not in ("identity", ""):
+                raise _RangesIgnored("server sent an encoded body for a range request")
+            self._check_content_range(response)
+            buf = bytearray()
+            try:
+                for data in response.iter_raw():
+                    buf += data
+                    if self.pos + len(buf) > self.end:
+                        buf.clear()
+                        raise dl.Transient(f"server sent more than the range {self.pos}-{self.end - 1}")
+                    if len(buf) >= WRITE_BYTES or self.stop.is_set():
+                        self._flush(buf)
+                    if self.stop.is_set():
+                        return
+            finally:
+                self._flush(buf)  # what arrived before a drop or a stall is kept
+
+    def _flush(self, buf: bytearray) -> None:
+        if buf and self.part.write(self.pos, buf):
+            self.pos += len(buf)
+        buf.clear()
+
+    def _check_content_range(self, response: httpx2.Response) -> None:
+        match = dl.CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+        if match is None or int(match.group(1)) != self.pos:
+            got = response.headers.get("Content-Range")
+            raise dl.Transient(f"asked for bytes from {self.pos}, got Content-Range {got!r}")
+        if match.group(3) != "*" and int(match.group(3)) != self.job.size:
+            raise ConvertError(
+                f"{self.job.name}: the server has {match.group(3)} bytes, expected {self.job.size}; "
+                "the remote file changed or the listing is stale"
+            )

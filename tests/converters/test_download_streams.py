@@ -1,0 +1,182 @@
+"""Parallel Range streams (``download_file(streams=N)``, ``download_streams.py``) against the fake Hub: real HTTP
+through huggingface_hub's URLs and headers, real files, a real process killed with a real SIGKILL."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from huggingface_hub import hf_hub_url
+from huggingface_hub.utils import build_hf_headers
+from midkill import sigkill_when
+
+from colitools.converters import download_streams as ds
+from colitools.converters.download import Backoff, download_file
+from colitools.converters.options import DEFAULT_DOWNLOAD_STREAMS, ConvertOptions
+from colitools.converters.sources import open_source
+from colitools.errors import ConvertError, ParameterError
+
+FAST = Backoff(base=0.01, maximum=0.05)
+NAME = "model-00001-of-00001.safetensors"
+KiB, MiB = 1 << 10, 1 << 20
+CHUNK = 256 * KiB
+
+
+@pytest.fixture
+def remote(hub, tmp_path):
+    """A repo with one LFS file of 3 MiB + 5 bytes of random bytes; returns (url, data)."""
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    data = os.urandom(3 * MiB + 5)
+    (folder / NAME).write_bytes(data)
+    hub.add_repo("org/toy", {"main": folder})
+    return hf_hub_url("org/toy", NAME, endpoint=hub.endpoint), data
+
+
+def fetch(url, dest, data, streams=4, **kwargs):
+    kwargs.setdefault("backoff", FAST)
+    return download_file(url, dest, len(data), hashlib.sha256(data).hexdigest(), build_hf_headers(),
+                         streams=streams, chunk_bytes=CHUNK, **kwargs)  # fmt: skip
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith((".part", ".ranges")))
+
+
+def covered(ranges):
+    return ds.merge(list(ranges))
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_bytes_identical_to_the_source_with_1_and_4_streams(hub, remote, tmp_path, streams):
+    url, data = remote
+    out = fetch(url, tmp_path / NAME, data, streams=streams)
+    assert out.read_bytes() == data and leftovers(tmp_path) == []
+    stats = hub.stats(NAME)
+    assert stats.bytes_served == len(data)  # nothing asked twice
+    if streams == 1:
+        assert stats.ranges == [(0, len(data))]  # today's single stream
+    else:
+        assert sorted(stats.ranges) == [(a, min(a + CHUNK, len(data))) for a in range(0, len(data), CHUNK)]
+        assert stats.redirects == stats.gets  # each range through the Hub's redirect to the CDN
+    assert hub.cdn_auth_headers == 0
+
+
+def test_a_part_left_by_one_stream_is_resumed_by_four_keeping_its_bytes(hub, remote, tmp_path):
+    url, data = remote
+    (tmp_path / (NAME + ".part")).write_bytes(data[:700_000])
+    out = fetch(url, tmp_path / NAME, data)
+    assert out.read_bytes() == data and leftovers(tmp_path) == []
+    stats = hub.stats(NAME)
+    assert covered(stats.ranges) == [(700_000, len(data))]
+    assert stats.bytes_served == len(data) - 700_000
+
+
+def test_sigkill_mid_download_then_the_rerun_fetches_only_the_missing_ranges(hub, tmp_path):
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    data = os.urandom(32 * MiB + 123)
+    (folder / "model.safetensors").write_bytes(data)
+    hub.add_repo("org/big", {"main": folder})
+    hub.throttle("model.safetensors", 4 * MiB)  # per connection: seconds for the whole file, time to kill it
+    workdir = tmp_path / "work"
+    part, log = workdir / "model.safetensors.part", workdir / "model.safetensors.part.ranges"
+    child = textwrap.dedent(
+        """
+        import sys
+        from colitools.converters.sources import open_source
+        open_source("org/big", workdir=sys.argv[1], download_streams=4).ensure_local("model.safetensors")
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child, str(workdir)], stderr=subprocess.PIPE, text=True)
+
+    def some_ranges_done():
+        done = ds.read_log(log) or []
+        return len(done) >= 2 and 2 * MiB < sum(b - a for a, b in done) < len(data) // 2
+
+    sigkill_when(proc, some_ranges_done)
+    done = ds.read_log(log)
+    kept = sum(b - a for a, b in done)
+    assert part.stat().st_size == len(data) and not (workdir / "model.safetensors").exists()
+    assert all(part.read_bytes()[a:b] == data[a:b] for a, b in done)  # the log names only bytes on disk
+
+    hub.throttle("model.safetensors", None)
+    hub.reset_stats()
+    rerun = open_source("org/big", workdir=workdir, backoff=FAST, download_streams=4)
+    out = rerun.ensure_local("model.safetensors")
+    assert out.read_bytes() == data and leftovers(workdir) == []
+    stats = hub.stats("model.safetensors")
+    assert stats.bytes_served == len(data) - kept  # what was on disk was not downloaded again
+    assert covered(stats.ranges + done) == [(0, len(data))]
+    assert all(b <= x or a >= y for a, b in stats.ranges for x, y in done)
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_a_stalled_stream_is_dropped_and_its_range_asked_again(hub, remote, tmp_path, monkeypatch, streams):
+    url, data = remote
+    monkeypatch.setenv(ds.STALL_ENV, "0.5")
+    hub.stall(NAME, 100_000)  # the first response sends 100 000 bytes, then nothing, connection open
+    out = fetch(url, tmp_path / NAME, data, streams=streams)
+    assert out.read_bytes() == data and leftovers(tmp_path) == []
+    stats = hub.stats(NAME)
+    assert stats.stalls == 1
+    assert stats.bytes_served == len(data)  # the stalled stream's bytes were kept, the rest asked again
+    assert any(a == start + 100_000 for a, _ in stats.ranges for start, _ in stats.ranges[:1])
+
+
+def test_drops_and_5xx_are_retried_per_stream_without_fetching_twice(hub, remote, tmp_path):
+    url, data = remote
+    hub.drop_after(NAME, 50_000, times=3)
+    out = fetch(url, tmp_path / NAME, data)
+    assert out.read_bytes() == data
+    assert hub.stats(NAME).bytes_served == len(data) and hub.stats(NAME).drops == 3
+    hub.fail_next(3, status=503)
+    out = fetch(url, tmp_path / "again" / NAME, data)
+    assert out.read_bytes() == data
+
+
+def test_a_server_ignoring_range_gets_one_stream(hub, remote, tmp_path):
+    url, data = remote
+    hub.ignore_range = True
+    out = fetch(url, tmp_path / NAME, data)
+    assert out.read_bytes() == data and leftovers(tmp_path) == []
+    assert hub.stats(NAME).ranges[-1] == (0, len(data))
+
+
+def test_a_corrupted_chunk_is_caught_by_sha256_and_fetched_again(hub, remote, tmp_path):
+    url, data = remote
+    hub.corrupt(NAME, offset=1_000_000)
+    out = fetch(url, tmp_path / NAME, data)
+    assert out.read_bytes() == data and leftovers(tmp_path) == []
+    assert hub.stats(NAME).corrupted == 1
+    # a bad digest: the whole file once more, from scratch, as one stream does
+    assert hub.stats(NAME).bytes_served == 2 * len(data)
+
+
+def test_corruption_that_persists_is_one_error_and_leaves_no_part(hub, remote, tmp_path):
+    url, data = remote
+    hub.corrupt(NAME, offset=2_000_000, times=2)
+    with pytest.raises(ConvertError, match=rf"{NAME}: sha256 .* does not match .*again from scratch"):
+        fetch(url, tmp_path / NAME, data)
+    assert leftovers(tmp_path) == [] and not (tmp_path / NAME).exists()
+
+
+def test_refused_download_is_one_error_without_retries(hub, remote, tmp_path):
+    url, data = remote
+    hub.token = "hf_secret"
+    refused = rf"{NAME}: download refused with HTTP 401 Unauthorized from http://"
+    with pytest.raises(ConvertError, match=refused):
+        fetch(url, tmp_path / NAME, data)
+
+
+def test_the_option_is_validated_and_the_cli_default_is_the_libraries():
+    from colitools.cli import convert_cmd
+
+    assert convert_cmd._DEFAULT_STREAMS == DEFAULT_DOWNLOAD_STREAMS == ds.DEFAULT_STREAMS
+    with pytest.raises(ParameterError, match="download_streams=0"):
+        ConvertOptions(download_streams=0)
+    assert ds.chunk_for(5 << 30, 4) == ds.MAX_CHUNK and ds.chunk_for(MiB, 4) == ds.MIN_CHUNK
