@@ -9,9 +9,12 @@ Each class declares what a reader of a source checkpoint needs to know of one en
 * ``declared_by``: the ``quantization_config`` ``(quant_method, quant_algo)`` pairs that declare it, and
   ``scheme(qc, config)``, which reads and checks that config (FP8 blocks, INT4 group / symmetry) and refuses a
   variant colitools cannot read (``ConfigError``);
-* ``parts``: its tensors by role (``data``, ``scale``, ``scale_2``, ...), each a name suffix with the dtypes and
-  shape producers write; ``pair(name, tensors, scheme)`` recognises one weight by its tensor pairs and checks its
-  companions (``FormatError`` naming both); ``companion_suffixes``: companions refused without their data tensor;
+* ``parts``: its tensors by role (``data``, ``scale``, ``scale_2``, ...), each a name suffix, the dtypes producers
+  write and its shape computed from ``(O, I, group)`` (compressed-tensors' ``compression_param_info``): the shape
+  expected, its prose (``Part.prose``) and the one-line refusal (``Part.check``) all derive from it, for the
+  converter and the runtime alike; ``pair(name, tensors, scheme)`` recognises one weight by its tensor pairs and
+  checks its companions through ``Part.check`` (``FormatError`` naming both, expected and actual shapes);
+  ``companion_suffixes``: companions refused without their data tensor;
 * ``native_form(...)``: whether a registered output format holds it exactly (``native``, docs/FORMATS.md §6),
   and which; ``keep`` repacks its bytes into that format;
 * ``decode``: float32 values, with the numpy reference (``reference.py``) or its kernel (``kernels/decoders.py``).
@@ -25,7 +28,8 @@ Adding an encoding touches this file and ``reference.py`` (its numpy decoder); a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -48,16 +52,76 @@ class TensorLike(Protocol):
     shape: tuple[int, ...]
 
 
+class _Sym(str):
+    """A dimension by name (``O``, ``I``, ``g``): a part's shape function called with these gives its prose."""
+
+
+def div(a, b):
+    """``a / b`` of a shape function: an exact division on numbers, ``"a/b"`` on names."""
+    return _Sym(f"{a}/{b}") if isinstance(a, str) or isinstance(b, str) else a // b
+
+
+def ceil(a, b):
+    """``ceil(a / b)`` of a shape function: on numbers, or ``"ceil(a/b)"`` on names."""
+    return _Sym(f"ceil({a}/{b})") if isinstance(a, str) or isinstance(b, str) else -(-a // b)
+
+
+Shape = tuple[Any, ...]
+
+
 @dataclass(frozen=True)
 class Part:
-    """One tensor of an encoding: ``role``, the suffix that names it after the weight's stem, the dtypes and
-    shape producers write (``pair`` checks the required parts; optional ones are read as any integer)."""
+    """One tensor of an encoding: ``role``, the suffix that names it after the weight's stem, the dtypes producers
+    write and its shape, computed: ``shape(O, I, group)`` of one ``[O, I]`` weight (a list: the shapes allowed),
+    stack dimensions prepended (``lead``). ``pair`` checks the required parts through ``check``; optional ones
+    are read as any integer. Called with names (``prose``), the same function gives the shape as prose."""
 
     role: str
     suffix: str
     dtypes: tuple[str, ...]
-    shape: str
+    shape: Callable[[Any, Any, Any], Shape | list[Shape]]
     required: bool = True
+    group_name: Any = "g"  # how ``prose`` names the group (FP8 blocks: ``("br", "bc")``)
+
+    def allowed(self, O: int, I: int, group: Any = None, lead: tuple[int, ...] = ()) -> list[Shape]:
+        """Every shape the part may have for an ``[O, I]`` weight (``lead``: its stack dimensions)."""
+        got = self.shape(O, I, group)
+        return [(*lead, *s) for s in (got if isinstance(got, list) else [got])]
+
+    def expect(self, O: int, I: int, group: Any = None, lead: tuple[int, ...] = ()) -> Shape:
+        return self.allowed(O, I, group, lead)[0]
+
+    def nbytes(self, dtype: str, O: int, I: int, group: Any = None) -> int:
+        """Bytes of the part of one ``[O, I]`` weight (one expert of a stack) in ``dtype``."""
+        return math.prod(self.expect(O, I, group)) * itemsize(dtype)
+
+    def prose(self, lead: tuple[str, ...] = ()) -> str:
+        """The shape as the spec writes it (``[O, ceil(I/32)]``), from the shape function (``lead``: stack
+        dimensions by name, ``("...",)``)."""
+        shapes = self.allowed(_Sym("O"), _Sym("I"), self.group_name, tuple(map(_Sym, lead)))
+        return " or ".join(f"[{', '.join(map(str, s))}]" for s in shapes)
+
+    def fits(self, t: TensorLike, O: int, I: int, group: Any = None, lead: tuple[int, ...] = ()) -> bool:
+        return t.dtype in self.dtypes and tuple(t.shape) in self.allowed(O, I, group, lead)
+
+    def check(self, name: str, t: TensorLike, of: tuple[str, TensorLike], label: str, dims: tuple, why: str = ""):
+        """FormatError (one line: the tensor, its dtype and shape, its weight's, and the expected ones) when
+        tensor ``name`` (``t``) is not this part of weight ``of`` = ``(data name, header)``; ``dims``: ``(O, I,
+        group, lead)``."""
+        if not self.fits(t, *dims):
+            want = " or ".join(str(list(s)) for s in self.allowed(*dims))
+            raise FormatError(
+                f"tensor {name}: {label} {self.role} {t.dtype} {list(t.shape)} does not fit {of[0]} "
+                f"{list(of[1].shape)}{why} (expected {' or '.join(self.dtypes)} {want})"
+            )
+
+    def refuse(self, name: str, t: TensorLike, label: str, leads: tuple[tuple[str, ...], ...] = ((),),
+               why: str = "") -> FormatError:  # fmt: skip
+        """The error for a data tensor whose rank or dtype no weight of this encoding has (``leads``: the stack
+        dimensions it may have)."""
+        want = " or ".join(self.prose(lead) for lead in leads)
+        want = f"{' or '.join(self.dtypes)} {want}{why}"
+        return FormatError(f"tensor {name}: {label} weight {t.dtype} {list(t.shape)} (expected {want})")
 
 
 @dataclass(frozen=True)
@@ -259,8 +323,9 @@ class Fp8Block(SourceEncoding):
     label = "FP8"
     declared_by = (("fp8", None),)
     parts = (
-        Part("data", "", ("F8_E4M3",), "[..., M, N]"),
-        Part("scale", "_scale_inv", ("F32", "BF16"), "[..., ceil(M/br), ceil(N/bc)]"),
+        Part("data", "", ("F8_E4M3",), lambda O, I, b: (O, I), group_name=("br", "bc")),
+        Part("scale", "_scale_inv", ("F32", "BF16"), lambda O, I, b: (ceil(O, b[0]), ceil(I, b[1])),
+             group_name=("br", "bc")),
     )
     paired = False
 
@@ -279,14 +344,12 @@ class Fp8Block(SourceEncoding):
         h, sname = tensors[name], name + scale.suffix
         if h.dtype not in data.dtypes or sname not in tensors:
             return None
-        br, bc = (scheme or Fp8Scheme()).block
-        s, shape = tensors[sname], tuple(h.shape)
-        want = (*shape[:-2], -(-shape[-2] // br), -(-shape[-1] // bc)) if len(shape) >= 2 else None
-        if want is None or tuple(s.shape) != want or s.dtype not in scale.dtypes:
-            raise FormatError(
-                f"tensor {sname}: FP8 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} with "
-                f"{br}x{bc} blocks (expected F32 or BF16 {list(want) if want else '[...]'})"
-            )
+        br, bc = block = (scheme or Fp8Scheme()).block
+        shape = tuple(h.shape)
+        if len(shape) < 2:
+            raise data.refuse(name, h, cls.label, (("...",),))
+        dims = (shape[-2], shape[-1], block, shape[:-2])
+        scale.check(sname, tensors[sname], (name, h), cls.label, dims, f" with {br}x{bc} blocks")
         return Paired(cls, name, shape, (("data", name), ("scale", sname)), br * bc)
 
     @classmethod
@@ -313,8 +376,8 @@ class Mxfp4Blocks(SourceEncoding):
     label = "MXFP4"
     declared_by = (("mxfp4", None),)
     parts = (
-        Part("data", names.MXFP4_BLOCKS, ("U8",), "[..., O, I/32, 16]"),
-        Part("scale", names.MXFP4_SCALES, ("U8",), "[..., O, I/32]"),
+        Part("data", names.MXFP4_BLOCKS, ("U8",), lambda O, I, g: (O, div(I, 32), 16)),
+        Part("scale", names.MXFP4_SCALES, ("U8",), lambda O, I, g: (O, div(I, 32))),
     )
     group = ref.MXFP4_BLOCK
     companion_suffixes = (names.MXFP4_SCALES,)
@@ -329,11 +392,11 @@ class Mxfp4Blocks(SourceEncoding):
         sname = base + scale.suffix
         s = _need(tensors, sname, "MXFP4 blocks", name)
         shape = tuple(h.shape)
-        if len(shape) < 3 or shape[-1] != 16 or tuple(s.shape) != shape[:-1] or s.dtype not in scale.dtypes:
-            raise FormatError(
-                f"tensor {sname}: MXFP4 scales {s.dtype} {list(s.shape)} do not fit blocks {name} {list(shape)} "
-                f"(expected {scale.dtypes[0]} {scale.shape} for blocks {data.shape})"
-            )
+        if len(shape) < 3:
+            raise data.refuse(name, h, cls.label, (("...",),))
+        dims = (shape[-3], shape[-2] * 32, cls.group, shape[:-3])
+        data.check(name, h, (name, h), cls.label, dims)  # 16 bytes per block
+        scale.check(sname, s, (name, h), cls.label, dims)
         return Paired(cls, base, (*shape[:-2], shape[-2] * 32), (("data", name), ("scale", sname)), cls.group)
 
     native_form = classmethod(_held_by_mxfp4)
@@ -360,8 +423,8 @@ class Mxfp4PackQuantized(SourceEncoding):
     label = "MXFP4"
     declared_by = (("compressed-tensors", None),)
     parts = (
-        Part("data", ".weight_packed", ("U8",), "[O, I/2]"),
-        Part("scale", ".weight_scale", ("U8",), "[O, I/32]"),
+        Part("data", ".weight_packed", ("U8",), lambda O, I, g: (O, div(I, 2))),
+        Part("scale", ".weight_scale", ("U8",), lambda O, I, g: (O, div(I, 32))),
     )
     group = ref.MXFP4_BLOCK
 
@@ -384,11 +447,7 @@ class Mxfp4PackQuantized(SourceEncoding):
             raise FormatError(
                 f"tensor {name}: MXFP4 weight {list(shape)} holds I = {I}, not a multiple of 32"
             )
-        if tuple(s.shape) != (O, I // cls.group):
-            raise FormatError(
-                f"tensor {sname}: MXFP4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
-                f"(expected U8 [{O}, {I // cls.group}])"
-            )
+        scale.check(sname, s, (name, h), cls.label, (O, I, cls.group))
         return Paired(cls, base + ".weight", (O, I), (("data", name), ("scale", sname)), cls.group)
 
     native_form = classmethod(_held_by_mxfp4)
@@ -415,11 +474,11 @@ class PackQuantizedInt4(SourceEncoding):
     label = "INT4"
     declared_by = (("compressed-tensors", None),)
     parts = (
-        Part("data", ".weight_packed", ("I32",), "[O, I/8]"),
-        Part("scale", ".weight_scale", ("BF16", "F16", "F32"), "[O, I/g]"),
-        Part("zero_point", ".weight_zero_point", ("I32",), "[ceil(O/8), I/g]", required=False),
-        Part("g_idx", ".weight_g_idx", ("I32",), "[I]", required=False),
-        Part("shape", ".weight_shape", ("I64",), "[2]", required=False),
+        Part("data", ".weight_packed", ("I32",), lambda O, I, g: (O, div(I, 8))),
+        Part("scale", ".weight_scale", ("BF16", "F16", "F32"), lambda O, I, g: (O, ceil(I, g))),
+        Part("zero_point", ".weight_zero_point", ("I32",), lambda O, I, g: (ceil(O, 8), ceil(I, g)), required=False),
+        Part("g_idx", ".weight_g_idx", ("I32",), lambda O, I, g: (I,), required=False),
+        Part("shape", ".weight_shape", ("I64",), lambda O, I, g: (2,), required=False),
     )
     companion_suffixes = (".weight_shape", ".weight_zero_point", ".weight_g_idx")
     by_dtype = False  # a .weight_packed of another dtype is refused, not passed over
@@ -437,22 +496,12 @@ class PackQuantizedInt4(SourceEncoding):
         _need(tensors, base + scale.suffix, "packed INT4 weight", name)
         shape = tuple(h.shape)
         if h.dtype not in data.dtypes or len(shape) != 2:
-            raise FormatError(
-                f"tensor {name}: packed INT4 weight {h.dtype} {list(shape)} (expected I32 [O, I/8])"
-            )
+            raise data.refuse(name, h, "packed INT4")
         sname = base + scale.suffix
-        s = tensors[sname]
+        s, ct = tensors[sname], scheme or Int4Scheme()
         O, I = shape[0], shape[1] * 8
-        if len(s.shape) != 2 or s.shape[0] != O or not s.shape[1] or s.dtype not in scale.dtypes:
-            raise FormatError(
-                f"tensor {sname}: INT4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)}"
-            )
-        ct = scheme or Int4Scheme()
-        g = ct.group_size or -(-I // s.shape[1])
-        if -(-I // g) != s.shape[1]:
-            raise FormatError(
-                f"tensor {sname}: {s.shape[1]} scale groups per row do not fit I = {I} with group size {g}"
-            )
+        g = ct.group_size or (-(-I // s.shape[1]) if len(s.shape) == 2 and s.shape[1] else I)  # from the grid
+        scale.check(sname, s, (name, h), cls.label, (O, I, g), f" with group size {g}")
         parts = [("data", name), ("scale", sname)]
         parts += [
             (p.role, base + p.suffix) for p in cls.parts if not p.required and base + p.suffix in tensors
@@ -512,9 +561,9 @@ class Nvfp4(SourceEncoding):
     label = "NVFP4"
     declared_by = (("modelopt", "NVFP4"),)
     parts = (
-        Part("data", "", ("U8",), "[O, I/2]"),
-        Part("scale", "_scale", ("F8_E4M3",), "[O, I/16]"),
-        Part("scale_2", "_scale_2", ("F32",), "[] or [1]"),
+        Part("data", "", ("U8",), lambda O, I, g: (O, div(I, 2))),
+        Part("scale", "_scale", ("F8_E4M3",), lambda O, I, g: (O, ceil(I, 16))),
+        Part("scale_2", "_scale_2", ("F32",), lambda O, I, g: [(), (1,)]),
     )
     group = ref.NVFP4_BLOCK
     INPUT_SCALE = ".input_scale"  # on the stem without ".weight": activation scales, not converted
@@ -532,13 +581,9 @@ class Nvfp4(SourceEncoding):
         sname, s2name = name + scale.suffix, name + scale_2.suffix
         s, s2, shape = tensors[sname], tensors[s2name], tuple(h.shape)
         if len(shape) != 2:
-            raise FormatError(f"tensor {name}: NVFP4 weight of shape {list(shape)} (expected [O, I/2])")
+            raise data.refuse(name, h, cls.label)
         O, I = shape[0], shape[1] * 2
-        if s.dtype not in scale.dtypes or tuple(s.shape) != (O, -(-I // 16)):
-            raise FormatError(
-                f"tensor {sname}: NVFP4 scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
-                f"(expected F8_E4M3 [{O}, {-(-I // 16)}])"
-            )
+        scale.check(sname, s, (name, h), cls.label, (O, I, cls.group))
         if s2.dtype not in scale_2.dtypes or _nbytes(s2) != 4:
             raise FormatError(
                 f"tensor {s2name}: NVFP4 scale_2 {s2.dtype} {list(s2.shape)} (expected F32 scalar)"
@@ -566,8 +611,8 @@ class Mxfp8(SourceEncoding):
     label = "MXFP8"
     declared_by = (("mxfp8", None), ("modelopt", "MXFP8"), ("fp8", None))
     parts = (
-        Part("data", "", ("F8_E4M3",), "[..., O, I]"),
-        Part("scale", "_scale", ("U8", "F8_E8M0"), "[..., O, ceil(I/32)]"),
+        Part("data", "", ("F8_E4M3",), lambda O, I, g: (O, I)),
+        Part("scale", "_scale", ("U8", "F8_E8M0"), lambda O, I, g: (O, ceil(I, 32))),
     )
     group = ref.MXFP8_BLOCK
     # ``quant_method: fp8`` declares MXFP8 with this ``weight_block_size`` and ``scale_fmt: ue8m0``
@@ -591,14 +636,10 @@ class Mxfp8(SourceEncoding):
             return None
         if name + Fp8Block.part("scale").suffix in tensors:  # an FP8 block-scaled weight
             return None
-        s, shape = tensors[sname], tuple(h.shape)
-        want = (*shape[:-1], -(-shape[-1] // cls.group)) if shape else ()
-        if len(shape) not in (2, 3) or not shape[-1] or tuple(s.shape) != want:
-            what = "[E, A, ceil(B/32)]" if len(shape) == 3 else "[O, ceil(I/32)]"
-            raise FormatError(
-                f"tensor {sname}: MXFP8 scale {list(s.shape)} does not fit {name} {list(shape)} "
-                f"(expected U8 or F8_E8M0 {what})"
-            )
+        shape = tuple(h.shape)
+        if len(shape) not in (2, 3) or not shape[-1]:
+            raise data.refuse(name, h, cls.label, ((), ("E",)))
+        scale.check(sname, tensors[sname], (name, h), cls.label, (shape[-2], shape[-1], cls.group, shape[:-2]))
         return Paired(cls, name, shape, (("data", name), ("scale", sname)), cls.group, False)
 
     @classmethod
@@ -618,8 +659,8 @@ class Fp8Channel(SourceEncoding):
     label = "FP8 channel"
     declared_by = (("compressed-tensors", None),)
     parts = (
-        Part("data", ".weight", ("F8_E4M3",), "[O, I]"),
-        Part("scale", ".weight_scale", ("BF16", "F16", "F32"), "[O, 1] or [1]"),
+        Part("data", ".weight", ("F8_E4M3",), lambda O, I, g: (O, I)),
+        Part("scale", ".weight_scale", ("BF16", "F16", "F32"), lambda O, I, g: [(O, 1), (1,), ()]),
     )
     INPUT_SCALE = ".input_scale"  # on the stem: the activations' scale, not converted
 
@@ -647,12 +688,11 @@ class Fp8Channel(SourceEncoding):
         sname = base + scale.suffix
         if sname not in tensors or tensors[sname].dtype not in scale.dtypes:
             return None
-        shape, s = tuple(tensors[name].shape), tensors[sname]
-        if len(shape) != 2 or tuple(s.shape) not in ((shape[0], 1), (1,), ()):
-            raise FormatError(
-                f"tensor {sname}: FP8 channel scale {s.dtype} {list(s.shape)} does not fit {name} {list(shape)} "
-                f"(expected [{shape[0] if shape else 'O'}, 1] or [1])"
-            )
+        h, s = tensors[name], tensors[sname]
+        shape = tuple(h.shape)
+        if len(shape) != 2:
+            raise data.refuse(name, h, cls.label)
+        scale.check(sname, s, (name, h), cls.label, (*shape, None))
         dropped = tuple(x for x in (base + cls.INPUT_SCALE,) if x in tensors)
         group = shape[1] if s.shape and s.shape[0] == shape[0] else shape[0] * shape[1]
         return Paired(cls, name, shape, (("data", name), ("scale", sname)), group, False, dropped)
@@ -680,8 +720,9 @@ class Ue8m0Fp8(SourceEncoding):
     label = "FP8 UE8M0"
     declared_by = (("fp8", None),)
     parts = (
-        Part("data", ".weight", ("F8_E4M3",), "[O, I]"),
-        Part("scale", ".scale", ("U8", "F8_E8M0"), "[ceil(O/b), ceil(I/b)] or [O, ceil(I/32)]"),
+        Part("data", ".weight", ("F8_E4M3",), lambda O, I, b: (O, I), group_name="b"),
+        Part("scale", ".scale", ("U8", "F8_E8M0"), lambda O, I, b: [(ceil(O, b), ceil(I, b)), (O, ceil(I, 32))],
+             group_name="b"),  # square tiles of side b, or row groups of 32
     )
     ROW_GROUP = 32
 
@@ -699,17 +740,13 @@ class Ue8m0Fp8(SourceEncoding):
         sname = name[: -len(data.suffix)] + scale.suffix
         if sname not in tensors or tensors[sname].dtype not in scale.dtypes or len(tensors[name].shape) != 2:
             return None
-        (O, I), got = tuple(tensors[name].shape), tuple(tensors[sname].shape)
-        b = (scheme or Fp8Scheme()).block[0]
-        if got == (-(-O // b), -(-I // b)):
-            held = (b, b) in cls.HELD_BY
-            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), b, held, rows=b)
-        if got == (O, -(-I // cls.ROW_GROUP)):
-            return Paired(cls, name, (O, I), (("data", name), ("scale", sname)), cls.ROW_GROUP, True, rows=1)
-        raise FormatError(
-            f"tensor {sname}: E8M0 scale {list(got)} does not fit FP8 weight {name} [{O}, {I}] (expected "
-            f"[{-(-O // b)}, {-(-I // b)}] for {b}x{b} tiles or [{O}, {-(-I // cls.ROW_GROUP)}] for row groups)"
-        )
+        h, s = tensors[name], tensors[sname]
+        (O, I), b = tuple(h.shape), (scheme or Fp8Scheme()).block[0]
+        scale.check(sname, s, (name, h), cls.label, (O, I, b), f" with {b}x{b} tiles or row groups")
+        parts = (("data", name), ("scale", sname))
+        if tuple(s.shape) == scale.expect(O, I, b):  # square tiles (first, as when both grids agree)
+            return Paired(cls, name, (O, I), parts, b, (b, b) in cls.HELD_BY, rows=b)
+        return Paired(cls, name, (O, I), parts, cls.ROW_GROUP, True, rows=1)
 
     # the registry format holding each grid byte for byte (``native``): (rows, inputs) per E8M0 byte -> format
     HELD_BY = {(128, 128): "fp8-e4m3-e8m0", (32, 32): "fp8-e4m3-e8m0-t32", (1, 32): "fp8-e4m3-e8m0-r32"}
@@ -748,8 +785,8 @@ class Ue8m0Fp4(SourceEncoding):
     label = "FP4 UE8M0"
     declared_by = (("fp8", None),)  # (DeepSeek-V4.1: quant_method fp8 with expert_dtype fp4; no scheme)
     parts = (
-        Part("data", ".weight", ("I8",), "[O, I/2]"),
-        Part("scale", ".scale", ("U8", "F8_E8M0"), "[O, I/32]"),
+        Part("data", ".weight", ("I8",), lambda O, I, g: (O, div(I, 2))),
+        Part("scale", ".scale", ("U8", "F8_E8M0"), lambda O, I, g: (O, div(I, 32))),
     )
     group = ref.MXFP4_BLOCK
 
@@ -759,12 +796,11 @@ class Ue8m0Fp4(SourceEncoding):
         sname = name[: -len(data.suffix)] + scale.suffix
         if sname not in tensors or tensors[sname].dtype not in scale.dtypes:
             return None
-        shape, got = tuple(tensors[name].shape), tuple(tensors[sname].shape)
-        if len(shape) != 2 or (2 * shape[1]) % cls.group or got != (shape[0], 2 * shape[1] // cls.group):
-            raise FormatError(
-                f"tensor {sname}: E8M0 scale {list(got)} does not fit FP4 weight {name} {list(shape)} "
-                f"(expected [O, I/32] for I8 pairs [O, I/2], I a multiple of 32)"
-            )
+        h, s = tensors[name], tensors[sname]
+        shape = tuple(h.shape)
+        if len(shape) != 2 or (2 * shape[1]) % cls.group:
+            raise data.refuse(name, h, cls.label, why=f", I a multiple of {cls.group}")
+        scale.check(sname, s, (name, h), cls.label, (shape[0], 2 * shape[1], cls.group))
         return Paired(cls, name, (shape[0], 2 * shape[1]), (("data", name), ("scale", sname)), cls.group)
 
     native_form = classmethod(_held_by_mxfp4)

@@ -224,7 +224,7 @@ def test_an_fp4_scale_that_does_not_fit_is_one_line_exit_1(source, tmp_path):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines() == [
-        f"colitools: error: tensor {e}.scale: E8M0 scale [64, 1] does not fit FP4 weight {e}.weight [64, 32] "
-        "(expected [O, I/32] for I8 pairs [O, I/2], I a multiple of 32)"
+        f"colitools: error: tensor {e}.scale: FP4 UE8M0 scale F8_E8M0 [64, 1] does not fit "
+        f"{e}.weight [64, 32] (expected U8 or F8_E8M0 [64, 2])"
     ]
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.safetensors"))

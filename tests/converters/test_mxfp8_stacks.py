@@ -156,7 +156,7 @@ def test_a_stack_scale_that_does_not_fit_is_one_line_naming_both(tmp_path):
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines() == [
-        f"colitools: error: tensor {layer}_scale: MXFP8 scale [{E}, {H * I // 32}, 1] does not fit {layer} "
-        f"[{E}, {H}, {I}] (expected U8 or F8_E8M0 [E, A, ceil(B/32)])"
+        f"colitools: error: tensor {layer}_scale: MXFP8 scale U8 [{E}, {H * I // 32}, 1] does not fit {layer} "
+        f"[{E}, {H}, {I}] (expected U8 or F8_E8M0 [{E}, {H}, {-(-I // 32)}])"
     ]
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.safetensors"))
