@@ -18,15 +18,22 @@ from pathlib import Path
 import numpy as np
 
 from colitools.formats import model_config
-from colitools.formats import reference as ref
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.errors import ColitoolsError, RuntimeModelError
+from colitools.formats.errors import ColitoolsError, FormatError, RuntimeModelError
 from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
-from colitools.formats.registry import UE8M0_FP8_FORMATS, Float, Fp8E4m3B128, block_grid, by_name
+from colitools.formats.registry import UE8M0_FP8_FORMATS, Float, by_name
 from colitools.formats.safetensors_io import SafetensorsFile, TensorInfo
+from colitools.formats.source_encodings import (
+    Fp8Block,
+    Fp8Channel,
+    Fp8Scheme,
+    Mxfp4Blocks,
+    Mxfp8,
+    SourceEncoding,
+)
 from colitools.formats.targets import INKLING, SIGNED_NIBBLE_XOR, TARGETS
 from colitools.runtime.kernels import QTensor
 
@@ -50,9 +57,10 @@ def sanitize(name: str, model_type: str | None = None) -> str:
 class Stored:
     """Where and how one linear weight ``[O, I]`` is stored.
 
-    ``form``: ``"float"`` (F32/BF16/F16 tensor), ``"fp8-source"`` (F8_E4M3 + ``weight_scale_inv``),
-    ``"mxfp8-source"`` (F8_E4M3 + ``weight_scale`` E8M0 per 32 inputs, decoded to float32), or a registry
-    format name (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
+    ``form``: ``"float"`` (F32/BF16/F16 tensor), ``"<kind>-source"`` for a natively quantized source the runtime
+    reads unconverted (``encoding``, one of ``RUNTIME_SOURCES``: ``fp8-source``, ``mxfp8-source``,
+    ``fp8-channel-source``; recognised, decoded and sliced by that class), or a registry format name
+    (``int4-grouped``, ``mxfp4``, ...). ``data``/``scale`` are absolute byte ranges in
     ``path``. ``row_offset`` selects rows of a fused ``[E, 2I, H]`` tensor (already folded into ``data``).
     ``pick`` ``(R, C, start, step, transposed)``: the bytes are one expert's whole slab ``[R, C]`` of a stack
     whose projections are interleaved or transposed; the weight is ``slab[start::step]`` (``transposed``:
@@ -73,6 +81,7 @@ class Stored:
     fp8_block: tuple[int, int] = (128, 128)
     pick: tuple[int, int, int, int, bool] | None = None
     signed_nibbles: bool = False  # int4 codes as signed nibbles (a qwen36 merged blob, formats/targets.py)
+    encoding: type[SourceEncoding] | None = None  # a source read unconverted (``form`` is ``source_form`` of it)
 
     @property
     def nbytes(self) -> int:
@@ -100,18 +109,13 @@ def decode_stored(st: Stored, data: bytes | memoryview, scale: bytes | memoryvie
     if st.form == "float":
         w = np.frombuffer(data, dtype=numpy_dtype(st.dtype)).astype(F32)
         return _picked(w, st) if st.pick else w.reshape(st.O, st.I)
-    if st.form == "fp8-source":
-        q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
-        s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
-        return ref.dequant_fp8_block(q, s, st.fp8_block)  # it shapes the scale grid itself
-    if st.form == FP8_CHANNEL_SOURCE:
-        q = np.frombuffer(data, dtype=np.uint8).reshape(st.O, st.I)
-        return ref.dequant_fp8_rows(q, np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)))
-    if st.form == MXFP8_SOURCE:
-        q, s = np.frombuffer(data, dtype=np.uint8), np.frombuffer(scale, dtype=np.uint8)  # F8_E8M0: its bytes
-        if st.pick:  # rows of an MXFP8 stack slab (Inkling-2 as shipped): codes and scales alike
+    if st.encoding is not None:  # a natively quantized source: its encoding class decodes it (numpy reference)
+        q = np.frombuffer(data, dtype=np.uint8)
+        s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype))
+        if st.pick:  # rows of a stack slab (an MXFP8 stack, Inkling-2 as shipped): codes and scales alike
             q, s = _picked(q, st), _picked(s, st)
-        return ref.decode_mxfp8(q.reshape(st.O, st.I), s, st.I)
+        parts = {"data": q.reshape(st.O, st.I), "scale": s}
+        return st.encoding.decode(parts, st.O, st.I, block=st.fp8_block, fast=False)
     if st.pick:  # rows of a quantized stack slab
         codes = _picked(_codes(st, data), st)
         scale = _picked(np.frombuffer(scale, dtype=np.uint8), st).tobytes()
@@ -135,10 +139,51 @@ def _picked(slab: np.ndarray, st: Stored) -> np.ndarray:
     return np.ascontiguousarray(w)
 
 
-_FP8_B128_BLOCK = Fp8E4m3B128.block  # (128, 128): an FP8 source with these blocks runs the fp8 kernel as is
-MXFP8_SOURCE = "mxfp8-source"
-# compressed-tensors float-quantized FP8 (docs/FORMATS.md §5): F8_E4M3 + a float weight_scale per row or per tensor
-FP8_CHANNEL_SOURCE = "fp8-channel-source"
+# The natively quantized sources the runtime reads unconverted (F8_E4M3 codes + a scale; docs/FORMATS.md §5), in the
+# order recognition tries them; their classes recognise, check, decode and size them. Any other is converted first.
+RUNTIME_SOURCES: tuple[type[SourceEncoding], ...] = (Fp8Block, Mxfp8, Fp8Channel)
+# scale dtypes the runtime reads as one its encoding names (a float widened exactly; a signed byte as E8M0 bytes)
+_SCALE_READ_AS = {"F16": "F32", "F64": "F32", "I8": "U8"}
+
+
+def source_form(encoding: type[SourceEncoding]) -> str:
+    """``Stored.form`` of a source read unconverted: ``fp8-source``, ``mxfp8-source``, ``fp8-channel-source``."""
+    return f"{encoding.kind}-source"
+
+
+@dataclass(frozen=True)
+class _Header:
+    """A header entry as an encoding class reads it (a scale's dtype read as ``_SCALE_READ_AS`` says)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _pair(encoding: type[SourceEncoding], name: str, info: TensorInfo, infos: dict, scheme=None):
+    """``encoding.pair`` of weight ``name`` from its and its companions' header entries (``infos``: canonical name
+    -> (path, entry, resolved)): the ``Paired`` weight, or None when the encoding does not claim it;
+    RuntimeModelError (one line, the class's) for companions that do not fit."""
+    data = encoding.parts[0]
+    if info.dtype not in data.dtypes or not name.endswith(data.suffix):
+        return None
+    stem = name[: len(name) - len(data.suffix)]
+    view = {name: info}
+    for n in {name + Fp8Block.part("scale").suffix, *(stem + p.suffix for p in encoding.parts[1:])}:
+        if n in infos:
+            t = infos[n][1]
+            view[n] = _Header(_SCALE_READ_AS.get(t.dtype, t.dtype), tuple(t.shape))
+    try:
+        return encoding.pair(name, view, scheme)
+    except FormatError as exc:
+        read_as = [f"{n} is stored as {infos[n][1].dtype}" for n in view
+                   if n != name and view[n].dtype != infos[n][1].dtype]  # fmt: skip
+        raise RuntimeModelError(f"{exc}{' (' + ', '.join(read_as) + ')' if read_as else ''}") from None
+
+
+def _held(st: Stored) -> str | None:
+    """The registry format whose kernel runs a source's bytes as they are (``native_form``: FP8 128x128 blocks
+    are fp8-e4m3-b128's), or None when the source is decoded to float32 when read."""
+    return st.encoding.native_form(st.O, st.I, block=st.fp8_block).fmt
 
 
 def decoded_at_load(form: str) -> bool:
@@ -149,23 +194,10 @@ def decoded_at_load(form: str) -> bool:
 
 
 def _decoded(st: Stored) -> bool:
-    """Whether the kernels take ``st`` as float32 (decoded once when read): float sources, FP8 sources with
-    other blocks than 128x128, MXFP8 sources, the kernel-less formats ``decoded_at_load``."""
-    return (st.form in ("float", MXFP8_SOURCE, FP8_CHANNEL_SOURCE) or (st.form == "fp8-source" and st.fp8_block != _FP8_B128_BLOCK)
-            or decoded_at_load(st.form))
-
-
-def _fp8_scaled_form(name: str, sinfo: TensorInfo, O: int) -> str:
-    """The form of an F8_E4M3 weight with a ``<name>_scale``: E8M0 bytes are MXFP8's, a float scale of one value per
-    row (``[O, 1]``) or per tensor (``[1]`` / ``[]``) is compressed-tensors' per-channel FP8."""
-    if sinfo.dtype not in FLOAT_DTYPES:
-        return MXFP8_SOURCE
-    if tuple(sinfo.shape) not in ((O, 1), (1,), ()):
-        raise RuntimeModelError(
-            f"tensor {name}_scale is {sinfo.dtype} {list(sinfo.shape)}, expected a float [{O}, 1] or [1] (FP8 per "
-            "channel or per tensor) or E8M0 bytes (MXFP8)"
-        )
-    return FP8_CHANNEL_SOURCE
+    """Whether the kernels take ``st`` as float32 (decoded once when read): float sources, the sources no kernel
+    format holds (``_held``: MXFP8, FP8 per channel, FP8 with other blocks than 128x128), the kernel-less formats
+    ``decoded_at_load``."""
+    return st.form == "float" or (st.encoding is not None and _held(st) is None) or decoded_at_load(st.form)
 
 
 def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
@@ -176,9 +208,9 @@ def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
     if st.pick:  # rows of a quantized stack slab: codes and scales hold the same rows
         codes = _picked(codes, st)
         scale = memoryview(_picked(np.frombuffer(scale, dtype=np.uint8), st).reshape(-1))
-    if st.form == "fp8-source":
+    if st.encoding is not None:  # a source's bytes as the kernel of the format holding them (FP8 128x128 blocks)
         s = np.frombuffer(scale, dtype=numpy_dtype(st.scale_dtype)).astype(F32)
-        return QTensor(Fp8E4m3B128.matmul_kind, codes, s, st.O, st.I, None)
+        return QTensor(by_name(_held(st)).matmul_kind, codes, s, st.O, st.I, None)
     fmt = by_name(st.form)
     kind = fmt.matmul_kind_of(st.planar)
     if kind is None:
@@ -257,36 +289,15 @@ class Checkpoint:
                 name, res.format.name, O, I, path, (info.begin, info.end), info.dtype,
                 (sinfo.begin, sinfo.end), sinfo.dtype, res.format.group_size, res.layout == PLANAR_LAYOUT,
             )  # fmt: skip
-        scale_inv = self.infos.get(name + "_scale_inv")
-        if info.dtype == "F8_E4M3" and scale_inv is not None:
+        for encoding in RUNTIME_SOURCES:  # a source read unconverted: its class recognises and checks it
+            paired = _pair(encoding, name, info, self.infos, Fp8Scheme(self.fp8_block))  # (FP8 blocks: config's)
+            if paired is None:
+                continue
             _check_shape(name, info.shape, O, I)
-            _, sinfo, _ = scale_inv
-            br, bc = self.fp8_block
-            grid = block_grid(O, I, br, bc)
-            if sinfo.shape != grid or sinfo.dtype not in FLOAT_DTYPES:
-                raise RuntimeModelError(
-                    f"tensor {name}_scale_inv is {sinfo.dtype} {list(sinfo.shape)}, "
-                    f"expected a float {list(grid)} for {br}x{bc} blocks"
-                )
+            _, sinfo, _ = self.infos[dict(paired.parts)["scale"]]
             return Stored(
-                name,
-                "fp8-source",
-                O,
-                I,
-                path,
-                (info.begin, info.end),
-                info.dtype,
-                (sinfo.begin, sinfo.end),
-                sinfo.dtype,
-                fp8_block=self.fp8_block,
-            )
-        mx_scale = self.infos.get(name + "_scale")  # MXFP8: resolve_container checked the scale's shape
-        if info.dtype == "F8_E4M3" and mx_scale is not None:
-            _check_shape(name, info.shape, O, I)
-            _, sinfo, _ = mx_scale
-            return Stored(
-                name, _fp8_scaled_form(name, sinfo, O), O, I, path, (info.begin, info.end), info.dtype,
-                (sinfo.begin, sinfo.end), sinfo.dtype,
+                name, source_form(encoding), O, I, path, (info.begin, info.end), info.dtype,
+                (sinfo.begin, sinfo.end), sinfo.dtype, fp8_block=self.fp8_block, encoding=encoding,
             )  # fmt: skip
         if info.dtype in FLOAT_DTYPES:
             _check_shape(name, info.shape, O, I)
@@ -320,7 +331,7 @@ class Checkpoint:
         slab is read (one range, shared by the projections it holds)."""
         path, info, _ = self._info(name)
         start, step, transposed = pick
-        mx = self.infos.get(name + "_scale") if info.dtype == "F8_E4M3" and not transposed else None  # MXFP8
+        mx = None if transposed else _pair(Mxfp8, name, info, self.infos)  # an MXFP8 stack, its scales checked
         readable = info.dtype in FLOAT_DTYPES or mx is not None
         if not readable or len(info.shape) != 3 or info.shape[0] != n_experts:
             raise RuntimeModelError(
@@ -334,15 +345,15 @@ class Checkpoint:
             raise RuntimeModelError(f"expert stack {name} is {list(info.shape)}; cannot take [{O}, {I}]")
         n = R * C * numpy_dtype(info.dtype).itemsize
         begin = info.begin + expert * n
-        if mx is not None:  # codes + E8M0 scales [E, R, ceil(C/32)] (resolve_container checked them)
-            spath, sinfo, _ = mx
-            ns = R * -(-C // 32)
+        if mx is not None:  # codes + E8M0 scales, one expert's slab of each sized by the encoding's parts
+            sname = dict(mx.parts)["scale"]
+            spath, sinfo, _ = self.infos[sname]
+            ns = Mxfp8.part("scale").nbytes(sinfo.dtype, R, C)
             if spath != path:
-                raise RuntimeModelError(f"MXFP8 expert stack {name} and its scales {name}_scale are in different "
-                                        "shards")  # fmt: skip
-            return Stored(f"{name}[{expert}]", MXFP8_SOURCE, O, I, path, (begin, begin + n), info.dtype,
+                raise RuntimeModelError(f"MXFP8 expert stack {name} and its scales {sname} are in different shards")
+            return Stored(f"{name}[{expert}]", source_form(Mxfp8), O, I, path, (begin, begin + n), info.dtype,
                           (sinfo.begin + expert * ns, sinfo.begin + (expert + 1) * ns), sinfo.dtype,
-                          pick=(R, C, start, step, False))  # fmt: skip
+                          pick=(R, C, start, step, False), encoding=Mxfp8)  # fmt: skip
         return Stored(f"{name}[{expert}]", "float", O, I, path, (begin, begin + n), info.dtype,
                       pick=(R, C, start, step, transposed))  # fmt: skip
 
@@ -353,24 +364,27 @@ class Checkpoint:
         as mxfp4 codes. The expert's whole slab is read (one range per tensor, shared by gate and up)."""
         start, step = pick
         (path, binfo, _), (spath, sinfo, _) = self._info(blocks), self._info(scales)
-        bshape, sshape = tuple(binfo.shape), tuple(sinfo.shape)
-        R = bshape[1] if len(bshape) == 4 else -1
-        if (binfo.dtype != "U8" or sinfo.dtype != "U8" or len(bshape) != 4 or bshape[0] != n_experts
-                or bshape[3] != 16 or sshape != bshape[:3] or bshape[2] * 32 != I
-                or len(range(start, R, step)) != O):  # fmt: skip
+        data, scale = Mxfp4Blocks.parts
+        try:  # the encoding recognises the pair and checks the scales against the blocks
+            paired = Mxfp4Blocks.pair(blocks, {blocks: binfo, scales: sinfo}, None)
+        except FormatError as exc:
+            raise RuntimeModelError(str(exc)) from None
+        E, R, cols = paired.shape if paired is not None and len(paired.shape) == 3 else (None, -1, None)
+        if (E, cols) != (n_experts, I) or len(range(start, R, step)) != O:
             raise RuntimeModelError(
-                f"MXFP4 expert stack {blocks} is {binfo.dtype} {list(bshape)} with scales {sinfo.dtype} "
-                f"{list(sshape)}; cannot take [{O}, {I}] (expected U8 [{n_experts}, R, {I // 32}, 16] + "
-                f"U8 [{n_experts}, R, {I // 32}])"
+                f"MXFP4 expert stack {blocks} is {binfo.dtype} {list(binfo.shape)} with scales {sinfo.dtype} "
+                f"{list(sinfo.shape)}; cannot take [{O}, {I}] (expected U8 {data.prose(('E',))} + U8 "
+                f"{scale.prose(('E',))} with E = {n_experts}, I = {I})"
             )
-        nb, ns = R * I // 2, R * I // 32
+        nb, ns = data.nbytes(binfo.dtype, R, I), scale.nbytes(sinfo.dtype, R, I)  # one expert's slab of each
         b0, s0 = binfo.begin + expert * nb, sinfo.begin + expert * ns
         if spath != path:  # an expert's ranges are read per file; keep the record simple
             raise RuntimeModelError(
                 f"MXFP4 expert stack {blocks} and its scales {scales} are in different shards"
             )
-        return Stored(f"{blocks}[{expert}]", "mxfp4", O, I, path, (b0, b0 + nb), "U8", (s0, s0 + ns), "U8",
-                      pick=(R, I // 2, start, step, False))  # fmt: skip
+        fmt = Mxfp4Blocks.native_form(O, I).fmt  # its codes and scales are mxfp4's, kept
+        return Stored(f"{blocks}[{expert}]", fmt, O, I, path, (b0, b0 + nb), "U8", (s0, s0 + ns), "U8",
+                      pick=(R, nb // R, start, step, False))  # fmt: skip
 
     def _info(self, name: str):
         if name not in self.infos:
