@@ -169,7 +169,7 @@ def download_file(
     A ``.part`` is locked while in use, so two processes never append to the same one.
 
     ``streams`` > 1 on a file of known size over one chunk (``chunk_bytes``, default
-    ``download_streams.chunk_for``): that many parallel Range streams into a full-size part with a range log
+    ``download_streams.chunk_for``; at least ``MIN_CHUNK`` bytes): that many parallel Range streams into a full-size part with a range log
     (``download_streams.py``: the same resume, retries, verification and publication). Every stream, the single
     one too, is dropped and asked again after ``download_streams.stall_seconds()`` without a byte.
     """
@@ -190,7 +190,7 @@ def download_file(
     client = httpx2.Client(follow_redirects=True, timeout=limits)
     chunk = chunk_bytes or ds.chunk_for(expected_size or 0, streams)
     with client:
-        if ds.wants_streams(part_path, expected_size, streams, chunk):
+        if ds.wants_streams(part_path, expected_size, streams, chunk_bytes or ds.MIN_CHUNK):
             job = ds.StreamJob(url, dest.name, request_headers, expected_size, progress, retries, backoff,
                                max(streams, 1), chunk)  # fmt: skip
             if ds.download_ranged(client, job, part_path, dest, want_sha, disk_check):

@@ -59,22 +59,26 @@ def stall_seconds() -> float:
 
 
 def chunk_for(size: int, streams: int) -> int:
-    """The chunk a stream asks for at a time: about a quarter of the file per stream (so the streams end
-    together), whole MiB, within [MIN_CHUNK, MAX_CHUNK]."""
-    per = -(-size // max(streams * 4, 1))
-    return min(MAX_CHUNK, max(MIN_CHUNK, -(-per // MiB) * MiB))
+    """The chunk a stream asks for at a time: about a quarter of the file per stream within [MIN_CHUNK,
+    MAX_CHUNK], then evened out so the chunks are a multiple of the streams (they end together: 13 chunks of
+    8 MiB on 4 streams would leave one stream alone for the last quarter)."""
+    streams = max(streams, 1)
+    target = min(MAX_CHUNK, max(MIN_CHUNK, -(-size // (streams * 4))))
+    count = -(-max(size, 1) // target)
+    count = -(-count // streams) * streams
+    return max(-(-size // count), 1)
 
 
 def log_path(part: Path) -> Path:
     return part.with_name(part.name + ".ranges")
 
 
-def wants_streams(part: Path, size: int | None, streams: int, chunk: int) -> bool:
-    """Whether a download takes the ranged path: a known size and several streams over more than one chunk,
-    or a range log left by an earlier ranged run (resumed by range, whatever ``streams`` says now)."""
+def wants_streams(part: Path, size: int | None, streams: int, smallest: int) -> bool:
+    """Whether a download takes the ranged path: a known size over ``smallest`` bytes and several streams, or
+    a range log left by an earlier ranged run (resumed by range, whatever ``streams`` says now)."""
     if size is None or size <= 0:
         return False
-    return log_path(part).is_file() or (streams > 1 and size > chunk)
+    return log_path(part).is_file() or (streams > 1 and size > smallest)
 
 
 class _RangesIgnored(Exception):

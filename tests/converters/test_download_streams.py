@@ -179,4 +179,34 @@ def test_the_option_is_validated_and_the_cli_default_is_the_libraries():
     assert convert_cmd._DEFAULT_STREAMS == DEFAULT_DOWNLOAD_STREAMS == ds.DEFAULT_STREAMS
     with pytest.raises(ParameterError, match="download_streams=0"):
         ConvertOptions(download_streams=0)
-    assert ds.chunk_for(5 << 30, 4) == ds.MAX_CHUNK and ds.chunk_for(MiB, 4) == ds.MIN_CHUNK
+    assert ds.chunk_for(5 << 30, 4) == ds.MAX_CHUNK  # 80 chunks, 20 per stream
+    assert ds.chunk_for(100 * MiB, 4) == 100 * MiB // 16  # 13 chunks of 8 MiB evened out to 16
+    for size, streams in ((100 * MiB + 1, 4), (3 * MiB, 8), (10**9, 3)):
+        count = -(-size // ds.chunk_for(size, streams))
+        assert count % streams == 0 or count == 1
+
+
+def test_convert_from_the_hub_with_streams_matches_one_stream(hub, tmp_path):
+    from convcheck import snapshot
+    from tinyckpt import Tiny, make_checkpoint
+
+    folder = tmp_path / "repo"
+    make_checkpoint(folder, Tiny(layers=1, experts=4, hidden=512, inter=1024, shards=1))
+    shard = folder / "model.safetensors"
+    assert shard.stat().st_size > ds.MIN_CHUNK
+    hub.add_repo("org/tiny", {"main": folder})
+    outs = {}
+    for streams in ("1", None):
+        hub.reset_stats()
+        out = tmp_path / f"out-{streams or 'default'}"
+        command = [sys.executable, "-m", "colitools", "convert", "org/tiny", str(out), "--min-free-gb", "0"]
+        command += ["--download-streams", streams] if streams else []
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)  # HF_ENDPOINT & co
+        assert result.returncode == 0, result.stderr
+        outs[streams] = snapshot(out)
+        # the header reads aside (huggingface_hub's parse_safetensors_file_metadata: the first 100 kB)
+        download = [r for r in hub.stats(shard.name).ranges if r[1] - r[0] > 1 * MiB]
+        assert covered(download) == [(0, shard.stat().st_size)]
+        assert sum(b - a for a, b in download) == shard.stat().st_size
+        assert len(download) == (1 if streams else DEFAULT_DOWNLOAD_STREAMS)  # the default: N ranges
+    assert outs["1"] == outs[None]
