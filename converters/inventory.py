@@ -297,7 +297,7 @@ def check_copied(name: str, info: HeaderTensor) -> None:
     if (ex is not None and ex.projection is not None and len(info.shape) == 2) or (
         stack is not None and not stack.bias and len(info.shape) == 3
     ):
-        known = ", ".join(e.label for e in source_encodings.ENCODINGS.values())
+        known = ", ".join(dict.fromkeys(e.label for e in source_encodings.ENCODINGS.values()))  # each once
         raise ConvertError(
             f"tensor {name}: a routed expert weight stored as {info.dtype} {list(info.shape)}; only float weights "
             f"and the natively quantized encodings colitools reads ({known}) can be converted"

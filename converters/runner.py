@@ -27,10 +27,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from colitools.converters import budget, output, plan_record
 from colitools.converters.diskfloor import DiskFloor
@@ -42,6 +42,7 @@ from colitools.converters.recipe import Role, requantized_warning
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.formats import kernels
+from colitools.formats.error_stats import ErrorStats
 from colitools.formats.errors import ConvertError, ParameterError
 from colitools.formats.families import RUNNABLE_MODEL_TYPES
 from colitools.formats.filenames import CONFIG_FILE, DOWNLOAD_DIR, INDEX_FILE, LOCK_FILE
@@ -148,6 +149,8 @@ def _convert(
     src: Source, out: Path, options: ConvertOptions, floor: DiskFloor, started: float
 ) -> ConvertSummary:
     planned, state, summary = plan_and_summary(src, out, options)
+    if state.complete:
+        summary.warnings = _without_identical_requantization(planned.plan, summary.warnings, state.kept.values())
     if options.dry_run or state.complete:
         return summary
     out.mkdir(parents=True, exist_ok=True)
@@ -220,17 +223,39 @@ def run_warnings(plan: ConversionPlan) -> list[str]:
     return [*warnings, line] if line else warnings
 
 
+def _requantized_jobs(plan: ConversionPlan) -> Iterator:
+    """The jobs of natively quantized routed experts the plan decodes and quantizes again."""
+    for job in (j for u in plan.units for j in u.jobs):
+        q, t = job.source.quant, job.target
+        if job.role is Role.EXPERT and q is not None and not t.native and t.format_class.quantized:
+            yield job
+
+
 def _requantized_experts(plan: ConversionPlan) -> dict[str, tuple[int, str]]:
     """Natively quantized routed experts the plan decodes and quantizes again: encoding label -> (tensors, the
     format written, the first one's)."""
     out: dict[str, tuple[int, str]] = {}
-    for job in (j for u in plan.units for j in u.jobs):
-        q, t = job.source.quant, job.target
-        if job.role is not Role.EXPERT or q is None or t.native or not t.format_class.quantized:
-            continue
-        n, written = out.get(q.encoding.label, (0, job.target.label))
-        out[q.encoding.label] = (n + 1, written)
+    for job in _requantized_jobs(plan):
+        label = job.source.quant.encoding.label
+        n, written = out.get(label, (0, job.target.label))
+        out[label] = (n + 1, written)
     return out
+
+
+def _without_identical_requantization(
+    plan: ConversionPlan, warnings: list[str], units: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """``warnings`` without the one that routed experts are quantized a second time when every one of them was
+    written with its source values unchanged: each one's recorded error (``units``: the ledger's unit records)
+    is zero (``--target kimi_k3``'s MXFP4 experts written as mxfp4). A tensor without a record keeps it."""
+    line = requantized_warning(plan.experts_choice, _requantized_experts(plan)) if plan.experts_choice else None
+    if line is None or line not in warnings:
+        return warnings
+    errors = {name: e for u in units for name, e in (u.get("errors") or {}).items()}
+    jobs = list(_requantized_jobs(plan))
+    if all(job.out_name in errors and ErrorStats(*errors[job.out_name]).sse == 0.0 for job in jobs):
+        return [w for w in warnings if w != line]
+    return warnings
 
 
 def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, state) -> ConvertSummary:
@@ -588,6 +613,7 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
     seen unchanged since the run started (a shard edited during the run is not marked complete: the units
     recorded with its old identity are redone by the rerun)."""
     _check_sources_unchanged(src, identities)
+    summary.warnings = _without_identical_requantization(plan, summary.warnings, ledger.data["units"].values())
     plan_record.remove(out)  # before "complete": a finished output holds no leftover
     for name in src.files():  # config, index, copied files: whatever this run downloaded into the work folder
         _release(src, name, options)

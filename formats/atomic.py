@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from colitools.formats.errors import ParameterError
+
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -121,6 +123,16 @@ def json_lines(obj: Any, expand: int, indent: int = 2) -> str:
         return "[\n" + body + "\n" + pad + "]"
 
     return enc(obj, 0)
+
+
+PNG_SUFFIX = ".png"
+
+
+def check_png_path(path: str | os.PathLike[str], parameter: str = "plot") -> None:
+    """A plot is written as PNG only (``write_png_atomic``): a ``path`` of another suffix (``x.jpg``) is refused
+    before any work, one ParameterError line naming ``parameter``, rather than written as PNG bytes."""
+    if Path(path).suffix.lower() != PNG_SUFFIX:
+        raise ParameterError(f"`{parameter}={str(path)!r}`: the plot is a PNG image, name it *{PNG_SUFFIX}")
 
 
 def write_png_atomic(figure, path: str | os.PathLike[str]) -> None:

@@ -416,6 +416,36 @@ def _num_hidden_layers(config: dict[str, Any] | None) -> int | None:
         return None
 
 
+def container_sources(
+    shards: Sequence[Any], resolved: Mapping[str, ResolvedTensor], config: dict[str, Any] | None
+) -> tuple[dict[str, SourceWeight], list[str]]:
+    """``source_weights`` of a container's tensors that its formats do not claim (``other`` and ``float``: a
+    source's natively quantized weights are among them)."""
+    infos = {
+        n: i
+        for s in shards
+        for n, i in s.tensors.items()
+        if n in resolved and resolved[n].kind in ("other", "float")
+    }
+    return source_weights(infos, config, _num_hidden_layers(config))
+
+
+def counted_label(t: ResolvedTensor, sources: Mapping[str, SourceWeight]) -> str | None:
+    """The format a tensor counts under in a container's totals (``inspect``'s and ``verify container``'s):
+    its stored format, a source weight's encoding (``sources``), ``other (<dtype>)``, ``unresolved``; None for
+    a scale or a source weight's companion (they count with their weight)."""
+    sw = sources.get(t.name)
+    if t.kind == "scale" or (sw is not None and sw.data != t.name):
+        return None
+    return _total_label(t) if sw is None else sw.encoding
+
+
+def counted_weights(t: ResolvedTensor) -> int:
+    """How many weights a tensor counts for in a container's totals: each projection of a merged expert blob or
+    fused stack (``parts``) on its own, as ``role_formats`` and the manifest's ``format_totals`` count them."""
+    return len(t.parts) or 1
+
+
 def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
     """Resolve every tensor at ``path`` (a file or a model directory) and total the bytes per format.
 
@@ -447,18 +477,15 @@ def inspect_path(path: str | os.PathLike[str]) -> InspectReport:
             shard.close()
     unresolved = [t for t in resolved.values() if t.kind == "unresolved"]
     nhl = _num_hidden_layers(model.config)
-    # a source's natively quantized weights are among what the container's formats do not claim
-    infos = {
-        n: i for s in model.shards for n, i in s.tensors.items() if resolved[n].kind in ("other", "float")
-    }
-    sources, source_warnings = source_weights(infos, model.config, nhl)
+    sources, source_warnings = container_sources(model.shards, resolved, model.config)
     totals: dict[str, list[int]] = {}
     for t in resolved.values():
-        sw = sources.get(t.name)
-        if t.kind == "scale" or (sw is not None and sw.data != t.name):
+        label = counted_label(t, sources)
+        if label is None:
             continue
-        count_bytes = totals.setdefault(_total_label(t) if sw is None else sw.encoding, [0, 0])
-        count_bytes[0] += 1
+        sw = sources.get(t.name)
+        count_bytes = totals.setdefault(label, [0, 0])
+        count_bytes[0] += counted_weights(t)
         count_bytes[1] += t.nbytes + t.scale_nbytes if sw is None else sw.nbytes
     return InspectReport(
         path=str(model.path),

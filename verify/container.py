@@ -27,8 +27,7 @@ from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError, FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE
-from colitools.formats.format_names import format_label
-from colitools.formats.inspect import ModelFiles, open_model
+from colitools.formats.inspect import ModelFiles, container_sources, counted_label, open_model
 from colitools.formats.jsonfile import is_text, load_json_object
 from colitools.formats.planar_sidecar import check_sidecar
 from colitools.formats.safetensors_io import read_header
@@ -96,9 +95,10 @@ def verify_container(
         resolved = {}
     report.tensors = len(resolved)
     shard_by_name = {str(s.path): s for s in shards}
+    sources, _ = container_sources(shards, resolved, model.config)  # its warnings: inspect's
     for t in resolved.values():
-        if t.kind in ("quantized", "float") and t.format is not None:
-            label = format_label(t.format.name, t.format.group_size, t.dtype if t.kind == "float" else None)
+        label = counted_label(t, sources)  # every tensor but scales and companions, as inspect counts them
+        if label is not None:
             report.formats[label] = report.formats.get(label, 0) + 1
         if t.kind == "scale":
             _check_scale(shard_by_name[t.file], t.name, t.dtype, report)

@@ -44,8 +44,9 @@ import numpy as np
 
 from colitools.converters.manifest import Manifest
 from colitools.formats import names
+from colitools.formats.atomic import check_png_path
 from colitools.formats.error_stats import ErrorStats, tensor_error, total
-from colitools.formats.errors import ColitoolsError, ManifestError, ParameterError, VerifyError
+from colitools.formats.errors import ColitoolsError, ManifestError, VerifyError
 from colitools.formats.filenames import MANIFEST_FILE
 from colitools.formats.inspect import incomplete_conversion, open_model
 from colitools.verify.quality_output import OutputWeight, OutputWeights, TensorQuality
@@ -62,7 +63,6 @@ REL_TOL = 1e-9
 ABS_TOL = 1e-15
 SLAB_BYTES = 16 << 20  # float32 bytes per row slab of a big plain tensor
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-PLOT_SUFFIX = ".png"
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -202,8 +202,8 @@ def weight_quality(
     complete colitools conversion, when the source is not its source, or, without ``source``, when the manifest
     recorded no figures."""
     started = time.monotonic()
-    if plot is not None and Path(plot).suffix.lower() != PLOT_SUFFIX:
-        raise ParameterError(f"`plot={str(plot)!r}`: the plot is a PNG image, name it *{PLOT_SUFFIX}")
+    if plot is not None:
+        check_png_path(plot)
     root = Path(output)
     manifest = _manifest(root)
     model = open_model(root)

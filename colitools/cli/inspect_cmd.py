@@ -109,6 +109,4 @@ def inspect_command(
     output.emit(
         as_json, (lambda: _summary_json(report)) if summary else report.to_json, _lines(report, summary)
     )
-    if not as_json:
-        for warning in report.warnings:
-            output.echo(f"warning: {warning}", err=True)
+    output.warn_each(report.warnings, as_json=as_json)

@@ -105,6 +105,13 @@ def warn(message: str) -> None:
     echo(WARNING_PREFIX + message, err=True)
 
 
+def warn_each(warnings: Iterable[str], *, as_json: bool) -> None:
+    """A report's warnings as ``warn`` lines, after its text (with ``--json`` they are in the JSON)."""
+    if not as_json:
+        for warning in warnings:
+            warn(warning)
+
+
 def failure_fields(fields: Callable[[str], Mapping[str, Any]]) -> None:
     """The fields, given the error message, that the ``--json`` failure object of this command starts with
     (before ``ok`` / ``error`` / ``exit_code``): for a command whose scripts expect its report's keys always."""

@@ -23,7 +23,7 @@ def _lines(report, top: int) -> Iterator[str]:
         kind = "IKU1 dense binary header"
     yield f"geometry   {summary.n_layers} layers x {summary.n_experts} experts ({kind})"
     if summary.iku1:
-        yield "engine     colibri's inkling engine (IKU1 layout, no engine id)"
+        yield f"engine     {summary.engine!r}: colibri's inkling engine (IKU1 layout, no engine id)"
     elif summary.engine_id is None:
         yield "engine     unknown (no version header)"
     else:

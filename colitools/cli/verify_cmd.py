@@ -23,8 +23,6 @@ def _container_lines(report) -> Iterator[str]:
     if report.hashed_files:
         yield (f"sha256 matched the manifest for {report.matched_files} of {report.hashed_files} file(s) "
                f"hashed, {report.matched_bytes:,} bytes")  # fmt: skip
-    for w in report.warnings:
-        yield f"warning: {w}"
     for p in report.problems:
         yield f"PROBLEM: {p}"
     yield "OK" if report.ok else f"NOT OK: {len(report.problems)} problem(s)"
@@ -47,6 +45,7 @@ def verify_container_command(
     output.failure_fields(lambda error: ContainerReport(str(path), problems=[error]).to_json())
     report = verify_container(path, hashes=not no_hash, progress=not as_json and sys.stderr.isatty())
     output.emit(as_json, report.to_json, _container_lines(report))
+    output.warn_each(report.warnings, as_json=as_json)
     if not report.ok:
         raise typer.Exit(EXIT_NOT_OK)
 
@@ -148,8 +147,6 @@ def _quality_lines(report) -> Iterator[str]:
     if report.not_compared:
         yield ""
         yield f"not compared: {len(report.not_compared)} tensor(s), e.g. {report.not_compared[0][0]} ({report.not_compared[0][1]})"
-    for w in report.warnings:
-        yield f"warning: {w}"
     if report.plot:
         yield f"plot       {report.plot}"
     if report.source and report.recorded:
@@ -235,5 +232,6 @@ def verify_quality_command(
     show = progress if progress is not None else (not as_json and sys.stderr.isatty())
     report = weight_quality(path, source, revision=revision, token=token, plot=plot, progress=show)
     output.emit(as_json, report.to_json, _quality_lines(report))
+    output.warn_each(report.warnings, as_json=as_json)
     if not report.ok:
         raise typer.Exit(EXIT_NOT_OK)

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.formats.usage import UsageHistory, engine_id, read_usage
+from colitools.formats.atomic import check_png_path
+from colitools.formats.usage import INKLING_FAMILY, UsageHistory, engine_id, read_usage
 from colitools.mirror.planned import PlannedMirror, planned_experts, read_planned_mirror
 from colitools.mirror.scan import ExpertKey, discover_shards, model_geometry
 
@@ -147,7 +148,8 @@ def summarize_usage(
         n_layers=history.n_layers,
         n_experts=history.n_experts,
         engine_id=history.engine_id,
-        engine=engine_name(history.engine_id),
+        # an IKU1 file holds no engine id: the layout is colibri's inkling engine's own (read for no other model)
+        engine=INKLING_FAMILY if history.iku1 else engine_name(history.engine_id),
         headerless=history.headerless,
         iku1=history.iku1,
         total_selections=history.total,
@@ -183,7 +185,10 @@ class UsageReport:
 
     @property
     def engine_matches_model(self) -> bool | None:
-        """Whether the history was recorded by the model's engine (None when either is unknown)."""
+        """Whether the history was recorded by the model's engine (None when either is unknown; an IKU1 history is
+        read for an Inkling model only)."""
+        if self.summary.iku1 and self.model_type is not None:
+            return True
         if self.model_engine_id is None or self.summary.engine_id is None:
             return None
         return self.summary.engine_id == self.model_engine_id
@@ -228,6 +233,8 @@ def usage_report(file: str | os.PathLike, *, model: str | os.PathLike | None = N
     mirrors, and the experts the plan put on the mirror are reported and marked in the plot.
     MirrorError / UsageFileError on a model or history that cannot be read."""
     file = Path(file)
+    if plot is not None:
+        check_png_path(plot)
     model_dir, shard_dirs, planned = _model_dirs(file, model)
     geometry = model_geometry(model_dir) if model_dir is not None else None
     n_experts = geometry.n_experts if geometry else None

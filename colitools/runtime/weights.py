@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.formats import model_config
+from colitools.formats import model_config, source_encodings
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.errors import ColitoolsError, FormatError, RuntimeModelError
@@ -186,6 +186,20 @@ def _held(st: Stored) -> str | None:
     return st.encoding.native_form(st.O, st.I, block=st.fp8_block).fmt
 
 
+def _source_encoding(name: str, tensors: dict[str, TensorInfo]) -> str | None:
+    """The label of the natively quantized source encoding whose data tensor ``name`` is (``NVFP4``), for a
+    refusal that names it; None when no encoding of the registry claims it."""
+    for encoding in source_encodings.ENCODINGS.values():
+        if not encoding.paired or not name.endswith(encoding.parts[0].suffix):
+            continue
+        try:
+            if encoding.pair(name, tensors, None) is not None:
+                return encoding.label
+        except ColitoolsError:  # its companions do not fit: not this encoding's weight
+            continue
+    return None
+
+
 def decoded_at_load(form: str) -> bool:
     """A registry format without a runtime kernel that the runtime still runs, decoded once to float32 when read:
     DeepSeek-V4.1's UE8M0 FP8 grids (fp8-e4m3-e8m0-t32 tiles, -r32 row groups; their values are exact floats)."""
@@ -302,6 +316,12 @@ class Checkpoint:
         if info.dtype in FLOAT_DTYPES:
             _check_shape(name, info.shape, O, I)
             return Stored(name, "float", O, I, path, (info.begin, info.end), info.dtype)
+        encoding = _source_encoding(name, {n: i for n, (_, i, _) in self.infos.items()})
+        if encoding is not None:
+            raise RuntimeModelError(
+                f"tensor {name}: an {encoding} source weight ({info.dtype} {list(info.shape)}), which the runtime "
+                f"does not read; convert the model first (colitools convert decodes {encoding})"
+            )
         raise RuntimeModelError(
             f"tensor {name}: {info.dtype} {list(info.shape)} is not a weight the runtime reads"
         )

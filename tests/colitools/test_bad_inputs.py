@@ -49,6 +49,7 @@ REPORT_ENV = "COLITOOLS_BAD_INPUT_REPORT"  # write the figures to this JSON file
 # docs/CLI.md "Exit codes": 0 success, 1 error, 2 usage error / plan not admitted, 3 disk floor (convert), 4 found
 # problems (verify, mirror verify, mirror stage's final verify)
 EXIT_CODES = {0, 1, 2, 3, 4}
+WARNING_LINES = ("colitools: warning: ", "warning: ")  # a report's warnings beside its one error line
 
 
 # ------------------------------------------------------------------------------------------- mutations
@@ -551,7 +552,7 @@ def verdict(case: Case, result: subprocess.CompletedProcess[str] | str) -> str |
         return "message"
     not_admitted = case.argv[:2] in (("mirror", "plan"), ("mirror", "stage")) and "admitted: no" in result.stdout
     if result.returncode in (1, 2) and not (result.returncode == 2 and not_admitted):
-        lines = [line for line in result.stderr.splitlines() if not line.startswith("warning: ")]
+        lines = [line for line in result.stderr.splitlines() if not line.startswith(WARNING_LINES)]
         if len(lines) != 1 or not lines[0].startswith("colitools: error: "):
             return "not one line"
     elif result.returncode not in (1, 2) and "colitools: error:" in result.stderr:
