@@ -76,7 +76,7 @@ def log_path(part: Path) -> Path:
 def wants_streams(part: Path, size: int | None, streams: int, smallest: int) -> bool:
     """Whether a download takes the ranged path: a known size over ``smallest`` bytes and several streams, or
     a range log left by an earlier ranged run (resumed by range, whatever ``streams`` says now)."""
-    if size is None or size <= 0:
+    if size is None or size <= 0 or not hasattr(os, "pwrite"):  # no pwrite (Windows): one stream
         return False
     return log_path(part).is_file() or (streams > 1 and size > smallest)
 

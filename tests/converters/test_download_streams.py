@@ -47,6 +47,12 @@ def leftovers(folder):
     return sorted(p.name for p in folder.iterdir() if p.name.endswith((".part", ".ranges")))
 
 
+def downloads(hub, name):
+    """The byte ranges served for ``name`` but the header reads (huggingface_hub's
+    ``parse_safetensors_file_metadata`` asks for ``bytes=0-100000``)."""
+    return [r for r in hub.stats(name).ranges if r != (0, 100_001)]
+
+
 def covered(ranges):
     return ds.merge(list(ranges))
 
@@ -118,7 +124,7 @@ def test_sigkill_mid_download_then_the_rerun_fetches_only_the_missing_ranges(hub
 @pytest.mark.parametrize("streams", [1, 4])
 def test_a_stalled_stream_is_dropped_and_its_range_asked_again(hub, remote, tmp_path, monkeypatch, streams):
     url, data = remote
-    monkeypatch.setenv(ds.STALL_ENV, "0.5")
+    monkeypatch.setenv(ds.STALL_ENV, "2")
     hub.stall(NAME, 100_000)  # the first response sends 100 000 bytes, then nothing, connection open
     out = fetch(url, tmp_path / NAME, data, streams=streams)
     assert out.read_bytes() == data and leftovers(tmp_path) == []
@@ -204,9 +210,40 @@ def test_convert_from_the_hub_with_streams_matches_one_stream(hub, tmp_path):
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)  # HF_ENDPOINT & co
         assert result.returncode == 0, result.stderr
         outs[streams] = snapshot(out)
-        # the header reads aside (huggingface_hub's parse_safetensors_file_metadata: the first 100 kB)
-        download = [r for r in hub.stats(shard.name).ranges if r[1] - r[0] > 1 * MiB]
+        download = downloads(hub, shard.name)
         assert covered(download) == [(0, shard.stat().st_size)]
         assert sum(b - a for a, b in download) == shard.stat().st_size
         assert len(download) == (1 if streams else DEFAULT_DOWNLOAD_STREAMS)  # the default: N ranges
     assert outs["1"] == outs[None]
+
+
+def test_sigkill_of_convert_mid_download_resumes_and_matches_a_one_stream_conversion(hub, tmp_path):
+    from convcheck import snapshot
+    from tinyckpt import Tiny, make_checkpoint
+
+    folder = tmp_path / "repo"
+    make_checkpoint(folder, Tiny(layers=1, experts=4, hidden=512, inter=1024, shards=1))
+    shard = folder / "model.safetensors"
+    size = shard.stat().st_size
+    hub.add_repo("org/tiny", {"main": folder})
+    base = [sys.executable, "-m", "colitools", "convert", "org/tiny"]
+    ref = subprocess.run([*base, str(tmp_path / "ref"), "--min-free-gb", "0", "--download-streams", "1"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert ref.returncode == 0, ref.stderr
+
+    out = tmp_path / "out"
+    log = out / ".colitools-download" / "model.safetensors.part.ranges"
+    hub.throttle(shard.name, 1 * MiB)  # per connection
+    proc = subprocess.Popen([*base, str(out), "--min-free-gb", "0", "--no-progress"], stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    sigkill_when(proc, lambda: 2 * MiB < sum(b - a for a, b in ds.read_log(log) or []) < size - 4 * MiB)
+    kept = sum(b - a for a, b in ds.read_log(log))
+
+    hub.throttle(shard.name, None)
+    hub.reset_stats()
+    rerun = subprocess.run([*base, str(out), "--min-free-gb", "0"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    assert snapshot(out) == snapshot(tmp_path / "ref")
+    download = downloads(hub, shard.name)
+    assert sum(b - a for a, b in download) == size - kept  # the killed run's bytes on disk were kept
+    assert not (out / ".colitools-download").exists()
