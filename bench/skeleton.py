@@ -10,8 +10,8 @@ derived here from the config through the project's own owners of those facts: th
 ``torch_dtype`` / ``dtype``, every linear ``[O, I]`` from ``container.config_shapes`` (the families' geometry,
 ``formats/families.py``), expert stacks by the family's orientation (``families.stack_orientation``), and every
 companion of a natively quantized weight (``_scale_inv``, ``_blocks`` / ``_scales``, ``weight_packed`` /
-``weight_scale`` / ``weight_shape``, ...) from the source-encoding registry (``formats/source_encodings.py``:
-each ``Part``'s dtype and shape formula, evaluated). The few 1-D / small parameters no geometry owns (norms,
+``weight_scale`` / ``weight_shape``, ...) from the source-encoding registry (``formats/source_encodings/``:
+each ``Part``'s dtype and shape function of ``(O, I, group)``). The few 1-D / small parameters no geometry owns (norms,
 biases, sinks, conv taps, ``A_log``) are the table ``SMALL`` below. A name nothing derives stops the script,
 naming it. The sum of the tensor bytes is checked against the index's ``metadata.total_size``.
 
@@ -66,23 +66,6 @@ def float_dtype(config: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------ natively quantized companions
-def eval_shape(
-    formula: str, lead: tuple[int, ...], O: int, I: int, group: int, block: tuple[int, int]
-) -> tuple:
-    """A registry ``Part.shape`` formula (``[..., O, I/32, 16]``, ``[ceil(M/br), ceil(N/bc)]``, ``[] or [1]``)
-    evaluated: ``/`` is exact division, ``ceil(a/b)`` ceiling division, ``...`` the leading (expert) dims."""
-    formula = formula.split(" or ")[0].strip("[]")
-    env = {"O": O, "I": I, "M": O, "N": I, "g": group, "br": block[0], "bc": block[1]}
-    dims: list[int] = []
-    for term in (t.strip() for t in formula.split(",") if t.strip()):
-        if term == "...":
-            dims.extend(lead)
-            continue
-        term = re.sub(r"ceil\((\w+)//(\w+)\)", r"(-(-\1 // \2))", term.replace("/", "//"))
-        dims.append(int(eval(term, {}, env)))  # noqa: S307 - the registry's own formulas, no input
-    return tuple(dims)
-
-
 def declared_encodings(config: dict[str, Any]) -> list[tuple[type[source_encodings.SourceEncoding], Any]]:
     """The encodings ``quantization_config`` declares (each with its scheme), as the converter reads it."""
     qs = source_encodings.read_quant_config(config)
@@ -129,8 +112,10 @@ def part_entry(enc, role: str, logical: tuple[int, ...], scheme) -> Entry:
     lead, (O, I) = tuple(logical[:-2]), logical[-2:]
     group = getattr(scheme, "group_size", None) or enc.group or 32
     block = getattr(scheme, "block", None) or source_encodings.DEFAULT_FP8_BLOCK
+    # the group the part's shape function takes: FP8 blocks (br, bc), a square tile side b, or inputs per scale
+    grid = block if isinstance(part.group_name, tuple) else block[0] if part.group_name == "b" else group
     dtype = "F32" if enc is source_encodings.Fp8Block and role == "scale" else part.dtypes[0]
-    return dtype, eval_shape(part.shape, lead, O, I, group, block)
+    return dtype, part.expect(O, I, grid, lead)  # the registry's shape function of (O, I, group)
 
 
 # --------------------------------------------------------------------------------------------- float tensors
