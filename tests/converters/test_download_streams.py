@@ -171,12 +171,18 @@ def test_corruption_that_persists_is_one_error_and_leaves_no_part(hub, remote, t
     assert leftovers(tmp_path) == [] and not (tmp_path / NAME).exists()
 
 
-def test_refused_download_is_one_error_without_retries(hub, remote, tmp_path):
+def test_refused_download_is_one_error_and_the_token_never_reaches_the_cdn(hub, remote, tmp_path):
     url, data = remote
     hub.token = "hf_secret"
     refused = rf"{NAME}: download refused with HTTP 401 Unauthorized from http://"
     with pytest.raises(ConvertError, match=refused):
         fetch(url, tmp_path / NAME, data)
+    assert len([1 for _, path, _ in hub.log if "/resolve/" in path]) <= 4  # one per stream at most, no retry
+    digest = hashlib.sha256(data).hexdigest()
+    out = download_file(url, tmp_path / NAME, len(data), digest, build_hf_headers(token="hf_secret"),
+                        streams=4, chunk_bytes=CHUNK)  # fmt: skip
+    assert out.read_bytes() == data
+    assert hub.stats(NAME).gets > 4 and hub.cdn_auth_headers == 0  # the token stayed on the Hub, every range
 
 
 def test_the_option_is_validated_and_the_cli_default_is_the_libraries():
