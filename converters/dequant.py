@@ -6,7 +6,7 @@
   ``w[r, c] = f32(e4m3(q[r, c])) * f32(s[r // br, c // bc])`` (one float32 multiply, edge blocks partial).
 
 * Natively quantized sources (MXFP4, INT4 ``pack-quantized``, NVFP4, MXFP8): the encodings of
-  ``formats/source_encodings.py`` (one class each) read ``quantization_config`` (``quant_scheme``), pair the
+  ``formats/source_encodings/`` (one class each) read ``quantization_config`` (``quant_scheme``), pair the
   companion tensors (the inventory) and decode them (the unit writer calls ``SourceEncoding.decode``).
 
 The scale grid is validated before any data is read (``check_scale_grid``); an FP8 weight without its scale is

@@ -575,7 +575,7 @@ class Target:
 @dataclass(frozen=True)
 class SourceKind:
     """What the source tensor is: ``fp8_block`` = (rows, cols) of its FP8 scale blocks, None for float;
-    ``native`` its natively quantized encoding (``formats/source_encodings.py``), with its inputs per scale and
+    ``native`` its natively quantized encoding (``formats/source_encodings/``), with its inputs per scale and
     whether a format holds it exactly."""
 
     dtype: str

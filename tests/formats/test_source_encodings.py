@@ -1,4 +1,4 @@
-"""The registry of natively quantized source encodings (``formats/source_encodings.py``, docs/FORMATS.md §5):
+"""The registry of natively quantized source encodings (``formats/source_encodings/``, docs/FORMATS.md §5):
 what each class declares, how it reads ``quantization_config`` and recognises its tensors from header entries
 alone (as any reader of a source can), which format ``native`` keeps it in (§6), and that its decoder on the
 kernels is its numpy reference, bit for bit, and its ``keep`` loses nothing.

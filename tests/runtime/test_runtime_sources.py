@@ -1,5 +1,5 @@
 """The sources the runtime reads unconverted (``runtime.weights.RUNTIME_SOURCES``: FP8 blocks, MXFP8, FP8 per
-channel) are recognised, checked and decoded by their ``formats/source_encodings.py`` classes; the scale dtypes
+channel) are recognised, checked and decoded by their ``formats/source_encodings/`` classes; the scale dtypes
 the runtime has always read (F16 / F64 floats, I8 bytes) are still read, and a scale that does not fit is the
 class's one-line refusal."""
 
