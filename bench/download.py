@@ -2,10 +2,10 @@
 from the tests' fake Hub, each connection throttled as a CDN throttles it (issue 42).
 
 ``.venv/bin/python bench/download.py [--shards 6] [--mib 100] [--rate-mb 30] [--streams 1,2,4,8] [--runs 2]
-[--dir /dev/shm]``: writes ``--shards`` files of ``--mib`` MiB of random bytes, serves them from
+[--link-mb 0] [--dir /dev/shm]``: writes ``--shards`` files of ``--mib`` MiB of random bytes, serves them from
 ``tests/converters/hubserver.py`` in a process of its own (so its threads do not share this one's GIL) with each
-body response paced to ``--rate-mb`` MB/s, and per run and stream count (interleaved) downloads every shard one
-after another as ``convert`` does (``HubSource.ensure_local``: the Hub's redirect to the CDN, Range requests,
+body response paced to ``--rate-mb`` MB/s (all of them together to ``--link-mb``, when given), and per run and
+stream count (interleaved) downloads every shard one after another as ``convert`` does (``HubSource.ensure_local``: the Hub's redirect to the CDN, Range requests,
 sha256 check, publication) into a fresh work folder, an empty HF cache. Prints each run's wall and CPU seconds,
 the best wall, MB/s and the speed-up over one stream, and the link-bound time at one stream's rate.
 """
@@ -35,6 +35,8 @@ from hubserver import HubServer
 hub = HubServer({sys.argv[2]: {"main": sys.argv[3]}}).start()
 if float(sys.argv[4]) > 0:
     hub.throttle(None, float(sys.argv[4]))
+if float(sys.argv[5]) > 0:
+    hub.throttle_link(float(sys.argv[5]))
 print(hub.endpoint, flush=True)
 sys.stdin.read()
 hub.stop()
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=6)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--rate-mb", type=float, default=30.0, help="per connection, MB/s (0: unthrottled)")
+    parser.add_argument("--link-mb", type=float, default=0.0, help="all connections together, MB/s (0: none)")
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--dir", default="/dev/shm")
@@ -82,7 +85,7 @@ def main() -> None:
         names = make_shards(base / "repo", args.shards, args.mib)
         server = subprocess.Popen(
             [sys.executable, "-c", SERVER, str(ROOT / "tests" / "converters"), REPO, str(base / "repo"),
-             str(args.rate_mb * MB)],
+             str(args.rate_mb * MB), str(args.link_mb * MB)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -103,8 +106,9 @@ def report(endpoint: str, names: list[str], work: Path, counts: list[int], args)
             print(f"run {run + 1} streams {n}: wall {wall:6.2f} s  cpu {cpu:6.2f} s  {total / wall / MB:6.1f} MB/s",
                   flush=True)  # fmt: skip
     one = min(walls[counts[0]])
+    link = f", link {args.link_mb:g} MB/s (bound {total / (args.link_mb * MB):.1f} s)" if args.link_mb else ""
     print(f"{len(names)} shards x {args.mib} MiB = {total / MB:.0f} MB, {args.rate_mb:g} MB/s per connection "
-          f"(one stream's bound {total / (args.rate_mb * MB):.1f} s)" if args.rate_mb else "unthrottled")  # fmt: skip
+          f"(one stream's bound {total / (args.rate_mb * MB):.1f} s){link}" if args.rate_mb else "unthrottled")  # fmt: skip
     for n in counts:
         best = min(walls[n])
         print(f"streams {n}: best {best:6.2f} s  {total / best / MB:6.1f} MB/s  speed-up x{one / best:.2f}")

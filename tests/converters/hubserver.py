@@ -36,7 +36,8 @@ that cover it), ``fail_next`` (the next k requests answer 5xx), ``throttle`` (by
 ``ignore_range``. ``stats(filename)`` counts body responses, HEADs, redirects, bytes served and the byte range
 of every body response. ``stall`` (after N bytes of the next k bodies, send nothing more and hold the connection
 open, until the server stops): a stalled transfer. ``throttle`` paces each body response on its own (one
-connection at a time carries a response: a per-connection limit, as a CDN's).
+connection at a time carries a response: a per-connection limit, as a CDN's); ``throttle_link`` caps the bytes per
+second of all bodies together (the link), on top.
 
 ``write_hf_cache(cache_dir, repo_id, folder)`` lays a folder out as huggingface_hub's cache holds a snapshot
 (refs, blobs named as the Hub's ETags name them, snapshot symlinks), by hand: a cache without a server.
@@ -120,6 +121,7 @@ class HubServer:
         self._stall: dict[str, list[int]] = {}  # filename -> [nbytes, times]
         self._stopping = threading.Event()  # releases stalled responses
         self._throttle: dict[str | None, float] = {}  # filename (None: every file) -> bytes/s
+        self._link = [0.0, 0.0]  # bytes/s of every body together (0: no cap), the time the link is free again
         self._failures = [0, 503, None]  # remaining, status, path substring
         self._secret = os.urandom(16)
         self.upload = UploadState()  # hubupload.py: created repos, stored LFS objects, rejected pushes
@@ -220,6 +222,21 @@ class HubServer:
                 self._throttle.pop(filename, None)
             else:
                 self._throttle[filename] = bytes_per_second
+
+    def throttle_link(self, bytes_per_second: float | None) -> None:
+        """Cap every body response together at about ``bytes_per_second`` (the link); None removes the cap."""
+        with self._lock:
+            self._link = [bytes_per_second or 0.0, time.monotonic()]
+
+    def _link_wait(self, n: int) -> float:
+        """Reserve ``n`` bytes on the link: seconds to wait before they are through (0 without a cap)."""
+        with self._lock:
+            rate, free = self._link
+            if not rate:
+                return 0.0
+            now = time.monotonic()
+            self._link[1] = max(free, now) + n / rate
+            return self._link[1] - now
 
     # -- counters --------------------------------------------------------------------------------------------
     def stats(self, filename: str) -> FileStats:
@@ -468,6 +485,8 @@ class _Handler(BaseHTTPRequestHandler):
                         hub._stat(name).bytes_served += n
                     if rate and (ahead := began + sent / rate - time.monotonic()) > 0:
                         time.sleep(ahead)  # paced to the rate, whatever the writes took
+                    if (link := hub._link_wait(n)) > 0:
+                        time.sleep(link)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         return None
