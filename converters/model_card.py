@@ -205,7 +205,7 @@ def _size(n: int) -> str:
 
 def _engine(target: Any, repo_id: str, hub: str, runnable: bool, tokenizer: bool) -> Iterator[str]:
     name = target if isinstance(target, str) and target in TARGETS else GENERIC_NAME
-    engine = TARGETS[name].loader.split()[0]  # the engine's source file (the loader names its functions after it)
+    engine = TARGETS[name].engine
     yield "## Run it"
     yield ""
     yield (f"This layout (`--target {name}`) is what colibri's `{engine}` engine reads: build colibri and run that "

@@ -59,7 +59,7 @@ from colitools.formats.jsonfile import load_json_object
 __all__ = [
     "DEEPSEEK_V4", "DEEPSEEK_V41", "FUSED", "GENERIC", "GENERIC_NAME", "GLM53", "INKLING", "INT4_GROUPED", "INT4_ROW", "INT8_ROW",
     "KIMI_K3", "MERGED", "QWEN36", "QWEN38", "SIGNED_NIBBLE_XOR", "TARGETS", "TARGET_NAMES", "FusedLayout", "MergedLayout",
-    "MergedPart", "MetaFile", "Rewrite", "Spelling", "Target", "by_name", "help_text", "merged_group_size",
+    "MergedPart", "MetaFile", "Rewrite", "Spelling", "Target", "by_name", "merged_group_size",
 ]  # fmt: skip
 
 GENERIC_NAME = "generic"
@@ -155,7 +155,7 @@ class Target:
 
     name: str
     loader: str  # the colibri function(s) that read this layout
-    help: str = ""  # the --help prose after "NAME: "
+    help: str = ""  # what the layout holds, as `colitools targets` shows it
     model_types: tuple[str, ...] | None = None  # None: any model type
     reads: tuple[tuple[str, tuple[str, ...]], ...] = ()
     why: tuple[tuple[str, str], ...] = ()
@@ -331,8 +331,22 @@ class Target:
             return {}
         return {self.meta.name: self.meta.build(config, shapes, experts, group_size)}
 
-    def help_line(self) -> str:
-        return f"{self.name}: {self.help}" if self.help else ""
+    @property
+    def engine(self) -> str:
+        """The colibri engine's source file that reads this layout (``c/olmoe.c``): the loader's first word."""
+        return self.loader.split()[0]
+
+    def describe(self) -> dict[str, Any]:
+        """What ``colitools targets`` shows of this target (its ``--json``: these keys): the engine, the functions
+        that read the layout, the model types it runs (None: any), the layout's prose, why it is refused."""
+        return {
+            "name": self.name,
+            "engine": self.engine,
+            "loader": self.loader,
+            "model_types": list(self.model_types) if self.model_types is not None else None,
+            "help": self.help,
+            "refused": self.refused,
+        }
 
 
 def leaf_key(name: str) -> str:
@@ -855,13 +869,6 @@ def by_name(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise TargetRefused(f"`target={name!r}`: choose one of {', '.join(TARGET_NAMES)}") from None
-
-
-def help_text() -> str:
-    """``convert --target``'s help: every target's loader, then each written target's prose."""
-    loaders = "; ".join(f"{t.name} ({t.loader})" for t in TARGETS.values())
-    prose = " ".join(line for line in (t.help_line() for t in TARGETS.values()) if line)
-    return f"Whose loader reads the output: {loaders}. {prose} See docs/FORMATS.md §4 Targets."
 
 
 def merged_group_size(folder: str | os.PathLike) -> int | None:

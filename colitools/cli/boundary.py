@@ -17,6 +17,7 @@ from colitools.cli import (  # noqa: F401  (imported to register their commands)
     mirror_cmd,
     output,
     run_cmd,
+    targets_cmd,
     upload_cmd,
     usage_cmd,
     verify_cmd,

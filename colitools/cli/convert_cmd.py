@@ -14,14 +14,17 @@ from colitools.cli.options import JsonOpt, ProgressOpt
 from colitools.formats import layouts
 from colitools.formats.format_names import recipe_format_summary
 from colitools.formats.targets import GENERIC as targets_default
-from colitools.formats.targets import help_text as targets_help
+from colitools.formats.targets import TARGETS
 
 _FMT = recipe_format_summary()
 _LAYOUTS = " | ".join(
     layout.option + (f" ({layout.stored})" if layout.stored != layout.option else "")
     for layout in layouts.LAYOUTS
 )
-_TARGET_HELP = targets_help()
+# one line per target (click keeps a paragraph that starts with \b as it is); `colitools targets` has the detail
+_TARGET_HELP = "Whose engine reads the output (colitools targets: each in full):\n\n\b\n" + "\n".join(
+    f"{t.name:<13}{t.engine}" + ("" if t.model_types else " (any model type)") for t in TARGETS.values()
+)
 _LAYOUT_HELP = (
     f"Expert layout: {_LAYOUTS}. planar writes the routed experts only to the experts-int4g64/ sidecar "
     "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
