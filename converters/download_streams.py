@@ -157,8 +157,11 @@ class RangedPart:
         logged = read_log(self.log)
         if logged is None:  # a single-stream part is a prefix; one longer than the file is stale
             logged = [(0, have)] if have <= self.size else []
-        # never trust a record past what the part holds (a part truncated or replaced behind the log)
-        self._restart([(a, min(b, have, self.size)) for a, b in logged])
+        try:  # never trust a record past what the part holds (a part truncated or replaced behind the log)
+            self._restart([(a, min(b, have, self.size)) for a, b in logged])
+        except BaseException:
+            self.seal()
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -215,6 +218,8 @@ class RangedPart:
                 if self._hashed >= prefix:
                     return
                 block = os.pread(self._fd, min(dl.HASH_BLOCK, prefix - self._hashed), self._hashed)
+                if not block:  # the part is shorter than its log says: the digest will not match
+                    return
                 self._sha.update(block)
                 self._hashed += len(block)
         finally:

@@ -82,6 +82,17 @@ def test_a_part_left_by_one_stream_is_resumed_by_four_keeping_its_bytes(hub, rem
     assert stats.bytes_served == len(data) - 700_000
 
 
+def test_a_torn_last_record_only_means_those_bytes_are_asked_again(hub, remote, tmp_path):
+    url, data = remote
+    part = tmp_path / (NAME + ".part")
+    part.write_bytes(data[:MiB] + bytes(len(data) - MiB))  # a full-size part, its first MiB written
+    (tmp_path / (NAME + ".part.ranges")).write_bytes(b"0 1048576\n2097152 31")  # killed mid-record
+    out = fetch(url, tmp_path / NAME, data)
+    assert out.read_bytes() == data and leftovers(tmp_path) == []
+    assert covered(hub.stats(NAME).ranges) == [(MiB, len(data))]
+    assert hub.stats(NAME).bytes_served == len(data) - MiB
+
+
 def test_sigkill_mid_download_then_the_rerun_fetches_only_the_missing_ranges(hub, tmp_path):
     folder = tmp_path / "repo"
     folder.mkdir()
