@@ -8,6 +8,10 @@ body response paced to ``--rate-mb`` MB/s (all of them together to ``--link-mb``
 stream count (interleaved) downloads every shard one after another as ``convert`` does (``HubSource.ensure_local``: the Hub's redirect to the CDN, Range requests,
 sha256 check, publication) into a fresh work folder, an empty HF cache. Prints each run's wall and CPU seconds,
 the best wall, MB/s and the speed-up over one stream, and the link-bound time at one stream's rate.
+
+``--convert``: instead of random shards, a generated BF16 MoE checkpoint (``tests/converters/tinyckpt.py``,
+``--shards`` shards of ~``--mib`` MiB) and, per stream count, the whole ``colitools convert org/name OUT``
+(a process; default recipe; output on ``--dir``) against the same conversion from the local folder.
 """
 
 from __future__ import annotations
@@ -68,6 +72,48 @@ def download_all(endpoint: str, names: list[str], work: Path, streams: int) -> t
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def make_model(folder: Path, shards: int, mib: int) -> list[str]:
+    """A BF16 MoE checkpoint of ``shards`` shards of about ``mib`` MiB each (its experts: 8 x 3 x 1024 x I)."""
+    from tinyckpt import Tiny, make_checkpoint
+
+    inter = max(mib * MiB // (8 * 3 * 1024 * 2) // 64 * 64, 64)
+    spec = Tiny(layers=shards, experts=8, hidden=1024, inter=inter, vocab=256, shards=shards)
+    make_checkpoint(folder, spec)
+    return sorted(p.name for p in folder.glob("*.safetensors"))
+
+
+def convert_once(source: str, out: Path, env: dict[str, str], streams: int | None) -> float:
+    """Wall seconds of one ``colitools convert`` process (``streams`` None: a local folder)."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(Path(env["HF_HOME"]), ignore_errors=True)
+    command = [sys.executable, "-m", "colitools", "convert", source, str(out), "--min-free-gb", "0"]
+    command += ["--no-progress"]
+    command += [] if streams is None else ["--download-streams", str(streams)]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def report_convert(endpoint: str, base: Path, counts: list[int], args) -> None:
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(base / "hf")}
+    total = sum(p.stat().st_size for p in (base / "repo").iterdir())
+    walls: dict[int | None, list[float]] = {n: [] for n in [None, *counts]}
+    for run in range(args.runs):
+        for n in walls:
+            source = str(base / "repo") if n is None else REPO
+            walls[n].append(convert_once(source, base / "out", env, n))
+            what = "local folder" if n is None else f"streams {n}"
+            print(f"run {run + 1} convert from {what}: wall {walls[n][-1]:6.2f} s", flush=True)
+    print(f"checkpoint {total / MB:.0f} MB in {args.shards} shards, {args.rate_mb:g} MB/s per connection "
+          f"(one stream's bound {total / (args.rate_mb * MB):.1f} s)")  # fmt: skip
+    local = min(walls[None])
+    print(f"convert from the local folder: best {local:6.2f} s")
+    for n in counts:
+        best = min(walls[n])
+        print(f"convert org/name, {n} streams: best {best:6.2f} s  x{min(walls[counts[0]]) / best:.2f} over "
+              f"{counts[0]} stream(s), {best / local:.1f} x the local conversion")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=6)
@@ -77,12 +123,15 @@ def main() -> None:
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--dir", default="/dev/shm")
+    parser.add_argument("--convert", action="store_true", help="time `colitools convert org/name` instead")
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     with tempfile.TemporaryDirectory(prefix="colitools-bench-dl-", dir=args.dir) as tmp:
         base = Path(tmp)
         os.environ["HF_HOME"] = str(base / "hf")  # an empty cache: every shard is downloaded
-        names = make_shards(base / "repo", args.shards, args.mib)
+        sys.path.insert(0, str(ROOT / "tests" / "converters"))
+        make = make_model if args.convert else make_shards
+        names = make(base / "repo", args.shards, args.mib)
         server = subprocess.Popen(
             [sys.executable, "-c", SERVER, str(ROOT / "tests" / "converters"), REPO, str(base / "repo"),
              str(args.rate_mb * MB), str(args.link_mb * MB)],
@@ -90,7 +139,10 @@ def main() -> None:
         )  # fmt: skip
         try:
             endpoint = server.stdout.readline().strip()
-            report(endpoint, names, base / "work", counts, args)
+            if args.convert:
+                report_convert(endpoint, base, counts, args)
+            else:
+                report(endpoint, names, base / "work", counts, args)
         finally:
             server.stdin.close()
             server.wait(30)
