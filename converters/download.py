@@ -81,7 +81,7 @@ def is_name_resolution_error(exc: BaseException) -> bool:
     return False
 
 
-class Transient(Exception):
+class _Transient(Exception):
     """One attempt failed in a way that another attempt may fix."""
 
     def __init__(self, reason: str, retry_after: float | None = None):
@@ -109,7 +109,7 @@ def retry_delay(name: str, url: str, exc: BaseException, failures: int, retries:
             f"{name}: download failed at byte {at} of {size_text} after {failures} attempts without progress "
             f"({_describe(exc)}); run again to resume from there"
         ) from None
-    wait = backoff.delay(failures, exc.retry_after if isinstance(exc, Transient) else None)
+    wait = backoff.delay(failures, exc.retry_after if isinstance(exc, _Transient) else None)
     log.warning("%s: %s; retrying from byte %d in %.2fs", name, _describe(exc), at, wait)
     return wait
 
@@ -258,8 +258,8 @@ class _Fetch:
             try:
                 if self._attempt(client, part):
                     return
-                raise Transient(f"connection ended at byte {part.size} of {self.size}")
-            except (httpx2.TransportError, Transient) as exc:
+                raise _Transient(f"connection ended at byte {part.size} of {self.size}")
+            except (httpx2.TransportError, _Transient) as exc:
                 failures = 1 if part.size > before else failures + 1
                 time.sleep(retry_delay(self.name, self.url, exc, failures, self.retries, self.backoff, part.size,
                                        self._size_text()))  # fmt: skip
@@ -273,11 +273,11 @@ class _Fetch:
         with client.stream("GET", self.url, headers=headers) as response:
             status = response.status_code
             if status in RETRY_STATUSES:
-                raise Transient(f"HTTP {status}", retry_after(response))
+                raise _Transient(f"HTTP {status}", retry_after(response))
             if status == 416 and offset:
                 # Our range starts past the end of what the server has: the part cannot be a prefix of it.
                 self._discard(part)
-                raise Transient(f"HTTP 416 for a range from byte {offset}")
+                raise _Transient(f"HTTP 416 for a range from byte {offset}")
             if status >= 400:
                 raise refused(self.name, response)
             encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")
@@ -301,7 +301,7 @@ class _Fetch:
                     )
             if encoded and part.size:
                 self._discard(part)
-                raise Transient("server sent an encoded body for a range request")
+                raise _Transient("server sent an encoded body for a range request")
             # No chunk_size: httpx2 would buffer up to it and lose the buffer when the connection drops.
             chunks = response.iter_bytes() if encoded else response.iter_raw()
             for chunk in chunks:
@@ -310,7 +310,7 @@ class _Fetch:
                     self.progress.update(len(chunk))
                 if self.size is not None and part.size > self.size:
                     self._discard(part)
-                    raise Transient(f"server sent more than the {self.size} bytes expected")
+                    raise _Transient(f"server sent more than the {self.size} bytes expected")
         if self.size is None:
             return True  # no length announced anywhere: the end of the body is the end of the file
         return part.size == self.size
@@ -320,7 +320,7 @@ class _Fetch:
         if match is None or int(match.group(1)) != offset:
             got = response.headers.get("Content-Range")
             self._discard(part)
-            raise Transient(f"asked for bytes from {offset}, got Content-Range {got!r}; restarting from 0")
+            raise _Transient(f"asked for bytes from {offset}, got Content-Range {got!r}; restarting from 0")
         return None if match.group(3) == "*" else int(match.group(3))
 
     def _discard(self, part: _PartFile) -> None:
@@ -413,7 +413,7 @@ def _safe_url(url: Any) -> str:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, Transient) else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, _Transient) else f"{type(exc).__name__}: {text}"
 
 
 def fetch_range(
@@ -437,7 +437,7 @@ def fetch_range(
         try:
             response = client.get(url, headers=request)
             if response.status_code in RETRY_STATUSES:
-                raise Transient(f"HTTP {response.status_code}", retry_after(response))
+                raise _Transient(f"HTTP {response.status_code}", retry_after(response))
             match = CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
             if response.status_code != 206 or match is None or int(match.group(1)) != start:
                 raise ConvertError(
@@ -445,13 +445,13 @@ def fetch_range(
                     f"{response.status_code} {_reason(response.status_code)} from {_safe_url(response.url)}"
                 )
             if len(response.content) != length:
-                raise Transient(f"{len(response.content)} of {length} bytes")
+                raise _Transient(f"{len(response.content)} of {length} bytes")
             return response.content
-        except (httpx2.TransportError, Transient) as exc:
+        except (httpx2.TransportError, _Transient) as exc:
             failures += 1
             if failures > retries:
                 raise ConvertError(
                     f"{name}: a range request for bytes {start}-{start + length - 1} failed {failures} times "
                     f"({_describe(exc)})"
                 ) from None
-            time.sleep(backoff.delay(failures, exc.retry_after if isinstance(exc, Transient) else None))
+            time.sleep(backoff.delay(failures, exc.retry_after if isinstance(exc, _Transient) else None))

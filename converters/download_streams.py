@@ -350,8 +350,8 @@ class _Chunk:
             try:
                 self._attempt(client)
                 if self.pos < self.end and not self.stop.is_set():
-                    raise dl.Transient(f"connection ended at byte {self.pos} (range to {self.end})")
-            except (httpx2.TransportError, dl.Transient) as exc:
+                    raise dl._Transient(f"connection ended at byte {self.pos} (range to {self.end})")
+            except (httpx2.TransportError, dl._Transient) as exc:
                 failures = 1 if self.pos > before else failures + 1
                 job = self.job
                 time.sleep(dl.retry_delay(job.name, job.url, exc, failures, job.retries, job.backoff, self.pos,
@@ -362,7 +362,7 @@ class _Chunk:
         with client.stream("GET", self.job.url, headers=headers) as response:
             status = response.status_code
             if status in dl.RETRY_STATUSES:
-                raise dl.Transient(f"HTTP {status}", dl.retry_after(response))
+                raise dl._Transient(f"HTTP {status}", dl.retry_after(response))
             if status == 200:
                 raise _RangesIgnored("server ignored the range request")
             if status != 206:
@@ -376,7 +376,7 @@ class _Chunk:
                     buf += data
                     if self.pos + len(buf) > self.end:
                         buf.clear()
-                        raise dl.Transient(f"server sent more than the range {self.pos}-{self.end - 1}")
+                        raise dl._Transient(f"server sent more than the range {self.pos}-{self.end - 1}")
                     if len(buf) >= WRITE_BYTES or self.stop.is_set():
                         self._flush(buf)
                     if self.stop.is_set():
@@ -393,7 +393,7 @@ class _Chunk:
         match = dl.CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
         if match is None or int(match.group(1)) != self.pos:
             got = response.headers.get("Content-Range")
-            raise dl.Transient(f"asked for bytes from {self.pos}, got Content-Range {got!r}")
+            raise dl._Transient(f"asked for bytes from {self.pos}, got Content-Range {got!r}")
         if match.group(3) != "*" and int(match.group(3)) != self.job.size:
             raise ConvertError(
                 f"{self.job.name}: the server has {match.group(3)} bytes, expected {self.job.size}; "

@@ -385,10 +385,8 @@ class Checkpoint:
         start, step = pick
         (path, binfo, _), (spath, sinfo, _) = self._info(blocks), self._info(scales)
         data, scale = Mxfp4Blocks.parts
-        try:  # the encoding recognises the pair and checks the scales against the blocks
-            paired = Mxfp4Blocks.pair(blocks, {blocks: binfo, scales: sinfo}, None)
-        except FormatError as exc:
-            raise RuntimeModelError(str(exc)) from None
+        # the encoding recognises the pair and checks the scales against the blocks (its FormatError names them)
+        paired = Mxfp4Blocks.pair(blocks, {blocks: binfo, scales: sinfo}, None)
         E, R, cols = paired.shape if paired is not None and len(paired.shape) == 3 else (None, -1, None)
         if (E, cols) != (n_experts, I) or len(range(start, R, step)) != O:
             raise RuntimeModelError(
