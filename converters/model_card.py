@@ -6,7 +6,7 @@ output bytes, file sizes and sha256) and the container itself through ``formats.
 formats table of ``inspect --summary``, the roles the model has, its weights for the bits per weight). It opens
 with what a user weighs first (source size -> output size, bits per weight), links the source on the Hub it came
 from (``endpoint``: huggingface_hub's ``HF_ENDPOINT``), and says which engine runs the layout (the target's colibri
-engine, ``formats/targets.py``) with the commands to fetch, check and run it. The YAML
+engine, ``formats/targets/``) with the commands to fetch, check and run it. The YAML
 front matter is what the Hub shows: ``base_model`` (a Hub source only: a local folder names no repo),
 ``base_model_relation: quantized``, and ``tags`` (``colitools``, each format written, the model type). No
 ``library_name``: no library the Hub knows loads these containers (transformers cannot; colibri's engines and

@@ -27,7 +27,7 @@ MAX_DOWNLOAD_STREAMS = 64
 class ConvertOptions:
     """Everything ``convert`` can be told. Format options are recipe names (docs/FORMATS.md §5); None = default
     (the target's, else the recipe's). ``target`` is given by name or as the object; it is resolved here, once
-    (an unknown name is a TargetRefused), and travels as the ``Target`` (formats/targets.py)."""
+    (an unknown name is a TargetRefused), and travels as the ``Target`` (formats/targets/)."""
 
     experts: str | None = None
     dense: str | None = None
@@ -36,7 +36,7 @@ class ConvertOptions:
     group_size: int | None = None
     layout: str | None = None  # a --layout value (formats/layouts.py); None: the target's, else pairs
     towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
-    target: targets.Target | str = targets.GENERIC  # --target (formats/targets.py): whose loader reads it
+    target: targets.Target | str = targets.GENERIC  # --target (formats/targets/): whose loader reads it
     quantizer: str = "rtn"  # --quantizer rtn | mse (FORMATS §11; formats/quantizers.py)
     target_size: int | str | None = None  # --target-size (FORMATS §12): bytes, or a size such as 25GiB
     target_bpw: float | None = None  # --target-bpw (FORMATS §12): bits per weight

@@ -52,7 +52,7 @@ def write_index(outdir: Path, plan: ConversionPlan) -> dict[str, Any]:
 
 
 def write_target_files(outdir: Path, plan: ConversionPlan, config: dict[str, Any]) -> None:
-    """The files the plan's target writes beside the shards (formats/targets.py): its config files
+    """The files the plan's target writes beside the shards (formats/targets/): its config files
     (``Target.config_files``: ``config.json`` without ``quantization_config``, the source's being recorded in
     the manifest; a flat one with ``config.hf.json``; the keys its loader reads) and its engine's metadata file
     (``Target.meta_files``: ``qwen36_meta.json``), from the source's ``config.json``."""

@@ -81,8 +81,10 @@ def remove(outdir: Path) -> None:
         (Path(outdir) / PLAN_FILE).unlink()
 
 
-# modules whose functions a plan may hold (a target's name mapping, its metadata file): pure, no I/O
+# modules whose functions a plan may hold (a target's name mapping, its metadata file): pure, no I/O; the targets'
+# package's modules too (one per engine: formats/targets/)
 _FUNCTION_MODULES = ("colitools.formats.names", "colitools.formats.targets")
+_FUNCTION_PACKAGE = "colitools.formats.targets."
 
 
 class _PlanUnpickler(pickle.Unpickler):
@@ -94,7 +96,8 @@ class _PlanUnpickler(pickle.Unpickler):
         if module == "colitools" or module.startswith("colitools."):
             found = super().find_class(module, name)
             if isinstance(found, type) or (
-                module in _FUNCTION_MODULES and isinstance(found, types.FunctionType)
+                (module in _FUNCTION_MODULES or module.startswith(_FUNCTION_PACKAGE))
+                and isinstance(found, types.FunctionType)
             ):
                 return found
         raise pickle.UnpicklingError(f"a recorded plan refers to {module}.{name}")

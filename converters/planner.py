@@ -344,7 +344,7 @@ def plan_conversion(inventory: Inventory, recipe: rc.Recipe) -> ConversionPlan:
 
     Raises ConvertError naming the tensor for anything unclassifiable, and for ``--layout planar`` with a
     routed expert that would not be int4-row / int4-grouped gs 64 with ``I % 64 == 0``; TargetRefused for
-    whatever the recipe's target (``recipe.target``, formats/targets.py) cannot write."""
+    whatever the recipe's target (``recipe.target``, formats/targets/) cannot write."""
     recipe.target.check_source(inventory.config)
     by_unit, dropped = _unit_jobs(inventory, recipe)
     fallbacks = [j.target.fallback for ukey in sorted(by_unit) for j in by_unit[ukey] if j.target.fallback]
@@ -465,10 +465,10 @@ def _units(
 
 
 def _for_target(job: TensorJob, target: targets.Target) -> TensorJob:
-    """A job as the target writes it (``Target.rewrite``, formats/targets.py): its written name and expert base,
+    """A job as the target writes it (``Target.rewrite``, formats/targets/): its written name and expert base,
     and the loader's float dtype, its source float dtype (where its bytes can be kept, else f32), a format
     re-chosen from another option (recorded as a fallback) or the loader's expert spelling."""
-    rw = target.rewrite(job)  # TargetRefused (formats/targets.py) for a tensor its loader cannot read
+    rw = target.rewrite(job)  # TargetRefused (formats/targets/) for a tensor its loader cannot read
     if rw is None:
         return job
     if (rw.name, rw.expert_base) != (job.out_name, job.expert_base):

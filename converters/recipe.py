@@ -344,7 +344,7 @@ class Recipe:
     mtp: str = DEFAULT_OPTIONS["mtp"]
     layout: str = layouts.PAIRS.option
     towers: str = "keep"  # rule 1: keep | drop
-    target: targets.Target = targets.GENERIC  # --target (formats/targets.py): recorded by name
+    target: targets.Target = targets.GENERIC  # --target (formats/targets/): recorded by name
     quantizer: str = RTN  # --quantizer rtn | mse (FORMATS §11): recorded only when not rtn
     budget: Budget | None = None  # --target-size / --target-bpw (§10): recorded only when given
 
@@ -365,7 +365,7 @@ class Recipe:
 
         ``group_size`` is the group size of every int4-grouped choice: the default ``--experts`` becomes
         ``int4-g{group_size}``, an option given as ``int4-g{group_size}`` is accepted, and an option naming a
-        different ``int4-g*`` is refused as a contradiction. ``target`` (formats/targets.py) gives the defaults
+        different ``int4-g*`` is refused as a contradiction. ``target`` (formats/targets/) gives the defaults
         of its loader (``layout`` / ``towers`` None: the target's, else ``pairs`` / ``keep``) and refuses, in one line, an option, layout
         or towers value that loader cannot read."""
         tgt = target

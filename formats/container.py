@@ -225,7 +225,7 @@ class ResolvedTensor:
 
 
 # ``<base>.weight`` with a ``<base>.scale`` of another dtype: fp8-e4m3-e8m0's own names (F8_E4M3 codes, F8_E8M0
-# scales per 128x128 block) and every target's spelling of a format's bytes (formats/targets.py ``SPELLINGS``:
+# scales per 128x128 block) and every target's spelling of a format's bytes (formats/targets/ ``SPELLINGS``:
 # DeepSeek-V4's released mxfp4 experts, I8 codes with F8_E8M0 scales per 1x32 block), told apart by the codes'
 # dtype (``--target deepseek_v4``, docs/FORMATS.md §4 Targets).
 SPELLED_PAIRS: dict[str, Spelling] = {
@@ -383,7 +383,7 @@ class _Container:
 
 
 def _resolve_claimed(c: _Container, name: str, shard: _Shard, info: _TensorInfo) -> ResolvedTensor | None:
-    """``name`` as a weight with a scale tensor: claimed by a target's expert layout (formats/targets.py
+    """``name`` as a weight with a scale tensor: claimed by a target's expert layout (formats/targets/
     ``EXPERT_READERS``), or paired with its scale by name (``_scale_name``); None for any other tensor."""
     for layout in targets.EXPERT_READERS:
         if layout.scale_of(name, info, c.infos) is not None:

@@ -104,7 +104,7 @@ class ConvertError(ColitoolsError):
 
 
 class TargetRefused(ConvertError):
-    """A ``--target`` (formats/targets.py) refusing the source or the recipe before work starts (wrong model
+    """A ``--target`` (formats/targets/) refusing the source or the recipe before work starts (wrong model
     type, a format or layout its loader cannot read): a usage error, exit code 2."""
 
     exit_code = EXIT_USAGE

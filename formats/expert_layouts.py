@@ -3,7 +3,7 @@
 A layout owns its byte facts (names, dtypes, sizes, ``identify`` from byte counts), its write side (``group``:
 the planner's groups of one output file -> what is written, refusing before any work what its loader cannot read)
 and its read side (``scale_of`` claims a stored tensor, ``read`` resolves it from ``config.json``,
-``check_resolved`` checks a whole container). ``formats/targets.py`` gives each target one of them:
+``check_resolved`` checks a whole container). ``formats/targets/`` gives each target one of them:
 
 * ``ExpertRecord``: every projection its own weight and scale, as the generic container has them, optionally in
   a loader's formats only, its own record order (each weight directly followed by its scale) and spelling;

@@ -59,7 +59,7 @@ class ModelFiles:
     sidecar: list[SafetensorsFile] = field(
         default_factory=list
     )  # planar sidecar layer files (also in shards)
-    merged_group_size: int | None = None  # expert_gs of a target's metadata file (formats/targets.py)
+    merged_group_size: int | None = None  # expert_gs of a target's metadata file (formats/targets/)
 
 
 def _index_shards(directory: Path, index: dict[str, Any]) -> dict[str, list[str]]:
@@ -302,7 +302,7 @@ def role_formats(
             continue
         if (
             t.parts
-        ):  # a target's merged blob / fused stack: one weight per expert projection (formats/targets.py)
+        ):  # a target's merged blob / fused stack: one weight per expert projection (formats/targets/)
             p = names.parse_name(t.name)
             for part in t.parts:
                 expert = p.expert if part.expert is None else part.expert

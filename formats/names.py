@@ -54,7 +54,7 @@ CANONICAL_PROJECTION = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj
 SUFFIXLESS_PROJECTIONS = frozenset({"w1", "w2", "w3"})  # Mixtral
 
 # Merged per-expert blobs ``{...}.experts.{E}.{leaf}``: several projections of one expert back to back in one
-# tensor, their scales in ``{...}.experts.{E}.qs``; the layout is its target's (formats/targets.py).
+# tensor, their scales in ``{...}.experts.{E}.qs``; the layout is its target's (formats/targets/).
 MERGED = "gate_up_down"  # the projection of a merged blob
 MERGED_EXPERTS: dict[str, str] = {
     # colibri's OLMoE and Qwen3.6 engines (c/olmoe.c / c/qwen36.c load_expert_merged; convert_olmoe_merged.py,
@@ -150,7 +150,7 @@ def inkling_text_name(name: str) -> str | None:
     (:data:`INKLING_TRANSFORMERS_NAMES`), as the engine spells it), or None when it looks up none. A per-expert
     name of a split stack (``model.llm.layers.{L}.mlp.experts.{E}.gate_proj.weight``,
     ``...shared_experts.{k}.up_proj.weight``) keeps its tail under ``model.layers.{L}.``: its stack's text name is
-    the writer's (formats/targets.py)."""
+    the writer's (formats/targets/)."""
     if name in INKLING_GLOBAL_NAMES:
         return INKLING_GLOBAL_NAMES[name]
     if name.startswith(INKLING_TRANSFORMERS_ROOT):

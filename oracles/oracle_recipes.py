@@ -45,7 +45,7 @@ REFERENCE_OF[NATIVE] = NATIVE
 # what ``native`` writes for a tensor that is not natively quantized (converters/recipe.py ``DEFAULT_OPTIONS``; the
 # other roles too: ``--target deepseek_v41`` gives ``--dense`` / ``--mtp`` ``native``)
 NATIVE_DEFAULT = {"experts": "int4-g64", "dense": "int8-row", "embed": "int8-row", "mtp": "int8-row"}
-# ``--target NAME`` (formats/targets.py): recipe ``target-NAME`` for every fixture whose ``model_type`` is one of
+# ``--target NAME`` (formats/targets/): recipe ``target-NAME`` for every fixture whose ``model_type`` is one of
 # the target's ``model_types`` (``target_recipes``): the target's default formats (``Target.defaults``), its
 # layout, and in ``apply_recipe`` the target's own facts: the loader's float dtype per tensor (``float_dtype``, by
 # the written name), the towers and MTP modules it drops (no format recorded: the converter leaves them out).
@@ -68,7 +68,7 @@ for _t in targets.TARGETS.values():
 
 
 def target_recipes(model_type: str) -> tuple[str, ...]:
-    """The ``target-NAME`` recipes of a fixture of ``model_type`` (formats/targets.py order)."""
+    """The ``target-NAME`` recipes of a fixture of ``model_type`` (formats/targets/ order)."""
     return tuple(
         target_recipe(t.name) for t in targets.TARGETS.values() if model_type in (t.model_types or ())
     )

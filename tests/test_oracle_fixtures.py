@@ -26,7 +26,7 @@ INDEX = json.loads((ORACLES / "index.json").read_text())
 FIXTURES: dict[str, dict] = INDEX["fixtures"]
 RECIPES = ("f32", "default", "int3", "mxfp4", "planar")  # every fixture's
 # natively quantized fixtures add ``native`` (docs/FORMATS.md §6); a fixture of a model type a ``--target`` is for
-# (formats/targets.py ``model_types``) adds ``target-NAME`` (oracles/README.md)
+# (formats/targets/ ``model_types``) adds ``target-NAME`` (oracles/README.md)
 EXTRA_RECIPES = ("native", "target-deepseek_v4", "target-qwen36", "target-inkling", "target-olmoe",
                  "target-glm53", "target-qwen38", "target-kimi_k3", "target-deepseek_v41")
 TARGET_RECIPES = {  # recipe -> (fixtures, options)

@@ -35,7 +35,7 @@ DEFAULT_ATOL = 1e-4
 REFERENCE_DIR = "reference"
 
 # recipe_formats keys of a reference -> ConvertOptions fields
-_OPTION_KEYS = ("experts", "dense", "embed", "mtp", "layout", "target")  # target: formats/targets.py
+_OPTION_KEYS = ("experts", "dense", "embed", "mtp", "layout", "target")  # target: formats/targets/
 
 
 @dataclass
@@ -273,7 +273,7 @@ def verify_recipe(
 
 def _shared_stack_name(name: str) -> str | None:
     """The float stack ``{base}.{p}_proj`` a fused target writes shared expert ``{base}.{k}.{p}_proj.weight`` into
-    (formats/targets.py ``FusedLayout``: shared experts stacked too, expert k at index k), or None."""
+    (formats/targets/ ``FusedLayout``: shared experts stacked too, expert k at index k), or None."""
     from colitools.formats.names import CANONICAL_PROJECTION, TensorRole, parse_name
 
     p = parse_name(name)
@@ -285,7 +285,7 @@ def _shared_stack_name(name: str) -> str | None:
 
 
 def _merged_part_labels(resolved) -> dict[str, str]:
-    """Projection name -> format label of every part of a merged expert blob (formats/targets.py)."""
+    """Projection name -> format label of every part of a merged expert blob (formats/targets/)."""
     from colitools.formats.names import expert_tensor_name, parse_name
 
     out = {}

@@ -19,7 +19,7 @@ With ``--layout planar`` the routed experts live in the sidecar ``experts-int4g6
 Shared experts (``mlp.shared_experts.``, ``mlp.shared_expert.``) and routers are not routed experts. The
 engine assigns an expert to a drive by its *routed tensor*, the first one it reads: ``gate_proj.weight``
 (``gate_proj.weight_packed`` for mxfp4), ``w1`` / ``w1.weight``, ``w1.weight_packed``, or a merged blob
-``merged_weight`` (formats/targets.py), or a fused stack's ``gate_up_proj`` (every expert of its layer).
+``merged_weight`` (formats/targets/), or a fused stack's ``gate_up_proj`` (every expert of its layer).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def classify_expert_tensor(name: str) -> ExpertTensor | None:
     ):
         if merged_blob or is_merged_scale(
             name
-        ):  # a target's merged blob routes the expert (formats/targets.py)
+        ):  # a target's merged blob routes the expert (formats/targets/)
             return ExpertTensor(parsed.layer, parsed.expert, merged_blob)
     if (
         parsed.layer is None
@@ -123,7 +123,7 @@ class ShardExperts:
 
 
 def fused_stack_of(name: str) -> tuple[int, bool] | None:
-    """``(layer, routes)`` of a fused expert stack or its scales (formats/targets.py ``FusedLayout``:
+    """``(layer, routes)`` of a fused expert stack or its scales (formats/targets/ ``FusedLayout``:
     ``...layers.{L}.mlp.experts.gate_up_proj`` / ``down_proj`` [+ ``.qs``]), or None. The stack holds every
     expert of its layer; ``gate_up_proj`` is the tensor the engine reads an expert from first (``slot_fill``)."""
     layout = targets.FUSED

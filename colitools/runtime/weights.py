@@ -80,7 +80,7 @@ class Stored:
     planar: bool = False
     fp8_block: tuple[int, int] = (128, 128)
     pick: tuple[int, int, int, int, bool] | None = None
-    signed_nibbles: bool = False  # int4 codes as signed nibbles (a qwen36 merged blob, formats/targets.py)
+    signed_nibbles: bool = False  # int4 codes as signed nibbles (a qwen36 merged blob, formats/targets/)
     encoding: type[SourceEncoding] | None = None  # a source read unconverted (``form`` is ``source_form`` of it)
 
     @property
@@ -99,7 +99,7 @@ class Stored:
 
 
 def _codes(st: Stored, data: bytes | memoryview) -> np.ndarray:
-    """The stored codes as uint8; signed-nibble int4 (formats/targets.py ``MergedPart``) as pairs codes."""
+    """The stored codes as uint8; signed-nibble int4 (formats/targets/ ``MergedPart``) as pairs codes."""
     codes = np.frombuffer(data, dtype=np.uint8)
     return codes ^ np.uint8(SIGNED_NIBBLE_XOR) if st.signed_nibbles else codes
 
@@ -253,7 +253,7 @@ class Checkpoint:
         for f in self.files:
             for name, info in f.tensors.items():
                 self.infos[sanitize(name, family)] = (str(f.path), info, resolved[name])
-        # a merged expert blob (formats/targets.py) is read as its gate / up / down projections, by their names
+        # a merged expert blob (formats/targets/) is read as its gate / up / down projections, by their names
         self.merged: dict[str, Stored] = {}
         for f in self.files:
             for name, info in f.tensors.items():
@@ -505,7 +505,7 @@ class Checkpoint:
 def _open_shards(model_dir: Path) -> tuple[list[SafetensorsFile], int | None]:
     """The model folder's shards, headers validated, as ``colitools inspect`` finds them (``open_model``: the
     index's shards, names checked by ``check_shard_name`` and coverage both ways, or every ``*.safetensors``),
-    and the ``expert_gs`` of a target's metadata file (formats/targets.py ``merged_group_size``)."""
+    and the ``expert_gs`` of a target's metadata file (formats/targets/ ``merged_group_size``)."""
     model = open_model(model_dir)
     return model.shards, model.merged_group_size
 

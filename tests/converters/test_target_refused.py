@@ -1,4 +1,4 @@
-"""Refusals every written target makes before any work (formats/targets.py): a source of another family
+"""Refusals every written target makes before any work (formats/targets/): a source of another family
 (``Target.check_model_type``) is one line naming the loader, the target's model types and the source's, and an
 option value the target cannot honour (its ``reads`` declaration: ``--towers keep`` for a target whose converter
 drops the towers, issue 24 item 12) one line naming the option and the target; exit code 2, nothing written. Since issue 10 every colibri engine the project knows has a written target

@@ -1,6 +1,6 @@
 """What adding a ``--target`` takes (docs/INTERNALS.md "How to add"), shown by adding one here: ``toy-olmoe``, an
 OLMoE variant with merged int8 experts, bf16 dense tensors and a metadata file of its own. It is one ``Target(...)``
-of ``formats/targets.py`` (registered in ``TARGETS`` for one test, then removed); nothing else is edited, and the
+of ``formats/targets/`` (registered in ``TARGETS`` for one test, then removed); nothing else is edited, and the
 converter writes its layout: the merged blobs, the dense tensors in bf16, the meta file, and the manifest."""
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ def test_check_shard_name_refuses_names_that_could_leave_the_directory(shard, re
 
 
 def test_every_target_spelling_is_a_pair_the_container_reads():
-    """A target's spelling of a format's two tensors (formats/targets.py ``SPELLINGS``: DeepSeek-V4's I8
+    """A target's spelling of a format's two tensors (formats/targets/ ``SPELLINGS``: DeepSeek-V4's I8
     ``.weight`` + F8_E8M0 ``.scale`` mxfp4) is paired by name and dtype, for the formats resolve_container has a
     reader of such a pair for; a spelling of another format would need its reader there."""
     from colitools.formats import container, targets

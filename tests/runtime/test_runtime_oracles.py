@@ -76,7 +76,7 @@ TARGET_RECIPES = [
 
 
 def test_target_recipes_are_listed():
-    """One ``target-NAME`` recipe per target with a fixture of its family (formats/targets.py ``model_types``);
+    """One ``target-NAME`` recipe per target with a fixture of its family (formats/targets/ ``model_types``);
     ``target-olmoe`` and ``target-glm53`` fail the margin checks at the ``olmoe`` / ``glm5_next`` seeds, so they
     are on the ``olmoe_target`` / ``glm5_next_target`` copies made for them (oracles/README.md); ``target-qwen38``
     on the BF16 ``qwen38`` and on ``qwen38_fp8`` (the published FP8 experts, the sidecar's int4 from their values)."""
@@ -107,7 +107,7 @@ def test_target_conversion_has_the_reference_formats(fixture, recipe, tmp_path):
 
 @pytest.mark.parametrize(("fixture", "recipe"), TARGET_RECIPES)
 def test_target_conversion_matches_its_reference(fixture, recipe, tmp_path):
-    """A ``--target`` recipe (formats/targets.py): the converter's own output (the loader's names, dtypes and
+    """A ``--target`` recipe (formats/targets/): the converter's own output (the loader's names, dtypes and
     layouts) read back by the runtime gives the reference computed on that conversion's decoded weights."""
     from colitools.converters.runner import convert
     from colitools.verify.oracle import convert_options

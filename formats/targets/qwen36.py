@@ -1,0 +1,112 @@
+"""The ``qwen36`` target (docs/FORMATS.md §4 "Targets")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from colitools.formats import model_config
+from colitools.formats.expert_layouts import INT4_ROW, INT8_ROW, MERGED
+from colitools.formats.format_names import GROUP_SIZES
+from colitools.formats.targets.base import (
+    DROPPED_TOWERS,
+    META_GROUP_SIZE,
+    PAIRS_ONLY,
+    QWEN36,
+    MetaFile,
+    Target,
+    _floats,
+)
+
+
+# --------------------------------------------------------------------------------------- qwen36_meta.json
+def qwen36_meta(
+    config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None
+) -> dict[str, Any]:
+    """``qwen36_meta.json`` as ``c/tools/convert_qwen36.py`` writes it and ``c/qwen36.c`` ``load_meta`` reads it.
+
+    ``config`` is the source's ``config.json``, ``shapes`` the source tensor shapes by their *written* names
+    (head dims come from the first full-attention layer's weights, as the converter takes them), ``experts``
+    the routed experts' format (``int8-row`` -> ``ebits`` 8, int4 -> 4; ``expert_gs`` the int4-grouped group
+    size, 0 for row scales). Where transformers defines a key the converter defaults differently
+    (``norm_topk_prob``, ``attn_output_gate``: Qwen3.5-MoE always renormalises and always gates; rope values that
+    transformers 5 keeps in ``rope_parameters``), the value is the one transformers runs the model with
+    (docs/FORMATS.md §4 Targets)."""
+    mcfg = model_config.text_config(config)
+    rope = mcfg.get("rope_parameters") or {}
+    n = int(mcfg["num_hidden_layers"])
+    layer_types = mcfg.get("layer_types") or [
+        "full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)
+    ]
+    meta: dict[str, Any] = {
+        "model_type": config.get("model_type"),
+        "hidden": int(mcfg["hidden_size"]),
+        "n_layers": n,
+        "n_active": len(layer_types),
+        "layer_types": list(layer_types),
+        "num_experts": int(mcfg["num_experts"]),
+        "topk": int(mcfg["num_experts_per_tok"]),
+        "moe_inter": int(mcfg.get("moe_intermediate_size", mcfg.get("intermediate_size", 0) // 2)),
+        "shared_inter": int(
+            mcfg.get("shared_expert_intermediate_size", mcfg.get("moe_intermediate_size", 0))
+        ),
+        "rms_eps": float(mcfg.get("rms_norm_eps", 1e-6)),
+        "ebits": 8 if experts == INT8_ROW else 4,
+        "scoring_func": mcfg.get("scoring_func", "softmax"),
+        "n_group": int(mcfg.get("n_group", 1)),
+        "topk_group": int(mcfg.get("topk_group", 1)),
+        "norm_topk_prob": bool(mcfg.get("norm_topk_prob", True)),
+        "attn_output_gate": bool(mcfg.get("attn_output_gate", True)),
+        "rope_theta": float(rope.get("rope_theta", mcfg.get("rope_theta", 10000000.0))),
+        "mrope_section": rope.get("mrope_section", [16, 16, 16]),
+        "partial_rotary_factor": float(
+            rope.get("partial_rotary_factor", mcfg.get("partial_rotary_factor", 0.25))
+        ),
+    }
+    full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    if full:
+        base = f"model.layers.{full[0]}.self_attn"
+        n_q, n_kv = int(mcfg["num_attention_heads"]), int(mcfg["num_key_value_heads"])
+        meta["q_heads"], meta["kv_heads"] = n_q, n_kv
+        for key, proj, heads in (("q_head_dim", "q_proj", n_q), ("k_head_dim", "k_proj", n_kv),
+                                 ("v_head_dim", "v_proj", n_kv)):  # fmt: skip
+            if f"{base}.{proj}.weight" in shapes:
+                meta[key] = int(shapes[f"{base}.{proj}.weight"][0]) // heads
+        if f"{base}.o_proj.weight" in shapes:
+            meta["o_in"] = int(shapes[f"{base}.o_proj.weight"][1])
+        if f"{base}.q_norm.weight" in shapes:
+            meta["qk_rope_head_dim"] = int(shapes[f"{base}.q_norm.weight"][0])
+        meta["head_dim"] = meta.get("k_head_dim", meta.get("q_head_dim", 256))
+        meta["rope_dim"] = meta.get("qk_rope_head_dim", meta["head_dim"] // 4)
+    meta[META_GROUP_SIZE] = int(group_size or 0)  # 0 = per-row scales; > 0 = group size along the input
+    dn = {
+        "dn_vheads": ("linear_num_value_heads", "num_value_heads"),
+        "dn_kheads": ("linear_num_key_heads", "num_key_heads"),
+        "dn_kdim": ("linear_key_head_dim", "key_head_dim"),
+        "dn_vdim": ("linear_value_head_dim", "value_head_dim"),
+        "dn_convk": ("linear_conv_kernel_dim", "conv_kernel_size"),
+    }
+    for key, (name, alias) in dn.items():
+        meta[key] = int(mcfg.get(name, mcfg.get(alias, 0)))
+    meta["dn_conv_dim"] = meta["dn_kheads"] * meta["dn_kdim"] * 2 + meta["dn_vheads"] * meta["dn_vdim"]
+    return meta
+
+
+TARGET = Target(
+    QWEN36,
+    "c/qwen36.c (load_cfg, load_meta, model_init's load_t_n, load_expert_merged)",
+    help="merged int8-row / int4-row / int4-g{gs} experts (signed nibbles), float dense tensors renamed "
+    "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only.",
+    model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
+    reads=(
+        ("experts", (INT8_ROW, INT4_ROW, *(f"int4-g{g}" for g in GROUP_SIZES))),
+        *_floats("f32", "bf16"),
+        *PAIRS_ONLY,
+        ("towers", ("drop",)),
+    ),
+    why=(("towers", f"c/qwen36.c runs the text model only: {DROPPED_TOWERS}"),),
+    defaults=(("experts", INT4_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
+    experts=MERGED,
+    rename=(("model.language_model.", "model."),),
+    flat_config=True,
+    meta=MetaFile("qwen36_meta.json", qwen36_meta),
+)
