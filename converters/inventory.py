@@ -313,7 +313,7 @@ def pair_native(
 ) -> tuple[dict[str, SourceTensor], set[str]]:
     """Pair the companion tensors of natively quantized weights (§5) into one ``SourceTensor`` each, so that
     blocks, scales, packed codes, ``weight_shape`` and ``input_scale`` are not converted as tensors of their
-    own: each registered source encoding (``formats/source_encodings.py``) recognises its own tensor pairs.
+    own: each registered source encoding (``formats/source_encodings/``) recognises its own tensor pairs.
     ``order``: the source names in natural order, when the caller sorted them already. Returns ``(logical name
     -> SourceTensor, every consumed source name)``. A companion without its weight, or a scale grid that does
     not fit, is the registry's FormatError naming both."""

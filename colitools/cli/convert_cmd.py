@@ -71,6 +71,15 @@ _DRY_RUN_HELP = (
 )
 
 
+# options declared once here (the command's signature stays short)
+_MinFreeOpt = Annotated[
+    float, typer.Option("--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0).")
+]
+_OnLowDiskOpt = Annotated[str, typer.Option("--on-low-disk", help="Below the floor: wait (poll) | stop (exit 3).")]
+_WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=1024, help="Units converted in parallel processes.")]
+_StreamsOpt = Annotated[int, typer.Option("--download-streams", min=1, max=64, help=_STREAMS_HELP)]
+
+
 @app.command("convert")
 def convert_command(
     source: Annotated[str, typer.Argument(help="A local model folder, or a Hugging Face repo id (org/name).")],
@@ -96,22 +105,13 @@ def convert_command(
     target_size: _TargetSizeOpt = None,
     target_bpw: _TargetBpwOpt = None,
     usage: _UsageOpt = None,
-    min_free_gb: Annotated[
-        float,
-        typer.Option("--min-free-gb", min=0, help="Free space to keep on the output volume (GB, >= 0)."),
-    ] = 5.0,
-    on_low_disk: Annotated[
-        str, typer.Option("--on-low-disk", help="Below the floor: wait (poll) | stop (exit 3).")
-    ] = "wait",
+    min_free_gb: _MinFreeOpt = 5.0,
+    on_low_disk: _OnLowDiskOpt = "wait",
     keep_source: Annotated[
         bool, typer.Option("--keep-source/--no-keep-source", help=_KEEP_SOURCE_HELP)
     ] = False,
-    workers: Annotated[
-        int, typer.Option("--workers", min=1, max=1024, help="Units converted in parallel processes.")
-    ] = 1,
-    download_streams: Annotated[
-        int, typer.Option("--download-streams", min=1, max=64, help=_STREAMS_HELP)
-    ] = _DEFAULT_STREAMS,
+    workers: _WorkersOpt = 1,
+    download_streams: _StreamsOpt = _DEFAULT_STREAMS,
     token: Annotated[
         str | None, typer.Option("--token", help="Hugging Face token (default: HF_TOKEN / login).")
     ] = None,
