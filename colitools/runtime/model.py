@@ -191,7 +191,7 @@ def load_model(model_dir: str | Path, cap: int | None = None, ram_gb: float | No
     family = family_for(args.model_type)
     if act_quant is not None and act_quant not in family.act_quant_modes:
         modes = ", ".join(family.act_quant_modes) or "none"
-        raise RuntimeModelError(
+        raise ParameterError(  # a value outside the option's choices for this model: a usage error (exit 2)
             f"`act_quant={act_quant}`: model_type {args.model_type!r} has no such activation rounding (its modes: "
             f"{modes})"
         )

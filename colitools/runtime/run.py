@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colitools.formats.errors import ColitoolsError, FormatError, RuntimeModelError
+from colitools.formats.errors import ColitoolsError, FormatError, ParameterError, RuntimeModelError
 from colitools.formats.inspect import incomplete_conversion
 from colitools.formats.jsonfile import load_json_object
 from colitools.runtime.generate import GenerationResult, generate
@@ -96,7 +96,7 @@ def run_model(
     a family's activation rounding (``load_model``)."""
     model_dir = Path(model_dir)
     if (prompt_ids is None) == (prompt is None):
-        raise RuntimeModelError("give exactly one of `prompt_ids` and `prompt`")
+        raise ParameterError("give exactly one of `prompt_ids` and `prompt`")  # a usage error (exit 2)
     not_complete = incomplete_conversion(model_dir)
     if not_complete:  # an interrupted conversion: no config.json yet, and units missing
         raise RuntimeModelError(not_complete)

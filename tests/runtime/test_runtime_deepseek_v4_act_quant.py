@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from oracle_refs import ORACLES, reference
 
-from colitools.errors import RuntimeModelError
+from colitools.errors import ParameterError
 from colitools.runtime import load_model
 from colitools.runtime.deepseek_v4_quant import bf16, fp4_qdq, fp8_qdq, hadamard
 
@@ -82,10 +82,10 @@ def test_official_rounding_gives_a_row_the_same_logits_whatever_the_batch():
 
 
 def test_a_family_without_the_mode_refuses_it_in_one_line(tmp_path):
-    with pytest.raises(RuntimeModelError, match=r"`act_quant=official`: model_type 'olmoe' has no such"):
+    with pytest.raises(ParameterError, match=r"`act_quant=official`: model_type 'olmoe' has no such"):
         load_model(ORACLES / "olmoe", record_usage=False, act_quant="official")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
     from cli_helpers import one_line_error, run_cli
 
     r = run_cli("run", ORACLES / "deepseek_v4", "--prompt-ids", "3,4", "--act-quant", "bf16", "--no-usage")
-    one_line_error(r, "--act-quant bf16", "'deepseek_v4' has no such activation rounding", "official")
+    one_line_error(r, "--act-quant bf16", "'deepseek_v4' has no such activation rounding", "official", code=2)

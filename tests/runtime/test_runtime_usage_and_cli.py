@@ -84,16 +84,17 @@ def test_run_with_prompt_text_uses_the_models_tokenizer(olmoe):
 
 
 @pytest.mark.parametrize(
-    "args,words",
+    "args,words,code",
     [
-        (["--prompt-ids", "1,x"], ["--prompt-ids"]),
-        (["--prompt-ids", "1,100000"], ["outside the vocabulary"]),
-        ([], ["exactly one of --prompt-ids and --prompt"]),
+        (["--prompt-ids", "1,x"], ["--prompt-ids"], None),
+        (["--prompt-ids", "1,100000"], ["outside the vocabulary"], None),
+        ([], ["exactly one of --prompt-ids and --prompt"], 2),  # no prompt: a usage error (docs/CLI.md)
     ],
 )
-def test_run_errors_are_one_line(olmoe, args, words):
+def test_run_errors_are_one_line(olmoe, args, words, code):
     r = run_cli("run", olmoe, *args)
     assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert code is None or r.returncode == code, r.returncode
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("colitools: error: ")
     assert all(w in lines[0] for w in words)
