@@ -194,7 +194,10 @@ class ConvertSummary:
                     f"{self.units_total - self.units_skipped} to convert"
                 )
             p = self.plan or {}
-            lines.append(f"bytes in {gb(p.get('in_bytes', 0))}, out {gb(p.get('out_bytes', 0))}, "
+            # the units still to convert, as --json's bytes_in / bytes_out; the whole plan's when some are done
+            whole = (f" (the whole plan: in {gb(p.get('in_bytes', 0))}, out {gb(p.get('out_bytes', 0))})"
+                     if (self.bytes_in, self.bytes_out) != (p.get("in_bytes", 0), p.get("out_bytes", 0)) else "")  # fmt: skip
+            lines.append(f"bytes in {gb(self.bytes_in)}, out {gb(self.bytes_out)}{whole}, "
                          f"peak disk {gb(self.peak_disk_bytes)}")  # fmt: skip
         else:
             done = f"converted {self.units_converted} of {self.units_total} units"
