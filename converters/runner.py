@@ -518,16 +518,22 @@ _GROUP_SIGNALS = {signal.SIGINT, signal.SIGHUP}  # what reaches the whole proces
 
 
 def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (a helper process of the spawn context) with the group signals
-    blocked, which it inherits: a closed terminal or a Ctrl-C reaches the whole process group, and the tracker, which
+    """Start multiprocessing's resource tracker (a helper process of the spawn context) quiet after a SIGKILL of
+    this process (below) and with the group signals blocked, which it inherits: a closed terminal or a Ctrl-C reaches the whole process group, and the tracker, which
     blocks only SIGINT / SIGTERM itself, would die of a SIGHUP, and the parent then warn "resource_tracker: process
     died unexpectedly" (stderr noise, a relaunch) at its clean stop."""
     from multiprocessing import resource_tracker
 
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+    # After a SIGKILL of this process the tracker unlinks the pool's semaphores (its job) and warns, on the
+    # terminal, about "leaked semaphore objects": noise after a kill the resume handles. Its command line takes
+    # the interpreter's -W options (sys.warnoptions), so it alone starts with UserWarnings ignored.
+    warnoptions = list(sys.warnoptions)
+    sys.warnoptions.append("ignore::UserWarning")
     try:
         resource_tracker.ensure_running()
     finally:
+        sys.warnoptions[:] = warnoptions
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 

@@ -92,3 +92,30 @@ def test_ctrl_c_while_workers_start_prints_one_line_and_a_rerun_gives_the_same_o
     assert done.returncode == 0, done.stderr
     for shard in sorted(uninterrupted.glob("model-*.safetensors")):
         assert (out / shard.name).read_bytes() == shard.read_bytes(), shard.name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigkill_with_workers_leaves_no_leaked_semaphore_noise_and_a_rerun_gives_the_same_output(
+    source, uninterrupted, tmp_path
+):
+    """SIGKILL of ``convert --workers 2`` while its workers run (issue 43 item 7): the workers die with it (a
+    parent-death signal), multiprocessing's resource tracker unlinks their semaphores without a word (it printed
+    "There appear to be N leaked semaphore objects" on the terminal), and a rerun finishes the same output."""
+    out = tmp_path / "out"
+    args = ["convert", str(source), str(out), "--min-free-gb", "0", "--no-progress", "--workers", "2"]
+    env = cli_env({"COLITOOLS_TEST_SLOW_TENSOR_SECONDS": "0.02"})
+    proc = subprocess.Popen([*COMMAND, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # a hang guard; nothing here measures time
+    while sum("spawn_main" in cmd for cmd in _children(proc.pid).values()) < 2:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the workers were never started"
+        time.sleep(0.005)
+    time.sleep(0.3)  # the workers are converting units
+    proc.send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)  # to EOF: every process holding the pipe (tracker, workers) ended
+    assert proc.returncode == -signal.SIGKILL
+    assert "leaked" not in stderr and "resource_tracker" not in stderr, stderr
+    done = run_cli("convert", source, out, "--min-free-gb", "0", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    for name in ("model.safetensors.index.json", *(p.name for p in uninterrupted.glob("*.safetensors"))):
+        assert (out / name).read_bytes() == (uninterrupted / name).read_bytes(), name
