@@ -46,6 +46,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -159,21 +160,25 @@ def _load() -> float:
 
 
 def run_process(cmd: list[str]) -> dict:
-    """A whole child process: wall and CPU seconds (``wait4``: exactly this child), peak RSS, its stdout."""
+    """A whole child process: wall and CPU seconds (``wait4``: exactly this child), peak RSS, its stdout and
+    stderr, both spooled to files (a report of every tensor's figures is larger than a pipe holds)."""
     load = _load()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    hwm_kb = 0
-    while True:  # the pipes stay small (one JSON summary), so polling cannot deadlock on them
-        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        hwm_kb = max(hwm_kb, _vm_hwm_kb(proc.pid))
-        time.sleep(0.005)
-    wall = time.perf_counter() - t0
-    stdout, stderr = proc.stdout.read(), proc.stderr.read()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        hwm_kb = 0
+        while True:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            hwm_kb = max(hwm_kb, _vm_hwm_kb(proc.pid))
+            time.sleep(0.005)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(cmd[:4])} ... failed: {stderr.decode()[-2000:]}")
+        raise SystemExit(f"{' '.join(cmd[:5])} ... failed: {stderr.decode()[-2000:]}")
     cpu = rusage.ru_utime + rusage.ru_stime
     return {"wall": wall, "cpu": cpu, "rss_mb": hwm_kb / 1024, "load": load, "stdout": stdout}
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from convert import GB, _load, _vm_hwm_kb, generate  # noqa: E402
+from convert import GB, generate, run_process  # noqa: E402
 
 CHUNK = 8 << 20
 
@@ -68,31 +68,6 @@ def evict(paths: list[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def run_process(cmd: list[str]) -> dict:
-    """A whole child process (``convert.run_process``, its stdout into a file: a report of every tensor's
-    figures is larger than a pipe holds): wall and CPU seconds, peak RSS (``VmHWM``), its stdout."""
-    import tempfile
-
-    load = _load()
-    with tempfile.TemporaryFile() as stdout:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.DEVNULL)
-        hwm_kb = 0
-        while True:
-            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            hwm_kb = max(hwm_kb, _vm_hwm_kb(proc.pid))
-            time.sleep(0.005)
-        wall = time.perf_counter() - t0
-        stdout.seek(0)
-        text = stdout.read()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(cmd[:5])} ... failed: {text.decode()[-2000:]}")
-    return {"wall": wall, "cpu": rusage.ru_utime + rusage.ru_stime, "rss_mb": hwm_kb / 1024, "load": load,
-            "stdout": text}  # fmt: skip
 
 
 def verify(out: Path, src: Path) -> dict:

@@ -1,4 +1,4 @@
-"""``--quantizer mse`` against ``rtn`` (FORMATS-SPEC §9), measured in one run on the same weights.
+"""``--quantizer mse`` against ``rtn`` (docs/FORMATS.md §11), measured in one run on the same weights.
 
 ``.venv/bin/python bench/quantizer.py [--runs 3] [--layers 4] [--workdir DIR] [--shm DIR] [--base-python PY]``
 

@@ -1,4 +1,4 @@
-"""The size-budget solver (docs/FORMATS.md §12, FORMATS-SPEC §10): one option per item under a byte budget.
+"""The size-budget solver (docs/FORMATS.md §12): one option per item under a byte budget.
 
 Each item (a tensor, or a group of tensors a target needs in one format) has options ``(bytes, cost)``; the
 solver minimises the sum of the chosen costs subject to ``fixed + sum(bytes) <= budget``:

@@ -1,4 +1,4 @@
-"""Size budgets (``convert --target-size`` / ``--target-bpw``, docs/FORMATS.md §12, FORMATS-SPEC §10).
+"""Size budgets (``convert --target-size`` / ``--target-bpw``, docs/FORMATS.md §12).
 
 Before any work: every tensor whose format the budget chooses (rules 3-6 of §6: routed experts, other 2-D
 weights, embeddings / head, MTP) is measured in each candidate format its target's engine reads (the recipe

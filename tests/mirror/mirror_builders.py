@@ -95,3 +95,16 @@ def run_cli_process(*args: str, env: dict[str, str] | None = None, **kwargs) -> 
     """Start ``python -m colitools ARGS`` as a child process (for kills and real exit statuses)."""
     return subprocess.Popen([sys.executable, "-m", "colitools", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=REPO, **kwargs)
+
+
+def three_shard_model(tmp_path: Path, counts: dict[tuple[int, int], int]) -> Path:
+    """A two-layer, four-expert olmoe model of three one-expert shards (a: expert (0, 0), b: (0, 1), c: (1, 0);
+    7216 bytes each) with the routing history ``counts``."""
+    d = tmp_path / "model"
+    d.mkdir()
+    write_config(d, n_layers=2, n_experts=4)
+    write_shard(d / "a.safetensors", expert_tensors(0, 0), fill=1)
+    write_shard(d / "b.safetensors", expert_tensors(0, 1), fill=2)
+    write_shard(d / "c.safetensors", expert_tensors(1, 0), fill=3)
+    write_history(d / ".coli_usage", counts, n_layers=2, n_experts=4)
+    return d

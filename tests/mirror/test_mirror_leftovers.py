@@ -9,7 +9,10 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
-from mirror_builders import expert_tensors, run_cli, write_config, write_history, write_shard
+from mirror_builders import (
+    run_cli,
+    three_shard_model,
+)
 
 from colitools.mirror.plan import plan_mirror
 from colitools.mirror.stage import stage_mirror
@@ -21,14 +24,7 @@ MIB = 1 << 20
 @pytest.fixture
 def model(tmp_path) -> Path:
     """a: expert (0,0) used 100x; b: (0,1) used 10x; c: (1,0) used once. Each shard 7216 bytes."""
-    d = tmp_path / "model"
-    d.mkdir()
-    write_config(d, n_layers=2, n_experts=4)
-    write_shard(d / "a.safetensors", expert_tensors(0, 0), fill=1)
-    write_shard(d / "b.safetensors", expert_tensors(0, 1), fill=2)
-    write_shard(d / "c.safetensors", expert_tensors(1, 0), fill=3)
-    write_history(d / ".coli_usage", {(0, 0): 100, (0, 1): 10, (1, 0): 1}, n_layers=2, n_experts=4)
-    return d
+    return three_shard_model(tmp_path, {(0, 0): 100, (0, 1): 10, (1, 0): 1})
 
 
 def stage_cli(model: Path, mirror: Path, budget: int, *extra: str):

@@ -12,7 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from mirror_builders import expert_tensors, run_cli, run_cli_process, write_config, write_history, write_shard
+from mirror_builders import (
+    run_cli,
+    run_cli_process,
+    three_shard_model,
+    write_history,
+    write_shard,
+)
 
 from colitools.errors import MirrorError
 from colitools.mirror import fileops
@@ -44,14 +50,7 @@ def snapshot(path: Path) -> tuple[bytes, int, int]:
 @pytest.fixture
 def model(tmp_path) -> Path:
     """a: expert (0,0) used 100x; b: (0,1) used once; c: layer 1 unused; the plan picks a, then b."""
-    d = tmp_path / "model"
-    d.mkdir()
-    write_config(d, n_layers=2, n_experts=4)
-    write_shard(d / "a.safetensors", expert_tensors(0, 0), fill=1)
-    write_shard(d / "b.safetensors", expert_tensors(0, 1), fill=2)
-    write_shard(d / "c.safetensors", expert_tensors(1, 0), fill=3)
-    write_history(d / ".coli_usage", {(0, 0): 100, (0, 1): 1}, n_layers=2, n_experts=4)
-    return d
+    return three_shard_model(tmp_path, {(0, 0): 100, (0, 1): 1})
 
 
 def stage(model: Path, mirror: Path, **kwargs):
