@@ -28,7 +28,8 @@ _TARGET_HELP = "Whose engine reads the output (colitools targets: each in full):
 _LAYOUT_HELP = (
     f"Expert layout: {_LAYOUTS}. planar writes the routed experts only to the experts-int4g64/ sidecar "
     "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
-    "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there. "
+    "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there "
+    "(every --target but qwen38 refuses planar). "
     f"Default {layouts.PAIRS.option} (--target qwen38: planar)."
 )
 _QUANTIZER_HELP = (

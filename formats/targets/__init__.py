@@ -191,8 +191,8 @@ TARGETS: dict[str, Target] = {
 TARGET_NAMES = tuple(TARGETS)
 
 
-# the default (no --target): the generic names and every format colitools' own readers read
-GENERIC = replace(TARGETS[GENERIC_NAME], engine_formats=None)
+# the default (no --target): the generic names, every format and layout colitools' own readers read
+GENERIC = replace(TARGETS[GENERIC_NAME], engine_formats=None, reads=(), why=())
 
 
 EXPERT_READERS: tuple[ExpertLayout, ...] = (FUSED, MERGED)  # the layouts resolve_container claims tensors for

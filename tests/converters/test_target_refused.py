@@ -85,7 +85,9 @@ def test_every_target_declares_what_it_cannot_honour():
     assert ("qwen36", "towers", "keep") in narrowed and ("inkling", "towers", "keep") in narrowed
     # inkling leaves MTP modules out: --mtp f32 cannot be honoured
     assert ("inkling", "mtp", "f32") in narrowed
-    assert {n for n, _, _ in narrowed} == set(FAMILY_TARGETS)  # every family engine narrows something
+    assert {n for n, _, _ in narrowed} == {*FAMILY_TARGETS, "generic"}  # every engine narrows something
+    # c/colibri.c never opens the experts-int4g64/ sidecar (issue 45): the named generic target reads pairs only
+    assert [(o, v) for n, o, v in narrowed if n == "generic"] == [("layout", "planar")]
 
 
 @pytest.mark.parametrize(("target", "option", "value"), _narrowed())
@@ -162,4 +164,23 @@ def test_cli_without_target_writes_mxfp4_and_with_generic_refuses_it(tmp_path):
     one_line_error(r, "--target generic: tensor ", "would be written as mxfp4", "c/colibri.c", code=2)
     assert not (tmp_path / "out").exists()
     r = run_cli("convert", ORACLES / "qwen3_moe", tmp_path / "out", "--experts", "mxfp4", "--dry-run")
+    assert r.returncode == 0, r.stderr
+
+
+def test_cli_generic_planar_is_refused_before_work_and_the_default_writes_it(tmp_path):
+    """issue 45: c/colibri.c reads routed experts only from the model folder's own shards, as pairs tensors; a
+    ``--layout planar`` output holds them only in the experts-int4g64/ sidecar, so ``--target generic`` refuses
+    it in one line (exit 2, nothing written), while no ``--target`` (colitools' readers) still plans it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+    from cli_helpers import one_line_error, run_cli
+
+    r = run_cli(
+        "convert", ORACLES / "qwen3_moe", tmp_path / "out", "--target", "generic", "--layout", "planar"
+    )
+    one_line_error(r, "--target generic: --layout planar is refused: c/colibri.c reads routed experts only as "
+                   "pairs tensors", "experts-int4g64/ sidecar", code=2)  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    r = run_cli("convert", ORACLES / "qwen3_moe", tmp_path / "out", "--layout", "planar", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("convert", ORACLES / "qwen3_moe", tmp_path / "out", "--target", "generic", "--dry-run")
     assert r.returncode == 0, r.stderr
