@@ -87,6 +87,10 @@ class DiskFloor:
             p = p.parent
         return p
 
+    def room(self) -> int:
+        """Free bytes above the floor right now (negative below it)."""
+        return free_bytes(self._probe_path()) - self.min_free
+
     def has_room(self, needed: int) -> bool:
         """Whether ``needed`` bytes fit above the floor right now (no waiting, no output)."""
         return free_bytes(self._probe_path()) >= self.min_free + needed

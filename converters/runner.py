@@ -38,6 +38,7 @@ from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger, ResumeState, remove_temporaries
 from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion, say_native_decoded
+from colitools.converters.prefetch import peak_disk_ahead, start_prefetch
 from colitools.converters.recipe import Role, requantized_warning
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
@@ -269,7 +270,7 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
     summary = ConvertSummary(
         src.describe(), str(out), options.dry_run, plan.recipe.as_dict(), len(plan.units),
         units_skipped=len(state.finished), units_redone=list(state.dropped), redo_reasons=dict(state.reasons),
-        total_out_bytes=plan.out_bytes, peak_disk_bytes=remaining.peak_disk(transient, kept, options.workers),
+        total_out_bytes=plan.out_bytes, peak_disk_bytes=peak_disk_ahead(remaining, transient, kept, options, out),
         format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
         fallbacks=[f.as_dict() for f in plan.fallbacks], warnings=run_warnings(plan),
         dropped_towers=list(plan.dropped),
@@ -345,6 +346,8 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
     after = {u.key: n.shards for u, n in zip(pending, pending[1:], strict=False)}  # the next unit's shards
+    # a Hub source: the shards of the next units download while this one converts (prefetch.py)
+    ahead = start_prefetch(src, pending, floor, options.workers, lambda n, what: _bar(options, n, what, leave=False))
 
     def prepare(unit: Unit, writing: int = 0, drain: Callable[[], None] | None = None) -> dict[str, Path]:
         # ``writing``: bytes of units still being written in the background, not yet visible as used space.
@@ -354,8 +357,8 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
             drain()
             writing = 0
         floor.ensure(unit.out_bytes + writing, f"unit {unit.key}")
-        paths = {}
-        for shard in unit.shards:
+        paths = ahead.paths(pending.index(unit), unit) if ahead is not None else {}
+        for shard in (s for s in unit.shards if s not in paths):
             floor.downloading = shard
             local = src.local_copy(shard)  # a local folder or the HF cache: nothing to download, no bar
             if local is not None:
@@ -392,6 +395,8 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
                 _run_parallel(pending, prepare, finished, out, block, options.workers, bar, on_kernels)
         finally:
             bar.close()
+            if ahead is not None:
+                ahead.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
 

@@ -1,0 +1,195 @@
+"""Download ahead (issue 42): a Hub conversion's shards download on a background thread while units convert.
+
+``ShardPrefetch`` walks the pending units' shards in the order the units first need them, one shard at a time
+(each with ``--download-streams`` Range streams, ``HubSource.ensure_local``: resumable, sha256-checked). The
+runner asks ``paths(index, unit)`` for a unit's shards and waits only for those not downloaded yet.
+
+* The disk floor: a shard needed by the unit the runner is preparing (or one in flight) downloads at once,
+  under the floor's own check as before (``--on-low-disk wait|stop``). A shard needed *later* (ahead) starts
+  only when the output volume keeps ``--min-free-gb`` free after its bytes and after the outputs of every unit
+  up to the one that reads it (``reserve``): held-ahead shards never take the room a unit's output needs. When
+  there is no such room the thread waits until the runner moves on or space appears. ``peak_disk`` is the
+  same rule as a plan figure (``--dry-run``'s peak disk counts the shards held ahead).
+* Release: shards no pending unit needs are deleted by the runner as before; the thread never downloads one
+  (it walks the pending units' shards only).
+* Errors: the thread stops at its first error; the runner raises it (the same one line) when a unit needs a
+  shard the thread did not deliver, i.e. at the unit that needs the failed shard; the units before it convert
+  and are recorded. A stop of the runner (an error, Ctrl-C) cancels the download in flight at its next write
+  (``_Cancelled`` from the progress hook): its ``.part`` and range log stay for the rerun, nothing is fetched
+  twice.
+
+Local folders (and shards in the Hugging Face cache) are not downloaded; the runner reads them as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from colitools.converters.diskfloor import DiskFloor
+from colitools.converters.planner import ConversionPlan, Unit
+from colitools.converters.sources import Source
+
+if TYPE_CHECKING:
+    from colitools.converters.options import ConvertOptions
+
+POLL_SECONDS = 0.25  # how often a held-back shard looks at the free space again (and a waiter at the thread)
+
+
+class _Cancelled(BaseException):
+    """The runner stopped: the download in flight ends at its next write (not an error of anyone's)."""
+
+
+class _CancellableProgress:
+    """A download's progress bar that raises ``_Cancelled`` once the prefetch is closed."""
+
+    def __init__(self, bar: Any, stopping: threading.Event):
+        self.bar, self.stopping = bar, stopping
+
+    def update(self, n: int | float = 1) -> None:
+        if self.stopping.is_set():
+            raise _Cancelled
+        self.bar.update(n)
+
+
+def download_order(units: Sequence[Unit]) -> list[tuple[str, int]]:
+    """Every shard the units read, with the index of the first unit that reads it, in that order."""
+    first: dict[str, int] = {}
+    for i, unit in enumerate(units):
+        for shard in unit.shards:
+            first.setdefault(shard, i)
+    return list(first.items())
+
+
+class ShardPrefetch:
+    """The pending units' shards, downloaded in need order on one background thread (module docstring)."""
+
+    def __init__(self, src: Source, pending: Sequence[Unit], floor: DiskFloor, workers: int,
+                 bar: Callable[[int, str], Any]) -> None:  # fmt: skip
+        self.src, self.floor, self.workers, self.bar = src, floor, max(workers, 1), bar
+        self.out_bytes = [u.out_bytes for u in pending]
+        self.order = download_order(pending)
+        self.sizes = {name: f.size for name, f in src.files().items()}
+        self.current = 0  # the unit the runner prepares (or converts) now
+        self.ready: dict[str, Path] = {}
+        self.error: BaseException | None = None
+        self.done = False
+        self.stopping = threading.Event()
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="download-ahead", daemon=True)
+
+    def start(self) -> ShardPrefetch:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop: a shard held back stays undownloaded, the one in flight ends at its next write."""
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify_all()
+        # a download ends within one write; a floor wait (``--on-low-disk wait``) or a stalled read may take
+        # longer: the thread is a daemon, and what it leaves on disk is a resumable part
+        self.thread.join(timeout=5.0)
+
+    def paths(self, index: int, unit: Unit) -> dict[str, Path]:
+        """``unit``'s shards on disk, ``index`` its place among the pending units (the shards of the units up
+        to it may now download whatever the room); raises the background download's error when one of them
+        could not be had."""
+        with self.cond:
+            self.current = max(self.current, index)
+            self.cond.notify_all()
+            while True:
+                if all(s in self.ready for s in unit.shards):
+                    return {s: self.ready[s] for s in unit.shards}
+                if self.error is not None:
+                    raise self.error
+                if self.done:  # pragma: no cover - a shard outside the walk would be a bug
+                    raise RuntimeError(f"internal: shard of unit {unit.key} not downloaded")
+                self.cond.wait(POLL_SECONDS)
+
+    def reserve(self, first: int) -> int:
+        """Output bytes still to come of the units in flight and of every unit up to ``first``."""
+        return sum(self.out_bytes[max(self.current - self.workers, 0) : first + 1])
+
+    def _turn(self, shard: str, first: int) -> bool:
+        """Wait until ``shard`` may download: needed now, or room for it above the floor (False: stopping)."""
+        with self.cond:
+            while not self.stopping.is_set():
+                if first <= self.current:  # the runner needs it now
+                    return True
+                if self.floor.has_room(self.sizes[shard] + self.reserve(first)):
+                    return True
+                self.cond.wait(POLL_SECONDS)
+        return False
+
+    def _run(self) -> None:
+        try:
+            for shard, first in self.order:
+                if not self._turn(shard, first):
+                    return
+                path = self.src.local_copy(shard)  # downloaded by an earlier run, or the HF cache
+                if path is None:
+                    self.floor.downloading = shard
+                    with self.bar(self.sizes[shard], f"download {shard}") as bar:
+                        path = self.src.ensure_local(shard, progress=_CancellableProgress(bar, self.stopping))
+                with self.cond:
+                    self.ready[shard] = path
+                    self.cond.notify_all()
+        except _Cancelled:
+            return
+        except BaseException as exc:  # noqa: BLE001 - raised in the runner's thread, where the unit needs it
+            with self.cond:
+                self.error = exc
+        finally:
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
+
+
+def start_prefetch(src: Source, pending: Sequence[Unit], floor: DiskFloor, workers: int,
+                   bar: Callable[[int, str], Any]) -> ShardPrefetch | None:  # fmt: skip
+    """The download ahead of a Hub source's shards, started (None for a local folder: nothing to download)."""
+    return ShardPrefetch(src, pending, floor, workers, bar).start() if src.is_remote else None
+
+
+def peak_disk_ahead(plan: ConversionPlan, transient: Sequence[str], kept: Sequence[str], options: ConvertOptions,
+                    out: Path) -> int:  # fmt: skip
+    """The peak disk of converting ``plan``'s units into ``out`` (``--dry-run``, the summary): with downloaded
+    shards, those held ahead within the room above ``--min-free-gb`` now (``peak_disk``)."""
+    if not transient and not kept:
+        return plan.peak_disk(transient, kept, options.workers)
+    room = DiskFloor(out, options.min_free_bytes, options.on_low_disk).room()
+    return peak_disk(plan, transient, kept, options.workers, room)
+
+
+def peak_disk(plan: ConversionPlan, transient: Iterable[str], kept: Iterable[str], workers: int,
+              room: int) -> int:  # fmt: skip
+    """``plan.peak_disk`` with the shards a download ahead holds: before each unit, the shards of the units in
+    flight, then the next shards in need order while each fits in ``room`` (the free bytes above the floor)
+    with its bytes and the outputs of the units up to its own (``ShardPrefetch._turn``'s rule)."""
+    units, sizes = plan.units, plan.inventory.shard_sizes
+    transient, kept = set(transient), set(kept)
+    last = {s: i for i, u in enumerate(units) for s in u.shards}
+    order = [(s, j) for s, j in download_order(units) if s in transient or s in kept]
+    workers = max(workers, 1)
+    peak, done, held = 0, 0, 0
+    for i in range(len(units)):
+        window = min(i + workers, len(units)) - 1
+        out_now = done + sum(u.out_bytes for u in units[i : window + 1])
+        while held < len(order) and order[held][1] <= window:
+            held += 1
+
+        def used(upto: int, i: int = i, out_now: int = out_now) -> int:
+            return out_now + sum(sizes.get(s, 0) for s, _ in order[:upto] if s in kept or last[s] >= i)
+
+        while held < len(order):
+            shard, first = order[held]
+            later = sum(u.out_bytes for u in units[window + 1 : first + 1])
+            if used(held) + sizes.get(shard, 0) + later > room:
+                break
+            held += 1
+        peak = max(peak, used(held))
+        done += units[i].out_bytes
+    return peak
