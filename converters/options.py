@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from colitools.converters.allocation import parse_size
 from colitools.converters.diskfloor import GB, gb
+from colitools.converters.parts import Part, parse_part
 from colitools.converters.recipe import Budget, ExpertsChoice, Recipe, Role, choose_experts, classify
 from colitools.formats import targets
 from colitools.formats.errors import ConvertError, ParameterError
@@ -50,8 +51,10 @@ class ConvertOptions:
     revision: str | None = None
     dry_run: bool = False
     progress: bool | None = None  # tqdm bars; None = only when stderr is a terminal
+    part: Part | str | None = None  # --part K/N: this share of the units only (converters/parts.py)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "part", parse_part(self.part))  # ParameterError for a malformed K/N
         if not math.isfinite(self.min_free_gb) or self.min_free_gb < 0:
             raise ParameterError(f"`min_free_gb={self.min_free_gb:g}`: must be a number >= 0")
         if self.workers < 1:
@@ -159,6 +162,7 @@ class ConvertSummary:
     disk_waits: int = 0
     wall_seconds: float = 0.0
     plan: dict[str, Any] | None = None  # the whole plan, for --dry-run
+    part: dict[str, Any] | None = None  # --part K/N: its units, source bytes and shards (converters/parts.py)
 
     @property
     def gb_per_s(self) -> float:
@@ -170,6 +174,8 @@ class ConvertSummary:
         d["wall_seconds"] = round(self.wall_seconds, 3)
         if d["plan"] is None:
             del d["plan"]
+        if d["part"] is None:
+            del d["part"]
         if d["budget"] is None:
             del d["budget"]
         elif not self.dry_run:  # the per-tensor formats: in --dry-run's JSON and in colitools.json
@@ -208,6 +214,10 @@ class ConvertSummary:
                 f"bytes in {gb(self.bytes_in)}, out {gb(self.bytes_out)} (output total {gb(self.total_out_bytes)}), "
                 f"wall {self.wall_seconds:.1f} s, {self.gb_per_s:.3f} GB/s"
             )
+        if self.part is not None:
+            p = self.part
+            lines.append(f"part {p['part']}: {p['units']} of the plan's {self.units_total} units, in "
+                         f"{gb(p['in_bytes'])}, source shards {', '.join(p['shards']) or 'none'}")  # fmt: skip
         if self.experts_choice.get("line"):
             lines.append(self.experts_choice["line"])
         if self.budget is not None:

@@ -32,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from colitools.converters import budget, output, plan_record
+from colitools.converters import budget, output, parts, plan_record
 from colitools.converters.diskfloor import DiskFloor
 from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger, ResumeState, remove_temporaries
@@ -178,7 +178,10 @@ def plan_and_summary(
         # the same ledger checks as the real run, read-only: a dry run reports what a rerun would skip, and
         # refuses what it would refuse; a complete output needs nothing, not even the lock (a read-only output
         # is fine)
+        section = parts.check_folder(out, options.part)  # --part K/N: never mixed with another part's units
         state = Ledger.examine(out, planned.plan, src.describe(), planned.identities)
+        if options.part is not None:
+            state.complete = parts.is_finished(section, state.finished)
         return planned, state, _summary(src, planned.plan, out, options, state)
 
 
@@ -196,6 +199,11 @@ def _gc_paused():
         gc.freeze()
         if was:
             gc.enable()
+
+
+def _mine(plan: ConversionPlan, options: ConvertOptions) -> list[Unit]:
+    """The units this run converts: the whole plan's, or with ``--part K/N`` its share (``parts.py``)."""
+    return plan.units if options.part is None else options.part.units(plan.units)
 
 
 def source_identities(src: Source, plan: ConversionPlan) -> dict[str, dict]:
@@ -261,7 +269,8 @@ def _without_identical_requantization(
 
 def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptions, state) -> ConvertSummary:
     remote = src.is_remote
-    pending = [u for u in plan.units if u.key not in set(state.finished)]
+    mine = _mine(plan, options)
+    pending = [u for u in mine if u.key not in set(state.finished)]
     # downloads and peak disk of what this run still has to do (finished units are on disk already)
     needed = sorted({s for u in pending for s in u.shards})
     transient = needed if remote and not options.keep_source else []
@@ -279,10 +288,15 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
     if options.dry_run:
         # what this run would read and write: the pending units' figures, as a real run counts them
         summary.bytes_in, summary.bytes_out = remaining.in_bytes, remaining.out_bytes
-        summary.plan = plan.summary(transient, kept, options.workers)
+        summary.plan = (plan if options.part is None else dataclasses.replace(plan, units=mine)).summary(
+            transient, kept, options.workers
+        )
         summary.plan["peak_disk_bytes"] = summary.peak_disk_bytes
         for u in summary.plan["units"]:
             u["finished"] = u["unit"] in state.finished
+    if options.part is not None:
+        summary.part = {"part": str(options.part), "units": len(mine), "in_bytes": sum(u.in_bytes for u in mine),
+                        "shards": sorted({s for u in mine for s in u.shards})}  # fmt: skip
     return summary
 
 
@@ -329,13 +343,17 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
          summary: ConvertSummary) -> None:  # fmt: skip
     plan, identities = planned.plan, planned.identities
     ledger, state = Ledger.open(out, plan, src.describe(), identities)
+    mine = _mine(plan, options)
+    if options.part is not None:
+        parts.start(ledger.data, options.part, mine)
+        ledger.save()
     if not planned.recorded:
         with _gc_paused():
             plan_record.record(out, plan, planned.key)
     summary.units_skipped = len(state.finished)
     summary.units_redone = state.dropped
     summary.redo_reasons = state.reasons
-    pending = [u for u in plan.units if not ledger.is_finished(u.key)]
+    pending = [u for u in mine if not ledger.is_finished(u.key)]
     needed = Counter(s for u in pending for s in u.shards)
     for shard in plan.inventory.shards:  # leftovers of an earlier run that no pending unit reads
         if not needed[shard]:
@@ -629,9 +647,10 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
     for name in src.files():  # config, index, copied files: whatever this run downloaded into the work folder
         _release(src, name, options)
     shards = ledger.file_records()
-    if sorted(f.name for f in shards) != sorted(f.name for f in plan.files):  # pragma: no cover - a bug
+    mine = _mine(plan, options)
+    if sorted(f.name for f in shards) != sorted(f.name for u in mine for f in u.files):  # pragma: no cover - a bug
         raise ConvertError("internal: the ledger does not cover every planned file")
-    ledger.finish({
+    extra = {
         "warnings": summary.warnings,
         "shards": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in shards],
         "copied_files": [CONFIG_FILE, INDEX_FILE, *copied],
@@ -643,8 +662,31 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
             "bytes_in": summary.bytes_in, "bytes_out": summary.bytes_out,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
-    })  # fmt: skip
+    }  # fmt: skip
+    if options.part is None:
+        ledger.finish(extra)
+    else:
+        _finish_part(plan, out, ledger, mine, extra)
     work = out / WORKDIR
     if work.is_dir() and not options.keep_source:
         with contextlib.suppress(OSError):
             work.rmdir()  # only when empty: a kept or foreign file is never deleted
+
+
+def _finish_part(plan: ConversionPlan, out: Path, ledger: Ledger, mine: list[Unit], extra: dict[str, Any]) -> None:
+    """A part's end (``--part K/N``): the manifest sections one machine's run writes, and the ``part`` section
+    ``merge`` completes them from (``parts.finish``); the manifest's ``state`` stays ``converting`` (the folder
+    holds a share of the output, which ``verify container`` must not take for a whole)."""
+    ledger.data.update(extra)
+    line = requantized_warning(plan.experts_choice, _requantized_experts(plan)) if plan.experts_choice else None
+    errors = {name: e for u in ledger.data["units"].values() for name, e in (u.get("errors") or {}).items()}
+    exact = all(
+        job.out_name in errors and ErrorStats(*errors[job.out_name]).sse == 0.0
+        for job in _requantized_jobs(dataclasses.replace(plan, units=mine))
+    )
+    parts.finish(
+        ledger.data, out, [f.name for u in mine for f in u.files],
+        sidecar_index=output.sidecar_index(plan, [u.key for u in plan.units]),
+        requantization_line=line, requantized_exact=exact,
+    )  # fmt: skip
+    ledger.save()

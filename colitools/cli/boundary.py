@@ -14,6 +14,7 @@ from colitools.cli import (  # noqa: F401  (imported to register their commands)
     formats_cmd,
     inspect_cmd,
     kernels_cmd,
+    merge_cmd,
     mirror_cmd,
     output,
     run_cmd,

@@ -12,6 +12,7 @@ from colitools.cli import output
 from colitools.cli.app import app
 from colitools.cli.options import JsonOpt, ProgressOpt
 from colitools.formats import layouts
+from colitools.formats.errors import ParameterError
 from colitools.formats.format_names import recipe_format_summary
 from colitools.formats.targets import GENERIC as targets_default
 from colitools.formats.targets import TARGETS
@@ -79,6 +80,11 @@ _MinFreeOpt = Annotated[
 _OnLowDiskOpt = Annotated[str, typer.Option("--on-low-disk", help="Below the floor: wait (poll) | stop (exit 3).")]
 _WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=1024, help="Units converted in parallel processes.")]
 _StreamsOpt = Annotated[int, typer.Option("--download-streams", min=1, max=64, help=_STREAMS_HELP)]
+_PartOpt = Annotated[
+    str | None,
+    typer.Option("--part", metavar="K/N", help="Convert only part K of N (1-based) of the units into OUTDIR, "
+                 "downloading only their shards; `colitools merge` puts the N part folders together."),
+]  # fmt: skip
 
 
 @app.command("convert")
@@ -121,6 +127,7 @@ def convert_command(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=_DRY_RUN_HELP)] = False,
     upload_repo: Annotated[str | None, typer.Option("--upload-repo", help=_UPLOAD_HELP)] = None,
+    part: _PartOpt = None,
     as_json: JsonOpt = False,
     progress: ProgressOpt = None,
 ) -> None:
@@ -136,8 +143,10 @@ def convert_command(
         target_size=target_size, target_bpw=target_bpw, usage=usage,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
         download_streams=download_streams,
-        token=token, revision=revision, dry_run=dry_run, progress=progress,
+        token=token, revision=revision, dry_run=dry_run, progress=progress, part=part,
     )  # fmt: skip
+    if upload_repo is not None and part is not None:  # before any work
+        raise ParameterError("`upload_repo` uploads a whole output: merge the parts, then `colitools upload`")
     summary = convert(source, outdir, options)
     for warning in summary.warnings:
         output.warn(warning)
