@@ -47,6 +47,8 @@ class ConvertOptions:
     keep_source: bool = False
     workers: int = 1
     download_streams: int = DEFAULT_DOWNLOAD_STREAMS  # --download-streams: Range streams per downloaded file
+    upload_repo: str | None = None  # --upload-repo: the Hub repo the output goes to (checked before any work)
+    stream_upload: bool = False  # --stream-upload: each unit's files once recorded (converters/stream_upload.py)
     token: str | None = None
     revision: str | None = None
     dry_run: bool = False
@@ -63,6 +65,8 @@ class ConvertOptions:
             raise ParameterError(
                 f"`download_streams={self.download_streams}`: must be between 1 and {MAX_DOWNLOAD_STREAMS}"
             )
+        if self.stream_upload and self.upload_repo is None:
+            raise ParameterError("`stream_upload` sends the output to `upload_repo`: give the repo")
         if isinstance(self.target, str):
             object.__setattr__(self, "target", targets.by_name(self.target))  # TargetRefused for an unknown name
         self._check_budget()
@@ -161,6 +165,7 @@ class ConvertSummary:
     budget: dict[str, Any] | None = None  # a size budget's allocation (converters/budget.py report)
     disk_waits: int = 0
     wall_seconds: float = 0.0
+    upload: dict[str, Any] | None = None  # --stream-upload: the upload's report (publish.UploadReport.to_json)
     plan: dict[str, Any] | None = None  # the whole plan, for --dry-run
     part: dict[str, Any] | None = None  # --part K/N: its units, source bytes and shards (converters/parts.py)
 
@@ -180,6 +185,8 @@ class ConvertSummary:
             del d["budget"]
         elif not self.dry_run:  # the per-tensor formats: in --dry-run's JSON and in colitools.json
             d["budget"] = {k: v for k, v in d["budget"].items() if k != "tensors"}
+        if d["upload"] is None:
+            del d["upload"]
         return d
 
     def text(self) -> str:

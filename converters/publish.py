@@ -74,9 +74,15 @@ class UploadReport:
         }
 
     def text(self) -> str:
-        where = self.pr_url or self.commit_url
-        return (f"uploaded {len(self.files)} files ({self.total_bytes:,} bytes) and {CARD_FILE} to {self.repo_id} "
-                f"({self.revision}): {where}")  # fmt: skip
+        return report_line(self.to_json())
+
+
+def report_line(report: dict[str, Any]) -> str:
+    """The line an upload prints, from its report (``UploadReport.to_json``; ``convert --stream-upload`` keeps
+    the dict)."""
+    where = report["pr_url"] or report["commit_url"]
+    return (f"uploaded {len(report['files'])} files ({report['total_bytes']:,} bytes) and {CARD_FILE} to "
+            f"{report['repo_id']} ({report['revision']}): {where}")  # fmt: skip
 
 
 def upload_files(outdir: Path) -> tuple[Manifest, list[UploadFile]]:
@@ -100,11 +106,7 @@ def upload_files(outdir: Path) -> tuple[Manifest, list[UploadFile]]:
         raise UploadError(
             f"{path}: {len(missing)} planned file(s) not recorded as finished, e.g. {missing[0]}"
         )
-    files = [UploadFile(r["name"], r["size"], r["sha256"]) for r in records]
-    extra = [*(manifest.data.get("copied_files") or []), INDEX_FILE, _SIDECAR_INDEX, MANIFEST_FILE]
-    for name in dict.fromkeys(n for n in extra if isinstance(n, str) and n not in recorded):
-        if (outdir / name).is_file():
-            files.append(UploadFile(name, (outdir / name).stat().st_size))
+    files = [UploadFile(r["name"], r["size"], r["sha256"]) for r in records] + extra_files(outdir, manifest)
     for f in files:
         local = outdir / f.name
         if not local.is_file():
@@ -112,6 +114,26 @@ def upload_files(outdir: Path) -> tuple[Manifest, list[UploadFile]]:
         if f.sha256 is not None and local.stat().st_size != f.size:
             raise UploadError(f"{local}: size {local.stat().st_size}, {MANIFEST_FILE} says {f.size}")
     return manifest, files
+
+
+def extra_files(outdir: Path, manifest: Manifest) -> list[UploadFile]:
+    """The files uploaded beside the units' (no sha256 recorded): the copied files, the index, the planar
+    sidecar's index and ``colitools.json``, those present in ``outdir``."""
+    recorded = {r["name"] for r in manifest.file_records()}
+    extra = [*(manifest.data.get("copied_files") or []), INDEX_FILE, _SIDECAR_INDEX, MANIFEST_FILE]
+    names = dict.fromkeys(n for n in extra if isinstance(n, str) and n not in recorded)
+    return [UploadFile(n, (outdir / n).stat().st_size) for n in names if (outdir / n).is_file()]
+
+
+def add_operation(root: Path, f: UploadFile):
+    """The ``CommitOperationAdd`` of ``root / f.name``, with the manifest's sha256 as its LFS oid when recorded
+    (no second read to hash it; the Hub refuses bytes that are not their oid)."""
+    from huggingface_hub import CommitOperationAdd
+
+    op = CommitOperationAdd(path_in_repo=f.name, path_or_fileobj=str(root / f.name))
+    if f.sha256 is not None:
+        op.upload_info.sha256 = bytes.fromhex(f.sha256)
+    return op
 
 
 def upload_output(
@@ -138,12 +160,7 @@ def upload_output(
     if not token:
         raise UploadError("no Hugging Face token: set HF_TOKEN, run `hf auth login`, or pass `token`")
     card = build_card(root, manifest, repo_id, [(f.name, f.size) for f in files], endpoint)
-    operations = []
-    for f in files:
-        op = CommitOperationAdd(path_in_repo=f.name, path_or_fileobj=str(root / f.name))
-        if f.sha256 is not None:
-            op.upload_info.sha256 = bytes.fromhex(f.sha256)  # the manifest's: no second read to hash it
-        operations.append(op)
+    operations = [add_operation(root, f) for f in files]
     operations.append(CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card.encode("utf-8")))
     api = HfApi(endpoint=endpoint, token=token)
     version = (manifest.data.get("tool") or {}).get("version")

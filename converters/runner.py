@@ -114,6 +114,10 @@ def convert(
     if options.workers < 1:
         raise ConvertError(f"`workers={options.workers}`: must be at least 1")
     options.recipe()  # bad options fail before anything is opened or fetched
+    if options.upload_repo is not None and not options.dry_run:
+        from colitools.converters.stream_upload import check_target
+
+        check_target(options.upload_repo, options.token)  # a bad repo id, no token: before any work
     if isinstance(outdir, str) and not outdir:  # Path("") is ".": it would convert into the current folder
         raise ParameterError("`outdir`: an empty path; give the folder to convert into")
     out = Path(outdir).expanduser().resolve()
@@ -140,7 +144,12 @@ def convert(
             output.check_not_in_source(out, src.root)
         frozen = gc.get_freeze_count()
         try:
-            return _convert(src, out, options, floor, started)
+            summary = _convert(src, out, options, floor, started)
+            if options.stream_upload and not options.dry_run:  # the final commit (converters/stream_upload.py)
+                from colitools.converters.stream_upload import publish_streamed
+
+                summary.upload = publish_streamed(out, options.upload_repo, options.token, progress=_hub_bars(options))
+            return summary
         finally:
             if not frozen:  # what planning froze (``_gc_paused``) is collectable again
                 gc.unfreeze()
@@ -358,6 +367,8 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
     for shard in plan.inventory.shards:  # leftovers of an earlier run that no pending unit reads
         if not needed[shard]:
             _release(src, shard, options)
+    streamer = _stream_uploader(out, ledger, options)  # --stream-upload: an earlier run's units are sent first
+    serial = options.workers == 1 or len(pending) <= 1
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
     _limit_malloc_arenas()
     on_kernels = kernels.plan_encodes(encode_work(j for u in pending for j in u.jobs))
@@ -385,10 +396,14 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
             with _bar(options, src.files()[shard].size, f"download {shard}", leave=False) as dbar:
                 paths[shard] = src.ensure_local(shard, progress=dbar)
         src.check_ahead(after.get(unit.key, ()))  # the Hugging Face cache check, while this unit converts
+        if streamer is not None and serial and drain is not None:
+            drain()  # the unit before is uploaded and deleted before this one writes (stream_upload.py)
         return paths
 
     def finished(unit: Unit, result: UnitResult) -> None:
         ledger.record_unit(unit, result.files, plan, result.errors)
+        if streamer is not None:
+            streamer.unit_recorded(ledger.manifest, unit.key, ledger.save)
         summary.units_converted += 1
         summary.bytes_in += result.in_bytes
         summary.bytes_out += sum(f.size for f in result.files)
@@ -407,7 +422,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
             outputs.append(side.submit(_write_outputs, src, plan, out))
 
         try:
-            if options.workers == 1 or len(pending) <= 1:
+            if serial:
                 _run_serial(pending, prepare, finished, out, block, bar, slow_unit, all_encoded)
             else:
                 _run_parallel(pending, prepare, finished, out, block, options.workers, bar, on_kernels)
@@ -417,6 +432,26 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
                 ahead.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
+
+
+def _stream_uploader(out: Path, ledger: Ledger, options: ConvertOptions):
+    """``--stream-upload``'s uploader, its branch open and an earlier run's recorded units sent; None without
+    it. A folder whose files were streamed is refused without it (``stream_upload.check_folder``)."""
+    from colitools.converters import stream_upload
+
+    stream_upload.check_folder(out, ledger.manifest.units, options.upload_repo, options.stream_upload)
+    if not options.stream_upload:
+        return None
+    token = stream_upload.check_target(options.upload_repo, options.token)
+    uploader = stream_upload.StreamUploader(out, options.upload_repo, token, progress=_hub_bars(options))
+    uploader.open_branch()
+    uploader.catch_up(ledger.manifest, ledger.save)
+    return uploader
+
+
+def _hub_bars(options: ConvertOptions) -> bool:
+    """huggingface_hub's upload bars: as ``progress`` says, else when stderr is a terminal (as the runner's)."""
+    return options.progress if options.progress is not None else sys.stderr.isatty()
 
 
 M_ARENA_MAX = -8  # glibc mallopt parameter

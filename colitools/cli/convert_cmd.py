@@ -65,8 +65,14 @@ _DEFAULT_STREAMS = 8  # converters/options.py DEFAULT_DOWNLOAD_STREAMS (tests/co
 _STREAMS_HELP = "Parallel HTTP Range streams per downloaded Hub file (each resumable; 1: one stream per file)."
 _UPLOAD_HELP = (
     "Once the output is complete, upload it to this Hugging Face model repo (org/name) with a model card, as "
-    "`colitools upload OUTDIR REPO_ID` does (the same --token)."
+    "`colitools upload OUTDIR REPO_ID` does (the same --token). The repo id and the token are checked first."
 )
+_StreamUploadOpt = Annotated[
+    bool,
+    typer.Option("--stream-upload", help="With --upload-repo: upload each unit's files as soon as they are "
+                 "written and delete them here once the Hub holds them (local disk: about one unit); main gets "
+                 "the whole output in one commit at the end."),
+]  # fmt: skip
 _DRY_RUN_HELP = (
     "Print the plan (units, bytes, peak disk, formats per role: which format the routers, conv "
     "kernels, experts, attention ... get) and exit."
@@ -127,6 +133,7 @@ def convert_command(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=_DRY_RUN_HELP)] = False,
     upload_repo: Annotated[str | None, typer.Option("--upload-repo", help=_UPLOAD_HELP)] = None,
+    stream_upload: _StreamUploadOpt = False,
     part: _PartOpt = None,
     as_json: JsonOpt = False,
     progress: ProgressOpt = None,
@@ -142,7 +149,7 @@ def convert_command(
         target=target if target is not None else targets_default, quantizer=quantizer,
         target_size=target_size, target_bpw=target_bpw, usage=usage,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
-        download_streams=download_streams,
+        download_streams=download_streams, upload_repo=upload_repo, stream_upload=stream_upload,
         token=token, revision=revision, dry_run=dry_run, progress=progress, part=part,
     )  # fmt: skip
     if upload_repo is not None and part is not None:  # before any work
@@ -150,8 +157,11 @@ def convert_command(
     summary = convert(source, outdir, options)
     for warning in summary.warnings:
         output.warn(warning)
-    if upload_repo is None or dry_run:
-        output.emit(as_json, summary.to_dict, summary.text().splitlines())
+    if upload_repo is None or dry_run or stream_upload:
+        from colitools.converters.publish import report_line
+
+        uploaded = [report_line(summary.upload)] if summary.upload else []
+        output.emit(as_json, summary.to_dict, [*summary.text().splitlines(), *uploaded])
         return
     _upload_after(summary, outdir, upload_repo, token=token, as_json=as_json, progress=progress)
 

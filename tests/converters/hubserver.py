@@ -310,6 +310,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self):
         dispatch_upload(self, "PUT")
 
+    def do_DELETE(self):
+        dispatch_upload(self, "DELETE")
+
     # -- routing ---------------------------------------------------------------------------------------------
     def _dispatch(self, head: bool) -> None:
         hub = self.server.hub

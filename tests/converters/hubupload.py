@@ -12,12 +12,18 @@ read from huggingface_hub's own source (``hf_api.py``, ``_commit_api.py``, ``lfs
 * ``PUT {cdn}/lfs/{oid}?sig=`` -> the body is stored only when its sha256 is the oid and its length the size
   announced in the batch (else 400, nothing stored); ``POST /{repo}.git/info/lfs/objects/verify``;
 * ``POST /api/models/{repo}/commit/{rev}[?create_pr=1]`` (ndjson ``header`` / ``file`` / ``lfsFile``) -> a new commit
-  on the branch (or on ``refs/pr/N``); every ``lfsFile`` must name a stored object of that size (else 400).
+  on the branch (or on ``refs/pr/N``); every ``lfsFile`` must name a stored object of that size (else 400; a
+  ``CommitOperationCopy`` sends no size: the object must be stored);
+* ``POST /api/models/{repo}/paths-info/{rev}`` (form ``paths``, ``expand``: ``HfApi.get_paths_info``) -> the files
+  among ``paths`` at that revision (``type``, ``path``, ``size``, ``oid`` = git blob sha1, ``lfs: {oid = sha256,
+  size, pointerSize}``), the paths that are not there left out, as the Hub does;
+* ``DELETE /api/models/{repo}/branch/{branch}`` (``HfApi.delete_branch``) -> the branch removed (404 when absent).
 
 Every write needs ``Authorization: Bearer <token>`` (401 without; with ``HubServer.token`` set, that token);
 a repo or revision that does not exist is 404 with the Hub's ``X-Error-Code``. ``reject_push(repo, status)``
 answers that repo's commits with ``status`` (403: no write access, 412: the branch moved); ``throttle_uploads``
-reads LFS bodies at a limited rate. ``UploadState`` counts LFS bodies received and objects stored per oid.
+reads LFS bodies at a limited rate. ``UploadState`` counts LFS bodies received and objects stored per oid;
+``on_commit`` is called with each commit's repo, revision and files before it is answered.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
-_API = re.compile(rf"^/api/models/{_REPO}/(?P<what>preupload|commit|branch)/(?P<rev>.+)$")
+_API = re.compile(rf"^/api/models/{_REPO}/(?P<what>preupload|commit|branch|paths-info)/(?P<rev>.+)$")
 _LFS = re.compile(rf"^/{_REPO}\.git/info/lfs/objects/(?P<what>batch|verify)$")
 _REGULAR_LIMIT = 10 * 1024 * 1024
 
@@ -54,6 +60,7 @@ class UploadState:
     rejections: dict[str, tuple[int, str]] = field(default_factory=dict)
     rate: float | None = None  # LFS body bytes per second
     commits: list[dict] = field(default_factory=list)  # every commit header received (summary, description)
+    on_commit: object = None  # called (repo_id, revision, paths) as a commit arrives, before it is answered
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def close(self) -> None:
@@ -192,6 +199,10 @@ def _branch(handler, repo_id: str, branch: str, body: bytes, query: dict) -> Non
     if repo is None:
         return None
     with handler.server.hub._lock:
+        if handler.command == "DELETE":
+            if repo.refs.pop(branch, None) is None:
+                return handler._error(404, f"Invalid rev id: {branch}", code="RevisionNotFound")
+            return handler._json({}, False)
         if branch in repo.refs:
             return handler._error(409, f"Reference already exists: refs/heads/{branch}")
         repo.refs[branch] = repo.refs["main"]
@@ -211,6 +222,26 @@ def _preupload(handler, repo_id: str, rev: str, body: bytes, query: dict) -> Non
         answers.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
                         "oid": oid})  # fmt: skip
     return handler._json({"files": answers, "commitOid": found[0]}, False)
+
+
+def _paths_info(handler, repo_id: str, rev: str, body: bytes, query: dict) -> None:
+    found = handler._find(repo_id, rev)
+    if found is None:
+        return None
+    asked = parse_qs(body.decode())
+    answers = []
+    for path in asked.get("paths", []):
+        f = found[1].get(path)
+        if f is None:
+            continue
+        entry = {"type": "file", "path": f.name, "size": f.size, "oid": f.blob_id}
+        if f.lfs:
+            entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+        answers.append(entry)
+    data = json.dumps(answers).encode()  # a JSON list (``_json`` sends objects)
+    handler._send(200, {"Content-Type": "application/json", "Content-Length": str(len(data))})
+    handler.wfile.write(data)
+    return None
 
 
 def _lfs_suffixes() -> tuple[str, ...]:
@@ -316,11 +347,13 @@ def _commit(handler, repo_id: str, rev: str, body: bytes, query: dict) -> None:
             new[value["path"]] = _store_regular(hub, value["path"], base64.b64decode(value["content"]))
         elif item["key"] == "lfsFile":
             blob = hub._blobs.get(value["oid"])
-            if blob is None or blob.size != value["size"]:
+            if blob is None or blob.size != value.get("size", blob.size):
                 return handler._error(400, f"LFS object {value['oid']} of {value['path']} was never uploaded")
             new[value["path"]] = _named(blob, value["path"])
         elif item["key"] != "header":
             return handler._error(400, f"unsupported commit item {item['key']!r}")
+    if hub.upload.on_commit is not None:  # a test looks at the client's side while it waits for the answer
+        hub.upload.on_commit(repo_id, rev, sorted(new))
     return _publish_commit(handler, repo_id, rev, parent, new, header, pr="create_pr" in query)
 
 
@@ -361,4 +394,4 @@ def _publish_commit(handler, repo_id, rev, parent, files, header, *, pr: bool) -
                           "pullRequestUrl": pr_url}, False)  # fmt: skip
 
 
-_ROUTES = {"preupload": _preupload, "commit": _commit, "branch": _branch}
+_ROUTES = {"preupload": _preupload, "commit": _commit, "branch": _branch, "paths-info": _paths_info}
