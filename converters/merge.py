@@ -100,7 +100,7 @@ def merge(part_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[st
     with contextlib.ExitStack() as stack:
         stack.enter_context(held_lock(out.parent / f".{out.name}.merge.lock",
                                       lambda: ConvertError(f"{out}: another colitools merge is writing it")))  # fmt: skip
-        for folder in folders:
+        for folder in dict.fromkeys(folders):  # each folder once (one given twice is refused below)
             if folder.is_dir():
                 stack.enter_context(held_lock(folder / LOCK_FILE, lambda f=folder: ConvertError(
                     f"{f}: a colitools convert is working in this folder; merge it once it has finished")))  # fmt: skip
@@ -186,7 +186,10 @@ def _check_parts(found: list[PartFolder]) -> None:
     seen: dict[int, Path] = {}
     for p in found:
         if p.section["index"] in seen:
-            raise ConvertError(f"{p.folder}: part {p.label} again (also {seen[p.section['index']]})")
+            again = (
+                "given twice" if seen[p.section["index"]] == p.folder else f"also {seen[p.section['index']]}"
+            )
+            raise ConvertError(f"{p.folder}: part {p.label} again ({again})")
         seen[p.section["index"]] = p.folder
     missing = [f"{k}/{count}" for k in range(1, count + 1) if k not in seen]
     if missing:

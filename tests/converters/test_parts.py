@@ -1,0 +1,262 @@
+"""``convert --part K/N`` + ``colitools merge``: N processes with separate folders, merged, give one machine's
+output byte for byte; the Hub server's log shows each shard fetched only by the parts whose units read it; every
+refusal of ``merge`` is one line naming the folder, and no part loses a file.
+
+Real processes (the console script), real files, the real huggingface_hub client against the fake Hub
+(``hubserver.py``). The reference is the ordinary one-machine conversion of the same source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from convcheck import snapshot
+from tinyckpt import Tiny, make_checkpoint
+
+from colitools.converters.parts import assign, parse_part
+from colitools.formats.errors import ParameterError
+
+_SCRIPT = Path(sys.executable).with_name("colitools")
+COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
+SPEC = Tiny(layers=5, experts=4, hidden=256, inter=128, shards=4)  # shards of ~0.6 MB: above a header read
+FLAGS = ("--min-free-gb", "0", "--no-progress")
+
+
+def colitools(*args, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **env}
+    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=300, env=full)
+
+
+def run_parts(source, folders: list[Path], *extra: str) -> None:
+    """``convert --part k/N`` for each folder, each in its own process, started together."""
+    n = len(folders)
+    procs = [
+        subprocess.Popen([*COMMAND, "convert", str(source), str(f), "--part", f"{k}/{n}", *FLAGS, *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for k, f in enumerate(folders, 1)
+    ]  # fmt: skip
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("colitools: error: "), result.stderr
+    return lines[0]
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("parts") / "src"
+    make_checkpoint(folder, SPEC)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def whole(model) -> Path:
+    """The one-machine conversion: the reference."""
+    out = model.parent / "whole"
+    result = colitools("convert", model, out, *FLAGS)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture
+def three(model, tmp_path) -> list[Path]:
+    folders = [tmp_path / f"part{k}" for k in (1, 2, 3)]
+    run_parts(model, folders)
+    return folders
+
+
+# ---------------------------------------------------------------------------------------------- the share
+def test_the_share_is_contiguous_runs_placed_by_each_units_byte_midpoint():
+    # hand-worked: total 60, N 3; midpoints 5, 15, 25, 35, 45, 55 -> thirds 0, 0, 1, 1, 2, 2
+    assert assign([10] * 6, 3) == [1, 1, 2, 2, 3, 3]
+    # a big first unit: total 104, midpoints 50, 100.5, 101.5, 102.5, 103.5 of 52 per part -> 1, 2, 2, 2, 2
+    assert assign([100, 1, 1, 1, 1], 2) == [1, 2, 2, 2, 2]
+    # more parts than units: midpoints 2.5 and 7.5 of 10, in quarters of 2.5 -> 1.0 and 3.0: parts 2 and 4
+    assert assign([5, 5], 4) == [2, 4]
+    assert assign([0, 0, 0], 3) == [1, 2, 3]  # no bytes at all: one unit weighs one
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_part_is_within_one_unit_of_an_equal_share(seed):
+    import random
+
+    rng = random.Random(seed)
+    sizes = [rng.randint(1, 1000) for _ in range(rng.randint(1, 60))]
+    n = rng.randint(1, 8)
+    parts = assign(sizes, n)
+    assert parts == sorted(parts) and all(1 <= k <= n for k in parts)
+    for k in range(1, n + 1):
+        got = sum(b for b, p in zip(sizes, parts, strict=True) if p == k)
+        assert abs(got - sum(sizes) / n) <= max(sizes), (sizes, n, parts)
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "3", "a/b", "1/0", "-1/3"])
+def test_a_malformed_part_is_one_parameter_error(text):
+    with pytest.raises(ParameterError, match="`part="):
+        parse_part(text)
+    assert parse_part(" 2 / 3 ") == parse_part("2/3")
+
+
+# ---------------------------------------------------------------------------------------------- merge
+def test_three_parts_in_three_processes_merge_into_one_machines_bytes(model, whole, three, tmp_path):
+    before = {f: files_of(f) for f in three}
+    out = tmp_path / "merged"
+    result = colitools("merge", *three, out, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (
+        report["ok"]
+        and report["how"] == "moved"
+        and [p["part"] for p in report["parts"]] == ["1/3", "2/3", "3/3"]
+    )
+    assert snapshot(out) == snapshot(whole)
+    assert sorted(files_of(out)) == sorted(files_of(whole))  # nothing more, nothing less
+    for name, data in files_of(out).items():
+        if name != "colitools.json":
+            assert data == (whole / name).read_bytes(), name
+    # every shard came from the part that wrote it (moved: gone there), with the bytes it had there
+    moved = {name: data for b in before.values() for name, data in b.items() if name.endswith(".safetensors")}
+    assert moved == {n: d for n, d in files_of(out).items() if n.endswith(".safetensors")}
+    assert not any(p.name.endswith(".safetensors") for f in three for p in f.iterdir())
+    check = colitools("verify", "container", out)
+    assert check.returncode == 0, check.stdout + check.stderr
+    again = colitools("convert", model, out, *FLAGS, "--json")  # the merged folder is a complete conversion
+    assert again.returncode == 0 and json.loads(again.stdout)["units_converted"] == 0
+
+
+def test_merge_onto_another_filesystem_copies_and_the_parts_keep_their_files(whole, three):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == three[0].stat().st_dev:
+        pytest.skip("no second filesystem here")
+    before = {f: files_of(f) for f in three}
+    out = shm / f"colitools-merge-test-{os.getpid()}"
+    try:
+        result = colitools("merge", *three, out, "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["how"] == "copied"
+        assert snapshot(out) == snapshot(whole)
+        assert {f: files_of(f) for f in three} == before
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_a_damaged_file_stops_the_merge_before_anything_moves(three, tmp_path):
+    victim = next(p for p in sorted(three[2].iterdir()) if p.name.endswith(".safetensors"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # same size: only the sha256 can tell
+    victim.write_bytes(bytes(data))
+    before = {f: files_of(f) for f in three}
+    out = tmp_path / "merged"
+    line = one_error_line(colitools("merge", *three, out))
+    assert str(victim) in line and "sha256" in line, line
+    assert {f: files_of(f) for f in three} == before  # every part keeps every file
+    assert not out.exists() and not list(tmp_path.glob(".merged*"))
+
+
+def test_a_missing_or_repeated_or_unfinished_part_is_refused_in_one_line(model, three, tmp_path):
+    out = tmp_path / "merged"
+    result = colitools("merge", three[0], three[2], out)
+    assert result.returncode == 1 and "part 2/3 missing" in one_error_line(result)
+    line = one_error_line(colitools("merge", three[0], three[1], three[1], three[2], out))
+    assert f"{three[1]}: part 2/3 again (given twice)" in line, line
+    twin = tmp_path / "twin"
+    shutil.copytree(three[1], twin)
+    line = one_error_line(colitools("merge", three[0], three[1], twin, three[2], out))
+    assert f"{twin}: part 2/3 again (also {three[1]})" in line, line
+    # a part killed right after its first published file, before its ledger recorded it
+    killed = tmp_path / "killed"
+    colitools("convert", model, killed, "--part", "2/3", *FLAGS, COLITOOLS_TEST_KILL_AT="published:1")
+    line = one_error_line(colitools("merge", three[0], killed, three[2], out))
+    assert f"{killed}: part 2/3 is not finished (0 of its" in line and "--part 2/3" in line, line
+    resumed = colitools("convert", model, killed, "--part", "2/3", *FLAGS)  # a part resumes as any conversion
+    assert resumed.returncode == 0, resumed.stderr
+    assert colitools("merge", three[0], killed, three[2], out).returncode == 0
+    assert not out.joinpath(".colitools.lock").exists()
+
+
+def test_parts_of_another_recipe_source_or_split_are_refused_naming_the_folder(model, three, tmp_path):
+    out = tmp_path / "merged"
+    other = tmp_path / "other-recipe"
+    run_parts(model, [tmp_path / "x1", other, tmp_path / "x3"], "--experts", "int8-row")
+    line = one_error_line(colitools("merge", three[0], other, three[2], out))
+    assert f"{other}: part 2/3 has another recipe (experts='int8-row', not 'int4-g64')" in line, line
+    copy = tmp_path / "copy-of-src"
+    make_checkpoint(copy, SPEC)
+    moved = tmp_path / "moved-source"
+    run_parts(copy, [tmp_path / "y1", moved, tmp_path / "y3"])
+    line = one_error_line(colitools("merge", three[0], moved, three[2], out))
+    assert f"{moved}: part 2/3 converted another source ({copy}, not {model})" in line, line
+    split = tmp_path / "split4"
+    run_parts(model, [tmp_path / "z1", split, tmp_path / "z3", tmp_path / "z4"])
+    line = one_error_line(colitools("merge", three[0], split, three[2], out))
+    assert f"{split}: part 2/4 of another split" in line, line
+    line = one_error_line(colitools("convert", model, three[0], "--part", "2/3", *FLAGS))
+    assert f"{three[0]}" in line and "holds part 1/3" in line, line
+    assert not out.exists()
+
+
+def test_dry_run_of_a_part_lists_only_its_units(model, tmp_path):
+    result = colitools("convert", model, tmp_path / "p", "--part", "3/3", "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    units = [u["unit"] for u in plan["plan"]["units"]]
+    # 6 units (globals + 5 layers) of about equal bytes: the last third is the last two layers
+    assert units == ["model.layers.3", "model.layers.4"], units
+    assert plan["part"]["units"] == 2 and plan["bytes_in"] == plan["part"]["in_bytes"]
+    assert not (tmp_path / "p").exists()
+
+
+# ---------------------------------------------------------------------------------------------- the Hub
+def _unit_shards(source: Path, unit: str) -> set[str]:
+    """The source shards a unit reads, from the checkpoint's own index (globals: every tensor outside the layers)."""
+    weight_map = json.loads((source / "model.safetensors.index.json").read_text())["weight_map"]
+    if unit == "globals":
+        return {s for n, s in weight_map.items() if not n.startswith("model.layers.")}
+    return {s for n, s in weight_map.items() if n.startswith(unit + ".")}
+
+
+def test_hub_parts_fetch_only_their_shards_and_merge_into_one_machines_bytes(hub, model, tmp_path):
+    hub.add_repo("org/tiny", {"main": model})
+    reference = tmp_path / "whole"
+    assert colitools("convert", "org/tiny", reference, *FLAGS).returncode == 0
+    shards = sorted(
+        set(json.loads((model / "model.safetensors.index.json").read_text())["weight_map"].values())
+    )
+    folders = [tmp_path / f"part{k}" for k in (1, 2, 3)]
+    fetched: list[dict[str, int]] = []
+    for k, folder in enumerate(folders, 1):  # one after another: the server's counters are per part
+        hub.reset_stats()
+        result = colitools("convert", "org/tiny", folder, "--part", f"{k}/3", *FLAGS)
+        assert result.returncode == 0, result.stderr
+        fetched.append({s: _body_bytes(hub, s) for s in shards})
+    sizes = {s: (model / s).stat().st_size for s in shards}
+    for folder, got in zip(folders, fetched, strict=True):
+        units = json.loads((folder / "colitools.json").read_text())["part"]["units"]
+        needed = set().union(*(_unit_shards(model, u) for u in units))
+        assert got == {s: sizes[s] if s in needed else 0 for s in shards}, (units, got)
+    assert sum(map(sum, (f.values() for f in fetched))) < 2 * sum(sizes.values())  # not every shard by all
+    out = tmp_path / "merged"
+    result = colitools("merge", *folders, out)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(out) == snapshot(reference)
+
+
+def _body_bytes(hub, name: str) -> int:
+    """Bytes of ``name`` served for its data: every body response but the header reads (huggingface_hub's
+    ``parse_safetensors_file_metadata`` asks for the first 100 001 bytes)."""
+    return sum(end - start for start, end in hub.stats(name).ranges if (start, end) != (0, 100_001))
