@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import colitools
-from colitools.converters import output
+from colitools.converters import output, reuse
 from colitools.converters.budget import CACHE_FILE as BUDGET_CACHE_FILE
 from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestError
 from colitools.converters.plan_record import PLAN_FILE
@@ -49,6 +49,7 @@ class ResumeState:
     reasons: dict[str, str] = field(default_factory=dict)  # dropped unit -> why it is redone
     complete: bool = False  # state "complete", every unit stands, every copied file present: nothing to do
     kept: dict[str, Any] = field(default_factory=dict, repr=False)  # finished unit -> its record
+    donor: dict[str, Any] | None = field(default=None, repr=False)  # --replace: the ledger replaced (reuse.py)
 
 
 class Ledger:
@@ -71,13 +72,16 @@ class Ledger:
     # ------------------------------------------------------------------------------------------ opening
     @classmethod
     def examine(
-        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]]
+        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]],
+        replace: bool = False,
     ) -> ResumeState:
         """What a conversion of ``plan`` would find in ``outdir``, read-only (``--dry-run``, and the check that
         lets a rerun on a complete output do nothing, not even take the lock).
 
         Raises ConvertError for a folder holding another conversion (recipe, source or plan differ),
-        an unreadable ledger, or files of its own but no ledger (``_check_foreign``)."""
+        an unreadable ledger, or files of its own but no ledger (``_check_foreign``). ``replace`` (``convert
+        --replace``): a folder holding another conversion of the same source (another recipe or plan) is not
+        refused: its ledger is returned as ``donor`` (converters/reuse.py), no unit kept."""
         outdir = Path(outdir)
         if not outdir.is_dir():
             return ResumeState()
@@ -92,6 +96,10 @@ class Ledger:
             raise ConvertError(
                 f"{path}: unreadable resume ledger ({exc}); use an empty output folder"
             ) from None
+        fresh = cls._fresh(plan, source)
+        if replace and reuse.replaces(old.data, fresh):  # the same source is still required
+            cls._check_same(path, old.data, reuse.as_recorded(fresh, old.data), plan)
+            return ResumeState(removed_temporaries=temporaries, donor=old.data)
         cls._check_same(path, old.data, cls._fresh(plan, source), plan)
         state = ResumeState(removed_temporaries=temporaries)
         planned = {u.key: u for u in plan.units}
@@ -118,18 +126,23 @@ class Ledger:
 
     @classmethod
     def open(
-        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]]
+        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]],
+        replace: bool = False,
     ) -> tuple[Ledger, ResumeState]:
         """Open (or start) the ledger of ``outdir`` for ``plan`` from ``source`` (``Source.describe()``), whose
         shards have ``identities`` now: ``examine``, then remove the temporaries, keep the units that still
         stand and write the ledger. Raises ConvertError as ``examine`` does."""
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
-        state = cls.examine(outdir, plan, source, identities)
+        state = cls.examine(outdir, plan, source, identities, replace)
         _unlink(outdir, state.removed_temporaries)
+        if state.donor is not None:  # recorded before the new ledger replaces it (converters/reuse.py)
+            reuse.keep_donor(outdir, state.donor)
         ledger = cls(outdir, cls._fresh(plan, source), identities)
         ledger.data["units"] = _ordered(state.kept, plan)
         ledger.save()
+        if state.donor is not None:
+            reuse.unpublish(outdir)
         output.write_sidecar_index(outdir, plan, state.finished)  # resume: done = the layers still intact
         return ledger, state
 
@@ -165,7 +178,8 @@ class Ledger:
             diffs = plan.recipe.differences(old.get("recipe") or {})
             raise ConvertError(
                 f"{path}: this folder holds a conversion with another recipe ({'; '.join(diffs) or 'fingerprint differs'}); "
-                "rerun with the recorded options or use another output folder"
+                "rerun with the recorded options, add --replace to convert it again with these (its unchanged "
+                "tensors copied), or use another output folder"
             )
         if old.get("source") != fresh["source"]:
             before, now = old.get("source") or {}, fresh["source"]
@@ -199,13 +213,15 @@ class Ledger:
         plan: ConversionPlan,
         errors: Mapping[str, ErrorStats] | None = None,
     ) -> None:
-        """Record a finished unit (its files are published) and rewrite the ledger atomically. ``errors``: what
+        """Record a finished unit (its files are published), its tensors' reuse keys (converters/reuse.py) and
+        rewrite the ledger atomically. ``errors``: what
         each written tensor lost (formats/error_stats.py), kept as ``errors: {tensor: [n, sse, ssw, ssq, dot,
         max_abs]}`` (``ErrorStats`` field order; ``verify quality`` reports them without the source)."""
         self.data["units"][unit.key] = {
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
             "sources": {s: self.identities[s] for s in unit.shards},
         }
+        self.data["units"][unit.key]["keys"] = reuse.unit_keys(unit, plan, self.identities)
         if errors:
             self.data["units"][unit.key]["errors"] = {name: list(astuple(e)) for name, e in sorted(errors.items())}
         self.data["units"] = _ordered(self.data["units"], plan)

@@ -47,6 +47,7 @@ class ConvertOptions:
     keep_source: bool = False
     workers: int = 1
     download_streams: int = DEFAULT_DOWNLOAD_STREAMS  # --download-streams: Range streams per downloaded file
+    replace: bool = False  # --replace: into a folder holding another conversion, copying its unchanged tensors
     upload_repo: str | None = None  # --upload-repo: the Hub repo the output goes to (checked before any work)
     stream_upload: bool = False  # --stream-upload: each unit's files once recorded (converters/stream_upload.py)
     token: str | None = None
@@ -150,6 +151,7 @@ class ConvertSummary:
     units_total: int
     units_skipped: int = 0  # finished by an earlier run
     units_converted: int = 0
+    tensors_copied: int = 0  # --replace: tensors copied from the previous output instead of encoded (reuse.py)
     units_redone: list[str] = field(default_factory=list)  # recorded, but files damaged or sources changed
     redo_reasons: dict[str, str] = field(default_factory=dict)  # redone unit -> why
     bytes_in: int = 0  # source tensor bytes read by this run
@@ -216,6 +218,8 @@ class ConvertSummary:
             done = f"converted {self.units_converted} of {self.units_total} units"
             if self.units_skipped:
                 done += f" ({self.units_skipped} already done)"
+            if self.tensors_copied:
+                done += f", {self.tensors_copied} tensors copied from the previous output"
             lines.append(f"{done}: {src} -> {self.outdir}")
             lines.append(
                 f"bytes in {gb(self.bytes_in)}, out {gb(self.bytes_out)} (output total {gb(self.total_out_bytes)}), "

@@ -32,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from colitools.converters import budget, output, parts, plan_record
+from colitools.converters import budget, output, parts, plan_record, reuse
 from colitools.converters.diskfloor import DiskFloor
 from colitools.converters.inventory import build_inventory, read_source_headers
 from colitools.converters.ledger import Ledger, ResumeState, remove_temporaries
@@ -188,7 +188,7 @@ def plan_and_summary(
         # refuses what it would refuse; a complete output needs nothing, not even the lock (a read-only output
         # is fine)
         section = parts.check_folder(out, options.part)  # --part K/N: never mixed with another part's units
-        state = Ledger.examine(out, planned.plan, src.describe(), planned.identities)
+        state = Ledger.examine(out, planned.plan, src.describe(), planned.identities, options.replace)
         if options.part is not None:
             state.complete = parts.is_finished(section, state.finished)
         return planned, state, _summary(src, planned.plan, out, options, state)
@@ -351,7 +351,8 @@ class _NoBar:
 def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floor: DiskFloor,
          summary: ConvertSummary) -> None:  # fmt: skip
     plan, identities = planned.plan, planned.identities
-    ledger, state = Ledger.open(out, plan, src.describe(), identities)
+    ledger, state = Ledger.open(out, plan, src.describe(), identities, options.replace)
+    donor = reuse.Donor.open(out, plan, identities)  # --replace: the previous output's tensors to copy
     mine = _mine(plan, options)
     if options.part is not None:
         parts.start(ledger.data, options.part, mine)
@@ -407,6 +408,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
         summary.units_converted += 1
         summary.bytes_in += result.in_bytes
         summary.bytes_out += sum(f.size for f in result.files)
+        summary.tensors_copied += result.copied
         for shard in unit.shards:
             needed[shard] -= 1
             if not needed[shard]:
@@ -423,9 +425,9 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
 
         try:
             if serial:
-                _run_serial(pending, prepare, finished, out, block, bar, slow_unit, all_encoded)
+                _run_serial(pending, prepare, finished, out, block, bar, slow_unit, all_encoded, donor)
             else:
-                _run_parallel(pending, prepare, finished, out, block, options.workers, bar, on_kernels)
+                _run_parallel(pending, prepare, finished, out, block, options.workers, bar, on_kernels, donor)
         finally:
             bar.close()
             if ahead is not None:
@@ -469,7 +471,7 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
 
 
 def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: float,
-                all_encoded: Callable[[], None]) -> None:  # fmt: skip
+                all_encoded: Callable[[], None], donor: reuse.Donor | None = None) -> None:  # fmt: skip
     """Units are encoded one after another in this thread. A unit whose tensors are all encoded goes to a
     recorder thread, which waits until its files are published (their writers fsync in the background) and
     records it (the ledger's own fsyncs), while this thread already encodes the next unit: no fsync is on the
@@ -493,7 +495,7 @@ def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: fl
     try:
         for unit in pending:
             paths = prepare(unit, last[0].out_bytes if last else 0, drain)
-            started = start_unit(unit, paths, out, block, on_tensor=bar.update)
+            started = start_unit(unit, paths, out, block, bar.update, donor and donor.plan_unit(unit))
             previous, last = last, (unit, recorder.submit(record, unit, started))
             if previous is not None:
                 previous[1].result()  # usually recorded already, while this unit was encoded
@@ -507,7 +509,8 @@ def _run_serial(pending, prepare, finished, out: Path, block, bar, slow_unit: fl
         recorder.shutdown(wait=True)  # what was handed over is published and recorded even on an error
 
 
-def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, bar, on_kernels: bool) -> None:
+def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, bar, on_kernels: bool,
+                  donor: reuse.Donor | None = None) -> None:  # fmt: skip
     """Convert ``pending`` units on ``workers`` processes; the main process prepares (downloads) and records.
     ``on_kernels``: the whole plan's choice of the kernels over the numpy reference (``kernels.plan_encodes``),
     which each worker takes (its own plan would see one unit).
@@ -541,8 +544,9 @@ def _run_parallel(pending, prepare, finished, out: Path, block, workers: int, ba
                 while queue and len(inflight) < workers:
                     unit = queue[0]
                     paths = prepare(unit, sum(u.out_bytes for u in inflight.values()), drain)
+                    copies = donor and donor.plan_unit(unit)
                     with _sigint_blocked():  # a submit may spawn a worker: it starts with SIGINT blocked
-                        inflight[pool.submit(convert_unit, unit, paths, out, block)] = queue.pop(0)
+                        inflight[pool.submit(convert_unit, unit, paths, out, block, None, copies)] = queue.pop(0)
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                 for fut in sorted(done, key=lambda f: pending.index(inflight[f])):
                     record(fut)
@@ -678,6 +682,7 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
     recorded with its old identity are redone by the rerun)."""
     _check_sources_unchanged(src, identities)
     summary.warnings = _without_identical_requantization(plan, summary.warnings, ledger.data["units"].values())
+    reuse.finish(out, plan)  # --replace: the donor's files no planned file replaced, then its record
     plan_record.remove(out)  # before "complete": a finished output holds no leftover
     for name in src.files():  # config, index, copied files: whatever this run downloaded into the work folder
         _release(src, name, options)
@@ -694,6 +699,7 @@ def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, opti
         "experts_choice": {k: v for k, v in summary.experts_choice.items() if k != "line"},
         "run": {
             "units_converted": summary.units_converted, "units_skipped": summary.units_skipped,
+            "tensors_copied": summary.tensors_copied,
             "bytes_in": summary.bytes_in, "bytes_out": summary.bytes_out,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from colitools.converters import reuse
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Unit
 from colitools.formats import kernels, planar_sidecar
@@ -76,6 +77,7 @@ class UnitResult:
     in_bytes: int = 0
     # what each written tensor lost against its source values (formats/error_stats.py), by output name
     errors: dict[str, ErrorStats] = field(default_factory=dict)
+    copied: int = 0  # tensors copied from a previous output's file (``convert --replace``, converters/reuse.py)
 
 
 _KNOWN_HEADERS: dict[Path, SafetensorsFile] = {}  # closed readers of recent units' shards (their headers)
@@ -617,6 +619,7 @@ class PendingUnit:
     in_bytes: int
     sinks: list[FileSink]
     errors: dict[str, ErrorStats] = field(default_factory=dict)
+    copied: int = 0
 
     def wait(self) -> UnitResult:
         try:
@@ -625,7 +628,7 @@ class PendingUnit:
             for s in self.sinks:
                 s.abort()
             raise
-        return UnitResult(self.key, files, self.in_bytes, self.errors)
+        return UnitResult(self.key, files, self.in_bytes, self.errors, self.copied)
 
 
 ENCODE_AHEAD_BYTES = 32 << 20  # source bytes being read / encoded ahead of the writer (at least one tensor)
@@ -784,12 +787,16 @@ def _read_encode(
 
 
 def _write_group(
-    sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, slow: float, errors: dict[str, ErrorStats]
+    sink: FileSink, group: OutputGroup, ahead: _Ahead, on_tensor, slow: float, errors: dict[str, ErrorStats],
+    copying: reuse.Copying | None = None,
 ) -> None:
     """One group's encoded jobs (taken from ``ahead`` in job order) into ``sink``: each weight, its scale
     right after it (an interleaved record) or after the group's weights (§4: an expert's scales follow its
     codes); a target's stacks (formats/expert_layouts.py ``Stack``) instead, each once its members are encoded.
-    Each job's error figures go to ``errors`` under its output name."""
+    Each job's error figures go to ``errors`` under its output name. ``copying``: the jobs of this file copied
+    from a donor file (``convert --replace``, converters/reuse.py), put from it instead of ``ahead``."""
+    if copying is not None and copying.whole_group(group, sink, errors, on_tensor):
+        return
     scales_after: list[tuple[str, np.ndarray]] = []
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a target's stacks' members
     pending = list(group.stacks)
@@ -797,6 +804,8 @@ def _write_group(
     for k, job in enumerate(group.jobs):
         if k == cut:
             _put_all(sink, scales_after)
+        if copying is not None and copying.job(job, group, sink, scales_after, errors, on_tensor):
+            continue
         taken = ahead.take()
         wname, sname = job.target.tensor_names(job.out_name)
         if isinstance(taken, _Slabs):  # its codes written slab by slab (never a stack's member)
@@ -828,7 +837,7 @@ def _write_group(
 def _put_all(sink: FileSink, tensors: list[tuple[str, np.ndarray]]) -> None:
     """Put ``tensors`` in order, and forget them."""
     for name, data in tensors:
-        sink.put(name, data)
+        sink.put(name, data() if callable(data) else data)  # a donor's scale is read when its turn comes
     tensors.clear()
 
 
@@ -838,26 +847,51 @@ def start_unit(
     outdir: Path,
     block: tuple[int, int] | None,
     on_tensor: Callable[[int], None] | None = None,
+    donor: Mapping[str, reuse.FileCopy] | None = None,
 ) -> PendingUnit:
     """Read and encode the tensors of ``unit`` on ``encoder_threads()`` threads, whole tensors in parallel and
     up to ``ENCODE_AHEAD_BYTES`` ahead; this thread hands the results, in order, to a sink thread per file,
-    which hashes and writes. Returns before the files are published."""
+    which hashes and writes. Returns before the files are published. ``donor``: per file, the tensors copied
+    from a previous output's file instead (``convert --replace``, converters/reuse.py); when that file is not
+    its recorded bytes the unit is written again without it, before anything is published."""
+    if donor:
+        try:
+            return _start_unit(unit, shard_paths, Path(outdir), block, on_tensor, donor)
+        except reuse.DonorChanged:
+            pass
+    return _start_unit(unit, shard_paths, Path(outdir), block, on_tensor, None)
+
+
+def _start_unit(unit: Unit, shard_paths: Mapping[str, Path], outdir: Path, block: tuple[int, int] | None,
+                on_tensor, donor: Mapping[str, reuse.FileCopy] | None) -> PendingUnit:  # fmt: skip
     slow = float(os.environ.get(SLOW_TENSOR_ENV) or 0)
     reader = ShardReader(shard_paths)
     sinks: list[FileSink] = []
     errors: dict[str, ErrorStats] = {}
+    copies: dict[str, reuse.Copying] = {}
+    try:
+        for f in unit.files:
+            if (c := (donor or {}).get(f.name)) is not None:
+                copies[f.name] = reuse.Copying(outdir, c, f)
+    except reuse.DonorChanged:
+        for c in copies.values():
+            c.close()
+        raise
     work = [
         (job, out, group, reader, block) for out in unit.files for group in out.groups for job in group.jobs
-    ]
+        if out.name not in copies or not copies[out.name].copies(group, job)
+    ]  # fmt: skip
     with ThreadPoolExecutor(encoder_threads(), "encode", initializer=_encoder_init) as pool:
         ahead = _Ahead(pool, work, _read_encode)
         try:
             ahead.prime()  # the encoders read while this thread opens the unit's files
             for out in unit.files:
-                sink = FileSink(out, Path(outdir))
+                sink = FileSink(out, outdir)
                 sinks.append(sink)
                 for group in out.groups:
-                    _write_group(sink, group, ahead, on_tensor, slow, errors)
+                    _write_group(sink, group, ahead, on_tensor, slow, errors, copies.get(out.name))
+                if out.name in copies:
+                    copies[out.name].verify()  # the donor's bytes are its record's, or nothing is published
                 sink.finish()
         except BaseException:
             ahead.cancel()
@@ -867,7 +901,9 @@ def start_unit(
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             reader.close()
-    return PendingUnit(unit.key, unit.in_bytes, sinks, errors)
+            for c in copies.values():
+                c.close()
+    return PendingUnit(unit.key, unit.in_bytes, sinks, errors, sum(len(c.copy.jobs) for c in copies.values()))
 
 
 def encode_work(jobs: Iterable[TensorJob]) -> Iterator[tuple[str, int]]:
@@ -884,7 +920,8 @@ def convert_unit(
     outdir: Path,
     block: tuple[int, int] | None,
     on_tensor: Callable[[int], None] | None = None,
+    donor: Mapping[str, reuse.FileCopy] | None = None,
 ) -> UnitResult:
     """Convert one unit and wait until its files are published (worker processes use this)."""
     kernels.plan_encodes(encode_work(unit.jobs))
-    return start_unit(unit, shard_paths, outdir, block, on_tensor).wait()
+    return start_unit(unit, shard_paths, outdir, block, on_tensor, donor).wait()

@@ -86,6 +86,12 @@ _MinFreeOpt = Annotated[
 _OnLowDiskOpt = Annotated[str, typer.Option("--on-low-disk", help="Below the floor: wait (poll) | stop (exit 3).")]
 _WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=1024, help="Units converted in parallel processes.")]
 _StreamsOpt = Annotated[int, typer.Option("--download-streams", min=1, max=64, help=_STREAMS_HELP)]
+_ReplaceOpt = Annotated[
+    bool,
+    typer.Option("--replace", help="OUTDIR holds another conversion of this source (another budget, recipe or "
+                 "quantizer): convert it again with these options, copying every tensor whose source, format and "
+                 "options are unchanged from it, replacing its files one unit at a time (docs/FORMATS.md §10)."),
+]  # fmt: skip
 _PartOpt = Annotated[
     str | None,
     typer.Option("--part", metavar="K/N", help="Convert only part K of N (1-based) of the units into OUTDIR, "
@@ -132,6 +138,7 @@ def convert_command(
         str | None, typer.Option("--revision", help="Hub branch, tag or commit (default main).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=_DRY_RUN_HELP)] = False,
+    replace: _ReplaceOpt = False,
     upload_repo: Annotated[str | None, typer.Option("--upload-repo", help=_UPLOAD_HELP)] = None,
     stream_upload: _StreamUploadOpt = False,
     part: _PartOpt = None,
@@ -148,7 +155,7 @@ def convert_command(
         experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout, towers=towers,
         target=target if target is not None else targets_default, quantizer=quantizer,
         target_size=target_size, target_bpw=target_bpw, usage=usage,
-        min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers,
+        min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers, replace=replace,
         download_streams=download_streams, upload_repo=upload_repo, stream_upload=stream_upload,
         token=token, revision=revision, dry_run=dry_run, progress=progress, part=part,
     )  # fmt: skip

@@ -1,0 +1,145 @@
+"""``convert --replace`` (converters/reuse.py, docs/FORMATS.md §10): converting again into an existing output
+with another budget copies the tensors whose source, format and options are unchanged from it, and gives the
+bytes of a fresh conversion with the new options, also after a SIGKILL at any point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from colitools.converters.options import ConvertOptions
+from colitools.converters.reuse import DONOR_FILE
+from colitools.converters.runner import convert
+from colitools.formats.errors import ConvertError
+from colitools.formats.filenames import INDEX_FILE, MANIFEST_FILE
+from colitools.formats.safetensors_io import read_header
+from tests.converters.midkill import sigkill_when
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "oracles" / "deepseek_v3"
+BEFORE, AFTER = 4.0, 4.3  # two budgets (bits per weight) whose allocations share about half the tensors
+
+
+def _convert(out: Path, **options):
+    return convert(str(FIXTURE), out, ConvertOptions(progress=False, **options))
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file of an output but its manifest, by relative path."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file() and p.name != MANIFEST_FILE}  # fmt: skip
+
+
+def _manifest(folder: Path) -> dict:
+    data = json.loads((folder / MANIFEST_FILE).read_text())
+    data.pop("run", None)  # times and counters of the last run
+    data.get("budget", {}).pop("measurement", None)  # this run's: measured or read from the cache, its seconds
+    return data
+
+
+def _formats(folder: Path) -> dict[str, str]:
+    return {t: v["format"] for t, v in _manifest(folder)["budget"]["tensors"].items()}
+
+
+def _cli(out: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "colitools", "convert", str(FIXTURE), str(out), "--target-bpw", str(AFTER), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> Path:
+    """The reference: a fresh conversion with the second budget, in its own folder."""
+    out = tmp_path_factory.mktemp("fresh") / "out"
+    _convert(out, target_bpw=AFTER)
+    return out
+
+
+def test_replace_copies_the_unchanged_tensors_and_equals_a_fresh_conversion(tmp_path, fresh):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    before = _formats(out)
+    summary = _convert(out, target_bpw=AFTER, replace=True)
+    assert _files(out) == _files(fresh)
+    assert _manifest(out) == _manifest(fresh)
+    assert not (out / DONOR_FILE).exists()
+    # copied: every written tensor but those whose format the two allocations (each read from its own
+    # conversion) differ on; this fixture writes every tensor from float values, each with its error record
+    after = _formats(fresh)
+    written = [t for u in _manifest(fresh)["units"].values() for t in u["errors"]]
+    changed = [t for t in after if before[t] != after[t]]
+    assert 0 < len(changed) < len(after)
+    assert summary.tensors_copied == len(written) - len(changed)
+
+
+def test_without_replace_another_budget_is_still_refused(tmp_path):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    with pytest.raises(ConvertError, match="another recipe .*add --replace"):
+        _convert(out, target_bpw=AFTER)
+
+
+def test_a_donor_file_not_as_recorded_is_not_copied_from(tmp_path, fresh):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    units = _manifest(out)["units"]
+    layer = next(k for k in units if k != "globals")
+    name = units[layer]["files"][0]["name"]
+    path = out / name
+    info = next(iter(read_header(path).tensors.values()))
+    data = bytearray(path.read_bytes())
+    data[info.begin] ^= 0x01  # one bit of a tensor it would copy: same size, another sha256
+    path.write_bytes(bytes(data))
+    summary = _convert(out, target_bpw=AFTER, replace=True)
+    assert _files(out) == _files(fresh)
+    copied_there = len(units[layer]["keys"])  # at most this many could have come from that file
+    full = _convert(tmp_path / "again", target_bpw=BEFORE)
+    assert full.tensors_copied == 0
+    again = _convert(tmp_path / "again", target_bpw=AFTER, replace=True)
+    assert summary.tensors_copied < again.tensors_copied
+    assert again.tensors_copied - summary.tensors_copied <= copied_there
+
+
+def test_sigkill_between_units_leaves_a_resumable_conversion_never_a_published_mix(tmp_path, fresh):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    new_recipe = _manifest(fresh)["recipe_fingerprint"]
+
+    def one_new_unit() -> bool:
+        try:
+            m = json.loads((out / MANIFEST_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return m.get("recipe_fingerprint") == new_recipe and len(m.get("units") or {}) >= 1
+
+    proc = _cli(out, "--replace", env={"COLITOOLS_TEST_SLOW_UNIT_SECONDS": "2"})
+    sigkill_when(proc, one_new_unit)
+    m = json.loads((out / MANIFEST_FILE).read_text())
+    assert m["state"] == "converting" and m["recipe_fingerprint"] == new_recipe
+    assert not (out / INDEX_FILE).exists()  # the old output's index went before any new file was written
+    assert (out / DONOR_FILE).is_file()
+    rerun = _cli(out)  # the same options resume it (--replace not needed any more)
+    assert rerun.wait(120) == 0, rerun.stderr.read()
+    assert _files(out) == _files(fresh)
+    assert _manifest(out) == _manifest(fresh)
+
+
+def test_sigkill_after_a_new_file_replaced_an_old_one_unrecorded(tmp_path, fresh):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    proc = _cli(out, "--replace", env={"COLITOOLS_TEST_KILL_AT": "published:2"})
+    assert proc.wait(120) == -9, proc.stderr.read()
+    m = json.loads((out / MANIFEST_FILE).read_text())
+    assert m["state"] == "converting" and len(m["units"]) == 1  # the second file published, not recorded
+    rerun = _cli(out, "--json")
+    stdout, stderr = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, stderr
+    assert _files(out) == _files(fresh)
+    assert _manifest(out) == _manifest(fresh)
+    assert json.loads(stdout)["units_converted"] == 2
