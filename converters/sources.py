@@ -546,6 +546,7 @@ class HubSource(Source):
             RevisionNotFoundError,
         )
 
+        from colitools.converters.cache_hint import is_connection_refused, offline_hint
         from colitools.converters.download import (
             QUICK_RETRY_SECONDS,
             RETRY_STATUSES,
@@ -583,15 +584,18 @@ class HubSource(Source):
                 # A name that does not resolve will not resolve in a minute either: one quick retry at most
                 # (a resolver hiccup), not the 5xx backoff (~62 s before the same answer).
                 unresolved = is_name_resolution_error(exc)
-                if failures >= (min(self.retries, 1) if unresolved else self.retries):
+                # refused, with the whole model in the HF cache: one quick retry too, and the hint (cache_hint.py)
+                hint = offline_hint(self.cache_dir, self.repo_id, self.requested_revision) if (
+                    is_connection_refused(exc)) else ""  # fmt: skip
+                if failures >= (min(self.retries, 1) if unresolved or hint else self.retries):
                     if unresolved:
                         raise ConvertError(
                             f"{what}: cannot resolve the host of {self.endpoint} ({exc}); check the network and "
                             "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to convert from the Hugging Face cache"
                         ) from None
-                    raise ConvertError(f"{what}: cannot reach {self.endpoint}: {exc}") from None
+                    raise ConvertError(f"{what}: cannot reach {self.endpoint}: {exc}{hint}") from None
                 reason = type(exc).__name__
-                if unresolved:
+                if unresolved or hint:
                     failures += 1
                     wait = min(self.backoff.delay(1), QUICK_RETRY_SECONDS)
                     log.debug("%s: %s; retrying in %.2fs", what, reason, wait)  # quiet: one line in the end
