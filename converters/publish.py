@@ -55,6 +55,8 @@ class UploadReport:
     pr_url: str | None
     files: list[UploadFile] = field(default_factory=list)
     card: str = ""  # the README.md uploaded
+    committed: bool = True  # False: the Hub held these exact files already and skipped the commit (no PR either)
+    create_pr: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -69,6 +71,8 @@ class UploadReport:
             "commit_url": self.commit_url,
             "commit_oid": self.commit_oid,
             "pr_url": self.pr_url,
+            "committed": self.committed,
+            "create_pr": self.create_pr,
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
             "total_bytes": self.total_bytes,
         }
@@ -81,6 +85,10 @@ def report_line(report: dict[str, Any]) -> str:
     """The line an upload prints, from its report (``UploadReport.to_json``; ``convert --stream-upload`` keeps
     the dict)."""
     where = report["pr_url"] or report["commit_url"]
+    if not report.get("committed", True):  # huggingface_hub skips a commit that changes nothing
+        nopr = "; no pull request opened" if report.get("create_pr") else ""
+        return (f"nothing to commit: {report['repo_id']} ({report['revision']}) holds these {len(report['files'])} "
+                f"files and {CARD_FILE} unchanged at {report['commit_oid'][:12]}{nopr}: {report['commit_url']}")  # fmt: skip
     return (f"uploaded {len(report['files'])} files ({report['total_bytes']:,} bytes) and {CARD_FILE} to "
             f"{report['repo_id']} ({report['revision']}): {where}")  # fmt: skip
 
@@ -168,11 +176,14 @@ def upload_output(
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision not in (None, "main") and not create_pr:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
+        head = api.repo_info(repo_id, revision=revision or "main").sha  # a skipped commit answers this one
         info = api.create_commit(
             repo_id, operations, commit_message=f"Upload colitools {version} conversion",
             commit_description=_description(manifest), revision=revision, create_pr=create_pr,
         )  # fmt: skip
-    return UploadReport(repo_id, revision or "main", info.commit_url, info.oid, info.pr_url, files, card)
+    committed = info.oid != head or info.pr_url is not None
+    return UploadReport(repo_id, revision or "main", info.commit_url, info.oid, info.pr_url, files, card, committed,
+                        create_pr)  # fmt: skip
 
 
 def _description(manifest: Manifest) -> str:
