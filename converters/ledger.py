@@ -7,9 +7,11 @@ file, fsync, rename, fsync of the folder), so a crash leaves either the previous
 
 On a rerun ``Ledger.open`` refuses another recipe (naming the differing options), another source, or a plan
 whose files differ; drops units whose files are missing or have the wrong size, and units whose source shards
-changed since they were converted (each unit records the identity of the shards it read: ``SourceFile.identity``,
-size + mtime_ns + ctime_ns of a local file, size + sha256 of a Hub file); dropped units are redone; and removes
-temporaries left by a crashed writer. ``Ledger.examine`` makes the same checks without writing anything. Everything except the ``run`` section (times, durations) is
+changed since they were converted (each unit records the identity of the shards it read: size + mtime_ns +
+ctime_ns + a content fingerprint of a local file, size + sha256 of a Hub file; ``source_identity.py`` decides
+when a shard is the same, reading it only when its metadata or folder changed); dropped units are redone; and
+removes temporaries left by a crashed writer. A local source folder moved (or linked) elsewhere is the same source
+when the shards its finished units read have their recorded content there; when none has, it is another source. ``Ledger.examine`` makes the same checks without writing anything. Everything except the ``run`` section (times, durations) is
 deterministic, so two runs of the same conversion produce the same ``colitools.json`` apart from ``run``.
 """
 
@@ -28,6 +30,7 @@ from colitools.converters.budget import CACHE_FILE as BUDGET_CACHE_FILE
 from colitools.converters.manifest import MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestError
 from colitools.converters.plan_record import PLAN_FILE
 from colitools.converters.planner import ConversionPlan, Unit
+from colitools.converters.source_identity import SourceIdentities
 from colitools.converters.unit_writer import FileRecord
 from colitools.formats.atomic import parse_temp_name
 from colitools.formats.error_stats import ErrorStats
@@ -47,6 +50,7 @@ class ResumeState:
     dropped: list[str] = field(default_factory=list)
     removed_temporaries: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)  # dropped unit -> why it is redone
+    rechecked: dict[str, str] = field(default_factory=dict)  # source shard -> what changed, same content
     complete: bool = False  # state "complete", every unit stands, every copied file present: nothing to do
     kept: dict[str, Any] = field(default_factory=dict, repr=False)  # finished unit -> its record
     donor: dict[str, Any] | None = field(default=None, repr=False)  # --replace: the ledger replaced (reuse.py)
@@ -55,10 +59,11 @@ class ResumeState:
 class Ledger:
     """The ``colitools.json`` of one output folder during a conversion.
 
-    ``identities``: source shard -> ``SourceFile.identity()`` of this run; every recorded unit stores those of
-    the shards it read, and a rerun redoes a finished unit whose shards' identities changed."""
+    ``identities``: the source shards' identities of this run (``SourceIdentities``); every recorded unit stores
+    those of the shards it read (``SourceIdentities.recorded``), and a rerun redoes a finished unit whose shards
+    are not the same bytes any more (``SourceIdentities.change``)."""
 
-    def __init__(self, outdir: Path, data: dict[str, Any], identities: dict[str, dict[str, Any]]):
+    def __init__(self, outdir: Path, data: dict[str, Any], identities: SourceIdentities):
         self.outdir = outdir
         self.path = outdir / MANIFEST_FILE
         self.manifest = Manifest(data)
@@ -72,7 +77,7 @@ class Ledger:
     # ------------------------------------------------------------------------------------------ opening
     @classmethod
     def examine(
-        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]],
+        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: SourceIdentities,
         replace: bool = False,
     ) -> ResumeState:
         """What a conversion of ``plan`` would find in ``outdir``, read-only (``--dry-run``, and the check that
@@ -100,20 +105,29 @@ class Ledger:
         if replace and reuse.replaces(old.data, fresh):  # the same source is still required
             cls._check_same(path, old.data, reuse.as_recorded(fresh, old.data), plan)
             return ResumeState(removed_temporaries=temporaries, donor=old.data)
-        cls._check_same(path, old.data, cls._fresh(plan, source), plan)
+        moved = cls._check_same(path, old.data, cls._fresh(plan, source), plan)
         state = ResumeState(removed_temporaries=temporaries)
         planned = {u.key: u for u in plan.units}
+        source_changes = []  # per recorded unit: why its shards are not the converted bytes (None: they are)
         for key, rec in old.units.items():
             unit = planned.get(key)
             if unit is None:
                 continue
-            why = _files_damaged(outdir, unit, rec) or _sources_changed(unit, rec, identities)
+            changed = _sources_changed(unit, rec, identities, moved)
+            source_changes.append(changed)
+            why = _files_damaged(outdir, unit, rec) or changed
             if why:
                 state.dropped.append(key)
                 state.reasons[key] = why
             else:
                 state.kept[key] = rec
                 state.finished.append(key)
+        if moved and source_changes and None not in source_changes:  # not one shard as recorded: not moved
+            raise ConvertError(
+                f"{path}: this folder holds a conversion of another source ({_show_source(old.data.get('source'))}, "
+                f"now {_show_source(source)}; {source_changes[0]}); use another output folder"
+            )
+        state.rechecked = dict(identities.rechecked)
         copied = old.data.get("copied_files")
         state.complete = (
             old.state == "complete"
@@ -126,7 +140,7 @@ class Ledger:
 
     @classmethod
     def open(
-        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: dict[str, dict[str, Any]],
+        cls, outdir: Path, plan: ConversionPlan, source: dict[str, str], identities: SourceIdentities,
         replace: bool = False,
     ) -> tuple[Ledger, ResumeState]:
         """Open (or start) the ledger of ``outdir`` for ``plan`` from ``source`` (``Source.describe()``), whose
@@ -139,7 +153,10 @@ class Ledger:
         if state.donor is not None:  # recorded before the new ledger replaces it (converters/reuse.py)
             reuse.keep_donor(outdir, state.donor)
         ledger = cls(outdir, cls._fresh(plan, source), identities)
-        ledger.data["units"] = _ordered(state.kept, plan)
+        # kept units record their shards as they are now (after a move or a chmod, the next rerun reads nothing)
+        shards = {u.key: u.shards for u in plan.units}
+        kept = {k: {**rec, "sources": {s: identities.recorded(s) for s in shards[k]}} for k, rec in state.kept.items()}
+        ledger.data["units"] = _ordered(kept, plan)
         ledger.save()
         if state.donor is not None:
             reuse.unpublish(outdir)
@@ -173,7 +190,11 @@ class Ledger:
         }
 
     @staticmethod
-    def _check_same(path: Path, old: dict, fresh: dict, plan: ConversionPlan) -> None:
+    def _check_same(path: Path, old: dict, fresh: dict, plan: ConversionPlan) -> bool:
+        """Refuse another recipe, source or plan. Returns whether the source is a local folder at another path than
+        the recorded one: the same source only if its shards have the recorded content (``examine`` decides)."""
+        before, now = old.get("source") or {}, fresh["source"]
+        moved = before != now and before.get("kind") == now.get("kind") == "local" and set(before) == set(now)
         if old.get("recipe_fingerprint") != fresh["recipe_fingerprint"]:
             diffs = plan.recipe.differences(old.get("recipe") or {})
             raise ConvertError(
@@ -181,8 +202,7 @@ class Ledger:
                 "rerun with the recorded options, add --replace to convert it again with these (its unchanged "
                 "tensors copied), or use another output folder"
             )
-        if old.get("source") != fresh["source"]:
-            before, now = old.get("source") or {}, fresh["source"]
+        if before != now and not moved:
             hint = "use another output folder"
             if before.get("kind") == now.get("kind") == "hf" and before.get("repo_id") == now.get("repo_id"):
                 hint = f"the repo moved on: resume with `revision={before.get('revision')}`, or use another output folder"
@@ -191,6 +211,11 @@ class Ledger:
                 f"now {_show_source(now)}); {hint}"
             )
         if (old.get("plan") or {}).get("files") != fresh["plan"]["files"]:
+            if moved:
+                raise ConvertError(
+                    f"{path}: this folder holds a conversion of another source ({_show_source(before)}, now "
+                    f"{_show_source(now)}: the plan's files differ); use another output folder"
+                )
             changed = _config_changes(old, fresh)
             if changed:
                 raise ConvertError(
@@ -201,6 +226,7 @@ class Ledger:
                 f"{path}: the recorded plan's files differ from this run's plan (another colitools version?); "
                 "use another output folder"
             )
+        return moved
 
     # ------------------------------------------------------------------------------------------ updates
     def is_finished(self, key: str) -> bool:
@@ -219,7 +245,7 @@ class Ledger:
         max_abs]}`` (``ErrorStats`` field order; ``verify quality`` reports them without the source)."""
         self.data["units"][unit.key] = {
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
-            "sources": {s: self.identities[s] for s in unit.shards},
+            "sources": {s: self.identities.recorded(s) for s in unit.shards},
         }
         self.data["units"][unit.key]["keys"] = reuse.unit_keys(unit, plan, self.identities)
         if errors:
@@ -307,17 +333,16 @@ def _files_damaged(outdir: Path, unit: Unit, rec: Any) -> str | None:
     return None
 
 
-def _sources_changed(unit: Unit, rec: dict[str, Any], identities: dict[str, dict[str, Any]]) -> str | None:
-    """Why the source shards a finished unit read are not the ones of this run (None: same identities)."""
-    recorded = rec.get("sources")
+def _sources_changed(unit: Unit, rec: Any, identities: SourceIdentities, moved: bool) -> str | None:
+    """Why the source shards a finished unit read are not the bytes it converted (None: they are;
+    ``SourceIdentities.change`` decides, reading a shard only when its metadata or folder changed)."""
+    recorded = rec.get("sources") if isinstance(rec, dict) else None
     if not isinstance(recorded, dict):
         return "no source identity recorded (converted by an earlier colitools)"
     for shard in unit.shards:
-        before, now = recorded.get(shard), identities.get(shard)
-        if before != now:
-            keys = sorted(set(before or {}) | set(now or {}))
-            changed = [k for k in keys if (before or {}).get(k) != (now or {}).get(k)]
-            return f"source shard {shard} changed since it was converted ({', '.join(changed)})"
+        why = identities.change(shard, recorded.get(shard), moved)
+        if why is not None:
+            return f"source shard {shard} changed since it was converted ({why})"
     return None
 
 

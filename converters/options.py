@@ -154,6 +154,8 @@ class ConvertSummary:
     tensors_copied: int = 0  # --replace: tensors copied from the previous output instead of encoded (reuse.py)
     units_redone: list[str] = field(default_factory=list)  # recorded, but files damaged or sources changed
     redo_reasons: dict[str, str] = field(default_factory=dict)  # redone unit -> why
+    # source shard -> what changed (folder, mtime, ctime) and its content fingerprint still the recorded one
+    sources_rechecked: dict[str, str] = field(default_factory=dict)
     bytes_in: int = 0  # source tensor bytes read by this run
     bytes_out: int = 0  # output bytes written by this run
     total_out_bytes: int = 0  # all output shards
@@ -247,6 +249,10 @@ class ConvertSummary:
         for unit in self.units_redone:
             verb = "to redo" if self.dry_run else "redone"
             lines.append(f"{verb}: {unit} ({self.redo_reasons.get(unit, 'its files were damaged')})")
+        if self.sources_rechecked:
+            (shard, what), more = next(iter(self.sources_rechecked.items())), len(self.sources_rechecked) - 1
+            lines.append(f"source shards re-checked by content, the same bytes (their units kept): {shard} ({what})"
+                         + (f" and {more} more" if more else ""))  # fmt: skip
         if self.disk_waits:
             lines.append(f"waited for disk space {self.disk_waits} time(s)")
         return "\n".join(lines)

@@ -40,6 +40,7 @@ from colitools.converters.options import ConvertOptions, ConvertSummary
 from colitools.converters.planner import ConversionPlan, Unit, plan_conversion, say_native_decoded
 from colitools.converters.prefetch import peak_disk_ahead, start_prefetch
 from colitools.converters.recipe import Role, requantized_warning
+from colitools.converters.source_identity import SourceIdentities
 from colitools.converters.sources import LocalFolderSource, Source, SourceFile, open_source
 from colitools.converters.unit_writer import PendingUnit, UnitResult, convert_unit, encode_work, start_unit
 from colitools.formats import kernels
@@ -83,7 +84,7 @@ class Planned(NamedTuple):
     """A conversion's plan, its source shards' identities now, and its record's key (``plan_record``)."""
 
     plan: ConversionPlan
-    identities: dict[str, dict]
+    identities: SourceIdentities
     key: str
     recorded: bool  # the plan is the one ``out`` recorded (nothing to record again)
 
@@ -215,10 +216,9 @@ def _mine(plan: ConversionPlan, options: ConvertOptions) -> list[Unit]:
     return plan.units if options.part is None else options.part.units(plan.units)
 
 
-def source_identities(src: Source, plan: ConversionPlan) -> dict[str, dict]:
-    """Source shard -> ``SourceFile.identity()`` now (what each unit records of the shards it reads)."""
-    files = src.files()
-    return {s: files[s].identity() for s in plan.inventory.shards}
+def source_identities(src: Source, plan: ConversionPlan) -> SourceIdentities:
+    """Source shard -> ``SourceFile.identity()`` now, and what each unit records of the shards it reads."""
+    return SourceIdentities.of(src, plan.inventory.shards)
 
 
 def run_warnings(plan: ConversionPlan) -> list[str]:
@@ -288,6 +288,7 @@ def _summary(src: Source, plan: ConversionPlan, out: Path, options: ConvertOptio
     summary = ConvertSummary(
         src.describe(), str(out), options.dry_run, plan.recipe.as_dict(), len(plan.units),
         units_skipped=len(state.finished), units_redone=list(state.dropped), redo_reasons=dict(state.reasons),
+        sources_rechecked=dict(state.rechecked),
         total_out_bytes=plan.out_bytes, peak_disk_bytes=peak_disk_ahead(remaining, transient, kept, options, out),
         format_totals=plan.format_totals(), formats_per_role=plan.role_formats(),
         fallbacks=[f.as_dict() for f in plan.fallbacks], warnings=run_warnings(plan),
@@ -363,6 +364,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
     summary.units_skipped = len(state.finished)
     summary.units_redone = state.dropped
     summary.redo_reasons = state.reasons
+    summary.sources_rechecked = state.rechecked
     pending = [u for u in mine if not ledger.is_finished(u.key)]
     needed = Counter(s for u in pending for s in u.shards)
     for shard in plan.inventory.shards:  # leftovers of an earlier run that no pending unit reads
@@ -614,7 +616,7 @@ def _worker_init(threads: int, parent_pid: int, on_kernels: bool) -> None:
         kernels.use_kernels()
 
 
-def _check_sources_unchanged(src: Source, identities: dict[str, dict]) -> None:
+def _check_sources_unchanged(src: Source, identities: Mapping[str, dict]) -> None:
     if not isinstance(src, LocalFolderSource):
         return  # a Hub source is pinned to a commit and every download is sha256-checked
     for shard, before in identities.items():
@@ -675,7 +677,7 @@ def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
 
 
 def _finalize(src: Source, plan: ConversionPlan, out: Path, ledger: Ledger, options: ConvertOptions,
-              summary: ConvertSummary, copied: list[str], identities: dict[str, dict]) -> None:  # fmt: skip
+              summary: ConvertSummary, copied: list[str], identities: Mapping[str, dict]) -> None:  # fmt: skip
     """The manifest marked complete, once index, config and copied files (``_write_outputs``) are in place (so
     a manifest saying ``complete`` means everything else is in place), and once the local source shards are
     seen unchanged since the run started (a shard edited during the run is not marked complete: the units
