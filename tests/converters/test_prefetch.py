@@ -214,3 +214,39 @@ def _peak_without_ahead(units: list[dict], sizes: dict[str, int]) -> int:
         peak = max(peak, done + unit["out_bytes"] + alive)
         done += unit["out_bytes"]
     return peak
+
+
+def test_a_refused_download_ahead_is_one_line_where_its_unit_needs_the_shard(hub, model, tmp_path):
+    units = _plan_units("org/ahead", tmp_path / "plan")
+    first: dict[str, int] = {}
+    for i, unit in enumerate(units):
+        for shard in unit["shards"]:
+            first.setdefault(shard, i)
+    late = max(first, key=first.get)
+    for shard in first:
+        if shard != late:
+            hub.throttle(shard, 1 * MiB)  # the shards before it take seconds: time to arm the failure
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_cmd("org/ahead", out, "--min-free-gb", "0"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # planned (the shards' headers read): from now on every request for ``late`` is refused
+    while not (out / ".colitools-plan").exists() and proc.poll() is None:
+        threading.Event().wait(0.005)
+    hub.fail_next(10_000, 403, late)
+    stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 1, stderr
+    assert stderr.splitlines() == [stderr.splitlines()[0]]
+    assert stderr.startswith(
+        f"colitools: error: {late}: download refused with HTTP 403 Forbidden from http://"
+    )
+    recorded = json.loads((out / "colitools.json").read_text())["units"]
+    assert set(recorded) == {
+        u["unit"] for u in units[: first[late]]
+    }  # converted up to the unit that needs it
+
+    hub.fail_next(0)
+    for shard in first:
+        hub.throttle(shard, None)
+    _run("org/ahead", out, "--min-free-gb", "0")
+    _run(model, tmp_path / "local", "--min-free-gb", "0")
+    assert _converted(out) == _converted(tmp_path / "local")
