@@ -130,6 +130,9 @@ def test_stream_upload_round_trip_one_unit_on_disk_at_a_time(hub, source, tmp_pa
     # each LFS object went over the wire once (the final commit copied them from the branch)
     recorded = {f["sha256"] for rec in units.values() for f in rec["files"]}
     assert lfs_puts(hub) == {oid: 1 for oid in recorded}
+    # `colitools upload` of this folder names the repo that holds its files
+    up = colitools("upload", out, "me/other")
+    assert up.returncode == 1 and "sent its files to me/tiny-int4" in one_error_line(up)
     # a rerun does nothing and sends nothing
     before = len(hub.log)
     again = colitools("convert", "org/tiny", out, "--upload-repo", "me/tiny-int4", "--stream-upload", "--json")
