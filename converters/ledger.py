@@ -11,8 +11,10 @@ changed since they were converted (each unit records the identity of the shards 
 ctime_ns + a content fingerprint of a local file, size + sha256 of a Hub file; ``source_identity.py`` decides
 when a shard is the same, reading it only when its metadata or folder changed); dropped units are redone; and
 removes temporaries left by a crashed writer. A local source folder moved (or linked) elsewhere is the same source
-when the shards its finished units read have their recorded content there; when none has, it is another source. ``Ledger.examine`` makes the same checks without writing anything. Everything except the ``run`` section (times, durations) is
-deterministic, so two runs of the same conversion produce the same ``colitools.json`` apart from ``run``.
+when the shards its finished units read have their recorded content there; when none has, it is another source.
+``Ledger.examine`` makes the same checks without writing anything. Everything except the ``run`` section (times,
+durations) is deterministic, so two runs of the same conversion produce the same ``colitools.json`` apart from
+``run``.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ class Ledger:
         ledger = cls(outdir, cls._fresh(plan, source), identities)
         # kept units record their shards as they are now (after a move or a chmod, the next rerun reads nothing)
         shards = {u.key: u.shards for u in plan.units}
-        kept = {k: {**rec, "sources": {s: identities.recorded(s) for s in shards[k]}} for k, rec in state.kept.items()}
+        kept = {k: {**r, "sources": {s: identities.recorded(s) for s in shards[k]}} for k, r in state.kept.items()}
         ledger.data["units"] = _ordered(kept, plan)
         ledger.save()
         if state.donor is not None:

@@ -13,10 +13,11 @@ every tensor and ``BLOCKS`` blocks of ``BLOCK`` bytes spread evenly over the fil
 
 What the fingerprint does not prove: a change confined to the inside of a tensor, outside its sampled windows and
 blocks, is not seen when the size is kept (a patched row in the middle of an embedding). A proof would need a
-digest of every byte taken during the conversion, ~0.65 CPU-s per GB of source on every conversion (about what
-converting the shard costs again, bench/resume_check.py); the fingerprint sees any change of the header (names,
-dtypes, shapes, offsets, metadata), any tensor written with other values (another revision, a fine-tune, a
-rescaled norm, an edited first or last row), and whatever lands in a sampled block.
+digest of every byte taken during the conversion: ~0.8 CPU-s per GB of source (sha256), about a third of what the
+conversion itself costs, on every conversion (bench/resume_check.py), to spare a reconversion in the rare case an
+edit keeps the size. The fingerprint reads ~7 MB per GB and sees any change of the header (names, dtypes, shapes,
+offsets, metadata), any tensor written with other values (another revision, a fine-tune, a rescaled norm, an
+edited first or last row), and whatever lands in a sampled block.
 
 A ledger written before fingerprints (an earlier colitools) keeps a unit whose shards have their recorded stat
 identity, in another folder too (an unchanged ``ctime_ns`` is the same inode, untouched since); anything else of

@@ -72,16 +72,16 @@ class SourceFile:
         return cls(name, st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
 
     def identity(self) -> dict[str, Any]:
-        """What the resume ledger records of a source shard per unit; a finished unit whose shards no longer
-        have the recorded identity is redone (docs/INTERNALS.md, "ledger.py").
+        """What a ``stat`` (or the Hub's listing) says of a source shard: the part of the resume ledger's record
+        that costs no read (``source_identity.py`` adds a local file's content fingerprint and decides when a
+        finished unit's shards are still the bytes it converted; docs/INTERNALS.md, "source_identity.py").
 
         Hub: size and LFS sha256 (the source is pinned to one commit, recorded in the manifest). Local: size,
-        mtime_ns and ctime_ns, from one ``stat`` (never a read: hashing terabytes on every resume is not
-        cheap). ``ctime`` is the strong part: any write, ``truncate`` or ``os.utime`` (putting mtime back)
-        sets it to now, and no user-level call can set it back. Not used: the inode (a same-content copy or
-        an atomic replace gets another one, a rewrite in place keeps it: it says nothing ``ctime`` does not).
-        The limit: an edit that keeps size, mtime and ctime (writing the block device, or moving the system
-        clock back) is not seen."""
+        mtime_ns and ctime_ns, from one ``stat``. ``ctime`` is the strong part: any write, ``truncate`` or
+        ``os.utime`` (putting mtime back) sets it to now, and no user-level call can set it back; a ``chmod``,
+        ``chown`` or new hard link sets it too (then the fingerprint decides). Not used: the inode (a
+        same-content copy or an atomic replace gets another one, a rewrite in place keeps it: it says nothing
+        ``ctime`` does not)."""
         ident: dict[str, Any] = {"size": self.size}
         for key in ("sha256", "mtime_ns", "ctime_ns"):
             if getattr(self, key) is not None:
