@@ -144,13 +144,11 @@ def _read_part(folder: Path) -> PartFolder:
     """A part's folder and manifest; ConvertError when it is not a finished part."""
     path = folder / MANIFEST_FILE
     if not folder.is_dir():
-        raise ConvertError(f"{folder}: no such folder (a part folder of `colitools convert --part K/N`)")
+        raise ConvertError(f"{folder}: no such folder (the output folder of one part)")
     try:
         data = Manifest.load(path).data
     except FileNotFoundError:
-        raise ConvertError(
-            f"{folder}: no {MANIFEST_FILE}; not the output of `colitools convert --part K/N`"
-        ) from None
+        raise ConvertError(f"{folder}: no {MANIFEST_FILE}; not the output folder of a part") from None
     except (OSError, ManifestError) as exc:
         raise ConvertError(f"{path}: unreadable ({exc})") from None
     section = parts.recorded_part(data)
@@ -164,7 +162,7 @@ def _read_part(folder: Path) -> PartFolder:
     done = [u for u in section["units"] if u in (data.get("units") or {})]
     if not section.get("complete") or len(done) != len(section["units"]):
         raise ConvertError(f"{folder}: part {part.label} is not finished ({len(done)} of its {len(section['units'])} "
-                           f"units done); rerun its `colitools convert ... --part {part.label}`")  # fmt: skip
+                           f"units done); rerun its conversion (the same command) to finish it")  # fmt: skip
     return part
 
 

@@ -112,7 +112,7 @@ def check_folder(out: Path, part: Part | None) -> dict[str, Any] | None:
     if had != now and (
         data.get("units") or section
     ):  # a ledger of no unit yet is anyone's (a kill at its start)
-        held = f"part {had} of a conversion" if had else "a whole conversion (no --part)"
+        held = f"part {had} of a conversion" if had else "a whole conversion (no `part`)"
         asked = f"part {now}" if now else "the whole conversion"
         raise ConvertError(f"{path}: this folder holds {held}, not {asked}; use another output folder")
     return section

@@ -182,7 +182,7 @@ def test_a_missing_or_repeated_or_unfinished_part_is_refused_in_one_line(model, 
     killed = tmp_path / "killed"
     colitools("convert", model, killed, "--part", "2/3", *FLAGS, COLITOOLS_TEST_KILL_AT="published:1")
     line = one_error_line(colitools("merge", three[0], killed, three[2], out))
-    assert f"{killed}: part 2/3 is not finished (0 of its" in line and "--part 2/3" in line, line
+    assert f"{killed}: part 2/3 is not finished (0 of its" in line and "rerun its conversion" in line, line
     resumed = colitools("convert", model, killed, "--part", "2/3", *FLAGS)  # a part resumes as any conversion
     assert resumed.returncode == 0, resumed.stderr
     assert colitools("merge", three[0], killed, three[2], out).returncode == 0
