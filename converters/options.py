@@ -34,6 +34,7 @@ class ConvertOptions:
     dense: str | None = None
     embed: str | None = None
     mtp: str | None = None
+    experts_down: str | None = None  # --experts-down: the routed experts' down projections (None: ``experts``)
     group_size: int | None = None
     layout: str | None = None  # a --layout value (formats/layouts.py); None: the target's, else pairs
     towers: str | None = None  # --towers keep | drop (FORMATS §5 rule 1); None: the target's, else keep
@@ -106,7 +107,7 @@ class ConvertOptions:
     def recipe(self) -> Recipe:
         recipe = Recipe.from_options(
             self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers, self.target,
-            self.quantizer,
+            self.quantizer, self.experts_down,
         )
         budget = self.budget()
         if budget is not None:

@@ -60,8 +60,8 @@ def write_target_files(outdir: Path, plan: ConversionPlan, config: dict[str, Any
     shapes = {target.out_name(name): tuple(t.shape) for name, t in plan.inventory.tensors.items()}
     stacks = (st for u in plan.units for f in u.files for g in f.groups for st in g.stacks if st.fmt)
     first = next(stacks, None)  # the routed experts' format as written (a merged blob's, a fused stack's)
-    experts, gs = (first.fmt, first.gs) if first is not None else (plan.recipe.experts, None)
-    files = {**target.config_files(config), **target.meta_files(config, shapes, experts, gs)}
+    experts, gs, down = (first.fmt, first.gs, first.down) if first is not None else (plan.recipe.experts, None, None)
+    files = {**target.config_files(config), **target.meta_files(config, shapes, experts, gs, down)}
     for name, obj in files.items():
         write_json_atomic(outdir / name, obj)
 

@@ -347,6 +347,8 @@ class Recipe:
     target: targets.Target = targets.GENERIC  # --target (formats/targets/): recorded by name
     quantizer: str = RTN  # --quantizer rtn | mse (FORMATS §11): recorded only when not rtn
     budget: Budget | None = None  # --target-size / --target-bpw (§10): recorded only when given
+    # --experts-down: the routed experts' down projections (rule 5), None: ``experts``; recorded only when given
+    experts_down: str | None = None
 
     @classmethod
     def from_options(
@@ -360,6 +362,7 @@ class Recipe:
         towers: str | None = None,
         target: targets.Target = targets.GENERIC,
         quantizer: str = RTN,
+        experts_down: str | None = None,
     ) -> Recipe:
         """Build and validate a recipe from CLI-style options.
 
@@ -397,7 +400,16 @@ class Recipe:
         tgt.check_option("towers", towers)
         if quantizer not in QUANTIZERS:
             raise ParameterError(f"`quantizer={quantizer!r}`: choose one of {', '.join(QUANTIZERS)}")
-        return cls(layout=layout, towers=towers, target=target, quantizer=quantizer, **values)
+        if experts_down is not None:
+            try:
+                choice = parse_format_option(experts_down)
+            except FormatError as exc:
+                raise ParameterError(f"`experts_down`: {exc}") from None
+            if group_size is not None and choice.gs is not None and choice.gs != group_size:
+                raise ConvertError(f"`experts_down={experts_down}` contradicts `group_size={group_size}`")
+            tgt.check_option("experts_down", experts_down)
+        return cls(layout=layout, towers=towers, target=target, quantizer=quantizer, experts_down=experts_down,
+                   **values)  # fmt: skip
 
     @property
     def quantizer_mode(self) -> str:
@@ -421,6 +433,9 @@ class Recipe:
         """The format option of tensor ``name`` (its recipe name) of ``role``: the budget's allocation, else the
         role's option (``option_for``)."""
         option = self.option_for(role)
+        if role is Role.EXPERT and self.experts_down is not None:
+            parsed = expert_of(name)
+            option = self.experts_down if parsed is not None and parsed.is_down else option
         return option if self.budget is None else self.budget.option_of(name, option)
 
     def with_option(self, role: Role, option: str) -> Recipe:
@@ -443,6 +458,8 @@ class Recipe:
             del d["target"]
         if d["quantizer"] == RTN:
             del d["quantizer"]
+        if d["experts_down"] is None:
+            del d["experts_down"]
         return d
 
     def fingerprint(self) -> str:

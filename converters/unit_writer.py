@@ -295,10 +295,15 @@ def stack_codes(stack: Stack, parts: list[np.ndarray]) -> np.ndarray:
     """A target's stacked tensor (formats/expert_layouts.py ``Stack``: a merged expert blob, a fused stack) from
     its members' weights, back to back in member order: one-byte codes as U8 (int8-row codes keep their two's
     complement bytes; the sink stores them under the stack's dtype), int4 pairs bytes XOR ``SIGNED_NIBBLE_XOR``
-    where the loader reads signed nibbles (``pack_int4``), float weights in their stored dtype."""
-    flat = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+    where the loader reads signed nibbles (``pack_int4``; not the ``plain_members``, a mixed slab's int8-row
+    down), float weights in their stored dtype."""
     if stack.signed_nibbles:
-        return flat.view(np.uint8) ^ np.uint8(SIGNED_NIBBLE_XOR)
+        xor = np.uint8(SIGNED_NIBBLE_XOR)
+        return np.concatenate([
+            np.asarray(p).reshape(-1).view(np.uint8) ^ (np.uint8(0) if k in stack.plain_members else xor)
+            for k, p in zip(stack.members, parts, strict=True)
+        ])  # fmt: skip
+    flat = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
     return flat.view(np.uint8) if flat.dtype == np.int8 else flat
 
 

@@ -91,6 +91,8 @@ class Stack:
     fmt: str | None = None
     gs: int | None = None
     signed_nibbles: bool = False
+    down: str | None = None  # a merged blob's down projection in another format (the mixed slab: int8-row)
+    plain_members: tuple[int, ...] = ()  # members kept as their own bytes in a signed-nibble stack (int8-row)
 
     @property
     def entries(self) -> list[Entry]:
@@ -269,9 +271,12 @@ class MergedLayout(ExpertLayout):
     A blob holds gate ``[I, H]``, up ``[I, H]`` and down ``[H, I]`` back to back, all in one format: int8-row
     (I8, ``O*I`` bytes each; both engines) or int4 (U8, the whole blob's ``3*I*H`` values flattened and packed two
     per byte as signed nibbles, ``convert_qwen36.py`` ``pack_int4``; qwen36 only) with row scales (int4-row) or
-    group scales along the input (int4-grouped, ``expert_gs`` of ``qwen36_meta.json``). The scale tensor holds
-    gate, up and down scales in that order. Which of these a target writes is its ``--experts`` values; readers
-    accept every one, telling them apart by byte and scale counts as ``load_expert_merged`` does."""
+    group scales along the input (int4-grouped, ``expert_gs`` of ``qwen36_meta.json``), or the **mixed slab**
+    (``convert_qwen36.py --down-bits 8``, qwen36 only: int4 gate and up as above, then the down projection as
+    int8-row, ``2*I*H`` bytes, ``qwen36_meta.json`` ``expert_down_bits`` 8, ``expert_down_gs`` 0). The scale
+    tensor holds gate, up and down scales in that order. Which of these a target writes is its ``--experts`` /
+    ``--experts-down`` values; readers accept every one, telling them apart by byte and scale counts as
+    ``load_expert_merged`` does."""
 
     leaf: str = "merged_weight"  # ...experts.{E}.merged_weight (names.MERGED_EXPERTS)
     scale_leaf: str = "qs"  # ...experts.{E}.qs (names.MERGED_SCALES)
@@ -291,49 +296,60 @@ class MergedLayout(ExpertLayout):
         return self.dtype if fmt == INT8_ROW else self.int4_dtype
 
     def parts(
-        self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None
+        self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None, down: str | None = None
     ) -> tuple[MergedPart, ...]:
-        """The parts of one blob of an expert of width ``inter`` in a model of hidden size ``hidden``."""
+        """The parts of one blob of an expert of width ``inter`` in a model of hidden size ``hidden``; ``down``:
+        the down projection's format when it is not ``fmt`` (the mixed slab's int8-row)."""
         out, d, s = [], 0, 0
-        int4 = fmt != INT8_ROW
         for proj in self.projections:
+            pf = down if proj == "down" and down else fmt
+            int4 = pf != INT8_ROW
             O, I = (hidden, inter) if proj == "down" else (inter, hidden)
             nb = O * I // 2 if int4 else O * I
-            ns = O * -(-I // gs) if fmt == INT4_GROUPED and gs else O
-            out.append(MergedPart(proj, O, I, (d, d + nb), (s, s + ns), fmt, gs if fmt == INT4_GROUPED else None,
+            ns = O * -(-I // gs) if pf == INT4_GROUPED and gs else O
+            out.append(MergedPart(proj, O, I, (d, d + nb), (s, s + ns), pf, gs if pf == INT4_GROUPED else None,
                                   int4))  # fmt: skip
             d, s = d + nb, s + ns
         return tuple(out)
 
-    def sizes(self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None) -> tuple[int, int]:
+    def sizes(
+        self, hidden: int, inter: int, fmt: str = INT8_ROW, gs: int | None = None, down: str | None = None
+    ) -> tuple[int, int]:
         """``(blob bytes, scale elements)``: ``want_w`` / ``want_s`` of ``load_expert_merged``."""
-        last = self.parts(hidden, inter, fmt, gs)[-1]
+        last = self.parts(hidden, inter, fmt, gs, down)[-1]
         return last.data[1], last.scales[1]
 
     def identify(
         self, hidden: int, inter: int, nbytes: int, n_scales: int, group_size: int | None = None
-    ) -> tuple[str, int | None] | None:
-        """``(format, group size)`` of a blob of ``nbytes`` bytes with ``n_scales`` scales, or None when no layout
-        has those counts. ``group_size`` is the container's ``expert_gs`` (``qwen36_meta.json``; 0: row scales),
-        which decides between layouts with equal counts (int4-g32 and int4-g48 at width 64, int4-row and
-        int4-g64 at width 64), as it does in ``load_expert_merged``; without it such counts are None."""
+    ) -> tuple[str, int | None, str | None] | None:
+        """``(format, group size, down format)`` of a blob of ``nbytes`` bytes with ``n_scales`` scales (down
+        format None: the blob's own; int8-row: the mixed slab, ``2*I*H`` bytes), or None when no layout has those
+        counts. ``group_size`` is the container's ``expert_gs`` (``qwen36_meta.json``; 0: row scales), which
+        decides between layouts with equal counts (int4-g32 and int4-g48 at width 64, int4-row and int4-g64 at
+        width 64), as it does in ``load_expert_merged``; without it such counts are None."""
         found = []
         if self.sizes(hidden, inter) == (nbytes, n_scales) and not group_size:
-            found.append((INT8_ROW, None))
+            found.append((INT8_ROW, None, None))
         if hidden % 2 == 0 and inter % 2 == 0:
-            if self.sizes(hidden, inter, INT4_ROW) == (nbytes, n_scales) and not group_size:
-                found.append((INT4_ROW, None))
-            found += [(INT4_GROUPED, g) for g in GROUP_SIZES if group_size in (None, g)
-                      and self.sizes(hidden, inter, INT4_GROUPED, g) == (nbytes, n_scales)]  # fmt: skip
+            for down in (None, INT8_ROW):
+                if self.sizes(hidden, inter, INT4_ROW, None, down) == (nbytes, n_scales) and not group_size:
+                    found.append((INT4_ROW, None, down))
+                found += [(INT4_GROUPED, g, down) for g in GROUP_SIZES if group_size in (None, g)
+                          and self.sizes(hidden, inter, INT4_GROUPED, g, down) == (nbytes, n_scales)]  # fmt: skip
         return found[0] if len(found) == 1 else None
 
     @staticmethod
-    def blob_format(jobs: Sequence[PlannedTensor]) -> tuple[str, int | None]:
-        """``(format, group size)`` of the blob of these parts: int4-grouped with the largest group size when any
-        part is (a narrower part written int4-row has one group per row, the same bytes and scales), else the
-        parts' format, group size None."""
-        grouped = [j.target.gs for j in jobs if j.target.fmt == INT4_GROUPED]
-        return (INT4_GROUPED, max(grouped)) if grouped else (jobs[0].target.fmt, None)
+    def blob_format(jobs: Sequence[PlannedTensor]) -> tuple[str, int | None, str | None]:
+        """``(format, group size, down format)`` of the blob of these parts: int4-grouped with the largest group
+        size when any part is (a narrower part written int4-row has one group per row, the same bytes and
+        scales), else the parts' format, group size None; down format int8-row when the down projection alone is
+        int8-row and gate and up are int4 (the mixed slab), else None."""
+        down = jobs[-1].target.fmt if len(jobs) == 3 else None
+        mixed = down == INT8_ROW and all(j.target.fmt != INT8_ROW for j in jobs[:-1])
+        body = jobs[:-1] if mixed else jobs
+        grouped = [j.target.gs for j in body if j.target.fmt == INT4_GROUPED]
+        fmt, gs = (INT4_GROUPED, max(grouped)) if grouped else (body[0].target.fmt, None)
+        return fmt, gs, (INT8_ROW if mixed else None)
 
     # ---------------------------------------------------------------------------------------- write side
     def group(self, groups: Sequence[Sequence[PlannedTensor]], target: Any) -> list[Grouped]:
@@ -351,22 +367,28 @@ class MergedLayout(ExpertLayout):
                 f"({', '.join(j.out_name for j in jobs)}) is not one {'/'.join(self.projections)} record, which "
                 f"{target.loader} reads as one merged blob"
             )
-        fmt, gs = self.blob_format(jobs)
-        self._check_parts(jobs, fmt, gs, target)
+        fmt, gs, down = self.blob_format(jobs)
+        self._check_parts(jobs, fmt, gs, down, target)
         H, I = first.I, first.O
-        n_codes, n_scales = self.sizes(H, I, fmt, gs)
-        if self.identify(H, I, n_codes, n_scales, gs or 0) != (fmt, gs):  # pragma: no cover
+        n_codes, n_scales = self.sizes(H, I, fmt, gs, down)
+        if self.identify(H, I, n_codes, n_scales, gs or 0) != (fmt, gs, down):  # pragma: no cover
             raise FormatError(
                 f"internal: merged {first.target.label} at hidden {H}, width {I} does not resolve back"
             )
         blob, scale = self.names(first.expert_base, first.expert)
         stack = Stack(blob, self.blob_dtype(fmt), (n_codes,), tuple(range(len(jobs))), scale, n_scales, fmt, gs,
-                      signed_nibbles=fmt != INT8_ROW)  # fmt: skip
+                      signed_nibbles=fmt != INT8_ROW, down=down,
+                      plain_members=(len(jobs) - 1,) if down else ())  # fmt: skip
         return Grouped(jobs, stacks=(stack,))
 
-    def _check_parts(self, jobs: tuple[PlannedTensor, ...], fmt: str, gs: int | None, target: Any) -> None:
+    def _check_parts(
+        self, jobs: tuple[PlannedTensor, ...], fmt: str, gs: int | None, down: str | None, target: Any
+    ) -> None:
         wanted = target.allowed("experts") or (self.fmt,)
-        for j in jobs:
+        for k, j in enumerate(jobs):
+            if down and k == len(jobs) - 1:
+                self._check_down(j, target)
+                continue
             same = (j.target.fmt, j.target.gs) == (fmt, gs) or (
                 fmt == INT4_GROUPED and j.target.fmt == INT4_ROW and j.I <= gs
             )  # one group per row is a row scale: the same bytes and scales
@@ -387,6 +409,19 @@ class MergedLayout(ExpertLayout):
             raise TargetRefused(
                 f"{where}: int4 merged blobs need an even hidden size and expert width (gate is "
                 f"{[gate.O, gate.I]}); use `experts=int8-row`"
+            )
+
+    @staticmethod
+    def _check_down(job: PlannedTensor, target: Any) -> None:
+        """The down projection of a mixed slab: int8-row, where the target's loader reads that slab."""
+        wanted = target.allowed("experts_down") or ()
+        also = f" or the mixed slab with down as {', '.join(wanted)}" if wanted else ""
+        raise_it = job.target.label not in wanted
+        if raise_it:
+            raise TargetRefused(
+                f"`target={target.name}`: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
+                f"{job.target.label} beside int4 gate and up; {target.loader} reads gate, up and down in one "
+                f"format{also}"
             )
 
     # ----------------------------------------------------------------------------------------- read side
@@ -424,11 +459,12 @@ class MergedLayout(ExpertLayout):
             gs = "" if group_size is None else f", expert_gs {group_size}"
             raise ResolveError(
                 f"{where}: merged expert blob {name} is {info.nbytes} bytes with {n_scales} scales; config.json "
-                f"(hidden {H}, expert width {I}{gs}) implies {want_w} bytes and {want_s} scales (int8-row) or "
-                f"{want_w // 2} bytes (int4) with scales per row or per group of qwen36_meta.json's expert_gs"
+                f"(hidden {H}, expert width {I}{gs}) implies {want_w} bytes and {want_s} scales (int8-row), "
+                f"{want_w // 2} bytes (int4) or {2 * want_w // 3} (int4 gate/up, int8-row down) with scales per "
+                f"row or per group of qwen36_meta.json's expert_gs"
             )
-        fmt, gs = found
-        return LayoutRead(scale, fmt, gs, self.parts(H, I, fmt, gs))
+        fmt, gs, down = found
+        return LayoutRead(scale, fmt, gs, self.parts(H, I, fmt, gs, down))
 
 
 MERGED = MergedLayout()

@@ -43,6 +43,11 @@ _TOWERS_HELP = (
     "Multimodal towers: keep (source dtype, unchanged; the default unless the target drops them) or drop (listed "
     "in the manifest)."
 )
+_EXPERTS_DOWN_HELP = (
+    "The routed experts' down projections in another format than --experts (default: the same). With --target "
+    "qwen36 and int4 experts, int8-row writes colibri's mixed slab (convert_qwen36.py --down-bits 8); the other "
+    "merged and fused targets read one format per expert."
+)
 _BUDGET_HELP = (
     "instead of --experts / --dense / --embed / --mtp: every tensor's format chosen among those the target reads, "
     "to least squared error (measured on the source first, cached in OUTDIR) within the budget "
@@ -114,6 +119,7 @@ def convert_command(
     mtp: Annotated[
         str | None, typer.Option("--mtp", help="MTP layers, index >= num_hidden_layers (default int8-row).")
     ] = None,
+    experts_down: Annotated[str | None, typer.Option("--experts-down", help=_EXPERTS_DOWN_HELP)] = None,
     group_size: Annotated[
         int | None, typer.Option("--group-size", help="Group size of int4-grouped choices.")
     ] = None,
@@ -152,7 +158,7 @@ def convert_command(
     from colitools.converters.runner import convert
 
     options = ConvertOptions(
-        experts=experts, dense=dense, embed=embed, mtp=mtp, group_size=group_size, layout=layout, towers=towers,
+        experts=experts, dense=dense, embed=embed, mtp=mtp, experts_down=experts_down, group_size=group_size, layout=layout, towers=towers,
         target=target if target is not None else targets_default, quantizer=quantizer,
         target_size=target_size, target_bpw=target_bpw, usage=usage,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers, replace=replace,

@@ -98,6 +98,11 @@ V4_FLOAT_DTYPES: dict[str, str] = {
 V4_FP8 = "fp8-e8m0"  # the recipe option of registry format fp8-e4m3-e8m0 (docs/FORMATS.md §2.9)
 
 
+# what an engine lets differ among the routed experts' formats: each projection of each expert ("tensor"), each
+# expert (its projections alike: "expert"), each layer (every expert of a layer alike: "layer"), nothing ("uniform")
+EXPERT_GRANULARITIES = ("tensor", "expert", "layer", "uniform")
+
+
 @dataclass(frozen=True)
 class Rewrite:
     """How a target writes one planned tensor (``Target.rewrite``): its written name and expert base, and at
@@ -118,11 +123,12 @@ class Rewrite:
 @dataclass(frozen=True)
 class MetaFile:
     """An engine's own metadata file beside the shards: ``name`` and ``build(config, shapes, experts,
-    group_size)`` -> its JSON object (``shapes``: the source tensors' shapes by their written names;
-    ``experts`` / ``group_size``: the format of the written routed experts)."""
+    group_size, down)`` -> its JSON object (``shapes``: the source tensors' shapes by their written names;
+    ``experts`` / ``group_size``: the format of the written routed experts; ``down``: their down projections'
+    format when it is another, a merged blob's mixed slab, else None)."""
 
     name: str
-    build: Callable[[dict[str, Any], dict[str, tuple[int, ...]], str, int | None], dict[str, Any]]
+    build: Callable[[dict[str, Any], dict[str, tuple[int, ...]], str, int | None, str | None], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,9 @@ class Target:
     # its engine multiplies codes by a negative scale as by a positive one, shown by running it on such output
     # (FORMATS §9): ``--quantizer mse`` may then write negative scales (pairs layout only), else positive ones
     signed_scales: bool = False
+    # the grain at which its engine lets the routed experts' formats differ (``EXPERT_GRANULARITIES``), read in its
+    # loader (each target module cites the lines): a size budget (docs/FORMATS.md §12) chooses at this grain
+    expert_granularity: str = "tensor"
 
     # ------------------------------------------------------------------------------------ options, sources
     def check_writable(self) -> None:
@@ -311,12 +320,13 @@ class Target:
         return files
 
     def meta_files(
-        self, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None
-    ) -> dict[str, dict[str, Any]]:
+        self, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None,
+        down: str | None = None,
+    ) -> dict[str, dict[str, Any]]:  # fmt: skip
         """The engine's own metadata file(s) by file name (``meta``; none for most targets)."""
         if self.meta is None:
             return {}
-        return {self.meta.name: self.meta.build(config, shapes, experts, group_size)}
+        return {self.meta.name: self.meta.build(config, shapes, experts, group_size, down)}
 
     @property
     def engine(self) -> str:

@@ -20,14 +20,16 @@ from colitools.formats.targets.base import (
 
 # --------------------------------------------------------------------------------------- qwen36_meta.json
 def qwen36_meta(
-    config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None
-) -> dict[str, Any]:
+    config: dict[str, Any], shapes: dict[str, tuple[int, ...]], experts: str, group_size: int | None,
+    down: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """``qwen36_meta.json`` as ``c/tools/convert_qwen36.py`` writes it and ``c/qwen36.c`` ``load_meta`` reads it.
 
     ``config`` is the source's ``config.json``, ``shapes`` the source tensor shapes by their *written* names
     (head dims come from the first full-attention layer's weights, as the converter takes them), ``experts``
     the routed experts' format (``int8-row`` -> ``ebits`` 8, int4 -> 4; ``expert_gs`` the int4-grouped group
-    size, 0 for row scales). Where transformers defines a key the converter defaults differently
+    size, 0 for row scales; ``down`` int8-row: the mixed slab, ``expert_down_bits`` 8 and ``expert_down_gs`` 0,
+    the keys ``load_meta`` reads for ``convert_qwen36.py --down-bits``). Where transformers defines a key the converter defaults differently
     (``norm_topk_prob``, ``attn_output_gate``: Qwen3.5-MoE always renormalises and always gates; rope values that
     transformers 5 keeps in ``rope_parameters``), the value is the one transformers runs the model with
     (docs/FORMATS.md §4 Targets)."""
@@ -78,6 +80,8 @@ def qwen36_meta(
         meta["head_dim"] = meta.get("k_head_dim", meta.get("q_head_dim", 256))
         meta["rope_dim"] = meta.get("qk_rope_head_dim", meta["head_dim"] // 4)
     meta[META_GROUP_SIZE] = int(group_size or 0)  # 0 = per-row scales; > 0 = group size along the input
+    if down == INT8_ROW:  # the mixed slab: int4 gate/up, int8-row down (row scales)
+        meta["expert_down_bits"], meta["expert_down_gs"] = 8, 0
     dn = {
         "dn_vheads": ("linear_num_value_heads", "num_value_heads"),
         "dn_kheads": ("linear_num_key_heads", "num_key_heads"),
@@ -94,11 +98,13 @@ def qwen36_meta(
 TARGET = Target(
     QWEN36,
     "c/qwen36.c (load_cfg, load_meta, model_init's load_t_n, load_expert_merged)",
-    help="merged int8-row / int4-row / int4-g{gs} experts (signed nibbles), float dense tensors renamed "
+    help="merged int8-row / int4-row / int4-g{gs} experts (signed nibbles; --experts-down int8-row: the mixed "
+    "slab, int4 gate/up and int8-row down), float dense tensors renamed "
     "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only.",
     model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
     reads=(
         ("experts", (INT8_ROW, INT4_ROW, *(f"int4-g{g}" for g in GROUP_SIZES))),
+        ("experts_down", (INT8_ROW,)),  # the mixed slab (load_meta's expert_down_bits / expert_down_gs)
         *_floats("f32", "bf16"),
         *PAIRS_ONLY,
         ("towers", ("drop",)),
@@ -106,6 +112,12 @@ TARGET = Target(
     why=(("towers", f"c/qwen36.c runs the text model only: {DROPPED_TOWERS}"),),
     defaults=(("experts", INT4_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
     experts=MERGED,
+    # c/qwen36.c (the 393,817-character version with the mixed slab): load_expert_merged (lines 2642-2720) tells
+    # int8 / int4 / mixed apart per blob by its size, but the scale counts come from the one expert_gs of
+    # qwen36_meta.json (scale_count_gu, line 2527), and the engine picks kernels for all layers from one expert:
+    # xf_mode (lines 1266-1273: the first layer's expert 0), the VRAM tier's expert_is_int4 (lines 6455-6463:
+    # layer 0's expert 0), quant_bits (line 7187): one format for all routed experts
+    expert_granularity="uniform",
     rename=(("model.language_model.", "model."),),
     flat_config=True,
     meta=MetaFile("qwen36_meta.json", qwen36_meta),

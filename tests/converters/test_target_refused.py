@@ -65,7 +65,7 @@ CANDIDATES = {
     "towers": ("keep", "drop"),
     "layout": ("pairs", "planar"),
     **dict.fromkeys(
-        ("experts", "dense", "embed", "mtp"),
+        ("experts", "dense", "embed", "mtp", "experts_down"),
         ("f32", "bf16", "int8-row", "int4-row", "int4-g64", "int4-g32", "int3-g64", "mxfp4", "fp8-e8m0"),
     ),
 }

@@ -29,7 +29,7 @@ def test_a_target_is_one_entry_of_formats_targets(tmp_path, monkeypatch):
         reads=(("experts", (INT8_ROW,)), *_floats("bf16"), *PAIRS_ONLY),
         defaults=(("experts", INT8_ROW), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
         experts=MERGED,
-        meta=MetaFile("toy_meta.json", lambda config, shapes, experts, gs: {"experts": experts}),
+        meta=MetaFile("toy_meta.json", lambda config, shapes, experts, gs, down: {"experts": experts}),
     )
     monkeypatch.setitem(targets.TARGETS, toy.name, toy)
     out = tmp_path / "out"
