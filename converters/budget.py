@@ -44,7 +44,6 @@ from colitools.converters.planner import (
 from colitools.converters.sources import Source
 from colitools.converters.unit_writer import ShardReader, _source_values, encode_job, job_error
 from colitools.formats import planar_sidecar as sidecar
-from colitools.formats import targets
 from colitools.formats.atomic import write_json_atomic
 from colitools.formats.dtypes import itemsize, numpy_dtype
 from colitools.formats.errors import ConvertError, ParameterError, TargetRefused
@@ -53,6 +52,7 @@ from colitools.formats.format_names import NATIVE_OPTION
 from colitools.formats.jsonfile import load_json_object
 from colitools.formats.layouts import PLANAR
 from colitools.formats.registry import parse_format_option
+from colitools.formats.targets.base import EXPERT_GRANULARITIES
 
 CACHE_FILE = ".colitools-budget.json"  # the measurements, in the output folder
 CACHE_VERSION = 1
@@ -98,9 +98,13 @@ def role_candidates(recipe: rc.Recipe, role: rc.Role) -> tuple[str, ...]:
     return tuple(out)
 
 
-def grouped_experts(recipe: rc.Recipe) -> bool:
-    """The target stacks its routed experts (merged blobs, fused stacks): one format for all of them."""
-    return recipe.target.experts in targets.EXPERT_READERS
+def expert_grain(recipe: rc.Recipe) -> str:
+    """Where the target's engine lets the routed experts' formats differ (``Target.expert_granularity``, read in
+    its loader: ``tensor``, ``expert``, ``layer`` or ``uniform``): the budget chooses one format per such group."""
+    grain = recipe.target.expert_granularity
+    if grain not in EXPERT_GRANULARITIES:  # pragma: no cover - a target module's typo
+        raise ValueError(f"target {recipe.target.name}: expert_granularity {grain!r}")
+    return grain
 
 
 # ------------------------------------------------------------------------------------------ measurement
@@ -447,20 +451,35 @@ def importance(m: Measured, usage: dict[tuple[int, int], float]) -> float:
 
 
 # ------------------------------------------------------------------------------------------- allocation
+def _expert_groups(measured: dict[str, Measured], grain: str) -> list[list[str]]:
+    """The routed experts' tensors grouped as the engine needs one format for each group (``expert_grain``):
+    none (``tensor``: each its own item), per expert, per layer, or all of them (``uniform``)."""
+    experts = [n for n in sorted(measured) if measured[n].role is rc.Role.EXPERT]
+    if grain == "tensor" or not experts:
+        return []
+    if grain == "uniform":
+        return [experts]
+    by: dict[tuple, list[str]] = defaultdict(list)
+    for n in experts:
+        m = measured[n]
+        by[(m.layer_index if m.layer_index is not None else -1, m.layer, m.expert if grain == "expert" else -1)].append(n)
+    return [by[k] for k in sorted(by)]
+
+
 def _items(
-    measured: dict[str, Measured], usage: dict, grouped: bool
+    measured: dict[str, Measured], usage: dict, grain: str
 ) -> tuple[list[allocation.Item], list[list[str]], list[list[str]]]:
-    """The solver's items (one per tensor; when ``grouped``, the routed experts as one item and the tensors cut
-    from one source stack, such as a stacked shared expert, as one), the tensor names of each, and the option
-    names of each item's options."""
+    """The solver's items: the routed experts grouped at the engine's grain (``_expert_groups``), then one item
+    per other tensor (a target that groups its experts also writes the tensors cut from one source stack, such
+    as a stacked shared expert, as one), the tensor names of each, and the option names of each item's
+    options."""
     names = sorted(measured)
-    groups: list[list[str]] = []
-    experts = [n for n in names if grouped and measured[n].role is rc.Role.EXPERT]
-    if experts:
-        groups.append(experts)
+    grouped = grain != "tensor"
+    groups = _expert_groups(measured, grain)
+    in_groups = {n for g in groups for n in g}
     by_source: dict[str, list[str]] = defaultdict(list)
     for n in names:
-        if n not in set(experts):
+        if n not in in_groups:
             by_source[measured[n].source if grouped else n].append(n)
     groups += sorted(by_source.values())
     items, options = [], []
@@ -471,9 +490,18 @@ def _items(
              sum(importance(measured[n], usage) * measured[n].options[o][1] for n in g))
             for o in common
         )  # fmt: skip
-        items.append(allocation.Item(GROUP_EXPERTS if len(g) > 1 else g[0], opts))
+        items.append(allocation.Item(_item_key(g, measured, grain, g[0] in in_groups), opts))
         options.append(common)
     return items, groups, options
+
+
+def _item_key(g: list[str], measured: dict[str, Measured], grain: str, experts: bool) -> str:
+    """An item's name in messages: its tensor, the source stack it is cut from, or its routed experts."""
+    if not experts:
+        return g[0] if len(g) == 1 else measured[g[0]].source
+    m = measured[g[0]]
+    where = {"layer": f" of {m.layer}", "expert": f" {m.layer}.{m.expert}"}.get(grain, "")
+    return GROUP_EXPERTS + where
 
 
 def budget_bytes(recipe: rc.Recipe, base: ConversionPlan) -> int:
@@ -506,14 +534,14 @@ def allocate(
     if fresh and out is not None and not dry_run:
         write_cache(out, key, measured)
     measure_s = time.monotonic() - started
-    items, groups, options = _items(measured, weights, grouped_experts(recipe))
+    items, groups, options = _items(measured, weights, expert_grain(recipe))
     fixed = data_bytes(base) - sum(measured[n].base for g in groups for n in g)
     target = budget_bytes(recipe, base)
     b = recipe.budget
     label = f"`target_size={b.size}`" if b.size is not None else f"`target_bpw={b.bpw:g}`"
     sol = allocation.solve(items, fixed, target, label)
     chosen = {n: options[i][k] for i, k in enumerate(sol.choice) for n in groups[i]}
-    recipe = _allocated_recipe(recipe, chosen, measured, grouped_experts(recipe))
+    recipe = _allocated_recipe(recipe, chosen, measured, expert_grain(recipe))
     plan = plan_conversion(inventory, recipe)
     achieved = data_bytes(plan)
     if achieved > target:  # pragma: no cover - the byte arithmetic of the measurement is the planner's own
@@ -526,11 +554,11 @@ def allocate(
 
 
 def _allocated_recipe(recipe: rc.Recipe, chosen: dict[str, str], measured: dict[str, Measured],
-                      grouped: bool) -> rc.Recipe:  # fmt: skip
-    """The recipe that writes ``chosen``: per tensor in ``Budget.formats``, and a grouped target's routed
-    experts' one option as its ``experts``."""
+                      grain: str) -> rc.Recipe:  # fmt: skip
+    """The recipe that writes ``chosen``: per tensor in ``Budget.formats``, and the one option of a target whose
+    engine needs one format for all routed experts as its ``experts``."""
     experts = {o for n, o in chosen.items() if measured[n].role is rc.Role.EXPERT}
-    if grouped and experts:
+    if grain == "uniform" and experts:
         recipe = recipe.with_option(rc.Role.EXPERT, experts.pop())
         chosen = {n: o for n, o in chosen.items() if measured[n].role is not rc.Role.EXPERT}
     return replace(recipe, budget=replace(recipe.budget, formats=tuple(sorted(chosen.items()))))

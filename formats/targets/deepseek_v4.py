@@ -84,6 +84,9 @@ TARGET = Target(
     ),  # embed: find_head takes a BF16 head only
     defaults=(("experts", "mxfp4"), ("dense", V4_FP8), ("embed", "bf16"), ("mtp", V4_FP8)),
     experts=ExpertRecord(formats=("mxfp4",), spelling=V4_FP4_EXPERTS),
+    # c/deepseek_v4.c @ 4ef9a99, expert_record_bytes (lines 910-922): layer 0 expert 0's six parts size every
+    # expert slot: one record size, mxfp4 only
+    expert_granularity="uniform",
     name_map=names.deepseek_v4_released_name,
     float_dtypes=tuple(V4_FLOAT_DTYPES.items()),
     config_extra=deepseek_v4_config,

@@ -23,4 +23,7 @@ TARGET = Target(
     engine_formats=COLIBRI_C_FORMATS,
     # c/colibri.c @ 4ef9a99 ran mse outputs with signed scales token-exact (docs/FORMATS.md §11)
     signed_scales=True,
+    # c/colibri.c @ 4ef9a99, expert_load (line 2312): each of an expert's gate / up / down is resolved from its own
+    # byte and scale counts (qt_resolve_fmt per tensor); nothing sizes or picks a kernel from another expert
+    expert_granularity="tensor",
 )

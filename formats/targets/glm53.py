@@ -36,6 +36,9 @@ TARGET = Target(
     defaults=(("experts", "int4-g64"), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
     # gate.w gate.qs up.w up.qs down.w down.qs
     experts=ExpertRecord(formats=("int4-g64",), order=("gate", "up", "down")),
+    # one expert format (int4-g64, ``reads``); c/glm53.c itself was not read for this (its source is not in the
+    # 4ef9a99 tree): nothing for a budget to choose
+    expert_granularity="uniform",
     source_float_leaves=("embed_tokens", "kv_b_proj"),
     int4_group=64,
     int4_fallback="bf16",

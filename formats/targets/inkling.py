@@ -29,6 +29,10 @@ TARGET = Target(
     ),
     defaults=(("experts", INT4_ROW), ("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
     experts=FUSED,
+    # c/inkling.c @ 4ef9a99, model_init's container detection (lines 887-899): the row bytes of gate_up_proj and
+    # down_proj are read from the first sparse layer only (``break``) and size every layer's slots; moe() (line
+    # 1303) picks the int4 or int8 kernel for both from them: one format for all routed experts
+    expert_granularity="uniform",
     name_map=names.inkling_text_name,
     drop_mtp=True,
     signed_scales=True,  # c/inkling.c @ 4ef9a99: int4-row / int8-row experts, ~45% negative, token-exact

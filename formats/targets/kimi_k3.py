@@ -19,6 +19,9 @@ TARGET = Target(
     defaults=(("experts", "mxfp4"), ("dense", INT8_ROW), ("embed", INT8_ROW), ("mtp", INT8_ROW)),
     # w1p w1s w2p w2s w3p w3s (w2 is down, w3 up)
     experts=ExpertRecord(formats=("mxfp4",), order=("gate", "down", "up")),
+    # c/kimi_k3.c @ 4ef9a99 (lines 143-144, 251): routed experts streamed as native MXFP4 only (fmt=7, never
+    # re-encoded): one format, nothing for a budget to choose
+    expert_granularity="uniform",
     source_float_leaves=(
         "embed_tokens",
         "f_a_proj",

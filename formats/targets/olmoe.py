@@ -30,6 +30,9 @@ TARGET = Target(
     reads=(("experts", (INT8_ROW,)), *_floats("f32", "bf16"), *PAIRS_ONLY),
     defaults=(("experts", INT8_ROW), ("dense", "f32"), ("embed", "f32"), ("mtp", "f32")),
     experts=MERGED,
+    # c/olmoe.c @ 4ef9a99, load_expert_merged (lines 424-433): every blob must be exactly 2*I*H + H*I bytes with
+    # 2*I + H scales (int8-row), refused otherwise: one format for all routed experts
+    expert_granularity="uniform",
     config_check=olmoe_heads,
     signed_scales=True,  # c/olmoe.c @ 4ef9a99: merged int8 experts, ~41% negative scales, token-exact
 )

@@ -37,6 +37,10 @@ TARGET = Target(
     "sidecar (Q38_INT4_DIR), layer_types spelled full_attention; model_type qwen4_exp only.",
     model_types=("qwen4_exp", "qwen4_exp_text"),
     reads=(("experts", ("int4-g64",)), *_floats("bf16", "f32"), ("layout", ("planar",))),
+    # one expert format (int4-g64 in the planar sidecar, ``reads``; the sidecar's index.json has one record size
+    # per model, formats/planar_sidecar.py); c/qwen38.c itself was not read for this (its source is not in the
+    # 4ef9a99 tree): nothing for a budget to choose
+    expert_granularity="uniform",
     why=(("layout", "c/qwen38.c reads int4 routed experts from the experts-int4g64/ sidecar only"),),
     defaults=(("dense", "bf16"), ("embed", "bf16"), ("mtp", "bf16")),
     config_extra=qwen38_config,
