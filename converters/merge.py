@@ -17,6 +17,9 @@ one machine writes, byte for byte (docs/INTERNALS.md, "Parts"; the share and the
 A clean stop (an error, Ctrl-C) during the renames moves the files back to their parts; after a SIGKILL they wait
 in the staging folder, where a rerun of the same merge takes them (hashed again). Each part folder's lock is held
 meanwhile (no ``convert`` works in it), and ``OUT``'s own (``.<OUT name>.merge.lock``).
+
+Test-only knob: ``COLITOOLS_TEST_KILL_AT=moved:N`` (``copied:N``) SIGKILLs the process right after its N-th file
+was renamed (copied) into the staging folder.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -38,6 +42,10 @@ from colitools.formats.atomic import fsync_dir, parse_temp_name, temp_name, writ
 from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import LOCK_FILE, MANIFEST_FILE
 from colitools.formats.lockfile import held_lock
+
+KILL_AT_ENV = (
+    "COLITOOLS_TEST_KILL_AT"  # the unit writer's knob (its "published:N"), here "moved:N" / "copied:N"
+)
 
 # what every part must share with the first: one machine's manifest keys besides units, state and the run figures
 _SHARED = ("format", "tool", "recipe_fingerprint", "recipe", "source", "source_config", "source_quantization_config",
@@ -307,6 +315,7 @@ def _move_all(plan: dict[str, tuple[PartFolder, dict[str, Any]]], staging: Path,
             there.parent.mkdir(parents=True, exist_ok=True)
             os.replace(here, there)
             done.append((here, there))
+            _test_kill("moved", len(done))
     except BaseException:
         for here, there in reversed(done):
             with contextlib.suppress(OSError):
@@ -319,6 +328,7 @@ def _move_all(plan: dict[str, tuple[PartFolder, dict[str, Any]]], staging: Path,
 def _copy_all(plan: dict[str, tuple[PartFolder, dict[str, Any]]], staging: Path, bar) -> None:
     """Another filesystem: copy each file, hashing what is written, under a temporary name renamed once its
     digest is the recorded one; a copy already in the staging folder (a killed merge) is hashed again."""
+    copied = 0
     for name, (part, want) in plan.items():
         there, here = staging / name, part.folder / name
         if there.is_file() and parts.file_digest(there) == want:
@@ -336,7 +346,14 @@ def _copy_all(plan: dict[str, tuple[PartFolder, dict[str, Any]]], staging: Path,
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        copied += 1
+        _test_kill("copied", copied)
     fsync_dir(staging)
+
+
+def _test_kill(what: str, count: int) -> None:
+    if os.environ.get(KILL_AT_ENV, "") == f"{what}:{count}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _copy_hashed(src: Path, dest: Path, bar) -> dict[str, Any]:

@@ -57,6 +57,14 @@ def files_of(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def same_manifest(merged: Path, whole: Path) -> None:
+    """``colitools.json`` of both: equal in key order too, but for the ``run`` section's time; its counts are the
+    parts' summed (every unit converted once)."""
+    a, b = (json.loads((f / "colitools.json").read_text()) for f in (merged, whole))
+    assert a["run"].pop("finished_at") and b["run"].pop("finished_at")
+    assert json.dumps(a) == json.dumps(b)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("parts") / "src"
@@ -125,6 +133,7 @@ def test_three_parts_in_three_processes_merge_into_one_machines_bytes(model, who
         and [p["part"] for p in report["parts"]] == ["1/3", "2/3", "3/3"]
     )
     assert snapshot(out) == snapshot(whole)
+    same_manifest(out, whole)
     assert sorted(files_of(out)) == sorted(files_of(whole))  # nothing more, nothing less
     for name, data in files_of(out).items():
         if name != "colitools.json":
@@ -137,6 +146,49 @@ def test_three_parts_in_three_processes_merge_into_one_machines_bytes(model, who
     assert check.returncode == 0, check.stdout + check.stderr
     again = colitools("convert", model, out, *FLAGS, "--json")  # the merged folder is a complete conversion
     assert again.returncode == 0 and json.loads(again.stdout)["units_converted"] == 0
+
+
+def test_a_merge_killed_midway_loses_no_file_and_its_rerun_finishes(whole, three, tmp_path):
+    before = {
+        name: data for f in three for name, data in files_of(f).items() if name.endswith(".safetensors")
+    }
+    out = tmp_path / "merged"
+    killed = colitools("merge", *three, out, COLITOOLS_TEST_KILL_AT="moved:3")
+    assert killed.returncode == -9, killed.stderr
+    staging = tmp_path / ".merged.merging"
+    assert not out.exists() and len(list(staging.glob("*.safetensors"))) == 3
+    where = {**{n: d for f in three for n, d in files_of(f).items()}, **files_of(staging)}
+    assert {
+        n: d for n, d in where.items() if n.endswith(".safetensors")
+    } == before  # every shard somewhere, intact
+    result = colitools("merge", *three, out)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(out) == snapshot(whole) and not staging.exists()
+
+
+def test_a_finished_part_rerun_does_nothing(model, three):
+    again = colitools("convert", model, three[1], "--part", "2/3", *FLAGS, "--json")
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    assert report["units_converted"] == 0 and report["part"]["part"] == "2/3"
+
+
+def test_planar_parts_merge_with_the_sidecar_index_of_the_whole(model, tmp_path):
+    whole = tmp_path / "whole"
+    assert colitools("convert", model, whole, "--layout", "planar", *FLAGS).returncode == 0
+    folders = [tmp_path / f"part{k}" for k in (1, 2, 3)]
+    run_parts(model, folders, "--layout", "planar")
+    index = "experts-int4g64/index.json"
+    assert any(
+        json.loads((f / index).read_text()) != json.loads((whole / index).read_text()) for f in folders
+    )
+    out = tmp_path / "merged"
+    assert colitools("merge", *folders, out).returncode == 0
+    assert (
+        files_of(out).keys() == files_of(whole).keys()
+        and (out / index).read_bytes() == (whole / index).read_bytes()
+    )
+    assert snapshot(out) == snapshot(whole)
 
 
 def test_merge_onto_another_filesystem_copies_and_the_parts_keep_their_files(whole, three):
@@ -207,7 +259,35 @@ def test_parts_of_another_recipe_source_or_split_are_refused_naming_the_folder(m
     assert f"{split}: part 2/4 of another split" in line, line
     line = one_error_line(colitools("convert", model, three[0], "--part", "2/3", *FLAGS))
     assert f"{three[0]}" in line and "holds part 1/3" in line, line
+    line = one_error_line(colitools("convert", model, three[0], *FLAGS))
+    assert f"{three[0]}" in line and "holds part 1/3 of a conversion, not the whole conversion" in line, line
     assert not out.exists()
+
+
+def test_a_shard_two_parts_read_as_different_files_is_refused(model, tmp_path):
+    """Part 2 converted after a shard it shares with part 1 was rewritten (same bytes, a new mtime)."""
+    source = tmp_path / "src"
+    shutil.copytree(model, source)
+    first, second, third = (tmp_path / f"part{k}" for k in (1, 2, 3))
+    for folder, part in ((first, "1/3"), (third, "3/3")):
+        assert colitools("convert", source, folder, "--part", part, *FLAGS).returncode == 0
+    shared = sorted(set(_read_shards(first)) & set(_dry_run_shards(source, "2/3")))[0]
+    data = (source / shared).read_bytes()
+    (source / shared).unlink()
+    (source / shared).write_bytes(data)  # another inode, mtime and ctime: another file to the ledger
+    assert colitools("convert", source, second, "--part", "2/3", *FLAGS).returncode == 0
+    line = one_error_line(colitools("merge", first, second, third, tmp_path / "merged"))
+    assert f"{second}: part 2/3 read source shard {shared} as another file than {first} did" in line, line
+
+
+def _read_shards(folder: Path) -> list[str]:
+    units = json.loads((folder / "colitools.json").read_text())["units"].values()
+    return sorted({s for u in units for s in u["sources"]})
+
+
+def _dry_run_shards(model: Path, part: str) -> list[str]:
+    result = colitools("convert", model, model.parent / "nowhere", "--part", part, "--dry-run", "--json")
+    return json.loads(result.stdout)["part"]["shards"]
 
 
 def test_dry_run_of_a_part_lists_only_its_units(model, tmp_path):
@@ -254,6 +334,18 @@ def test_hub_parts_fetch_only_their_shards_and_merge_into_one_machines_bytes(hub
     result = colitools("merge", *folders, out)
     assert result.returncode == 0, result.stderr
     assert snapshot(out) == snapshot(reference)
+    same_manifest(out, reference)
+    # a part of another commit of the same repo
+    newer = tmp_path / "newer"
+    make_checkpoint(newer, Tiny(**{**SPEC.__dict__, "seed": 1}))
+    commits = hub.add_repo("org/tiny", {"main": model, "v2": newer})
+    other = tmp_path / "other-commit"
+    assert (
+        colitools("convert", "org/tiny", other, "--part", "2/3", "--revision", "v2", *FLAGS).returncode == 0
+    )
+    line = one_error_line(colitools("merge", folders[0], other, folders[2], tmp_path / "merged2"))
+    want = f"{other}: part 2/3 converted another source (org/tiny@{commits['v2']}, not org/tiny@{commits['main']})"
+    assert want in line, line
 
 
 def _body_bytes(hub, name: str) -> int:
