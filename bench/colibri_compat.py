@@ -128,6 +128,19 @@ def mse_cases() -> list[Case]:
     return out
 
 
+# a size budget (FORMATS §12) per engine whose target offers a choice, in bits per weight: about the middle of
+# the fixture's achievable range (glm_moe_dsa 2.7-8.6, inkling 10.6-32, olmoe_target 11.0-16.1)
+BUDGET_BPW = {"colibri": ("glm_eps6", "generic", "4.5"), "inkling": ("inkling", "inkling", "16"),
+              "olmoe": ("olmoe_target", "olmoe", "13.5")}  # fmt: skip
+
+
+def budget_cases() -> list[Case]:
+    """``--budget``: each engine on a budgeted conversion (formats chosen per tensor, or per its engine's expert
+    grain, ``Target.expert_granularity``)."""
+    return [Case(engine, fixture, (("target", target), ("target-bpw", bpw)), label="size budget")
+            for engine, (fixture, target, bpw) in BUDGET_BPW.items()]  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------ engines
 def build_engines(srcs: list[Path], work: Path, engines: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
     """Build each of ``engines`` (nice, one job) from the first tree in ``srcs`` holding its source, each tree copied
@@ -534,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", choices=sorted(ENGINES), help="engines to check (default all)")
     ap.add_argument("--quantizer", choices=("rtn", "mse"),
                     help="only the rows of this quantizer (default: every row)")  # fmt: skip
+    ap.add_argument("--budget", action="store_true", help="only the size-budget rows (BUDGET_BPW)")
     ap.add_argument("--make-v4-wide", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.make_v4_wide:
@@ -546,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     cdirs, built = build_engines([src.resolve() for src in args.colibri_src], args.work, engines)
     chosen = [c for c in cases() if c.engine in engines and (
         args.quantizer is None or dict(c.options).get("quantizer", "rtn") == args.quantizer)]  # fmt: skip
+    if args.budget:
+        chosen = [c for c in budget_cases() if c.engine in engines]
     rows = [run_case(c, cdirs.get(c.engine), built[c.engine], args.work, args.oracle_python) for c in chosen]
     print_table(rows)
     return 0 if all(r.ran == "yes" for r in rows) else 1  # divergences are the table's to explain
