@@ -17,6 +17,8 @@ runner asks ``paths(index, unit)`` for a unit's shards and waits only for those 
   and are recorded. A stop of the runner (an error, Ctrl-C) cancels the download in flight at its next write
   (``_Cancelled`` from the progress hook): its ``.part`` and range log stay for the rerun, nothing is fetched
   twice.
+* The small files the output copies (tokenizer, generation config) come last, while the last unit converts;
+  the runner waits for them (``wait_all``) before it writes the output's files.
 
 Local folders (and shards in the Hugging Face cache) are not downloaded; the runner reads them as before.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from colitools.converters.diskfloor import DiskFloor
+from colitools.converters.output import copied_files
 from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.sources import Source
 
@@ -70,7 +73,9 @@ class ShardPrefetch:
                  bar: Callable[[int, str], Any]) -> None:  # fmt: skip
         self.src, self.floor, self.workers, self.bar = src, floor, max(workers, 1), bar
         self.out_bytes = [u.out_bytes for u in pending]
-        self.order = download_order(pending)
+        # the files copied to the output (tokenizer, generation config) last, while the last unit converts
+        last = len(pending) - 1
+        self.order = download_order(pending) + [(name, last) for name in copied_files(list(src.files()))]
         self.sizes = {name: f.size for name, f in src.files().items()}
         self.current = 0  # the unit the runner prepares (or converts) now
         self.ready: dict[str, Path] = {}
@@ -108,6 +113,15 @@ class ShardPrefetch:
                 if self.done:  # pragma: no cover - a shard outside the walk would be a bug
                     raise RuntimeError(f"internal: shard of unit {unit.key} not downloaded")
                 self.cond.wait(POLL_SECONDS)
+
+    def wait_all(self) -> None:
+        """Return once every file is downloaded (the runner, before it copies files to the output); raises the
+        background download's error."""
+        with self.cond:
+            while not self.done:
+                self.cond.wait(POLL_SECONDS)
+            if self.error is not None:
+                raise self.error
 
     def reserve(self, first: int) -> int:
         """Output bytes still to come of the units in flight and of every unit up to ``first``."""

@@ -423,6 +423,8 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
         outputs: list[Future] = []
 
         def all_encoded() -> None:
+            if ahead is not None:
+                ahead.wait_all()  # the copied files, downloaded while the last unit converted
             outputs.append(side.submit(_write_outputs, src, plan, out))
 
         try:
@@ -430,6 +432,8 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
                 _run_serial(pending, prepare, finished, out, block, bar, slow_unit, all_encoded, donor)
             else:
                 _run_parallel(pending, prepare, finished, out, block, options.workers, bar, on_kernels, donor)
+                if ahead is not None:
+                    ahead.wait_all()  # the copied files, before ``_write_outputs`` reads them
         finally:
             bar.close()
             if ahead is not None:
