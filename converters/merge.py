@@ -384,14 +384,19 @@ def _write_manifest(found: list[PartFolder], staging: Path) -> None:
     merged = Manifest(data)
     data["shards"] = merged.file_records()
     runs = [p.data.get("run") or {} for p in found]
-    data["run"] = {**runs[0], **{k: sum(r.get(k, 0) for r in runs)
-                                 for k in ("units_converted", "units_skipped", "bytes_in", "bytes_out")},
-                   "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    data["run"] = {k: _summed([r.get(k) for r in runs]) for k in runs[0]}  # the counts of all parts' runs
+    data["run"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if section.get("sidecar_index") is not None:
         folder = staging / sidecar.SIDECAR_DIR
         folder.mkdir(exist_ok=True)
         write_bytes_atomic(folder / sidecar.INDEX_NAME, sidecar.index_bytes(section["sidecar_index"]))
     merged.dump(staging / MANIFEST_FILE)
+
+
+def _summed(values: list[Any]) -> Any:
+    """A count of every part summed; any other value as the first part has it."""
+    counts = all(type(v) is int for v in values)
+    return sum(values) if counts else values[0]
 
 
 class _NoBar:
