@@ -247,7 +247,7 @@ class Ledger:
         max_abs]}`` (``ErrorStats`` field order; ``verify quality`` reports them without the source)."""
         self.data["units"][unit.key] = {
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
-            "sources": {s: self.identities.recorded(s) for s in unit.shards},
+            "sources": {s: self.identities.recorded(s, restat=True) for s in unit.shards},
         }
         self.data["units"][unit.key]["keys"] = reuse.unit_keys(unit, plan, self.identities)
         if errors:

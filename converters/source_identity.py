@@ -136,20 +136,25 @@ class SourceIdentities(Mapping[str, dict[str, Any]]):
     def __len__(self) -> int:
         return len(self._stats)
 
-    def recorded(self, shard: str) -> dict[str, Any]:
+    def recorded(self, shard: str, restat: bool = False) -> dict[str, Any]:
         """What a unit that read ``shard`` records of it: its identity, with the fingerprint of a local file.
-        Raises ConvertError when the file changed since the run started (its bytes are not the ones converted)."""
+        Raises ConvertError when the file changed since the run started (its bytes may not be the ones the unit
+        converted): seen by the ``stat`` after the fingerprint's read, and with ``restat`` (the ledger recording
+        a unit) by one ``stat`` now."""
         ident = self._stats[shard]
         if self._path_of is None:
             return dict(ident)
+        path = self._path_of(shard)
         try:
             taken = self._take(shard)
+            if restat and taken is not None and not self._as_started(shard, os.stat(path)):
+                taken = None
         except OSError as exc:
-            raise ConvertError(f"{self._path_of(shard)}: cannot read the source shard ({exc.strerror or exc})") from None
+            raise ConvertError(f"{path}: cannot read the source shard ({exc.strerror or exc})") from None
         if taken is None:
             raise ConvertError(
-                f"{self._path_of(shard)}: source shard changed during the conversion; rerun the same command, "
-                "which redoes the units that read it"
+                f"{path}: source shard changed during the conversion; rerun the same command, which redoes the "
+                "units that read it"
             )
         return {**ident, FINGERPRINT: taken}
 
@@ -187,9 +192,10 @@ class SourceIdentities(Mapping[str, dict[str, Any]]):
         if shard not in self._fingerprints:
             path = self._path_of(shard)
             taken = fingerprint(path)
-            st = os.stat(path)
-            same = (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == tuple(
-                self._stats[shard].get(k) for k in ("size", "mtime_ns", "ctime_ns")
-            )
-            self._fingerprints[shard] = taken if same else None
+            self._fingerprints[shard] = taken if self._as_started(shard, os.stat(path)) else None
         return self._fingerprints[shard]
+
+    def _as_started(self, shard: str, st: os.stat_result) -> bool:
+        """Whether ``st`` has the size, mtime and ctime ``shard`` had when this run started."""
+        ident = self._stats[shard]
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (ident["size"], ident["mtime_ns"], ident["ctime_ns"])

@@ -18,6 +18,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,4 +284,29 @@ def test_an_earlier_ledger_redoes_the_units_of_a_shard_whose_ctime_changed(tmp_p
     summary = _resume(src, out)
     assert summary["units_redone"] == readers and summary["units_skipped"] == len(units) - 1
     assert "no content fingerprint recorded" in summary["redo_reasons"]["globals"]
+    assert snapshot(out) == _uninterrupted(src, tmp_path / "ref")
+
+
+def test_a_shard_touched_during_the_run_stops_it_and_the_rerun_converts_only_what_read_it_after(tmp_path):
+    """``touch -m`` of a shard while the conversion runs, after a unit that read it was recorded: the next unit
+    that read it is not recorded (one line, exit 1: its bytes may not be the run's); the rerun re-checks the
+    shard's content for the recorded unit, converts the one not recorded and completes byte-identical."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_checkpoint(src, SPEC)
+    env = {**os.environ, "COLITOOLS_TEST_SLOW_UNIT_SECONDS": "1.0"}
+    proc = subprocess.Popen(_cmd(src, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "globals" not in (_ledger(out).get("units") or {}) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    subprocess.run(["touch", "-m", str(src / SHARD3)], check=True)  # read by globals and model.layers.2
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err.strip().splitlines() == [
+        f"colitools: error: {src / SHARD3}: source shard changed during the conversion; rerun the same command, "
+        "which redoes the units that read it"
+    ], err
+    assert list(_ledger(out)["units"]) == ["globals", "model.layers.0", "model.layers.1"]
+
+    summary = _resume(src, out)
+    assert summary["units_converted"] == 1 and summary["units_skipped"] == 3 and summary["units_redone"] == []
+    assert summary["sources_rechecked"] == {SHARD3: "ctime_ns, mtime_ns"}
     assert snapshot(out) == _uninterrupted(src, tmp_path / "ref")
