@@ -13,6 +13,13 @@ most source bytes one unit reads and the largest unit output; the bound without 
 with it the downloads' peak + the largest unit output (download ahead fills the room above the floor: at
 ``--min-free-gb 0`` it may hold every shard). Prints each run's wall, the peaks against the bound, and what OUT
 holds at the end.
+
+``--kill``: instead, the fake Hub in this process (its request log readable), uploads throttled to
+``--upload-mb`` MB/s; the streaming convert process is SIGKILLed once the ledger marks a unit's files confirmed
+and the body of another file is on its way, then rerun to the end. Prints the files confirmed before the kill,
+the LFS PUTs per object over both runs (from the server's request log), the units the rerun kept, and whether
+the repo's main equals a plain local conversion of the same source byte for byte (``colitools.json`` but
+``run``) and passes ``verify container``.
 """
 
 from __future__ import annotations
@@ -112,8 +119,16 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--dir", default="/dev/shm")
+    parser.add_argument("--kill", action="store_true", help="SIGKILL a streaming upload, rerun, count the PUTs")
+    parser.add_argument("--upload-mb", type=float, default=20.0, help="with --kill: upload rate, MB/s")
     args = parser.parse_args()
     from download import make_model
+
+    if args.kill:
+        with tempfile.TemporaryDirectory(prefix="colitools-bench-su-", dir=args.dir) as tmp:
+            make_model(Path(tmp) / "repo", args.shards, args.mib)
+            kill_and_resume(Path(tmp), args)
+        return
 
     with tempfile.TemporaryDirectory(prefix="colitools-bench-su-", dir=args.dir) as tmp:
         base = Path(tmp)
@@ -154,6 +169,81 @@ def report(base: Path, env: dict[str, str], args) -> None:
                   f"the shards held ahead {(downloads + unit_out) / MB:.1f} MB (downloads peak {downloads / MB:.1f} "
                   f"MB + one unit's output); outputs and ledger peak {rest / MB:.1f} MB = {rest / unit_out:.2f} x "
                   f"one unit's output; left in OUT {left / MB:.2f} MB", flush=True)  # fmt: skip
+
+
+def kill_and_resume(base: Path, args) -> None:
+    from hubserver import HubServer
+    from hubupload import UploadState, throttle_uploads
+    from midkill import sigkill_when
+
+    hub = HubServer({REPO: {"main": base / "repo"}})
+    hub.upload = UploadState(storage=Path(tempfile.mkdtemp(dir=base)))
+    with hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(base / "hf"), "HF_TOKEN": "bench",
+               "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
+        convert = [sys.executable, "-m", "colitools", "convert", REPO]
+        subprocess.run([*convert, str(base / "reference"), "--no-progress"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        out = base / "out"
+        command = [*convert, str(out), "--upload-repo", "bench/kill", "--stream-upload", "--no-progress", "--json"]
+        throttle_uploads(hub, args.upload_mb * MB)
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        sigkill_when(proc, lambda: bool(confirmed(out)) and bool(receiving(hub) - confirmed(out)), timeout=600)
+        before = confirmed(out)
+        throttle_uploads(hub, None)
+        rerun = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        puts = lfs_puts(hub.log)
+        summary = json.loads(rerun.stdout)
+        print(f"SIGKILL with {len(before)} file(s) confirmed and a body on its way; the rerun kept "
+              f"{summary['units_skipped']} of {summary['units_total']} units (redone: {summary['units_redone']})")
+        print(f"LFS PUTs per object over both runs: {sorted(puts.values())}; of the objects confirmed before the "
+              f"kill: {[puts.get(oid) for oid in sorted(before)]}")  # fmt: skip
+        print(f"main = the local conversion, byte for byte: {same_as(download(hub, base / 'back'), base / 'reference')}")
+
+
+def confirmed(out: Path) -> set[str]:
+    try:
+        units = json.loads((out / "colitools.json").read_text())["units"]
+    except (OSError, ValueError, KeyError):
+        return set()
+    return {f["sha256"] for u in units.values() for f in u["files"] if f.get("uploaded")}
+
+
+def receiving(hub) -> set[str]:
+    with hub.upload.lock:
+        return set(hub.upload.bodies) - set(hub.upload.stored)
+
+
+def lfs_puts(log) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for method, path, status in list(log):
+        if method == "PUT" and path.startswith("/lfs/") and status == 200:
+            oid = path[len("/lfs/") :].split("?")[0]
+            counts[oid] = counts.get(oid, 0) + 1
+    return counts
+
+
+def download(hub, dest: Path) -> Path:
+    from huggingface_hub import HfApi, hf_hub_download
+
+    api = HfApi(endpoint=hub.endpoint, token="bench")
+    for sibling in api.model_info("bench/kill").siblings:
+        hf_hub_download("bench/kill", sibling.rfilename, local_dir=dest, token="bench", endpoint=hub.endpoint)
+    return dest
+
+
+def same_as(back: Path, reference: Path) -> bool:
+    from colitools.verify.container import verify_container
+
+    for path in reference.iterdir():
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        mine, theirs = (back / path.name).read_bytes(), path.read_bytes()
+        if path.name == "colitools.json":
+            mine, theirs = ({k: v for k, v in json.loads(x).items() if k != "run"} for x in (mine, theirs))
+        if mine != theirs:
+            return False
+    return verify_container(back).ok
 
 
 if __name__ == "__main__":
