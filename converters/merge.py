@@ -183,7 +183,7 @@ def _check_parts(found: list[PartFolder]) -> None:
             raise ConvertError(f"{p.folder}: part {p.label} of another split than {first.folder} (part {first.label}): "
                                "every part needs the same N")  # fmt: skip
         for key in _SHARED:
-            if p.data.get(key) != first.data.get(key):
+            if _shared(p.data, key) != _shared(first.data, key):
                 raise ConvertError(f"{p.folder}: part {p.label} {_what_differs(key, first.data, p.data)} than "
                                    f"{first.folder} (part {first.label}); convert every part alike")  # fmt: skip
         if p.section.get("files") != first.section.get("files"):
@@ -229,6 +229,15 @@ def _check_identities(found: list[PartFolder]) -> None:
                 if before[0] != identity:
                     raise ConvertError(f"{p.folder}: part {p.label} read source shard {shard} as another file than "
                                        f"{before[1].folder} did ({identity} vs {before[0]})")  # fmt: skip
+
+
+def _shared(data: dict[str, Any], key: str) -> Any:
+    """``data[key]`` as the parts must share it: a size budget's allocation, not how long its measurement took
+    (``budget.measurement``: seconds, cache hits)."""
+    value = data.get(key)
+    if key == "budget" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "measurement"}
+    return value
 
 
 def _what_differs(key: str, first: dict, other: dict) -> str:

@@ -191,6 +191,28 @@ def test_planar_parts_merge_with_the_sidecar_index_of_the_whole(model, tmp_path)
     assert snapshot(out) == snapshot(whole)
 
 
+def test_budgeted_parts_each_measure_alike_and_merge_into_the_whole(model, tmp_path):
+    """A size budget: every part measures the whole source and allocates the same formats (its ``measurement``
+    figures, seconds and cache hits, are how each run went, and differ between any two runs)."""
+    whole = tmp_path / "whole"
+    assert colitools("convert", model, whole, "--target-bpw", "5", *FLAGS).returncode == 0
+    folders = [tmp_path / f"part{k}" for k in (1, 2, 3)]
+    run_parts(model, folders, "--target-bpw", "5")
+    out = tmp_path / "merged"
+    result = colitools("merge", *folders, out)
+    assert result.returncode == 0, result.stderr
+    for name, data in files_of(whole).items():
+        if name != "colitools.json" and not name.startswith(
+            "."
+        ):  # .colitools-budget.json: the measurement cache
+            assert files_of(out)[name] == data, name
+    a, b = (json.loads((f / "colitools.json").read_text()) for f in (out, whole))
+    for m in (a, b):
+        m["run"].pop("finished_at")
+        m["budget"].pop("measurement")
+    assert json.dumps(a) == json.dumps(b)
+
+
 def test_merge_onto_another_filesystem_copies_and_the_parts_keep_their_files(whole, three):
     shm = Path("/dev/shm")
     if not shm.is_dir() or shm.stat().st_dev == three[0].stat().st_dev:
