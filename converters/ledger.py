@@ -201,7 +201,7 @@ class Ledger:
             diffs = plan.recipe.differences(old.get("recipe") or {})
             raise ConvertError(
                 f"{path}: this folder holds a conversion with another recipe ({'; '.join(diffs) or 'fingerprint differs'}); "
-                "rerun with the recorded options, add --replace to convert it again with these (its unchanged "
+                "rerun with the recorded options, add `replace` to convert it again with these (its unchanged "
                 "tensors copied), or use another output folder"
             )
         if before != now and not moved:

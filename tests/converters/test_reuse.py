@@ -81,7 +81,7 @@ def test_replace_copies_the_unchanged_tensors_and_equals_a_fresh_conversion(tmp_
 def test_without_replace_another_budget_is_still_refused(tmp_path):
     out = tmp_path / "out"
     _convert(out, target_bpw=BEFORE)
-    with pytest.raises(ConvertError, match="another recipe .*add --replace"):
+    with pytest.raises(ConvertError, match="another recipe .*add `replace`"):
         _convert(out, target_bpw=AFTER)
 
 
