@@ -54,6 +54,34 @@ def digests(folder: Path) -> dict[str, str]:
     return out
 
 
+def lpt(units: list[dict], n: int) -> list[int]:
+    """Longest-processing-time: units by (source bytes desc, name), each to the part with the fewest bytes so far
+    (the lowest index on a tie). The rule docs/INTERNALS.md ("Parts") compares the midpoint rule with."""
+    load, part = [0] * n, {}
+    for u in sorted(units, key=lambda u: (-u["in_bytes"], u["unit"])):
+        k = min(range(n), key=lambda i: (load[i], i))
+        load[k] += u["in_bytes"]
+        part[u["unit"]] = k + 1
+    return [part[u["unit"]] for u in units]
+
+
+def compare_rules(units: list[dict], sizes: dict[str, int], n: int) -> None:
+    """Per rule: the largest part's source bytes over an equal share, and the shard bytes all parts fetch."""
+    from colitools.converters.parts import assign
+
+    for name, parts in (
+        ("midpoint (ours)", assign([u["in_bytes"] for u in units], n)),
+        ("LPT", lpt(units, n)),
+    ):
+        loads = [
+            sum(u["in_bytes"] for u, k in zip(units, parts, strict=True) if k == p) for p in range(1, n + 1)
+        ]
+        fetch = sum(sizes[s] for p in range(1, n + 1)
+                    for s in {s for u, k in zip(units, parts, strict=True) if k == p for s in u["shards"]})  # fmt: skip
+        print(f"  {name:<16} largest part {max(loads) / (sum(loads) / n):.3f} x an equal share, fetched "
+              f"{fetch:,} bytes = {fetch / sum(sizes.values()):.2f} x the model")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", type=int, default=3)
@@ -67,7 +95,9 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-parts-", dir=a.dir))
     src = work / "src"
-    make_checkpoint(src, Tiny(layers=a.layers, experts=8, hidden=a.hidden, inter=a.hidden // 2, shards=a.shards))
+    make_checkpoint(
+        src, Tiny(layers=a.layers, experts=8, hidden=a.hidden, inter=a.hidden // 2, shards=a.shards)
+    )
     shards = sorted(p.name for p in src.glob("*.safetensors"))
     sizes = {s: (src / s).stat().st_size for s in shards}
     hub = HubServer({"bench/model": {"main": src}}).start()
@@ -76,11 +106,17 @@ def main() -> None:
     try:
         print(f"model: {len(shards)} shards, {sum(sizes.values()):,} bytes; {a.parts} parts")
         whole_wall = run("convert", "bench/model", str(work / "whole"), *flags, env=env)
+        dry = subprocess.run([*CLI, "convert", "bench/model", str(work / "dry"), "--dry-run", "--json", *flags],
+                             capture_output=True, text=True, env=env)  # fmt: skip
+        print(f"the share rules on this plan ({a.parts} parts):")
+        compare_rules(json.loads(dry.stdout)["plan"]["units"], sizes, a.parts)
         folders = [work / f"part{k}" for k in range(1, a.parts + 1)]
         fetched_total, walls = 0, []
         for k, folder in enumerate(folders, 1):
             hub.reset_stats()
-            walls.append(run("convert", "bench/model", str(folder), "--part", f"{k}/{a.parts}", *flags, env=env))
+            walls.append(
+                run("convert", "bench/model", str(folder), "--part", f"{k}/{a.parts}", *flags, env=env)
+            )
             section = json.loads((folder / "colitools.json").read_text())["part"]
             got = {s: [hub.stats(s).ranges.count(HEADER_READ), 0] for s in shards}
             for s in shards:
@@ -94,7 +130,9 @@ def main() -> None:
                   f"({len(section['units'])}), source bytes its units read {in_bytes:,}, wall {walls[-1]:.1f} s, "
                   f"fetched {fetched:,} bytes")  # fmt: skip
             for s, (heads, body) in got.items():
-                print(f"    {s}: {body:>12,} of {sizes[s]:,}" + (f"  (+{heads} header read)" if heads else ""))
+                print(
+                    f"    {s}: {body:>12,} of {sizes[s]:,}" + (f"  (+{heads} header read)" if heads else "")
+                )
         t = time.monotonic()
         run("merge", *map(str, folders), str(work / "merged"), "--json", env=env)
         merge_wall = time.monotonic() - t
