@@ -213,6 +213,33 @@ def test_budgeted_parts_each_measure_alike_and_merge_into_the_whole(model, tmp_p
     assert json.dumps(a) == json.dumps(b)
 
 
+ORACLES = Path(__file__).resolve().parents[2] / "oracles"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "target"),
+    [("olmoe", None), ("inkling2_mxfp8", None), ("kimi_k3", "kimi_k3"), ("qwen38", "qwen38")],
+)
+def test_oracle_fixtures_merge_into_the_whole(fixture, target, tmp_path):
+    """The committed fixtures, through the library: natively quantized experts (MXFP4 kept by --target kimi_k3,
+    MXFP8 decoded), the planar qwen38 target. Kimi-K3's parts each carry the warning that their experts are
+    quantized again; the whole drops it, every expert having come out unchanged, and so does the merge."""
+    from colitools.converters.merge import merge
+    from colitools.converters.options import ConvertOptions
+    from colitools.converters.runner import convert
+
+    options = {"min_free_gb": 0, **({"target": target} if target else {})}
+    whole = convert(str(ORACLES / fixture), tmp_path / "whole", ConvertOptions(**options))
+    folders = [tmp_path / f"part{k}" for k in (1, 2, 3)]
+    carried = [convert(str(ORACLES / fixture), f, ConvertOptions(part=f"{k}/3", **options)).warnings
+               for k, f in enumerate(folders, 1)]  # fmt: skip
+    merge(folders, tmp_path / "merged")
+    assert snapshot(tmp_path / "merged") == snapshot(tmp_path / "whole")
+    same_manifest(tmp_path / "merged", tmp_path / "whole")
+    if fixture == "kimi_k3":
+        assert whole.warnings == [] and all(any("quantized a second time" in w for w in c) for c in carried)
+
+
 def test_merge_onto_another_filesystem_copies_and_the_parts_keep_their_files(whole, three):
     shm = Path("/dev/shm")
     if not shm.is_dir() or shm.stat().st_dev == three[0].stat().st_dev:
