@@ -157,12 +157,16 @@ def test_a_moved_source_folder_keeps_every_finished_unit(tmp_path):
     assert again["sources_rechecked"] == {} and again["units_skipped"] == 4 and again["units_redone"] == []
 
 
-def test_a_hard_linked_copy_of_the_source_keeps_every_finished_unit(tmp_path):
+@pytest.mark.parametrize("how", ["-al", "-a"])
+def test_a_hard_linked_or_copied_source_keeps_every_finished_unit(tmp_path, how):
+    """``cp -al``: the same inodes, whose ctime a new link moves on; ``cp -a``: new files, mtime kept."""
     src, linked, out = tmp_path / "src", tmp_path / "linked", tmp_path / "out"
     make_checkpoint(src, SPEC)
     units = _killed_after_two_units(src, out)
-    subprocess.run(["cp", "-al", str(src), str(linked)], check=True)  # new links: each inode's ctime moves on
-    assert (linked / SHARD1).stat().st_ino == (src / SHARD1).stat().st_ino
+    subprocess.run(["cp", how, str(src), str(linked)], check=True)
+    same_inode = (linked / SHARD1).stat().st_ino == (src / SHARD1).stat().st_ino
+    assert same_inode == (how == "-al")
+    assert (linked / SHARD1).stat().st_mtime_ns == units["globals"]["sources"][SHARD1]["mtime_ns"]
 
     summary = _resume(linked, out)
     _assert_kept(summary, units)
