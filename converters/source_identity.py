@@ -1,5 +1,5 @@
 """What a finished unit records of the source shards it read, and how a rerun decides they are still the bytes it
-converted (docs/INTERNALS.md, "ledger.py"; recorded per unit in ``colitools.json``, docs/FORMATS.md §10).
+converted (docs/INTERNALS.md, "source_identity.py"; recorded per unit in ``colitools.json``, docs/FORMATS.md §10).
 
 A shard's recorded identity is ``SourceFile.identity()`` (Hub: size and LFS sha256 at the pinned commit; a local
 file: size, ``mtime_ns`` and ``ctime_ns`` from one ``stat``) and, for a local file, its content ``fingerprint``
@@ -20,8 +20,9 @@ offsets, metadata), any tensor written with other values (another revision, a fi
 edited first or last row), and whatever lands in a sampled block.
 
 A ledger written before fingerprints (an earlier colitools) keeps a unit whose shards have their recorded stat
-identity, in another folder too (an unchanged ``ctime_ns`` is the same inode, untouched since); anything else of
-such a record is converted again, and a kept record gets its fingerprint on that rerun.
+identity, in another folder too (an unchanged ``ctime_ns``, set by the kernel on any change, is the same inode
+untouched since); anything else of such a record is converted again, and a kept record gets its fingerprint on
+that rerun.
 """
 
 from __future__ import annotations
