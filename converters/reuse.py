@@ -4,7 +4,7 @@ Every finished unit records, per tensor it wrote, a **reuse key** (``unit_keys``
 tensor's bytes: the job as planned (its source tensor: name, shard, dtype, shape, the slab or slice it is cut
 from, its FP8 scale or native companions; its role, target format, group size, quantizer, the loader's
 spelling; its output name and shape), the file kind it lands in (a main shard, the planar layout, the planar
-sidecar), the target and layout, the source's FP8 block, the content identity of the source shards it reads
+sidecar: what ``--layout`` changes of a tensor's bytes), the target, the source's FP8 block, the content identity of the source shards it reads
 (size and fingerprint of a local file, size and sha256 of a Hub file: ``content_identity``) and the colitools
 version. The encoders are deterministic, so two tensors with the same key have the same bytes.
 
@@ -41,6 +41,7 @@ import numpy as np
 
 import colitools
 from colitools.converters.planner import ConversionPlan, OutputFile, OutputGroup, TensorJob, Unit
+from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import write_json_atomic
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.error_stats import ErrorStats
@@ -107,7 +108,6 @@ def job_key(job: TensorJob, f: OutputFile, plan: ConversionPlan, identities: Any
     blob = {
         "v": [KEY_VERSION, colitools.__version__],
         "target": plan.recipe.target.name,
-        "layout": plan.recipe.layout,
         "file": _file_kind(f),
         "block": list(fp8.block) if fp8 else None,
         "sources": {s: content_identity(_recorded(identities, s)) for s in sorted(job.shards)},
@@ -198,6 +198,12 @@ def finish(outdir: Path, plan: ConversionPlan) -> list[str]:
             if name not in planned and _inside(outdir, name) and (outdir / name).is_file():
                 (outdir / name).unlink()
                 gone.append(name)
+    folder = sidecar.sidecar_dir(outdir)
+    if gone and not plan.sidecar_files and folder.is_dir():  # a planar output converted again as pairs
+        with contextlib.suppress(FileNotFoundError):
+            (folder / sidecar.INDEX_NAME).unlink()
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: nothing foreign is deleted
     with contextlib.suppress(FileNotFoundError):
         (outdir / DONOR_FILE).unlink()
     return gone
