@@ -1,7 +1,8 @@
 """``convert(source, outdir, options)``: the whole pipeline of ``colitools convert`` (docs/INTERNALS.md, "Converters").
 
 source -> inventory (headers, weight_map, config; validated) -> recipe + plan (every tensor classified, every
-byte counted) -> for each pending unit in order: disk floor, source shards on disk (downloads resume), stream
+byte counted) -> for each pending unit in order: disk floor, source shards on disk (downloads resume; a Hub
+source's shards download ahead on a background thread while units convert, ``prefetch.py``), stream
 tensors through the writer, atomic publish, ledger record, release of source shards no pending unit needs ->
 index, config and tokenizer files, manifest marked complete.
 
