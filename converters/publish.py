@@ -110,8 +110,8 @@ def upload_files(outdir: Path) -> tuple[Manifest, list[UploadFile]]:
                           "before uploading")  # fmt: skip
     streamed = next((r["uploaded"] for r in records if r.get("uploaded")), None)  # converters/stream_upload.py
     if streamed is not None:
-        raise UploadError(f"{outdir}: `convert --stream-upload` sent its files to {streamed} and deleted them "
-                          "here: that repo holds the conversion")  # fmt: skip
+        raise UploadError(f"{outdir}: `colitools convert --stream-upload` sent its files to {streamed} and deleted "
+                          "them here: that repo holds the conversion")  # fmt: skip
     recorded = {r["name"] for r in records}
     missing = [n for n in planned if n not in recorded]
     if missing:
