@@ -1,12 +1,20 @@
 """The numba kernel of the ``mse`` group search (``formats/quantizers.py``, FORMATS §11), byte-identical to
-``quantizers.mse_groups``: the same float32 products and true divisions, round half to even, the candidates'
-refit sums exact (products of codes and 16-bit fixed-point values exact in float32, their sums integers exact in
-float64: no order to follow, so LLVM's
-loop vectoriser takes those loops whole, as it takes the divisions' loops), the float64 error sums in the
-reference's lane order, the same strict comparisons. numba without fastmath neither
-reassociates float sums nor contracts them (no FMA); the property tests compare the two byte for byte.
+``quantizers.mse_groups``: the same float32 products and true divisions, round half to even, the same strict
+comparisons. Where it computes differently it is provably the same:
 
-In the compiled-ahead set (``aot.CODECS``) like the encoders."""
+* the candidates' refit sums are exact integers (codes times 16-bit fixed-point values, at most 2^23: exact in
+  float32), so their order is free: the five candidates of a batch are coded and summed in one pass over the
+  group (``_candidate_sums``, ``fastmath``: the vectoriser reorders), in int32 (and the sums of squares in
+  float32) over chunks short enough that no partial sum can overflow (or pass 2^24), added into float64;
+* the two float64 error sums in the reference's lane order decide only ``err(mse) < err(rtn)``: their float32
+  estimates (any order, vectorised) decide it when they are apart by more than a margin four times their
+  rounding bound (``_smaller_error``); only a group where they are not (equal errors, an all-exact group, tiny
+  values) sums in the lane order;
+* ``amax``'s exponent and the powers of two of the fixed point come from the float bits (``_exponent``).
+
+numba without fastmath neither reassociates float sums nor contracts them (no FMA); where fastmath is on, the
+docstring says why the result cannot change. The property tests compare the kernel and the reference byte for
+byte. In the compiled-ahead set (``aot.CODECS``) like the encoders."""
 
 from __future__ import annotations
 
@@ -22,6 +30,12 @@ _LANES = 8  # quantizers.LANES
 _FIXED_BITS = 16  # quantizers.FIXED_BITS
 _MAGIC32 = np.float32(12582912.0)  # 1.5 * 2^23: float32 rounding to an integer, ties to even
 _MAGIC64 = 6755399441055744.0  # 1.5 * 2^52: the same in float64
+_BATCH = 5  # candidates coded and summed in one pass (five int32 and five float32 running sums: registers)
+# a chunk of the refit sums holds at most 2^14 / max|code| elements: |int32 partial sum| <= 2^14 * 2^16 = 2^30,
+# and a float32 sum of squares <= 2^14 * 128 = 2^21 (exact below 2^24)
+_CHUNK_BITS = 14
+# per element: above the (absolute) rounding error of a float32 square below 2^-126 (a subnormal)
+_TINY = 2.0**-140
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -35,6 +49,20 @@ def _rint_clip(y, flo, fhi):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
+def _pow2(k):
+    """``2.0 ** k`` in float64 from its bits (``-1022 <= k <= 1023``: here ``|k| <= 165``)."""
+    return np.int64(np.int64(k + 1023) << np.int64(52)).view(np.float64)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _exponent(amax):
+    """``frexp(amax)[1]`` of a float32 ``amax > 0``: its biased exponent field minus 126 (a normal number
+    ``1.m * 2^(E - 127) = 0.1m * 2^(E - 126)``); a subnormal through ``math.frexp``."""
+    biased = np.int64(np.float32(amax).view(np.uint32) >> np.uint32(23))
+    return biased - 126 if biased > 0 else np.int64(math.frexp(np.float64(amax))[1])
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
 def _fixed(row, f, qw):
     """``qw = rint(w * f)`` in float64 (``|w * f| <= 2^16``: the magic constant rounds exactly), kept as float32
     (an integer of at most 17 bits: exact)."""
@@ -42,25 +70,49 @@ def _fixed(row, f, qw):
         qw[k] = np.float32((np.float64(row[k]) * f + _MAGIC64) - _MAGIC64)
 
 
+@nb.njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _code(w, iscale, flo, fhi):
+    """``clip(rint(w * iscale))``: ``|w| <= |x|`` bounds ``|w * iscale|`` by ``|t| * (1 + 2^-23)`` (finite: what
+    fastmath assumes), ``np.rint`` is one rounding instruction whatever the flags, and the sign of a zero code
+    changes no sum."""
+    lk = np.rint(np.float32(w * iscale))
+    lk = flo if lk < flo else lk
+    return fhi if lk > fhi else lk
+
+
+@nb.njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
+def _batch_chunk(row, qw, k0, k1, isc, flo, fhi, sums):
+    """Adds the refit sums of ``row[k0:k1]`` (a chunk: no int32 partial sum overflows, no float32 sum of squares
+    passes 2^24) to ``sums[c]`` (``sum(l * qw)``) and ``sums[_BATCH + c]`` (``sum(l * l)``) for the five
+    candidates ``isc[c]``. Every term is an integer exact in float32 and every partial sum exact: fastmath may
+    reorder the sums (the vectoriser does) and contract them (an FMA of exact terms is exact)."""
+    i0, i1, i2, i3, i4 = isc[0], isc[1], isc[2], isc[3], isc[4]
+    x0 = x1 = x2 = x3 = x4 = np.int32(0)
+    q0 = q1 = q2 = q3 = q4 = np.float32(0.0)
+    part, fixed = row[k0:k1], qw[k0:k1]  # views: the vectoriser peels and aligns these loops best
+    for k in range(part.size):
+        w, q = part[k], fixed[k]
+        l0, l1, l2 = _code(w, i0, flo, fhi), _code(w, i1, flo, fhi), _code(w, i2, flo, fhi)
+        l3, l4 = _code(w, i3, flo, fhi), _code(w, i4, flo, fhi)
+        x0, x1 = np.int32(x0 + np.int32(l0 * q)), np.int32(x1 + np.int32(l1 * q))
+        x2, x3 = np.int32(x2 + np.int32(l2 * q)), np.int32(x3 + np.int32(l3 * q))
+        x4 = np.int32(x4 + np.int32(l4 * q))
+        q0, q1, q2, q3, q4 = q0 + l0 * l0, q1 + l1 * l1, q2 + l2 * l2, q3 + l3 * l3, q4 + l4 * l4
+    sums[0], sums[1], sums[2] = sums[0] + x0, sums[1] + x1, sums[2] + x2
+    sums[3], sums[4] = sums[3] + x3, sums[4] + x4
+    sums[5], sums[6], sums[7] = sums[5] + q0, sums[6] + q1, sums[7] + q2
+    sums[8], sums[9] = sums[8] + q3, sums[9] + q4
+
+
 @nb.njit(nogil=True, cache=True, inline="always")
-def _scaled_codes(row, iscale, flo, fhi, lc):
-    """``lc[k] = clip(rint(w * iscale))`` (float32 product; exact rounding: no fastmath here)."""
-    for k in range(row.size):
-        lc[k] = _rint_clip(np.float32(row[k] * iscale), flo, fhi)
-
-
-@nb.njit(nogil=True, cache=True, fastmath=True)
-def _refit_sums(lc, qw):
-    """``(sum(l * qw), sum(l * l))``: every product an integer of at most 23 bits, exact in float32, and every
-    partial sum an integer below 2^53, exact in float64, so the sums are exact in any order: ``fastmath`` lets
-    the vectoriser reorder them, and they still equal the reference's integer sums."""
-    sx = 0.0
-    s2 = 0.0
-    for k in range(lc.size):
-        lk = lc[k]
-        sx += np.float64(lk * qw[k])
-        s2 += np.float64(lk * lk)
-    return sx, s2
+def _candidate_sums(row, qw, isc, flo, fhi, sums):
+    """The exact refit sums of the five candidates ``isc`` (float64 ``sums``; an ``iscale`` of 0, a skipped
+    candidate, has codes 0 and ``s2 = 0``), the group in chunks of at most ``2^14 / max|code|`` elements."""
+    chunk = max(_LANES, (1 << _CHUNK_BITS) // int(max(-flo, fhi)))
+    for c in range(2 * _BATCH):
+        sums[c] = 0.0
+    for k0 in range(0, row.size, chunk):
+        _batch_chunk(row, qw, k0, min(row.size, k0 + chunk), isc, flo, fhi, sums)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -93,6 +145,36 @@ def _lane_error(row, v, s):
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
+@nb.njit(nogil=True, cache=True, fastmath={"reassoc"}, error_model="numpy")
+def _error_estimate(row, v, s):
+    """``sum((float32(v * s) - w)^2)`` in float32, summed in any order (``reassoc`` only: no contraction, so the
+    difference is rounded once and the square once): within ``(n + 2) * 2^-24`` of the exact sum relatively,
+    plus ``n * 2^-149`` (squares below 2^-126), or inf."""
+    acc = np.float32(0.0)
+    for k in range(row.size):
+        d = np.float32(np.float32(v[k] * s) - row[k])
+        acc += d * d
+    return acc
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _smaller_error(row, v1, s1, v0, s0):
+    """``_lane_error(row, v1, s1) < _lane_error(row, v0, s0)``, decided by the float32 estimates when they are
+    apart by more than ``m`` (four times their relative bound, which is far above the float64 lane sums' own
+    ``(n / 8 + 4) * 2^-53``) on both sides, else by the lane sums themselves."""
+    n = row.size
+    m = (n + 8) * 2.0**-22
+    a = n * _TINY
+    e1 = np.float64(_error_estimate(row, v1, s1))
+    e0 = np.float64(_error_estimate(row, v0, s0))
+    if m < 0.5 and np.isfinite(e1) and np.isfinite(e0):
+        if e1 * (1 + m) + a < e0 * (1 - m) - a:
+            return True
+        if e1 * (1 - m) - a > e0 * (1 + m) + a:
+            return False
+    return _lane_error(row, v1, s1) < _lane_error(row, v0, s0)
+
+
 @nb.njit(nogil=True, cache=True, inline="always")
 def _extreme(row):
     """``(amax, x)``: the largest magnitude (a branch-free max the vectoriser takes; the callers refuse NaN / inf
@@ -108,23 +190,27 @@ def _extreme(row):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _search(row, qw, lc, x, e, signed, targets, flo, fhi):
-    """The winning candidate's float32 scale (0 when none has ``s2 > 0``)."""
-    f = math.ldexp(1.0, _FIXED_BITS - e)
-    unit = math.ldexp(1.0, e - _FIXED_BITS)
-    _fixed(row, f, qw)
+def _search(row, qw, isc, sums, x, e, signed, targets, flo, fhi):
+    """The winning candidate's float32 scale (0 when none has ``s2 > 0``), the candidates in batches of five
+    (a batch's unused places skipped)."""
+    _fixed(row, _pow2(_FIXED_BITS - e), qw)
+    unit = _pow2(e - _FIXED_BITS)
     s_best, best = np.float32(0.0), -1.0
-    for c in range(targets.shape[1]):
-        t = targets[0, c] if signed or x < 0 else targets[1, c]
-        iscale = np.float32(t / x)
-        if not np.isfinite(iscale):
-            continue
-        _scaled_codes(row, iscale, flo, fhi, lc)
-        fx, f2 = _refit_sums(lc, qw)
-        if f2 > 0:
-            score = fx * fx / f2
-            if score > best:
-                best, s_best = score, np.float32(fx / f2 * unit)
+    C = targets.shape[1]
+    for c0 in range(0, C, _BATCH):
+        for b in range(_BATCH):
+            iscale = np.float32(0.0)
+            if c0 + b < C:
+                t = targets[0, c0 + b] if signed or x < 0 else targets[1, c0 + b]
+                iscale = np.float32(t / x)
+            isc[b] = iscale if np.isfinite(iscale) else np.float32(0.0)  # not finite: skipped (s2 = 0)
+        _candidate_sums(row, qw, isc, flo, fhi, sums)
+        for b in range(min(_BATCH, C - c0)):
+            fx, f2 = sums[b], sums[_BATCH + b]
+            if f2 > 0:
+                score = fx * fx / f2
+                if score > best:
+                    best, s_best = score, np.float32(fx / f2 * unit)
     return s_best
 
 
@@ -137,6 +223,7 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
     flo, fhi = np.float32(lo), np.float32(hi)
     v0, v1 = np.empty(n, np.float32), np.empty(n, np.float32)
     qw = np.empty(n, np.float32)
+    isc, sums = np.empty(_BATCH, np.float32), np.empty(2 * _BATCH, np.float64)
     for r in range(r0, r1):
         row = w[r]
         amax, x = _extreme(row)
@@ -145,12 +232,12 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
             s0 = _FLOOR
         s1 = np.float32(0.0)
         if amax > 0:
-            s1 = _search(row, qw, v1, x, math.frexp(np.float64(amax))[1], signed, targets, flo, fhi)
+            s1 = _search(row, qw, isc, sums, x, _exponent(amax), signed, targets, flo, fhi)
         _codes(row, s0, flo, fhi, v0)
         use = np.isfinite(s1) and abs(s1) >= _FLOOR
         if use:
             _codes(row, s1, flo, fhi, v1)
-            use = _lane_error(row, v1, s1) < _lane_error(row, v0, s0)
+            use = _smaller_error(row, v1, s1, v0, s0)
         s_out[r] = s1 if use else s0
         src = v1 if use else v0
         for k in range(n):

@@ -195,6 +195,70 @@ def test_kernel_search_is_byte_identical_to_numpy_on_any_thread_count(signed, th
     assert v_k.tobytes() == v_r.tobytes()
 
 
+def _edge_groups(n: int, rng) -> np.ndarray:
+    """Groups of length ``n`` on each of the kernel's own paths (``kernels/_jit_mse.py``): every element at the
+    extreme (the largest int32 partial sums of the refit), rtn and mse both exact (equal errors: the lane sums
+    decide), a lone non-zero, subnormals (the float32 error estimates below their absolute bound), values near
+    float32's largest (their squares overflow the estimates), exact ties, all zeros, Student-t."""
+    w = (rng.standard_t(4, size=(12, n)) * 0.1).astype(F32)
+    w[0] = -1.0
+    w[1] = np.where(np.arange(n) % 2, 1.0, -1.0)
+    w[2] = rng.integers(-8, 8, size=n) / 8.0
+    w[3] = 0.0
+    w[3, n // 2] = 3.0
+    w[4] = rng.standard_normal(n) * 1e-41
+    w[5] = (rng.standard_normal(n) * 1e38).clip(-3.4e38, 3.4e38)
+    w[6] = rng.integers(-32, 33, size=n) * 0.25
+    w[7] = 0.0
+    w[8, : n // 2] = 1e-45
+    return w
+
+
+@pytest.mark.parametrize("lo, hi", sorted(set(CODE_RANGE.values())))
+@pytest.mark.parametrize("n", [8, 24, 64, 136, 264, 2056])
+def test_kernel_search_on_edge_groups_is_byte_identical_to_numpy(lo, hi, n):
+    """Lengths across the refit's int32 chunks (128 elements at int8, 2048 at int4) and groups whose error
+    comparison the float32 estimates cannot decide, both signs of scale."""
+    w = _edge_groups(n, np.random.default_rng(n))
+    for signed in (True, False):
+        s_k, v_k = mse_kernel.mse_groups(w, lo, hi, signed)
+        s_r, v_r = quantizers.mse_groups(w, lo, hi, signed)
+        assert s_k.tobytes() == s_r.tobytes()
+        assert v_k.tobytes() == v_r.tobytes()
+
+
+@pytest.mark.parametrize("offsets", [(-0.5, 0.0, 0.5), (-0.9, -0.6, -0.3, 0.0, 0.3, 0.6, 0.9)])
+def test_kernel_search_takes_any_number_of_candidates(offsets, monkeypatch):
+    """The kernel codes candidates five at a time; fewer or more than five (a partial batch, two batches) give
+    the reference's bytes, ties between candidates included (the first wins)."""
+    monkeypatch.setattr(quantizers, "CANDIDATE_OFFSETS", offsets)
+    rng = np.random.default_rng(5)
+    w = np.concatenate([rng.standard_t(4, size=(300, 64)), _edge_groups(64, rng)]).astype(F32)
+    for lo, hi in ((-8, 7), (-2, 1)):
+        for signed in (True, False):
+            s_k, v_k = mse_kernel.mse_groups(w, lo, hi, signed)
+            s_r, v_r = quantizers.mse_groups(w, lo, hi, signed)
+            assert s_k.tobytes() == s_r.tobytes() and v_k.tobytes() == v_r.tobytes()
+
+
+def test_kernel_error_comparison_on_near_ties_is_the_lane_sums():
+    """The kernel decides ``err(mse) < err(rtn)`` from float32 estimates only when they are far apart; scales
+    one to a few float32 steps apart (errors equal to ~1e-7 relatively, where float32 sums misorder) still
+    compare as the reference's float64 lane sums do (``quantizers.squared_error``)."""
+    from colitools.formats.kernels import _jit_mse
+
+    rng = np.random.default_rng(13)
+    for n in (8, 64, 512):
+        w = rng.standard_normal((400, n)).astype(F32)
+        s0 = (np.abs(w).max(axis=1) / F32(7)).astype(F32)
+        s1 = (s0.view(np.int32) + rng.integers(-3, 4, size=400).astype(np.int32)).view(F32)
+        v0 = np.clip(np.rint(w / s0[:, None]), -8, 7).astype(F32)
+        v1 = np.clip(np.rint(w / s1[:, None]), -8, 7).astype(F32)
+        want = quantizers.squared_error(w, s1, v1) < quantizers.squared_error(w, s0, v0)
+        got = [bool(_jit_mse._smaller_error(w[i], v1[i], s1[i], v0[i], s0[i])) for i in range(400)]
+        assert got == want.tolist()
+
+
 SOURCES = ["f32", "bf16", "f16", "fp8"]
 
 
