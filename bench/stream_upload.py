@@ -119,7 +119,9 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--dir", default="/dev/shm")
-    parser.add_argument("--kill", action="store_true", help="SIGKILL a streaming upload, rerun, count the PUTs")
+    parser.add_argument(
+        "--kill", action="store_true", help="SIGKILL a streaming upload, rerun, count the PUTs"
+    )
     parser.add_argument("--upload-mb", type=float, default=20.0, help="with --kill: upload rate, MB/s")
     args = parser.parse_args()
     from download import make_model
@@ -185,20 +187,36 @@ def kill_and_resume(base: Path, args) -> None:
         subprocess.run([*convert, str(base / "reference"), "--no-progress"], check=True, env=env,
                        stdout=subprocess.DEVNULL)  # fmt: skip
         out = base / "out"
-        command = [*convert, str(out), "--upload-repo", "bench/kill", "--stream-upload", "--no-progress", "--json"]
+        command = [
+            *convert,
+            str(out),
+            "--upload-repo",
+            "bench/kill",
+            "--stream-upload",
+            "--no-progress",
+            "--json",
+        ]
         throttle_uploads(hub, args.upload_mb * MB)
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        sigkill_when(proc, lambda: bool(confirmed(out)) and bool(receiving(hub) - confirmed(out)), timeout=600)
+        proc = subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        sigkill_when(
+            proc, lambda: bool(confirmed(out)) and bool(receiving(hub) - confirmed(out)), timeout=600
+        )
         before = confirmed(out)
         throttle_uploads(hub, None)
         rerun = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         puts = lfs_puts(hub.log)
         summary = json.loads(rerun.stdout)
-        print(f"SIGKILL with {len(before)} file(s) confirmed and a body on its way; the rerun kept "
-              f"{summary['units_skipped']} of {summary['units_total']} units (redone: {summary['units_redone']})")
+        print(
+            f"SIGKILL with {len(before)} file(s) confirmed and a body on its way; the rerun kept "
+            f"{summary['units_skipped']} of {summary['units_total']} units (redone: {summary['units_redone']})"
+        )
         print(f"LFS PUTs per object over both runs: {sorted(puts.values())}; of the objects confirmed before the "
               f"kill: {[puts.get(oid) for oid in sorted(before)]}")  # fmt: skip
-        print(f"main = the local conversion, byte for byte: {same_as(download(hub, base / 'back'), base / 'reference')}")
+        print(
+            f"main = the local conversion, byte for byte: {same_as(download(hub, base / 'back'), base / 'reference')}"
+        )
 
 
 def confirmed(out: Path) -> set[str]:
