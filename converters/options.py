@@ -217,6 +217,8 @@ class ConvertSummary:
                      if (self.bytes_in, self.bytes_out) != (p.get("in_bytes", 0), p.get("out_bytes", 0)) else "")  # fmt: skip
             lines.append(f"bytes in {gb(self.bytes_in)}, out {gb(self.bytes_out)}{whole}, "
                          f"peak disk {gb(self.peak_disk_bytes)}")  # fmt: skip
+            if self.tensors_copied:
+                lines.append(f"{self.tensors_copied} tensors would be copied from the previous output, not encoded")
         else:
             done = f"converted {self.units_converted} of {self.units_total} units"
             if self.units_skipped:

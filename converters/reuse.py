@@ -216,6 +216,17 @@ def _inside(outdir: Path, name: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ plans
+def planned_copies(outdir: Path, replaced: Mapping[str, Any] | None, plan: ConversionPlan, identities: Any,
+                   pending: list[Unit]) -> int:  # fmt: skip
+    """How many tensors of ``pending`` a run would copy instead of encode (``--dry-run``): from ``replaced``
+    (the ledger a ``--replace`` run would keep as the donor) or the donor a re-conversion already kept."""
+    records = [r for u in ((replaced or {}).get("units") or {}).values() if isinstance(u, dict) and (r := _record(u))]
+    donor = Donor(outdir, records or load_donor(outdir), plan, identities)
+    if not donor.records:
+        return 0
+    return sum(len(c.jobs) for u in pending for c in donor.plan_unit(u).values())
+
+
 @dataclass(frozen=True)
 class FileCopy:
     """What one new file copies from one donor file (sent to a ``--workers`` process): the donor file (name,

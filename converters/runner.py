@@ -193,7 +193,11 @@ def plan_and_summary(
         state = Ledger.examine(out, planned.plan, src.describe(), planned.identities, options.replace)
         if options.part is not None:
             state.complete = parts.is_finished(section, state.finished)
-        return planned, state, _summary(src, planned.plan, out, options, state)
+        summary = _summary(src, planned.plan, out, options, state)
+        if options.dry_run:  # --replace: what would be copied from the previous output instead of encoded
+            pending = [u for u in planned.plan.units if u.key not in set(state.finished)]
+            summary.tensors_copied = reuse.planned_copies(out, state.donor, planned.plan, planned.identities, pending)
+        return planned, state, summary
 
 
 @contextlib.contextmanager

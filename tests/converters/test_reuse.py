@@ -4,6 +4,7 @@ bytes of a fresh conversion with the new options, also after a SIGKILL at any po
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -136,10 +137,35 @@ def test_sigkill_after_a_new_file_replaced_an_old_one_unrecorded(tmp_path, fresh
     proc = _cli(out, "--replace", env={"COLITOOLS_TEST_KILL_AT": "published:2"})
     assert proc.wait(120) == -9, proc.stderr.read()
     m = json.loads((out / MANIFEST_FILE).read_text())
-    assert m["state"] == "converting" and len(m["units"]) == 1  # the second file published, not recorded
+    # the second file published over the previous output's, not recorded (the first may be recorded or not yet)
+    assert m["state"] == "converting" and len(m["units"]) <= 1
+    second = json.loads((out / DONOR_FILE).read_text())["records"][1]["files"][0]
+    assert hashlib.sha256((out / second["name"]).read_bytes()).hexdigest() != second["sha256"]
     rerun = _cli(out, "--json")
     stdout, stderr = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, stderr
     assert _files(out) == _files(fresh)
     assert _manifest(out) == _manifest(fresh)
-    assert json.loads(stdout)["units_converted"] == 2
+    assert json.loads(stdout)["units_converted"] == 3 - len(m["units"])
+
+
+def test_dry_run_says_how_many_tensors_replace_would_copy_and_two_workers_copy_them(tmp_path, fresh):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    before = {p: p.stat().st_mtime_ns for p in out.iterdir()}
+    dry = _convert(out, target_bpw=AFTER, replace=True, dry_run=True)
+    assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == before  # a dry run writes nothing
+    real = _convert(out, target_bpw=AFTER, replace=True, workers=2)
+    assert real.tensors_copied == dry.tensors_copied > 0
+    assert _files(out) == _files(fresh)
+
+
+def test_planar_converted_again_as_pairs_copies_all_but_the_routed_experts(tmp_path):
+    out, pairs = tmp_path / "out", tmp_path / "pairs"
+    _convert(out, layout="planar")
+    summary = _convert(out, replace=True)
+    _convert(pairs)
+    assert _files(out) == _files(pairs)  # the sidecar (its layer files and index) is gone with the planar layout
+    units = _manifest(pairs)["units"].values()
+    experts = [t for u in units for t in u["errors"] if ".mlp.experts." in t]
+    assert summary.tensors_copied == sum(len(u["errors"]) for u in units) - len(experts) > 0
