@@ -59,7 +59,9 @@ ENGINES = {
 TF_BY_PREFIX = ("olmoe", "qwen36", "qwen38", "deepseek_v41")
 MARGIN_EXPLAINS = 0.02  # a divergence where colitools' top-2 margin is below this is a rounding tie
 CAP = "8"
-BASE_FIXTURE = {"glm_eps6": "glm_moe_dsa", "glm_eps6_fp8": "glm_moe_dsa", "deepseek_v4_128": "deepseek_v4"}
+V4_WIDE = "deepseek_v4_128"
+V4_WIDE_HEAD_DIM = 64  # the 128-wide variant's default head_dim (--v4-head-dim)
+BASE_FIXTURE = {"glm_eps6": "glm_moe_dsa", "glm_eps6_fp8": "glm_moe_dsa", V4_WIDE: "deepseek_v4"}
 COLIBRI_FORMATS = ("int8-row", "int4-row", "int2-row", "int4-g32", "int4-g64", "int3-g64")
 
 
@@ -79,8 +81,29 @@ class Case:
         return f"{self.engine}-{self.fixture}-{opts}{'-' + self.act_quant if self.act_quant else ''}"
 
 
-def cases() -> list[Case]:
-    """Every row of the table: each engine on its target, every format it reads."""
+def v4_wide_name(head_dim: int = V4_WIDE_HEAD_DIM, seed: int | None = None) -> str:
+    """The 128-wide deepseek_v4 variant's name for ``head_dim`` and random draw ``seed`` (None: the fixture's
+    own seed); the defaults give ``deepseek_v4_128``."""
+    hd = f"_hd{head_dim}" if head_dim != V4_WIDE_HEAD_DIM else ""
+    return V4_WIDE + hd + (f"_seed{seed}" if seed is not None else "")
+
+
+def v4_wide_params(name: str) -> tuple[int, int | None] | None:
+    """``(head_dim, seed)`` of a :func:`v4_wide_name`, None for another fixture name."""
+    m = re.fullmatch(re.escape(V4_WIDE) + r"(?:_hd(\d+))?(?:_seed(\d+))?", name)
+    if m is None:
+        return None
+    return int(m[1] or V4_WIDE_HEAD_DIM), (int(m[2]) if m[2] else None)
+
+
+def base_fixture(name: str) -> str:
+    """The committed fixture whose prompt and reference length a fixture or variant uses."""
+    return "deepseek_v4" if v4_wide_params(name) else BASE_FIXTURE.get(name, name)
+
+
+def cases(v4_fixture: str = V4_WIDE) -> list[Case]:
+    """Every row of the table: each engine on its target, every format it reads (``v4_fixture``: which
+    128-wide deepseek_v4 draw, :func:`v4_wide_name`)."""
     out = [
         Case("olmoe", "olmoe_target", (("target", "olmoe"),)),
         Case("olmoe", "olmoe_target", (("target", "olmoe"), ("dense", "bf16"), ("embed", "bf16"))),
@@ -97,8 +120,8 @@ def cases() -> list[Case]:
     out.append(Case("colibri", "glm_eps6_fp8", (*generic, ("dense", "fp8"), ("embed", "int8-row"))))
     for xb in ("int4-row", "int8-row", "f32", "bf16"):
         out.append(Case("inkling", "inkling", (("target", "inkling"), ("experts", xb))))
-    out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),), act_quant="official"))
-    out.append(Case("deepseek_v4", "deepseek_v4_128", (("target", "deepseek_v4"),)))
+    out.append(Case("deepseek_v4", v4_fixture, (("target", "deepseek_v4"),), act_quant="official"))
+    out.append(Case("deepseek_v4", v4_fixture, (("target", "deepseek_v4"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"),)))
     out.append(Case("glm53", "glm5_next_target", (("target", "glm53"), ("dense", "int4-g64"))))
     out.append(Case("kimi_k3", "kimi_k3", (("target", "kimi_k3"),)))
@@ -312,12 +335,12 @@ def prepare_fixture(name: str, work: Path, oracle_python: str | None) -> Path:
         if name == "glm_eps6_fp8":
             fp8_source(out)
         return out
-    if name == "deepseek_v4_128":
+    wide = v4_wide_params(name)
+    if wide is not None:
         if oracle_python is None:
-            raise SystemExit(
-                "deepseek_v4_128 needs --oracle-python (torch + transformers, oracles/README.md)"
-            )
-        subprocess.run([oracle_python, __file__, "--make-v4-wide", str(out)], check=True)
+            raise SystemExit(f"{name} needs --oracle-python (torch + transformers, oracles/README.md)")
+        argv = [oracle_python, __file__, "--make-v4-wide", str(out), "--v4-head-dim", str(wide[0])]
+        subprocess.run(argv + (["--v4-seed", str(wide[1])] if wide[1] is not None else []), check=True)
         return out
     raise SystemExit(f"unknown fixture {name}")
 
@@ -395,9 +418,10 @@ def engine_container(case: Case, model: Path) -> Path:
     return out
 
 
-def make_v4_wide(out: Path) -> None:
-    """(oracle venv) The deepseek_v4 fixture's model at 128 wide, written as oracles/make_oracles.py writes a
-    fixture (same init, noise and storage), at its seed; no references."""
+def make_v4_wide(out: Path, head_dim: int = V4_WIDE_HEAD_DIM, seed: int | None = None) -> None:
+    """(oracle venv) The deepseek_v4 fixture's model at 128 wide with ``head_dim``, written as
+    oracles/make_oracles.py writes a fixture (same init, noise and storage), at ``seed`` (None: the fixture's
+    own); no references."""
     sys.path.insert(0, str(ORACLES))
     sys.path.insert(0, str(REPO))
     import colitools  # noqa: PLC0415  (the repository's folders as the installed namespace maps them)
@@ -411,10 +435,14 @@ def make_v4_wide(out: Path) -> None:
 
     fx = next(f for f in fixture_specs.FIXTURES if f.name == "deepseek_v4")
     # c/deepseek_v4.c slices wo_a per group at o_lora_rank rows and ceil(o_lora_rank / 128) scale rows: a rank
-    # below 128 makes the second group read another block's scales, so every FP8 / FP4 input and the rank are 128
-    wide = dict(hidden_size=128, q_lora_rank=128, head_dim=64, o_groups=2, o_lora_rank=128,
+    # below 128 makes the second group read another block's scales, so every FP8 / FP4 input and the rank are 128;
+    # wo_a's group input (heads / o_groups * head_dim) too: o_groups 2 at head_dim 64, 1 at head_dim 32
+    groups = fx.config["num_attention_heads"] * head_dim // 128
+    if groups < 1 or fx.config["num_attention_heads"] % groups:
+        raise SystemExit(f"--v4-head-dim {head_dim}: no o_groups gives wo_a a group input of 128")
+    wide = dict(hidden_size=128, q_lora_rank=128, head_dim=head_dim, o_groups=groups, o_lora_rank=128,
                 moe_intermediate_size=128, index_head_dim=32)  # fmt: skip
-    fx = replace(fx, name="deepseek_v4_128", config={**fx.config, **wide})
+    fx = replace(fx, name=V4_WIDE, config={**fx.config, **wide}, seed=fx.seed if seed is None else seed)
     tmp = out.parent / f"{out.name}.tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     model = mo.build_model(fx, fx.seed, None)
@@ -504,9 +532,7 @@ def run_case(case: Case, cdir: Path | None, built: str, work: Path, oracle_pytho
         return row
     source = prepare_fixture(case.fixture, work, oracle_python)
     model = convert_case(case, source, work)
-    oracle = json.loads(
-        (ORACLES / BASE_FIXTURE.get(case.fixture, case.fixture) / "reference" / "f32.json").read_text()
-    )
+    oracle = json.loads((ORACLES / base_fixture(case.fixture) / "reference" / "f32.json").read_text())
     prompt, n = [int(t) for t in oracle["prompt_ids"]], len(oracle["generated_ids"])
     ref = colitools_reference(model, prompt, n, case.act_quant)
     ref_path = work / "refs" / f"{case.name}.json"
@@ -547,18 +573,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", choices=sorted(ENGINES), help="engines to check (default all)")
     ap.add_argument("--quantizer", choices=("rtn", "mse"),
                     help="only the rows of this quantizer (default: every row)")  # fmt: skip
+    ap.add_argument("--v4-head-dim", type=int, default=V4_WIDE_HEAD_DIM,
+                    help=f"head_dim of the 128-wide deepseek_v4 variant (default {V4_WIDE_HEAD_DIM})")  # fmt: skip
+    ap.add_argument("--v4-seed", type=int,
+                    help="random draw (torch seed) of the 128-wide deepseek_v4 variant (default: the fixture's)")  # fmt: skip
     ap.add_argument("--budget", action="store_true", help="only the size-budget rows (BUDGET_BPW)")
     ap.add_argument("--make-v4-wide", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.make_v4_wide:
-        make_v4_wide(args.make_v4_wide)
+        make_v4_wide(args.make_v4_wide, args.v4_head_dim, args.v4_seed)
         return 0
     if not args.colibri_src or not all((src / "c").is_dir() for src in args.colibri_src):
         ap.error("give colibri source trees (folders with c/)")
     args.work.mkdir(parents=True, exist_ok=True)
     engines = args.only or list(ENGINES)
     cdirs, built = build_engines([src.resolve() for src in args.colibri_src], args.work, engines)
-    chosen = [c for c in cases() if c.engine in engines and (
+    v4_fixture = v4_wide_name(args.v4_head_dim, args.v4_seed)
+    chosen = [c for c in cases(v4_fixture) if c.engine in engines and (
         args.quantizer is None or dict(c.options).get("quantizer", "rtn") == args.quantizer)]  # fmt: skip
     if args.budget:
         chosen = [c for c in budget_cases() if c.engine in engines]

@@ -34,11 +34,11 @@ from colitools.formats.families import v4_shapes
 from colitools.formats.kernels import threads
 from colitools.runtime.attention import KVBuffer, attend, causal_mask
 from colitools.runtime.config import ConfigKeys, IndexerArgs, ModelArgs, RopeArgs, rope_args, routing_args
-from colitools.runtime.deepseek_v4_hc import HyperConnection, HyperHead, unweighted_rms_norm
+from colitools.runtime.deepseek_v4_hc import HyperHead, V4HyperConnection
 from colitools.runtime.deepseek_v4_quant import MODES, ActQuant, QuantizedInput, attend_bf16
 from colitools.runtime.experts import Expert, ExpertStore
 from colitools.runtime.family import LayerContext, ModelIO, RuntimeFamily
-from colitools.runtime.ops import Linear, rms_norm, silu
+from colitools.runtime.ops import Linear, silu
 from colitools.runtime.rope import Rope
 from colitools.runtime.weights import Checkpoint, sanitize
 
@@ -248,7 +248,7 @@ class Compressor:
             e = np.exp(cgate - np.max(cgate, axis=1, keepdims=True))
             w = e / np.sum(e, axis=1, keepdims=True, dtype=F32)
             r = self.quant.round_bf16  # --act-quant: the pooled entry in BF16, before and after its norm
-            pooled = r(rms_norm(r(np.sum(ckv * w, axis=1, dtype=F32)), self.norm, self.eps))
+            pooled = r(self.quant.rms_norm(r(np.sum(ckv * w, axis=1, dtype=F32)), self.norm, self.eps))
             positions = (self.count + np.arange(n_win)) * m
             cos, sin = self.rope.cos_sin(positions)
             entries = self.rope.apply(pooled[:, None, :], cos, sin)[:, 0, :]
@@ -360,10 +360,11 @@ class V4Attention:
         N, nh, D = x.shape[0], self.nh, self.D
         cos, sin = self.rope.cos_sin(positions)
         r = self.quant.round_bf16  # identities without --act-quant
-        q_resid = r(rms_norm(self.wq_a(x), self.q_norm, self.eps))
-        q = r(unweighted_rms_norm(self.wq_b(q_resid).reshape(N, nh, D), self.eps))
+        norm = self.quant.rms_norm
+        q_resid = r(norm(self.wq_a(x), self.q_norm, self.eps))
+        q = r(norm(self.wq_b(q_resid).reshape(N, nh, D), None, self.eps))
         q = r(self.rope.apply(q, cos, sin))
-        kv = self.rope.apply(r(rms_norm(self.wkv(x), self.kv_norm, self.eps)).reshape(N, 1, D), cos, sin)
+        kv = self.rope.apply(r(norm(self.wkv(x), self.kv_norm, self.eps)).reshape(N, 1, D), cos, sin)
         kv = self.quant.nope(kv, self.rope.dim)
         K = self.kc.append(kv)
         allowed = causal_mask(positions, K.shape[0], self.window, self.first)
@@ -504,7 +505,7 @@ class V4MoE:
 class V4Layer:
     """``streams -> mHC(attn(attn_norm(pre-collapse))) -> mHC(ffn(ffn_norm(pre-collapse)))``."""
 
-    def __init__(self, attn: V4Attention, ffn: V4MoE, attn_hc: HyperConnection, ffn_hc: HyperConnection,
+    def __init__(self, attn: V4Attention, ffn: V4MoE, attn_hc: V4HyperConnection, ffn_hc: V4HyperConnection,
                  norm_in: np.ndarray, norm_post: np.ndarray, eps: float):  # fmt: skip
         self.attn, self.ffn, self.attn_hc, self.ffn_hc = attn, ffn, attn_hc, ffn_hc
         self.norm_in, self.norm_post, self.eps = norm_in, norm_post, eps
@@ -515,7 +516,7 @@ class V4Layer:
         parts = (self.attn, self.ffn, self.attn_hc, self.ffn_hc, self.norm_in, self.norm_post)
         return sum(p.nbytes for p in parts)
 
-    def _site(self, hc: HyperConnection, streams: np.ndarray, block) -> np.ndarray:
+    def _site(self, hc: V4HyperConnection, streams: np.ndarray, block) -> np.ndarray:
         if not self.hc_enabled:
             return streams + block(np.mean(streams, axis=1))[:, None, :]
         r = self.attn.quant.round_bf16  # --act-quant: BF16 states
@@ -531,12 +532,12 @@ class V4Layer:
         return self.attn.quant.row_by_row(self._rows, streams, positions, ids)
 
     def _rows(self, streams, positions, ids):
-        r = self.attn.quant.round_bf16  # --act-quant: BF16 normed inputs
+        r, norm = self.attn.quant.round_bf16, self.attn.quant.rms_norm  # --act-quant: BF16 normed inputs
         streams = self._site(
-            self.attn_hc, streams, lambda h: self.attn(r(rms_norm(h, self.norm_in, self.eps)), positions)
+            self.attn_hc, streams, lambda h: self.attn(r(norm(h, self.norm_in, self.eps)), positions)
         )
         return self._site(
-            self.ffn_hc, streams, lambda h: self.ffn(r(rms_norm(h, self.norm_post, self.eps)), ids)
+            self.ffn_hc, streams, lambda h: self.ffn(r(norm(h, self.norm_post, self.eps)), ids)
         ), ids
 
 
@@ -554,7 +555,7 @@ class V4IO(ModelIO):
             ckpt.array(sanitize("model.hc_head.hc_fn"), (n, n * H)),
             ckpt.vector(sanitize("model.hc_head.hc_base"), n),
             ckpt.vector(sanitize("model.hc_head.hc_scale"), 1),
-            args.hc_eps, args.rms_norm_eps,
+            args.hc_eps, args.rms_norm_eps, args.act_quant,
         )  # fmt: skip
 
     def tokens(self, ids: np.ndarray) -> np.ndarray:
@@ -568,7 +569,8 @@ class V4IO(ModelIO):
         return self.quant.row_by_row(self._head, x if all_logits else x[-1:])
 
     def _head(self, x: np.ndarray) -> np.ndarray:
-        return self.lm_head(rms_norm(self.hyper_head(x), self.norm, self.eps))
+        r = self.quant.round_bf16  # --act-quant: streams collapsed, then normed, each in BF16 (final_hidden)
+        return self.lm_head(r(self.quant.rms_norm(r(self.hyper_head(x)), self.norm, self.eps)))
 
 
 class DeepseekV4(RuntimeFamily):
@@ -598,9 +600,11 @@ class DeepseekV4(RuntimeFamily):
         args, ckpt = ctx.args, ctx.ckpt
         p, H, n = f"model.layers.{layer}", args.hidden_size, args.hc_mult
 
-        def hc(site: str) -> HyperConnection:
-            return HyperConnection.load(ckpt, sanitize(f"{p}.hc_{site}"), H, n, args.hc_iters, args.hc_eps,
-                                        args.rms_norm_eps)  # fmt: skip
+        def hc(site: str) -> V4HyperConnection:
+            conn = V4HyperConnection.load(ckpt, sanitize(f"{p}.hc_{site}"), H, n, args.hc_iters, args.hc_eps,
+                                          args.rms_norm_eps)  # fmt: skip
+            conn.quant = args.act_quant
+            return conn
 
         return V4Layer(
             V4Attention(args, ckpt, layer), V4MoE(args, ckpt, layer, ctx), hc("attn"), hc("ffn"),

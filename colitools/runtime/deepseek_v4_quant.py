@@ -17,6 +17,13 @@ inference rather than with transformers' float activations (the default, ``ActQu
   output, the norms' outputs, the hyper-connection states, the roped query / key, the attention's probabilities
   (before the value product; the denominator sums them unrounded) and output, each routed expert's gate / up and
   its activation times its routing weight (applied before ``w2``), the MoE sum with the shared expert.
+* Sums in index order: every RMS norm's mean square (the blocks' and the final norm, the query's low-rank and
+  per-head norms, the KV and compressor norms; ``ordered_mean_square``) and the hyper-connections' mixes
+  (``deepseek_v4_hc.reference_mixes``: ``ordered_mean_square`` and ``ordered_dot``) add their terms (each
+  rounded to F32) one after another from the first channel, as ``coli_v4_rmsnorm`` / ``coli_v4_hc_pre`` /
+  ``final_hidden`` loop; DeepSeek's reference leaves the order to torch. numpy's pairwise mean and BLAS dot
+  differ in the last bit, which the BF16 rounding of the block input turns into whole BF16 steps on some
+  channels (the 128-wide check's divergences, docs/FORMATS.md §4).
 * Every row alone (``ActQuant.row_by_row``): a layer and the head take a batch of positions one row at a time, so
   a row's arithmetic is decode's whatever the batch (prefill = token-by-token decode, bit for bit). The engine
   evaluates every row alike; numpy's multi-row matmuls sum in another order than its one-row ones (~3e-6), and
@@ -28,6 +35,8 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from colitools.runtime.ops import rms_norm as float_rms_norm
 
 F32 = np.float32
 OFFICIAL = "official"
@@ -70,6 +79,20 @@ def fp4_qdq(x: np.ndarray, block: int) -> np.ndarray:
     nearest = np.argmin(np.abs(np.abs(v)[..., None] - E2M1), axis=-1)  # first of two equal: the smaller
     out = np.copysign(E2M1[nearest], v) * scale
     return out.reshape(*x.shape[:-1], -1)[..., :n].astype(F32)
+
+
+def ordered_mean_square(x: np.ndarray) -> np.ndarray:
+    """``mean(x^2)`` over the last axis, kept as ``[..., 1]``: the squares rounded to F32 and summed in index order,
+    one F32 rounding per addition (``np.cumsum`` is sequential), then divided by the width."""
+    total = np.cumsum(np.square(x, dtype=F32), axis=-1, dtype=F32)[..., -1:]
+    return (total / F32(x.shape[-1])).astype(F32)
+
+
+def ordered_dot(x: np.ndarray, w_t: np.ndarray) -> np.ndarray:
+    """``x [N, K] @ w_t [K, M]`` with every product rounded to F32 and each output's products summed in index
+    order, one F32 rounding per addition (``[N, M]``)."""
+    products = np.asarray(x, F32)[:, :, None] * np.asarray(w_t, F32)[None, :, :]  # [N, K, M]
+    return np.cumsum(products, axis=1, dtype=F32)[:, -1, :]
 
 
 def bf16(x: np.ndarray) -> np.ndarray:
@@ -122,6 +145,13 @@ class ActQuant:
 
     def round_bf16(self, x: np.ndarray) -> np.ndarray:
         return bf16(x) if self.on else x
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+        """RMS norm over the last axis (``weight`` None: unweighted); when on, ``ordered_mean_square``'s order."""
+        if not self.on:
+            return float_rms_norm(x, weight if weight is not None else F32(1.0), eps)
+        y = x * (F32(1.0) / np.sqrt(ordered_mean_square(x) + F32(eps)))
+        return y if weight is None else weight * y
 
     def row_by_row(self, fn, rows: np.ndarray, *per_row: np.ndarray):
         """``fn(rows, *per_row)``, or, when on and there are several rows, ``fn`` on each row alone in order

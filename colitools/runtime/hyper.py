@@ -50,10 +50,15 @@ class HyperConnection:
     def nbytes(self) -> int:
         return self.fn_t.nbytes + self.base.nbytes + self.scale.nbytes
 
+    def mixes(self, streams: np.ndarray) -> np.ndarray:
+        """``m [N, (2 + hc) * hc]`` of streams ``[N, hc, H]``: the normalised flattened streams times ``fn``
+        (transformers' order)."""
+        return rms_norm(streams.reshape(streams.shape[0], -1), self.ones, self.norm_eps) @ self.fn_t
+
     def weights(self, streams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(pre [N, hc], post [N, hc], comb [N, hc, hc])`` of streams ``[N, hc, H]``."""
         N, hc = streams.shape[0], self.hc
-        m = rms_norm(streams.reshape(N, -1), self.ones, self.norm_eps) @ self.fn_t
+        m = self.mixes(streams)
         b, s = self.base, self.scale
         pre = sigmoid(m[:, :hc] * s[0] + b[:hc]) + self.eps
         post = F32(2) * sigmoid(m[:, hc : 2 * hc] * s[1] + b[hc : 2 * hc])

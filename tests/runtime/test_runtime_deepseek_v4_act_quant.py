@@ -15,7 +15,16 @@ from oracle_refs import ORACLES, reference
 
 from colitools.errors import ParameterError
 from colitools.runtime import load_model
-from colitools.runtime.deepseek_v4_quant import bf16, fp4_qdq, fp8_qdq, hadamard
+from colitools.runtime.deepseek_v4_hc import reference_mixes
+from colitools.runtime.deepseek_v4_quant import (
+    ActQuant,
+    bf16,
+    fp4_qdq,
+    fp8_qdq,
+    hadamard,
+    ordered_dot,
+    ordered_mean_square,
+)
 
 
 def test_fp8_blocks_scale_by_a_power_of_two_and_round_to_nearest_even():
@@ -43,6 +52,57 @@ def test_hadamard_is_the_butterfly_over_sqrt_n_in_bf16():
     assert bf16(np.array([1.00390625], np.float32)).tolist() == [1.0]  # halfway: ties to even
     with pytest.raises(ValueError):
         hadamard(np.ones(6, np.float32))
+
+
+# issue 45: the mean squares of the norms and the hyper-connections are summed in index order, one F32 rounding
+# per addition, as colibri's engine loops (coli_v4_rmsnorm, coli_v4_hc_pre, final_hidden); numpy's pairwise mean
+# gave another last bit at some rows of the 128-wide check, and the BF16 rounding after the norm a whole BF16 step
+SMALL = 2.0**-12  # its square 2^-24 is half an F32 step of 1
+
+
+def test_ordered_mean_square_adds_the_squares_in_index_order():
+    # [1, s x 15]: 1 + 2^-24 is halfway between 1 and 1 + 2^-23, ties to even keep 1, fifteen times: 1 / 16
+    first = np.array([1.0] + [SMALL] * 15, np.float32)
+    assert ordered_mean_square(first).tolist() == [0.0625]
+    # [s x 15, 1]: 15 * 2^-24 is exact, then 1 + 7.5 * 2^-23 is halfway 7 / 8 steps: even 8, 1 + 2^-20; / 16
+    last = first[::-1].copy()
+    assert ordered_mean_square(last).tolist() == [0.0625 + 2.0**-24]
+    # rows are independent ([..., 1] kept for broadcasting)
+    assert ordered_mean_square(np.stack([first, last])).tolist() == [[0.0625], [0.0625 + 2.0**-24]]
+    # the pairwise mean numpy uses differs from both: the rule is not numpy's
+    assert float(np.mean(np.square(first))) not in (0.0625, 0.0625 + 2.0**-24)
+
+
+def test_official_rms_norm_and_hyper_mixes_use_the_ordered_mean_square():
+    q = ActQuant()
+    x = np.array([[1.0] + [SMALL] * 15], np.float32)
+    off = q.rms_norm(x, None, 0.0)
+    q.mode = "official"
+    # mean square 1 / 16 exactly: rsqrt 4, so the first channel is 4 and the others 4 * 2^-12 = 2^-10
+    assert q.rms_norm(x, None, 0.0).tolist() == [[4.0] + [2.0**-10] * 15]
+    assert q.rms_norm(x, np.full(16, 0.5, np.float32), 0.0).tolist() == [[2.0] + [2.0**-11] * 15]
+    assert not np.array_equal(off, q.rms_norm(x, None, 0.0))  # off: numpy's mean, another last bit
+    # DeepSeek's hc_pre order: the raw streams times fn (products 1 and 2^-24 x 15: summed in order, 1), scaled
+    # by rsqrt(mean square) = 4 afterwards
+    assert reference_mixes(x, x.T, 0.0).tolist() == [[4.0]]
+
+
+def test_ordered_dot_rounds_each_product_and_adds_them_in_index_order():
+    first = np.array([1.0] + [SMALL] * 15, np.float32)
+    last = first[::-1].copy()
+    # products 1 and 2^-24: as the mean squares above, 1 first keeps 1, 1 last gives 1 + 2^-20
+    assert ordered_dot(first[None], first[:, None]).tolist() == [[1.0]]
+    assert ordered_dot(last[None], last[:, None]).tolist() == [[1.0 + 2.0**-20]]
+    # each product rounded to F32 first: (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 -> 1 + 2^-11 (tie, even), plus
+    # 2^-24 x 2 in order: two more ties to even, 1 + 2^-11
+    x = np.array([[1.0 + SMALL, SMALL, SMALL]], np.float32)
+    assert ordered_dot(x, x.T).tolist() == [[1.0 + 2.0**-11]]
+    # two outputs, two rows: [N, K] @ [K, M]
+    w_t = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    assert ordered_dot(np.array([[1.0, 1.0], [2.0, 0.5]], np.float32), w_t).tolist() == [
+        [4.0, 6.0],
+        [3.5, 6.0],
+    ]
 
 
 def test_official_rounding_changes_the_logits_and_the_default_does_not():
