@@ -22,7 +22,7 @@ Variants (made in the work folder, from the committed fixtures):
 * for qwen38.c, the ``--target qwen38`` main container plus its sidecar's experts decoded to F32 (:func:`engine_container`).
 
 Usage: ``.venv/bin/python bench/colibri_compat.py COLIBRI_SRC [COLIBRI_SRC ...] [--work DIR] [--oracle-python PY]
-[--only ENGINE ...]``
+[--only ENGINE ...] [--budget]`` (``--budget``: only the rows of a size budget, ``BUDGET_BPW``)
 (exit 1 when an engine did not build, load or run a row; divergences are printed with their margins).
 """
 
