@@ -176,7 +176,7 @@ def upload_output(
     operations.append(CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card.encode("utf-8")))
     api = HfApi(endpoint=endpoint, token=token)
     version = (manifest.data.get("tool") or {}).get("version")
-    with _hub_errors(repo_id), _progress_bars(progress):
+    with _hub_errors(repo_id), _progress_bars(progress), _skipped_commit_unsaid():
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision not in (None, "main") and not create_pr:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
@@ -209,6 +209,25 @@ def _progress_bars(progress: bool | None):
         yield
     finally:
         (disable_progress_bars if before else enable_progress_bars)()
+
+
+class _SkippedCommitFilter:
+    """Drops huggingface_hub's own line about a commit it skipped: the report says it (``UploadReport.text``)."""
+
+    def filter(self, record) -> bool:
+        return not record.getMessage().startswith("No files have been modified since last commit")
+
+
+@contextmanager
+def _skipped_commit_unsaid():
+    import logging
+
+    logger, quiet = logging.getLogger("huggingface_hub.hf_api"), _SkippedCommitFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @contextmanager
