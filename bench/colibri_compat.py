@@ -17,12 +17,14 @@ Variants (made in the work folder, from the committed fixtures):
 * ``glm_moe_dsa`` with ``rms_norm_eps`` 1e-6: c/colibri.c applies ``rms_norm_eps`` to ``q_a_layernorm`` /
   ``kv_a_layernorm``, where transformers (and colitools) use 1e-6 (docs/FORMATS.md §4 Targets);
 * ``deepseek_v4`` 128 wide (hidden, q_lora_rank, the grouped output and the experts at 128): c/deepseek_v4.c's
-  FP8 / FP4 matvecs take multiples of 128. Built with transformers in the oracle venv (``--oracle-python``, as
+  FP8 / FP4 matvecs take multiples of 128; ``head_dim`` 64 (``--v4-head-dim 32``: o_groups 1) at the fixture's
+  seed (``--v4-seed``). Built with transformers in the oracle venv (``--oracle-python``, as
   oracles/README.md makes fixtures), no margin search: colitools run is the reference;
 * for qwen38.c, the ``--target qwen38`` main container plus its sidecar's experts decoded to F32 (:func:`engine_container`).
 
 Usage: ``.venv/bin/python bench/colibri_compat.py COLIBRI_SRC [COLIBRI_SRC ...] [--work DIR] [--oracle-python PY]
-[--only ENGINE ...] [--budget]`` (``--budget``: only the rows of a size budget, ``BUDGET_BPW``)
+[--only ENGINE ...] [--budget] [--v4-head-dim 64|32] [--v4-seed S]`` (``--budget``: only the rows of a size budget,
+``BUDGET_BPW``; the last two: which 128-wide deepseek_v4 draw, :func:`v4_wide_name`)
 (exit 1 when an engine did not build, load or run a row; divergences are printed with their margins).
 """
 
