@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from colitools.converters import parts
+from colitools.converters.diskfloor import free_bytes
 from colitools.converters.manifest import Manifest, ManifestError
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import fsync_dir, parse_temp_name, temp_name, write_bytes_atomic
@@ -77,15 +78,22 @@ class MergeReport:
     parts: list[dict[str, Any]] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
-    moved: bool = True  # renamed (one filesystem) or copied
+    moved: int = 0  # files renamed (a part on OUT's filesystem)
+    copied: int = 0  # files copied (a part on another filesystem)
     wall_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": True, "out": self.out, "parts": self.parts, "files": self.files, "bytes": self.bytes,
-                "how": "moved" if self.moved else "copied", "wall_seconds": round(self.wall_seconds, 3)}  # fmt: skip
+                "how": self.how, "moved": self.moved, "copied": self.copied,
+                "wall_seconds": round(self.wall_seconds, 3)}  # fmt: skip
+
+    @property
+    def how(self) -> str:
+        """``moved``, ``copied``, or ``moved and copied`` (parts on OUT's filesystem and on others)."""
+        return " and ".join(w for w, n in (("moved", self.moved), ("copied", self.copied)) if n) or "moved"
 
     def text(self) -> list[str]:
-        how = "moved" if self.moved else "copied"
+        how = self.how
         lines = [f"merged {len(self.parts)} parts into {self.out}: {self.files} files, {self.bytes} bytes "
                  f"{how} and checked against their sha256"]  # fmt: skip
         lines += [
@@ -116,12 +124,15 @@ def merge(part_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[st
         _check_parts(found)
         plan = _owners(found)
         staging.mkdir(exist_ok=True)
-        moved = all(_same_filesystem(p.folder, staging) for p in found)
+        local = {name: v for name, v in plan.items() if _same_filesystem(v[0].folder, staging)}
+        remote = {name: v for name, v in plan.items() if name not in local}
         total = sum(digest["size"] for _, digest in plan.values())
         try:
             _check_staging(staging, plan)
+            _check_room(staging, remote)
             with _bar(progress, total) as bar:
-                (_move_all if moved else _copy_all)(plan, staging, bar)
+                _copy_all(remote, staging, bar)  # first: a refused copy has moved nothing yet
+                _move_all(local, staging, bar)
             _write_manifest(found, staging)
         except BaseException:
             _remove_empty(staging)  # a staging folder holding files waits for the rerun
@@ -129,7 +140,7 @@ def merge(part_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[st
         fsync_dir(staging)
         os.replace(staging, out)  # OUT is absent or an empty folder (``_check_out``)
         fsync_dir(out.parent)
-    report = MergeReport(str(out), moved=moved, files=len(plan), bytes=total)
+    report = MergeReport(str(out), files=len(plan), bytes=total, moved=len(local), copied=len(remote))
     for p in found:
         units = p.section.get("units") or []
         files = sum(1 for owner, _ in plan.values() if owner is p)
@@ -292,6 +303,15 @@ def _remove_empty(folder: Path) -> None:
             sub.rmdir()
     with contextlib.suppress(OSError):
         folder.rmdir()
+
+
+def _check_room(staging: Path, remote: dict[str, tuple[PartFolder, dict[str, Any]]]) -> None:
+    """Refuse a copy the free space of OUT's filesystem cannot hold (``diskfloor.free_bytes``), before it starts."""
+    need = sum(d["size"] for name, (_, d) in remote.items() if not (staging / name).is_file())
+    free = free_bytes(staging)
+    if need > free:
+        raise ConvertError(f"{staging.parent}: {free:,} bytes free, and copying the parts' files here needs "
+                           f"{need:,}; free space, or merge on the parts' filesystem (where files are moved)")  # fmt: skip
 
 
 def _same_filesystem(a: Path, b: Path) -> bool:

@@ -130,6 +130,7 @@ def test_three_parts_in_three_processes_merge_into_one_machines_bytes(model, who
     assert (
         report["ok"]
         and report["how"] == "moved"
+        and report["copied"] == 0
         and [p["part"] for p in report["parts"]] == ["1/3", "2/3", "3/3"]
     )
     assert snapshot(out) == snapshot(whole)
@@ -240,16 +241,29 @@ def test_oracle_fixtures_merge_into_the_whole(fixture, target, tmp_path):
         assert whole.warnings == [] and all(any("quantized a second time" in w for w in c) for c in carried)
 
 
-def test_merge_onto_another_filesystem_copies_and_the_parts_keep_their_files(whole, three):
+def test_merge_onto_another_filesystem_copies_and_the_parts_keep_their_files(whole, three, tmp_path):
     shm = Path("/dev/shm")
     if not shm.is_dir() or shm.stat().st_dev == three[0].stat().st_dev:
         pytest.skip("no second filesystem here")
     before = {f: files_of(f) for f in three}
     out = shm / f"colitools-merge-test-{os.getpid()}"
+    need = sum(
+        len(d) for b in before.values() for n, d in b.items() if n != "colitools.json"
+    )  # every part's files: more than the copy takes
+    fake = tmp_path / "free"
+    fake.write_text(str(need // 2))  # the disk floor's probe (converters/diskfloor.py) reads this instead
     try:
+        line = one_error_line(colitools("merge", *three, out, COLITOOLS_FAKE_FREE_BYTES_FILE=str(fake)))
+        assert f"{shm}: {need // 2:,} bytes free, and copying the parts' files here needs " in line, line
+        assert not out.exists() and {f: files_of(f) for f in three} == before
         result = colitools("merge", *three, out, "--json")
         assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout)["how"] == "copied"
+        report = json.loads(result.stdout)
+        assert (
+            report["how"] == "copied"
+            and report["moved"] == 0
+            and report["copied"] == len(files_of(whole)) - 1
+        )
         assert snapshot(out) == snapshot(whole)
         assert {f: files_of(f) for f in three} == before
     finally:
