@@ -291,10 +291,12 @@ class ConversionPlan:
             counts[role][label] += 1
         return order_role_formats(counts)
 
-    def peak_disk(self, transient: Iterable[str] = (), kept: Iterable[str] = (), workers: int = 1) -> int:
-        """Peak bytes added to the output volume: published output so far, the files in flight, plus
-        downloaded source shards alive at that point (``transient`` shards are deleted after their last unit,
-        ``kept`` ones stay to the end). Up to ``workers`` consecutive units are in flight at once."""
+    def peak_disk(self, transient: Iterable[str] = (), kept: Iterable[str] = (), workers: int = 1,
+                  streamed: bool = False) -> int:  # fmt: skip
+        """Peak bytes added to the output volume: published output so far (``streamed``: see ``outputs_at``),
+        the files in flight, plus downloaded source shards alive at that point (``transient`` shards are deleted
+        after their last unit, ``kept`` ones stay to the end). Up to ``workers`` consecutive units are in flight
+        at once."""
         sizes = self.inventory.shard_sizes
         transient, kept = set(transient), set(kept)
         first: dict[str, int] = {}
@@ -307,7 +309,7 @@ class ConversionPlan:
         peak, done = 0, 0
         for i in range(n):
             window_end = min(i + max(workers, 1), n) - 1
-            out = done + sum(self.units[k].out_bytes for k in range(i, window_end + 1))
+            out = outputs_at(self.units, i, window_end, done, workers, streamed)
             alive = sum(
                 sizes.get(s, 0)
                 for s in first
@@ -636,3 +638,14 @@ def _metadata(groups: list[OutputGroup], *, planar: bool) -> dict[str, str]:
     if planar:
         meta["colitools.layout"] = PLANAR_LAYOUT
     return meta
+
+
+def outputs_at(units: list[Unit], i: int, window_end: int, done: int, workers: int, streamed: bool) -> int:
+    """Output bytes on disk while unit ``i`` converts, units ``i..window_end`` in flight and ``done`` bytes
+    published before them. ``streamed`` (``convert --stream-upload``, converters/stream_upload.py): a unit's
+    files leave once uploaded, so only unit ``i - 1`` (being uploaded while unit ``i``'s shards download) is
+    still there, and one worker writes unit ``i`` only after it is gone; with several, the units in flight."""
+    flight = sum(u.out_bytes for u in units[i : window_end + 1])
+    if not streamed:
+        return done + flight
+    return max(units[i - 1].out_bytes if i else 0, flight) if workers <= 1 else flight

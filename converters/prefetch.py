@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from colitools.converters.diskfloor import DiskFloor
 from colitools.converters.output import copied_files
-from colitools.converters.planner import ConversionPlan, Unit
+from colitools.converters.planner import ConversionPlan, Unit, outputs_at
 from colitools.converters.sources import Source
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class ShardPrefetch:
                  bar: Callable[[int, str], Any]) -> None:  # fmt: skip
         self.src, self.floor, self.workers, self.bar = src, floor, max(workers, 1), bar
         self.out_bytes = [u.out_bytes for u in pending]
+        self.index = {u.key: i for i, u in enumerate(pending)}
         # the files copied to the output (tokenizer, generation config) last, while the last unit converts
         last = len(pending) - 1
         self.order = download_order(pending) + [(name, last) for name in copied_files(list(src.files()))]
@@ -98,12 +99,11 @@ class ShardPrefetch:
         # longer: the thread is a daemon, and what it leaves on disk is a resumable part
         self.thread.join(timeout=5.0)
 
-    def paths(self, index: int, unit: Unit) -> dict[str, Path]:
-        """``unit``'s shards on disk, ``index`` its place among the pending units (the shards of the units up
-        to it may now download whatever the room); raises the background download's error when one of them
-        could not be had."""
+    def paths(self, unit: Unit) -> dict[str, Path]:
+        """``unit``'s shards on disk (the runner prepares it: the shards of the units up to it may now download
+        whatever the room); raises the background download's error when one of them could not be had."""
         with self.cond:
-            self.current = max(self.current, index)
+            self.current = max(self.current, self.index[unit.key])
             self.cond.notify_all()
             while True:
                 if all(s in self.ready for s in unit.shards):
@@ -173,13 +173,13 @@ def peak_disk_ahead(plan: ConversionPlan, transient: Sequence[str], kept: Sequen
     """The peak disk of converting ``plan``'s units into ``out`` (``--dry-run``, the summary): with downloaded
     shards, those held ahead within the room above ``--min-free-gb`` now (``peak_disk``)."""
     if not transient and not kept:
-        return plan.peak_disk(transient, kept, options.workers)
+        return plan.peak_disk(transient, kept, options.workers, options.stream_upload)
     room = DiskFloor(out, options.min_free_bytes, options.on_low_disk).room()
-    return peak_disk(plan, transient, kept, options.workers, room)
+    return peak_disk(plan, transient, kept, options.workers, room, options.stream_upload)
 
 
 def peak_disk(plan: ConversionPlan, transient: Iterable[str], kept: Iterable[str], workers: int,
-              room: int) -> int:  # fmt: skip
+              room: int, streamed: bool = False) -> int:  # fmt: skip
     """``plan.peak_disk`` with the shards a download ahead holds: before each unit, the shards of the units in
     flight, then the next shards in need order while each fits in ``room`` (the free bytes above the floor)
     with its bytes and the outputs of the units up to its own (``ShardPrefetch._turn``'s rule)."""
@@ -191,7 +191,7 @@ def peak_disk(plan: ConversionPlan, transient: Iterable[str], kept: Iterable[str
     peak, done, held = 0, 0, 0
     for i in range(len(units)):
         window = min(i + workers, len(units)) - 1
-        out_now = done + sum(u.out_bytes for u in units[i : window + 1])
+        out_now = outputs_at(units, i, window, done, workers, streamed)  # streamed: --stream-upload
         while held < len(order) and order[held][1] <= window:
             held += 1
 

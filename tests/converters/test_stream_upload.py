@@ -204,6 +204,20 @@ def test_with_two_workers_at_most_two_units_files_are_on_disk(hub, source, tmp_p
     assert_same_as_reference(download("me/tiny-int4", tmp_path / "back"), reference)
 
 
+def test_dry_run_peak_disk_counts_one_unit_of_output(hub, source, tmp_path):
+    """From a local folder (no downloads) the plan's peak is the outputs alone: the whole output without
+    streaming, the largest unit's with it (the reference conversion's per-unit file sizes)."""
+    src, reference = source
+    units = json.loads((reference / "colitools.json").read_text())["units"]
+    per_unit = [sum(f["size"] for f in rec["files"]) for rec in units.values()]
+    whole = convert(str(src), tmp_path / "a", ConvertOptions(dry_run=True))
+    streamed = convert(
+        str(src), tmp_path / "b", ConvertOptions(dry_run=True, upload_repo="me/x", stream_upload=True)
+    )
+    assert whole.peak_disk_bytes == sum(per_unit)
+    assert streamed.peak_disk_bytes == streamed.plan["peak_disk_bytes"] == max(per_unit) < sum(per_unit)
+
+
 def test_repo_id_and_token_are_checked_before_any_work(hub, source, tmp_path, monkeypatch):
     out = tmp_path / "out"
     bad = colitools("convert", "org/tiny", out, "--upload-repo", "me/bad repo", "--stream-upload")
