@@ -294,7 +294,8 @@ class Donor:
             return None
         (name, size, sha), _ = where.most_common(1)[0]
         header = self._header(name, size)
-        jobs = _copyable(f, set(hits), header)
+        ours = {n for n, (i, _) in hits.items() if any(df["name"] == name for df in self.records[i]["files"])}
+        jobs = _copyable(f, ours, header)  # only tensors whose key that file's own record holds
         if not jobs:
             return None
         errors = {}

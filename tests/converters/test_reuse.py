@@ -169,3 +169,24 @@ def test_planar_converted_again_as_pairs_copies_all_but_the_routed_experts(tmp_p
     units = _manifest(pairs)["units"].values()
     experts = [t for u in units for t in u["errors"] if ".mlp.experts." in t]
     assert summary.tensors_copied == sum(len(u["errors"]) for u in units) - len(experts) > 0
+
+
+def test_a_killed_replace_replaced_again_with_a_third_budget_equals_a_fresh_one(tmp_path, fresh):
+    out, third = tmp_path / "out", tmp_path / "third"
+    _convert(out, target_bpw=BEFORE)
+    new_recipe = _manifest(fresh)["recipe_fingerprint"]
+
+    def one_new_unit() -> bool:
+        try:
+            m = json.loads((out / MANIFEST_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return m.get("recipe_fingerprint") == new_recipe and len(m.get("units") or {}) >= 1
+
+    sigkill_when(_cli(out, "--replace", env={"COLITOOLS_TEST_SLOW_UNIT_SECONDS": "2"}), one_new_unit)
+    # the donor now: the second budget's finished units, and the first's records of the files not yet replaced
+    summary = _convert(out, target_bpw=4.6, replace=True)
+    _convert(third, target_bpw=4.6)
+    assert _files(out) == _files(third)
+    assert _manifest(out) == _manifest(third)
+    assert summary.tensors_copied > 0
