@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -386,12 +387,24 @@ class DonorStream:
         while self._pos < pos:
             self._read(min(self.CHUNK, pos - self._pos))
 
-    def take(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    def _info(self, name: str, dtype: str, shape: tuple[int, ...]):
         info = self.tensors.get(name)
         if info is None or info.dtype != dtype or tuple(info.shape) != tuple(shape) or info.begin < self._pos:
             raise DonorChanged(f"{self.path}: donor file does not hold {name} as planned")
         self._skip_to(info.begin)
+        return info
+
+    def take(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        info = self._info(name, dtype, shape)
         return np.frombuffer(self._read(info.nbytes), numpy_dtype(dtype))
+
+    def take_parts(self, name: str, dtype: str, shape: tuple[int, ...]):
+        """An entry's bytes in pieces of at most ``CHUNK`` (whole elements), in order: memory holds one piece,
+        as the writer's row slabs keep a big tensor's (converters/unit_writer.py ``_Slabs``)."""
+        info, dt = self._info(name, dtype, shape), numpy_dtype(dtype)
+        step = max(dt.itemsize, self.CHUNK // dt.itemsize * dt.itemsize)
+        for k in range(0, info.nbytes, step):
+            yield np.frombuffer(self._read(min(step, info.nbytes - k)), dt)
 
     def verify(self) -> None:
         self._skip_to(self.copy.size)
@@ -420,6 +433,15 @@ class Copying:
     def take(self, name: str) -> np.ndarray:
         return self.stream.take(name, *self.entries[name])
 
+    def put(self, sink, name: str) -> None:
+        """Entry ``name`` from the donor into ``sink``: whole, or in pieces when larger than a piece."""
+        dtype, shape = self.entries[name]
+        if numpy_dtype(dtype).itemsize * math.prod(shape) <= DonorStream.CHUNK:
+            sink.put(name, self.take(name))
+            return
+        for piece in self.stream.take_parts(name, dtype, shape):
+            sink.put(name, piece, part=True)
+
     def _done(self, job: TensorJob, errors: dict, on_tensor) -> None:
         recorded = self.copy.errors.get(job.out_name)
         if recorded is not None:
@@ -432,7 +454,7 @@ class Copying:
         if not group.stacks or not self.copies(group, group.jobs[0]):
             return False
         for name, _, _ in group.entries:
-            sink.put(name, self.take(name))
+            self.put(sink, name)
         for j in group.jobs:
             self._done(j, errors, on_tensor)
         return True
@@ -443,9 +465,9 @@ class Copying:
         if group.stacks or job.out_name not in self.copy.jobs:
             return False
         wname, sname = job.target.tensor_names(job.out_name)
-        sink.put(wname, self.take(wname))
+        self.put(sink, wname)
         if sname is not None and group.interleaved:
-            sink.put(sname, self.take(sname))
+            self.put(sink, sname)
         elif sname is not None:
             scales_after.append((sname, lambda: self.take(sname)))
         self._done(job, errors, on_tensor)

@@ -190,3 +190,23 @@ def test_a_killed_replace_replaced_again_with_a_third_budget_equals_a_fresh_one(
     assert _files(out) == _files(third)
     assert _manifest(out) == _manifest(third)
     assert summary.tensors_copied > 0
+
+
+def test_large_tensors_are_copied_in_pieces(tmp_path, fresh, monkeypatch):
+    from colitools.converters import reuse
+
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    monkeypatch.setattr(reuse.DonorStream, "CHUNK", 96)  # every tensor over 96 bytes goes in pieces
+    pieces = []
+    real = reuse.DonorStream.take_parts
+
+    def counted(self, *args):
+        for piece in real(self, *args):
+            pieces.append(piece.nbytes)
+            yield piece
+
+    monkeypatch.setattr(reuse.DonorStream, "take_parts", counted)
+    summary = _convert(out, target_bpw=AFTER, replace=True)
+    assert summary.tensors_copied > 0 and len(pieces) > summary.tensors_copied and max(pieces) <= 96
+    assert _files(out) == _files(fresh)
