@@ -73,6 +73,7 @@ class ShardPrefetch:
                  bar: Callable[[int, str], Any]) -> None:  # fmt: skip
         self.src, self.floor, self.workers, self.bar = src, floor, max(workers, 1), bar
         self.out_bytes = [u.out_bytes for u in pending]
+        self.index = {u.key: i for i, u in enumerate(pending)}
         # the files copied to the output (tokenizer, generation config) last, while the last unit converts
         last = len(pending) - 1
         self.order = download_order(pending) + [(name, last) for name in copied_files(list(src.files()))]
@@ -98,12 +99,11 @@ class ShardPrefetch:
         # longer: the thread is a daemon, and what it leaves on disk is a resumable part
         self.thread.join(timeout=5.0)
 
-    def paths(self, index: int, unit: Unit) -> dict[str, Path]:
-        """``unit``'s shards on disk, ``index`` its place among the pending units (the shards of the units up
-        to it may now download whatever the room); raises the background download's error when one of them
-        could not be had."""
+    def paths(self, unit: Unit) -> dict[str, Path]:
+        """``unit``'s shards on disk (the runner prepares it: the shards of the units up to it may now download
+        whatever the room); raises the background download's error when one of them could not be had."""
         with self.cond:
-            self.current = max(self.current, index)
+            self.current = max(self.current, self.index[unit.key])
             self.cond.notify_all()
             while True:
                 if all(s in self.ready for s in unit.shards):
