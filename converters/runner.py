@@ -394,7 +394,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
             drain()
             writing = 0
         floor.ensure(unit.out_bytes + writing, f"unit {unit.key}")
-        paths = ahead.paths(pending.index(unit), unit) if ahead is not None else {}
+        paths = ahead.paths(unit) if ahead is not None else {}
         for shard in (s for s in unit.shards if s not in paths):
             floor.downloading = shard
             local = src.local_copy(shard)  # a local folder or the HF cache: nothing to download, no bar
