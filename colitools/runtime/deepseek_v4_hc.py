@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colitools.runtime.deepseek_v4_quant import ActQuant, ordered_dot, ordered_mean_square
+from colitools.runtime.deepseek_v4_quant import ActQuant, fma, ordered_dot, ordered_mean_square
 from colitools.runtime.hyper import HyperConnection  # the same mixing as GLM-5.3's (one owner)
 from colitools.runtime.ops import sigmoid
 
@@ -49,6 +49,13 @@ class V4HyperConnection(HyperConnection):
         if self.quant is None or not self.quant.on:
             return super().mixes(streams)
         return reference_mixes(streams.reshape(streams.shape[0], -1), self.fn_t, self.norm_eps)
+
+    def scaled(self, m: np.ndarray, scale: np.float32, base: np.ndarray) -> np.ndarray:
+        """``m * scale + base``; when ``quant`` is on one fused multiply-add, as DeepSeek's ``hc_split_sinkhorn``
+        kernel (CUDA, which contracts it by default) and colibri's engine build compute it."""
+        if self.quant is None or not self.quant.on:
+            return super().scaled(m, scale, base)
+        return fma(m, scale, base)
 
 
 def unweighted_rms_norm(x: np.ndarray, eps: float) -> np.ndarray:

@@ -24,6 +24,10 @@ inference rather than with transformers' float activations (the default, ``ActQu
   ``final_hidden`` loop; DeepSeek's reference leaves the order to torch. numpy's pairwise mean and BLAS dot
   differ in the last bit, which the BF16 rounding of the block input turns into whole BF16 steps on some
   channels (the 128-wide check's divergences, docs/FORMATS.md §4).
+* The hyper-connections' scaled mixes ``mixes * scale + base`` (before the sigmoids and the Sinkhorn softmax) as one
+  fused multiply-add (``fma``): DeepSeek's ``hc_split_sinkhorn`` is a CUDA kernel, which contracts it by default,
+  and colibri's engine build does the same; the other multiply-adds keep two roundings, as DeepSeek's torch code
+  (``hc_post``, ``hc_head``) writes them.
 * Every row alone (``ActQuant.row_by_row``): a layer and the head take a batch of positions one row at a time, so
   a row's arithmetic is decode's whatever the batch (prefill = token-by-token decode, bit for bit). The engine
   evaluates every row alike; numpy's multi-row matmuls sum in another order than its one-row ones (~3e-6), and
@@ -93,6 +97,20 @@ def ordered_dot(x: np.ndarray, w_t: np.ndarray) -> np.ndarray:
     order, one F32 rounding per addition (``[N, M]``)."""
     products = np.asarray(x, F32)[:, :, None] * np.asarray(w_t, F32)[None, :, :]  # [N, K, M]
     return np.cumsum(products, axis=1, dtype=F32)[:, -1, :]
+
+
+def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """F32 fused multiply-add ``a * b + c`` with one rounding: the product of two F32 is exact in F64, the sum is
+    rounded to odd in F64 (TwoSum gives its error; an inexact sum with an even last bit moves one step toward it),
+    and an F64 rounded to odd rounds to the same F32 as the exact value."""
+    a, b, c = (np.asarray(v, F32).astype(np.float64) for v in np.broadcast_arrays(a, b, c))
+    p = a * b
+    s = p + c
+    t = s - p
+    err = (p - (s - t)) + (c - t)
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(F32)
 
 
 def bf16(x: np.ndarray) -> np.ndarray:

@@ -55,14 +55,18 @@ class HyperConnection:
         (transformers' order)."""
         return rms_norm(streams.reshape(streams.shape[0], -1), self.ones, self.norm_eps) @ self.fn_t
 
+    def scaled(self, m: np.ndarray, scale: np.float32, base: np.ndarray) -> np.ndarray:
+        """A slice of the mixes scaled and shifted: ``m * scale + base``."""
+        return m * scale + base
+
     def weights(self, streams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(pre [N, hc], post [N, hc], comb [N, hc, hc])`` of streams ``[N, hc, H]``."""
         N, hc = streams.shape[0], self.hc
         m = self.mixes(streams)
-        b, s = self.base, self.scale
-        pre = sigmoid(m[:, :hc] * s[0] + b[:hc]) + self.eps
-        post = F32(2) * sigmoid(m[:, hc : 2 * hc] * s[1] + b[hc : 2 * hc])
-        comb = softmax(m[:, 2 * hc :].reshape(N, hc, hc) * s[2] + b[2 * hc :].reshape(hc, hc)) + self.eps
+        b, s, z = self.base, self.scale, self.scaled
+        pre = sigmoid(z(m[:, :hc], s[0], b[:hc])) + self.eps
+        post = F32(2) * sigmoid(z(m[:, hc : 2 * hc], s[1], b[hc : 2 * hc]))
+        comb = softmax(z(m[:, 2 * hc :].reshape(N, hc, hc), s[2], b[2 * hc :].reshape(hc, hc))) + self.eps
         comb = comb / (np.sum(comb, axis=-2, keepdims=True, dtype=F32) + self.eps)
         for _ in range(self.iters - 1):
             comb = comb / (np.sum(comb, axis=-1, keepdims=True, dtype=F32) + self.eps)

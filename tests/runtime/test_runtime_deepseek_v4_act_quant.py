@@ -19,6 +19,7 @@ from colitools.runtime.deepseek_v4_hc import reference_mixes
 from colitools.runtime.deepseek_v4_quant import (
     ActQuant,
     bf16,
+    fma,
     fp4_qdq,
     fp8_qdq,
     hadamard,
@@ -103,6 +104,19 @@ def test_ordered_dot_rounds_each_product_and_adds_them_in_index_order():
         [4.0, 6.0],
         [3.5, 6.0],
     ]
+
+
+def test_fma_rounds_the_exact_multiply_add_once():
+    a = np.float32(1.0 + SMALL)  # a * a = 1 + 2^-11 + 2^-24 exactly
+    # minus 1: 2^-11 + 2^-24 exactly (F32 holds it); rounding the product first would lose the 2^-24
+    assert fma(a, a, np.float32(-1.0)).tolist() == 2.0**-11 + 2.0**-24
+    assert float(np.float32(a * a) - np.float32(1.0)) == 2.0**-11
+    # the product is a tie between 1 + 2^-11 and 1 + 2^-11 + 2^-23: a tiny addend decides it, both ways (a sum
+    # rounded to F64 first would lose the 2^-80 and then round the tie to even, 1 + 2^-11)
+    assert fma(a, a, np.float32(2.0**-80)).tolist() == 1.0 + 2.0**-11 + 2.0**-23
+    assert fma(a, a, np.float32(-(2.0**-80))).tolist() == 1.0 + 2.0**-11
+    # element-wise with broadcasting, exact cases unchanged
+    assert fma(np.array([2.0, 3.0], np.float32), np.float32(0.5), np.float32(1.0)).tolist() == [2.0, 2.5]
 
 
 def test_official_rounding_changes_the_logits_and_the_default_does_not():
