@@ -10,6 +10,8 @@ from colitools.cli import output
 from colitools.cli.app import app
 from colitools.cli.options import JsonOpt
 
+_GRAIN = {"tensor": "per tensor", "expert": "per expert", "layer": "per layer", "uniform": "once for all of them"}
+
 
 def _lines(targets) -> Iterator[str]:
     for i, t in enumerate(targets):
@@ -22,6 +24,7 @@ def _lines(targets) -> Iterator[str]:
             yield from textwrap.wrap(t.help, 100, initial_indent="  ", subsequent_indent="  ")
         if t.refused:
             yield from textwrap.wrap(f"refused: {t.refused}", 100, initial_indent="  ", subsequent_indent="    ")
+        yield f"  a size budget chooses the routed experts' formats {_GRAIN[t.expert_granularity]}"
     yield ""
     yield "convert --target NAME writes the layout; the default (no --target) is generic. See docs/FORMATS.md §4."
 

@@ -335,7 +335,8 @@ class Target:
 
     def describe(self) -> dict[str, Any]:
         """What ``colitools targets`` shows of this target (its ``--json``: these keys): the engine, the functions
-        that read the layout, the model types it runs (None: any), the layout's prose, why it is refused."""
+        that read the layout, the model types it runs (None: any), the layout's prose, why it is refused, the grain
+        at which its engine lets the routed experts' formats differ."""
         return {
             "name": self.name,
             "engine": self.engine,
@@ -343,6 +344,7 @@ class Target:
             "model_types": list(self.model_types) if self.model_types is not None else None,
             "help": self.help,
             "refused": self.refused,
+            "expert_granularity": self.expert_granularity,
         }
 
 
