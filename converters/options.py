@@ -14,7 +14,7 @@ from colitools.converters.parts import Part, parse_part
 from colitools.converters.recipe import Budget, ExpertsChoice, Recipe, Role, choose_experts, classify
 from colitools.formats import targets
 from colitools.formats.errors import ConvertError, ParameterError
-from colitools.formats.format_names import role_formats_line
+from colitools.formats.format_names import option_group_size, role_formats_line
 
 if TYPE_CHECKING:
     from colitools.converters.inventory import Inventory
@@ -113,7 +113,7 @@ class ConvertOptions:
         if budget is not None:
             recipe = replace(recipe, budget=budget)
         if self.group_size is not None and not any(
-            v.startswith("int4-g") for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)
+            option_group_size(v) for v in (recipe.experts, recipe.dense, recipe.embed, recipe.mtp)
         ):  # int3-g64 and the row formats have no group size to set: never ignore the option silently
             chosen = ", ".join(f"`{k}={getattr(recipe, k)}`" for k in ("experts", "dense", "embed", "mtp"))
             raise ConvertError(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from colitools.converters.planner import ConversionPlan
+from colitools.formats import model_config, qpack, registry
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import fsync_dir, temp_name, write_bytes_atomic, write_json_atomic
 from colitools.formats.errors import ConvertError
@@ -58,12 +59,36 @@ def write_target_files(outdir: Path, plan: ConversionPlan, config: dict[str, Any
     (``Target.meta_files``: ``qwen36_meta.json``), from the source's ``config.json``."""
     target = plan.recipe.target
     shapes = {target.out_name(name): tuple(t.shape) for name, t in plan.inventory.tensors.items()}
-    stacks = (st for u in plan.units for f in u.files for g in f.groups for st in g.stacks if st.fmt)
+    stacks = (st for u in plan.units for f in u.files for g in f.groups for st in g.stacks
+              if st.fmt and st.kind != "qpack")  # fmt: skip
     first = next(stacks, None)  # the routed experts' format as written (a merged blob's, a fused stack's)
     experts, gs, down = (first.fmt, first.gs, first.down) if first is not None else (plan.recipe.experts, None, None)
     files = {**target.config_files(config), **target.meta_files(config, shapes, experts, gs, down)}
     for name, obj in files.items():
         write_json_atomic(outdir / name, obj)
+
+
+def write_qpack_files(outdir: Path, plan: ConversionPlan, config: dict[str, Any], source: str) -> None:
+    """``--layout qpack``: the QPACK container's ``packed_experts/layout.json`` and ``manifest.json``
+    (formats/qpack.py), from the plan's layer files and the ``layer_types`` of the target's meta file (written
+    before); nothing for another layout. ConvertError when a decoder layer has no routed experts (the engine
+    reads one layer file per layer)."""
+    files = sorted((f for f in plan.files if f.qpack_layer is not None), key=lambda f: f.qpack_layer)
+    if not files:
+        return
+    text = model_config.text_config(config)
+    layers = int(text["num_hidden_layers"])
+    if [f.qpack_layer for f in files] != list(range(layers)):
+        raise ConvertError(f"`layout=qpack`: the routed experts are in layers {[f.qpack_layer for f in files]}; "
+                           f"QPACK holds one file for each of the {layers} layers")  # fmt: skip
+    group = files[0].groups[0]
+    st, gate = group.stacks[0], group.jobs[0]
+    bits = registry.by_name(st.fmt).bits
+    meta = json.loads((outdir / plan.recipe.target.meta.name).read_text())  # the target's (qwen36_meta.json)
+    linear = [t != "full_attention" for t in meta["layer_types"]]
+    layout = qpack.layout_json(layers, len(group.jobs) // 3, gate.I, gate.O, bits, st.gs, linear)
+    sizes = {f.name: f.size for f in files}
+    qpack.write_metadata(outdir, layout, str(text.get("model_type") or "?"), source, bits, st.gs, sizes)
 
 
 def copy_file(src: Path, dest: Path) -> None:

@@ -26,13 +26,13 @@ from colitools.converters import recipe as rc
 from colitools.converters.cached import cached_property
 from colitools.converters.inventory import Inventory, SourceTensor, natural_key, source_kind
 from colitools.formats import planar_sidecar as sidecar
-from colitools.formats import targets
+from colitools.formats import qpack, targets
 from colitools.formats.dtypes import itemsize
-from colitools.formats.errors import ConvertError
+from colitools.formats.errors import ConvertError, TargetRefused
 from colitools.formats.expert_layouts import Stack
 from colitools.formats.filenames import shard_file_name
 from colitools.formats.format_names import copied_label
-from colitools.formats.layouts import PLANAR
+from colitools.formats.layouts import PLANAR, QPACK
 from colitools.formats.names import detail_role, order_role_formats, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT
 from colitools.formats.safetensors_io import SafetensorsWriter
@@ -169,6 +169,7 @@ class OutputFile:
     metadata: dict[str, str]
     planar: bool = False
     sidecar_layer: int | None = None  # a planar sidecar layer file (``name`` is experts-int4g64/layer-NNN...)
+    qpack_layer: int | None = None  # a QPACK layer file (``packed_experts/layer_NN.bin``, raw: no header)
 
     @property
     def is_sidecar(self) -> bool:
@@ -186,6 +187,8 @@ class OutputFile:
 
     @cached_property
     def size(self) -> int:
+        if self.qpack_layer is not None:
+            return self.data_size
         return SafetensorsWriter.file_size(self.entries, self.metadata, metadata_last=self.is_sidecar)
 
     @cached_property
@@ -241,8 +244,8 @@ class ConversionPlan:
 
     @property
     def main_files(self) -> list[OutputFile]:
-        """The main container's shards (every file but the planar sidecar's)."""
-        return [f for f in self.files if not f.is_sidecar]
+        """The main container's shards (every file but the planar sidecar's and the QPACK layer files)."""
+        return [f for f in self.files if not f.is_sidecar and f.qpack_layer is None]
 
     @property
     def sidecar_files(self) -> list[OutputFile]:
@@ -428,7 +431,9 @@ def _unit_files(
     planar_jobs = [j for j in jobs if recipe.layout == PLANAR.option and j.role is rc.Role.EXPERT]
     for j in planar_jobs:
         _check_planar(j)
-    rest = [j for j in jobs if j not in planar_jobs] if planar_jobs else jobs
+    qpack_jobs = [j for j in jobs if recipe.layout == QPACK.option and j.role is rc.Role.EXPERT]
+    aside = {id(j) for j in (*planar_jobs, *qpack_jobs)}
+    rest = [j for j in jobs if id(j) not in aside] if aside else jobs
     files = []
     if rest:
         grouped = recipe.target.group(_group(rest))
@@ -438,7 +443,43 @@ def _unit_files(
         groups = [OutputGroup(g) for g in _group(planar_jobs)]
         _check_records(groups, key)
         files.append((groups, sidecar.layer_metadata(layer), layer))
+    if qpack_jobs:
+        files.append(([_qpack_group(qpack_jobs, layer, recipe)], {}, QpackLayer(layer)))
     return files
+
+
+@dataclass(frozen=True)
+class QpackLayer:
+    """A unit's QPACK layer file (``--layout qpack``), by decoder layer."""
+
+    layer: int
+
+
+def _qpack_group(jobs: list[TensorJob], layer: int, recipe: rc.Recipe) -> OutputGroup:
+    """The routed experts of ``layer`` as one QPACK layer file (formats/qpack.py): expert by expert, gate, up,
+    down; every expert of the layer, each ``[I, H]``, ``[I, H]``, ``[H, I]`` in one affine format. TargetRefused
+    (one line) for anything else."""
+    where = f"`layout=qpack`: layer {layer}"
+    rank = {"gate": 0, "up": 1, "down": 2}
+    keyed = [((j.expert, rank.get(parse_name(j.out_name).projection or "", 9)), j) for j in jobs]
+    bad = next((j for (e, r), j in keyed if e is None or r == 9), None)
+    if bad is not None:
+        raise TargetRefused(f"{where}: routed expert tensor {bad.out_name} is not a gate, up or down projection")
+    ordered = [j for _, j in sorted(keyed, key=lambda kj: kj[0])]
+    experts = len(ordered) // 3
+    gate = ordered[0]
+    inter, hidden, t = gate.O, gate.I, gate.target
+    for k, j in enumerate(ordered):
+        shape = (hidden, inter) if k % 3 == 2 else (inter, hidden)
+        if (j.expert, (j.O, j.I), j.target.fmt, j.target.gs) != (k // 3, shape, t.fmt, t.gs):
+            raise TargetRefused(
+                f"{where}: {j.out_name} [{j.O}, {j.I}] as {j.target.label} breaks the layer's records (expert "
+                f"{k // 3}, {shape[0]} x {shape[1]}, {t.label}): QPACK holds every expert of a layer alike"
+            )
+    _, stride = qpack.sections(hidden, inter, t.format_class.bits, t.gs)
+    stack = Stack(qpack.layer_file(layer), "U8", (experts * stride,), tuple(range(len(ordered))), fmt=t.fmt,
+                  gs=t.gs, kind="qpack")  # fmt: skip
+    return OutputGroup(tuple(ordered), stacks=(stack,))
 
 
 def _units(
@@ -454,6 +495,9 @@ def _units(
             if layer is None:
                 k += 1
                 out.append(OutputFile(shard_file_name(k, total), tuple(groups), meta))
+                continue
+            if isinstance(layer, QpackLayer):
+                out.append(OutputFile(qpack.layer_file(layer.layer), tuple(groups), meta, qpack_layer=layer.layer))
                 continue
             if layer in layers:
                 raise ConvertError(

@@ -32,7 +32,7 @@ from typing import Any
 from colitools.converters.cached import cached_property
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
 from colitools.formats.errors import ConvertError, FormatError, ParameterError
-from colitools.formats.format_names import GROUPED_OPTION_PREFIX, NATIVE_OPTION
+from colitools.formats.format_names import NATIVE_OPTION, format_label
 from colitools.formats.names import (
     PROJECTION_ORDER,
     Orientation,
@@ -49,6 +49,7 @@ from colitools.formats.registry import (
     GROUP_SIZES,
     Float,
     Format,
+    FormatChoice,
     by_name,
     parse_format_option,
     writer_group_size,
@@ -384,10 +385,13 @@ class Recipe:
             raise ParameterError(f"`towers={towers!r}`: choose one of {', '.join(TOWERS)}")
         given = {"experts": experts, "dense": dense, "embed": embed, "mtp": mtp}
         values: dict[str, str] = {}
+        qpack = layout == layouts.QPACK.option
         for option, value in given.items():
             if value is None:
                 value = tgt.default(option) or DEFAULT_OPTIONS[option]
-                if group_size is not None and value.startswith("int4-g"):
+                if qpack and option == "experts":
+                    value = f"{QPACK_EXPERTS}{group_size or DEFAULT_GROUP_SIZE}"
+                elif group_size is not None and value.startswith("int4-g"):
                     value = f"int4-g{group_size}"
             try:
                 choice = parse_format_option(value)
@@ -395,7 +399,8 @@ class Recipe:
                 raise ParameterError(f"`{option}`: {exc}") from None
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
                 raise ConvertError(f"`{option}={value}` contradicts `group_size={group_size}`")
-            tgt.check_option(option, value)
+            if not _check_qpack(option, value, choice, qpack):
+                tgt.check_option(option, value)
             values[option] = value
         tgt.check_option("towers", towers)
         if quantizer not in QUANTIZERS:
@@ -407,6 +412,8 @@ class Recipe:
                 raise ParameterError(f"`experts_down`: {exc}") from None
             if group_size is not None and choice.gs is not None and choice.gs != group_size:
                 raise ConvertError(f"`experts_down={experts_down}` contradicts `group_size={group_size}`")
+            if qpack or not choice.fmt or not choice.fmt.pairs:
+                raise ParameterError(f"`experts_down={experts_down}`: a QPACK container holds one affine format")
             tgt.check_option("experts_down", experts_down)
         return cls(layout=layout, towers=towers, target=target, quantizer=quantizer, experts_down=experts_down,
                    **values)  # fmt: skip
@@ -478,6 +485,29 @@ class Recipe:
         return out
 
 
+QPACK_EXPERTS = "affine4-g"  # --layout qpack's default experts: affine4-g{group size} (MLX's and Swiftlet's)
+
+
+def _check_qpack(option: str, value: str, choice: FormatChoice, qpack: bool) -> bool:
+    """Whether ``option=value`` is a QPACK container's routed experts (an affine format with ``layout=qpack``,
+    which the target's option list does not name); ParameterError for an affine format anywhere else (a pair
+    would resolve as int4-grouped, FORMATS §2.12) and for ``layout=qpack`` experts of another format."""
+    affine = choice.fmt is not None and not choice.fmt.pairs
+    if qpack and option == "experts":
+        if not affine:
+            raise ParameterError(
+                f"`layout=qpack` holds the routed experts as MLX-affine codes: `experts=affine4-g{{32,64,128}}` or "
+                f"`affine8-g{{32,64,128}}`, not `{value}`"
+            )
+        return True
+    if affine:
+        raise ParameterError(
+            f"`{option}={value}` is written only into a QPACK container's routed experts (`target=qwen36`, "
+            f"`layout=qpack`, `experts={value}`)"
+        )
+    return False
+
+
 # ------------------------------------------------------------------------------------------ target choice
 @dataclass(frozen=True)
 class Fallback:
@@ -547,7 +577,7 @@ class Target:
     def label(self) -> str:
         """The recipe-style name of what is written (``int4-g64``, ``int8-row``, ``bf16``, ...)."""
         if self.fmt != BF16 and self.format_class.grouped:
-            return f"{GROUPED_OPTION_PREFIX}{self.gs}"
+            return format_label(self.format_class.name, self.gs)
         return self.fmt
 
     @cached_property  # asked of every tensor by the plan's summary figures
@@ -657,6 +687,13 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
 
     fmt_name = choice.fmt.name
     gs: int | None = None
+    if not choice.fmt.pairs:  # an affine format: a QPACK container's experts, its group size kept, no stamp
+        if I % choice.gs:
+            raise ConvertError(
+                f"`{option}`: a routed expert [{O}, {I}] cannot be cut in groups of {choice.gs} (QPACK needs "
+                f"I % group size == 0); choose another group size"
+            )
+        return Target(fmt_name, choice.gs)
     if not choice.fmt.writable:  # fp8: passthrough of the source's bytes
         if source.fp8_block != (128, 128):
             what = (

@@ -676,6 +676,8 @@ def _write_outputs(src: Source, plan: ConversionPlan, out: Path) -> list[str]:
     config = src.read_json(CONFIG_FILE)
     output.write_index(out, plan)
     output.write_target_files(out, plan, config)
+    source = src.describe()
+    output.write_qpack_files(out, plan, config, source.get("repo_id") or source.get("path") or "?")
     copied = []
     for name in output.copied_files(list(src.files())):
         output.copy_file(src.ensure_local(name), out / name)

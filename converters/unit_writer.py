@@ -42,7 +42,7 @@ import numpy as np
 from colitools.converters import reuse
 from colitools.converters.dequant import to_float32
 from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Unit
-from colitools.formats import kernels, planar_sidecar
+from colitools.formats import kernels, planar_sidecar, qpack
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.error_stats import ErrorStats, tensor_error
@@ -309,7 +309,13 @@ def stack_codes(stack: Stack, parts: list[np.ndarray]) -> np.ndarray:
 
 def _put_stack(sink: FileSink, st: Stack, members: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
     """A target's stacked tensor: its members' codes back to back, then their scales; the members are dropped,
-    so a layer holds at most one stack's codes (a target puts the jobs of its first stack first)."""
+    so a layer holds at most one stack's codes (a target puts the jobs of its first stack first). A QPACK layer
+    file's stack is its expert records (``qpack.layer_bytes``)."""
+    if st.kind == "qpack":
+        sink.put(st.name, qpack.layer_bytes([members[k] for k in st.members], st.shape[0]))
+        for k in st.members:
+            del members[k]
+        return
     sink.put(st.name, stack_codes(st, [members[k][0] for k in st.members]))
     if st.scale is not None:
         scales = [np.asarray(members[k][1], np.float32).reshape(-1) for k in st.members]
@@ -350,8 +356,9 @@ def encode_job(
         codes, scales = kept
     elif fmt is Fp8E4m3E8m0 and grid is not None:  # the FP8 dequant fused into its block encoder
         codes, scales = kernels.encode_from_fp8_e8m0(values, grid, block, name=job.out_name)
-    elif fmt.kernel_code is None:  # not a row codec (fp8-e4m3-e8m0, its own block kernel): from float32
-        codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
+    elif fmt.kernel_code is None:  # not a row codec (fp8-e4m3-e8m0, the affine formats): from float32
+        w = _dequant(job, values, scale, block)
+        codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif t.quantizer != RTN:  # the mse search (FORMATS §11) runs on float32 values: dequantised exactly first
         w = _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
@@ -459,10 +466,11 @@ class FileSink:
     def __init__(self, out: OutputFile, outdir: Path):
         self.out = out
         self._expected = {name: (dtype, shape) for name, dtype, shape in out.entries}
-        if out.is_sidecar:  # experts-int4g64/ (the ledger creates it too; a worker process may come first)
-            (outdir / out.name).parent.mkdir(parents=True, exist_ok=True)
+        if out.is_sidecar or out.qpack_layer is not None:  # experts-int4g64/, packed_experts/ (the ledger
+            (outdir / out.name).parent.mkdir(parents=True, exist_ok=True)  # creates it too; a worker may be first)
         self._writer = SafetensorsWriter(
-            outdir / out.name, out.entries, out.metadata, metadata_last=out.is_sidecar
+            outdir / out.name, out.entries, out.metadata, metadata_last=out.is_sidecar,
+            raw=out.qpack_layer is not None,
         )
         self._digest = hashlib.sha256()
         self._fd: int | None = None  # read-only descriptor of the temporary file, to start its writeback
@@ -891,6 +899,9 @@ def _start_unit(unit: Unit, shard_paths: Mapping[str, Path], outdir: Path, block
         try:
             ahead.prime()  # the encoders read while this thread opens the unit's files
             for out in unit.files:
+                if out.name in copies and copies[out.name].copy.keep:  # the previous output's file, unchanged
+                    sinks.append(reuse.KeptFile(outdir, copies[out.name].copy, out, errors, on_tensor))
+                    continue
                 sink = FileSink(out, outdir)
                 sinks.append(sink)
                 for group in out.groups:

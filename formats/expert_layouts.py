@@ -93,6 +93,7 @@ class Stack:
     signed_nibbles: bool = False
     down: str | None = None  # a merged blob's down projection in another format (the mixed slab: int8-row)
     plain_members: tuple[int, ...] = ()  # members kept as their own bytes in a signed-nibble stack (int8-row)
+    kind: str = ""  # "qpack": a QPACK layer file's expert records (formats/qpack.py), members in record order
 
     @property
     def entries(self) -> list[Entry]:

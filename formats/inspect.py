@@ -19,12 +19,11 @@ from colitools.formats import model_config, names, planar_sidecar, source_encodi
 from colitools.formats.container import ResolvedTensor, check_shard_name, resolve_container
 from colitools.formats.errors import ConfigError, FormatError
 from colitools.formats.filenames import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE
-from colitools.formats.format_names import copied_label, format_label
+from colitools.formats.format_names import GROUPED_PREFIXES, copied_label, format_label
 from colitools.formats.jsonfile import load_json_object
 from colitools.formats.registry import (
     DEFAULT_GROUP_SIZE,
     FORMATS,
-    GROUP_SIZES,
 )
 from colitools.formats.resolver import parse_layout
 from colitools.formats.safetensors_io import SafetensorsFile, read_header
@@ -543,7 +542,7 @@ def describe_formats() -> list[FormatRow]:
                 weight_bytes=fmt.weight_formula,
                 scale_bytes=fmt.scale_formula,
                 scale_tensor=fmt.scale_tensor_label,
-                group_sizes=GROUP_SIZES if grouped else None,
+                group_sizes=GROUPED_PREFIXES[fmt.name][1] if grouped else None,
                 written=not fmt.read_only,
                 options=fmt.option_names(),
             )

@@ -20,7 +20,9 @@ class Layout:
 
 PAIRS = Layout(option="pairs", stored="pairs")  # the default; a shard without colitools.layout is pairs
 PLANAR = Layout(option="planar", stored="planar64-v8")
-LAYOUTS: tuple[Layout, ...] = (PAIRS, PLANAR)
+# the routed experts in a QPACK v1 container beside the main one (formats/qpack.py; --target qwen36 only)
+QPACK = Layout(option="qpack", stored="qpack-v1")
+LAYOUTS: tuple[Layout, ...] = (PAIRS, PLANAR, QPACK)
 OPTION_NAMES: tuple[str, ...] = tuple(layout.option for layout in LAYOUTS)
 STORED_NAMES: tuple[str, ...] = tuple(layout.stored for layout in LAYOUTS)
 

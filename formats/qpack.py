@@ -121,6 +121,16 @@ def expert_record(encoded: Mapping[str, tuple[np.ndarray, np.ndarray]], stride: 
     return body + bytes(stride - len(body))
 
 
+def layer_bytes(members: Sequence[tuple[np.ndarray, np.ndarray]], nbytes: int) -> np.ndarray:
+    """A layer file's bytes from its experts' encoded projections in record order (expert by expert, gate, up,
+    down: ``(codes, scalars)`` each), ``nbytes`` in all (``experts x stride``)."""
+    experts = len(members) // len(PROJECTIONS)
+    stride = nbytes // experts
+    records = [expert_record(dict(zip(PROJECTIONS, members[3 * e : 3 * e + 3], strict=True)), stride)
+               for e in range(experts)]  # fmt: skip
+    return np.frombuffer(b"".join(records), np.uint8)
+
+
 def encode_expert(weights: Mapping[str, np.ndarray], bits: int, gs: int, quantizer: str = affine.RTN):
     """``{proj: (codes, scalars)}`` of float32 ``{proj: [O, I]}`` (``formats/affine.py``)."""
     return {p: affine.encode(np.asarray(weights[p], np.float32), bits, gs, quantizer) for p in PROJECTIONS}
@@ -151,11 +161,18 @@ class QpackWriter:
         self.files[layer_file(layer)] = len(data)
 
     def finish(self, model_name: str, source: str) -> None:
-        layout = json_bytes(self.layout)
-        write_bytes_atomic(self.folder / LAYOUT, layout)
-        self.files[LAYOUT] = len(layout)
-        manifest = manifest_json(model_name, source, self.bits, self.gs, self.files)
-        write_bytes_atomic(self.folder / MANIFEST, json_bytes(manifest))
+        write_metadata(self.folder, self.layout, model_name, source, self.bits, self.gs, self.files)
+
+
+def write_metadata(folder: str | os.PathLike[str], layout: Mapping[str, Any], model_name: str, source: str,
+                   bits: int, gs: int, layer_files: Mapping[str, int]) -> None:  # fmt: skip
+    """``packed_experts/layout.json``, then ``manifest.json`` (last: a folder without it is no container), each
+    atomic; ``layer_files``: the layer files' sizes by relative path."""
+    folder = Path(folder)
+    blob = json_bytes(layout)
+    write_bytes_atomic(folder / LAYOUT, blob)
+    files = {**layer_files, LAYOUT: len(blob)}
+    write_bytes_atomic(folder / MANIFEST, json_bytes(manifest_json(model_name, source, bits, gs, files)))
 
 
 # ---------------------------------------------------------------------------------------------- reading

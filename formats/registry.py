@@ -21,7 +21,6 @@ Adding a format touches this file (its class, its ``BYTE_TABLE`` row) and ``refe
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,17 +28,18 @@ from typing import ClassVar
 
 import numpy as np
 
-from colitools.formats import quantizers
+from colitools.formats import affine, quantizers
 from colitools.formats import reference as ref
 from colitools.formats.errors import EncodeError, FormatError, ResolveError, ResolveReason
 from colitools.formats.format_names import (
+    AFFINE_GROUP_SIZES,
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
-    GROUPED_OPTION_PREFIX,
     NATIVE_OPTION,
     OPTION_FORMATS,
     RECIPE_FORMAT_NAMES,
     format_label,
+    option_group_size,
     option_names,
 )
 from colitools.formats.planar import PLANAR_BLOCK
@@ -152,6 +152,9 @@ class Format:
     byte_rank: ClassVar[tuple[int, int] | None] = None
     # a symmetric integer format whose scales a quantizer chooses (FORMATS §11): ``--quantizer mse`` applies
     mse_scales: ClassVar[bool] = False
+    # written in a ``.qs`` (or its target's) pair: False for a format only a container naming its tensors holds
+    # (the affine formats in QPACK, FORMATS §2.12: as a pair their bytes would resolve as int4-grouped)
+    pairs: ClassVar[bool] = True
     # ``colitools formats``: byte formulas as text (tests evaluate them against the arithmetic above) and the
     # scale tensor's name and dtype.
     weight_formula: ClassVar[str]
@@ -655,6 +658,78 @@ class Fp8E4m3E8m0R32(Fp8E4m3E8m0T32):
     rowwise_scales = True
 
 
+class _Affine:
+    """MLX-affine codes with a BF16 scale and bias per group (FORMATS §2.12, ``formats/affine.py``): the weight
+    tensor U8 ``[O, I * bits / 8]`` (little-endian U32 words), the scale tensor BF16 ``[2, O, I / gs]`` (scales then
+    biases). Written only into a QPACK container (``pairs`` False); ``--quantizer mse`` is its asymmetric search.
+    Decoded by the runtime once, at load (no matmul kernel)."""
+
+    bits: ClassVar[int]
+    name: ClassVar[str]
+    grouped = True
+    writable = True
+    mse_scales = True
+    pairs = False
+    scale_dtype = "BF16"
+    scale_numpy = affine.BF16
+    scale_tensor_label = "<name>.scales + <name>.biases BF16"
+    rowwise_scales = True
+
+    @classmethod
+    def weight_nbytes(cls, O, I, gs=None):
+        return O * affine.row_nbytes(I, cls.bits)
+
+    @classmethod
+    def weight_shape(cls, O, I, gs=None):
+        return (O, affine.row_nbytes(I, cls.bits))
+
+    @classmethod
+    def scale_grid(cls, O, I, gs=None):
+        return (2, O, ceil_div(I, gs))
+
+    @classmethod
+    def scale_shape(cls, O, I, gs=None):
+        if gs not in AFFINE_GROUP_SIZES:
+            raise FormatError(f"{cls.name}: group size {gs} is not one of {', '.join(map(str, AFFINE_GROUP_SIZES))}")
+        return cls.scale_grid(O, I, gs)
+
+    @classmethod
+    def encode(cls, w, gs=None, *, name="", fast=True, quantizer=RTN):
+        I = np.shape(w)[1] if np.ndim(w) == 2 else 0
+        if gs not in AFFINE_GROUP_SIZES or I % gs:
+            raise EncodeError.about(name or "?", f"{cls.label(gs)} needs I % {gs} == 0, got I = {I}",
+                                    ResolveReason.NOT_ENCODABLE)  # fmt: skip
+        return super().encode(w, gs, name=name, fast=fast, quantizer=quantizer)
+
+    @classmethod
+    def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
+        return affine.encode(w, cls.bits, gs, RTN if quantizer == RTN else quantizers.MSE)
+
+    @classmethod
+    def decode(cls, codes, scales, O, I, gs=None):
+        return affine.decode(codes, scales, O, I, cls.bits, gs)
+
+    @classmethod
+    def bits_per_weight(cls, I=4096, gs=None):
+        return super().bits_per_weight(I, gs or DEFAULT_GROUP_SIZE)
+
+
+class Affine4(_Affine, Format):
+    ord = 103
+    name = "affine4"
+    bits = 4
+    weight_formula = "O * I/2"
+    scale_formula = "2 * O * I/gs * 2"
+
+
+class Affine8(_Affine, Format):
+    ord = 104
+    name = "affine8"
+    bits = 8
+    weight_formula = "O * I"
+    scale_formula = "2 * O * I/gs * 2"
+
+
 RANK_SIGNATURE_FIRST = 0  # the weight rank matched on both byte counts before any other (``Format.byte_rank``)
 
 
@@ -762,8 +837,7 @@ class FormatChoice:
 def parse_format_option(option: str) -> FormatChoice:
     """Parse a recipe format name (``--experts int4-g64`` etc.), raising FormatError for unknown names."""
     if option in OPTION_FORMATS:
-        m = re.fullmatch(re.escape(GROUPED_OPTION_PREFIX) + r"(\d+)", option)
-        return FormatChoice(option, by_name(OPTION_FORMATS[option]), int(m.group(1)) if m else None)
+        return FormatChoice(option, by_name(OPTION_FORMATS[option]), option_group_size(option))
     if option == NATIVE_OPTION:  # no format of its own: the converter picks one per source tensor (§6)
         return FormatChoice(option, None, None)
     raise FormatError(f"unknown format {option!r}; choose one of: {', '.join(RECIPE_FORMAT_NAMES)}")

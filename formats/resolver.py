@@ -24,7 +24,7 @@ from typing import Any
 
 from colitools.formats import layouts
 from colitools.formats.errors import FormatError, ResolveError, ResolveReason
-from colitools.formats.format_names import GROUPED_OPTION_PREFIX
+from colitools.formats.format_names import format_label
 from colitools.formats.jsonfile import invalid_text, shown_text
 from colitools.formats.registry import (
     FALLBACK_FORMAT,
@@ -87,7 +87,7 @@ class Resolved:
     @property
     def label(self) -> str:
         """``int4-grouped`` with its group size as ``int4-g64``; other formats by their name."""
-        return f"{GROUPED_OPTION_PREFIX}{self.group_size}" if self.group_size is not None else self.name
+        return format_label(self.name, self.group_size) if self.group_size is not None else self.name
 
 
 # ------------------------------------------------------------------------------------ one tensor (§3)

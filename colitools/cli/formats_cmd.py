@@ -10,15 +10,16 @@ from colitools.cli import output
 from colitools.cli.app import app
 from colitools.cli.options import JsonOpt
 from colitools.cli.render import render_table
-from colitools.formats.format_names import GROUPED_OPTION_PREFIX, recipe_format_summary
+from colitools.formats.format_names import GROUPED_PREFIXES, recipe_format_summary
 
 
 def _options_text(options: tuple[str, ...]) -> str:
-    """``f32, bf16``; the int4-g* options folded into ``int4-g{16..256}``; ``-`` when none writes it."""
-    grouped = [o for o in options if o.startswith(GROUPED_OPTION_PREFIX)]
-    if len(grouped) > 1:
-        sizes = [o.removeprefix(GROUPED_OPTION_PREFIX) for o in grouped]
-        options = (f"{GROUPED_OPTION_PREFIX}{{{sizes[0]}..{sizes[-1]}}}",)
+    """``f32, bf16``; a grouped family's options folded into ``int4-g{16..256}``; ``-`` when none writes it."""
+    for prefix, _ in GROUPED_PREFIXES.values():
+        grouped = [o for o in options if o.startswith(prefix)]
+        if len(grouped) > 1:
+            sizes = [o.removeprefix(prefix) for o in grouped]
+            options = (f"{prefix}{{{sizes[0]}..{sizes[-1]}}}",)
     return ", ".join(options) or "-"
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from colitools.formats import model_config, source_encodings
+from colitools.formats import model_config, qpack, source_encodings
 from colitools.formats.container import resolve_container
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.errors import ColitoolsError, FormatError, RuntimeModelError
 from colitools.formats.inspect import open_model
 from colitools.formats.names import canonical_name, expert_tensor_name, inkling_native_name, parse_name
 from colitools.formats.planar import PLANAR_LAYOUT, planar_to_pairs
-from colitools.formats.registry import UE8M0_FP8_FORMATS, Float, by_name
+from colitools.formats.registry import UE8M0_FP8_FORMATS, Float, by_name, lookup
 from colitools.formats.safetensors_io import SafetensorsFile, TensorInfo
 from colitools.formats.source_encodings import (
     Fp8Block,
@@ -202,9 +202,10 @@ def _source_encoding(name: str, tensors: dict[str, TensorInfo]) -> str | None:
 
 def decoded_at_load(form: str) -> bool:
     """A registry format without a runtime kernel that the runtime still runs, decoded once to float32 when read:
-    DeepSeek-V4.1's UE8M0 FP8 grids (fp8-e4m3-e8m0-t32 tiles, -r32 row groups; their values are exact floats)."""
-    fmt = next((f for f in UE8M0_FP8_FORMATS if f.name == form), None)
-    return fmt is not None and fmt.matmul_kind is None
+    DeepSeek-V4.1's UE8M0 FP8 grids (fp8-e4m3-e8m0-t32 tiles, -r32 row groups; their values are exact floats) and
+    the MLX-affine experts of a QPACK container (FORMATS §2.12)."""
+    fmt = next((f for f in UE8M0_FP8_FORMATS if f.name == form), None) or lookup(form)
+    return fmt is not None and fmt.matmul_kind is None and (fmt in UE8M0_FP8_FORMATS or not fmt.pairs)
 
 
 def _decoded(st: Stored) -> bool:
@@ -233,6 +234,33 @@ def qtensor(st: Stored, data: memoryview, scale: memoryview | None) -> QTensor:
     if hasattr(fmt, "kernel_scales"):  # E8M0 block scales (fp8-e4m3-e8m0): the fp8 kernel's float32, exact
         scales = fmt.kernel_scales(scales)
     return QTensor(kind, codes, scales, st.O, st.I, st.gs)
+
+
+def _qpack_experts(folder: Path, family: str | None) -> dict[str, Stored]:
+    """The routed experts of a QPACK v1 container in ``folder`` (``--layout qpack``, formats/qpack.py), by their
+    canonical per-expert names: each projection's codes and its scalars (scales then biases, adjacent) in its
+    layer file, decoded at load; none without a ``manifest.json``. RuntimeModelError for a container its engine
+    would refuse."""
+    if not (folder / qpack.MANIFEST).is_file():
+        return {}
+    try:
+        c = qpack.open_qpack(folder)
+    except FormatError as exc:
+        raise RuntimeModelError(str(exc)) from None
+    stride, form = c.layout["expertStride"], f"affine{c.bits}"
+    out = {}
+    for layer in range(c.layout["layerCount"]):
+        path = str(folder / qpack.layer_file(layer))
+        for e in range(c.layout["expertCount"]):
+            at = e * stride
+            for proj in qpack.PROJECTIONS:
+                w, s, b = (c.section(f"{proj}.{leaf}") for leaf in ("weight", "scales", "biases"))
+                O, I = w["shape"][0], w["shape"][1] * 32 // c.bits
+                base = f"model.layers.{layer}.mlp.experts"
+                name = sanitize(expert_tensor_name(base, e, proj.removesuffix("_proj")), family)
+                out[name] = Stored(name, form, O, I, path, (at + w["offset"], at + w["offset"] + w["size"]), "U8",
+                                   (at + s["offset"], at + b["offset"] + b["size"]), s["dtype"], c.group_size)  # fmt: skip
+    return out
 
 
 class Checkpoint:
@@ -271,6 +299,7 @@ class Checkpoint:
                         (sinfo.begin + 4 * part.scales[0], sinfo.begin + 4 * part.scales[1]), sinfo.dtype,
                         part.gs, signed_nibbles=part.signed_nibbles,
                     )  # fmt: skip
+        self.merged.update(_qpack_experts(self.dir, family))
         self._fds: dict[str, int] = {}
         self.bytes_read = 0
 

@@ -162,6 +162,13 @@ def _json_length(
     return n
 
 
+def _raw_layout(where: str, entries: Iterable[Entry]) -> _Layout:
+    """No header: the tensors back to back from offset 0."""
+    checked = _validated_entries(where, entries)
+    return _Layout(b"", {name: TensorInfo(name, dtype, shape, begin, begin + nbytes)
+                         for (name, dtype, shape, nbytes), begin in zip(checked, _starts(checked), strict=True)})  # fmt: skip
+
+
 def _plan_layout(
     where: str, entries: Iterable[Entry], metadata: Mapping[str, str] | None, metadata_last: bool = False
 ) -> _Layout:
@@ -212,7 +219,10 @@ class SafetensorsWriter:
         metadata: Mapping[str, str] | None = None,
         *,
         metadata_last: bool = False,
+        raw: bool = False,
     ) -> None:
+        """``raw``: no header, the tensors' bytes alone from offset 0 (a QPACK layer file, formats/qpack.py),
+        with the same streaming, checks and atomic publication."""
         self.path = pathlib.Path(path)
         self.temp_path = temp_name(self.path)
         self._where = str(self.path)
@@ -220,7 +230,7 @@ class SafetensorsWriter:
         self._state = "aborted"  # until our temporary file exists, there is nothing to clean up
         self._next = 0
         self._part = 0  # bytes written of tensor ``_next`` when it is written in pieces (``write_part``)
-        layout = _plan_layout(self._where, entries, metadata, metadata_last)
+        layout = _raw_layout(self._where, entries) if raw else _plan_layout(self._where, entries, metadata, metadata_last)
         self.tensors: dict[str, TensorInfo] = layout.tensors
         """The planned tensors in write order (absolute offsets)."""
         self._order = list(layout.tensors.values())

@@ -10,7 +10,6 @@ from colitools.formats.format_names import GROUP_SIZES
 from colitools.formats.targets.base import (
     DROPPED_TOWERS,
     META_GROUP_SIZE,
-    PAIRS_ONLY,
     QWEN36,
     MetaFile,
     Target,
@@ -98,15 +97,15 @@ def qwen36_meta(
 TARGET = Target(
     QWEN36,
     "c/qwen36.c (load_cfg, load_meta, model_init's load_t_n, load_expert_merged)",
-    help="merged int8-row / int4-row / int4-g{gs} experts (signed nibbles; --experts-down int8-row: the mixed "
-    "slab, int4 gate/up and int8-row down), float dense tensors renamed "
+    help="merged int8-row / int4-row / int4-g{gs} experts (signed nibbles; with experts_down int8-row the mixed "
+    "slab, int4 gate/up and int8-row down) or, layout qpack, MLX-affine experts in a QPACK v1 container; float dense tensors renamed "
     "model.language_model. -> model., flat config.json, qwen36_meta.json; model_type qwen3_5_moe only.",
     model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
     reads=(
         ("experts", (INT8_ROW, INT4_ROW, *(f"int4-g{g}" for g in GROUP_SIZES))),
         ("experts_down", (INT8_ROW,)),  # the mixed slab (load_meta's expert_down_bits / expert_down_gs)
         *_floats("f32", "bf16"),
-        *PAIRS_ONLY,
+        ("layout", ("pairs", "qpack")),  # qpack: the routed experts in QPACK v1 (QWEN36_QPACK, formats/qpack.py)
         ("towers", ("drop",)),
     ),
     why=(("towers", f"c/qwen36.c runs the text model only: {DROPPED_TOWERS}"),),
