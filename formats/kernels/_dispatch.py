@@ -285,20 +285,24 @@ def encode(
 
 def _mse_encode(fmt_name: str, w: np.ndarray, gs: int | None, name: str, quantizer: str):
     """``encode`` with an mse mode: the reference's packing around the group search, which runs on the kernel
-    (``kernels/mse.py``, byte-identical to ``quantizers.mse_groups``) for a tensor of ``SMALL_ELEMS`` or more."""
+    (``kernels/mse.py``, byte-identical to ``quantizers.mse_groups``; it refuses NaN / inf itself) for a tensor
+    of ``SMALL_ELEMS`` or more."""
     w = np.ascontiguousarray(w, dtype=F32)
     if w.ndim != 2:
         raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
     cls = _writable(fmt_name, *w.shape, gs, name)
     if not cls.mse_scales:
         raise FormatError(f"tensor {name or '?'}: format {fmt_name} has no scales for quantizer {quantizer!r}")
-    registry._check_finite(w, name)
-    search = None
-    if not _small(w.size):  # below SMALL_ELEMS the numpy search (same bytes)
-        from colitools.formats.kernels import mse
+    if _small(w.size):  # below SMALL_ELEMS the numpy search (same bytes)
+        registry._check_finite(w, name)
+        return cls._encode_reference(w, gs, quantizer)
+    from colitools.formats.kernels import mse
 
-        search = mse.mse_groups
-    return cls._encode_reference(w, gs, quantizer, search)
+    try:
+        return cls._encode_reference(w, gs, quantizer, mse.mse_groups)
+    except mse.NonFiniteGroup:  # the kernel checks as it searches: the error names the first bad [o, i]
+        registry._check_finite(w, name)
+        raise
 
 
 def encode_from_bf16(

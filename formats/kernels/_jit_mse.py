@@ -30,6 +30,7 @@ _LANES = 8  # quantizers.LANES
 _FIXED_BITS = 16  # quantizers.FIXED_BITS
 _MAGIC32 = np.float32(12582912.0)  # 1.5 * 2^23: float32 rounding to an integer, ties to even
 _MAGIC64 = 6755399441055744.0  # 1.5 * 2^52: the same in float64
+_EXPONENT = np.uint32(0x7F800000)  # float32's exponent field: all ones for inf and NaN
 _BATCH = 5  # candidates coded and summed in one pass (five int32 and five float32 running sums: registers)
 # a chunk of the refit sums holds at most 2^14 / max|code| elements: |int32 partial sum| <= 2^14 * 2^16 = 2^30,
 # and a float32 sum of squares <= 2^14 * 128 = 2^21 (exact below 2^24)
@@ -177,16 +178,19 @@ def _smaller_error(row, v1, s1, v0, s0):
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _extreme(row):
-    """``(amax, x)``: the largest magnitude (a branch-free max the vectoriser takes; the callers refuse NaN / inf
-    before any search, ``kernels._dispatch._mse_encode``) and the first element that has it."""
+    """``(amax, x, finite)``: the largest magnitude (a branch-free max the vectoriser takes), the first element
+    that has it, and whether every element is finite (an exponent field short of all ones: an integer
+    reduction in the same loop; the caller stops at a row that is not)."""
     amax = np.float32(0.0)
+    special = np.uint32(0)
     for k in range(row.size):
         a = abs(row[k])
         amax = a if a > amax else amax
+        special |= np.uint32((np.float32(a).view(np.uint32) & _EXPONENT) == _EXPONENT)
     for k in range(row.size):
         if abs(row[k]) == amax:
-            return amax, row[k]
-    return amax, np.float32(0.0)
+            return amax, row[k], special == 0
+    return amax, np.float32(0.0), special == 0
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -217,8 +221,9 @@ def _search(row, qw, isc, sums, x, e, signed, targets, flo, fhi):
 @export("mse_group_rows", ("float32", "i", "i", "b", "float32", "float32[]", "int8"))
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
-    """Groups ``w[r]`` for ``r`` in ``[r0, r1)`` (float32 ``[N, n]``, ``n % 8 == 0``, finite: the caller checks)
-    -> ``s_out[r]`` and the values ``v_out[r]`` (int8). Returns -1 (the codecs' "no bad row")."""
+    """Groups ``w[r]`` for ``r`` in ``[r0, r1)`` (float32 ``[N, n]``, ``n % 8 == 0``) -> ``s_out[r]`` and the
+    values ``v_out[r]`` (int8). Returns -1 (the codecs' "no bad row"), or the first row holding a NaN or an
+    infinity (the rows after it are left unwritten)."""
     n = w.shape[1]
     flo, fhi = np.float32(lo), np.float32(hi)
     v0, v1 = np.empty(n, np.float32), np.empty(n, np.float32)
@@ -226,7 +231,9 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
     isc, sums = np.empty(_BATCH, np.float32), np.empty(2 * _BATCH, np.float64)
     for r in range(r0, r1):
         row = w[r]
-        amax, x = _extreme(row)
+        amax, x, finite = _extreme(row)
+        if not finite:
+            return r
         s0 = np.float32(amax / fhi)
         if s0 < _FLOOR:
             s0 = _FLOOR

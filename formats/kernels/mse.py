@@ -9,9 +9,14 @@ import numpy as np
 from colitools.formats import quantizers
 
 
+class NonFiniteGroup(ValueError):
+    """A group holds a NaN or an infinity (``_dispatch._mse_encode`` then names the tensor and the first bad
+    ``[o, i]``, as every encoder does)."""
+
+
 def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (``n % 8 == 0``), finite: the caller
-    checks (``_dispatch._mse_encode`` refuses NaN / inf naming the tensor and the first bad ``[o, i]``)."""
+    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (``n % 8 == 0``); NonFiniteGroup when
+    one holds a NaN or an infinity (the kernel checks as it finds each group's extreme)."""
     from colitools.formats.kernels import aot
 
     w = np.ascontiguousarray(w, dtype=np.float32)
@@ -21,5 +26,7 @@ def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarra
     if N == 0 or n == 0:
         return quantizers.mse_groups(w, lo, hi, signed)
     targets = quantizers.candidate_targets(lo, hi)
-    aot.CODECS.run("mse_group_rows", (w, lo, hi, bool(signed), targets, s, v), N, n)
+    bad = aot.CODECS.run("mse_group_rows", (w, lo, hi, bool(signed), targets, s, v), N, n)
+    if bad >= 0:
+        raise NonFiniteGroup(f"group {bad} holds a NaN or an infinity")
     return s, v

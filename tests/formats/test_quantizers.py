@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from colitools.formats import kernels, quantizers
 from colitools.formats import reference as ref
+from colitools.formats.errors import EncodeError
 from colitools.formats.kernels import mse as mse_kernel
 from colitools.formats.registry import FORMATS, by_name, writer_group_size
 
@@ -257,6 +258,20 @@ def test_kernel_error_comparison_on_near_ties_is_the_lane_sums():
         want = quantizers.squared_error(w, s1, v1) < quantizers.squared_error(w, s0, v0)
         got = [bool(_jit_mse._smaller_error(w[i], v1[i], s1[i], v0[i], s0[i])) for i in range(400)]
         assert got == want.tolist()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("fmt", sorted(CODE_RANGE))  # the symmetric formats: the group search's kernel
+def test_an_mse_kernel_encode_names_the_first_non_finite_value(fmt, bad, monkeypatch):
+    """The kernel finds NaN / inf as it searches (no numpy pass before it); the error is every encoder's: the
+    tensor, the first bad ``[o, i]`` and the count."""
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    w = np.random.default_rng(2).standard_normal((40, 192)).astype(F32)
+    w[37, 5] = bad
+    w[23, 150] = bad
+    gs = 64 if fmt == "int4-grouped" else None
+    with pytest.raises(EncodeError, match=r"tensor t\.w: non-finite value .* at \[23, 150\] \(2 non-finite"):
+        by_name(fmt).encode(w, gs, name="t.w", fast=True, quantizer="mse")
 
 
 SOURCES = ["f32", "bf16", "f16", "fp8"]
