@@ -49,7 +49,7 @@ from colitools.formats.error_stats import ErrorStats
 from colitools.formats.errors import ConvertError, SafetensorsError
 from colitools.formats.filenames import INDEX_FILE
 from colitools.formats.jsonfile import load_json_object
-from colitools.formats.safetensors_io import read_header
+from colitools.formats.safetensors_io import SafetensorsWriter, read_header
 
 DONOR_FILE = ".colitools-donor.json"  # the previous conversion's records while a --replace runs
 DONOR_VERSION = 1
@@ -238,6 +238,7 @@ class FileCopy:
     sha256: str
     jobs: frozenset[str]
     errors: dict[str, list] = field(default_factory=dict)
+    keep: bool = False  # the donor file is the new file, byte for byte: kept in place, only its sha256 checked
 
 
 class Donor:
@@ -304,7 +305,19 @@ class Donor:
             e = self.records[hits[n][0]]["errors"].get(n)
             if e is not None:
                 errors[n] = e
-        return FileCopy(name, size, sha, frozenset(jobs), errors)
+        return FileCopy(name, size, sha, frozenset(jobs), errors, self._same_file(f, name, size, jobs))
+
+    def _same_file(self, f: OutputFile, name: str, size: int, jobs: set[str]) -> bool:
+        """The donor file ``name`` is ``f`` as a fresh conversion writes it: the same name and size, every job
+        copied, the same header bytes (names, dtypes, shapes, offsets, metadata). Main shards only."""
+        if f.is_sidecar or name != f.name or size != f.size or jobs != {j.out_name for j in f.jobs}:
+            return False
+        want = SafetensorsWriter.header_bytes(f.entries, f.metadata)
+        try:
+            with open(self.outdir / name, "rb") as fh:
+                return fh.read(len(want)) == want
+        except OSError:
+            return False
 
 
 def _group_entries(f: OutputFile, g: OutputGroup) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -478,3 +491,30 @@ class Copying:
 
     def close(self) -> None:
         self.stream.close()
+
+
+class KeptFile:
+    """A new file that is its donor file byte for byte (``FileCopy.keep``): left in place, read once to check
+    its sha256 (DonorChanged otherwise); stands for the file's sink in the unit writer (``result``, ``abort``)."""
+
+    def __init__(self, outdir: Path, copy: FileCopy, out: OutputFile, errors: dict, on_tensor):
+        stream = DonorStream(outdir, copy)
+        try:
+            stream.verify()
+        finally:
+            stream.close()
+        self.record = (out.name, copy.size, copy.sha256)
+        for job in out.jobs:
+            recorded = copy.errors.get(job.out_name)
+            if recorded is not None:
+                errors[job.out_name] = ErrorStats(*recorded)
+            if on_tensor is not None:
+                on_tensor(job.in_bytes)
+
+    def result(self):
+        from colitools.converters.unit_writer import FileRecord
+
+        return FileRecord(*self.record)
+
+    def abort(self) -> None:
+        pass  # nothing written: the file stays what it was, which is also what the new conversion wants

@@ -66,8 +66,13 @@ def test_replace_copies_the_unchanged_tensors_and_equals_a_fresh_conversion(tmp_
     out = tmp_path / "out"
     _convert(out, target_bpw=BEFORE)
     before = _formats(out)
+    same = {n for n, data in _files(out).items() if n.endswith(".safetensors") and _files(fresh).get(n) == data}
+    inodes = {n: (out / n).stat().st_ino for n in _files(out)}
     summary = _convert(out, target_bpw=AFTER, replace=True)
     assert _files(out) == _files(fresh)
+    # a file the new conversion writes byte for byte as it was is kept in place (not rewritten), the others not
+    assert same and {n for n in same | set(inodes) if (out / n).exists() and (out / n).stat().st_ino == inodes[n]
+                     and n.endswith(".safetensors")} == same
     assert _manifest(out) == _manifest(fresh)
     assert not (out / DONOR_FILE).exists()
     # copied: every written tensor but those whose format the two allocations (each read from its own
@@ -134,13 +139,15 @@ def test_sigkill_between_units_leaves_a_resumable_conversion_never_a_published_m
 def test_sigkill_after_a_new_file_replaced_an_old_one_unrecorded(tmp_path, fresh):
     out = tmp_path / "out"
     _convert(out, target_bpw=BEFORE)
-    proc = _cli(out, "--replace", env={"COLITOOLS_TEST_KILL_AT": "published:2"})
+    proc = _cli(out, "--replace", env={"COLITOOLS_TEST_KILL_AT": "published:1"})
     assert proc.wait(120) == -9, proc.stderr.read()
     m = json.loads((out / MANIFEST_FILE).read_text())
-    # the second file published over the previous output's, not recorded (the first may be recorded or not yet)
-    assert m["state"] == "converting" and len(m["units"]) <= 1
-    second = json.loads((out / DONOR_FILE).read_text())["records"][1]["files"][0]
-    assert hashlib.sha256((out / second["name"]).read_bytes()).hexdigest() != second["sha256"]
+    assert m["state"] == "converting"
+    # one file published over the previous output's (its bytes are not the donor's record any more), not recorded
+    donor = [f for r in json.loads((out / DONOR_FILE).read_text())["records"] for f in r["files"]]
+    replaced = [f["name"] for f in donor if hashlib.sha256((out / f["name"]).read_bytes()).hexdigest() != f["sha256"]]
+    recorded = {f["name"] for u in m["units"].values() for f in u["files"]}
+    assert len(replaced) == 1 and replaced[0] not in recorded
     rerun = _cli(out, "--json")
     stdout, stderr = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, stderr
@@ -210,3 +217,18 @@ def test_large_tensors_are_copied_in_pieces(tmp_path, fresh, monkeypatch):
     summary = _convert(out, target_bpw=AFTER, replace=True)
     assert summary.tensors_copied > 0 and len(pieces) > summary.tensors_copied and max(pieces) <= 96
     assert _files(out) == _files(fresh)
+
+
+def test_a_file_kept_in_place_is_checked_and_rewritten_when_not_as_recorded(tmp_path, fresh):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    same = [n for n, data in _files(out).items() if n.endswith(".safetensors") and _files(fresh).get(n) == data]
+    path = out / same[0]
+    info = next(iter(read_header(path).tensors.values()))
+    data = bytearray(path.read_bytes())
+    data[info.begin] ^= 0x01  # same size and header, another sha256 than its record
+    path.write_bytes(bytes(data))
+    inode = path.stat().st_ino
+    _convert(out, target_bpw=AFTER, replace=True)
+    assert _files(out) == _files(fresh)
+    assert path.stat().st_ino != inode  # written again, from the source
