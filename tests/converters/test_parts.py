@@ -81,11 +81,26 @@ def whole(model) -> Path:
     return out
 
 
-@pytest.fixture
-def three(model, tmp_path) -> list[Path]:
-    folders = [tmp_path / f"part{k}" for k in (1, 2, 3)]
+@pytest.fixture(scope="module")
+def converted_parts(model) -> list[Path]:
+    """Parts 1/3 .. 3/3, converted once by three processes at the same time."""
+    folders = [model.parent / f"part{k}" for k in (1, 2, 3)]
     run_parts(model, folders)
     return folders
+
+
+@pytest.fixture
+def three(converted_parts, tmp_path) -> list[Path]:
+    """A copy of the three part folders for one test (merge moves their files away)."""
+    folders = [tmp_path / f.name for f in converted_parts]
+    for source, copy in zip(converted_parts, folders, strict=True):
+        shutil.copytree(source, copy)
+    return folders
+
+
+def convert_part(source, folder: Path, part: str, *extra: str) -> None:
+    result = colitools("convert", source, folder, "--part", part, *FLAGS, *extra)
+    assert result.returncode == 0, result.stderr
 
 
 # ---------------------------------------------------------------------------------------------- the share
@@ -307,17 +322,17 @@ def test_a_missing_or_repeated_or_unfinished_part_is_refused_in_one_line(model, 
 def test_parts_of_another_recipe_source_or_split_are_refused_naming_the_folder(model, three, tmp_path):
     out = tmp_path / "merged"
     other = tmp_path / "other-recipe"
-    run_parts(model, [tmp_path / "x1", other, tmp_path / "x3"], "--experts", "int8-row")
+    convert_part(model, other, "2/3", "--experts", "int8-row")
     line = one_error_line(colitools("merge", three[0], other, three[2], out))
     assert f"{other}: part 2/3 has another recipe (experts='int8-row', not 'int4-g64')" in line, line
     copy = tmp_path / "copy-of-src"
     make_checkpoint(copy, SPEC)
     moved = tmp_path / "moved-source"
-    run_parts(copy, [tmp_path / "y1", moved, tmp_path / "y3"])
+    convert_part(copy, moved, "2/3")
     line = one_error_line(colitools("merge", three[0], moved, three[2], out))
     assert f"{moved}: part 2/3 converted another source ({copy}, not {model})" in line, line
     split = tmp_path / "split4"
-    run_parts(model, [tmp_path / "z1", split, tmp_path / "z3", tmp_path / "z4"])
+    convert_part(model, split, "2/4")
     line = one_error_line(colitools("merge", three[0], split, three[2], out))
     assert f"{split}: part 2/4 of another split" in line, line
     line = one_error_line(colitools("convert", model, three[0], "--part", "2/3", *FLAGS))
