@@ -10,7 +10,7 @@ into OUT; then, the peer measured in the same run, the second budget (``--target
 
 Each is a whole ``colitools convert`` process (wall and CPU seconds, peak RSS: ``bench/convert.py``'s
 ``run_process``). Reported: how many tensors the two allocations give another format, how many ``--replace``
-copied, the times and their ratios, and whether the replaced output is byte-identical to the fresh one (every
+copied, how many files it kept in place (the same inode: not rewritten), the times and their ratios, and whether the replaced output is byte-identical to the fresh one (every
 file; ``colitools.json`` but its ``run`` section and the budget's measurement figures).
 
 Run: ``.venv/bin/python bench/reuse.py`` [--bpw-a 4.5 --bpw-b 4.55 --layers 6 --experts 16 --hidden 2048 --inter 1024
@@ -87,7 +87,9 @@ def main() -> None:
     shutil.copy(work / "out" / CACHE, work / "fresh-cached" / CACHE)
     cached = _convert(src, work / "fresh-cached", args.bpw_b)
     before = _formats(work / "out")
+    inodes = {p.name: p.stat().st_ino for p in (work / "out").glob("*.safetensors")}
     replaced = _convert(src, work / "out", args.bpw_b, "--replace")
+    kept = sum((work / "out" / n).stat().st_ino == i for n, i in inodes.items() if (work / "out" / n).exists())
     after = _formats(work / "fresh")
     changed = sum(before[t] != after[t] for t in after)
     written = sum(len(u.get("keys", {})) for u in json.loads((work / "fresh" / MANIFEST).read_text())["units"].values())
@@ -99,6 +101,7 @@ def main() -> None:
         "budget_tensors": len(after),
         "format_changed": changed,
         "copied": replaced["summary"]["tensors_copied"],
+        "files_kept_in_place": kept, "files": len(inodes),
         "runs": {k: {x: round(v[x], 2) for x in ("wall", "cpu", "rss_mb", "load")}
                  for k, v in (("first", first), ("fresh", fresh), ("fresh_cached", cached), ("replace", replaced))},
         "byte_identical": identical,
