@@ -25,6 +25,7 @@ was renamed (copied) into the staging folder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import signal
@@ -117,9 +118,7 @@ def merge(part_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[st
         stack.enter_context(held_lock(out.parent / f".{out.name}.merge.lock",
                                       lambda: ConvertError(f"{out}: another colitools merge is writing it")))  # fmt: skip
         for folder in dict.fromkeys(folders):  # each folder once (one given twice is refused below)
-            if folder.is_dir():
-                stack.enter_context(held_lock(folder / LOCK_FILE, lambda f=folder: ConvertError(
-                    f"{f}: a colitools convert is working in this folder; merge it once it has finished")))  # fmt: skip
+            _lock_part(stack, folder)
         found = sorted((_read_part(f) for f in folders), key=lambda p: p.section["index"])
         _check_parts(found)
         plan = _owners(found)
@@ -147,6 +146,23 @@ def merge(part_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[st
         report.parts.append({"part": p.label, "folder": str(p.folder), "units": len(units), "files": files})
     report.wall_seconds = time.monotonic() - started
     return report
+
+
+def _lock_part(stack: contextlib.ExitStack, folder: Path) -> None:
+    """Hold ``folder``'s convert lock (no ``convert`` works in it meanwhile). A folder we cannot write to (a
+    read-only mount, whose files are then copied) cannot hold the lock, nor a conversion: it goes unlocked."""
+    if not folder.is_dir():
+        return  # refused by _read_part, in its words
+    busy = lambda: ConvertError(  # noqa: E731
+        f"{folder}: a colitools convert is working in this folder; merge it once it has finished"
+    )
+    try:
+        stack.enter_context(held_lock(folder / LOCK_FILE, busy))
+    except PermissionError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
 
 
 def _check_out(out: Path, folders: list[Path]) -> None:
