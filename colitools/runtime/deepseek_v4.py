@@ -251,8 +251,8 @@ class Compressor:
             pooled = r(self.quant.rms_norm(r(np.sum(ckv * w, axis=1, dtype=F32)), self.norm, self.eps))
             positions = (self.count + np.arange(n_win)) * m
             cos, sin = self.rope.cos_sin(positions)
-            entries = self.rope.apply(pooled[:, None, :], cos, sin)[:, 0, :]
-            q = self.quant
+            q = self.quant  # --act-quant: the roped channels in BF16 too, before the indexer's Hadamard as well
+            entries = q.round_bf16(self.rope.apply(pooled[:, None, :], cos, sin)[:, 0, :])
             self.entries.append(q.rotated_fp4(entries) if self.rotated else q.nope(entries, self.rope.dim))
             self.count += n_win
         if self.entries.data is None or not self.enabled:

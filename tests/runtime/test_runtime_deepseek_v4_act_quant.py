@@ -15,6 +15,8 @@ from oracle_refs import ORACLES, reference
 
 from colitools.errors import ParameterError
 from colitools.runtime import load_model
+from colitools.runtime.config import RopeArgs
+from colitools.runtime.deepseek_v4 import Compressor, TailRope
 from colitools.runtime.deepseek_v4_hc import reference_mixes
 from colitools.runtime.deepseek_v4_quant import (
     ActQuant,
@@ -26,6 +28,8 @@ from colitools.runtime.deepseek_v4_quant import (
     ordered_dot,
     ordered_mean_square,
 )
+from colitools.runtime.kernels import QTensor
+from colitools.runtime.ops import Linear
 
 
 def test_fp8_blocks_scale_by_a_power_of_two_and_round_to_nearest_even():
@@ -117,6 +121,35 @@ def test_fma_rounds_the_exact_multiply_add_once():
     assert fma(a, a, np.float32(-(2.0**-80))).tolist() == 1.0 + 2.0**-11
     # element-wise with broadcasting, exact cases unchanged
     assert fma(np.array([2.0, 3.0], np.float32), np.float32(0.5), np.float32(1.0)).tolist() == [2.0, 2.5]
+
+
+def _indexer_compressor(norm: list[float]) -> Compressor:
+    """A real ``Compressor`` (rate 1, two channels, both roped, the indexer's rotated form) with identity ``wkv``,
+    zero ``wgate`` / ``ape``: each token's entry is its own input, normed, roped at its position, rotated."""
+    comp = object.__new__(Compressor)  # the checkpoint loader is not what this pins
+    comp.d, comp.rate, comp.overlap, comp.eps, comp.rotated, comp.enabled = 2, 1, False, 1e-6, True, True
+    comp.rope = TailRope(RopeArgs(theta=10000.0, dim=2, interleaved=True))  # pair 0: angle = position
+    comp.quant = ActQuant()
+    comp.quant.mode = "official"
+    comp.wkv = Linear(QTensor("f32", np.eye(2, dtype=np.float32), None, 2, 2, None))
+    comp.wgate = Linear(QTensor("f32", np.zeros((2, 2), np.float32), None, 2, 2, None))
+    comp.ape, comp.norm = np.zeros((1, 2), np.float32), np.array(norm, np.float32)
+    comp.reset()
+    return comp
+
+
+def test_indexer_keys_round_the_roped_channels_to_bf16_before_the_hadamard():
+    """issue 45 (the 128-wide check, head_dim 32, seed 8): the engine's compressor rounds the roped channels to BF16
+    (as DeepSeek's BF16 tensors are) before the indexer's Hadamard; colitools rotated the unrounded ones."""
+    x = np.array([[-3.0, -3.0], [-3.0, -3.0]], np.float32)
+    # normed: [-1, -1] * [0.75, 0.5] = [-0.75, -0.5] (BF16 exact)
+    # position 0 (no rotation): Hadamard [-1.25, -0.25] / sqrt 2 -> BF16 [-0.8828125, -0.17675781]; amax 0.88:
+    # scale 2^-2, [-3.53, -0.71] -> e2m1 [-4, -0.5] -> [-1.0, -0.125]
+    # position 1 (1 rad): [-0.75 cos 1 + 0.5 sin 1, -0.5 cos 1 - 0.75 sin 1] = [0.0155088, -0.9012544] -> BF16
+    # [0.01550293, -0.90234375]; Hadamard [-0.88684 / sqrt 2, 0.91785 / sqrt 2] -> BF16 [-0.62890625, 0.6484375];
+    # scale 2^-3: [-5.03, 5.19] -> e2m1 [-6, 6] -> [-0.75, 0.75]. Unrounded, the first would be -0.625 / 2^-3 = -5,
+    # a tie that goes to the smaller magnitude, -4 -> -0.5.
+    assert _indexer_compressor([0.75, 0.5])(x).tolist() == [[-1.0, -0.125], [-0.75, 0.75]]
 
 
 def test_official_rounding_changes_the_logits_and_the_default_does_not():
