@@ -103,7 +103,21 @@ def _file_kind(f: OutputFile) -> str:
     return "sidecar" if f.is_sidecar else "planar" if f.planar else "main"
 
 
-def job_key(job: TensorJob, f: OutputFile, plan: ConversionPlan, identities: Any) -> str:
+def _canon_job(job: TensorJob, targets: dict[int, Any]) -> dict[str, Any]:
+    """``_canon(job)``, its target's form computed once per target object (a plan shares a few among all its
+    jobs; ``targets``: id -> form, for objects alive meanwhile)."""
+    out = {}
+    for f in dataclasses.fields(job):
+        value = getattr(job, f.name)
+        if f.name == "target":
+            out[f.name] = targets[id(value)] if id(value) in targets else targets.setdefault(id(value), _canon(value))
+        else:
+            out[f.name] = _canon(value)
+    return out
+
+
+def job_key(job: TensorJob, f: OutputFile, plan: ConversionPlan, identities: Any,
+            targets: dict[int, Any] | None = None) -> str:  # fmt: skip
     """The reuse key of ``job`` written into ``f`` (module docstring), 32 hex digits."""
     fp8 = plan.inventory.fp8
     blob = {
@@ -112,7 +126,7 @@ def job_key(job: TensorJob, f: OutputFile, plan: ConversionPlan, identities: Any
         "file": _file_kind(f),
         "block": list(fp8.block) if fp8 else None,
         "sources": {s: content_identity(_recorded(identities, s)) for s in sorted(job.shards)},
-        "job": _canon(job),
+        "job": _canon_job(job, {} if targets is None else targets),
     }
     text = json.dumps(blob, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -120,7 +134,8 @@ def job_key(job: TensorJob, f: OutputFile, plan: ConversionPlan, identities: Any
 
 def unit_keys(unit: Unit, plan: ConversionPlan, identities: Any) -> dict[str, str]:
     """Output tensor name -> reuse key, for every job of ``unit`` (what its ledger record keeps as ``keys``)."""
-    return {j.out_name: job_key(j, f, plan, identities) for f in unit.files for j in f.jobs}
+    targets: dict[int, Any] = {}
+    return {j.out_name: job_key(j, f, plan, identities, targets) for f in unit.files for j in f.jobs}
 
 
 # ------------------------------------------------------------------------------------------ donor record
@@ -279,8 +294,9 @@ class Donor:
 
     def _plan_file(self, f: OutputFile) -> FileCopy | None:
         hits: dict[str, tuple[int, str]] = {}
+        targets: dict[int, Any] = {}
         for j in f.jobs:
-            hit = self._by_key.get(job_key(j, f, self.plan, self.identities))
+            hit = self._by_key.get(job_key(j, f, self.plan, self.identities, targets))
             if hit is not None and hit[1] == j.out_name:
                 hits[j.out_name] = hit
         if not hits:
