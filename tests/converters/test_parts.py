@@ -302,6 +302,8 @@ def test_a_missing_or_repeated_or_unfinished_part_is_refused_in_one_line(model, 
     out = tmp_path / "merged"
     result = colitools("merge", three[0], three[2], out)
     assert result.returncode == 1 and "part 2/3 missing" in one_error_line(result)
+    failure = json.loads(colitools("merge", three[0], three[2], out, "--json").stdout)
+    assert failure["ok"] is False and failure["exit_code"] == 1 and "part 2/3 missing" in failure["error"]
     line = one_error_line(colitools("merge", three[0], three[1], three[1], three[2], out))
     assert f"{three[1]}: part 2/3 again (given twice)" in line, line
     twin = tmp_path / "twin"
