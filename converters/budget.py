@@ -48,9 +48,9 @@ from colitools.formats.atomic import write_json_atomic
 from colitools.formats.dtypes import itemsize, numpy_dtype
 from colitools.formats.errors import ConvertError, ParameterError, TargetRefused
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, MANIFEST_FILE
-from colitools.formats.format_names import NATIVE_OPTION
+from colitools.formats.format_names import NATIVE_OPTION, RECIPE_FORMAT_NAMES
 from colitools.formats.jsonfile import load_json_object
-from colitools.formats.layouts import PLANAR
+from colitools.formats.layouts import PLANAR, QPACK
 from colitools.formats.registry import parse_format_option
 from colitools.formats.targets.base import EXPERT_GRANULARITIES
 
@@ -89,6 +89,8 @@ def role_candidates(recipe: rc.Recipe, role: rc.Role) -> tuple[str, ...]:
     role, less ``native``, passthrough formats and formats its engine has no reader for."""
     allowed = recipe.target.allowed(rc.option_name(role))
     pool = CANDIDATES if allowed is None else tuple(a for a in allowed if a != NATIVE_OPTION)
+    if recipe.layout == QPACK.option and role is rc.Role.EXPERT:  # a QPACK container holds affine experts only
+        pool = tuple(o for o in RECIPE_FORMAT_NAMES if (c := parse_format_option(o).fmt) and not c.pairs)
     engine, out = recipe.target.engine_formats, []
     for option in pool:
         fmt = parse_format_option(option).fmt

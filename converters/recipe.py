@@ -31,7 +31,7 @@ from typing import Any
 
 from colitools.converters.cached import cached_property
 from colitools.formats import layouts, names, registry, resolver, source_encodings, targets
-from colitools.formats.errors import ConvertError, FormatError, ParameterError
+from colitools.formats.errors import ConvertError, FormatError, ParameterError, TargetRefused
 from colitools.formats.format_names import NATIVE_OPTION, format_label
 from colitools.formats.names import (
     PROJECTION_ORDER,
@@ -688,8 +688,8 @@ def _choose_target(expert: bool, float_role: bool, option: str, O: int, I: int, 
     fmt_name = choice.fmt.name
     gs: int | None = None
     if not choice.fmt.pairs:  # an affine format: a QPACK container's experts, its group size kept, no stamp
-        if I % choice.gs:
-            raise ConvertError(
+        if I % choice.gs:  # TargetRefused: a size budget leaves this candidate out
+            raise TargetRefused(
                 f"`{option}`: a routed expert [{O}, {I}] cannot be cut in groups of {choice.gs} (QPACK needs "
                 f"I % group size == 0); choose another group size"
             )

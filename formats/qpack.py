@@ -220,6 +220,64 @@ class Qpack:
         return out
 
 
+@dataclass(frozen=True)
+class Projection:
+    """Where one expert projection of a container is: its layer file, ``[O, I]``, the byte ranges of its codes and
+    of its scalars (scales then biases, adjacent) in that file."""
+
+    layer: int
+    expert: int
+    proj: str  # gate_proj | up_proj | down_proj
+    path: Path
+    O: int
+    I: int
+    data: tuple[int, int]
+    scales: tuple[int, int]
+    scale_dtype: str
+    bits: int
+    gs: int
+
+    @property
+    def form(self) -> str:
+        """The registry name of its format (``affine4`` / ``affine8``)."""
+        return f"affine{self.bits}"
+
+    def decode(self) -> np.ndarray:
+        """float32 ``[O, I]``."""
+        with open(self.path, "rb") as fh:
+            fh.seek(self.data[0])
+            codes = np.frombuffer(fh.read(self.data[1] - self.data[0]), np.uint8)
+            fh.seek(self.scales[0])
+            sb = np.frombuffer(fh.read(self.scales[1] - self.scales[0]), affine.BF16)
+        return affine.decode(codes, sb, self.O, self.I, self.bits, self.gs)
+
+
+def projections(folder: str | os.PathLike[str]) -> list[Projection]:
+    """Every expert projection of the QPACK container in ``folder`` (none without a ``manifest.json``);
+    FormatError for a container its engine would refuse."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return []
+    c = open_qpack(folder)
+    stride, out = c.layout["expertStride"], []
+    for layer in range(c.layout["layerCount"]):
+        for e in range(c.layout["expertCount"]):
+            at = e * stride
+            for proj in PROJECTIONS:
+                w, s, b = (c.section(f"{proj}.{leaf}") for leaf in ("weight", "scales", "biases"))
+                out.append(Projection(layer, e, proj, folder / layer_file(layer), w["shape"][0],
+                                      w["shape"][1] * 32 // c.bits, (at + w["offset"], at + w["offset"] + w["size"]),
+                                      (at + s["offset"], at + b["offset"] + b["size"]), s["dtype"], c.bits,
+                                      c.group_size))  # fmt: skip
+    return out
+
+
+def weight_name(p: Projection) -> str:
+    """The per-expert weight name of ``p`` in the ``--target qwen36`` snapshot's spelling (``model.layers.{L}``),
+    as the converter planned it."""
+    return f"model.layers.{p.layer}.mlp.experts.{p.expert}.{p.proj}.weight"
+
+
 def open_qpack(folder: str | os.PathLike[str]) -> Qpack:
     """The container at ``folder``, checked as qpack.c's ``coli_qpack_open`` checks it (``check``); FormatError
     naming the first problem."""

@@ -396,6 +396,8 @@ def _match(weights: OutputWeights, plan, copy_dtypes, report: QualityReport) -> 
 
 
 def _key(w: OutputWeight) -> tuple[str, str | None, int | None]:
+    if w.qpack is not None:  # an expert projection of a QPACK container: its own place
+        return (str(w.qpack.path), w.qpack.proj, w.qpack.expert)
     return (w.tensor.name, w.part.projection if w.part else None, w.part.expert if w.part else None)
 
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from colitools.formats import kernels, model_config, names, targets
+from colitools.formats import kernels, model_config, names, qpack, targets
 from colitools.formats.container import ResolvedTensor, resolve_container
 from colitools.formats.dtypes import numpy_dtype
 from colitools.formats.error_stats import ErrorStats
-from colitools.formats.errors import ConfigError, VerifyError
+from colitools.formats.errors import ConfigError, FormatError, VerifyError
 from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, MergedPart
 from colitools.formats.format_names import format_label
 from colitools.formats.inspect import ModelFiles, tensor_label
@@ -58,11 +58,14 @@ class OutputWeight:
     blob or fused stack, its ``part``."""
 
     name: str
-    tensor: ResolvedTensor
+    tensor: ResolvedTensor | None
     part: MergedPart | None = None
+    qpack: qpack.Projection | None = None  # an expert projection of a QPACK container (``--layout qpack``)
 
     @property
     def label(self) -> str:
+        if self.qpack is not None:
+            return format_label(self.qpack.form, self.qpack.gs)
         if self.part is not None:
             return format_label(self.part.fmt, self.part.gs)
         return tensor_label(self.tensor) or self.tensor.dtype
@@ -70,10 +73,14 @@ class OutputWeight:
     @property
     def ndim(self) -> int:
         """Logical dims (a quantized weight and a part are 2-D)."""
+        if self.qpack is not None:
+            return 2
         return len(self.tensor.shape) if self.tensor.kind == "float" and self.part is None else 2
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.qpack is not None:
+            return (self.qpack.O, self.qpack.I)
         if self.part is not None:
             return (self.part.O, self.part.I)
         if self.tensor.kind == "quantized":
@@ -82,6 +89,8 @@ class OutputWeight:
 
     @property
     def nbytes(self) -> int:
+        if self.qpack is not None:
+            return self.qpack.data[1] - self.qpack.data[0] + self.qpack.scales[1] - self.qpack.scales[0]
         if self.part is not None:
             return self.part.data[1] - self.part.data[0] + 4 * (self.part.scales[1] - self.part.scales[0])
         return self.tensor.nbytes + self.tensor.scale_nbytes
@@ -106,6 +115,11 @@ class OutputWeights:
                 expert = p.expert if part.expert is None else part.expert
                 name = names.expert_tensor_name(p.expert_base, expert, part.projection)
                 self.parts[name] = OutputWeight(name, t, part)
+        try:
+            for p in qpack.projections(model.path if model.path.is_dir() else model.path.parent):
+                self.parts[qpack.weight_name(p)] = OutputWeight(qpack.weight_name(p), None, qpack=p)
+        except FormatError as exc:
+            raise VerifyError(str(exc)) from None
         self._spellings = [*FORMATS.values(), *targets.SPELLINGS]
 
     def stored_names(self, name: str) -> list[str]:
@@ -130,6 +144,8 @@ class OutputWeights:
 
     def decode(self, w: OutputWeight, rows: tuple[int, int] | None = None) -> np.ndarray:
         """The float32 values of ``w`` (rows ``[r0, r1)`` of a 2-D one: ``row_slabs`` says which may be cut)."""
+        if w.qpack is not None:
+            return w.qpack.decode()
         t, part = w.tensor, w.part
         shard = self.files[t.file]
         info = shard.tensors[t.name]
@@ -177,7 +193,7 @@ class OutputWeights:
         """Rows that may be decoded apart (1 for row-wise formats and floats, a block format's scale rows), or 0
         when the tensor is decoded whole (a part, a planar record, a 1-D float)."""
         t = w.tensor
-        if w.part is not None or t.layout == PLANAR_LAYOUT or w.ndim != 2:
+        if w.qpack is not None or w.part is not None or t.layout == PLANAR_LAYOUT or w.ndim != 2:
             return 0
         if t.kind == "float":
             return 1

@@ -241,25 +241,14 @@ def _qpack_experts(folder: Path, family: str | None) -> dict[str, Stored]:
     canonical per-expert names: each projection's codes and its scalars (scales then biases, adjacent) in its
     layer file, decoded at load; none without a ``manifest.json``. RuntimeModelError for a container its engine
     would refuse."""
-    if not (folder / qpack.MANIFEST).is_file():
-        return {}
     try:
-        c = qpack.open_qpack(folder)
+        found = qpack.projections(folder)
     except FormatError as exc:
         raise RuntimeModelError(str(exc)) from None
-    stride, form = c.layout["expertStride"], f"affine{c.bits}"
     out = {}
-    for layer in range(c.layout["layerCount"]):
-        path = str(folder / qpack.layer_file(layer))
-        for e in range(c.layout["expertCount"]):
-            at = e * stride
-            for proj in qpack.PROJECTIONS:
-                w, s, b = (c.section(f"{proj}.{leaf}") for leaf in ("weight", "scales", "biases"))
-                O, I = w["shape"][0], w["shape"][1] * 32 // c.bits
-                base = f"model.layers.{layer}.mlp.experts"
-                name = sanitize(expert_tensor_name(base, e, proj.removesuffix("_proj")), family)
-                out[name] = Stored(name, form, O, I, path, (at + w["offset"], at + w["offset"] + w["size"]), "U8",
-                                   (at + s["offset"], at + b["offset"] + b["size"]), s["dtype"], c.group_size)  # fmt: skip
+    for p in found:
+        name = sanitize(qpack.weight_name(p), family)
+        out[name] = Stored(name, p.form, p.O, p.I, str(p.path), p.data, "U8", p.scales, p.scale_dtype, p.gs)
     return out
 
 

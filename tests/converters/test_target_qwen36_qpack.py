@@ -155,3 +155,30 @@ def test_what_qpack_cannot_hold_is_refused_in_one_line_before_work(tmp_path, opt
         _convert(tmp_path / "out", **options)
     assert "\n" not in str(exc.value)
     assert not (tmp_path / "out" / "colitools.json").exists()
+
+
+def test_a_size_budget_chooses_among_the_affine_formats(tmp_path):
+    """The budget's candidates for QPACK experts are the affine formats (one for all: the container records one
+    bits / group size); the allocation is written as a whole container."""
+    out = _convert(tmp_path / "out", target="qwen36", layout="qpack", target_size=400_000)
+    recipe = json.loads((out / "colitools.json").read_text())["recipe"]
+    bits, gs = (8, 32) if recipe["experts"] == "affine8-g32" else (None, None)
+    assert recipe["experts"].startswith("affine") and "budget" in recipe
+    assert qpack.check(out) == []
+    manifest = json.loads((out / qpack.MANIFEST).read_text())
+    assert f"affine{manifest['quantBits']}-g{manifest['quantGroupSize']}" == recipe["experts"]
+    assert bits is None or (manifest["quantBits"], manifest["quantGroupSize"]) == (bits, gs)
+
+
+def test_verify_quality_reads_the_container_and_recomputes_the_recorded_figures(outputs):
+    """``verify quality --source``: every routed expert is found in the container (decoded from its layer file)
+    and the figures recomputed from the source agree with those convert recorded."""
+    from colitools.verify.quality import weight_quality
+
+    report = weight_quality(outputs["mse"], source=str(FIXTURE), progress=False)
+    assert report.ok, report.disagreements[:3]
+    experts = [t for t in report.tensors if ".mlp.experts." in t.name]
+    c = _text()
+    assert len(experts) == 3 * c["num_experts"] * c["num_hidden_layers"]
+    assert {t.format for t in experts} == {"affine4-g32"}
+    assert all(0 < t.stats.sse < t.stats.ssw for t in experts)
