@@ -39,6 +39,7 @@ from typing import Any
 from colitools.converters import parts
 from colitools.converters.diskfloor import free_bytes
 from colitools.converters.manifest import Manifest, ManifestError
+from colitools.converters.source_identity import FINGERPRINT
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import fsync_dir, parse_temp_name, temp_name, write_bytes_atomic
 from colitools.formats.errors import ConvertError
@@ -247,15 +248,31 @@ def _check_units(found: list[PartFolder]) -> None:
 
 
 def _check_identities(found: list[PartFolder]) -> None:
-    """A source shard read by two parts must be the same file for both (Hub: size and sha256; local: as stat)."""
+    """A source shard read by two parts must hold the same bytes for both (``_same_bytes``)."""
     seen: dict[str, tuple[Any, PartFolder]] = {}
     for p in found:
         for rec in (p.data.get("units") or {}).values():
             for shard, identity in ((rec or {}).get("sources") or {}).items():
                 before = seen.setdefault(shard, (identity, p))
-                if before[0] != identity:
+                if not _same_bytes(before[0], identity):
                     raise ConvertError(f"{p.folder}: part {p.label} read source shard {shard} as another file than "
-                                       f"{before[1].folder} did ({identity} vs {before[0]})")  # fmt: skip
+                                       f"{before[1].folder} did ({_shown(identity)} vs {_shown(before[0])})")  # fmt: skip
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    """Whether two recorded identities of one shard (``source_identity.py``) name the same bytes, as a resume
+    decides: the same identity (a Hub file's size and sha256; a local file's stat), or a local file of the same
+    size and content fingerprint (the same file rewritten, or a copy at the same path on another machine)."""
+    if a == b:
+        return True
+    fa, fb = (x.get(FINGERPRINT) if isinstance(x, dict) else None for x in (a, b))
+    return isinstance(fa, str) and fa == fb and a.get("size") == b.get("size")
+
+
+def _shown(identity: Any) -> str:
+    if not isinstance(identity, dict):
+        return repr(identity)
+    return ", ".join(f"{k} {str(v)[:16]}" for k, v in identity.items())
 
 
 def _shared(data: dict[str, Any], key: str) -> Any:
