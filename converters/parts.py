@@ -1,11 +1,11 @@
 """One conversion over several machines: ``convert --part K/N`` converts a share of the plan's units into a folder
 of its own, ``colitools merge`` (``converters/merge.py``) puts the parts together (docs/INTERNALS.md, "Parts").
 
-The share (``units_of``): the plan's units in processing order, cut into ``N`` contiguous runs of about equal
+The share (``assign``): the plan's units in processing order, cut into ``N`` contiguous runs of about equal
 source bytes. Unit ``i``, with ``before`` bytes of the units ahead of it and ``b`` of its own, goes to part
 ``floor(N * (before + b / 2) / total) + 1``: its midpoint's place in the whole. Contiguous runs keep shard
-locality (the units reading one shard are neighbours in processing order: a shard is fetched by at most the two
-parts on either side of a cut), and a part's bytes are within one unit's bytes of ``total / N``. A part may hold
+locality (the units reading one shard are neighbours in processing order: a shard is fetched by one part, or by
+the two on either side of a cut; the exception is the globals unit, which reads the first and the last shard), and a part's bytes are within one unit's bytes of ``total / N``. A part may hold
 no unit (``N`` above the unit count): it still writes its small files and its manifest, and ``merge`` takes it.
 
 A part's folder is an ordinary resumable output folder whose ``colitools.json`` holds the whole plan's ledger
@@ -75,18 +75,6 @@ def assign(unit_bytes: Sequence[int], count: int) -> list[int]:
         parts.append(min(count, (count * (2 * before + b)) // (2 * total) + 1))
         before += b
     return parts
-
-
-def shares(units: Sequence[Any], count: int) -> list[dict[str, Any]]:
-    """Per part: its units, source bytes and shards (``merge``'s docs and the bench print these)."""
-    out = [{"part": f"{k}/{count}", "units": [], "in_bytes": 0, "shards": set()} for k in range(1, count + 1)]
-    for unit, k in zip(units, assign([u.in_bytes for u in units], count), strict=True):
-        out[k - 1]["units"].append(unit.key)
-        out[k - 1]["in_bytes"] += unit.in_bytes
-        out[k - 1]["shards"].update(unit.shards)
-    for share in out:
-        share["shards"] = sorted(share["shards"])
-    return out
 
 
 # ----------------------------------------------------------------------------------------- a part's folder
