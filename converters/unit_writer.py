@@ -45,7 +45,7 @@ from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Uni
 from colitools.formats import kernels, planar_sidecar, qpack
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.error_stats import ErrorStats, tensor_error
+from colitools.formats.error_stats import ErrorStats, encoded_error, tensor_error
 from colitools.formats.errors import ConvertError, EncodeError, SafetensorsError
 from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, Stack
 from colitools.formats.quantizers import RTN
@@ -423,6 +423,10 @@ def job_error(
         source = values.reshape(job.O, job.I)  # compared from its bits (error_stats: exact widening)
     else:
         source = _dequant(job, values, scale, block)
+    if not t.is_float:  # int8-row / int4: decoded inside the sums kernel, a block of rows at a time
+        fused = encoded_error(source, t.format_class.name, codes, scales, job.O, job.I, t.gs)
+        if fused is not None:
+            return fused
     return tensor_error(source, _decoded(job, codes, scales))
 
 

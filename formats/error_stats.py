@@ -139,8 +139,29 @@ def _kernel_error(source: np.ndarray, decoded: np.ndarray) -> ErrorStats:
     else:
         a = np.ascontiguousarray(source, dtype=np.float32)
         aot.CODECS.run("error_rows", (a, b, rows), *b.shape)
+    return _from_rows(int(a.size), rows)
+
+
+def _from_rows(n: int, rows: np.ndarray) -> ErrorStats:
     sums = rows[:, :4].sum(axis=0)  # rows added in a fixed (numpy pairwise) order: thread count invisible
-    return ErrorStats(int(a.size), *(float(v) for v in sums), float(rows[:, 4].max()))
+    return ErrorStats(n, *(float(v) for v in sums), float(rows[:, 4].max()))
+
+
+def encoded_error(
+    source: np.ndarray, fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None
+) -> ErrorStats | None:
+    """``tensor_error(source, decoded)`` of a written tensor given as its codes and scales (pairs order) instead
+    of its decoded values: for an int8-row, int4-row or int4-grouped tensor of ``KERNEL_ELEMS`` elements or more
+    from a float32 or BF16 ``source [O, I]``, the decode runs inside the sums kernel a block of rows at a time
+    (no float32 copy of the decoded tensor, one pass; the same figures bit for bit); None otherwise (the caller
+    decodes and calls ``tensor_error``)."""
+    src = np.asarray(source)
+    if src.shape != (O, I) or src.size < KERNEL_ELEMS or src.dtype not in (np.float32, _BF16):
+        return None
+    from colitools.formats.kernels import decoders
+
+    rows = decoders.error_rows(src, fmt_name, codes, scales, O, I, gs)
+    return None if rows is None else _from_rows(O * I, rows)
 
 
 def total(stats: Iterable[ErrorStats]) -> ErrorStats:

@@ -2,17 +2,22 @@
 sums per row (``fastmath``: the sums are reassociated into SIMD lanes, so the last bits of a figure depend on the
 machine's vector width, never on the thread count: rows are summed separately and added in row order by the
 caller), the largest difference as the float32 ``|w' - w|`` (its bits compared as integers: a max the vectoriser
-takes). A BF16 source is read as its bits (no float32 copy of the tensor). In the compiled-ahead set
-(``aot.CODECS``) like the codecs."""
+takes). A BF16 source is read as its bits (no float32 copy of the tensor). The ``error_int*`` kernels take the
+written tensor's codes and scales instead of its decoded values: a block of rows decoded by the decoders' own
+row kernel into a scratch block (in cache), then summed by the same row functions, so the figures are those of
+decode-then-``error_rows`` bit for bit without the decoded tensor's float32 copy or a second pass. In the
+compiled-ahead set (``aot.CODECS``) like the codecs."""
 
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
 
+from colitools.formats.kernels._jit_decoders import _decode_int4_rows, _decode_int8_rows
 from colitools.formats.kernels.aot import export
 
 _ABS = np.uint32(0x7FFFFFFF)
+_BLOCK = 8  # rows decoded at once into the scratch block of the error_int* kernels
 
 
 @nb.njit(nogil=True, cache=True, fastmath=True, inline="always")
@@ -66,4 +71,57 @@ def error_rows_bf16(a, b, out, r0, r1):
     """``error_rows`` of a BF16 source given as its bits (uint16)."""
     for r in range(r0, r1):
         _store(out, r, _row_bf16(a[r], b[r]))
+    return -1
+
+
+@export("error_int4", ("float32", "uint8", "float32", "i", "float64"))
+@nb.njit(nogil=True, cache=True)
+def error_int4(a, codes, s, gs, out, r0, r1):
+    """``error_rows`` of float32 ``a`` against int4 pairs ``codes`` with a scale per ``gs`` inputs (``s [O, G]``;
+    ``gs >= I`` for int4-row), decoded as ``_decode_int4_rows`` decodes them."""
+    scratch = np.empty((_BLOCK, a.shape[1]), np.float32)
+    for r in range(r0, r1, _BLOCK):
+        b = min(_BLOCK, r1 - r)
+        _decode_int4_rows(codes[r : r + b], s[r : r + b], scratch[:b], gs, 0, b)
+        for i in range(b):
+            _store(out, r + i, _row_f32(a[r + i], scratch[i]))
+    return -1
+
+
+@export("error_int4_bf16", ("uint16", "uint8", "float32", "i", "float64"))
+@nb.njit(nogil=True, cache=True)
+def error_int4_bf16(a, codes, s, gs, out, r0, r1):
+    """``error_int4`` of a BF16 source given as its bits."""
+    scratch = np.empty((_BLOCK, a.shape[1]), np.float32)
+    for r in range(r0, r1, _BLOCK):
+        b = min(_BLOCK, r1 - r)
+        _decode_int4_rows(codes[r : r + b], s[r : r + b], scratch[:b], gs, 0, b)
+        for i in range(b):
+            _store(out, r + i, _row_bf16(a[r + i], scratch[i]))
+    return -1
+
+
+@export("error_int8", ("float32", "int8", "float32[]", "float64"))
+@nb.njit(nogil=True, cache=True)
+def error_int8(a, q, s, out, r0, r1):
+    """``error_rows`` of float32 ``a`` against int8-row codes ``q`` and row scales ``s``."""
+    scratch = np.empty((_BLOCK, a.shape[1]), np.float32)
+    for r in range(r0, r1, _BLOCK):
+        b = min(_BLOCK, r1 - r)
+        _decode_int8_rows(q[r : r + b], s[r : r + b], scratch[:b], 0, b)
+        for i in range(b):
+            _store(out, r + i, _row_f32(a[r + i], scratch[i]))
+    return -1
+
+
+@export("error_int8_bf16", ("uint16", "int8", "float32[]", "float64"))
+@nb.njit(nogil=True, cache=True)
+def error_int8_bf16(a, q, s, out, r0, r1):
+    """``error_int8`` of a BF16 source given as its bits."""
+    scratch = np.empty((_BLOCK, a.shape[1]), np.float32)
+    for r in range(r0, r1, _BLOCK):
+        b = min(_BLOCK, r1 - r)
+        _decode_int8_rows(q[r : r + b], s[r : r + b], scratch[:b], 0, b)
+        for i in range(b):
+            _store(out, r + i, _row_bf16(a[r + i], scratch[i]))
     return -1

@@ -10,6 +10,7 @@ leading shape, flattened to rows."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from colitools.formats import reference as ref
@@ -57,6 +58,28 @@ def decode(
     else:  # fp8-e4m3-b128: the FP8 block dequant with 128x128 blocks
         return dequant_fp8_block(c, s, (ref.FP8_BLOCK, ref.FP8_BLOCK))
     aot.CODECS.run(kernel, args, O, I)
+    return out
+
+
+def error_rows(
+    source: np.ndarray, fmt_name: str, codes: np.ndarray, scales: np.ndarray, O: int, I: int, gs: int | None
+) -> np.ndarray | None:
+    """The per-row sums of ``error_stats`` (``[O, 5]``: sse, ssw, ssq, dot, max) of float32 or BF16 ``source``
+    ``[O, I]`` against the decode of ``codes`` / ``scales`` (pairs order), decoded a block of rows at a time
+    inside the sums kernel (``_jit_stats.error_int*``: bit for bit ``decode`` then ``error_rows``); None for a
+    format it does not fuse (int8-row, int4-row and int4-grouped only)."""
+    cls = registry.lookup(fmt_name)
+    if cls not in (registry.Int8Row, registry.Int4Row, registry.Int4Grouped) or O * I == 0:
+        return None
+    cls, c, s = decode_operands(fmt_name, codes, scales, O, I, gs)
+    bf16 = source.dtype == np.dtype(ml_dtypes.bfloat16)
+    a = np.ascontiguousarray(source).view(np.uint16) if bf16 else np.ascontiguousarray(source, dtype=F32)
+    out = np.empty((O, 5), np.float64)
+    if cls is registry.Int8Row:
+        kernel, args = "error_int8", (a, c.view(np.int8), s, out)
+    else:  # int4-row: one group of I
+        kernel, args = "error_int4", (a, c, s.reshape(O, -1), int(gs) if cls.grouped else I, out)
+    aot.CODECS.run(kernel + ("_bf16" if bf16 else ""), args, O, I)
     return out
 
 

@@ -61,3 +61,42 @@ def test_the_kernel_and_the_numpy_path_agree(monkeypatch):
     for name in ("sse", "ssw", "ssq", "dot"):
         assert getattr(kernel, name) == pytest.approx(getattr(numpy_path, name), rel=1e-12), name
     assert kernel.max_abs == pytest.approx(numpy_path.max_abs, rel=2.0**-23)
+
+
+@pytest.mark.parametrize("source_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize(
+    "fmt, gs, shape", [("int8-row", None, (300, 517)), ("int4-row", None, (129, 2050)),
+                       ("int4-grouped", 64, (257, 1024)), ("int4-grouped", 32, (100, 960))]
+)  # fmt: skip
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_fused_decode_gives_the_decode_then_sum_figures_bit_for_bit(
+    source_dtype, fmt, gs, shape, threads
+):
+    """``encoded_error`` (the written tensor's codes decoded inside the sums kernel, a block of rows at a time)
+    against decoding first and ``tensor_error``: every figure equal to the last bit, row counts not a multiple
+    of the kernel's block, odd widths, tiny and huge rows; and against the independent float64 computation."""
+    from colitools.formats import kernels
+
+    rng = np.random.default_rng(9)
+    w = (rng.standard_normal(shape) * rng.choice([1.0, 1e-20, 1e20], size=(shape[0], 1))).astype(np.float32)
+    source = w.astype(ml_dtypes.bfloat16) if source_dtype == "bf16" else w
+    codes, scales = kernels.encode(fmt, source.astype(np.float32), gs)
+    decoded = kernels.decode(fmt, codes, scales, *shape, gs)
+    kernels.set_threads(threads)
+    try:
+        fused = error_stats.encoded_error(source, fmt, codes, scales, *shape, gs)
+    finally:
+        kernels.set_threads(None)
+    assert fused == tensor_error(source, decoded)
+    sse, ssw, ssq, dot, _ = _independent(source, decoded)
+    assert fused.sse == pytest.approx(sse, rel=1e-12) and fused.dot == pytest.approx(dot, rel=1e-12)
+
+
+def test_formats_the_sums_kernel_does_not_decode_are_left_to_the_caller():
+    from colitools.formats import kernels
+
+    w = np.random.default_rng(1).standard_normal((256, 512)).astype(np.float32)
+    codes, scales = kernels.encode("int2-row", w, None)
+    assert error_stats.encoded_error(w, "int2-row", codes, scales, 256, 512, None) is None
+    small = kernels.encode("int8-row", w[:4], None)
+    assert error_stats.encoded_error(w[:4], "int8-row", *small, 4, 512, None) is None  # below KERNEL_ELEMS
