@@ -14,9 +14,10 @@ inference rather than with transformers' float activations (the default, ``ActQu
   rotation (Sylvester order, ``/ sqrt(d)``, BF16), then e2m1 in blocks of 32 (scale
   ``2^ceil(log2(max(amax, 6 * 2^-126) / 6))``, nearest of the 16 codes, ties to the smaller magnitude), then BF16.
 * BF16 activations between the steps, where the engine rounds them (``coli_bf16_round_array``): every projection's
-  output, the norms' outputs, the hyper-connection states, the roped query / key / compressed entry, the attention's probabilities
-  (before the value product; the denominator sums them unrounded) and output, each routed expert's gate / up and
-  its activation times its routing weight (applied before ``w2``), the MoE sum with the shared expert.
+  output, the norms' outputs, the hyper-connection states, the roped query / key / compressed entry, the
+  attention's probabilities (before the value product; the denominator sums them unrounded) and output, each
+  routed expert's gate / up and its activation times its routing weight (applied before ``w2``), the MoE sum with
+  the shared expert.
 * Sums in index order: every RMS norm's mean square (the blocks' and the final norm, the query's low-rank and
   per-head norms, the KV and compressor norms; ``ordered_mean_square``) and the hyper-connections' mixes
   (``deepseek_v4_hc.reference_mixes``: ``ordered_mean_square`` and ``ordered_dot``) add their terms (each
