@@ -107,6 +107,9 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     runs = cases(base, endpoint, args.base_tree)
     walls: dict[str, list[float]] = {name: [] for name in runs}
     reference = None
+    for name, (source, env, extra) in runs.items():  # warm-up, not counted: numba's cache of each tree
+        if source == str(base / "repo") or name.endswith("base tree"):
+            convert_once(str(base / "repo"), base / "out", env, extra)
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     for run in range(args.runs):
         for name, (source, env, extra) in runs.items():
