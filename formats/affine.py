@@ -33,6 +33,8 @@ to even; ``q = 0`` where ``s == 0``), the nearest code to every weight for the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ml_dtypes
 import numpy as np
 
@@ -65,11 +67,11 @@ def bf16(x: np.ndarray) -> np.ndarray:
 
 
 def codes_of(w: np.ndarray, s: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
-    """``clip(rint(float32(w - b) / s), 0, top)`` per group (``w[N, n]``, ``s``, ``b`` ``[N]``), 0 where ``s == 0``;
-    int64."""
+    """``clip(rint(float32(w - b) / s), 0, top)`` per group (``w[N, n]``, ``s``, ``b`` ``[N]``), 0 where ``s`` is 0
+    or infinite (a range past float32's, which ``encode`` refuses); int64."""
     with np.errstate(all="ignore"):
         q = np.clip(np.rint((w - b[:, None]) / s[:, None]), 0, top(bits))
-    return np.where(s[:, None] > 0, q, 0).astype(np.int64)
+        return np.where(((s > 0) & np.isfinite(s))[:, None], q, 0).astype(np.int64)
 
 
 def squared_error(w: np.ndarray, s: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -129,6 +131,15 @@ def fit_groups(w: np.ndarray, bits: int, quantizer: str = RTN) -> tuple[np.ndarr
     return s.astype(F32), b.astype(F32), q
 
 
+class RangeOverflow(ValueError):
+    """A group's range (max - min) overflows float32 (or its BF16 scale does): no affine scale holds it. ``row``,
+    ``col``: the group's first weight."""
+
+    def __init__(self, row: int, col: int):
+        super().__init__(f"the group at [{row}, {col}] spans more than float32's range")
+        self.row, self.col = row, col
+
+
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
     """Codes ``[O, I]`` (0..top) -> the little-endian word bytes ``uint8 [O, I * bits / 8]``."""
     q = q.astype(np.uint8)
@@ -147,10 +158,16 @@ def unpack(codes: np.ndarray, O: int, I: int, bits: int) -> np.ndarray:
     return q
 
 
-def encode(w: np.ndarray, bits: int, gs: int, quantizer: str = RTN) -> tuple[np.ndarray, np.ndarray]:
-    """float32 ``w[O, I]`` (``I % gs == 0``) -> ``(codes uint8 [O, I * bits / 8], scalars BF16 [2, O, I / gs])``."""
+def encode(
+    w: np.ndarray, bits: int, gs: int, quantizer: str = RTN, fit: Callable | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``w[O, I]`` (``I % gs == 0``) -> ``(codes uint8 [O, I * bits / 8], scalars BF16 [2, O, I / gs])``;
+    ``fit``: the kernels' byte-identical ``fit_groups`` (``kernels/affine.py``), numpy's when None."""
     O, I = w.shape
-    s, b, q = fit_groups(np.ascontiguousarray(w, F32).reshape(O * (I // gs), gs), bits, quantizer)
+    s, b, q = (fit or fit_groups)(np.ascontiguousarray(w, F32).reshape(O * (I // gs), gs), bits, quantizer)
+    bad = np.flatnonzero(~np.isfinite(s))
+    if bad.size:
+        raise RangeOverflow(int(bad[0]) // (I // gs), int(bad[0]) % (I // gs) * gs)
     scalars = np.stack([s.reshape(O, I // gs), b.reshape(O, I // gs)]).astype(BF16)
     return pack(q.reshape(O, I), bits), scalars
 

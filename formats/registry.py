@@ -699,11 +699,16 @@ class _Affine:
         if gs not in AFFINE_GROUP_SIZES or I % gs:
             raise EncodeError.about(name or "?", f"{cls.label(gs)} needs I % {gs} == 0, got I = {I}",
                                     ResolveReason.NOT_ENCODABLE)  # fmt: skip
-        return super().encode(w, gs, name=name, fast=fast, quantizer=quantizer)
+        try:
+            return super().encode(w, gs, name=name, fast=fast, quantizer=quantizer)
+        except affine.RangeOverflow as exc:
+            raise EncodeError.about(name or "?", f"{cls.label(gs)}: {exc}", ResolveReason.NOT_ENCODABLE) from None
 
     @classmethod
     def _encode_reference(cls, w, gs, quantizer=RTN, search=None):
-        return affine.encode(w, cls.bits, gs, RTN if quantizer == RTN else quantizers.MSE)
+        """``search``: the kernels' affine fit (``kernels/affine.py``, ``_dispatch._mse_encode``), numpy's when
+        None."""
+        return affine.encode(w, cls.bits, gs, RTN if quantizer == RTN else quantizers.MSE, search)
 
     @classmethod
     def decode(cls, codes, scales, O, I, gs=None):

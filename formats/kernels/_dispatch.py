@@ -296,10 +296,10 @@ def _mse_encode(fmt_name: str, w: np.ndarray, gs: int | None, name: str, quantiz
     if _small(w.size):  # below SMALL_ELEMS the numpy search (same bytes)
         registry._check_finite(w, name)
         return cls._encode_reference(w, gs, quantizer)
-    from colitools.formats.kernels import mse
+    from colitools.formats.kernels import affine, mse
 
-    try:
-        return cls._encode_reference(w, gs, quantizer, mse.mse_groups)
+    try:  # the symmetric formats' scale search, or the affine formats' own fit (FORMATS §2.12)
+        return cls._encode_reference(w, gs, quantizer, mse.mse_groups if cls.pairs else affine.fit_groups)
     except mse.NonFiniteGroup:  # the kernel checks as it searches: the error names the first bad [o, i]
         registry._check_finite(w, name)
         raise

@@ -445,9 +445,16 @@ def _remove_dead_builds(dest: str) -> None:
 
 # ------------------------------------------------------------------------------------- formats' own set
 def _codec_modules() -> tuple[ModuleType, ...]:
-    from colitools.formats.kernels import _jit_decoders, _jit_encoders, _jit_mse, _jit_stats, _jit_threads
+    from colitools.formats.kernels import (
+        _jit_affine,
+        _jit_decoders,
+        _jit_encoders,
+        _jit_mse,
+        _jit_stats,
+        _jit_threads,
+    )
 
-    return _jit_encoders, _jit_decoders, _jit_threads, _jit_mse, _jit_stats
+    return _jit_encoders, _jit_decoders, _jit_threads, _jit_mse, _jit_stats, _jit_affine
 
 
 # The codecs (encode drivers, container and source decoders, FP8 dequant, planar64 reorder, the mse scale search,
@@ -455,5 +462,5 @@ def _codec_modules() -> tuple[ModuleType, ...]:
 # flag-cell indices of threads.
 CODECS = KernelSet(
     "codecs", __file__, _codec_modules,
-    constants=("threads.py", "../reference.py", "../registry.py", "../quantizers.py"),
+    constants=("threads.py", "../reference.py", "../registry.py", "../quantizers.py", "../affine.py"),
 )

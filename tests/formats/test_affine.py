@@ -179,3 +179,67 @@ def test_decode_is_float32_scale_times_code_plus_bias():
 def test_groups_must_be_whole_words():
     with pytest.raises(ValueError, match="multiple of 8"):
         affine.fit_groups(np.zeros((1, 12), np.float32), 4)
+
+
+# ------------------------------------------------------------------------------ the kernel (kernels/affine.py)
+def _groups(rng, kind: str) -> np.ndarray:
+    """Groups of 64 of one kind: Gaussian at several magnitudes, heavy tails, exact ties, constant groups,
+    float32 subnormals and values near float32's largest (a range that overflows to inf)."""
+    g = rng.standard_normal((48, 64))
+    if kind == "scales":
+        g *= 10.0 ** rng.integers(-30, 30, size=(48, 1))
+    elif kind == "tails":
+        g = rng.standard_t(2, size=(48, 64))
+    elif kind == "ties":
+        g = np.round(g * 8) / 4
+    elif kind == "constant":
+        g = np.repeat(rng.standard_normal((48, 1)), 64, axis=1)
+    elif kind == "subnormal":
+        g *= 1e-40
+    elif kind == "huge":
+        g = np.sign(g) * 3e38 * np.minimum(np.abs(g), 1)
+    return g.astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["scales", "tails", "ties", "constant", "subnormal", "huge"])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("quantizer", ["rtn", "mse"])
+def test_kernel_fit_is_byte_identical_to_numpy(kernel_drivers, kind, bits, quantizer):
+    from colitools.formats.kernels import affine as kernel
+
+    w = _groups(np.random.default_rng(hash((kind, bits)) % 2**32), kind)
+    want = affine.fit_groups(w, bits, quantizer)
+    got = kernel.fit_groups(w, bits, quantizer)
+    for a, b in zip(want, got, strict=True):
+        assert np.asarray(a).astype(np.float64).tobytes() == np.asarray(b).astype(np.float64).tobytes()
+    if kind == "huge":  # ranges past float32's: no affine scale holds them, and encoding says so
+        from colitools.formats.errors import EncodeError
+        from colitools.formats.registry import by_name
+
+        assert not np.isfinite(want[0]).all()
+        with pytest.raises(EncodeError, match=r"tensor t\.w: affine\d-g64: the group at \[\d+, 0\] spans more"):
+            by_name(f"affine{bits}").encode(w, 64, name="t.w", quantizer=quantizer)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_formats_fast_path_equals_the_reference_on_any_thread_count(kernel_drivers, threads, monkeypatch):
+    """``Format.encode(fast=True)`` of the affine formats (the kernel fit past the dispatcher's small-tensor
+    cut) against the numpy reference, and a NaN named by the tensor and its first position."""
+    from colitools.formats import kernels
+    from colitools.formats.errors import EncodeError
+    from colitools.formats.registry import by_name
+
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    kernels.set_threads(threads)
+    try:
+        w = np.random.default_rng(threads).standard_t(3, size=(96, 256)).astype(np.float32)
+        for name in ("affine4", "affine8"):
+            for q in ("rtn", "mse", "mse-positive"):
+                fast = by_name(name).encode(w, 64, fast=True, quantizer=q)
+                slow = by_name(name).encode(w, 64, fast=False, quantizer=q)
+                assert fast[0].tobytes() == slow[0].tobytes() and fast[1].tobytes() == slow[1].tobytes()
+        w[17, 200] = np.nan
+        with pytest.raises(EncodeError, match=r"tensor t\.w: non-finite value nan at \[17, 200\]"):
+            by_name("affine4").encode(w, 64, name="t.w", fast=True, quantizer="mse")
+    finally:
+        kernels.set_threads(None)

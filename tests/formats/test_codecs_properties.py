@@ -373,7 +373,7 @@ ALL_FORMATS = codec_cases("f32", group_sizes=(16,))  # every writable format, on
 @given(data=st.data())
 def test_non_finite_input_raises_naming_the_tensor_on_both_paths(fmt, gs, data):
     O = data.draw(st.integers(1, 4))
-    step = width_step(fmt)  # mxfp4: I % 32 == 0
+    step = width_step(fmt, gs)  # mxfp4: I % 32 == 0; an affine format: I % gs == 0
     I = data.draw(st.integers(1, 5 if step > 1 else 150)) * step
     w = np.ones((O, I), F32)
     o, i = data.draw(st.integers(0, O - 1)), data.draw(st.integers(0, I - 1))
@@ -394,7 +394,7 @@ def registry_encode(fmt: str, gs: int | None, w: np.ndarray, name: str, fast: bo
     if fmt == "int4-grouped":
         g = writer_group_size(w.shape[1], gs)
         return by_name("int4-row" if g is None else fmt).encode(w, g, name=name, fast=fast)
-    return by_name(fmt).encode(w, name=name, fast=fast)
+    return by_name(fmt).encode(w, gs, name=name, fast=fast)
 
 
 @pytest.mark.parametrize("bits", [0x7FC0, 0xFF80, 0x7F80, 0x7F81], ids=["nan", "-inf", "inf", "snan"])
@@ -437,7 +437,7 @@ SIZE_FORMATS = ALL_FORMATS + [(f, g) for f, g in codec_cases("f32", group_sizes=
 @settings(max_examples=25, deadline=None)
 @given(O=st.integers(1, 9), I=st.integers(1, 400))
 def test_output_sizes_match_the_registry_byte_table(fmt, gs, O, I):
-    step = width_step(fmt)
+    step = width_step(fmt, gs)
     I = step * ref.ceil_div(I, step)
     w = np.linspace(-1, 1, O * I, dtype=F32).reshape(O, I)
     F = by_name(fmt)

@@ -76,6 +76,7 @@ def test_writable_formats_are_exactly_those_colitools_encodes():
         "int8-row", "int4-row", "int2-row", "int4-grouped", "int3-g64", "mxfp4",
         "fp8-e4m3-e8m0",  # the numpy reference is its encoder (no kernel code)
         "fp8-e4m3-e8m0-t32", "fp8-e4m3-e8m0-r32",  # the same reference over 32x32 tiles / 1x32 row groups
+        "affine4", "affine8",  # MLX-affine (FORMATS §2.12): written only into a QPACK container
     }  # fmt: skip
     w = np.ones((2, 64), np.float32)
     for fmt in (Float, Fp8E4m3B128, E8Iq3Lattice):
@@ -152,9 +153,10 @@ def test_planar_eligibility_is_the_format_s(fmt, I, gs, ok):
 def test_one_layout_vocabulary_with_option_and_stored_spellings():
     from colitools.converters import recipe
 
-    assert [(lay.option, lay.stored) for lay in layouts.LAYOUTS] == [("pairs", "pairs"), ("planar", "planar64-v8")]
-    assert recipe.LAYOUTS == ("pairs", "planar") == layouts.OPTION_NAMES
-    assert resolver.LAYOUTS == ("pairs", "planar64-v8") == layouts.STORED_NAMES
+    assert [(lay.option, lay.stored) for lay in layouts.LAYOUTS] == [
+        ("pairs", "pairs"), ("planar", "planar64-v8"), ("qpack", "qpack-v1")]  # fmt: skip
+    assert recipe.LAYOUTS == ("pairs", "planar", "qpack") == layouts.OPTION_NAMES
+    assert resolver.LAYOUTS == ("pairs", "planar64-v8", "qpack-v1") == layouts.STORED_NAMES
     assert planar.PLANAR_LAYOUT == layouts.PLANAR.stored and resolver.PAIRS_LAYOUT == layouts.PAIRS.stored
 
 
