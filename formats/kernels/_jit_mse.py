@@ -227,10 +227,13 @@ def mse_group_rows(w, lo, hi, signed, targets, s_out, v_out, r0, r1):
     n = w.shape[1]
     flo, fhi = np.float32(lo), np.float32(hi)
     v0, v1 = np.empty(n, np.float32), np.empty(n, np.float32)
-    qw = np.empty(n, np.float32)
+    qw, row = np.empty(n, np.float32), np.empty(n, np.float32)
     isc, sums = np.empty(_BATCH, np.float32), np.empty(2 * _BATCH, np.float64)
     for r in range(r0, r1):
-        row = w[r]
+        # this thread's copy of the group: a view of ``w`` (and of its views) would count references on the
+        # array the other threads read, an atomic on a cache line the cores then pass back and forth
+        for k in range(n):
+            row[k] = w[r, k]
         amax, x, finite = _extreme(row)
         if not finite:
             return r
