@@ -45,7 +45,7 @@ import numpy as np
 from colitools.converters.manifest import Manifest
 from colitools.formats import names
 from colitools.formats.atomic import check_png_path
-from colitools.formats.error_stats import ErrorStats, tensor_error, total
+from colitools.formats.error_stats import ErrorStats, total
 from colitools.formats.errors import ColitoolsError, ManifestError, VerifyError
 from colitools.formats.filenames import MANIFEST_FILE
 from colitools.formats.inspect import incomplete_conversion, open_model
@@ -486,13 +486,11 @@ def _tensor_stats(job, w: OutputWeight, weights: OutputWeights, reader, block) -
     try:
         rows = _slab_rows(job, w, weights, block)
         if rows is None:
-            return tensor_error(_source_float32(job, reader, block), weights.decode(w))
+            return weights.error(w, _source_float32(job, reader, block))
         stats = ErrorStats()
         for r0 in range(0, job.O, rows):
             r1 = min(job.O, r0 + rows)
-            stats = stats + tensor_error(
-                _source_rows(job, reader, block, r0, r1), weights.decode(w, (r0, r1))
-            )
+            stats = stats + weights.error(w, _source_rows(job, reader, block, r0, r1), (r0, r1))
         return stats
     except ColitoolsError as exc:
         if job.out_name in str(exc):

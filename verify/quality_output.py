@@ -20,7 +20,7 @@ import numpy as np
 from colitools.formats import kernels, model_config, names, qpack, targets
 from colitools.formats.container import ResolvedTensor, resolve_container
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.error_stats import ErrorStats
+from colitools.formats.error_stats import ErrorStats, encoded_error, tensor_error
 from colitools.formats.errors import ConfigError, FormatError, VerifyError
 from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, MergedPart
 from colitools.formats.format_names import format_label
@@ -146,6 +146,27 @@ class OutputWeights:
         """The float32 values of ``w`` (rows ``[r0, r1)`` of a 2-D one: ``row_slabs`` says which may be cut)."""
         if w.qpack is not None:
             return w.qpack.decode()
+        stored = self.stored(w, rows)
+        if stored is not None:
+            return _decode(*stored)
+        t = w.tensor
+        shard = self.files[t.file]
+        if rows is None:
+            return shard.read(t.name).astype(np.float32)
+        row = shard.tensors[t.name].nbytes // t.shape[0]
+        raw = shard.read_range(shard.tensors[t.name].begin + rows[0] * row, (rows[1] - rows[0]) * row)
+        return raw.view(numpy_dtype(t.dtype)).astype(np.float32).reshape(rows[1] - rows[0], -1)
+
+    def error(self, w: OutputWeight, source: np.ndarray, rows: tuple[int, int] | None = None) -> ErrorStats:
+        """``tensor_error(source, self.decode(w, rows))``; a stored int8-row / int4 weight's codes decoded inside
+        the sums kernel (``error_stats.encoded_error``: the same figures, no float32 copy of the decoded values)."""
+        stored = self.stored(w, rows) if w.qpack is None else None
+        fused = encoded_error(source, *stored) if stored is not None else None
+        return fused if fused is not None else tensor_error(source, self.decode(w, rows))
+
+    def stored(self, w: OutputWeight, rows: tuple[int, int] | None = None) -> tuple | None:
+        """``(format name, codes, scales, O, I, gs)`` of a quantized ``w`` as stored (rows ``[r0, r1)`` of a 2-D
+        one; codes in pairs order), which ``_decode`` decodes; None for a float tensor (or a qpack one)."""
         t, part = w.tensor, w.part
         shard = self.files[t.file]
         info = shard.tensors[t.name]
@@ -157,16 +178,9 @@ class OutputWeights:
             scales = sshard.read_range(
                 sinfo.begin + 4 * part.scales[0], 4 * (part.scales[1] - part.scales[0])
             )
-            return _decode(
-                part.fmt, codes.reshape(part.O, -1), scales.view(np.float32), part.O, part.I, part.gs
-            )
+            return part.fmt, codes.reshape(part.O, -1), scales.view(np.float32), part.O, part.I, part.gs
         if t.kind == "float":
-            if rows is None:
-                return shard.read(t.name).astype(np.float32)
-            O = t.shape[0]
-            row = info.nbytes // O
-            raw = shard.read_range(info.begin + rows[0] * row, (rows[1] - rows[0]) * row)
-            return raw.view(numpy_dtype(t.dtype)).astype(np.float32).reshape(rows[1] - rows[0], -1)
+            return None
         O, I = t.logical_shape
         fmt = by_name(t.format.name)
         gs = t.format.group_size
@@ -181,7 +195,7 @@ class OutputWeights:
         scales = sshard.read_range(sinfo.begin + g0 * srow, (g1 - g0) * srow).view(fmt.scale_numpy)
         if t.layout == PLANAR_LAYOUT:
             codes = kernels.planar_to_pairs(codes)
-        return _decode(fmt.name, codes, scales, r1 - r0, I, gs)
+        return fmt.name, codes, scales, r1 - r0, I, gs
 
     def _scale(self, t: ResolvedTensor):
         for shard in self.model.shards:  # a scale lives beside its weight, almost always in the same file
