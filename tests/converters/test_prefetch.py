@@ -199,6 +199,13 @@ def test_a_low_disk_floor_holds_fewer_shards_ahead_and_the_dry_run_counts_them(h
     assert roomy_peak >= total + min(u["out_bytes"] for u in units)
     assert tight_peak <= tight - floor
     assert tight_peak < roomy_peak
+    # 1 MB above the floor (the free space as the floor reads it, diskfloor.FAKE_FREE_ENV): no shard fits ahead,
+    # the peak of a conversion without download ahead
+    free = tmp_path / "free"
+    free.write_text(str(floor + 1_000_000))
+    none = _run("org/ahead", tmp_path / "plan", "--dry-run", "--json", "--min-free-gb", "0.002",
+                env={"COLITOOLS_FAKE_FREE_BYTES_FILE": str(free)})  # fmt: skip
+    assert json.loads(none.stdout)["peak_disk_bytes"] == _peak_without_ahead(units, sizes)
 
 
 def _peak_without_ahead(units: list[dict], sizes: dict[str, int]) -> int:
