@@ -12,6 +12,8 @@
 3. With ``--base-python`` (the python of a checkout before convert recorded error figures, e.g. a worktree of an
    older commit with its own venv): the same rtn conversion by that checkout, interleaved, so the cost of
    recording each tensor's error in colitools.json is a measured difference (goal: a few percent).
+4. **The search kernel alone** (``kernels.mse_groups`` on one thread, this thread's CPU time, best of 7): ns per
+   weight on ``[2048, 2048]`` Gaussian weights as int4-g64 groups and as int4-row rows.
 """
 
 from __future__ import annotations
@@ -58,6 +60,29 @@ def rmse_table() -> list[str]:
             r = {m: rel_rmse(w, fmt, gs, m) for m in MODES}
             lines.append(f"| {dist} | {label} | {r['rtn']:.4f} | {r['mse']:.4f} | {r['mse-positive']:.4f} | "
                          f"{r['mse'] / r['rtn']:.3f} | {r['mse-positive'] / r['rtn']:.3f} |")  # fmt: skip
+    return lines
+
+
+def search_speed() -> list[str]:
+    import time
+
+    from colitools.formats.kernels import mse, set_threads
+
+    w = synthetic("gauss", (2048, 2048))
+    lines = ["| groups | signed | ns / weight (one thread) |", "|---|---|---|"]
+    set_threads(1)
+    try:
+        for label, groups in (("int4-g64", w.reshape(-1, 64)), ("int4-row", w)):
+            for signed in (True, False):
+                mse.mse_groups(groups, -8, 7, signed)
+                best = math.inf
+                for _ in range(7):
+                    t0 = time.thread_time()
+                    mse.mse_groups(groups, -8, 7, signed)
+                    best = min(best, time.thread_time() - t0)
+                lines.append(f"| {label} | {signed} | {best / w.size * 1e9:.2f} |")
+    finally:
+        set_threads(None)
     return lines
 
 
@@ -112,6 +137,8 @@ def main() -> None:
     ap.add_argument("--skip-convert", action="store_true", help="only the synthetic RMSE table")
     args = ap.parse_args()
     print("\n".join(rmse_table()))
+    print()
+    print("\n".join(search_speed()))
     if not args.skip_convert:
         args.workdir.mkdir(parents=True, exist_ok=True)
         print()
