@@ -274,6 +274,21 @@ def test_an_mse_kernel_encode_names_the_first_non_finite_value(fmt, bad, monkeyp
         by_name(fmt).encode(w, gs, name="t.w", fast=True, quantizer="mse")
 
 
+@pytest.mark.parametrize("fmt, gs", [("int8-row", None), ("int4-row", None), ("int2-row", None), ("int3-g64", None),
+                                     ("int4-grouped", 32)])  # fmt: skip
+def test_a_width_not_a_multiple_of_8_pads_groups_for_the_kernel_as_for_numpy(fmt, gs, monkeypatch):
+    """The reference zero-pads a group to a multiple of 8 before the search (a zero adds nothing to any sum); the
+    kernel's chunks and float32 estimates see the padded tail as numpy does: the same bytes."""
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    w = np.random.default_rng(4).standard_t(4, size=(37, 203)).astype(F32)
+    w[3, -5:] = 0.0
+    w[4, -1] = -40.0  # the extreme in the tail
+    for mode in ("mse", "mse-positive"):
+        fast = by_name(fmt).encode(w, gs, fast=True, quantizer=mode)
+        slow = by_name(fmt).encode(w, gs, fast=False, quantizer=mode)
+        assert fast[0].tobytes() == slow[0].tobytes() and fast[1].tobytes() == slow[1].tobytes()
+
+
 SOURCES = ["f32", "bf16", "f16", "fp8"]
 
 
