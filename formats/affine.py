@@ -131,13 +131,12 @@ def fit_groups(w: np.ndarray, bits: int, quantizer: str = RTN) -> tuple[np.ndarr
     return s.astype(F32), b.astype(F32), q
 
 
-class RangeOverflow(ValueError):
-    """A group's range (max - min) overflows float32 (or its BF16 scale does): no affine scale holds it. ``row``,
-    ``col``: the group's first weight."""
-
-    def __init__(self, row: int, col: int):
-        super().__init__(f"the group at [{row}, {col}] spans more than float32's range")
-        self.row, self.col = row, col
+def overflow(scalars: np.ndarray, gs: int) -> tuple[int, int] | None:
+    """``[row, col]`` of the first weight of the first group whose scale is infinite (its range passes float32's:
+    it would decode to NaN, so the encoders refuse it), or None."""
+    s = np.asarray(scalars).astype(F32)[0]
+    bad = np.argwhere(~np.isfinite(s))
+    return None if bad.size == 0 else (int(bad[0][0]), int(bad[0][1]) * gs)
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -165,9 +164,6 @@ def encode(
     ``fit``: the kernels' byte-identical ``fit_groups`` (``kernels/affine.py``), numpy's when None."""
     O, I = w.shape
     s, b, q = (fit or fit_groups)(np.ascontiguousarray(w, F32).reshape(O * (I // gs), gs), bits, quantizer)
-    bad = np.flatnonzero(~np.isfinite(s))
-    if bad.size:
-        raise RangeOverflow(int(bad[0]) // (I // gs), int(bad[0]) % (I // gs) * gs)
     scalars = np.stack([s.reshape(O, I // gs), b.reshape(O, I // gs)]).astype(BF16)
     return pack(q.reshape(O, I), bits), scalars
 

@@ -699,10 +699,12 @@ class _Affine:
         if gs not in AFFINE_GROUP_SIZES or I % gs:
             raise EncodeError.about(name or "?", f"{cls.label(gs)} needs I % {gs} == 0, got I = {I}",
                                     ResolveReason.NOT_ENCODABLE)  # fmt: skip
-        try:
-            return super().encode(w, gs, name=name, fast=fast, quantizer=quantizer)
-        except affine.RangeOverflow as exc:
-            raise EncodeError.about(name or "?", f"{cls.label(gs)}: {exc}", ResolveReason.NOT_ENCODABLE) from None
+        codes, scalars = super().encode(w, gs, name=name, fast=fast, quantizer=quantizer)
+        at = affine.overflow(scalars, gs)
+        if at is not None:
+            raise EncodeError.about(name or "?", f"{cls.label(gs)}: the group at [{at[0]}, {at[1]}] spans more than "
+                                    "float32's range", ResolveReason.NOT_ENCODABLE)  # fmt: skip
+        return codes, scalars
 
     @classmethod
     def _encode_reference(cls, w, gs, quantizer=RTN, search=None):

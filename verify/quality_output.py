@@ -119,7 +119,7 @@ class OutputWeights:
             for p in qpack.projections(model.path if model.path.is_dir() else model.path.parent):
                 self.parts[qpack.weight_name(p)] = OutputWeight(qpack.weight_name(p), None, qpack=p)
         except FormatError as exc:
-            raise VerifyError(str(exc)) from None
+            raise VerifyError(f"QPACK container: {exc}") from None
         self._spellings = [*FORMATS.values(), *targets.SPELLINGS]
 
     def stored_names(self, name: str) -> list[str]:

@@ -29,9 +29,11 @@ _TARGET_HELP = "Whose engine reads the output (colitools targets: each in full):
 _LAYOUT_HELP = (
     f"Expert layout: {_LAYOUTS}. planar writes the routed experts only to the experts-int4g64/ sidecar "
     "(int4 experts, hidden and expert width multiples of 64), read by colibri's qwen38 engine "
-    "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there "
-    "(every --target but qwen38 refuses planar). "
-    f"Default {layouts.PAIRS.option} (--target qwen38: planar)."
+    "(Q38_INT4_DIR); colibri's other engines read pairs experts from the main container and find none there, "
+    "so only the qwen38 target takes planar. qpack (the qwen36 target only) writes them as MLX-affine codes "
+    "(--experts affine4-g64, the default, or affine4/affine8-g32/64/128) into a QPACK v1 container beside the "
+    "snapshot, read by colibri's newer qwen36 engine (QWEN36_QPACK). "
+    f"Default {layouts.PAIRS.option} (the qwen38 target: planar)."
 )
 _QUANTIZER_HELP = (
     "How int8-row / int4 / int3-g64 / int2-row scales are chosen: rtn (amax / qmax, colibri's own converters' "

@@ -244,7 +244,7 @@ def _qpack_experts(folder: Path, family: str | None) -> dict[str, Stored]:
     try:
         found = qpack.projections(folder)
     except FormatError as exc:
-        raise RuntimeModelError(str(exc)) from None
+        raise RuntimeModelError(f"QPACK container: {exc}") from None
     out = {}
     for p in found:
         name = sanitize(qpack.weight_name(p), family)

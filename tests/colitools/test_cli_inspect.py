@@ -210,7 +210,7 @@ def test_formats_command_table_and_json():
     assert "ceil(O/128) * ceil(I/128) * 4" in lines["fp8-e4m3-b128"]
     assert "4.5" in lines["int4-grouped"] and "O * ceil(I/gs) * 4" in lines["int4-grouped"]
     rows = json.loads(run("formats", "--json").stdout)
-    assert [r["ord"] for r in rows] == [*range(10), 101, 102]  # DeepSeek-V4.1's FP8 grids: colibri's private block
+    assert [r["ord"] for r in rows] == [*range(10), 101, 102, 103, 104]  # DeepSeek-V4.1's FP8 grids: colibri's private block
     assert rows[9] == {
         "ord": 9, "name": "fp8-e4m3-e8m0", "bits_per_weight": rows[9]["bits_per_weight"], "weight_bytes": "O * I",
         "scale_bytes": "ceil(O/128) * ceil(I/128)", "scale_tensor": "<base>.scale F8_E8M0", "group_sizes": None,

@@ -39,6 +39,8 @@ VOCABULARY = {
     "fp8-e4m3-e8m0": ("fp8-e8m0", ("fp8-e8m0",)),
     "fp8-e4m3-e8m0-t32": ("fp8-e8m0-t32", ("fp8-e8m0-t32",)),
     "fp8-e4m3-e8m0-r32": ("fp8-e8m0-r32", ("fp8-e8m0-r32",)),
+    "affine4": ("affine4-g64", tuple(f"affine4-g{g}" for g in (32, 64, 128))),
+    "affine8": ("affine8-g64", tuple(f"affine8-g{g}" for g in (32, 64, 128))),
 }
 
 
