@@ -2,7 +2,7 @@
 to back, hashed as it goes (``DonorStream``); a new file's copied tensors put into its writer's sink from it
 (``Copying``, used by converters/unit_writer.py); a new file that is its donor byte for byte kept in place
 (``KeptFile``). Whatever the donor file holds is checked against its recorded sha256 before anything made from
-it is published: DonorChanged otherwise, and the unit is converted without it."""
+it is published: _DonorChanged otherwise, and the unit is converted without it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from colitools.formats.errors import ConvertError, SafetensorsError
 from colitools.formats.safetensors_io import read_header
 
 
-class DonorChanged(ConvertError):
+class _DonorChanged(ConvertError):
     """A donor file is not the bytes its record says (replaced, cut, edited): the unit is converted without it."""
 
 
@@ -39,7 +39,7 @@ class FileCopy:
 
 class DonorStream:
     """A donor file read once, front to back, hashed as it goes: ``take`` returns an entry's bytes (a later one
-    than the last taken), ``verify`` reads the rest and raises DonorChanged unless the file is its record's."""
+    than the last taken), ``verify`` reads the rest and raises _DonorChanged unless the file is its record's."""
 
     CHUNK = 8 << 20
 
@@ -50,7 +50,7 @@ class DonorStream:
             self.tensors = read_header(self.path).tensors
             self._f = open(self.path, "rb", buffering=0)  # noqa: SIM115 - closed by ``close``
         except (OSError, SafetensorsError) as exc:
-            raise DonorChanged(f"{self.path}: donor file unreadable ({exc})") from None
+            raise _DonorChanged(f"{self.path}: donor file unreadable ({exc})") from None
         self._digest = hashlib.sha256()
         self._pos = 0
 
@@ -60,7 +60,7 @@ class DonorStream:
         while got < n:
             k = self._f.readinto(view[got:])
             if not k:
-                raise DonorChanged(f"{self.path}: donor file shorter than recorded")
+                raise _DonorChanged(f"{self.path}: donor file shorter than recorded")
             got += k
         self._digest.update(buf)
         self._pos += n
@@ -73,7 +73,7 @@ class DonorStream:
     def _info(self, name: str, dtype: str, shape: tuple[int, ...]):
         info = self.tensors.get(name)
         if info is None or info.dtype != dtype or tuple(info.shape) != tuple(shape) or info.begin < self._pos:
-            raise DonorChanged(f"{self.path}: donor file does not hold {name} as planned")
+            raise _DonorChanged(f"{self.path}: donor file does not hold {name} as planned")
         self._skip_to(info.begin)
         return info
 
@@ -92,7 +92,7 @@ class DonorStream:
     def verify(self) -> None:
         self._skip_to(self.copy.size)
         if self._f.read(1) or self._digest.hexdigest() != self.copy.sha256:
-            raise DonorChanged(f"{self.path}: donor file changed since it was recorded (sha256)")
+            raise _DonorChanged(f"{self.path}: donor file changed since it was recorded (sha256)")
 
     def close(self) -> None:
         self._f.close()
@@ -165,7 +165,7 @@ class Copying:
 
 class KeptFile:
     """A new file that is its donor file byte for byte (``FileCopy.keep``): left in place, read once to check
-    its sha256 (DonorChanged otherwise); stands for the file's sink in the unit writer (``result``, ``abort``)."""
+    its sha256 (_DonorChanged otherwise); stands for the file's sink in the unit writer (``result``, ``abort``)."""
 
     def __init__(self, outdir: Path, copy: FileCopy, out: OutputFile, errors: dict, on_tensor):
         stream = DonorStream(outdir, copy)

@@ -38,10 +38,10 @@ from typing import Any
 
 import colitools
 from colitools.converters.donor_copy import Copying as Copying  # re-exported: the unit writer's names
-from colitools.converters.donor_copy import DonorChanged as DonorChanged
 from colitools.converters.donor_copy import DonorStream as DonorStream
 from colitools.converters.donor_copy import FileCopy
 from colitools.converters.donor_copy import KeptFile as KeptFile
+from colitools.converters.donor_copy import _DonorChanged as _DonorChanged
 from colitools.converters.planner import ConversionPlan, OutputFile, OutputGroup, TensorJob, Unit
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import write_json_atomic

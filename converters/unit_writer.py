@@ -874,7 +874,7 @@ def start_unit(
     if donor:
         try:
             return _start_unit(unit, shard_paths, Path(outdir), block, on_tensor, donor)
-        except reuse.DonorChanged:
+        except reuse._DonorChanged:
             pass
     return _start_unit(unit, shard_paths, Path(outdir), block, on_tensor, None)
 
@@ -890,7 +890,7 @@ def _start_unit(unit: Unit, shard_paths: Mapping[str, Path], outdir: Path, block
         for f in unit.files:
             if (c := (donor or {}).get(f.name)) is not None:
                 copies[f.name] = reuse.Copying(outdir, c, f)
-    except reuse.DonorChanged:
+    except reuse._DonorChanged:
         for c in copies.values():
             c.close()
         raise

@@ -300,7 +300,7 @@ def _mse_encode(fmt_name: str, w: np.ndarray, gs: int | None, name: str, quantiz
 
     try:  # the symmetric formats' scale search, or the affine formats' own fit (FORMATS §2.12)
         return cls._encode_reference(w, gs, quantizer, mse.mse_groups if cls.pairs else affine.fit_groups)
-    except mse.NonFiniteGroup:  # the kernel checks as it searches: the error names the first bad [o, i]
+    except mse._NonFiniteGroup:  # the kernel checks as it searches: the error names the first bad [o, i]
         registry._check_finite(w, name)
         raise
 

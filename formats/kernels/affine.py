@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from colitools.formats import affine
-from colitools.formats.kernels.mse import NonFiniteGroup
+from colitools.formats.kernels.mse import _NonFiniteGroup
 
 
 def fit_groups(w: np.ndarray, bits: int, quantizer: str = affine.RTN) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``affine.fit_groups`` on the kernel: float32 groups ``w[N, n]`` (``n % 8 == 0``); NonFiniteGroup when one
+    """``affine.fit_groups`` on the kernel: float32 groups ``w[N, n]`` (``n % 8 == 0``); _NonFiniteGroup when one
     holds a NaN or an infinity."""
     from colitools.formats.kernels import aot
 
@@ -25,5 +25,5 @@ def fit_groups(w: np.ndarray, bits: int, quantizer: str = affine.RTN) -> tuple[n
     args = (w, affine.top(bits), quantizer != affine.RTN, numerators, s, b, q)
     bad = aot.CODECS.run("affine_group_rows", args, N, n)
     if bad >= 0:
-        raise NonFiniteGroup(f"group {bad} holds a NaN or an infinity")
+        raise _NonFiniteGroup(f"group {bad} holds a NaN or an infinity")
     return s, b, q

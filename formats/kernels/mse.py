@@ -9,13 +9,13 @@ import numpy as np
 from colitools.formats import quantizers
 
 
-class NonFiniteGroup(ValueError):
+class _NonFiniteGroup(ValueError):
     """A group holds a NaN or an infinity (``_dispatch._mse_encode`` then names the tensor and the first bad
     ``[o, i]``, as every encoder does)."""
 
 
 def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (``n % 8 == 0``); NonFiniteGroup when
+    """``quantizers.mse_groups`` on the kernel: float32 groups ``w[N, n]`` (``n % 8 == 0``); _NonFiniteGroup when
     one holds a NaN or an infinity (the kernel checks as it finds each group's extreme)."""
     from colitools.formats.kernels import aot
 
@@ -28,5 +28,5 @@ def mse_groups(w: np.ndarray, lo: int, hi: int, signed: bool) -> tuple[np.ndarra
     targets = quantizers.candidate_targets(lo, hi)
     bad = aot.CODECS.run("mse_group_rows", (w, lo, hi, bool(signed), targets, s, v), N, n)
     if bad >= 0:
-        raise NonFiniteGroup(f"group {bad} holds a NaN or an infinity")
+        raise _NonFiniteGroup(f"group {bad} holds a NaN or an infinity")
     return s, v
