@@ -15,6 +15,7 @@ from colitools.converters.recipe import Budget, ExpertsChoice, Recipe, Role, cho
 from colitools.formats import targets
 from colitools.formats.errors import ConvertError, ParameterError
 from colitools.formats.format_names import option_group_size, role_formats_line
+from colitools.formats.layouts import QPACK
 
 if TYPE_CHECKING:
     from colitools.converters.inventory import Inventory
@@ -109,6 +110,11 @@ class ConvertOptions:
             self.experts, self.dense, self.embed, self.mtp, self.group_size, self.layout, self.towers, self.target,
             self.quantizer, self.experts_down,
         )
+        if self.part is not None and recipe.layout == QPACK.option:  # before any work
+            raise ParameterError(
+                "`part` with `layout=qpack`: merge does not write a QPACK container's manifest yet; convert it on "
+                "one machine"
+            )
         budget = self.budget()
         if budget is not None:
             recipe = replace(recipe, budget=budget)

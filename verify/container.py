@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from colitools.converters.manifest import MANIFEST_FILE, Manifest, ManifestError
+from colitools.formats import qpack
 from colitools.formats.container import resolve_container
 from colitools.formats.digest import sha256_file
 from colitools.formats.errors import ColitoolsError, FormatError
@@ -83,6 +84,8 @@ def verify_container(
             raise  # one file, or nothing at all: nothing else can be checked
         model = _open_each_shard(root, report, broken, exc)
     side = _check_sidecar(root, report) if root.is_dir() else []
+    if root.is_dir() and (root / qpack.MANIFEST).is_file():  # --layout qpack: what colibri's qpack.c checks
+        report.problems.extend(f"{root}: QPACK container: {p}" for p in qpack.check(root))
     shards = model.shards + side
     report.shards = len(shards)
     report.warnings.extend(model.warnings)

@@ -182,3 +182,18 @@ def test_verify_quality_reads_the_container_and_recomputes_the_recorded_figures(
     assert len(experts) == 3 * c["num_experts"] * c["num_hidden_layers"]
     assert {t.format for t in experts} == {"affine4-g32"}
     assert all(0 < t.stats.sse < t.stats.ssw for t in experts)
+
+
+def test_verify_container_runs_the_engines_qpack_checks_and_part_is_refused(outputs, tmp_path):
+    from colitools.verify.container import verify_container
+
+    out = tmp_path / "copy"
+    shutil.copytree(outputs["rtn"], out)
+    manifest = json.loads((out / qpack.MANIFEST).read_text())
+    (out / qpack.MANIFEST).write_text(json.dumps({**manifest, "quantGroupSize": 32}))
+    report = verify_container(out)
+    assert not report.ok and any("QPACK container" in p and "disagrees with the packed shapes" in p
+                                 for p in report.problems)  # fmt: skip
+    with pytest.raises(ColitoolsError, match="`part` with `layout=qpack`"):
+        _convert(tmp_path / "part", target="qwen36", layout="qpack", part="1/2")
+    assert not (tmp_path / "part").exists()
