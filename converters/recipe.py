@@ -393,12 +393,7 @@ class Recipe:
                     value = f"{QPACK_EXPERTS}{group_size or DEFAULT_GROUP_SIZE}"
                 elif group_size is not None and value.startswith("int4-g"):
                     value = f"int4-g{group_size}"
-            try:
-                choice = parse_format_option(value)
-            except FormatError as exc:
-                raise ParameterError(f"`{option}`: {exc}") from None
-            if group_size is not None and choice.gs is not None and choice.gs != group_size:
-                raise ConvertError(f"`{option}={value}` contradicts `group_size={group_size}`")
+            choice = _parsed(option, value, group_size)
             if not _check_qpack(option, value, choice, qpack):
                 tgt.check_option(option, value)
             values[option] = value
@@ -406,12 +401,7 @@ class Recipe:
         if quantizer not in QUANTIZERS:
             raise ParameterError(f"`quantizer={quantizer!r}`: choose one of {', '.join(QUANTIZERS)}")
         if experts_down is not None:
-            try:
-                choice = parse_format_option(experts_down)
-            except FormatError as exc:
-                raise ParameterError(f"`experts_down`: {exc}") from None
-            if group_size is not None and choice.gs is not None and choice.gs != group_size:
-                raise ConvertError(f"`experts_down={experts_down}` contradicts `group_size={group_size}`")
+            choice = _parsed("experts_down", experts_down, group_size)
             if qpack or not choice.fmt or not choice.fmt.pairs:
                 raise ParameterError(f"`experts_down={experts_down}`: a QPACK container holds one affine format")
             tgt.check_option("experts_down", experts_down)
@@ -483,6 +473,18 @@ class Recipe:
             if before != now:
                 out.append(f"`{key}={before}` (recorded) vs {now} (now)")
         return out
+
+
+def _parsed(option: str, value: str, group_size: int | None) -> FormatChoice:
+    """``option=value`` parsed (ParameterError for an unknown format), its group size checked against
+    ``group_size`` (ConvertError for a contradiction)."""
+    try:
+        choice = parse_format_option(value)
+    except FormatError as exc:
+        raise ParameterError(f"`{option}`: {exc}") from None
+    if group_size is not None and choice.gs is not None and choice.gs != group_size:
+        raise ConvertError(f"`{option}={value}` contradicts `group_size={group_size}`")
+    return choice
 
 
 QPACK_EXPERTS = "affine4-g"  # --layout qpack's default experts: affine4-g{group size} (MLX's and Swiftlet's)
