@@ -20,7 +20,9 @@ runner asks ``paths(index, unit)`` for a unit's shards and waits only for those 
 * The small files the output copies (tokenizer, generation config) come last, while the last unit converts;
   the runner waits for them (``wait_all``) before it writes the output's files.
 
-Local folders (and shards in the Hugging Face cache) are not downloaded; the runner reads them as before.
+Local folders and offline Hub sources (``HF_HUB_OFFLINE``) have nothing to download: no thread, the runner reads
+them as before. Online, a shard already in the Hugging Face cache is checked (hashed) by the thread in its turn,
+ahead of its unit.
 """
 
 from __future__ import annotations
@@ -164,8 +166,12 @@ class ShardPrefetch:
 
 def start_prefetch(src: Source, pending: Sequence[Unit], floor: DiskFloor, workers: int,
                    bar: Callable[[int, str], Any]) -> ShardPrefetch | None:  # fmt: skip
-    """The download ahead of a Hub source's shards, started (None for a local folder: nothing to download)."""
-    return ShardPrefetch(src, pending, floor, workers, bar).start() if src.is_remote else None
+    """The download ahead of a Hub source's shards, started (None for a local folder or an offline Hub source,
+    ``HF_HUB_OFFLINE``: nothing to download; the runner reads them, and checks the Hugging Face cache ahead, as
+    before)."""
+    if not src.is_remote or getattr(src, "offline", False):
+        return None
+    return ShardPrefetch(src, pending, floor, workers, bar).start()
 
 
 def peak_disk_ahead(plan: ConversionPlan, transient: Sequence[str], kept: Sequence[str], options: ConvertOptions,
