@@ -164,13 +164,26 @@ class ShardPrefetch:
                 self.cond.notify_all()
 
 
+class NoPrefetch:
+    """What the runner holds when there is nothing to download ahead: it reads every shard itself."""
+
+    def paths(self, unit: Unit) -> dict[str, Path]:
+        return {}
+
+    def wait_all(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def start_prefetch(src: Source, pending: Sequence[Unit], floor: DiskFloor, workers: int,
-                   bar: Callable[[int, str], Any]) -> ShardPrefetch | None:  # fmt: skip
-    """The download ahead of a Hub source's shards, started (None for a local folder or an offline Hub source,
-    ``HF_HUB_OFFLINE``: nothing to download; the runner reads them, and checks the Hugging Face cache ahead, as
-    before)."""
+                   bar: Callable[[int, str], Any]) -> ShardPrefetch | NoPrefetch:  # fmt: skip
+    """The download ahead of a Hub source's shards, started (``NoPrefetch`` for a local folder or an offline Hub
+    source, ``HF_HUB_OFFLINE``: nothing to download; the runner reads them, and checks the Hugging Face cache
+    ahead, as before)."""
     if not src.is_remote or getattr(src, "offline", False):
-        return None
+        return NoPrefetch()
     return ShardPrefetch(src, pending, floor, workers, bar).start()
 
 

@@ -383,8 +383,9 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
     bar = _bar(options, sum(u.in_bytes for u in pending), "convert")
     slow_unit = float(os.environ.get(SLOW_UNIT_ENV) or 0)
     after = {u.key: n.shards for u, n in zip(pending, pending[1:], strict=False)}  # the next unit's shards
-    # a Hub source: the shards of the next units download while this one converts (prefetch.py)
-    ahead = start_prefetch(src, pending, floor, options.workers, lambda n, what: _bar(options, n, what, leave=False))
+    ahead = start_prefetch(
+        src, pending, floor, options.workers, lambda n, what: _bar(options, n, what, leave=False)
+    )
 
     def prepare(unit: Unit, writing: int = 0, drain: Callable[[], None] | None = None) -> dict[str, Path]:
         # ``writing``: bytes of units still being written in the background, not yet visible as used space.
@@ -394,7 +395,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
             drain()
             writing = 0
         floor.ensure(unit.out_bytes + writing, f"unit {unit.key}")
-        paths = ahead.paths(unit) if ahead is not None else {}
+        paths = ahead.paths(unit)  # a Hub source's (downloaded ahead); a local folder's: below
         for shard in (s for s in unit.shards if s not in paths):
             floor.downloading = shard
             local = src.local_copy(shard)  # a local folder or the HF cache: nothing to download, no bar
@@ -428,8 +429,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
         outputs: list[Future] = []
 
         def all_encoded() -> None:
-            if ahead is not None:
-                ahead.wait_all()  # the copied files, downloaded while the last unit converted
+            ahead.wait_all()  # the copied files, downloaded while the last unit converted
             outputs.append(side.submit(_write_outputs, src, plan, out))
 
         try:
@@ -437,12 +437,10 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
                 _run_serial(pending, prepare, finished, out, block, bar, slow_unit, all_encoded, donor)
             else:
                 _run_parallel(pending, prepare, finished, out, block, options.workers, bar, on_kernels, donor)
-                if ahead is not None:
-                    ahead.wait_all()  # the copied files, before ``_write_outputs`` reads them
+                ahead.wait_all()  # the copied files, before ``_write_outputs`` reads them
         finally:
             bar.close()
-            if ahead is not None:
-                ahead.close()
+            ahead.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
 
