@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from colitools.converters.sources import Source
 if TYPE_CHECKING:
     from colitools.converters.options import ConvertOptions
 
+BAR_BYTES = 1 << 20  # files this large or larger get a progress bar
 POLL_SECONDS = 0.25  # how often a held-back shard looks at the free space again (and a waiter at the thread)
 
 
@@ -56,7 +58,8 @@ class _CancellableProgress:
     def update(self, n: int | float = 1) -> None:
         if self.stopping.is_set():
             raise _Cancelled
-        self.bar.update(n)
+        if self.bar is not None:
+            self.bar.update(n)
 
 
 def download_order(units: Sequence[Unit]) -> list[tuple[str, int]]:
@@ -148,7 +151,9 @@ class ShardPrefetch:
                 path = self.src.local_copy(shard)  # downloaded by an earlier run, or the HF cache
                 if path is None:
                     self.floor.downloading = shard
-                    with self.bar(self.sizes[shard], f"download {shard}") as bar:
+                    size = self.sizes[shard]  # a small file (tokenizer, generation config) gets no bar
+                    bar_or_none = self.bar(size, f"download {shard}") if size >= BAR_BYTES else nullcontext()
+                    with bar_or_none as bar:
                         path = self.src.ensure_local(shard, progress=_CancellableProgress(bar, self.stopping))
                 with self.cond:
                     self.ready[shard] = path
