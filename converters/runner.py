@@ -357,24 +357,10 @@ class _NoBar:
 def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floor: DiskFloor,
          summary: ConvertSummary) -> None:  # fmt: skip
     plan, identities = planned.plan, planned.identities
-    ledger, state = Ledger.open(out, plan, src.describe(), identities, options.replace)
-    donor = reuse.Donor.open(out, plan, identities)  # --replace: the previous output's tensors to copy
-    mine = _mine(plan, options)
-    if options.part is not None:
-        parts.start(ledger.data, options.part, mine)
-        ledger.save()
-    if not planned.recorded:
-        with _gc_paused():
-            plan_record.record(out, plan, planned.key)
-    summary.units_skipped = len(state.finished)
-    summary.units_redone = state.dropped
-    summary.redo_reasons = state.reasons
-    summary.sources_rechecked = state.rechecked
+    ledger, state, donor, mine = _open_run(src, planned, out, options)
+    _note_resume(summary, state)
     pending = [u for u in mine if not ledger.is_finished(u.key)]
-    needed = Counter(s for u in pending for s in u.shards)
-    for shard in plan.inventory.shards:  # leftovers of an earlier run that no pending unit reads
-        if not needed[shard]:
-            _release(src, shard, options)
+    needed = _release_unread(src, plan, pending, options)
     streamer = _stream_uploader(out, ledger, options)  # --stream-upload: an earlier run's units are sent first
     serial = options.workers == 1 or len(pending) <= 1
     block = plan.inventory.fp8.block if plan.inventory.fp8 else None
@@ -395,15 +381,7 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
             drain()
             writing = 0
         floor.ensure(unit.out_bytes + writing, f"unit {unit.key}")
-        paths = ahead.paths(unit)  # a Hub source's (downloaded ahead); a local folder's: below
-        for shard in (s for s in unit.shards if s not in paths):
-            floor.downloading = shard
-            local = src.local_copy(shard)  # a local folder or the HF cache: nothing to download, no bar
-            if local is not None:
-                paths[shard] = local
-                continue
-            with _bar(options, src.files()[shard].size, f"download {shard}", leave=False) as dbar:
-                paths[shard] = src.ensure_local(shard, progress=dbar)
+        paths = _shard_paths(src, unit, ahead, floor, options)
         src.check_ahead(after.get(unit.key, ()))  # the Hugging Face cache check, while this unit converts
         if streamer is not None and serial and drain is not None:
             drain()  # the unit before is uploaded and deleted before this one writes (stream_upload.py)
@@ -443,6 +421,54 @@ def _run(src: Source, planned: Planned, out: Path, options: ConvertOptions, floo
             ahead.close()
         copied = outputs[0].result() if outputs else _write_outputs(src, plan, out)
     _finalize(src, plan, out, ledger, options, summary, copied, identities)
+
+
+def _open_run(src: Source, planned: Planned, out: Path, options: ConvertOptions):
+    """``(ledger, its resume state, the --replace donor, this run's units)``: the ledger opened (``--part``: its
+    share recorded), the plan recorded for the next run's planning."""
+    plan, identities = planned.plan, planned.identities
+    ledger, state = Ledger.open(out, plan, src.describe(), identities, options.replace)
+    donor = reuse.Donor.open(out, plan, identities)  # --replace: the previous output's tensors to copy
+    mine = _mine(plan, options)
+    if options.part is not None:
+        parts.start(ledger.data, options.part, mine)
+        ledger.save()
+    if not planned.recorded:
+        with _gc_paused():
+            plan_record.record(out, plan, planned.key)
+    return ledger, state, donor, mine
+
+
+def _note_resume(summary: ConvertSummary, state) -> None:
+    """What the ledger kept and redid of an earlier run, for the summary."""
+    summary.units_skipped = len(state.finished)
+    summary.units_redone = state.dropped
+    summary.redo_reasons = state.reasons
+    summary.sources_rechecked = state.rechecked
+
+
+def _release_unread(src: Source, plan: ConversionPlan, pending: list[Unit], options: ConvertOptions) -> Counter:
+    """How many pending units read each shard; the leftovers of an earlier run that none reads released."""
+    needed = Counter(s for u in pending for s in u.shards)
+    for shard in plan.inventory.shards:
+        if not needed[shard]:
+            _release(src, shard, options)
+    return needed
+
+
+def _shard_paths(src: Source, unit: Unit, ahead, floor: DiskFloor, options: ConvertOptions) -> dict[str, Path]:
+    """``unit``'s source shards on disk: a Hub source's downloaded ahead (``prefetch``), a local folder's or the
+    Hugging Face cache's (nothing to download, no bar), else downloaded now."""
+    paths = ahead.paths(unit)
+    for shard in (s for s in unit.shards if s not in paths):
+        floor.downloading = shard
+        local = src.local_copy(shard)
+        if local is not None:
+            paths[shard] = local
+            continue
+        with _bar(options, src.files()[shard].size, f"download {shard}", leave=False) as dbar:
+            paths[shard] = src.ensure_local(shard, progress=dbar)
+    return paths
 
 
 def _stream_uploader(out: Path, ledger: Ledger, options: ConvertOptions):
