@@ -160,7 +160,8 @@ def convert_command(
     from colitools.converters.runner import convert
 
     options = ConvertOptions(
-        experts=experts, dense=dense, embed=embed, mtp=mtp, experts_down=experts_down, group_size=group_size, layout=layout, towers=towers,
+        experts=experts, dense=dense, embed=embed, mtp=mtp, experts_down=experts_down, group_size=group_size,
+        layout=layout, towers=towers,
         target=target if target is not None else targets_default, quantizer=quantizer,
         target_size=target_size, target_bpw=target_bpw, usage=usage,
         min_free_gb=min_free_gb, on_low_disk=on_low_disk, keep_source=keep_source, workers=workers, replace=replace,
@@ -169,16 +170,21 @@ def convert_command(
     )  # fmt: skip
     if upload_repo is not None and part is not None:  # before any work
         raise ParameterError("`upload_repo` uploads a whole output: merge the parts, then `colitools upload`")
-    summary = convert(source, outdir, options)
+    _report(convert(source, outdir, options), options, outdir, as_json=as_json)
+
+
+def _report(summary, options, outdir: str, *, as_json: bool) -> None:
+    """The summary's warnings, then the summary (and what was streamed), or the upload after the conversion."""
     for warning in summary.warnings:
         output.warn(warning)
-    if upload_repo is None or dry_run or stream_upload:
+    if options.upload_repo is None or options.dry_run or options.stream_upload:
         from colitools.converters.publish import report_line
 
         uploaded = [report_line(summary.upload)] if summary.upload else []
         output.emit(as_json, summary.to_dict, [*summary.text().splitlines(), *uploaded])
         return
-    _upload_after(summary, outdir, upload_repo, token=token, as_json=as_json, progress=progress)
+    _upload_after(summary, outdir, options.upload_repo, token=options.token, as_json=as_json,
+                  progress=options.progress)  # fmt: skip
 
 
 def _one_blas_thread() -> None:

@@ -65,19 +65,7 @@ def qwen36_meta(
     }
     full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
     if full:
-        base = f"model.layers.{full[0]}.self_attn"
-        n_q, n_kv = int(mcfg["num_attention_heads"]), int(mcfg["num_key_value_heads"])
-        meta["q_heads"], meta["kv_heads"] = n_q, n_kv
-        for key, proj, heads in (("q_head_dim", "q_proj", n_q), ("k_head_dim", "k_proj", n_kv),
-                                 ("v_head_dim", "v_proj", n_kv)):  # fmt: skip
-            if f"{base}.{proj}.weight" in shapes:
-                meta[key] = int(shapes[f"{base}.{proj}.weight"][0]) // heads
-        if f"{base}.o_proj.weight" in shapes:
-            meta["o_in"] = int(shapes[f"{base}.o_proj.weight"][1])
-        if f"{base}.q_norm.weight" in shapes:
-            meta["qk_rope_head_dim"] = int(shapes[f"{base}.q_norm.weight"][0])
-        meta["head_dim"] = meta.get("k_head_dim", meta.get("q_head_dim", 256))
-        meta["rope_dim"] = meta.get("qk_rope_head_dim", meta["head_dim"] // 4)
+        meta.update(_head_dims(mcfg, shapes, f"model.layers.{full[0]}.self_attn"))
     meta[META_GROUP_SIZE] = int(group_size or 0)  # 0 = per-row scales; > 0 = group size along the input
     if down == INT8_ROW:  # the mixed slab: int4 gate/up, int8-row down (row scales)
         meta["expert_down_bits"], meta["expert_down_gs"] = 8, 0
@@ -92,6 +80,24 @@ def qwen36_meta(
         meta[key] = int(mcfg.get(name, mcfg.get(alias, 0)))
     meta["dn_conv_dim"] = meta["dn_kheads"] * meta["dn_kdim"] * 2 + meta["dn_vheads"] * meta["dn_vdim"]
     return meta
+
+
+def _head_dims(mcfg: dict[str, Any], shapes: dict[str, tuple[int, ...]], base: str) -> dict[str, Any]:
+    """The attention keys of ``qwen36_meta.json`` from the first full-attention layer's weights (``base``: its
+    ``self_attn``), as the converter takes them."""
+    n_q, n_kv = int(mcfg["num_attention_heads"]), int(mcfg["num_key_value_heads"])
+    out: dict[str, Any] = {"q_heads": n_q, "kv_heads": n_kv}
+    for key, proj, heads in (("q_head_dim", "q_proj", n_q), ("k_head_dim", "k_proj", n_kv),
+                             ("v_head_dim", "v_proj", n_kv)):  # fmt: skip
+        if f"{base}.{proj}.weight" in shapes:
+            out[key] = int(shapes[f"{base}.{proj}.weight"][0]) // heads
+    if f"{base}.o_proj.weight" in shapes:
+        out["o_in"] = int(shapes[f"{base}.o_proj.weight"][1])
+    if f"{base}.q_norm.weight" in shapes:
+        out["qk_rope_head_dim"] = int(shapes[f"{base}.q_norm.weight"][0])
+    out["head_dim"] = out.get("k_head_dim", out.get("q_head_dim", 256))
+    out["rope_dim"] = out.get("qk_rope_head_dim", out["head_dim"] // 4)
+    return out
 
 
 TARGET = Target(
