@@ -27,6 +27,12 @@ def run_cli(
     )
 
 
+def colitools(*args: str | os.PathLike[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``run_cli`` with extra environment variables as keywords: ``colitools("convert", src, out,
+    HF_HUB_OFFLINE="1")``."""
+    return run_cli(*args, env=env)
+
+
 def one_line_error(result: subprocess.CompletedProcess[str], *words: str, code: int | None = None) -> str:
     """The refusal is exactly one ``colitools: error:`` line containing ``words``, no traceback, and the exit
     code ``code`` (any non-zero code when None); returns the line."""

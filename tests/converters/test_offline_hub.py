@@ -7,7 +7,6 @@ Real processes (the console script), the real huggingface_hub client filling the
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -16,23 +15,11 @@ import pytest
 from convcheck import snapshot
 from tinyckpt import Tiny, make_checkpoint
 
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+from cli_helpers import colitools, one_line_error  # noqa: E402
+
 UNREACHABLE = "http://nonexistent.invalid"
 SPEC = Tiny(layers=2, experts=2, hidden=128, inter=64, shards=3)
-
-
-def colitools(*args, **env: str) -> subprocess.CompletedProcess[str]:
-    """The console script with the test's environment (the ``hub`` fixture's HF_* variables) plus ``env``."""
-    full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **env}
-    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=300, env=full)
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("colitools: error: "), result.stderr
-    return lines[0]
 
 
 @pytest.fixture
@@ -80,7 +67,7 @@ def test_offline_convert_names_the_first_file_missing_from_the_cache(hub, cached
         HF_ENDPOINT=UNREACHABLE,
     )
     assert result.returncode == 1
-    line = one_error_line(result)
+    line = one_line_error(result)
     assert missing in line and "HF_HUB_OFFLINE" in line and "cache" in line, line
 
 
@@ -91,14 +78,14 @@ def test_offline_convert_of_an_uncached_repo_or_revision_is_one_line(hub, cached
     ):
         result = colitools("convert", *args, tmp_path / "out", HF_HUB_OFFLINE="1", HF_ENDPOINT=UNREACHABLE)
         assert result.returncode == 1
-        line = one_error_line(result)
+        line = one_line_error(result)
         assert all(w in line for w in words), line
 
 
 def test_unresolvable_hub_host_fails_with_one_line(hub, tmp_path):
     result = colitools("convert", "org/tiny", tmp_path / "out", HF_ENDPOINT=UNREACHABLE)
     assert result.returncode == 1
-    line = one_error_line(result)
+    line = one_line_error(result)
     assert "cannot resolve the host of " + UNREACHABLE in line and "HF_HUB_OFFLINE=1" in line, line
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.safetensors"))
 
@@ -179,7 +166,7 @@ def test_offline_refuses_a_hand_made_cache_blob_that_does_not_hash_to_its_name_a
     out = tmp_path / "out"
     result = colitools("convert", "org/name", out, "--min-free-gb", "0", "--no-progress", **env)
     assert result.returncode == 1, result.stderr
-    line = one_error_line(result)
+    line = one_line_error(result)
     assert line.startswith(f"colitools: error: {damaged}: "), line
     assert f"{kind} {actual}, expected {named}" in line and "HF_HUB_OFFLINE" in line, line
     assert not (out / "colitools.json").exists() or '"complete"' not in (out / "colitools.json").read_text()

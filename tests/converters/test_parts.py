@@ -22,15 +22,11 @@ from tinyckpt import Tiny, make_checkpoint
 from colitools.converters.parts import assign, parse_part
 from colitools.formats.errors import ParameterError
 
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+from cli_helpers import COMMAND, colitools, one_line_error  # noqa: E402
+
 SPEC = Tiny(layers=5, experts=4, hidden=256, inter=128, shards=4)  # shards of ~0.6 MB: above a header read
 FLAGS = ("--min-free-gb", "0", "--no-progress")
-
-
-def colitools(*args, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **env}
-    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=300, env=full)
 
 
 def run_parts(source, folders: list[Path], *extra: str) -> None:
@@ -44,13 +40,6 @@ def run_parts(source, folders: list[Path], *extra: str) -> None:
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("colitools: error: "), result.stderr
-    return lines[0]
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
@@ -268,7 +257,7 @@ def test_merge_onto_another_filesystem_copies_and_the_parts_keep_their_files(who
     fake = tmp_path / "free"
     fake.write_text(str(need // 2))  # the disk floor's probe (converters/diskfloor.py) reads this instead
     try:
-        line = one_error_line(colitools("merge", *three, out, COLITOOLS_FAKE_FREE_BYTES_FILE=str(fake)))
+        line = one_line_error(colitools("merge", *three, out, COLITOOLS_FAKE_FREE_BYTES_FILE=str(fake)))
         assert f"{shm}: {need // 2:,} bytes free, and copying the parts' files here needs " in line, line
         assert not out.exists() and {f: files_of(f) for f in three} == before
         result = colitools("merge", *three, out, "--json")
@@ -292,7 +281,7 @@ def test_a_damaged_file_stops_the_merge_before_anything_moves(three, tmp_path):
     victim.write_bytes(bytes(data))
     before = {f: files_of(f) for f in three}
     out = tmp_path / "merged"
-    line = one_error_line(colitools("merge", *three, out))
+    line = one_line_error(colitools("merge", *three, out))
     assert str(victim) in line and "sha256" in line, line
     assert {f: files_of(f) for f in three} == before  # every part keeps every file
     assert not out.exists() and not list(tmp_path.glob(".merged*"))
@@ -301,19 +290,19 @@ def test_a_damaged_file_stops_the_merge_before_anything_moves(three, tmp_path):
 def test_a_missing_or_repeated_or_unfinished_part_is_refused_in_one_line(model, three, tmp_path):
     out = tmp_path / "merged"
     result = colitools("merge", three[0], three[2], out)
-    assert result.returncode == 1 and "part 2/3 missing" in one_error_line(result)
+    assert result.returncode == 1 and "part 2/3 missing" in one_line_error(result)
     failure = json.loads(colitools("merge", three[0], three[2], out, "--json").stdout)
     assert failure["ok"] is False and failure["exit_code"] == 1 and "part 2/3 missing" in failure["error"]
-    line = one_error_line(colitools("merge", three[0], three[1], three[1], three[2], out))
+    line = one_line_error(colitools("merge", three[0], three[1], three[1], three[2], out))
     assert f"{three[1]}: part 2/3 again (given twice)" in line, line
     twin = tmp_path / "twin"
     shutil.copytree(three[1], twin)
-    line = one_error_line(colitools("merge", three[0], three[1], twin, three[2], out))
+    line = one_line_error(colitools("merge", three[0], three[1], twin, three[2], out))
     assert f"{twin}: part 2/3 again (also {three[1]})" in line, line
     # a part killed right after its first published file, before its ledger recorded it
     killed = tmp_path / "killed"
     colitools("convert", model, killed, "--part", "2/3", *FLAGS, COLITOOLS_TEST_KILL_AT="published:1")
-    line = one_error_line(colitools("merge", three[0], killed, three[2], out))
+    line = one_line_error(colitools("merge", three[0], killed, three[2], out))
     assert f"{killed}: part 2/3 is not finished (0 of its" in line and "rerun its conversion" in line, line
     resumed = colitools("convert", model, killed, "--part", "2/3", *FLAGS)  # a part resumes as any conversion
     assert resumed.returncode == 0, resumed.stderr
@@ -325,21 +314,21 @@ def test_parts_of_another_recipe_source_or_split_are_refused_naming_the_folder(m
     out = tmp_path / "merged"
     other = tmp_path / "other-recipe"
     convert_part(model, other, "2/3", "--experts", "int8-row")
-    line = one_error_line(colitools("merge", three[0], other, three[2], out))
+    line = one_line_error(colitools("merge", three[0], other, three[2], out))
     assert f"{other}: part 2/3 has another recipe (experts='int8-row', not 'int4-g64')" in line, line
     copy = tmp_path / "copy-of-src"
     make_checkpoint(copy, SPEC)
     moved = tmp_path / "moved-source"
     convert_part(copy, moved, "2/3")
-    line = one_error_line(colitools("merge", three[0], moved, three[2], out))
+    line = one_line_error(colitools("merge", three[0], moved, three[2], out))
     assert f"{moved}: part 2/3 converted another source ({copy}, not {model})" in line, line
     split = tmp_path / "split4"
     convert_part(model, split, "2/4")
-    line = one_error_line(colitools("merge", three[0], split, three[2], out))
+    line = one_line_error(colitools("merge", three[0], split, three[2], out))
     assert f"{split}: part 2/4 of another split" in line, line
-    line = one_error_line(colitools("convert", model, three[0], "--part", "2/3", *FLAGS))
+    line = one_line_error(colitools("convert", model, three[0], "--part", "2/3", *FLAGS))
     assert f"{three[0]}" in line and "holds part 1/3" in line, line
-    line = one_error_line(colitools("convert", model, three[0], *FLAGS))
+    line = one_line_error(colitools("convert", model, three[0], *FLAGS))
     assert f"{three[0]}" in line and "holds part 1/3 of a conversion, not the whole conversion" in line, line
     assert not out.exists()
 
@@ -367,7 +356,7 @@ def test_a_shard_two_parts_read_must_hold_the_same_bytes_for_both(model, whole, 
         shards = {n: d for n, d in files_of(tmp_path / "merged").items() if n.endswith(".safetensors")}
         assert shards == {n: d for n, d in files_of(whole).items() if n.endswith(".safetensors")}
         return
-    line = one_error_line(result)
+    line = one_line_error(result)
     assert f"{second}: part 2/3 read source shard {shared} as another file than {first} did" in line, line
     assert "fingerprint" in line, line
 
@@ -435,7 +424,7 @@ def test_hub_parts_fetch_only_their_shards_and_merge_into_one_machines_bytes(hub
     assert (
         colitools("convert", "org/tiny", other, "--part", "2/3", "--revision", "v2", *FLAGS).returncode == 0
     )
-    line = one_error_line(colitools("merge", folders[0], other, folders[2], tmp_path / "merged2"))
+    line = one_line_error(colitools("merge", folders[0], other, folders[2], tmp_path / "merged2"))
     want = f"{other}: part 2/3 converted another source (org/tiny@{commits['v2']}, not org/tiny@{commits['main']})"
     assert want in line, line
 

@@ -22,22 +22,11 @@ from colitools.converters.runner import convert
 from colitools.errors import ParameterError, UploadError
 from colitools.verify.container import verify_container
 
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+from cli_helpers import COMMAND, colitools, one_line_error  # noqa: E402
+
 SPEC = Tiny(layers=2, experts=2, hidden=128, inter=64, shards=3)
 TOKEN = "hf_write_token"
-
-
-def colitools(*args, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **env}
-    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=300, env=full)
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("colitools: error: "), result.stderr
-    return lines[0]
 
 
 def sha256(path: Path) -> str:
@@ -162,17 +151,17 @@ def test_missing_token_is_one_line_exit_1(hub, converted, monkeypatch):
     monkeypatch.delenv("HF_TOKEN")
     result = colitools("upload", converted, "me/tiny-int4")
     assert result.returncode == 1
-    assert "no Hugging Face token" in one_error_line(result) and "--token" in result.stderr
+    assert "no Hugging Face token" in one_line_error(result) and "--token" in result.stderr
 
 
 def test_a_rejected_push_is_one_line_naming_the_repo_and_status(hub, converted):
     reject_push(hub, "me/tiny-int4", 403)
     result = colitools("upload", converted, "me/tiny-int4", "--no-progress")
     assert result.returncode == 1
-    assert "me/tiny-int4: the Hub refused the upload: 403" in one_error_line(result)
+    assert "me/tiny-int4: the Hub refused the upload: 403" in one_line_error(result)
     reject_push(hub, "me/other", 412)
     result = colitools("upload", converted, "me/other", "--json")
-    assert json.loads(result.stdout.splitlines()[-1])["exit_code"] == 1 and "412" in one_error_line(result)
+    assert json.loads(result.stdout.splitlines()[-1])["exit_code"] == 1 and "412" in one_line_error(result)
 
 
 def test_an_incomplete_output_is_refused_before_anything_is_sent(hub, converted):
@@ -180,7 +169,7 @@ def test_an_incomplete_output_is_refused_before_anything_is_sent(hub, converted)
     manifest.data["state"] = "converting"
     manifest.dump(converted / "colitools.json")
     result = colitools("upload", converted, "me/tiny-int4")
-    assert result.returncode == 1 and "not 'complete'" in one_error_line(result)
+    assert result.returncode == 1 and "not 'complete'" in one_line_error(result)
     assert hub.upload.created == []
 
 

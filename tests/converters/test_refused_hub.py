@@ -7,9 +7,7 @@ Real processes (the console script), the real huggingface_hub client filling the
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,14 +17,10 @@ from tinyckpt import Tiny, make_checkpoint
 
 from colitools.converters.cache_hint import cached_snapshot, is_connection_refused
 
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+from cli_helpers import colitools  # noqa: E402
+
 SPEC = Tiny(layers=2, experts=2, hidden=128, inter=64, shards=3)
-
-
-def colitools(*args, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **env}
-    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=300, env=full)
 
 
 def closed_port() -> str:

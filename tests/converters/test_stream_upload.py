@@ -21,23 +21,12 @@ from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
 from colitools.verify.container import verify_container
 
-_SCRIPT = Path(sys.executable).with_name("colitools")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "colitools"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "colitools"))
+from cli_helpers import COMMAND, colitools, one_line_error  # noqa: E402
+
 SPEC = Tiny(layers=4, experts=2, hidden=128, inter=64, shards=3)
 TOKEN = "hf_write_token"
 BRANCH = "colitools-stream"  # the work branch docs/CLI.md names
-
-
-def colitools(*args, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **env}
-    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True, timeout=300, env=full)
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("colitools: error: "), result.stderr
-    return lines[0]
 
 
 @pytest.fixture
@@ -131,7 +120,7 @@ def test_stream_upload_round_trip_one_unit_on_disk_at_a_time(hub, source, tmp_pa
     assert lfs_puts(hub) == {oid: 1 for oid in recorded}
     # `colitools upload` of this folder names the repo that holds its files
     up = colitools("upload", out, "me/other")
-    assert up.returncode == 1 and "sent its files to me/tiny-int4" in one_error_line(up)
+    assert up.returncode == 1 and "sent its files to me/tiny-int4" in one_line_error(up)
     # a rerun does nothing and sends nothing
     before = len(hub.log)
     again = colitools(
@@ -221,15 +210,15 @@ def test_dry_run_peak_disk_counts_one_unit_of_output(hub, source, tmp_path):
 def test_repo_id_and_token_are_checked_before_any_work(hub, source, tmp_path, monkeypatch):
     out = tmp_path / "out"
     bad = colitools("convert", "org/tiny", out, "--upload-repo", "me/bad repo", "--stream-upload")
-    assert bad.returncode == 2 and "--upload-repo 'me/bad repo'" in one_error_line(bad)
+    assert bad.returncode == 2 and "--upload-repo 'me/bad repo'" in one_line_error(bad)
     assert not out.exists() and hub.log == []  # not even the source's listing was asked
     monkeypatch.delenv("HF_TOKEN")
     for extra in ([], ["--stream-upload"]):
         none = colitools("convert", "org/tiny", out, "--upload-repo", "me/tiny-int4", *extra)
-        assert none.returncode == 1 and "no Hugging Face token" in one_error_line(none)
+        assert none.returncode == 1 and "no Hugging Face token" in one_line_error(none)
         assert not out.exists() and hub.log == []
     alone = colitools("convert", "org/tiny", out, "--stream-upload")
-    assert alone.returncode == 2 and "--upload-repo" in one_error_line(alone) and not out.exists()
+    assert alone.returncode == 2 and "--upload-repo" in one_line_error(alone) and not out.exists()
 
 
 def test_a_streamed_folder_is_refused_without_stream_upload_or_for_another_repo(hub, source, tmp_path):
@@ -252,4 +241,4 @@ def test_a_streamed_folder_is_refused_without_stream_upload_or_for_another_repo(
     for args in ([], ["--upload-repo", "me/b", "--stream-upload"]):
         result = colitools("convert", "org/tiny", out, *args)
         assert result.returncode == 1
-        assert "streamed files to me/a" in one_error_line(result) and "--upload-repo 'me/a'" in result.stderr
+        assert "streamed files to me/a" in one_line_error(result) and "--upload-repo 'me/a'" in result.stderr
