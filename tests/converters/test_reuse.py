@@ -112,20 +112,25 @@ def test_a_donor_file_not_as_recorded_is_not_copied_from(tmp_path, fresh):
     assert again.tensors_copied - summary.tensors_copied <= copied_there
 
 
-def test_sigkill_between_units_leaves_a_resumable_conversion_never_a_published_mix(tmp_path, fresh):
-    out = tmp_path / "out"
-    _convert(out, target_bpw=BEFORE)
-    new_recipe = _manifest(fresh)["recipe_fingerprint"]
+def _one_unit_of(out: Path, recipe_fingerprint: str):
+    """A poll: ``out``'s ledger is the new recipe's and has recorded a unit."""
 
-    def one_new_unit() -> bool:
+    def poll() -> bool:
         try:
             m = json.loads((out / MANIFEST_FILE).read_text())
         except (OSError, ValueError):
             return False
-        return m.get("recipe_fingerprint") == new_recipe and len(m.get("units") or {}) >= 1
+        return m.get("recipe_fingerprint") == recipe_fingerprint and len(m.get("units") or {}) >= 1
 
+    return poll
+
+
+def test_sigkill_between_units_leaves_a_resumable_conversion_never_a_published_mix(tmp_path, fresh):
+    out = tmp_path / "out"
+    _convert(out, target_bpw=BEFORE)
+    new_recipe = _manifest(fresh)["recipe_fingerprint"]
     proc = _cli(out, "--replace", env={"COLITOOLS_TEST_SLOW_UNIT_SECONDS": "2"})
-    sigkill_when(proc, one_new_unit)
+    sigkill_when(proc, _one_unit_of(out, new_recipe))
     m = json.loads((out / MANIFEST_FILE).read_text())
     assert m["state"] == "converting" and m["recipe_fingerprint"] == new_recipe
     assert not (out / INDEX_FILE).exists()  # the old output's index went before any new file was written
@@ -181,14 +186,7 @@ def test_planar_converted_again_as_pairs_copies_all_but_the_routed_experts(tmp_p
 def test_a_killed_replace_replaced_again_with_a_third_budget_equals_a_fresh_one(tmp_path, fresh):
     out, third = tmp_path / "out", tmp_path / "third"
     _convert(out, target_bpw=BEFORE)
-    new_recipe = _manifest(fresh)["recipe_fingerprint"]
-
-    def one_new_unit() -> bool:
-        try:
-            m = json.loads((out / MANIFEST_FILE).read_text())
-        except (OSError, ValueError):
-            return False
-        return m.get("recipe_fingerprint") == new_recipe and len(m.get("units") or {}) >= 1
+    one_new_unit = _one_unit_of(out, _manifest(fresh)["recipe_fingerprint"])
 
     sigkill_when(_cli(out, "--replace", env={"COLITOOLS_TEST_SLOW_UNIT_SECONDS": "2"}), one_new_unit)
     # the donor now: the second budget's finished units, and the first's records of the files not yet replaced
