@@ -460,7 +460,7 @@ def _qpack_group(jobs: list[TensorJob], layer: int, recipe: rc.Recipe) -> Output
     down; every expert of the layer, each ``[I, H]``, ``[I, H]``, ``[H, I]`` in one affine format. TargetRefused
     (one line) for anything else."""
     where = f"`layout=qpack`: layer {layer}"
-    rank = {"gate": 0, "up": 1, "down": 2}
+    rank = {p.removesuffix("_proj"): k for k, p in enumerate(qpack.PROJECTIONS)}  # the record order
     keyed = [((j.expert, rank.get(parse_name(j.out_name).projection or "", 9)), j) for j in jobs]
     bad = next((j for (e, r), j in keyed if e is None or r == 9), None)
     if bad is not None:

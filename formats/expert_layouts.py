@@ -417,8 +417,7 @@ class MergedLayout(ExpertLayout):
         """The down projection of a mixed slab: int8-row, where the target's loader reads that slab."""
         wanted = target.allowed("experts_down") or ()
         also = f" or the mixed slab with down as {', '.join(wanted)}" if wanted else ""
-        raise_it = job.target.label not in wanted
-        if raise_it:
+        if job.target.label not in wanted:
             raise TargetRefused(
                 f"`target={target.name}`: routed expert tensor {job.out_name} [{job.O}, {job.I}] would be written as "
                 f"{job.target.label} beside int4 gate and up; {target.loader} reads gate, up and down in one "

@@ -31,6 +31,7 @@ import numpy as np
 from colitools.formats import affine
 from colitools.formats.atomic import write_bytes_atomic
 from colitools.formats.errors import FormatError
+from colitools.formats.names import expert_tensor_name
 
 MAGIC = "QPACK"
 VERSION = 1
@@ -274,8 +275,8 @@ def projections(folder: str | os.PathLike[str]) -> list[Projection]:
 
 def weight_name(p: Projection) -> str:
     """The per-expert weight name of ``p`` in the ``--target qwen36`` snapshot's spelling (``model.layers.{L}``),
-    as the converter planned it."""
-    return f"model.layers.{p.layer}.mlp.experts.{p.expert}.{p.proj}.weight"
+    as the converter planned it (``names.expert_tensor_name``)."""
+    return expert_tensor_name(f"model.layers.{p.layer}.mlp.experts", p.expert, p.proj.removesuffix("_proj"))
 
 
 def open_qpack(folder: str | os.PathLike[str]) -> Qpack:
