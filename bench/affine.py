@@ -9,7 +9,10 @@ same weights in one run.
    (affine: BF16 scale and bias per group; int4-g64: one F32 scale per group, so both are 4.5 bpw at g64), and the
    mixed slab of colibri's ``convert_qwen36.py --down-bits 8`` (int4-g64 gate/up, int8 down): its bpw on a
    Qwen3.6-35B expert (gate/up ``[512, 2048]``, down ``[2048, 512]``).
-2. **KL divergence** on oracle families: the routed experts of the source replaced by their decoded values in each
+2. **Fit speed**, the same weights (Gaussian), best of ``--runs``: the numpy reference of the affine fit
+   (``affine.fit_groups``) against its kernel (``kernels/affine.py``, all threads), with the symmetric int4-g64
+   ``mse`` encoder on the kernels as the baseline, in million weights per second.
+3. **KL divergence** on oracle families: the routed experts of the source replaced by their decoded values in each
    format (everything else float32, converted with the all-f32 recipe and run teacher-forced by ``colitools run``'s
    runtime over ``--tokens`` seeded random tokens), against the unmodified source the same way
    (``verify.kld.kld_stats``). Decoded values are exactly what a decode-then-multiply runtime computes with.
@@ -23,6 +26,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +94,32 @@ def rmse_table() -> list[dict]:
     return rows
 
 
+def speed_rows(runs: int) -> list[dict]:
+    from colitools.formats import kernels  # noqa: F401  (loaded: Format.encode(fast=True) takes the kernels)
+    from colitools.formats.kernels import affine as kernel
+
+    w = synthetic("gauss")
+    groups = w.reshape(-1, 64)
+
+    def best(fn) -> float:
+        fn()  # a first call compiles or loads the kernels
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return w.size / min(times) / 1e6
+
+    rows = [{"fit": "int4-g64 mse (kernels, baseline)",
+             "mw_per_s": best(lambda: _BY_NAME["int4-grouped"].encode(w, 64, quantizer="mse"))}]  # fmt: skip
+    for bits in (4, 8):
+        for q in ("rtn", "mse"):
+            for where, fit in (("numpy", affine.fit_groups), ("kernel", kernel.fit_groups)):
+                rate = best(lambda fit=fit, bits=bits, q=q: fit(groups, bits, q))
+                rows.append({"fit": f"affine{bits}-g64 {q} {where}", "mw_per_s": rate})
+    return rows
+
+
 def fake_quant_source(src: Path, dst: Path, variant: str | None) -> None:
     """A copy of oracle ``src`` whose routed experts are replaced by their decoded values in ``variant``."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("reference"))
@@ -128,12 +158,17 @@ def main() -> None:
     ap.add_argument("--fixtures", nargs="+", default=["qwen3_5_moe", "olmoe", "qwen3_moe"])
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--runs", type=int, default=3, help="timed runs of each fit (the best is kept)")
     ap.add_argument("--json", help="write every row to this file")
     a = ap.parse_args()
     rows = rmse_table()
     print(f"{'weights':<8} {'variant':<16} {'bpw':>6} {'rel RMSE':>9}")
     for r in rows:
         print(f"{r['weights']:<8} {r['variant']:<16} {r['bpw']:>6.3f} {r['rel_rmse']:>9.5f}")
+    speed = speed_rows(a.runs)
+    print(f"\n{'fit':<34} {'M weights/s':>12}")
+    for r in speed:
+        print(f"{r['fit']:<34} {r['mw_per_s']:>12.1f}")
     with tempfile.TemporaryDirectory() as tmp:
         krows = [row for fx in a.fixtures for row in kld_rows(fx, a.tokens, a.seed, Path(tmp))]
     print(f"\n{'fixture':<12} {'variant':<16} {'bpw':>6} {'mean KLD':>9} {'p99 KLD':>8} {'top-1':>6}")
@@ -143,7 +178,7 @@ def main() -> None:
             f"{r['p99_kld']:>8.5f} {r['top1_agreement']:>6.3f}"
         )
     if a.json:
-        Path(a.json).write_text(json.dumps({"rmse": rows, "kld": krows}, indent=1) + "\n")
+        Path(a.json).write_text(json.dumps({"rmse": rows, "speed": speed, "kld": krows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

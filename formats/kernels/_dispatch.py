@@ -274,7 +274,8 @@ def encode(
     ``quantizer``: an encoder mode (``quantizers.MODES``; FORMATS §11) of a format with ``mse_scales``.
     Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
     w = np.asarray(w)
-    if quantizer != RTN:
+    fmt = registry.lookup(fmt_name)
+    if quantizer != RTN or (fmt is not None and not fmt.pairs):  # an mse mode, or an affine format's own fit
         return _mse_encode(fmt_name, w, gs, name, quantizer)
     if w.ndim == 2 and (_no_row_kernel(fmt_name) or _reference_encodes(fmt_name, w.size)):
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
@@ -284,9 +285,10 @@ def encode(
 
 
 def _mse_encode(fmt_name: str, w: np.ndarray, gs: int | None, name: str, quantizer: str):
-    """``encode`` with an mse mode: the reference's packing around the group search, which runs on the kernel
-    (``kernels/mse.py``, byte-identical to ``quantizers.mse_groups``; it refuses NaN / inf itself) for a tensor
-    of ``SMALL_ELEMS`` or more."""
+    """``encode`` with an mse mode, or of an affine format in any mode: the reference's packing around the group
+    search or fit, which runs on the kernel (``kernels/mse.py`` / ``kernels/affine.py``, byte-identical to
+    ``quantizers.mse_groups`` / ``affine.fit_groups``; they refuse NaN / inf themselves) for a tensor of
+    ``SMALL_ELEMS`` or more."""
     w = np.ascontiguousarray(w, dtype=F32)
     if w.ndim != 2:
         raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
