@@ -359,8 +359,9 @@ def encode_job(
     elif fmt.kernel_code is None:  # not a row codec (fp8-e4m3-e8m0, the affine formats): from float32
         w = _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
-    elif t.quantizer != RTN:  # the mse search (FORMATS §11) runs on float32 values: dequantised exactly first
-        w = _dequant(job, values, scale, block)
+    elif t.quantizer != RTN:  # the mse search (FORMATS §11): BF16 / F16 values as they are (the kernels read
+        # their bits), any other source dequantised exactly to float32 first
+        w = values if scale is None and values.dtype in (BF16, np.float16) else _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
+import ml_dtypes
 import numpy as np
 
 from colitools.formats import affine, quantizers
@@ -230,10 +231,11 @@ class Format:
         ``fast`` selects the numba kernel (byte-identical to the numpy reference) once the kernels are loaded
         (``set_fast_codecs``). ``quantizer`` is an encoder mode of ``quantizers.MODES`` (``rtn``, ``mse``,
         ``mse-positive``; FORMATS §11), ignored by a format without ``mse_scales``. NaN/inf input raises EncodeError naming the tensor."""
-        w = _as_f32_matrix(w, name)
+        fast = fast and _fast is not None
+        w = _as_f32_matrix(w, name, keep_16bit=fast)
         cls.check_encodable(*w.shape, name=name)
         quantizer = cls.quantizer_mode(quantizer)
-        if fast and _fast is not None:
+        if fast:
             return _fast.encode(cls.name, w, gs, name=name, quantizer=quantizer)
         _check_finite(w, name)
         return cls._encode_reference(w, gs, quantizer)
@@ -263,13 +265,20 @@ class Format:
         return 8 * (cls.weight_nbytes(O, I, gs) + cls.scale_nbytes(O, I, gs)) / (O * I)
 
 
-def _as_f32_matrix(w: np.ndarray, name: str) -> np.ndarray:
+def _as_f32_matrix(w: np.ndarray, name: str, keep_16bit: bool = False) -> np.ndarray:
+    """``w`` as a C-contiguous float32 matrix; BF16 and F16 values kept as they are for the kernels
+    (``keep_16bit``), which read their bits (an exact upcast, no float32 copy of the tensor)."""
     w = np.asarray(w)
     if w.ndim != 2:
         raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
+    if keep_16bit and w.dtype in _KERNEL_16BIT:
+        return np.ascontiguousarray(w)
     if w.dtype != np.float32:
         w = w.astype(np.float32)
     return np.ascontiguousarray(w)
+
+
+_KERNEL_16BIT = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 
 
 def _check_finite(w: np.ndarray, name: str) -> None:

@@ -24,7 +24,7 @@ import threading
 import ml_dtypes
 import numpy as np
 
-from colitools.formats import planar, registry
+from colitools.formats import planar, quantizers, registry
 from colitools.formats import reference as ref
 from colitools.formats.errors import EncodeError, FormatError
 from colitools.formats.quantizers import RTN
@@ -272,11 +272,16 @@ def encode(
     ``fmt_name`` is a format's stamp string (``int8-row``, ``int4-row``, ``int2-row``, ``int4-grouped`` with
     any ``gs``, ``int3-g64``, ``mxfp4``). The group-size writer rule is the caller's (the registry's) job.
     ``quantizer``: an encoder mode (``quantizers.MODES``; FORMATS §11) of a format with ``mse_scales``.
-    Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input."""
+    Raises EncodeError naming the tensor and the first bad ``[o, i]`` for NaN/inf input. ``w`` may also hold
+    BF16 or F16 values (``ml_dtypes.bfloat16``, ``float16``): read as their bits, upcast exactly."""
     w = np.asarray(w)
     fmt = registry.lookup(fmt_name)
     if quantizer != RTN or (fmt is not None and not fmt.pairs):  # an mse mode, or an affine format's own fit
         return _mse_encode(fmt_name, w, gs, name, quantizer)
+    if w.dtype == _BF16:
+        return encode_from_bf16(fmt_name, w, gs, name)
+    if w.dtype == np.float16:
+        return encode_from_f16(fmt_name, w, gs, name)
     if w.ndim == 2 and (_no_row_kernel(fmt_name) or _reference_encodes(fmt_name, w.size)):
         return _reference_checked(fmt_name, np.ascontiguousarray(w, dtype=F32), gs, name)
     from colitools.formats.kernels import encoders
@@ -288,23 +293,35 @@ def _mse_encode(fmt_name: str, w: np.ndarray, gs: int | None, name: str, quantiz
     """``encode`` with an mse mode, or of an affine format in any mode: the reference's packing around the group
     search or fit, which runs on the kernel (``kernels/mse.py`` / ``kernels/affine.py``, byte-identical to
     ``quantizers.mse_groups`` / ``affine.fit_groups``; they refuse NaN / inf themselves) for a tensor of
-    ``SMALL_ELEMS`` or more."""
-    w = np.ascontiguousarray(w, dtype=F32)
+    ``SMALL_ELEMS`` or more; an int4 tensor of whole groups (``mse.fits_int4``) packed by the kernel itself, from
+    float32, BF16 or F16 values."""
+    w = np.asarray(w)
     if w.ndim != 2:
         raise EncodeError(f"tensor {name or '?'}: expected a 2-D weight, got shape {list(w.shape)}")
     cls = _writable(fmt_name, *w.shape, gs, name)
     if not cls.mse_scales:
         raise FormatError(f"tensor {name or '?'}: format {fmt_name} has no scales for quantizer {quantizer!r}")
+    from colitools.formats.kernels import affine, mse
+
+    n = (gs if cls.grouped else w.shape[1]) if cls.matmul_kind is registry.MatmulKind.INT4 else 0
+    direct = quantizer != RTN and not _small(w.size) and mse.fits_int4(*w.shape, n or 0)
+    if not direct or w.dtype not in _DIRECT_MSE_DTYPES:
+        w = np.ascontiguousarray(w, dtype=F32)
     if _small(w.size):  # below SMALL_ELEMS the numpy search (same bytes)
         registry._check_finite(w, name)
         return cls._encode_reference(w, gs, quantizer)
-    from colitools.formats.kernels import affine, mse
-
     try:  # the symmetric formats' scale search, or the affine formats' own fit (FORMATS §2.12)
+        if direct:
+            codes, s = mse.mse_int4(w, n, quantizers.signed(quantizer))
+            return codes, s.reshape(cls.scale_grid(*w.shape, gs))
         return cls._encode_reference(w, gs, quantizer, mse.mse_groups if cls.pairs else affine.fit_groups)
     except mse._NonFiniteGroup:  # the kernel checks as it searches: the error names the first bad [o, i]
-        registry._check_finite(w, name)
+        registry._check_finite(np.asarray(w, dtype=F32), name)
         raise
+
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_DIRECT_MSE_DTYPES = (np.dtype(F32), _BF16, np.dtype(np.float16))  # mse.mse_int4's inputs
 
 
 def encode_from_bf16(

@@ -196,6 +196,35 @@ def test_kernel_search_is_byte_identical_to_numpy_on_any_thread_count(signed, th
     assert v_k.tobytes() == v_r.tobytes()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("source", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("fmt, gs, I", [("int4-grouped", 32, 256), ("int4-grouped", 64, 192),
+                                        ("int4-grouped", 128, 384), ("int4-row", None, 136)])  # fmt: skip
+def test_int4_packed_by_the_search_kernel_equals_the_reference(fmt, gs, I, source, threads, monkeypatch):
+    """Whole int4 groups are searched and packed into pairs by the kernel itself, straight from BF16 / F16 bits
+    (``kernels/mse.py`` ``mse_int4``): the reference's bytes (its search, then ``pack_int4_pairs``) on the same
+    values upcast to float32, the edge groups of every length included, on one and two threads."""
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    rng = np.random.default_rng(I)
+    n = gs or I
+    edges = _edge_groups(n, rng)  # each row: I / n edge groups, rolled so that every kind meets every place
+    w = np.concatenate([rng.standard_t(4, size=(40, I)) * 0.02,
+                        np.concatenate([np.roll(edges, k, axis=0) for k in range(I // n)], axis=1)])  # fmt: skip
+    dtype = {"f32": F32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}[source]
+    top = float(ml_dtypes.finfo(dtype).max)
+    w = np.clip(w, -top, top).astype(dtype)  # F16: its own largest, not 1e38
+    kernels.set_threads(threads)
+    try:
+        got = {mode: by_name(fmt).encode(w, gs, fast=True, quantizer=mode) for mode in ("mse", "mse-positive")}
+    finally:
+        kernels.set_threads(None)
+    for mode, (codes, scales) in got.items():
+        want_v = np.rint(w.astype(F32) / np.repeat(scales.reshape(w.shape[0], -1), n, axis=1))  # its own scale's codes
+        want = by_name(fmt).encode(w.astype(F32), gs, fast=False, quantizer=mode)
+        assert codes.tobytes() == want[0].tobytes() and scales.tobytes() == want[1].tobytes()
+        assert codes.tobytes() == ref.pack_int4_pairs(np.clip(want_v, -8, 7).astype(np.int8)).tobytes()
+
+
 def _edge_groups(n: int, rng) -> np.ndarray:
     """Groups of length ``n`` on each of the kernel's own paths (``kernels/_jit_mse.py``): every element at the
     extreme (the largest int32 partial sums of the refit), rtn and mse both exact (equal errors: the lane sums
@@ -256,7 +285,9 @@ def test_kernel_error_comparison_on_near_ties_is_the_lane_sums():
         v0 = np.clip(np.rint(w / s0[:, None]), -8, 7).astype(F32)
         v1 = np.clip(np.rint(w / s1[:, None]), -8, 7).astype(F32)
         want = quantizers.squared_error(w, s1, v1) < quantizers.squared_error(w, s0, v0)
-        got = [bool(_jit_mse._smaller_error(w[i], v1[i], s1[i], v0[i], s0[i])) for i in range(400)]
+        e0, e1 = np.empty(400, F32), np.empty(400, F32)  # the kernel's float32 estimates of a tile of 400 groups
+        _jit_mse._estimates_tile(w, v0, s0, v1, s1, np.ones(400, bool), 400, e0, e1)
+        got = [bool(_jit_mse._smaller_error(w[i], v1[i], s1[i], v0[i], s0[i], e1[i], e0[i])) for i in range(400)]
         assert got == want.tolist()
 
 
@@ -295,15 +326,16 @@ SOURCES = ["f32", "bf16", "f16", "fp8"]
 @pytest.mark.parametrize("fmt", MSE_FORMATS)
 @pytest.mark.parametrize("source", SOURCES)
 def test_every_mse_format_from_every_source_kind_equals_the_reference(fmt, source, monkeypatch):
-    """The converter's path (``unit_writer.encode_job``: the source dequantised exactly, then ``encode`` with
-    the kernels) against the numpy reference on the same float32 values."""
+    """The converter's path (``unit_writer.encode_job``: BF16 / F16 values as they are, an FP8 source
+    dequantised exactly, then ``encode`` with the kernels) against the numpy reference on the same float32
+    values."""
     monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)  # the kernel even for this small tensor
     rng = np.random.default_rng(3)
     w = rng.standard_normal((260, 200)).astype(F32)
     if source == "bf16":
-        w = w.astype(ml_dtypes.bfloat16).astype(F32)
+        w = w.astype(ml_dtypes.bfloat16)
     elif source == "f16":
-        w = w.astype(np.float16).astype(F32)
+        w = w.astype(np.float16)
     elif source == "fp8":
         q = w.astype(ml_dtypes.float8_e4m3fn)
         scale_inv = np.full((3, 2), 0.5, F32)
@@ -313,7 +345,7 @@ def test_every_mse_format_from_every_source_kind_equals_the_reference(fmt, sourc
         w = np.ascontiguousarray(w[:, :192])
     for mode in ("mse", "mse-positive"):
         fast = by_name(fmt).encode(w, gs, fast=True, quantizer=mode)
-        slow = by_name(fmt).encode(w, gs, fast=False, quantizer=mode)
+        slow = by_name(fmt).encode(w.astype(F32), gs, fast=False, quantizer=mode)
         assert fast[0].tobytes() == slow[0].tobytes() and fast[1].tobytes() == slow[1].tobytes()
 
 
