@@ -102,9 +102,9 @@ def timed(cmd: list[str], out: Path) -> dict:
 def conversions(work: Path, shm: Path, layers: int, runs: int, base_python: str | None) -> list[str]:
     bf16, fp8 = work / "q-bf16", work / "q-fp8"
     if not (bf16 / "model.safetensors.index.json").exists():
-        generate(bf16, layers, 16, "bf16")
+        generate(bf16, layers, 16, "BF16")
     if not (fp8 / "model.safetensors.index.json").exists():
-        generate(fp8, layers, 16, "fp8")
+        generate(fp8, layers, 16, "FP8")
     cases = {
         "BF16 -> int4-g64": (bf16, ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")),
         "FP8 default recipe": (fp8, ()),

@@ -360,8 +360,13 @@ def encode_job(
         w = _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif t.quantizer != RTN:  # the mse search (FORMATS §11): BF16 / F16 values as they are (the kernels read
-        # their bits), any other source dequantised exactly to float32 first
-        w = values if scale is None and values.dtype in (BF16, np.float16) else _dequant(job, values, scale, block)
+        # their bits), an FP8 source dequantised exactly by the kernel, any other by numpy
+        if scale is None and values.dtype in (BF16, np.float16):
+            w = values
+        elif grid is not None:
+            w = kernels.dequant_fp8_block(values, grid, block, name=job.out_name)
+        else:
+            w = _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)

@@ -423,9 +423,10 @@ def decode(
     return decoders.decode(fmt_name, codes, scales, O, I, gs)
 
 
-def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block=(128, 128)) -> np.ndarray:
-    """Fast ``reference.dequant_fp8_block`` (bit-identical)."""
-    qb, s, br, bc = _fp8_operands(q, scale_inv, block, "")
+def dequant_fp8_block(q: np.ndarray, scale_inv: np.ndarray, block=(128, 128), *, name: str = "") -> np.ndarray:
+    """Fast ``reference.dequant_fp8_block`` (bit-identical); a scale grid of the wrong size is an EncodeError
+    naming tensor ``name``."""
+    qb, s, br, bc = _fp8_operands(q, scale_inv, block, name)
     if _small(qb.size):
         with np.errstate(all="ignore"):  # as the kernel: inf * 0 -> NaN without a warning
             return np.ascontiguousarray(ref.dequant_fp8_block(qb, s, (br, bc)), dtype=F32)
