@@ -1,7 +1,7 @@
 """``colitools verify quality OUTPUT [--source SRC]``: what a conversion lost, tensor by tensor, at any size.
 
-Every figure is ``formats/error_stats.ErrorStats`` (FORMATS §9: float64 sums over the source's decoded values
-``w`` and the output's decoded values ``w'``), summed per role, per layer, per format and over the whole model
+Every figure is ``formats/error_stats.ErrorStats`` (FORMATS §11: sums in a fixed order over the source's decoded
+values ``w`` and the output's decoded values ``w'``), summed per role, per layer, per format and over the whole model
 (sums add; no ratio is ever averaged).
 
 * With ``source`` (a local folder or a Hub repo id, opened as ``convert`` opens it: ``sources.open_source``) the
@@ -55,10 +55,11 @@ __all__ = ["Disagreement", "QualityReport", "TensorQuality", "agree", "weight_qu
 
 SCHEMA = "colitools.verify.quality/1"
 # Recorded and recomputed sums agree when they differ by at most REL_TOL of the larger one (plus ABS_TOL of the
-# tensor's ||w||^2 + ||w'||^2, for a sum near zero). Both are float64 sums of the same float64 terms, only
-# added in another order (row slabs, a kernel's SIMD lanes, chunks): the rounding of n terms summed so is below
-# ~1e-13 of the sum even for 1e9 terms, while changing one element of a 10-million-element tensor moves its sse
-# by ~1e-7. ``n`` and ``max_abs`` (a maximum: no rounding) must be equal.
+# tensor's ||w||^2 + ||w'||^2, for a sum near zero). Both follow FORMATS §11's order, whose float32 block sums are
+# the same bit for bit wherever computed (rows are rows in both); only float64 additions differ in order (a tensor
+# cut into row slabs of another size, chunks): below ~1e-13 of the sum even for 1e9 terms, while changing one
+# element of a 10-million-element tensor moves its sse by ~1e-7. ``n`` and ``max_abs`` (a maximum: no rounding)
+# must be equal.
 REL_TOL = 1e-9
 ABS_TOL = 1e-15
 SLAB_BYTES = 16 << 20  # float32 bytes per row slab of a big plain tensor
