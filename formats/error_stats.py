@@ -12,7 +12,7 @@ for bit), the same on every machine and thread count: row by row (the last axis;
 in blocks of ``BLOCK`` elements; in a block, every term rounded to float32, lane ``j`` of ``LANES`` summing the
 terms of elements ``j, j + LANES, ...`` in order in float32 (past the row's end: zeros), the lanes folded in
 halves (``l[j] + l[j + h]``, h = 8, 4, 2, 1); the blocks' sums added to the row's in float64 in block order; the
-rows' added by numpy (``_from_rows``). Each sum is within ``(BLOCK / LANES + 6) * 2^-24`` (1.3e-6) of the exact
+rows' added by numpy (``from_rows``). Each sum is within ``(BLOCK / LANES + 6) * 2^-24`` (1.3e-6) of the exact
 sum of its terms relatively (of the sum of their magnitudes, for ``dot``), plus ``n * 2^-149`` (terms below
 float32's normal range): ``REL_BOUND`` and ``TINY``. A row whose float32 sums overflow (a value beyond ~1.8e19) is summed in float64 in
 element order instead (``d`` then the float64 difference).
@@ -125,7 +125,7 @@ def tensor_error(source: np.ndarray, decoded: np.ndarray) -> ErrorStats:
     a, b = a.reshape(-1, width), b.reshape(-1, width)
     step = max(1, _CHUNK_ELEMS // width)
     rows = [row_sums(a[r : r + step], b[r : r + step]) for r in range(0, a.shape[0], step)]
-    return _from_rows(int(a.size), np.concatenate(rows) if rows else np.zeros((0, 5)))
+    return from_rows(int(a.size), np.concatenate(rows) if rows else np.zeros((0, 5)))
 
 
 def row_sums(source: np.ndarray, decoded: np.ndarray) -> np.ndarray:
@@ -188,12 +188,13 @@ def _kernel_error(source: np.ndarray, decoded: np.ndarray) -> ErrorStats:
     else:
         a = np.ascontiguousarray(source, dtype=np.float32)
         aot.CODECS.run("error_rows", (a, b, rows), *b.shape)
-    return _from_rows(int(a.size), rows)
+    return from_rows(int(a.size), rows)
 
 
-def _from_rows(n: int, rows: np.ndarray) -> ErrorStats:
+def from_rows(n: int, rows: np.ndarray) -> ErrorStats:
+    """The figures of ``n`` elements from their rows' ``row_sums`` (``[R, 5]``, a kernel's or the reference's)."""
     sums = rows[:, :4].sum(axis=0)  # rows added in a fixed (numpy pairwise) order: thread count invisible
-    return ErrorStats(n, *(float(v) for v in sums), float(rows[:, 4].max()))
+    return ErrorStats(n, *(float(v) for v in sums), float(rows[:, 4].max()) if len(rows) else 0.0)
 
 
 def encoded_error(
@@ -210,7 +211,7 @@ def encoded_error(
     from colitools.formats.kernels import decoders
 
     rows = decoders.error_rows(src, fmt_name, codes, scales, O, I, gs)
-    return None if rows is None else _from_rows(O * I, rows)
+    return None if rows is None else from_rows(O * I, rows)
 
 
 def total(stats: Iterable[ErrorStats]) -> ErrorStats:

@@ -23,12 +23,14 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from colitools.formats.error_stats import BLOCK, LANES
+from colitools.formats.kernels._jit_bits import _INT4_GROUPED, _INT4_ROW, _INT8_ROW
 from colitools.formats.kernels._jit_decoders import _decode_int4_rows
+from colitools.formats.kernels._jit_encoders import _encode_rows_bf16
 from colitools.formats.kernels.aot import export
 
 _ABS = np.uint32(0x7FFFFFFF)
 _I64 = ir.IntType(64)
-_STATE = 4 * LANES  # the lane state: four float32 lane vectors (sse, ssw, ssq, dot)
+_ROWS = 4  # rows encoded, then measured, at a time by ``rows_bf16_measured`` (a few tens of KB: in L2)
 
 
 # ------------------------------------------------------------------------------------------ the lane loop
@@ -51,9 +53,9 @@ def _load_x(builder, xa, i, bf16):
     return builder.bitcast(builder.shl(builder.zext(bits, i32v), ir.Constant(i32v, [16] * LANES)), f32v)
 
 
-def _load_y(builder, kind, ya, i):
+def _load_y(builder, kind, ya, i, group):
     """Decoded values ``[i, i + LANES)``: stored float32, or ``float32(code) * scale`` as the decoders compute
-    them (int8; int4 pairs: element 2k the low nibble of byte k, minus 8; one scale for the whole chunk)."""
+    them (int8; int4 pairs: element 2k the low nibble of byte k, minus 8; the chunk's scale ``group``)."""
     f32v, i32v = ir.VectorType(ir.FloatType(), LANES), ir.VectorType(ir.IntType(32), LANES)
     if kind == "f32":
         return builder.load(_vec_ptr(builder, ya[0].data, i, f32v), align=4)
@@ -68,8 +70,34 @@ def _load_y(builder, kind, ya, i):
     high = builder.lshr(wide, ir.Constant(half, [4] * (LANES // 2)))
     order = ir.Constant(i32v, [k // 2 + (LANES // 2) * (k % 2) for k in range(LANES)])
     nib = builder.sub(builder.shuffle_vector(low, high, order), ir.Constant(i32v, [8] * LANES))
-    scale = builder.load(builder.gep(ya[1].data, [builder.sdiv(i, ya[2])]))
+    scale = builder.load(builder.gep(ya[1].data, [group]))
     return builder.fmul(builder.sitofp(nib, f32v), _splat(builder, scale, f32v))
+
+
+class _GroupWalk:
+    """The scale group of each chunk from ``start`` on (``gs`` a multiple of LANES, or at least the row): one
+    division before the loop, then a count of the chunks left in the group (a division per chunk costs more than
+    the chunk's arithmetic)."""
+
+    def __init__(self, builder, start, gs):
+        self.builder = builder
+        lanes = ir.Constant(_I64, LANES)
+        self.per_group = builder.sdiv(gs, lanes)
+        first = builder.sdiv(start, gs)
+        self.group, self.left = cgutils.alloca_once(builder, _I64), cgutils.alloca_once(builder, _I64)
+        builder.store(first, self.group)
+        ends = builder.mul(builder.add(first, ir.Constant(_I64, 1)), gs)
+        builder.store(builder.sdiv(builder.sub(ends, start), lanes), self.left)
+
+    def next(self):
+        """The group index of the next chunk."""
+        b = self.builder
+        left, group = b.load(self.left), b.load(self.group)
+        done = b.icmp_signed("==", left, ir.Constant(_I64, 0))
+        group = b.select(done, b.add(group, ir.Constant(_I64, 1)), group)
+        b.store(group, self.group)
+        b.store(b.sub(b.select(done, self.per_group, left), ir.Constant(_I64, 1)), self.left)
+        return group
 
 
 def _y_kind(ys) -> str | None:
@@ -87,77 +115,84 @@ def _y_kind(ys) -> str | None:
     return None
 
 
+def _add_chunk(builder, slots, mslot, a, b):
+    """The terms of one chunk (``a`` source, ``b`` decoded lanes) added to the lane sums, ``|b - a|`` bits to the
+    lane maxima."""
+    i32v = ir.VectorType(ir.IntType(32), LANES)
+    d = builder.fsub(b, a)
+    for q, term in enumerate((builder.fmul(d, d), builder.fmul(a, a), builder.fmul(b, b), builder.fmul(a, b))):
+        builder.store(builder.fadd(builder.load(slots[q]), term), slots[q])
+    bits = builder.and_(builder.bitcast(d, i32v), ir.Constant(i32v, [0x7FFFFFFF] * LANES))
+    m = builder.load(mslot)
+    builder.store(builder.select(builder.icmp_unsigned(">", bits, m), bits, m), mslot)
+
+
+def _fold_into(builder, slots, totals):
+    """Each lane vector folded in halves (``l[j] + l[j + h]``, h = 8, 4, 2, 1), widened, added to its float64
+    total."""
+    i32 = ir.IntType(32)
+    for q in range(4):
+        v = builder.load(slots[q])
+        h = LANES // 2
+        while h >= 1:
+            pick = lambda off, h=h: ir.Constant(ir.VectorType(i32, h), [off + j for j in range(h)])  # noqa: E731
+            v = builder.fadd(builder.shuffle_vector(v, v, pick(0)), builder.shuffle_vector(v, v, pick(h)))
+            h //= 2
+        wide = builder.fpext(builder.extract_element(v, ir.Constant(i32, 0)), ir.DoubleType())
+        builder.store(builder.fadd(builder.load(totals[q]), wide), totals[q])
+
+
 @intrinsic
-def _lanes(typingctx, x, ys, i0, chunks, state, mx):
-    """Adds the terms of elements ``i0 + LANES c + j`` (``c < chunks``) to lane ``j`` of ``state`` (float32
-    ``[4 * LANES]``: sse, ssw, ssq, dot lanes), in order, and their ``|float32(y - x)|`` bits to ``mx``'s max
-    (uint32 ``[LANES]``). For an int4 ``ys`` a chunk lies in one scale group (the caller's promise)."""
+def _row_lanes(typingctx, x, ys, n, pad_x, pad_y, tail, out, mx):
+    """One row of ``n`` elements: ``out[0:4]`` = its (sse, ssw, ssq, dot) in ``error_stats.row_sums``' order,
+    ``mx`` = the lanes' maxima of ``|float32(y - x)|`` bits (uint32 ``[LANES]``). Its whole chunks are read from
+    ``x`` and ``ys``; when ``tail``, the last (partial) chunk from ``pad_x`` / ``pad_y`` (float32 ``[LANES]``, the
+    caller's zero-padded copy). For an int4 ``ys`` every whole chunk lies in one scale group (the caller's
+    promise). The whole row in one call: a call per block costs ~150 cycles of reference counting."""
     kind = _y_kind(ys)
     if kind is None or not isinstance(x, types.Array) or x.dtype not in (types.uint16, types.float32):
         return None
     bf16 = x.dtype == types.uint16
 
     def codegen(context, builder, sig, args):
-        xv, yv, start, n, st, mv = args
+        xv, yv, size, px, py, has_tail, ov, mv = args
         f32v, i32v = ir.VectorType(ir.FloatType(), LANES), ir.VectorType(ir.IntType(32), LANES)
         xa = context.make_array(sig.args[0])(context, builder, xv)
         ya = []
         for k, t in enumerate(sig.args[1]):
             item = builder.extract_value(yv, k)
             ya.append(context.make_array(t)(context, builder, item) if isinstance(t, types.Array) else item)
-        sa = context.make_array(sig.args[4])(context, builder, st)
-        ma = context.make_array(sig.args[5])(context, builder, mv)
-        homes = [_vec_ptr(builder, sa.data, ir.Constant(_I64, q * LANES), f32v) for q in range(4)]
-        mhome = _vec_ptr(builder, ma.data, ir.Constant(_I64, 0), i32v)
+        pxa, pya, oa, ma = (context.make_array(sig.args[k])(context, builder, args[k]) for k in (3, 4, 6, 7))
         slots = [cgutils.alloca_once(builder, f32v) for _ in range(4)]  # registers after mem2reg
-        mslot = cgutils.alloca_once(builder, i32v)
+        totals = [cgutils.alloca_once_value(builder, ir.Constant(ir.DoubleType(), 0.0)) for _ in range(4)]
+        mslot = cgutils.alloca_once_value(builder, ir.Constant(i32v, [0] * LANES))
+        full = builder.and_(size, ir.Constant(_I64, -LANES))
+        blocks = builder.udiv(builder.add(size, ir.Constant(_I64, BLOCK - 1)), ir.Constant(_I64, BLOCK))
+        groups = _GroupWalk(builder, ir.Constant(_I64, 0), ya[2]) if kind == "int4" else None
+        with cgutils.for_range(builder, blocks) as block:
+            b0 = builder.mul(block.index, ir.Constant(_I64, BLOCK))
+            end = builder.add(b0, ir.Constant(_I64, BLOCK))
+            end = builder.select(builder.icmp_signed("<", full, end), full, end)
+            chunks = builder.sdiv(builder.sub(end, b0), ir.Constant(_I64, LANES))
+            chunks = builder.select(builder.icmp_signed("<", chunks, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), chunks)
+            for q in range(4):
+                builder.store(ir.Constant(f32v, [0.0] * LANES), slots[q])
+            with cgutils.for_range(builder, chunks) as loop:
+                i = builder.add(b0, builder.mul(loop.index, ir.Constant(_I64, LANES)))
+                b = _load_y(builder, kind, ya, i, groups.next() if groups else None)
+                _add_chunk(builder, slots, mslot, _load_x(builder, xa, i, bf16), b)
+            last = builder.icmp_signed("==", block.index, builder.sub(blocks, ir.Constant(_I64, 1)))
+            with builder.if_then(builder.and_(last, builder.trunc(has_tail, ir.IntType(1)))):
+                zero = ir.Constant(_I64, 0)
+                a = builder.load(_vec_ptr(builder, pxa.data, zero, f32v), align=4)
+                _add_chunk(builder, slots, mslot, a, builder.load(_vec_ptr(builder, pya.data, zero, f32v), align=4))
+            _fold_into(builder, slots, totals)
         for q in range(4):
-            builder.store(builder.load(homes[q], align=4), slots[q])
-        builder.store(builder.load(mhome, align=4), mslot)
-        with cgutils.for_range(builder, n) as loop:
-            i = builder.add(start, builder.mul(loop.index, ir.Constant(_I64, LANES)))
-            a = _load_x(builder, xa, i, bf16)
-            b = _load_y(builder, kind, ya, i)
-            d = builder.fsub(b, a)
-            for q, term in enumerate((builder.fmul(d, d), builder.fmul(a, a), builder.fmul(b, b), builder.fmul(a, b))):
-                builder.store(builder.fadd(builder.load(slots[q]), term), slots[q])
-            bits = builder.and_(builder.bitcast(d, i32v), ir.Constant(i32v, [0x7FFFFFFF] * LANES))
-            m = builder.load(mslot)
-            builder.store(builder.select(builder.icmp_unsigned(">", bits, m), bits, m), mslot)
-        for q in range(4):
-            builder.store(builder.load(slots[q]), homes[q], align=4)
-        builder.store(builder.load(mslot), mhome, align=4)
+            builder.store(builder.load(totals[q]), builder.gep(oa.data, [ir.Constant(_I64, q)]))
+        builder.store(builder.load(mslot), _vec_ptr(builder, ma.data, ir.Constant(_I64, 0), i32v), align=4)
         return context.get_dummy_value()
 
-    return types.void(x, ys, types.int64, types.int64, state, mx), codegen
-
-
-@intrinsic
-def _fold(typingctx, state, sums):
-    """Each of ``state``'s four lane vectors folded in halves (``l[j] + l[j + h]``, h = 8, 4, 2, 1), widened and
-    added to ``sums[q]`` (float64 ``[4]``); the lanes reset to zero."""
-    if not (isinstance(state, types.Array) and isinstance(sums, types.Array)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        f32, i32 = ir.FloatType(), ir.IntType(32)
-        sa = context.make_array(sig.args[0])(context, builder, args[0])
-        oa = context.make_array(sig.args[1])(context, builder, args[1])
-        for q in range(4):
-            home = _vec_ptr(builder, sa.data, ir.Constant(_I64, q * LANES), ir.VectorType(f32, LANES))
-            v = builder.load(home, align=4)
-            h = LANES // 2
-            while h >= 1:
-                pick = lambda off, h=h: ir.Constant(ir.VectorType(i32, h), [off + j for j in range(h)])  # noqa: E731
-                v = builder.fadd(builder.shuffle_vector(v, v, pick(0)), builder.shuffle_vector(v, v, pick(h)))
-                h //= 2
-            total = builder.fpext(builder.extract_element(v, ir.Constant(i32, 0)), ir.DoubleType())
-            out = builder.gep(oa.data, [ir.Constant(_I64, q)])
-            builder.store(builder.fadd(builder.load(out), total), out)
-            builder.store(ir.Constant(ir.VectorType(f32, LANES), [0.0] * LANES), home, align=4)
-        return context.get_dummy_value()
-
-    return types.void(state, sums), codegen
+    return types.void(x, ys, types.int64, pad_x, pad_y, types.int64, out, mx), codegen
 
 
 # ------------------------------------------------------------------------- one element, for tails and overflow
@@ -190,34 +225,19 @@ def _y_at_impl(ys, i):
 
 # -------------------------------------------------------------------------------------------- a row's figures
 @nb.njit(nogil=True, cache=True)
-def _tail(x, ys, i0, n, state, mx, pad_x, pad_y):
-    """Elements ``[i0, n)`` (fewer than LANES) as one chunk zero-padded to LANES (a zero adds nothing)."""
-    pad_x[:] = 0.0
-    pad_y[:] = 0.0
-    for i in range(i0, n):
-        pad_x[i - i0] = _x_at(x, i)
-        pad_y[i - i0] = _y_at(ys, i)
-    _lanes(pad_x, (pad_y,), 0, 1, state, mx)
-
-
-@nb.njit(nogil=True, cache=True)
-def _row(x, ys, out, state, mx, pad_x, pad_y):
+def _row(x, ys, out, mx, pad_x, pad_y):
     """``out[:] = (sse, ssw, ssq, dot, max |w' - w|)`` of one row (``error_stats.row_sums``'s order)."""
     n = x.size
     full = n - n % LANES
-    sums = out[:4]
-    sums[:] = 0.0
-    mx[:] = 0
-    for b in range(0, n, BLOCK):
-        e = min(b + BLOCK, n)
-        c = (min(e, full) - b) // LANES
-        if c > 0:
-            _lanes(x, ys, b, c, state, mx)
-        if e > full:
-            _tail(x, ys, full, n, state, mx, pad_x, pad_y)
-        _fold(state, sums)
-    if not (np.isfinite(sums[0]) and np.isfinite(sums[1]) and np.isfinite(sums[2]) and np.isfinite(sums[3])):
-        _row_f64(x, ys, sums)
+    if n > full:  # the last chunk zero-padded (a zero adds nothing)
+        pad_x[:] = 0.0
+        pad_y[:] = 0.0
+        for i in range(full, n):
+            pad_x[i - full] = _x_at(x, i)
+            pad_y[i - full] = _y_at(ys, i)
+    _row_lanes(x, ys, n, pad_x, pad_y, 1 if n > full else 0, out, mx)
+    if not (np.isfinite(out[0]) and np.isfinite(out[1]) and np.isfinite(out[2]) and np.isfinite(out[3])):
+        _row_f64(x, ys, out)
     out[4] = np.float64(np.uint32(mx.max()).view(np.float32))
 
 
@@ -238,8 +258,7 @@ def _row_f64(x, ys, sums):
 
 @nb.njit(nogil=True, cache=True)
 def _buffers():
-    return (np.zeros(_STATE, np.float32), np.zeros(LANES, np.uint32), np.zeros(LANES, np.float32),
-            np.zeros(LANES, np.float32))
+    return np.zeros(LANES, np.uint32), np.zeros(LANES, np.float32), np.zeros(LANES, np.float32)
 
 
 # --------------------------------------------------------------------------------------------- the drivers
@@ -248,9 +267,9 @@ def _buffers():
 def error_rows(a, b, out, r0, r1):
     """Rows ``[r0, r1)`` of float32 ``a`` (source) and ``b`` (decoded) -> ``out[r] = (sse, ssw, ssq, dot,
     max |b - a|)``. Returns -1 (the codecs' "no bad row" convention)."""
-    state, mx, px, py = _buffers()
+    mx, px, py = _buffers()
     for r in range(r0, r1):
-        _row(a[r], (b[r],), out[r], state, mx, px, py)
+        _row(a[r], (b[r],), out[r], mx, px, py)
     return -1
 
 
@@ -258,24 +277,29 @@ def error_rows(a, b, out, r0, r1):
 @nb.njit(nogil=True, cache=True)
 def error_rows_bf16(a, b, out, r0, r1):
     """``error_rows`` of a BF16 source given as its bits (uint16)."""
-    state, mx, px, py = _buffers()
+    mx, px, py = _buffers()
     for r in range(r0, r1):
-        _row(a[r], (b[r],), out[r], state, mx, px, py)
+        _row(a[r], (b[r],), out[r], mx, px, py)
     return -1
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
+def _int4_row(a, codes, s, gs, o, out, bufs, scratch):
+    """Row ``o``'s figures against int4 pairs: decoded in the lane loop when every chunk of LANES lies in one
+    scale group, else decoded into ``scratch`` (``[1, I]``) first (the same values)."""
+    mx, px, py = bufs
+    if gs % LANES == 0 or gs >= a.shape[1]:
+        _row(a[o], (codes[o], s[o], gs), out[o], mx, px, py)
+    else:
+        _decode_int4_rows(codes[o : o + 1], s[o : o + 1], scratch, gs, 0, 1)
+        _row(a[o], (scratch[0],), out[o], mx, px, py)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
 def _int4_rows(a, codes, s, gs, out, r0, r1):
-    state, mx, px, py = _buffers()
-    n = a.shape[1]
-    if gs % LANES == 0 or gs >= n:  # every chunk of LANES lies in one scale group: decoded in the lane loop
-        for r in range(r0, r1):
-            _row(a[r], (codes[r], s[r], gs), out[r], state, mx, px, py)
-        return -1
-    scratch = np.empty((1, n), np.float32)  # another group size: each row decoded first (the same values)
+    bufs, scratch = _buffers(), np.empty((1, a.shape[1]), np.float32)
     for r in range(r0, r1):
-        _decode_int4_rows(codes[r : r + 1], s[r : r + 1], scratch, gs, 0, 1)
-        _row(a[r], (scratch[0],), out[r], state, mx, px, py)
+        _int4_row(a, codes, s, gs, r, out, bufs, scratch)
     return -1
 
 
@@ -298,9 +322,9 @@ def error_int4_bf16(a, codes, s, gs, out, r0, r1):
 @nb.njit(nogil=True, cache=True)
 def error_int8(a, q, s, out, r0, r1):
     """``error_rows`` of float32 ``a`` against int8-row codes ``q`` and row scales ``s``."""
-    state, mx, px, py = _buffers()
+    mx, px, py = _buffers()
     for r in range(r0, r1):
-        _row(a[r], (q[r], s[r]), out[r], state, mx, px, py)
+        _row(a[r], (q[r], s[r]), out[r], mx, px, py)
     return -1
 
 
@@ -308,7 +332,30 @@ def error_int8(a, q, s, out, r0, r1):
 @nb.njit(nogil=True, cache=True)
 def error_int8_bf16(a, q, s, out, r0, r1):
     """``error_int8`` of a BF16 source given as its bits."""
-    state, mx, px, py = _buffers()
+    mx, px, py = _buffers()
     for r in range(r0, r1):
-        _row(a[r], (q[r], s[r]), out[r], state, mx, px, py)
+        _row(a[r], (q[r], s[r]), out[r], mx, px, py)
+    return -1
+
+
+# --------------------------------------------------------------------------- measured while it is encoded
+@export("rows_bf16_measured", ("uint16", "i", "i", "uint8", "float32", "uint8", "float64"))
+@nb.njit(nogil=True, cache=True)
+def rows_bf16_measured(wb, fmt, gs, codes, sf, su, out, r0, r1):
+    """``rows_bf16`` (the BF16 encoder, ``_jit_encoders``) and, for an int8-row / int4-row / int4-grouped
+    ``fmt``, ``out[r]`` = ``error_int*_bf16``'s figures of what it wrote, ``_ROWS`` rows at a time: each block of
+    rows measured right after it is encoded, while its source and codes are in cache (no second pass over the
+    tensor). Returns the encoder's first bad row, or -1."""
+    bufs, scratch = _buffers(), np.empty((1, wb.shape[1]), np.float32)
+    mx, px, py = bufs
+    for r in range(r0, r1, _ROWS):
+        e = min(r + _ROWS, r1)
+        bad = _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r, e)
+        if bad >= 0:
+            return bad
+        for o in range(r, e):
+            if fmt == _INT8_ROW:
+                _row(wb[o], (codes[o].view(np.int8), sf[o, 0]), out[o], mx, px, py)
+            elif fmt == _INT4_ROW or fmt == _INT4_GROUPED:
+                _int4_row(wb, codes, sf, gs if fmt == _INT4_GROUPED else wb.shape[1], o, out, bufs, scratch)
     return -1

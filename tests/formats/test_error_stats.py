@@ -39,7 +39,7 @@ def _assert_within_bound(got: ErrorStats, a: np.ndarray, b: np.ndarray) -> None:
 
 
 def _reference(a: np.ndarray, b: np.ndarray) -> ErrorStats:
-    return error_stats._from_rows(a.size, error_stats.row_sums(a, b))
+    return error_stats.from_rows(a.size, error_stats.row_sums(a, b))
 
 
 def _scaled_rows(rng, shape) -> np.ndarray:
@@ -141,3 +141,41 @@ def test_formats_the_sums_kernel_does_not_decode_are_left_to_the_caller():
     assert error_stats.encoded_error(w, "int2-row", codes, scales, 256, 512, None) is None
     small = kernels.encode("int8-row", w[:4], None)
     assert error_stats.encoded_error(w[:4], "int8-row", *small, 4, 512, None) is None  # below KERNEL_ELEMS
+
+
+@pytest.mark.parametrize("fmt, gs", [("int8-row", None), ("int4-row", None), ("int4-grouped", 64), ("int4-grouped", 24)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_bf16_encoder_measures_what_it_wrote_bit_for_bit(fmt, gs, threads, monkeypatch):
+    """``encode_from_bf16_measured`` (each block of rows measured as soon as it is encoded): the bytes of
+    ``encode_from_bf16`` and the figures of decoding them and the reference, to the last bit."""
+    from colitools.formats import kernels
+
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)  # the kernel, not the reference, on the JIT too
+    shape = (203, 528)
+    w = _scaled_rows(np.random.default_rng(11), shape).astype(ml_dtypes.bfloat16)
+    kernels.set_threads(threads)
+    try:
+        codes, scales, rows = kernels.encode_from_bf16_measured(fmt, w, gs)
+        want_codes, want_scales = kernels.encode_from_bf16(fmt, w, gs)
+    finally:
+        kernels.set_threads(None)
+    assert np.array_equal(codes, want_codes) and np.array_equal(scales, want_scales)
+    assert rows is not None and rows.shape == (shape[0], 5)
+    decoded = kernels.decode(fmt, codes, scales, *shape, gs)
+    assert error_stats.from_rows(w.size, rows) == _reference(w, decoded)
+
+
+def test_the_bf16_encoder_measures_only_formats_its_kernel_decodes_and_refuses_what_encode_refuses(monkeypatch):
+    from colitools.formats import kernels
+    from colitools.formats.errors import EncodeError
+
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    w = np.random.default_rng(12).standard_normal((256, 512)).astype(ml_dtypes.bfloat16)
+    codes, scales, rows = kernels.encode_from_bf16_measured("int2-row", w, None)
+    assert rows is None and np.array_equal(codes, kernels.encode_from_bf16("int2-row", w, None)[0])
+    w[100, 7] = np.nan
+    with pytest.raises(EncodeError) as measured:
+        kernels.encode_from_bf16_measured("int4-grouped", w, 64, name="t")
+    with pytest.raises(EncodeError) as plain:
+        kernels.encode_from_bf16("int4-grouped", w, 64, name="t")
+    assert str(measured.value) == str(plain.value) and "[100, 7]" in str(plain.value)
