@@ -40,6 +40,9 @@ BLOCK = 256  # elements of a row per block: a lane sums BLOCK / LANES terms in f
 # docstring): BLOCK / LANES - 1 float32 additions in a lane, 4 in the fold, the term's product and difference
 REL_BOUND = (BLOCK // LANES + 6) * 2.0**-24
 TINY = 2.0**-149
+# recorded beside a unit's figures (colitools.json ``units.<unit>.error_order``): this order. A unit without it
+# holds figures colitools summed in float64 before (exact to ~1e-13): within REL_BOUND of these, not bit for bit
+SUM_ORDER = "f32x16-b256"
 # elements summed at once by the numpy path: bounds its temporaries (~5 float32 copies) whatever the tensor's size
 _CHUNK_ELEMS = 1 << 20
 _F32 = np.float32

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file
 from colitools.converters.options import ConvertOptions
 from colitools.converters.runner import convert
 from colitools.formats import reference as ref
-from colitools.formats.error_stats import REL_BOUND, TINY, ErrorStats, tensor_error
+from colitools.formats.error_stats import REL_BOUND, SUM_ORDER, TINY, ErrorStats, tensor_error
 from colitools.formats.errors import ParameterError, VerifyError
 from colitools.formats.safetensors_io import SafetensorsFile
 from colitools.verify.quality import agree, weight_quality
@@ -225,6 +225,7 @@ def test_recorded_and_recomputed_agree_then_a_changed_record_is_exit_4(tiny, tmp
         key = "globals" if t.layer is None else f"model.layers.{t.layer}"
         s = t.stats
         units[key].setdefault("errors", {})[t.name] = [s.n, s.sse, s.ssw, s.ssq, s.dot, s.max_abs]
+        units[key]["error_order"] = SUM_ORDER
     (rec / "colitools.json").write_text(json.dumps(manifest))
     same = run_cli("verify", "quality", rec, "--source", src, "--json")
     assert same.returncode == 0, same.stderr
@@ -236,6 +237,28 @@ def test_recorded_and_recomputed_agree_then_a_changed_record_is_exit_4(tiny, tmp
     proc = run_cli("verify", "quality", rec, "--source", src)
     assert proc.returncode == 4, proc.stderr
     assert f"DISAGREE: {gate}: sse" in proc.stdout and "NOT OK: 1 tensor(s) disagree" in proc.stdout
+
+
+def test_figures_recorded_before_the_fixed_order_agree_within_its_bound_only(tiny, tmp_path):
+    """A unit without ``error_order`` (colitools summed in float64 before FORMATS §11's order): its figures agree
+    within twice the order's bound (2 x 22 x 2^-24 = 2.6e-6), not within REL_TOL; a larger change still disagrees."""
+    src, out, _ = tiny
+    rec = tmp_path / "out"
+    manifest = json.loads((out / "colitools.json").read_text())
+    shutil.copytree(out, rec)
+    units = manifest["units"]
+    assert all(u["error_order"] == SUM_ORDER for u in units.values() if "errors" in u)  # convert records it
+    gate = "model.layers.1.mlp.experts.2.gate_proj.weight"
+    sse = units["model.layers.1"]["errors"][gate][1]
+    for unit in units.values():
+        unit.pop("error_order", None)
+    units["model.layers.1"]["errors"][gate][1] = sse * (1 + 2e-6)
+    (rec / "colitools.json").write_text(json.dumps(manifest))
+    assert run_cli("verify", "quality", rec, "--source", src).returncode == 0
+    units["model.layers.1"]["errors"][gate][1] = sse * (1 + 4e-6)
+    (rec / "colitools.json").write_text(json.dumps(manifest))
+    proc = run_cli("verify", "quality", rec, "--source", src)
+    assert proc.returncode == 4 and f"DISAGREE: {gate}: sse" in proc.stdout
 
 
 def test_what_convert_records_is_what_verify_recomputes(tiny):
