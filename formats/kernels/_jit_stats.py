@@ -224,7 +224,7 @@ def _y_at_impl(ys, i):
 
 
 # -------------------------------------------------------------------------------------------- a row's figures
-@nb.njit(nogil=True, cache=True)
+@nb.njit(nogil=True, cache=True, inline="always")
 def _row(x, ys, out, mx, pad_x, pad_y):
     """``out[:] = (sse, ssw, ssq, dot, max |w' - w|)`` of one row (``error_stats.row_sums``'s order)."""
     n = x.size
