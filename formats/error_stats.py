@@ -14,8 +14,8 @@ terms of elements ``j, j + LANES, ...`` in order in float32 (past the row's end:
 halves (``l[j] + l[j + h]``, h = 8, 4, 2, 1); the blocks' sums added to the row's in float64 in block order; the
 rows' added by numpy (``from_rows``). Each sum is within ``(BLOCK / LANES + 6) * 2^-24`` (1.3e-6) of the exact
 sum of its terms relatively (of the sum of their magnitudes, for ``dot``), plus ``n * 2^-149`` (terms below
-float32's normal range): ``REL_BOUND`` and ``TINY``. A row whose float32 sums overflow (a value beyond ~1.8e19) is summed in float64 in
-element order instead (``d`` then the float64 difference).
+float32's normal range): ``REL_BOUND`` and ``TINY``. A row whose float32 sums overflow (a value beyond ~1.8e19)
+is summed in float64 in element order instead (``d`` then the float64 difference).
 
 From them: relative Frobenius error ``sqrt(sse / ssw)``, cosine ``dot / sqrt(ssw * ssq)``, SQNR in dB
 ``10 log10(ssw / sse)`` (infinite for a lossless tensor). Sums add, so a role's, a layer's or a format's

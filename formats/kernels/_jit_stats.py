@@ -5,9 +5,10 @@ in block order; a row whose float32 sums overflow summed again in float64 in ele
 difference is the float32 ``|w' - w|``, taken on its bits (a maximum: no order). A BF16 source is read as its
 bits (no float32 copy of the tensor). The ``error_int*`` kernels take the written tensor's codes and scales
 instead of its decoded values and decode them inside the lane loop, exactly as ``_jit_decoders`` does (a group
-size that is not a multiple of the lane count decodes a row into a scratch row first).
+size that is not a multiple of the lane count decodes a row into a scratch row first). ``rows_bf16_measured``
+runs the BF16 encoder and measures what it wrote, a few rows at a time.
 
-Why the lane loop is LLVM IR written here (``_lanes``) rather than numba: a float sum vectorises only when the
+Why the lane loop is LLVM IR written here (``_row_lanes``) rather than numba: a float sum vectorises only when the
 compiler may reorder it (``fastmath``), and then its order, so the figures' last bits, follow the machine's
 vector width; numba leaves LLVM's SLP vectoriser off, so eight scalar accumulators stay scalar (~1.9 ns a
 weight, measured). The IR holds the lanes as one ``<16 x float>`` per sum: the order is the IR's whatever the
@@ -174,7 +175,8 @@ def _row_lanes(typingctx, x, ys, n, pad_x, pad_y, tail, out, mx):
             end = builder.add(b0, ir.Constant(_I64, BLOCK))
             end = builder.select(builder.icmp_signed("<", full, end), full, end)
             chunks = builder.sdiv(builder.sub(end, b0), ir.Constant(_I64, LANES))
-            chunks = builder.select(builder.icmp_signed("<", chunks, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), chunks)
+            none = ir.Constant(_I64, 0)
+            chunks = builder.select(builder.icmp_signed("<", chunks, none), none, chunks)
             for q in range(4):
                 builder.store(ir.Constant(f32v, [0.0] * LANES), slots[q])
             with cgutils.for_range(builder, chunks) as loop:

@@ -143,7 +143,9 @@ def test_formats_the_sums_kernel_does_not_decode_are_left_to_the_caller():
     assert error_stats.encoded_error(w[:4], "int8-row", *small, 4, 512, None) is None  # below KERNEL_ELEMS
 
 
-@pytest.mark.parametrize("fmt, gs", [("int8-row", None), ("int4-row", None), ("int4-grouped", 64), ("int4-grouped", 24)])
+@pytest.mark.parametrize(
+    "fmt, gs", [("int8-row", None), ("int4-row", None), ("int4-grouped", 64), ("int4-grouped", 24)]
+)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_bf16_encoder_measures_what_it_wrote_bit_for_bit(fmt, gs, threads, monkeypatch):
     """``encode_from_bf16_measured`` (each block of rows measured as soon as it is encoded): the bytes of
