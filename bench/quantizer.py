@@ -1,6 +1,7 @@
 """``--quantizer mse`` against ``rtn`` (docs/FORMATS.md §11), measured in one run on the same weights.
 
-``.venv/bin/python bench/quantizer.py [--runs 3] [--layers 4] [--workdir DIR] [--shm DIR] [--base-python PY]``
+``.venv/bin/python bench/quantizer.py [--runs 3] [--layers 4] [--workdir DIR] [--shm DIR] [--base-python PY]
+[--recording]``
 
 1. **Relative RMSE** ``||W' - W|| / ||W||`` of every format with scales to choose (int4-g32 / g64 / g128, int4-row,
    int3-g64, int2-row, int8-row; mxfp4 for reference, which ``mse`` leaves as it is) on synthetic Gaussian,
@@ -12,7 +13,11 @@
 3. With ``--base-python`` (the python of a checkout before convert recorded error figures, e.g. a worktree of an
    older commit with its own venv): the same rtn conversion by that checkout, interleaved, so the cost of
    recording each tensor's error in colitools.json is a measured difference (goal: a few percent).
-4. **The search kernel alone** (``kernels.mse_groups`` on one thread, this thread's CPU time, best of 7): ns per
+4. ``--recording`` (alone): the cost of recording the error figures, measured in one process run: the rtn BF16
+   -> int4-g64 conversion as in 2, and the same with the figures stubbed out in the process (``STUB``), for this
+   checkout and ``--base-python``'s, interleaved ``--runs`` times: CPU seconds and recorded / stubbed (goal: a
+   few percent).
+5. **The search kernel alone** (``kernels.mse_groups`` on one thread, this thread's CPU time, best of 7): ns per
    weight on ``[2048, 2048]`` Gaussian weights as int4-g64 groups and as int4-row rows.
 """
 
@@ -127,6 +132,49 @@ def conversions(work: Path, shm: Path, layers: int, runs: int, base_python: str 
     return lines
 
 
+# ``python -c STUB convert ...``: the same conversion with the error figures not taken (job_error, and the
+# encoders' own measurement where a checkout has it, stubbed out): the recording's cost is the difference
+STUB = """
+import sys
+import colitools.converters.unit_writer as u
+u.job_error = lambda *a, **k: None
+if hasattr(u, "encode_measured"):
+    u.encode_measured = lambda job, values, scale, block: (*u.encode_job(job, values, scale, block, False), None)
+from colitools.cli import main
+sys.argv[0] = "colitools"
+main()
+"""
+
+
+def recording_cost(work: Path, shm: Path, layers: int, runs: int, base_python: str | None) -> list[str]:
+    """CPU seconds of the rtn BF16 -> int4-g64 conversion with and without recording its error figures, this
+    checkout and ``base_python``'s, the four interleaved; the median of each run's recorded / stubbed ratio."""
+    bf16 = work / "q-bf16"
+    if not (bf16 / "model.safetensors.index.json").exists():
+        generate(bf16, layers, 16, "bf16")
+    recipe = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")
+    pythons = {"this checkout": sys.executable, **({"base": base_python} if base_python else {})}
+    variants = {}
+    for label, python in pythons.items():
+        variants[(label, "recorded")] = convert_cmd(python, bf16, shm / "q-out", *recipe)
+        variants[(label, "stubbed")] = [python, "-c", STUB, *convert_cmd(python, bf16, shm / "q-out", *recipe)[3:]]
+    res: dict[tuple[str, str], list[dict]] = {k: [] for k in variants}
+    timed(variants[("this checkout", "recorded")], shm / "q-out")  # warm-up
+    for _ in range(runs):
+        for key, cmd in variants.items():
+            res[key].append(timed(cmd, shm / "q-out"))
+    lines = ["| checkout | recorded CPU s | stubbed CPU s | recorded / stubbed (median of runs) | load |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for label in pythons:
+        rec, stub = res[(label, "recorded")], res[(label, "stubbed")]
+        ratio = statistics.median(r["cpu"] / t["cpu"] for r, t in zip(rec, stub, strict=True))
+        loads = [r["load"] for r in rec + stub]
+        lines.append(f"| {label} | {statistics.median(r['cpu'] for r in rec):.2f} | "
+                     f"{statistics.median(t['cpu'] for t in stub):.2f} | {ratio:.3f} | "
+                     f"{min(loads):.1f}-{max(loads):.1f} |")  # fmt: skip
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path(__file__).resolve().parents[1] / ".bench-tmp")
@@ -135,7 +183,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4, help="MoE layers of the generated checkpoints")
     ap.add_argument("--base-python", help="python of a checkout without error recording (its rtn conversion)")
     ap.add_argument("--skip-convert", action="store_true", help="only the synthetic RMSE table")
+    ap.add_argument("--recording", action="store_true", help="only the cost of recording the error figures")
     args = ap.parse_args()
+    if args.recording:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        print("\n".join(recording_cost(args.workdir, args.shm, args.layers, args.runs, args.base_python)))
+        return
     print("\n".join(rmse_table()))
     print()
     print("\n".join(search_speed()))

@@ -3,7 +3,7 @@
 Before any work: every tensor whose format the budget chooses (rules 3-6 of §6: routed experts, other 2-D
 weights, embeddings / head, MTP) is measured in each candidate format its target's engine reads (the recipe
 asked once per option, so a candidate that would fall back or repeat another is not offered); the squared error
-is what the conversion records for it (``unit_writer.encode_job`` + ``job_error``: its source read, encoded with
+is what the conversion records for it (``unit_writer.encode_measured``: its source read, encoded with
 the recipe's quantizer mode, decoded, ``error_stats.tensor_error``). ``converters/allocation.py`` then picks one
 option per tensor (per group where the target's engine needs one format for all routed experts), and the recipe
 carries the choice (``Recipe.budget``): the planner asks ``Recipe.tensor_option`` for every tensor.
@@ -42,7 +42,7 @@ from colitools.converters.planner import (
     written_jobs,
 )
 from colitools.converters.sources import Source
-from colitools.converters.unit_writer import ShardReader, _source_values, encode_job, job_error
+from colitools.converters.unit_writer import ShardReader, _source_values, encode_measured
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import write_json_atomic
 from colitools.formats.dtypes import itemsize, numpy_dtype
@@ -159,8 +159,7 @@ def _measure_job(
     for option, job in offered.items():
         if sampled is not None:
             job = replace(job, O=values.shape[0], shape=values.shape, fused_rows=None, fused_pick=None)
-        codes, scales = encode_job(job, values, scale, block, False)
-        err = job_error(job, values, scale, block, codes, scales)
+        codes, scales, err = encode_measured(job, values, scale, block)
         sse = 0.0 if err is None else err.sse * (first.O / job.O if sampled is not None else 1)
         out[option] = (written_bytes(offered[option], planar), sse)
         del codes, scales

@@ -35,7 +35,7 @@ from colitools.converters.planner import ConversionPlan, Unit
 from colitools.converters.source_identity import SourceIdentities
 from colitools.converters.unit_writer import FileRecord
 from colitools.formats.atomic import parse_temp_name
-from colitools.formats.error_stats import ErrorStats
+from colitools.formats.error_stats import SUM_ORDER, ErrorStats
 from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import DOWNLOAD_DIR, LOCK_FILE, SHARD_SUFFIX
 from colitools.formats.planar_sidecar import sidecar_dir
@@ -244,7 +244,8 @@ class Ledger:
         """Record a finished unit (its files are published), its tensors' reuse keys (converters/reuse.py) and
         rewrite the ledger atomically. ``errors``: what
         each written tensor lost (formats/error_stats.py), kept as ``errors: {tensor: [n, sse, ssw, ssq, dot,
-        max_abs]}`` (``ErrorStats`` field order; ``verify quality`` reports them without the source)."""
+        max_abs]}`` (``ErrorStats`` field order; ``verify quality`` reports them without the source) and the order
+        they were summed in (``error_order``)."""
         self.data["units"][unit.key] = {
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
             "sources": {s: self.identities.recorded(s, restat=True) for s in unit.shards},
@@ -252,6 +253,7 @@ class Ledger:
         self.data["units"][unit.key]["keys"] = reuse.unit_keys(unit, plan, self.identities)
         if errors:
             self.data["units"][unit.key]["errors"] = {name: list(astuple(e)) for name, e in sorted(errors.items())}
+            self.data["units"][unit.key]["error_order"] = SUM_ORDER  # FORMATS §11's order (verify's tolerance)
         self.data["units"] = _ordered(self.data["units"], plan)
         self.save()
         output.write_sidecar_index(self.outdir, plan, self.data["units"])  # planar: done (and complete)

@@ -45,6 +45,7 @@ from colitools.converters.donor_copy import _DonorChanged as _DonorChanged
 from colitools.converters.planner import ConversionPlan, OutputFile, OutputGroup, TensorJob, Unit
 from colitools.formats import planar_sidecar as sidecar
 from colitools.formats.atomic import write_json_atomic
+from colitools.formats.error_stats import SUM_ORDER
 from colitools.formats.errors import SafetensorsError
 from colitools.formats.filenames import INDEX_FILE
 from colitools.formats.jsonfile import load_json_object
@@ -165,6 +166,8 @@ def _record(unit: Mapping[str, Any]) -> dict[str, Any] | None:
     files, keys = unit.get("files"), unit.get("keys")
     if not isinstance(files, list) or not isinstance(keys, dict) or not keys:
         return None  # converted before reuse keys (an earlier colitools): nothing to copy from it
+    if unit.get("errors") and unit.get("error_order") != SUM_ORDER:
+        return None  # its figures summed in an earlier order (FORMATS §11): encoded again, so a unit holds one order
     return {"files": files, "keys": keys, "errors": unit.get("errors") or {}}
 
 

@@ -45,7 +45,7 @@ from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Uni
 from colitools.formats import kernels, planar_sidecar, qpack
 from colitools.formats import reference as ref
 from colitools.formats.dtypes import numpy_dtype
-from colitools.formats.error_stats import ErrorStats, encoded_error, tensor_error
+from colitools.formats.error_stats import ErrorStats, encoded_error, from_rows, tensor_error
 from colitools.formats.errors import ConvertError, EncodeError, SafetensorsError
 from colitools.formats.expert_layouts import SIGNED_NIBBLE_XOR, Stack
 from colitools.formats.quantizers import RTN
@@ -330,8 +330,11 @@ def encode_job(
     scale: np.ndarray | None,
     block: tuple[int, int] | None,
     planar: bool,
+    measured: list[ErrorStats] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values."""
+    """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values. Given a
+    ``measured`` list, an encoder that takes the written tensor's error figures as it writes (a whole BF16 tensor
+    to int8-row / int4: ``kernels.encode_from_bf16_measured``) appends them (``job_error``'s figures)."""
     t = job.target
     if t.is_source:  # rules 0 and 1: the source tensor unchanged (its dtype, its bytes)
         if job.source.dtype in _CHECKED_SOURCE_DTYPES:  # a float kept as stored holds no NaN / inf either
@@ -369,7 +372,12 @@ def encode_job(
             w = _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
-        codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
+        if measured is None or values.shape != (job.O, job.I):
+            codes, scales = kernels.encode_from_bf16(t.fmt, values, gs, name=job.out_name)
+        else:  # its rows are job_error's rows: the same figures
+            codes, scales, rows = kernels.encode_from_bf16_measured(t.fmt, values, gs, name=job.out_name)
+            if rows is not None:
+                measured.append(from_rows(job.O * job.I, rows))
     elif values.dtype == np.float16:  # the same, upcast a row at a time: no float32 copy of the tensor
         codes, scales = kernels.encode_from_f16(t.fmt, values, gs, name=job.out_name)
     elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
@@ -402,6 +410,17 @@ def _encode_native(job: TensorJob, parts: dict[str, np.ndarray]) -> tuple[np.nda
         w = w.reshape(job.shape)
         return (encode_bf16(w) if t.is_bf16 else w), None
     return t.format_class.encode(w, t.gs, name=name, fast=True, quantizer=t.quantizer)
+
+
+def encode_measured(
+    job: TensorJob, values: np.ndarray, scale: np.ndarray | None, block: tuple[int, int] | None
+) -> tuple[np.ndarray, np.ndarray | None, ErrorStats | None]:
+    """``encode_job`` (pairs order) and ``job_error`` of what it wrote, the figures taken by the encoder itself
+    where it can (no second pass over the tensor)."""
+    measured: list[ErrorStats] = []
+    codes, scales = encode_job(job, values, scale, block, False, measured)
+    error = measured[0] if measured else job_error(job, values, scale, block, codes, scales)
+    return codes, scales, error
 
 
 def job_error(
@@ -772,12 +791,11 @@ class _Slabs:
         rows_grid = None if grid is None else np.asarray(grid)[r0 // block[0] : -(-r1 // block[0])]
         slab = replace(job, O=r1 - r0, shape=(r1 - r0, job.I))
         try:
-            codes, s = encode_job(slab, values, rows_grid, block, False)
+            codes, s, error = encode_measured(slab, values, rows_grid, block)
         except (ConvertError, EncodeError):
             # the whole tensor's message (its first bad [o, i], its count): encoded whole, on this path only
             encode_job(job, *_source_values(job, reader, block), block, False)
             raise
-        error = job_error(slab, values, rows_grid, block, codes, s)
         if error is not None:
             self.error = error if self.error is None else self.error + error
         sink.put(wname, codes, part=True)
@@ -797,8 +815,7 @@ def _read_encode(
     if big:  # few of these: split its rows over every kernel thread
         kernels.set_threads(None, this_thread=True)
     try:
-        codes, scales = encode_job(job, values, scale, block, False)
-        error = job_error(job, values, scale, block, codes, scales)
+        codes, scales, error = encode_measured(job, values, scale, block)
     finally:
         if big:
             kernels.set_threads(1, this_thread=True)

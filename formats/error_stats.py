@@ -1,12 +1,21 @@
 """What a conversion lost, tensor by tensor: the one definition of the error figures (FORMATS §11) that
 ``convert`` records in its manifest, ``verify quality`` reports and the size budget (§10) minimises.
 
-A tensor's figures are five float64 sums and one maximum over its elements, with ``w`` the source's decoded
-float32 values and ``w'`` the output's decoded float32 values (both exact decodes; the difference is taken in
-float64):
+A tensor's figures are four sums and one maximum over its elements, with ``x`` the source's decoded float32
+values and ``y`` the output's decoded float32 values (both exact decodes), ``d = float32(y - x)``:
 
-* ``sse = sum((w' - w)^2)``, ``ssw = sum(w^2)``, ``ssq = sum(w'^2)``, ``dot = sum(w' * w)``, ``n`` elements;
-* ``max_abs = max |w' - w|`` (on the kernel: the float32 difference, within 2^-24 of the exact one).
+* ``sse = sum(d^2)``, ``ssw = sum(x^2)``, ``ssq = sum(y^2)``, ``dot = sum(x * y)``, ``n`` elements;
+* ``max_abs = max |d|``.
+
+The sums run in one fixed order (``row_sums``, the readable spec the kernels ``kernels/_jit_stats.py`` equal bit
+for bit), the same on every machine and thread count: row by row (the last axis; a 1-D tensor is one row), a row
+in blocks of ``BLOCK`` elements; in a block, every term rounded to float32, lane ``j`` of ``LANES`` summing the
+terms of elements ``j, j + LANES, ...`` in order in float32 (past the row's end: zeros), the lanes folded in
+halves (``l[j] + l[j + h]``, h = 8, 4, 2, 1); the blocks' sums added to the row's in float64 in block order; the
+rows' added by numpy (``from_rows``). Each sum is within ``(BLOCK / LANES + 6) * 2^-24`` (1.3e-6) of the exact
+sum of its terms relatively (of the sum of their magnitudes, for ``dot``), plus ``n * 2^-149`` (terms below
+float32's normal range): ``REL_BOUND`` and ``TINY``. A row whose float32 sums overflow (a value beyond ~1.8e19)
+is summed in float64 in element order instead (``d`` then the float64 difference).
 
 From them: relative Frobenius error ``sqrt(sse / ssw)``, cosine ``dot / sqrt(ssw * ssq)``, SQNR in dB
 ``10 log10(ssw / sse)`` (infinite for a lossless tensor). Sums add, so a role's, a layer's or a format's
@@ -25,8 +34,18 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
-# rows summed at once: bounds the float64 temporaries to ~8 MB whatever the tensor's size
+LANES = 16  # float32 lanes of a block (FORMATS §11): one <16 x float> per sum in the kernels
+BLOCK = 256  # elements of a row per block: a lane sums BLOCK / LANES terms in float32 before the float64 sum
+# Each sum lies within REL_BOUND of the exact sum of its exact terms' magnitudes, plus n * TINY (the module's
+# docstring): BLOCK / LANES - 1 float32 additions in a lane, 4 in the fold, the term's product and difference
+REL_BOUND = (BLOCK // LANES + 6) * 2.0**-24
+TINY = 2.0**-149
+# recorded beside a unit's figures (colitools.json ``units.<unit>.error_order``): this order. A unit without it
+# holds figures colitools summed in float64 before (exact to ~1e-13): within REL_BOUND of these, not bit for bit
+SUM_ORDER = "f32x16-b256"
+# elements summed at once by the numpy path: bounds its temporaries (~5 float32 copies) whatever the tensor's size
 _CHUNK_ELEMS = 1 << 20
+_F32 = np.float32
 
 
 @dataclass(frozen=True)
@@ -96,32 +115,65 @@ class ErrorStats:
 
 
 def tensor_error(source: np.ndarray, decoded: np.ndarray) -> ErrorStats:
-    """The figures of one tensor: ``source`` and ``decoded`` hold the same number of float values (any shape,
-    any float dtype; compared element by element in C order, in float64). A float32 matrix of ``KERNEL_ELEMS``
-    elements or more goes to the kernel (``kernels/_jit_stats.py``, compiled ahead: one pass, rows on the kernels'
-    threads; the same figures to the last few bits)."""
+    """The figures of one tensor: ``source`` and ``decoded`` hold the same number of float values (any float
+    dtype, both taken as float32; rows: the last axis when the shapes are equal, else one row of all values in C
+    order). A float32 or BF16 matrix of ``KERNEL_ELEMS`` elements or more goes to the kernel
+    (``kernels/_jit_stats.py``, compiled ahead: one pass, rows on the kernels' threads; ``row_sums`` bit for bit)."""
     if np.ndim(source) == 2 and np.size(source) >= KERNEL_ELEMS and np.shape(source) == np.shape(decoded):
         return _kernel_error(source, decoded)
-    a = np.asarray(source).reshape(-1)
-    b = np.asarray(decoded).reshape(-1)
+    a, b = np.asarray(source), np.asarray(decoded)
     if a.size != b.size:
         raise ValueError(f"error statistics of {a.size} source values against {b.size} decoded values")
-    total = ErrorStats()
-    for start in range(0, a.size, _CHUNK_ELEMS):
-        x = a[start : start + _CHUNK_ELEMS].astype(np.float64)
-        y = b[start : start + _CHUNK_ELEMS].astype(np.float64)
-        d = y - x
-        # numpy's pairwise sums, not BLAS dot products (whose order can depend on its thread count): the same
-        # figures on every machine, so a resumed conversion records what an uninterrupted one does
-        total = total + ErrorStats(
-            int(x.size),
-            float(np.sum(d * d)),
-            float(np.sum(x * x)),
-            float(np.sum(y * y)),
-            float(np.sum(x * y)),
-            float(np.max(np.abs(d))) if d.size else 0.0,
-        )
-    return total
+    width = a.shape[-1] if a.ndim >= 2 and a.shape == b.shape and a.size else max(a.size, 1)
+    a, b = a.reshape(-1, width), b.reshape(-1, width)
+    step = max(1, _CHUNK_ELEMS // width)
+    rows = [row_sums(a[r : r + step], b[r : r + step]) for r in range(0, a.shape[0], step)]
+    return from_rows(int(a.size), np.concatenate(rows) if rows else np.zeros((0, 5)))
+
+
+def row_sums(source: np.ndarray, decoded: np.ndarray) -> np.ndarray:
+    """``[R, 5]`` float64 ``(sse, ssw, ssq, dot, max_abs)`` of each row of ``source`` and ``decoded`` (``[R, n]``,
+    any float dtype, taken as float32): the module's order, the one the kernels follow."""
+    x = np.asarray(source).astype(_F32)
+    y = np.asarray(decoded).astype(_F32)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found below and summed again
+        return _row_sums(x, y)
+
+
+def _row_sums(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    R, n = x.shape
+    out = np.zeros((R, 5))
+    cols = max(BLOCK, _CHUNK_ELEMS // max(R, 1) // BLOCK * BLOCK)  # whole blocks at a time
+    for c0 in range(0, n, cols):
+        xs, ys = x[:, c0 : c0 + cols], y[:, c0 : c0 + cols]
+        d = ys - xs
+        if d.size:
+            out[:, 4] = np.maximum(out[:, 4], np.abs(d).max(axis=1))
+        blocks = _block_sums(np.stack([d * d, xs * xs, ys * ys, xs * ys]))  # [4, R, blocks] float32
+        for k in range(blocks.shape[2]):  # the blocks' sums into the row's, float64, in block order
+            out[:, :4] += blocks[:, :, k].T.astype(np.float64)
+    for r in np.flatnonzero(~np.isfinite(out[:, :4]).all(axis=1)):  # float32 overflow: float64, element order
+        x64, y64 = x[r].astype(np.float64), y[r].astype(np.float64)
+        d64 = y64 - x64
+        out[r, :4] = [np.cumsum(t)[-1] for t in (d64 * d64, x64 * x64, y64 * y64, x64 * y64)]
+    return out
+
+
+def _block_sums(terms: np.ndarray) -> np.ndarray:
+    """``terms [..., n]`` float32 -> ``[..., ceil(n / BLOCK)]``: each block's lanes summed in order, then folded."""
+    n = terms.shape[-1]
+    blocks = -(-n // BLOCK)
+    padded = np.zeros((*terms.shape[:-1], blocks * BLOCK), _F32)  # past the row's end: zeros (add nothing)
+    padded[..., :n] = terms
+    steps = padded.reshape(*terms.shape[:-1], blocks, BLOCK // LANES, LANES)
+    lanes = np.zeros((*terms.shape[:-1], blocks, LANES), _F32)
+    for k in range(BLOCK // LANES):  # lane j: elements j, j + LANES, ... in order
+        lanes = lanes + steps[..., k, :]
+    h = LANES // 2
+    while h:  # folded in halves: l[j] + l[j + h]
+        lanes = lanes[..., :h] + lanes[..., h : 2 * h]
+        h //= 2
+    return lanes[..., 0]
 
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -139,12 +191,13 @@ def _kernel_error(source: np.ndarray, decoded: np.ndarray) -> ErrorStats:
     else:
         a = np.ascontiguousarray(source, dtype=np.float32)
         aot.CODECS.run("error_rows", (a, b, rows), *b.shape)
-    return _from_rows(int(a.size), rows)
+    return from_rows(int(a.size), rows)
 
 
-def _from_rows(n: int, rows: np.ndarray) -> ErrorStats:
+def from_rows(n: int, rows: np.ndarray) -> ErrorStats:
+    """The figures of ``n`` elements from their rows' ``row_sums`` (``[R, 5]``, a kernel's or the reference's)."""
     sums = rows[:, :4].sum(axis=0)  # rows added in a fixed (numpy pairwise) order: thread count invisible
-    return ErrorStats(n, *(float(v) for v in sums), float(rows[:, 4].max()))
+    return ErrorStats(n, *(float(v) for v in sums), float(rows[:, 4].max()) if len(rows) else 0.0)
 
 
 def encoded_error(
@@ -161,7 +214,7 @@ def encoded_error(
     from colitools.formats.kernels import decoders
 
     rows = decoders.error_rows(src, fmt_name, codes, scales, O, I, gs)
-    return None if rows is None else _from_rows(O * I, rows)
+    return None if rows is None else from_rows(O * I, rows)
 
 
 def total(stats: Iterable[ErrorStats]) -> ErrorStats:

@@ -1,7 +1,7 @@
 """``colitools verify quality OUTPUT [--source SRC]``: what a conversion lost, tensor by tensor, at any size.
 
-Every figure is ``formats/error_stats.ErrorStats`` (FORMATS §9: float64 sums over the source's decoded values
-``w`` and the output's decoded values ``w'``), summed per role, per layer, per format and over the whole model
+Every figure is ``formats/error_stats.ErrorStats`` (FORMATS §11: sums in a fixed order over the source's decoded
+values ``w`` and the output's decoded values ``w'``), summed per role, per layer, per format and over the whole model
 (sums add; no ratio is ever averaged).
 
 * With ``source`` (a local folder or a Hub repo id, opened as ``convert`` opens it: ``sources.open_source``) the
@@ -45,7 +45,7 @@ import numpy as np
 from colitools.converters.manifest import Manifest
 from colitools.formats import names
 from colitools.formats.atomic import check_png_path
-from colitools.formats.error_stats import ErrorStats, total
+from colitools.formats.error_stats import REL_BOUND, SUM_ORDER, TINY, ErrorStats, total
 from colitools.formats.errors import ColitoolsError, ManifestError, VerifyError
 from colitools.formats.filenames import MANIFEST_FILE
 from colitools.formats.inspect import incomplete_conversion, open_model
@@ -55,12 +55,17 @@ __all__ = ["Disagreement", "QualityReport", "TensorQuality", "agree", "weight_qu
 
 SCHEMA = "colitools.verify.quality/1"
 # Recorded and recomputed sums agree when they differ by at most REL_TOL of the larger one (plus ABS_TOL of the
-# tensor's ||w||^2 + ||w'||^2, for a sum near zero). Both are float64 sums of the same float64 terms, only
-# added in another order (row slabs, a kernel's SIMD lanes, chunks): the rounding of n terms summed so is below
-# ~1e-13 of the sum even for 1e9 terms, while changing one element of a 10-million-element tensor moves its sse
-# by ~1e-7. ``n`` and ``max_abs`` (a maximum: no rounding) must be equal.
+# tensor's ||w||^2 + ||w'||^2, for a sum near zero). Both follow FORMATS §11's order, whose float32 block sums are
+# the same bit for bit wherever computed (rows are rows in both); only float64 additions differ in order (a tensor
+# cut into row slabs of another size, chunks): below ~1e-13 of the sum even for 1e9 terms, while changing one
+# element of a 10-million-element tensor moves its sse by ~1e-7. ``n`` and ``max_abs`` (a maximum: no rounding)
+# must be equal.
 REL_TOL = 1e-9
 ABS_TOL = 1e-15
+# A unit recorded without ``error_order`` (colitools before FORMATS §11's order: float64 sums, and the maximum in
+# float64 on the numpy path) agrees within the order's own bound of the exact sums, twice over
+OLD_ORDER_REL_TOL = 2 * REL_BOUND
+OLD_ORDER_MAX_REL = 2.0**-23
 SLAB_BYTES = 16 << 20  # float32 bytes per row slab of a big plain tensor
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -166,18 +171,22 @@ class QualityReport:
         }
 
 
-def agree(recorded: ErrorStats, recomputed: ErrorStats) -> str | None:
-    """None when ``recorded`` and ``recomputed`` are the same figures up to summation order (``REL_TOL``), else
-    every figure that differs, with both values (``sse 0.0 recorded, 1.0 recomputed; ...``)."""
+def agree(recorded: ErrorStats, recomputed: ErrorStats, old_order: bool = False) -> str | None:
+    """None when ``recorded`` and ``recomputed`` are the same figures up to summation order (``REL_TOL``; figures
+    recorded before FORMATS §11's order, ``old_order``: ``OLD_ORDER_REL_TOL``), else every figure that differs,
+    with both values (``sse 0.0 recorded, 1.0 recomputed; ...``)."""
     differ = []
     if recorded.n != recomputed.n:
         differ.append(f"n {recorded.n} recorded, {recomputed.n} recomputed")
-    scale = ABS_TOL * (abs(recomputed.ssw) + abs(recomputed.ssq))
+    scale = ABS_TOL * (abs(recomputed.ssw) + abs(recomputed.ssq)) + (recomputed.n * TINY if old_order else 0.0)
+    rel = OLD_ORDER_REL_TOL if old_order else REL_TOL
     for key in ("sse", "ssw", "ssq", "dot"):
         a, b = getattr(recorded, key), getattr(recomputed, key)
-        if not abs(a - b) <= REL_TOL * max(abs(a), abs(b)) + scale:  # (a NaN never agrees)
+        if not abs(a - b) <= rel * max(abs(a), abs(b)) + scale:  # (a NaN never agrees)
             differ.append(f"{key} {a!r} recorded, {b!r} recomputed")
-    if recorded.max_abs != recomputed.max_abs:  # a maximum: no rounding to tolerate
+    if old_order and abs(recorded.max_abs - recomputed.max_abs) <= OLD_ORDER_MAX_REL * recomputed.max_abs:
+        pass  # the old numpy path's float64 |d| against the float32 one
+    elif recorded.max_abs != recomputed.max_abs:  # a maximum: no rounding to tolerate
         differ.append(f"max_abs {recorded.max_abs!r} recorded, {recomputed.max_abs!r} recomputed")
     return "; ".join(differ) or None
 
@@ -222,7 +231,7 @@ def weight_quality(
             _from_record(report, weights, recorded)
         else:
             _recompute(report, weights, manifest, source, revision, token, progress, workdir)
-            _compare(report, recorded)
+            _compare(report, recorded, _old_order(manifest))
     finally:
         for shard in model.shards:
             shard.close()
@@ -292,7 +301,13 @@ def _from_record(report: QualityReport, weights: OutputWeights, recorded: Mappin
         report.tensors.append(weights.quality(w, stats))
 
 
-def _compare(report: QualityReport, recorded: Mapping[str, ErrorStats]) -> None:
+def _old_order(manifest: Manifest) -> set[str]:
+    """The tensors whose figures a unit recorded without ``error_order`` (before FORMATS §11's order)."""
+    return {name for unit in manifest.units.values() if isinstance(unit, dict) and isinstance(unit.get("errors"), dict)
+            and unit.get("error_order") != SUM_ORDER for name in unit["errors"]}  # fmt: skip
+
+
+def _compare(report: QualityReport, recorded: Mapping[str, ErrorStats], old_order: set[str]) -> None:
     """Each recomputed tensor against its recorded figures (when the manifest recorded any)."""
     if not recorded:
         return
@@ -302,7 +317,7 @@ def _compare(report: QualityReport, recorded: Mapping[str, ErrorStats]) -> None:
         mine = recorded.get(t.name)
         if mine is None and t.name in report.copied:
             continue  # the source's own bytes: convert records no figures for them (lossless by construction)
-        why = "not recorded" if mine is None else agree(mine, t.stats)
+        why = "not recorded" if mine is None else agree(mine, t.stats, t.name in old_order)
         if why is not None:
             report.disagreements.append(Disagreement(t.name, mine, t.stats, why))
     for name, stats in recorded.items():

@@ -71,6 +71,7 @@ from colitools.formats.kernels._dispatch import (
     encode,
     encode_fp8_e8m0,
     encode_from_bf16,
+    encode_from_bf16_measured,
     encode_from_f16,
     encode_from_fp8_block,
     encode_from_fp8_e8m0,
@@ -86,6 +87,7 @@ from colitools.formats.reference import E4M3_TO_F32  # the one table, = _jit_bit
 __all__ = [
     "encode",
     "encode_from_bf16",
+    "encode_from_bf16_measured",
     "encode_from_f16",
     "encode_from_fp8_block",
     "encode_from_fp8_e8m0",

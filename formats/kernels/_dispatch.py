@@ -338,6 +338,21 @@ def encode_from_bf16(
     return _compiled_now(encoders.encode_from_bf16(fmt_name, wb, gs, name=name))
 
 
+def encode_from_bf16_measured(
+    fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``encode_from_bf16`` and, where its kernel encodes an int8-row / int4 tensor, the per-row error figures of
+    what it wrote, taken as it writes them (``error_stats.from_rows`` sums them); None where it does not."""
+    from colitools.formats.kernels import encoders
+
+    wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
+    if fmt_name not in encoders.MEASURED_FORMATS or wb.size == 0:
+        return (*encode_from_bf16(fmt_name, wb, gs, name), None)
+    if _reference_encodes(fmt_name, wb.size):
+        return (*_reference_checked(fmt_name, wb.view(ml_dtypes.bfloat16).astype(F32), gs, name), None)
+    return _compiled_now(encoders.encode_from_bf16_measured(fmt_name, wb, gs, name=name))
+
+
 def encode_from_f16(
     fmt_name: str, w_f16: np.ndarray, gs: int | None, name: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:

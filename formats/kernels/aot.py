@@ -459,8 +459,10 @@ def _codec_modules() -> tuple[ModuleType, ...]:
 
 # The codecs (encode drivers, container and source decoders, FP8 dequant, planar64 reorder, the mse scale search,
 # the error figures) and the thread pool's polls. Their compiled code reads the format codes and decode tables of registry / reference, and the pool's
-# flag-cell indices of threads.
+# flag-cell indices of threads; the error figures' lanes and blocks are error_stats'.
 CODECS = KernelSet(
     "codecs", __file__, _codec_modules,
-    constants=("threads.py", "../reference.py", "../registry.py", "../quantizers.py", "../affine.py"),
+    constants=(
+        "threads.py", "../reference.py", "../registry.py", "../quantizers.py", "../affine.py", "../error_stats.py"
+    ),
 )

@@ -1,5 +1,5 @@
-"""The encoders on the kernels (``encode``, ``encode_from_bf16``, ``encode_from_f16``, ``encode_from_fp8_block``,
-``encode_fp8_e8m0``, ``encode_from_fp8_e8m0``),
+"""The encoders on the kernels (``encode``, ``encode_from_bf16`` and ``encode_from_bf16_measured``, ``encode_from_f16``,
+``encode_from_fp8_block``, ``encode_fp8_e8m0``, ``encode_from_fp8_e8m0``),
 numba-free: the output arrays are planned here; the rows are encoded by the numba drivers of ``_jit_encoders`` or
 by the same drivers compiled ahead of time, whichever ``aot.CODECS`` resolves once per process. Byte-identical to
 the numpy reference either way (the package's entry points, ``_dispatch``, send small tensors to that reference
@@ -78,6 +78,24 @@ def encode_from_bf16(
     if aot.CODECS.run("rows_bf16", (wb, fmt, g, codes, sf, su), O, I) >= 0:
         _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
     return codes, scales
+
+
+# formats whose figures ``encode_from_bf16_measured`` takes as it encodes (``_jit_stats.rows_bf16_measured``)
+MEASURED_FORMATS = ("int8-row", "int4-row", "int4-grouped")
+
+
+def encode_from_bf16_measured(
+    fmt_name: str, w_bf16: np.ndarray, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``encode_from_bf16`` of a ``MEASURED_FORMATS`` format and the per-row error figures of what it wrote
+    (``[O, 5]``, ``error_stats.row_sums``' order), each block of rows measured as soon as it is encoded."""
+    wb = _matrix(w_bf16, np.uint16, ml_dtypes.bfloat16, name)
+    O, I = wb.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    rows = np.empty((O, 5), np.float64)
+    if aot.CODECS.run("rows_bf16_measured", (wb, fmt, g, codes, sf, su, rows), O, I) >= 0:
+        _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
+    return codes, scales, rows
 
 
 def encode_from_f16(

@@ -16,6 +16,7 @@ import pytest
 from colitools.converters.options import ConvertOptions
 from colitools.converters.reuse import DONOR_FILE
 from colitools.converters.runner import convert
+from colitools.formats.error_stats import SUM_ORDER
 from colitools.formats.errors import ConvertError
 from colitools.formats.filenames import INDEX_FILE, MANIFEST_FILE
 from colitools.formats.safetensors_io import read_header
@@ -159,6 +160,23 @@ def test_sigkill_after_a_new_file_replaced_an_old_one_unrecorded(tmp_path, fresh
     assert _files(out) == _files(fresh)
     assert _manifest(out) == _manifest(fresh)
     assert json.loads(stdout)["units_converted"] == 3 - len(m["units"])
+
+
+def test_units_recorded_before_the_figures_order_are_encoded_again_not_copied(tmp_path, fresh):
+    """A unit whose error figures were summed in colitools' earlier order (no ``error_order``, FORMATS §11) is no
+    donor: its tensors are encoded again, so every unit of the result holds figures of one order."""
+    out, same = tmp_path / "out", tmp_path / "same"
+    _convert(out, target_bpw=BEFORE)
+    _convert(same, target_bpw=BEFORE)
+    data = json.loads((out / MANIFEST_FILE).read_text())
+    old = next(k for k, u in data["units"].items() if k != "globals" and u.get("errors"))
+    assert data["units"][old].pop("error_order") == SUM_ORDER  # what convert records
+    (out / MANIFEST_FILE).write_text(json.dumps(data))
+    without = _convert(out, target_bpw=AFTER, replace=True, dry_run=True).tensors_copied
+    with_all = _convert(same, target_bpw=AFTER, replace=True, dry_run=True).tensors_copied
+    assert 0 < without < with_all and with_all - without <= len(data["units"][old]["errors"])
+    _convert(out, target_bpw=AFTER, replace=True)
+    assert _files(out) == _files(fresh) and _manifest(out) == _manifest(fresh)
 
 
 def test_dry_run_says_how_many_tensors_replace_would_copy_and_two_workers_copy_them(tmp_path, fresh):
