@@ -387,7 +387,7 @@ class _Chunk:
     def _receive(self, response: httpx2.Response) -> None:
         """The body into ``buf``. The first piece comes through httpx2 (with it, whatever httpx2 read beyond the
         headers); the rest, when the connection is a socket of its own (``direct_socket``), with ``recv_into``
-        straight into ``buf``: httpx2 hands a body over in 64 KiB ``bytes`` after five copies in Python (1.5-2
+        straight into ``buf``: httpx2 hands a body over in 64 KiB ``bytes`` after five copies in Python (~2.3
         CPU-s per GB here, bench/README.md). The connection is then closed with the response, not reused: httpx2
         did not see the body end."""
         sock = direct_socket(response)
