@@ -7,10 +7,12 @@ a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftrun
   (after the bytes, with one ``write`` on an ``O_APPEND`` descriptor), so after any kill, SIGKILL included, the
   log names no byte the part lacks and nothing on disk is fetched again; a torn last line is ignored. A stream
   buffers at most ``WRITE_BYTES`` in memory. A ``.part`` without a log is today's single-stream part, a prefix.
-* Verification: the sha256 follows the done prefix of the part as it grows (read back with ``os.pread`` by
-  whichever stream finished a chunk, the rest at the end), so the whole file is hashed once, mostly while it
-  downloads (1.5 GB/s for one core here, against 1.5-7 s for a 5 GB shard in one pass at the end).
-* Stall: the client's read timeout is ``stall_seconds()``: a stream that delivers nothing for that long fails
+* Verification: the sha256 follows the done prefix of the part as it grows (read back with ``os.preadv`` into
+  one buffer by whichever stream finished a chunk, the rest at the end), so the whole file is hashed once, mostly
+  while it downloads (1.5 GB/s for one core here, against 1.5-7 s for a 5 GB shard in one pass at the end).
+* Receive: a body's first piece through httpx2, the rest ``recv_into`` the stream's buffer from the socket
+  (``direct_socket``; the connection is then not reused).
+* Stall: the client's read timeout is ``stall_seconds()`` (the socket's too, read directly): a stream that delivers nothing for that long fails
   with a ``ReadTimeout`` and asks for the rest of its chunk again, under the download's retry policy.
 * Fallback: a server that answers a range with 200 (or an encoded body) gets today's single stream; the part is
   cut to its done prefix first, the log removed.
