@@ -7,10 +7,12 @@ a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftrun
   (after the bytes, with one ``write`` on an ``O_APPEND`` descriptor), so after any kill, SIGKILL included, the
   log names no byte the part lacks and nothing on disk is fetched again; a torn last line is ignored. A stream
   buffers at most ``WRITE_BYTES`` in memory. A ``.part`` without a log is today's single-stream part, a prefix.
-* Verification: the sha256 follows the done prefix of the part as it grows (read back with ``os.pread`` by
-  whichever stream finished a chunk, the rest at the end), so the whole file is hashed once, mostly while it
-  downloads (1.5 GB/s for one core here, against 1.5-7 s for a 5 GB shard in one pass at the end).
-* Stall: the client's read timeout is ``stall_seconds()``: a stream that delivers nothing for that long fails
+* Verification: the sha256 follows the done prefix of the part as it grows (read back with ``os.preadv`` into
+  one buffer by whichever stream finished a chunk, the rest at the end), so the whole file is hashed once, mostly
+  while it downloads (1.5 GB/s for one core here, against 1.5-7 s for a 5 GB shard in one pass at the end).
+* Receive: a body's first piece through httpx2, the rest ``recv_into`` the stream's buffer from the socket
+  (``direct_socket``; the connection is then not reused).
+* Stall: the client's read timeout is ``stall_seconds()`` (the socket's too, read directly): a stream that delivers nothing for that long fails
   with a ``ReadTimeout`` and asks for the rest of its chunk again, under the download's retry policy.
 * Fallback: a server that answers a range with 200 (or an encoded body) gets today's single stream; the part is
   cut to its done prefix first, the log removed.
@@ -22,6 +24,8 @@ import hashlib
 import logging
 import os
 import re
+import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -76,7 +80,7 @@ def log_path(part: Path) -> Path:
 def wants_streams(part: Path, size: int | None, streams: int, smallest: int) -> bool:
     """Whether a download takes the ranged path: a known size over ``smallest`` bytes and several streams, or
     a range log left by an earlier ranged run (resumed by range, whatever ``streams`` says now)."""
-    if size is None or size <= 0 or not hasattr(os, "pwrite"):  # no pwrite (Windows): one stream
+    if size is None or size <= 0 or not hasattr(os, "preadv"):  # no pwrite, preadv (Windows): one stream
         return False
     return log_path(part).is_file() or (streams > 1 and size > smallest)
 
@@ -142,6 +146,7 @@ class RangedPart:
         self._hash_lock = threading.Lock()
         self._sha = hashlib.sha256()
         self._hashed = 0
+        self._hash_buffer = memoryview(bytearray(dl.HASH_BLOCK))
 
     def __enter__(self) -> RangedPart:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
@@ -217,11 +222,12 @@ class RangedPart:
                     prefix = self.done[0][1] if self.done and self.done[0][0] == 0 else 0
                 if self._hashed >= prefix:
                     return
-                block = os.pread(self._fd, min(dl.HASH_BLOCK, prefix - self._hashed), self._hashed)
-                if not block:  # the part is shorter than its log says: the digest will not match
+                view = self._hash_buffer[: min(dl.HASH_BLOCK, prefix - self._hashed)]
+                n = os.preadv(self._fd, [view], self._hashed)  # into one buffer: no 8 MiB allocated per block
+                if not n:  # the part is shorter than its log says: the digest will not match
                     return
-                self._sha.update(block)
-                self._hashed += len(block)
+                self._sha.update(view[:n])
+                self._hashed += n
         finally:
             self._hash_lock.release()
 
@@ -309,13 +315,14 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
     lock, stop, errors = threading.Lock(), threading.Event(), []
 
     def stream() -> None:
+        buf = bytearray(WRITE_BYTES)
         try:
             while not stop.is_set():
                 with lock:
                     if not chunks:
                         return
                     a, b = chunks.popleft()
-                _Chunk(job, part, a, b, stop).fetch(client)
+                _Chunk(job, part, a, b, stop, buf).fetch(client)
                 part.hash_ahead()
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             errors.append(exc)
@@ -337,11 +344,15 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
 
 
 class _Chunk:
-    """One stream's chunk ``[start, end)``: requests until it is written, under the download's retry policy."""
+    """One stream's chunk ``[start, end)``: requests until it is written, under the download's retry policy. What
+    arrives is gathered in the stream's ``buf`` (``WRITE_BYTES``) and written out each time it is full."""
 
-    def __init__(self, job: StreamJob, part: RangedPart, start: int, end: int, stop: threading.Event):
+    def __init__(self, job: StreamJob, part: RangedPart, start: int, end: int, stop: threading.Event,
+                 buf: bytearray):  # fmt: skip
         self.job, self.part, self.end, self.stop = job, part, end, stop
         self.pos = start
+        self.buf = memoryview(buf)
+        self.filled = 0  # bytes of ``buf`` received, not yet written (they start at ``pos``)
 
     def fetch(self, client: httpx2.Client) -> None:
         failures = 0
@@ -370,32 +381,88 @@ class _Chunk:
             if response.headers.get("Content-Encoding", "identity").lower() not in ("identity", ""):
                 raise _RangesIgnored("server sent an encoded body for a range request")
             self._check_content_range(response)
-            buf = bytearray()
             try:
-                for data in response.iter_raw():
-                    buf += data
-                    if self.pos + len(buf) > self.end:
-                        buf.clear()
-                        raise dl._Transient(f"server sent more than the range {self.pos}-{self.end - 1}")
-                    if len(buf) >= WRITE_BYTES or self.stop.is_set():
-                        self._flush(buf)
-                    if self.stop.is_set():
-                        return
+                self._receive(response)
             finally:
-                self._flush(buf)  # what arrived before a drop or a stall is kept
+                self._flush()  # what arrived before a drop or a stall is kept
 
-    def _flush(self, buf: bytearray) -> None:
-        if buf and self.part.write(self.pos, buf):
-            self.pos += len(buf)
-        buf.clear()
+    def _receive(self, response: httpx2.Response) -> None:
+        """The body into ``buf``. The first piece comes through httpx2 (with it, whatever httpx2 read beyond the
+        headers); the rest, when the connection is a socket of its own (``direct_socket``), with ``recv_into``
+        straight into ``buf``: httpx2 hands a body over in 64 KiB ``bytes`` after five copies in Python (~2.3
+        CPU-s per GB here, bench/README.md). The connection is then closed with the response, not reused: httpx2
+        did not see the body end."""
+        sock = direct_socket(response)
+        left = int(response.headers.get("Content-Length", 0))
+        for data in response.iter_raw():
+            self._take(data)
+            left -= len(data)
+            if self.stop.is_set():
+                return
+            if sock is not None:
+                return self._recv_into(sock, min(left, self.end - self.pos - self.filled))
+        return None
+
+    def _take(self, data: bytes) -> None:
+        if self.pos + self.filled + len(data) > self.end:
+            self.filled = 0
+            raise dl._Transient(f"server sent more than the range {self.pos}-{self.end - 1}")
+        view = memoryview(data)
+        while view:
+            n = min(len(view), len(self.buf) - self.filled)
+            self.buf[self.filled : self.filled + n] = view[:n]
+            self.filled += n
+            view = view[n:]
+            if self.filled == len(self.buf):
+                self._flush()
+
+    def _recv_into(self, sock: socket.socket, left: int) -> None:
+        """``left`` more body bytes from ``sock`` into ``buf``; a read timeout or error is httpx2's (retried)."""
+        stall = stall_seconds()
+        try:
+            sock.settimeout(stall)
+            while left > 0 and not self.stop.is_set():
+                n = sock.recv_into(self.buf[self.filled : self.filled + left])
+                if not n:
+                    return  # the connection ended: ``fetch`` asks for the rest
+                self.filled += n
+                left -= n
+                if self.filled == len(self.buf):
+                    self._flush()
+        except TimeoutError:
+            raise httpx2.ReadTimeout(f"no byte for {stall:g} s") from None
+        except OSError as exc:
+            raise httpx2.ReadError(str(exc)) from None
+
+    def _flush(self) -> None:
+        if self.filled and self.part.write(self.pos, self.buf[: self.filled]):
+            self.pos += self.filled
+        self.filled = 0
 
     def _check_content_range(self, response: httpx2.Response) -> None:
         match = dl.CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
         if match is None or int(match.group(1)) != self.pos:
             got = response.headers.get("Content-Range")
             raise dl._Transient(f"asked for bytes from {self.pos}, got Content-Range {got!r}")
+        if int(match.group(2)) >= self.end:
+            raise dl._Transient(f"server sent more than the range {self.pos}-{self.end - 1}: {match.group(0)!r}")
         if match.group(3) != "*" and int(match.group(3)) != self.job.size:
             raise ConvertError(
                 f"{self.job.name}: the server has {match.group(3)} bytes, expected {self.job.size}; "
                 "the remote file changed or the listing is stale"
             )
+
+
+def direct_socket(response: httpx2.Response) -> socket.socket | None:
+    """The socket an HTTP/1.1 response with a ``Content-Length`` body arrives on, when reading it is reading the
+    body: plain TCP, or TLS by the socket itself (a TLS connection inside a proxy's TLS is not; nor is a body
+    decoded or in chunks). httpx2 gives it out as its ``network_stream`` extension."""
+    stream = response.extensions.get("network_stream")
+    if stream is None or response.extensions.get("http_version") != b"HTTP/1.1":
+        return None
+    if "Transfer-Encoding" in response.headers or not response.headers.get("Content-Length", "").isdigit():
+        return None
+    sock, tls = stream.get_extra_info("socket"), stream.get_extra_info("ssl_object")
+    if not isinstance(sock, socket.socket) or isinstance(tls, ssl.SSLObject):
+        return None
+    return sock if isinstance(sock, ssl.SSLSocket) or tls is None else None

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+from urllib.parse import urlsplit
 
+import httpx2
 import pytest
 from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers
@@ -154,6 +157,19 @@ def test_drops_and_5xx_are_retried_per_stream_without_fetching_twice(hub, remote
     hub.fail_next(3, status=503)
     out = fetch(url, tmp_path / "again" / NAME, data)
     assert out.read_bytes() == data
+
+
+def test_a_range_over_plain_http_is_read_straight_from_the_cdn_socket(hub, remote):
+    """``direct_socket``: the body of a range on a plain HTTP/1.1 connection is read from its socket (the path every
+    ranged download here takes), the CDN's after the redirect; a response that names no connection goes through
+    httpx2."""
+    url, _ = remote
+    with httpx2.Client(follow_redirects=True) as client:
+        with client.stream("GET", url, headers={"Range": "bytes=0-99", "Accept-Encoding": "identity"}) as response:
+            sock = ds.direct_socket(response)
+            assert isinstance(sock, socket.socket)
+            assert sock.getpeername()[1] == urlsplit(hub.cdn_endpoint).port
+    assert ds.direct_socket(httpx2.Response(206, headers={"Content-Length": "100"})) is None
 
 
 def test_a_server_ignoring_range_gets_one_stream(hub, remote, tmp_path):
