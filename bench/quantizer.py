@@ -13,8 +13,9 @@
 3. With ``--base-python`` (the python of a checkout before convert recorded error figures, e.g. a worktree of an
    older commit with its own venv): the same rtn conversion by that checkout, interleaved, so the cost of
    recording each tensor's error in colitools.json is a measured difference (goal: a few percent).
-4. ``--recording`` (alone): the cost of recording the error figures, measured in one process run: the rtn BF16
-   -> int4-g64 conversion as in 2, and the same with the figures stubbed out in the process (``STUB``), for this
+4. ``--recording`` (alone): the cost of recording the error figures: three conversions (the rtn BF16 ->
+   int4-g64 one as in 2, the lightest there is; the FP8 checkpoint's default recipe; the BF16 one with
+   ``--quantizer mse``), each as it is and with the figures stubbed out in the process (``STUB``), for this
    checkout and ``--base-python``'s, interleaved ``--runs`` times: CPU seconds and recorded / stubbed (goal: a
    few percent).
 5. **The search kernel alone** (``kernels.mse_groups`` on one thread, this thread's CPU time, best of 7): ns per
@@ -147,31 +148,40 @@ main()
 
 
 def recording_cost(work: Path, shm: Path, layers: int, runs: int, base_python: str | None) -> list[str]:
-    """CPU seconds of the rtn BF16 -> int4-g64 conversion with and without recording its error figures, this
-    checkout and ``base_python``'s, the four interleaved; the median of each run's recorded / stubbed ratio."""
-    bf16 = work / "q-bf16"
-    if not (bf16 / "model.safetensors.index.json").exists():
-        generate(bf16, layers, 16, "bf16")
-    recipe = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")
+    """CPU seconds of three conversions with and without recording their error figures (the rtn BF16 -> int4-g64
+    conversion, the lightest there is; the FP8 checkpoint's default recipe; the BF16 one with ``--quantizer
+    mse``), this checkout and ``base_python``'s, all interleaved; the median of each run's recorded / stubbed
+    ratio."""
+    bf16, fp8 = work / "q-bf16", work / "q-fp8"
+    for folder, dtype in ((bf16, "BF16"), (fp8, "FP8")):
+        if not (folder / "model.safetensors.index.json").exists():
+            generate(folder, layers, 16, dtype)
+    int4 = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")
+    cases = {"BF16 -> int4-g64, rtn": (bf16, int4), "FP8, default recipe, rtn": (fp8, ()),
+             "BF16 -> int4-g64, mse": (bf16, (*int4, "--quantizer", "mse"))}  # fmt: skip
     pythons = {"this checkout": sys.executable, **({"base": base_python} if base_python else {})}
     variants = {}
-    for label, python in pythons.items():
-        variants[(label, "recorded")] = convert_cmd(python, bf16, shm / "q-out", *recipe)
-        variants[(label, "stubbed")] = [python, "-c", STUB, *convert_cmd(python, bf16, shm / "q-out", *recipe)[3:]]
-    res: dict[tuple[str, str], list[dict]] = {k: [] for k in variants}
-    timed(variants[("this checkout", "recorded")], shm / "q-out")  # warm-up
+    for case, (src, recipe) in cases.items():
+        for label, python in pythons.items():
+            cmd = convert_cmd(python, src, shm / "q-out", *recipe)
+            variants[(case, label, "recorded")] = cmd
+            variants[(case, label, "stubbed")] = [python, "-c", STUB, *cmd[3:]]
+    res: dict[tuple[str, str, str], list[dict]] = {k: [] for k in variants}
+    for case in cases:
+        timed(variants[(case, "this checkout", "recorded")], shm / "q-out")  # warm-up
     for _ in range(runs):
         for key, cmd in variants.items():
             res[key].append(timed(cmd, shm / "q-out"))
-    lines = ["| checkout | recorded CPU s | stubbed CPU s | recorded / stubbed (median of runs) | load |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for label in pythons:
-        rec, stub = res[(label, "recorded")], res[(label, "stubbed")]
-        ratio = statistics.median(r["cpu"] / t["cpu"] for r, t in zip(rec, stub, strict=True))
-        loads = [r["load"] for r in rec + stub]
-        lines.append(f"| {label} | {statistics.median(r['cpu'] for r in rec):.2f} | "
-                     f"{statistics.median(t['cpu'] for t in stub):.2f} | {ratio:.3f} | "
-                     f"{min(loads):.1f}-{max(loads):.1f} |")  # fmt: skip
+    lines = ["| conversion | checkout | recorded CPU s | stubbed CPU s | recorded / stubbed (median of runs) | load |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for case in cases:
+        for label in pythons:
+            rec, stub = res[(case, label, "recorded")], res[(case, label, "stubbed")]
+            ratio = statistics.median(r["cpu"] / t["cpu"] for r, t in zip(rec, stub, strict=True))
+            loads = [r["load"] for r in rec + stub]
+            lines.append(f"| {case} | {label} | {statistics.median(r['cpu'] for r in rec):.2f} | "
+                         f"{statistics.median(t['cpu'] for t in stub):.2f} | {ratio:.3f} | "
+                         f"{min(loads):.1f}-{max(loads):.1f} |")  # fmt: skip
     return lines
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from colitools.converters import reuse
-from colitools.converters.dequant import to_float32
+from colitools.converters.dequant import expected_scale_shape, to_float32
 from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Unit
 from colitools.formats import kernels, planar_sidecar, qpack
 from colitools.formats import reference as ref
@@ -56,6 +56,7 @@ from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
 from colitools.formats.source_encodings import FP8_BLOCK
 
 BF16 = numpy_dtype("BF16")
+_E4M3 = numpy_dtype("F8_E4M3")
 SLOW_TENSOR_ENV = "COLITOOLS_TEST_SLOW_TENSOR_SECONDS"
 KILL_AT_ENV = "COLITOOLS_TEST_KILL_AT"
 _published = 0  # files published by this process (for KILL_AT "published:N")
@@ -199,8 +200,15 @@ def _source_values(
 def _dequant(
     job: TensorJob, values: np.ndarray, scale: np.ndarray | None, block: tuple[int, int] | None
 ) -> np.ndarray:
+    """The job's source values as float32, exactly: an FP8 tensor (or a slab starting on a scale-block boundary)
+    whose scale grid fits dequantised by the kernel (the bits of numpy's; numpy's LUT indexing and repeat cost
+    ~3 CPU-s a GB), anything else by ``to_float32`` (which also names a malformed source)."""
     if scale is None:
         return to_float32(job.out_name, values)
+    grid = _fp8_grid(job, scale, block)
+    fp8 = values.ndim == 2 and values.dtype in (_E4M3, np.uint8) and block is not None  # as to_float32's
+    if fp8 and grid is not None and tuple(np.shape(grid)) == expected_scale_shape(values.shape, block):
+        return kernels.dequant_fp8_block(values, grid, block, name=job.out_name)
     if job.fused_rows is not None:
         # A slab of rows [r0, r1) of an FP8 fused tensor: row r uses scale row r // br (the slab's own grid).
         _, r0, r1 = job.fused_rows
@@ -363,13 +371,8 @@ def encode_job(
         w = _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif t.quantizer != RTN:  # the mse search (FORMATS §11): BF16 / F16 values as they are (the kernels read
-        # their bits), an FP8 source dequantised exactly by the kernel, any other by numpy
-        if scale is None and values.dtype in (BF16, np.float16):
-            w = values
-        elif grid is not None:
-            w = kernels.dequant_fp8_block(values, grid, block, name=job.out_name)
-        else:
-            w = _dequant(job, values, scale, block)
+        # their bits), any other source dequantised exactly to float32 first
+        w = values if scale is None and values.dtype in (BF16, np.float16) else _dequant(job, values, scale, block)
         codes, scales = fmt.encode(w, gs, name=job.out_name, fast=True, quantizer=t.quantizer)
     elif values.dtype == numpy_dtype("BF16"):  # a whole [O, I] tensor, or one expert's rows of a fused one
         if measured is None or values.shape != (job.O, job.I):
