@@ -86,3 +86,41 @@ def test_fp8_scheme_from_config():
         dq.quant_scheme({"quantization_config": {"quant_method": "awq"}})
     with pytest.raises(ConfigError, match="weight_block_size"):
         dq.quant_scheme({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}})
+
+
+def _fp8_rows(M, N, block, seed):
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((M, N)) * 50).clip(-448, 448).astype(ml_dtypes.float8_e4m3fn)
+    q[3, :7] = np.array([0x7F, 0xFF, 0x01, 0x80, 0x7E, 0x08, 0x00], np.uint8).view(ml_dtypes.float8_e4m3fn)
+    s = rng.random(dq.expected_scale_shape((M, N), block)).astype(np.float32) * 2.0**-6 + 2.0**-10
+    return q, s
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_jobs_fp8_values_from_the_kernel_are_the_formulas(raw):
+    """``unit_writer._dequant`` (an FP8 job's float32 values: its error figures, an mse job, a float target) takes
+    the kernel for a tensor big enough and a slab starting on a scale-block boundary, numpy otherwise: every path
+    gives the spec's formula bit for bit (NaN bytes included), element by element."""
+    from types import SimpleNamespace
+
+    from colitools.converters.unit_writer import _dequant
+
+    block = (128, 128)
+    q, s = _fp8_rows(520, 300, block, 7)  # 156,000 elements: above the kernels' small-tensor threshold
+    q = q.view(np.uint8) if raw else q
+    want = _manual_fp8(q.view(ml_dtypes.float8_e4m3fn), s, *block)
+    whole = _dequant(SimpleNamespace(out_name="t", fused_rows=None), q, s, block)
+    assert whole.tobytes() == want.tobytes()
+    for r0, r1 in ((128, 520), (100, 420)):  # an aligned slab (the kernel on its grid rows), an unaligned one
+        job = SimpleNamespace(out_name="t", fused_rows=(0, r0, r1))
+        assert _dequant(job, q[r0:r1], s, block).tobytes() == want[r0:r1].tobytes()
+
+
+def test_a_jobs_fp8_values_with_a_wrong_grid_name_the_tensor():
+    from types import SimpleNamespace
+
+    from colitools.converters.unit_writer import _dequant
+
+    q, s = _fp8_rows(520, 300, (128, 128), 8)
+    with pytest.raises(ConvertError, match=r"tensor t: scale grid \[5, 2\] does not match"):
+        _dequant(SimpleNamespace(out_name="t", fused_rows=None), q, s[:, :2], (128, 128))
