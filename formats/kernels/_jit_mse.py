@@ -319,52 +319,46 @@ def _workspace(n):
     return T, tile, work
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _group_rows(w, half, lo, hi, signed, targets, s_out, out, packed, r0, r1):
+    """The groups ``w[r0:r1]`` a tile at a time: float32 (``half`` None) copied as they are, BF16 (``half``
+    False) or F16 bits (uint16) upcast exactly as they are copied (no float32 copy of the tensor). ``half`` is a
+    literal in each driver below, so each compiles one copy loop."""
+    n = w.shape[1]
+    T, tile, work = _workspace(n)
+    for rt in range(r0, r1, T):
+        t = min(T, r1 - rt)
+        for g in range(t):
+            if half is None:
+                for k in range(n):
+                    tile[g, k] = w[rt + g, k]
+            else:
+                for k in range(n):
+                    tile[g, k] = _u16_f32(w[rt + g, k], half)
+        bad = _search_tile(tile, t, rt, lo, hi, signed, targets, s_out, out, packed, work)
+        if bad >= 0:
+            return bad
+    return -1
+
+
 @export("mse_group_rows", ("float32", "i", "i", "b", "float32", "float32[]", "uint8", "b"))
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def mse_group_rows(w, lo, hi, signed, targets, s_out, out, packed, r0, r1):
     """Groups ``w[r]`` for ``r`` in ``[r0, r1)`` (float32 ``[N, n]``, ``n % 8 == 0``) -> ``s_out[r]`` and the codes
     ``out[r]``: the int8 values' bytes ``[N, n]``, or (``packed``) their int4 pairs ``[N, n / 2]``. Returns -1
     (the codecs' "no bad row"), or the first row holding a NaN or an infinity (the rows after it unwritten)."""
-    n = w.shape[1]
-    T, tile, work = _workspace(n)
-    for rt in range(r0, r1, T):
-        t = min(T, r1 - rt)
-        for g in range(t):
-            for k in range(n):
-                tile[g, k] = w[rt + g, k]
-        bad = _search_tile(tile, t, rt, lo, hi, signed, targets, s_out, out, packed, work)
-        if bad >= 0:
-            return bad
-    return -1
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def _u16_group_rows(w, half, lo, hi, signed, targets, s_out, out, packed, r0, r1):
-    """``mse_group_rows`` of BF16 (``half`` False) or F16 groups given as their bits (uint16): each upcast
-    exactly as it is copied into the tile (no float32 copy of the tensor). ``half`` is a literal in each driver
-    below, so each compiles one decode."""
-    n = w.shape[1]
-    T, tile, work = _workspace(n)
-    for rt in range(r0, r1, T):
-        t = min(T, r1 - rt)
-        for g in range(t):
-            for k in range(n):
-                tile[g, k] = _u16_f32(w[rt + g, k], half)
-        bad = _search_tile(tile, t, rt, lo, hi, signed, targets, s_out, out, packed, work)
-        if bad >= 0:
-            return bad
-    return -1
+    return _group_rows(w, None, lo, hi, signed, targets, s_out, out, packed, r0, r1)
 
 
 @export("mse_group_rows_bf16", ("uint16", "i", "i", "b", "float32", "float32[]", "uint8", "b"))
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def mse_group_rows_bf16(w, lo, hi, signed, targets, s_out, out, packed, r0, r1):
     """``mse_group_rows`` of BF16 groups given as their bits."""
-    return _u16_group_rows(w, False, lo, hi, signed, targets, s_out, out, packed, r0, r1)
+    return _group_rows(w, False, lo, hi, signed, targets, s_out, out, packed, r0, r1)
 
 
 @export("mse_group_rows_f16", ("uint16", "i", "i", "b", "float32", "float32[]", "uint8", "b"))
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def mse_group_rows_f16(w, lo, hi, signed, targets, s_out, out, packed, r0, r1):
     """``mse_group_rows`` of F16 groups given as their bits."""
-    return _u16_group_rows(w, True, lo, hi, signed, targets, s_out, out, packed, r0, r1)
+    return _group_rows(w, True, lo, hi, signed, targets, s_out, out, packed, r0, r1)
