@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from download import MB, REPO, SERVER, make_model  # noqa: E402 - bench/ is not a package
 
+from colitools.converters.options import DEFAULT_DOWNLOAD_STREAMS  # noqa: E402
+
 
 def digests(out: Path) -> dict[str, str]:
     """sha256 of every converted file but the manifest (which names the source)."""
@@ -88,15 +90,16 @@ for name in sorted(n for n in source.files() if n.endswith(".safetensors")):
 """
 
 
-def cases(base: Path, endpoint: str, tree: str | None) -> dict[str, tuple[str, dict[str, str], list[str]]]:
+def cases(base: Path, endpoint: str, tree: str | None, streams: list[int], single: bool) -> dict[str, tuple]:
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(base / "hf"), "HF_HUB_DISABLE_XET": "1"}
     env.pop("PYTHONPATH", None)
-    found = {
-        "local folder": (str(base / "repo"), env, []),
-        "org/name (ahead, 8 streams)": (REPO, env, []),
-        "org/name, 1 stream per shard": (REPO, env, ["--download-streams", "1"]),
-        "the download alone (8 streams)": (DOWNLOAD_ONLY, env, []),
-    }
+    found = {"local folder": (str(base / "repo"), env, [])}
+    for n in streams:  # the default's row has no option: what a user gets
+        extra = [] if n == DEFAULT_DOWNLOAD_STREAMS else ["--download-streams", str(n)]
+        found[f"org/name (ahead, {n} streams)"] = (REPO, env, extra)
+    if single:
+        found["org/name, 1 stream per shard"] = (REPO, env, ["--download-streams", "1"])
+    found["the download alone (8 streams)"] = (DOWNLOAD_ONLY, env, [])
     if tree:
         found["org/name, base tree"] = (REPO, {**env, "PYTHONPATH": tree}, [])
     return found
@@ -104,7 +107,7 @@ def cases(base: Path, endpoint: str, tree: str | None) -> dict[str, tuple[str, d
 
 def measure(base: Path, endpoint: str, server: int, args) -> None:
     total = sum(p.stat().st_size for p in (base / "repo").glob("*.safetensors"))
-    runs = cases(base, endpoint, args.base_tree)
+    runs = cases(base, endpoint, args.base_tree, args.streams or [DEFAULT_DOWNLOAD_STREAMS], not args.no_single)
     walls: dict[str, list[float]] = {name: [] for name in runs}
     reference = None
     for name, (source, env, extra) in runs.items():  # warm-up, not counted: numba's cache of each tree
@@ -143,6 +146,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", default="/dev/shm")
     parser.add_argument("--base-tree", help="a checkout to time as well (PYTHONPATH)")
+    parser.add_argument("--streams", type=int, nargs="+", help="org/name with these --download-streams counts")
+    parser.add_argument("--no-single", action="store_true", help="leave out org/name with one stream per shard")
     parser.add_argument("--serve", action="store_true", help="serve the checkpoint until stdin closes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="colitools-bench-ahead-", dir=args.dir) as tmp:
