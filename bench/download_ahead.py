@@ -3,12 +3,13 @@
 link-bound time, the same conversion from the local folder and a Hub conversion with one stream per shard.
 
 ``.venv/bin/python bench/download_ahead.py [--shards 8] [--mib 120] [--rate-mb 25] [--link-mb 200] [--runs 3]
-[--dir /dev/shm] [--base-tree DIR]``: writes a generated BF16 MoE checkpoint (``bench/download.py``'s
-``make_model``: ``--shards`` shards of ~``--mib`` MiB), serves it from ``tests/converters/hubserver.py`` in a
+[--dir /dev/shm] [--base-tree DIR] [--streams N ...] [--no-single]``: writes a generated BF16 MoE checkpoint
+(``bench/download.py``'s ``make_model``: ``--shards`` shards of ~``--mib`` MiB), serves it from ``tests/converters/hubserver.py`` in a
 process of its own, each body response paced to ``--rate-mb`` MB/s and all of them together to ``--link-mb``,
 and per run (interleaved) times whole ``colitools convert`` processes into a fresh output folder with an empty
 HF cache: from the local folder; ``org/name`` (default: 8 streams per file, download ahead);
-``org/name --download-streams 1``; the shards alone downloaded one after another (8 streams, no conversion:
+``org/name --download-streams 1`` (unless ``--no-single``); ``--streams``: ``org/name`` at each of these stream
+counts instead of the default's alone; the shards alone downloaded one after another (8 streams, no conversion:
 what the download takes on this machine now); with ``--base-tree DIR`` (a checkout whose ``colitools`` package
 ``PYTHONPATH=DIR`` imports) ``org/name`` as that tree converts it. Prints each wall, the medians, the link-bound
 time (bytes / ``--link-mb``) and the goal ratio wall / max(link-bound, local conversion), and checks that every
