@@ -88,6 +88,11 @@ def check_source_dtype(name: str, dtype: str, has_scale: bool) -> None:
         )
 
 
+def is_fp8(values: np.ndarray, scale: np.ndarray | None) -> bool:
+    """Whether ``values`` are FP8 (e4m3fn) codes: that dtype, or raw bytes that come with a scale."""
+    return values.dtype == numpy_dtype("F8_E4M3") or (scale is not None and values.dtype == np.uint8)
+
+
 def to_float32(
     name: str,
     values: np.ndarray,
@@ -100,8 +105,7 @@ def to_float32(
     ``values`` has its exact source dtype (ml_dtypes for BF16/F8, or raw ``uint8`` for F8 bytes). FP8 needs
     ``scale`` with the ceil grid of ``block``."""
     dtype = values.dtype
-    is_fp8 = dtype == numpy_dtype("F8_E4M3") or (scale is not None and dtype == np.uint8)
-    if is_fp8:
+    if is_fp8(values, scale):
         if scale is None or block is None:
             raise ConvertError(f"tensor {name}: FP8 weight without its scale tensor {scale_name(name)}")
         if values.ndim != 2:

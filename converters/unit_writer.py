@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from colitools.converters import reuse
-from colitools.converters.dequant import expected_scale_shape, to_float32
+from colitools.converters.dequant import expected_scale_shape, is_fp8, to_float32
 from colitools.converters.planner import OutputFile, OutputGroup, TensorJob, Unit
 from colitools.formats import kernels, planar_sidecar, qpack
 from colitools.formats import reference as ref
@@ -56,7 +56,6 @@ from colitools.formats.safetensors_io import SafetensorsFile, SafetensorsWriter
 from colitools.formats.source_encodings import FP8_BLOCK
 
 BF16 = numpy_dtype("BF16")
-_E4M3 = numpy_dtype("F8_E4M3")
 SLOW_TENSOR_ENV = "COLITOOLS_TEST_SLOW_TENSOR_SECONDS"
 KILL_AT_ENV = "COLITOOLS_TEST_KILL_AT"
 _published = 0  # files published by this process (for KILL_AT "published:N")
@@ -206,8 +205,8 @@ def _dequant(
     if scale is None:
         return to_float32(job.out_name, values)
     grid = _fp8_grid(job, scale, block)
-    fp8 = values.ndim == 2 and values.dtype in (_E4M3, np.uint8) and block is not None  # as to_float32's
-    if fp8 and grid is not None and tuple(np.shape(grid)) == expected_scale_shape(values.shape, block):
+    fits = values.ndim == 2 and block is not None and grid is not None and is_fp8(values, scale)
+    if fits and tuple(np.shape(grid)) == expected_scale_shape(values.shape, block):
         return kernels.dequant_fp8_block(values, grid, block, name=job.out_name)
     if job.fused_rows is not None:
         # A slab of rows [r0, r1) of an FP8 fused tensor: row r uses scale row r // br (the slab's own grid).

@@ -305,7 +305,7 @@ def _mse_encode(fmt_name: str, w: np.ndarray, gs: int | None, name: str, quantiz
 
     int4_pairs = cls.pairs and cls.matmul_kind is registry.MatmulKind.INT4  # int4-row, int4-grouped
     n = (gs if cls.grouped else w.shape[1]) if int4_pairs else 0
-    direct = quantizer != RTN and not _small(w.size) and mse.fits_int4(*w.shape, n or 0)
+    direct = quantizer != RTN and not _small(w.size) and mse.fits_int4(*w.shape, n)
     if not direct or w.dtype not in _DIRECT_MSE_DTYPES:
         w = np.ascontiguousarray(w, dtype=F32)
     if _small(w.size):  # below SMALL_ELEMS the numpy search (same bytes)

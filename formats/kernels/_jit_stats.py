@@ -269,16 +269,18 @@ def _buffers():
 def error_rows(a, b, out, r0, r1):
     """Rows ``[r0, r1)`` of float32 ``a`` (source) and ``b`` (decoded) -> ``out[r] = (sse, ssw, ssq, dot,
     max |b - a|)``. Returns -1 (the codecs' "no bad row" convention)."""
-    mx, px, py = _buffers()
-    for r in range(r0, r1):
-        _row(a[r], (b[r],), out[r], mx, px, py)
-    return -1
+    return _decoded_rows(a, b, out, r0, r1)
 
 
 @export("error_rows_bf16", ("uint16", "float32", "float64"))
 @nb.njit(nogil=True, cache=True)
 def error_rows_bf16(a, b, out, r0, r1):
     """``error_rows`` of a BF16 source given as its bits (uint16)."""
+    return _decoded_rows(a, b, out, r0, r1)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _decoded_rows(a, b, out, r0, r1):
     mx, px, py = _buffers()
     for r in range(r0, r1):
         _row(a[r], (b[r],), out[r], mx, px, py)
@@ -324,16 +326,18 @@ def error_int4_bf16(a, codes, s, gs, out, r0, r1):
 @nb.njit(nogil=True, cache=True)
 def error_int8(a, q, s, out, r0, r1):
     """``error_rows`` of float32 ``a`` against int8-row codes ``q`` and row scales ``s``."""
-    mx, px, py = _buffers()
-    for r in range(r0, r1):
-        _row(a[r], (q[r], s[r]), out[r], mx, px, py)
-    return -1
+    return _int8_rows(a, q, s, out, r0, r1)
 
 
 @export("error_int8_bf16", ("uint16", "int8", "float32[]", "float64"))
 @nb.njit(nogil=True, cache=True)
 def error_int8_bf16(a, q, s, out, r0, r1):
     """``error_int8`` of a BF16 source given as its bits."""
+    return _int8_rows(a, q, s, out, r0, r1)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _int8_rows(a, q, s, out, r0, r1):
     mx, px, py = _buffers()
     for r in range(r0, r1):
         _row(a[r], (q[r], s[r]), out[r], mx, px, py)
