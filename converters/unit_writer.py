@@ -340,8 +340,9 @@ def encode_job(
     measured: list[ErrorStats] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(weight array, scale array or None)`` exactly as written for ``job``, from its source values. Given a
-    ``measured`` list, an encoder that takes the written tensor's error figures as it writes (a whole BF16 tensor
-    to int8-row / int4: ``kernels.encode_from_bf16_measured``) appends them (``job_error``'s figures)."""
+    ``measured`` list, an encoder that takes the written tensor's error figures as it writes (a whole BF16 tensor,
+    or an FP8 one with its scale grid, to int8-row / int4: ``kernels.encode_from_bf16_measured`` /
+    ``encode_from_fp8_measured``) appends them (``job_error``'s figures)."""
     t = job.target
     if t.is_source:  # rules 0 and 1: the source tensor unchanged (its dtype, its bytes)
         if job.source.dtype in _CHECKED_SOURCE_DTYPES:  # a float kept as stored holds no NaN / inf either
@@ -382,8 +383,12 @@ def encode_job(
                 measured.append(from_rows(job.O * job.I, rows))
     elif values.dtype == np.float16:  # the same, upcast a row at a time: no float32 copy of the tensor
         codes, scales = kernels.encode_from_f16(t.fmt, values, gs, name=job.out_name)
-    elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
+    elif grid is not None and measured is None:  # the FP8 dequant fused into the encoder: no float32 copy
         codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
+    elif grid is not None:  # ... and into the figures' sums too (``job_error``'s figures)
+        codes, scales, rows = kernels.encode_from_fp8_measured(t.fmt, values, grid, block, gs, name=job.out_name)
+        if rows is not None:
+            measured.append(from_rows(int(np.size(values)), rows))
     else:
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
     if planar:

@@ -384,6 +384,19 @@ def encode_from_fp8_block(
     return _compiled_now(encoders.encode_from_fp8_block(fmt_name, qb, s, (br, bc), gs, name=name))
 
 
+def encode_from_fp8_measured(
+    fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``encode_from_fp8_block`` and, where its kernel encodes an int8-row / int4 tensor, the per-row error
+    figures of what it wrote against the exact dequant, taken as it writes them; None where it does not."""
+    from colitools.formats.kernels import encoders
+
+    qb = _matrix(q, np.uint8, ml_dtypes.float8_e4m3fn, name)
+    if fmt_name not in encoders.MEASURED_FORMATS or _small(qb.size):
+        return (*encode_from_fp8_block(fmt_name, qb, scale_inv, block, gs, name), None)
+    return _compiled_now(encoders.encode_from_fp8_measured(fmt_name, qb, scale_inv, block, gs, name=name))
+
+
 def encode_fp8_e8m0(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray]:
     """fp8-e4m3-e8m0 of float32 ``w[O, I]`` (``reference.encode_fp8_e8m0``, byte-identical): the numpy
     reference below ``SMALL_ELEMS`` elements, else the kernel over block rows. NaN/inf: the registry's

@@ -589,14 +589,28 @@ def _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1):
 @export("rows_fp8", ("uint8", "float32", "i", "i", "i", "i", "uint8", "float32", "uint8"))
 @njit
 def _encode_rows_fp8(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1):
-    n = q.shape[1]
-    buf = np.empty(n, np.float32)
-    scratch, xt, ct = _scratch(n, gs)
-    direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0 and bc % gs == 0
-    int3 = fmt == _INT3_G64 and n % 64 == 0 and bc % 64 == 0
     if fmt == _MXFP4 and bc % 32 == 0 and bc >= 128 and br * bc >= _MX_ROWS_MIN:
         return _mxfp4_fp8_rows(q, s, br, bc, codes, su, r0, r1)
+    return _fp8_rows_with(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1, _fp8_buffers(q.shape[1], bc, fmt, gs))
+
+
+@njit
+def _fp8_buffers(n, bc, fmt, gs):
+    """The per-thread buffers of ``_fp8_rows_with`` for rows of ``n`` values: a caller that encodes a few rows at
+    a time keeps them (and so the thresholds made for the current row block) from call to call."""
+    int3 = fmt == _INT3_G64 and n % 64 == 0 and bc % 64 == 0
+    scratch, xt, ct = _scratch(n, gs)
     thr, stamp, mj, cbuf = _level_cache(n, bc, 64 if int3 else gs)
+    return np.empty(n, np.float32), scratch, xt, ct, thr, stamp, mj, cbuf
+
+
+@njit
+def _fp8_rows_with(q, s, br, bc, fmt, gs, codes, sf, su, r0, r1, buffers):
+    """Rows ``[r0, r1)`` of ``rows_fp8`` (any format but the mxfp4 threshold path) with ``_fp8_buffers``."""
+    n = q.shape[1]
+    buf, scratch, xt, ct, thr, stamp, mj, cbuf = buffers
+    direct = fmt == _INT4_GROUPED and gs > 0 and gs % 2 == 0 and bc % gs == 0
+    int3 = fmt == _INT3_G64 and n % 64 == 0 and bc % 64 == 0
     levels, ties = (_LEVELS3, _TIES3) if int3 else (_LEVELS7, _TIES7)
     for o in range(r0, r1):
         rb = o // br

@@ -1,5 +1,5 @@
 """The encoders on the kernels (``encode``, ``encode_from_bf16`` and ``encode_from_bf16_measured``, ``encode_from_f16``,
-``encode_from_fp8_block``, ``encode_fp8_e8m0``, ``encode_from_fp8_e8m0``),
+``encode_from_fp8_block`` and ``encode_from_fp8_measured``, ``encode_fp8_e8m0``, ``encode_from_fp8_e8m0``),
 numba-free: the output arrays are planned here; the rows are encoded by the numba drivers of ``_jit_encoders`` or
 by the same drivers compiled ahead of time, whichever ``aot.CODECS`` resolves once per process. Byte-identical to
 the numpy reference either way (the package's entry points, ``_dispatch``, send small tensors to that reference
@@ -80,7 +80,8 @@ def encode_from_bf16(
     return codes, scales
 
 
-# formats whose figures ``encode_from_bf16_measured`` takes as it encodes (``_jit_stats.rows_bf16_measured``)
+# formats whose figures ``encode_from_bf16_measured`` / ``encode_from_fp8_measured`` take as they encode
+# (``_jit_stats.rows_bf16_measured`` / ``rows_fp8_measured``)
 MEASURED_FORMATS = ("int8-row", "int4-row", "int4-grouped")
 
 
@@ -95,6 +96,23 @@ def encode_from_bf16_measured(
     rows = np.empty((O, 5), np.float64)
     if aot.CODECS.run("rows_bf16_measured", (wb, fmt, g, codes, sf, su, rows), O, I) >= 0:
         _raise_nonfinite(wb.view(ml_dtypes.bfloat16).astype(F32), name)
+    return codes, scales, rows
+
+
+def encode_from_fp8_measured(
+    fmt_name: str, q: np.ndarray, scale_inv: np.ndarray, block, gs: int | None, name: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``encode_from_fp8_block`` of a ``MEASURED_FORMATS`` format and the per-row error figures of what it wrote
+    against the exact dequant (``[O, 5]``, ``error_stats.row_sums``' order), each block of rows measured as soon
+    as it is encoded, the dequant done inside the sums (``_jit_stats.rows_fp8_measured``)."""
+    q, s, br, bc = _fp8_operands(q, scale_inv, block, name)
+    O, I = q.shape
+    fmt, g, codes, sf, su, scales = _plan(fmt_name, O, I, gs, name)
+    rows = np.empty((O, 5), np.float64)
+    if aot.CODECS.run("rows_fp8_measured", (q, s, br, bc, fmt, g, codes, sf, su, rows), O, I) >= 0:
+        with np.errstate(all="ignore"):  # the error path: inf * 0 and overflow are expected here
+            w = ref.dequant_fp8_block(q, s, (br, bc))
+        _raise_nonfinite(w, name)
     return codes, scales, rows
 
 

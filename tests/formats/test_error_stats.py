@@ -181,3 +181,60 @@ def test_the_bf16_encoder_measures_only_formats_its_kernel_decodes_and_refuses_w
     with pytest.raises(EncodeError) as plain:
         kernels.encode_from_bf16("int4-grouped", w, 64, name="t")
     assert str(measured.value) == str(plain.value) and "[100, 7]" in str(plain.value)
+
+
+def _fp8_source(rng, shape, block) -> tuple[np.ndarray, np.ndarray]:
+    """e4m3fn bytes (cast by ml_dtypes) and a float32 scale per block: scales of magnitude 1, 1e-20 and 1e17
+    (the last two take the sums below float32's normal range and past its overflow), subnormal bytes, both
+    zeros."""
+    (O, I), (br, bc) = shape, block
+    grid = (-(-O // br), -(-I // bc))
+    s = (rng.random(grid) + 0.5) * rng.choice([1.0, 1e-20, 1e17], size=grid)
+    q = (rng.standard_normal(shape) * 100).clip(-448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    q[:, :9] = [0x00, 0x80, 0x01, 0x07, 0x81, 0x87, 0x08, 0x7E, 0xFE]  # zeros, subnormals, the extremes
+    return q, s.astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "fmt, gs", [("int8-row", None), ("int4-row", None), ("int4-grouped", 64), ("int4-grouped", 24)]
+)
+@pytest.mark.parametrize("block", [(128, 128), (1, 48), (3, 40)])  # 40: not whole chunks of LANES
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_fp8_encoder_measures_what_it_wrote_bit_for_bit(fmt, gs, block, threads, monkeypatch):
+    """``encode_from_fp8_measured`` (the dequant done inside the sums, each block of rows measured as soon as it
+    is encoded): the bytes of ``encode_from_fp8_block`` and the figures of the reference dequant against the
+    decoded output, to the last bit."""
+    from colitools.formats import kernels
+    from colitools.formats import reference as ref
+
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    shape = (203, 528)
+    q, s = _fp8_source(np.random.default_rng(13), shape, block)
+    kernels.set_threads(threads)
+    try:
+        codes, scales, rows = kernels.encode_from_fp8_measured(fmt, q, s, block, gs)
+        want_codes, want_scales = kernels.encode_from_fp8_block(fmt, q, s, block, gs)
+    finally:
+        kernels.set_threads(None)
+    assert np.array_equal(codes, want_codes) and np.array_equal(scales, want_scales)
+    assert rows is not None and rows.shape == (shape[0], 5)
+    decoded = kernels.decode(fmt, codes, scales, *shape, gs)
+    with np.errstate(over="ignore"):
+        source = ref.dequant_fp8_block(q, s, block)
+    assert error_stats.from_rows(q.size, rows) == _reference(source, decoded)
+
+
+def test_the_fp8_encoder_measures_only_formats_its_kernel_decodes_and_refuses_what_encode_refuses(monkeypatch):
+    from colitools.formats import kernels
+    from colitools.formats.errors import EncodeError
+
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    q, s = _fp8_source(np.random.default_rng(14), (256, 512), (128, 128))
+    codes, scales, rows = kernels.encode_from_fp8_measured("int2-row", q, s, 128, None)
+    assert rows is None and np.array_equal(codes, kernels.encode_from_fp8_block("int2-row", q, s, 128, None)[0])
+    q[100, 37] = 0x7F  # e4m3fn NaN
+    with pytest.raises(EncodeError) as measured:
+        kernels.encode_from_fp8_measured("int4-grouped", q, s, 128, 64, name="t")
+    with pytest.raises(EncodeError) as plain:
+        kernels.encode_from_fp8_block("int4-grouped", q, s, 128, 64, name="t")
+    assert str(measured.value) == str(plain.value) and "[100, 37]" in str(plain.value)

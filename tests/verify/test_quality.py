@@ -329,6 +329,38 @@ def test_fp8_source_to_int8_row_equals_an_independent_computation(tmp_path):
     assert_figures(by[name].stats, want)
 
 
+def test_fp8_figures_recorded_by_the_fused_encoder_equal_an_independent_computation(tmp_path, monkeypatch):
+    """Every FP8 tensor on the kernels (SMALL_ELEMS 0): int8-row attention and int4-g64 experts recorded by
+    ``encode_from_fp8_measured`` (the dequant inside the sums), equal to a hand computation and to verify's."""
+    from colitools.formats import kernels
+
+    values = make_checkpoint(tmp_path / "src", Tiny(dtype="FP8", hidden=256, inter=128))
+    monkeypatch.setattr(kernels._dispatch, "SMALL_ELEMS", 0)
+    measured = []
+    fused = kernels.encode_from_fp8_measured
+
+    def spy(fmt, q, *args, **kw):
+        out = fused(fmt, q, *args, **kw)
+        measured.append((fmt, out[2] is not None))
+        return out
+
+    monkeypatch.setattr(kernels, "encode_from_fp8_measured", spy)
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(experts="int4-g64", **OPTS))
+    assert ("int8-row", True) in measured and ("int4-grouped", True) in measured
+    recorded = {t.name: t for t in weight_quality(tmp_path / "out").tensors}
+    arrays = _output_arrays(tmp_path / "out")
+    for name, decode in (
+        ("model.layers.1.self_attn.o_proj.weight", lambda c, s: ref.decode_int8_row(c, s, 256, 256)),
+        ("model.layers.0.mlp.experts.3.down_proj.weight", lambda c, s: ref.decode_int4_grouped(c, s, 256, 128, 64)),
+    ):
+        q, s = values[name], values[name + "_scale_inv"]
+        grid = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[: q.shape[0], : q.shape[1]]
+        want = figures_by_hand(q.astype(np.float32) * grid, decode(arrays[name], arrays[name + ".qs"]))
+        assert want["sse"] > 0
+        assert_figures(recorded[name].stats, want)
+    assert weight_quality(tmp_path / "out", str(tmp_path / "src")).disagreements == []
+
+
 def test_planar_sidecar_experts_are_compared_like_their_pairs(tmp_path):
     src = tmp_path / "src"
     make_checkpoint(src, Tiny(hidden=128, inter=64))  # planar needs I % 64 == 0
