@@ -17,7 +17,9 @@
    int4-g64 one as in 2, the lightest there is; the FP8 checkpoint's default recipe; the BF16 one with
    ``--quantizer mse``), each as it is and with the figures stubbed out in the process (``STUB``), for this
    checkout and ``--base-python``'s, interleaved ``--runs`` times: CPU seconds and recorded / stubbed (goal: a
-   few percent).
+   few percent), and the walls. ``--from-drive``: as a user converts, each source read from the drive (its pages
+   evicted before each run) and the output written to ``--workdir`` (the drive) instead of the tmpfs;
+   ``--layers N`` for a larger checkpoint (folders ``q-bf16-NL`` / ``q-fp8-NL``).
 5. **The search kernel alone** (``kernels.mse_groups`` on one thread, this thread's CPU time, best of 7): ns per
    weight on ``[2048, 2048]`` Gaussian weights as int4-g64 groups and as int4-row rows.
 """
@@ -34,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert import generate, run_process  # noqa: E402  (bench/convert.py's checkpoints and process timing)
+from quality import evict  # noqa: E402  (bench/quality.py: a file's pages dropped from the page cache)
 
 from colitools.formats import kernels  # noqa: E402, F401  (loaded, it hands Format.encode(fast=True) its kernels)
 from colitools.formats.registry import by_name  # noqa: E402
@@ -147,12 +150,17 @@ main()
 """
 
 
-def recording_cost(work: Path, shm: Path, layers: int, runs: int, base_python: str | None) -> list[str]:
+def recording_cost(
+    work: Path, shm: Path, layers: int, runs: int, base_python: str | None, drive: bool = False
+) -> list[str]:
     """CPU seconds of three conversions with and without recording their error figures (the rtn BF16 -> int4-g64
     conversion, the lightest there is; the FP8 checkpoint's default recipe; the BF16 one with ``--quantizer
     mse``), this checkout and ``base_python``'s, all interleaved; the median of each run's recorded / stubbed
-    ratio."""
-    bf16, fp8 = work / "q-bf16", work / "q-fp8"
+    ratio. ``drive``: as a user converts, the source read from the drive (its pages evicted before each run) and
+    the output written to the drive (``work``), and the walls compared too."""
+    suffix = "" if layers == 4 else f"-{layers}L"
+    bf16, fp8 = work / f"q-bf16{suffix}", work / f"q-fp8{suffix}"
+    out = work / "q-out" if drive else shm / "q-out"
     for folder, dtype in ((bf16, "BF16"), (fp8, "FP8")):
         if not (folder / "model.safetensors.index.json").exists():
             generate(folder, layers, 16, dtype)
@@ -163,24 +171,27 @@ def recording_cost(work: Path, shm: Path, layers: int, runs: int, base_python: s
     variants = {}
     for case, (src, recipe) in cases.items():
         for label, python in pythons.items():
-            cmd = convert_cmd(python, src, shm / "q-out", *recipe)
+            cmd = convert_cmd(python, src, out, *recipe)
             variants[(case, label, "recorded")] = cmd
             variants[(case, label, "stubbed")] = [python, "-c", STUB, *cmd[3:]]
     res: dict[tuple[str, str, str], list[dict]] = {k: [] for k in variants}
     for case in cases:
-        timed(variants[(case, "this checkout", "recorded")], shm / "q-out")  # warm-up
+        timed(variants[(case, "this checkout", "recorded")], out)  # warm-up
     for _ in range(runs):
         for key, cmd in variants.items():
-            res[key].append(timed(cmd, shm / "q-out"))
-    lines = ["| conversion | checkout | recorded CPU s | stubbed CPU s | recorded / stubbed (median of runs) | load |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+            if drive:
+                evict(sorted(cases[key[0]][0].glob("*.safetensors")))
+            res[key].append(timed(cmd, out))
+    lines = ["| conversion | checkout | recorded CPU s | stubbed CPU s | recorded / stubbed CPU (median of runs) | "
+             "recorded / stubbed wall s | wall ratio (median of runs) | load |", "|---|---|---|---|---|---|---|---|"]
     for case in cases:
         for label in pythons:
             rec, stub = res[(case, label, "recorded")], res[(case, label, "stubbed")]
-            ratio = statistics.median(r["cpu"] / t["cpu"] for r, t in zip(rec, stub, strict=True))
+            ratio = {k: statistics.median(r[k] / t[k] for r, t in zip(rec, stub, strict=True)) for k in ("cpu", "wall")}
             loads = [r["load"] for r in rec + stub]
-            lines.append(f"| {case} | {label} | {statistics.median(r['cpu'] for r in rec):.2f} | "
-                         f"{statistics.median(t['cpu'] for t in stub):.2f} | {ratio:.3f} | "
+            med = {k: (statistics.median(r[k] for r in rec), statistics.median(t[k] for t in stub)) for k in ratio}
+            lines.append(f"| {case} | {label} | {med['cpu'][0]:.2f} | {med['cpu'][1]:.2f} | {ratio['cpu']:.3f} | "
+                         f"{med['wall'][0]:.2f} / {med['wall'][1]:.2f} | {ratio['wall']:.3f} | "
                          f"{min(loads):.1f}-{max(loads):.1f} |")  # fmt: skip
     return lines
 
@@ -194,10 +205,13 @@ def main() -> None:
     ap.add_argument("--base-python", help="python of a checkout without error recording (its rtn conversion)")
     ap.add_argument("--skip-convert", action="store_true", help="only the synthetic RMSE table")
     ap.add_argument("--recording", action="store_true", help="only the cost of recording the error figures")
+    ap.add_argument("--from-drive", action="store_true",
+                    help="with --recording: source read from the drive (pages evicted per run), output written there")
     args = ap.parse_args()
     if args.recording:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        print("\n".join(recording_cost(args.workdir, args.shm, args.layers, args.runs, args.base_python)))
+        print("\n".join(recording_cost(args.workdir, args.shm, args.layers, args.runs, args.base_python,
+                                       args.from_drive)))
         return
     print("\n".join(rmse_table()))
     print()
