@@ -19,7 +19,11 @@
    checkout and ``--base-python``'s, interleaved ``--runs`` times: CPU seconds and recorded / stubbed (goal: a
    few percent), and the walls. ``--from-drive``: as a user converts, each source read from the drive (its pages
    evicted before each run) and the output written to ``--workdir`` (the drive) instead of the tmpfs;
-   ``--layers N`` for a larger checkpoint (folders ``q-bf16-NL`` / ``q-fp8-NL``).
+   ``--layers N`` for a larger checkpoint (folders ``q-bf16-NL`` / ``q-fp8-NL``). ``--split``: the same three
+   conversions on one kernel thread, the thread CPU seconds of each tensor's encode and figures summed in the
+   process (``SPLIT``), as converted, with every tensor's figures taken in a second pass (``job_error``), and
+   without figures: the recording's share of the whole conversion's CPU, without the noise of two processes'
+   totals.
 5. **The search kernel alone** (``kernels.mse_groups`` on one thread, this thread's CPU time, best of 7): ns per
    weight on ``[2048, 2048]`` Gaussian weights as int4-g64 groups and as int4-row rows.
 """
@@ -150,6 +154,67 @@ main()
 """
 
 
+# ``python -c SPLIT OUT.json convert ...`` (one kernel thread): the thread CPU seconds spent encoding each tensor and
+# taking its figures, as the conversion does it (``fused``: the encoders' own measurement where they have one), as a
+# second pass after the encode (``second-pass``: ``job_error`` for every job), or not at all (``none``)
+SPLIT = """
+import atexit, json, os, sys, time
+import colitools.converters.unit_writer as u
+out, mode = sys.argv.pop(1), sys.argv.pop(1)
+spent = [0.0]
+fused = u.encode_measured
+def timed(job, values, scale, block):
+    t = time.thread_time()
+    if mode == "fused":
+        r = fused(job, values, scale, block)
+    else:
+        c, s = u.encode_job(job, values, scale, block, False)
+        r = (c, s, u.job_error(job, values, scale, block, c, s) if mode == "second-pass" else None)
+    spent[0] += time.thread_time() - t
+    return r
+u.encode_measured = timed
+if mode == "none":
+    u.job_error = lambda *a, **k: None
+atexit.register(lambda: open(out, "w").write(json.dumps({"cpu": spent[0]})))
+from colitools.cli import main
+sys.argv[0] = "colitools"
+main()
+"""
+
+
+def recording_split(work: Path, shm: Path, runs: int) -> list[str]:
+    """Per conversion of ``recording_cost``, one kernel thread: the thread CPU seconds of encoding plus the
+    figures, taken as the conversion takes them, as a second pass, and not taken; the recording's cost is the
+    difference, against the whole process's CPU without it. Medians of ``runs`` interleaved runs."""
+    import json
+    import os
+
+    bf16, fp8 = work / "q-bf16", work / "q-fp8"
+    int4 = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")
+    cases = {"BF16 -> int4-g64, rtn": (bf16, int4), "FP8, default recipe, rtn": (fp8, ()),
+             "BF16 -> int4-g64, mse": (bf16, (*int4, "--quantizer", "mse"))}  # fmt: skip
+    modes = ("fused", "second-pass", "none")
+    res: dict[tuple[str, str], list[tuple[float, float]]] = {(c, m): [] for c in cases for m in modes}
+    spent = shm / "q-split.json"
+    os.environ["COLITOOLS_THREADS"] = "1"
+    for run in range(runs + 1):  # the first round warms the caches and is not counted
+        for case, (src, recipe) in cases.items():
+            for mode in modes:
+                cmd = convert_cmd(sys.executable, src, shm / "q-out", *recipe)
+                whole = timed([sys.executable, "-c", SPLIT, str(spent), mode, *cmd[3:]], shm / "q-out")
+                if run:
+                    res[(case, mode)].append((json.loads(spent.read_text())["cpu"], whole["cpu"]))
+    lines = ["| conversion | encode + figures, as converted | + figures as a second pass | encode only | "
+             "recording / whole conversion (as converted; second pass) |", "|---|---|---|---|---|"]
+    for case in cases:
+        med = {m: statistics.median(c for c, _ in res[(case, m)]) for m in modes}
+        whole = statistics.median(w for _, w in res[(case, "none")])
+        lines.append(f"| {case} | {med['fused']:.3f} | {med['second-pass']:.3f} | {med['none']:.3f} | "
+                     f"{(med['fused'] - med['none']) / whole:.1%}; {(med['second-pass'] - med['none']) / whole:.1%} "
+                     f"(of {whole:.2f} CPU s) |")
+    return lines
+
+
 def recording_cost(
     work: Path, shm: Path, layers: int, runs: int, base_python: str | None, drive: bool = False
 ) -> list[str]:
@@ -205,9 +270,14 @@ def main() -> None:
     ap.add_argument("--base-python", help="python of a checkout without error recording (its rtn conversion)")
     ap.add_argument("--skip-convert", action="store_true", help="only the synthetic RMSE table")
     ap.add_argument("--recording", action="store_true", help="only the cost of recording the error figures")
+    ap.add_argument("--split", action="store_true",
+                    help="with --recording: the thread CPU of encode + figures, fused / second pass / none")
     ap.add_argument("--from-drive", action="store_true",
                     help="with --recording: source read from the drive (pages evicted per run), output written there")
     args = ap.parse_args()
+    if args.recording and args.split:
+        print("\n".join(recording_split(args.workdir, args.shm, args.runs)))
+        return
     if args.recording:
         args.workdir.mkdir(parents=True, exist_ok=True)
         print("\n".join(recording_cost(args.workdir, args.shm, args.layers, args.runs, args.base_python,
