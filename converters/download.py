@@ -158,6 +158,7 @@ def download_file(
     timeout: float = 60.0,
     streams: int = 1,
     chunk_bytes: int | None = None,
+    on_last_chunk: Callable[[], None] | None = None,
 ) -> Path:
     """Download ``url`` to ``dest``, resuming from ``<dest>.part`` and verifying size and sha256.
 
@@ -181,6 +182,7 @@ def download_file(
     ``download_streams.chunk_for``; at least ``MIN_CHUNK`` bytes): that many parallel Range streams into a full-size part with a range log
     (``download_streams.py``: the same resume, retries, verification and publication). Every stream, the single
     one too, is dropped and asked again after ``download_streams.stall_seconds()`` without a byte.
+    ``on_last_chunk()`` is called once the streams have asked for every chunk (a single stream never calls it).
     """
     from colitools.converters import download_streams as ds
 
@@ -201,7 +203,7 @@ def download_file(
     with client:
         if ds.wants_streams(part_path, expected_size, streams, chunk_bytes or ds.MIN_CHUNK):
             job = ds.StreamJob(url, dest.name, request_headers, expected_size, progress, retries, backoff,
-                               max(streams, 1), chunk)  # fmt: skip
+                               max(streams, 1), chunk, on_last_chunk)  # fmt: skip
             if ds.download_ranged(client, job, part_path, dest, want_sha, disk_check):
                 return dest
         return _single_stream(client, fetch, part_path, dest, want_sha, progress)

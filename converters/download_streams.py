@@ -16,6 +16,8 @@ a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftrun
   with a ``ReadTimeout`` and asks for the rest of its chunk again, under the download's retry policy.
 * Fallback: a server that answers a range with 200 (or an encoded body) gets today's single stream; the part is
   cut to its done prefix first, the log removed.
+* Tail: ``StreamJob.on_last_chunk`` is called once, when a stream finds no chunk left to ask for (the file's
+  streams begin to end), so a caller may start the next file's streams meanwhile (``prefetch.ShardPrefetch``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import ssl
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +105,7 @@ class StreamJob:
     backoff: dl.Backoff
     streams: int
     chunk: int
+    on_last_chunk: Callable[[], None] | None = None  # called once, when every chunk has been asked for
 
 
 def merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -312,7 +316,12 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
     """Every missing chunk fetched by up to ``job.streams`` threads; the first error stops them all and is
     raised (what they wrote stays recorded)."""
     chunks = deque((a, min(a + job.chunk, b)) for lo, b in part.missing() for a in range(lo, b, job.chunk))
-    lock, stop, errors = threading.Lock(), threading.Event(), []
+    lock, stop, errors, told = threading.Lock(), threading.Event(), [], []
+
+    def last_chunk_out() -> None:  # under ``lock``: the first stream to find no chunk left tells the caller
+        if not told and job.on_last_chunk is not None:
+            told.append(True)
+            job.on_last_chunk()
 
     def stream() -> None:
         buf = bytearray(WRITE_BYTES)
@@ -320,7 +329,7 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
             while not stop.is_set():
                 with lock:
                     if not chunks:
-                        return
+                        return last_chunk_out()
                     a, b = chunks.popleft()
                 _Chunk(job, part, a, b, stop, buf).fetch(client)
                 part.hash_ahead()

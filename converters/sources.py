@@ -125,8 +125,10 @@ class Source(ABC):
         """Every file of the source, by name relative to its root ("/"-separated)."""
 
     @abstractmethod
-    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
-        """A path on disk holding the complete file ``name``; downloads it when it is not on disk yet."""
+    def ensure_local(self, name: str, progress: Progress | None = None,
+                     on_last_chunk: Callable[[], None] | None = None) -> Path:  # fmt: skip
+        """A path on disk holding the complete file ``name``; downloads it when it is not on disk yet
+        (``on_last_chunk``: ``download_file``'s)."""
 
     @abstractmethod
     def local_copy(self, name: str) -> Path | None:
@@ -221,7 +223,8 @@ class LocalFolderSource(Source):
             self._files = found
         return dict(self._files)
 
-    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
+    def ensure_local(self, name: str, progress: Progress | None = None,
+                     on_last_chunk: Callable[[], None] | None = None) -> Path:  # fmt: skip
         self._require(name)
         return self.root / name
 
@@ -315,7 +318,8 @@ class HubSource(Source):
         dest = self._download_path(name)
         return dest if self._is_verified_copy(entry, dest) else None
 
-    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
+    def ensure_local(self, name: str, progress: Progress | None = None,
+                     on_last_chunk: Callable[[], None] | None = None) -> Path:  # fmt: skip
         local = self.local_copy(name)
         if local is not None:
             return local
@@ -337,6 +341,7 @@ class HubSource(Source):
             backoff=self.backoff,
             disk_check=self.disk_check,
             streams=self.download_streams,
+            on_last_chunk=on_last_chunk,
         )
         self._stamp_path(dest).write_text(json.dumps(self._stamp(entry)))
         return dest
