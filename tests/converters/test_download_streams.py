@@ -148,6 +148,19 @@ def test_a_stalled_stream_is_dropped_and_its_range_asked_again(hub, remote, tmp_
     assert any(a == start + 100_000 for a, _ in stats.ranges for start, _ in stats.ranges[:1])
 
 
+def test_on_last_chunk_is_called_once_while_the_last_chunks_are_still_arriving(hub, remote, tmp_path, monkeypatch):
+    url, data = remote
+    monkeypatch.setenv(ds.STALL_ENV, "2")
+    hub.stall(NAME, 100_000)  # one stream's chunk holds for 2 s: the others run out of chunks meanwhile
+    calls = []
+    out = fetch(url, tmp_path / NAME, data, on_last_chunk=lambda: calls.append(hub.stats(NAME)))
+    assert out.read_bytes() == data
+    assert len(calls) == 1
+    # told while a chunk was still owed: the stalled one (its rest is asked again after the stall)
+    assert calls[0].stalls == 1 and calls[0].bytes_served < len(data)
+    assert hub.stats(NAME).bytes_served == len(data)
+
+
 def test_drops_and_5xx_are_retried_per_stream_without_fetching_twice(hub, remote, tmp_path):
     url, data = remote
     hub.drop_after(NAME, 50_000, times=3)
