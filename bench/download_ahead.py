@@ -7,10 +7,10 @@ link-bound time, the same conversion from the local folder and a Hub conversion 
 (``bench/download.py``'s ``make_model``: ``--shards`` shards of ~``--mib`` MiB), serves it from ``tests/converters/hubserver.py`` in a
 process of its own, each body response paced to ``--rate-mb`` MB/s and all of them together to ``--link-mb``,
 and per run (interleaved) times whole ``colitools convert`` processes into a fresh output folder with an empty
-HF cache: from the local folder; ``org/name`` (default: 8 streams per file, download ahead);
+HF cache: from the local folder; ``org/name`` (the default streams per file, download ahead);
 ``org/name --download-streams 1`` (unless ``--no-single``); ``--streams``: ``org/name`` at each of these stream
-counts instead of the default's alone; the shards alone downloaded one after another (8 streams, no conversion:
-what the download takes on this machine now); with ``--base-tree DIR`` (a checkout whose ``colitools`` package
+counts instead of the default's alone; the shards alone downloaded one after another (default streams, one file
+at a time, no conversion: what the download takes on this machine now); with ``--base-tree DIR`` (a checkout whose ``colitools`` package
 ``PYTHONPATH=DIR`` imports) ``org/name`` as that tree converts it. Prints each wall, the medians, the link-bound
 time (bytes / ``--link-mb``) and the goal ratio wall / max(link-bound, local conversion), and checks that every
 Hub output's files are byte-identical to the local conversion's. Each run also prints its CPU seconds and the
@@ -80,7 +80,8 @@ def convert_once(
     return wall, (None if source == DOWNLOAD_ONLY else digests(out))
 
 
-# the shards alone, one after another with the default streams, as ``convert`` fetches them (no conversion)
+# the shards alone, one after another with the default streams (no conversion; ``convert``'s download ahead starts a
+# file in the tail of the one before, this does not)
 DOWNLOAD_ONLY = """
 import sys
 from pathlib import Path
@@ -100,7 +101,7 @@ def cases(base: Path, endpoint: str, tree: str | None, streams: list[int], singl
         found[f"org/name (ahead, {n} streams)"] = (REPO, env, extra)
     if single:
         found["org/name, 1 stream per shard"] = (REPO, env, ["--download-streams", "1"])
-    found["the download alone (8 streams)"] = (DOWNLOAD_ONLY, env, [])
+    found[f"the download alone ({DEFAULT_DOWNLOAD_STREAMS} streams, one file at a time)"] = (DOWNLOAD_ONLY, env, [])
     if tree:
         found["org/name, base tree"] = (REPO, {**env, "PYTHONPATH": tree}, [])
     return found

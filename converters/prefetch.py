@@ -18,12 +18,12 @@ own. The runner asks ``paths(index, unit)`` for a unit's shards and waits only f
   same rule as a plan figure (``--dry-run``'s peak disk counts the shards held ahead).
 * Release: shards no pending unit needs are deleted by the runner as before; the thread never downloads one
   (it walks the pending units' shards only).
-* Errors: the walk stops at its first error (a download in flight beside it ends); the runner raises it (the same one line) when a unit needs a
-  shard the thread did not deliver, i.e. at the unit that needs the failed shard; the units before it convert
-  and are recorded. A stop of the runner (an error, Ctrl-C) cancels the download in flight at its next write
-  (``_Cancelled`` from the progress hook): its ``.part`` and range log stay for the rerun, nothing is fetched
-  twice.
-* The small files the output copies (tokenizer, generation config) come last, while the last unit converts;
+* Errors: the walk stops at its first error (a download in flight beside it ends); the runner raises it (the
+  same one line) when a unit needs a shard neither delivered nor in flight, i.e. at the unit that needs the
+  failed shard; the units before it convert and are recorded. A stop of the runner (an error, Ctrl-C) cancels
+  the downloads in flight at their next write (``_Cancelled`` from the progress hook): their ``.part`` and range
+  log stay for the rerun, nothing is fetched twice.
+* The small files the output copies (tokenizer, generation config) come last, in the last shard's tail;
   the runner waits for them (``wait_all``) before it writes the output's files.
 
 Local folders and offline Hub sources (``HF_HUB_OFFLINE``) have nothing to download: no thread, the runner reads
@@ -53,7 +53,7 @@ IN_FLIGHT = 2  # files downloading at once: the next one starts in the tail of t
 
 
 class _Cancelled(BaseException):
-    """The runner stopped: the download in flight ends at its next write (not an error of anyone's)."""
+    """The runner stopped: each download in flight ends at its next write (not an error of anyone's)."""
 
 
 class _CancellableProgress:
@@ -105,7 +105,7 @@ class ShardPrefetch:
         return self
 
     def close(self) -> None:
-        """Stop: a shard held back stays undownloaded, the one in flight ends at its next write."""
+        """Stop: a shard held back stays undownloaded, those in flight end at their next write."""
         self.stopping.set()
         with self.cond:
             self.cond.notify_all()
