@@ -16,6 +16,11 @@ a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftrun
   with a ``ReadTimeout`` and asks for the rest of its chunk again, under the download's retry policy.
 * Fallback: a server that answers a range with 200 (or an encoded body) gets today's single stream; the part is
   cut to its done prefix first, the log removed.
+* Redirect: the Hub answers a file's URL with a redirect to its CDN (a signed URL); the first chunk answered after
+  it makes the file's later chunks go to the CDN's URL straight (``_Target``): one request a chunk, not two (and
+  on a real network one round trip and TLS handshake less). ``Authorization`` is dropped when that URL is another
+  origin, as httpx2 drops it on the redirect. A refusal there (401/403/404/410: a signature expired) sends that
+  chunk back through the Hub for good, and its answer after the redirect is the URL the others learn next.
 * Tail: ``StreamJob.on_last_chunk`` is called once, when a stream finds no chunk left to ask for (the file's
   streams begin to end), so a caller may start the next file's streams meanwhile (``prefetch.ShardPrefetch``).
 """
@@ -34,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx2
 
@@ -86,6 +92,48 @@ def wants_streams(part: Path, size: int | None, streams: int, smallest: int) -> 
     if size is None or size <= 0 or not hasattr(os, "preadv"):  # no pwrite, preadv (Windows): one stream
         return False
     return log_path(part).is_file() or (streams > 1 and size > smallest)
+
+
+STALE_STATUSES = (401, 403, 404, 410)  # a CDN's answer to a signed URL that expired (or was withdrawn)
+
+
+class _StaleTarget(Exception):
+    """The CDN refused a URL learned from an earlier redirect: the chunk asks the Hub again at once."""
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.hostname, parts.port
+
+
+class _Target:
+    """Where a file's chunks are asked for (module docstring, "Redirect"): ``job.url`` until a chunk is answered
+    after a redirect, then the URL that answered it, with ``job.headers`` fit for its origin."""
+
+    def __init__(self, job: StreamJob):
+        self.job = job
+        self._lock = threading.Lock()
+        self._learned: tuple[str, dict[str, str]] | None = None
+
+    def now(self) -> tuple[str, dict[str, str]]:
+        with self._lock:
+            return self._learned or (self.job.url, self.job.headers)
+
+    def learn(self, response: httpx2.Response) -> None:
+        """Remember where ``response`` (a 206) came from, when a redirect led there."""
+        if not response.history:
+            return
+        url = str(response.url)
+        headers = self.job.headers
+        if _origin(url) != _origin(self.job.url):  # as httpx2 does on a redirect to another origin
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        with self._lock:
+            self._learned = (url, headers)
+
+    def forget(self, url: str) -> None:
+        with self._lock:
+            if self._learned is not None and self._learned[0] == url:
+                self._learned = None
 
 
 class _RangesIgnored(Exception):
@@ -317,6 +365,7 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
     raised (what they wrote stays recorded)."""
     chunks = deque((a, min(a + job.chunk, b)) for lo, b in part.missing() for a in range(lo, b, job.chunk))
     lock, stop, errors, told = threading.Lock(), threading.Event(), [], []
+    target = _Target(job)
 
     def last_chunk_out() -> None:  # under ``lock``: the first stream to find no chunk left tells the caller
         if not told and job.on_last_chunk is not None:
@@ -331,7 +380,7 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
                     if not chunks:
                         return last_chunk_out()
                     a, b = chunks.popleft()
-                _Chunk(job, part, a, b, stop, buf).fetch(client)
+                _Chunk(job, part, a, b, stop, buf, target).fetch(client)
                 part.hash_ahead()
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             errors.append(exc)
@@ -357,8 +406,10 @@ class _Chunk:
     arrives is gathered in the stream's ``buf`` (``WRITE_BYTES``) and written out each time it is full."""
 
     def __init__(self, job: StreamJob, part: RangedPart, start: int, end: int, stop: threading.Event,
-                 buf: bytearray):  # fmt: skip
+                 buf: bytearray, target: _Target):  # fmt: skip
         self.job, self.part, self.end, self.stop = job, part, end, stop
+        self.target = target
+        self.via_hub = False  # once the learned URL was refused, this chunk asks the Hub (no loop between them)
         self.pos = start
         self.buf = memoryview(buf)
         self.filled = 0  # bytes of ``buf`` received, not yet written (they start at ``pos``)
@@ -371,6 +422,8 @@ class _Chunk:
                 self._attempt(client)
                 if self.pos < self.end and not self.stop.is_set():
                     raise dl._Transient(f"connection ended at byte {self.pos} (range to {self.end})")
+            except _StaleTarget:
+                continue
             except (httpx2.TransportError, dl._Transient) as exc:
                 failures = 1 if self.pos > before else failures + 1
                 job = self.job
@@ -378,9 +431,14 @@ class _Chunk:
                                           str(job.size)))  # fmt: skip
 
     def _attempt(self, client: httpx2.Client) -> None:
-        headers = {**self.job.headers, "Range": f"bytes={self.pos}-{self.end - 1}"}
-        with client.stream("GET", self.job.url, headers=headers) as response:
+        url, headers = (self.job.url, self.job.headers) if self.via_hub else self.target.now()
+        headers = {**headers, "Range": f"bytes={self.pos}-{self.end - 1}"}
+        with client.stream("GET", url, headers=headers) as response:
             status = response.status_code
+            if url != self.job.url and status in STALE_STATUSES:
+                self.target.forget(url)
+                self.via_hub = True
+                raise _StaleTarget
             if status in dl.RETRY_STATUSES:
                 raise dl._Transient(f"HTTP {status}", dl.retry_after(response))
             if status == 200:
@@ -390,6 +448,7 @@ class _Chunk:
             if response.headers.get("Content-Encoding", "identity").lower() not in ("identity", ""):
                 raise _RangesIgnored("server sent an encoded body for a range request")
             self._check_content_range(response)
+            self.target.learn(response)
             try:
                 self._receive(response)
             finally:
