@@ -14,7 +14,9 @@ at a time, no conversion: what the download takes on this machine now); with ``-
 ``PYTHONPATH=DIR`` imports) ``org/name`` as that tree converts it. Prints each wall, the medians, the link-bound
 time (bytes / ``--link-mb``) and the goal ratio wall / max(link-bound, local conversion), and checks that every
 Hub output's files are byte-identical to the local conversion's. Each run also prints its CPU seconds and the
-server's (the fake Hub runs on the same cores: on 2 cores their sum / 2 is a floor of the wall).
+server's (the fake Hub runs on the same cores: on 2 cores their sum / 2 is a floor of the wall), and where a Hub
+run's wall went, from the bytes the fake Hub had sent every 10 ms (``link_phases``): when 2 MB were out (the
+start: interpreter, imports, listing, plan), the rate until the last MB, and the time after it (the tail).
 
 ``--serve``: only write the checkpoint and serve it; prints ``HF_ENDPOINT=...`` and the folder, and serves until
 stdin closes (for timing the commands with another tool).
@@ -61,11 +63,20 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def sent_by(pid: int) -> int:
+    """Bytes a process has written so far, ``sendfile`` included (``/proc/PID/io``'s ``wchar``)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
 def convert_once(
-    source: str, out: Path, env: dict[str, str], extra: list[str]
-) -> tuple[float, dict[str, str]]:
-    """Wall seconds of one ``colitools convert`` process and its output's digests. It runs in the folder of
-    the tree it times (``python -m`` puts the working folder first on ``sys.path``)."""
+    source: str, out: Path, env: dict[str, str], extra: list[str], server: int | None = None
+) -> tuple[float, dict[str, str] | None, str]:
+    """Wall seconds of one ``colitools convert`` process, its output's digests and, with the fake Hub's
+    ``server`` pid, where the wall went (``link_phases``). It runs in the folder of the tree it times
+    (``python -m`` puts the working folder first on ``sys.path``)."""
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(Path(env["HF_HOME"]), ignore_errors=True)
     if source == DOWNLOAD_ONLY:
@@ -73,11 +84,31 @@ def convert_once(
     else:
         command = [sys.executable, "-m", "colitools", "convert", source, str(out), "--min-free-gb", "0"]
         command += ["--no-progress", *extra]
-    start = time.perf_counter()
     tree = env.get("PYTHONPATH") or str(ROOT)
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, cwd=tree)
+    base = sent_by(server) if server else 0
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, cwd=tree)
+    samples = []  # (seconds, bytes the fake Hub sent), every 10 ms
+    while proc.poll() is None:
+        if server:
+            samples.append((time.perf_counter() - start, sent_by(server) - base))
+        time.sleep(0.01)
     wall = time.perf_counter() - start
-    return wall, (None if source == DOWNLOAD_ONLY else digests(out))
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, command)
+    return wall, (None if source == DOWNLOAD_ONLY else digests(out)), link_phases(samples, wall)
+
+
+def link_phases(samples: list[tuple[float, int]], wall: float) -> str:
+    """When the fake Hub had sent 2 MB (past the listing and the shards' header reads) and all but the last 1 MB,
+    the rate between, and what came after: the start, the transfer and the tail of a wall."""
+    if not samples or samples[-1][1] < 4 * MB:
+        return ""
+    total = samples[-1][1]
+    first = next(t for t, n in samples if n >= 2 * MB)
+    last = next(t for t, n in samples if n >= total - 1 * MB)
+    rate = (total - 3 * MB) / MB / max(last - first, 1e-9)
+    return f", link: 2 MB at {first:.2f} s, the last MB at {last:.2f} s ({rate:.0f} MB/s between), then {wall - last:.2f} s"
 
 
 # the shards alone, one after another with the default streams (no conversion; ``convert``'s download ahead starts a
@@ -119,13 +150,13 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     for run in range(args.runs):
         for name, (source, env, extra) in runs.items():
             cpu, served = children_cpu(), cpu_of(server)
-            wall, got = convert_once(source, base / "out", env, extra)
+            wall, got, phases = convert_once(source, base / "out", env, extra, server)
             cpu, served = children_cpu() - cpu, cpu_of(server) - served
             reference = reference or got
             same = "-" if got is None else "identical" if got == reference else "DIFFERENT"
             walls[name].append(wall)
             print(f"run {run + 1} {name}: wall {wall:6.2f} s, CPU {cpu:5.2f} s, the server's CPU {served:5.2f} s, "
-                  f"output {same}, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+                  f"output {same}, load {os.getloadavg()[0]:.1f}{phases}", flush=True)  # fmt: skip
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     link = total / (args.link_mb * MB)
     local = statistics.median(walls["local folder"])
