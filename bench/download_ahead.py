@@ -15,8 +15,9 @@ at a time, no conversion: what the download takes on this machine now); with ``-
 time (bytes / ``--link-mb``) and the goal ratio wall / max(link-bound, local conversion), and checks that every
 Hub output's files are byte-identical to the local conversion's. Each run also prints its CPU seconds and the
 server's (the fake Hub runs on the same cores: on 2 cores their sum / 2 is a floor of the wall), and where a Hub
-run's wall went, from the bytes the fake Hub had sent every 10 ms (``link_phases``): when 2 MB were out (the
-start: interpreter, imports, listing, plan), the rate until the last MB, and the time after it (the tail).
+run's wall went, from the bytes the fake Hub had sent every 10 ms (``link_phases``; with the medians too): when
+2 MB were out (the start: interpreter, imports, listing, plan), the rate until the last MB, and the time after it
+(the tail).
 
 ``--serve``: only write the checkpoint and serve it; prints ``HF_ENDPOINT=...`` and the folder, and serves until
 stdin closes (for timing the commands with another tool).
@@ -99,16 +100,23 @@ def convert_once(
     return wall, (None if source == DOWNLOAD_ONLY else digests(out)), link_phases(samples, wall)
 
 
-def link_phases(samples: list[tuple[float, int]], wall: float) -> str:
-    """When the fake Hub had sent 2 MB (past the listing and the shards' header reads) and all but the last 1 MB,
-    the rate between, and what came after: the start, the transfer and the tail of a wall."""
+def link_phases(samples: list[tuple[float, int]], wall: float) -> tuple[float, float, float] | None:
+    """When the fake Hub had sent 2 MB (past the listing and the shards' header reads), the MB/s from then until
+    all but the last 1 MB were out, and the seconds after that: the start, the transfer and the tail of a wall."""
     if not samples or samples[-1][1] < 4 * MB:
-        return ""
+        return None
     total = samples[-1][1]
     first = next(t for t, n in samples if n >= 2 * MB)
     last = next(t for t, n in samples if n >= total - 1 * MB)
-    rate = (total - 3 * MB) / MB / max(last - first, 1e-9)
-    return f", link: 2 MB at {first:.2f} s, the last MB at {last:.2f} s ({rate:.0f} MB/s between), then {wall - last:.2f} s"
+    return first, (total - 3 * MB) / MB / max(last - first, 1e-9), wall - last
+
+
+def phases_text(phases: list[tuple[float, float, float]]) -> str:
+    """``link_phases`` of one run, or the medians of several."""
+    if not phases:
+        return ""
+    start, rate, tail = (statistics.median(p[i] for p in phases) for i in range(3))
+    return f", link: 2 MB out at {start:.2f} s, then {rate:.0f} MB/s until the last MB, then {tail:.2f} s"
 
 
 # the shards alone, one after another with the default streams (no conversion; ``convert``'s download ahead starts a
@@ -142,6 +150,7 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     total = sum(p.stat().st_size for p in (base / "repo").glob("*.safetensors"))
     runs = cases(base, endpoint, args.base_tree, args.streams or [DEFAULT_DOWNLOAD_STREAMS], not args.no_single)
     walls: dict[str, list[float]] = {name: [] for name in runs}
+    phases: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
     reference = None
     for name, (source, env, extra) in runs.items():  # warm-up, not counted: numba's cache of each tree
         if source == str(base / "repo") or name.endswith("base tree"):
@@ -150,13 +159,15 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     for run in range(args.runs):
         for name, (source, env, extra) in runs.items():
             cpu, served = children_cpu(), cpu_of(server)
-            wall, got, phases = convert_once(source, base / "out", env, extra, server)
+            wall, got, phase = convert_once(source, base / "out", env, extra, server)
+            phases[name] += [phase] if phase else []
             cpu, served = children_cpu() - cpu, cpu_of(server) - served
             reference = reference or got
             same = "-" if got is None else "identical" if got == reference else "DIFFERENT"
             walls[name].append(wall)
             print(f"run {run + 1} {name}: wall {wall:6.2f} s, CPU {cpu:5.2f} s, the server's CPU {served:5.2f} s, "
-                  f"output {same}, load {os.getloadavg()[0]:.1f}{phases}", flush=True)  # fmt: skip
+                  f"output {same}, load {os.getloadavg()[0]:.1f}{phases_text([phase] if phase else [])}",
+                  flush=True)  # fmt: skip
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     link = total / (args.link_mb * MB)
     local = statistics.median(walls["local folder"])
@@ -167,7 +178,7 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     for name, w in walls.items():
         med = statistics.median(w)
         print(f"{name}: median {med:6.2f} s (min {min(w):.2f}, max {max(w):.2f}), "
-              f"{med / goal:.2f} x max(link-bound, local conversion)")  # fmt: skip
+              f"{med / goal:.2f} x max(link-bound, local conversion){phases_text(phases[name])}")  # fmt: skip
 
 
 def main() -> None:
