@@ -23,6 +23,9 @@ a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftrun
   chunk back through the Hub for good, and its answer after the redirect is the URL the others learn next.
 * Tail: ``StreamJob.on_last_chunk`` is called once, when a stream finds no chunk left to ask for (the file's
   streams begin to end), so a caller may start the next file's streams meanwhile (``prefetch.ShardPrefetch``).
+  Files downloading together share ``StreamJob.slots`` (``StreamSlots``, one per ``HubSource``): a stream holds
+  a slot while it fetches, so the next file's streams start one by one as the last file's end, the connections
+  stay at the stream count, and the earlier file ends as soon as alone (its units convert meanwhile).
 """
 
 from __future__ import annotations
@@ -154,6 +157,30 @@ class StreamJob:
     streams: int
     chunk: int
     on_last_chunk: Callable[[], None] | None = None  # called once, when every chunk has been asked for
+    slots: StreamSlots | None = None  # shared by the files downloading together
+
+
+class StreamSlots:
+    """At most ``count`` streams at once over the ranged downloads that share it (module docstring, "Tail")."""
+
+    def __init__(self, count: int):
+        self._free = max(count, 1)
+        self._cond = threading.Condition()
+
+    def take(self, stop: threading.Event) -> bool:
+        """Wait for a slot; False once ``stop`` is set."""
+        with self._cond:
+            while not self._free:
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.25)  # ``stop`` is an Event of its own: looked at again
+            self._free -= 1
+            return True
+
+    def give(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify()
 
 
 def merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -373,6 +400,8 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
             job.on_last_chunk()
 
     def stream() -> None:
+        if job.slots is not None and not job.slots.take(stop):
+            return
         buf = bytearray(WRITE_BYTES)
         try:
             while not stop.is_set():
@@ -385,6 +414,9 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             errors.append(exc)
             stop.set()
+        finally:
+            if job.slots is not None:
+                job.slots.give()
 
     threads = [threading.Thread(target=stream, name=f"download-{i}", daemon=True)
                for i in range(min(job.streams, len(chunks)))]  # fmt: skip

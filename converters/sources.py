@@ -268,7 +268,7 @@ class HubSource(Source):
 
         from colitools.converters.download import DEFAULT_RETRIES
         from colitools.converters.download import Backoff as _Backoff
-        from colitools.converters.download_streams import DEFAULT_STREAMS
+        from colitools.converters.download_streams import DEFAULT_STREAMS, StreamSlots
 
         super().__init__()
         self.repo_id = repo_id
@@ -281,6 +281,7 @@ class HubSource(Source):
         self.retries = DEFAULT_RETRIES if retries is None else retries
         self.backoff = _Backoff() if backoff is None else backoff
         self.download_streams = DEFAULT_STREAMS if download_streams is None else download_streams
+        self._stream_slots = StreamSlots(self.download_streams)  # shared by its files downloading together
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
         self.offline = constants.is_offline_mode()
         self._blobs = _BlobChecks()  # the cache check: each blob hashed once, ahead of its use when told
@@ -342,6 +343,7 @@ class HubSource(Source):
             disk_check=self.disk_check,
             streams=self.download_streams,
             on_last_chunk=on_last_chunk,
+            stream_slots=self._stream_slots,
         )
         self._stamp_path(dest).write_text(json.dumps(self._stamp(entry)))
         return dest

@@ -226,6 +226,29 @@ def test_refused_download_is_one_error_and_the_token_never_reaches_the_cdn(hub, 
     assert hub.stats(NAME).gets > 4 and hub.cdn_auth_headers == 0  # the token stayed on the Hub, every range
 
 
+def test_downloads_sharing_stream_slots_keep_to_its_count_of_connections(hub, tmp_path):
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    files = {f"part-{i}.safetensors": os.urandom(2 * MiB + i) for i in range(2)}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    hub.add_repo("org/two", {"main": folder})
+    hub.throttle(None, 4 * MiB)  # a body lasts long enough for the two downloads to meet
+    slots = ds.StreamSlots(2)
+
+    def get(name: str) -> None:
+        fetch(hf_hub_url("org/two", name, endpoint=hub.endpoint), tmp_path / "out" / name, files[name], streams=2,
+              stream_slots=slots)  # fmt: skip
+
+    threads = [threading.Thread(target=get, args=(name,)) for name in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {name: (tmp_path / "out" / name).read_bytes() for name in files} == files
+    assert hub.cdn_bodies_most == 2  # 2 streams each, 2 slots for both: never 4 connections at once
+
+
 def test_later_chunks_go_to_the_cdn_straight_and_never_carry_the_token(hub, remote, tmp_path):
     url, data = remote
     hub.token = "hf_secret"
