@@ -19,6 +19,7 @@ from huggingface_hub.utils import build_hf_headers
 from midkill import sigkill_when
 
 from colitools.converters import download_streams as ds
+from colitools.converters import ranged_part as rp
 from colitools.converters.download import Backoff, download_file
 from colitools.converters.options import DEFAULT_DOWNLOAD_STREAMS, ConvertOptions
 from colitools.converters.sources import open_source
@@ -58,7 +59,7 @@ def downloads(hub, name):
 
 
 def covered(ranges):
-    return ds.merge(list(ranges))
+    return rp.merge(list(ranges))
 
 
 @pytest.mark.parametrize("streams", [1, 4])
@@ -116,11 +117,11 @@ def test_sigkill_mid_download_then_the_rerun_fetches_only_the_missing_ranges(hub
     proc = subprocess.Popen([sys.executable, "-c", child, str(workdir)], stderr=subprocess.PIPE, text=True)
 
     def some_ranges_done():
-        done = ds.read_log(log) or []
+        done = rp.read_log(log) or []
         return len(done) >= 2 and 2 * MiB < sum(b - a for a, b in done) < len(data) // 2
 
     sigkill_when(proc, some_ranges_done)
-    done = ds.read_log(log)
+    done = rp.read_log(log)
     kept = sum(b - a for a, b in done)
     assert part.stat().st_size == len(data) and not (workdir / "model.safetensors").exists()
     assert all(part.read_bytes()[a:b] == data[a:b] for a, b in done)  # the log names only bytes on disk
@@ -273,7 +274,7 @@ def test_a_cdn_url_refused_later_sends_the_chunk_back_through_the_hub(hub, remot
         assert urlsplit(learned).port == urlsplit(hub.cdn_endpoint).port
         hub.reset_stats()
         hub.fail_next(1, 403, "/blobs/")  # the CDN refuses the learned URL once, as an expired signature
-        with ds.RangedPart(tmp_path / "file.part", len(data), None) as part:
+        with rp.RangedPart(tmp_path / "file.part", len(data), None) as part:
             chunk = ds._Chunk(job, part, 0, len(data), threading.Event(), bytearray(ds.WRITE_BYTES), target)
             chunk.fetch(client)
             assert part.hexdigest() == hashlib.sha256(data).hexdigest()
@@ -338,8 +339,8 @@ def test_sigkill_of_convert_mid_download_resumes_and_matches_a_one_stream_conver
     hub.throttle(shard.name, 1 * MiB)  # per connection
     proc = subprocess.Popen([*base, str(out), "--min-free-gb", "0", "--no-progress"], stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
-    sigkill_when(proc, lambda: 2 * MiB < sum(b - a for a, b in ds.read_log(log) or []) < size - 4 * MiB)
-    kept = sum(b - a for a, b in ds.read_log(log))
+    sigkill_when(proc, lambda: 2 * MiB < sum(b - a for a, b in rp.read_log(log) or []) < size - 4 * MiB)
+    kept = sum(b - a for a, b in rp.read_log(log))
 
     hub.throttle(shard.name, None)
     hub.reset_stats()

@@ -19,6 +19,7 @@ from midkill import sigkill_when
 from tinyckpt import Tiny, make_checkpoint
 
 from colitools.converters import download_streams as ds
+from colitools.converters import ranged_part as rp
 
 MiB = 1 << 20
 WORK = ".colitools-download"
@@ -99,7 +100,7 @@ def test_sigkill_during_a_download_ahead_resumes_without_fetching_a_byte_twice(h
     proc = subprocess.Popen(_cmd("org/ahead", out, "--min-free-gb", "0"), stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLITOOLS_TEST_SLOW_TENSOR_SECONDS": "5"})  # fmt: skip
     sigkill_when(
-        proc, lambda: 1 * MiB < sum(b - a for a, b in ds.read_log(log) or []) < sizes[late] - 2 * MiB
+        proc, lambda: 1 * MiB < sum(b - a for a, b in rp.read_log(log) or []) < sizes[late] - 2 * MiB
     )
     manifest = out / "colitools.json"
     recorded = json.loads(manifest.read_text())["units"] if manifest.exists() else {}
@@ -123,7 +124,7 @@ def _on_disk(dest: Path, size: int) -> int:
     if dest.exists():
         return size
     part = dest.with_name(dest.name + ".part")
-    logged = ds.read_log(ds.log_path(part))
+    logged = rp.read_log(rp.log_path(part))
     if logged is not None:
         return sum(b - a for a, b in logged)
     return part.stat().st_size if part.exists() else 0
