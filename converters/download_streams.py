@@ -13,8 +13,8 @@ a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftrun
   cut to its done prefix first, the log removed.
 * Redirect: the Hub answers a file's URL with a redirect to its CDN (a signed URL); the first chunk answered after
   it makes the file's later chunks go to the CDN's URL straight (``_Target``): one request a chunk, not two (and
-  on a real network one round trip and TLS handshake less). ``Authorization`` is dropped when that URL is another
-  origin, as httpx2 drops it on the redirect. A refusal there (401/403/404/410: a signature expired) sends that
+  on a real network one round trip and TLS handshake less). ``Authorization`` goes there only if httpx2 kept it
+  on the redirect (it drops it when the redirect leaves the origin). A refusal there (401/403/404/410: a signature expired) sends that
   chunk back through the Hub for good, and its answer after the redirect is the URL the others learn next.
 * Tail: ``StreamJob.on_last_chunk`` is called once, when a stream finds no chunk left to ask for (the file's
   streams begin to end), so a caller may start the next file's streams meanwhile (``prefetch.ShardPrefetch``).
@@ -35,7 +35,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx2
 
@@ -86,11 +85,6 @@ class _StaleTarget(Exception):
     """The CDN refused a URL learned from an earlier redirect: the chunk asks the Hub again at once."""
 
 
-def _origin(url: str) -> tuple[str, str | None, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme.lower(), parts.hostname, parts.port
-
-
 class _Target:
     """Where a file's chunks are asked for (module docstring, "Redirect"): ``job.url`` until a chunk is answered
     after a redirect, then the URL that answered it, with ``job.headers`` fit for its origin."""
@@ -108,12 +102,11 @@ class _Target:
         """Remember where ``response`` (a 206) came from, when a redirect led there."""
         if not response.history:
             return
-        url = str(response.url)
         headers = self.job.headers
-        if _origin(url) != _origin(self.job.url):  # as httpx2 does on a redirect to another origin
+        if "Authorization" not in response.request.headers:  # httpx2 dropped it on the way (another origin)
             headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         with self._lock:
-            self._learned = (url, headers)
+            self._learned = (str(response.url), headers)
 
     def forget(self, url: str) -> None:
         with self._lock:

@@ -263,6 +263,19 @@ def test_later_chunks_go_to_the_cdn_straight_and_never_carry_the_token(hub, remo
     assert hub.cdn_auth_headers == 0
 
 
+def test_a_learned_url_carries_the_token_only_when_the_redirect_kept_it():
+    job = ds.StreamJob("http://hub.test/f", NAME, {"Authorization": "Bearer hf_x", "Accept-Encoding": "identity"},
+                       10, None, 1, FAST, 2, 5)  # fmt: skip
+    hop = httpx2.Response(302, request=httpx2.Request("GET", job.url))
+    for carried, kept in (({"Authorization": "Bearer hf_x"}, True), ({}, False)):  # same origin / another one
+        target = ds._Target(job)
+        final = httpx2.Request("GET", "https://cdn.test/b?sig=1", headers=carried)
+        target.learn(httpx2.Response(206, request=final, history=[hop]))
+        url, headers = target.now()
+        assert url == "https://cdn.test/b?sig=1"
+        assert ("Authorization" in headers) is kept and headers["Accept-Encoding"] == "identity"
+
+
 def test_a_cdn_url_refused_later_sends_the_chunk_back_through_the_hub(hub, remote, tmp_path):
     url, data = remote
     job = ds.StreamJob(url, NAME, {"Accept-Encoding": "identity"}, len(data), None, 3, FAST, 1, len(data))
