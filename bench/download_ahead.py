@@ -7,14 +7,17 @@ link-bound time, the same conversion from the local folder and a Hub conversion 
 (``bench/download.py``'s ``make_model``: ``--shards`` shards of ~``--mib`` MiB), serves it from ``tests/converters/hubserver.py`` in a
 process of its own, each body response paced to ``--rate-mb`` MB/s and all of them together to ``--link-mb``,
 and per run (interleaved) times whole ``colitools convert`` processes into a fresh output folder with an empty
-HF cache: from the local folder; ``org/name`` (default: 8 streams per file, download ahead);
+HF cache: from the local folder; ``org/name`` (the default streams per file, download ahead);
 ``org/name --download-streams 1`` (unless ``--no-single``); ``--streams``: ``org/name`` at each of these stream
-counts instead of the default's alone; the shards alone downloaded one after another (8 streams, no conversion:
-what the download takes on this machine now); with ``--base-tree DIR`` (a checkout whose ``colitools`` package
+counts instead of the default's alone; the shards alone downloaded one after another (default streams, one file
+at a time, no conversion: what the download takes on this machine now); with ``--base-tree DIR`` (a checkout whose ``colitools`` package
 ``PYTHONPATH=DIR`` imports) ``org/name`` as that tree converts it. Prints each wall, the medians, the link-bound
 time (bytes / ``--link-mb``) and the goal ratio wall / max(link-bound, local conversion), and checks that every
 Hub output's files are byte-identical to the local conversion's. Each run also prints its CPU seconds and the
-server's (the fake Hub runs on the same cores: on 2 cores their sum / 2 is a floor of the wall).
+server's (the fake Hub runs on the same cores: on 2 cores their sum / 2 is a floor of the wall), and where a Hub
+run's wall went, from the bytes the fake Hub had sent every 10 ms (``link_phases``; with the medians too): when
+2 MB were out (the start: interpreter, imports, listing, plan), the rate until the last MB, and the time after it
+(the tail).
 
 ``--serve``: only write the checkpoint and serve it; prints ``HF_ENDPOINT=...`` and the folder, and serves until
 stdin closes (for timing the commands with another tool).
@@ -61,11 +64,20 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def sent_by(pid: int) -> int:
+    """Bytes a process has written so far, ``sendfile`` included (``/proc/PID/io``'s ``wchar``)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
 def convert_once(
-    source: str, out: Path, env: dict[str, str], extra: list[str]
-) -> tuple[float, dict[str, str]]:
-    """Wall seconds of one ``colitools convert`` process and its output's digests. It runs in the folder of
-    the tree it times (``python -m`` puts the working folder first on ``sys.path``)."""
+    source: str, out: Path, env: dict[str, str], extra: list[str], server: int | None = None
+) -> tuple[float, dict[str, str] | None, str]:
+    """Wall seconds of one ``colitools convert`` process, its output's digests and, with the fake Hub's
+    ``server`` pid, where the wall went (``link_phases``). It runs in the folder of the tree it times
+    (``python -m`` puts the working folder first on ``sys.path``)."""
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(Path(env["HF_HOME"]), ignore_errors=True)
     if source == DOWNLOAD_ONLY:
@@ -73,14 +85,42 @@ def convert_once(
     else:
         command = [sys.executable, "-m", "colitools", "convert", source, str(out), "--min-free-gb", "0"]
         command += ["--no-progress", *extra]
-    start = time.perf_counter()
     tree = env.get("PYTHONPATH") or str(ROOT)
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, cwd=tree)
+    base = sent_by(server) if server else 0
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, cwd=tree)
+    samples = []  # (seconds, bytes the fake Hub sent), every 10 ms
+    while proc.poll() is None:
+        if server:
+            samples.append((time.perf_counter() - start, sent_by(server) - base))
+        time.sleep(0.01)
     wall = time.perf_counter() - start
-    return wall, (None if source == DOWNLOAD_ONLY else digests(out))
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, command)
+    return wall, (None if source == DOWNLOAD_ONLY else digests(out)), link_phases(samples, wall)
 
 
-# the shards alone, one after another with the default streams, as ``convert`` fetches them (no conversion)
+def link_phases(samples: list[tuple[float, int]], wall: float) -> tuple[float, float, float] | None:
+    """When the fake Hub had sent 2 MB (past the listing and the shards' header reads), the MB/s from then until
+    all but the last 1 MB were out, and the seconds after that: the start, the transfer and the tail of a wall."""
+    if not samples or samples[-1][1] < 4 * MB:
+        return None
+    total = samples[-1][1]
+    first = next(t for t, n in samples if n >= 2 * MB)
+    last = next(t for t, n in samples if n >= total - 1 * MB)
+    return first, (total - 3 * MB) / MB / max(last - first, 1e-9), wall - last
+
+
+def phases_text(phases: list[tuple[float, float, float]]) -> str:
+    """``link_phases`` of one run, or the medians of several."""
+    if not phases:
+        return ""
+    start, rate, tail = (statistics.median(p[i] for p in phases) for i in range(3))
+    return f", link: 2 MB out at {start:.2f} s, then {rate:.0f} MB/s until the last MB, then {tail:.2f} s"
+
+
+# the shards alone, one after another with the default streams (no conversion; ``convert``'s download ahead starts a
+# file in the tail of the one before, this does not)
 DOWNLOAD_ONLY = """
 import sys
 from pathlib import Path
@@ -100,7 +140,7 @@ def cases(base: Path, endpoint: str, tree: str | None, streams: list[int], singl
         found[f"org/name (ahead, {n} streams)"] = (REPO, env, extra)
     if single:
         found["org/name, 1 stream per shard"] = (REPO, env, ["--download-streams", "1"])
-    found["the download alone (8 streams)"] = (DOWNLOAD_ONLY, env, [])
+    found[f"the download alone ({DEFAULT_DOWNLOAD_STREAMS} streams, one file at a time)"] = (DOWNLOAD_ONLY, env, [])
     if tree:
         found["org/name, base tree"] = (REPO, {**env, "PYTHONPATH": tree}, [])
     return found
@@ -110,6 +150,7 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     total = sum(p.stat().st_size for p in (base / "repo").glob("*.safetensors"))
     runs = cases(base, endpoint, args.base_tree, args.streams or [DEFAULT_DOWNLOAD_STREAMS], not args.no_single)
     walls: dict[str, list[float]] = {name: [] for name in runs}
+    phases: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
     reference = None
     for name, (source, env, extra) in runs.items():  # warm-up, not counted: numba's cache of each tree
         if source == str(base / "repo") or name.endswith("base tree"):
@@ -118,13 +159,15 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     for run in range(args.runs):
         for name, (source, env, extra) in runs.items():
             cpu, served = children_cpu(), cpu_of(server)
-            wall, got = convert_once(source, base / "out", env, extra)
+            wall, got, phase = convert_once(source, base / "out", env, extra, server)
+            phases[name] += [phase] if phase else []
             cpu, served = children_cpu() - cpu, cpu_of(server) - served
             reference = reference or got
             same = "-" if got is None else "identical" if got == reference else "DIFFERENT"
             walls[name].append(wall)
             print(f"run {run + 1} {name}: wall {wall:6.2f} s, CPU {cpu:5.2f} s, the server's CPU {served:5.2f} s, "
-                  f"output {same}, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+                  f"output {same}, load {os.getloadavg()[0]:.1f}{phases_text([phase] if phase else [])}",
+                  flush=True)  # fmt: skip
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     link = total / (args.link_mb * MB)
     local = statistics.median(walls["local folder"])
@@ -135,7 +178,7 @@ def measure(base: Path, endpoint: str, server: int, args) -> None:
     for name, w in walls.items():
         med = statistics.median(w)
         print(f"{name}: median {med:6.2f} s (min {min(w):.2f}, max {max(w):.2f}), "
-              f"{med / goal:.2f} x max(link-bound, local conversion)")  # fmt: skip
+              f"{med / goal:.2f} x max(link-bound, local conversion){phases_text(phases[name])}")  # fmt: skip
 
 
 def main() -> None:

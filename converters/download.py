@@ -23,13 +23,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
 from colitools.formats.atomic import fsync_dir
 from colitools.formats.errors import ConvertError
+
+if TYPE_CHECKING:  # download_streams imports this module
+    from colitools.converters.download_streams import StreamSlots
 
 # The lock is a flock on the ``.part`` file itself, not ``filelock``: filelock locks a lock file of its own
 # (a ``.part.lock`` next to every part, to clean up after each download), and what must never have two
@@ -158,6 +161,8 @@ def download_file(
     timeout: float = 60.0,
     streams: int = 1,
     chunk_bytes: int | None = None,
+    on_last_chunk: Callable[[], None] | None = None,
+    stream_slots: StreamSlots | None = None,
 ) -> Path:
     """Download ``url`` to ``dest``, resuming from ``<dest>.part`` and verifying size and sha256.
 
@@ -181,6 +186,8 @@ def download_file(
     ``download_streams.chunk_for``; at least ``MIN_CHUNK`` bytes): that many parallel Range streams into a full-size part with a range log
     (``download_streams.py``: the same resume, retries, verification and publication). Every stream, the single
     one too, is dropped and asked again after ``download_streams.stall_seconds()`` without a byte.
+    ``on_last_chunk()`` is called once the streams have asked for every chunk (a single stream never calls it);
+    ``stream_slots`` bounds the streams of the downloads that share it (``download_streams.StreamSlots``).
     """
     from colitools.converters import download_streams as ds
 
@@ -201,7 +208,7 @@ def download_file(
     with client:
         if ds.wants_streams(part_path, expected_size, streams, chunk_bytes or ds.MIN_CHUNK):
             job = ds.StreamJob(url, dest.name, request_headers, expected_size, progress, retries, backoff,
-                               max(streams, 1), chunk)  # fmt: skip
+                               max(streams, 1), chunk, on_last_chunk, stream_slots)  # fmt: skip
             if ds.download_ranged(client, job, part_path, dest, want_sha, disk_check):
                 return dest
         return _single_stream(client, fetch, part_path, dest, want_sha, progress)

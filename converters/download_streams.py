@@ -3,32 +3,36 @@
 A CDN limits each connection, not the link: N connections, each fetching the next missing chunk of the file with
 a ``Range`` request, fill one ``.part`` of the file's full size (sparse, ``ftruncate``) with ``os.pwrite``.
 
-* Resume: every write that landed in the part is recorded by appending ``"start end\\n"`` to ``<part>.ranges``
-  (after the bytes, with one ``write`` on an ``O_APPEND`` descriptor), so after any kill, SIGKILL included, the
-  log names no byte the part lacks and nothing on disk is fetched again; a torn last line is ignored. A stream
-  buffers at most ``WRITE_BYTES`` in memory. A ``.part`` without a log is today's single-stream part, a prefix.
-* Verification: the sha256 follows the done prefix of the part as it grows (read back with ``os.preadv`` into
-  one buffer by whichever stream finished a chunk, the rest at the end), so the whole file is hashed once, mostly
-  while it downloads (1.5 GB/s for one core here, against 1.5-7 s for a 5 GB shard in one pass at the end).
+* Resume and verification: the part, its range log and its sha256 are ``ranged_part.RangedPart``'s. A stream
+  buffers at most ``WRITE_BYTES`` in memory, then writes and records it.
 * Receive: a body's first piece through httpx2, the rest ``recv_into`` the stream's buffer from the socket
   (``direct_socket``; the connection is then not reused).
 * Stall: the client's read timeout is ``stall_seconds()`` (the socket's too, read directly): a stream that delivers nothing for that long fails
   with a ``ReadTimeout`` and asks for the rest of its chunk again, under the download's retry policy.
 * Fallback: a server that answers a range with 200 (or an encoded body) gets today's single stream; the part is
   cut to its done prefix first, the log removed.
+* Redirect: the Hub answers a file's URL with a redirect to its CDN (a signed URL); the first chunk answered after
+  it makes the file's later chunks go to the CDN's URL straight (``_Target``): one request a chunk, not two (and
+  on a real network one round trip and TLS handshake less). ``Authorization`` goes there only if httpx2 kept it
+  on the redirect (it drops it when the redirect leaves the origin). A refusal there (401/403/404/410: a signature expired) sends that
+  chunk back through the Hub for good, and its answer after the redirect is the URL the others learn next.
+* Tail: ``StreamJob.on_last_chunk`` is called once, when a stream finds no chunk left to ask for (the file's
+  streams begin to end), so a caller may start the next file's streams meanwhile (``prefetch.ShardPrefetch``).
+  Files downloading together share ``StreamJob.slots`` (``StreamSlots``, one per ``HubSource``): a stream holds
+  a slot while it fetches, so the next file's streams start one by one as the last file's end, the connections
+  stay at the stream count, and the earlier file ends as soon as alone (its units convert meanwhile).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import socket
 import ssl
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +40,8 @@ import httpx2
 
 from colitools.converters import download as dl
 from colitools.converters.options import DEFAULT_DOWNLOAD_STREAMS
-from colitools.formats.atomic import fsync_dir, write_bytes_atomic
+from colitools.converters.ranged_part import RangedPart, log_path
 from colitools.formats.errors import ConvertError
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +52,6 @@ MAX_CHUNK = 64 * MiB
 WRITE_BYTES = 1 * MiB  # what a stream holds in memory before it writes and records it
 STALL_SECONDS = 30.0
 STALL_ENV = "COLITOOLS_TEST_STALL_SECONDS"
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_RECORD = re.compile(rb"(\d+) (\d+)")
 
 
 def stall_seconds() -> float:
@@ -73,16 +70,48 @@ def chunk_for(size: int, streams: int) -> int:
     return max(-(-size // count), 1)
 
 
-def log_path(part: Path) -> Path:
-    return part.with_name(part.name + ".ranges")
-
-
 def wants_streams(part: Path, size: int | None, streams: int, smallest: int) -> bool:
     """Whether a download takes the ranged path: a known size over ``smallest`` bytes and several streams, or
     a range log left by an earlier ranged run (resumed by range, whatever ``streams`` says now)."""
     if size is None or size <= 0 or not hasattr(os, "preadv"):  # no pwrite, preadv (Windows): one stream
         return False
     return log_path(part).is_file() or (streams > 1 and size > smallest)
+
+
+STALE_STATUSES = (401, 403, 404, 410)  # a CDN's answer to a signed URL that expired (or was withdrawn)
+
+
+class _StaleTarget(Exception):
+    """The CDN refused a URL learned from an earlier redirect: the chunk asks the Hub again at once."""
+
+
+class _Target:
+    """Where a file's chunks are asked for (module docstring, "Redirect"): ``job.url`` until a chunk is answered
+    after a redirect, then the URL that answered it, with ``job.headers`` fit for its origin."""
+
+    def __init__(self, job: StreamJob):
+        self.job = job
+        self._lock = threading.Lock()
+        self._learned: tuple[str, dict[str, str]] | None = None
+
+    def now(self) -> tuple[str, dict[str, str]]:
+        with self._lock:
+            return self._learned or (self.job.url, self.job.headers)
+
+    def learn(self, response: httpx2.Response) -> None:
+        """Remember where ``response`` (a 206) came from, when a redirect led there."""
+        if not response.history:
+            return
+        headers = self.job.headers
+        if "Authorization" not in response.request.headers:  # httpx2 dropped it on the way (another origin)
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        with self._lock:
+            self._learned = (str(response.url), headers)
+
+    def forget(self, url: str) -> None:
+        with self._lock:
+            if self._learned is not None and self._learned[0] == url:
+                self._learned = None
 
 
 class _RangesIgnored(Exception):
@@ -102,183 +131,31 @@ class StreamJob:
     backoff: dl.Backoff
     streams: int
     chunk: int
+    on_last_chunk: Callable[[], None] | None = None  # called once, when every chunk has been asked for
+    slots: StreamSlots | None = None  # shared by the files downloading together
 
 
-def merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted, disjoint, non-adjacent spans covering the same bytes."""
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(s for s in spans if s[0] < s[1]):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
+class StreamSlots:
+    """At most ``count`` streams at once over the ranged downloads that share it (module docstring, "Tail")."""
 
+    def __init__(self, count: int):
+        self._free = max(count, 1)
+        self._cond = threading.Condition()
 
-def read_log(path: Path) -> list[tuple[int, int]] | None:
-    """The spans a range log records (merged), None without a log. Unreadable lines are skipped: a torn last
-    record only means those bytes are asked for again."""
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    spans = []
-    for line in text.split(b"\n")[:-1]:  # the piece after the last newline is empty or torn
-        if m := _RECORD.fullmatch(line):
-            spans.append((int(m[1]), int(m[2])))
-    return merge(spans)
+    def take(self, stop: threading.Event) -> bool:
+        """Wait for a slot; False once ``stop`` is set."""
+        with self._cond:
+            while not self._free:
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.25)  # ``stop`` is an Event of its own: looked at again
+            self._free -= 1
+            return True
 
-
-class RangedPart:
-    """The ``.part`` of a ranged download, locked: full size, its done spans in memory and in the log, and the
-    sha256 of its done prefix."""
-
-    def __init__(self, path: Path, size: int, progress: dl.Progress | None):
-        self.path = path
-        self.size = size
-        self.progress = progress
-        self.log = log_path(path)
-        self.done: list[tuple[int, int]] = []
-        self._fd = -1
-        self._log_fd = -1
-        self._writable = False
-        self._lock = threading.Lock()  # done, the log, writes (a sealed part takes none)
-        self._hash_lock = threading.Lock()
-        self._sha = hashlib.sha256()
-        self._hashed = 0
-        self._hash_buffer = memoryview(bytearray(dl.HASH_BLOCK))
-
-    def __enter__(self) -> RangedPart:
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
-        if fcntl is not None:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(self._fd)
-                raise ConvertError(
-                    f"{self.path}: already being downloaded by another process or thread"
-                ) from None
-        have = os.fstat(self._fd).st_size
-        logged = read_log(self.log)
-        if logged is None:  # a single-stream part is a prefix; one longer than the file is stale
-            logged = [(0, have)] if have <= self.size else []
-        try:  # never trust a record past what the part holds (a part truncated or replaced behind the log)
-            self._restart([(a, min(b, have, self.size)) for a, b in logged])
-        except BaseException:
-            self.seal()
-            raise
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.seal()
-
-    def _restart(self, done: list[tuple[int, int]]) -> None:
-        """Record ``done`` as the part's state: the log rewritten (atomically), the part at full size."""
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-        self.done = merge(done)
-        write_bytes_atomic(self.log, "".join(f"{a} {b}\n" for a, b in self.done).encode())
-        self._log_fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | _O_CLOEXEC)
-        os.ftruncate(self._fd, self.size)
-        self._sha, self._hashed = hashlib.sha256(), 0
-        self._writable = True
-        self._progress(self.done_bytes())
-
-    def done_bytes(self) -> int:
-        return sum(b - a for a, b in self.done)
-
-    def missing(self) -> list[tuple[int, int]]:
-        gaps, at = [], 0
-        for a, b in self.done:
-            if a > at:
-                gaps.append((at, a))
-            at = b
-        return gaps + ([(at, self.size)] if at < self.size else [])
-
-    def write(self, offset: int, data: bytes | bytearray) -> bool:
-        """Write ``data`` at ``offset`` and record it; False (nothing written) once the part is sealed."""
-        with self._lock:
-            if not self._writable:
-                return False
-            view = memoryview(data)
-            while view:
-                n = os.pwrite(self._fd, view, offset)
-                offset += n
-                view = view[n:]
-            os.write(self._log_fd, f"{offset - len(data)} {offset}\n".encode())
-            self.done = merge([*self.done, (offset - len(data), offset)])
-            self._progress(len(data))
-        return True
-
-    def hash_ahead(self, wait: bool = False) -> None:
-        """Hash the part's done prefix beyond what is hashed (``wait=False``: unless another stream is at it)."""
-        if not self._hash_lock.acquire(blocking=wait):
-            return
-        try:
-            while True:
-                with self._lock:
-                    if self._fd < 0:
-                        return
-                    prefix = self.done[0][1] if self.done and self.done[0][0] == 0 else 0
-                if self._hashed >= prefix:
-                    return
-                view = self._hash_buffer[: min(dl.HASH_BLOCK, prefix - self._hashed)]
-                n = os.preadv(self._fd, [view], self._hashed)  # into one buffer: no 8 MiB allocated per block
-                if not n:  # the part is shorter than its log says: the digest will not match
-                    return
-                self._sha.update(view[:n])
-                self._hashed += n
-        finally:
-            self._hash_lock.release()
-
-    def hexdigest(self) -> str:
-        self.hash_ahead(wait=True)
-        return self._sha.hexdigest()
-
-    def reset(self) -> None:
-        """Start over from nothing (after a sha256 mismatch)."""
-        self._progress(-self.done_bytes())
-        os.ftruncate(self._fd, 0)
-        self._restart([])
-
-    def to_prefix(self) -> None:
-        """Leave today's single-stream part: the done prefix only, no log (the server ignores ranges)."""
-        self._progress(-self.done_bytes())
-        prefix = self.done[0][1] if self.done and self.done[0][0] == 0 else 0
-        self.log.unlink(missing_ok=True)
-        os.ftruncate(self._fd, prefix)
-        self.seal()
-
-    def publish(self, dest: Path) -> None:
-        """fsync, the log removed, then the atomic rename (a kill in between leaves a whole part: a prefix)."""
-        os.fsync(self._fd)
-        self.log.unlink(missing_ok=True)
-        os.replace(self.path, dest)
-        fsync_dir(dest.parent)
-        self.seal()
-
-    def discard(self) -> None:
-        self.log.unlink(missing_ok=True)
-        self.path.unlink(missing_ok=True)
-        self.seal()
-
-    def stop_writes(self) -> None:
-        """A stream still running after an error or an interrupt finds ``write`` refused from now on."""
-        with self._lock:
-            self._writable = False
-
-    def seal(self) -> None:
-        """No more writes; descriptors closed."""
-        with self._lock:
-            self._writable = False
-            for fd in (self._fd, self._log_fd):
-                if fd >= 0:
-                    os.close(fd)
-            self._fd = self._log_fd = -1
-
-    def _progress(self, n: int) -> None:
-        if self.progress is not None and n:
-            self.progress.update(n)
+    def give(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify()
 
 
 def download_ranged(client: httpx2.Client, job: StreamJob, part_path: Path, dest: Path, want_sha: str | None,
@@ -312,21 +189,32 @@ def _run_streams(client: httpx2.Client, job: StreamJob, part: RangedPart) -> Non
     """Every missing chunk fetched by up to ``job.streams`` threads; the first error stops them all and is
     raised (what they wrote stays recorded)."""
     chunks = deque((a, min(a + job.chunk, b)) for lo, b in part.missing() for a in range(lo, b, job.chunk))
-    lock, stop, errors = threading.Lock(), threading.Event(), []
+    lock, stop, errors, told = threading.Lock(), threading.Event(), [], []
+    target = _Target(job)
+
+    def last_chunk_out() -> None:  # under ``lock``: the first stream to find no chunk left tells the caller
+        if not told and job.on_last_chunk is not None:
+            told.append(True)
+            job.on_last_chunk()
 
     def stream() -> None:
+        if job.slots is not None and not job.slots.take(stop):
+            return
         buf = bytearray(WRITE_BYTES)
         try:
             while not stop.is_set():
                 with lock:
                     if not chunks:
-                        return
+                        return last_chunk_out()
                     a, b = chunks.popleft()
-                _Chunk(job, part, a, b, stop, buf).fetch(client)
+                _Chunk(job, part, a, b, stop, buf, target).fetch(client)
                 part.hash_ahead()
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             errors.append(exc)
             stop.set()
+        finally:
+            if job.slots is not None:
+                job.slots.give()
 
     threads = [threading.Thread(target=stream, name=f"download-{i}", daemon=True)
                for i in range(min(job.streams, len(chunks)))]  # fmt: skip
@@ -348,8 +236,10 @@ class _Chunk:
     arrives is gathered in the stream's ``buf`` (``WRITE_BYTES``) and written out each time it is full."""
 
     def __init__(self, job: StreamJob, part: RangedPart, start: int, end: int, stop: threading.Event,
-                 buf: bytearray):  # fmt: skip
+                 buf: bytearray, target: _Target):  # fmt: skip
         self.job, self.part, self.end, self.stop = job, part, end, stop
+        self.target = target
+        self.via_hub = False  # once the learned URL was refused, this chunk asks the Hub (no loop between them)
         self.pos = start
         self.buf = memoryview(buf)
         self.filled = 0  # bytes of ``buf`` received, not yet written (they start at ``pos``)
@@ -362,6 +252,8 @@ class _Chunk:
                 self._attempt(client)
                 if self.pos < self.end and not self.stop.is_set():
                     raise dl._Transient(f"connection ended at byte {self.pos} (range to {self.end})")
+            except _StaleTarget:
+                continue
             except (httpx2.TransportError, dl._Transient) as exc:
                 failures = 1 if self.pos > before else failures + 1
                 job = self.job
@@ -369,9 +261,14 @@ class _Chunk:
                                           str(job.size)))  # fmt: skip
 
     def _attempt(self, client: httpx2.Client) -> None:
-        headers = {**self.job.headers, "Range": f"bytes={self.pos}-{self.end - 1}"}
-        with client.stream("GET", self.job.url, headers=headers) as response:
+        url, headers = (self.job.url, self.job.headers) if self.via_hub else self.target.now()
+        headers = {**headers, "Range": f"bytes={self.pos}-{self.end - 1}"}
+        with client.stream("GET", url, headers=headers) as response:
             status = response.status_code
+            if url != self.job.url and status in STALE_STATUSES:
+                self.target.forget(url)
+                self.via_hub = True
+                raise _StaleTarget
             if status in dl.RETRY_STATUSES:
                 raise dl._Transient(f"HTTP {status}", dl.retry_after(response))
             if status == 200:
@@ -381,6 +278,7 @@ class _Chunk:
             if response.headers.get("Content-Encoding", "identity").lower() not in ("identity", ""):
                 raise _RangesIgnored("server sent an encoded body for a range request")
             self._check_content_range(response)
+            self.target.learn(response)
             try:
                 self._receive(response)
             finally:

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from colitools.converters.inventory import Inventory
 
 DEFAULT_MIN_FREE_GB = 5.0
-DEFAULT_DOWNLOAD_STREAMS = 8  # bench/download.py, bench/README.md: x6.0 at 30 MB/s per connection, x7.2 at 12
+# bench/README.md: download_ahead.py (200 MB/s link, 25 MB/s per connection: 12 fill it with slack for each
+# request's gap, 8 only just), download.py (x6.0 at 30 MB/s per connection, x7.2 at 12)
+DEFAULT_DOWNLOAD_STREAMS = 12
 MAX_DOWNLOAD_STREAMS = 64
 
 

@@ -1,8 +1,14 @@
 """Download ahead (issue 42): a Hub conversion's shards download on a background thread while units convert.
 
-``ShardPrefetch`` walks the pending units' shards in the order the units first need them, one shard at a time
-(each with ``--download-streams`` Range streams, ``HubSource.ensure_local``: resumable, sha256-checked). The
-runner asks ``paths(index, unit)`` for a unit's shards and waits only for those not downloaded yet.
+``ShardPrefetch`` walks the pending units' shards in the order the units first need them, each downloaded with
+``--download-streams`` Range streams (``HubSource.ensure_local``: resumable, sha256-checked) on a thread of its
+own. The runner asks ``paths(index, unit)`` for a unit's shards and waits only for those not downloaded yet.
+
+* Overlap: a file starts in the tail of the one before (``IN_FLIGHT``, ``_beside_flying``): once that one's
+  streams have asked for its last chunk (``on_last_chunk``), and only when the room above the floor holds both
+  whole; else after it. One file at a time left the link idle while a file's last streams ended, its sha256
+  was finished and it was published, and while the next file's streams connected: ~0.1 s per file at 200 MB/s
+  (bench/README.md, ``download_ahead.py``).
 
 * The disk floor: a shard needed by the unit the runner is preparing (or one in flight) downloads at once,
   under the floor's own check as before (``--on-low-disk wait|stop``). A shard needed *later* (ahead) starts
@@ -12,12 +18,12 @@ runner asks ``paths(index, unit)`` for a unit's shards and waits only for those 
   same rule as a plan figure (``--dry-run``'s peak disk counts the shards held ahead).
 * Release: shards no pending unit needs are deleted by the runner as before; the thread never downloads one
   (it walks the pending units' shards only).
-* Errors: the thread stops at its first error; the runner raises it (the same one line) when a unit needs a
-  shard the thread did not deliver, i.e. at the unit that needs the failed shard; the units before it convert
-  and are recorded. A stop of the runner (an error, Ctrl-C) cancels the download in flight at its next write
-  (``_Cancelled`` from the progress hook): its ``.part`` and range log stay for the rerun, nothing is fetched
-  twice.
-* The small files the output copies (tokenizer, generation config) come last, while the last unit converts;
+* Errors: the walk stops at its first error (a download in flight beside it ends); the runner raises it (the
+  same one line) when a unit needs a shard neither delivered nor in flight, i.e. at the unit that needs the
+  failed shard; the units before it convert and are recorded. A stop of the runner (an error, Ctrl-C) cancels
+  the downloads in flight at their next write (``_Cancelled`` from the progress hook): their ``.part`` and range
+  log stay for the rerun, nothing is fetched twice.
+* The small files the output copies (tokenizer, generation config) come last, in the last shard's tail;
   the runner waits for them (``wait_all``) before it writes the output's files.
 
 Local folders and offline Hub sources (``HF_HUB_OFFLINE``) have nothing to download: no thread, the runner reads
@@ -43,10 +49,11 @@ if TYPE_CHECKING:
 
 BAR_BYTES = 1 << 20  # files this large or larger get a progress bar
 POLL_SECONDS = 0.25  # how often a held-back shard looks at the free space again (and a waiter at the thread)
+IN_FLIGHT = 2  # files downloading at once: the next one starts in the tail of the one before (_beside_flying)
 
 
 class _Cancelled(BaseException):
-    """The runner stopped: the download in flight ends at its next write (not an error of anyone's)."""
+    """The runner stopped: each download in flight ends at its next write (not an error of anyone's)."""
 
 
 class _CancellableProgress:
@@ -86,6 +93,8 @@ class ShardPrefetch:
         self.current = 0  # the unit the runner prepares (or converts) now
         self.ready: dict[str, Path] = {}
         self.error: BaseException | None = None
+        self.flying: dict[str, bool] = {}  # the files downloading: has each asked for its last chunk
+        self.downloads: list[threading.Thread] = []
         self.done = False
         self.stopping = threading.Event()
         self.cond = threading.Condition()
@@ -96,7 +105,7 @@ class ShardPrefetch:
         return self
 
     def close(self) -> None:
-        """Stop: a shard held back stays undownloaded, the one in flight ends at its next write."""
+        """Stop: a shard held back stays undownloaded, those in flight end at their next write."""
         self.stopping.set()
         with self.cond:
             self.cond.notify_all()
@@ -113,7 +122,7 @@ class ShardPrefetch:
             while True:
                 if all(s in self.ready for s in unit.shards):
                     return {s: self.ready[s] for s in unit.shards}
-                if self.error is not None:
+                if self.error is not None and not any(s in self.flying for s in unit.shards):
                     raise self.error
                 if self.done:  # pragma: no cover - a shard outside the walk would be a bug
                     raise RuntimeError(f"internal: shard of unit {unit.key} not downloaded")
@@ -146,27 +155,70 @@ class ShardPrefetch:
     def _run(self) -> None:
         try:
             for shard, first in self.order:
-                if not self._turn(shard, first):
+                if not self._turn(shard, first) or not self._beside_flying(shard, first):
                     return
                 path = self.src.local_copy(shard)  # downloaded by an earlier run, or the HF cache
                 if path is None:
-                    self.floor.downloading = shard
-                    size = self.sizes[shard]  # a small file (tokenizer, generation config) gets no bar
-                    bar_or_none = self.bar(size, f"download {shard}") if size >= BAR_BYTES else nullcontext()
-                    with bar_or_none as bar:
-                        path = self.src.ensure_local(shard, progress=_CancellableProgress(bar, self.stopping))
-                with self.cond:
-                    self.ready[shard] = path
-                    self.cond.notify_all()
-        except _Cancelled:
-            return
+                    self._start(shard)
+                else:
+                    self._finish(shard, path)
         except BaseException as exc:  # noqa: BLE001 - raised in the runner's thread, where the unit needs it
-            with self.cond:
-                self.error = exc
+            self._finish(None, None, exc)
         finally:
+            for thread in list(self.downloads):
+                thread.join()
             with self.cond:
                 self.done = True
                 self.cond.notify_all()
+
+    def _beside_flying(self, shard: str, first: int) -> bool:
+        """Wait until ``shard`` may start beside the downloads in flight: none, or one whose streams have asked
+        for its every chunk (they are ending: the link would idle in the file's tail and its publication) while
+        the room above the floor holds both files whole. False: stopping, or a download failed."""
+        with self.cond:
+            while not self.stopping.is_set() and self.error is None:
+                if not self.flying:
+                    return True
+                both = self.sizes[shard] + sum(self.sizes[s] for s in self.flying) + self.reserve(first)
+                if len(self.flying) < IN_FLIGHT and all(self.flying.values()) and self.floor.has_room(both):
+                    return True
+                self.cond.wait(POLL_SECONDS)
+        return False
+
+    def _start(self, shard: str) -> None:
+        self.floor.downloading = shard
+        with self.cond:
+            self.flying[shard] = False  # True once its last chunk is asked for
+        thread = threading.Thread(target=self._fetch, args=(shard,), name=f"download-ahead-{shard}", daemon=True)
+        self.downloads.append(thread)
+        thread.start()
+
+    def _fetch(self, shard: str) -> None:
+        """One file's download (a thread of its own, so that the next file may start in its tail)."""
+        def last_chunk() -> None:
+            with self.cond:
+                self.flying[shard] = True
+                self.cond.notify_all()
+
+        size = self.sizes[shard]  # a small file (tokenizer, generation config) gets no bar
+        try:
+            with self.bar(size, f"download {shard}") if size >= BAR_BYTES else nullcontext() as bar:
+                progress = _CancellableProgress(bar, self.stopping)
+                self._finish(shard, self.src.ensure_local(shard, progress=progress, on_last_chunk=last_chunk))
+        except _Cancelled:
+            self._finish(shard, None)
+        except BaseException as exc:  # noqa: BLE001 - raised in the runner's thread, where the unit needs it
+            self._finish(shard, None, exc)
+
+    def _finish(self, shard: str | None, path: Path | None, error: BaseException | None = None) -> None:
+        """``shard`` delivered at ``path`` (None: not delivered), or the first ``error``: the walk stops."""
+        with self.cond:
+            self.flying.pop(shard, None)
+            if path is not None:
+                self.ready[shard] = path
+            if error is not None and self.error is None:
+                self.error = error
+            self.cond.notify_all()
 
 
 class NoPrefetch:

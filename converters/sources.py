@@ -125,8 +125,10 @@ class Source(ABC):
         """Every file of the source, by name relative to its root ("/"-separated)."""
 
     @abstractmethod
-    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
-        """A path on disk holding the complete file ``name``; downloads it when it is not on disk yet."""
+    def ensure_local(self, name: str, progress: Progress | None = None,
+                     on_last_chunk: Callable[[], None] | None = None) -> Path:  # fmt: skip
+        """A path on disk holding the complete file ``name``; downloads it when it is not on disk yet
+        (``on_last_chunk``: ``download_file``'s)."""
 
     @abstractmethod
     def local_copy(self, name: str) -> Path | None:
@@ -221,7 +223,8 @@ class LocalFolderSource(Source):
             self._files = found
         return dict(self._files)
 
-    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
+    def ensure_local(self, name: str, progress: Progress | None = None,
+                     on_last_chunk: Callable[[], None] | None = None) -> Path:  # fmt: skip
         self._require(name)
         return self.root / name
 
@@ -265,7 +268,7 @@ class HubSource(Source):
 
         from colitools.converters.download import DEFAULT_RETRIES
         from colitools.converters.download import Backoff as _Backoff
-        from colitools.converters.download_streams import DEFAULT_STREAMS
+        from colitools.converters.download_streams import DEFAULT_STREAMS, StreamSlots
 
         super().__init__()
         self.repo_id = repo_id
@@ -278,6 +281,7 @@ class HubSource(Source):
         self.retries = DEFAULT_RETRIES if retries is None else retries
         self.backoff = _Backoff() if backoff is None else backoff
         self.download_streams = DEFAULT_STREAMS if download_streams is None else download_streams
+        self._stream_slots = StreamSlots(self.download_streams)  # shared by its files downloading together
         self._api = HfApi(endpoint=self.endpoint, token=token, library_name="colitools")
         self.offline = constants.is_offline_mode()
         self._blobs = _BlobChecks()  # the cache check: each blob hashed once, ahead of its use when told
@@ -315,7 +319,8 @@ class HubSource(Source):
         dest = self._download_path(name)
         return dest if self._is_verified_copy(entry, dest) else None
 
-    def ensure_local(self, name: str, progress: Progress | None = None) -> Path:
+    def ensure_local(self, name: str, progress: Progress | None = None,
+                     on_last_chunk: Callable[[], None] | None = None) -> Path:  # fmt: skip
         local = self.local_copy(name)
         if local is not None:
             return local
@@ -337,6 +342,8 @@ class HubSource(Source):
             backoff=self.backoff,
             disk_check=self.disk_check,
             streams=self.download_streams,
+            on_last_chunk=on_last_chunk,
+            stream_slots=self._stream_slots,
         )
         self._stamp_path(dest).write_text(json.dumps(self._stamp(entry)))
         return dest

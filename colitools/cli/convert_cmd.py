@@ -68,7 +68,7 @@ _UsageOpt = Annotated[
                  "each routed expert by its share of its layer's selections."),
 ]  # fmt: skip
 _KEEP_SOURCE_HELP = "Keep downloaded source shards (a Hub source)."
-_DEFAULT_STREAMS = 8  # converters/options.py DEFAULT_DOWNLOAD_STREAMS (tests/converters/test_download_streams.py)
+_DEFAULT_STREAMS = 12  # converters/options.py DEFAULT_DOWNLOAD_STREAMS (tests/converters/test_download_streams.py)
 _STREAMS_HELP = "Parallel HTTP Range streams per downloaded Hub file (each resumable; 1: one stream per file)."
 _UPLOAD_HELP = (
     "Once the output is complete, upload it to this Hugging Face model repo (org/name) with a model card, as "

@@ -34,7 +34,7 @@ Fault injection (per server, keyed by the file name inside the repo): ``drop_aft
 after N bytes of a response body, for the next k responses), ``corrupt`` (flip one byte of the next k bodies
 that cover it), ``fail_next`` (the next k requests answer 5xx), ``throttle`` (bytes per second),
 ``ignore_range``. ``stats(filename)`` counts body responses, HEADs, redirects, bytes served and the byte range
-of every body response. ``stall`` (after N bytes of the next k bodies, send nothing more and hold the connection
+of every body response; ``cdn_bodies_most`` is the most CDN body responses that were in flight at once. ``stall`` (after N bytes of the next k bodies, send nothing more and hold the connection
 open, until the server stops): a stalled transfer. ``throttle`` paces each body response on its own (one
 connection at a time carries a response: a per-connection limit, as a CDN's); ``throttle_link`` caps the bytes per
 second of all bodies together (the link), on top.
@@ -116,6 +116,8 @@ class HubServer:
         self.token = token
         self.ignore_range = False
         self.cdn_auth_headers = 0
+        self.cdn_bodies_most = 0  # the most CDN body responses in flight at once (connections sending a body)
+        self._cdn_bodies = 0
         self.log: list[tuple[str, str, int]] = []  # (method, path, status)
         self._lock = threading.RLock()
         self._repos: dict[str, _Repo] = {}
@@ -257,6 +259,7 @@ class HubServer:
             self._stats.clear()
             self.log.clear()
             self.cdn_auth_headers = 0
+            self.cdn_bodies_most = 0
 
     # -- internals used by the handler -----------------------------------------------------------------------
     def _stat(self, filename: str) -> FileStats:
@@ -463,6 +466,18 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             stat.gets += 1
             stat.ranges.append((start, end))
+        cdn = self.server.role == "cdn"
+        with hub._lock:
+            hub._cdn_bodies += cdn
+            hub.cdn_bodies_most = max(hub.cdn_bodies_most, hub._cdn_bodies)
+        try:
+            return self._send_body(f, name, start, end)
+        finally:
+            with hub._lock:
+                hub._cdn_bodies -= cdn
+
+    def _send_body(self, f: RepoFile, name: str, start: int, end: int) -> None:
+        hub = self.server.hub
         drop_at = hub._take(hub._drops, name)
         flip_at = hub._take(hub._corrupt, name, covers=lambda off: start <= off < end)
         stall_at = hub._take(hub._stall, name)
@@ -494,6 +509,9 @@ class _Handler(BaseHTTPRequestHandler):
                     sent += n
                     with hub._lock:
                         hub._stat(name).bytes_served += n
+                    if sent == end - start:  # the body is out: no pause after it (the connection is free)
+                        hub._link_wait(n)  # its bytes took the link all the same
+                        break
                     if rate and (ahead := began + sent / rate - time.monotonic()) > 0:
                         time.sleep(ahead)  # paced to the rate, whatever the writes took
                     if (link := hub._link_wait(n)) > 0:

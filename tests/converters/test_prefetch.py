@@ -19,6 +19,7 @@ from midkill import sigkill_when
 from tinyckpt import Tiny, make_checkpoint
 
 from colitools.converters import download_streams as ds
+from colitools.converters import ranged_part as rp
 
 MiB = 1 << 20
 WORK = ".colitools-download"
@@ -99,7 +100,7 @@ def test_sigkill_during_a_download_ahead_resumes_without_fetching_a_byte_twice(h
     proc = subprocess.Popen(_cmd("org/ahead", out, "--min-free-gb", "0"), stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLITOOLS_TEST_SLOW_TENSOR_SECONDS": "5"})  # fmt: skip
     sigkill_when(
-        proc, lambda: 1 * MiB < sum(b - a for a, b in ds.read_log(log) or []) < sizes[late] - 2 * MiB
+        proc, lambda: 1 * MiB < sum(b - a for a, b in rp.read_log(log) or []) < sizes[late] - 2 * MiB
     )
     manifest = out / "colitools.json"
     recorded = json.loads(manifest.read_text())["units"] if manifest.exists() else {}
@@ -123,7 +124,7 @@ def _on_disk(dest: Path, size: int) -> int:
     if dest.exists():
         return size
     part = dest.with_name(dest.name + ".part")
-    logged = ds.read_log(ds.log_path(part))
+    logged = rp.read_log(rp.log_path(part))
     if logged is not None:
         return sum(b - a for a, b in logged)
     return part.stat().st_size if part.exists() else 0
@@ -257,3 +258,27 @@ def test_a_refused_download_ahead_is_one_line_where_its_unit_needs_the_shard(hub
     _run("org/ahead", out, "--min-free-gb", "0")
     _run(model, tmp_path / "local", "--min-free-gb", "0")
     assert _converted(out) == _converted(tmp_path / "local")
+
+
+def test_the_next_shard_downloads_while_the_one_before_waits_for_its_last_chunk(hub, model, tmp_path):
+    order = list(dict.fromkeys(s for u in _plan_units("org/ahead", tmp_path / "plan") for s in u["shards"]))
+    first = order[0]
+    hub.reset_stats()
+    _run("org/ahead", tmp_path / "dry", "--dry-run", "--min-free-gb", "0")
+    headers = hub.stats(first).gets  # the planning's header reads: bodies shorter than the stall point
+    # the first shard's first download body sends 1 MiB, then holds its connection for 3 s (then asked again)
+    hub.reset_stats()
+    hub.stall(first, 1 * MiB, times=headers + 1)
+    _run("org/ahead", tmp_path / "hub", "--min-free-gb", "0", env={ds.STALL_ENV: "3"})
+    assert hub.stats(first).stalls == 1
+    gets = [(i, name) for i, (method, path, _) in enumerate(hub.log) for name in order
+            if method == "GET" and f"filename={name}" in path]  # fmt: skip
+    last_of_first = max(i for i, name in gets if name == first)
+    # every other shard was fetched in the first one's tail (before the stalled chunk's rest was asked again);
+    # one file at a time, they would all come after it
+    assert all(i < last_of_first for i, name in gets if name != first)
+    for name, size in _shards(model).items():  # every byte sent once, the stalled chunk's too
+        stats = hub.stats(name)
+        assert stats.bytes_served - 100_001 * stats.ranges.count((0, 100_001)) == size, name
+    _run(model, tmp_path / "local", "--min-free-gb", "0")
+    assert _converted(tmp_path / "hub") == _converted(tmp_path / "local")
