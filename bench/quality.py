@@ -1,16 +1,20 @@
 """``colitools verify quality --source`` (weight level) next to reading the same bytes, in the same run.
 
-One run (``.venv/bin/python bench/quality.py [--layers 4 --experts 64] [--runs 2] [--workdir DIR] [--skeleton
-RELEASE]``):
+One run (``.venv/bin/python bench/quality.py [--layers 4 --experts 64] [--runs 2] [--workdir DIR] [--keep]
+[--base-python PY] [--skeleton RELEASE]``):
 
 1. Generates a BF16 DeepSeek-style MoE checkpoint of a few GB (``bench/convert.py``'s ``generate``: hidden 2048,
    expert width 1024, one shard per layer) under ``--workdir`` and converts it with the default recipe
-   (``colitools convert``: int4-g64 experts, int8-row dense / embed / head, F32 norms and routers), untimed.
+   (``colitools convert``: int4-g64 experts, int8-row dense / embed / head, F32 norms and routers), untimed
+   (``--keep``: the pair is kept, and reused by the next run that finds it).
 2. ``read``: every source and output shard read once (8 MB reads into one reused buffer, 1 thread: ``cat >
-   /dev/null``); ``verify``: ``verify quality OUT --source SRC --json`` as a whole process (start-up, planning,
-   every tensor decoded and compared): best wall, CPU seconds, peak RSS (``VmHWM``), load average.
-3. Both from the drive (the benchmark's files evicted from the page cache first, ``POSIX_FADV_DONTNEED``: no
-   other file is touched) and from the page cache, alternated ``--runs`` times; prints verify / read for each.
+   /dev/null``); ``read, O_DIRECT``: the same with ``O_DIRECT`` (the drive's own rate, no page cache);
+   ``verify``: ``verify quality OUT --source SRC --json`` as a whole process (start-up, planning, every tensor
+   decoded and compared), and with ``--base-python`` (another checkout's venv) that checkout's, in turn: best
+   and median wall, CPU and system CPU seconds, peak RSS (``VmHWM``), the load range.
+3. From the drive (the benchmark's files evicted from the page cache before each case, ``POSIX_FADV_DONTNEED``:
+   no other file is touched) and from the page cache, alternated ``--runs`` times; prints verify / read for each
+   (of the best, and the median of each run's own ratio).
 4. With ``--skeleton RELEASE`` (a ``bench/published`` folder): its full-size sparse skeleton (``bench/skeleton.py``)
    and an output skeleton of the conversion ``convert`` plans for it (every planned file: the writer's header,
    then a hole; the index, config and a complete manifest with the recipe), then ``verify quality`` on the

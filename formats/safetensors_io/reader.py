@@ -8,6 +8,7 @@ file opened with ``direct=True`` reads a large range the page cache does not hol
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -33,6 +34,10 @@ from colitools.formats.safetensors_io.header import (
 __all__ = ["SafetensorsFile", "TensorInfo", "coalesce_ranges", "read_header"]
 
 _ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+
+
+class _DirectRefused(Exception):
+    """The file system refused a direct read (EINVAL): the reader goes on buffered."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -400,6 +405,8 @@ class SafetensorsFile:
                         f"(the file shrank after its header was read)"
                     )
         except OSError as exc:
+            if fd == self._dfd and exc.errno == errno.EINVAL and done == 0:
+                raise _DirectRefused from None
             raise SafetensorsError(
                 f"{self._where}: read failed at byte {offset + done}: {exc.strerror}"
             ) from exc
@@ -433,8 +440,11 @@ class SafetensorsFile:
                 start = offset - offset % _direct.ALIGN
                 stop = -(-(offset + size) // _direct.ALIGN) * _direct.ALIGN
                 buf = _direct.aligned_empty(stop - start)
-                self._pread_into(memoryview(buf), start, fd, offset + size - start)
-                return buf[offset - start : offset - start + size]
+                try:
+                    self._pread_into(memoryview(buf), start, fd, offset + size - start)
+                    return buf[offset - start : offset - start + size]
+                except _DirectRefused:  # O_DIRECT accepted at open, not for a read (some file systems)
+                    self._no_direct = True
         buf = np.empty(size, dtype=np.uint8)  # not zero-filled: every byte is read into
         self._pread_into(memoryview(buf), offset)
         return buf
