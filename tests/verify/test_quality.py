@@ -557,6 +557,22 @@ def test_figures_from_the_drive_read_around_the_page_cache_equal_those_from_the_
         os.close(fd)
 
 
+def test_a_truncated_source_shard_from_the_drive_is_one_line_naming_it(tmp_path):
+    import os
+
+    make_checkpoint(tmp_path / "src", Tiny(hidden=512, inter=256))
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(**OPTS))
+    shard = max((tmp_path / "src").glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    os.truncate(shard, shard.stat().st_size - 100_000)  # its last tensors cut
+    os.sync()
+    for path in [*(tmp_path / "src").glob("*.safetensors"), *(tmp_path / "out").glob("*.safetensors")]:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    proc = run_cli("verify", "quality", tmp_path / "out", "--source", tmp_path / "src")
+    one_line_error(proc, shard.name, code=1)
+
+
 # ----------------------------------------------------------------- source encodings and targets, end to end
 @pytest.mark.parametrize(
     ("fixture", "target", "lossless"),
