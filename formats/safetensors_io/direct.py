@@ -2,8 +2,8 @@
 
 Reading a file from the drive through the page cache costs CPU per byte (the kernel allocates a page for every
 4 KiB, fills it, then copies it into the reader's buffer; on a VM whose memory the host hands out lazily, a freshly
-filled page is also slow to touch: bench/README.md ``quality.py`` measured 0.7-2.4 CPU-s per GB read cold this way
-against 0.07 with ``O_DIRECT``). A direct read lands in the reader's own buffer. It is used only for a range not
+filled page is also slow to touch: bench/README.md ``quality.py`` measured 0.4-2.6 system CPU-s per GB read cold
+this way against 0.05-0.11 with ``O_DIRECT``). A direct read lands in the reader's own buffer. It is used only for a range not
 wholly in the page cache (``cachestat``, Linux 6.5+): what a conversion just wrote, or a cached source, is still
 copied from memory, which is faster than any drive. Where the kernel cannot tell (an older kernel, another OS) or
 the file system refuses ``O_DIRECT``, reads stay buffered.
