@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import stat
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +35,9 @@ from colitools.formats.safetensors_io.header import (
 __all__ = ["SafetensorsFile", "TensorInfo", "coalesce_ranges", "read_header"]
 
 _ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+
+
+_DIRECT_OPEN = threading.Lock()
 
 
 class _DirectRefused(Exception):
@@ -455,11 +459,13 @@ class SafetensorsFile:
         if self._no_direct or _direct.cached(self._ensure_fd(), offset, size) is not False:
             return None
         if self._dfd is None:
-            fd = _direct.open_direct(self.path)
-            if fd is None:
-                self._no_direct = True
-                return None
-            self._dfd = self._checked(fd)  # (closes it when it is not the file whose header was read)
+            with _DIRECT_OPEN:  # threads sharing a reader (ShardReader) open one descriptor, not one each
+                if self._dfd is None and not self._no_direct:
+                    fd = _direct.open_direct(self.path)
+                    if fd is None:
+                        self._no_direct = True
+                    else:  # (``_checked`` closes it when it is not the file whose header was read)
+                        self._dfd = self._checked(fd)
         return self._dfd
 
     def read_many(self, names: Iterable[str]) -> dict[str, np.ndarray]:

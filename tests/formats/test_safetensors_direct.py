@@ -127,3 +127,25 @@ def test_a_file_that_shrank_behind_a_direct_read_is_one_line_naming_it_and_the_b
             f.read_range(c0, c1 - c0)
     msg = str(err.value)
     assert msg == f"{shard}: unexpected end of file at byte {cut} (the file shrank after its header was read)"
+
+
+def test_threads_sharing_a_reader_open_one_direct_descriptor(shard, arrays):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    b0, b1 = offsets(shard)["b_big"]
+    before = len(os.listdir("/proc/self/fd"))
+    f = SafetensorsFile(shard, direct=True)
+    start = threading.Barrier(8)
+    step = (b1 - b0) // 8 // 8 * 8
+
+    def part(i: int) -> bytes:
+        start.wait()  # all at once: each finds no direct descriptor yet
+        return f.read_range(b0 + i * step, step).tobytes()
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(part, range(8)))
+    assert b"".join(got) == arrays["b_big"].tobytes()[: 8 * step]
+    assert len(os.listdir("/proc/self/fd")) == before + 2
+    f.close()
+    assert len(os.listdir("/proc/self/fd")) == before
