@@ -180,7 +180,8 @@ def run_process(cmd: list[str]) -> dict:
     if os.waitstatus_to_exitcode(status):
         raise SystemExit(f"{' '.join(cmd[:5])} ... failed: {stderr.decode()[-2000:]}")
     cpu = rusage.ru_utime + rusage.ru_stime
-    return {"wall": wall, "cpu": cpu, "rss_mb": hwm_kb / 1024, "load": load, "stdout": stdout}
+    return {"wall": wall, "cpu": cpu, "sys": rusage.ru_stime, "rss_mb": hwm_kb / 1024, "load": load,
+            "stdout": stdout}  # fmt: skip
 
 
 def _vm_hwm_kb(pid: int) -> int:

@@ -92,8 +92,9 @@ class ShardReader:
     the same path while the file is unchanged (``SafetensorsFile(known=...)``: same inode, size, mtime). No
     descriptor outlives its unit (a released shard's space is freed at once)."""
 
-    def __init__(self, paths: Mapping[str, Path]):
+    def __init__(self, paths: Mapping[str, Path], direct: bool = False):
         self._paths = dict(paths)
+        self._direct = direct  # ``SafetensorsFile(direct=...)``: large uncached ranges read around the page cache
         self._open: dict[str, SafetensorsFile] = {}
         self._lock = threading.Lock()  # encoder threads share the reader
 
@@ -103,7 +104,8 @@ class ShardReader:
             with self._lock:
                 if shard not in self._open:
                     path = Path(self._paths[shard])
-                    self._open[shard] = SafetensorsFile(path, known=_KNOWN_HEADERS.get(path))
+                    known = _KNOWN_HEADERS.get(path)
+                    self._open[shard] = SafetensorsFile(path, known=known, direct=self._direct)
                 f = self._open[shard]
         return f
 

@@ -67,6 +67,10 @@ ABS_TOL = 1e-15
 OLD_ORDER_REL_TOL = 2 * REL_BOUND
 OLD_ORDER_MAX_REL = 2.0**-23
 SLAB_BYTES = 16 << 20  # float32 bytes per row slab of a big plain tensor
+# Threads beyond one per core reading and comparing tensors of a unit whose tensors are compared a float32 slab
+# at a time (``_small``): direct reads have no kernel readahead, so while one thread waits on the drive another
+# keeps each core busy (bench/README.md ``quality.py``)
+READ_THREADS = 2
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
@@ -439,8 +443,10 @@ def _not_found(weights: OutputWeights, job, stack, report: QualityReport, claime
 def _stream(report: QualityReport, weights: OutputWeights, src, plan, matched: list, progress: bool) -> None:
     """Read, decode and compare each matched tensor, a unit's source shards on disk at a time (a Hub source's
     downloads deleted once no later unit reads them). As the converter encodes (``unit_writer``: its
-    ``_Ahead`` and encoder threads), whole tensors are read and compared on one thread per core, in order, at
-    most ``ENCODE_AHEAD_BYTES`` of source ahead: the reads overlap the arithmetic."""
+    ``_Ahead`` and encoder threads), whole tensors are read and compared in order, at most
+    ``ENCODE_AHEAD_BYTES`` of source ahead, on one thread per core (and ``READ_THREADS`` more for a unit of small
+    tensors, ``_small``): the reads overlap the arithmetic. Both sets are read around the page cache where it does not hold them (``direct``:
+    ``O_DIRECT``, no readahead, so the threads waiting on the drive are what keeps requests queued at it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from colitools.converters.unit_writer import ShardReader, _Ahead, _encoder_init, encoder_threads
@@ -449,13 +455,15 @@ def _stream(report: QualityReport, weights: OutputWeights, src, plan, matched: l
     needed = Counter(s for unit, _, _ in _first_of_units(matched) for s in unit.shards)
     for shard in weights.model.shards:  # each descriptor opened here, once, not by two threads at a time
         shard.read_range(shard.data_start, 0)
+        shard.direct = True
     bar = _bar(progress, sum(j.in_bytes + w.nbytes for _, j, w in matched))
     try:
         for unit, items in _by_unit(matched):
             paths = {s: src.local_copy(s) or src.ensure_local(s) for s in unit.shards}
-            reader = ShardReader(paths)
+            reader = ShardReader(paths, direct=True)
             try:
-                with ThreadPoolExecutor(encoder_threads(), "quality", initializer=_encoder_init) as pool:
+                threads = encoder_threads() + (READ_THREADS if _small(items, weights, block) else 0)
+                with ThreadPoolExecutor(threads, "quality", initializer=_encoder_init) as pool:
                     work = [(job, w, weights, reader, block) for _, job, w in items]
                     ahead = _Ahead(pool, work, _tensor_stats)
                     try:
@@ -474,6 +482,15 @@ def _stream(report: QualityReport, weights: OutputWeights, src, plan, matched: l
                     src.release(s)
     finally:
         bar.close()
+
+
+def _small(items: list, weights: OutputWeights, block) -> bool:
+    """Whether every tensor of a unit is compared at most ``SLAB_BYTES`` of float32 at a time (whole, or by row
+    slabs): only then are ``READ_THREADS`` more tensors in memory at once (peak RSS: bench/README.md)."""
+    return all(
+        _slab_rows(job, w, weights, block) is not None or 4 * math.prod(w.shape) <= SLAB_BYTES
+        for _, job, w in items
+    )
 
 
 def _first_of_units(matched: list) -> Iterator:

@@ -2,15 +2,18 @@
 
 The whole header is validated before any tensor data is touched; every problem is one ``SafetensorsError``
 line naming the file, the tensor and the numbers at fault. Tensor data is fetched with positional reads of
-exactly its byte range (never a whole-file load or mmap); ``read_many`` fetches adjacent tensors with one read.
+exactly its byte range (never a whole-file load or mmap); ``read_many`` fetches adjacent tensors with one read. A
+file opened with ``direct=True`` reads a large range the page cache does not hold with ``O_DIRECT`` (``direct.py``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
 import stat
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +22,7 @@ import numpy as np
 from colitools.formats.dtypes import SAFETENSORS_DTYPES, numpy_dtype
 from colitools.formats.errors import SafetensorsError
 from colitools.formats.jsonfile import invalid_text, shown_text
+from colitools.formats.safetensors_io import direct as _direct
 from colitools.formats.safetensors_io.header import (
     LENGTH,
     MAX_HEADER_BYTES,
@@ -31,6 +35,13 @@ from colitools.formats.safetensors_io.header import (
 __all__ = ["SafetensorsFile", "TensorInfo", "coalesce_ranges", "read_header"]
 
 _ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+
+
+_DIRECT_OPEN = threading.Lock()
+
+
+class _DirectRefused(Exception):
+    """The file system refused a direct read (EINVAL): the reader goes on buffered."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -236,6 +247,11 @@ class SafetensorsFile:
 
     The file descriptor stays open until ``close()`` (or the end of a ``with`` block). A read after
     ``close()`` reopens the file, after checking that it is still the file whose header was validated.
+
+    ``direct`` (settable): ``read`` / ``read_range`` of at least ``direct.DIRECT_MIN`` bytes that the page cache
+    does not wholly hold go around it (``O_DIRECT`` on a second descriptor, into an aligned buffer: no page
+    cache pages, no copy); the same bytes, the same errors. Off by default (a reader that wants the pages
+    cached for a second pass keeps them).
     """
 
     path: pathlib.Path
@@ -245,13 +261,18 @@ class SafetensorsFile:
     data_start: int
     file_size: int
 
-    def __init__(self, path: str | os.PathLike[str], *, known: SafetensorsFile | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, known: SafetensorsFile | None = None, direct: bool = False
+    ) -> None:
         """Open and validate ``path``. ``known``: an earlier (possibly closed) reader of the same path; when the
         file is still that one (same device, inode, size and mtime), its validated header is taken over
         instead of being parsed again (a converter opens the same source shard once per unit)."""
         self.path = pathlib.Path(path)
         self._where = str(self.path)
         self._fd: int | None = None
+        self._dfd: int | None = None  # the O_DIRECT descriptor (``direct``), opened at the first direct read
+        self._no_direct = False  # the file system refused O_DIRECT: every read buffered
+        self.direct = direct
         self._identity: tuple[int, int, int, int] | None = None
         self._fd = self._open()
         try:
@@ -273,6 +294,10 @@ class SafetensorsFile:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise SafetensorsError(f"{self._where}: cannot open: {exc.strerror or exc}") from exc
+        return self._checked(fd)
+
+    def _checked(self, fd: int) -> int:
+        """``fd`` when it is a regular file and, on a reopen, still the file whose header was validated."""
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if not stat.S_ISREG(st.st_mode):
@@ -361,25 +386,31 @@ class SafetensorsFile:
         self._pread_into(memoryview(buf), offset)
         return bytes(buf)
 
-    def _pread_into(self, buf: memoryview, offset: int) -> None:
-        """Fill ``buf`` from ``offset`` without an intermediate copy where the OS allows it (preadv)."""
-        fd = self._ensure_fd()
+    def _pread_into(self, buf: memoryview, offset: int, fd: int | None = None, need: int | None = None) -> None:
+        """Fill ``buf`` from ``offset`` without an intermediate copy where the OS allows it (preadv). A direct
+        read (``fd``: the O_DIRECT descriptor) needs only the first ``need`` bytes: the rest is alignment past
+        the end of the file, where a direct read stops short."""
+        fd = self._ensure_fd() if fd is None else fd
+        need = len(buf) if need is None else need
         done = 0
         try:
-            while done < len(buf):
+            while done < need:
                 if hasattr(os, "preadv"):
                     got = os.preadv(fd, [buf[done:]], offset + done)
                 else:  # pragma: no cover - platforms without preadv
                     chunk = os.pread(fd, min(len(buf) - done, 1 << 30), offset + done)
                     got = len(chunk)
                     buf[done : done + got] = chunk
-                if got == 0:
+                done += got
+                # (a direct read stops short of a block only at the end of the file)
+                if done < need and (got == 0 or (fd == self._dfd and done % _direct.ALIGN)):
                     raise SafetensorsError(
                         f"{self._where}: unexpected end of file at byte {offset + done} "
                         f"(the file shrank after its header was read)"
                     )
-                done += got
         except OSError as exc:
+            if fd == self._dfd and exc.errno == errno.EINVAL and done == 0:
+                raise _DirectRefused from None
             raise SafetensorsError(
                 f"{self._where}: read failed at byte {offset + done}: {exc.strerror}"
             ) from exc
@@ -403,15 +434,39 @@ class SafetensorsFile:
     def read(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a writable array of its exact dtype (ml_dtypes for BF16/F8) and shape."""
         info = self._info(name)
-        buf = np.empty(info.nbytes, dtype=np.uint8)
-        self._pread_into(memoryview(buf), info.begin)
-        return self._as_array(buf, info)
+        return self._as_array(self.read_range(info.begin, info.nbytes), info)
 
     def read_range(self, offset: int, size: int) -> np.ndarray:
         """``size`` bytes at absolute file ``offset`` as a new uint8 array, read in place (a slab of a stack)."""
+        if self.direct and size >= _direct.DIRECT_MIN and offset % 8 == 0:  # (8: the array stays aligned)
+            fd = self._direct_fd(offset, size)
+            if fd is not None:
+                start = offset - offset % _direct.ALIGN
+                stop = -(-(offset + size) // _direct.ALIGN) * _direct.ALIGN
+                buf = _direct.aligned_empty(stop - start)
+                try:
+                    self._pread_into(memoryview(buf), start, fd, offset + size - start)
+                    return buf[offset - start : offset - start + size]
+                except _DirectRefused:  # O_DIRECT accepted at open, not for a read (some file systems)
+                    self._no_direct = True
         buf = np.empty(size, dtype=np.uint8)  # not zero-filled: every byte is read into
         self._pread_into(memoryview(buf), offset)
         return buf
+
+    def _direct_fd(self, offset: int, size: int) -> int | None:
+        """The O_DIRECT descriptor when ``[offset, offset + size)`` is to be read around the page cache (not all
+        of it cached), else None (buffered)."""
+        if self._no_direct or _direct.cached(self._ensure_fd(), offset, size) is not False:
+            return None
+        if self._dfd is None:
+            with _DIRECT_OPEN:  # threads sharing a reader (ShardReader) open one descriptor, not one each
+                if self._dfd is None and not self._no_direct:
+                    fd = _direct.open_direct(self.path)
+                    if fd is None:
+                        self._no_direct = True
+                    else:  # (``_checked`` closes it when it is not the file whose header was read)
+                        self._dfd = self._checked(fd)
+        return self._dfd
 
     def read_many(self, names: Iterable[str]) -> dict[str, np.ndarray]:
         """Several tensors, keyed in the order asked; each run of adjacent byte ranges is one read.
@@ -435,9 +490,10 @@ class SafetensorsFile:
 
     def close(self) -> None:
         """Release the file descriptor (idempotent)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        for fd in (self._fd, self._dfd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._dfd = None
 
     def __enter__(self) -> SafetensorsFile:
         return self

@@ -555,6 +555,56 @@ def test_row_slabs_give_the_whole_tensors_figures(tmp_path, monkeypatch, dtype):
             assert fp8 and all(t.stats.sse == 0 and t.stats.max_abs == 0 for t in fp8)
 
 
+# ------------------------------------------------------------------------------- read around the page cache
+def test_figures_from_the_drive_read_around_the_page_cache_equal_those_from_the_page_cache(tmp_path, monkeypatch):
+    """Every shard evicted: each read not wholly cached goes around the page cache (O_DIRECT, every read here
+    with DIRECT_MIN lowered to one byte) and gives the figures of a run from the page cache, bit for bit."""
+    import os
+
+    from colitools.formats.safetensors_io import direct
+
+    make_checkpoint(tmp_path / "src", Tiny(hidden=512, inter=256))
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(**OPTS))
+    shards = sorted((tmp_path / "src").glob("*.safetensors")) + sorted((tmp_path / "out").glob("*.safetensors"))
+    fd = os.open(shards[0], os.O_RDONLY)
+    try:
+        if direct.cached(fd, 0, 1) is None or direct.open_direct(shards[0]) is None:
+            pytest.skip("no cachestat or no O_DIRECT here: verify reads through the page cache")
+    finally:
+        os.close(fd)
+    cached = weight_quality(tmp_path / "out", str(tmp_path / "src"))
+    monkeypatch.setattr(direct, "DIRECT_MIN", 1)
+    os.sync()
+    for path in shards:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    drive = weight_quality(tmp_path / "out", str(tmp_path / "src"))
+    assert drive.disagreements == [] and len(drive.tensors) == len(cached.tensors) > 10
+    assert [(t.name, t.stats) for t in drive.tensors] == [(t.name, t.stats) for t in cached.tensors]
+    fd = os.open(shards[0], os.O_RDONLY)
+    try:  # read around it: the source shard is not back in the page cache whole (a buffered pass would be)
+        assert direct.cached(fd, 0, os.fstat(fd).st_size) is False
+    finally:
+        os.close(fd)
+
+
+def test_a_truncated_source_shard_from_the_drive_is_one_line_naming_it(tmp_path):
+    import os
+
+    make_checkpoint(tmp_path / "src", Tiny(hidden=512, inter=256))
+    convert(str(tmp_path / "src"), tmp_path / "out", ConvertOptions(**OPTS))
+    shard = max((tmp_path / "src").glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    os.truncate(shard, shard.stat().st_size - 100_000)  # its last tensors cut
+    os.sync()
+    for path in [*(tmp_path / "src").glob("*.safetensors"), *(tmp_path / "out").glob("*.safetensors")]:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    proc = run_cli("verify", "quality", tmp_path / "out", "--source", tmp_path / "src")
+    one_line_error(proc, shard.name, code=1)
+
+
 # ----------------------------------------------------------------- source encodings and targets, end to end
 @pytest.mark.parametrize(
     ("fixture", "target", "lossless"),
