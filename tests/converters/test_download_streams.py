@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from urllib.parse import urlsplit
 
 import httpx2
@@ -247,7 +248,10 @@ def test_downloads_sharing_stream_slots_keep_to_its_count_of_connections(hub, tm
     for t in threads:
         t.join()
     assert {name: (tmp_path / "out" / name).read_bytes() for name in files} == files
-    assert hub.cdn_bodies_most == 2  # 2 streams each, 2 slots for both: never 4 connections at once
+    # 2 streams each, 2 slots for both: never the 4 connections of two unshared downloads. The Hub counts a body
+    # out when its handler returns, which on a loaded machine can be after the client has read the last byte,
+    # released the slot and asked for the next body: one body of slack
+    assert 2 <= hub.cdn_bodies_most <= 3
 
 
 def test_later_chunks_go_to_the_cdn_straight_and_never_carry_the_token(hub, remote, tmp_path):
@@ -285,6 +289,9 @@ def test_a_cdn_url_refused_later_sends_the_chunk_back_through_the_hub(hub, remot
             target.learn(first)  # a 206 after the Hub's redirect
         learned = target.now()[0]
         assert urlsplit(learned).port == urlsplit(hub.cdn_endpoint).port
+        deadline = time.monotonic() + 10  # the server counts that byte after the client has read it
+        while hub.stats(NAME).bytes_served < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         hub.reset_stats()
         hub.fail_next(1, 403, "/blobs/")  # the CDN refuses the learned URL once, as an expired signature
         with rp.RangedPart(tmp_path / "file.part", len(data), None) as part:
