@@ -46,6 +46,7 @@ from typing import Any
 
 from colitools.formats.atomic import fsync_dir
 from colitools.formats.errors import MirrorError
+from colitools.formats.safetensors_io.direct import ALIGN  # the one owner of O_DIRECT's alignment
 
 __all__ = [
     "TEMP_SUFFIX",
@@ -61,7 +62,6 @@ CHUNK = 8 << 20  # pipelined reads (sha256_file) and O_DIRECT copies: a multiple
 DEPTH = 4  # buffers in flight in sha256_file's pipeline
 COPY_CHUNK = 1 << 20  # buffered copies: small enough to stay in the CPU cache between read, hash and write
 WRITEBACK_EVERY = 8 << 20  # a buffered copy starts the writeback of what it wrote every this many bytes
-ALIGN = 4096
 TEMP_SUFFIX = ".colitools-part"
 STALL_ENV = "COLITOOLS_MIRROR_TEST_STALL_AFTER_BYTES"
 
