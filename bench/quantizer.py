@@ -23,7 +23,8 @@
    conversions on one kernel thread, the thread CPU seconds of each tensor's encode and figures summed in the
    process (``SPLIT``), as converted, with every tensor's figures taken in a second pass (``job_error``), and
    without figures: the recording's share of the whole conversion's CPU, without the noise of two processes'
-   totals.
+   totals; then the encoders that measure what they write against the same encoders alone, in this process
+   (``measuring_encoders``: ns a weight, one kernel thread, BF16 and FP8 sources).
 5. **The search kernel alone** (``kernels.mse_groups`` on one thread, this thread's CPU time, best of 7): ns per
    weight on ``[2048, 2048]`` Gaussian weights as int4-g64 groups and as int4-row rows.
 """
@@ -112,16 +113,30 @@ def timed(cmd: list[str], out: Path) -> dict:
     return res
 
 
+INT4 = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")  # every 2-D weight to int4-g64
+
+
+def checkpoints(work: Path, layers: int) -> tuple[Path, Path]:
+    """bench/convert.py's BF16 and FP8 checkpoints of ``layers`` MoE layers in ``work`` (generated once; folders
+    ``q-bf16`` / ``q-fp8``, ``-NL`` appended for another layer count than 4)."""
+    suffix = "" if layers == 4 else f"-{layers}L"
+    bf16, fp8 = work / f"q-bf16{suffix}", work / f"q-fp8{suffix}"
+    for folder, dtype in ((bf16, "BF16"), (fp8, "FP8")):
+        if not (folder / "model.safetensors.index.json").exists():
+            generate(folder, layers, 16, dtype)
+    return bf16, fp8
+
+
+def recording_cases(work: Path, layers: int) -> dict[str, tuple[Path, tuple[str, ...]]]:
+    """The three conversions whose recording is measured: source folder and recipe options."""
+    bf16, fp8 = checkpoints(work, layers)
+    return {"BF16 -> int4-g64, rtn": (bf16, INT4), "FP8, default recipe, rtn": (fp8, ()),
+            "BF16 -> int4-g64, mse": (bf16, (*INT4, "--quantizer", "mse"))}  # fmt: skip
+
+
 def conversions(work: Path, shm: Path, layers: int, runs: int, base_python: str | None) -> list[str]:
-    bf16, fp8 = work / "q-bf16", work / "q-fp8"
-    if not (bf16 / "model.safetensors.index.json").exists():
-        generate(bf16, layers, 16, "BF16")
-    if not (fp8 / "model.safetensors.index.json").exists():
-        generate(fp8, layers, 16, "FP8")
-    cases = {
-        "BF16 -> int4-g64": (bf16, ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")),
-        "FP8 default recipe": (fp8, ()),
-    }
+    bf16, fp8 = checkpoints(work, layers)
+    cases = {"BF16 -> int4-g64": (bf16, INT4), "FP8 default recipe": (fp8, ())}
     lines = ["| checkpoint | run | best wall s | median wall s | CPU s | mse / rtn (best) |", "|---|---|---|---|---|---|"]
     for label, (src, recipe) in cases.items():
         variants = {"rtn": [sys.executable], "mse": [sys.executable, "--quantizer", "mse"]}
@@ -182,17 +197,14 @@ main()
 """
 
 
-def recording_split(work: Path, shm: Path, runs: int) -> list[str]:
+def recording_split(work: Path, shm: Path, layers: int, runs: int) -> list[str]:
     """Per conversion of ``recording_cost``, one kernel thread: the thread CPU seconds of encoding plus the
     figures, taken as the conversion takes them, as a second pass, and not taken; the recording's cost is the
     difference, against the whole process's CPU without it. Medians of ``runs`` interleaved runs."""
     import json
     import os
 
-    bf16, fp8 = work / "q-bf16", work / "q-fp8"
-    int4 = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")
-    cases = {"BF16 -> int4-g64, rtn": (bf16, int4), "FP8, default recipe, rtn": (fp8, ()),
-             "BF16 -> int4-g64, mse": (bf16, (*int4, "--quantizer", "mse"))}  # fmt: skip
+    cases = recording_cases(work, layers)
     modes = ("fused", "second-pass", "none")
     res: dict[tuple[str, str], list[tuple[float, float]]] = {(c, m): [] for c in cases for m in modes}
     spent = shm / "q-split.json"
@@ -204,7 +216,7 @@ def recording_split(work: Path, shm: Path, runs: int) -> list[str]:
                 whole = timed([sys.executable, "-c", SPLIT, str(spent), mode, *cmd[3:]], shm / "q-out")
                 if run:
                     res[(case, mode)].append((json.loads(spent.read_text())["cpu"], whole["cpu"]))
-    lines = ["| conversion | encode + figures, as converted | + figures as a second pass | encode only | "
+    lines = ["| conversion | encode + figures, as converted | figures as a second pass | encode only | "
              "recording / whole conversion (as converted; second pass) |", "|---|---|---|---|---|"]
     for case in cases:
         med = {m: statistics.median(c for c, _ in res[(case, m)]) for m in modes}
@@ -212,6 +224,36 @@ def recording_split(work: Path, shm: Path, runs: int) -> list[str]:
         lines.append(f"| {case} | {med['fused']:.3f} | {med['second-pass']:.3f} | {med['none']:.3f} | "
                      f"{(med['fused'] - med['none']) / whole:.1%}; {(med['second-pass'] - med['none']) / whole:.1%} "
                      f"(of {whole:.2f} CPU s) |")
+    return lines
+
+
+def measuring_encoders(shape=(4096, 4096), reps: int = 7) -> list[str]:
+    """The encoders that measure what they write against the same encoders alone, one kernel thread, this
+    thread's CPU, best of ``reps`` (interleaved): ns a weight on Gaussian weights, BF16 and block-scaled FP8."""
+    import time
+
+    import ml_dtypes
+
+    kernels.set_threads(1)
+    w = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    bf16 = w.astype(ml_dtypes.bfloat16)
+    grid = (np.abs(w).reshape(shape[0] // 128, 128, shape[1] // 128, 128).max(axis=(1, 3)) / 448).astype(np.float32)
+    fp8 = (w / np.repeat(np.repeat(grid, 128, 0), 128, 1)).astype(ml_dtypes.float8_e4m3fn)
+    lines = ["| source -> format | encode ns/w | encode + figures ns/w | figures ns/w |", "|---|---|---|---|"]
+    for fmt, gs in (("int4-grouped", 64), ("int4-row", None), ("int8-row", None)):
+        for label, plain, measured, src in (
+            ("BF16", kernels.encode_from_bf16, kernels.encode_from_bf16_measured, (bf16,)),
+            ("FP8", kernels.encode_from_fp8_block, kernels.encode_from_fp8_measured, (fp8, grid, 128)),
+        ):
+            best = {plain: math.inf, measured: math.inf}
+            for _ in range(reps):
+                for fn in best:
+                    t = time.thread_time()
+                    fn(fmt, *src, gs)
+                    best[fn] = min(best[fn], time.thread_time() - t)
+            a, b = (best[k] / w.size * 1e9 for k in (plain, measured))
+            lines.append(f"| {label} -> {fmt}{'' if gs is None else f' g{gs}'} | {a:.3f} | {b:.3f} | {b - a:.3f} |")
+    kernels.set_threads(None)
     return lines
 
 
@@ -223,15 +265,8 @@ def recording_cost(
     mse``), this checkout and ``base_python``'s, all interleaved; the median of each run's recorded / stubbed
     ratio. ``drive``: as a user converts, the source read from the drive (its pages evicted before each run) and
     the output written to the drive (``work``), and the walls compared too."""
-    suffix = "" if layers == 4 else f"-{layers}L"
-    bf16, fp8 = work / f"q-bf16{suffix}", work / f"q-fp8{suffix}"
     out = work / "q-out" if drive else shm / "q-out"
-    for folder, dtype in ((bf16, "BF16"), (fp8, "FP8")):
-        if not (folder / "model.safetensors.index.json").exists():
-            generate(folder, layers, 16, dtype)
-    int4 = ("--experts", "int4-g64", "--dense", "int4-g64", "--embed", "int4-g64")
-    cases = {"BF16 -> int4-g64, rtn": (bf16, int4), "FP8, default recipe, rtn": (fp8, ()),
-             "BF16 -> int4-g64, mse": (bf16, (*int4, "--quantizer", "mse"))}  # fmt: skip
+    cases = recording_cases(work, layers)
     pythons = {"this checkout": sys.executable, **({"base": base_python} if base_python else {})}
     variants = {}
     for case, (src, recipe) in cases.items():
@@ -276,7 +311,10 @@ def main() -> None:
                     help="with --recording: source read from the drive (pages evicted per run), output written there")
     args = ap.parse_args()
     if args.recording and args.split:
-        print("\n".join(recording_split(args.workdir, args.shm, args.runs)))
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        print("\n".join(recording_split(args.workdir, args.shm, args.layers, args.runs)))
+        print()
+        print("\n".join(measuring_encoders()))
         return
     if args.recording:
         args.workdir.mkdir(parents=True, exist_ok=True)

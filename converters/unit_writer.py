@@ -385,12 +385,13 @@ def encode_job(
                 measured.append(from_rows(job.O * job.I, rows))
     elif values.dtype == np.float16:  # the same, upcast a row at a time: no float32 copy of the tensor
         codes, scales = kernels.encode_from_f16(t.fmt, values, gs, name=job.out_name)
-    elif grid is not None and measured is None:  # the FP8 dequant fused into the encoder: no float32 copy
-        codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
-    elif grid is not None:  # ... and into the figures' sums too (``job_error``'s figures)
-        codes, scales, rows = kernels.encode_from_fp8_measured(t.fmt, values, grid, block, gs, name=job.out_name)
-        if rows is not None:
-            measured.append(from_rows(int(np.size(values)), rows))
+    elif grid is not None:  # the FP8 dequant fused into the encoder: no float32 copy of the tensor
+        if measured is None:
+            codes, scales = kernels.encode_from_fp8_block(t.fmt, values, grid, block, gs, name=job.out_name)
+        else:  # ... and into the figures' sums too (``job_error``'s figures)
+            codes, scales, rows = kernels.encode_from_fp8_measured(t.fmt, values, grid, block, gs, name=job.out_name)
+            if rows is not None:
+                measured.append(from_rows(int(np.size(values)), rows))
     else:
         codes, scales = fmt.encode(_dequant(job, values, scale, block), gs, name=job.out_name, fast=True)
     if planar:

@@ -425,18 +425,26 @@ def rows_bf16_measured(wb, fmt, gs, codes, sf, su, out, r0, r1):
     rows measured right after it is encoded, while its source and codes are in cache (no second pass over the
     tensor). Returns the encoder's first bad row, or -1."""
     bufs, scratch = _buffers(), np.empty((1, wb.shape[1]), np.float32)
-    mx, px, py = bufs
     for r in range(r0, r1, _ROWS):
         e = min(r + _ROWS, r1)
         bad = _encode_rows_bf16(wb, fmt, gs, codes, sf, su, r, e)
         if bad >= 0:
             return bad
         for o in range(r, e):
-            if fmt == _INT8_ROW:
-                _row(wb[o], (codes[o].view(np.int8), sf[o, 0]), out[o], mx, px, py)
-            elif fmt == _INT4_ROW or fmt == _INT4_GROUPED:
-                _int4_row(wb[o], codes, sf, gs if fmt == _INT4_GROUPED else wb.shape[1], o, out, bufs, scratch)
+            _written_row(wb[o], fmt, gs, codes, sf, o, out, bufs, scratch)
     return -1
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _written_row(x, fmt, gs, codes, sf, o, out, bufs, scratch):
+    """Row ``o``'s figures (source row operand ``x``) against what an encoder just wrote there: int8-row codes
+    and their row scale, or int4 pairs with a scale per ``gs`` (int4-grouped) or per row (int4-row); nothing for
+    any other ``fmt``."""
+    mx, px, py = bufs
+    if fmt == _INT8_ROW:
+        _row(x, (codes[o].view(np.int8), sf[o, 0]), out[o], mx, px, py)
+    elif fmt == _INT4_ROW or fmt == _INT4_GROUPED:
+        _int4_row(x, codes, sf, gs if fmt == _INT4_GROUPED else _x_size(x), o, out, bufs, scratch)
 
 
 @export("rows_fp8_measured", ("uint8", "float32", "i", "i", "i", "i", "uint8", "float32", "uint8", "float64"))
@@ -448,7 +456,6 @@ def rows_fp8_measured(q, s, br, bc, fmt, gs, codes, sf, su, out, r0, r1):
     in the lane loop (no float32 copy of the tensor); a block width that is not a multiple of LANES dequantises
     a row into a scratch row first. Returns the encoder's first bad row, or -1."""
     bufs, scratch = _buffers(), np.empty((1, q.shape[1]), np.float32)
-    mx, px, py = bufs
     xrow = np.empty(q.shape[1], np.float32)
     lanes = bc % LANES == 0 or bc >= q.shape[1]
     encoding = _fp8_buffers(q.shape[1], bc, fmt, gs)  # kept: the thresholds of a row block are made once
@@ -458,17 +465,9 @@ def rows_fp8_measured(q, s, br, bc, fmt, gs, codes, sf, su, out, r0, r1):
         if bad >= 0:
             return bad
         for o in range(r, e):
-            g = gs if fmt == _INT4_GROUPED else q.shape[1]
             if lanes:
-                x = (q[o], s[o // br], bc)
-                if fmt == _INT8_ROW:
-                    _row(x, (codes[o].view(np.int8), sf[o, 0]), out[o], mx, px, py)
-                elif fmt == _INT4_ROW or fmt == _INT4_GROUPED:
-                    _int4_row(x, codes, sf, g, o, out, bufs, scratch)
+                _written_row((q[o], s[o // br], bc), fmt, gs, codes, sf, o, out, bufs, scratch)
             else:
                 _dequant_fp8_row(q[o], s[o // br], bc, xrow)
-                if fmt == _INT8_ROW:
-                    _row(xrow, (codes[o].view(np.int8), sf[o, 0]), out[o], mx, px, py)
-                elif fmt == _INT4_ROW or fmt == _INT4_GROUPED:
-                    _int4_row(xrow, codes, sf, g, o, out, bufs, scratch)
+                _written_row(xrow, fmt, gs, codes, sf, o, out, bufs, scratch)
     return -1
